@@ -1,0 +1,55 @@
+"""Child process of ``repo.python_autocomplete``: imports model.py and calls auto_complete_config."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+
+def main() -> None:
+    answer_fd = os.dup(1)
+    os.dup2(2, 1)  # whatever the user's code prints goes to stderr, not into the answer
+    sys.stdout = sys.stderr
+    try:
+        answer = {"config": _complete(Path(sys.argv[1]), json.loads(sys.stdin.read()))}
+    except Exception as exc:  # report any failure of user code as the answer
+        answer = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    os.write(answer_fd, (json.dumps(answer) + "\n").encode())
+
+
+def _complete(model_file: Path, config: dict) -> dict:
+    from tritium.pb_utils import MODULE_DIR
+
+    version_dir = model_file.parent
+    model_dir = version_dir.parent
+    sys.path[:0] = [MODULE_DIR]
+    sys.path.extend([str(version_dir), str(model_dir)])
+    import triton_python_backend_utils as pb_utils
+
+    if model_file.name == "model.py":
+        module = importlib.import_module(f"{version_dir.name}.model")
+    else:
+        spec = importlib.util.spec_from_file_location(model_file.stem, model_file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    model_class = getattr(module, "TritonPythonModel", None)
+    if model_class is None:
+        raise AttributeError(f"{model_file} defines no class TritonPythonModel")
+    auto_complete = getattr(model_class, "auto_complete_config", None)
+    if auto_complete is None:
+        return config
+    result = auto_complete(pb_utils.ModelConfig(config))
+    if not isinstance(result, pb_utils.ModelConfig):
+        raise TypeError(
+            "auto_complete_config must return the pb_utils.ModelConfig it was given, "
+            f"got {type(result).__name__}")
+    return result.as_dict()
+
+
+if __name__ == "__main__":
+    main()

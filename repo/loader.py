@@ -1,0 +1,129 @@
+"""Loading one model folder: parse, resolve backend, auto-complete, normalize, validate."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from repo import backends
+from repo.config_file import ModelConfig, config_path, read_config
+from repo.errors import ModelLoadError
+from repo.instance_groups import resolve_instance_groups
+from repo.json_form import config_to_json_dict
+from repo.model import ModelDefinition, RepositoryOptions, VersionInfo
+from repo.normalize import normalize, normalize_version_policy
+from repo.onnx_autocomplete import auto_complete_onnx
+from repo.python_autocomplete import run_auto_complete
+from repo.validate import validate_config
+from repo.versions import select_versions
+
+log = logging.getLogger(__name__)
+
+
+def load_model(name: str, model_dir: Path, options: RepositoryOptions) -> ModelDefinition:
+    """Read ``model_dir`` as Triton would; raise ModelLoadError naming what is wrong."""
+    _check_folder(name, model_dir)
+    config, config_file = _read(name, model_dir, options)
+    try:
+        return _complete(name, model_dir, config, config_file, options)
+    except ModelLoadError as exc:
+        if exc.path is not None:
+            raise
+        # Say which file the problem is in (or the folder, when there is no config file).
+        raise ModelLoadError(name, exc.detail, config_file or model_dir) from exc
+
+
+def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path | None,
+              options: RepositoryOptions) -> ModelDefinition:
+    if not config.name:
+        config.name = name
+    elif config.name != name:
+        raise ModelLoadError(
+            name, f"config name '{config.name}' does not match the model folder name '{name}'",
+            config_file)
+    backends.resolve_backend(name, config, model_dir)
+    backends.check_supported(name, config)
+    normalize_version_policy(config)
+    versions = select_versions(config, model_dir)
+    if options.auto_complete:
+        config = _auto_complete(name, config, versions, options)
+    if config.backend == backends.PYTORCH and (len(config.input) == 0 or len(config.output) == 0):
+        raise ModelLoadError(
+            name, f"TorchScript model '{name}' must list its inputs and outputs in "
+            "config.pbtxt: the pytorch backend cannot read them from model.pt", config_file)
+    normalize(config)
+    portable = ModelConfig()
+    portable.CopyFrom(config)
+    resolve_instance_groups(config, options.gpus)
+    validate_config(config)
+    return ModelDefinition(name=name, path=model_dir, config=config, portable_config=portable,
+                           versions=versions, config_file=config_file)
+
+
+def _check_folder(name: str, model_dir: Path) -> None:
+    if not model_dir.exists():
+        raise ModelLoadError(name, "model folder does not exist", model_dir)
+    if not model_dir.is_dir():
+        raise ModelLoadError(name, "is a file; a model must be a folder", model_dir)
+    try:
+        empty = not any(model_dir.iterdir())
+    except OSError as exc:
+        raise ModelLoadError(name, f"model folder cannot be read: {exc.strerror or exc}",
+                             model_dir) from exc
+    if empty:
+        raise ModelLoadError(name, "model folder is empty", model_dir)
+
+
+def _read(name: str, model_dir: Path, options: RepositoryOptions) -> tuple[ModelConfig, Path | None]:
+    path = config_path(model_dir, options.model_config_name)
+    if path.exists() or path.is_symlink():
+        return read_config(name, path), path
+    if not options.auto_complete:
+        raise ModelLoadError(
+            name, "has no config.pbtxt, and auto-complete is disabled "
+            "(--disable-auto-complete-config / --strict-model-config=true)", model_dir)
+    return ModelConfig(), None
+
+
+def _auto_complete(name: str, config: ModelConfig, versions: tuple[VersionInfo, ...],
+                   options: RepositoryOptions) -> ModelConfig:
+    model_file = _latest_model_file(config, versions)
+    if model_file is None:
+        return config
+    if config.backend == backends.ONNXRUNTIME:
+        auto_complete_onnx(name, config, model_file, options.default_max_batch_size)
+    elif config.backend == backends.PYTHON and _defines_auto_complete(model_file):
+        completed = run_auto_complete(name, model_file, config_to_json_dict(config),
+                                      options.python_autocomplete_timeout_s)
+        config = _config_from_dict(name, completed)
+    return config
+
+
+def _latest_model_file(config: ModelConfig, versions: tuple[VersionInfo, ...]) -> Path | None:
+    for info in reversed(versions):
+        if info.error is None and config.default_model_filename:
+            candidate = info.path / config.default_model_filename
+            if candidate.exists():
+                return candidate
+    return None
+
+
+def _defines_auto_complete(model_file: Path) -> bool:
+    # Starting a Python process costs ~100 ms; only pay it for models that use the hook.
+    try:
+        return b"auto_complete_config" in model_file.read_bytes()
+    except OSError:
+        return False
+
+
+def _config_from_dict(name: str, completed: dict) -> ModelConfig:
+    config = ModelConfig()
+    try:
+        json_format.ParseDict(completed, config, ignore_unknown_fields=False)
+    except json_format.ParseError as exc:
+        raise ModelLoadError(
+            name, f"auto_complete_config of model '{name}' returned an invalid configuration: "
+            f"{exc}") from exc
+    return config

@@ -1,0 +1,157 @@
+"""The model repository: one or more folders of model folders, scanned and loaded per model.
+
+One broken model never hides another: every model gets its own entry, with either a
+definition or the error that stopped it. ``fingerprint`` is the cheap change detector
+that a polling mode compares between scans.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from repo.backends import ENSEMBLE_PLATFORM, numeric_subdirs
+from repo.ensembles import validate_ensemble
+from repo.errors import ModelLoadError
+from repo.loader import load_model
+from repo.model import ModelDefinition, RepositoryOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """The outcome of loading one model name: a definition, or the error that stopped it."""
+
+    name: str
+    paths: tuple[Path, ...]
+    definition: ModelDefinition | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.definition is not None
+
+
+@dataclass(frozen=True)
+class RepositoryScan:
+    models: dict[str, ModelEntry]
+    errors: tuple[str, ...]  # problems with a repository folder itself
+
+
+class ModelRepository:
+    def __init__(self, roots: Sequence[str | Path], options: RepositoryOptions | None = None) -> None:
+        self.roots = tuple(Path(r) for r in roots)
+        self.options = options or RepositoryOptions()
+
+    def discover(self) -> tuple[dict[str, tuple[Path, ...]], tuple[str, ...]]:
+        """Model names mapped to the folders that hold them, and errors about the roots."""
+        found: dict[str, list[Path]] = {}
+        errors = []
+        for root in self.roots:
+            if not root.exists():
+                errors.append(f"model repository '{root}' does not exist")
+                continue
+            if not root.is_dir():
+                errors.append(f"model repository '{root}' is not a folder")
+                continue
+            try:
+                entries = sorted(root.iterdir())
+            except OSError as exc:
+                errors.append(f"model repository '{root}' cannot be read: {exc.strerror or exc}")
+                continue
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                found.setdefault(entry.name, []).append(entry)
+        return {name: tuple(paths) for name, paths in found.items()}, tuple(errors)
+
+    def load(self, name: str) -> ModelDefinition:
+        """Load one model by name (raises ModelLoadError); ensembles are checked on their own."""
+        paths = self.discover()[0].get(name)
+        if not paths:
+            raise ModelLoadError(name, f"model '{name}' is not in the model repository")
+        if len(paths) > 1:
+            raise ModelLoadError(name, _duplicate_message(name, paths))
+        return load_model(name, paths[0], self.options)
+
+    def load_all(self) -> RepositoryScan:
+        found, errors = self.discover()
+        entries: dict[str, ModelEntry] = {}
+        for name, paths in found.items():
+            entries[name] = self._load_entry(name, paths)
+        return RepositoryScan(self._check_ensembles(entries), errors)
+
+    def _load_entry(self, name: str, paths: tuple[Path, ...]) -> ModelEntry:
+        if len(paths) > 1:
+            return ModelEntry(name, paths, error=_duplicate_message(name, paths))
+        try:
+            return ModelEntry(name, paths, definition=load_model(name, paths[0], self.options))
+        except ModelLoadError as exc:
+            log.debug("model %s failed to load: %s", name, exc.message)
+            return ModelEntry(name, paths, error=exc.message)
+        except Exception as exc:  # a bug of ours must still not hide the other models
+            log.exception("unexpected failure loading model %s", name)
+            return ModelEntry(name, paths, error=f"internal error loading model '{name}': {exc!r}")
+
+    @staticmethod
+    def _check_ensembles(entries: dict[str, ModelEntry]) -> dict[str, ModelEntry]:
+        # Ensembles depend on each other; re-check until no new failure appears.
+        changed = True
+        while changed:
+            changed = False
+            configs = {n: e.definition.config for n, e in entries.items() if e.ok}
+            failures = {n: e.error for n, e in entries.items() if not e.ok}
+            for name, entry in list(entries.items()):
+                if not entry.ok or entry.definition.config.platform != ENSEMBLE_PLATFORM:
+                    continue
+                try:
+                    validate_ensemble(entry.definition.config, configs, failures)
+                except ModelLoadError as exc:
+                    entries[name] = ModelEntry(name, entry.paths, error=exc.message)
+                    changed = True
+        return entries
+
+    def fingerprint(self, name: str) -> tuple:
+        """A cheap summary of a model's files: it changes when config or versions change."""
+        paths = self.discover()[0].get(name, ())
+        return tuple(_folder_fingerprint(p) for p in paths)
+
+
+def _duplicate_message(name: str, paths: Sequence[Path]) -> str:
+    where = ", ".join(str(p) for p in paths)
+    return f"model '{name}' appears in more than one model repository ({where})"
+
+
+def _folder_fingerprint(model_dir: Path) -> tuple:
+    """(name, mtime_ns, size) of the files Triton watches: configs, labels, version folders."""
+    items = []
+    try:
+        top = list(os.scandir(model_dir))
+    except OSError:
+        return (str(model_dir), "unreadable")
+    versions = {str(v) for v in numeric_subdirs(model_dir)}
+    for entry in top:
+        if entry.is_dir() and (entry.name in versions or entry.name == "configs"):
+            for sub in _scan(entry.path):
+                items.append((f"{entry.name}/{sub.name}",) + _stat(sub))
+        items.append((entry.name,) + _stat(entry))
+    return (str(model_dir), tuple(sorted(items)))
+
+
+def _scan(path: str) -> list[os.DirEntry]:
+    try:
+        return list(os.scandir(path))
+    except OSError:
+        return []
+
+
+def _stat(entry: os.DirEntry) -> tuple:
+    try:
+        st = entry.stat()
+    except OSError:
+        return (0, 0)
+    return (st.st_mtime_ns, st.st_size)
