@@ -1,7 +1,13 @@
-"""The ``tritium`` command: one subcommand per process role, plus tools."""
+"""The ``tritium`` command: one subcommand per process role, plus tools.
+
+Flags use Triton's names where Triton has one (``--model-repository``, ``--http-port``,
+``--strict-readiness=false``...), so that launch scripts carry over.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 
 import click
@@ -10,13 +16,7 @@ import orjson
 from tritium import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="tritium")
-def main() -> None:
-    """tritium: a Triton-compatible inference server."""
-
-
-def _bool_flag(value: str) -> bool:
+def _bool(value) -> bool:
     lowered = str(value).strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
@@ -24,6 +24,182 @@ def _bool_flag(value: str) -> bool:
         return False
     raise click.BadParameter(f"expected true or false, got '{value}'")
 
+
+def _log_verbose(value) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"expected an integer, got '{value}'") from None
+
+
+def repository_options(command):
+    """The flags that change how configs are read (broker, serve, repo check)."""
+    options = [
+        click.option("--model-config-name", default=None, help="Use <model>/configs/NAME.pbtxt when present."),
+        click.option("--disable-auto-complete-config", is_flag=True, help="Do not complete configs from model files."),
+        click.option("--strict-model-config", default="false", help="Deprecated Triton alias: true disables auto-complete."),
+        click.option("--backend-config", multiple=True,
+                     help="BACKEND,KEY=VALUE or KEY=VALUE; tritium reads default-max-batch-size."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def repository_settings(model_config_name, disable_auto_complete_config, strict_model_config,
+                        backend_config):
+    from repo import RepositoryOptions
+    from tritium.hosts import detect_gpus
+
+    default_max_batch_size = 4
+    for item in backend_config:
+        setting = item.split(",", 1)[-1] if "," in item else item
+        key, _, value = setting.partition("=")
+        if key == "default-max-batch-size":
+            try:
+                default_max_batch_size = int(value)
+            except ValueError:
+                raise click.BadParameter(f"default-max-batch-size must be an integer, got '{value}'") from None
+    return RepositoryOptions(
+        model_config_name=model_config_name,
+        auto_complete=not (disable_auto_complete_config or _bool(strict_model_config)),
+        default_max_batch_size=default_max_batch_size,
+        gpus=detect_gpus(),
+    )
+
+
+def _pass_through(ctx: click.Context, names: list[str]) -> tuple[str, ...]:
+    """Rebuild the command-line flags ``names`` as given, for a child process."""
+    args = []
+    for name in names:
+        value = ctx.params.get(name)
+        flag = "--" + name.replace("_", "-")
+        if value is None or value is False or value == ():
+            continue
+        if value is True:
+            args.append(flag)
+        elif isinstance(value, tuple):
+            for item in value:
+                args += [flag, str(item)]
+        else:
+            args += [flag, str(value)]
+    return tuple(args)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tritium")
+def main() -> None:
+    """tritium: a Triton-compatible inference server."""
+
+
+# -- serve ----------------------------------------------------------------------------------
+
+@main.command()
+@click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True,
+              help="A model repository folder (repeatable).")
+@click.option("--http-address", default="0.0.0.0", show_default=True)
+@click.option("--http-port", default=8000, show_default=True, type=int)
+@click.option("--grpc-port", default=8001, show_default=True, type=int, help="Reserved for the gRPC front end.")
+@click.option("--metrics-port", default=8002, show_default=True, type=int, help="Reserved for Prometheus metrics.")
+@click.option("--http-workers", default=None, type=int, help="Gateway processes sharing the HTTP port (default: one per 2 cores).")
+@click.option("--exit-timeout-secs", default=30, show_default=True, type=int)
+@click.option("--exit-on-error", default="true", show_default=True, help="Exit when a model fails to load at startup.")
+@click.option("--strict-readiness", default="true", show_default=True)
+@click.option("--log-verbose", default="0", show_default=True)
+@click.option("--backend-directory", default=None, help="Where custom backends are looked up.")
+@click.option("--http-max-input-size", default=64 * 1024 * 1024, show_default=True, type=int)
+@click.option("--id", "server_id", default="triton", show_default=True, help="Server name in /v2 metadata.")
+@repository_options
+@click.pass_context
+def serve(ctx, model_repository, http_address, http_port, grpc_port, metrics_port, http_workers,
+          exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, backend_directory,
+          http_max_input_size, server_id, **repository) -> None:
+    """Run broker, a host agent and gateways on this machine."""
+    from tritium import logs
+    from tritium.supervisor import ServeSettings, Supervisor
+
+    verbose = _log_verbose(log_verbose)
+    logs.configure("serve", verbose)
+    repository_settings(**repository)  # fail early on bad flags, before starting anything
+    workers = http_workers or max(1, (os.cpu_count() or 2) // 2)
+    settings = ServeSettings(
+        model_repositories=tuple(model_repository), http_address=http_address, http_port=http_port,
+        grpc_port=grpc_port, metrics_port=metrics_port, http_workers=workers,
+        exit_timeout_s=float(exit_timeout_secs), exit_on_error=_bool(exit_on_error), log_verbose=verbose,
+        repository_args=_pass_through(ctx, ["model_config_name", "disable_auto_complete_config",
+                                            "strict_model_config", "backend_config"]),
+        gateway_args=("--http-max-input-size", str(http_max_input_size), "--id", server_id,
+                      "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs)),
+        worker_args=("--exit-timeout-secs", str(exit_timeout_secs)),
+    )
+    sys.exit(Supervisor(settings).run())
+
+
+# -- the parts ------------------------------------------------------------------------------
+
+@main.command()
+@click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True)
+@click.option("--frontend", required=True, help="ZeroMQ endpoint gateways connect to (bound).")
+@click.option("--backend", required=True, help="ZeroMQ endpoint workers connect to (bound).")
+@click.option("--metrics-port", default=None, type=int, help="Reserved for Prometheus metrics.")
+@click.option("--log-verbose", default="0")
+@repository_options
+def broker(model_repository, frontend, backend, metrics_port, log_verbose, **repository) -> None:
+    """Run the broker: model registry, queues, dynamic batching, statistics."""
+    from broker.server import Broker, BrokerSettings
+    from tritium import logs
+
+    logs.configure("broker", _log_verbose(log_verbose))
+    settings = BrokerSettings(tuple(model_repository), frontend, backend, repository_settings(**repository))
+    server = Broker(settings)
+    server.load_repository()
+    server.run()
+
+
+@main.command()
+@click.option("--broker", "broker_address", required=True, help="The broker's frontend endpoint.")
+@click.option("--http-address", default="0.0.0.0", show_default=True)
+@click.option("--http-port", default=8000, show_default=True, type=int)
+@click.option("--grpc-port", default=8001, show_default=True, type=int, help="Reserved for the gRPC front end.")
+@click.option("--http-max-input-size", default=64 * 1024 * 1024, show_default=True, type=int)
+@click.option("--exit-timeout-secs", default=30, show_default=True, type=int)
+@click.option("--strict-readiness", default="true", show_default=True)
+@click.option("--id", "server_id", default="triton", show_default=True)
+@click.option("--log-verbose", default="0")
+def gateway(broker_address, http_address, http_port, grpc_port, http_max_input_size, exit_timeout_secs,
+            strict_readiness, server_id, log_verbose) -> None:
+    """Run one gateway process: the KServe v2 HTTP front end."""
+    from gateway.server import GatewaySettings, run
+    from tritium import logs
+
+    logs.configure("gateway", _log_verbose(log_verbose))
+    run(GatewaySettings(broker=broker_address, http_address=http_address, http_port=http_port,
+                        max_input_bytes=http_max_input_size, exit_timeout_s=float(exit_timeout_secs),
+                        server_id=server_id, strict_readiness=_bool(strict_readiness)))
+
+
+@main.command()
+@click.option("--broker", "broker_address", required=True, help="The broker's backend endpoint.")
+@click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True)
+@click.option("--models", default=None, help="Comma-separated models this host serves (default: all).")
+@click.option("--exit-timeout-secs", default=30, show_default=True, type=int)
+@click.option("--log-verbose", default="0")
+def worker(broker_address, model_repository, models, exit_timeout_secs, log_verbose) -> None:
+    """Run a host agent: starts and supervises this host's instance processes."""
+    from tritium import logs
+    from tritium.hosts import detect_gpus
+    from workers.agent import HostAgent, WorkerSettings
+
+    verbose = _log_verbose(log_verbose)
+    logs.configure("worker", verbose)
+    settings = WorkerSettings(
+        broker=broker_address, model_repositories=tuple(model_repository), gpus=detect_gpus(),
+        models=tuple(m for m in models.split(",") if m) if models else None, log_verbose=verbose,
+        exit_timeout_s=float(exit_timeout_secs))
+    sys.exit(HostAgent(settings).run())
+
+
+# -- tools ----------------------------------------------------------------------------------
 
 @main.group("repo")
 def repo_group() -> None:
@@ -33,29 +209,19 @@ def repo_group() -> None:
 @repo_group.command("check")
 @click.argument("repositories", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-@click.option("--model-config-name", default=None, help="Use <model>/configs/NAME.pbtxt when present.")
-@click.option("--disable-auto-complete-config", is_flag=True, help="Do not complete configs from model files.")
-@click.option("--strict-model-config", default="false", help="Deprecated Triton alias: true disables auto-complete.")
-def repo_check(repositories, as_json, model_config_name, disable_auto_complete_config,
-               strict_model_config) -> None:
+@repository_options
+def repo_check(repositories, as_json, **repository) -> None:
     """Show every model of REPOSITORIES as tritium would load it; exit 1 if any fails."""
-    from repo import ModelRepository, RepositoryOptions
+    from repo import ModelRepository
     from repo.check import check_rows, render_table, rows_as_json
-    from tritium.hosts import detect_gpus
 
-    options = RepositoryOptions(
-        model_config_name=model_config_name,
-        auto_complete=not (disable_auto_complete_config or _bool_flag(strict_model_config)),
-        gpus=detect_gpus(),
-    )
-    scan = ModelRepository(repositories, options).load_all()
+    scan = ModelRepository(repositories, repository_settings(**repository)).load_all()
     rows = check_rows(scan)
     if as_json:
         sys.stdout.write(orjson.dumps(rows_as_json(rows, scan.errors), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         click.echo(render_table(rows, scan.errors))
-    failed = scan.errors or any(not row.ok for row in rows)
-    sys.exit(1 if failed else 0)
+    sys.exit(1 if scan.errors or any(not row.ok for row in rows) else 0)
 
 
 if __name__ == "__main__":

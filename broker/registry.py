@@ -1,0 +1,139 @@
+"""What the broker knows: models and their versions, host agents, and instance processes."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from broker.batcher import BatchingPolicy, DynamicBatcher
+from broker.stats import ModelVersionStats
+from repo import ModelDefinition
+
+
+class VersionState(str, enum.Enum):
+    LOADING = "LOADING"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass(eq=False, slots=True)
+class PendingRequest:
+    """A request waiting in a queue or running in a batch; the broker never reads its frames."""
+
+    gateway: bytes            # identity of the gateway that asked
+    rid: int
+    header_frame: object      # the INFER header, forwarded to the instance untouched
+    frames: list              # input tensor frames
+    batch_size: int
+    shape_key: object
+    arrival_ns: int
+    dispatch_ns: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class InstanceRecord:
+    iid: bytes
+    agent: bytes
+    model: str
+    version: int
+    name: str
+    credit: int
+    inflight: dict[int, "Batch"] = field(default_factory=dict)
+
+
+@dataclass(eq=False, slots=True)
+class Batch:
+    number: int
+    version: "ModelVersion"
+    instance: InstanceRecord
+    requests: list[PendingRequest]
+    batch_size: int
+
+
+@dataclass(eq=False)
+class ModelVersion:
+    name: str
+    version: int
+    definition: ModelDefinition
+    state: VersionState = VersionState.LOADING
+    reason: str = ""
+    stats: ModelVersionStats = field(default_factory=ModelVersionStats)
+    instances: list[InstanceRecord] = field(default_factory=list)
+    placed: set[str] = field(default_factory=set)       # instance names announced by agents
+    seen_ready: set[str] = field(default_factory=set)   # instance names that said hello once
+    batcher: DynamicBatcher = field(init=False)
+    variable_shapes: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        config = self.definition.config
+        self.batcher = DynamicBatcher(BatchingPolicy.from_config(config))
+        # Only models with a variable non-batch dim (or optional inputs) need shape keys.
+        self.variable_shapes = any(
+            -1 in list(t.dims) or t.optional or t.allow_ragged_batch for t in config.input)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.name, self.version)
+
+
+@dataclass(eq=False)
+class ModelRecord:
+    """One model name: its versions, or the error that kept it from loading at all."""
+
+    name: str
+    definition: ModelDefinition | None
+    error: str | None = None
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    version_errors: dict[int, str] = field(default_factory=dict)
+    config_json: dict | None = None
+
+
+@dataclass(eq=False)
+class AgentRecord:
+    identity: bytes
+    host: str
+    gpus: tuple[int, ...]
+    models: tuple[str, ...] | None   # None: every model
+
+
+class Registry:
+    """Models, agents and instances, with the lookups the scheduler needs on the hot path."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, ModelRecord] = {}
+        self.versions: dict[tuple[str, int], ModelVersion] = {}
+        self.agents: dict[bytes, AgentRecord] = {}
+        self.instances: dict[bytes, InstanceRecord] = {}
+        self.generation = 0  # bumped whenever what gateways see changes
+
+    def add_model(self, record: ModelRecord) -> None:
+        self.models[record.name] = record
+        for version in record.versions.values():
+            self.versions[version.key] = version
+        self.generation += 1
+
+    def set_state(self, version: ModelVersion, state: VersionState, reason: str = "") -> None:
+        version.state, version.reason = state, reason
+        self.generation += 1
+
+    def loading_done(self) -> bool:
+        return all(v.state != VersionState.LOADING for v in self.versions.values())
+
+    def server_ready(self) -> bool:
+        """Triton's strict readiness: every model version known is READY."""
+        return (all(r.error is None and not r.version_errors for r in self.models.values())
+                and all(v.state == VersionState.READY for v in self.versions.values()))
+
+    def table(self) -> dict:
+        """The model table gateways cache: states, reasons and configs."""
+        models = []
+        for record in self.models.values():
+            entry = {"name": record.name, "error": record.error, "versions": [],
+                     "config": record.config_json}
+            for number, version in sorted(record.versions.items()):
+                entry["versions"].append([number, version.state.value, version.reason])
+            for number, error in sorted(record.version_errors.items()):
+                entry["versions"].append([number, VersionState.UNAVAILABLE.value, error])
+            models.append(entry)
+        return {"generation": self.generation, "models": models, "ready": self.server_ready()}

@@ -1,0 +1,346 @@
+"""The broker process: two ROUTER sockets, one poll loop, and the control plane.
+
+``frontend`` faces gateways (INFER, CONTROL, HELLO); ``backend`` faces host agents and
+instance processes (HELLO, PLACED, BATCH_DONE, ...). The loop drains every ready
+message on each wake-up, and sleeps no longer than the earliest batching deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
+from broker.scheduler import Scheduler
+from repo import ModelRepository, RepositoryOptions
+from repo.backends import ENSEMBLE_PLATFORM
+from tritium import notify
+from tritium.errors import InvalidArgument, ProtocolError, TritiumError, Unavailable
+from tritium.protocol import PROTOCOL_VERSION, Kind, pack, unpack
+
+log = logging.getLogger(__name__)
+
+# Each socket is drained of at most this many messages per turn, so that neither side starves.
+_DRAIN_LIMIT = 512
+_HWM = 100_000
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    model_repositories: tuple[str, ...]
+    frontend: str
+    backend: str
+    repository: RepositoryOptions = RepositoryOptions()
+
+
+class Broker:
+    def __init__(self, settings: BrokerSettings, context: zmq.Context | None = None) -> None:
+        self.settings = settings
+        self.context = context or zmq.Context.instance()
+        self.registry = Registry()
+        self.frontend = self._bind(zmq.ROUTER, settings.frontend)
+        self.backend = self._bind(zmq.ROUTER, settings.backend)
+        self.scheduler = Scheduler(self.registry, self._send_backend, self._send_frontend)
+        self.gateways: set[bytes] = set()
+        self._pushed_generation = -1
+        self._running = True
+        self.repository = ModelRepository(settings.model_repositories, settings.repository)
+
+    def _bind(self, kind: int, address: str) -> zmq.Socket:
+        sock = self.context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, _HWM)
+        sock.setsockopt(zmq.RCVHWM, _HWM)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer raises instead of dropping silently
+        sock.bind(address)
+        return sock
+
+    # -- sending ------------------------------------------------------------------------
+
+    def _send_frontend(self, parts: list) -> None:
+        self._send(self.frontend, parts)
+
+    def _send_backend(self, parts: list) -> None:
+        self._send(self.backend, parts)
+
+    @staticmethod
+    def _send(sock: zmq.Socket, parts: list) -> None:
+        try:
+            sock.send_multipart(parts, copy=False)
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone; its requests are lost to it
+            log.warning("cannot send to peer %r: %s", parts[0], exc)
+
+    # -- model loading ------------------------------------------------------------------
+
+    def load_repository(self) -> None:
+        scan = self.repository.load_all()
+        for error in scan.errors:
+            log.error("%s", error)
+        for name, entry in sorted(scan.models.items()):
+            record = ModelRecord(name, entry.definition, entry.error)
+            if entry.definition is None:
+                log.error("model %s failed to load: %s", name, entry.error)
+            else:
+                record.config_json = entry.definition.config_json()
+                for info in entry.definition.versions:
+                    if info.error:
+                        record.version_errors[info.version] = info.error
+                        log.error("model %s version %d failed to load: %s", name, info.version, info.error)
+                    else:
+                        record.versions[info.version] = self._new_version(name, info.version, entry.definition)
+            self.registry.add_model(record)
+        self.repository_errors = scan.errors
+
+    def _new_version(self, name: str, number: int, definition) -> ModelVersion:
+        version = ModelVersion(name, number, definition)
+        if definition.config.platform == ENSEMBLE_PLATFORM:
+            version.state = VersionState.UNAVAILABLE
+            version.reason = "ensemble scheduling is not supported by this tritium release yet"
+        return version
+
+    def _assignments_for(self, agent) -> list[dict]:
+        from repo.json_form import config_to_json_dict
+
+        assignments = []
+        for version in self.registry.versions.values():
+            if version.state not in (VersionState.LOADING, VersionState.READY):
+                continue
+            if agent.models is not None and version.name not in agent.models:
+                continue
+            assignments.append({"m": version.name, "v": version.version,
+                                "config": config_to_json_dict(version.definition.portable_config)})
+        return assignments
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        wake_read, wake_write = socket.socketpair()
+        wake_read.setblocking(False)
+        wake_write.setblocking(False)
+        signal.set_wakeup_fd(wake_write.fileno())
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._stop)
+        poller = zmq.Poller()
+        poller.register(self.frontend, zmq.POLLIN)
+        poller.register(self.backend, zmq.POLLIN)
+        poller.register(wake_read, zmq.POLLIN)
+        notify.ready(f"broker frontend={self.settings.frontend} backend={self.settings.backend}")
+        log.info("broker ready: frontend %s, backend %s", self.settings.frontend, self.settings.backend)
+        while self._running:
+            events = dict(poller.poll(self._timeout_ms()))
+            if self.backend in events:
+                self._drain(self.backend, self._on_backend)
+            if self.frontend in events:
+                self._drain(self.frontend, self._on_frontend)
+            if wake_read.fileno() in events:
+                try:
+                    wake_read.recv(512)
+                except BlockingIOError:
+                    pass
+            self.scheduler.run_due()
+            if self.registry.generation != self._pushed_generation:
+                self._push_models()
+        log.info("broker stopping")
+        self.frontend.close(0)
+        self.backend.close(0)
+
+    def _stop(self, signum, _frame) -> None:
+        self._running = False
+
+    def _timeout_ms(self) -> int:
+        deadline = self.scheduler.next_deadline_ns()
+        if deadline is None:
+            return 1000
+        return max(0, min(1000, -(-(deadline - time.monotonic_ns()) // 1_000_000)))
+
+    def _drain(self, sock: zmq.Socket, handle) -> None:
+        for _ in range(_DRAIN_LIMIT):
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                handle(parts)
+            except ProtocolError as exc:
+                log.warning("dropped a malformed message from %r: %s", parts[0].bytes, exc)
+            except Exception:
+                log.exception("error handling a message from %r", parts[0].bytes)
+
+    # -- frontend: gateways and control clients -----------------------------------------
+
+    def _on_frontend(self, parts: list) -> None:
+        if len(parts) < 2:
+            raise ProtocolError("message without a header")
+        peer = parts[0].bytes
+        header = unpack(parts[1].buffer)
+        kind = header["k"]
+        if kind == Kind.INFER:
+            try:
+                self.scheduler.submit(peer, parts[1], header, parts[2:])
+            except (KeyError, TypeError, ValueError) as exc:
+                self.scheduler.reply_error(peer, header.get("rid", 0),
+                                           InvalidArgument(f"malformed inference request: {exc!r}"))
+        elif kind == Kind.CONTROL:
+            self._on_control(peer, header)
+        elif kind == Kind.HELLO:
+            self._on_gateway_hello(peer, header)
+        elif kind != Kind.HEARTBEAT:
+            raise ProtocolError(f"unexpected {kind.name} on the frontend")
+
+    def _on_gateway_hello(self, peer: bytes, header: dict) -> None:
+        if not self._protocol_ok(self.frontend, peer, header):
+            return
+        self.gateways.add(peer)
+        log.info("gateway %s connected", peer.decode(errors="replace"))
+        self._send_frontend([peer, pack({"k": Kind.MODELS, **self.registry.table()})])
+
+    def _push_models(self) -> None:
+        self._pushed_generation = self.registry.generation
+        message = pack({"k": Kind.MODELS, **self.registry.table()})
+        for gateway in list(self.gateways):
+            self._send_frontend([gateway, message])
+
+    def _on_control(self, peer: bytes, header: dict) -> None:
+        rid = header.get("rid", 0)
+        try:
+            result = self._control(header.get("op"), header.get("args") or {})
+            reply = {"k": Kind.CONTROL_REPLY, "rid": rid, "ok": result}
+        except TritiumError as exc:
+            reply = {"k": Kind.CONTROL_REPLY, "rid": rid, "err": exc.to_wire()}
+        self._send_frontend([peer, pack(reply)])
+
+    def _control(self, op: str, args: dict):
+        if op == "models":
+            return self.registry.table()
+        if op == "stats":
+            return self._stats(args.get("model"), args.get("version"))
+        if op == "status":
+            return {"loading_done": self.registry.loading_done(), "ready": self.registry.server_ready(),
+                    "failures": self._failures(), "repository_errors": list(self.repository_errors)}
+        raise InvalidArgument(f"unknown control operation '{op}'")
+
+    def _failures(self) -> list[str]:
+        failures = []
+        for record in self.registry.models.values():
+            if record.error:
+                failures.append(f"{record.name}: {record.error}")
+            for number, error in record.version_errors.items():
+                failures.append(f"{record.name} version {number}: {error}")
+            for number, version in record.versions.items():
+                if version.state == VersionState.UNAVAILABLE:
+                    failures.append(f"{record.name} version {number}: {version.reason}")
+        return failures
+
+    def _stats(self, model: str | None, version: int | None) -> list[dict]:
+        if model is None:
+            return [v.stats.as_dict(v.name, v.version) for v in self.registry.versions.values()
+                    if v.state == VersionState.READY]
+        record = self.registry.models.get(model)
+        ready = {n: v for n, v in (record.versions.items() if record else []) if v.state == VersionState.READY}
+        if not ready:
+            raise InvalidArgument(f"requested model '{model}' is not available")
+        if version is not None:
+            if version not in ready:
+                raise InvalidArgument(f"requested model version is not available for model '{model}'")
+            return [ready[version].stats.as_dict(model, version)]
+        return [v.stats.as_dict(model, n) for n, v in sorted(ready.items())]
+
+    # -- backend: host agents and instances --------------------------------------------
+
+    def _on_backend(self, parts: list) -> None:
+        if len(parts) < 2:
+            raise ProtocolError("message without a header")
+        peer = parts[0].bytes
+        header = unpack(parts[1].buffer)
+        kind = header["k"]
+        if kind == Kind.BATCH_DONE:
+            self.scheduler.batch_done(peer, header, parts[2:])
+        elif kind == Kind.HELLO:
+            self._on_backend_hello(peer, header)
+        elif kind == Kind.PLACED:
+            self._on_placed(header)
+        elif kind == Kind.INSTANCE_FAILED:
+            self._on_instance_failed(header)
+        elif kind == Kind.INSTANCE_EXITED:
+            self._on_instance_exited(header)
+        elif kind != Kind.HEARTBEAT:
+            raise ProtocolError(f"unexpected {kind.name} on the backend")
+
+    def _protocol_ok(self, sock: zmq.Socket, peer: bytes, header: dict) -> bool:
+        if header.get("pv") == PROTOCOL_VERSION:
+            return True
+        reason = (f"protocol version {header.get('pv')} refused; this broker speaks "
+                  f"version {PROTOCOL_VERSION}")
+        log.error("peer %s (%s): %s", peer.decode(errors="replace"), header.get("role"), reason)
+        self._send(sock, [peer, pack({"k": Kind.REFUSED, "reason": reason})])
+        return False
+
+    def _on_backend_hello(self, peer: bytes, header: dict) -> None:
+        if not self._protocol_ok(self.backend, peer, header):
+            return
+        role = header.get("role")
+        if role == "agent":
+            from broker.registry import AgentRecord
+
+            models = header.get("models")
+            agent = AgentRecord(peer, header.get("host", "?"), tuple(header.get("gpus") or ()),
+                                tuple(models) if models else None)
+            self.registry.agents[peer] = agent
+            log.info("host agent %s joined (host %s, gpus %s)", peer.decode(), agent.host, list(agent.gpus))
+            self._send_backend([peer, pack({"k": Kind.ASSIGN, "models": self._assignments_for(agent)})])
+        elif role == "instance":
+            self._on_instance_hello(peer, header)
+        else:
+            raise ProtocolError(f"unknown role {role!r} in HELLO")
+
+    def _on_instance_hello(self, peer: bytes, header: dict) -> None:
+        version = self.registry.versions.get((header["m"], header["v"]))
+        if version is None or version.state not in (VersionState.LOADING, VersionState.READY):
+            log.warning("instance %s of %s version %s is not wanted; ignoring it",
+                        header.get("name"), header["m"], header["v"])
+            return
+        instance = InstanceRecord(peer, header["agent"].encode(), header["m"], header["v"],
+                                  header["name"], int(header.get("credit", 1)))
+        self.registry.instances[peer] = instance
+        version.instances.append(instance)
+        version.seen_ready.add(instance.name)
+        log.info("instance %s of model %s version %d is ready", instance.name, version.name, version.version)
+        if version.state == VersionState.LOADING and version.placed <= version.seen_ready:
+            self.registry.set_state(version, VersionState.READY)
+            log.info("model %s version %d is READY", version.name, version.version)
+        self.scheduler.instance_ready(instance)
+
+    def _on_placed(self, header: dict) -> None:
+        version = self.registry.versions.get((header["m"], header["v"]))
+        if version is None:
+            return
+        if header.get("err"):
+            self._version_failed(version, header["err"])
+            return
+        version.placed.update(header.get("instances", ()))
+
+    def _on_instance_failed(self, header: dict) -> None:
+        version = self.registry.versions.get((header["m"], header["v"]))
+        message = header.get("err", "instance failed to initialize")
+        log.error("instance %s of model %s version %s failed: %s", header.get("name"),
+                  header["m"], header["v"], message)
+        if version is not None and version.state == VersionState.LOADING:
+            self._version_failed(version, message)
+
+    def _version_failed(self, version: ModelVersion, message: str) -> None:
+        self.registry.set_state(version, VersionState.UNAVAILABLE, message)
+        self.scheduler.fail_queued(version, Unavailable(
+            f"model '{version.name}' version {version.version} failed to load: {message}"))
+        for agent in self.registry.agents.values():
+            self._send_backend([agent.identity, pack(
+                {"k": Kind.UNASSIGN, "models": [{"m": version.name, "v": version.version}]})])
+
+    def _on_instance_exited(self, header: dict) -> None:
+        iid = header["iid"].encode() if isinstance(header["iid"], str) else header["iid"]
+        why = header.get("why", "exited")
+        self.scheduler.instance_lost(iid, why)

@@ -1,0 +1,99 @@
+"""Per model-version statistics, with the meaning Triton's statistics extension gives them.
+
+Counts in ``inference_stats`` are per request (a request of batch 8 counts once);
+``inference_count`` counts inferences (that request counts 8); ``execution_count`` and
+``batch_stats`` count model executions. Every ns value is cumulative, so clients such
+as perf_analyzer can take deltas between two reads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class BatchSizeStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass(slots=True)
+class ModelVersionStats:
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    batches: dict[int, BatchSizeStats] = field(default_factory=dict)
+
+    def record_execution(self, batch_size: int, timings: tuple[int, int, int]) -> None:
+        compute_input, compute_infer, compute_output = timings
+        self.execution_count += 1
+        per_size = self.batches.get(batch_size)
+        if per_size is None:
+            per_size = self.batches[batch_size] = BatchSizeStats()
+        per_size.compute_input.add(compute_input)
+        per_size.compute_infer.add(compute_infer)
+        per_size.compute_output.add(compute_output)
+
+    def record_success(self, total_ns: int, queue_ns: int, batch_size: int,
+                       timings: tuple[int, int, int]) -> None:
+        self.success.add(total_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(timings[0])
+        self.compute_infer.add(timings[1])
+        self.compute_output.add(timings[2])
+        self.inference_count += batch_size
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_failure(self, total_ns: int) -> None:
+        self.fail.add(total_ns)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def as_dict(self, name: str, version: int) -> dict:
+        zero = Duration().as_dict()
+        return {
+            "name": name,
+            "version": str(version),
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_dict(),
+                "fail": self.fail.as_dict(),
+                "queue": self.queue.as_dict(),
+                "compute_input": self.compute_input.as_dict(),
+                "compute_infer": self.compute_infer.as_dict(),
+                "compute_output": self.compute_output.as_dict(),
+                "cache_hit": zero,
+                "cache_miss": zero,
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {"batch_size": size,
+                 "compute_input": s.compute_input.as_dict(),
+                 "compute_infer": s.compute_infer.as_dict(),
+                 "compute_output": s.compute_output.as_dict()}
+                for size, s in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+        }

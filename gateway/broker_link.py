@@ -1,0 +1,101 @@
+"""The gateway's connection to the broker: one DEALER socket driven by the event loop.
+
+The socket's file descriptor is watched with ``loop.add_reader``; every wake-up drains
+every message that is ready (ZeroMQ's descriptor is edge-triggered, so after each send
+the socket is checked again). Replies are matched to waiting futures by ``rid``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+
+import zmq
+
+from gateway.model_table import ModelTable
+from tritium.errors import TritiumError, Unavailable
+from tritium.hosts import host_name
+from tritium.protocol import PROTOCOL_VERSION, Kind, pack, unpack
+
+log = logging.getLogger(__name__)
+
+
+class BrokerLink:
+    def __init__(self, address: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.address = address
+        self.loop = loop or asyncio.get_running_loop()
+        self.identity = f"gw-{host_name()}-{os.getpid()}"
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, self.identity.encode())
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
+        self.sock.setsockopt(zmq.RCVHWM, 100_000)
+        self.sock.connect(address)
+        self.models = ModelTable()
+        self._models_received = asyncio.Event()
+        self._pending: dict[int, asyncio.Future] = {}
+        self._rids = itertools.count(1)
+        self._fd = self.sock.getsockopt(zmq.FD)
+        self.loop.add_reader(self._fd, self._drain)
+        self._drain_scheduled = False
+
+    async def start(self, timeout_s: float | None = None) -> None:
+        """Say hello and wait for the first model table."""
+        self._send([pack({"k": Kind.HELLO, "role": "gateway", "pv": PROTOCOL_VERSION})])
+        await asyncio.wait_for(self._models_received.wait(), timeout_s)
+
+    def close(self) -> None:
+        self.loop.remove_reader(self._fd)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(Unavailable("the gateway is shutting down"))
+        self.sock.close(0)
+
+    def request(self, header: dict, frames: list = ()) -> asyncio.Future:
+        """Send INFER or CONTROL; the future resolves to (reply header, reply frames)."""
+        rid = next(self._rids)
+        header["rid"] = rid
+        future = self.loop.create_future()
+        self._pending[rid] = future
+        self._send([pack(header), *frames])
+        return future
+
+    def forget(self, rid: int) -> None:
+        self._pending.pop(rid, None)
+
+    def _send(self, parts: list) -> None:
+        self.sock.send_multipart(parts, copy=False)
+        # ZeroMQ's fd is edge-triggered: a send may have consumed the readiness edge.
+        if not self._drain_scheduled and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._drain_scheduled = True
+            self.loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        sock = self.sock
+        while True:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                self._dispatch(parts)
+            except TritiumError as exc:
+                log.warning("dropped a message from the broker: %s", exc)
+            except Exception:
+                log.exception("error handling a message from the broker")
+
+    def _dispatch(self, parts: list) -> None:
+        header = unpack(parts[0].buffer)
+        kind = header["k"]
+        if kind in (Kind.RESPONSE, Kind.CONTROL_REPLY):
+            future = self._pending.pop(header.get("rid"), None)
+            if future is not None and not future.done():
+                future.set_result((header, parts[1:]))
+        elif kind == Kind.MODELS:
+            self.models.update(header)
+            self._models_received.set()
+        elif kind == Kind.REFUSED:
+            log.error("the broker refused this gateway: %s", header.get("reason"))

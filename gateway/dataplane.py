@@ -1,0 +1,112 @@
+"""The transport-free core of the gateway: what every front end (HTTP now, gRPC later) calls.
+
+It answers health, metadata and config from the model table pushed by the broker,
+validates inference requests against the model's config, and forwards them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.broker_link import BrokerLink
+from gateway.inference import InferRequest, InferResult, OutputTensor
+from gateway.validation import validate_request
+from tritium import __version__
+from tritium.errors import InvalidArgument, TritiumError
+from tritium.protocol import Kind
+
+# Triton's extension names, in Triton's order, limited to what tritium implements.
+EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters", "statistics")
+
+
+@dataclass(frozen=True)
+class ServerIdentity:
+    name: str = "triton"       # Triton's --id default; clients may look for it
+    version: str = __version__
+
+
+class DataPlane:
+    def __init__(self, link: BrokerLink, identity: ServerIdentity = ServerIdentity(),
+                 strict_readiness: bool = True) -> None:
+        self.link = link
+        self.identity = identity
+        self.strict_readiness = strict_readiness
+        self.shutting_down = False
+
+    # -- health and metadata ------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        """Strict: every model version is READY; otherwise: the server answers."""
+        table = self.link.models
+        if self.shutting_down or not table.received:
+            return False
+        return table.server_ready or not self.strict_readiness
+
+    def model_ready(self, name: str, version: str | None) -> None:
+        """Return if ready; raise NotFound (404) or InvalidArgument (400) as Triton does."""
+        self.link.models.resolve(name, version)
+
+    def server_metadata(self) -> dict:
+        return {"name": self.identity.name, "version": self.identity.version,
+                "extensions": list(EXTENSIONS)}
+
+    def model_metadata(self, name: str, version: str | None) -> dict:
+        spec, number = self.link.models.resolve(name, version)
+        versions = [str(number)] if version else [str(v) for v in self.link.models.get(name).ready_versions]
+        return {
+            "name": spec.name,
+            "versions": versions,
+            "platform": spec.platform,
+            "inputs": [{"name": t.name, "datatype": t.datatype.name, "shape": spec.metadata_shape(t)}
+                       for t in spec.inputs.values()],
+            "outputs": [{"name": t.name, "datatype": t.datatype.name, "shape": spec.metadata_shape(t)}
+                        for t in spec.outputs.values()],
+        }
+
+    def model_config(self, name: str, version: str | None) -> bytes:
+        spec, _ = self.link.models.resolve(name, version)
+        return spec.config_json
+
+    async def statistics(self, name: str | None, version: str | None) -> dict:
+        args = {"model": name, "version": int(version) if version else None}
+        reply, _ = await self.link.request({"k": Kind.CONTROL, "op": "stats", "args": args})
+        if "err" in reply:
+            raise TritiumError.from_wire(reply["err"])
+        return {"model_stats": reply["ok"]}
+
+    # -- inference ----------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResult:
+        spec, version = self.link.models.resolve(request.model, request.version)
+        try:
+            batch_size = validate_request(spec, request)
+        except TritiumError as exc:
+            raise _with_request_id(exc, request.id) from None
+        header = {"k": Kind.INFER, "m": spec.name, "v": version, "bs": batch_size,
+                  "inputs": [[t.name, t.datatype, t.shape] for t in request.inputs]}
+        if request.id:
+            header["id"] = request.id
+        if request.outputs is not None:
+            header["outputs"] = [o.name for o in request.outputs]
+        if request.parameters:
+            header["params"] = request.parameters
+        reply, frames = await self.link.request(header, [t.data for t in request.inputs])
+        if "err" in reply:
+            raise _with_request_id(TritiumError.from_wire(reply["err"]), request.id)
+        descriptors = reply.get("outputs", [])
+        if len(descriptors) != len(frames):
+            raise InvalidArgument(f"model '{spec.name}' answered with {len(frames)} tensors for "
+                                  f"{len(descriptors)} outputs")
+        outputs = [OutputTensor(name, datatype, shape, frame.buffer)
+                   for (name, datatype, shape), frame in zip(descriptors, frames)]
+        return InferResult(spec.name, version, request.id, outputs, reply.get("params") or {})
+
+
+def _with_request_id(error: TritiumError, request_id: str) -> TritiumError:
+    """Triton prefixes errors of a request that has an id with that id."""
+    if not request_id:
+        return error
+    return type(error)(f"[request id: {request_id}] {error.message}")

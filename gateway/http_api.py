@@ -1,0 +1,171 @@
+"""The KServe v2 HTTP front end: a bare ASGI application over the data plane.
+
+Routes are Triton's own regular expressions, so paths match or miss exactly as they
+do on Triton; each error maps to its status once, through ``TritiumError.code``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import zlib
+
+import orjson
+
+from gateway.dataplane import DataPlane
+from gateway.http_codec import decode_infer_request, encode_infer_response
+from tritium.errors import InvalidArgument, TritiumError, Unsupported
+
+log = logging.getLogger(__name__)
+
+_SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
+_MODEL = re.compile(
+    r"/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?")
+_JSON = [(b"content-type", b"application/json")]
+_TEXT = [(b"content-type", b"text/plain")]
+_GET_ACTIONS = {None, "ready", "config", "stats"}
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+class HttpResponse:
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: list, body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+
+def json_response(document, status: int = 200) -> HttpResponse:
+    return HttpResponse(status, _JSON, orjson.dumps(document))
+
+
+def error_response(status: int, message: str) -> HttpResponse:
+    return HttpResponse(status, _JSON, orjson.dumps({"error": message}))
+
+
+_EMPTY_OK = HttpResponse(200, _TEXT, b"")
+_EMPTY_BAD = HttpResponse(400, _TEXT, b"")
+_NOT_FOUND = error_response(404, "Not Found")
+_NOT_ALLOWED = error_response(405, "Method Not Allowed")
+
+
+class HttpApp:
+    def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 1024 * 1024 + 1024 * 1024) -> None:
+        self.dataplane = dataplane
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            response = await self._route(scope, receive)
+        except TritiumError as exc:
+            response = error_response(exc.code.http_status, exc.message)
+        except ClientDisconnected:
+            return
+        except Exception as exc:  # a bug must cost one request, never the process
+            log.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
+            response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+        await send({"type": "http.response.body", "body": response.body})
+
+    async def _route(self, scope, receive) -> HttpResponse:
+        path, method = scope["path"], scope["method"]
+        match = _MODEL.fullmatch(path)
+        if match is not None and path != "/v2/models/stats":
+            return await self._model_route(scope, receive, method, *match.groups())
+        if path == "/v2/models/stats":
+            if method != "GET":
+                return _NOT_ALLOWED
+            return json_response(await self.dataplane.statistics(None, None))
+        match = _SERVER.fullmatch(path)
+        if match is not None:
+            if method != "GET":
+                return _NOT_ALLOWED
+            probe = match.group(1)
+            if probe == "live":
+                return _EMPTY_OK if self.dataplane.live() else _EMPTY_BAD
+            if probe == "ready":
+                return _EMPTY_OK if self.dataplane.ready() else _EMPTY_BAD
+            return json_response(self.dataplane.server_metadata())
+        return _NOT_FOUND
+
+    async def _model_route(self, scope, receive, method, model, version, action) -> HttpResponse:
+        if action == "infer":
+            if method != "POST":
+                return _NOT_ALLOWED
+            return await self._infer(scope, receive, model, version)
+        if action not in _GET_ACTIONS:
+            raise Unsupported(f"'{action}' is not supported by tritium yet")
+        if method != "GET":
+            return _NOT_ALLOWED
+        if action is None:
+            return json_response(self.dataplane.model_metadata(model, version))
+        if action == "ready":
+            self.dataplane.model_ready(model, version)
+            return _EMPTY_OK
+        if action == "config":
+            return HttpResponse(200, _JSON, self.dataplane.model_config(model, version))
+        return json_response(await self.dataplane.statistics(model, version))
+
+    async def _infer(self, scope, receive, model: str, version: str | None) -> HttpResponse:
+        headers = _headers(scope)
+        body = await self._read_body(receive, headers)
+        header_length = headers.get(b"inference-header-content-length")
+        if header_length is not None:
+            try:
+                header_length = int(header_length)
+            except ValueError:
+                raise InvalidArgument(
+                    f"invalid Inference-Header-Content-Length header: {header_length.decode(errors='replace')!r}") from None
+        request, binary_default = decode_infer_request(model, version, body, header_length)
+        result = await self.dataplane.infer(request)
+        response_headers, response_body = encode_infer_response(result, request.outputs, binary_default)
+        return HttpResponse(200, response_headers, response_body)
+
+    async def _read_body(self, receive, headers: dict) -> bytes:
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise InvalidArgument(
+                f"request body of {int(declared)} bytes exceeds the maximum allowed value of "
+                f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise InvalidArgument(
+                    f"request body exceeds the maximum allowed value of {self.max_body_bytes} "
+                    "bytes. Use --http-max-input-size to increase the limit.")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return self._decompress(body, headers.get(b"content-encoding"))
+
+    def _decompress(self, body: bytes, encoding: bytes | None) -> bytes:
+        if encoding is None or encoding.lower() == b"identity":
+            return body
+        kind = encoding.lower()
+        if kind not in (b"gzip", b"deflate"):
+            raise Unsupported("Unsupported compression type")
+        wbits = 16 + zlib.MAX_WBITS if kind == b"gzip" else zlib.MAX_WBITS
+        decompressor = zlib.decompressobj(wbits)
+        try:
+            data = decompressor.decompress(body, self.max_body_bytes + 1)
+        except zlib.error as exc:
+            raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: {exc}") from exc
+        if len(data) > self.max_body_bytes:
+            raise InvalidArgument(
+                f"decompressed request body exceeds the maximum allowed value of "
+                f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
+        return data
+
+
+def _headers(scope) -> dict[bytes, bytes]:
+    return {key.lower(): value for key, value in scope["headers"]}

@@ -1,0 +1,268 @@
+"""The KServe v2 HTTP body formats: JSON tensors and Triton's binary tensor data extension.
+
+Decoding turns a request body into an ``InferRequest`` whose tensors are raw bytes: a
+binary input is a slice (memoryview) of the body, never copied; a JSON input is
+converted once with numpy. Encoding writes the JSON header, and the binary outputs
+after it, in output order, as ``Inference-Header-Content-Length`` says.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import orjson
+
+from gateway.inference import InferRequest, InferResult, InputTensor, RequestedOutput
+from gateway.validation import element_count
+from tritium import datatypes
+from tritium.errors import InvalidArgument, Unsupported
+
+# Keys Triton reserves in request parameters (kReservedParameterKeys).
+RESERVED_PARAMETERS = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
+     "binary_data_output"})
+_LENGTH = struct.Struct("<I")
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+def decode_infer_request(model: str, version: str | None, body: bytes, header_length: int | None,
+                         ) -> tuple[InferRequest, bool]:
+    """Parse a body; return the request and whether outputs default to binary."""
+    json_part, binary = _split_body(model, body, header_length)
+    try:
+        document = orjson.loads(json_part)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from exc
+    if not isinstance(document, dict):
+        raise InvalidArgument("the request body must be a JSON object")
+    request_id = document.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgument("the request 'id' must be a string")
+    parameters = _parameters(document.get("parameters"), "request", reserved_check=True)
+    binary_default = parameters.pop("binary_data_output", False) is True
+    inputs = _inputs(model, document.get("inputs"), binary, header_length is not None)
+    outputs = _outputs(document.get("outputs"))
+    request = InferRequest(model=model, version=version, inputs=inputs, outputs=outputs,
+                           id=request_id, parameters=parameters)
+    return request, binary_default
+
+
+def _split_body(model: str, body: bytes, header_length: int | None) -> tuple[bytes, memoryview]:
+    if header_length is None:
+        return body, memoryview(b"")
+    if header_length <= 0 or header_length > len(body):
+        if header_length == 0:
+            raise Unsupported(
+                "raw binary inference requests (Inference-Header-Content-Length: 0) are not "
+                "supported by tritium yet; send a JSON header with binary_data_size")
+        raise InvalidArgument(
+            f"inference header size should be in range (0, {len(body)}), got: {header_length}")
+    view = memoryview(body)
+    return view[:header_length], view[header_length:]
+
+
+def _parameters(value, where: str, reserved_check: bool = False) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"'parameters' of the {where} must be a JSON object")
+    for key, item in value.items():
+        if reserved_check and key.startswith("triton_"):
+            raise InvalidArgument(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and "
+                "should not be specified.")
+        if not isinstance(item, (str, int, float, bool)):
+            raise InvalidArgument(
+                f"parameter '{key}' has invalid type; parameters must be strings, numbers or booleans")
+    return dict(value)
+
+
+def _inputs(model: str, value, binary: memoryview, has_header_length: bool) -> list[InputTensor]:
+    if not isinstance(value, list):
+        raise InvalidArgument(f"the request for model '{model}' must have an 'inputs' list")
+    inputs, offset = [], 0
+    for item in value:
+        if not isinstance(item, dict):
+            raise InvalidArgument(f"every entry of 'inputs' for model '{model}' must be a JSON object")
+        name, datatype, shape = _tensor_header(model, item)
+        parameters = _parameters(item.get("parameters"), f"input '{name}'")
+        size = parameters.get("binary_data_size")
+        sources = ("data" in item) + (size is not None) + ("shared_memory_region" in parameters)
+        if sources != 1:
+            raise InvalidArgument(
+                "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+                "'parameters', 'shared_memory_region' in 'parameters'. But "
+                + ("no field is set" if sources == 0 else "more than one field is set"))
+        if "shared_memory_region" in parameters:
+            raise Unsupported(f"input '{name}': shared memory is not supported by tritium yet")
+        if size is not None:
+            if not has_header_length:
+                raise InvalidArgument(
+                    "must specify valid 'Infer-Header-Content-Length' in request header and "
+                    "'binary_data_size' when passing inputs in binary data format")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise InvalidArgument(f"'binary_data_size' of input '{name}' must be a non-negative integer")
+            if offset + size > len(binary):
+                raise InvalidArgument(
+                    f"unexpected size for input '{name}', expecting {offset + size - len(binary)} "
+                    f"additional bytes for model '{model}'")
+            data = binary[offset:offset + size]
+            offset += size
+        else:
+            data = json_to_bytes(model, name, datatype, shape, item["data"])
+        inputs.append(InputTensor(name, datatype, shape, data))
+    if offset != len(binary):
+        raise InvalidArgument(f"unexpected additional input data for model '{model}'")
+    return inputs
+
+
+def _tensor_header(model: str, item: dict) -> tuple[str, str, list[int]]:
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"every input for model '{model}' must have a 'name' string")
+    datatype = item.get("datatype")
+    if not isinstance(datatype, str) or datatypes.from_name(datatype) is None:
+        raise InvalidArgument(
+            f"input '{name}' for model '{model}' has invalid datatype {datatype!r}; expected one "
+            f"of {', '.join(d.name for d in datatypes.DATATYPES)}")
+    shape = item.get("shape")
+    if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InvalidArgument(
+            f"input '{name}' for model '{model}' must have a 'shape' list of non-negative integers")
+    return name, datatype, shape
+
+
+def _outputs(value) -> list[RequestedOutput] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise InvalidArgument("'outputs' must be a list")
+    outputs = []
+    for item in value:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidArgument("every entry of 'outputs' must be a JSON object with a 'name'")
+        parameters = _parameters(item.get("parameters"), f"output '{item['name']}'")
+        if "classification" in parameters:
+            raise Unsupported("the classification extension is not supported by tritium yet")
+        if "shared_memory_region" in parameters:
+            raise Unsupported(f"output '{item['name']}': shared memory is not supported by tritium yet")
+        outputs.append(RequestedOutput(item["name"], parameters))
+    return outputs
+
+
+def json_to_bytes(model: str, name: str, datatype: str, shape: list[int], data) -> bytes:
+    """Serialize JSON tensor data (flat or nested, row-major) the way binary data would be."""
+    dt = datatypes.from_name(datatype)
+    if not dt.json_allowed:
+        raise InvalidArgument(
+            f"receiving {datatype} data via JSON is not supported. Please use the binary data "
+            f"format for input {name}")
+    expected = element_count(shape)
+    values = _flatten(data, model, name)
+    if len(values) != expected:
+        raise InvalidArgument(
+            f"unable to parse 'data' of input '{name}' for model '{model}': it has {len(values)} "
+            f"elements, but shape {shape} needs {expected}")
+    if dt.is_bytes:
+        if not all(isinstance(v, str) for v in values):
+            raise InvalidArgument(f"input '{name}' for model '{model}' is BYTES: 'data' must hold strings")
+        encoded = [v.encode("utf-8") for v in values]
+        return b"".join(_LENGTH.pack(len(e)) + e for e in encoded)
+    if dt.name == "BOOL":
+        if not all(isinstance(v, bool) for v in values):
+            raise InvalidArgument(f"input '{name}' for model '{model}' is BOOL: 'data' must hold true or false")
+        return np.array(values, dtype=np.bool_).tobytes()
+    return _numbers_to_bytes(model, name, dt, values)
+
+
+def _numbers_to_bytes(model: str, name: str, dt, values: list) -> bytes:
+    integer = dt.numpy.kind in "iu"
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+            kind = "integers" if integer else "numbers"
+            raise InvalidArgument(
+                f"input '{name}' for model '{model}' is {dt.name}: 'data' must hold {kind}, got {v!r}")
+    if integer and values:
+        info = np.iinfo(dt.numpy)
+        low, high = min(values), max(values)
+        if low < info.min or high > info.max:
+            raise InvalidArgument(
+                f"input '{name}' for model '{model}' has a value out of range for {dt.name}")
+    return np.array(values, dtype=dt.numpy).tobytes()
+
+
+def _flatten(data, model: str, name: str) -> list:
+    if not isinstance(data, list):
+        return [data]
+    if not data or not isinstance(data[0], list):
+        if any(isinstance(v, list) for v in data):
+            raise InvalidArgument(f"'data' of input '{name}' for model '{model}' is ragged")
+        return data
+    flat = []
+    for item in data:
+        if not isinstance(item, list):
+            raise InvalidArgument(f"'data' of input '{name}' for model '{model}' is ragged")
+        flat.extend(_flatten(item, model, name))
+    return flat
+
+
+# -- responses --------------------------------------------------------------------------
+
+def encode_infer_response(result: InferResult, requested: list[RequestedOutput] | None,
+                          binary_default: bool) -> tuple[list, bytes]:
+    """(headers, body) of a successful inference response."""
+    wanted = {o.name: o.parameters for o in requested} if requested else {}
+    outputs, chunks = [], []
+    for output in result.outputs:
+        parameters = wanted.get(output.name, {})
+        entry = {"name": output.name, "datatype": output.datatype, "shape": output.shape}
+        if parameters.get("binary_data", binary_default):
+            data = output.data if isinstance(output.data, (bytes, memoryview)) else memoryview(output.data)
+            entry["parameters"] = {"binary_data_size": len(data)}
+            chunks.append(data)
+        else:
+            entry["data"] = output_to_json(output.name, output.datatype, output.data)
+        outputs.append(entry)
+    document = {}
+    if result.id:
+        document["id"] = result.id
+    document["model_name"] = result.model
+    document["model_version"] = str(result.version)
+    if result.parameters:
+        document["parameters"] = result.parameters
+    document["outputs"] = outputs
+    header = orjson.dumps(document, option=_JSON_OPTIONS)
+    if not chunks:
+        return [(b"content-type", b"application/json")], header
+    body = b"".join([header, *chunks])
+    return [(b"content-type", b"application/octet-stream"),
+            (b"inference-header-content-length", str(len(header)).encode())], body
+
+
+def output_to_json(name: str, datatype: str, data):
+    dt = datatypes.from_name(datatype)
+    if not dt.json_allowed:
+        raise InvalidArgument(
+            f"sending {datatype} data via JSON is not supported. Please use the binary data "
+            f"format for output {name}")
+    if dt.is_bytes:
+        items = []
+        view = memoryview(data)
+        offset = 0
+        while offset < len(view):
+            (length,) = _LENGTH.unpack_from(view, offset)
+            raw = bytes(view[offset + 4:offset + 4 + length])
+            offset += 4 + length
+            try:
+                items.append(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise InvalidArgument(
+                    f"output '{name}' holds bytes that are not UTF-8, which JSON cannot carry; "
+                    "request it with binary_data") from exc
+        return items
+    array = np.frombuffer(data, dtype=dt.numpy)
+    if dt.name == "FP32":  # Triton writes each float as the double it widens to
+        array = array.astype(np.float64)
+    return array

@@ -1,0 +1,129 @@
+"""The gateway's cached view of the broker's models: states, metadata and what to validate.
+
+The broker pushes the table (MODELS) whenever it changes; each gateway keeps it and
+answers metadata, config and readiness from it without a round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from tritium import datatypes
+from tritium.datatypes import DataType
+from tritium.errors import InvalidArgument, NotFound
+
+READY = "READY"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: DataType
+    dims: tuple[int, ...]
+    optional: bool = False
+    fixed_elements: int | None = None   # product of dims when no dim is variable
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model (all versions share the config) as the gateway validates requests for it."""
+
+    name: str
+    platform: str
+    max_batch_size: int
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    decoupled: bool
+    config_json: bytes
+
+    @classmethod
+    def from_config(cls, config: dict) -> "ModelSpec":
+        return cls(
+            name=config["name"],
+            platform=config.get("platform") or config.get("backend", ""),
+            max_batch_size=int(config.get("max_batch_size", 0)),
+            inputs={t["name"]: _tensor(t) for t in config.get("input", [])},
+            outputs={t["name"]: _tensor(t) for t in config.get("output", [])},
+            decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),
+            config_json=orjson.dumps(config),
+        )
+
+    @property
+    def required_inputs(self) -> list[str]:
+        return [name for name, spec in self.inputs.items() if not spec.optional]
+
+    def metadata_shape(self, tensor: TensorSpec) -> list[int]:
+        return ([-1] if self.max_batch_size > 0 else []) + list(tensor.dims)
+
+
+def _tensor(entry: dict) -> TensorSpec:
+    datatype = datatypes.from_config_name(entry.get("data_type", "TYPE_INVALID"))
+    dims = tuple(int(d) for d in entry.get("dims", []))
+    fixed = None
+    if -1 not in dims:
+        fixed = 1
+        for d in dims:
+            fixed *= d
+    return TensorSpec(entry["name"], datatype, dims, bool(entry.get("optional", False)), fixed)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    spec: ModelSpec | None
+    error: str | None
+    versions: dict[int, tuple[str, str]]   # version -> (state, reason)
+
+    @property
+    def ready_versions(self) -> list[int]:
+        return sorted(v for v, (state, _) in self.versions.items() if state == READY)
+
+
+class ModelTable:
+    def __init__(self) -> None:
+        self.generation = -1
+        self.models: dict[str, ModelEntry] = {}
+        self.server_ready = False
+        self.received = False
+
+    def update(self, table: dict) -> None:
+        models = {}
+        for item in table["models"]:
+            config = item.get("config")
+            models[item["name"]] = ModelEntry(
+                name=item["name"], spec=ModelSpec.from_config(config) if config else None,
+                error=item.get("error"),
+                versions={int(v): (state, reason) for v, state, reason in item["versions"]})
+        self.models = models
+        self.generation = table["generation"]
+        self.server_ready = bool(table["ready"])
+        self.received = True
+
+    def get(self, name: str) -> ModelEntry:
+        entry = self.models.get(name)
+        if entry is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        return entry
+
+    def resolve(self, name: str, version: str | None) -> tuple[ModelSpec, int]:
+        """The spec and concrete version a request for ``name``/``version`` goes to.
+
+        Unknown model or version: 404 (NotFound). Known but not ready: Triton's 400
+        "Model version not ready" (InvalidArgument).
+        """
+        entry = self.get(name)
+        if version:
+            number = int(version)
+            if number not in entry.versions:
+                raise NotFound(f"Request for unknown model: '{name}' version {number} is not found")
+            if entry.versions[number][0] != READY or entry.spec is None:
+                raise InvalidArgument("Model version not ready")
+            return entry.spec, number
+        ready = entry.ready_versions
+        if not ready or entry.spec is None:
+            if any(state == "LOADING" for state, _ in entry.versions.values()):
+                raise InvalidArgument("Model version not ready")
+            raise NotFound(f"Request for unknown model: '{name}' has no available versions")
+        return entry.spec, ready[-1]

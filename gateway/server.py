@@ -1,0 +1,75 @@
+"""The gateway process: uvloop, a broker link, the data plane and uvicorn serving HTTP.
+
+Several gateway processes can serve the same port: each binds its own listening
+socket with SO_REUSEPORT and the kernel spreads connections over them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from dataclasses import dataclass
+
+import uvicorn
+import uvloop
+
+from gateway.broker_link import BrokerLink
+from gateway.dataplane import DataPlane, ServerIdentity
+from gateway.http_api import HttpApp
+from tritium import notify
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    broker: str
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    max_input_bytes: int = 64 * 1024 * 1024
+    exit_timeout_s: float = 30.0
+    server_id: str = "triton"
+    strict_readiness: bool = True
+    broker_timeout_s: float | None = None   # how long to wait for the broker's first model table
+
+
+def listening_socket(address: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((address, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(settings: GatewaySettings) -> None:
+    link = BrokerLink(settings.broker)
+    dataplane = DataPlane(link, ServerIdentity(name=settings.server_id),
+                          strict_readiness=settings.strict_readiness)
+    app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes + 1024 * 1024)
+    sock = listening_socket(settings.http_address, settings.http_port)
+    config = uvicorn.Config(app, http="httptools", loop="none", lifespan="off", access_log=False,
+                            log_config=None, timeout_graceful_shutdown=int(settings.exit_timeout_s),
+                            timeout_keep_alive=75)
+    server = uvicorn.Server(config)
+    log.info("gateway waiting for the broker at %s", settings.broker)
+    await link.start(settings.broker_timeout_s)
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        port = sock.getsockname()[1]
+        notify.ready(f"gateway http={settings.http_address}:{port}")
+        log.info("gateway serving HTTP on %s:%d", settings.http_address, port)
+    try:
+        await serving
+    finally:
+        dataplane.shutting_down = True
+        link.close()
+
+
+def run(settings: GatewaySettings) -> None:
+    uvloop.run(serve(settings))

@@ -1,0 +1,140 @@
+"""Checks of an inference request against the model's config, with Triton's messages.
+
+Everything here runs before a request is queued, so that a bad request costs the
+broker and the instances nothing.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from gateway.inference import InferRequest
+from gateway.model_table import ModelSpec, TensorSpec
+from tritium.errors import InvalidArgument, Unsupported
+
+_LENGTH = struct.Struct("<I")
+
+
+def validate_request(spec: ModelSpec, request: InferRequest) -> int:
+    """Raise InvalidArgument for anything the model cannot take; return the batch size."""
+    model = spec.name
+    if spec.decoupled:
+        raise Unsupported("HTTP end point doesn't support models with decoupled transaction policy")
+    seen = set()
+    for tensor in request.inputs:
+        if tensor.name not in spec.inputs:
+            raise InvalidArgument(f"unexpected inference input '{tensor.name}' for model '{model}'")
+        if tensor.name in seen:
+            raise InvalidArgument(f"input '{tensor.name}' is given more than once for model '{model}'")
+        seen.add(tensor.name)
+    _check_required(spec, request, seen)
+    batch_size = 1
+    for index, tensor in enumerate(request.inputs):
+        config = spec.inputs[tensor.name]
+        if tensor.datatype != config.datatype.name:
+            raise InvalidArgument(
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
+                f"'{model}' expects '{config.datatype.name}'")
+        size = _check_shape(spec, config, tensor.shape)
+        if spec.max_batch_size > 0:
+            if index == 0:
+                batch_size = size
+            elif size != batch_size:
+                raise InvalidArgument(
+                    f"input '{tensor.name}' for model '{model}' has batch size {size}, but "
+                    f"input '{request.inputs[0].name}' has batch size {batch_size}; every input "
+                    "of a request must have the same batch size")
+        _check_data_size(model, config, tensor.name, tensor.shape, tensor.data)
+    if spec.max_batch_size > 0 and batch_size > spec.max_batch_size:
+        raise InvalidArgument(
+            f"inference request batch-size must be <= {spec.max_batch_size} for '{model}'")
+    if request.outputs is not None:
+        for output in request.outputs:
+            if output.name not in spec.outputs:
+                raise InvalidArgument(f"unexpected inference output '{output.name}' for model '{model}'")
+    return batch_size
+
+
+def _check_required(spec: ModelSpec, request: InferRequest, given: set[str]) -> None:
+    required = spec.required_inputs
+    missing = [name for name in required if name not in given]
+    if not missing:
+        return
+    got = [t.name for t in request.inputs]
+    if len(required) == len(spec.inputs):
+        expected = f"expected {len(required)} inputs"
+    else:
+        expected = f"expected number of inputs between {len(required)} and {len(spec.inputs)}"
+    raise InvalidArgument(
+        f"{expected} but got {len(got)} inputs for model '{spec.name}'. Got input(s) "
+        f"{_names(got)}, but missing required input(s) {_names(missing)}. Please provide all "
+        "required input(s).")
+
+
+def _names(names: list[str]) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
+def _check_shape(spec: ModelSpec, config: TensorSpec, shape: list[int]) -> int:
+    """Check ``shape`` against the config dims; return the request's batch size for the input."""
+    batching = spec.max_batch_size > 0
+    dims = shape[1:] if batching else shape
+    ok = (not batching or len(shape) >= 1) and len(dims) == len(config.dims) and all(
+        want == -1 or want == got for want, got in zip(config.dims, dims))
+    if not ok:
+        expected = ([-1] if batching else []) + list(config.dims)
+        note = ""
+        if batching:
+            note = (" NOTE: Setting a non-zero max_batch_size in the model config requires a "
+                    "batch dimension to be prepended to each input shape. If you want to specify "
+                    "the full shape including the batch dim in your input dims config, try "
+                    "max_batch_size: 0 in the model config.")
+        raise InvalidArgument(
+            f"unexpected shape for input '{config.name}' for model '{spec.name}'. Expected "
+            f"{_shape(expected)}, got {_shape(shape)}.{note}")
+    return shape[0] if batching else 1
+
+
+def _shape(shape) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def element_count(shape: list[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _check_data_size(model: str, config: TensorSpec, name: str, shape: list[int], data) -> None:
+    expected_elements = element_count(shape)
+    if config.datatype.is_bytes:
+        found = count_bytes_elements(data, name, model)
+        if found != expected_elements:
+            raise InvalidArgument(
+                f"expected {expected_elements} string elements for inference input '{name}' "
+                f"for model '{model}', got {found}")
+        return
+    expected = expected_elements * config.datatype.itemsize
+    if len(data) != expected:
+        raise InvalidArgument(
+            f"input byte size mismatch for input '{name}' for model '{model}'. Expected "
+            f"{expected}, got {len(data)}")
+
+
+def count_bytes_elements(data, name: str, model: str) -> int:
+    """Elements of a length-prefixed BYTES tensor; malformed framing is a 400."""
+    view = memoryview(data)
+    offset, end, count = 0, len(view), 0
+    while offset < end:
+        if offset + 4 > end:
+            raise InvalidArgument(
+                f"BYTES input '{name}' for model '{model}' ends inside an element length prefix")
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4 + length
+        if offset > end:
+            raise InvalidArgument(
+                f"BYTES input '{name}' for model '{model}' has an element of {length} bytes that "
+                "runs past the end of the data")
+        count += 1
+    return count

@@ -1,0 +1,173 @@
+"""``tritium serve``: broker, host agent and gateways as child processes of one command.
+
+The parts are the same processes ``tritium broker|worker|gateway`` run on their own;
+this module only composes them. Children report readiness over an ``sd_notify``
+socket; once every child is ready and the broker has finished its first load, one
+line says what is served. A child that dies takes the whole server down (each part
+is restartable on its own under systemd, see deploy/systemd), and SIGINT/SIGTERM stop
+the children in order: gateways, agent, broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from tritium.protocol import ExitCode, Kind, pack, unpack
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    model_repositories: tuple[str, ...]
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    http_workers: int = 1
+    exit_timeout_s: float = 30.0
+    exit_on_error: bool = True
+    log_verbose: int = 0
+    repository_args: tuple[str, ...] = ()  # flags passed to broker and worker as they were given
+    gateway_args: tuple[str, ...] = ()
+    worker_args: tuple[str, ...] = ()
+
+
+@dataclass(eq=False)
+class ChildProcess:
+    role: str
+    process: subprocess.Popen
+    ready: bool = False
+    status: str = ""
+
+
+@dataclass(eq=False)
+class Supervisor:
+    settings: ServeSettings
+    children: list[ChildProcess] = field(default_factory=list)
+
+    def run(self) -> int:
+        runtime = Path(tempfile.mkdtemp(prefix="tritium-"))
+        notify_path = runtime / "notify"
+        notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify_sock.bind(str(notify_path))
+        notify_sock.settimeout(0.2)
+        frontend, backend = f"ipc://{runtime}/frontend", f"ipc://{runtime}/backend"
+        stop = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.append(True))
+        env = dict(os.environ, NOTIFY_SOCKET=str(notify_path))
+        try:
+            code = self._start_and_wait(env, frontend, backend, notify_sock, stop)
+            if code is None:
+                code = self._supervise(stop)
+        finally:
+            self._stop_children()
+            notify_sock.close()
+            shutil.rmtree(runtime, ignore_errors=True)
+        return code
+
+    def _spawn(self, role: str, args: list[str], env: dict) -> None:
+        command = [sys.executable, "-m", "tritium.cli", role, *args]
+        log.debug("starting %s", " ".join(command))
+        self.children.append(ChildProcess(role, subprocess.Popen(command, env=env)))
+
+    def _start_and_wait(self, env, frontend, backend, notify_sock, stop) -> int | None:
+        s = self.settings
+        verbose = ["--log-verbose", str(s.log_verbose)]
+        repos = [arg for repo in s.model_repositories for arg in ("--model-repository", repo)]
+        self._spawn("broker", [*repos, "--frontend", frontend, "--backend", backend,
+                               *s.repository_args, *verbose], env)
+        if not self._wait_ready(notify_sock, stop, roles={"broker"}):
+            return ExitCode.ERROR
+        self._spawn("worker", ["--broker", backend, *repos, *s.worker_args, *verbose], env)
+        for _ in range(s.http_workers):
+            self._spawn("gateway", ["--broker", frontend, "--http-address", s.http_address,
+                                    "--http-port", str(s.http_port), *s.gateway_args, *verbose], env)
+        if not self._wait_ready(notify_sock, stop, roles={"worker", "gateway"}):
+            return ExitCode.ERROR
+        status = self._wait_loaded(frontend, stop)
+        if status is None:
+            return ExitCode.ERROR
+        failures = status["repository_errors"] + status["failures"]
+        if failures and self.settings.exit_on_error:
+            for failure in failures:
+                log.error("%s", failure)
+            log.error("failed to load all models")
+            return ExitCode.MODEL_LOAD_FAILED
+        print(f"tritium ready: http={s.http_address}:{s.http_port} "
+              f"(gateways={s.http_workers}, models ready={status['ready']})", flush=True)
+        return None
+
+    def _wait_ready(self, notify_sock, stop, roles: set[str]) -> bool:
+        pids = {c.process.pid: c for c in self.children}
+        while not all(c.ready for c in self.children if c.role in roles):
+            if stop or self._dead_child() is not None:
+                return False
+            try:
+                message = notify_sock.recv(4096).decode(errors="replace")
+            except TimeoutError:
+                continue
+            fields = dict(line.split("=", 1) for line in message.splitlines() if "=" in line)
+            child = pids.get(int(fields.get("MAINPID", -1)))
+            if child is not None and fields.get("READY") == "1":
+                child.ready, child.status = True, fields.get("STATUS", "")
+        return True
+
+    def _wait_loaded(self, frontend: str, stop) -> dict | None:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(frontend)
+        try:
+            while not stop and self._dead_child() is None:
+                sock.send(pack({"k": Kind.CONTROL, "rid": 1, "op": "status"}))
+                if sock.poll(1000):
+                    reply = unpack(sock.recv())
+                    if reply["k"] == Kind.CONTROL_REPLY and reply["ok"]["loading_done"]:
+                        return reply["ok"]
+                    time.sleep(0.05)
+            return None
+        finally:
+            sock.close(0)
+
+    def _dead_child(self) -> ChildProcess | None:
+        for child in self.children:
+            if child.process.poll() is not None:
+                log.error("%s (pid %d) exited with status %s", child.role, child.process.pid,
+                          child.process.returncode)
+                return child
+        return None
+
+    def _supervise(self, stop) -> int:
+        while not stop:
+            if self._dead_child() is not None:
+                return ExitCode.ERROR
+            time.sleep(0.2)
+        return ExitCode.OK
+
+    def _stop_children(self) -> None:
+        order = {"gateway": 0, "worker": 1, "broker": 2}
+        deadline = time.monotonic() + self.settings.exit_timeout_s
+        for role in sorted(order, key=order.get):
+            group = [c.process for c in self.children if c.role == role and c.process.poll() is None]
+            for process in group:
+                process.send_signal(signal.SIGTERM)
+            for process in group:
+                try:
+                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning("%s (pid %d) did not stop in time; killing it", role, process.pid)
+                    process.kill()
+                    process.wait()

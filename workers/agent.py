@@ -1,0 +1,250 @@
+"""The host agent: joins the broker, starts and supervises this host's instance processes.
+
+It announces the host (name, GPUs, protocol version) to the broker, receives which
+model versions to serve (ASSIGN), resolves their instance groups for this host's GPUs,
+and starts one process per instance. A process that dies is reported to the broker
+(which fails the requests it held) and restarted with backoff, unless it failed to
+initialize: that is a load failure, reported by the instance itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+from google.protobuf import json_format
+
+from repo import ModelConfig, ModelLoadError
+from repo.instance_groups import resolve_instance_groups
+from repo.json_form import config_to_json_dict
+from tritium import notify
+from tritium.hosts import host_name
+from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, pack, unpack
+from workers.placement import InstancePlan, plan_instances
+
+log = logging.getLogger(__name__)
+
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+_BACKOFF_START_S = 1.0
+_BACKOFF_MAX_S = 32.0
+_HEALTHY_AFTER_S = 60.0  # a process that ran this long starts its next backoff from the beginning
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    broker: str
+    model_repositories: tuple[str, ...]
+    gpus: tuple[int, ...]
+    models: tuple[str, ...] | None = None
+    credit: int = 2
+    log_verbose: int = 0
+    exit_timeout_s: float = 30.0
+
+
+@dataclass(eq=False)
+class Child:
+    """One instance process and what it takes to start it again."""
+
+    plan: InstancePlan
+    model: str
+    version: int
+    spec: dict
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    incarnation: int = 0
+    backoff_s: float = _BACKOFF_START_S
+    restart_at: float | None = None
+    wanted: bool = True
+    iid: str = field(default="")
+
+
+class HostAgent:
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.identity = f"agent-{host_name()}-{os.getpid()}"
+        self.context = zmq.Context.instance()
+        self.sock = self.context.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, self.identity.encode())
+        self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.connect(settings.broker)
+        self.children: list[Child] = []
+        self._running = True
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        wake_read, wake_write = socket.socketpair()
+        wake_read.setblocking(False)
+        wake_write.setblocking(False)
+        signal.set_wakeup_fd(wake_write.fileno())
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._stop)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the poll when a child ends
+        self._send({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION, "host": host_name(),
+                    "gpus": list(self.settings.gpus), "models": list(self.settings.models or [])})
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(wake_read, zmq.POLLIN)
+        notify.ready(f"worker agent {self.identity} -> {self.settings.broker}")
+        log.info("worker agent %s connecting to %s (gpus %s)", self.identity, self.settings.broker,
+                 list(self.settings.gpus))
+        code = ExitCode.OK
+        while self._running:
+            events = dict(poller.poll(250))
+            if wake_read.fileno() in events:
+                try:
+                    wake_read.recv(512)
+                except BlockingIOError:
+                    pass
+            if self.sock in events:
+                code = self._drain() or code
+            self._reap()
+            self._restart_due()
+        self._shutdown()
+        return code
+
+    def _stop(self, signum, _frame) -> None:
+        self._running = False
+
+    def _send(self, header: dict) -> None:
+        self.sock.send(pack(header))
+
+    def _drain(self) -> int | None:
+        while True:
+            try:
+                header = unpack(self.sock.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return None
+            kind = header["k"]
+            if kind == Kind.ASSIGN:
+                for assignment in header["models"]:
+                    self._assign(assignment)
+            elif kind == Kind.UNASSIGN:
+                for item in header["models"]:
+                    self._unassign(item["m"], item["v"])
+            elif kind == Kind.REFUSED:
+                log.error("the broker refused this agent: %s", header.get("reason"))
+                self._running = False
+                return ExitCode.PROTOCOL_MISMATCH
+
+    # -- starting instances -------------------------------------------------------------
+
+    def _assign(self, assignment: dict) -> None:
+        model, version = assignment["m"], assignment["v"]
+        try:
+            model_dir = self._find_model(model)
+            config = ModelConfig()
+            json_format.ParseDict(assignment["config"], config)
+            resolve_instance_groups(config, self.settings.gpus)
+            plans = plan_instances(config)
+            if not plans:
+                raise ModelLoadError(model, f"model '{model}' has no instance to start on this host")
+        except (ModelLoadError, json_format.ParseError, OSError) as exc:
+            message = getattr(exc, "message", str(exc))
+            log.error("cannot place model %s version %d: %s", model, version, message)
+            self._send({"k": Kind.PLACED, "m": model, "v": version, "err": message})
+            return
+        config_json = config_to_json_dict(config)
+        children = []
+        for plan in plans:
+            spec = {"broker": self.settings.broker, "agent": self.identity, "model": model,
+                    "version": version, "model_dir": str(model_dir), "config": config_json,
+                    "name": plan.name, "key": plan.key, "kind": plan.kind,
+                    "device_id": plan.device_id, "credit": self.settings.credit,
+                    "log_verbose": self.settings.log_verbose}
+            children.append(Child(plan, model, version, spec))
+        self._send({"k": Kind.PLACED, "m": model, "v": version, "instances": [c.plan.key for c in children]})
+        for child in children:
+            self.children.append(child)
+            self._start(child)
+
+    def _find_model(self, model: str) -> Path:
+        for root in self.settings.model_repositories:
+            candidate = Path(root) / model
+            if candidate.is_dir():
+                return candidate
+        raise ModelLoadError(model, f"model '{model}' is not in this host's model repositories "
+                             f"({', '.join(self.settings.model_repositories)})")
+
+    def _start(self, child: Child) -> None:
+        child.incarnation += 1
+        child.iid = f"{self.identity}/{child.model}/{child.version}/{child.plan.key}/{child.incarnation}"
+        spec = dict(child.spec, iid=child.iid)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
+        env["TRITIUM_INSTANCE_NAME"] = child.plan.name
+        env["TRITIUM_MODEL"] = f"{child.model}/{child.version}"
+        if child.plan.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(child.plan.gpu)
+        child.process = subprocess.Popen(
+            [sys.executable, "-m", "workers.instance", child.iid], stdin=subprocess.PIPE, env=env)
+        child.process.stdin.write(json.dumps(spec).encode())
+        child.process.stdin.close()
+        child.started_at = time.monotonic()
+        child.restart_at = None
+        log.info("started instance %s of %s version %d (pid %d)", child.plan.key, child.model,
+                 child.version, child.process.pid)
+
+    # -- supervision --------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        for child in list(self.children):
+            if child.process is None:
+                continue
+            code = child.process.poll()
+            if code is None:
+                continue
+            child.process = None
+            why = f"exited with status {code}" if code >= 0 else f"was killed by signal {-code}"
+            self._send({"k": Kind.INSTANCE_EXITED, "iid": child.iid, "why": why})
+            if not child.wanted or not self._running:
+                self.children.remove(child)
+                continue
+            if code == ExitCode.INIT_FAILED:
+                log.error("instance %s of %s failed to initialize; not restarting it", child.plan.key, child.model)
+                self.children.remove(child)
+                continue
+            if time.monotonic() - child.started_at >= _HEALTHY_AFTER_S:
+                child.backoff_s = _BACKOFF_START_S
+            child.restart_at = time.monotonic() + child.backoff_s
+            log.warning("instance %s of %s %s; restarting in %.0f s", child.plan.key, child.model,
+                        why, child.backoff_s)
+            child.backoff_s = min(child.backoff_s * 2, _BACKOFF_MAX_S)
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            if child.process is None and child.restart_at is not None and child.restart_at <= now:
+                self._start(child)
+
+    def _unassign(self, model: str, version: int) -> None:
+        for child in self.children:
+            if child.model == model and child.version == version:
+                child.wanted = False
+                child.restart_at = None
+                if child.process is not None:
+                    child.process.terminate()
+        self.children = [c for c in self.children if c.wanted or c.process is not None]
+
+    def _shutdown(self) -> None:
+        log.info("worker agent stopping %d instance(s)", len(self.children))
+        live = [c.process for c in self.children if c.process is not None]
+        for process in live:
+            process.terminate()
+        deadline = time.monotonic() + self.settings.exit_timeout_s
+        for process in live:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.sock.close(0)

@@ -1,0 +1,98 @@
+"""The backend interface every backend implements, built-in or custom.
+
+It has the lifecycle of Triton's backend API: a ``Backend`` once per process, a
+``Model`` once per model, an ``Instance`` per model instance (one per process here).
+An instance implements one of two ways to execute:
+
+* ``execute(requests) -> responses``: it gets the separate requests of a batch, as
+  Triton's Python backend does (used for models that handle requests themselves);
+* ``execute_batch(inputs, output_names) -> outputs``: it gets every input stacked along
+  the batch dimension and returns stacked outputs; tritium stacks and splits around it
+  (what Triton's onnxruntime and PyTorch backends do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from repo import ModelConfig
+from tritium.errors import TritiumError
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    name: str
+    version: int
+    model_dir: Path          # <repository>/<model>
+    config: ModelConfig      # completed and resolved for this host
+    config_json: dict        # the same, in Triton's JSON form
+
+    @property
+    def version_dir(self) -> Path:
+        return self.model_dir / str(self.version)
+
+    @property
+    def parameters(self) -> dict[str, str]:
+        return {key: value.string_value for key, value in self.config.parameters.items()}
+
+
+@dataclass(frozen=True)
+class InstanceContext:
+    model: ModelContext
+    name: str                # Triton's instance name, e.g. "densenet_onnx_0"
+    kind: str                # "CPU", "GPU" or "MODEL"
+    device_id: int           # the host's GPU id for GPU instances, 0 otherwise
+
+
+@dataclass
+class InferenceRequest:
+    request_id: str
+    inputs: dict[str, np.ndarray]
+    requested_outputs: list[str] | None   # None: every output of the model
+    parameters: dict
+    batch_size: int
+    correlation_id: int | str = 0
+
+
+@dataclass
+class InferenceResponse:
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    error: TritiumError | None = None
+    parameters: dict = field(default_factory=dict)
+
+
+class Instance:
+    def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse]:
+        raise NotImplementedError
+
+    def execute_batch(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    @property
+    def stacks_batches(self) -> bool:
+        """True when this instance implements ``execute_batch``."""
+        return type(self).execute_batch is not Instance.execute_batch
+
+    def finalize(self) -> None:
+        pass
+
+
+class Model:
+    def create_instance(self, context: InstanceContext) -> Instance:
+        raise NotImplementedError
+
+    def finalize(self) -> None:
+        pass
+
+
+class Backend:
+    name = "base"
+
+    def create_model(self, context: ModelContext) -> Model:
+        raise NotImplementedError
+
+    def finalize(self) -> None:
+        pass

@@ -1,0 +1,96 @@
+"""The onnxruntime backend (``platform: onnxruntime_onnx``).
+
+Session options come from the config as Triton's onnxruntime backend reads them:
+``parameters`` ``intra_op_thread_count``, ``inter_op_thread_count``, ``execution_mode``
+(0 sequential, 1 parallel), ``enable_mem_arena``, ``enable_mem_pattern``, and
+``optimization { graph { level } }`` (-1 basic, 1 extended, unset = all). GPU instances
+use the CUDA execution provider when onnxruntime-gpu is installed (``pip install .[gpu]``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from workers.backends.base import Backend, Instance, InstanceContext, Model, ModelContext
+
+log = logging.getLogger(__name__)
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+
+    def create_model(self, context: ModelContext) -> Model:
+        return OnnxRuntimeModel(context)
+
+
+class OnnxRuntimeModel(Model):
+    def __init__(self, context: ModelContext) -> None:
+        self.context = context
+        path = context.version_dir / (context.config.default_model_filename or "model.onnx")
+        if path.is_dir():  # a large model is a folder holding model.onnx and its weight files
+            path = path / "model.onnx"
+        self.path = path
+
+    def create_instance(self, context: InstanceContext) -> Instance:
+        return OnnxRuntimeInstance(self, context)
+
+
+def _int_parameter(parameters: dict[str, str], key: str, default: int) -> int:
+    value = parameters.get(key)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ValueError(f"parameter '{key}' must be an integer, got '{value}'") from exc
+
+
+def session_options(context: ModelContext):
+    import onnxruntime as ort
+
+    parameters = context.parameters
+    options = ort.SessionOptions()
+    intra = _int_parameter(parameters, "intra_op_thread_count", 0)
+    inter = _int_parameter(parameters, "inter_op_thread_count", 0)
+    if intra > 0:
+        options.intra_op_num_threads = intra
+    if inter > 0:
+        options.inter_op_num_threads = inter
+    if _int_parameter(parameters, "execution_mode", 0) == 1:
+        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    if _int_parameter(parameters, "enable_mem_arena", 1) == 0:
+        options.enable_cpu_mem_arena = False
+    if _int_parameter(parameters, "enable_mem_pattern", 1) == 0:
+        options.enable_mem_pattern = False
+    level = context.config.optimization.graph.level if context.config.optimization.HasField("graph") else 0
+    options.graph_optimization_level = {
+        -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    }.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    return options
+
+
+class OnnxRuntimeInstance(Instance):
+    def __init__(self, model: OnnxRuntimeModel, context: InstanceContext) -> None:
+        import onnxruntime as ort
+
+        providers: list = ["CPUExecutionProvider"]
+        if context.kind == "GPU":
+            if "CUDAExecutionProvider" in ort.get_available_providers():
+                # The process sees only its own GPU (CUDA_VISIBLE_DEVICES), as device 0.
+                providers.insert(0, ("CUDAExecutionProvider", {"device_id": 0}))
+            else:
+                log.warning("instance %s is KIND_GPU but this onnxruntime has no CUDA provider "
+                            "(install tritium[gpu]); running on CPU", context.name)
+        self.session = ort.InferenceSession(str(model.path), sess_options=session_options(model.context),
+                                            providers=providers)
+        self.providers = self.session.get_providers()
+        self.input_names = {i.name for i in self.session.get_inputs()}
+        log.info("instance %s loaded %s with providers %s", context.name, model.path, self.providers)
+
+    def execute_batch(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+        feeds = {name: array for name, array in inputs.items() if name in self.input_names}
+        results = self.session.run(output_names, feeds)
+        return dict(zip(output_names, results))

@@ -1,0 +1,110 @@
+"""The instance process: one model instance, one backend, one DEALER socket to the broker.
+
+Started by the host agent as ``python -m workers.instance <iid>`` with its spec as JSON
+on stdin. It initializes the model, says HELLO (granting credit), then executes every
+BATCH it receives. If initialization fails it reports INSTANCE_FAILED and exits with
+``ExitCode.INIT_FAILED``, which tells the agent not to restart it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import zmq
+from google.protobuf import json_format
+
+from repo import ModelConfig
+from tritium import logs
+from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, pack, unpack
+from workers.backends import load_backend
+from workers.backends.base import InstanceContext, ModelContext
+from workers.executor import BatchExecutor
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGTERM this process when the agent that started it dies."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def build_executor(spec: dict) -> tuple[BatchExecutor, object]:
+    config = ModelConfig()
+    json_format.ParseDict(spec["config"], config)
+    model_context = ModelContext(name=spec["model"], version=spec["version"],
+                                 model_dir=Path(spec["model_dir"]), config=config,
+                                 config_json=spec["config"])
+    backend = load_backend(config.backend)
+    model = backend.create_model(model_context)
+    instance = model.create_instance(InstanceContext(
+        model=model_context, name=spec["name"], kind=spec["kind"], device_id=spec["device_id"]))
+    return BatchExecutor(instance, config), instance
+
+
+def main() -> None:
+    spec = json.loads(sys.stdin.read())
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:
+        sys.exit(ExitCode.ERROR)
+    logs.configure(f"instance:{spec['model']}:{spec['key']}", spec.get("log_verbose", 0))
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, spec["iid"].encode())
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(spec["broker"])
+    about = {"m": spec["model"], "v": spec["version"], "name": spec["key"]}
+    try:
+        executor, instance = build_executor(spec)
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
+        log.error("initialization failed: %s", message)
+        sock.send(pack({"k": Kind.INSTANCE_FAILED, **about, "err": message}))
+        sock.close()
+        context.term()
+        sys.exit(ExitCode.INIT_FAILED)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    sock.send(pack({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION,
+                    "agent": spec["agent"], "credit": spec.get("credit", 2), **about}))
+    log.info("serving model %s version %d as %s", spec["model"], spec["version"], spec["key"])
+    try:
+        _serve(sock, executor, stopping)
+    finally:
+        instance.finalize()
+        sock.close(0)
+        context.term()
+
+
+def _serve(sock: zmq.Socket, executor: BatchExecutor, stopping: list) -> None:
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    while not stopping:
+        if not poller.poll(500):
+            continue
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            header = unpack(frames[0].buffer)
+            if header["k"] == Kind.BATCH:
+                sock.send_multipart(executor.run(frames), copy=False)
+            elif header["k"] == Kind.REFUSED:
+                log.error("broker refused this instance: %s", header.get("reason"))
+                sys.exit(ExitCode.PROTOCOL_MISMATCH)
+
+
+if __name__ == "__main__":
+    main()

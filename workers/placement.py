@@ -1,0 +1,34 @@
+"""Which instance processes a model version gets on this host (Triton's instance groups)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from repo import ModelConfig
+from repo.instance_groups import instance_kind_name
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    name: str              # Triton's instance name, what the model sees
+    key: str               # unique per model version on this host: name, plus @gpuN for GPU instances
+    kind: str              # "CPU", "GPU" or "MODEL"
+    device_id: int         # GPU id on this host; 0 for CPU instances
+    gpu: int | None        # the GPU the process is pinned to (CUDA_VISIBLE_DEVICES), if any
+
+
+def plan_instances(config: ModelConfig) -> list[InstancePlan]:
+    """One plan per instance: ``count`` per listed GPU for GPU groups, ``count`` for others."""
+    plans = []
+    for group in config.instance_group:
+        if group.passive:
+            continue  # passive instances take no traffic from the scheduler
+        kind = instance_kind_name(group)
+        for index in range(group.count):
+            name = f"{group.name}_{index}" if group.count > 1 else group.name
+            if kind == "GPU":
+                for gpu in group.gpus:
+                    plans.append(InstancePlan(name, f"{name}@gpu{gpu}", kind, gpu, gpu))
+            else:
+                plans.append(InstancePlan(name, name, kind, 0, None))
+    return plans
