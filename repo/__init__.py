@@ -1,11 +1,36 @@
-"""The model repository: reading Triton model folders into completed, validated configs."""
+"""The model repository: reading Triton model folders into completed, validated configs.
 
-from repo.config_file import ModelConfig
-from repo.errors import ModelLoadError
-from repo.model import ModelDefinition, RepositoryOptions, VersionInfo
-from repo.repository import ModelEntry, ModelRepository, RepositoryScan
+The public names are imported on first use (PEP 562): the Python auto-complete child
+process runs as ``repo._autocomplete_child`` and must not pay for importing protobuf,
+tritonclient and grpc, which this package's modules need and the child does not.
+"""
 
-__all__ = [
-    "ModelConfig", "ModelDefinition", "ModelEntry", "ModelLoadError", "ModelRepository",
-    "RepositoryOptions", "RepositoryScan", "VersionInfo",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "ModelConfig": "repo.config_file",
+    "ModelLoadError": "repo.errors",
+    "ModelDefinition": "repo.model",
+    "RepositoryOptions": "repo.model",
+    "VersionInfo": "repo.model",
+    "ModelEntry": "repo.repository",
+    "ModelRepository": "repo.repository",
+    "RepositoryScan": "repo.repository",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'repo' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -147,6 +147,10 @@ def check_supported(model: str, config: ModelConfig) -> None:
             raise ModelLoadError(
                 model, f"model '{model}' uses {field} '{value}' ({UNSUPPORTED[value]}), "
                 f"which tritium does not support; {SUPPORTED_DESCRIPTION}")
+    # Before the backend checks below: an ensemble with a backend is an ensemble mistake.
+    if config.platform == ENSEMBLE_PLATFORM and config.backend:
+        raise ModelLoadError(
+            model, f"ensemble '{model}' must not set backend '{config.backend}'")
     if config.platform and not config.backend and config.platform != ENSEMBLE_PLATFORM:
         raise ModelLoadError(
             model, f"model '{model}' has unknown platform '{config.platform}'; "
@@ -160,9 +164,6 @@ def check_supported(model: str, config: ModelConfig) -> None:
         raise ModelLoadError(
             model, f"model '{model}' pairs platform '{config.platform}' with backend 'python'; "
             "the python backend takes no platform")
-    if config.platform == ENSEMBLE_PLATFORM and config.backend:
-        raise ModelLoadError(
-            model, f"ensemble '{model}' must not set backend '{config.backend}'")
 
 
 def is_builtin(backend: str) -> bool:

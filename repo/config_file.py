@@ -60,6 +60,8 @@ def parse_config_text(model: str, text: str, path: Path | None = None) -> ModelC
         prefix = f"{line}:{column} : "
         if message.startswith(prefix):
             message = message[len(prefix):]
-        location = f"{path}:{line}:{column}" if path is not None else f"{line}:{column}"
+        # Some protobuf errors carry no position; say the file alone then, not "None:None".
+        position = f":{line}:{column}" if line is not None else ""
+        location = f"{path}{position}" if path is not None else (position[1:] or "config")
         raise ModelLoadError(model, f"{location}: {message}") from exc
     return config

@@ -36,11 +36,9 @@ def resolve_instance_groups(config: ModelConfig, gpus: Sequence[int]) -> None:
         if group.kind == Group.KIND_AUTO:
             usable = available and all(g in available for g in group.gpus)
             group.kind = Group.KIND_GPU if usable else Group.KIND_CPU
-        if group.count < 0:
-            raise ModelLoadError(
-                model, f"instance group '{group.name}' of model '{model}' has count "
-                f"{group.count}; count must be at least 1")
-        if group.count == 0:
+        # Triton (NormalizeInstanceGroup) treats any count below 1 as unset, so a
+        # negative count gets the default too rather than an error.
+        if group.count < 1:
             two = group.kind == Group.KIND_CPU and config.backend in _TWO_CPU_INSTANCES
             group.count = 2 if two else 1
         if group.kind == Group.KIND_GPU and len(group.gpus) == 0:

@@ -38,7 +38,7 @@ def _fix_field(value, field):
     if field.message_type is not None and field.message_type.GetOptions().map_entry:
         value_field = field.message_type.fields_by_name["value"]
         return {key: _fix_field(item, value_field) for key, item in value.items()}
-    if field.label == descriptor.FieldDescriptor.LABEL_REPEATED:
+    if field.is_repeated:  # protobuf 6 deprecates field.label
         return [_fix_single(item, field) for item in value]
     return _fix_single(value, field)
 

@@ -16,7 +16,7 @@ from repo.model import ModelDefinition, RepositoryOptions, VersionInfo
 from repo.normalize import normalize, normalize_version_policy
 from repo.onnx_autocomplete import auto_complete_onnx
 from repo.python_autocomplete import run_auto_complete
-from repo.validate import validate_config
+from repo.validate import validate_basics, validate_config
 from repo.versions import select_versions
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
     backends.resolve_backend(name, config, model_dir)
     backends.check_supported(name, config)
     normalize_version_policy(config)
+    validate_basics(config)
     versions = select_versions(config, model_dir)
     if options.auto_complete:
         config = _auto_complete(name, config, versions, options)

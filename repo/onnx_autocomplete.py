@@ -63,7 +63,10 @@ def _tensor_info(model: str, path: Path, value) -> OnnxTensorInfo:
 def auto_complete_onnx(model: str, config: ModelConfig, model_file: Path,
                        default_max_batch_size: int) -> None:
     """Complete ``config`` in place from the model file."""
-    if len(config.input) > 0 and len(config.output) > 0:
+    # Triton counts batch_input entries as inputs: a config with batch inputs and
+    # outputs is complete, and its (regular) inputs are not filled from the model.
+    input_count = len(config.input) + len(config.batch_input)
+    if input_count > 0 and len(config.output) > 0:
         return
     inputs, outputs = read_onnx_io(model, model_file)
     can_batch = all(len(t.dims) > 0 and t.dims[0] == -1 for t in inputs + outputs)
@@ -76,7 +79,7 @@ def auto_complete_onnx(model: str, config: ModelConfig, model_file: Path,
         raise ModelLoadError(
             model, f"autofill failed for model '{model}': model does not support batching "
             "while non-zero max_batch_size is specified")
-    if len(config.input) == 0:
+    if input_count == 0:
         _fill(config.input, inputs, config.max_batch_size)
     if len(config.output) == 0:
         _fill(config.output, outputs, config.max_batch_size)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,27 +21,49 @@ CHILD_MODULE = "repo._autocomplete_child"
 
 def run_auto_complete(model: str, model_file: Path, config: dict, timeout_s: float) -> dict:
     """Return the config dict as completed by the model, or raise ModelLoadError."""
-    env = dict(os.environ)
-    project_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [project_root, env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", CHILD_MODULE, str(model_file)], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_child_env(),
+        # Its own process group, so that a timeout also ends what user code started.
+        start_new_session=True)
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", CHILD_MODULE, str(model_file)],
-            input=json.dumps(config).encode(), capture_output=True, timeout=timeout_s,
-            env=env, check=False)
+        stdout, stderr = proc.communicate(json.dumps(config).encode(), timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
+        _kill_group(proc)
         raise ModelLoadError(
             model, f"auto_complete_config of model '{model}' ({model_file}) did not finish "
             f"within {timeout_s:g} s") from exc
-    answer = _last_json_line(proc.stdout)
+    answer = _last_json_line(stdout)
     if answer is None:
-        tail = proc.stderr.decode(errors="replace").strip().splitlines()[-3:]
+        tail = stderr.decode(errors="replace").strip().splitlines()[-3:]
         raise ModelLoadError(
             model, f"auto_complete_config of model '{model}' ({model_file}) ended with exit "
             f"status {proc.returncode} and no answer" + (f": {' | '.join(tail)}" if tail else ""))
     if "error" in answer:
         raise ModelLoadError(model, f"auto_complete_config of model '{model}' failed: {answer['error']}")
     return answer["config"]
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    project_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [project_root, env.get("PYTHONPATH")]))
+    # Importing <version>/model.py must not write __pycache__ into the version folder:
+    # that would change the model's fingerprint and look like an edit to a poller.
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:  # already gone
+        pass
+    proc.wait()
+    # Not communicate(): a grandchild that left the group could keep the pipes open.
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
 
 
 def _last_json_line(stdout: bytes) -> dict | None:

@@ -20,6 +20,8 @@ from repo.loader import load_model
 from repo.model import ModelDefinition, RepositoryOptions
 
 log = logging.getLogger(__name__)
+# Importing a model.py (auto-complete, Python instances) may write this; it is no edit.
+_BYTECODE_CACHE = "__pycache__"
 
 
 @dataclass(frozen=True)
@@ -135,9 +137,15 @@ def _folder_fingerprint(model_dir: Path) -> tuple:
         return (str(model_dir), "unreadable")
     versions = {str(v) for v in numeric_subdirs(model_dir)}
     for entry in top:
+        if entry.name == _BYTECODE_CACHE:
+            continue
         if entry.is_dir() and (entry.name in versions or entry.name == "configs"):
-            for sub in _scan(entry.path):
+            subs = [sub for sub in _scan(entry.path) if sub.name != _BYTECODE_CACHE]
+            for sub in subs:
                 items.append((f"{entry.name}/{sub.name}",) + _stat(sub))
+            # Not the folder's own mtime: creating __pycache__ in it changes that.
+            items.append((entry.name, "dir"))
+            continue
         items.append((entry.name,) + _stat(entry))
     return (str(model_dir), tuple(sorted(items)))
 

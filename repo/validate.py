@@ -14,11 +14,20 @@ _Control = model_config_pb2.ModelSequenceBatching.Control
 WILDCARD = -1
 
 
+def validate_basics(config: ModelConfig) -> None:
+    """What must hold before versions are picked and auto-complete runs.
+
+    Checked first so that, say, a negative max_batch_size is reported as such and not
+    as the ONNX auto-complete's "does not support batching".
+    """
+    if config.max_batch_size < 0:
+        _fail(config.name, f"'max_batch_size' must be non-negative, got {config.max_batch_size}")
+    _validate_version_policy(config)
+
+
 def validate_config(config: ModelConfig) -> None:
     model = config.name
-    if config.max_batch_size < 0:
-        _fail(model, f"'max_batch_size' must be non-negative, got {config.max_batch_size}")
-    _validate_version_policy(config)
+    validate_basics(config)
     _validate_io(config)
     if config.HasField("dynamic_batching"):
         _validate_dynamic_batching(config)

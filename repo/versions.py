@@ -24,12 +24,15 @@ def select_versions(config: ModelConfig, model_dir: Path) -> tuple[VersionInfo, 
         chosen = [v for v in wanted if v in available]
         missing = [v for v in wanted if v not in available]
     else:
-        chosen = available[-policy.latest.num_versions:] if available else []
-    if not chosen and not missing:
+        count = policy.latest.num_versions  # validated >= 1 before; never slice by 0
+        chosen = available[-count:] if count > 0 else []
+    if not chosen:
+        # Triton fails the whole model here; versions listed but absent are only logged.
+        absent = f"; version folders listed but absent: {missing}" if missing else ""
         raise ModelLoadError(
             model, f"model '{model}' has no version folder that its version policy selects "
-            f"(numeric folders found: {available or 'none'}); at least one version must be "
-            "available under the version policy", model_dir)
+            f"(numeric folders found: {available or 'none'}{absent}); at least one version "
+            "must be available under the version policy", model_dir)
     infos = [VersionInfo(v, model_dir / str(v), _version_error(config, model_dir / str(v)))
              for v in chosen]
     infos += [VersionInfo(v, model_dir / str(v),
