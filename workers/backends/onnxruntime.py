@@ -13,6 +13,7 @@ import logging
 
 import numpy as np
 
+from tritium.errors import InvalidArgument
 from workers.backends.base import Backend, Instance, InstanceContext, Model, ModelContext
 
 log = logging.getLogger(__name__)
@@ -88,9 +89,23 @@ class OnnxRuntimeInstance(Instance):
                                             providers=providers)
         self.providers = self.session.get_providers()
         self.input_names = {i.name for i in self.session.get_inputs()}
+        self.string_inputs = {i.name for i in self.session.get_inputs() if i.type == "tensor(string)"}
         log.info("instance %s loaded %s with providers %s", context.name, model.path, self.providers)
 
     def execute_batch(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
         feeds = {name: array for name, array in inputs.items() if name in self.input_names}
+        for name in self.string_inputs & feeds.keys():
+            feeds[name] = _as_text(name, feeds[name])
         results = self.session.run(output_names, feeds)
         return dict(zip(output_names, results))
+
+
+def _as_text(name: str, array: np.ndarray) -> np.ndarray:
+    """onnxruntime's Python binding takes string tensors as str, not bytes."""
+    text = np.empty(array.shape, dtype=np.object_)
+    try:
+        text.reshape(-1)[:] = [v.decode("utf-8") if isinstance(v, bytes) else v for v in array.reshape(-1)]
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"input '{name}' holds bytes that are not UTF-8; onnxruntime "
+                              "string tensors take UTF-8 text") from exc
+    return text

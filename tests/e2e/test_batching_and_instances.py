@@ -1,0 +1,116 @@
+"""Dynamic batching seen through statistics, instance pinning, and an instance killed mid-batch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.models import add_sub_model, slow_model, write_config
+from tests.servers import TritiumServer, instance_processes
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    add_sub_model(repo, "batched", max_batch_size=32,
+                  extra="dynamic_batching { max_queue_delay_microseconds: 300000 }")
+    add_sub_model(repo, "pinned", max_batch_size=8)
+    write_config(repo / "pinned", (repo / "pinned" / "config.pbtxt").read_text().replace(
+        "instance_group [ { kind: KIND_CPU, count: 1 } ]",
+        "instance_group [ { kind: KIND_GPU, count: 2, gpus: [ 0, 1 ] }, { name: \"cpu\", kind: KIND_CPU, count: 1 } ]"))
+    slow_model(repo / "slow" / "1" / "model.onnx")
+    write_config(repo / "slow", "max_batch_size: 8\ninstance_group [ { kind: KIND_CPU, count: 1 } ]\n")
+    # The machine has no GPU: declare two, so that GPU placement can be checked without one.
+    with TritiumServer(repo, env={"TRITIUM_GPUS": "0,1"}) as running:
+        yield running
+
+
+def _infer(url, model, a, b=None):
+    client = httpclient.InferenceServerClient(url, network_timeout=120)
+    names = ["INPUT0"] if b is None else ["INPUT0", "INPUT1"]
+    inputs = []
+    for name, array in zip(names, [a] if b is None else [a, b]):
+        tensor = httpclient.InferInput(name, list(array.shape), "FP32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return client.infer(model, inputs)
+
+
+def test_concurrent_requests_are_batched_and_answered_each_with_its_own_result(server):
+    stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("batched")["model_stats"][0]
+    assert stats["execution_count"] == 0
+    arrays = [np.full((1, 16), i, dtype=np.float32) for i in range(16)]
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda a: _infer(server.url, "batched", a, np.ones_like(a)), arrays))
+    for array, result in zip(arrays, results):
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), array + 1)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), array - 1)
+    stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("batched")["model_stats"][0]
+    assert stats["inference_count"] == 16
+    assert stats["execution_count"] < 16, stats
+    assert max(b["batch_size"] for b in stats["batch_stats"]) > 1
+    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in stats["batch_stats"]) == 16
+    assert stats["inference_stats"]["queue"]["ns"] > 0  # requests waited for company
+
+
+def _instances_of(model):
+    return [p for p in instance_processes() if p["env"].get("TRITIUM_MODEL") == f"{model}/1"]
+
+
+def test_each_instance_process_is_pinned_to_its_gpu_or_cpu(server):
+    pinned = _instances_of("pinned")
+    placements = sorted((p["env"]["TRITIUM_INSTANCE_NAME"], p["env"].get("CUDA_VISIBLE_DEVICES"),
+                         p["argv"][-1].split("/")[-2]) for p in pinned)
+    assert placements == [
+        ("cpu", None, "cpu"),
+        ("pinned_0_0", "0", "pinned_0_0@gpu0"),
+        ("pinned_0_0", "1", "pinned_0_0@gpu1"),
+        ("pinned_0_1", "0", "pinned_0_1@gpu0"),
+        ("pinned_0_1", "1", "pinned_0_1@gpu1"),
+    ]
+    a = np.ones((2, 16), dtype=np.float32)
+    np.testing.assert_array_equal(_infer(server.url, "pinned", a, a).as_numpy("OUTPUT0"), 2 * a)
+
+
+def test_an_instance_killed_mid_batch_fails_its_requests_and_comes_back(server):
+    (victim,) = _instances_of("slow")
+    x = np.ones((1, 64), dtype=np.float32)
+    outcome = {}
+
+    def send():
+        try:
+            outcome["result"] = _infer(server.url, "slow", x)
+        except InferenceServerException as exc:
+            outcome["error"] = exc
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    time.sleep(0.5)  # the request is running: the model takes over a second
+    os.kill(victim["pid"], signal.SIGKILL)
+    sender.join(30)
+    assert "error" in outcome, "the request held by the killed instance must fail"
+    assert outcome["error"].status() == "503"
+    assert "instance 'slow_0' of model 'slow' version 1 was killed by signal 9 while running this request" in str(outcome["error"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        replacement = [p for p in _instances_of("slow") if p["pid"] != victim["pid"]]
+        if replacement:
+            break
+        time.sleep(0.2)
+    assert replacement, "the agent must restart the instance"
+    result = None
+    while time.monotonic() < deadline and result is None:
+        try:
+            result = _infer(server.url, "slow", x)
+        except InferenceServerException:
+            time.sleep(0.5)  # the replacement may still be loading
+    assert result is not None and result.as_numpy("OUTPUT0").shape == (1, 64)
+    assert np.isfinite(result.as_numpy("OUTPUT0")).all()

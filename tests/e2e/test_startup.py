@@ -1,0 +1,88 @@
+"""Startup: Triton's exit-on-error, readiness with failed models, and flag handling."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.rawhttp import error_of, request
+from tests.models import add_sub_model, write_config
+from tests.servers import TritiumServer, instance_processes, run_serve
+
+BAD_ONNX_CONFIG = """
+max_batch_size: 4
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 2 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 2 ] } ]
+instance_group [ { kind: KIND_CPU, count: 1 } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    add_sub_model(repo, "good")
+    write_config(repo / "bad_config", "max_batch_size: -3 nonsense: 1")
+    # A config that is fine, with a model file that is not an ONNX model: fails in its instance.
+    write_config(repo / "bad_file", BAD_ONNX_CONFIG)
+    (repo / "bad_file" / "1").mkdir()
+    (repo / "bad_file" / "1" / "model.onnx").write_bytes(b"this is not onnx")
+    return repo
+
+
+def test_a_failed_model_stops_startup_by_default(repo):
+    result = run_serve(repo)
+    assert result.returncode == 4
+    log = result.stderr.decode()
+    assert "failed to load all models" in log
+    assert "bad_config" in log and "no field named \"nonsense\"" in log
+    assert "bad_file version 1" in log
+    assert b"tritium ready" not in result.stdout
+
+
+@pytest.fixture(scope="module")
+def tolerant_server(repo):
+    with TritiumServer(repo, "--exit-on-error=false") as running:
+        yield running
+
+
+def test_with_exit_on_error_false_good_models_serve_and_readiness_is_false(tolerant_server):
+    status, _, body = request(tolerant_server.url, "GET", "/v2/health/ready")
+    assert (status, body) == (400, b"")
+    assert request(tolerant_server.url, "GET", "/v2/health/live")[0] == 200
+    assert request(tolerant_server.url, "GET", "/v2/models/good/ready")[0] == 200
+    body = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}
+                       for n in ("INPUT0", "INPUT1")]}
+    status, _, reply = request(tolerant_server.url, "POST", "/v2/models/good/infer", body=body)
+    assert status == 200
+
+
+@pytest.mark.parametrize("model", ["bad_config", "bad_file"])
+def test_failed_models_have_no_available_versions(tolerant_server, model):
+    status, _, body = request(tolerant_server.url, "GET", f"/v2/models/{model}/ready")
+    assert status == 404
+    assert error_of(body) == f"Request for unknown model: '{model}' has no available versions"
+    status, _, body = request(tolerant_server.url, "POST", f"/v2/models/{model}/infer", body={"inputs": []})
+    assert status == 404
+
+
+def test_an_instance_that_cannot_initialize_is_not_restarted(tolerant_server):
+    assert "instance bad_file_0 of model bad_file version 1 failed: InvalidProtobuf" in tolerant_server.logs()
+    # Longer than the first restart backoff (1 s): no process for the model comes back.
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        assert not [p for p in instance_processes() if p["env"].get("TRITIUM_MODEL") == "bad_file/1"
+                    and time.monotonic() > deadline - 2.0]
+        time.sleep(0.1)
+    assert tolerant_server.logs().count("started instance bad_file_0") == 1
+
+
+def test_strict_readiness_false_reports_ready_despite_failed_models(repo):
+    with TritiumServer(repo, "--exit-on-error=false", "--strict-readiness=false") as server:
+        assert request(server.url, "GET", "/v2/health/ready")[0] == 200
+
+
+def test_unknown_flags_are_an_error(repo):
+    result = run_serve(repo, "--no-such-flag=1")
+    assert result.returncode == 2
+    assert b"No such option '--no-such-flag'" in result.stderr

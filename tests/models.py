@@ -1,0 +1,102 @@
+"""Model repositories for the tests, written into temporary folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from examples import models
+
+
+def write_config(model_dir: Path, text: str) -> None:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(text)
+
+
+def add_sub_model(repo: Path, name: str = "add_sub", max_batch_size: int = 8, extra: str = "",
+                  instances: int = 1) -> Path:
+    model_dir = repo / name
+    models.add_sub(model_dir / "1" / "model.onnx")
+    write_config(model_dir, f"""
+max_batch_size: {max_batch_size}
+input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 16 ] }},
+        {{ name: "INPUT1", data_type: TYPE_FP32, dims: [ 16 ] }} ]
+output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 16 ] }},
+         {{ name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 16 ] }} ]
+instance_group [ {{ kind: KIND_CPU, count: {instances} }} ]
+{extra}
+""")
+    return model_dir
+
+
+def slow_model(path: Path, iterations: int = 1_000_000, size: int = 64) -> Path:
+    """OUTPUT0 = INPUT0 after ``iterations`` rounds of tanh(x @ W): a model that takes its time.
+
+    A Loop keeps the file tiny; a million rounds take about 3 s on a 2-core CI machine.
+    """
+    weight = (np.random.default_rng(0).standard_normal((size, size)) / np.sqrt(size)).astype(np.float32)
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["x_in", "W"], ["m"]),
+         helper.make_node("Tanh", ["m"], ["x_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["N", "C", "INPUT0"], ["OUTPUT0"], body=body)], "slow",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", size])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", size])],
+        [numpy_helper.from_array(np.array(iterations, np.int64), "N"),
+         numpy_helper.from_array(np.array(True), "C"), numpy_helper.from_array(weight, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+# Every datatype ONNX and tritium share, with the numpy dtype tests send.
+ALL_TYPES = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
+    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+    "BYTES": np.object_,
+}
+_ONNX_TYPE = {
+    "BOOL": TensorProto.BOOL, "UINT8": TensorProto.UINT8, "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32, "UINT64": TensorProto.UINT64, "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16, "INT32": TensorProto.INT32, "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16, "FP32": TensorProto.FLOAT, "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+}
+_CONFIG_TYPE = {name: "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}" for name in ALL_TYPES}
+
+
+def all_types_model(repo: Path, name: str = "all_types", max_batch_size: int = 8) -> Path:
+    """IN_<T> -> OUT_<T> identities, one pair per datatype, in one model (one process)."""
+    model_dir = repo / name
+    inputs, outputs, nodes = [], [], []
+    for dtype in ALL_TYPES:
+        inputs.append(helper.make_tensor_value_info(f"IN_{dtype}", _ONNX_TYPE[dtype], ["batch", "n"]))
+        outputs.append(helper.make_tensor_value_info(f"OUT_{dtype}", _ONNX_TYPE[dtype], ["batch", "n"]))
+        nodes.append(helper.make_node("Identity", [f"IN_{dtype}"], [f"OUT_{dtype}"]))
+    model = helper.make_model(helper.make_graph(nodes, "all_types", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (model_dir / "1").mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(model_dir / "1" / "model.onnx"))
+    tensors = lambda kind: ",\n".join(
+        f'{{ name: "{kind}_{d}", data_type: {_CONFIG_TYPE[d]}, dims: [ -1 ] }}' for d in ALL_TYPES)
+    write_config(model_dir, f"""
+max_batch_size: {max_batch_size}
+input [ {tensors("IN")} ]
+output [ {tensors("OUT")} ]
+instance_group [ {{ kind: KIND_CPU, count: 1 }} ]
+""")
+    return model_dir

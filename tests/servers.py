@@ -1,0 +1,106 @@
+"""Real tritium servers for end-to-end tests: started as processes, on free ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class TritiumServer:
+    """``tritium serve`` in a child process; ``url`` is host:port for tritonclient."""
+
+    def __init__(self, repository: Path, *extra_args: str, env: dict | None = None,
+                 http_workers: int = 1, ready_timeout_s: float = 60.0) -> None:
+        self.repository = Path(repository)
+        self.port = free_port()
+        self.url = f"127.0.0.1:{self.port}"
+        self.log_path = Path(tempfile.mkstemp(prefix="tritium-serve-", suffix=".log")[1])
+        self.ready_line = None
+        command = [sys.executable, "-m", "tritium.cli", "serve", "--model-repository", str(repository),
+                   "--http-address", "127.0.0.1", "--http-port", str(self.port),
+                   "--http-workers", str(http_workers), "--exit-timeout-secs", "10", *extra_args]
+        child_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), child_env.get("PYTHONPATH")]))
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log, env=child_env,
+                                        start_new_session=True)
+        self._wait_ready(ready_timeout_s)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(self.process.stdout), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(b"tritium ready" in line for line in lines):
+                self.ready_line = next(line for line in lines if b"tritium ready" in line).decode()
+                return
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tritium serve exited with {self.process.returncode}:\n{self.logs()}")
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"tritium serve was not ready within {timeout_s} s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+    def __enter__(self) -> "TritiumServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run_serve(repository: Path, *extra_args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+    """Run ``tritium serve`` expecting it to exit by itself (for startup failures)."""
+    command = [sys.executable, "-m", "tritium.cli", "serve", "--model-repository", str(repository),
+               "--http-address", "127.0.0.1", "--http-port", str(free_port()), "--http-workers", "1",
+               *extra_args]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run(command, capture_output=True, timeout=timeout_s, env=env)
+
+
+def instance_processes() -> list[dict]:
+    """Every running tritium instance process: pid, argv and environment (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"workers.instance" not in argv:
+                continue
+            raw_env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        env = dict(item.decode(errors="replace").split("=", 1) for item in raw_env if b"=" in item)
+        found.append({"pid": int(entry.name), "argv": [a.decode() for a in argv if a], "env": env})
+    return found
