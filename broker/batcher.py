@@ -4,16 +4,19 @@ It owns one model version's queue and answers, when an instance can take work,
 which requests form the next batch; it never touches sockets and never reads a
 clock of its own (``now_ns`` is passed in), so tests drive it with a fake clock.
 
-The rules follow Triton's ``dynamic_batching``:
+The rules follow Triton's ``dynamic_batching`` (``DynamicBatchScheduler::GetDynamicBatch``):
 
 * requests are taken in arrival order; a batch is a run of requests from the head of
   the queue whose non-batch shapes agree (``shape_key``) and whose batch sizes add up
-  to at most ``max_batch_size``;
-* a batch that cannot grow any more (it is full, or the next request does not fit or
-  has other shapes) leaves at once;
-* otherwise, if a preferred batch size can be formed the largest such batch leaves
-  at once; with no queue delay the largest possible batch leaves at once; else the
-  batcher waits until the oldest request has waited ``max_queue_delay_us``;
+  to at most ``max_batch_size`` (a head request above it still goes, alone);
+* the largest preferred batch size (``max_batch_size`` when none is configured) is
+  where a batch stops wanting to grow: the largest batch that reaches a preferred size,
+  or else the run before the request that would pass the largest preferred size, leaves
+  at once, unless the oldest request has already waited ``max_queue_delay_us``;
+* a batch that cannot grow any more (the next request does not fit or has other
+  shapes), or that has reached the largest preferred size, leaves at once;
+* with no queue delay, or once the oldest request has waited the delay, everything
+  that fits (up to ``max_batch_size``) leaves; otherwise the batcher waits;
 * without dynamic batching every request is its own batch.
 """
 
@@ -57,6 +60,8 @@ class DynamicBatcher(Generic[R]):
         self._queue: deque[R] = deque()
         self._preferred = frozenset(policy.preferred_batch_sizes)
         self._delay_ns = policy.max_queue_delay_us * 1000
+        # Where a batch stops wanting to grow (Triton's max_preferred_batch_size_).
+        self._max_preferred = max(policy.preferred_batch_sizes, default=policy.max_batch_size)
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -84,12 +89,11 @@ class DynamicBatcher(Generic[R]):
             return None
         if not self.policy.enabled:
             return [queue.popleft()]
-        count, best_preferred, can_grow = self._scan()
-        if not can_grow:
-            return self._take(count)
-        if best_preferred:
+        count, total, best_preferred, send_now = self._scan()
+        delay_exceeded = self._delay_ns != 0 and now_ns - queue[0].arrival_ns >= self._delay_ns
+        if best_preferred and not delay_exceeded:
             return self._take(best_preferred)
-        if self._delay_ns == 0 or now_ns - queue[0].arrival_ns >= self._delay_ns:
+        if send_now or total >= self._max_preferred or delay_exceeded or self._delay_ns == 0:
             return self._take(count)
         return None
 
@@ -99,22 +103,29 @@ class DynamicBatcher(Generic[R]):
             return None
         return self._queue[0].arrival_ns + self._delay_ns
 
-    def _scan(self) -> tuple[int, int, bool]:
-        """(requests that fit, requests forming the largest preferred size, whether it can grow)."""
+    def _scan(self) -> tuple[int, int, int, bool]:
+        """(requests that fit, their batch size, requests of the best preferred batch, send now).
+
+        The best preferred batch is the longest run reaching a preferred size, or the run
+        before the request that would pass the largest preferred size, as Triton marks it.
+        """
         queue = self._queue
         head_key = queue[0].shape_key
         limit = self.policy.max_batch_size
+        max_preferred = self._max_preferred
         total = count = best = 0
         for request in queue:
-            if request.shape_key != head_key or total + request.batch_size > limit:
-                if count == 0:  # a head larger than max_batch_size still goes alone
-                    return 1, 0, False
-                return count, best, False
+            if count:
+                grown = total + request.batch_size
+                if best == 0 and grown > max_preferred:
+                    best = count
+                if grown > limit or request.shape_key != head_key:
+                    return count, total, best, True
             total += request.batch_size
             count += 1
             if total in self._preferred:
                 best = count
-        return count, best, total < limit
+        return count, total, best, False
 
     def _take(self, count: int) -> list[R]:
         queue = self._queue

@@ -23,8 +23,8 @@ class PendingRequest:
 
     gateway: bytes            # identity of the gateway that asked
     rid: int
-    header_frame: object      # the INFER header, forwarded to the instance untouched
-    frames: list              # input tensor frames
+    record: object            # the INFER record (a ZeroMQ frame), forwarded untouched
+    external: list            # its external tensor frames
     batch_size: int
     shape_key: object
     arrival_ns: int

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 
 from broker.registry import Batch, InstanceRecord, ModelVersion, PendingRequest, Registry, VersionState
-from tritium.errors import ErrorCode, NotFound, TritiumError, Unavailable
-from tritium.protocol import Kind, error_response, pack
+from tritium.errors import NotFound, TritiumError, Unavailable
+from tritium.protocol import Kind, encode, error_record
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class Scheduler:
 
     # -- requests in --------------------------------------------------------------------
 
-    def submit(self, gateway: bytes, header_frame, header: dict, frames: list) -> None:
+    def submit(self, gateway: bytes, record, header: dict, external: list) -> None:
         """Queue one INFER; an unknown or unready model is answered at once."""
         rid = header["rid"]
         version = self.registry.versions.get((header["m"], header["v"]))
@@ -44,14 +44,13 @@ class Scheduler:
         shape_key = None
         if version.variable_shapes:
             batching = version.definition.config.max_batch_size > 0
-            shape_key = tuple((name, tuple(shape[1:] if batching else shape))
-                              for name, _, shape in header["inputs"])
+            shape_key = tuple((d[0], tuple(d[2][1:] if batching else d[2])) for d in header["inputs"])
         version.batcher.enqueue(PendingRequest(
-            gateway, rid, header_frame, frames, header.get("bs", 1), shape_key, now))
+            gateway, rid, record, external, header.get("bs", 1), shape_key, now))
         self.dispatch(version, now)
 
     def reply_error(self, gateway: bytes, rid: int, error: TritiumError) -> None:
-        self._send_to_gateway([gateway, error_response(rid, error.to_wire())])
+        self._send_to_gateway([gateway, error_record(rid, error.to_wire())])
 
     @staticmethod
     def _not_ready_error(model: str, number: int, version: ModelVersion | None) -> TritiumError:
@@ -92,12 +91,13 @@ class Scheduler:
         number = self._batch_numbers
         instance.credit -= 1
         batch_size = 0
-        parts = [instance.iid, pack({"k": Kind.BATCH, "b": number, "n": len(requests)})]
+        parts = [instance.iid, encode({"k": Kind.BATCH, "b": number, "n": len(requests)})]
         for request in requests:
             request.dispatch_ns = now
             batch_size += request.batch_size
-            parts.append(request.header_frame)
-            parts.extend(request.frames)
+            parts.append(request.record)
+            if request.external:
+                parts.extend(request.external)
         instance.inflight[number] = Batch(number, version, instance, requests, batch_size)
         self._send_to_instance(parts)
 
@@ -119,6 +119,7 @@ class Scheduler:
     # -- results in ---------------------------------------------------------------------
 
     def batch_done(self, iid: bytes, header: dict, frames: list) -> None:
+        """Route a batch's RESPONSE records (``frames``), one message per gateway."""
         instance = self.registry.instances.get(iid)
         batch = instance.inflight.pop(header["b"], None) if instance else None
         if batch is None:
@@ -133,15 +134,21 @@ class Scheduler:
         if any(oks):
             stats.record_execution(batch.batch_size, timings)
         offset = 0
-        for request, frame_count, ok in zip(batch.requests, header["frames"], oks):
-            end = offset + 1 + frame_count
-            self._send_to_gateway([request.gateway, *frames[offset:end]])
+        outgoing: dict[bytes, list] = {}
+        for request, external_count, ok in zip(batch.requests, header["x"], oks):
+            end = offset + 1 + external_count
+            parts = outgoing.get(request.gateway)
+            if parts is None:
+                parts = outgoing[request.gateway] = [request.gateway]
+            parts.extend(frames[offset:end])
             offset = end
             if ok:
                 stats.record_success(now - request.arrival_ns, request.dispatch_ns - request.arrival_ns,
                                      request.batch_size, timings)
             else:
                 stats.record_failure(now - request.arrival_ns)
+        for parts in outgoing.values():
+            self._send_to_gateway(parts)
         if version.state == VersionState.READY:
             self.dispatch(version, now)
 
@@ -181,6 +188,3 @@ class Scheduler:
             version.stats.record_failure(now - request.arrival_ns)
         self._waiting.discard(version)
 
-
-def error_code_of(error: dict) -> ErrorCode:
-    return ErrorCode(error.get("code", ErrorCode.INTERNAL))

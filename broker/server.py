@@ -21,7 +21,7 @@ from repo import ModelRepository, RepositoryOptions
 from repo.backends import ENSEMBLE_PLATFORM
 from tritium import notify
 from tritium.errors import InvalidArgument, ProtocolError, TritiumError, Unavailable
-from tritium.protocol import PROTOCOL_VERSION, Kind, pack, unpack
+from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -164,25 +164,34 @@ class Broker:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            try:
-                handle(parts)
-            except ProtocolError as exc:
-                log.warning("dropped a malformed message from %r: %s", parts[0].bytes, exc)
-            except Exception:
-                log.exception("error handling a message from %r", parts[0].bytes)
+            peer = parts[0].bytes
+            position = 1
+            while position < len(parts):
+                try:
+                    header, _, _ = decode(parts[position])
+                    external_count = header.get("x", 0)
+                    if not isinstance(external_count, int):
+                        external_count = 0  # a list: BATCH_DONE counts per response
+                    handle(peer, parts, position, header)
+                except ProtocolError as exc:
+                    log.warning("dropped a malformed message from %r: %s", peer, exc)
+                    break
+                except Exception:
+                    log.exception("error handling a message from %r", peer)
+                    break
+                if header["k"] == Kind.BATCH_DONE:
+                    break  # the records after it are its responses
+                position += 1 + external_count
 
     # -- frontend: gateways and control clients -----------------------------------------
 
-    def _on_frontend(self, parts: list) -> None:
-        if len(parts) < 2:
-            raise ProtocolError("message without a header")
-        peer = parts[0].bytes
-        header = unpack(parts[1].buffer)
+    def _on_frontend(self, peer: bytes, parts: list, position: int, header: dict) -> None:
         kind = header["k"]
         if kind == Kind.INFER:
+            external = parts[position + 1:position + 1 + header["x"]] if "x" in header else None
             try:
-                self.scheduler.submit(peer, parts[1], header, parts[2:])
-            except (KeyError, TypeError, ValueError) as exc:
+                self.scheduler.submit(peer, parts[position], header, external)
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
                 self.scheduler.reply_error(peer, header.get("rid", 0),
                                            InvalidArgument(f"malformed inference request: {exc!r}"))
         elif kind == Kind.CONTROL:
@@ -190,18 +199,18 @@ class Broker:
         elif kind == Kind.HELLO:
             self._on_gateway_hello(peer, header)
         elif kind != Kind.HEARTBEAT:
-            raise ProtocolError(f"unexpected {kind.name} on the frontend")
+            raise ProtocolError(f"unexpected {Kind(kind).name} on the frontend")
 
     def _on_gateway_hello(self, peer: bytes, header: dict) -> None:
         if not self._protocol_ok(self.frontend, peer, header):
             return
         self.gateways.add(peer)
         log.info("gateway %s connected", peer.decode(errors="replace"))
-        self._send_frontend([peer, pack({"k": Kind.MODELS, **self.registry.table()})])
+        self._send_frontend([peer, encode({"k": Kind.MODELS, **self.registry.table()})])
 
     def _push_models(self) -> None:
         self._pushed_generation = self.registry.generation
-        message = pack({"k": Kind.MODELS, **self.registry.table()})
+        message = encode({"k": Kind.MODELS, **self.registry.table()})
         for gateway in list(self.gateways):
             self._send_frontend([gateway, message])
 
@@ -212,7 +221,7 @@ class Broker:
             reply = {"k": Kind.CONTROL_REPLY, "rid": rid, "ok": result}
         except TritiumError as exc:
             reply = {"k": Kind.CONTROL_REPLY, "rid": rid, "err": exc.to_wire()}
-        self._send_frontend([peer, pack(reply)])
+        self._send_frontend([peer, encode(reply)])
 
     def _control(self, op: str, args: dict):
         if op == "models":
@@ -252,14 +261,10 @@ class Broker:
 
     # -- backend: host agents and instances --------------------------------------------
 
-    def _on_backend(self, parts: list) -> None:
-        if len(parts) < 2:
-            raise ProtocolError("message without a header")
-        peer = parts[0].bytes
-        header = unpack(parts[1].buffer)
+    def _on_backend(self, peer: bytes, parts: list, position: int, header: dict) -> None:
         kind = header["k"]
         if kind == Kind.BATCH_DONE:
-            self.scheduler.batch_done(peer, header, parts[2:])
+            self.scheduler.batch_done(peer, header, parts[position + 1:])
         elif kind == Kind.HELLO:
             self._on_backend_hello(peer, header)
         elif kind == Kind.PLACED:
@@ -269,7 +274,7 @@ class Broker:
         elif kind == Kind.INSTANCE_EXITED:
             self._on_instance_exited(header)
         elif kind != Kind.HEARTBEAT:
-            raise ProtocolError(f"unexpected {kind.name} on the backend")
+            raise ProtocolError(f"unexpected {Kind(kind).name} on the backend")
 
     def _protocol_ok(self, sock: zmq.Socket, peer: bytes, header: dict) -> bool:
         if header.get("pv") == PROTOCOL_VERSION:
@@ -277,7 +282,7 @@ class Broker:
         reason = (f"protocol version {header.get('pv')} refused; this broker speaks "
                   f"version {PROTOCOL_VERSION}")
         log.error("peer %s (%s): %s", peer.decode(errors="replace"), header.get("role"), reason)
-        self._send(sock, [peer, pack({"k": Kind.REFUSED, "reason": reason})])
+        self._send(sock, [peer, encode({"k": Kind.REFUSED, "reason": reason})])
         return False
 
     def _on_backend_hello(self, peer: bytes, header: dict) -> None:
@@ -292,7 +297,7 @@ class Broker:
                                 tuple(models) if models else None)
             self.registry.agents[peer] = agent
             log.info("host agent %s joined (host %s, gpus %s)", peer.decode(), agent.host, list(agent.gpus))
-            self._send_backend([peer, pack({"k": Kind.ASSIGN, "models": self._assignments_for(agent)})])
+            self._send_backend([peer, encode({"k": Kind.ASSIGN, "models": self._assignments_for(agent)})])
         elif role == "instance":
             self._on_instance_hello(peer, header)
         else:
@@ -337,7 +342,7 @@ class Broker:
         self.scheduler.fail_queued(version, Unavailable(
             f"model '{version.name}' version {version.version} failed to load: {message}"))
         for agent in self.registry.agents.values():
-            self._send_backend([agent.identity, pack(
+            self._send_backend([agent.identity, encode(
                 {"k": Kind.UNASSIGN, "models": [{"m": version.name, "v": version.version}]})])
 
     def _on_instance_exited(self, header: dict) -> None:

@@ -2,7 +2,8 @@
 
 The socket's file descriptor is watched with ``loop.add_reader``; every wake-up drains
 every message that is ready (ZeroMQ's descriptor is edge-triggered, so after each send
-the socket is checked again). Replies are matched to waiting futures by ``rid``.
+the socket is checked again). Requests made during one event-loop turn leave together
+in one multipart message; replies are matched to waiting futures by ``rid``.
 """
 
 from __future__ import annotations
@@ -11,15 +12,23 @@ import asyncio
 import itertools
 import logging
 import os
+from typing import NamedTuple
 
 import zmq
 
 from gateway.model_table import ModelTable
 from tritium.errors import TritiumError, Unavailable
 from tritium.hosts import host_name
-from tritium.protocol import PROTOCOL_VERSION, Kind, pack, unpack
+from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
 
 log = logging.getLogger(__name__)
+
+
+class Reply(NamedTuple):
+    header: dict
+    record: memoryview     # the whole record the header came in
+    offset: int            # where its inline tensors start
+    external: list         # its external frames
 
 
 class BrokerLink:
@@ -37,13 +46,14 @@ class BrokerLink:
         self._models_received = asyncio.Event()
         self._pending: dict[int, asyncio.Future] = {}
         self._rids = itertools.count(1)
+        self._outbox: list = []
         self._fd = self.sock.getsockopt(zmq.FD)
         self.loop.add_reader(self._fd, self._drain)
         self._drain_scheduled = False
 
     async def start(self, timeout_s: float | None = None) -> None:
         """Say hello and wait for the first model table."""
-        self._send([pack({"k": Kind.HELLO, "role": "gateway", "pv": PROTOCOL_VERSION})])
+        self._post(encode({"k": Kind.HELLO, "role": "gateway", "pv": PROTOCOL_VERSION}))
         await asyncio.wait_for(self._models_received.wait(), timeout_s)
 
     def close(self) -> None:
@@ -53,19 +63,25 @@ class BrokerLink:
                 future.set_exception(Unavailable("the gateway is shutting down"))
         self.sock.close(0)
 
-    def request(self, header: dict, frames: list = ()) -> asyncio.Future:
-        """Send INFER or CONTROL; the future resolves to (reply header, reply frames)."""
+    def request(self, header: dict, inline=(), external=()) -> asyncio.Future:
+        """Send INFER or CONTROL; the future resolves to the broker's Reply."""
         rid = next(self._rids)
         header["rid"] = rid
+        if external:
+            header["x"] = len(external)
         future = self.loop.create_future()
         self._pending[rid] = future
-        self._send([pack(header), *frames])
+        self._post(encode(header, inline), external)
         return future
 
-    def forget(self, rid: int) -> None:
-        self._pending.pop(rid, None)
+    def _post(self, record: bytes, external=()) -> None:
+        if not self._outbox:
+            self.loop.call_soon(self._flush)
+        self._outbox.append(record)
+        self._outbox.extend(external)
 
-    def _send(self, parts: list) -> None:
+    def _flush(self) -> None:
+        parts, self._outbox = self._outbox, []
         self.sock.send_multipart(parts, copy=False)
         # ZeroMQ's fd is edge-triggered: a send may have consumed the readiness edge.
         if not self._drain_scheduled and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
@@ -88,14 +104,19 @@ class BrokerLink:
                 log.exception("error handling a message from the broker")
 
     def _dispatch(self, parts: list) -> None:
-        header = unpack(parts[0].buffer)
-        kind = header["k"]
-        if kind in (Kind.RESPONSE, Kind.CONTROL_REPLY):
-            future = self._pending.pop(header.get("rid"), None)
-            if future is not None and not future.done():
-                future.set_result((header, parts[1:]))
-        elif kind == Kind.MODELS:
-            self.models.update(header)
-            self._models_received.set()
-        elif kind == Kind.REFUSED:
-            log.error("the broker refused this gateway: %s", header.get("reason"))
+        position = 0
+        while position < len(parts):
+            header, record, offset = decode(parts[position])
+            external_count = header.get("x", 0)
+            external = parts[position + 1:position + 1 + external_count]
+            position += 1 + external_count
+            kind = header["k"]
+            if kind == Kind.RESPONSE or kind == Kind.CONTROL_REPLY:
+                future = self._pending.pop(header.get("rid"), None)
+                if future is not None and not future.done():
+                    future.set_result(Reply(header, record, offset, external))
+            elif kind == Kind.MODELS:
+                self.models.update(header)
+                self._models_received.set()
+            elif kind == Kind.REFUSED:
+                log.error("the broker refused this gateway: %s", header.get("reason"))

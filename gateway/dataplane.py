@@ -12,8 +12,8 @@ from gateway.broker_link import BrokerLink
 from gateway.inference import InferRequest, InferResult, OutputTensor
 from gateway.validation import validate_request
 from tritium import __version__
-from tritium.errors import InvalidArgument, TritiumError
-from tritium.protocol import Kind
+from tritium.errors import TritiumError
+from tritium.protocol import Kind, split_tensors, tensor_views
 
 # Triton's extension names, in Triton's order, limited to what tritium implements.
 EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters", "statistics")
@@ -72,7 +72,7 @@ class DataPlane:
 
     async def statistics(self, name: str | None, version: str | None) -> dict:
         args = {"model": name, "version": int(version) if version else None}
-        reply, _ = await self.link.request({"k": Kind.CONTROL, "op": "stats", "args": args})
+        reply = (await self.link.request({"k": Kind.CONTROL, "op": "stats", "args": args})).header
         if "err" in reply:
             raise TritiumError.from_wire(reply["err"])
         return {"model_stats": reply["ok"]}
@@ -85,24 +85,24 @@ class DataPlane:
             batch_size = validate_request(spec, request)
         except TritiumError as exc:
             raise _with_request_id(exc, request.id) from None
+        external_flags, inline, external = split_tensors([t.data for t in request.inputs])
         header = {"k": Kind.INFER, "m": spec.name, "v": version, "bs": batch_size,
-                  "inputs": [[t.name, t.datatype, t.shape] for t in request.inputs]}
+                  "inputs": [[t.name, t.datatype, t.shape, len(t.data), is_external]
+                             for t, is_external in zip(request.inputs, external_flags)]}
         if request.id:
             header["id"] = request.id
         if request.outputs is not None:
             header["outputs"] = [o.name for o in request.outputs]
         if request.parameters:
             header["params"] = request.parameters
-        reply, frames = await self.link.request(header, [t.data for t in request.inputs])
-        if "err" in reply:
-            raise _with_request_id(TritiumError.from_wire(reply["err"]), request.id)
-        descriptors = reply.get("outputs", [])
-        if len(descriptors) != len(frames):
-            raise InvalidArgument(f"model '{spec.name}' answered with {len(frames)} tensors for "
-                                  f"{len(descriptors)} outputs")
-        outputs = [OutputTensor(name, datatype, shape, frame.buffer)
-                   for (name, datatype, shape), frame in zip(descriptors, frames)]
-        return InferResult(spec.name, version, request.id, outputs, reply.get("params") or {})
+        reply = await self.link.request(header, inline, external)
+        answer = reply.header
+        if "err" in answer:
+            raise _with_request_id(TritiumError.from_wire(answer["err"]), request.id)
+        descriptors = answer.get("outputs", [])
+        views = tensor_views(descriptors, reply.record, reply.offset, reply.external)
+        outputs = [OutputTensor(d[0], d[1], d[2], view) for d, view in zip(descriptors, views)]
+        return InferResult(spec.name, version, request.id, outputs, answer.get("params") or {})
 
 
 def _with_request_id(error: TritiumError, request_id: str) -> TritiumError:

@@ -68,7 +68,9 @@ class HttpApp:
         except Exception as exc:  # a bug must cost one request, never the process
             log.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
             response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
-        await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+        # An explicit length keeps uvicorn from chunking the body.
+        headers = [*response.headers, (b"content-length", b"%d" % len(response.body))]
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
 
     async def _route(self, scope, receive) -> HttpResponse:

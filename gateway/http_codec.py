@@ -162,9 +162,7 @@ def json_to_bytes(model: str, name: str, datatype: str, shape: list[int], data) 
     expected = element_count(shape)
     values = _flatten(data, model, name)
     if len(values) != expected:
-        raise InvalidArgument(
-            f"unable to parse 'data' of input '{name}' for model '{model}': it has {len(values)} "
-            f"elements, but shape {shape} needs {expected}")
+        raise InvalidArgument("Unable to parse 'data': Shape does not match true shape of 'data' field")
     if dt.is_bytes:
         if not all(isinstance(v, str) for v in values):
             raise InvalidArgument(f"input '{name}' for model '{model}' is BYTES: 'data' must hold strings")

@@ -17,6 +17,7 @@ import uvloop
 from gateway.broker_link import BrokerLink
 from gateway.dataplane import DataPlane, ServerIdentity
 from gateway.http_api import HttpApp
+from gateway.http_protocol import GatewayHttpProtocol
 from tritium import notify
 
 log = logging.getLogger(__name__)
@@ -51,9 +52,10 @@ async def serve(settings: GatewaySettings) -> None:
                           strict_readiness=settings.strict_readiness)
     app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes + 1024 * 1024)
     sock = listening_socket(settings.http_address, settings.http_port)
-    config = uvicorn.Config(app, http="httptools", loop="none", lifespan="off", access_log=False,
+    config = uvicorn.Config(app, http=GatewayHttpProtocol, loop="none", lifespan="off", access_log=False,
                             log_config=None, timeout_graceful_shutdown=int(settings.exit_timeout_s),
-                            timeout_keep_alive=75)
+                            timeout_keep_alive=75, proxy_headers=False, server_header=False,
+                            date_header=False)
     server = uvicorn.Server(config)
     log.info("gateway waiting for the broker at %s", settings.broker)
     await link.start(settings.broker_timeout_s)

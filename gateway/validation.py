@@ -20,6 +20,9 @@ def validate_request(spec: ModelSpec, request: InferRequest) -> int:
     model = spec.name
     if spec.decoupled:
         raise Unsupported("HTTP end point doesn't support models with decoupled transaction policy")
+    required = spec.required_inputs
+    if not len(required) <= len(request.inputs) <= len(spec.inputs):
+        _missing_inputs(spec, request)  # Triton counts inputs before it looks at their names
     seen = set()
     for tensor in request.inputs:
         if tensor.name not in spec.inputs:
@@ -27,7 +30,8 @@ def validate_request(spec: ModelSpec, request: InferRequest) -> int:
         if tensor.name in seen:
             raise InvalidArgument(f"input '{tensor.name}' is given more than once for model '{model}'")
         seen.add(tensor.name)
-    _check_required(spec, request, seen)
+    if any(name not in seen for name in required):
+        _missing_inputs(spec, request)
     batch_size = 1
     for index, tensor in enumerate(request.inputs):
         config = spec.inputs[tensor.name]
@@ -41,9 +45,7 @@ def validate_request(spec: ModelSpec, request: InferRequest) -> int:
                 batch_size = size
             elif size != batch_size:
                 raise InvalidArgument(
-                    f"input '{tensor.name}' for model '{model}' has batch size {size}, but "
-                    f"input '{request.inputs[0].name}' has batch size {batch_size}; every input "
-                    "of a request must have the same batch size")
+                    f"input '{tensor.name}' batch size does not match other inputs for '{model}'")
         _check_data_size(model, config, tensor.name, tensor.shape, tensor.data)
     if spec.max_batch_size > 0 and batch_size > spec.max_batch_size:
         raise InvalidArgument(
@@ -55,12 +57,10 @@ def validate_request(spec: ModelSpec, request: InferRequest) -> int:
     return batch_size
 
 
-def _check_required(spec: ModelSpec, request: InferRequest, given: set[str]) -> None:
+def _missing_inputs(spec: ModelSpec, request: InferRequest) -> None:
     required = spec.required_inputs
-    missing = [name for name in required if name not in given]
-    if not missing:
-        return
     got = [t.name for t in request.inputs]
+    missing = [name for name in required if name not in got]
     if len(required) == len(spec.inputs):
         expected = f"expected {len(required)} inputs"
     else:
@@ -88,7 +88,8 @@ def _check_shape(spec: ModelSpec, config: TensorSpec, shape: list[int]) -> int:
             note = (" NOTE: Setting a non-zero max_batch_size in the model config requires a "
                     "batch dimension to be prepended to each input shape. If you want to specify "
                     "the full shape including the batch dim in your input dims config, try "
-                    "max_batch_size: 0 in the model config.")
+                    "setting max_batch_size to zero. See the model configuration docs for more "
+                    "info on max_batch_size.")
         raise InvalidArgument(
             f"unexpected shape for input '{config.name}' for model '{spec.name}'. Expected "
             f"{_shape(expected)}, got {_shape(shape)}.{note}")

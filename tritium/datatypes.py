@@ -51,9 +51,7 @@ def from_config_name(config_name: str) -> DataType | None:
     return BY_CONFIG_NAME.get(config_name)
 
 
-def from_numpy(dtype: np.dtype) -> DataType | None:
-    """The protocol datatype of a numpy dtype (object and bytes/str arrays are BYTES)."""
-    dtype = np.dtype(dtype)
+def _lookup_numpy(dtype: np.dtype) -> DataType | None:
     if dtype.kind in "OSU":
         return BY_NAME["BYTES"]
     if dtype.name == "bfloat16":
@@ -62,6 +60,23 @@ def from_numpy(dtype: np.dtype) -> DataType | None:
         if d.numpy is not None and d.numpy.kind == dtype.kind and d.numpy.itemsize == dtype.itemsize:
             return d
     return None
+
+
+_BY_NUMPY: dict[np.dtype, DataType | None] = {}
+
+
+def from_numpy(dtype) -> DataType | None:
+    """The protocol datatype of a numpy dtype (object and bytes/str arrays are BYTES)."""
+    try:
+        return _BY_NUMPY[dtype]
+    except (KeyError, TypeError):
+        pass
+    found = _lookup_numpy(np.dtype(dtype))
+    try:
+        _BY_NUMPY[dtype] = found  # on the output path of every request: look each dtype up once
+    except TypeError:
+        pass
+    return found
 
 
 def numpy_dtype(d: DataType) -> np.dtype:

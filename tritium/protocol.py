@@ -1,32 +1,48 @@
 """The wire protocol between gateway, broker, host agents and instance processes.
 
-Every message is a ZeroMQ multipart ``[header, frame0, frame1, ...]`` (a ROUTER adds
-the peer identity in front). ``header`` is a small msgpack map; tensor bytes always
-travel as frames of their own, never inside msgpack, so the broker can route them
-without reading or copying them.
+A message is a ZeroMQ multipart of *records* (a ROUTER adds the peer identity in front).
+A record is one frame::
 
-The header's ``k`` key is the message ``Kind``; the other keys of each kind are
-listed with it below (short names keep headers small; the TypedDicts document them).
-A peer announces ``PROTOCOL_VERSION`` in its HELLO and the broker refuses another one.
+    [u32 little-endian header length][msgpack header][inline tensor bytes...]
+
+followed by ``header["x"]`` external frames (0 when absent). Tensors smaller than
+``INLINE_LIMIT`` ride inline after the header: ZeroMQ copies frames that small anyway,
+and one frame per request instead of one per tensor is what keeps the per-request cost
+of every hop low (pyzmq's cost is per frame, see docs/architecture.md). Larger tensors
+travel as external frames of their own, zero-copy. Tensor bytes are never inside
+msgpack, and the broker never reads or copies them: it decodes headers and forwards
+the frames it received.
+
+Tensor descriptors are ``[name, datatype, shape, nbytes, external]``; inline tensors lie
+back to back after the header in descriptor order, external ones are the following
+frames in descriptor order.
+
+The header's ``k`` is the message ``Kind``. Several records may share one multipart
+(a gateway sends every INFER of one event-loop turn together; the broker answers a
+gateway with every RESPONSE of a batch together).
 
 Hot path, per inference request::
 
-    gateway  --INFER [h, inputs...]-->                 broker
-    broker   --BATCH [h, (INFER h, inputs...) * n]-->  instance   (INFER headers forwarded as-is)
-    instance --BATCH_DONE [h, (RESPONSE h, outputs...) * n]--> broker
-    broker   --RESPONSE [h, outputs...]-->             gateway    (RESPONSE headers forwarded as-is)
+    gateway  --INFER record(s)-->                          broker
+    broker   --[BATCH record, INFER record(s) as received]--> instance
+    instance --[BATCH_DONE record, RESPONSE record(s)]-->   broker
+    broker   --RESPONSE record(s) as received-->           gateway
 """
 
 from __future__ import annotations
 
 import enum
+import struct
+from collections.abc import Iterable, Sequence
 from typing import Any, TypedDict
 
 import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+INLINE_LIMIT = 64 * 1024
+_PREFIX = struct.Struct("<I")
 
 
 class Kind(enum.IntEnum):
@@ -34,13 +50,13 @@ class Kind(enum.IntEnum):
     HELLO = 1
     # broker -> peer: refused (wrong protocol version, unknown role)
     REFUSED = 2
-    # gateway -> broker: one inference request; frames = input tensors
+    # gateway -> broker: one inference request; inline/external tensors = inputs
     INFER = 10
-    # instance -> broker -> gateway: the answer to one request; frames = output tensors
+    # instance -> broker -> gateway: the answer to one request; tensors = outputs
     RESPONSE = 11
-    # broker -> instance: requests to execute together
+    # broker -> instance: requests to execute together (the INFER records follow)
     BATCH = 20
-    # instance -> broker: the responses of one batch, in request order
+    # instance -> broker: the RESPONSE records of one batch follow, in request order
     BATCH_DONE = 21
     # gateway/serve -> broker: a control-plane question (models, stats, status)
     CONTROL = 30
@@ -62,6 +78,9 @@ class Kind(enum.IntEnum):
     HEARTBEAT = 50
 
 
+_KINDS = frozenset(int(k) for k in Kind)
+
+
 class InferHeader(TypedDict, total=False):
     k: int
     rid: int              # gateway-local request number; echoed in the RESPONSE
@@ -69,59 +88,98 @@ class InferHeader(TypedDict, total=False):
     v: int                # concrete model version (the gateway resolves "latest")
     id: str               # the client's request id, when it gave one
     bs: int               # batch size of the request (1 for non-batching models)
-    inputs: list          # [[name, datatype, shape], ...], one frame each, in order
+    inputs: list          # tensor descriptors
     outputs: list | None  # requested output names; None means all of them
     params: dict          # request parameters
+    x: int                # external frames that follow this record
 
 
 class ResponseHeader(TypedDict, total=False):
     k: int
     rid: int
-    outputs: list         # [[name, datatype, shape], ...], one frame each, in order
+    outputs: list         # tensor descriptors
     params: dict          # response parameters
     err: dict             # {"code": ErrorCode, "message": str} instead of outputs
     final: bool           # False while a decoupled model has more responses to send
+    x: int
 
 
 class BatchHeader(TypedDict):
     k: int
     b: int                # batch number, echoed in BATCH_DONE
-    n: int                # number of requests that follow
+    n: int                # number of INFER records that follow
 
 
 class BatchDoneHeader(TypedDict, total=False):
     k: int
     b: int
-    frames: list          # frames per response that follows (header frame excluded)
     ok: list              # per response: True for a result, False for an error
+    x: list               # per response: its external frames
     t: list               # [compute_input_ns, compute_infer_ns, compute_output_ns]
 
 
 _packer = msgpack.Packer(use_bin_type=True)
 
 
-def pack(header: dict[str, Any]) -> bytes:
-    return _packer.pack(header)
+def encode(header: dict[str, Any], inline: Iterable = ()) -> bytes:
+    """One record: the header, then the inline tensor bytes."""
+    packed = _packer.pack(header)
+    return b"".join([_PREFIX.pack(len(packed)), packed, *inline])
 
 
-def unpack(raw: bytes | memoryview) -> dict[str, Any]:
-    """Decode a header; anything that is not a msgpack map with a known kind is a ProtocolError."""
+def decode(frame) -> tuple[dict[str, Any], memoryview, int]:
+    """(header, the record's bytes, offset of its first inline tensor); ProtocolError if malformed."""
+    view = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
+    if len(view) < 4:
+        raise ProtocolError("record shorter than its length prefix")
+    (length,) = _PREFIX.unpack_from(view, 0)
+    end = 4 + length
+    if end > len(view):
+        raise ProtocolError(f"record header of {length} bytes overruns the {len(view)}-byte frame")
     try:
-        header = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        header = msgpack.unpackb(view[4:end], raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError(f"undecodable message header: {exc}") from exc
-    if not isinstance(header, dict) or "k" not in header:
-        raise ProtocolError("message header is not a map with a kind")
-    try:
-        header["k"] = Kind(header["k"])
-    except ValueError as exc:
-        raise ProtocolError(f"unknown message kind {header['k']!r}") from exc
-    return header
+        raise ProtocolError(f"undecodable record header: {exc}") from exc
+    if not isinstance(header, dict) or header.get("k") not in _KINDS:
+        raise ProtocolError(f"record header without a known kind: {str(header)[:80]}")
+    return header, view, end
 
 
-def error_response(rid: int, error: dict) -> bytes:
-    """The RESPONSE header that answers request ``rid`` with an error."""
-    return pack({"k": Kind.RESPONSE, "rid": rid, "err": error})
+def split_tensors(datas: Sequence) -> tuple[list[bool], list, list]:
+    """Decide per tensor buffer: (external flags, inline buffers, external buffers)."""
+    flags, inline, external = [], [], []
+    for data in datas:
+        if len(data) >= INLINE_LIMIT:
+            flags.append(True)
+            external.append(data)
+        else:
+            flags.append(False)
+            inline.append(data)
+    return flags, inline, external
+
+
+def tensor_views(descriptors: Sequence, view: memoryview, offset: int, frames: Sequence) -> list[memoryview]:
+    """The bytes of each described tensor: slices of the record, or the external frames."""
+    views = []
+    external = iter(frames)
+    for descriptor in descriptors:
+        if descriptor[4]:
+            frame = next(external, None)
+            if frame is None:
+                raise ProtocolError(f"tensor '{descriptor[0]}' is external but its frame is missing")
+            views.append(memoryview(frame.buffer if hasattr(frame, "buffer") else frame))
+        else:
+            end = offset + descriptor[3]
+            if end > len(view):
+                raise ProtocolError(f"tensor '{descriptor[0]}' overruns its record")
+            views.append(view[offset:end])
+            offset = end
+    return views
+
+
+def error_record(rid: int, error: dict) -> bytes:
+    """The RESPONSE record that answers request ``rid`` with an error."""
+    return encode({"k": Kind.RESPONSE, "rid": rid, "err": error})
 
 
 # Exit codes of tritium processes, so that supervisors and systemd can tell why one ended.

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import zmq
 
-from tritium.protocol import ExitCode, Kind, pack, unpack
+from tritium.protocol import ExitCode, Kind, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +132,9 @@ class Supervisor:
         sock.connect(frontend)
         try:
             while not stop and self._dead_child() is None:
-                sock.send(pack({"k": Kind.CONTROL, "rid": 1, "op": "status"}))
+                sock.send(encode({"k": Kind.CONTROL, "rid": 1, "op": "status"}))
                 if sock.poll(1000):
-                    reply = unpack(sock.recv())
+                    reply, _, _ = decode(sock.recv())
                     if reply["k"] == Kind.CONTROL_REPLY and reply["ok"]["loading_done"]:
                         return reply["ok"]
                     time.sleep(0.05)

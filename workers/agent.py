@@ -28,7 +28,7 @@ from repo.instance_groups import resolve_instance_groups
 from repo.json_form import config_to_json_dict
 from tritium import notify
 from tritium.hosts import host_name
-from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, pack, unpack
+from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
 from workers.placement import InstancePlan, plan_instances
 
 log = logging.getLogger(__name__)
@@ -116,12 +116,12 @@ class HostAgent:
         self._running = False
 
     def _send(self, header: dict) -> None:
-        self.sock.send(pack(header))
+        self.sock.send(encode(header))
 
     def _drain(self) -> int | None:
         while True:
             try:
-                header = unpack(self.sock.recv(zmq.NOBLOCK))
+                header, _, _ = decode(self.sock.recv(zmq.NOBLOCK))
             except zmq.Again:
                 return None
             kind = header["k"]

@@ -4,23 +4,40 @@ Decoding, reshaping, stacking along the batch dimension, splitting outputs and t
 three compute timings of Triton's statistics all live here, so backends only see
 numpy arrays. One bad request fails alone; an exception from the model fails the
 requests of that execution and nothing else.
+
+Stacking works on bytes: the inputs of all requests are joined once per input name and
+viewed as one array, and each output is cut back into per-request byte ranges. No
+per-request numpy array is made on that path; it is what keeps a batch of small
+requests cheap.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
+from tritonclient.grpc import model_config_pb2
 
 from repo import ModelConfig
 from tritium import datatypes
 from tritium.errors import InternalError, InvalidArgument, TritiumError
-from tritium.protocol import Kind, pack, unpack
+from tritium.protocol import Kind, decode, encode, split_tensors, tensor_views
 from workers.backends.base import InferenceRequest, InferenceResponse, Instance
-from workers.tensors import array_to_frame, frame_to_array
+from workers.tensors import array_to_frame, check_tensor_size, frame_to_array
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Item:
+    """One request of the batch, as it arrived."""
+
+    rid: int
+    header: dict
+    views: list | None = None          # raw bytes of each input, in descriptor order
+    error: TritiumError | None = None
 
 
 class BatchExecutor:
@@ -29,182 +46,261 @@ class BatchExecutor:
         self.model = config.name
         self.batching = config.max_batch_size > 0
         self.output_names = [o.name for o in config.output]
-        self.output_types = {o.name: datatypes.from_config_name(
-            _type_name(o.data_type)) for o in config.output}
+        self.output_types = {o.name: datatypes.from_config_name(model_config_pb2.DataType.Name(o.data_type))
+                             for o in config.output}
         self.input_reshape = {i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")}
         self.output_dims = {o.name: list(o.dims) for o in config.output if o.HasField("reshape")}
         self.stacks = instance.stacks_batches
 
     def run(self, frames: list) -> list:
-        """Execute the batch in ``frames`` (header first); return the BATCH_DONE parts."""
+        """Execute the batch in ``frames`` (BATCH record first); return the BATCH_DONE parts."""
         t0 = time.monotonic_ns()
-        header = unpack(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])
-        rids, requests, errors = self._decode_all(frames, header["n"])
-        if self.stacks:
-            responses, (t1, t2) = self._run_stacked(requests)
+        header, _, _ = decode(frames[0])
+        items = self._decode_all(frames, header["n"])
+        good = [item for item in items if item.error is None]
+        if self.stacks and self.batching:
+            replies, t1, t2 = self._run_stacked(good)
+        elif self.stacks:
+            replies, t1, t2 = self._run_unbatched(good)
         else:
-            t1 = time.monotonic_ns()
-            responses = self._run_separately(requests)
-            t2 = time.monotonic_ns()
-        parts, frame_counts, oks = [], [], []
-        for index, rid in enumerate(rids):
-            response = errors.get(index) or responses.get(index)
-            request = requests.get(index)
-            encoded = self._encode(rid, request, response)
+            replies, t1, t2 = self._run_separately(good)
+        parts, external_counts, oks = [], [], []
+        for item in items:
+            encoded, ok = replies.get(item.rid) if item.error is None else (None, False)
+            if encoded is None:
+                encoded = [_error_record(item.rid, item.error or InternalError(
+                    f"model '{self.model}' gave no response"))]
             parts.extend(encoded)
-            frame_counts.append(len(encoded) - 1)
-            oks.append(response.error is None)
+            external_counts.append(len(encoded) - 1)
+            oks.append(ok)
         t3 = time.monotonic_ns()
-        done = {"k": Kind.BATCH_DONE, "b": header["b"], "frames": frame_counts, "ok": oks,
+        done = {"k": Kind.BATCH_DONE, "b": header["b"], "x": external_counts, "ok": oks,
                 "t": [t1 - t0, t2 - t1, t3 - t2]}
-        return [pack(done), *parts]
+        return [encode(done), *parts]
 
     # -- decoding -----------------------------------------------------------------------
 
-    def _decode_all(self, frames: list, count: int):
-        rids, requests, errors = [], {}, {}
-        position = 1
-        for index in range(count):
-            request_header = unpack(_buffer(frames[position]))
-            position += 1
-            inputs = request_header.get("inputs", [])
-            tensor_frames = frames[position:position + len(inputs)]
-            position += len(inputs)
-            rids.append(request_header["rid"])
+    def _decode_all(self, frames: list, count: int) -> list[_Item]:
+        items, position = [], 1
+        for _ in range(count):
+            header, record, offset = decode(frames[position])
+            external_count = header.get("x", 0)
+            external = frames[position + 1:position + 1 + external_count]
+            position += 1 + external_count
+            item = _Item(header["rid"], header)
             try:
-                requests[index] = self._decode(request_header, inputs, tensor_frames)
+                item.views = tensor_views(header.get("inputs", []), record, offset, external)
+                for descriptor, view in zip(header.get("inputs", []), item.views):
+                    check_tensor_size(descriptor[0], descriptor[1], descriptor[2], view)
             except TritiumError as exc:
-                errors[index] = InferenceResponse(error=exc)
-        return rids, requests, errors
+                item.error = exc
+            items.append(item)
+        return items
 
-    def _decode(self, header: dict, inputs: list, frames: list) -> InferenceRequest:
+    def _arrays(self, item: _Item, batch_size: int) -> dict[str, np.ndarray]:
         arrays = {}
-        for (name, datatype, shape), frame in zip(inputs, frames):
-            array = frame_to_array(_buffer(frame), datatype, shape, name)
+        for descriptor, view in zip(item.header["inputs"], item.views):
+            name = descriptor[0]
+            array = frame_to_array(view, descriptor[1], descriptor[2], name)
             reshape = self.input_reshape.get(name)
             if reshape is not None:
-                array = array.reshape(([shape[0]] if self.batching else []) + reshape)
+                array = array.reshape(([batch_size] if self.batching else []) + reshape)
             arrays[name] = array
-        return InferenceRequest(
-            request_id=header.get("id", ""), inputs=arrays, requested_outputs=header.get("outputs"),
-            parameters=header.get("params") or {}, batch_size=header.get("bs", 1))
+        return arrays
 
-    # -- execution ----------------------------------------------------------------------
+    def _request(self, item: _Item) -> InferenceRequest:
+        header = item.header
+        batch_size = header.get("bs", 1)
+        return InferenceRequest(request_id=header.get("id", ""), inputs=self._arrays(item, batch_size),
+                                requested_outputs=header.get("outputs"),
+                                parameters=header.get("params") or {}, batch_size=batch_size)
 
-    def _run_separately(self, requests: dict[int, InferenceRequest]) -> dict[int, InferenceResponse]:
-        if not requests:
-            return {}
-        indexes = list(requests)
-        try:
-            responses = self.instance.execute([requests[i] for i in indexes])
-        except Exception as exc:
-            return self._fail_all(indexes, exc)
-        if not isinstance(responses, list) or len(responses) != len(indexes):
-            error = InternalError(
-                f"model '{self.model}' returned {len(responses) if isinstance(responses, list) else type(responses).__name__} "
-                f"responses for {len(indexes)} requests")
-            return {i: InferenceResponse(error=error) for i in indexes}
-        return dict(zip(indexes, responses))
+    # -- one request at a time (the model gets the list of requests) ---------------------
 
-    def _run_stacked(self, requests: dict[int, InferenceRequest]):
+    def _run_separately(self, items: list[_Item]):
+        t1 = time.monotonic_ns()
+        replies = {}
+        requests = []
+        for item in items:
+            try:
+                requests.append((item, self._request(item)))
+            except Exception as exc:  # a request that cannot be decoded fails alone
+                replies[item.rid] = ([_error_record(item.rid, self._execution_error(exc))], False)
         if not requests:
             now = time.monotonic_ns()
-            return {}, (now, now)
-        indexes = list(requests)
-        batch = [requests[i] for i in indexes]
-        wanted = self._union_outputs(batch)
+            return replies, now, now
+        t1 = time.monotonic_ns()
         try:
-            inputs = self._stack(batch)
+            responses = self.instance.execute([request for _, request in requests])
+            if not isinstance(responses, list) or len(responses) != len(requests):
+                got = len(responses) if isinstance(responses, list) else type(responses).__name__
+                raise InternalError(f"model '{self.model}' returned {got} responses for "
+                                    f"{len(requests)} requests")
+        except Exception as exc:
+            error = self._execution_error(exc)
+            responses = [InferenceResponse(error=error)] * len(requests)
+        t2 = time.monotonic_ns()
+        for (item, request), response in zip(requests, responses):
+            replies[item.rid] = self._encode_response(item.rid, request.requested_outputs, response)
+        return replies, t1, t2
+
+    def _encode_response(self, rid: int, requested: list[str] | None, response) -> tuple[list, bool]:
+        if response is None or not isinstance(response, InferenceResponse):
+            response = InferenceResponse(error=InternalError(f"model '{self.model}' gave no response"))
+        if response.error is not None:
+            return [_error_record(rid, response.error)], False
+        names = requested if requested is not None else (
+            [n for n in self.output_names if n in response.outputs]
+            + [n for n in response.outputs if n not in self.output_names])
+        descriptors, buffers = [], []
+        try:
+            for name in names:
+                if name not in response.outputs:
+                    raise InternalError(f"model '{self.model}' did not produce output '{name}'")
+                array = np.asarray(response.outputs[name])
+                dims = self.output_dims.get(name)
+                if dims is not None:
+                    array = array.reshape(([array.shape[0]] if self.batching else []) + dims)
+                datatype, shape, buffer = array_to_frame(array, name)
+                descriptors.append([name, datatype, shape, len(buffer)])
+                buffers.append(buffer)
+        except TritiumError as exc:
+            return [_error_record(rid, exc)], False
+        return _response_record(rid, descriptors, buffers, response.parameters), True
+
+    # -- models without batching: one execute_batch per request -------------------------
+
+    def _run_unbatched(self, items: list[_Item]):
+        replies, t1, infer_ns = {}, time.monotonic_ns(), 0
+        for item in items:
+            try:
+                request = self._request(item)
+                wanted = request.requested_outputs or list(self.output_names)
+                started = time.monotonic_ns()
+                outputs = self.instance.execute_batch(request.inputs, wanted)
+                infer_ns += time.monotonic_ns() - started
+                response = InferenceResponse(outputs=outputs)
+            except Exception as exc:
+                response = InferenceResponse(error=self._execution_error(exc))
+            replies[item.rid] = self._encode_response(item.rid, item.header.get("outputs"), response)
+        return replies, t1, t1 + infer_ns
+
+    # -- stacked along the batch dimension (the model gets one tensor per input) ---------
+
+    def _run_stacked(self, items: list[_Item]):
+        replies = {}
+        items = self._same_layout(items, replies)
+        if not items:
+            now = time.monotonic_ns()
+            return replies, now, now
+        sizes = [item.header.get("bs", 1) for item in items]
+        wanted = self._union_outputs(items)
+        try:
+            inputs = self._stack(items, sum(sizes))
             t1 = time.monotonic_ns()
             outputs = self.instance.execute_batch(inputs, wanted)
             t2 = time.monotonic_ns()
-            responses = self._split(batch, outputs)
+            replies.update(self._split(items, sizes, outputs))
         except Exception as exc:
-            now = time.monotonic_ns()
-            return self._fail_all(indexes, exc), (now, now)
-        return dict(zip(indexes, responses)), (t1, t2)
+            t1 = t2 = time.monotonic_ns()
+            error = self._execution_error(exc)
+            for item in items:
+                replies[item.rid] = ([_error_record(item.rid, error)], False)
+        return replies, t1, t2
 
-    def _fail_all(self, indexes: list[int], exc: Exception) -> dict[int, InferenceResponse]:
-        if isinstance(exc, TritiumError):
-            error = exc
-        else:
-            log.warning("model %s failed to execute: %r", self.model, exc)
-            error = InternalError(f"model '{self.model}' failed to execute: {type(exc).__name__}: {exc}")
-        return {i: InferenceResponse(error=error) for i in indexes}
+    def _same_layout(self, items: list[_Item], replies: dict) -> list[_Item]:
+        """Requests whose inputs line up with the first one's; the others fail alone."""
+        first = [(d[0], d[1], d[2][1:]) for d in items[0].header["inputs"]] if items else None
+        kept = []
+        for item in items:
+            layout = [(d[0], d[1], d[2][1:]) for d in item.header["inputs"]]
+            if layout == first:
+                kept.append(item)
+            else:
+                replies[item.rid] = ([_error_record(item.rid, InvalidArgument(
+                    f"request for model '{self.model}' does not match the shapes of the batch it "
+                    "was put in"))], False)
+        return kept
 
-    def _union_outputs(self, batch: list[InferenceRequest]) -> list[str]:
-        if any(r.requested_outputs is None for r in batch):
+    def _stack(self, items: list[_Item], total: int) -> dict[str, np.ndarray]:
+        inputs = {}
+        for index, descriptor in enumerate(items[0].header["inputs"]):
+            name, datatype, shape = descriptor[0], descriptor[1], descriptor[2]
+            views = [item.views[index] for item in items]
+            blob = views[0] if len(views) == 1 else b"".join(views)
+            array = frame_to_array(blob, datatype, [total] + list(shape[1:]), name)
+            reshape = self.input_reshape.get(name)
+            if reshape is not None:
+                array = array.reshape([total] + reshape)
+            inputs[name] = array
+        return inputs
+
+    def _union_outputs(self, items: list[_Item]) -> list[str]:
+        requested = [item.header.get("outputs") for item in items]
+        if any(r is None for r in requested):
             return list(self.output_names)
-        wanted = {name for r in batch for name in r.requested_outputs}
+        wanted = {name for names in requested for name in names}
         return [name for name in self.output_names if name in wanted]
 
-    def _stack(self, batch: list[InferenceRequest]) -> dict[str, np.ndarray]:
-        if len(batch) == 1:
-            return batch[0].inputs
-        names = batch[0].inputs.keys()
-        return {name: np.concatenate([r.inputs[name] for r in batch], axis=0) for name in names}
-
-    def _split(self, batch: list[InferenceRequest], outputs: dict[str, np.ndarray]) -> list[InferenceResponse]:
+    def _split(self, items: list[_Item], sizes: list[int], outputs: dict[str, np.ndarray]) -> dict:
+        total = sum(sizes)
+        cut = {}
         for name, array in outputs.items():
-            self._check_output(name, array)
-        if len(batch) == 1:
-            return [InferenceResponse(outputs=outputs)]
-        bounds = np.cumsum([r.batch_size for r in batch])[:-1]
-        pieces = {name: np.split(array, bounds, axis=0) for name, array in outputs.items()}
-        return [InferenceResponse(outputs={name: pieces[name][i] for name in outputs})
-                for i in range(len(batch))]
+            array = np.asarray(array)
+            dims = self.output_dims.get(name)
+            if dims is not None:
+                array = array.reshape([array.shape[0]] + dims)
+            self._check_output(name, array, total)
+            datatype, shape, buffer = array_to_frame(array, name)
+            cut[name] = (datatype, shape[1:], buffer, array)
+        replies, start = {}, 0
+        for item, size in zip(items, sizes):
+            names = item.header.get("outputs") or self.output_names
+            descriptors, buffers = [], []
+            for name in names:
+                datatype, inner, buffer, array = cut[name]
+                if datatype == "BYTES":  # variable-size elements: cut by rows, then serialize
+                    _, _, piece = array_to_frame(array[start:start + size], name)
+                else:
+                    row = len(buffer) // total if total else 0
+                    piece = buffer[start * row:(start + size) * row]
+                descriptors.append([name, datatype, [size, *inner], len(piece)])
+                buffers.append(piece)
+            replies[item.rid] = (_response_record(item.rid, descriptors, buffers, None), True)
+            start += size
+        return replies
 
-    def _check_output(self, name: str, array: np.ndarray) -> None:
+    def _check_output(self, name: str, array: np.ndarray, total: int) -> None:
         expected = self.output_types.get(name)
         actual = datatypes.from_numpy(array.dtype)
         if expected is not None and actual is not None and actual.name != expected.name:
             raise InternalError(
                 f"output '{name}' of model '{self.model}' is {actual.name}, but the model "
                 f"configuration declares {expected.config_name}")
+        if array.ndim == 0 or array.shape[0] != total:
+            raise InternalError(
+                f"output '{name}' of model '{self.model}' has shape {list(array.shape)}, which does "
+                f"not start with the batch size {total}")
 
-    # -- encoding -----------------------------------------------------------------------
-
-    def _encode(self, rid: int, request: InferenceRequest | None, response: InferenceResponse | None) -> list:
-        if response is None:
-            response = InferenceResponse(error=InternalError(f"model '{self.model}' gave no response"))
-        if response.error is not None:
-            return [pack({"k": Kind.RESPONSE, "rid": rid, "err": _wire_error(response.error)})]
-        names = request.requested_outputs if request and request.requested_outputs is not None \
-            else [n for n in self.output_names if n in response.outputs] + \
-                 [n for n in response.outputs if n not in self.output_names]
-        descriptors, frames = [], []
-        try:
-            for name in names:
-                if name not in response.outputs:
-                    raise InternalError(f"model '{self.model}' did not produce output '{name}'")
-                array = response.outputs[name]
-                if not isinstance(array, np.ndarray):
-                    array = np.asarray(array)
-                dims = self.output_dims.get(name)
-                if dims is not None:
-                    array = array.reshape(([array.shape[0]] if self.batching else []) + dims)
-                datatype, shape, frame = array_to_frame(array, name)
-                descriptors.append([name, datatype, shape])
-                frames.append(frame)
-        except TritiumError as exc:
-            return [pack({"k": Kind.RESPONSE, "rid": rid, "err": exc.to_wire()})]
-        header = {"k": Kind.RESPONSE, "rid": rid, "outputs": descriptors}
-        if response.parameters:
-            header["params"] = response.parameters
-        return [pack(header), *frames]
+    def _execution_error(self, exc: Exception) -> TritiumError:
+        if isinstance(exc, TritiumError):
+            return exc
+        log.warning("model %s failed to execute: %r", self.model, exc)
+        return InternalError(f"model '{self.model}' failed to execute: {type(exc).__name__}: {exc}")
 
 
-def _buffer(frame):
-    return frame.buffer if hasattr(frame, "buffer") else frame
+def _response_record(rid: int, descriptors: list, buffers: list, parameters) -> list:
+    flags, inline, external = split_tensors(buffers)
+    for descriptor, is_external in zip(descriptors, flags):
+        descriptor.append(is_external)
+    header = {"k": Kind.RESPONSE, "rid": rid, "outputs": descriptors}
+    if external:
+        header["x"] = len(external)
+    if parameters:
+        header["params"] = parameters
+    return [encode(header, inline), *external]
 
 
-def _type_name(data_type: int) -> str:
-    from tritonclient.grpc import model_config_pb2
-
-    return model_config_pb2.DataType.Name(data_type)
-
-
-def _wire_error(error) -> dict:
-    if isinstance(error, TritiumError):
-        return error.to_wire()
-    return InvalidArgument(str(error)).to_wire()
+def _error_record(rid: int, error) -> bytes:
+    wire = error.to_wire() if isinstance(error, TritiumError) else InvalidArgument(str(error)).to_wire()
+    return encode({"k": Kind.RESPONSE, "rid": rid, "err": wire})

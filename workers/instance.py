@@ -21,7 +21,7 @@ from google.protobuf import json_format
 
 from repo import ModelConfig
 from tritium import logs
-from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, pack, unpack
+from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
 from workers.backends import load_backend
 from workers.backends.base import InstanceContext, ModelContext
 from workers.executor import BatchExecutor
@@ -70,14 +70,14 @@ def main() -> None:
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
         log.error("initialization failed: %s", message)
-        sock.send(pack({"k": Kind.INSTANCE_FAILED, **about, "err": message}))
+        sock.send(encode({"k": Kind.INSTANCE_FAILED, **about, "err": message}))
         sock.close()
         context.term()
         sys.exit(ExitCode.INIT_FAILED)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    sock.send(pack({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION,
-                    "agent": spec["agent"], "credit": spec.get("credit", 2), **about}))
+    sock.send(encode({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION,
+                      "agent": spec["agent"], "credit": spec.get("credit", 2), **about}))
     log.info("serving model %s version %d as %s", spec["model"], spec["version"], spec["key"])
     try:
         _serve(sock, executor, stopping)
@@ -98,7 +98,7 @@ def _serve(sock: zmq.Socket, executor: BatchExecutor, stopping: list) -> None:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            header = unpack(frames[0].buffer)
+            header, _, _ = decode(frames[0])
             if header["k"] == Kind.BATCH:
                 sock.send_multipart(executor.run(frames), copy=False)
             elif header["k"] == Kind.REFUSED:

@@ -22,7 +22,12 @@ def frame_to_array(buffer, datatype: str, shape: list[int], name: str) -> np.nda
         raise InvalidArgument(f"input '{name}' has unknown datatype '{datatype}'")
     if dt.is_bytes:
         return deserialize_bytes(buffer, shape, name)
-    array = np.frombuffer(buffer, dtype=datatypes.numpy_dtype(dt))
+    dtype = datatypes.numpy_dtype(dt)
+    if len(buffer) % dtype.itemsize:
+        raise InvalidArgument(
+            f"input '{name}' has {len(buffer)} bytes, which is not a whole number of {datatype} "
+            f"elements ({dtype.itemsize} bytes each)")
+    array = np.frombuffer(buffer, dtype=dtype)
     try:
         return array.reshape(shape)
     except ValueError as exc:
@@ -78,4 +83,38 @@ def array_to_frame(array: np.ndarray, name: str) -> tuple[str, list[int], object
         array = np.ascontiguousarray(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return dt.name, shape, memoryview(array).cast("B") if array.size else b""
+    # A uint8 view exports every dtype as bytes (memoryview cannot export bfloat16 itself).
+    return dt.name, shape, memoryview(array.reshape(-1).view(np.uint8)) if array.size else b""
+
+
+def check_tensor_size(name: str, datatype: str, shape: list[int], buffer) -> None:
+    """Raise InvalidArgument unless ``buffer`` holds exactly the elements ``shape`` needs."""
+    dt = datatypes.from_name(datatype)
+    if dt is None:
+        raise InvalidArgument(f"input '{name}' has unknown datatype '{datatype}'")
+    count = 1
+    for dim in shape:
+        count *= dim
+    if dt.is_bytes:
+        found = _count_bytes(buffer, name)
+        if found != count:
+            raise InvalidArgument(f"input '{name}' holds {found} BYTES elements, but shape "
+                                  f"{list(shape)} needs {count}")
+        return
+    if len(buffer) != count * dt.itemsize:
+        raise InvalidArgument(f"input '{name}' has {len(buffer)} bytes, but shape {list(shape)} of "
+                              f"{datatype} needs {count * dt.itemsize}")
+
+
+def _count_bytes(buffer, name: str) -> int:
+    view = memoryview(buffer)
+    offset, end, count = 0, len(view), 0
+    while offset < end:
+        if offset + 4 > end:
+            raise InvalidArgument(f"input '{name}': truncated BYTES element length")
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4 + length
+        if offset > end:
+            raise InvalidArgument(f"input '{name}': BYTES element overruns the tensor data")
+        count += 1
+    return count

@@ -1,0 +1,126 @@
+"""ModelTable.resolve: which spec and version a request goes to, with Triton's errors (reference 1.3, 11)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.model_table import ModelTable
+from tritium.errors import InvalidArgument, NotFound, TritiumError
+
+CONFIG = {"name": "m", "platform": "onnxruntime_onnx", "max_batch_size": 8,
+          "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [4]}],
+          "output": [{"name": "O", "data_type": "TYPE_FP32", "dims": [4]}]}
+
+
+def table(*models, ready=True) -> ModelTable:
+    t = ModelTable()
+    t.update({"generation": 7, "ready": ready, "models": list(models)})
+    return t
+
+
+def model(name="m", versions=((1, "READY", ""),), config=True, error=None) -> dict:
+    return {"name": name, "config": {**CONFIG, "name": name} if config else None, "error": error,
+            "versions": [list(v) for v in versions]}
+
+
+def error_of(t: ModelTable, name: str, version: str | None) -> TritiumError:
+    with pytest.raises(TritiumError) as info:
+        t.resolve(name, version)
+    return info.value
+
+
+def test_update_records_the_table():
+    t = table(model(), ready=False)
+    assert t.received is True
+    assert t.generation == 7
+    assert t.server_ready is False
+    assert list(t.models) == ["m"]
+    assert t.models["m"].versions == {1: ("READY", "")}
+
+
+def test_a_new_table_has_not_been_received():
+    t = ModelTable()
+    assert t.received is False
+    assert t.models == {}
+
+
+def test_unknown_model_is_404():
+    error = error_of(table(model()), "nope", None)
+    assert isinstance(error, NotFound)
+    assert error.code.http_status == 404
+    assert error.message == "Request for unknown model: 'nope' is not found"
+
+
+def test_unknown_version_is_404():
+    error = error_of(table(model()), "m", "3")
+    assert isinstance(error, NotFound)
+    assert error.code.http_status == 404
+    assert error.message == "Request for unknown model: 'm' version 3 is not found"
+
+
+def test_explicit_ready_version():
+    t = table(model(versions=((1, "READY", ""), (2, "READY", ""))))
+    spec, version = t.resolve("m", "1")
+    assert version == 1
+    assert spec.name == "m"
+
+
+def test_latest_is_the_highest_ready_version():
+    t = table(model(versions=((1, "READY", ""), (3, "READY", ""), (2, "READY", ""),
+                              (5, "UNAVAILABLE", "failed"), (4, "LOADING", ""))))
+    spec, version = t.resolve("m", None)
+    assert version == 3
+    assert spec.name == "m"
+    assert t.resolve("m", "")[1] == 3
+    assert t.get("m").ready_versions == [1, 2, 3]
+
+
+def test_a_loading_version_is_not_ready_400():
+    t = table(model(versions=((1, "READY", ""), (2, "LOADING", ""))))
+    error = error_of(t, "m", "2")
+    assert isinstance(error, InvalidArgument)
+    assert error.code.http_status == 400
+    assert error.message == "Model version not ready"
+
+
+def test_a_model_still_loading_is_not_ready_400_for_latest():
+    t = table(model(versions=((1, "LOADING", ""),)))
+    error = error_of(t, "m", None)
+    assert isinstance(error, InvalidArgument)
+    assert error.message == "Model version not ready"
+
+
+def test_a_failed_model_has_no_available_versions_404():
+    t = table(model(versions=((1, "UNAVAILABLE", "load failed"),), config=False, error="load failed"))
+    error = error_of(t, "m", None)
+    assert isinstance(error, NotFound)
+    assert error.code.http_status == 404
+    assert error.message == "Request for unknown model: 'm' has no available versions"
+
+
+def test_a_failed_explicit_version_is_not_ready():
+    t = table(model(versions=((1, "READY", ""), (2, "UNAVAILABLE", "boom"))))
+    error = error_of(t, "m", "2")
+    assert error.message == "Model version not ready"
+
+
+def test_a_model_without_versions_has_no_available_versions():
+    t = table(model(versions=(), config=False))
+    error = error_of(t, "m", None)
+    assert isinstance(error, NotFound)
+    assert error.message == "Request for unknown model: 'm' has no available versions"
+
+
+def test_models_are_told_apart_by_name():
+    t = table(model("a", versions=((1, "READY", ""),)), model("b", versions=((4, "READY", ""),)))
+    assert t.resolve("a", None)[1] == 1
+    assert t.resolve("b", None)[1] == 4
+    assert t.resolve("b", None)[0].name == "b"
+
+
+def test_an_update_replaces_the_whole_table():
+    t = table(model("a"), model("b"))
+    t.update({"generation": 8, "ready": True, "models": [model("b")]})
+    assert t.generation == 8
+    assert isinstance(error_of(t, "a", None), NotFound)
+    assert t.resolve("b", None)[1] == 1

@@ -1,0 +1,616 @@
+"""BatchExecutor: one BATCH message in, one BATCH_DONE out, with tiny in-test instances.
+
+BATCH messages are built exactly as the broker sends them (broker/scheduler.py _send_batch):
+``[BATCH record, (INFER record, external frames...) * n]``, each INFER record as the
+gateway encodes it (gateway/dataplane.py infer and gateway/broker_link.py request: tensor
+descriptors ``[name, datatype, shape, nbytes, external]``, small tensors inline after the
+header, large ones as external frames counted by ``x``, plus the ``rid``). Only the
+helpers ``infer_record``, ``batch_frames`` and ``parse_done`` know the wire format.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from tritium.errors import ErrorCode, InvalidArgument
+from tritium.protocol import INLINE_LIMIT, Kind, decode, encode, split_tensors, tensor_views
+from workers.backends.base import InferenceRequest, InferenceResponse, Instance
+from workers.executor import BatchExecutor
+
+BATCHING_CONFIG = """
+name: "m"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [
+  { name: "DOUBLE" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "PLUS1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+"""
+
+
+def config(text: str = BATCHING_CONFIG) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+class Doubler(Instance):
+    """Stacked execution: DOUBLE = IN * 2, PLUS1 = IN + 1; records what it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict, list]] = []
+
+    def execute_batch(self, inputs, output_names):
+        self.calls.append((inputs, list(output_names)))
+        x = inputs["IN"]
+        outputs = {"DOUBLE": x * 2, "PLUS1": x + 1}
+        return {name: outputs[name] for name in output_names}
+
+
+class PerRequest(Instance):
+    """Request-by-request execution (Python-backend style)."""
+
+    def __init__(self, respond=None) -> None:
+        self.seen: list[list[InferenceRequest]] = []
+        self.respond = respond
+
+    def execute(self, requests):
+        self.seen.append(requests)
+        if self.respond is not None:
+            return self.respond(requests)
+        return [InferenceResponse(outputs={"DOUBLE": r.inputs["IN"] * 2, "PLUS1": r.inputs["IN"] + 1},
+                                  parameters={"rid_seen": r.request_id})
+                for r in requests]
+
+
+class Raises(Instance):
+    def execute_batch(self, inputs, output_names):
+        raise RuntimeError("boom")
+
+
+class ReturnsFloat64(Instance):
+    def execute_batch(self, inputs, output_names):
+        return {"DOUBLE": inputs["IN"].astype(np.float64) * 2,
+                "PLUS1": inputs["IN"] + 1}
+
+
+def infer_record(rid, inputs, batch_size=1, outputs=None, request_id="", params=None,
+                 model="m", version=1) -> list:
+    """The INFER record and its external frames, as gateway/dataplane.py and broker_link encode them."""
+    flags, inline, external = split_tensors([data for _, _, _, data in inputs])
+    header = {"k": Kind.INFER, "m": model, "v": version, "bs": batch_size,
+              "inputs": [[name, datatype, list(shape), len(data), is_external]
+                         for (name, datatype, shape, data), is_external in zip(inputs, flags)]}
+    if request_id:
+        header["id"] = request_id
+    if outputs is not None:
+        header["outputs"] = outputs
+    if params:
+        header["params"] = params
+    header["rid"] = rid
+    if external:
+        header["x"] = len(external)
+    return [encode(header, inline), *external]
+
+
+def batch_frames(requests: list[dict], number: int = 17) -> list:
+    """[BATCH record, (INFER record, external...) * n] as broker/scheduler.py _send_batch builds it."""
+    parts = [encode({"k": Kind.BATCH, "b": number, "n": len(requests)})]
+    for request in requests:
+        parts.extend(infer_record(**request))
+    return parts
+
+
+def fp32_input(array, name="IN"):
+    array = np.ascontiguousarray(array, dtype="<f4")
+    return (name, "FP32", list(array.shape), array.tobytes())
+
+
+def rows(batch_size, start=0.0):
+    return np.arange(batch_size * 4, dtype=np.float32).reshape(batch_size, 4) + start
+
+
+def parse_done(parts: list):
+    """(BATCH_DONE header, [(RESPONSE header, {name: array or BYTES bytes}) per request])."""
+    done, _, _ = decode(parts[0])
+    responses, position = [], 1
+    for count in done["x"]:
+        header, record, offset = decode(parts[position])
+        assert header.get("x", 0) == count
+        external = parts[position + 1:position + 1 + count]
+        position += 1 + count
+        descriptors = header.get("outputs", [])
+        arrays = {}
+        for descriptor, view in zip(descriptors, tensor_views(descriptors, record, offset, external)):
+            name, datatype, shape = descriptor[0], descriptor[1], descriptor[2]
+            assert descriptor[3] == len(view)
+            if datatype == "BYTES":
+                arrays[name] = bytes(view)
+            else:
+                dtype = {"FP32": "<f4", "INT64": "<i8"}[datatype]
+                arrays[name] = np.frombuffer(bytes(view), dtype=dtype).reshape(shape)
+        responses.append((header, arrays))
+    assert position == len(parts)           # every frame accounted for
+    assert len(done["ok"]) == len(done["x"])
+    return done, responses
+
+
+def outputs_of(header) -> list:
+    """[[name, datatype, shape], ...] of a RESPONSE header."""
+    return [list(d[:3]) for d in header.get("outputs", [])]
+
+
+def run(instance, requests, cfg=None, number=17):
+    executor = BatchExecutor(instance, cfg or config())
+    return parse_done(executor.run(batch_frames(requests, number)))
+
+
+# -- stacking and splitting -------------------------------------------------------------------
+
+def test_requests_are_stacked_along_dim_0_and_split_back():
+    instance = Doubler()
+    inputs = [rows(1, 0), rows(2, 100), rows(1, 200)]
+    done, responses = run(instance, [
+        {"rid": 1, "inputs": [fp32_input(inputs[0])], "batch_size": 1},
+        {"rid": 2, "inputs": [fp32_input(inputs[1])], "batch_size": 2},
+        {"rid": 3, "inputs": [fp32_input(inputs[2])], "batch_size": 1},
+    ])
+    # One execution, with every request stacked in order.
+    (stacked, names), = instance.calls
+    assert stacked["IN"].shape == (4, 4)
+    np.testing.assert_array_equal(stacked["IN"], np.concatenate(inputs))
+    assert names == ["DOUBLE", "PLUS1"]
+    # Each request gets its own rows back.
+    assert [h["rid"] for h, _ in responses] == [1, 2, 3]
+    for (header, arrays), x in zip(responses, inputs):
+        assert header["k"] == Kind.RESPONSE
+        assert "err" not in header
+        assert outputs_of(header) == [["DOUBLE", "FP32", list(x.shape)], ["PLUS1", "FP32", list(x.shape)]]
+        np.testing.assert_array_equal(arrays["DOUBLE"], x * 2)
+        np.testing.assert_array_equal(arrays["PLUS1"], x + 1)
+    assert done["ok"] == [True, True, True]
+    assert done["x"] == [0, 0, 0]                          # small outputs ride inline
+    assert [len(outputs_of(h)) for h, _ in responses] == [2, 2, 2]
+
+
+def test_a_small_input_is_read_in_place_from_its_record():
+    instance = Doubler()
+    parts = batch_frames([{"rid": 1, "inputs": [fp32_input(rows(2))], "batch_size": 2}])
+    record = bytearray(parts[1])
+    parts[1] = record
+    BatchExecutor(instance, config()).run(parts)
+    (given, _), = instance.calls
+    assert np.shares_memory(given["IN"], np.frombuffer(record, dtype=np.uint8))
+    np.testing.assert_array_equal(given["IN"], rows(2))
+
+
+BIG_ROWS = INLINE_LIMIT // 16 + 1          # rows of 4 FP32 (16 bytes): over INLINE_LIMIT
+
+
+def big_config():
+    return config(BATCHING_CONFIG.replace("max_batch_size: 8", f"max_batch_size: {2 * BIG_ROWS}"))
+
+
+def test_a_large_input_travels_as_an_external_frame_and_reaches_the_model_without_a_copy():
+    instance = Doubler()
+    big = rows(BIG_ROWS)
+    frame = bytearray(big.tobytes())
+    parts = batch_frames([{"rid": 1, "inputs": [("IN", "FP32", list(big.shape), frame)],
+                           "batch_size": BIG_ROWS}])
+    assert len(parts) == 3 and parts[2] is frame             # BATCH, INFER, the external frame
+    BatchExecutor(instance, big_config()).run(parts)
+    (given, _), = instance.calls
+    assert np.shares_memory(given["IN"], np.frombuffer(frame, dtype=np.uint8))
+
+
+def test_large_outputs_come_back_as_external_frames():
+    big = rows(BIG_ROWS)
+    done, responses = run(Doubler(), [
+        {"rid": 1, "inputs": [fp32_input(big)], "batch_size": BIG_ROWS, "outputs": ["DOUBLE"]},
+        {"rid": 2, "inputs": [fp32_input(rows(1))]},
+    ], cfg=big_config())
+    assert done["x"] == [1, 0]
+    descriptor = responses[0][0]["outputs"][0]
+    assert descriptor[3] == big.nbytes and descriptor[4] is True
+    np.testing.assert_array_equal(responses[0][1]["DOUBLE"], big * 2)
+    np.testing.assert_array_equal(responses[1][1]["PLUS1"], rows(1) + 1)
+
+
+def test_zmq_like_frames_with_a_buffer_attribute_are_read():
+    class Frame:
+        def __init__(self, data):
+            self.buffer = memoryview(data)
+
+    x = rows(1)
+    parts = [Frame(p) for p in batch_frames([{"rid": 9, "inputs": [fp32_input(x)]}], number=3)]
+    done, responses = parse_done(BatchExecutor(Doubler(), config()).run(parts))
+    assert done["b"] == 3
+    np.testing.assert_array_equal(responses[0][1]["DOUBLE"], x * 2)
+
+
+def test_each_request_gets_only_the_outputs_it_asked_for():
+    instance = Doubler()
+    done, responses = run(instance, [
+        {"rid": 1, "inputs": [fp32_input(rows(1))], "outputs": ["PLUS1"]},
+        {"rid": 2, "inputs": [fp32_input(rows(1, 10))]},
+        {"rid": 3, "inputs": [fp32_input(rows(1, 20))], "outputs": ["PLUS1", "DOUBLE"]},
+    ])
+    assert instance.calls[0][1] == ["DOUBLE", "PLUS1"]   # the union, in config order
+    assert [o[0] for o in responses[0][0]["outputs"]] == ["PLUS1"]
+    assert [o[0] for o in responses[1][0]["outputs"]] == ["DOUBLE", "PLUS1"]
+    assert [o[0] for o in responses[2][0]["outputs"]] == ["PLUS1", "DOUBLE"]
+    np.testing.assert_array_equal(responses[0][1]["PLUS1"], rows(1) + 1)
+    np.testing.assert_array_equal(responses[2][1]["DOUBLE"], rows(1, 20) * 2)
+    assert [len(outputs_of(h)) for h, _ in responses] == [1, 2, 2]
+
+
+def test_only_the_requested_outputs_are_asked_of_the_model():
+    instance = Doubler()
+    run(instance, [{"rid": 1, "inputs": [fp32_input(rows(1))], "outputs": ["PLUS1"]},
+                   {"rid": 2, "inputs": [fp32_input(rows(1))], "outputs": ["PLUS1"]}])
+    assert instance.calls[0][1] == ["PLUS1"]
+
+
+def test_a_requested_output_the_model_did_not_produce_is_an_error():
+    class OnlyDouble(Instance):
+        def execute_batch(self, inputs, output_names):
+            return {"DOUBLE": inputs["IN"] * 2}
+
+    done, responses = run(OnlyDouble(), [
+        {"rid": 1, "inputs": [fp32_input(rows(1))], "outputs": ["DOUBLE"]},
+        {"rid": 2, "inputs": [fp32_input(rows(1))], "outputs": ["PLUS1"]},
+    ])
+    # The model broke its contract for the execution; at least the request that asked for
+    # the missing output fails, with an INTERNAL error naming the model and the output.
+    assert done["ok"][1] is False
+    error = responses[1][0]["err"]
+    assert error["code"] == ErrorCode.INTERNAL
+    assert "PLUS1" in error["message"] and "'m'" in error["message"]
+
+
+# -- reshape ---------------------------------------------------------------------------------
+
+RESHAPE_CONFIG = """
+name: "m"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
+"""
+
+
+def test_input_and_output_reshape_from_the_config():
+    seen = []
+
+    class Model(Instance):
+        def execute_batch(self, inputs, output_names):
+            seen.append(inputs["IN"].shape)
+            return {"OUT": inputs["IN"] * 3}         # shaped like reshape: [batch, 2, 2]
+
+    x1, x2 = rows(1), rows(2, 50)
+    done, responses = run(Model(), [
+        {"rid": 1, "inputs": [fp32_input(x1)], "batch_size": 1},
+        {"rid": 2, "inputs": [fp32_input(x2)], "batch_size": 2},
+    ], cfg=config(RESHAPE_CONFIG))
+    assert seen == [(3, 2, 2)]
+    assert outputs_of(responses[0][0]) == [["OUT", "FP32", [1, 4]]]
+    assert outputs_of(responses[1][0]) == [["OUT", "FP32", [2, 4]]]
+    np.testing.assert_array_equal(responses[1][1]["OUT"], x2 * 3)
+
+
+def test_reshape_of_a_non_batching_model():
+    text = """
+    name: "m"
+    max_batch_size: 0
+    input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1, 4 ] reshape { shape: [ 4 ] } } ]
+    output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1, 4 ] reshape { shape: [ 2, 2 ] } } ]
+    """
+    seen = []
+
+    class Model(Instance):
+        def execute(self, requests):
+            seen.extend(r.inputs["IN"].shape for r in requests)
+            return [InferenceResponse(outputs={"OUT": r.inputs["IN"].reshape(2, 2)}) for r in requests]
+
+    done, responses = run(Model(), [{"rid": 1, "inputs": [fp32_input(rows(1))]}], cfg=config(text))
+    assert done["ok"] == [True]
+    assert seen == [(4,)]
+    assert outputs_of(responses[0][0]) == [["OUT", "FP32", [1, 4]]]
+    np.testing.assert_array_equal(responses[0][1]["OUT"], rows(1))
+
+
+# -- failures --------------------------------------------------------------------------------
+
+def test_a_request_with_other_non_batch_shapes_fails_alone():
+    text = BATCHING_CONFIG.replace(
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]')
+    instance = Doubler()
+    odd = np.arange(3, dtype=np.float32).reshape(1, 3)
+    done, responses = run(instance, [
+        {"rid": 1, "inputs": [fp32_input(rows(1))]},
+        {"rid": 2, "inputs": [fp32_input(odd)]},
+        {"rid": 3, "inputs": [fp32_input(rows(1, 5))]},
+    ], cfg=config(text))
+    assert done["ok"] == [True, False, True]
+    assert instance.calls[0][0]["IN"].shape == (2, 4)
+    assert responses[1][0]["err"]["code"] == ErrorCode.INVALID_ARG
+    assert "'m'" in responses[1][0]["err"]["message"]
+    np.testing.assert_array_equal(responses[2][1]["DOUBLE"], rows(1, 5) * 2)
+
+
+def test_a_request_whose_record_is_cut_short_fails_alone():
+    instance = Doubler()
+    parts = batch_frames([{"rid": 1, "inputs": [fp32_input(rows(1))]},
+                          {"rid": 2, "inputs": [fp32_input(rows(1))]},
+                          {"rid": 3, "inputs": [fp32_input(rows(1, 5))]}])
+    parts[2] = parts[2][:-4]                    # rid 2: its inline tensor overruns the record
+    done, responses = parse_done(BatchExecutor(instance, config()).run(parts))
+    assert done["ok"] == [True, False, True]
+    assert instance.calls[0][0]["IN"].shape == (2, 4)
+    assert responses[1][0]["rid"] == 2
+    assert responses[1][0]["err"]["code"] == ErrorCode.INTERNAL
+    np.testing.assert_array_equal(responses[2][1]["DOUBLE"], rows(1, 5) * 2)
+
+
+def test_a_bad_request_fails_alone():
+    instance = Doubler()
+    bad = ("IN", "FP32", [1, 4], np.zeros(2, "<f4").tobytes())      # 2 elements for shape [1, 4]
+    done, responses = run(instance, [
+        {"rid": 1, "inputs": [fp32_input(rows(1))]},
+        {"rid": 2, "inputs": [bad]},
+        {"rid": 3, "inputs": [fp32_input(rows(1, 5))]},
+    ])
+    assert done["ok"] == [True, False, True]
+    assert [len(outputs_of(h)) for h, _ in responses] == [2, 0, 2]
+    assert instance.calls[0][0]["IN"].shape == (2, 4)               # the two good ones only
+    header = responses[1][0]
+    assert header["rid"] == 2
+    assert header["err"]["code"] == ErrorCode.INVALID_ARG
+    assert "'IN'" in header["err"]["message"]
+    np.testing.assert_array_equal(responses[2][1]["DOUBLE"], rows(1, 5) * 2)
+
+
+def test_malformed_bytes_in_one_request_fail_it_alone():
+    text = """
+    name: "m"
+    max_batch_size: 8
+    input [ { name: "S" data_type: TYPE_STRING dims: [ 1 ] } ]
+    output [ { name: "LEN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    """
+    seen = []
+
+    class Lengths(Instance):
+        def execute_batch(self, inputs, output_names):
+            seen.append(inputs["S"].tolist())
+            return {"LEN": np.array([[len(s[0])] for s in inputs["S"]], dtype=np.float32)}
+
+    good = struct.pack("<I", 3) + b"\xffab"
+    done, responses = run(Lengths(), [
+        {"rid": 1, "inputs": [("S", "BYTES", [1, 1], good)]},
+        {"rid": 2, "inputs": [("S", "BYTES", [1, 1], struct.pack("<I", 9) + b"x")]},
+    ], cfg=config(text))
+    assert done["ok"] == [True, False]
+    assert seen == [[[b"\xffab"]]]
+    assert responses[0][1]["LEN"].tolist() == [[3.0]]
+    assert responses[1][0]["err"]["code"] == ErrorCode.INVALID_ARG
+
+
+def test_a_partial_element_frame_fails_alone():
+    done, responses = run(Doubler(), [
+        {"rid": 1, "inputs": [fp32_input(rows(1))]},
+        {"rid": 2, "inputs": [("IN", "FP32", [1, 4], b"\x00" * 15)]},
+    ])
+    assert done["ok"] == [True, False]
+    assert responses[1][0]["err"]["code"] == ErrorCode.INVALID_ARG
+
+
+def test_a_partial_element_frame_fails_alone_on_the_per_request_path():
+    instance = PerRequest()
+    done, responses = run(instance, [
+        {"rid": 1, "inputs": [fp32_input(rows(1))]},
+        {"rid": 2, "inputs": [("IN", "FP32", [1, 4], b"\x00" * 15)]},
+    ])
+    assert done["ok"] == [True, False]
+    assert responses[1][0]["err"]["code"] == ErrorCode.INVALID_ARG
+
+
+def test_an_exception_in_the_model_fails_every_request_with_internal():
+    done, responses = run(Raises(), [
+        {"rid": 1, "inputs": [fp32_input(rows(1))]},
+        {"rid": 2, "inputs": [fp32_input(rows(2))], "batch_size": 2},
+    ])
+    assert done["ok"] == [False, False]
+    assert done["x"] == [0, 0]
+    for header, arrays in responses:
+        assert arrays == {}
+        assert header["err"]["code"] == ErrorCode.INTERNAL
+        assert "model 'm'" in header["err"]["message"]
+        assert "boom" in header["err"]["message"]
+    assert all(t >= 0 for t in done["t"])
+
+
+def test_a_tritium_error_from_the_model_keeps_its_code():
+    class Refuses(Instance):
+        def execute_batch(self, inputs, output_names):
+            raise InvalidArgument("values must be positive")
+
+    done, responses = run(Refuses(), [{"rid": 1, "inputs": [fp32_input(rows(1))]}])
+    assert responses[0][0]["err"] == {"code": int(ErrorCode.INVALID_ARG),
+                                      "message": "values must be positive"}
+
+
+def test_an_output_dtype_other_than_the_config_is_an_error():
+    done, responses = run(ReturnsFloat64(), [
+        {"rid": 1, "inputs": [fp32_input(rows(1))]},
+        {"rid": 2, "inputs": [fp32_input(rows(1))]},
+    ])
+    assert done["ok"] == [False, False]
+    for header, _ in responses:
+        assert header["err"]["code"] == ErrorCode.INTERNAL
+        message = header["err"]["message"]
+        assert "DOUBLE" in message and "'m'" in message and "FP64" in message and "TYPE_FP32" in message
+
+
+def test_an_output_with_the_wrong_batch_dimension_is_an_error():
+    class DropsARow(Instance):
+        def execute_batch(self, inputs, output_names):
+            x = inputs["IN"][:-1]
+            return {"DOUBLE": x * 2, "PLUS1": x + 1}
+
+    done, responses = run(DropsARow(), [
+        {"rid": 1, "inputs": [fp32_input(rows(2))], "batch_size": 2},
+        {"rid": 2, "inputs": [fp32_input(rows(2))], "batch_size": 2},
+    ])
+    assert done["ok"] == [False, False]
+    for header, _ in responses:
+        assert header["err"]["code"] == ErrorCode.INTERNAL
+        assert "'DOUBLE'" in header["err"]["message"] and "'m'" in header["err"]["message"]
+
+
+# -- BATCH_DONE ------------------------------------------------------------------------------
+
+def test_batch_done_header():
+    done, responses = run(Doubler(), [
+        {"rid": 5, "inputs": [fp32_input(rows(1))], "outputs": ["DOUBLE"]},
+        {"rid": 6, "inputs": [fp32_input(rows(1))]},
+    ], number=99)
+    assert done["k"] == Kind.BATCH_DONE
+    assert done["b"] == 99
+    assert done["x"] == [0, 0]
+    assert [len(outputs_of(h)) for h, _ in responses] == [1, 2]
+    assert done["ok"] == [True, True]
+    assert len(done["t"]) == 3
+    assert all(isinstance(t, int) and t >= 0 for t in done["t"])
+    assert [h["rid"] for h, _ in responses] == [5, 6]
+
+
+def test_batch_done_when_every_request_is_bad():
+    bad = ("IN", "FP32", [1, 4], b"")
+    instance = Doubler()
+    done, responses = run(instance, [{"rid": 1, "inputs": [bad]}, {"rid": 2, "inputs": [bad]}])
+    assert instance.calls == []
+    assert done["ok"] == [False, False]
+    assert done["x"] == [0, 0]
+    assert all(t >= 0 for t in done["t"])
+
+
+# -- execute(requests) instances ---------------------------------------------------------------
+
+def test_execute_gets_separate_requests_with_their_metadata():
+    instance = PerRequest()
+    x1, x2 = rows(1), rows(3, 7)
+    done, responses = run(instance, [
+        {"rid": 1, "inputs": [fp32_input(x1)], "request_id": "first", "params": {"k": "v"}},
+        {"rid": 2, "inputs": [fp32_input(x2)], "batch_size": 3, "outputs": ["DOUBLE"]},
+    ])
+    (requests,) = instance.seen
+    assert [r.request_id for r in requests] == ["first", ""]
+    assert [r.batch_size for r in requests] == [1, 3]
+    assert requests[0].parameters == {"k": "v"}
+    assert requests[1].parameters == {}
+    assert requests[0].requested_outputs is None
+    assert requests[1].requested_outputs == ["DOUBLE"]
+    np.testing.assert_array_equal(requests[1].inputs["IN"], x2)
+    assert done["ok"] == [True, True]
+    assert [len(outputs_of(h)) for h, _ in responses] == [2, 1]
+    assert responses[0][0]["params"] == {"rid_seen": "first"}
+    np.testing.assert_array_equal(responses[0][1]["PLUS1"], x1 + 1)
+    np.testing.assert_array_equal(responses[1][1]["DOUBLE"], x2 * 2)
+    assert all(t >= 0 for t in done["t"])
+
+
+def test_execute_can_fail_one_request():
+    def respond(requests):
+        return [InferenceResponse(error=InvalidArgument("no")) if r.request_id == "bad"
+                else InferenceResponse(outputs={"DOUBLE": r.inputs["IN"], "PLUS1": r.inputs["IN"]})
+                for r in requests]
+
+    done, responses = run(PerRequest(respond), [
+        {"rid": 1, "inputs": [fp32_input(rows(1))], "request_id": "bad"},
+        {"rid": 2, "inputs": [fp32_input(rows(1))]},
+    ])
+    assert done["ok"] == [False, True]
+    assert responses[0][0]["err"] == {"code": int(ErrorCode.INVALID_ARG), "message": "no"}
+
+
+def test_execute_returning_the_wrong_number_of_responses_fails_all():
+    done, responses = run(PerRequest(lambda requests: []), [
+        {"rid": 1, "inputs": [fp32_input(rows(1))]},
+        {"rid": 2, "inputs": [fp32_input(rows(1))]},
+    ])
+    assert done["ok"] == [False, False]
+    for header, _ in responses:
+        assert header["err"]["code"] == ErrorCode.INTERNAL
+        assert "'m'" in header["err"]["message"]
+
+
+def test_an_exception_in_execute_fails_every_request_with_internal():
+    def respond(requests):
+        raise ValueError("bad state")
+
+    done, responses = run(PerRequest(respond), [
+        {"rid": 1, "inputs": [fp32_input(rows(1))]},
+        {"rid": 2, "inputs": [fp32_input(rows(1))]},
+    ])
+    assert done["ok"] == [False, False]
+    for header, _ in responses:
+        assert header["err"]["code"] == ErrorCode.INTERNAL
+        assert "model 'm'" in header["err"]["message"] and "bad state" in header["err"]["message"]
+
+
+def test_a_bad_request_is_not_passed_to_execute():
+    instance = PerRequest()
+    done, _ = run(instance, [
+        {"rid": 1, "inputs": [("IN", "FP32", [1, 4], b"\x00" * 4)]},
+        {"rid": 2, "inputs": [fp32_input(rows(1))]},
+    ])
+    assert len(instance.seen[0]) == 1
+    assert done["ok"] == [False, True]
+
+
+# -- non-batching models and other datatypes ------------------------------------------------------
+
+def test_a_non_batching_model_keeps_the_shape():
+    text = """
+    name: "m"
+    max_batch_size: 0
+    input [ { name: "IN" data_type: TYPE_INT64 dims: [ 2, 3 ] } ]
+    output [ { name: "OUT" data_type: TYPE_INT64 dims: [ 2, 3 ] } ]
+    """
+
+    class Neg(Instance):
+        def execute_batch(self, inputs, output_names):
+            return {"OUT": -inputs["IN"]}
+
+    x = np.arange(6, dtype="<i8").reshape(2, 3)
+    done, responses = run(Neg(), [{"rid": 1, "inputs": [("IN", "INT64", [2, 3], x.tobytes())]}],
+                          cfg=config(text))
+    assert done["ok"] == [True]
+    assert outputs_of(responses[0][0]) == [["OUT", "INT64", [2, 3]]]
+    assert responses[0][1]["OUT"].tolist() == (-x).tolist()
+
+
+def test_bytes_outputs_are_serialized():
+    text = """
+    name: "m"
+    max_batch_size: 8
+    input [ { name: "S" data_type: TYPE_STRING dims: [ 1 ] } ]
+    output [ { name: "UP" data_type: TYPE_STRING dims: [ 1 ] } ]
+    """
+
+    class Upper(Instance):
+        def execute_batch(self, inputs, output_names):
+            return {"UP": np.array([[s[0].upper()] for s in inputs["S"]], dtype=object)}
+
+    frames = [struct.pack("<I", 2) + b"ab", struct.pack("<I", 0)]
+    done, responses = run(Upper(), [
+        {"rid": 1, "inputs": [("S", "BYTES", [1, 1], frames[0])]},
+        {"rid": 2, "inputs": [("S", "BYTES", [1, 1], frames[1])]},
+    ], cfg=config(text))
+    assert done["ok"] == [True, True]
+    assert outputs_of(responses[0][0]) == [["UP", "BYTES", [1, 1]]]
+    assert responses[0][1]["UP"] == struct.pack("<I", 2) + b"AB"
+    assert responses[1][1]["UP"] == struct.pack("<I", 0)

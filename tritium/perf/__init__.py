@@ -1,0 +1,1 @@
+"""``tritium perf``: a bounded load generator for any server that speaks Triton's HTTP protocol."""
