@@ -20,8 +20,10 @@ from broker.scheduler import Scheduler
 from repo import ModelRepository, RepositoryOptions
 from repo.backends import ENSEMBLE_PLATFORM
 from tritium import notify
+from tritium.gctune import tune_for_serving
 from tritium.errors import InvalidArgument, ProtocolError, TritiumError, Unavailable
 from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
+from tritium.zmqio import recv_parts, send_parts
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,7 @@ class Broker:
     @staticmethod
     def _send(sock: zmq.Socket, parts: list) -> None:
         try:
-            sock.send_multipart(parts, copy=False)
+            send_parts(sock, parts)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone; its requests are lost to it
             log.warning("cannot send to peer %r: %s", parts[0], exc)
 
@@ -129,6 +131,7 @@ class Broker:
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
         poller.register(wake_read, zmq.POLLIN)
+        tune_for_serving()
         notify.ready(f"broker frontend={self.settings.frontend} backend={self.settings.backend}")
         log.info("broker ready: frontend %s, backend %s", self.settings.frontend, self.settings.backend)
         while self._running:
@@ -161,7 +164,7 @@ class Broker:
     def _drain(self, sock: zmq.Socket, handle) -> None:
         for _ in range(_DRAIN_LIMIT):
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                parts = recv_parts(sock)
             except zmq.Again:
                 return
             peer = parts[0].bytes

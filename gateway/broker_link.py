@@ -20,8 +20,13 @@ from gateway.model_table import ModelTable
 from tritium.errors import TritiumError, Unavailable
 from tritium.hosts import host_name
 from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
+from tritium.zmqio import recv_parts, send_parts
 
 log = logging.getLogger(__name__)
+
+_getsockopt = zmq.backend.Socket.get  # pyzmq's compiled method, without enum conversions
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 class Reply(NamedTuple):
@@ -82,9 +87,9 @@ class BrokerLink:
 
     def _flush(self) -> None:
         parts, self._outbox = self._outbox, []
-        self.sock.send_multipart(parts, copy=False)
+        send_parts(self.sock, parts)
         # ZeroMQ's fd is edge-triggered: a send may have consumed the readiness edge.
-        if not self._drain_scheduled and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if not self._drain_scheduled and _getsockopt(self.sock, _EVENTS) & _POLLIN:
             self._drain_scheduled = True
             self.loop.call_soon(self._drain)
 
@@ -93,7 +98,7 @@ class BrokerLink:
         sock = self.sock
         while True:
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                parts = recv_parts(sock)
             except zmq.Again:
                 return
             try:

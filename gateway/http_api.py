@@ -113,7 +113,7 @@ class HttpApp:
         return json_response(await self.dataplane.statistics(model, version))
 
     async def _infer(self, scope, receive, model: str, version: str | None) -> HttpResponse:
-        headers = _headers(scope)
+        headers = _wanted_headers(scope)
         body = await self._read_body(receive, headers)
         header_length = headers.get(b"inference-header-content-length")
         if header_length is not None:
@@ -169,5 +169,9 @@ class HttpApp:
         return data
 
 
-def _headers(scope) -> dict[bytes, bytes]:
-    return {key.lower(): value for key, value in scope["headers"]}
+_WANTED = frozenset({b"content-length", b"content-encoding", b"inference-header-content-length"})
+
+
+def _wanted_headers(scope) -> dict[bytes, bytes]:
+    """The request headers the infer path reads (ASGI servers give names in lower case)."""
+    return {key: value for key, value in scope["headers"] if key in _WANTED}

@@ -127,8 +127,7 @@ def _tensor_header(model: str, item: dict) -> tuple[str, str, list[int]]:
             f"input '{name}' for model '{model}' has invalid datatype {datatype!r}; expected one "
             f"of {', '.join(d.name for d in datatypes.DATATYPES)}")
     shape = item.get("shape")
-    if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidArgument(
             f"input '{name}' for model '{model}' must have a 'shape' list of non-negative integers")
     return name, datatype, shape

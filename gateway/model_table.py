@@ -75,10 +75,13 @@ class ModelEntry:
     spec: ModelSpec | None
     error: str | None
     versions: dict[int, tuple[str, str]]   # version -> (state, reason)
+    ready_versions: tuple[int, ...] = ()   # ascending
 
-    @property
-    def ready_versions(self) -> list[int]:
-        return sorted(v for v, (state, _) in self.versions.items() if state == READY)
+    @classmethod
+    def of(cls, name: str, spec: ModelSpec | None, error: str | None,
+           versions: dict[int, tuple[str, str]]) -> "ModelEntry":
+        ready = tuple(sorted(v for v, (state, _) in versions.items() if state == READY))
+        return cls(name, spec, error, versions, ready)
 
 
 class ModelTable:
@@ -92,10 +95,9 @@ class ModelTable:
         models = {}
         for item in table["models"]:
             config = item.get("config")
-            models[item["name"]] = ModelEntry(
-                name=item["name"], spec=ModelSpec.from_config(config) if config else None,
-                error=item.get("error"),
-                versions={int(v): (state, reason) for v, state, reason in item["versions"]})
+            models[item["name"]] = ModelEntry.of(
+                item["name"], ModelSpec.from_config(config) if config else None, item.get("error"),
+                {int(v): (state, reason) for v, state, reason in item["versions"]})
         self.models = models
         self.generation = table["generation"]
         self.server_ready = bool(table["ready"])

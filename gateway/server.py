@@ -19,6 +19,7 @@ from gateway.dataplane import DataPlane, ServerIdentity
 from gateway.http_api import HttpApp
 from gateway.http_protocol import GatewayHttpProtocol
 from tritium import notify
+from tritium.gctune import tune_for_serving
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ async def serve(settings: GatewaySettings) -> None:
     server = uvicorn.Server(config)
     log.info("gateway waiting for the broker at %s", settings.broker)
     await link.start(settings.broker_timeout_s)
+    tune_for_serving()
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.01)

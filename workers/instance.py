@@ -21,7 +21,9 @@ from google.protobuf import json_format
 
 from repo import ModelConfig
 from tritium import logs
+from tritium.gctune import tune_for_serving
 from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
+from tritium.zmqio import recv_parts, send_parts
 from workers.backends import load_backend
 from workers.backends.base import InstanceContext, ModelContext
 from workers.executor import BatchExecutor
@@ -79,6 +81,7 @@ def main() -> None:
     sock.send(encode({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION,
                       "agent": spec["agent"], "credit": spec.get("credit", 2), **about}))
     log.info("serving model %s version %d as %s", spec["model"], spec["version"], spec["key"])
+    tune_for_serving()
     try:
         _serve(sock, executor, stopping)
     finally:
@@ -95,12 +98,12 @@ def _serve(sock: zmq.Socket, executor: BatchExecutor, stopping: list) -> None:
             continue
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_parts(sock)
             except zmq.Again:
                 break
             header, _, _ = decode(frames[0])
             if header["k"] == Kind.BATCH:
-                sock.send_multipart(executor.run(frames), copy=False)
+                send_parts(sock, executor.run(frames))
             elif header["k"] == Kind.REFUSED:
                 log.error("broker refused this instance: %s", header.get("reason"))
                 sys.exit(ExitCode.PROTOCOL_MISMATCH)

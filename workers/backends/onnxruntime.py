@@ -3,7 +3,9 @@
 Session options come from the config as Triton's onnxruntime backend reads them:
 ``parameters`` ``intra_op_thread_count``, ``inter_op_thread_count``, ``execution_mode``
 (0 sequential, 1 parallel), ``enable_mem_arena``, ``enable_mem_pattern``, and
-``optimization { graph { level } }`` (-1 basic, 1 extended, unset = all). GPU instances
+``optimization { graph { level } }`` (-1 basic, 1 extended, unset = all). Parameters named
+``session.*`` are passed to onnxruntime as session config entries (a tritium extension,
+e.g. ``session.intra_op.allow_spinning``). GPU instances
 use the CUDA execution provider when onnxruntime-gpu is installed (``pip install .[gpu]``).
 """
 
@@ -65,6 +67,9 @@ def session_options(context: ModelContext):
         options.enable_cpu_mem_arena = False
     if _int_parameter(parameters, "enable_mem_pattern", 1) == 0:
         options.enable_mem_pattern = False
+    for key, value in parameters.items():
+        if key.startswith("session."):  # onnxruntime session config entries, passed through
+            options.add_session_config_entry(key, value)
     level = context.config.optimization.graph.level if context.config.optimization.HasField("graph") else 0
     options.graph_optimization_level = {
         -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
