@@ -72,7 +72,7 @@ def test_latest_is_the_highest_ready_version():
     assert version == 3
     assert spec.name == "m"
     assert t.resolve("m", "")[1] == 3
-    assert t.get("m").ready_versions == [1, 2, 3]
+    assert t.get("m").ready_versions == (1, 2, 3)
 
 
 def test_a_loading_version_is_not_ready_400():
