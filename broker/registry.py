@@ -40,6 +40,7 @@ class InstanceRecord:
     name: str
     credit: int
     inflight: dict[int, "Batch"] = field(default_factory=dict)
+    execution_ns: float = 0.0   # moving average of how long a batch takes in the instance
 
 
 @dataclass(eq=False, slots=True)

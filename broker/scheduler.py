@@ -20,6 +20,13 @@ log = logging.getLogger(__name__)
 
 Send = Callable[[list], None]
 
+# An instance's second credit (a batch queued behind the one it runs) hides the round
+# trip between broker and instance, worth it for short batches. When batches take
+# longer than this, requests wait in the broker instead, where they can still join a
+# larger batch: on a compute-bound model that is what batching is for.
+PIPELINE_LIMIT_NS = 2_000_000
+_AVERAGE_WEIGHT = 0.2
+
 
 class Scheduler:
     def __init__(self, registry: Registry, send_to_instance: Send, send_to_gateway: Send,
@@ -81,7 +88,9 @@ class Scheduler:
     def _pick_instance(version: ModelVersion) -> InstanceRecord | None:
         best = None
         for instance in version.instances:
-            if instance.credit > 0 and (best is None or instance.credit > best.credit):
+            if instance.credit <= 0 or (instance.inflight and instance.execution_ns > PIPELINE_LIMIT_NS):
+                continue
+            if best is None or instance.credit > best.credit:
                 best = instance
         return best
 
@@ -130,6 +139,8 @@ class Scheduler:
         version = batch.version
         stats = version.stats
         timings = tuple(header.get("t") or (0, 0, 0))
+        took = sum(timings)
+        instance.execution_ns += _AVERAGE_WEIGHT * (took - instance.execution_ns) if instance.execution_ns else took
         oks = header["ok"]
         if any(oks):
             stats.record_execution(batch.batch_size, timings)

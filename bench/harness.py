@@ -1,0 +1,115 @@
+"""What the benchmarks share: servers to measure, CPU accounting per process, reporting."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.servers import TritiumServer, free_port  # noqa: E402  (dev-only helpers, shared with the tests)
+
+ANCHORS = Path(os.environ.get("TRITIUM_ANCHORS", ROOT.parent / "shared" / "anchors"))
+OUT = ROOT / "bench" / "out"
+
+# Process roles, told apart by their command lines.
+ROLES = {"gateway": b"tritium.cli gateway", "broker": b"tritium.cli broker", "instance": b"workers.instance",
+         "triton": b"tritonserver", "triton stub": b"triton_python_backend_stub"}
+
+
+def wait_ready(url: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server at {url} was not ready within {timeout_s} s")
+
+
+class TritonServer:
+    """The real Triton (Python backend only), installed by ../shared/anchors."""
+
+    def __init__(self, repository: Path) -> None:
+        script = ANCHORS / "triton.sh"
+        if not script.exists():
+            raise FileNotFoundError(f"{script} not found: set TRITIUM_ANCHORS to the anchors folder")
+        self.port = free_port()
+        self.url = f"127.0.0.1:{self.port}"
+        OUT.mkdir(parents=True, exist_ok=True)
+        self.log = open(OUT / "triton.log", "wb")
+        self.process = subprocess.Popen(
+            [str(script), str(repository), str(self.port), str(free_port()), str(free_port())],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_ready(self.url)
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def role_pids() -> dict[int, str]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        for role, marker in ROLES.items():
+            if marker in command:
+                found[int(entry.name)] = role
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds used by each process role between start() and stop()."""
+
+    def start(self) -> None:
+        self.pids = role_pids()
+        self.before = {pid: cpu_seconds(pid) for pid in self.pids}
+
+    def stop(self) -> dict[str, float]:
+        used: dict[str, float] = {}
+        for pid, role in self.pids.items():
+            try:
+                used[role] = used.get(role, 0.0) + cpu_seconds(pid) - self.before[pid]
+            except OSError:
+                pass
+        return used
+
+
+def save(name: str, data) -> Path:
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2, default=str))
+    return path
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,165 @@
+"""The scheduler with a fake clock and recorded sends: queueing, credit, routing, failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
+from broker.scheduler import PIPELINE_LIMIT_NS, Scheduler
+from repo.model import ModelDefinition
+from tritium.errors import ErrorCode
+from tritium.protocol import Kind, decode, encode
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def definition(text: str) -> ModelDefinition:
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    return ModelDefinition("m", Path("/m"), config, config, ())
+
+
+CONFIG = """
+name: "m" max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+def make_world(scheduling: str):
+    registry = Registry()
+    version = ModelVersion("m", 1, definition(CONFIG + scheduling))
+    version.state = VersionState.READY
+    record = ModelRecord("m", version.definition)
+    record.versions[1] = version
+    registry.add_model(record)
+    to_instances, to_gateways = [], []
+    clock = Clock()
+    scheduler = Scheduler(registry, to_instances.append, to_gateways.append, clock)
+    return registry, version, scheduler, to_instances, to_gateways, clock
+
+
+@pytest.fixture
+def world():
+    return make_world("dynamic_batching { max_queue_delay_microseconds: 100 }")
+
+
+def add_instance(registry, version, name="i0", credit=2):
+    instance = InstanceRecord(name.encode(), b"agent", "m", 1, name, credit)
+    registry.instances[instance.iid] = instance
+    version.instances.append(instance)
+    return instance
+
+
+def submit(scheduler, gateway: bytes, rid: int, batch_size: int = 1, model="m", version=1):
+    header = {"k": Kind.INFER, "rid": rid, "m": model, "v": version, "bs": batch_size,
+              "inputs": [["IN", "FP32", [batch_size, 4], 16 * batch_size, False]]}
+    record = encode(header, [b"\0" * 16 * batch_size])
+    scheduler.submit(gateway, record, decode(record)[0], None)
+    return record
+
+
+def done(batch_number: int, rids: list[int], oks=None, timings=(10, 20, 30)) -> tuple[dict, list]:
+    oks = oks or [True] * len(rids)
+    responses = [encode({"k": Kind.RESPONSE, "rid": rid, "outputs": []}) for rid in rids]
+    header = {"k": Kind.BATCH_DONE, "b": batch_number, "x": [0] * len(rids), "ok": oks, "t": list(timings)}
+    return header, responses
+
+
+def sent_batch(parts: list) -> tuple[bytes, dict, list]:
+    header, _, _ = decode(parts[1])
+    return parts[0], header, [decode(p)[0]["rid"] for p in parts[2:]]
+
+
+def test_unknown_model_is_answered_at_once_with_404(world):
+    _, _, scheduler, to_instances, to_gateways, _ = world
+    submit(scheduler, b"gw", 7, model="nope")
+    assert to_instances == []
+    (parts,) = to_gateways
+    header = decode(parts[1])[0]
+    assert parts[0] == b"gw" and header["rid"] == 7 and header["err"]["code"] == ErrorCode.NOT_FOUND
+
+
+def test_requests_wait_for_the_queue_delay_then_leave_as_one_batch(world):
+    registry, version, scheduler, to_instances, _, clock = world
+    add_instance(registry, version)
+    for rid in (1, 2, 3):
+        submit(scheduler, b"gw", rid)
+    assert to_instances == []  # the 100 us delay has not run out
+    assert scheduler.next_deadline_ns() == clock.now + 100_000
+    clock.now += 100_000
+    scheduler.run_due()
+    (parts,) = to_instances
+    iid, header, rids = sent_batch(parts)
+    assert (iid, header["k"], header["n"], rids) == (b"i0", Kind.BATCH, 3, [1, 2, 3])
+
+
+def test_credit_bounds_what_an_instance_is_sent():
+    registry, version, scheduler, to_instances, _, clock = make_world("")  # no dynamic batching
+    instance = add_instance(registry, version, credit=2)
+    for rid in range(1, 5):
+        submit(scheduler, b"gw", rid)
+    assert [sent_batch(p)[2] for p in to_instances] == [[1], [2]]
+    assert instance.credit == 0 and len(version.batcher) == 2
+    header, responses = done(sent_batch(to_instances[0])[1]["b"], [1])
+    scheduler.batch_done(b"i0", header, responses)
+    assert [sent_batch(p)[2] for p in to_instances] == [[1], [2], [3]]
+
+
+def test_results_go_back_to_each_gateway_in_one_message_and_count_in_statistics(world):
+    registry, version, scheduler, to_instances, to_gateways, clock = world
+    add_instance(registry, version)
+    submit(scheduler, b"gw-a", 1, batch_size=2)
+    submit(scheduler, b"gw-b", 2)
+    submit(scheduler, b"gw-a", 3)
+    clock.now += 100_000
+    scheduler.run_due()
+    header, responses = done(sent_batch(to_instances[0])[1]["b"], [1, 2, 3], oks=[True, True, False])
+    clock.now += 5_000
+    scheduler.batch_done(b"i0", header, responses)
+    routed = {parts[0]: [decode(p)[0]["rid"] for p in parts[1:]] for parts in to_gateways}
+    assert routed == {b"gw-a": [1, 3], b"gw-b": [2]}
+    stats = version.stats.as_dict("m", 1)
+    assert stats["inference_stats"]["success"]["count"] == 2
+    assert stats["inference_stats"]["fail"]["count"] == 1
+    assert stats["inference_count"] == 3 and stats["execution_count"] == 1
+    assert stats["batch_stats"][0]["batch_size"] == 4
+    assert stats["inference_stats"]["queue"]["ns"] == 2 * 100_000
+
+
+def test_long_batches_are_not_pipelined_so_requests_can_still_join_a_batch():
+    registry, version, scheduler, to_instances, _, clock = make_world("dynamic_batching { }")
+    instance = add_instance(registry, version, credit=2)
+    instance.execution_ns = PIPELINE_LIMIT_NS * 2
+    submit(scheduler, b"gw", 1)
+    for rid in (2, 3, 4):
+        submit(scheduler, b"gw", rid)
+    assert [sent_batch(p)[2] for p in to_instances] == [[1]]  # the rest wait in the broker
+    header, responses = done(sent_batch(to_instances[0])[1]["b"], [1], timings=(0, 5_000_000, 0))
+    scheduler.batch_done(b"i0", header, responses)
+    assert [sent_batch(p)[2] for p in to_instances] == [[1], [2, 3, 4]]
+
+
+def test_a_lost_instance_fails_its_requests_with_503_and_leaves(world):
+    registry, version, scheduler, to_instances, to_gateways, clock = world
+    add_instance(registry, version)
+    submit(scheduler, b"gw", 1)
+    clock.now += 100_000
+    scheduler.run_due()
+    scheduler.instance_lost(b"i0", "was killed by signal 9")
+    (parts,) = to_gateways
+    error = decode(parts[1])[0]["err"]
+    assert error["code"] == ErrorCode.UNAVAILABLE
+    assert error["message"] == ("instance 'i0' of model 'm' version 1 was killed by signal 9 while "
+                                "running this request")
+    assert version.instances == [] and b"i0" not in registry.instances
+    assert version.stats.as_dict("m", 1)["inference_stats"]["fail"]["count"] == 1
