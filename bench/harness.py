@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.servers import TritiumServer, free_port  # noqa: E402  (dev-only helpers, shared with the tests)
+from tests.servers import TritiumServer, free_port  # noqa: E402,F401  (re-exported: dev-only helpers shared with the tests)
 
 ANCHORS = Path(os.environ.get("TRITIUM_ANCHORS", ROOT.parent / "shared" / "anchors"))
 OUT = ROOT / "bench" / "out"

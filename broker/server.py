@@ -8,8 +8,6 @@ message on each wake-up, and sleeps no longer than the earliest batching deadlin
 from __future__ import annotations
 
 import logging
-import signal
-import socket
 import time
 from dataclasses import dataclass
 
@@ -21,6 +19,7 @@ from repo import ModelRepository, RepositoryOptions
 from repo.backends import ENSEMBLE_PLATFORM
 from tritium import notify
 from tritium.gctune import tune_for_serving
+from tritium.signals import SignalWaker
 from tritium.errors import InvalidArgument, ProtocolError, TritiumError, Unavailable
 from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
 from tritium.zmqio import recv_parts, send_parts
@@ -121,16 +120,11 @@ class Broker:
     # -- the loop -----------------------------------------------------------------------
 
     def run(self) -> None:
-        wake_read, wake_write = socket.socketpair()
-        wake_read.setblocking(False)
-        wake_write.setblocking(False)
-        signal.set_wakeup_fd(wake_write.fileno())
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._stop)
+        waker = SignalWaker(self._stop)
         poller = zmq.Poller()
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
-        poller.register(wake_read, zmq.POLLIN)
+        poller.register(waker.fd, zmq.POLLIN)
         tune_for_serving()
         notify.ready(f"broker frontend={self.settings.frontend} backend={self.settings.backend}")
         log.info("broker ready: frontend %s, backend %s", self.settings.frontend, self.settings.backend)
@@ -140,11 +134,8 @@ class Broker:
                 self._drain(self.backend, self._on_backend)
             if self.frontend in events:
                 self._drain(self.frontend, self._on_frontend)
-            if wake_read.fileno() in events:
-                try:
-                    wake_read.recv(512)
-                except BlockingIOError:
-                    pass
+            if waker.fd in events:
+                waker.clear()
             self.scheduler.run_due()
             if self.registry.generation != self._pushed_generation:
                 self._push_models()

@@ -6,7 +6,6 @@ Flags use Triton's names where Triton has one (``--model-repository``, ``--http-
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 

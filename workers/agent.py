@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from repo.json_form import config_to_json_dict
 from tritium import notify
 from tritium.hosts import host_name
 from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
+from tritium.signals import SignalWaker
 from workers.placement import InstancePlan, plan_instances
 
 log = logging.getLogger(__name__)
@@ -82,29 +82,20 @@ class HostAgent:
     # -- the loop -----------------------------------------------------------------------
 
     def run(self) -> int:
-        wake_read, wake_write = socket.socketpair()
-        wake_read.setblocking(False)
-        wake_write.setblocking(False)
-        signal.set_wakeup_fd(wake_write.fileno())
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._stop)
-        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the poll when a child ends
+        waker = SignalWaker(self._stop, also_wake_on=[signal.SIGCHLD])  # a child's end wakes the loop
         self._send({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION, "host": host_name(),
                     "gpus": list(self.settings.gpus), "models": list(self.settings.models or [])})
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
-        poller.register(wake_read, zmq.POLLIN)
+        poller.register(waker.fd, zmq.POLLIN)
         notify.ready(f"worker agent {self.identity} -> {self.settings.broker}")
         log.info("worker agent %s connecting to %s (gpus %s)", self.identity, self.settings.broker,
                  list(self.settings.gpus))
         code = ExitCode.OK
         while self._running:
             events = dict(poller.poll(250))
-            if wake_read.fileno() in events:
-                try:
-                    wake_read.recv(512)
-                except BlockingIOError:
-                    pass
+            if waker.fd in events:
+                waker.clear()
             if self.sock in events:
                 code = self._drain() or code
             self._reap()

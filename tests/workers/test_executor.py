@@ -13,7 +13,6 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
