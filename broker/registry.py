@@ -21,7 +21,7 @@ class VersionState(str, enum.Enum):
 class PendingRequest:
     """A request waiting in a queue or running in a batch; the broker never reads its frames."""
 
-    gateway: bytes            # identity of the gateway that asked
+    client: bytes             # identity of the peer that asked: a gateway, or an instance (BLS)
     rid: int
     record: object            # the INFER record (a ZeroMQ frame), forwarded untouched
     external: list            # its external tensor frames
@@ -29,6 +29,7 @@ class PendingRequest:
     shape_key: object
     arrival_ns: int
     dispatch_ns: int = 0
+    from_backend: bool = False  # asked on the backend socket (an instance's BLS request)
 
 
 @dataclass(eq=False, slots=True)
@@ -50,6 +51,8 @@ class Batch:
     instance: InstanceRecord
     requests: list[PendingRequest]
     batch_size: int
+    finished: set[int] = field(default_factory=set)  # decoupled: requests that had their final response
+    timings: tuple = (0, 0, 0)
 
 
 @dataclass(eq=False)
@@ -76,6 +79,10 @@ class ModelVersion:
     @property
     def key(self) -> tuple[str, int]:
         return (self.name, self.version)
+
+    @property
+    def decoupled(self) -> bool:
+        return self.definition.config.model_transaction_policy.decoupled
 
 
 @dataclass(eq=False)
@@ -117,6 +124,13 @@ class Registry:
     def set_state(self, version: ModelVersion, state: VersionState, reason: str = "") -> None:
         version.state, version.reason = state, reason
         self.generation += 1
+
+    def latest_ready(self, model: str) -> ModelVersion | None:
+        record = self.models.get(model)
+        if record is None:
+            return None
+        ready = [v for n, v in sorted(record.versions.items()) if v.state == VersionState.READY]
+        return ready[-1] if ready else None
 
     def loading_done(self) -> bool:
         return all(v.state != VersionState.LOADING for v in self.versions.values())

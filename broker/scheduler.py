@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from broker.registry import Batch, InstanceRecord, ModelVersion, PendingRequest, Registry, VersionState
 from tritium.errors import NotFound, TritiumError, Unavailable
-from tritium.protocol import Kind, encode, error_record
+from tritium.protocol import Kind, decode, encode, error_record
 
 log = logging.getLogger(__name__)
 
@@ -32,38 +32,52 @@ class Scheduler:
     def __init__(self, registry: Registry, send_to_instance: Send, send_to_gateway: Send,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.registry = registry
-        self._send_to_instance = send_to_instance
-        self._send_to_gateway = send_to_gateway
+        self._send_to_instance = send_to_instance   # the backend socket
+        self._send_to_gateway = send_to_gateway     # the frontend socket
         self._clock = clock
         self._batch_numbers = 0
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
+        self._streams: dict[int, Batch] = {}      # decoupled batches done executing, not answering
 
     # -- requests in --------------------------------------------------------------------
 
-    def submit(self, gateway: bytes, record, header: dict, external: list) -> None:
+    def submit(self, client: bytes, record, header: dict, external: list | None,
+               from_backend: bool = False) -> None:
         """Queue one INFER; an unknown or unready model is answered at once."""
         rid = header["rid"]
-        version = self.registry.versions.get((header["m"], header["v"]))
+        number = header.get("v", -1)
+        if number is None or number < 0:  # BLS asks for the latest version
+            version = self.registry.latest_ready(header["m"])
+        else:
+            version = self.registry.versions.get((header["m"], number))
         if version is None or version.state != VersionState.READY:
-            self.reply_error(gateway, rid, self._not_ready_error(header["m"], header["v"], version))
+            self.reply_error(client, rid, self._not_ready_error(header["m"], number, version), from_backend)
             return
         now = self._clock()
+        batching = version.definition.config.max_batch_size > 0
         shape_key = None
         if version.variable_shapes:
-            batching = version.definition.config.max_batch_size > 0
             shape_key = tuple((d[0], tuple(d[2][1:] if batching else d[2])) for d in header["inputs"])
+        batch_size = header.get("bs")
+        if batch_size is None:  # BLS requests do not say; the gateway always does
+            batch_size = header["inputs"][0][2][0] if batching and header["inputs"] else 1
         version.batcher.enqueue(PendingRequest(
-            gateway, rid, record, external, header.get("bs", 1), shape_key, now))
+            client, rid, record, external, batch_size, shape_key, now, from_backend=from_backend))
         self.dispatch(version, now)
 
-    def reply_error(self, gateway: bytes, rid: int, error: TritiumError) -> None:
-        self._send_to_gateway([gateway, error_record(rid, error.to_wire())])
+    def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
+        self._reply(from_backend, [client, error_record(rid, error.to_wire())])
+
+    def _reply(self, from_backend: bool, parts: list) -> None:
+        (self._send_to_instance if from_backend else self._send_to_gateway)(parts)
 
     @staticmethod
-    def _not_ready_error(model: str, number: int, version: ModelVersion | None) -> TritiumError:
+    def _not_ready_error(model: str, number, version: ModelVersion | None) -> TritiumError:
         if version is None:
+            if number is None or number < 0:
+                return NotFound(f"Request for unknown model: '{model}' has no available versions")
             return NotFound(f"Request for unknown model: '{model}' version {number} is not found")
-        return Unavailable(f"model '{model}' version {number} is not ready "
+        return Unavailable(f"model '{model}' version {version.version} is not ready "
                            f"({version.state.value.lower()}{': ' + version.reason if version.reason else ''})")
 
     # -- batches out --------------------------------------------------------------------
@@ -128,7 +142,7 @@ class Scheduler:
     # -- results in ---------------------------------------------------------------------
 
     def batch_done(self, iid: bytes, header: dict, frames: list) -> None:
-        """Route a batch's RESPONSE records (``frames``), one message per gateway."""
+        """Route a batch's RESPONSE records (``frames``), one message per client."""
         instance = self.registry.instances.get(iid)
         batch = instance.inflight.pop(header["b"], None) if instance else None
         if batch is None:
@@ -137,31 +151,71 @@ class Scheduler:
         instance.credit += 1
         now = self._clock()
         version = batch.version
-        stats = version.stats
-        timings = tuple(header.get("t") or (0, 0, 0))
+        batch.timings = timings = tuple(header.get("t") or (0, 0, 0))
         took = sum(timings)
         instance.execution_ns += _AVERAGE_WEIGHT * (took - instance.execution_ns) if instance.execution_ns else took
         oks = header["ok"]
-        if any(oks):
-            stats.record_execution(batch.batch_size, timings)
-        offset = 0
-        outgoing: dict[bytes, list] = {}
-        for request, external_count, ok in zip(batch.requests, header["x"], oks):
-            end = offset + 1 + external_count
-            parts = outgoing.get(request.gateway)
-            if parts is None:
-                parts = outgoing[request.gateway] = [request.gateway]
-            parts.extend(frames[offset:end])
-            offset = end
-            if ok:
-                stats.record_success(now - request.arrival_ns, request.dispatch_ns - request.arrival_ns,
-                                     request.batch_size, timings)
-            else:
-                stats.record_failure(now - request.arrival_ns)
-        for parts in outgoing.values():
-            self._send_to_gateway(parts)
+        if "open" in header:
+            self._close_streamed(batch, now)
+        else:
+            if any(oks):
+                version.stats.record_execution(batch.batch_size, timings)
+            self._route_responses(batch, header["x"], oks, frames, now)
         if version.state == VersionState.READY:
             self.dispatch(version, now)
+
+    def _route_responses(self, batch: Batch, external_counts: list, oks: list, frames: list, now: int) -> None:
+        stats = batch.version.stats
+        offset = 0
+        outgoing: dict[tuple[bool, bytes], list] = {}
+        for request, external_count, ok in zip(batch.requests, external_counts, oks):
+            end = offset + 1 + external_count
+            key = (request.from_backend, request.client)
+            parts = outgoing.get(key)
+            if parts is None:
+                parts = outgoing[key] = [request.client]
+            parts.extend(frames[offset:end])
+            offset = end
+            self._record_outcome(batch, request, ok, now)
+        for (from_backend, _), parts in outgoing.items():
+            self._reply(from_backend, parts)
+
+    def _record_outcome(self, batch: Batch, request: PendingRequest, ok: bool, now: int) -> None:
+        stats = batch.version.stats
+        if ok:
+            stats.record_success(now - request.arrival_ns, request.dispatch_ns - request.arrival_ns,
+                                 request.batch_size, batch.timings)
+        else:
+            stats.record_failure(now - request.arrival_ns)
+
+    # -- decoupled models: 0..N responses per request ------------------------------------
+
+    def response_part(self, iid: bytes, header: dict, frames: list) -> None:
+        """Forward one response of a decoupled model; a final one closes its request."""
+        instance = self.registry.instances.get(iid)
+        number = header["b"]
+        batch = (instance.inflight.get(number) if instance else None) or self._streams.get(number)
+        if batch is None or not 0 <= header["i"] < len(batch.requests):
+            log.warning("response for unknown request %s/%s from instance %r dropped", number, header.get("i"), iid)
+            return
+        request = batch.requests[header["i"]]
+        response, _, _ = decode(frames[0])
+        self._reply(request.from_backend, [request.client, *frames])
+        if response.get("final", True):
+            batch.finished.add(header["i"])
+            self._record_outcome(batch, request, "err" not in response, self._clock())
+            if number in self._streams and len(batch.finished) == len(batch.requests):
+                del self._streams[number]
+
+    def _close_streamed(self, batch: Batch, now: int) -> None:
+        """The instance is done executing a decoupled batch; its requests may still be answering.
+
+        The broker counts final responses itself rather than trusting the BATCH_DONE's
+        ``open`` list: a response sent from a model's own thread can leave after it.
+        """
+        batch.version.stats.record_execution(batch.batch_size, batch.timings)
+        if len(batch.finished) < len(batch.requests):
+            self._streams[batch.number] = batch
 
     # -- instances come and go -----------------------------------------------------------
 
@@ -179,23 +233,27 @@ class Scheduler:
         if version is not None and instance in version.instances:
             version.instances.remove(instance)
         now = self._clock()
-        for batch in instance.inflight.values():
+        held = list(instance.inflight.values())
+        held += [b for b in self._streams.values() if b.instance is instance]
+        for batch in held:
             self._fail_batch(batch, why, now)
+            self._streams.pop(batch.number, None)
         instance.inflight.clear()
 
     def _fail_batch(self, batch: Batch, why: str, now: int) -> None:
         error = Unavailable(
             f"instance '{batch.instance.name}' of model '{batch.version.name}' version "
             f"{batch.version.version} {why} while running this request")
-        for request in batch.requests:
-            self.reply_error(request.gateway, request.rid, error)
+        for index, request in enumerate(batch.requests):
+            if index in batch.finished:
+                continue
+            self.reply_error(request.client, request.rid, error, request.from_backend)
             batch.version.stats.record_failure(now - request.arrival_ns)
 
     def fail_queued(self, version: ModelVersion, error: TritiumError) -> None:
         """Answer every queued request of a version that cannot serve them any more."""
         now = self._clock()
         for request in version.batcher.drain():
-            self.reply_error(request.gateway, request.rid, error)
+            self.reply_error(request.client, request.rid, error, request.from_backend)
             version.stats.record_failure(now - request.arrival_ns)
         self._waiting.discard(version)
-

@@ -173,7 +173,7 @@ class Broker:
                 except Exception:
                     log.exception("error handling a message from %r", peer)
                     break
-                if header["k"] == Kind.BATCH_DONE:
+                if header["k"] in (Kind.BATCH_DONE, Kind.RESPONSE_PART):
                     break  # the records after it are its responses
                 position += 1 + external_count
 
@@ -259,6 +259,15 @@ class Broker:
         kind = header["k"]
         if kind == Kind.BATCH_DONE:
             self.scheduler.batch_done(peer, header, parts[position + 1:])
+        elif kind == Kind.RESPONSE_PART:
+            self.scheduler.response_part(peer, header, parts[position + 1:])
+        elif kind == Kind.INFER:  # a model calling another model (BLS)
+            external = parts[position + 1:position + 1 + header["x"]] if "x" in header else None
+            try:
+                self.scheduler.submit(peer, parts[position], header, external, from_backend=True)
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                self.scheduler.reply_error(peer, header.get("rid", 0),
+                                           InvalidArgument(f"malformed inference request: {exc!r}"), True)
         elif kind == Kind.HELLO:
             self._on_backend_hello(peer, header)
         elif kind == Kind.PLACED:

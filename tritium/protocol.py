@@ -27,6 +27,12 @@ Hot path, per inference request::
     broker   --[BATCH record, INFER record(s) as received]--> instance
     instance --[BATCH_DONE record, RESPONSE record(s)]-->   broker
     broker   --RESPONSE record(s) as received-->           gateway
+
+A decoupled model answers each request 0..N times: every response travels as a
+RESPONSE_PART (then the RESPONSE record, with ``final`` on the last one), and its
+BATCH_DONE carries no responses, only the requests still open. Instances also send
+INFER to the broker themselves (BLS: a model calling another model), on a socket of
+their own; the broker answers them like a gateway.
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ class Kind(enum.IntEnum):
     BATCH = 20
     # instance -> broker: the RESPONSE records of one batch follow, in request order
     BATCH_DONE = 21
+    # instance -> broker: one response of a decoupled model, while its batch is open
+    RESPONSE_PART = 22
     # gateway/serve -> broker: a control-plane question (models, stats, status)
     CONTROL = 30
     # broker -> asker: the answer to a CONTROL
@@ -116,6 +124,13 @@ class BatchDoneHeader(TypedDict, total=False):
     ok: list              # per response: True for a result, False for an error
     x: list               # per response: its external frames
     t: list               # [compute_input_ns, compute_infer_ns, compute_output_ns]
+    open: list            # decoupled batches: indexes of requests still without a final response
+
+
+class ResponsePartHeader(TypedDict):
+    k: int
+    b: int                # the batch the request came in
+    i: int                # the request's index in that batch; one RESPONSE record follows
 
 
 _packer = msgpack.Packer(use_bin_type=True)

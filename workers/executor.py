@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,8 +42,10 @@ class _Item:
 
 
 class BatchExecutor:
-    def __init__(self, instance: Instance, config: ModelConfig) -> None:
+    def __init__(self, instance: Instance, config: ModelConfig, send: Callable[[list], None] | None = None) -> None:
         self.instance = instance
+        self.send = send   # sends a message to the broker now (decoupled responses)
+        self.decoupled = config.model_transaction_policy.decoupled
         self.model = config.name
         self.batching = config.max_batch_size > 0
         self.output_names = [o.name for o in config.output]
@@ -57,6 +60,8 @@ class BatchExecutor:
         t0 = time.monotonic_ns()
         header, _, _ = decode(frames[0])
         items = self._decode_all(frames, header["n"])
+        if self.decoupled:
+            return self._run_decoupled(header["b"], items, t0)
         good = [item for item in items if item.error is None]
         if self.stacks and self.batching:
             replies, t1, t2 = self._run_stacked(good)
@@ -144,11 +149,12 @@ class BatchExecutor:
             replies[item.rid] = self._encode_response(item.rid, request.requested_outputs, response)
         return replies, t1, t2
 
-    def _encode_response(self, rid: int, requested: list[str] | None, response) -> tuple[list, bool]:
+    def _encode_response(self, rid: int, requested: list[str] | None, response,
+                         final: bool | None = None) -> tuple[list, bool]:
         if response is None or not isinstance(response, InferenceResponse):
             response = InferenceResponse(error=InternalError(f"model '{self.model}' gave no response"))
         if response.error is not None:
-            return [_error_record(rid, response.error)], False
+            return [_error_record(rid, response.error, final)], False
         names = requested if requested is not None else (
             [n for n in self.output_names if n in response.outputs]
             + [n for n in response.outputs if n not in self.output_names])
@@ -165,8 +171,56 @@ class BatchExecutor:
                 descriptors.append([name, datatype, shape, len(buffer)])
                 buffers.append(buffer)
         except TritiumError as exc:
-            return [_error_record(rid, exc)], False
-        return _response_record(rid, descriptors, buffers, response.parameters), True
+            return [_error_record(rid, exc, final)], False
+        return _response_record(rid, descriptors, buffers, response.parameters, final), True
+
+    # -- decoupled models: each request answered 0..N times, as the model sends -----------
+
+    def _run_decoupled(self, batch: int, items: list[_Item], t0: int) -> list:
+        still_open: set[int] = set()
+        requests = []
+        for index, item in enumerate(items):
+            try:
+                if item.error is not None:
+                    raise item.error
+                request = self._request(item)
+            except Exception as exc:
+                self._send_part(batch, index, [_error_record(item.rid, self._execution_error(exc), final=True)])
+                continue
+            request.response_sender = self._sender(batch, index, item, still_open)
+            still_open.add(index)
+            requests.append((index, item, request))
+        t1 = time.monotonic_ns()
+        try:
+            if requests:
+                self.instance.execute([request for _, _, request in requests])
+        except Exception as exc:
+            error = self._execution_error(exc)
+            for index, item, _ in requests:
+                if index in still_open:
+                    still_open.discard(index)
+                    self._send_part(batch, index, [_error_record(item.rid, error, final=True)])
+        t2 = time.monotonic_ns()
+        done = {"k": Kind.BATCH_DONE, "b": batch, "x": [], "ok": [], "t": [t1 - t0, t2 - t1, 0],
+                "open": sorted(still_open)}
+        return [encode(done)]
+
+    def _sender(self, batch: int, index: int, item: _Item, still_open: set[int]):
+        requested = item.header.get("outputs")
+
+        def send(response: InferenceResponse | None, final: bool) -> None:
+            if response is None:
+                parts = [encode({"k": Kind.RESPONSE, "rid": item.rid, "final": final, "empty": True})]
+            else:
+                parts, _ = self._encode_response(item.rid, requested, response, final)
+            if final:
+                still_open.discard(index)
+            self._send_part(batch, index, parts)
+
+        return send
+
+    def _send_part(self, batch: int, index: int, parts: list) -> None:
+        self.send([encode({"k": Kind.RESPONSE_PART, "b": batch, "i": index}), *parts])
 
     # -- models without batching: one execute_batch per request -------------------------
 
@@ -289,11 +343,13 @@ class BatchExecutor:
         return InternalError(f"model '{self.model}' failed to execute: {type(exc).__name__}: {exc}")
 
 
-def _response_record(rid: int, descriptors: list, buffers: list, parameters) -> list:
+def _response_record(rid: int, descriptors: list, buffers: list, parameters, final: bool | None = None) -> list:
     flags, inline, external = split_tensors(buffers)
     for descriptor, is_external in zip(descriptors, flags):
         descriptor.append(is_external)
     header = {"k": Kind.RESPONSE, "rid": rid, "outputs": descriptors}
+    if final is not None:
+        header["final"] = final
     if external:
         header["x"] = len(external)
     if parameters:
@@ -301,6 +357,9 @@ def _response_record(rid: int, descriptors: list, buffers: list, parameters) -> 
     return [encode(header, inline), *external]
 
 
-def _error_record(rid: int, error) -> bytes:
+def _error_record(rid: int, error, final: bool | None = None) -> bytes:
     wire = error.to_wire() if isinstance(error, TritiumError) else InvalidArgument(str(error)).to_wire()
-    return encode({"k": Kind.RESPONSE, "rid": rid, "err": wire})
+    header = {"k": Kind.RESPONSE, "rid": rid, "err": wire}
+    if final is not None:
+        header["final"] = final
+    return encode(header)

@@ -13,7 +13,10 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
+import threading
+from collections import deque
 from pathlib import Path
 
 import zmq
@@ -41,7 +44,41 @@ def _die_with_parent() -> None:
         pass
 
 
-def build_executor(spec: dict) -> tuple[BatchExecutor, object]:
+class Outbox:
+    """Sends on the instance's socket from any thread; the socket belongs to the main thread.
+
+    A decoupled model may answer from threads of its own: those messages are queued and
+    the main loop, woken through a socket pair, sends them.
+    """
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock = sock
+        self.main_thread = threading.get_ident()
+        self.queue: deque[list] = deque()
+        self.wake_read, self._wake_write = socket.socketpair()
+        self.wake_read.setblocking(False)
+        self._wake_write.setblocking(False)
+
+    def send(self, parts: list) -> None:
+        if threading.get_ident() == self.main_thread:
+            send_parts(self.sock, parts)
+            return
+        self.queue.append(parts)
+        try:
+            self._wake_write.send(b"\0")
+        except BlockingIOError:
+            pass  # already woken
+
+    def flush(self) -> None:
+        try:
+            self.wake_read.recv(4096)
+        except BlockingIOError:
+            pass
+        while self.queue:
+            send_parts(self.sock, self.queue.popleft())
+
+
+def build_executor(spec: dict, outbox: Outbox | None = None) -> tuple[BatchExecutor, object]:
     config = ModelConfig()
     json_format.ParseDict(spec["config"], config)
     model_context = ModelContext(name=spec["model"], version=spec["version"],
@@ -50,8 +87,9 @@ def build_executor(spec: dict) -> tuple[BatchExecutor, object]:
     backend = load_backend(config.backend)
     model = backend.create_model(model_context)
     instance = model.create_instance(InstanceContext(
-        model=model_context, name=spec["name"], kind=spec["kind"], device_id=spec["device_id"]))
-    return BatchExecutor(instance, config), instance
+        model=model_context, name=spec["name"], kind=spec["kind"], device_id=spec["device_id"],
+        broker=spec.get("broker", ""), instance_id=spec.get("iid", "")))
+    return BatchExecutor(instance, config, outbox.send if outbox else None), instance
 
 
 def main() -> None:
@@ -67,8 +105,9 @@ def main() -> None:
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(spec["broker"])
     about = {"m": spec["model"], "v": spec["version"], "name": spec["key"]}
+    outbox = Outbox(sock)
     try:
-        executor, instance = build_executor(spec)
+        executor, instance = build_executor(spec, outbox)
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
         log.error("initialization failed: %s", message)
@@ -83,19 +122,21 @@ def main() -> None:
     log.info("serving model %s version %d as %s", spec["model"], spec["version"], spec["key"])
     tune_for_serving()
     try:
-        _serve(sock, executor, stopping)
+        _serve(sock, executor, outbox, stopping)
     finally:
         instance.finalize()
         sock.close(0)
         context.term()
 
 
-def _serve(sock: zmq.Socket, executor: BatchExecutor, stopping: list) -> None:
+def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: list) -> None:
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
+    poller.register(outbox.wake_read, zmq.POLLIN)
     while not stopping:
         if not poller.poll(500):
             continue
+        outbox.flush()
         while True:
             try:
                 frames = recv_parts(sock)

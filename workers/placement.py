@@ -25,7 +25,7 @@ def plan_instances(config: ModelConfig) -> list[InstancePlan]:
             continue  # passive instances take no traffic from the scheduler
         kind = instance_kind_name(group)
         for index in range(group.count):
-            name = f"{group.name}_{index}" if group.count > 1 else group.name
+            name = f"{group.name}_{index}"  # Triton's: the group's name and the index, always
             if kind == "GPU":
                 for gpu in group.gpus:
                     plans.append(InstancePlan(name, f"{name}@gpu{gpu}", kind, gpu, gpu))

@@ -70,7 +70,7 @@ def test_each_instance_process_is_pinned_to_its_gpu_or_cpu(server):
     placements = sorted((p["env"]["TRITIUM_INSTANCE_NAME"], p["env"].get("CUDA_VISIBLE_DEVICES"),
                          p["argv"][-1].split("/")[-2]) for p in pinned)
     assert placements == [
-        ("cpu", None, "cpu"),
+        ("cpu_0", None, "cpu_0"),
         ("pinned_0_0", "0", "pinned_0_0@gpu0"),
         ("pinned_0_0", "1", "pinned_0_0@gpu1"),
         ("pinned_0_1", "0", "pinned_0_1@gpu0"),
@@ -98,7 +98,7 @@ def test_an_instance_killed_mid_batch_fails_its_requests_and_comes_back(server):
     sender.join(30)
     assert "error" in outcome, "the request held by the killed instance must fail"
     assert outcome["error"].status() == "503"
-    assert "instance 'slow_0' of model 'slow' version 1 was killed by signal 9 while running this request" in str(outcome["error"])
+    assert "instance 'slow_0_0' of model 'slow' version 1 was killed by signal 9 while running this request" in str(outcome["error"])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         replacement = [p for p in _instances_of("slow") if p["pid"] != victim["pid"]]

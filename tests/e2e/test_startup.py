@@ -67,14 +67,14 @@ def test_failed_models_have_no_available_versions(tolerant_server, model):
 
 
 def test_an_instance_that_cannot_initialize_is_not_restarted(tolerant_server):
-    assert "instance bad_file_0 of model bad_file version 1 failed: InvalidProtobuf" in tolerant_server.logs()
+    assert "instance bad_file_0_0 of model bad_file version 1 failed: InvalidProtobuf" in tolerant_server.logs()
     # Longer than the first restart backoff (1 s): no process for the model comes back.
     deadline = time.monotonic() + 2.5
     while time.monotonic() < deadline:
         assert not [p for p in instance_processes() if p["env"].get("TRITIUM_MODEL") == "bad_file/1"
                     and time.monotonic() > deadline - 2.0]
         time.sleep(0.1)
-    assert tolerant_server.logs().count("started instance bad_file_0") == 1
+    assert tolerant_server.logs().count("started instance bad_file_0_0") == 1
 
 
 def test_strict_readiness_false_reports_ready_despite_failed_models(repo):

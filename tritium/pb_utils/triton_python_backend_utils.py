@@ -219,3 +219,18 @@ class ModelConfig:
                     f"trying to change decoupled property in auto-complete-config for model "
                     f"'{name}', which is already set to {policy['decoupled']}.")
             policy["decoupled"] = wanted
+
+
+# The classes Triton binds in C++ (tritium/pb_utils/types.py).
+from tritium.pb_utils.types import (  # noqa: E402,F401
+    TRITONSERVER_MEMORY_CPU,
+    TRITONSERVER_MEMORY_GPU,
+    InferenceRequest,
+    InferenceResponse,
+    InferenceResponseSender,
+    Logger,
+    PreferredMemory,
+    Tensor,
+    TritonError,
+    TritonModelException,
+)

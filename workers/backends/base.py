@@ -13,8 +13,10 @@ An instance implements one of two ways to execute:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -45,6 +47,8 @@ class InstanceContext:
     name: str                # Triton's instance name, e.g. "densenet_onnx_0"
     kind: str                # "CPU", "GPU" or "MODEL"
     device_id: int           # the host's GPU id for GPU instances, 0 otherwise
+    broker: str = ""         # the broker's backend endpoint, for models that call models (BLS)
+    instance_id: str = ""    # this instance's identity at the broker
 
 
 @dataclass
@@ -55,6 +59,8 @@ class InferenceRequest:
     parameters: dict
     batch_size: int
     correlation_id: int | str = 0
+    # Decoupled models only: send(response or None, final) answers this request, 0..N times.
+    response_sender: Callable[[Optional["InferenceResponse"], bool], None] | None = None
 
 
 @dataclass
@@ -75,6 +81,10 @@ class Instance:
     def stacks_batches(self) -> bool:
         """True when this instance implements ``execute_batch``."""
         return type(self).execute_batch is not Instance.execute_batch
+
+    def is_ready(self) -> bool:
+        """Whether the instance can serve (Triton's Python ``is_ready``); asked now and then."""
+        return True
 
     def finalize(self) -> None:
         pass

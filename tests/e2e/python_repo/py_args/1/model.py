@@ -1,0 +1,23 @@
+import json
+import os
+
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Answers with the args initialize received and the request's id and parameters."""
+
+    def initialize(self, args):
+        self.args = dict(args)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            seen = {"request_id": request.request_id(), "parameters": json.loads(request.parameters()),
+                    "requested": sorted(request.requested_output_names()), "pid": os.getpid()}
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("ARGS", np.array([json.dumps(self.args).encode()], dtype=np.object_)),
+                pb_utils.Tensor("ENV", np.array([json.dumps(seen).encode()], dtype=np.object_))]))
+        return responses

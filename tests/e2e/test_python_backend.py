@@ -1,0 +1,195 @@
+"""Triton Python models (model.py) served unchanged: execute, errors, BLS, decoupled, execute_batch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.rawhttp import error_of, request
+from tests.models import add_sub_model
+from tests.servers import TritiumServer
+
+MODELS = Path(__file__).parent / "python_repo"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    shutil.copytree(MODELS, repo, dirs_exist_ok=True)
+    add_sub_model(repo, "onnx_add_sub", max_batch_size=8)
+    with TritiumServer(repo, "--exit-on-error=false") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return httpclient.InferenceServerClient(server.url, network_timeout=60)
+
+
+def tensor(name, array, datatype=None):
+    t = httpclient.InferInput(name, list(array.shape), datatype or httpclient.np_to_triton_dtype(array.dtype))
+    t.set_data_from_numpy(array)
+    return t
+
+
+def test_add_sub_written_for_triton_runs_unchanged(client):
+    a = np.arange(32, dtype=np.float32).reshape(2, 16)
+    b = np.full((2, 16), 0.5, dtype=np.float32)
+    result = client.infer("py_add_sub", [tensor("INPUT0", a), tensor("INPUT1", b)])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert client.get_model_metadata("py_add_sub")["platform"] == "python"
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_bytes_and_other_datatypes_in_and_out(client, binary):
+    text = np.array([b"triton", b"", "\u00e9t\u00e9".encode()], dtype=np.object_)
+    numbers = np.array([1, -5, 2**31 - 2], dtype=np.int32)
+    flags = np.array([True, False], dtype=np.bool_)
+    halves = np.array([0.5, 1.25], dtype=np.float16)
+    big = np.array([2**64 - 1, 1], dtype=np.uint64)
+    inputs = []
+    for name, array in (("IN_BYTES", text), ("IN_INT32", numbers), ("IN_BOOL", flags),
+                        ("IN_FP16", halves), ("IN_UINT64", big)):
+        t = httpclient.InferInput(name, list(array.shape), httpclient.np_to_triton_dtype(array.dtype))
+        t.set_data_from_numpy(array, binary_data=binary or name == "IN_FP16")
+        inputs.append(t)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary or n == "OUT_FP16")
+               for n in ("OUT_BYTES", "OUT_INT32", "OUT_BOOL", "OUT_FP16", "OUT_UINT64")]
+    result = client.infer("py_types", inputs, outputs=outputs)
+    upper = [t.upper() for t in text]
+    returned = [v if isinstance(v, bytes) else v.encode() for v in result.as_numpy("OUT_BYTES")]
+    assert returned == upper
+    np.testing.assert_array_equal(result.as_numpy("OUT_INT32"), numbers + 1)
+    np.testing.assert_array_equal(result.as_numpy("OUT_BOOL"), ~flags)
+    np.testing.assert_array_equal(result.as_numpy("OUT_FP16"), halves * 2)
+    np.testing.assert_array_equal(result.as_numpy("OUT_UINT64"), big - 1)
+
+
+def _code(client, code):
+    return client.infer("py_errors", [tensor("CODE", np.array([code], dtype=np.int32))])
+
+
+@pytest.mark.parametrize("code, status, message", [
+    (1, "400", "failed with code 1"),
+    (2, "500", "failed with the default code"),
+    (3, "404", "failed with code 3"),
+    (5, "501", "failed with code 5"),
+    (6, "503", "failed with code 6"),
+    (4, "500", "Failed to process the request(s) for model 'py_errors_0', message: "
+               "TritonModelException: the model raised on purpose\n\nAt:\n  "),
+])
+def test_errors_from_the_model_get_their_status_and_the_model_keeps_serving(client, code, status, message):
+    with pytest.raises(InferenceServerException) as error:
+        _code(client, code)
+    assert error.value.status() == status
+    assert message in error.value.message()
+    assert _code(client, 0).as_numpy("ECHO").tolist() == [0]
+
+
+def own_client(server):
+    """A client per thread: tritonclient's HTTP client is not shared across threads."""
+    return httpclient.InferenceServerClient(server.url, network_timeout=60)
+
+
+def test_an_error_response_fails_only_its_own_request(server):
+    with ThreadPoolExecutor(6) as pool:
+        outcomes = list(pool.map(lambda c: _outcome(server, c), [0, 1, 0, 2, 0, 0]))
+    assert outcomes == ["ok", "400", "ok", "500", "ok", "ok"]
+
+
+def _outcome(server, code):
+    try:
+        _code(own_client(server), code)
+        return "ok"
+    except InferenceServerException as exc:
+        return exc.status()
+
+
+def test_initialize_failure_fails_the_load_with_its_message(server, client):
+    status, _, body = request(server.url, "GET", "/v2/models/py_init_fails/ready")
+    assert status == 404
+    assert "instance py_init_fails" in server.logs()
+    assert "RuntimeError: cannot find the weights file" in server.logs()
+    assert client.is_model_ready("py_add_sub")
+
+
+def test_auto_complete_config_shapes_the_served_model(client):
+    config = client.get_model_config("py_autocomplete")
+    assert config["max_batch_size"] == 4 and "dynamic_batching" in config
+    assert [(t["name"], t["dims"]) for t in config["input"]] == [("X", [2])]
+    x = np.array([[1.5, -2.0]], dtype=np.float32)
+    np.testing.assert_array_equal(client.infer("py_autocomplete", [tensor("X", x)]).as_numpy("Y"), x * x)
+
+
+def test_initialize_gets_triton_args_and_requests_their_id_and_parameters(client, server):
+    result = client.infer("py_args", [tensor("X", np.array([1], dtype=np.int32))], request_id="r-9",
+                          parameters={"temperature": 0.5, "mode": "fast"})
+    args = json.loads(result.as_numpy("ARGS")[0])
+    assert sorted(args) == ["model_config", "model_instance_device_id", "model_instance_kind",
+                            "model_instance_name", "model_name", "model_repository", "model_version"]
+    assert (args["model_name"], args["model_version"], args["model_instance_kind"]) == ("py_args", "1", "CPU")
+    assert args["model_instance_name"] == "py_args_0" and args["model_instance_device_id"] == "0"  # as Triton
+    assert args["model_repository"].endswith("/py_args")
+    config = json.loads(args["model_config"])
+    assert config["parameters"] == {"greeting": {"string_value": "hello"}}
+    seen = json.loads(result.as_numpy("ENV")[0])
+    assert seen["request_id"] == "r-9"
+    assert seen["parameters"] == {"temperature": 0.5, "mode": "fast"}
+    assert sorted(seen["requested"]) == ["ARGS", "ENV"]
+
+
+@pytest.mark.parametrize("target", ["onnx_add_sub", "py_add_sub"])
+def test_bls_calls_an_onnx_and_a_python_model(client, target):
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    result = client.infer("bls", [tensor("A", a), tensor("MODEL", np.array([target.encode()], dtype=np.object_), "BYTES")])
+    np.testing.assert_array_equal(result.as_numpy("SUM"), 2 * a)
+
+
+def test_bls_error_from_the_called_model_reaches_the_caller(client):
+    a = np.ones((1, 16), dtype=np.float32)
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("bls", [tensor("A", a), tensor("MODEL", np.array([b"no_such_model"], dtype=np.object_), "BYTES")])
+    assert "calling no_such_model failed: Request for unknown model: 'no_such_model'" in error.value.message()
+    np.testing.assert_array_equal(
+        client.infer("bls", [tensor("A", a), tensor("MODEL", np.array([b"onnx_add_sub"], dtype=np.object_), "BYTES")]).as_numpy("SUM"),
+        2 * a)
+
+
+def test_async_execute_with_async_exec_calls_two_models_at_once(client):
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    result = client.infer("bls_async", [tensor("A", a)])
+    np.testing.assert_array_equal(result.as_numpy("FROM_ONNX"), 2 * a)
+    np.testing.assert_array_equal(result.as_numpy("FROM_PYTHON"), 2 * a)
+
+
+@pytest.mark.parametrize("count", [0, 1, 4, 7])
+def test_a_decoupled_model_sends_several_responses_seen_through_bls(client, count):
+    result = client.infer("bls_decoupled", [tensor("COUNT", np.array([count], dtype=np.int32))])
+    assert result.as_numpy("SEEN").tolist() == list(range(count))
+
+
+def test_http_infer_on_a_decoupled_model_is_501(server):
+    body = {"inputs": [{"name": "COUNT", "datatype": "INT32", "shape": [1], "data": [2]}]}
+    status, _, reply = request(server.url, "POST", "/v2/models/py_decoupled/infer", body=body)
+    assert status == 501
+    assert error_of(reply) == "HTTP end point doesn't support models with decoupled transaction policy"
+
+
+def test_execute_batch_receives_stacked_inputs_under_concurrency(server, client):
+    rows = [np.full((1, 3), i, dtype=np.float32) for i in range(12)]
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(lambda x: own_client(server).infer("py_batched", [tensor("X", x)]), rows))
+    for x, result in zip(rows, results):
+        np.testing.assert_array_equal(result.as_numpy("DOUBLE"), x * 2)
+    batch_sizes = [int(r.as_numpy("BATCH")[0, 0]) for r in results]
+    assert max(batch_sizes) > 1, batch_sizes
+    stats = client.get_inference_statistics("py_batched")["model_stats"][0]
+    assert stats["inference_count"] == 12 and stats["execution_count"] < 12

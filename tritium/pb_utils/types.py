@@ -1,0 +1,286 @@
+"""The classes Triton's Python backend gives ``model.py``, as tritium implements them.
+
+Triton binds these in C++; tritium's are plain Python with the same names, methods and
+behaviour. ``triton_python_backend_utils`` re-exports them. What needs the instance
+process (BLS requests, response senders) reaches it through ``runtime``, which the
+Python backend fills in when an instance starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+
+from tritium import datatypes
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_MEMORY_GPU = 2
+TRITONSERVER_MEMORY_CPU = 0
+
+
+class _Runtime:
+    """Hooks into the instance process: set by workers/backends/python_backend.py."""
+
+    bls = None            # BlsClient of this instance, for InferenceRequest.exec()
+    model_name = ""
+
+
+runtime = _Runtime()
+
+
+class TritonError:
+    """An error a model returns in a response (not an exception: Triton's API)."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message, code=INTERNAL):
+        self._message = str(message)
+        self._code = code
+
+    def message(self):
+        return self._message
+
+    def code(self):
+        return self._code
+
+    def __repr__(self):
+        return f"TritonError({self._message!r}, code={self._code})"
+
+
+class TritonModelException(Exception):
+    """What Triton's stub raises for errors; models raise it too."""
+
+    def message(self):
+        return str(self)
+
+
+def _as_array(value) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    array = np.asarray(value)
+    if array.dtype.kind in "SU":
+        array = array.astype(np.object_)
+    return array
+
+
+class Tensor:
+    def __init__(self, name, data):
+        if not isinstance(name, str):
+            raise TritonModelException(f"Tensor name must be a string, got {type(name).__name__}")
+        array = _as_array(data)
+        if array.dtype.kind in "SU":
+            array = array.astype(np.object_)
+        if datatypes.from_numpy(array.dtype) is None:
+            raise TritonModelException(
+                f"tensor '{name}' has numpy dtype {array.dtype}, which has no Triton datatype")
+        self._name = name
+        self._array = array
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+    def shape(self):
+        return list(self._array.shape)
+
+    def triton_dtype(self):
+        from tritium.pb_utils.triton_python_backend_utils import numpy_to_triton_type
+
+        return numpy_to_triton_type(self._array.dtype)
+
+    def is_cpu(self):
+        return True
+
+    def to_dlpack(self):
+        return self._array.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name, capsule):
+        return Tensor(name, np.from_dlpack(capsule))
+
+    def __repr__(self):
+        return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors=None, error=None, parameters=None):
+        if output_tensors is None:
+            output_tensors = []
+        if not isinstance(output_tensors, (list, tuple)):
+            raise TritonModelException("output_tensors must be a list of pb_utils.Tensor")
+        if error is not None and not isinstance(error, TritonError):
+            error = TritonError(str(error))
+        self._tensors = list(output_tensors)
+        self._error = error
+        self._parameters = _parameters_json(parameters)
+
+    def output_tensors(self):
+        return self._tensors
+
+    def has_error(self):
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+    def parameters(self):
+        return self._parameters
+
+
+def _parameters_json(parameters) -> str:
+    if parameters is None:
+        return "{}"
+    if isinstance(parameters, str):
+        return parameters
+    for key, value in parameters.items():
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                f"parameter '{key}' must be a bool, int or str, got {type(value).__name__}")
+    return json.dumps(parameters)
+
+
+class InferenceResponseSender:
+    """Sends the responses of one request of a decoupled model (0..N, then FINAL)."""
+
+    def __init__(self, send, cancelled=lambda: False):
+        self._send = send
+        self._cancelled = cancelled
+        self._closed = False
+
+    def send(self, response=None, flags=0):
+        if self._closed:
+            raise TritonModelException("the response sender is closed: the FINAL flag was already sent")
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException("send() takes a pb_utils.InferenceResponse or None")
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException("send() without a response must carry the FINAL flag")
+        self._send(response, final)
+        if final:
+            self._closed = True
+
+    def is_cancelled(self):
+        return self._cancelled()
+
+
+class PreferredMemory:
+    def __init__(self, preferred_memory_type=TRITONSERVER_MEMORY_CPU, preferred_device_id=0):
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+class InferenceRequest:
+    """A request given to ``execute``, or one a model builds to call another model (BLS)."""
+
+    def __init__(self, request_id="", correlation_id=0, inputs=None, requested_output_names=None,
+                 model_name="", model_version=-1, flags=0, timeout=0, preferred_memory=None,
+                 trace=None, parameters=None):
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._inputs = list(inputs or [])
+        self._requested_output_names = requested_output_names if requested_output_names is not None else []
+        self._model_name = model_name
+        self._model_version = int(model_version)
+        self._flags = flags
+        self._timeout = timeout
+        self._parameters = _parameters_json(parameters)
+        self._sender = None
+
+    def inputs(self):
+        return self._inputs
+
+    def request_id(self):
+        return self._request_id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def flags(self):
+        return self._flags
+
+    def set_flags(self, flags):
+        self._flags = flags
+
+    def timeout(self):
+        return self._timeout
+
+    def parameters(self):
+        return self._parameters
+
+    def requested_output_names(self):
+        return self._requested_output_names
+
+    def model_name(self):
+        return self._model_name
+
+    def model_version(self):
+        return self._model_version
+
+    def get_response_sender(self):
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender() is only available to models with a decoupled transaction policy")
+        return self._sender
+
+    def is_cancelled(self):
+        return False
+
+    def set_release_flags(self, flags):
+        self._release_flags = flags
+
+    def trace(self):
+        return None
+
+    def exec(self, decoupled=False):
+        """Run this request on ``model_name`` and return its response (BLS)."""
+        client = runtime.bls
+        if client is None:
+            raise TritonModelException("BLS requests can only be made while the model executes")
+        return client.execute(self, decoupled)
+
+    def async_exec(self, decoupled=False):
+        """The awaitable form of exec(), for ``async def execute``."""
+        client = runtime.bls
+        if client is None:
+            raise TritonModelException("BLS requests can only be made while the model executes")
+        return client.execute_async(self, decoupled)
+
+
+class Logger:
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+    _log = logging.getLogger("model")
+    _LEVELS = {INFO: logging.INFO, WARNING: logging.WARNING, ERROR: logging.ERROR, VERBOSE: logging.DEBUG}
+
+    @classmethod
+    def log(cls, message, level=INFO):
+        cls._log.log(cls._LEVELS.get(level, logging.INFO), "%s", message)
+
+    @classmethod
+    def log_info(cls, message):
+        cls.log(message, cls.INFO)
+
+    @classmethod
+    def log_warn(cls, message):
+        cls.log(message, cls.WARNING)
+
+    @classmethod
+    def log_error(cls, message):
+        cls.log(message, cls.ERROR)
+
+    @classmethod
+    def log_verbose(cls, message):
+        cls.log(message, cls.VERBOSE)

@@ -1,0 +1,207 @@
+"""The Python backend (``backend: "python"``): a Triton ``model.py`` run unchanged.
+
+The instance process imports ``<model>/<version>/model.py`` the way Triton's stub does
+(the version and model folders on ``sys.path``, ``import_module("<version>.model")``),
+with tritium's ``triton_python_backend_utils`` importable, creates ``TritonPythonModel``,
+calls ``initialize(args)`` with Triton's keys, and then ``execute(requests)`` for each
+batch (``async def execute`` runs on an event loop of the instance's own). A model that
+defines ``execute_batch(inputs)`` instead receives every input stacked along the batch
+dimension and returns stacked outputs (a tritium extension: docs/backends.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import json
+import logging
+import sys
+import traceback
+
+import numpy as np
+
+from tritium.errors import ErrorCode, InternalError, TritiumError, error_for_code
+from tritium.pb_utils import MODULE_DIR
+from tritium.pb_utils.types import runtime
+from workers.bls import BlsClient
+from workers.backends.base import (
+    Backend, InferenceRequest, InferenceResponse, Instance, InstanceContext, Model, ModelContext,
+)
+
+log = logging.getLogger(__name__)
+
+# pb_utils.TritonError codes -> tritium's codes (both follow TRITONSERVER_Error_Code's names).
+_CODES = {0: ErrorCode.UNKNOWN, 1: ErrorCode.INTERNAL, 2: ErrorCode.NOT_FOUND, 3: ErrorCode.INVALID_ARG,
+          4: ErrorCode.UNAVAILABLE, 5: ErrorCode.UNSUPPORTED, 6: ErrorCode.ALREADY_EXISTS,
+          7: ErrorCode.CANCELLED}
+
+
+def pb_utils():
+    """The ``triton_python_backend_utils`` module, importable as user code imports it."""
+    if MODULE_DIR not in sys.path:
+        sys.path.insert(0, MODULE_DIR)
+    import triton_python_backend_utils
+
+    return triton_python_backend_utils
+
+
+class PythonBackend(Backend):
+    name = "python"
+
+    def create_model(self, context: ModelContext) -> Model:
+        return PythonModel(context)
+
+
+class PythonModel(Model):
+    def __init__(self, context: ModelContext) -> None:
+        self.context = context
+        pb_utils()  # importable before model.py's own "import triton_python_backend_utils"
+        runtime.model_name = context.name
+        version_dir, model_dir = context.version_dir, context.model_dir
+        filename = context.config.default_model_filename or "model.py"
+        for folder in (str(version_dir), str(model_dir)):
+            if folder not in sys.path:
+                sys.path.append(folder)
+        if filename == "model.py":
+            module = importlib.import_module(f"{version_dir.name}.model")
+        else:
+            spec = importlib.util.spec_from_file_location(filename.removesuffix(".py"), version_dir / filename)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        self.model_class = getattr(module, "TritonPythonModel", None)
+        if self.model_class is None:
+            raise InternalError(f"{version_dir / filename} defines no class TritonPythonModel")
+
+    def create_instance(self, context: InstanceContext) -> Instance:
+        return PythonInstance(self, context)
+
+
+class PythonInstance(Instance):
+    def __init__(self, model: PythonModel, context: InstanceContext) -> None:
+        self.context = context
+        self.model = model.model_class()
+        self.pb = pb_utils()
+        self.output_names = [o.name for o in context.model.config.output]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if context.broker and runtime.bls is None:
+            runtime.bls = BlsClient(context.broker, f"{context.instance_id}/bls")
+        args = {
+            "model_config": json.dumps(context.model.config_json),
+            "model_instance_kind": context.kind,
+            "model_instance_name": context.name,
+            "model_instance_device_id": str(context.device_id),
+            "model_repository": str(context.model.model_dir),
+            "model_version": str(context.model.version),
+            "model_name": context.model.name,
+        }
+        initialize = getattr(self.model, "initialize", None)
+        if initialize is not None:
+            result = initialize(args)
+            if inspect.isawaitable(result):
+                self.loop.run_until_complete(result)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop
+
+    @property
+    def stacks_batches(self) -> bool:
+        return callable(getattr(self.model, "execute_batch", None))
+
+    # -- Triton's interface: the separate requests ----------------------------------------
+
+    def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse]:
+        pb_requests = [self._pb_request(r) for r in requests]
+        try:
+            result = self.model.execute(pb_requests)
+            if inspect.isawaitable(result):
+                result = self.loop.run_until_complete(result)
+        except Exception as exc:
+            raise self._failure(exc) from exc
+        if self.context.model.config.model_transaction_policy.decoupled:
+            return []  # decoupled models answer through their response senders
+        if not isinstance(result, (list, tuple)) or len(result) != len(requests):
+            got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
+            raise InternalError(
+                f"model '{self.context.model.name}' returned {got} responses for {len(requests)} "
+                "requests; execute must return one InferenceResponse per request")
+        return [self._response(r) for r in result]
+
+    def _failure(self, exc: Exception) -> InternalError:
+        """Triton's message for an exception out of the model, with the model's frames."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        while frames and frames[0].filename == __file__:
+            frames.pop(0)
+        where = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
+        return InternalError(f"Failed to process the request(s) for model '{self.context.name}', "
+                             f"message: {type(exc).__name__}: {exc}" + (f"\n\nAt:\n{where}" if where else ""))
+
+    def _pb_request(self, request: InferenceRequest):
+        tensors = []
+        for name, array in request.inputs.items():
+            if not array.flags.writeable:  # Triton's inputs are writable; models may change them
+                array = array.copy()
+            tensors.append(self.pb.Tensor(name, array))
+        pb_request = self.pb.InferenceRequest(
+            request_id=request.request_id, correlation_id=request.correlation_id, inputs=tensors,
+            # A set, as in Triton, holding every output when the client named none.
+            requested_output_names=set(request.requested_outputs if request.requested_outputs is not None
+                                       else self.output_names),
+            model_name=self.context.model.name, model_version=self.context.model.version,
+            parameters=json.dumps(request.parameters))  # already checked by the gateway
+        if request.response_sender is not None:
+            send = request.response_sender
+            pb_request._sender = self.pb.InferenceResponseSender(
+                lambda response, final: send(None if response is None else self._response(response), final))
+        return pb_request
+
+    def _response(self, response) -> InferenceResponse:
+        if not isinstance(response, self.pb.InferenceResponse):
+            return InferenceResponse(error=InternalError(
+                f"model '{self.context.model.name}' returned {type(response).__name__} instead of "
+                "a pb_utils.InferenceResponse"))
+        parameters = json.loads(response.parameters() or "{}")
+        if response.has_error():
+            error = response.error()
+            return InferenceResponse(error=error_for_code(_CODES.get(error.code(), ErrorCode.INTERNAL),
+                                                          error.message()), parameters=parameters)
+        return InferenceResponse(outputs={t.name(): t.as_numpy() for t in response.output_tensors()},
+                                 parameters=parameters)
+
+    # -- tritium's batched interface --------------------------------------------------------
+
+    def execute_batch(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+        try:
+            outputs = self.model.execute_batch(inputs)
+            if inspect.isawaitable(outputs):
+                outputs = self.loop.run_until_complete(outputs)
+        except TritiumError:
+            raise
+        except Exception as exc:
+            raise self._failure(exc) from exc
+        if not isinstance(outputs, dict):
+            raise InternalError(f"execute_batch of model '{self.context.model.name}' must return a "
+                                f"dict of output name to numpy array, got {type(outputs).__name__}")
+        return {name: np.asarray(outputs[name]) for name in output_names if name in outputs}
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def is_ready(self) -> bool:
+        check = getattr(self.model, "is_ready", None)
+        if check is None:
+            return True
+        result = check()
+        if inspect.isawaitable(result):
+            result = self.loop.run_until_complete(result)
+        return bool(result)
+
+    def finalize(self) -> None:
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is not None:
+            result = finalize()
+            if inspect.isawaitable(result):
+                self.loop.run_until_complete(result)

@@ -1,0 +1,178 @@
+"""BLS: a model, while it executes, calling another model through the broker.
+
+Each instance process that needs it gets a DEALER socket of its own to the broker's
+backend (identity ``<instance id>/bls``); the broker answers requests on it exactly as
+it answers a gateway. ``execute`` blocks until the answer; ``execute_async`` is its
+awaitable form for ``async def execute`` models, and several may be in flight at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+from collections import deque
+
+import numpy as np
+import zmq
+
+from tritium.errors import ErrorCode
+from tritium.pb_utils import types as pb
+from tritium.protocol import Kind, decode, encode, split_tensors, tensor_views
+from tritium.zmqio import recv_parts, send_parts
+from workers.tensors import array_to_frame, frame_to_array
+
+# tritium error codes -> pb_utils.TritonError codes
+_PB_CODES = {ErrorCode.UNKNOWN: pb.TritonError.UNKNOWN, ErrorCode.INTERNAL: pb.TritonError.INTERNAL,
+             ErrorCode.NOT_FOUND: pb.TritonError.NOT_FOUND, ErrorCode.INVALID_ARG: pb.TritonError.INVALID_ARG,
+             ErrorCode.UNAVAILABLE: pb.TritonError.UNAVAILABLE, ErrorCode.UNSUPPORTED: pb.TritonError.UNSUPPORTED,
+             ErrorCode.ALREADY_EXISTS: pb.TritonError.ALREADY_EXISTS, ErrorCode.CANCELLED: pb.TritonError.CANCELLED}
+
+
+class BlsClient:
+    def __init__(self, broker: str, identity: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, identity.encode())
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(broker)
+        self._rids = itertools.count(1)
+        self._replies: dict[int, deque] = {}
+        self._waiters: dict[int, asyncio.Future] = {}
+        self._lock = threading.Lock()
+        self._reading_loop: asyncio.AbstractEventLoop | None = None
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def _send(self, request) -> int:
+        rid = next(self._rids)
+        descriptors, buffers = [], []
+        for tensor in request.inputs():
+            datatype, shape, buffer = array_to_frame(np.asarray(tensor.as_numpy()), tensor.name())
+            descriptors.append([tensor.name(), datatype, shape, len(buffer)])
+            buffers.append(buffer)
+        flags, inline, external = split_tensors(buffers)
+        for descriptor, is_external in zip(descriptors, flags):
+            descriptor.append(is_external)
+        header = {"k": Kind.INFER, "rid": rid, "m": request.model_name(), "v": request.model_version(),
+                  "inputs": descriptors}
+        if request.requested_output_names():
+            header["outputs"] = sorted(request.requested_output_names())
+        if request.request_id():
+            header["id"] = request.request_id()
+        parameters = json.loads(request.parameters() or "{}")
+        if parameters:
+            header["params"] = parameters
+        if external:
+            header["x"] = len(external)
+        self._replies[rid] = deque()
+        with self._lock:
+            send_parts(self.sock, [encode(header, inline), *external])
+        return rid
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def _pump(self, timeout_ms: int) -> None:
+        """Read what the broker sent and file each reply under its request."""
+        if timeout_ms and not self.sock.poll(timeout_ms):
+            return
+        while True:
+            try:
+                parts = recv_parts(self.sock)
+            except zmq.Again:
+                return
+            header, record, offset = decode(parts[0])
+            external = parts[1:1 + header.get("x", 0)]
+            rid = header.get("rid")
+            if rid not in self._replies:
+                continue  # an answer nobody waits for any more
+            self._replies[rid].append(_response(header, record, offset, external))
+            waiter = self._waiters.get(rid)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    def _next(self, rid: int):
+        """The next response to request ``rid``, waiting for it."""
+        queue = self._replies[rid]
+        while not queue:
+            self._pump(1000)
+        return queue.popleft()
+
+    def execute(self, request, decoupled: bool = False):
+        rid = self._send(request)
+        if decoupled:
+            return ResponseIterator(self, rid)
+        last = None
+        while True:
+            final, response = self._next(rid)
+            last = response if response is not None else last
+            if final:
+                del self._replies[rid]
+                return last if last is not None else pb.InferenceResponse()
+
+    async def execute_async(self, request, decoupled: bool = False):
+        rid = self._send(request)
+        loop = asyncio.get_running_loop()
+        if self._reading_loop is not loop:
+            loop.add_reader(self.sock.getsockopt(zmq.FD), self._pump, 0)
+            self._reading_loop = loop
+        if decoupled:
+            return ResponseIterator(self, rid)
+        last = None
+        while True:
+            self._pump(0)  # ZeroMQ's descriptor is edge-triggered: look before waiting
+            queue = self._replies[rid]
+            while queue:
+                final, response = queue.popleft()
+                last = response if response is not None else last
+                if final:
+                    del self._replies[rid]
+                    return last if last is not None else pb.InferenceResponse()
+            future = loop.create_future()
+            self._waiters[rid] = future
+            try:
+                await future
+            finally:
+                self._waiters.pop(rid, None)
+
+
+class ResponseIterator:
+    """The responses of a decoupled model to one BLS request, until its final one."""
+
+    def __init__(self, client: BlsClient, rid: int) -> None:
+        self._client = client
+        self._rid = rid
+        self._done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while not self._done:
+            final, response = self._client._next(self._rid)
+            if final:
+                self._done = True
+                self._client._replies.pop(self._rid, None)
+            if response is not None:
+                return response
+        raise StopIteration
+
+    def cancel(self) -> None:
+        self._done = True
+        self._client._replies.pop(self._rid, None)
+
+
+def _response(header: dict, record, offset: int, external: list):
+    """(final, pb_utils.InferenceResponse or None for an empty final one)."""
+    final = header.get("final", True)
+    if "err" in header:
+        code = _PB_CODES.get(header["err"].get("code"), pb.TritonError.INTERNAL)
+        return final, pb.InferenceResponse(error=pb.TritonError(header["err"].get("message", ""), code))
+    descriptors = header.get("outputs") or []
+    if not descriptors and header.get("empty"):
+        return final, None
+    tensors = []
+    for descriptor, view in zip(descriptors, tensor_views(descriptors, record, offset, external)):
+        array = frame_to_array(view, descriptor[1], descriptor[2], descriptor[0])
+        tensors.append(pb.Tensor(descriptor[0], array.copy() if array.dtype != np.object_ else array))
+    return final, pb.InferenceResponse(output_tensors=tensors, parameters=header.get("params"))
