@@ -9,6 +9,7 @@ from workers.backends.base import Backend
 _BUILTIN = {
     "onnxruntime": ("workers.backends.onnxruntime", "OnnxRuntimeBackend"),
     "python": ("workers.backends.python_backend", "PythonBackend"),
+    "pytorch": ("workers.backends.pytorch", "PyTorchBackend"),
 }
 
 
