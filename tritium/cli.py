@@ -67,6 +67,18 @@ def repository_settings(model_config_name, disable_auto_complete_config, strict_
     )
 
 
+def _backend_options(values) -> dict[str, dict[str, str]]:
+    """--backend-config=BACKEND,KEY=VALUE flags as {backend: {key: value}}."""
+    options: dict[str, dict[str, str]] = {}
+    for value in values:
+        backend, _, setting = value.partition(",")
+        key, equals, item = setting.partition("=")
+        if not setting or not equals:
+            continue  # global settings (KEY=VALUE) are read by the broker
+        options.setdefault(backend, {})[key] = item
+    return options
+
+
 def _pass_through(ctx: click.Context, names: list[str]) -> tuple[str, ...]:
     """Rebuild the command-line flags ``names`` as given, for a child process."""
     args = []
@@ -129,7 +141,8 @@ def serve(ctx, model_repository, http_address, http_port, grpc_port, metrics_por
                                             "strict_model_config", "backend_config"]),
         gateway_args=("--http-max-input-size", str(http_max_input_size), "--id", server_id,
                       "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs)),
-        worker_args=("--exit-timeout-secs", str(exit_timeout_secs)),
+        worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
+                     *_pass_through(ctx, ["backend_directory", "backend_config"])),
     )
     sys.exit(Supervisor(settings).run())
 
@@ -182,8 +195,11 @@ def gateway(broker_address, http_address, http_port, grpc_port, http_max_input_s
 @click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True)
 @click.option("--models", default=None, help="Comma-separated models this host serves (default: all).")
 @click.option("--exit-timeout-secs", default=30, show_default=True, type=int)
+@click.option("--backend-directory", default=None, help="Where custom backends are looked up (<dir>/<backend>/).")
+@click.option("--backend-config", multiple=True, help="BACKEND,KEY=VALUE: an option given to that backend.")
 @click.option("--log-verbose", default="0")
-def worker(broker_address, model_repository, models, exit_timeout_secs, log_verbose) -> None:
+def worker(broker_address, model_repository, models, exit_timeout_secs, backend_directory, backend_config,
+           log_verbose) -> None:
     """Run a host agent: starts and supervises this host's instance processes."""
     from tritium import logs
     from tritium.hosts import detect_gpus
@@ -194,7 +210,8 @@ def worker(broker_address, model_repository, models, exit_timeout_secs, log_verb
     settings = WorkerSettings(
         broker=broker_address, model_repositories=tuple(model_repository), gpus=detect_gpus(),
         models=tuple(m for m in models.split(",") if m) if models else None, log_verbose=verbose,
-        exit_timeout_s=float(exit_timeout_secs))
+        exit_timeout_s=float(exit_timeout_secs), backend_directory=backend_directory,
+        backend_config=_backend_options(backend_config))
     sys.exit(HostAgent(settings).run())
 
 

@@ -48,6 +48,8 @@ class WorkerSettings:
     credit: int = 2
     log_verbose: int = 0
     exit_timeout_s: float = 30.0
+    backend_directory: str | None = None
+    backend_config: dict = field(default_factory=dict)   # backend name -> {key: value}
 
 
 @dataclass(eq=False)
@@ -151,7 +153,9 @@ class HostAgent:
                     "version": version, "model_dir": str(model_dir), "config": config_json,
                     "name": plan.name, "key": plan.key, "kind": plan.kind,
                     "device_id": plan.device_id, "credit": self.settings.credit,
-                    "log_verbose": self.settings.log_verbose}
+                    "log_verbose": self.settings.log_verbose,
+                    "backend_directory": self.settings.backend_directory,
+                    "backend_config": self.settings.backend_config}
             children.append(Child(plan, model, version, spec))
         self._send({"k": Kind.PLACED, "m": model, "v": version, "instances": [c.plan.key for c in children]})
         for child in children:

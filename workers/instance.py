@@ -28,7 +28,7 @@ from tritium.gctune import tune_for_serving
 from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
 from tritium.zmqio import recv_parts, send_parts
 from workers.backends import load_backend
-from workers.backends.base import InstanceContext, ModelContext
+from workers.backends.base import BackendConfig, InstanceContext, ModelContext
 from workers.executor import BatchExecutor
 
 log = logging.getLogger(__name__)
@@ -78,18 +78,22 @@ class Outbox:
             send_parts(self.sock, self.queue.popleft())
 
 
-def build_executor(spec: dict, outbox: Outbox | None = None) -> tuple[BatchExecutor, object]:
+def build_executor(spec: dict, outbox: Outbox | None = None) -> tuple[BatchExecutor, list]:
+    """The executor, and what to finalize at the end: instance, model, backend, in that order."""
     config = ModelConfig()
     json_format.ParseDict(spec["config"], config)
     model_context = ModelContext(name=spec["model"], version=spec["version"],
                                  model_dir=Path(spec["model_dir"]), config=config,
                                  config_json=spec["config"])
-    backend = load_backend(config.backend)
+    directory = spec.get("backend_directory")
+    backend = load_backend(config.backend, model_context.version_dir, model_context.model_dir, BackendConfig(
+        name=config.backend, backend_directory=Path(directory) if directory else None,
+        options=spec.get("backend_config", {}).get(config.backend, {})))
     model = backend.create_model(model_context)
     instance = model.create_instance(InstanceContext(
         model=model_context, name=spec["name"], kind=spec["kind"], device_id=spec["device_id"],
         broker=spec.get("broker", ""), instance_id=spec.get("iid", "")))
-    return BatchExecutor(instance, config, outbox.send if outbox else None), instance
+    return BatchExecutor(instance, config, outbox.send if outbox else None), [instance, model, backend]
 
 
 def main() -> None:
@@ -107,7 +111,7 @@ def main() -> None:
     about = {"m": spec["model"], "v": spec["version"], "name": spec["key"]}
     outbox = Outbox(sock)
     try:
-        executor, instance = build_executor(spec, outbox)
+        executor, lifecycle = build_executor(spec, outbox)
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
         log.error("initialization failed: %s", message)
@@ -124,7 +128,11 @@ def main() -> None:
     try:
         _serve(sock, executor, outbox, stopping)
     finally:
-        instance.finalize()
+        for part in lifecycle:  # instance, model, backend
+            try:
+                part.finalize()
+            except Exception:
+                log.exception("finalize of %s failed", type(part).__name__)
         sock.close(0)
         context.term()
 

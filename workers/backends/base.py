@@ -1,7 +1,10 @@
 """The backend interface every backend implements, built-in or custom.
 
-It has the lifecycle of Triton's backend API: a ``Backend`` once per process, a
-``Model`` once per model, an ``Instance`` per model instance (one per process here).
+It has the lifecycle of Triton's backend API: a ``Backend`` once per process
+(``initialize``, ``finalize``), a ``Model`` once per model (``create_model`` is its
+initialize, then ``finalize``), an ``Instance`` per model instance, one per process here
+(``create_instance`` is its initialize, then ``execute`` or ``execute_batch``, and
+``finalize``).
 An instance implements one of two ways to execute:
 
 * ``execute(requests) -> responses``: it gets the separate requests of a batch, as
@@ -22,6 +25,15 @@ import numpy as np
 
 from repo import ModelConfig
 from tritium.errors import TritiumError
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """What a backend is given once per process (Triton's TRITONBACKEND_Initialize)."""
+
+    name: str
+    backend_directory: Path | None = None
+    options: dict[str, str] = field(default_factory=dict)   # from --backend-config=NAME,KEY=VALUE
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,8 @@ class Instance:
 
 
 class Model:
+    """Once per model in the process: what instances share (Triton's ModelState)."""
+
     def create_instance(self, context: InstanceContext) -> Instance:
         raise NotImplementedError
 
@@ -99,7 +113,12 @@ class Model:
 
 
 class Backend:
+    """Once per process: the runtime (Triton's backend); creates the model's ``Model``."""
+
     name = "base"
+
+    def initialize(self, config: BackendConfig) -> None:
+        self.config = config
 
     def create_model(self, context: ModelContext) -> Model:
         raise NotImplementedError
