@@ -42,6 +42,7 @@ class InstanceRecord:
     credit: int
     inflight: dict[int, "Batch"] = field(default_factory=dict)
     execution_ns: float = 0.0   # moving average of how long a batch takes in the instance
+    healthy: bool = True        # what the instance last reported (Python models' is_ready)
 
 
 @dataclass(eq=False, slots=True)
@@ -79,6 +80,11 @@ class ModelVersion:
     @property
     def key(self) -> tuple[str, int]:
         return (self.name, self.version)
+
+    @property
+    def healthy(self) -> bool:
+        """Triton asks is_ready() of every instance; one that says no makes the model not ready."""
+        return all(instance.healthy for instance in self.instances)
 
     @property
     def decoupled(self) -> bool:
@@ -138,7 +144,7 @@ class Registry:
     def server_ready(self) -> bool:
         """Triton's strict readiness: every model version known is READY."""
         return (all(r.error is None and not r.version_errors for r in self.models.values())
-                and all(v.state == VersionState.READY for v in self.versions.values()))
+                and all(v.state == VersionState.READY and v.healthy for v in self.versions.values()))
 
     def table(self) -> dict:
         """The model table gateways cache: states, reasons and configs."""
@@ -147,8 +153,8 @@ class Registry:
             entry = {"name": record.name, "error": record.error, "versions": [],
                      "config": record.config_json}
             for number, version in sorted(record.versions.items()):
-                entry["versions"].append([number, version.state.value, version.reason])
+                entry["versions"].append([number, version.state.value, version.reason, version.healthy])
             for number, error in sorted(record.version_errors.items()):
-                entry["versions"].append([number, VersionState.UNAVAILABLE.value, error])
+                entry["versions"].append([number, VersionState.UNAVAILABLE.value, error, False])
             models.append(entry)
         return {"generation": self.generation, "models": models, "ready": self.server_ready()}

@@ -276,6 +276,8 @@ class Broker:
             self._on_instance_failed(header)
         elif kind == Kind.INSTANCE_EXITED:
             self._on_instance_exited(header)
+        elif kind == Kind.INSTANCE_HEALTH:
+            self._on_instance_health(peer, header)
         elif kind != Kind.HEARTBEAT:
             raise ProtocolError(f"unexpected {Kind(kind).name} on the backend")
 
@@ -347,6 +349,15 @@ class Broker:
         for agent in self.registry.agents.values():
             self._send_backend([agent.identity, encode(
                 {"k": Kind.UNASSIGN, "models": [{"m": version.name, "v": version.version}]})])
+
+    def _on_instance_health(self, peer: bytes, header: dict) -> None:
+        instance = self.registry.instances.get(peer)
+        if instance is None or instance.healthy == bool(header.get("ready")):
+            return
+        instance.healthy = bool(header.get("ready"))
+        self.registry.generation += 1  # gateways answer readiness from the table
+        log.info("instance %s of model %s version %d reports %s", instance.name, instance.model,
+                 instance.version, "ready" if instance.healthy else "not ready (is_ready() returned False)")
 
     def _on_instance_exited(self, header: dict) -> None:
         iid = header["iid"].encode() if isinstance(header["iid"], str) else header["iid"]

@@ -12,7 +12,7 @@ from gateway.broker_link import BrokerLink
 from gateway.inference import InferRequest, InferResult, OutputTensor
 from gateway.validation import validate_request
 from tritium import __version__
-from tritium.errors import TritiumError
+from tritium.errors import InvalidArgument, TritiumError
 from tritium.protocol import Kind, split_tensors, tensor_views
 
 # Triton's extension names, in Triton's order, limited to what tritium implements.
@@ -47,7 +47,9 @@ class DataPlane:
 
     def model_ready(self, name: str, version: str | None) -> None:
         """Return if ready; raise NotFound (404) or InvalidArgument (400) as Triton does."""
-        self.link.models.resolve(name, version)
+        _, number = self.link.models.resolve(name, version)
+        if number in self.link.models.get(name).unhealthy:
+            raise InvalidArgument("Model version not ready")
 
     def server_metadata(self) -> dict:
         return {"name": self.identity.name, "version": self.identity.version,

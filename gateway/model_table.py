@@ -76,12 +76,15 @@ class ModelEntry:
     error: str | None
     versions: dict[int, tuple[str, str]]   # version -> (state, reason)
     ready_versions: tuple[int, ...] = ()   # ascending
+    unhealthy: frozenset[int] = frozenset()  # READY versions whose model's is_ready() says no
 
     @classmethod
     def of(cls, name: str, spec: ModelSpec | None, error: str | None,
-           versions: dict[int, tuple[str, str]]) -> "ModelEntry":
-        ready = tuple(sorted(v for v, (state, _) in versions.items() if state == READY))
-        return cls(name, spec, error, versions, ready)
+           versions: dict[int, tuple[str, str, bool]]) -> "ModelEntry":
+        ready = tuple(sorted(v for v, (state, _, _) in versions.items() if state == READY))
+        unhealthy = frozenset(v for v, (state, _, healthy) in versions.items() if state == READY and not healthy)
+        return cls(name, spec, error, {v: (state, reason) for v, (state, reason, _) in versions.items()},
+                   ready, unhealthy)
 
 
 class ModelTable:
@@ -97,7 +100,7 @@ class ModelTable:
             config = item.get("config")
             models[item["name"]] = ModelEntry.of(
                 item["name"], ModelSpec.from_config(config) if config else None, item.get("error"),
-                {int(v): (state, reason) for v, state, reason in item["versions"]})
+                {int(v[0]): (v[1], v[2], v[3] if len(v) > 3 else True) for v in item["versions"]})
         self.models = models
         self.generation = table["generation"]
         self.server_ready = bool(table["ready"])

@@ -82,6 +82,8 @@ class Kind(enum.IntEnum):
     INSTANCE_FAILED = 43
     # agent -> broker: an instance process ended
     INSTANCE_EXITED = 44
+    # instance -> broker: whether it can serve, when that changes (Python models' is_ready)
+    INSTANCE_HEALTH = 45
     # any direction: liveness when nothing else flows
     HEARTBEAT = 50
 

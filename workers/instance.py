@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections import deque
 from pathlib import Path
 
@@ -76,6 +77,32 @@ class Outbox:
             pass
         while self.queue:
             send_parts(self.sock, self.queue.popleft())
+
+
+class HealthReporter:
+    """Asks the instance whether it can serve, every few seconds; tells the broker of changes."""
+
+    INTERVAL_S = 2.0
+
+    def __init__(self, instance, outbox: Outbox) -> None:
+        self.instance = instance
+        self.outbox = outbox
+        self.ready = True  # what the broker assumes of a new instance
+        self.next_check = 0.0
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self.next_check:
+            return
+        self.next_check = now + self.INTERVAL_S
+        try:
+            ready = bool(self.instance.is_ready())
+        except Exception:
+            log.exception("is_ready() raised; the instance counts as not ready")
+            ready = False
+        if ready != self.ready:
+            self.ready = ready
+            self.outbox.send([encode({"k": Kind.INSTANCE_HEALTH, "ready": ready})])
 
 
 def build_executor(spec: dict, outbox: Outbox | None = None) -> tuple[BatchExecutor, list]:
@@ -141,7 +168,9 @@ def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: 
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(outbox.wake_read, zmq.POLLIN)
+    health = HealthReporter(executor.instance, outbox)
     while not stopping:
+        health.check()
         if not poller.poll(500):
             continue
         outbox.flush()

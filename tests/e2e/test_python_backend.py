@@ -193,3 +193,27 @@ def test_execute_batch_receives_stacked_inputs_under_concurrency(server, client)
     assert max(batch_sizes) > 1, batch_sizes
     stats = client.get_inference_statistics("py_batched")["model_stats"][0]
     assert stats["inference_count"] == 12 and stats["execution_count"] < 12
+
+
+def _wait_for(check, timeout_s=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_is_ready_is_honoured_by_model_readiness_and_inference_still_runs(server, client):
+    assert client.is_model_ready("py_flaky")
+    client.infer("py_flaky", [tensor("READY", np.array([False]))])
+    assert _wait_for(lambda: not client.is_model_ready("py_flaky"))
+    status, _, body = request(server.url, "GET", "/v2/models/py_flaky/ready")
+    assert (status, error_of(body)) == (400, "Model version not ready")
+    assert "reports not ready (is_ready() returned False)" in server.logs()
+    # Triton only asks is_ready() for readiness: requests still reach the model.
+    result = client.infer("py_flaky", [tensor("READY", np.array([True]))])
+    assert result.as_numpy("WAS").tolist() == [False]
+    assert _wait_for(lambda: client.is_model_ready("py_flaky"))
