@@ -2,7 +2,8 @@
 
 tritium serves an ONNX add_sub (FP32 [16] x2, max_batch_size 64, dynamic batching, two CPU
 instances); real Triton 2.51 (../shared/anchors) serves the equivalent Python-backend
-add_sub with the same config. Both are driven by the same load generator (tritium perf)
+add_sub with the same config; and tritium also serves that same Python model, for a
+comparison of the same model.py on both. Both are driven by the same load generator (tritium perf)
 at concurrency 1, 8 and 64, in one run; both servers stay up and are measured in turn,
 level by level, for several rounds, and each figure is the median over the rounds (the
 machine is shared and noisy; ratios from one run are what to compare). Also reported:
@@ -113,10 +114,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         repo = onnx_repository(Path(folder) / "onnx")
         results["in_process_p50_us"] = in_process_p50_us(repo / "add_sub" / "1" / "model.onnx")
-        servers = {"tritium": TritiumServer(repo)}
+        python_repo = python_repository(Path(folder) / "python")
+        servers = {"tritium": TritiumServer(repo), "tritium python": TritiumServer(python_repo)}
         try:
             if not args.no_triton:
-                servers["triton"] = TritonServer(python_repository(Path(folder) / "python"))
+                servers["triton"] = TritonServer(python_repo)
             samples = {name: {c: [] for c in LEVELS} for name in servers}
             for _ in range(args.rounds):
                 for concurrency in LEVELS:
@@ -133,7 +135,7 @@ def main() -> None:
 
 def report(results: dict) -> str:
     rows = []
-    for server in ("tritium", "triton"):
+    for server in ("tritium", "tritium python", "triton"):
         for level in results.get(server, []):
             cpu = ", ".join(f"{k} {v}" for k, v in level["cpu_us_per_request"].items() if v >= 1)
             rows.append([server, level["concurrency"], round(level["throughput"]),
@@ -143,9 +145,11 @@ def report(results: dict) -> str:
     lines = [table(["server", "concurrency", "req/s (median)", "each round", "p50 ms", "p99 ms",
                     "avg batch", "errors", "CPU us/request"], rows)]
     if "triton" in results:
-        for ours, theirs in zip(results["tritium"], results["triton"]):
-            lines.append(f"concurrency {ours['concurrency']}: tritium/triton throughput = "
-                         f"{ours['throughput'] / theirs['throughput']:.2f}")
+        for name in ("tritium", "tritium python"):
+            for ours, theirs in zip(results[name], results["triton"]):
+                lines.append(f"concurrency {ours['concurrency']}: {name} (ONNX model)/triton throughput = "
+                             f"{ours['throughput'] / theirs['throughput']:.2f}".replace(
+                                 "tritium python (ONNX model)", "tritium (same model.py)"))
     p50 = results["tritium"][0]["p50_us"]
     lines.append(f"added latency at concurrency 1: {(p50 - results['in_process_p50_us']) / 1000:.3f} ms "
                  f"(tritium p50 {p50 / 1000:.3f} ms, onnxruntime in-process p50 "

@@ -234,3 +234,6 @@ from tritium.pb_utils.types import (  # noqa: E402,F401
     TritonError,
     TritonModelException,
 )
+
+# The name some code uses for triton_to_numpy_type.
+triton_type_to_numpy = triton_to_numpy_type

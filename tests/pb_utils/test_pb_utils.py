@@ -1,0 +1,104 @@
+"""tritium's triton_python_backend_utils: the API Triton Python models program against."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from tritium.pb_utils import MODULE_DIR
+
+sys.path.insert(0, MODULE_DIR)
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+
+def test_tensor_from_numpy_including_bytes_and_strings():
+    tensor = pb_utils.Tensor("T", np.array([b"a", b"bc"], dtype=np.object_))
+    assert (tensor.name(), tensor.shape(), tensor.triton_dtype()) == ("T", [2], 13)
+    assert pb_utils.Tensor("S", np.array(["x", "y"])).as_numpy().dtype == np.object_
+    assert pb_utils.Tensor("F", np.zeros((2, 3), np.float16)).triton_dtype() == 10
+    assert pb_utils.Tensor("F", np.zeros(3, np.float32)).is_cpu()
+
+
+def test_tensor_refuses_what_has_no_triton_datatype():
+    with pytest.raises(pb_utils.TritonModelException, match="no Triton datatype"):
+        pb_utils.Tensor("C", np.zeros(2, np.complex64))
+
+
+def test_type_helpers_follow_the_proto_enum():
+    assert pb_utils.triton_string_to_numpy("TYPE_FP32") is np.float32
+    assert pb_utils.triton_string_to_numpy("TYPE_STRING") is np.object_
+    assert pb_utils.numpy_to_triton_type(np.int64) == 9
+    assert pb_utils.numpy_to_triton_type(np.object_) == 13
+    assert pb_utils.triton_to_numpy_type(11) is np.float32
+    assert pb_utils.triton_type_to_numpy(1) is bool
+
+
+def test_serialize_and_deserialize_byte_tensors():
+    data = np.array([b"one", b"", "\u00e9".encode()], dtype=np.object_)
+    blob = pb_utils.serialize_byte_tensor(data)[0]
+    assert blob[:4] == (3).to_bytes(4, "little")
+    assert list(pb_utils.deserialize_bytes_tensor(blob)) == list(data)
+
+
+def test_response_with_error_and_parameters():
+    error = pb_utils.TritonError("bad input", pb_utils.TritonError.INVALID_ARG)
+    response = pb_utils.InferenceResponse(error=error, parameters={"n": 3, "ok": True})
+    assert response.has_error() and response.error().message() == "bad input"
+    assert response.error().code() == pb_utils.TritonError.INVALID_ARG == 3
+    assert json.loads(response.parameters()) == {"n": 3, "ok": True}
+    assert pb_utils.TritonError("x").code() == pb_utils.TritonError.INTERNAL
+    with pytest.raises(pb_utils.TritonModelException, match="must be a bool, int or str"):
+        pb_utils.InferenceResponse(parameters={"f": 0.5})
+
+
+def test_lookups_by_name():
+    tensor = pb_utils.Tensor("OUT", np.ones(2, np.float32))
+    response = pb_utils.InferenceResponse([tensor])
+    assert pb_utils.get_output_tensor_by_name(response, "OUT") is tensor
+    assert pb_utils.get_output_tensor_by_name(response, "NO") is None
+    request = pb_utils.InferenceRequest(inputs=[pb_utils.Tensor("IN", np.ones(1))], model_name="m")
+    assert pb_utils.get_input_tensor_by_name(request, "IN").name() == "IN"
+    config = {"input": [{"name": "IN", "data_type": "TYPE_FP32"}], "output": [{"name": "OUT"}]}
+    assert pb_utils.get_input_config_by_name(config, "IN")["data_type"] == "TYPE_FP32"
+    assert pb_utils.get_output_config_by_name(config, "X") is None
+
+
+def test_response_sender_closes_after_the_final_flag():
+    sent = []
+    sender = pb_utils.InferenceResponseSender(lambda response, final: sent.append((response, final)))
+    response = pb_utils.InferenceResponse([pb_utils.Tensor("O", np.ones(1))])
+    sender.send(response)
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert sent == [(response, False), (None, True)]
+    with pytest.raises(pb_utils.TritonModelException, match="closed"):
+        sender.send(response)
+    with pytest.raises(pb_utils.TritonModelException, match="FINAL"):
+        pb_utils.InferenceResponseSender(lambda *a: None).send()
+
+
+def test_a_request_without_a_decoupled_policy_has_no_sender_and_bls_needs_an_instance():
+    request = pb_utils.InferenceRequest(model_name="m")
+    with pytest.raises(pb_utils.TritonModelException, match="decoupled"):
+        request.get_response_sender()
+    with pytest.raises(pb_utils.TritonModelException, match="while the model executes"):
+        request.exec()
+
+
+def test_model_config_auto_complete_methods():
+    config = pb_utils.ModelConfig({"name": "m", "max_batch_size": 0, "input": [], "output": []})
+    config.set_max_batch_size(8)
+    config.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [4]})
+    config.add_output({"name": "Y", "data_type": "TYPE_FP32", "dims": [4]})
+    config.set_dynamic_batching()
+    config.set_model_transaction_policy({"decoupled": True})
+    assert config.as_dict()["max_batch_size"] == 8
+    assert config.as_dict()["input"] == [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}]
+    assert config.as_dict()["dynamic_batching"] == {}
+    assert config.as_dict()["model_transaction_policy"] == {"decoupled": True}
+    with pytest.raises(ValueError, match="greater than the max_batch_size 4"):
+        config.set_max_batch_size(4)
+    with pytest.raises(ValueError, match="configuration expects datatype TYPE_FP32"):
+        config.add_input({"name": "X", "data_type": "TYPE_INT32", "dims": [4]})
