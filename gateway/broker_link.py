@@ -50,6 +50,7 @@ class BrokerLink:
         self.models = ModelTable()
         self._models_received = asyncio.Event()
         self._pending: dict[int, asyncio.Future] = {}
+        self._streams: dict[int, asyncio.Queue] = {}   # requests answered 0..N times (decoupled)
         self._rids = itertools.count(1)
         self._outbox: list = []
         self._fd = self.sock.getsockopt(zmq.FD)
@@ -66,6 +67,8 @@ class BrokerLink:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(Unavailable("the gateway is shutting down"))
+        for queue in self._streams.values():
+            queue.put_nowait(Unavailable("the gateway is shutting down"))
         self.sock.close(0)
 
     def request(self, header: dict, inline=(), external=()) -> asyncio.Future:
@@ -78,6 +81,17 @@ class BrokerLink:
         self._pending[rid] = future
         self._post(encode(header, inline), external)
         return future
+
+    def request_stream(self, header: dict, inline=(), external=()) -> asyncio.Queue:
+        """Send an INFER whose answers (0..N, the last with ``final``) arrive on the queue."""
+        rid = next(self._rids)
+        header["rid"] = rid
+        if external:
+            header["x"] = len(external)
+        answers: asyncio.Queue = asyncio.Queue()
+        self._streams[rid] = answers
+        self._post(encode(header, inline), external)
+        return answers
 
     def _post(self, record: bytes, external=()) -> None:
         if not self._outbox:
@@ -117,7 +131,14 @@ class BrokerLink:
             position += 1 + external_count
             kind = header["k"]
             if kind == Kind.RESPONSE or kind == Kind.CONTROL_REPLY:
-                future = self._pending.pop(header.get("rid"), None)
+                rid = header.get("rid")
+                queue = self._streams.get(rid)
+                if queue is not None:
+                    if header.get("final", True):
+                        del self._streams[rid]
+                    queue.put_nowait(Reply(header, record, offset, external))
+                    continue
+                future = self._pending.pop(rid, None)
                 if future is not None and not future.done():
                     future.set_result(Reply(header, record, offset, external))
             elif kind == Kind.MODELS:

@@ -6,14 +6,18 @@ validates inference requests against the model's config, and forwards them.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from gateway.broker_link import BrokerLink
 from gateway.inference import InferRequest, InferResult, OutputTensor
-from gateway.validation import validate_request
+from gateway.validation import check_single_response, validate_request
 from tritium import __version__
 from tritium.errors import InvalidArgument, TritiumError
 from tritium.protocol import Kind, split_tensors, tensor_views
+
+HTTP_DECOUPLED = "HTTP end point doesn't support models with decoupled transaction policy"
+GRPC_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 # Triton's extension names, in Triton's order, limited to what tritium implements.
 EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters", "statistics")
@@ -81,9 +85,34 @@ class DataPlane:
 
     # -- inference ----------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest) -> InferResult:
+    async def infer(self, request: InferRequest, single_response_only: str = HTTP_DECOUPLED) -> InferResult:
+        """One request, one response; a decoupled model is refused with ``single_response_only``."""
+        spec, version, header, inline, external = self._prepare(request, single_response_only)
+        reply = await self.link.request(header, inline, external)
+        result = self._result(spec.name, version, request.id, reply)
+        if isinstance(result, TritiumError):
+            raise result
+        return result
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[tuple[InferResult | TritiumError | None, bool]]:
+        """Every answer to one request as it comes: (result, error, or None for an empty one; final)."""
+        spec, version, header, inline, external = self._prepare(request, None)
+        queue = self.link.request_stream(header, inline, external)
+        while True:
+            reply = await queue.get()
+            if isinstance(reply, TritiumError):
+                yield reply, True
+                return
+            final = reply.header.get("final", True)
+            yield (None if reply.header.get("empty") else self._result(spec.name, version, request.id, reply)), final
+            if final:
+                return
+
+    def _prepare(self, request: InferRequest, single_response_only: str | None):
         spec, version = self.link.models.resolve(request.model, request.version)
         try:
+            if single_response_only is not None:
+                check_single_response(spec, single_response_only)
             batch_size = validate_request(spec, request)
         except TritiumError as exc:
             raise _with_request_id(exc, request.id) from None
@@ -97,14 +126,17 @@ class DataPlane:
             header["outputs"] = [o.name for o in request.outputs]
         if request.parameters:
             header["params"] = request.parameters
-        reply = await self.link.request(header, inline, external)
+        return spec, version, header, inline, external
+
+    @staticmethod
+    def _result(model: str, version: int, request_id: str, reply) -> InferResult | TritiumError:
         answer = reply.header
         if "err" in answer:
-            raise _with_request_id(TritiumError.from_wire(answer["err"]), request.id)
+            return _with_request_id(TritiumError.from_wire(answer["err"]), request_id)
         descriptors = answer.get("outputs", [])
         views = tensor_views(descriptors, reply.record, reply.offset, reply.external)
         outputs = [OutputTensor(d[0], d[1], d[2], view) for d, view in zip(descriptors, views)]
-        return InferResult(spec.name, version, request.id, outputs, answer.get("params") or {})
+        return InferResult(model, version, request_id, outputs, answer.get("params") or {})
 
 
 def _with_request_id(error: TritiumError, request_id: str) -> TritiumError:

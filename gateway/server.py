@@ -17,6 +17,7 @@ import uvloop
 from gateway.broker_link import BrokerLink
 from gateway.dataplane import DataPlane, ServerIdentity
 from gateway.http_api import HttpApp
+from gateway.grpc_api import start_grpc
 from gateway.http_protocol import GatewayHttpProtocol
 from tritium import notify
 from tritium.gctune import tune_for_serving
@@ -29,6 +30,8 @@ class GatewaySettings:
     broker: str
     http_address: str = "0.0.0.0"
     http_port: int = 8000
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int | None = 8001          # None: no gRPC front end (Triton's --allow-grpc=false)
     max_input_bytes: int = 64 * 1024 * 1024
     exit_timeout_s: float = 30.0
     server_id: str = "triton"
@@ -61,6 +64,10 @@ async def serve(settings: GatewaySettings) -> None:
     log.info("gateway waiting for the broker at %s", settings.broker)
     await link.start(settings.broker_timeout_s)
     tune_for_serving()
+    grpc_server = None
+    if settings.grpc_port is not None:
+        grpc_server, grpc_port = await start_grpc(dataplane, settings.grpc_address, settings.grpc_port)
+        log.info("gateway serving gRPC on %s:%d", settings.grpc_address, grpc_port)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.01)
@@ -72,6 +79,8 @@ async def serve(settings: GatewaySettings) -> None:
         await serving
     finally:
         dataplane.shutting_down = True
+        if grpc_server is not None:
+            await grpc_server.stop(settings.exit_timeout_s)
         link.close()
 
 

@@ -18,8 +18,6 @@ _LENGTH = struct.Struct("<I")
 def validate_request(spec: ModelSpec, request: InferRequest) -> int:
     """Raise InvalidArgument for anything the model cannot take; return the batch size."""
     model = spec.name
-    if spec.decoupled:
-        raise Unsupported("HTTP end point doesn't support models with decoupled transaction policy")
     required = spec.required_inputs
     if not len(required) <= len(request.inputs) <= len(spec.inputs):
         _missing_inputs(spec, request)  # Triton counts inputs before it looks at their names
@@ -55,6 +53,12 @@ def validate_request(spec: ModelSpec, request: InferRequest) -> int:
             if output.name not in spec.outputs:
                 raise InvalidArgument(f"unexpected inference output '{output.name}' for model '{model}'")
     return batch_size
+
+
+def check_single_response(spec: ModelSpec, front_end_message: str) -> None:
+    """Decoupled models answer 0..N times: only streaming front ends can carry that (501)."""
+    if spec.decoupled:
+        raise Unsupported(front_end_message)
 
 
 def _missing_inputs(spec: ModelSpec, request: InferRequest) -> None:

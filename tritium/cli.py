@@ -110,9 +110,11 @@ def main() -> None:
               help="A model repository folder (repeatable).")
 @click.option("--http-address", default="0.0.0.0", show_default=True)
 @click.option("--http-port", default=8000, show_default=True, type=int)
-@click.option("--grpc-port", default=8001, show_default=True, type=int, help="Reserved for the gRPC front end.")
+@click.option("--grpc-address", default="0.0.0.0", show_default=True)
+@click.option("--grpc-port", default=8001, show_default=True, type=int)
+@click.option("--allow-grpc", default="true", show_default=True)
 @click.option("--metrics-port", default=8002, show_default=True, type=int, help="Reserved for Prometheus metrics.")
-@click.option("--http-workers", default=None, type=int, help="Gateway processes sharing the HTTP port (default: one per 2 cores).")
+@click.option("--http-workers", default=None, type=int, help="Gateway processes sharing the HTTP and gRPC ports (default: one per 2 cores).")
 @click.option("--exit-timeout-secs", default=30, show_default=True, type=int)
 @click.option("--exit-on-error", default="true", show_default=True, help="Exit when a model fails to load at startup.")
 @click.option("--strict-readiness", default="true", show_default=True)
@@ -122,7 +124,7 @@ def main() -> None:
 @click.option("--id", "server_id", default="triton", show_default=True, help="Server name in /v2 metadata.")
 @repository_options
 @click.pass_context
-def serve(ctx, model_repository, http_address, http_port, grpc_port, metrics_port, http_workers,
+def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_port, allow_grpc, metrics_port, http_workers,
           exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, backend_directory,
           http_max_input_size, server_id, **repository) -> None:
     """Run broker, a host agent and gateways on this machine."""
@@ -135,12 +137,14 @@ def serve(ctx, model_repository, http_address, http_port, grpc_port, metrics_por
     workers = http_workers or max(1, (os.cpu_count() or 2) // 2)
     settings = ServeSettings(
         model_repositories=tuple(model_repository), http_address=http_address, http_port=http_port,
-        grpc_port=grpc_port, metrics_port=metrics_port, http_workers=workers,
+        grpc_address=grpc_address, grpc_port=grpc_port, grpc_enabled=_bool(allow_grpc),
+        metrics_port=metrics_port, http_workers=workers,
         exit_timeout_s=float(exit_timeout_secs), exit_on_error=_bool(exit_on_error), log_verbose=verbose,
         repository_args=_pass_through(ctx, ["model_config_name", "disable_auto_complete_config",
                                             "strict_model_config", "backend_config"]),
         gateway_args=("--http-max-input-size", str(http_max_input_size), "--id", server_id,
-                      "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs)),
+                      "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs),
+                      "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc),
         worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
                      *_pass_through(ctx, ["backend_directory", "backend_config"])),
     )
@@ -172,20 +176,23 @@ def broker(model_repository, frontend, backend, metrics_port, log_verbose, **rep
 @click.option("--broker", "broker_address", required=True, help="The broker's frontend endpoint.")
 @click.option("--http-address", default="0.0.0.0", show_default=True)
 @click.option("--http-port", default=8000, show_default=True, type=int)
-@click.option("--grpc-port", default=8001, show_default=True, type=int, help="Reserved for the gRPC front end.")
+@click.option("--grpc-address", default="0.0.0.0", show_default=True)
+@click.option("--grpc-port", default=8001, show_default=True, type=int)
+@click.option("--allow-grpc", default="true", show_default=True)
 @click.option("--http-max-input-size", default=64 * 1024 * 1024, show_default=True, type=int)
 @click.option("--exit-timeout-secs", default=30, show_default=True, type=int)
 @click.option("--strict-readiness", default="true", show_default=True)
 @click.option("--id", "server_id", default="triton", show_default=True)
 @click.option("--log-verbose", default="0")
-def gateway(broker_address, http_address, http_port, grpc_port, http_max_input_size, exit_timeout_secs,
-            strict_readiness, server_id, log_verbose) -> None:
-    """Run one gateway process: the KServe v2 HTTP front end."""
+def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, allow_grpc, http_max_input_size,
+            exit_timeout_secs, strict_readiness, server_id, log_verbose) -> None:
+    """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
     from gateway.server import GatewaySettings, run
     from tritium import logs
 
     logs.configure("gateway", _log_verbose(log_verbose))
     run(GatewaySettings(broker=broker_address, http_address=http_address, http_port=http_port,
+                        grpc_address=grpc_address, grpc_port=grpc_port if _bool(allow_grpc) else None,
                         max_input_bytes=http_max_input_size, exit_timeout_s=float(exit_timeout_secs),
                         server_id=server_id, strict_readiness=_bool(strict_readiness)))
 

@@ -34,7 +34,9 @@ class ServeSettings:
     model_repositories: tuple[str, ...]
     http_address: str = "0.0.0.0"
     http_port: int = 8000
+    grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
+    grpc_enabled: bool = True
     metrics_port: int = 8002
     http_workers: int = 1
     exit_timeout_s: float = 30.0
@@ -107,7 +109,8 @@ class Supervisor:
                 log.error("%s", failure)
             log.error("failed to load all models")
             return ExitCode.MODEL_LOAD_FAILED
-        print(f"tritium ready: http={s.http_address}:{s.http_port} "
+        grpc = f" grpc={s.grpc_address}:{s.grpc_port}" if s.grpc_enabled else ""
+        print(f"tritium ready: http={s.http_address}:{s.http_port}{grpc} "
               f"(gateways={s.http_workers}, models ready={status['ready']})", flush=True)
         return None
 

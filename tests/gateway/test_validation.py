@@ -291,7 +291,12 @@ def test_unknown_requested_output():
 
 
 def test_decoupled_model_is_unsupported_501():
-    error = error_of(spec(decoupled=True), request(fp32("A", (1, 16)), fp32("B", (1, 16))))
+    from gateway.validation import check_single_response
+
+    with pytest.raises(TritiumError) as raised:
+        check_single_response(spec(decoupled=True), "HTTP end point doesn't support models with "
+                                                    "decoupled transaction policy")
+    error = raised.value
     assert isinstance(error, Unsupported)
     assert error.code == ErrorCode.UNSUPPORTED
     assert error.code.http_status == 501

@@ -1,0 +1,173 @@
+"""Triton's gRPC front end: ``inference.GRPCInferenceService`` on grpc.aio, over the data plane.
+
+The generated classes are the ones tritonclient ships (``tritonclient.grpc.service_pb2``),
+so messages are exactly Triton's. Errors become the gRPC status Triton gives them
+(``ErrorCode.grpc_code_name``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import orjson
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from gateway.dataplane import GRPC_DECOUPLED, DataPlane
+from gateway.grpc_codec import decode_infer_request, encode_infer_response
+from tritium.errors import TritiumError
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 2**31 - 1   # Triton's default: INT32_MAX both ways
+_FINAL = "triton_final_response"
+
+
+async def _abort(context, error: TritiumError):
+    await context.abort(getattr(grpc.StatusCode, error.code.grpc_code_name), error.message)
+
+
+def _rpc(method):
+    """Every RPC: a TritiumError becomes its gRPC status; a bug becomes INTERNAL, never a crash."""
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except TritiumError as exc:
+            await _abort(context, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            log.exception("internal error in %s", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+    wrapper.__name__ = method.__name__
+    return wrapper
+
+
+class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+
+    # -- health and metadata ------------------------------------------------------------
+
+    @_rpc
+    async def ServerLive(self, request, context):
+        return service_pb2.ServerLiveResponse(live=self.dataplane.live())
+
+    @_rpc
+    async def ServerReady(self, request, context):
+        return service_pb2.ServerReadyResponse(ready=self.dataplane.ready())
+
+    @_rpc
+    async def ModelReady(self, request, context):
+        try:
+            self.dataplane.model_ready(request.name, request.version or None)
+        except TritiumError as exc:
+            if exc.code.http_status == 404:
+                raise
+            return service_pb2.ModelReadyResponse(ready=False)
+        return service_pb2.ModelReadyResponse(ready=True)
+
+    @_rpc
+    async def ServerMetadata(self, request, context):
+        metadata = self.dataplane.server_metadata()
+        return service_pb2.ServerMetadataResponse(name=metadata["name"], version=metadata["version"],
+                                                  extensions=metadata["extensions"])
+
+    @_rpc
+    async def ModelMetadata(self, request, context):
+        metadata = self.dataplane.model_metadata(request.name, request.version or None)
+        response = service_pb2.ModelMetadataResponse(name=metadata["name"], versions=metadata["versions"],
+                                                     platform=metadata["platform"])
+        for kind in ("inputs", "outputs"):
+            for tensor in metadata[kind]:
+                getattr(response, kind).add(name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"])
+        return response
+
+    @_rpc
+    async def ModelConfig(self, request, context):
+        config = model_config_pb2.ModelConfig()
+        json_format.ParseDict(orjson.loads(self.dataplane.model_config(request.name, request.version or None)),
+                              config, ignore_unknown_fields=True)
+        return service_pb2.ModelConfigResponse(config=config)
+
+    @_rpc
+    async def ModelStatistics(self, request, context):
+        statistics = await self.dataplane.statistics(request.name or None, request.version or None)
+        response = service_pb2.ModelStatisticsResponse()
+        json_format.ParseDict(statistics, response, ignore_unknown_fields=True)
+        return response
+
+    # -- inference ----------------------------------------------------------------------
+
+    @_rpc
+    async def ModelInfer(self, request, context):
+        result = await self.dataplane.infer(decode_infer_request(request), GRPC_DECOUPLED)
+        return encode_infer_response(result)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Answers leave as they come, whatever the order of the requests that asked."""
+        strict = any(key == "triton_grpc_error" and value == "true"
+                     for key, value in context.invocation_metadata() or ())
+        outgoing: asyncio.Queue = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+
+        async def read() -> None:
+            async for message in request_iterator:
+                task = asyncio.ensure_future(self._stream_one(message, outgoing))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            outgoing.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (item := await outgoing.get()) is not None:
+                if isinstance(item, TritiumError):
+                    if strict:  # the client asked for errors as gRPC statuses, ending the stream
+                        await _abort(context, item)
+                    yield service_pb2.ModelStreamInferResponse(error_message=item.message)
+                    continue
+                yield service_pb2.ModelStreamInferResponse(infer_response=item)
+        finally:
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+    async def _stream_one(self, message, outgoing: asyncio.Queue) -> None:
+        try:
+            request = decode_infer_request(message)
+            empty_final = bool(request.parameters.pop("triton_enable_empty_final_response", False))
+            async for answer, final in self.dataplane.infer_stream(request):
+                if isinstance(answer, TritiumError):
+                    outgoing.put_nowait(answer)
+                elif answer is None:  # a decoupled model's flags-only final response
+                    if empty_final:
+                        response = service_pb2.ModelInferResponse(
+                            model_name=message.model_name, model_version=message.model_version, id=message.id)
+                        response.parameters[_FINAL].bool_param = True
+                        outgoing.put_nowait(response)
+                else:
+                    outgoing.put_nowait(encode_infer_response(answer, {_FINAL: final}))
+        except TritiumError as exc:
+            outgoing.put_nowait(exc)
+        except Exception as exc:
+            log.exception("internal error in a stream request")
+            outgoing.put_nowait(TritiumError(f"internal error: {type(exc).__name__}: {exc}"))
+
+
+async def start_grpc(dataplane: DataPlane, address: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """A started server on ``address:port`` (SO_REUSEPORT, so gateways can share it)."""
+    server = grpc.aio.server(options=[
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 1),
+    ])
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcInferenceService(dataplane), server)
+    bound = server.add_insecure_port(f"{address}:{port}")
+    await server.start()
+    return server, bound

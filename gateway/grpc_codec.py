@@ -1,0 +1,119 @@
+"""Triton's gRPC messages (tritonclient.grpc.service_pb2) <-> the data plane's requests and results.
+
+Inputs come from ``raw_input_contents`` (one entry per input, as tritonclient always
+sends them) or from the typed ``contents``; outputs always go out in
+``raw_output_contents``, one entry per output, as Triton does (tritonclient reads only
+those).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+from gateway.inference import InferRequest, InferResult, InputTensor, RequestedOutput
+from tritium import datatypes
+from tritium.errors import InvalidArgument, Unsupported
+
+_LENGTH = struct.Struct("<I")
+# Request parameters with the triton_ prefix that gRPC clients may send (Triton's rule).
+_ALLOWED_TRITON_PARAMETERS = {"triton_enable_empty_final_response"}
+# Which typed contents field holds each datatype.
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+    "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+    "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def parameter_value(parameter):
+    choice = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, choice) if choice else None
+
+
+def parameters_to_dict(parameters, reserved_check: bool = False) -> dict:
+    values = {}
+    for key, parameter in parameters.items():
+        if reserved_check and key.startswith("triton_") and key not in _ALLOWED_TRITON_PARAMETERS:
+            raise InvalidArgument(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
+                "not be specified.")
+        values[key] = parameter_value(parameter)
+    return values
+
+
+def fill_parameters(target, values: dict) -> None:
+    for key, value in values.items():
+        parameter = target[key]
+        if isinstance(value, bool):
+            parameter.bool_param = value
+        elif isinstance(value, int):
+            parameter.int64_param = value
+        elif isinstance(value, float):
+            parameter.double_param = value
+        else:
+            parameter.string_param = str(value)
+
+
+def decode_infer_request(message) -> InferRequest:
+    model = message.model_name
+    raw = message.raw_input_contents
+    if raw and len(raw) != len(message.inputs):
+        raise InvalidArgument(
+            f"expected {len(message.inputs)} raw_input_contents for model '{model}', got {len(raw)}")
+    inputs = []
+    for index, tensor in enumerate(message.inputs):
+        shape = list(tensor.shape)
+        if any(d < 0 for d in shape):
+            raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has a negative dimension")
+        parameters = parameters_to_dict(tensor.parameters)
+        if "shared_memory_region" in parameters:
+            raise Unsupported(f"input '{tensor.name}': shared memory is not supported by tritium yet")
+        if raw:
+            if tensor.HasField("contents") and tensor.contents.ByteSize():
+                raise InvalidArgument(
+                    f"contents field must not be specified when using raw_input_contents for "
+                    f"'{tensor.name}' for model '{model}'")
+            data = raw[index]
+        else:
+            data = contents_to_bytes(model, tensor)
+        inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data))
+    outputs = None
+    if len(message.outputs):
+        outputs = []
+        for output in message.outputs:
+            parameters = parameters_to_dict(output.parameters)
+            if "classification" in parameters:
+                raise Unsupported("the classification extension is not supported by tritium yet")
+            if "shared_memory_region" in parameters:
+                raise Unsupported(f"output '{output.name}': shared memory is not supported by tritium yet")
+            outputs.append(RequestedOutput(output.name, parameters))
+    return InferRequest(model=model, version=message.model_version or None, inputs=inputs, outputs=outputs,
+                        id=message.id, parameters=parameters_to_dict(message.parameters, reserved_check=True))
+
+
+def contents_to_bytes(model: str, tensor) -> bytes:
+    dt = datatypes.from_name(tensor.datatype)
+    if dt is None:
+        raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has invalid datatype '{tensor.datatype}'")
+    field = _CONTENTS_FIELD.get(dt.name)
+    if field is None:
+        raise InvalidArgument(
+            f"{dt.name} input '{tensor.name}' for model '{model}' must be sent in raw_input_contents")
+    values = getattr(tensor.contents, field)
+    if dt.is_bytes:
+        return b"".join(_LENGTH.pack(len(v)) + v for v in values)
+    return np.array(values, dtype=dt.numpy).tobytes()
+
+
+def encode_infer_response(result: InferResult, parameters: dict | None = None):
+    response = service_pb2.ModelInferResponse(model_name=result.model, model_version=str(result.version),
+                                              id=result.id)
+    for output in result.outputs:  # data in raw_output_contents, never in the typed contents
+        response.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+        response.raw_output_contents.append(bytes(output.data))
+    fill_parameters(response.parameters, {**result.parameters, **(parameters or {})})
+    return response

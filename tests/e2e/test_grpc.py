@@ -1,0 +1,235 @@
+"""The gRPC front end through tritonclient.grpc (sync, aio and streaming) and raw stubs."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import shutil
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.models import ALL_TYPES, add_sub_model, all_types_model
+from tests.servers import TritiumServer
+
+PYTHON_MODELS = Path(__file__).parent / "python_repo"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    add_sub_model(repo, "add_sub", max_batch_size=8)
+    all_types_model(repo)
+    for name in ("py_decoupled", "py_errors"):
+        shutil.copytree(PYTHON_MODELS / name, repo / name)
+    with TritiumServer(repo) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return grpcclient.InferenceServerClient(server.grpc_url)
+
+
+def add_sub_inputs(a, b, module=grpcclient):
+    inputs = [module.InferInput("INPUT0", list(a.shape), "FP32"), module.InferInput("INPUT1", list(b.shape), "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def test_health_and_metadata(client):
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("add_sub") and client.is_model_ready("add_sub", "1")
+    metadata = client.get_server_metadata()
+    assert metadata.name == "triton" and "statistics" in metadata.extensions
+    model = client.get_model_metadata("add_sub", as_json=True)
+    assert model["versions"] == ["1"] and model["platform"] == "onnxruntime_onnx"
+    assert model["inputs"][0] == {"name": "INPUT0", "datatype": "FP32", "shape": ["-1", "16"]}
+
+
+def test_unknown_model_is_not_found(client):
+    with pytest.raises(InferenceServerException) as error:
+        client.is_model_ready("nope")
+    assert error.value.status() == "StatusCode.NOT_FOUND"
+    assert "Request for unknown model: 'nope' is not found" in error.value.message()
+
+
+def test_config_is_triton_model_config(client):
+    config = client.get_model_config("add_sub", as_json=True)["config"]
+    assert config["max_batch_size"] == 8 and config["backend"] == "onnxruntime"
+    assert config["input"][0]["dims"] == ["16"]  # protobuf JSON prints int64 as strings, as tritonclient gets it from Triton
+    proto = client.get_model_config("add_sub").config
+    assert proto.instance_group[0].kind == proto.instance_group[0].KIND_CPU
+
+
+def test_infer_and_statistics(client):
+    a = np.arange(32, dtype=np.float32).reshape(2, 16)
+    b = np.full((2, 16), 3, dtype=np.float32)
+    result = client.infer("add_sub", add_sub_inputs(a, b), request_id="g1")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    response = result.get_response()
+    assert (response.id, response.model_name, response.model_version) == ("g1", "add_sub", "1")
+    assert len(response.raw_output_contents) == 2
+    stats = client.get_inference_statistics("add_sub", as_json=True)["model_stats"][0]
+    assert int(stats["inference_count"]) >= 2 and stats["version"] == "1"
+
+
+def test_every_datatype_through_raw_contents(client):
+    inputs = []
+    expected = {}
+    for name, dtype in ALL_TYPES.items():
+        array = (np.array([b"x", b"yz"], dtype=np.object_) if name == "BYTES" else np.arange(2).astype(dtype)).reshape(1, 2)
+        tensor = grpcclient.InferInput(f"IN_{name}", [1, 2], name)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+        expected[name] = array
+    result = client.infer("all_types", inputs)
+    for name, array in expected.items():
+        np.testing.assert_array_equal(result.as_numpy(f"OUT_{name}"), array, err_msg=name)
+
+
+@pytest.mark.parametrize("change, status, message", [
+    ({"shape": [1, 15]}, "StatusCode.INVALID_ARGUMENT", "unexpected shape for input 'INPUT0' for model 'add_sub'"),
+    ({"model": "nope"}, "StatusCode.NOT_FOUND", "Request for unknown model: 'nope' is not found"),
+    ({"batch": 9}, "StatusCode.INVALID_ARGUMENT", "inference request batch-size must be <= 8 for 'add_sub'"),
+])
+def test_errors_have_triton_status_codes_and_the_server_keeps_serving(client, change, status, message):
+    rows = change.get("batch", 1)
+    a = np.ones((rows, change.get("shape", [1, 16])[1]), dtype=np.float32)
+    with pytest.raises(InferenceServerException) as error:
+        client.infer(change.get("model", "add_sub"), add_sub_inputs(a, a))
+    assert error.value.status() == status and message in error.value.message()
+    b = np.ones((1, 16), dtype=np.float32)
+    np.testing.assert_array_equal(client.infer("add_sub", add_sub_inputs(b, b)).as_numpy("OUTPUT0"), 2 * b)
+
+
+def test_model_infer_on_a_decoupled_model_is_unimplemented(client):
+    count = grpcclient.InferInput("COUNT", [1], "INT32")
+    count.set_data_from_numpy(np.array([2], dtype=np.int32))
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("py_decoupled", [count])
+    assert error.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in error.value.message()
+
+
+def _stub(server):
+    channel = grpc.insecure_channel(server.grpc_url)
+    return channel, service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def test_typed_contents_are_accepted_and_mixing_them_with_raw_is_refused(server):
+    channel, stub = _stub(server)
+    try:
+        request = service_pb2.ModelInferRequest(model_name="add_sub")
+        for name, value in (("INPUT0", 2.0), ("INPUT1", 0.5)):
+            tensor = request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+            tensor.contents.fp32_contents.extend([value] * 16)
+        response = stub.ModelInfer(request)
+        assert len(response.raw_output_contents) == 2 and not response.outputs[0].HasField("contents")
+        np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.float32), [2.5] * 16)
+        request.raw_input_contents.extend([np.ones(16, np.float32).tobytes()] * 2)
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ModelInfer(request)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "contents field must not be specified when using raw_input_contents for 'INPUT0'" in error.value.details()
+    finally:
+        channel.close()
+
+
+def _stream(client, requests, expect, headers=None):
+    """The answers on one stream: ``expect`` of them, then a short wait to see none more come."""
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)), headers=headers)
+    try:
+        for model, inputs, kwargs in requests:
+            client.async_stream_infer(model, inputs, **kwargs)
+        collected = []
+        while True:
+            try:
+                collected.append(answers.get(timeout=10 if len(collected) < expect else 0.3))
+            except queue.Empty:
+                return collected
+    finally:
+        client.stop_stream()
+
+
+def _count(n):
+    tensor = grpcclient.InferInput("COUNT", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([n], dtype=np.int32))
+    return tensor
+
+
+def test_stream_carries_a_decoupled_model_responses_with_final_flags(client):
+    answers = _stream(client, [("py_decoupled", [_count(3)], {"request_id": "d3"})], expect=3)
+    assert all(error is None for _, error in answers), [str(e) for _, e in answers]
+    indexes = [int(result.as_numpy("INDEX")[0]) for result, _ in answers]
+    finals = [result.get_response().parameters["triton_final_response"].bool_param for result, _ in answers]
+    assert indexes == [0, 1, 2] and finals == [False, False, False]
+    assert all(result.get_response().id == "d3" for result, _ in answers)
+
+
+def test_empty_final_response_only_when_asked(client):
+    answers = _stream(client, [("py_decoupled", [_count(2)], {"enable_empty_final_response": True})], expect=3)
+    responses = [result.get_response() for result, _ in answers]
+    assert [r.parameters["triton_final_response"].bool_param for r in responses] == [False, False, True]
+    assert len(responses[-1].outputs) == 0 and responses[-1].model_name == "py_decoupled"
+
+
+def test_stream_errors_arrive_in_the_stream_which_stays_open(client):
+    code = grpcclient.InferInput("CODE", [1], "INT32")
+    code.set_data_from_numpy(np.array([1], dtype=np.int32))
+    ok = grpcclient.InferInput("CODE", [1], "INT32")
+    ok.set_data_from_numpy(np.array([0], dtype=np.int32))
+    a = np.ones((1, 16), dtype=np.float32)
+    answers = _stream(client, [("py_errors", [code], {}), ("py_errors", [ok], {}),
+                               ("add_sub", add_sub_inputs(a, a), {})], expect=3)
+    errors = [str(error) for _, error in answers if error is not None]
+    results = [result for result, error in answers if error is None]
+    assert errors == ["failed with code 1"]
+    assert len(results) == 2
+    assert {r.get_response().model_name for r in results} == {"py_errors", "add_sub"}
+    assert all(r.get_response().parameters["triton_final_response"].bool_param for r in results)
+
+
+def test_with_triton_grpc_error_header_a_stream_error_ends_the_stream_with_its_status(client):
+    code = grpcclient.InferInput("CODE", [1], "INT32")
+    code.set_data_from_numpy(np.array([1], dtype=np.int32))
+    answers = _stream(client, [("py_errors", [code], {})], expect=1, headers={"triton_grpc_error": "true"})
+    assert len(answers) == 1 and answers[0][1] is not None
+    assert answers[0][1].status() == "StatusCode.INVALID_ARGUMENT"
+    assert "failed with code 1" in answers[0][1].message()
+
+
+def test_aio_client_infer_and_stream(server):
+    async def run():
+        client = grpcaio.InferenceServerClient(server.grpc_url)
+        try:
+            assert await client.is_server_ready()
+            a = np.arange(16, dtype=np.float32).reshape(1, 16)
+            result = await client.infer("add_sub", add_sub_inputs(a, a, grpcaio))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
+
+            async def requests():
+                count = grpcaio.InferInput("COUNT", [1], "INT32")
+                count.set_data_from_numpy(np.array([4], dtype=np.int32))
+                yield {"model_name": "py_decoupled", "inputs": [count]}
+
+            seen = []
+            async for result, error in client.stream_infer(requests()):
+                assert error is None
+                seen.append(int(result.as_numpy("INDEX")[0]))
+                if len(seen) == 4:
+                    break
+            return seen
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()) == [0, 1, 2, 3]
