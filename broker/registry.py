@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 
 from broker.batcher import BatchingPolicy, DynamicBatcher
@@ -67,6 +68,8 @@ class ModelVersion:
     instances: list[InstanceRecord] = field(default_factory=list)
     placed: set[str] = field(default_factory=set)       # instance names announced by agents
     seen_ready: set[str] = field(default_factory=set)   # instance names that said hello once
+    load_started_ns: int = field(default_factory=time.monotonic_ns)
+    load_seconds: float | None = None                   # how long it took to become READY
     batcher: DynamicBatcher = field(init=False)
     variable_shapes: bool = field(init=False)
 
@@ -119,6 +122,7 @@ class Registry:
         self.versions: dict[tuple[str, int], ModelVersion] = {}
         self.agents: dict[bytes, AgentRecord] = {}
         self.instances: dict[bytes, InstanceRecord] = {}
+        self.host_metrics: dict[str, dict] = {}   # host name -> the agent's last HOST_METRICS
         self.generation = 0  # bumped whenever what gateways see changes
 
     def add_model(self, record: ModelRecord) -> None:
@@ -128,6 +132,8 @@ class Registry:
         self.generation += 1
 
     def set_state(self, version: ModelVersion, state: VersionState, reason: str = "") -> None:
+        if state == VersionState.READY and version.load_seconds is None:
+            version.load_seconds = (time.monotonic_ns() - version.load_started_ns) / 1e9
         version.state, version.reason = state, reason
         self.generation += 1
 

@@ -186,7 +186,7 @@ class Scheduler:
             stats.record_success(now - request.arrival_ns, request.dispatch_ns - request.arrival_ns,
                                  request.batch_size, batch.timings)
         else:
-            stats.record_failure(now - request.arrival_ns)
+            stats.record_failure(now - request.arrival_ns, "BACKEND")
 
     # -- decoupled models: 0..N responses per request ------------------------------------
 

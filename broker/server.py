@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from broker.metrics import DEFAULT_HISTOGRAM_BUCKETS_MS, MetricsSettings, TritonCollector, start_metrics_server
 from broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
 from broker.scheduler import Scheduler
 from repo import ModelRepository, RepositoryOptions
@@ -37,6 +38,7 @@ class BrokerSettings:
     frontend: str
     backend: str
     repository: RepositoryOptions = RepositoryOptions()
+    metrics: MetricsSettings | None = MetricsSettings()   # None: no metrics endpoint
 
 
 class Broker:
@@ -99,6 +101,8 @@ class Broker:
 
     def _new_version(self, name: str, number: int, definition) -> ModelVersion:
         version = ModelVersion(name, number, definition)
+        if self.settings.metrics is not None and self.settings.metrics.histogram_latencies:
+            version.stats.enable_histogram(_histogram_buckets(definition.config))
         if definition.config.platform == ENSEMBLE_PLATFORM:
             version.state = VersionState.UNAVAILABLE
             version.reason = "ensemble scheduling is not supported by this tritium release yet"
@@ -125,6 +129,9 @@ class Broker:
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
         poller.register(waker.fd, zmq.POLLIN)
+        if self.settings.metrics is not None:
+            self.metrics_server = start_metrics_server(TritonCollector(self.registry, self.settings.metrics),
+                                                       self.settings.metrics)
         tune_for_serving()
         notify.ready(f"broker frontend={self.settings.frontend} backend={self.settings.backend}")
         log.info("broker ready: frontend %s, backend %s", self.settings.frontend, self.settings.backend)
@@ -278,6 +285,8 @@ class Broker:
             self._on_instance_exited(header)
         elif kind == Kind.INSTANCE_HEALTH:
             self._on_instance_health(peer, header)
+        elif kind == Kind.HOST_METRICS:
+            self.registry.host_metrics[header.get("host", peer.decode(errors="replace"))] = header
         elif kind != Kind.HEARTBEAT:
             raise ProtocolError(f"unexpected {Kind(kind).name} on the backend")
 
@@ -363,3 +372,11 @@ class Broker:
         iid = header["iid"].encode() if isinstance(header["iid"], str) else header["iid"]
         why = header.get("why", "exited")
         self.scheduler.instance_lost(iid, why)
+
+
+def _histogram_buckets(config) -> tuple[float, ...]:
+    """A model's own buckets for the first-response histogram (model_metrics), or Triton's."""
+    for control in config.model_metrics.metric_control:
+        if control.metric_identifier.family == "nv_inference_first_response_histogram_ms":
+            return tuple(control.histogram_options.buckets)
+    return DEFAULT_HISTOGRAM_BUCKETS_MS

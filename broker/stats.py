@@ -8,6 +8,7 @@ as perf_analyzer can take deltas between two reads.
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 
@@ -44,6 +45,12 @@ class ModelVersionStats:
     execution_count: int = 0
     last_inference_ms: int = 0
     batches: dict[int, BatchSizeStats] = field(default_factory=dict)
+    # Failed requests by Triton's metric reason: REJECTED, CANCELED, BACKEND, OTHER.
+    failures: dict[str, int] = field(default_factory=dict)
+    # Optional latency histogram (--metrics-config histogram_latencies=true): bucket bounds in ms.
+    histogram_bounds_ms: tuple[float, ...] = ()
+    histogram_counts: list[int] = field(default_factory=list)
+    histogram_sum_ms: float = 0.0
 
     def record_execution(self, batch_size: int, timings: tuple[int, int, int]) -> None:
         compute_input, compute_infer, compute_output = timings
@@ -55,8 +62,19 @@ class ModelVersionStats:
         per_size.compute_infer.add(compute_infer)
         per_size.compute_output.add(compute_output)
 
+    def enable_histogram(self, bounds_ms: tuple[float, ...]) -> None:
+        self.histogram_bounds_ms = tuple(sorted(bounds_ms))
+        self.histogram_counts = [0] * (len(self.histogram_bounds_ms) + 1)
+
+    def _observe(self, total_ns: int) -> None:
+        milliseconds = total_ns / 1e6
+        self.histogram_counts[bisect.bisect_left(self.histogram_bounds_ms, milliseconds)] += 1
+        self.histogram_sum_ms += milliseconds
+
     def record_success(self, total_ns: int, queue_ns: int, batch_size: int,
                        timings: tuple[int, int, int]) -> None:
+        if self.histogram_counts:
+            self._observe(total_ns)
         self.success.add(total_ns)
         self.queue.add(queue_ns)
         self.compute_input.add(timings[0])
@@ -65,8 +83,9 @@ class ModelVersionStats:
         self.inference_count += batch_size
         self.last_inference_ms = time.time_ns() // 1_000_000
 
-    def record_failure(self, total_ns: int) -> None:
+    def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
         self.fail.add(total_ns)
+        self.failures[reason] = self.failures.get(reason, 0) + 1
         self.last_inference_ms = time.time_ns() // 1_000_000
 
     def as_dict(self, name: str, version: int) -> dict:

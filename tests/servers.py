@@ -31,11 +31,14 @@ class TritiumServer:
         self.url = f"127.0.0.1:{self.port}"
         self.grpc_port = free_port()
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
+        self.metrics_port = free_port()
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.log_path = Path(tempfile.mkstemp(prefix="tritium-serve-", suffix=".log")[1])
         self.ready_line = None
         command = [sys.executable, "-m", "tritium.cli", "serve", "--model-repository", str(repository),
                    "--http-address", "127.0.0.1", "--http-port", str(self.port),
                    "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc_port),
+                   "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
                    "--http-workers", str(http_workers), "--exit-timeout-secs", "10", *extra_args]
         child_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), child_env.get("PYTHONPATH")]))
@@ -85,7 +88,7 @@ def run_serve(repository: Path, *extra_args: str, timeout_s: float = 60.0) -> su
     """Run ``tritium serve`` expecting it to exit by itself (for startup failures)."""
     command = [sys.executable, "-m", "tritium.cli", "serve", "--model-repository", str(repository),
                "--http-address", "127.0.0.1", "--http-port", str(free_port()), "--http-workers", "1",
-               "--grpc-port", str(free_port()),
+               "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
                *extra_args]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))

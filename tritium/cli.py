@@ -113,7 +113,11 @@ def main() -> None:
 @click.option("--grpc-address", default="0.0.0.0", show_default=True)
 @click.option("--grpc-port", default=8001, show_default=True, type=int)
 @click.option("--allow-grpc", default="true", show_default=True)
-@click.option("--metrics-port", default=8002, show_default=True, type=int, help="Reserved for Prometheus metrics.")
+@click.option("--metrics-port", default=8002, show_default=True, type=int)
+@click.option("--metrics-address", default="0.0.0.0", show_default=True)
+@click.option("--allow-metrics", default="true", show_default=True)
+@click.option("--metrics-config", multiple=True, help="KEY=VALUE; tritium reads histogram_latencies.")
+@click.option("--metrics-interval-ms", default=2000, show_default=True, type=int)
 @click.option("--http-workers", default=None, type=int, help="Gateway processes sharing the HTTP and gRPC ports (default: one per 2 cores).")
 @click.option("--exit-timeout-secs", default=30, show_default=True, type=int)
 @click.option("--exit-on-error", default="true", show_default=True, help="Exit when a model fails to load at startup.")
@@ -124,7 +128,8 @@ def main() -> None:
 @click.option("--id", "server_id", default="triton", show_default=True, help="Server name in /v2 metadata.")
 @repository_options
 @click.pass_context
-def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_port, allow_grpc, metrics_port, http_workers,
+def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_port, allow_grpc, metrics_port,
+          metrics_address, allow_metrics, metrics_config, metrics_interval_ms, http_workers,
           exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, backend_directory,
           http_max_input_size, server_id, **repository) -> None:
     """Run broker, a host agent and gateways on this machine."""
@@ -138,15 +143,17 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
     settings = ServeSettings(
         model_repositories=tuple(model_repository), http_address=http_address, http_port=http_port,
         grpc_address=grpc_address, grpc_port=grpc_port, grpc_enabled=_bool(allow_grpc),
-        metrics_port=metrics_port, http_workers=workers,
+        metrics_port=metrics_port, metrics_address=metrics_address, metrics_enabled=_bool(allow_metrics),
+        http_workers=workers,
         exit_timeout_s=float(exit_timeout_secs), exit_on_error=_bool(exit_on_error), log_verbose=verbose,
         repository_args=_pass_through(ctx, ["model_config_name", "disable_auto_complete_config",
                                             "strict_model_config", "backend_config"]),
+        broker_args=_pass_through(ctx, ["metrics_port", "metrics_address", "allow_metrics", "metrics_config"]),
         gateway_args=("--http-max-input-size", str(http_max_input_size), "--id", server_id,
                       "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs),
                       "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc),
         worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
-                     *_pass_through(ctx, ["backend_directory", "backend_config"])),
+                     *_pass_through(ctx, ["backend_directory", "backend_config", "metrics_interval_ms"])),
     )
     sys.exit(Supervisor(settings).run())
 
@@ -157,16 +164,25 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
 @click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True)
 @click.option("--frontend", required=True, help="ZeroMQ endpoint gateways connect to (bound).")
 @click.option("--backend", required=True, help="ZeroMQ endpoint workers connect to (bound).")
-@click.option("--metrics-port", default=None, type=int, help="Reserved for Prometheus metrics.")
+@click.option("--metrics-port", default=8002, show_default=True, type=int, help="Prometheus metrics port.")
+@click.option("--metrics-address", default="0.0.0.0", show_default=True)
+@click.option("--allow-metrics", default="true", show_default=True)
+@click.option("--metrics-config", multiple=True, help="KEY=VALUE; tritium reads histogram_latencies.")
 @click.option("--log-verbose", default="0")
 @repository_options
-def broker(model_repository, frontend, backend, metrics_port, log_verbose, **repository) -> None:
-    """Run the broker: model registry, queues, dynamic batching, statistics."""
+def broker(model_repository, frontend, backend, metrics_port, metrics_address, allow_metrics, metrics_config,
+           log_verbose, **repository) -> None:
+    """Run the broker: model registry, queues, dynamic batching, statistics, metrics."""
+    from broker.metrics import MetricsSettings
     from broker.server import Broker, BrokerSettings
     from tritium import logs
 
     logs.configure("broker", _log_verbose(log_verbose))
-    settings = BrokerSettings(tuple(model_repository), frontend, backend, repository_settings(**repository))
+    options = dict(item.partition("=")[::2] for item in metrics_config)
+    metrics = MetricsSettings(metrics_address, metrics_port, _bool(options.get("histogram_latencies", "false"))) \
+        if _bool(allow_metrics) else None
+    settings = BrokerSettings(tuple(model_repository), frontend, backend, repository_settings(**repository),
+                              metrics=metrics)
     server = Broker(settings)
     server.load_repository()
     server.run()
@@ -204,9 +220,11 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
 @click.option("--exit-timeout-secs", default=30, show_default=True, type=int)
 @click.option("--backend-directory", default=None, help="Where custom backends are looked up (<dir>/<backend>/).")
 @click.option("--backend-config", multiple=True, help="BACKEND,KEY=VALUE: an option given to that backend.")
+@click.option("--metrics-interval-ms", default=2000, show_default=True, type=int,
+              help="How often the host's CPU, memory and GPU figures reach the broker.")
 @click.option("--log-verbose", default="0")
 def worker(broker_address, model_repository, models, exit_timeout_secs, backend_directory, backend_config,
-           log_verbose) -> None:
+           metrics_interval_ms, log_verbose) -> None:
     """Run a host agent: starts and supervises this host's instance processes."""
     from tritium import logs
     from tritium.hosts import detect_gpus
@@ -218,7 +236,7 @@ def worker(broker_address, model_repository, models, exit_timeout_secs, backend_
         broker=broker_address, model_repositories=tuple(model_repository), gpus=detect_gpus(),
         models=tuple(m for m in models.split(",") if m) if models else None, log_verbose=verbose,
         exit_timeout_s=float(exit_timeout_secs), backend_directory=backend_directory,
-        backend_config=_backend_options(backend_config))
+        backend_config=_backend_options(backend_config), metrics_interval_s=metrics_interval_ms / 1000)
     sys.exit(HostAgent(settings).run())
 
 

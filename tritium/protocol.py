@@ -84,6 +84,8 @@ class Kind(enum.IntEnum):
     INSTANCE_EXITED = 44
     # instance -> broker: whether it can serve, when that changes (Python models' is_ready)
     INSTANCE_HEALTH = 45
+    # agent -> broker: the host's CPU, memory and GPU figures, every metrics interval
+    HOST_METRICS = 46
     # any direction: liveness when nothing else flows
     HEARTBEAT = 50
 

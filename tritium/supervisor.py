@@ -37,12 +37,15 @@ class ServeSettings:
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
     grpc_enabled: bool = True
+    metrics_address: str = "0.0.0.0"
+    metrics_enabled: bool = True
     metrics_port: int = 8002
     http_workers: int = 1
     exit_timeout_s: float = 30.0
     exit_on_error: bool = True
     log_verbose: int = 0
     repository_args: tuple[str, ...] = ()  # flags passed to broker and worker as they were given
+    broker_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
     worker_args: tuple[str, ...] = ()
 
@@ -91,7 +94,7 @@ class Supervisor:
         verbose = ["--log-verbose", str(s.log_verbose)]
         repos = [arg for repo in s.model_repositories for arg in ("--model-repository", repo)]
         self._spawn("broker", [*repos, "--frontend", frontend, "--backend", backend,
-                               *s.repository_args, *verbose], env)
+                               *s.repository_args, *s.broker_args, *verbose], env)
         if not self._wait_ready(notify_sock, stop, roles={"broker"}):
             return ExitCode.ERROR
         self._spawn("worker", ["--broker", backend, *repos, *s.worker_args, *verbose], env)
@@ -110,6 +113,7 @@ class Supervisor:
             log.error("failed to load all models")
             return ExitCode.MODEL_LOAD_FAILED
         grpc = f" grpc={s.grpc_address}:{s.grpc_port}" if s.grpc_enabled else ""
+        grpc += f" metrics={s.metrics_address}:{s.metrics_port}" if s.metrics_enabled else ""
         print(f"tritium ready: http={s.http_address}:{s.http_port}{grpc} "
               f"(gateways={s.http_workers}, models ready={status['ready']})", flush=True)
         return None

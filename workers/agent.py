@@ -26,6 +26,7 @@ from repo import ModelConfig, ModelLoadError
 from repo.instance_groups import resolve_instance_groups
 from repo.json_form import config_to_json_dict
 from tritium import notify
+from tritium.hostmetrics import HostSampler
 from tritium.hosts import host_name
 from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
 from tritium.signals import SignalWaker
@@ -50,6 +51,7 @@ class WorkerSettings:
     exit_timeout_s: float = 30.0
     backend_directory: str | None = None
     backend_config: dict = field(default_factory=dict)   # backend name -> {key: value}
+    metrics_interval_s: float = 2.0
 
 
 @dataclass(eq=False)
@@ -80,6 +82,8 @@ class HostAgent:
         self.sock.connect(settings.broker)
         self.children: list[Child] = []
         self._running = True
+        self._sampler = HostSampler()
+        self._next_metrics = 0.0
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -102,6 +106,7 @@ class HostAgent:
                 code = self._drain() or code
             self._reap()
             self._restart_due()
+            self._report_host()
         self._shutdown()
         return code
 
@@ -128,6 +133,13 @@ class HostAgent:
                 log.error("the broker refused this agent: %s", header.get("reason"))
                 self._running = False
                 return ExitCode.PROTOCOL_MISMATCH
+
+    def _report_host(self) -> None:
+        now = time.monotonic()
+        if now < self._next_metrics:
+            return
+        self._next_metrics = now + self.settings.metrics_interval_s
+        self._send({"k": Kind.HOST_METRICS, "host": host_name(), **self._sampler.sample()})
 
     # -- starting instances -------------------------------------------------------------
 

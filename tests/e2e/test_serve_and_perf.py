@@ -38,7 +38,8 @@ def gateway_pids() -> set[int]:
 
 def test_ready_line_names_the_port_and_gateways(server):
     assert server.ready_line.startswith(
-        f"tritium ready: http=127.0.0.1:{server.port} grpc=127.0.0.1:{server.grpc_port} (gateways=2")
+        f"tritium ready: http=127.0.0.1:{server.port} grpc=127.0.0.1:{server.grpc_port} "
+        f"metrics=127.0.0.1:{server.metrics_port} (gateways=2")
 
 
 def test_two_gateway_processes_share_the_port_and_both_answer(server):

@@ -1,0 +1,190 @@
+"""Prometheus metrics with Triton's names, labels and help texts, served by the broker.
+
+The broker sees every request, so its statistics are the source: a collector reads them
+at scrape time, and the request path pays nothing for metrics. Per-model families carry
+``model`` and ``version`` labels, plus ``_<key>`` for each ``metric_tags`` entry; host
+families (CPU, memory, GPUs) come from the host agents and carry a ``host`` label.
+
+The endpoint follows Triton: GET /metrics (or /metrics/) answers the text format, another
+path answers 200 with an empty body, another method 405.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+
+from broker.registry import Registry, VersionState
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HISTOGRAM_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
+
+# (name, help, kind, what of ModelVersionStats) of the per-model families, as Triton names them.
+_COUNTERS = (
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
+     lambda s: s.success.count),
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
+     lambda s: s.inference_count),
+    ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
+     lambda s: s.execution_count),
+    ("nv_inference_request_duration_us",
+     "Cumulative inference request duration in microseconds (includes cached requests)",
+     lambda s: s.success.ns // 1000),
+    ("nv_inference_queue_duration_us",
+     "Cumulative inference queuing duration in microseconds (includes cached requests)",
+     lambda s: s.queue.ns // 1000),
+    ("nv_inference_compute_input_duration_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)",
+     lambda s: s.compute_input.ns // 1000),
+    ("nv_inference_compute_infer_duration_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)",
+     lambda s: s.compute_infer.ns // 1000),
+    ("nv_inference_compute_output_duration_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+     lambda s: s.compute_output.ns // 1000),
+)
+_FAILURE = ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes")
+_FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+_COUNTER_NAMES = tuple(name for name, _, _ in _COUNTERS) + (_FAILURE[0],)
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    address: str = "0.0.0.0"
+    port: int = 8002
+    histogram_latencies: bool = False
+
+
+def version_labels(version) -> dict[str, str]:
+    labels = {"model": version.name, "version": str(version.version)}
+    for key, value in version.definition.config.metric_tags.items():
+        labels[f"_{key}"] = value
+    return labels
+
+
+class TritonCollector:
+    def __init__(self, registry: Registry, settings: MetricsSettings) -> None:
+        self.registry = registry
+        self.settings = settings
+
+    def collect(self):
+        versions = [v for v in list(self.registry.versions.values()) if v.state == VersionState.READY]
+        for name, documentation, value in _COUNTERS:
+            family = Metric(name, documentation, "counter")
+            for version in versions:
+                family.add_sample(name, version_labels(version), value(version.stats))
+            yield family
+        failure = Metric(_FAILURE[0], _FAILURE[1], "counter")
+        for version in versions:
+            for reason in _FAILURE_REASONS:
+                failure.add_sample(_FAILURE[0], {**version_labels(version), "reason": reason},
+                                   version.stats.failures.get(reason, 0))
+        yield failure
+        pending = Metric("nv_inference_pending_request_count",
+                         "Instantaneous number of pending requests awaiting execution per-model.", "gauge")
+        load = Metric("nv_model_load_duration_secs", "Model load time in seconds", "gauge")
+        for version in versions:
+            pending.add_sample("nv_inference_pending_request_count", version_labels(version), len(version.batcher))
+            if version.load_seconds is not None:
+                load.add_sample("nv_model_load_duration_secs", version_labels(version), version.load_seconds)
+        yield pending
+        yield load
+        if self.settings.histogram_latencies:
+            yield self._histogram(versions)
+        yield from self._hosts()
+
+    @staticmethod
+    def _histogram(versions) -> Metric:
+        name = "nv_inference_first_response_histogram_ms"
+        family = Metric(name, "Duration from request to first response in milliseconds", "histogram")
+        for version in versions:
+            stats, labels = version.stats, version_labels(version)
+            cumulative = 0
+            for bound, count in zip(stats.histogram_bounds_ms + (float("inf"),), stats.histogram_counts):
+                cumulative += count
+                family.add_sample(f"{name}_bucket", {**labels, "le": _bound(bound)}, cumulative)
+            family.add_sample(f"{name}_count", labels, cumulative)
+            family.add_sample(f"{name}_sum", labels, stats.histogram_sum_ms)
+        return family
+
+    def _hosts(self):
+        hosts = dict(self.registry.host_metrics)
+        gauges = {
+            "nv_cpu_utilization": ("CPU utilization rate [0.0 - 1.0]", "cpu_utilization"),
+            "nv_cpu_memory_total_bytes": ("CPU total memory (RAM), in bytes", "memory_total"),
+            "nv_cpu_memory_used_bytes": ("CPU used memory (RAM), in bytes", "memory_used"),
+        }
+        for name, (documentation, key) in gauges.items():
+            family = Metric(name, documentation, "gauge")
+            for host, sample in hosts.items():
+                family.add_sample(name, {"host": host}, sample.get(key, 0))
+            yield family
+        gpu_gauges = {
+            "nv_gpu_utilization": ("GPU utilization rate [0.0 - 1.0)", "utilization"),
+            "nv_gpu_memory_total_bytes": ("GPU total memory, in bytes", "memory_total"),
+            "nv_gpu_memory_used_bytes": ("GPU used memory, in bytes", "memory_used"),
+            "nv_gpu_power_usage": ("GPU power usage in watts", "power_usage"),
+            "nv_gpu_power_limit": ("GPU power management limit in watts", "power_limit"),
+        }
+        for name, (documentation, key) in gpu_gauges.items():
+            family = Metric(name, documentation, "gauge")
+            for host, sample in hosts.items():
+                for gpu in sample.get("gpus", ()):
+                    family.add_sample(name, {"gpu_uuid": gpu["uuid"], "host": host}, gpu.get(key, 0))
+            yield family
+
+
+def _bound(value: float) -> str:
+    return "+Inf" if value == float("inf") else repr(float(value))
+
+
+def render(collector: TritonCollector) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    # prometheus_client names counter families "<name>_total"; Triton's dashboards know them
+    # by Triton's names, which carry no suffix.
+    for name in _COUNTER_NAMES:
+        text = text.replace(f"# HELP {name}_total ", f"# HELP {name} ").replace(
+            f"# TYPE {name}_total counter", f"# TYPE {name} counter")
+    return text.encode()
+
+
+def start_metrics_server(collector: TritonCollector, settings: MetricsSettings) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            body = b""
+            if self.path.split("?", 1)[0] in ("/metrics", "/metrics/"):
+                try:
+                    body = render(collector)
+                except Exception:
+                    log.exception("rendering metrics failed")
+                    self.send_error(500)
+                    return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _not_allowed(self) -> None:
+            self.send_response(405)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
+
+        def log_message(self, format, *args) -> None:  # noqa: A002 (http.server's signature)
+            pass
+
+    server = ThreadingHTTPServer((settings.address, settings.port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    log.info("metrics on http://%s:%d/metrics", settings.address, server.server_address[1])
+    return server

@@ -1,0 +1,120 @@
+"""Prometheus metrics with Triton's names and labels, moving with traffic."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.models import add_sub_model
+from tests.servers import TritiumServer
+
+SAMPLE = re.compile(r'^(\w+)(?:\{(.*)\})? (\S+)$')
+
+
+def scrape(server) -> tuple[str, dict]:
+    with urllib.request.urlopen(server.metrics_url) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        match = SAMPLE.match(line)
+        if match:
+            labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', match.group(2) or "")))
+            samples[(match.group(1), labels)] = float(match.group(3))
+    return text, samples
+
+
+def value(samples, name, **labels):
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    add_sub_model(repo, "add_sub", max_batch_size=8, extra='metric_tags { key: "team" value: "vision" }')
+    shutil.copytree(Path(__file__).parent / "python_repo" / "py_errors", repo / "py_errors")
+    with TritiumServer(repo, "--metrics-config", "histogram_latencies=true", "--metrics-interval-ms", "200") as running:
+        yield running
+
+
+def test_triton_families_with_help_and_type(server):
+    text, _ = scrape(server)
+    for name, kind, help_text in [
+        ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes"),
+        ("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes"),
+        ("nv_inference_count", "counter", "Number of inferences performed (does not include cached requests)"),
+        ("nv_inference_exec_count", "counter", "Number of model executions performed (does not include cached requests)"),
+        ("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds (includes cached requests)"),
+        ("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds (includes cached requests)"),
+        ("nv_inference_compute_infer_duration_us", "counter", "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+        ("nv_inference_pending_request_count", "gauge", "Instantaneous number of pending requests awaiting execution per-model."),
+        ("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]"),
+    ]:
+        assert f"# HELP {name} {help_text}\n" in text, name
+        assert f"# TYPE {name} {kind}\n" in text, name
+
+
+def test_counters_move_with_traffic(server):
+    _, before = scrape(server)
+    client = httpclient.InferenceServerClient(server.url)
+    a = np.ones((3, 16), dtype=np.float32)
+    inputs = [httpclient.InferInput(n, [3, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(a)
+    for _ in range(4):
+        client.infer("add_sub", inputs)
+    _, after = scrape(server)
+    labels = {"model": "add_sub", "version": "1", "_team": "vision"}
+    assert value(after, "nv_inference_request_success", **labels) - value(before, "nv_inference_request_success", **labels) == 4
+    assert value(after, "nv_inference_count", **labels) - value(before, "nv_inference_count", **labels) == 12
+    assert value(after, "nv_inference_exec_count", **labels) - value(before, "nv_inference_exec_count", **labels) == 4
+    assert value(after, "nv_inference_request_duration_us", **labels) > value(before, "nv_inference_request_duration_us", **labels)
+    assert value(after, "nv_inference_first_response_histogram_ms_count", **labels) - \
+        value(before, "nv_inference_first_response_histogram_ms_count", **labels) == 4
+    assert value(after, "nv_inference_first_response_histogram_ms_bucket", **labels, le="100.0") >= 4
+    assert ("nv_model_load_duration_secs", tuple(sorted(labels.items()))) in after
+
+
+def test_failures_count_by_reason(server):
+    client = httpclient.InferenceServerClient(server.url)
+    code = httpclient.InferInput("CODE", [1], "INT32")
+    code.set_data_from_numpy(np.array([1], dtype=np.int32))
+    _, before = scrape(server)
+    with pytest.raises(InferenceServerException):
+        client.infer("py_errors", [code])
+    _, after = scrape(server)
+    labels = {"model": "py_errors", "version": "1"}
+    assert value(after, "nv_inference_request_failure", **labels, reason="BACKEND") - \
+        value(before, "nv_inference_request_failure", **labels, reason="BACKEND") == 1
+    assert value(after, "nv_inference_request_failure", **labels, reason="REJECTED") == 0
+
+
+def test_host_cpu_and_memory_come_from_the_agents(server):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        _, samples = scrape(server)
+        memory = [v for (name, _), v in samples.items() if name == "nv_cpu_memory_total_bytes"]
+        if memory:
+            break
+        time.sleep(0.2)
+    assert memory and memory[0] > 0
+    used = [v for (name, _), v in samples.items() if name == "nv_cpu_memory_used_bytes"]
+    assert 0 < used[0] <= memory[0]
+
+
+def test_other_paths_and_methods_as_triton(server):
+    base = server.metrics_url.rsplit("/", 1)[0]
+    with urllib.request.urlopen(base + "/other") as response:
+        assert response.status == 200 and response.read() == b""
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(urllib.request.Request(server.metrics_url, data=b"x", method="POST"))
+    assert error.value.code == 405
