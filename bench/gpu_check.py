@@ -11,7 +11,6 @@ host with an NVIDIA GPU and ``pip install ".[gpu]"`` (onnxruntime-gpu, a CUDA to
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys

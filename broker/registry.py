@@ -44,6 +44,7 @@ class InstanceRecord:
     inflight: dict[int, "Batch"] = field(default_factory=dict)
     execution_ns: float = 0.0   # moving average of how long a batch takes in the instance
     healthy: bool = True        # what the instance last reported (Python models' is_ready)
+    epoch: int = 0              # the load (ModelVersion.epoch) it serves
 
 
 @dataclass(eq=False, slots=True)
@@ -59,9 +60,14 @@ class Batch:
 
 @dataclass(eq=False)
 class ModelVersion:
+    """One load of one version of a model; a reload makes a new one (a new ``epoch``)."""
+
     name: str
     version: int
     definition: ModelDefinition
+    epoch: int = 0
+    replaces: "ModelVersion | None" = None              # the version it takes over from, once READY
+    files: dict | None = None                           # load API file overrides, shipped to agents
     state: VersionState = VersionState.LOADING
     reason: str = ""
     stats: ModelVersionStats = field(default_factory=ModelVersionStats)
@@ -101,9 +107,13 @@ class ModelRecord:
     name: str
     definition: ModelDefinition | None
     error: str | None = None
-    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    versions: dict[int, ModelVersion] = field(default_factory=dict)   # the versions requests go to
     version_errors: dict[int, str] = field(default_factory=dict)
     config_json: dict | None = None
+    unloaded: bool = False              # unloaded through the API: unknown to clients, kept for the index
+    unloaded_versions: set[int] = field(default_factory=set)
+    last_error: str | None = None       # a reload that failed while the old versions kept serving
+    fingerprint: tuple | None = None    # the repository files this load read (poll mode)
 
 
 @dataclass(eq=False)
@@ -119,17 +129,12 @@ class Registry:
 
     def __init__(self) -> None:
         self.models: dict[str, ModelRecord] = {}
-        self.versions: dict[tuple[str, int], ModelVersion] = {}
+        self.versions: dict[tuple[str, int], ModelVersion] = {}   # where requests go: one per version
+        self.epochs: dict[int, ModelVersion] = {}                  # every live load: loading, serving, draining
         self.agents: dict[bytes, AgentRecord] = {}
         self.instances: dict[bytes, InstanceRecord] = {}
         self.host_metrics: dict[str, dict] = {}   # host name -> the agent's last HOST_METRICS
         self.generation = 0  # bumped whenever what gateways see changes
-
-    def add_model(self, record: ModelRecord) -> None:
-        self.models[record.name] = record
-        for version in record.versions.values():
-            self.versions[version.key] = version
-        self.generation += 1
 
     def set_state(self, version: ModelVersion, state: VersionState, reason: str = "") -> None:
         if state == VersionState.READY and version.load_seconds is None:
@@ -145,22 +150,32 @@ class Registry:
         return ready[-1] if ready else None
 
     def loading_done(self) -> bool:
-        return all(v.state != VersionState.LOADING for v in self.versions.values())
+        return all(v.state != VersionState.LOADING for v in self.epochs.values())
 
     def server_ready(self) -> bool:
-        """Triton's strict readiness: every model version known is READY."""
-        return (all(r.error is None and not r.version_errors for r in self.models.values())
+        """Triton's strict readiness: every loaded model version is READY; unloaded ones do not count."""
+        loaded = [r for r in self.models.values() if not r.unloaded]
+        return (all(r.error is None and not r.version_errors for r in loaded)
+                and self.loading_done()
                 and all(v.state == VersionState.READY and v.healthy for v in self.versions.values()))
 
     def table(self) -> dict:
-        """The model table gateways cache: states, reasons and configs."""
+        """The model table gateways cache: states, reasons and configs.
+
+        An unloaded model stays in it without a config, so that requests for it get
+        Triton's "has no available versions" rather than "is not found".
+        """
         models = []
         for record in self.models.values():
-            entry = {"name": record.name, "error": record.error, "versions": [],
-                     "config": record.config_json}
-            for number, version in sorted(record.versions.items()):
-                entry["versions"].append([number, version.state.value, version.reason, version.healthy])
-            for number, error in sorted(record.version_errors.items()):
-                entry["versions"].append([number, VersionState.UNAVAILABLE.value, error, False])
+            entry = {"name": record.name, "error": None if record.unloaded else record.error, "versions": [],
+                     "config": None if record.unloaded else record.config_json}
+            rows = {number: [number, VersionState.UNAVAILABLE.value, "unloaded", False]
+                    for number in record.unloaded_versions}
+            if not record.unloaded:
+                for number, version in record.versions.items():
+                    rows[number] = [number, version.state.value, version.reason, version.healthy]
+                for number, error in record.version_errors.items():
+                    rows[number] = [number, VersionState.UNAVAILABLE.value, error, False]
+            entry["versions"] = [rows[number] for number in sorted(rows)]
             models.append(entry)
         return {"generation": self.generation, "models": models, "ready": self.server_ready()}

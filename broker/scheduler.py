@@ -26,6 +26,7 @@ Send = Callable[[list], None]
 # larger batch: on a compute-bound model that is what batching is for.
 PIPELINE_LIMIT_NS = 2_000_000
 _AVERAGE_WEIGHT = 0.2
+_DISPATCHING = (VersionState.READY, VersionState.UNLOADING)
 
 
 class Scheduler:
@@ -161,11 +162,10 @@ class Scheduler:
             if any(oks):
                 version.stats.record_execution(batch.batch_size, timings)
             self._route_responses(batch, header["x"], oks, frames, now)
-        if version.state == VersionState.READY:
+        if version.state in _DISPATCHING:  # a draining version still runs what it queued
             self.dispatch(version, now)
 
     def _route_responses(self, batch: Batch, external_counts: list, oks: list, frames: list, now: int) -> None:
-        stats = batch.version.stats
         offset = 0
         outgoing: dict[tuple[bool, bytes], list] = {}
         for request, external_count, ok in zip(batch.requests, external_counts, oks):
@@ -220,16 +220,20 @@ class Scheduler:
     # -- instances come and go -----------------------------------------------------------
 
     def instance_ready(self, instance: InstanceRecord) -> None:
-        version = self.registry.versions.get((instance.model, instance.version))
-        if version is not None and version.state == VersionState.READY:
+        version = self.registry.epochs.get(instance.epoch)
+        if version is not None and version.state in _DISPATCHING:
             self.dispatch(version)
+
+    def has_open_streams(self, version: ModelVersion) -> bool:
+        """Whether a decoupled request of ``version`` is still sending responses."""
+        return any(batch.version is version for batch in self._streams.values())
 
     def instance_lost(self, iid: bytes, why: str) -> None:
         """Answer every request the instance held with an error; nothing is left silent."""
         instance = self.registry.instances.pop(iid, None)
         if instance is None:
             return
-        version = self.registry.versions.get((instance.model, instance.version))
+        version = self.registry.epochs.get(instance.epoch)
         if version is not None and instance in version.instances:
             version.instances.remove(instance)
         now = self._clock()

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 import zmq
 
 from broker.metrics import DEFAULT_HISTOGRAM_BUCKETS_MS, MetricsSettings, TritonCollector, start_metrics_server
-from broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
+from broker.lifecycle import ControlSettings, ModelLifecycle
+from broker.registry import AgentRecord, InstanceRecord, ModelVersion, Registry, VersionState
 from broker.scheduler import Scheduler
 from repo import ModelRepository, RepositoryOptions
-from repo.backends import ENSEMBLE_PLATFORM
 from tritium import notify
 from tritium.gctune import tune_for_serving
 from tritium.signals import SignalWaker
-from tritium.errors import InvalidArgument, ProtocolError, TritiumError, Unavailable
+from tritium.errors import InvalidArgument, ProtocolError, TritiumError
 from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
 from tritium.zmqio import recv_parts, send_parts
 
@@ -39,6 +39,7 @@ class BrokerSettings:
     backend: str
     repository: RepositoryOptions = RepositoryOptions()
     metrics: MetricsSettings | None = MetricsSettings()   # None: no metrics endpoint
+    control: ControlSettings = ControlSettings()
 
 
 class Broker:
@@ -53,6 +54,8 @@ class Broker:
         self._pushed_generation = -1
         self._running = True
         self.repository = ModelRepository(settings.model_repositories, settings.repository)
+        self.lifecycle = ModelLifecycle(self.registry, self.repository, self.scheduler, self._send_backend,
+                                        settings.control, self._new_version)
 
     def _bind(self, kind: int, address: str) -> zmq.Socket:
         sock = self.context.socket(kind)
@@ -81,45 +84,12 @@ class Broker:
     # -- model loading ------------------------------------------------------------------
 
     def load_repository(self) -> None:
-        scan = self.repository.load_all()
-        for error in scan.errors:
-            log.error("%s", error)
-        for name, entry in sorted(scan.models.items()):
-            record = ModelRecord(name, entry.definition, entry.error)
-            if entry.definition is None:
-                log.error("model %s failed to load: %s", name, entry.error)
-            else:
-                record.config_json = entry.definition.config_json()
-                for info in entry.definition.versions:
-                    if info.error:
-                        record.version_errors[info.version] = info.error
-                        log.error("model %s version %d failed to load: %s", name, info.version, info.error)
-                    else:
-                        record.versions[info.version] = self._new_version(name, info.version, entry.definition)
-            self.registry.add_model(record)
-        self.repository_errors = scan.errors
+        """Load what the model control mode loads at startup."""
+        self.lifecycle.start()
 
-    def _new_version(self, name: str, number: int, definition) -> ModelVersion:
-        version = ModelVersion(name, number, definition)
+    def _new_version(self, version: ModelVersion) -> None:
         if self.settings.metrics is not None and self.settings.metrics.histogram_latencies:
-            version.stats.enable_histogram(_histogram_buckets(definition.config))
-        if definition.config.platform == ENSEMBLE_PLATFORM:
-            version.state = VersionState.UNAVAILABLE
-            version.reason = "ensemble scheduling is not supported by this tritium release yet"
-        return version
-
-    def _assignments_for(self, agent) -> list[dict]:
-        from repo.json_form import config_to_json_dict
-
-        assignments = []
-        for version in self.registry.versions.values():
-            if version.state not in (VersionState.LOADING, VersionState.READY):
-                continue
-            if agent.models is not None and version.name not in agent.models:
-                continue
-            assignments.append({"m": version.name, "v": version.version,
-                                "config": config_to_json_dict(version.definition.portable_config)})
-        return assignments
+            version.stats.enable_histogram(_histogram_buckets(version.definition.config))
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -129,6 +99,7 @@ class Broker:
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
         poller.register(waker.fd, zmq.POLLIN)
+        poller.register(self.lifecycle.wake_read, zmq.POLLIN)
         if self.settings.metrics is not None:
             self.metrics_server = start_metrics_server(TritonCollector(self.registry, self.settings.metrics),
                                                        self.settings.metrics)
@@ -143,10 +114,17 @@ class Broker:
                 self._drain(self.frontend, self._on_frontend)
             if waker.fd in events:
                 waker.clear()
+            if self.lifecycle.wake_read.fileno() in events:
+                self.lifecycle.run_completed()
             self.scheduler.run_due()
+            if self.lifecycle.draining:
+                self.lifecycle.check_drained()
+            if self.lifecycle.poll_due():
+                self.lifecycle.poll()
             if self.registry.generation != self._pushed_generation:
                 self._push_models()
         log.info("broker stopping")
+        self.lifecycle.close()
         self.frontend.close(0)
         self.backend.close(0)
 
@@ -217,12 +195,24 @@ class Broker:
 
     def _on_control(self, peer: bytes, header: dict) -> None:
         rid = header.get("rid", 0)
+
+        def reply(result) -> None:
+            if self.registry.generation != self._pushed_generation:
+                self._push_models()  # a client told "loaded" must find the model at once
+            if isinstance(result, TritiumError):
+                message = {"k": Kind.CONTROL_REPLY, "rid": rid, "err": result.to_wire()}
+            else:
+                message = {"k": Kind.CONTROL_REPLY, "rid": rid, "ok": result}
+            self._send_frontend([peer, encode(message)])
+
+        op, args = header.get("op"), header.get("args") or {}
         try:
-            result = self._control(header.get("op"), header.get("args") or {})
-            reply = {"k": Kind.CONTROL_REPLY, "rid": rid, "ok": result}
+            if op == "load":  # answered when the load is done, which may take a while
+                self.lifecycle.load(_model_name(args), args.get("parameters") or {}, reply)
+            else:
+                reply(self._control(op, args))
         except TritiumError as exc:
-            reply = {"k": Kind.CONTROL_REPLY, "rid": rid, "err": exc.to_wire()}
-        self._send_frontend([peer, encode(reply)])
+            reply(exc)
 
     def _control(self, op: str, args: dict):
         if op == "models":
@@ -231,7 +221,12 @@ class Broker:
             return self._stats(args.get("model"), args.get("version"))
         if op == "status":
             return {"loading_done": self.registry.loading_done(), "ready": self.registry.server_ready(),
-                    "failures": self._failures(), "repository_errors": list(self.repository_errors)}
+                    "failures": self._failures(), "repository_errors": list(self.lifecycle.repository_errors)}
+        if op == "index":
+            return self.lifecycle.index(bool(args.get("ready")))
+        if op == "unload":
+            self.lifecycle.unload(_model_name(args), bool(args.get("unload_dependents")))
+            return {}
         raise InvalidArgument(f"unknown control operation '{op}'")
 
     def _failures(self) -> list[str]:
@@ -278,7 +273,7 @@ class Broker:
         elif kind == Kind.HELLO:
             self._on_backend_hello(peer, header)
         elif kind == Kind.PLACED:
-            self._on_placed(header)
+            self.lifecycle.placed(header)
         elif kind == Kind.INSTANCE_FAILED:
             self._on_instance_failed(header)
         elif kind == Kind.INSTANCE_EXITED:
@@ -304,60 +299,38 @@ class Broker:
             return
         role = header.get("role")
         if role == "agent":
-            from broker.registry import AgentRecord
-
             models = header.get("models")
             agent = AgentRecord(peer, header.get("host", "?"), tuple(header.get("gpus") or ()),
                                 tuple(models) if models else None)
             self.registry.agents[peer] = agent
             log.info("host agent %s joined (host %s, gpus %s)", peer.decode(), agent.host, list(agent.gpus))
-            self._send_backend([peer, encode({"k": Kind.ASSIGN, "models": self._assignments_for(agent)})])
+            self._send_backend([peer, encode({"k": Kind.ASSIGN, "models": self.lifecycle.assignments_for(agent)})])
         elif role == "instance":
             self._on_instance_hello(peer, header)
         else:
             raise ProtocolError(f"unknown role {role!r} in HELLO")
 
     def _on_instance_hello(self, peer: bytes, header: dict) -> None:
-        version = self.registry.versions.get((header["m"], header["v"]))
+        version = self.registry.epochs.get(header.get("e"))
         if version is None or version.state not in (VersionState.LOADING, VersionState.READY):
-            log.warning("instance %s of %s version %s is not wanted; ignoring it",
-                        header.get("name"), header["m"], header["v"])
+            log.warning("instance %s of %s version %s (load %s) is not wanted; ignoring it",
+                        header.get("name"), header["m"], header["v"], header.get("e"))
             return
         instance = InstanceRecord(peer, header["agent"].encode(), header["m"], header["v"],
-                                  header["name"], int(header.get("credit", 1)))
+                                  header["name"], int(header.get("credit", 1)), epoch=version.epoch)
         self.registry.instances[peer] = instance
         version.instances.append(instance)
-        version.seen_ready.add(instance.name)
         log.info("instance %s of model %s version %d is ready", instance.name, version.name, version.version)
-        if version.state == VersionState.LOADING and version.placed <= version.seen_ready:
-            self.registry.set_state(version, VersionState.READY)
-            log.info("model %s version %d is READY", version.name, version.version)
+        self.lifecycle.instance_joined(version, instance.name)
         self.scheduler.instance_ready(instance)
 
-    def _on_placed(self, header: dict) -> None:
-        version = self.registry.versions.get((header["m"], header["v"]))
-        if version is None:
-            return
-        if header.get("err"):
-            self._version_failed(version, header["err"])
-            return
-        version.placed.update(header.get("instances", ()))
-
     def _on_instance_failed(self, header: dict) -> None:
-        version = self.registry.versions.get((header["m"], header["v"]))
+        version = self.registry.epochs.get(header.get("e"))
         message = header.get("err", "instance failed to initialize")
         log.error("instance %s of model %s version %s failed: %s", header.get("name"),
                   header["m"], header["v"], message)
         if version is not None and version.state == VersionState.LOADING:
-            self._version_failed(version, message)
-
-    def _version_failed(self, version: ModelVersion, message: str) -> None:
-        self.registry.set_state(version, VersionState.UNAVAILABLE, message)
-        self.scheduler.fail_queued(version, Unavailable(
-            f"model '{version.name}' version {version.version} failed to load: {message}"))
-        for agent in self.registry.agents.values():
-            self._send_backend([agent.identity, encode(
-                {"k": Kind.UNASSIGN, "models": [{"m": version.name, "v": version.version}]})])
+            self.lifecycle.version_failed(version, message)
 
     def _on_instance_health(self, peer: bytes, header: dict) -> None:
         instance = self.registry.instances.get(peer)
@@ -372,6 +345,13 @@ class Broker:
         iid = header["iid"].encode() if isinstance(header["iid"], str) else header["iid"]
         why = header.get("why", "exited")
         self.scheduler.instance_lost(iid, why)
+
+
+def _model_name(args: dict) -> str:
+    name = args.get("model")
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument("a model name is required")
+    return name
 
 
 def _histogram_buckets(config) -> tuple[float, ...]:

@@ -20,7 +20,8 @@ HTTP_DECOUPLED = "HTTP end point doesn't support models with decoupled transacti
 GRPC_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 # Triton's extension names, in Triton's order, limited to what tritium implements.
-EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters", "statistics")
+EXTENSIONS = ("model_repository", "model_repository(unload_dependents)", "model_configuration",
+              "binary_tensor_data", "parameters", "statistics")
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,30 @@ class DataPlane:
 
     async def statistics(self, name: str | None, version: str | None) -> dict:
         args = {"model": name, "version": int(version) if version else None}
-        reply = (await self.link.request({"k": Kind.CONTROL, "op": "stats", "args": args})).header
+        return {"model_stats": await self._control("stats", args)}
+
+    # -- the model repository extension ----------------------------------------------------
+
+    async def repository_index(self, ready_only: bool) -> list[dict]:
+        return await self._control("index", {"ready": ready_only})
+
+    async def load_model(self, name: str, parameters: dict) -> None:
+        """Returns once the model is loaded (its table already here), or raises why it is not."""
+        for key, value in parameters.items():
+            if key == "config" and not isinstance(value, str):
+                raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON string")
+            if key.startswith("file:") and not isinstance(value, (str, bytes)):
+                raise InvalidArgument(f"failed to load '{name}': '{key}' must be base64 text or bytes")
+        await self._control("load", {"model": name, "parameters": parameters})
+
+    async def unload_model(self, name: str, unload_dependents: bool) -> None:
+        await self._control("unload", {"model": name, "unload_dependents": unload_dependents})
+
+    async def _control(self, op: str, args: dict):
+        reply = (await self.link.request({"k": Kind.CONTROL, "op": op, "args": args})).header
         if "err" in reply:
             raise TritiumError.from_wire(reply["err"])
-        return {"model_stats": reply["ok"]}
+        return reply["ok"]
 
     # -- inference ----------------------------------------------------------------------
 

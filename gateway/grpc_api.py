@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from gateway.grpc_codec import decode_infer_request, encode_infer_response
-from tritium.errors import TritiumError
+from tritium.errors import InvalidArgument, TritiumError, Unsupported
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,32 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         json_format.ParseDict(statistics, response, ignore_unknown_fields=True)
         return response
 
+    # -- the model repository extension ----------------------------------------------------
+
+    @_rpc
+    async def RepositoryIndex(self, request, context):
+        _no_repository_name(request.repository_name)
+        response = service_pb2.RepositoryIndexResponse()
+        for entry in await self.dataplane.repository_index(request.ready):
+            response.models.add(**entry)
+        return response
+
+    @_rpc
+    async def RepositoryModelLoad(self, request, context):
+        _no_repository_name(request.repository_name)
+        await self.dataplane.load_model(request.model_name, _parameters(request.parameters))
+        return service_pb2.RepositoryModelLoadResponse()
+
+    @_rpc
+    async def RepositoryModelUnload(self, request, context):
+        _no_repository_name(request.repository_name)
+        parameters = _parameters(request.parameters)
+        dependents = parameters.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidArgument("Unable to parse 'unload_dependents', expect bool")
+        await self.dataplane.unload_model(request.model_name, dependents)
+        return service_pb2.RepositoryModelUnloadResponse()
+
     # -- inference ----------------------------------------------------------------------
 
     @_rpc
@@ -158,6 +184,17 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception as exc:
             log.exception("internal error in a stream request")
             outgoing.put_nowait(TritiumError(f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def _no_repository_name(name: str) -> None:
+    if name:
+        raise Unsupported("'repository_name' specification is not supported")
+
+
+def _parameters(parameters) -> dict:
+    """A map of ModelRepositoryParameter as plain values (bool, int, str or bytes)."""
+    return {key: getattr(value, value.WhichOneof("parameter_choice"))
+            for key, value in parameters.items() if value.WhichOneof("parameter_choice")}
 
 
 async def start_grpc(dataplane: DataPlane, address: str, port: int) -> tuple[grpc.aio.Server, int]:

@@ -13,7 +13,7 @@ import zlib
 import orjson
 
 from gateway.dataplane import DataPlane
-from gateway.http_codec import decode_infer_request, encode_infer_response
+from gateway.http_codec import decode_infer_request, encode_infer_response, parse_json_object
 from tritium.errors import InvalidArgument, TritiumError, Unsupported
 
 log = logging.getLogger(__name__)
@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 _SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
 _MODEL = re.compile(
     r"/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?")
+_REPOSITORY = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
 _JSON = [(b"content-type", b"application/json")]
 _TEXT = [(b"content-type", b"text/plain")]
 _GET_ACTIONS = {None, "ready", "config", "stats"}
@@ -46,6 +47,7 @@ def error_response(status: int, message: str) -> HttpResponse:
 
 
 _EMPTY_OK = HttpResponse(200, _TEXT, b"")
+_EMPTY_OK_JSON = HttpResponse(200, _JSON, b"")
 _EMPTY_BAD = HttpResponse(400, _TEXT, b"")
 _NOT_FOUND = error_response(404, "Not Found")
 _NOT_ALLOWED = error_response(405, "Method Not Allowed")
@@ -82,6 +84,11 @@ class HttpApp:
             if method != "GET":
                 return _NOT_ALLOWED
             return json_response(await self.dataplane.statistics(None, None))
+        match = _REPOSITORY.fullmatch(path)
+        if match is not None:
+            if method != "POST":
+                return _NOT_ALLOWED
+            return await self._repository_route(scope, receive, *match.groups())
         match = _SERVER.fullmatch(path)
         if match is not None:
             if method != "GET":
@@ -111,6 +118,28 @@ class HttpApp:
         if action == "config":
             return HttpResponse(200, _JSON, self.dataplane.model_config(model, version))
         return json_response(await self.dataplane.statistics(model, version))
+
+    async def _repository_route(self, scope, receive, repository, _action, model, operation) -> HttpResponse:
+        if repository is not None:
+            raise Unsupported("'repository_name' specification is not supported")
+        body = await self._read_body(receive, _wanted_headers(scope))
+        document = parse_json_object(body) if body.strip() else {}  # the body is optional
+        if model is None:  # index
+            ready = document.get("ready", False)
+            if not isinstance(ready, bool):
+                raise InvalidArgument("Unable to parse 'ready', expect bool")
+            return json_response(await self.dataplane.repository_index(ready))
+        parameters = document.get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise InvalidArgument("Unable to parse 'parameters', expect object")
+        if operation == "load":
+            await self.dataplane.load_model(model, parameters)
+        else:
+            dependents = parameters.get("unload_dependents", False)
+            if not isinstance(dependents, bool):
+                raise InvalidArgument("Unable to parse 'unload_dependents', expect bool")
+            await self.dataplane.unload_model(model, dependents)
+        return _EMPTY_OK_JSON
 
     async def _infer(self, scope, receive, model: str, version: str | None) -> HttpResponse:
         headers = _wanted_headers(scope)

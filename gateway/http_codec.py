@@ -26,16 +26,21 @@ _LENGTH = struct.Struct("<I")
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
+def parse_json_object(data: bytes) -> dict:
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidArgument("the request body must be a JSON object")
+    return document
+
+
 def decode_infer_request(model: str, version: str | None, body: bytes, header_length: int | None,
                          ) -> tuple[InferRequest, bool]:
     """Parse a body; return the request and whether outputs default to binary."""
     json_part, binary = _split_body(model, body, header_length)
-    try:
-        document = orjson.loads(json_part)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from exc
-    if not isinstance(document, dict):
-        raise InvalidArgument("the request body must be a JSON object")
+    document = parse_json_object(json_part)
     request_id = document.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgument("the request 'id' must be a string")

@@ -22,10 +22,17 @@ from repo.versions import select_versions
 log = logging.getLogger(__name__)
 
 
-def load_model(name: str, model_dir: Path, options: RepositoryOptions) -> ModelDefinition:
-    """Read ``model_dir`` as Triton would; raise ModelLoadError naming what is wrong."""
+def load_model(name: str, model_dir: Path, options: RepositoryOptions,
+               config_override: ModelConfig | None = None) -> ModelDefinition:
+    """Read ``model_dir`` as Triton would; raise ModelLoadError naming what is wrong.
+
+    ``config_override`` replaces the folder's config.pbtxt (Triton's load API ``config``).
+    """
     _check_folder(name, model_dir)
-    config, config_file = _read(name, model_dir, options)
+    if config_override is not None:
+        config, config_file = config_override, None
+    else:
+        config, config_file = _read(name, model_dir, options)
     try:
         return _complete(name, model_dir, config, config_file, options)
     except ModelLoadError as exc:

@@ -71,14 +71,20 @@ class ModelRepository:
                 found.setdefault(entry.name, []).append(entry)
         return {name: tuple(paths) for name, paths in found.items()}, tuple(errors)
 
-    def load(self, name: str) -> ModelDefinition:
-        """Load one model by name (raises ModelLoadError); ensembles are checked on their own."""
-        paths = self.discover()[0].get(name)
-        if not paths:
-            raise ModelLoadError(name, f"model '{name}' is not in the model repository")
-        if len(paths) > 1:
-            raise ModelLoadError(name, _duplicate_message(name, paths))
-        return load_model(name, paths[0], self.options)
+    def load(self, name: str, config_override=None, model_dir: Path | None = None) -> ModelDefinition:
+        """Load one model by name (raises ModelLoadError); ensembles are checked on their own.
+
+        ``model_dir`` loads from another folder than the repository's (Triton's load API
+        with ``file:`` overrides); ``config_override`` replaces its config.pbtxt.
+        """
+        if model_dir is None:
+            paths = self.discover()[0].get(name)
+            if not paths:
+                raise ModelLoadError(name, f"model '{name}' is not in the model repository")
+            if len(paths) > 1:
+                raise ModelLoadError(name, _duplicate_message(name, paths))
+            model_dir = paths[0]
+        return load_model(name, model_dir, self.options, config_override)
 
     def load_all(self) -> RepositoryScan:
         found, errors = self.discover()

@@ -45,6 +45,36 @@ def repository_options(command):
     return command
 
 
+def model_control_options(command):
+    """Triton's model control flags (serve and broker)."""
+    options = [
+        click.option("--model-control-mode", type=click.Choice(["none", "poll", "explicit"]), default="none",
+                     show_default=True, help="none: load all, never change; poll: follow the repository; "
+                     "explicit: load and unload through the repository API."),
+        click.option("--load-model", multiple=True, help="Explicit mode: load this model at startup ('*': all)."),
+        click.option("--repository-poll-secs", default=15, show_default=True, type=int,
+                     help="Poll mode: seconds between repository scans."),
+        click.option("--model-load-thread-count", default=4, show_default=True, type=int,
+                     help="Models read from disk in parallel."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count):
+    from broker.lifecycle import ControlSettings
+
+    if load_model and model_control_mode != "explicit":
+        raise click.UsageError("Use of '--load-model' requires setting '--model-control-mode=explicit' as well.")
+    if "*" in load_model and len(load_model) > 1:
+        raise click.UsageError("'--load-model=*' can not be used with other '--load-model' arguments.")
+    if repository_poll_secs <= 0 or model_load_thread_count <= 0:
+        raise click.BadParameter("--repository-poll-secs and --model-load-thread-count must be positive")
+    return ControlSettings(model_control_mode, tuple(load_model), float(repository_poll_secs),
+                           model_load_thread_count)
+
+
 def repository_settings(model_config_name, disable_auto_complete_config, strict_model_config,
                         backend_config):
     from repo import RepositoryOptions
@@ -127,11 +157,13 @@ def main() -> None:
 @click.option("--http-max-input-size", default=64 * 1024 * 1024, show_default=True, type=int)
 @click.option("--id", "server_id", default="triton", show_default=True, help="Server name in /v2 metadata.")
 @repository_options
+@model_control_options
 @click.pass_context
 def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_port, allow_grpc, metrics_port,
           metrics_address, allow_metrics, metrics_config, metrics_interval_ms, http_workers,
           exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, backend_directory,
-          http_max_input_size, server_id, **repository) -> None:
+          http_max_input_size, server_id, model_control_mode, load_model, repository_poll_secs,
+          model_load_thread_count, **repository) -> None:
     """Run broker, a host agent and gateways on this machine."""
     from tritium import logs
     from tritium.supervisor import ServeSettings, Supervisor
@@ -139,6 +171,7 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
     verbose = _log_verbose(log_verbose)
     logs.configure("serve", verbose)
     repository_settings(**repository)  # fail early on bad flags, before starting anything
+    control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count)
     workers = http_workers or max(1, (os.cpu_count() or 2) // 2)
     settings = ServeSettings(
         model_repositories=tuple(model_repository), http_address=http_address, http_port=http_port,
@@ -148,7 +181,9 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
         exit_timeout_s=float(exit_timeout_secs), exit_on_error=_bool(exit_on_error), log_verbose=verbose,
         repository_args=_pass_through(ctx, ["model_config_name", "disable_auto_complete_config",
                                             "strict_model_config", "backend_config"]),
-        broker_args=_pass_through(ctx, ["metrics_port", "metrics_address", "allow_metrics", "metrics_config"]),
+        broker_args=_pass_through(ctx, ["metrics_port", "metrics_address", "allow_metrics", "metrics_config",
+                                        "model_control_mode", "load_model", "repository_poll_secs",
+                                        "model_load_thread_count"]),
         gateway_args=("--http-max-input-size", str(http_max_input_size), "--id", server_id,
                       "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs),
                       "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc),
@@ -170,8 +205,10 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
 @click.option("--metrics-config", multiple=True, help="KEY=VALUE; tritium reads histogram_latencies.")
 @click.option("--log-verbose", default="0")
 @repository_options
+@model_control_options
 def broker(model_repository, frontend, backend, metrics_port, metrics_address, allow_metrics, metrics_config,
-           log_verbose, **repository) -> None:
+           log_verbose, model_control_mode, load_model, repository_poll_secs, model_load_thread_count,
+           **repository) -> None:
     """Run the broker: model registry, queues, dynamic batching, statistics, metrics."""
     from broker.metrics import MetricsSettings
     from broker.server import Broker, BrokerSettings
@@ -181,8 +218,9 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
     options = dict(item.partition("=")[::2] for item in metrics_config)
     metrics = MetricsSettings(metrics_address, metrics_port, _bool(options.get("histogram_latencies", "false"))) \
         if _bool(allow_metrics) else None
+    control = control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count)
     settings = BrokerSettings(tuple(model_repository), frontend, backend, repository_settings(**repository),
-                              metrics=metrics)
+                              metrics=metrics, control=control)
     server = Broker(settings)
     server.load_repository()
     server.run()

@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +63,7 @@ class Child:
     plan: InstancePlan
     model: str
     version: int
+    epoch: int          # the load it belongs to: a reload runs beside the one it replaces
     spec: dict
     process: subprocess.Popen | None = None
     started_at: float = 0.0
@@ -83,6 +86,7 @@ class HostAgent:
         self.children: list[Child] = []
         self._running = True
         self._sampler = HostSampler()
+        self._shipped = Path(tempfile.mkdtemp(prefix="tritium-shipped-"))  # load API file overrides
         self._next_metrics = 0.0
 
     # -- the loop -----------------------------------------------------------------------
@@ -128,7 +132,7 @@ class HostAgent:
                     self._assign(assignment)
             elif kind == Kind.UNASSIGN:
                 for item in header["models"]:
-                    self._unassign(item["m"], item["v"])
+                    self._unassign(item.get("e", 0))
             elif kind == Kind.REFUSED:
                 log.error("the broker refused this agent: %s", header.get("reason"))
                 self._running = False
@@ -144,9 +148,12 @@ class HostAgent:
     # -- starting instances -------------------------------------------------------------
 
     def _assign(self, assignment: dict) -> None:
-        model, version = assignment["m"], assignment["v"]
+        model, version, epoch = assignment["m"], assignment["v"], assignment.get("e", 0)
+        placed = {"k": Kind.PLACED, "m": model, "v": version, "e": epoch}
+        if any(child.epoch == epoch for child in self.children):
+            return  # already serving this load (the broker re-sent its assignments)
         try:
-            model_dir = self._find_model(model)
+            model_dir = self._model_dir(model, epoch, assignment.get("files"))
             config = ModelConfig()
             json_format.ParseDict(assignment["config"], config)
             resolve_instance_groups(config, self.settings.gpus)
@@ -156,23 +163,37 @@ class HostAgent:
         except (ModelLoadError, json_format.ParseError, OSError) as exc:
             message = getattr(exc, "message", str(exc))
             log.error("cannot place model %s version %d: %s", model, version, message)
-            self._send({"k": Kind.PLACED, "m": model, "v": version, "err": message})
+            self._send({**placed, "err": message})
             return
         config_json = config_to_json_dict(config)
         children = []
         for plan in plans:
             spec = {"broker": self.settings.broker, "agent": self.identity, "model": model,
-                    "version": version, "model_dir": str(model_dir), "config": config_json,
+                    "version": version, "epoch": epoch, "model_dir": str(model_dir), "config": config_json,
                     "name": plan.name, "key": plan.key, "kind": plan.kind,
                     "device_id": plan.device_id, "credit": self.settings.credit,
                     "log_verbose": self.settings.log_verbose,
                     "backend_directory": self.settings.backend_directory,
                     "backend_config": self.settings.backend_config}
-            children.append(Child(plan, model, version, spec))
-        self._send({"k": Kind.PLACED, "m": model, "v": version, "instances": [c.plan.key for c in children]})
+            children.append(Child(plan, model, version, epoch, spec))
+        self._send({**placed, "instances": [c.plan.key for c in children]})
         for child in children:
             self.children.append(child)
             self._start(child)
+
+    def _model_dir(self, model: str, epoch: int, files: dict | None) -> Path:
+        """The repository's folder, or one holding the files a load request shipped."""
+        if not files:
+            return self._find_model(model)
+        folder = self._shipped / str(epoch) / model
+        for path, content in files.items():
+            parts = Path(path).parts
+            if Path(path).is_absolute() or ".." in parts:
+                raise ModelLoadError(model, f"file override '{path}' must stay inside the model folder")
+            target = folder / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+        return folder
 
     def _find_model(self, model: str) -> Path:
         for root in self.settings.model_repositories:
@@ -184,7 +205,8 @@ class HostAgent:
 
     def _start(self, child: Child) -> None:
         child.incarnation += 1
-        child.iid = f"{self.identity}/{child.model}/{child.version}/{child.plan.key}/{child.incarnation}"
+        child.iid = (f"{self.identity}/{child.model}/{child.version}/{child.epoch}/{child.plan.key}/"
+                     f"{child.incarnation}")
         spec = dict(child.spec, iid=child.iid)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
@@ -233,14 +255,15 @@ class HostAgent:
             if child.process is None and child.restart_at is not None and child.restart_at <= now:
                 self._start(child)
 
-    def _unassign(self, model: str, version: int) -> None:
+    def _unassign(self, epoch: int) -> None:
         for child in self.children:
-            if child.model == model and child.version == version:
+            if child.epoch == epoch:
                 child.wanted = False
                 child.restart_at = None
                 if child.process is not None:
                     child.process.terminate()
         self.children = [c for c in self.children if c.wanted or c.process is not None]
+        shutil.rmtree(self._shipped / str(epoch), ignore_errors=True)
 
     def _shutdown(self) -> None:
         log.info("worker agent stopping %d instance(s)", len(self.children))
@@ -254,4 +277,5 @@ class HostAgent:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        shutil.rmtree(self._shipped, ignore_errors=True)
         self.sock.close(0)

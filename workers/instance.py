@@ -135,7 +135,7 @@ def main() -> None:
     sock.setsockopt(zmq.IDENTITY, spec["iid"].encode())
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(spec["broker"])
-    about = {"m": spec["model"], "v": spec["version"], "name": spec["key"]}
+    about = {"m": spec["model"], "v": spec["version"], "e": spec.get("epoch", 0), "name": spec["key"]}
     outbox = Outbox(sock)
     try:
         executor, lifecycle = build_executor(spec, outbox)

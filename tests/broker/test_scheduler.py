@@ -37,11 +37,13 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
 
 def make_world(scheduling: str):
     registry = Registry()
-    version = ModelVersion("m", 1, definition(CONFIG + scheduling))
+    version = ModelVersion("m", 1, definition(CONFIG + scheduling), epoch=1)
     version.state = VersionState.READY
     record = ModelRecord("m", version.definition)
     record.versions[1] = version
-    registry.add_model(record)
+    registry.models["m"] = record
+    registry.versions[version.key] = version
+    registry.epochs[version.epoch] = version
     to_instances, to_gateways = [], []
     clock = Clock()
     scheduler = Scheduler(registry, to_instances.append, to_gateways.append, clock)
@@ -54,7 +56,7 @@ def world():
 
 
 def add_instance(registry, version, name="i0", credit=2):
-    instance = InstanceRecord(name.encode(), b"agent", "m", 1, name, credit)
+    instance = InstanceRecord(name.encode(), b"agent", "m", 1, name, credit, epoch=version.epoch)
     registry.instances[instance.iid] = instance
     version.instances.append(instance)
     return instance

@@ -33,7 +33,8 @@ def test_server_metadata_lists_exactly_the_implemented_extensions(server):
     assert status == 200 and headers["content-type"] == "application/json"
     metadata = json.loads(body)
     assert metadata["name"] == "triton"
-    assert metadata["extensions"] == ["model_configuration", "binary_tensor_data", "parameters", "statistics"]
+    assert metadata["extensions"] == ["model_repository", "model_repository(unload_dependents)", "model_configuration",
+                                     "binary_tensor_data", "parameters", "statistics"]
 
 
 def test_model_metadata_has_batch_dimension_and_protocol_datatypes(server):
@@ -122,3 +123,10 @@ def test_statistics_errors_and_all_models(server):
 def test_unimplemented_triton_endpoint_is_501(server):
     status, _, body = request(server.url, "POST", "/v2/models/add_sub/generate", body={})
     assert status == 501 and "generate" in error_of(body)
+
+
+@pytest.mark.parametrize("operation", ["load", "unload"])
+def test_load_and_unload_are_refused_in_the_default_control_mode(server, operation):
+    status, _, body = request(server.url, "POST", f"/v2/repository/models/add_sub/{operation}")
+    assert (status, error_of(body)) == (503, "explicit model load / unload is not allowed if polling is enabled")
+    assert request(server.url, "GET", "/v2/models/add_sub/ready")[0] == 200

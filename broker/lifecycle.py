@@ -1,0 +1,494 @@
+"""Model lifecycle: loading, reloading without dropping a request, unloading, polling.
+
+Every load of a model version is a ``ModelVersion`` with an epoch of its own. A first
+load takes the version's place in the registry at once, LOADING. A reload (new files, a
+new config) starts the new epoch's instances beside the old ones; only when all of them
+are ready does the new epoch take the version's place, and the old one drains: it gets
+no new request, finishes what it queued and runs, and its instances are stopped. A
+reload that fails leaves the old epoch serving and records the error.
+
+Reading a model folder (auto-complete may parse a large ONNX file or run Python) happens
+on a thread pool, so the broker's loop keeps routing requests meanwhile; results come
+back to the loop through ``completed`` and a wake-up socket.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import logging
+import queue
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from broker.registry import AgentRecord, ModelRecord, ModelVersion, Registry, VersionState
+from repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
+from repo.backends import ENSEMBLE_PLATFORM
+from repo.json_form import config_to_json_dict
+from tritium.errors import InvalidArgument, TritiumError, Unavailable
+from tritium.protocol import Kind, encode
+
+log = logging.getLogger(__name__)
+
+Reply = Callable[[object], None]   # called once with the result, or with a TritiumError
+
+POLLING_ENABLED = "explicit model load / unload is not allowed if polling is enabled"
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    mode: str = "none"                       # none | poll | explicit
+    load_models: tuple[str, ...] = ()        # explicit mode: loaded at startup ("*": all)
+    poll_seconds: float = 15.0
+    load_threads: int = 4
+
+
+@dataclass(eq=False)
+class LoadInProgress:
+    name: str
+    waiting: set[int] = field(default_factory=set)   # epochs not yet READY or failed
+    errors: list[str] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)
+
+
+class ModelLifecycle:
+    def __init__(self, registry: Registry, repository: ModelRepository, scheduler, send_backend,
+                 settings: ControlSettings, new_version_hook: Callable[[ModelVersion], None] = lambda v: None) -> None:
+        self.registry = registry
+        self.repository = repository
+        self.scheduler = scheduler
+        self._send_backend = send_backend
+        self.settings = settings
+        self._new_version_hook = new_version_hook
+        self._epochs = itertools.count(1)
+        self._loads: dict[str, LoadInProgress] = {}
+        self._queued: dict[str, list[tuple]] = {}     # loads asked for while one is in progress
+        self.draining: set[ModelVersion] = set()
+        self._pool = ThreadPoolExecutor(settings.load_threads, thread_name_prefix="model-load")
+        self.completed: queue.SimpleQueue = queue.SimpleQueue()
+        self.wake_read, self._wake_write = socket.socketpair()
+        self.wake_read.setblocking(False)
+        self._wake_write.setblocking(False)
+        self._next_poll = time.monotonic() + settings.poll_seconds
+        self._overrides = Path(tempfile.mkdtemp(prefix="tritium-overrides-"))
+        self.repository_errors: tuple[str, ...] = ()
+
+    # -- startup ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load what the control mode loads at startup, in the caller's thread."""
+        if self.settings.mode == "explicit":
+            names = self.settings.load_models
+            if "*" in names:
+                names = tuple(self.repository.discover()[0])
+            for name in names:
+                self._begin(name, *self._read(name, None, None), reply=None)
+            return
+        scan = self.repository.load_all()
+        self.repository_errors = scan.errors
+        for error in scan.errors:
+            log.error("%s", error)
+        for name, entry in sorted(scan.models.items()):
+            self._begin(name, entry.definition, entry.error, self._fingerprint(name), None, reply=None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        shutil.rmtree(self._overrides, ignore_errors=True)
+
+    # -- the load, unload and index API ---------------------------------------------------
+
+    def load(self, name: str, parameters: dict, reply: Reply) -> None:
+        """Triton's synchronous load: ``reply`` is called when every version is READY or failed."""
+        if self.settings.mode != "explicit":
+            reply(Unavailable(POLLING_ENABLED))
+            return
+        try:
+            config, files = self._overrides_from(name, parameters)
+        except TritiumError as exc:
+            reply(exc)
+            return
+        self._schedule_read(name, config, files, reply)
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Triton's asynchronous unload: in-flight requests finish, new ones find no model."""
+        if self.settings.mode != "explicit":
+            raise Unavailable(POLLING_ENABLED)
+        self._unload(name)
+
+    def index(self, ready_only: bool) -> list[dict]:
+        names = set(self.repository.discover()[0]) | set(self.registry.models)
+        entries = []
+        for name in sorted(names):
+            record = self.registry.models.get(name)
+            if record is None:
+                if not ready_only:
+                    entries.append({"name": name})
+                continue
+            entries.extend(self._index_entries(record))
+        if ready_only:
+            entries = [e for e in entries if e.get("state") == VersionState.READY.value]
+        return entries
+
+    @staticmethod
+    def _index_entries(record: ModelRecord) -> list[dict]:
+        if record.error is not None and not record.versions:
+            return [{"name": record.name, "state": VersionState.UNAVAILABLE.value, "reason": record.error}]
+        entries = {}
+        for number in record.unloaded_versions:
+            entries[number] = (VersionState.UNAVAILABLE.value, "unloaded")
+        for number, error in record.version_errors.items():
+            entries[number] = (VersionState.UNAVAILABLE.value, error)
+        if not record.unloaded:
+            for number, version in record.versions.items():
+                reason = version.reason or (record.last_error or "")
+                entries[number] = (version.state.value, reason)
+        result = []
+        for number, (state, reason) in sorted(entries.items()):
+            entry = {"name": record.name, "version": str(number), "state": state}
+            if reason:
+                entry["reason"] = reason
+            result.append(entry)
+        return result
+
+    # -- reading model folders (thread pool) ---------------------------------------------
+
+    def _overrides_from(self, name: str, parameters: dict) -> tuple[ModelConfig | None, dict | None]:
+        config_text = parameters.get("config")
+        files = {key[len("file:"):]: value for key, value in parameters.items() if key.startswith("file:")}
+        if files and config_text is None:
+            raise InvalidArgument(f"failed to load '{name}': a 'file:' override needs a 'config' parameter")
+        config = None
+        if config_text is not None:
+            if not isinstance(config_text, str):
+                raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON string")
+            config = ModelConfig()
+            try:
+                json_format.Parse(config_text, config, ignore_unknown_fields=False)
+            except json_format.ParseError as exc:
+                raise InvalidArgument(f"failed to load '{name}': invalid 'config' parameter: {exc}") from exc
+        decoded = {}
+        for path, content in files.items():
+            parts = Path(path).parts
+            if len(parts) < 2 or not parts[0].isdigit() or ".." in parts or Path(path).is_absolute():
+                raise InvalidArgument(f"failed to load '{name}': file override 'file:{path}' must be "
+                                      "<version>/<file name> inside the model")
+            if isinstance(content, str):
+                try:
+                    content = base64.b64decode(content, validate=True)
+                except ValueError as exc:
+                    raise InvalidArgument(f"failed to load '{name}': 'file:{path}' is not base64") from exc
+            decoded[path] = bytes(content)
+        return config, decoded or None
+
+    def _schedule_read(self, name: str, config, files, reply: Reply | None) -> None:
+        if name in self._loads:  # one load of a model at a time, in the order asked
+            self._queued.setdefault(name, []).append((config, files, reply))
+            return
+        self._loads[name] = LoadInProgress(name, replies=[reply] if reply else [])
+        future = self._pool.submit(self._read, name, config, files)
+        future.add_done_callback(lambda f: self._post(lambda: self._begin(name, *f.result(), reply=None)))
+
+    def _post(self, action: Callable[[], None]) -> None:
+        self.completed.put(action)
+        try:
+            self._wake_write.send(b"\0")
+        except BlockingIOError:
+            pass
+
+    def run_completed(self) -> None:
+        """In the broker's loop: apply what the thread pool finished."""
+        try:
+            self.wake_read.recv(4096)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                action = self.completed.get_nowait()
+            except queue.Empty:
+                return
+            action()
+
+    def _read(self, name: str, config, files) -> tuple:
+        """(definition, error, fingerprint, files): runs on the thread pool."""
+        fingerprint = self._fingerprint(name)
+        model_dir = None
+        if files:
+            model_dir = self._overrides / f"{name}-{next(self._epochs)}"
+            for path, content in files.items():
+                target = model_dir / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+        if model_dir is None and name not in self.repository.discover()[0]:
+            return None, MissingModel(f"failed to load '{name}', failed to poll from model repository"), \
+                fingerprint, files
+        try:
+            return self.repository.load(name, config, model_dir), None, fingerprint, files
+        except ModelLoadError as exc:
+            return None, exc.message, fingerprint, files
+        except Exception as exc:  # a bug of ours must fail this load, not the broker
+            log.exception("unexpected failure loading model %s", name)
+            return None, f"internal error loading model '{name}': {exc!r}", fingerprint, files
+
+    def _fingerprint(self, name: str) -> tuple:
+        try:
+            return self.repository.fingerprint(name)
+        except OSError:
+            return ()
+
+    # -- applying a load ------------------------------------------------------------------
+
+    def _begin(self, name: str, definition: ModelDefinition | None, error: str | None, fingerprint,
+               files, reply: Reply | None) -> None:
+        load = self._loads.setdefault(name, LoadInProgress(name))
+        if reply is not None:
+            load.replies.append(reply)
+        record = self.registry.models.get(name)
+        if isinstance(error, MissingModel) and load.replies:
+            # A load request for a name the repository does not have: refused, not recorded.
+            load.errors.append(error)
+            self._finish_if_done(load, prefix=False)
+            return
+        if record is None:
+            record = self.registry.models[name] = ModelRecord(name, None)
+        record.fingerprint = fingerprint
+        if error is not None:
+            log.error("model %s failed to load: %s", name, error)
+            if record.versions and not record.unloaded:
+                record.last_error = f"reload failed, the previous load keeps serving: {error}"
+            else:
+                record.error, record.definition, record.unloaded = error, None, False
+            load.errors.append(error)
+            self.registry.generation += 1
+            self._finish_if_done(load)
+            return
+        record.error, record.definition, record.last_error = None, definition, None
+        record.config_json = definition.config_json()
+        was_unloaded, record.unloaded = record.unloaded, False
+        selected = {info.version: info for info in definition.versions}
+        for number, info in selected.items():
+            record.unloaded_versions.discard(number)
+            current = record.versions.get(number) if not was_unloaded else None
+            if info.error:
+                record.version_errors[number] = info.error
+                load.errors.append(_version_error(number, info.error))
+                log.error("model %s version %d failed to load: %s", name, number, info.error)
+                continue
+            record.version_errors.pop(number, None)
+            if current is not None and current.state != VersionState.UNAVAILABLE and \
+                    _same_load(current, definition, files):
+                continue  # nothing changed for this version: keep it as it is
+            self._start_version(record, number, definition, files, current, load)
+        for number, current in list(record.versions.items()):
+            if number not in selected:
+                self._retire(current, unload=True)
+        self.registry.generation += 1
+        self._finish_if_done(load)
+
+    def _start_version(self, record: ModelRecord, number: int, definition: ModelDefinition, files,
+                       current: ModelVersion | None, load: LoadInProgress) -> None:
+        version = ModelVersion(record.name, number, definition, epoch=next(self._epochs),
+                               replaces=current, files=files)
+        self._new_version_hook(version)
+        self.registry.epochs[version.epoch] = version
+        if current is None or current.state != VersionState.READY:
+            if current is not None:
+                self._retire(current, unload=False)
+            record.versions[number] = version
+            self.registry.versions[version.key] = version
+            version.replaces = None
+        if definition.config.platform == ENSEMBLE_PLATFORM:
+            self._fail(version, "ensemble scheduling is not supported by this tritium release yet")
+            return
+        load.waiting.add(version.epoch)
+        log.info("loading model %s version %d (epoch %d)%s", record.name, number, version.epoch,
+                 " beside the serving one" if version.replaces else "")
+        for agent in self.registry.agents.values():
+            if agent.models is None or record.name in agent.models:
+                self._send_backend([agent.identity, encode({"k": Kind.ASSIGN, "models": [_assignment(version)]})])
+
+    def _finish_if_done(self, load: LoadInProgress, prefix: bool = True) -> None:
+        if load.waiting:
+            return
+        self._loads.pop(load.name, None)
+        result = {}
+        if load.errors:
+            message = "".join(load.errors)
+            result = InvalidArgument(f"load failed for model '{load.name}': {message}" if prefix else message)
+        for reply in load.replies:
+            reply(result)
+        queued = self._queued.pop(load.name, [])
+        if queued:
+            config, files, reply = queued.pop(0)
+            if queued:
+                self._queued[load.name] = queued
+            self._schedule_read(load.name, config, files, reply)
+
+    # -- versions becoming ready, failing, draining -------------------------------------
+
+    def version_ready(self, version: ModelVersion) -> None:
+        record = self.registry.models.get(version.name)
+        self.registry.set_state(version, VersionState.READY)
+        log.info("model %s version %d is READY (epoch %d)", version.name, version.version, version.epoch)
+        old = version.replaces
+        if old is not None and record is not None:
+            version.replaces = None
+            record.versions[version.version] = version
+            self.registry.versions[version.key] = version
+            self._retire(old, unload=False)  # traffic has moved; the old epoch finishes and stops
+        self._progress(version)
+
+    def version_failed(self, version: ModelVersion, message: str) -> None:
+        self._fail(version, message)
+
+    def _fail(self, version: ModelVersion, message: str) -> None:
+        record = self.registry.models.get(version.name)
+        log.error("model %s version %d failed to load: %s", version.name, version.version, message)
+        self._unassign(version)
+        self.registry.epochs.pop(version.epoch, None)
+        if version.replaces is not None and record is not None:  # the old epoch keeps serving
+            record.last_error = f"reload failed, the previous load keeps serving: {message}"
+            self.registry.generation += 1
+        else:
+            self.registry.set_state(version, VersionState.UNAVAILABLE, message)
+            self.scheduler.fail_queued(version, Unavailable(
+                f"model '{version.name}' version {version.version} failed to load: {message}"))
+        self._progress(version, message)
+
+    def _progress(self, version: ModelVersion, error: str | None = None) -> None:
+        load = self._loads.get(version.name)
+        if load is None or version.epoch not in load.waiting:
+            return
+        load.waiting.discard(version.epoch)
+        if error is not None:
+            load.errors.append(_version_error(version.version, error))
+        self._finish_if_done(load)
+
+    def _unload(self, name: str) -> None:
+        record = self.registry.models.get(name)
+        if record is None or record.unloaded:
+            return  # unloading what is not loaded succeeds, as in Triton
+        record.unloaded = True
+        for version in list(record.versions.values()):
+            record.unloaded_versions.add(version.version)
+            self._retire(version, unload=True)
+        for epoch_version in list(self.registry.epochs.values()):
+            if epoch_version.name == name and epoch_version.state == VersionState.LOADING:
+                self._fail(epoch_version, "unloaded while loading")
+        self.registry.generation += 1
+        log.info("model %s unloaded; its in-flight requests finish", name)
+
+    def _retire(self, version: ModelVersion, unload: bool) -> None:
+        """No new requests for ``version``; it finishes what it holds, then its instances stop."""
+        if self.registry.versions.get(version.key) is version:
+            del self.registry.versions[version.key]
+        record = self.registry.models.get(version.name)
+        if unload and record is not None and record.versions.get(version.version) is version:
+            del record.versions[version.version]
+            record.unloaded_versions.add(version.version)
+        self.registry.set_state(version, VersionState.UNLOADING)
+        self.draining.add(version)
+        self.check_drained()
+
+    def check_drained(self) -> None:
+        for version in list(self.draining):
+            if len(version.batcher) or any(i.inflight for i in version.instances) \
+                    or self.scheduler.has_open_streams(version):
+                continue
+            self.draining.discard(version)
+            self._unassign(version)
+            for instance in version.instances:
+                self.registry.instances.pop(instance.iid, None)
+            version.instances.clear()
+            self.registry.epochs.pop(version.epoch, None)
+            self.registry.set_state(version, VersionState.UNAVAILABLE, "unloaded")
+            log.info("model %s version %d (epoch %d) drained and stopped", version.name, version.version,
+                     version.epoch)
+
+    def _unassign(self, version: ModelVersion) -> None:
+        message = encode({"k": Kind.UNASSIGN, "models": [{"m": version.name, "v": version.version,
+                                                           "e": version.epoch}]})
+        for agent in self.registry.agents.values():
+            self._send_backend([agent.identity, message])
+
+    # -- agents and instances ---------------------------------------------------------------
+
+    def assignments_for(self, agent: AgentRecord) -> list[dict]:
+        return [_assignment(v) for v in self.registry.epochs.values()
+                if v.state in (VersionState.LOADING, VersionState.READY)
+                and (agent.models is None or v.name in agent.models)]
+
+    def placed(self, header: dict) -> None:
+        version = self.registry.epochs.get(header.get("e"))
+        if version is None:
+            return
+        if header.get("err"):
+            self._fail(version, header["err"])
+            return
+        version.placed.update(header.get("instances", ()))
+
+    def instance_joined(self, version: ModelVersion, name: str) -> None:
+        version.seen_ready.add(name)
+        if version.state == VersionState.LOADING and version.placed <= version.seen_ready:
+            self.version_ready(version)
+
+    # -- poll mode --------------------------------------------------------------------------
+
+    def poll_due(self) -> bool:
+        return self.settings.mode == "poll" and time.monotonic() >= self._next_poll
+
+    def poll(self) -> None:
+        """Load what was added or changed on disk, unload what was removed."""
+        self._next_poll = time.monotonic() + self.settings.poll_seconds
+        on_disk = set(self.repository.discover()[0])
+        for name in sorted(on_disk):
+            record = self.registry.models.get(name)
+            if name in self._loads:
+                continue
+            if record is None or record.unloaded or record.fingerprint != self._fingerprint(name):
+                log.info("repository change: (re)loading model %s", name)
+                self._schedule_read(name, None, None, None)
+        for name, record in list(self.registry.models.items()):
+            if name not in on_disk and not record.unloaded:
+                log.info("repository change: model %s was removed; unloading it", name)
+                self._unload(name)
+
+
+class MissingModel(str):
+    """The error of a load asking for a model the repository does not have."""
+
+
+def _version_error(number: int, reason: str) -> str:
+    return f"version {number} is at UNAVAILABLE state: {reason};\n"   # Triton's wording
+
+
+def _assignment(version: ModelVersion) -> dict:
+    assignment = {"m": version.name, "v": version.version, "e": version.epoch,
+                  "config": config_to_json_dict(version.definition.portable_config)}
+    if version.files:
+        assignment["files"] = version.files
+    return assignment
+
+
+def _same_load(current: ModelVersion, definition: ModelDefinition, files) -> bool:
+    return (files is None and current.files is None
+            and current.definition.portable_config == definition.portable_config
+            and current.definition.path == definition.path
+            and _version_files(current.definition.path, current.version) ==
+            _version_files(definition.path, current.version))
+
+
+def _version_files(model_dir: Path, number: int) -> tuple:
+    folder = model_dir / str(number)
+    try:
+        return tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in folder.iterdir()
+                            if p.name != "__pycache__"))
+    except OSError:
+        return ()

@@ -1,0 +1,318 @@
+"""Model control: explicit load / unload / index over HTTP and gRPC, reloads without a
+dropped request, failed reloads that keep the old model, and poll mode."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.rawhttp import error_of, request
+from tests.servers import TritiumServer
+
+MODELS = Path(__file__).parent / "python_repo"
+
+# Multiplies X by its config's "scale" parameter, so a test can tell which load answered.
+SCALED_MODEL = '''
+import json
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.scale = float(config["parameters"]["scale"]["string_value"])
+        if self.scale == 0:
+            raise ValueError("scale must not be 0")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * self.scale)]))
+        return responses
+'''
+
+
+def scaled_config(scale: float, name: str = "scaled") -> str:
+    return f'''
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "X", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+dynamic_batching {{ }}
+parameters {{ key: "scale" value {{ string_value: "{scale}" }} }}
+'''
+
+
+def scaled_config_json(scale: float, name: str = "scaled") -> str:
+    return json.dumps({
+        "name": name, "backend": "python", "max_batch_size": 8,
+        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}],
+        "parameters": {"scale": {"string_value": str(scale)}},
+    })
+
+
+def write_scaled(repo: Path, name: str, scale: float) -> None:
+    (repo / name / "1").mkdir(parents=True, exist_ok=True)
+    (repo / name / "1" / "model.py").write_text(SCALED_MODEL)
+    (repo / name / "config.pbtxt").write_text(scaled_config(scale, name))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    for name in ("py_add_sub", "py_init_fails"):
+        shutil.copytree(MODELS / name, repo / name)
+    write_scaled(repo, "scaled", 1)
+    write_scaled(repo, "spare", 3)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    with TritiumServer(repo, "--model-control-mode=explicit", "--load-model=scaled") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return httpclient.InferenceServerClient(server.url, network_timeout=60)
+
+
+def scaled_infer(client, model: str = "scaled") -> np.ndarray:
+    x = np.array([[1, 2, 3, 4]], dtype=np.float32)
+    tensor = httpclient.InferInput("X", [1, 4], "FP32")
+    tensor.set_data_from_numpy(x)
+    return client.infer(model, [tensor]).as_numpy("Y")[0]
+
+
+def index(server, ready: bool | None = None) -> dict:
+    body = {} if ready is None else {"ready": ready}
+    status, headers, data = request(server.url, "POST", "/v2/repository/index", body)
+    assert status == 200, data
+    assert headers["content-type"] == "application/json"
+    return {(e["name"], e.get("version")): e for e in json.loads(data)}
+
+
+def load(server, model: str, parameters: dict | None = None) -> tuple[int, bytes]:
+    body = {"parameters": parameters} if parameters is not None else None
+    status, _, data = request(server.url, "POST", f"/v2/repository/models/{model}/load", body)
+    return status, data
+
+
+def test_startup_loads_only_the_named_models(server):
+    entries = index(server)
+    assert entries[("scaled", "1")]["state"] == "READY"
+    assert entries[("spare", None)] == {"name": "spare"}          # in the repository, never loaded
+    assert entries[("py_add_sub", None)] == {"name": "py_add_sub"}
+    assert list(index(server, ready=True)) == [("scaled", "1")]
+    assert request(server.url, "GET", "/v2/health/ready")[0] == 200
+
+
+def test_load_then_infer_then_unload(server, client):
+    status, data = load(server, "spare")
+    assert (status, data) == (200, b"")
+    # The model is served as soon as the load returns: no waiting for the gateway to learn of it.
+    np.testing.assert_array_equal(scaled_infer(client, "spare"), [3, 6, 9, 12])
+    assert index(server)[("spare", "1")]["state"] == "READY"
+
+    status, _, data = request(server.url, "POST", "/v2/repository/models/spare/unload")
+    assert (status, data) == (200, b"")
+    with pytest.raises(InferenceServerException) as failure:
+        scaled_infer(client, "spare")
+    assert failure.value.status() == "404"
+    assert "Request for unknown model: 'spare' has no available versions" in failure.value.message()
+    deadline = time.monotonic() + 10
+    while index(server)[("spare", "1")]["state"] != "UNAVAILABLE" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert index(server)[("spare", "1")] == {"name": "spare", "version": "1", "state": "UNAVAILABLE",
+                                             "reason": "unloaded"}
+    # Unloading what is not loaded succeeds, as in Triton; an unloaded model does not make the server unready.
+    assert request(server.url, "POST", "/v2/repository/models/spare/unload")[0] == 200
+    assert request(server.url, "POST", "/v2/repository/models/never_loaded/unload")[0] == 200
+    assert request(server.url, "GET", "/v2/health/ready")[0] == 200
+
+
+def test_a_model_that_fails_to_load_is_reported_and_others_keep_serving(server, client):
+    status, data = load(server, "py_init_fails")
+    assert status == 400
+    message = error_of(data)
+    assert message.startswith("load failed for model 'py_init_fails': version 1 is at UNAVAILABLE state: ")
+    assert "cannot find the weights file" in message
+    entry = index(server)[("py_init_fails", "1")]
+    assert entry["state"] == "UNAVAILABLE" and "cannot find the weights file" in entry["reason"]
+    np.testing.assert_array_equal(scaled_infer(client), [1, 2, 3, 4])
+    # A failed model keeps the server not ready (strict readiness) until it is unloaded.
+    assert request(server.url, "GET", "/v2/health/ready")[0] == 400
+    assert request(server.url, "POST", "/v2/repository/models/py_init_fails/unload")[0] == 200
+    assert request(server.url, "GET", "/v2/health/ready")[0] == 200
+
+
+def test_loading_a_model_the_repository_does_not_have(server):
+    status, data = load(server, "nowhere")
+    assert status == 400
+    assert error_of(data) == "failed to load 'nowhere', failed to poll from model repository"
+    assert not any(name == "nowhere" for name, _ in index(server))
+
+
+def test_reload_under_load_drops_no_request(server, client, repo):
+    """Change the model on disk and load it again while requests keep coming."""
+    answers, failures, stop = [], [], threading.Event()
+
+    def keep_asking():
+        own = httpclient.InferenceServerClient(server.url, network_timeout=60)
+        while not stop.is_set():
+            try:
+                answers.append(float(scaled_infer(own)[0]))
+            except Exception as exc:  # noqa: BLE001 - every failure is the finding
+                failures.append(repr(exc))
+
+    workers = [threading.Thread(target=keep_asking) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    try:
+        time.sleep(0.5)
+        (repo / "scaled" / "config.pbtxt").write_text(scaled_config(2))
+        status, data = load(server, "scaled")
+        assert (status, data) == (200, b"")
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+        (repo / "scaled" / "config.pbtxt").write_text(scaled_config(1))
+    assert failures == []
+    assert set(answers) <= {1.0, 2.0} and answers[-1] == 2.0
+    assert answers.count(1.0) > 0 and answers.count(2.0) > 0
+    np.testing.assert_array_equal(scaled_infer(client), [2, 4, 6, 8])  # after the load returned: the new one
+    # Loading again with nothing changed on disk reloads the files; the result is the same model.
+    assert load(server, "scaled")[0] == 200
+    np.testing.assert_array_equal(scaled_infer(client), [1, 2, 3, 4])
+
+
+def test_failed_reload_keeps_the_old_model_serving(server, client):
+    before = scaled_infer(client)
+    status, data = load(server, "scaled", {"config": scaled_config_json(0)})
+    assert status == 400
+    assert "scale must not be 0" in error_of(data)
+    np.testing.assert_array_equal(scaled_infer(client), before)
+    assert index(server)[("scaled", "1")]["state"] == "READY"
+    assert request(server.url, "GET", "/v2/models/scaled/ready")[0] == 200
+
+
+def test_config_override_and_shipped_files(server, client):
+    # A config given with the request replaces config.pbtxt...
+    assert load(server, "scaled", {"config": scaled_config_json(5)}) == (200, b"")
+    np.testing.assert_array_equal(scaled_infer(client), [5, 10, 15, 20])
+    config = client.get_model_config("scaled")
+    assert config["parameters"]["scale"]["string_value"] == "5"
+    # ...and files shipped with it make a model the repository does not have.
+    files = {"config": scaled_config_json(7, "shipped"),
+             "file:1/model.py": base64.b64encode(SCALED_MODEL.encode()).decode()}
+    assert load(server, "shipped", files) == (200, b"")
+    np.testing.assert_array_equal(scaled_infer(client, "shipped"), [7, 14, 21, 28])
+    assert load(server, "scaled") == (200, b"")  # back to the files on disk
+    np.testing.assert_array_equal(scaled_infer(client), [1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("path, body, status, message", [
+    ("/v2/repository/index", {"ready": 1}, 400, "Unable to parse 'ready', expect bool"),
+    ("/v2/repository/index", "[1", 400, "failed to parse the request JSON buffer"),
+    ("/v2/repository/models/scaled/load", {"parameters": {"config": {"a": 1}}}, 400,
+     "failed to load 'scaled': the 'config' parameter must be a JSON string"),
+    ("/v2/repository/models/scaled/load", {"parameters": {"config": "{bad"}}, 400,
+     "failed to load 'scaled': invalid 'config' parameter"),
+    ("/v2/repository/models/scaled/load", {"parameters": {"file:1/model.py": "eA=="}}, 400,
+     "a 'file:' override needs a 'config' parameter"),
+    ("/v2/repository/models/scaled/load", {"parameters": {"config": scaled_config_json(1), "file:../x": "eA=="}},
+     400, "must be <version>/<file name> inside the model"),
+    ("/v2/repository/models/scaled/unload", {"parameters": {"unload_dependents": "yes"}}, 400,
+     "Unable to parse 'unload_dependents', expect bool"),
+    ("/v2/repository/r1/models/scaled/load", None, 501, "'repository_name' specification is not supported"),
+])
+def test_bad_repository_requests(server, client, path, body, status, message):
+    got, _, data = request(server.url, "POST", path, body)
+    assert got == status
+    assert message in error_of(data)
+    np.testing.assert_array_equal(scaled_infer(client), [1, 2, 3, 4])  # still serving, unchanged
+
+
+def test_repository_routes_answer_only_post(server):
+    status, _, data = request(server.url, "GET", "/v2/repository/index")
+    assert (status, error_of(data)) == (405, "Method Not Allowed")
+
+
+def test_grpc_index_load_unload(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    names = {(m.name, m.version): m.state for m in client.get_model_repository_index().models}
+    assert names[("scaled", "1")] == "READY" and ("py_add_sub", "") in names
+    client.load_model("py_add_sub")
+    assert client.is_model_ready("py_add_sub")
+    a = np.ones((1, 16), dtype=np.float32)
+    inputs = [grpcclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(a)
+    np.testing.assert_array_equal(client.infer("py_add_sub", inputs).as_numpy("OUTPUT0"), a + a)
+    client.load_model("scaled", config=scaled_config_json(4))
+    x = grpcclient.InferInput("X", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    np.testing.assert_array_equal(client.infer("scaled", [x]).as_numpy("Y"), [[4, 4, 4, 4]])
+    with pytest.raises(InferenceServerException) as failure:
+        client.load_model("nowhere")
+    assert failure.value.status() == "StatusCode.INVALID_ARGUMENT"
+    client.unload_model("py_add_sub")
+    with pytest.raises(InferenceServerException) as failure:
+        client.infer("py_add_sub", inputs)
+    assert failure.value.status() == "StatusCode.NOT_FOUND"
+    client.load_model("scaled")
+
+
+@pytest.fixture(scope="module")
+def polled(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("polled")
+    write_scaled(repo, "scaled", 1)
+    with TritiumServer(repo, "--model-control-mode=poll", "--repository-poll-secs=1") as running:
+        yield running, repo
+
+
+def wait_for(condition, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.2)
+    raise AssertionError("condition not met in time")
+
+
+def test_poll_mode_follows_the_repository(polled):
+    server, repo = polled
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    np.testing.assert_array_equal(scaled_infer(client), [1, 2, 3, 4])
+    # The load API is refused in poll mode, with Triton's message.
+    status, data = load(server, "scaled")
+    assert (status, error_of(data)) == (503, "explicit model load / unload is not allowed if polling is enabled")
+
+    write_scaled(repo, "added", 6)                                        # a new model
+    wait_for(lambda: index(server).get(("added", "1"), {}).get("state") == "READY")
+    np.testing.assert_array_equal(scaled_infer(client, "added"), [6, 12, 18, 24])
+
+    (repo / "scaled" / "config.pbtxt").write_text(scaled_config(9))       # a changed config
+    wait_for(lambda: scaled_infer(client)[0] == 9)
+
+    shutil.rmtree(repo / "added")                                         # a removed model
+    wait_for(lambda: index(server).get(("added", "1"), {}).get("state") == "UNAVAILABLE")
+    with pytest.raises(InferenceServerException):
+        scaled_infer(client, "added")
