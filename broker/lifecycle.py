@@ -57,6 +57,7 @@ class LoadInProgress:
     waiting: set[int] = field(default_factory=set)   # epochs not yet READY or failed
     errors: list[str] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
+    retiring: list[ModelVersion] = field(default_factory=list)  # versions the policy no longer selects
 
 
 class ModelLifecycle:
@@ -286,9 +287,9 @@ class ModelLifecycle:
                     _same_load(current, definition, files):
                 continue  # nothing changed for this version: keep it as it is
             self._start_version(record, number, definition, files, current, load)
-        for number, current in list(record.versions.items()):
-            if number not in selected:
-                self._retire(current, unload=True)
+        # Versions the policy dropped serve until the new ones are ready, so that a request
+        # for the latest version always finds one.
+        load.retiring.extend(v for n, v in record.versions.items() if n not in selected)
         self.registry.generation += 1
         self._finish_if_done(load)
 
@@ -318,6 +319,7 @@ class ModelLifecycle:
         if load.waiting:
             return
         self._loads.pop(load.name, None)
+        self._retire_dropped(load)
         result = {}
         if load.errors:
             message = "".join(load.errors)
@@ -330,6 +332,17 @@ class ModelLifecycle:
             if queued:
                 self._queued[load.name] = queued
             self._schedule_read(load.name, config, files, reply)
+
+    def _retire_dropped(self, load: LoadInProgress) -> None:
+        if load.errors and load.retiring:
+            log.warning("model %s: keeping version(s) %s serving, since the load that drops them failed",
+                        load.name, ", ".join(str(v.version) for v in load.retiring))
+            return
+        for version in load.retiring:
+            if version.state in (VersionState.READY, VersionState.LOADING, VersionState.UNAVAILABLE):
+                self._retire(version, unload=True)
+        if load.retiring:
+            self.registry.generation += 1
 
     # -- versions becoming ready, failing, draining -------------------------------------
 

@@ -43,6 +43,10 @@ class TritonPythonModel:
 '''
 
 
+SLOW_MODEL = SCALED_MODEL.replace("import json", "import json\nimport time").replace(
+    "        responses = []", "        time.sleep(1.0)\n        responses = []")
+
+
 def scaled_config(scale: float, name: str = "scaled") -> str:
     return f'''
 name: "{name}"
@@ -77,6 +81,8 @@ def repo(tmp_path_factory):
         shutil.copytree(MODELS / name, repo / name)
     write_scaled(repo, "scaled", 1)
     write_scaled(repo, "spare", 3)
+    write_scaled(repo, "slow", 1)
+    (repo / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
     return repo
 
 
@@ -143,6 +149,21 @@ def test_load_then_infer_then_unload(server, client):
     assert request(server.url, "POST", "/v2/repository/models/spare/unload")[0] == 200
     assert request(server.url, "POST", "/v2/repository/models/never_loaded/unload")[0] == 200
     assert request(server.url, "GET", "/v2/health/ready")[0] == 200
+
+
+def test_unload_lets_running_requests_finish(server, client):
+    assert load(server, "slow") == (200, b"")
+    results = []
+    own = httpclient.InferenceServerClient(server.url, network_timeout=60)  # one client per thread
+    running = threading.Thread(target=lambda: results.append(scaled_infer(own, "slow")))
+    running.start()
+    time.sleep(0.3)   # the request is executing (the model sleeps a second)
+    assert request(server.url, "POST", "/v2/repository/models/slow/unload")[0] == 200
+    with pytest.raises(InferenceServerException) as failure:
+        scaled_infer(client, "slow")
+    assert failure.value.status() == "404"
+    running.join()
+    np.testing.assert_array_equal(results[0], [1, 2, 3, 4])
 
 
 def test_a_model_that_fails_to_load_is_reported_and_others_keep_serving(server, client):
@@ -311,6 +332,19 @@ def test_poll_mode_follows_the_repository(polled):
 
     (repo / "scaled" / "config.pbtxt").write_text(scaled_config(9))       # a changed config
     wait_for(lambda: scaled_infer(client)[0] == 9)
+
+    shutil.copytree(repo / "scaled" / "1", repo / "scaled" / "2")        # a new version folder
+    x = httpclient.InferInput("X", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    wait_for(lambda: client.infer("scaled", [x]).get_response()["model_version"] == "2")
+    assert index(server)[("scaled", "1")]["reason"] == "unloaded"         # latest 1: version 1 goes
+
+    (repo / "broken").mkdir()                                             # a failed load...
+    (repo / "broken" / "config.pbtxt").write_text("max_batch_size: [")
+    wait_for(lambda: index(server).get(("broken", None), {}).get("state") == "UNAVAILABLE")
+    write_scaled(repo, "broken", 2)                                       # ...and polling goes on
+    wait_for(lambda: index(server).get(("broken", "1"), {}).get("state") == "READY")
+    np.testing.assert_array_equal(scaled_infer(client, "broken"), [2, 4, 6, 8])
 
     shutil.rmtree(repo / "added")                                         # a removed model
     wait_for(lambda: index(server).get(("added", "1"), {}).get("state") == "UNAVAILABLE")
