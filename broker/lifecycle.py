@@ -29,7 +29,13 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from broker.registry import AgentRecord, ModelRecord, ModelVersion, Registry, VersionState
+from broker.registry import (
+    AgentRecord,
+    ModelRecord,
+    ModelVersion,
+    Registry,
+    VersionState,
+)
 from repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
 from repo.backends import ENSEMBLE_PLATFORM
 from repo.json_form import config_to_json_dict

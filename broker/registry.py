@@ -134,6 +134,7 @@ class Registry:
         self.agents: dict[bytes, AgentRecord] = {}
         self.instances: dict[bytes, InstanceRecord] = {}
         self.host_metrics: dict[str, dict] = {}   # host name -> the agent's last HOST_METRICS
+        self.shared_memory: dict[str, dict] = {}  # client shm regions, which every gateway maps
         self.generation = 0  # bumped whenever what gateways see changes
 
     def set_state(self, version: ModelVersion, state: VersionState, reason: str = "") -> None:
@@ -178,4 +179,4 @@ class Registry:
                     rows[number] = [number, VersionState.UNAVAILABLE.value, error, False]
             entry["versions"] = [rows[number] for number in sorted(rows)]
             models.append(entry)
-        return {"generation": self.generation, "models": models, "ready": self.server_ready()}
+        return {"generation": self.generation, "shm": list(self.shared_memory.values()), "models": models, "ready": self.server_ready()}

@@ -12,7 +12,14 @@ import logging
 import time
 from collections.abc import Callable
 
-from broker.registry import Batch, InstanceRecord, ModelVersion, PendingRequest, Registry, VersionState
+from broker.registry import (
+    Batch,
+    InstanceRecord,
+    ModelVersion,
+    PendingRequest,
+    Registry,
+    VersionState,
+)
 from tritium.errors import NotFound, TritiumError, Unavailable
 from tritium.protocol import Kind, decode, encode, error_record
 

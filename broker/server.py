@@ -13,16 +13,27 @@ from dataclasses import dataclass
 
 import zmq
 
-from broker.metrics import DEFAULT_HISTOGRAM_BUCKETS_MS, MetricsSettings, TritonCollector, start_metrics_server
 from broker.lifecycle import ControlSettings, ModelLifecycle
-from broker.registry import AgentRecord, InstanceRecord, ModelVersion, Registry, VersionState
+from broker.metrics import (
+    DEFAULT_HISTOGRAM_BUCKETS_MS,
+    MetricsSettings,
+    TritonCollector,
+    start_metrics_server,
+)
+from broker.registry import (
+    AgentRecord,
+    InstanceRecord,
+    ModelVersion,
+    Registry,
+    VersionState,
+)
 from broker.scheduler import Scheduler
 from repo import ModelRepository, RepositoryOptions
 from tritium import notify
+from tritium.errors import AlreadyExists, InvalidArgument, ProtocolError, TritiumError
 from tritium.gctune import tune_for_serving
-from tritium.signals import SignalWaker
-from tritium.errors import InvalidArgument, ProtocolError, TritiumError
 from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
+from tritium.signals import SignalWaker
 from tritium.zmqio import recv_parts, send_parts
 
 log = logging.getLogger(__name__)
@@ -227,7 +238,31 @@ class Broker:
         if op == "unload":
             self.lifecycle.unload(_model_name(args), bool(args.get("unload_dependents")))
             return {}
+        if op == "shm_register":
+            return self._register_region(args)
+        if op == "shm_unregister":
+            self._unregister_region(args.get("name"))
+            return {}
         raise InvalidArgument(f"unknown control operation '{op}'")
+
+    def _register_region(self, args: dict) -> dict:
+        """Record a client's shared memory region (the gateway checked it maps)."""
+        name = args.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument("a shared memory region needs a name")
+        if name in self.registry.shared_memory:
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        self.registry.shared_memory[name] = {"name": name, "key": str(args["key"]), "offset": int(args["offset"]),
+                                             "byte_size": int(args["byte_size"])}
+        self.registry.generation += 1
+        return {}
+
+    def _unregister_region(self, name: str | None) -> None:
+        if name is None:
+            self.registry.shared_memory.clear()
+        else:
+            self.registry.shared_memory.pop(name, None)  # unknown names succeed, as in Triton
+        self.registry.generation += 1
 
     def _failures(self) -> list[str]:
         failures = []

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import zmq
 
 from gateway.model_table import ModelTable
+from gateway.shared_memory import SharedMemoryRegions
 from tritium.errors import TritiumError, Unavailable
 from tritium.hosts import host_name
 from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
@@ -48,6 +49,7 @@ class BrokerLink:
         self.sock.setsockopt(zmq.RCVHWM, 100_000)
         self.sock.connect(address)
         self.models = ModelTable()
+        self.shared_memory = SharedMemoryRegions()   # follows the broker's list, like the model table
         self._models_received = asyncio.Event()
         self._pending: dict[int, asyncio.Future] = {}
         self._streams: dict[int, asyncio.Queue] = {}   # requests answered 0..N times (decoupled)
@@ -143,6 +145,7 @@ class BrokerLink:
                     future.set_result(Reply(header, record, offset, external))
             elif kind == Kind.MODELS:
                 self.models.update(header)
+                self.shared_memory.apply(header.get("shm", ()))
                 self._models_received.set()
             elif kind == Kind.REFUSED:
                 log.error("the broker refused this gateway: %s", header.get("reason"))

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 from gateway.broker_link import BrokerLink
 from gateway.inference import InferRequest, InferResult, OutputTensor
+from gateway.shared_memory import SHM_DISABLED, map_region
 from gateway.validation import check_single_response, validate_request
 from tritium import __version__
-from tritium.errors import InvalidArgument, TritiumError
+from tritium.errors import InvalidArgument, TritiumError, Unsupported
 from tritium.protocol import Kind, split_tensors, tensor_views
 
 HTTP_DECOUPLED = "HTTP end point doesn't support models with decoupled transaction policy"
@@ -21,7 +22,7 @@ GRPC_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transacti
 
 # Triton's extension names, in Triton's order, limited to what tritium implements.
 EXTENSIONS = ("model_repository", "model_repository(unload_dependents)", "model_configuration",
-              "binary_tensor_data", "parameters", "statistics")
+              "system_shared_memory", "binary_tensor_data", "parameters", "statistics")
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,9 @@ class ServerIdentity:
 
 class DataPlane:
     def __init__(self, link: BrokerLink, identity: ServerIdentity = ServerIdentity(),
-                 strict_readiness: bool = True) -> None:
+                 strict_readiness: bool = True, allow_client_shm: bool = False) -> None:
         self.link = link
+        self.allow_client_shm = allow_client_shm
         self.identity = identity
         self.strict_readiness = strict_readiness
         self.shutting_down = False
@@ -110,7 +112,7 @@ class DataPlane:
         """One request, one response; a decoupled model is refused with ``single_response_only``."""
         spec, version, header, inline, external = self._prepare(request, single_response_only)
         reply = await self.link.request(header, inline, external)
-        result = self._result(spec.name, version, request.id, reply)
+        result = self._result(spec.name, version, request, reply)
         if isinstance(result, TritiumError):
             raise result
         return result
@@ -125,12 +127,13 @@ class DataPlane:
                 yield reply, True
                 return
             final = reply.header.get("final", True)
-            yield (None if reply.header.get("empty") else self._result(spec.name, version, request.id, reply)), final
+            yield (None if reply.header.get("empty") else self._result(spec.name, version, request, reply)), final
             if final:
                 return
 
     def _prepare(self, request: InferRequest, single_response_only: str | None):
         spec, version = self.link.models.resolve(request.model, request.version)
+        self._read_shared_memory(request)
         try:
             if single_response_only is not None:
                 check_single_response(spec, single_response_only)
@@ -149,15 +152,60 @@ class DataPlane:
             header["params"] = request.parameters
         return spec, version, header, inline, external
 
-    @staticmethod
-    def _result(model: str, version: int, request_id: str, reply) -> InferResult | TritiumError:
+    def _result(self, model: str, version: int, request: InferRequest, reply) -> InferResult | TritiumError:
         answer = reply.header
         if "err" in answer:
-            return _with_request_id(TritiumError.from_wire(answer["err"]), request_id)
+            return _with_request_id(TritiumError.from_wire(answer["err"]), request.id)
         descriptors = answer.get("outputs", [])
         views = tensor_views(descriptors, reply.record, reply.offset, reply.external)
         outputs = [OutputTensor(d[0], d[1], d[2], view) for d, view in zip(descriptors, views)]
-        return InferResult(model, version, request_id, outputs, answer.get("params") or {})
+        if request.outputs:
+            try:
+                self._write_shared_memory(request.outputs, outputs)
+            except TritiumError as exc:
+                return exc
+        return InferResult(model, version, request.id, outputs, answer.get("params") or {})
+
+    # -- system shared memory ---------------------------------------------------------------
+
+    def _read_shared_memory(self, request: InferRequest) -> None:
+        """Inputs named by region get their bytes; output regions are checked before inference."""
+        regions = self.link.shared_memory
+        for tensor in request.inputs:
+            if tensor.shared_memory is not None:
+                tensor.data = regions.read(tensor.shared_memory)
+        for output in request.outputs or ():
+            if output.shared_memory is not None:
+                regions.check(output.shared_memory)
+
+    def _write_shared_memory(self, requested: list, outputs: list[OutputTensor]) -> None:
+        targets = {o.name: o.shared_memory for o in requested if o.shared_memory is not None}
+        for output in outputs:
+            target = targets.get(output.name)
+            if target is not None:
+                self.link.shared_memory.write(target, output.name, output.data)
+                output.in_shared_memory = True
+
+    def shared_memory_status(self, name: str | None) -> list[dict]:
+        return self.link.shared_memory.status(name)
+
+    async def register_shared_memory(self, name: str, key, offset, byte_size) -> None:
+        if not self.allow_client_shm:
+            raise Unsupported(SHM_DISABLED)
+        if not isinstance(key, str):
+            raise InvalidArgument("Shared memory register request has no 'key' field")
+        if byte_size is None:
+            raise InvalidArgument("Shared memory register request has no 'byte_size' field")
+        for field, value in (("offset", offset), ("byte_size", byte_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument(f"Unable to parse '{field}': expected an unsigned integer")
+        map_region(key, offset, byte_size).close()  # fails here, for this client, if it cannot be mapped
+        await self._control("shm_register", {"name": name, "key": key, "offset": offset, "byte_size": byte_size})
+
+    async def unregister_shared_memory(self, name: str | None) -> None:
+        if not self.allow_client_shm:
+            raise Unsupported(SHM_DISABLED)
+        await self._control("shm_unregister", {"name": name})
 
 
 def _with_request_id(error: TritiumError, request_id: str) -> TritiumError:

@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from gateway.grpc_codec import decode_infer_request, encode_infer_response
+from gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.errors import InvalidArgument, TritiumError, Unsupported
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,45 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise InvalidArgument("Unable to parse 'unload_dependents', expect bool")
         await self.dataplane.unload_model(request.model_name, dependents)
         return service_pb2.RepositoryModelUnloadResponse()
+
+    # -- system shared memory ---------------------------------------------------------------
+
+    @_rpc
+    async def SystemSharedMemoryStatus(self, request, context):
+        response = service_pb2.SystemSharedMemoryStatusResponse()
+        for region in self.dataplane.shared_memory_status(request.name or None):
+            response.regions[region["name"]].CopyFrom(
+                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
+
+    @_rpc
+    async def SystemSharedMemoryRegister(self, request, context):
+        await self.dataplane.register_shared_memory(request.name, request.key, request.offset, request.byte_size)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    @_rpc
+    async def SystemSharedMemoryUnregister(self, request, context):
+        await self.dataplane.unregister_shared_memory(request.name or None)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory: nothing can be registered (the gateway has no CUDA), so status is
+    # empty and unregistering succeeds, which clients such as perf_analyzer do on exit.
+
+    @_rpc
+    async def CudaSharedMemoryStatus(self, request, context):
+        return service_pb2.CudaSharedMemoryStatusResponse()
+
+    @_rpc
+    async def CudaSharedMemoryRegister(self, request, context):
+        raise Unsupported(CUDA_SHM_UNSUPPORTED)
+
+    @_rpc
+    async def CudaSharedMemoryUnregister(self, request, context):
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+    @_rpc
+    async def TraceSetting(self, request, context):
+        raise Unsupported("the trace extension is not supported by tritium yet")
 
     # -- inference ----------------------------------------------------------------------
 

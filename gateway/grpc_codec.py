@@ -14,6 +14,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from gateway.inference import InferRequest, InferResult, InputTensor, RequestedOutput
+from gateway.shared_memory import shared_memory_ref
 from tritium import datatypes
 from tritium.errors import InvalidArgument, Unsupported
 
@@ -61,26 +62,29 @@ def fill_parameters(target, values: dict) -> None:
 def decode_infer_request(message) -> InferRequest:
     model = message.model_name
     raw = message.raw_input_contents
-    if raw and len(raw) != len(message.inputs):
+    # Inputs in shared memory have no raw_input_contents entry (tritonclient sends none).
+    shared = [shared_memory_ref(f"input '{t.name}'", parameters_to_dict(t.parameters)) for t in message.inputs]
+    expected = sum(ref is None for ref in shared)
+    if raw and len(raw) != expected:
         raise InvalidArgument(
-            f"expected {len(message.inputs)} raw_input_contents for model '{model}', got {len(raw)}")
-    inputs = []
-    for index, tensor in enumerate(message.inputs):
+            f"expected {expected} raw_input_contents for model '{model}', got {len(raw)}")
+    inputs, position = [], 0
+    for tensor, ref in zip(message.inputs, shared, strict=True):
         shape = list(tensor.shape)
         if any(d < 0 for d in shape):
             raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has a negative dimension")
-        parameters = parameters_to_dict(tensor.parameters)
-        if "shared_memory_region" in parameters:
-            raise Unsupported(f"input '{tensor.name}': shared memory is not supported by tritium yet")
-        if raw:
+        if ref is not None:
+            data = b""
+        elif raw:
             if tensor.HasField("contents") and tensor.contents.ByteSize():
                 raise InvalidArgument(
                     f"contents field must not be specified when using raw_input_contents for "
                     f"'{tensor.name}' for model '{model}'")
-            data = raw[index]
+            data = raw[position]
+            position += 1
         else:
             data = contents_to_bytes(model, tensor)
-        inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data))
+        inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data, ref))
     outputs = None
     if len(message.outputs):
         outputs = []
@@ -88,9 +92,8 @@ def decode_infer_request(message) -> InferRequest:
             parameters = parameters_to_dict(output.parameters)
             if "classification" in parameters:
                 raise Unsupported("the classification extension is not supported by tritium yet")
-            if "shared_memory_region" in parameters:
-                raise Unsupported(f"output '{output.name}': shared memory is not supported by tritium yet")
-            outputs.append(RequestedOutput(output.name, parameters))
+            outputs.append(RequestedOutput(output.name, parameters,
+                                           shared_memory_ref(f"output '{output.name}'", parameters)))
     return InferRequest(model=model, version=message.model_version or None, inputs=inputs, outputs=outputs,
                         id=message.id, parameters=parameters_to_dict(message.parameters, reserved_check=True))
 
@@ -114,6 +117,7 @@ def encode_infer_response(result: InferResult, parameters: dict | None = None):
                                               id=result.id)
     for output in result.outputs:  # data in raw_output_contents, never in the typed contents
         response.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
-        response.raw_output_contents.append(bytes(output.data))
+        # An output in shared memory keeps its place with an empty entry, so indexes still match.
+        response.raw_output_contents.append(b"" if output.in_shared_memory else bytes(output.data))
     fill_parameters(response.parameters, {**result.parameters, **(parameters or {})})
     return response

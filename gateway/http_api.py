@@ -13,7 +13,12 @@ import zlib
 import orjson
 
 from gateway.dataplane import DataPlane
-from gateway.http_codec import decode_infer_request, encode_infer_response, parse_json_object
+from gateway.http_codec import (
+    decode_infer_request,
+    encode_infer_response,
+    parse_json_object,
+)
+from gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.errors import InvalidArgument, TritiumError, Unsupported
 
 log = logging.getLogger(__name__)
@@ -22,6 +27,7 @@ _SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
 _MODEL = re.compile(
     r"/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?")
 _REPOSITORY = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
+_SHARED_MEMORY = re.compile(r"/v2/(systemsharedmemory|cudasharedmemory)(?:/region/([^/]+))?/(status|register|unregister)")
 _JSON = [(b"content-type", b"application/json")]
 _TEXT = [(b"content-type", b"text/plain")]
 _GET_ACTIONS = {None, "ready", "config", "stats"}
@@ -89,6 +95,9 @@ class HttpApp:
             if method != "POST":
                 return _NOT_ALLOWED
             return await self._repository_route(scope, receive, *match.groups())
+        match = _SHARED_MEMORY.fullmatch(path)
+        if match is not None:
+            return await self._shared_memory_route(scope, receive, method, *match.groups())
         match = _SERVER.fullmatch(path)
         if match is not None:
             if method != "GET":
@@ -139,6 +148,25 @@ class HttpApp:
             if not isinstance(dependents, bool):
                 raise InvalidArgument("Unable to parse 'unload_dependents', expect bool")
             await self.dataplane.unload_model(model, dependents)
+        return _EMPTY_OK_JSON
+
+    async def _shared_memory_route(self, scope, receive, method, kind, region, action) -> HttpResponse:
+        if method != ("GET" if action == "status" else "POST"):
+            return _NOT_ALLOWED
+        if kind == "cudasharedmemory":  # no CUDA in the gateway: nothing is ever registered
+            if action == "register":
+                raise Unsupported(CUDA_SHM_UNSUPPORTED)
+            return json_response([]) if action == "status" else _EMPTY_OK_JSON
+        if action == "status":
+            return json_response(self.dataplane.shared_memory_status(region))
+        if action == "unregister":
+            await self.dataplane.unregister_shared_memory(region)
+            return _EMPTY_OK_JSON
+        if region is None:
+            return _NOT_FOUND
+        document = parse_json_object(await self._read_body(receive, _wanted_headers(scope)) or b"{}")
+        await self.dataplane.register_shared_memory(region, document.get("key"), document.get("offset", 0),
+                                                    document.get("byte_size"))
         return _EMPTY_OK_JSON
 
     async def _infer(self, scope, receive, model: str, version: str | None) -> HttpResponse:

@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 
 from gateway.inference import InferRequest, InferResult, InputTensor, RequestedOutput
+from gateway.shared_memory import shared_memory_ref
 from gateway.validation import element_count
 from tritium import datatypes
 from tritium.errors import InvalidArgument, Unsupported
@@ -99,9 +100,10 @@ def _inputs(model: str, value, binary: memoryview, has_header_length: bool) -> l
                 "Input must set only one of the following fields: 'data', 'binary_data_size' in "
                 "'parameters', 'shared_memory_region' in 'parameters'. But "
                 + ("no field is set" if sources == 0 else "more than one field is set"))
-        if "shared_memory_region" in parameters:
-            raise Unsupported(f"input '{name}': shared memory is not supported by tritium yet")
-        if size is not None:
+        shared = shared_memory_ref(f"input '{name}'", parameters)
+        if shared is not None:
+            data = b""
+        elif size is not None:
             if not has_header_length:
                 raise InvalidArgument(
                     "must specify valid 'Infer-Header-Content-Length' in request header and "
@@ -116,7 +118,7 @@ def _inputs(model: str, value, binary: memoryview, has_header_length: bool) -> l
             offset += size
         else:
             data = json_to_bytes(model, name, datatype, shape, item["data"])
-        inputs.append(InputTensor(name, datatype, shape, data))
+        inputs.append(InputTensor(name, datatype, shape, data, shared))
     if offset != len(binary):
         raise InvalidArgument(f"unexpected additional input data for model '{model}'")
     return inputs
@@ -150,9 +152,10 @@ def _outputs(value) -> list[RequestedOutput] | None:
         parameters = _parameters(item.get("parameters"), f"output '{item['name']}'")
         if "classification" in parameters:
             raise Unsupported("the classification extension is not supported by tritium yet")
-        if "shared_memory_region" in parameters:
-            raise Unsupported(f"output '{item['name']}': shared memory is not supported by tritium yet")
-        outputs.append(RequestedOutput(item["name"], parameters))
+        shared = shared_memory_ref(f"output '{item['name']}'", parameters)
+        if shared is not None and parameters.get("binary_data") is True:
+            raise InvalidArgument("Output can't set both 'shared_memory_region' and 'binary_data'")
+        outputs.append(RequestedOutput(item["name"], parameters, shared))
     return outputs
 
 
@@ -220,6 +223,9 @@ def encode_infer_response(result: InferResult, requested: list[RequestedOutput] 
     for output in result.outputs:
         parameters = wanted.get(output.name, {})
         entry = {"name": output.name, "datatype": output.datatype, "shape": output.shape}
+        if output.in_shared_memory:  # name, datatype and shape only, as in Triton
+            outputs.append(entry)
+            continue
         if parameters.get("binary_data", binary_default):
             data = output.data if isinstance(output.data, (bytes, memoryview)) else memoryview(output.data)
             entry["parameters"] = {"binary_data_size": len(data)}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.shared_memory import SharedMemoryRef
+
 
 @dataclass(slots=True)
 class InputTensor:
@@ -11,12 +13,14 @@ class InputTensor:
     datatype: str
     shape: list[int]
     data: bytes | memoryview      # little-endian row-major bytes; BYTES length-prefixed
+    shared_memory: SharedMemoryRef | None = None   # the data is there instead (read by the data plane)
 
 
 @dataclass(slots=True)
 class RequestedOutput:
     name: str
     parameters: dict = field(default_factory=dict)
+    shared_memory: SharedMemoryRef | None = None   # write the result there, not in the response
 
 
 @dataclass(slots=True)
@@ -35,6 +39,7 @@ class OutputTensor:
     datatype: str
     shape: list[int]
     data: object                  # a buffer: bytes, memoryview or zmq frame buffer
+    in_shared_memory: bool = False  # written to the client's region; the response carries no data
 
 
 @dataclass(slots=True)

@@ -16,8 +16,8 @@ import uvloop
 
 from gateway.broker_link import BrokerLink
 from gateway.dataplane import DataPlane, ServerIdentity
-from gateway.http_api import HttpApp
 from gateway.grpc_api import start_grpc
+from gateway.http_api import HttpApp
 from gateway.http_protocol import GatewayHttpProtocol
 from tritium import notify
 from tritium.gctune import tune_for_serving
@@ -36,6 +36,7 @@ class GatewaySettings:
     exit_timeout_s: float = 30.0
     server_id: str = "triton"
     strict_readiness: bool = True
+    allow_client_shm: bool = False
     broker_timeout_s: float | None = None   # how long to wait for the broker's first model table
 
 
@@ -53,7 +54,7 @@ def listening_socket(address: str, port: int) -> socket.socket:
 async def serve(settings: GatewaySettings) -> None:
     link = BrokerLink(settings.broker)
     dataplane = DataPlane(link, ServerIdentity(name=settings.server_id),
-                          strict_readiness=settings.strict_readiness)
+                          strict_readiness=settings.strict_readiness, allow_client_shm=settings.allow_client_shm)
     app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes + 1024 * 1024)
     sock = listening_socket(settings.http_address, settings.http_port)
     config = uvicorn.Config(app, http=GatewayHttpProtocol, loop="none", lifespan="off", access_log=False,

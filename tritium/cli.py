@@ -156,13 +156,15 @@ def main() -> None:
 @click.option("--backend-directory", default=None, help="Where custom backends are looked up.")
 @click.option("--http-max-input-size", default=64 * 1024 * 1024, show_default=True, type=int)
 @click.option("--id", "server_id", default="triton", show_default=True, help="Server name in /v2 metadata.")
+@click.option("--allow-client-shm", default="false", show_default=True,
+              help="Let clients register system shared memory regions (they must share the gateway's host).")
 @repository_options
 @model_control_options
 @click.pass_context
 def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_port, allow_grpc, metrics_port,
           metrics_address, allow_metrics, metrics_config, metrics_interval_ms, http_workers,
           exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, backend_directory,
-          http_max_input_size, server_id, model_control_mode, load_model, repository_poll_secs,
+          http_max_input_size, server_id, allow_client_shm, model_control_mode, load_model, repository_poll_secs,
           model_load_thread_count, **repository) -> None:
     """Run broker, a host agent and gateways on this machine."""
     from tritium import logs
@@ -186,7 +188,8 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
                                         "model_load_thread_count"]),
         gateway_args=("--http-max-input-size", str(http_max_input_size), "--id", server_id,
                       "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs),
-                      "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc),
+                      "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc,
+                      "--allow-client-shm", allow_client_shm),
         worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
                      *_pass_through(ctx, ["backend_directory", "backend_config", "metrics_interval_ms"])),
     )
@@ -238,8 +241,9 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
 @click.option("--strict-readiness", default="true", show_default=True)
 @click.option("--id", "server_id", default="triton", show_default=True)
 @click.option("--log-verbose", default="0")
+@click.option("--allow-client-shm", default="false", show_default=True)
 def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, allow_grpc, http_max_input_size,
-            exit_timeout_secs, strict_readiness, server_id, log_verbose) -> None:
+            exit_timeout_secs, strict_readiness, server_id, log_verbose, allow_client_shm) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
     from gateway.server import GatewaySettings, run
     from tritium import logs
@@ -248,7 +252,8 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
     run(GatewaySettings(broker=broker_address, http_address=http_address, http_port=http_port,
                         grpc_address=grpc_address, grpc_port=grpc_port if _bool(allow_grpc) else None,
                         max_input_bytes=http_max_input_size, exit_timeout_s=float(exit_timeout_secs),
-                        server_id=server_id, strict_readiness=_bool(strict_readiness)))
+                        server_id=server_id, strict_readiness=_bool(strict_readiness),
+                        allow_client_shm=_bool(allow_client_shm)))
 
 
 @main.command()

@@ -10,7 +10,8 @@ import pytest
 
 from gateway.http_codec import decode_infer_request, encode_infer_response, output_to_json
 from gateway.inference import InferResult, OutputTensor, RequestedOutput
-from tritium.errors import InvalidArgument, TritiumError, Unsupported
+from gateway.shared_memory import SharedMemoryRef
+from tritium.errors import InvalidArgument, TritiumError
 
 
 def decode(document: dict, binary: bytes = b"", header_length: int | None | str = "auto",
@@ -287,11 +288,48 @@ def test_header_length_equal_to_the_body_is_a_json_only_request():
     assert bytes(request.inputs[0].data) == np.array([1, -1], dtype="<i2").tobytes()
 
 
-def test_shared_memory_is_refused_as_unsupported():
-    error = decode_error({"inputs": [{"name": "A", "datatype": "FP32", "shape": [1],
-                                      "parameters": {"shared_memory_region": "r"}}]})
-    assert isinstance(error, Unsupported)
-    assert error.code.http_status == 501
+def test_shared_memory_references_are_read_from_parameters():
+    document = {"inputs": [{"name": "A", "datatype": "FP32", "shape": [4],
+                            "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16,
+                                           "shared_memory_offset": 32}}],
+                "outputs": [{"name": "O", "parameters": {"shared_memory_region": "s",
+                                                         "shared_memory_byte_size": 8}}]}
+    request, _ = decode_infer_request("m", None, orjson.dumps(document), None)
+    assert request.inputs[0].shared_memory == SharedMemoryRef("r", 32, 16)
+    assert request.inputs[0].data == b""
+    assert request.outputs[0].shared_memory == SharedMemoryRef("s", 0, 8)
+
+
+@pytest.mark.parametrize("document, message", [
+    ({"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1.0],
+                  "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4}}]},
+     "Input must set only one of the following fields"),
+    ({"inputs": [{"name": "A", "datatype": "FP32", "shape": [1],
+                  "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": "4"}}]},
+     "Unable to parse 'shared_memory_byte_size' of input 'A': expected an unsigned integer"),
+    ({"inputs": [{"name": "A", "datatype": "FP32", "shape": [1],
+                  "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4,
+                                 "shared_memory_offset": -1}}]},
+     "Unable to parse 'shared_memory_offset' of input 'A': expected an unsigned integer"),
+    ({"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1.0]}],
+      "outputs": [{"name": "O", "parameters": {"shared_memory_region": "s", "shared_memory_byte_size": 8,
+                                               "binary_data": True}}]},
+     "Output can't set both 'shared_memory_region' and 'binary_data'"),
+])
+def test_bad_shared_memory_parameters(document, message):
+    error = decode_error(document)
+    assert error.code.http_status == 400
+    assert message in error.message
+
+
+def test_outputs_in_shared_memory_carry_no_data():
+    output = fp32_output()
+    output.in_shared_memory = True
+    result = InferResult("m", 1, "", [output, fp32_output("P")])
+    headers, body = encode_infer_response(result, None, False)
+    document = orjson.loads(body)
+    assert document["outputs"][0] == {"name": "O", "datatype": "FP32", "shape": [2]}
+    assert "data" in document["outputs"][1]
 
 
 # -- responses --------------------------------------------------------------------------------

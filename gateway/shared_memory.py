@@ -1,0 +1,137 @@
+"""Triton's system shared memory extension, on the gateway side.
+
+Clients on the gateway's host put tensors in POSIX shared memory and name the region in
+a request instead of sending the bytes. Registrations go through the broker, which
+pushes the list of regions to every gateway process (they share the ports), and each
+gateway maps a region the first time it sees it. Only gateways touch client memory:
+workers may run on other hosts.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+from dataclasses import dataclass
+
+from tritium.errors import InvalidArgument, NotFound
+
+log = logging.getLogger(__name__)
+
+_SHM_ROOT = "/dev/shm"
+CUDA_SHM_UNSUPPORTED = "CUDA shared memory is not supported by tritium; use system shared memory"
+SHM_DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+
+
+@dataclass(frozen=True, slots=True)
+class SharedMemoryRef:
+    """Where a tensor lives: a registered region, an offset in it and a byte size."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(eq=False)
+class Region:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    mapping: mmap.mmap
+
+    def status(self) -> dict:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+def map_region(key: str, offset: int, byte_size: int) -> mmap.mmap:
+    """Map the POSIX shared memory object ``key``; it must hold offset + byte_size bytes."""
+    path = os.path.join(_SHM_ROOT, key.lstrip("/"))
+    if "/" in key.lstrip("/") or not key.strip("/"):
+        raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        raise InvalidArgument(f"Unable to open shared memory region: '{key}'") from None
+    try:
+        size = os.fstat(fd).st_size
+        if offset < 0 or byte_size <= 0 or offset + byte_size > size:
+            raise InvalidArgument(f"Invalid shared memory region: '{key}'")
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+class SharedMemoryRegions:
+    """The regions registered with the broker, as this gateway has mapped them."""
+
+    def __init__(self) -> None:
+        self._regions: dict[str, Region] = {}
+
+    def apply(self, table: list[dict]) -> None:
+        """Follow the broker's list: map new regions, unmap the ones that went away."""
+        wanted = {entry["name"]: entry for entry in table}
+        for name, region in list(self._regions.items()):
+            entry = wanted.get(name)
+            if entry is None or (entry["key"], entry["offset"], entry["byte_size"]) != \
+                    (region.key, region.offset, region.byte_size):
+                del self._regions[name]
+                region.mapping.close()
+        for name, entry in wanted.items():
+            if name in self._regions:
+                continue
+            try:
+                mapping = map_region(entry["key"], entry["offset"], entry["byte_size"])
+            except InvalidArgument as exc:  # gone since it was registered: requests naming it fail
+                log.warning("shared memory region '%s': %s", name, exc.message)
+                continue
+            self._regions[name] = Region(name, entry["key"], entry["offset"], entry["byte_size"], mapping)
+
+    def status(self, name: str | None) -> list[dict]:
+        if name is None:
+            return [region.status() for region in self._regions.values()]
+        region = self._regions.get(name)
+        if region is None:
+            raise NotFound(f"Unable to find system shared memory region: '{name}'")
+        return [region.status()]
+
+    def read(self, ref: SharedMemoryRef) -> bytes:
+        """An input's bytes, copied: the client may reuse the region once answered."""
+        start = self._span(ref)
+        return self._regions[ref.region].mapping[start:start + ref.byte_size]
+
+    def write(self, ref: SharedMemoryRef, output: str, data) -> None:
+        start = self._span(ref)
+        size = len(memoryview(data).cast("B"))
+        if size > ref.byte_size:
+            raise InvalidArgument(
+                f"shared memory size specified with the request for output '{output}' ({ref.byte_size} bytes) "
+                f"should be at least {size} bytes to hold the results")
+        self._regions[ref.region].mapping[start:start + size] = memoryview(data).cast("B")
+
+    def check(self, ref: SharedMemoryRef) -> None:
+        self._span(ref)
+
+    def _span(self, ref: SharedMemoryRef) -> int:
+        region = self._regions.get(ref.region)
+        if region is None:
+            raise NotFound(f"Unable to find shared memory region: '{ref.region}'")
+        if ref.offset < 0 or ref.byte_size <= 0 or ref.offset + ref.byte_size > region.byte_size:
+            raise InvalidArgument(f"Invalid offset + byte size for shared memory region: '{ref.region}'")
+        return region.offset + ref.offset
+
+
+def shared_memory_ref(owner: str, parameters: dict) -> SharedMemoryRef | None:
+    """The reference an input's or output's parameters make, or None; bad values are 400s."""
+    region = parameters.get("shared_memory_region")
+    if region is None:
+        return None
+    if not isinstance(region, str):
+        raise InvalidArgument(f"Unable to parse 'shared_memory_region' of {owner}: expected a string")
+    values = []
+    for key, default in (("shared_memory_offset", 0), ("shared_memory_byte_size", 0)):
+        value = parameters.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidArgument(f"Unable to parse '{key}' of {owner}: expected an unsigned integer")
+        values.append(value)
+    return SharedMemoryRef(region, values[0], values[1])
