@@ -29,7 +29,8 @@ from broker.registry import (
 )
 from broker.scheduler import Scheduler
 from repo import ModelRepository, RepositoryOptions
-from tritium import notify
+from tritium import logs, notify
+from tritium.logs import LogSettings
 from tritium.errors import AlreadyExists, InvalidArgument, ProtocolError, TritiumError
 from tritium.gctune import tune_for_serving
 from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
@@ -51,6 +52,7 @@ class BrokerSettings:
     repository: RepositoryOptions = RepositoryOptions()
     metrics: MetricsSettings | None = MetricsSettings()   # None: no metrics endpoint
     control: ControlSettings = ControlSettings()
+    log_verbose: int = 0
 
 
 class Broker:
@@ -65,6 +67,7 @@ class Broker:
         self._pushed_generation = -1
         self._running = True
         self.repository = ModelRepository(settings.model_repositories, settings.repository)
+        self.log_settings = LogSettings(log_verbose_level=settings.log_verbose)
         self.lifecycle = ModelLifecycle(self.registry, self.repository, self.scheduler, self._send_backend,
                                         settings.control, self._new_version)
 
@@ -197,6 +200,7 @@ class Broker:
         self.gateways.add(peer)
         log.info("gateway %s connected", peer.decode(errors="replace"))
         self._send_frontend([peer, encode({"k": Kind.MODELS, **self.registry.table()})])
+        self._send_frontend([peer, self._log_settings_message()])
 
     def _push_models(self) -> None:
         self._pushed_generation = self.registry.generation
@@ -238,12 +242,30 @@ class Broker:
         if op == "unload":
             self.lifecycle.unload(_model_name(args), bool(args.get("unload_dependents")))
             return {}
+        if op == "log_settings":
+            return self._change_log_settings(args.get("changes") or {})
         if op == "shm_register":
             return self._register_region(args)
         if op == "shm_unregister":
             self._unregister_region(args.get("name"))
             return {}
         raise InvalidArgument(f"unknown control operation '{op}'")
+
+    def _change_log_settings(self, changes: dict) -> dict:
+        """Triton's logging extension: the new settings reach every process."""
+        settings = self.log_settings.updated(changes)
+        if settings != self.log_settings:
+            self.log_settings = settings
+            logs.apply(settings)
+            log.info("log settings changed: %s", settings.as_dict())
+            for gateway in self.gateways:
+                self._send_frontend([gateway, self._log_settings_message()])
+            for peer in [*self.registry.agents, *self.registry.instances]:
+                self._send_backend([peer, self._log_settings_message()])
+        return settings.as_dict()
+
+    def _log_settings_message(self) -> bytes:
+        return encode({"k": Kind.LOG_SETTINGS, "settings": self.log_settings.as_dict()})
 
     def _register_region(self, args: dict) -> dict:
         """Record a client's shared memory region (the gateway checked it maps)."""
@@ -339,6 +361,7 @@ class Broker:
                                 tuple(models) if models else None)
             self.registry.agents[peer] = agent
             log.info("host agent %s joined (host %s, gpus %s)", peer.decode(), agent.host, list(agent.gpus))
+            self._send_backend([peer, self._log_settings_message()])
             self._send_backend([peer, encode({"k": Kind.ASSIGN, "models": self.lifecycle.assignments_for(agent)})])
         elif role == "instance":
             self._on_instance_hello(peer, header)

@@ -18,6 +18,7 @@ import zmq
 
 from gateway.model_table import ModelTable
 from gateway.shared_memory import SharedMemoryRegions
+from tritium import logs
 from tritium.errors import TritiumError, Unavailable
 from tritium.hosts import host_name
 from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
@@ -147,5 +148,7 @@ class BrokerLink:
                 self.models.update(header)
                 self.shared_memory.apply(header.get("shm", ()))
                 self._models_received.set()
+            elif kind == Kind.LOG_SETTINGS:
+                logs.apply_wire(header["settings"])
             elif kind == Kind.REFUSED:
                 log.error("the broker refused this gateway: %s", header.get("reason"))

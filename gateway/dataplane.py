@@ -6,6 +6,7 @@ validates inference requests against the model's config, and forwards them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -17,12 +18,14 @@ from tritium import __version__
 from tritium.errors import InvalidArgument, TritiumError, Unsupported
 from tritium.protocol import Kind, split_tensors, tensor_views
 
+log = logging.getLogger(__name__)
+
 HTTP_DECOUPLED = "HTTP end point doesn't support models with decoupled transaction policy"
 GRPC_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 # Triton's extension names, in Triton's order, limited to what tritium implements.
 EXTENSIONS = ("model_repository", "model_repository(unload_dependents)", "model_configuration",
-              "system_shared_memory", "binary_tensor_data", "parameters", "statistics")
+              "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "logging")
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class DataPlane:
         await self._control("unload", {"model": name, "unload_dependents": unload_dependents})
 
     async def _control(self, op: str, args: dict):
+        log.debug("control request %s%s", op, f" for model {args['model']}" if args.get("model") else "")
         reply = (await self.link.request({"k": Kind.CONTROL, "op": op, "args": args})).header
         if "err" in reply:
             raise TritiumError.from_wire(reply["err"])
@@ -165,6 +169,12 @@ class DataPlane:
             except TritiumError as exc:
                 return exc
         return InferResult(model, version, request.id, outputs, answer.get("params") or {})
+
+    # -- logging --------------------------------------------------------------------------
+
+    async def log_settings(self, changes: dict | None = None) -> dict:
+        """Triton's logging settings, after applying ``changes`` to every process."""
+        return await self._control("log_settings", {"changes": changes or {}})
 
     # -- system shared memory ---------------------------------------------------------------
 

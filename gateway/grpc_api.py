@@ -164,6 +164,21 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.CudaSharedMemoryUnregisterResponse()
 
     @_rpc
+    async def LogSettings(self, request, context):
+        changes = {key: getattr(value, value.WhichOneof("parameter_choice"))
+                   for key, value in request.settings.items() if value.WhichOneof("parameter_choice")}
+        response = service_pb2.LogSettingsResponse()
+        for key, value in (await self.dataplane.log_settings(changes)).items():
+            setting = response.settings[key]
+            if isinstance(value, bool):
+                setting.bool_param = value
+            elif isinstance(value, int):
+                setting.uint32_param = value
+            else:
+                setting.string_param = value
+        return response
+
+    @_rpc
     async def TraceSetting(self, request, context):
         raise Unsupported("the trace extension is not supported by tritium yet")
 

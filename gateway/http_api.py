@@ -95,6 +95,13 @@ class HttpApp:
             if method != "POST":
                 return _NOT_ALLOWED
             return await self._repository_route(scope, receive, *match.groups())
+        if path == "/v2/logging":
+            if method == "GET":
+                return json_response(await self.dataplane.log_settings())
+            if method != "POST":
+                return _NOT_ALLOWED
+            body = await self._read_body(receive, _wanted_headers(scope))
+            return json_response(await self.dataplane.log_settings(parse_json_object(body) if body.strip() else {}))
         match = _SHARED_MEMORY.fullmatch(path)
         if match is not None:
             return await self._shared_memory_route(scope, receive, method, *match.groups())

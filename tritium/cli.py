@@ -223,7 +223,7 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
         if _bool(allow_metrics) else None
     control = control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count)
     settings = BrokerSettings(tuple(model_repository), frontend, backend, repository_settings(**repository),
-                              metrics=metrics, control=control)
+                              metrics=metrics, control=control, log_verbose=_log_verbose(log_verbose))
     server = Broker(settings)
     server.load_repository()
     server.run()

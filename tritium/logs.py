@@ -1,17 +1,105 @@
-"""Logging for every tritium process: one line per event, with the process role and pid."""
+"""Logging for every tritium process: one line per event, with the process role and pid.
+
+``LogSettings`` are Triton's logging extension settings. The broker owns them and sends
+them to every gateway, agent and instance when they change (``Kind.LOG_SETTINGS``), so
+that ``POST /v2/logging`` changes what every process logs.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
+from dataclasses import asdict, dataclass, replace
 
-_FORMAT = "%(asctime)s.%(msecs)03d %(levelname).1s {role}[%(process)d] %(name)s: %(message)s"
+from tritium.errors import InvalidArgument, Unsupported
+
+_FORMATS = {
+    "default": "%(asctime)s.%(msecs)03d %(levelname).1s {role}[%(process)d] %(name)s: %(message)s",
+    "ISO8601": "%(asctime)sZ %(levelname).1s {role}[%(process)d] %(name)s: %(message)s",
+}
+_DATE_FORMATS = {"default": "%Y-%m-%dT%H:%M:%S", "ISO8601": "%Y-%m-%dT%H:%M:%S"}
+
+_role = "tritium"
+_handler: logging.Handler | None = None
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    log_file: str = ""
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_verbose_level: int = 0
+    log_format: str = "default"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def updated(self, changes: dict) -> "LogSettings":
+        """These settings with a client's changes (Triton's keys; unknown keys and nulls are ignored)."""
+        values = {}
+        for key, value in changes.items():
+            if value is None or key not in _FIELDS:
+                continue
+            if key == "log_file":
+                raise Unsupported("log file location can not be updated through network protocol")
+            if key == "log_verbose_level":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise InvalidArgument("log_verbose_level must be an unsigned integer")
+            elif key == "log_format":
+                if value not in _FORMATS:
+                    raise InvalidArgument(f"invalid argument for --log_format, got: {value}")
+            elif not isinstance(value, bool):
+                raise InvalidArgument(f"{key} must be a boolean")
+            values[key] = value
+        return replace(self, **values)
+
+
+_FIELDS = frozenset(LogSettings.__dataclass_fields__)
+
+
+class _SettingsFilter(logging.Filter):
+    """Lets a record through when its level is turned on."""
+
+    def __init__(self, settings: LogSettings) -> None:
+        super().__init__()
+        self.settings = settings
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        s = self.settings
+        if record.levelno >= logging.ERROR:
+            return s.log_error
+        if record.levelno >= logging.WARNING:
+            return s.log_warning
+        if record.levelno >= logging.INFO:
+            return s.log_info
+        return s.log_verbose_level > 0
 
 
 def configure(role: str, verbose: int = 0) -> None:
     """Send logs to stderr, tagged with ``role``; ``verbose`` > 0 turns on debug lines."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(_FORMAT.format(role=role), datefmt="%Y-%m-%dT%H:%M:%S"))
+    global _role, _handler
+    _role = role
+    _handler = logging.StreamHandler(sys.stderr)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose > 0 else logging.INFO)
+    root.handlers[:] = [_handler]
+    apply(LogSettings(log_verbose_level=verbose))
+
+
+def apply(settings: LogSettings) -> None:
+    """Make this process log as ``settings`` say."""
+    if _handler is None:
+        return
+    formatter = logging.Formatter(_FORMATS[settings.log_format].format(role=_role),
+                                  datefmt=_DATE_FORMATS[settings.log_format])
+    if settings.log_format == "ISO8601":
+        formatter.converter = time.gmtime
+    _handler.setFormatter(formatter)
+    _handler.filters[:] = [_SettingsFilter(settings)]
+    logging.getLogger().setLevel(logging.DEBUG if settings.log_verbose_level > 0 else logging.INFO)
+
+
+def apply_wire(values: dict) -> None:
+    """Apply settings received from the broker."""
+    apply(LogSettings(**{k: v for k, v in values.items() if k in _FIELDS}))

@@ -88,6 +88,8 @@ class Kind(enum.IntEnum):
     HOST_METRICS = 46
     # any direction: liveness when nothing else flows
     HEARTBEAT = 50
+    # broker -> gateway, agent, instance: Triton's logging settings changed (or on joining)
+    LOG_SETTINGS = 51
 
 
 _KINDS = frozenset(int(k) for k in Kind)

@@ -27,7 +27,7 @@ from google.protobuf import json_format
 from repo import ModelConfig, ModelLoadError
 from repo.instance_groups import resolve_instance_groups
 from repo.json_form import config_to_json_dict
-from tritium import notify
+from tritium import logs, notify
 from tritium.hostmetrics import HostSampler
 from tritium.hosts import host_name
 from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
@@ -86,6 +86,7 @@ class HostAgent:
         self.children: list[Child] = []
         self._running = True
         self._sampler = HostSampler()
+        self._log_settings: dict | None = None
         self._shipped = Path(tempfile.mkdtemp(prefix="tritium-shipped-"))  # load API file overrides
         self._next_metrics = 0.0
 
@@ -133,6 +134,9 @@ class HostAgent:
             elif kind == Kind.UNASSIGN:
                 for item in header["models"]:
                     self._unassign(item.get("e", 0))
+            elif kind == Kind.LOG_SETTINGS:
+                logs.apply_wire(header["settings"])
+                self._log_settings = header["settings"]   # instances started from now on log so too
             elif kind == Kind.REFUSED:
                 log.error("the broker refused this agent: %s", header.get("reason"))
                 self._running = False
@@ -207,7 +211,7 @@ class HostAgent:
         child.incarnation += 1
         child.iid = (f"{self.identity}/{child.model}/{child.version}/{child.epoch}/{child.plan.key}/"
                      f"{child.incarnation}")
-        spec = dict(child.spec, iid=child.iid)
+        spec = dict(child.spec, iid=child.iid, log_settings=self._log_settings)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
         env["TRITIUM_INSTANCE_NAME"] = child.plan.name

@@ -130,6 +130,8 @@ def main() -> None:
     if os.getppid() != parent:
         sys.exit(ExitCode.ERROR)
     logs.configure(f"instance:{spec['model']}:{spec['key']}", spec.get("log_verbose", 0))
+    if spec.get("log_settings"):
+        logs.apply_wire(spec["log_settings"])
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, spec["iid"].encode())
@@ -182,6 +184,8 @@ def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: 
             header, _, _ = decode(frames[0])
             if header["k"] == Kind.BATCH:
                 send_parts(sock, executor.run(frames))
+            elif header["k"] == Kind.LOG_SETTINGS:
+                logs.apply_wire(header["settings"])
             elif header["k"] == Kind.REFUSED:
                 log.error("broker refused this instance: %s", header.get("reason"))
                 sys.exit(ExitCode.PROTOCOL_MISMATCH)

@@ -34,7 +34,8 @@ def test_server_metadata_lists_exactly_the_implemented_extensions(server):
     metadata = json.loads(body)
     assert metadata["name"] == "triton"
     assert metadata["extensions"] == ["model_repository", "model_repository(unload_dependents)", "model_configuration",
-                                     "system_shared_memory", "binary_tensor_data", "parameters", "statistics"]
+                                     "system_shared_memory", "binary_tensor_data", "parameters", "statistics",
+                                     "logging"]
 
 
 def test_model_metadata_has_batch_dimension_and_protocol_datatypes(server):

@@ -350,3 +350,74 @@ def test_poll_mode_follows_the_repository(polled):
     wait_for(lambda: index(server).get(("added", "1"), {}).get("state") == "UNAVAILABLE")
     with pytest.raises(InferenceServerException):
         scaled_infer(client, "added")
+
+
+# -- the logging extension (on this module's server, which logs model loads) -----------
+
+DEFAULT_LOG_SETTINGS = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+                        "log_verbose_level": 0, "log_format": "default"}
+
+
+def log_settings(server, changes: dict | None = None) -> dict:
+    if changes is None:
+        status, _, data = request(server.url, "GET", "/v2/logging")
+    else:
+        status, _, data = request(server.url, "POST", "/v2/logging", changes)
+    assert status == 200, data
+    return json.loads(data)
+
+
+def new_log_lines(server, since: int) -> list[str]:
+    return server.logs().splitlines()[since:]
+
+
+def test_log_settings_reach_every_process(server, repo):
+    assert log_settings(server) == DEFAULT_LOG_SETTINGS
+    try:
+        changed = log_settings(server, {"log_format": "ISO8601", "log_verbose_level": 1, "unknown_key": 1})
+        assert changed == {**DEFAULT_LOG_SETTINGS, "log_format": "ISO8601", "log_verbose_level": 1}
+        write_scaled(repo, "logged", 2)
+        mark = len(server.logs().splitlines())
+        assert load(server, "logged") == (200, b"")
+        lines = new_log_lines(server, mark)
+        # ISO8601 lines end their timestamp with Z; each role logged the load in that format.
+        for role in ("D gateway[", "I broker[", "I worker[", "I instance:logged:"):
+            assert any(f"Z {role}" in line for line in lines), (role, lines)
+
+        log_settings(server, {"log_info": False})
+        mark = len(server.logs().splitlines())
+        assert request(server.url, "POST", "/v2/repository/models/logged/unload")[0] == 200
+        assert load(server, "logged") == (200, b"")
+        assert load(server, "py_init_fails")[0] == 400
+        lines = new_log_lines(server, mark)
+        assert not any(" I " in line for line in lines), lines             # info is off everywhere...
+        assert any("Z E broker[" in line and "py_init_fails" in line for line in lines)  # ...errors are not
+    finally:
+        assert log_settings(server, {k: v for k, v in DEFAULT_LOG_SETTINGS.items() if k != "log_file"}) \
+            == DEFAULT_LOG_SETTINGS
+        request(server.url, "POST", "/v2/repository/models/py_init_fails/unload")
+
+
+@pytest.mark.parametrize("changes, status, message", [
+    ({"log_file": "/tmp/x.log"}, 501, "log file location can not be updated through network protocol"),
+    ({"log_info": "yes"}, 400, "log_info must be a boolean"),
+    ({"log_verbose_level": -1}, 400, "log_verbose_level must be an unsigned integer"),
+    ({"log_format": "xml"}, 400, "invalid argument for --log_format, got: xml"),
+])
+def test_bad_log_settings(server, changes, status, message):
+    got, _, data = request(server.url, "POST", "/v2/logging", changes)
+    assert (got, error_of(data)) == (status, message)
+    assert log_settings(server) == DEFAULT_LOG_SETTINGS
+
+
+def test_grpc_log_settings_round_trip(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    settings = client.get_log_settings(as_json=True)["settings"]
+    assert settings["log_verbose_level"] == {"uint32_param": 0}
+    assert settings["log_info"] == {"bool_param": True}
+    try:
+        updated = client.update_log_settings({"log_warning": False}, as_json=True)["settings"]
+        assert updated["log_warning"] == {"bool_param": False}
+        assert log_settings(server)["log_warning"] is False   # one set of settings, seen over HTTP too
+    finally:
+        client.update_log_settings({"log_warning": True})
