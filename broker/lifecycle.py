@@ -278,6 +278,7 @@ class ModelLifecycle:
             return
         record.error, record.definition, record.last_error = None, definition, None
         record.config_json = definition.config_json()
+        record.labels = {name: list(lines) for name, lines in definition.labels.items()} or None
         was_unloaded, record.unloaded = record.unloaded, False
         selected = {info.version: info for info in definition.versions}
         for number, info in selected.items():

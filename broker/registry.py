@@ -110,6 +110,7 @@ class ModelRecord:
     versions: dict[int, ModelVersion] = field(default_factory=dict)   # the versions requests go to
     version_errors: dict[int, str] = field(default_factory=dict)
     config_json: dict | None = None
+    labels: dict | None = None          # classification labels per output, for the gateways
     unloaded: bool = False              # unloaded through the API: unknown to clients, kept for the index
     unloaded_versions: set[int] = field(default_factory=set)
     last_error: str | None = None       # a reload that failed while the old versions kept serving
@@ -169,7 +170,8 @@ class Registry:
         models = []
         for record in self.models.values():
             entry = {"name": record.name, "error": None if record.unloaded else record.error, "versions": [],
-                     "config": None if record.unloaded else record.config_json}
+                     "config": None if record.unloaded else record.config_json,
+                     "labels": None if record.unloaded else record.labels}
             rows = {number: [number, VersionState.UNAVAILABLE.value, "unloaded", False]
                     for number in record.unloaded_versions}
             if not record.unloaded:

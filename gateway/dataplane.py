@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from gateway.broker_link import BrokerLink
+from gateway.classification import classify
 from gateway.inference import InferRequest, InferResult, OutputTensor
+from gateway.model_table import ModelSpec
 from gateway.shared_memory import SHM_DISABLED, map_region
 from gateway.validation import check_single_response, validate_request
 from tritium import __version__
@@ -24,7 +26,7 @@ HTTP_DECOUPLED = "HTTP end point doesn't support models with decoupled transacti
 GRPC_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 # Triton's extension names, in Triton's order, limited to what tritium implements.
-EXTENSIONS = ("model_repository", "model_repository(unload_dependents)", "model_configuration",
+EXTENSIONS = ("classification", "model_repository", "model_repository(unload_dependents)", "model_configuration",
               "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "logging")
 
 
@@ -116,7 +118,7 @@ class DataPlane:
         """One request, one response; a decoupled model is refused with ``single_response_only``."""
         spec, version, header, inline, external = self._prepare(request, single_response_only)
         reply = await self.link.request(header, inline, external)
-        result = self._result(spec.name, version, request, reply)
+        result = self._result(spec, version, request, reply)
         if isinstance(result, TritiumError):
             raise result
         return result
@@ -131,7 +133,7 @@ class DataPlane:
                 yield reply, True
                 return
             final = reply.header.get("final", True)
-            yield (None if reply.header.get("empty") else self._result(spec.name, version, request, reply)), final
+            yield (None if reply.header.get("empty") else self._result(spec, version, request, reply)), final
             if final:
                 return
 
@@ -156,7 +158,7 @@ class DataPlane:
             header["params"] = request.parameters
         return spec, version, header, inline, external
 
-    def _result(self, model: str, version: int, request: InferRequest, reply) -> InferResult | TritiumError:
+    def _result(self, spec: ModelSpec, version: int, request: InferRequest, reply) -> InferResult | TritiumError:
         answer = reply.header
         if "err" in answer:
             return _with_request_id(TritiumError.from_wire(answer["err"]), request.id)
@@ -165,10 +167,11 @@ class DataPlane:
         outputs = [OutputTensor(d[0], d[1], d[2], view) for d, view in zip(descriptors, views)]
         if request.outputs:
             try:
+                outputs = _classified(spec, request.outputs, outputs)
                 self._write_shared_memory(request.outputs, outputs)
             except TritiumError as exc:
                 return exc
-        return InferResult(model, version, request.id, outputs, answer.get("params") or {})
+        return InferResult(spec.name, version, request.id, outputs, answer.get("params") or {})
 
     # -- logging --------------------------------------------------------------------------
 
@@ -216,6 +219,14 @@ class DataPlane:
         if not self.allow_client_shm:
             raise Unsupported(SHM_DISABLED)
         await self._control("shm_unregister", {"name": name})
+
+
+def _classified(spec: ModelSpec, requested: list, outputs: list[OutputTensor]) -> list[OutputTensor]:
+    counts = {o.name: o.classification for o in requested if o.classification}
+    if not counts:
+        return outputs
+    return [classify(o, counts[o.name], spec.labels.get(o.name, ()), spec.max_batch_size > 0)
+            if o.name in counts else o for o in outputs]
 
 
 def _with_request_id(error: TritiumError, request_id: str) -> TritiumError:

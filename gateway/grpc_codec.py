@@ -13,10 +13,11 @@ import struct
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from gateway.classification import classification_count
 from gateway.inference import InferRequest, InferResult, InputTensor, RequestedOutput
 from gateway.shared_memory import shared_memory_ref
 from tritium import datatypes
-from tritium.errors import InvalidArgument, Unsupported
+from tritium.errors import InvalidArgument
 
 _LENGTH = struct.Struct("<I")
 # Request parameters with the triton_ prefix that gRPC clients may send (Triton's rule).
@@ -90,10 +91,9 @@ def decode_infer_request(message) -> InferRequest:
         outputs = []
         for output in message.outputs:
             parameters = parameters_to_dict(output.parameters)
-            if "classification" in parameters:
-                raise Unsupported("the classification extension is not supported by tritium yet")
-            outputs.append(RequestedOutput(output.name, parameters,
-                                           shared_memory_ref(f"output '{output.name}'", parameters)))
+            owner = f"output '{output.name}'"
+            outputs.append(RequestedOutput(output.name, parameters, shared_memory_ref(owner, parameters),
+                                           classification_count(owner, parameters)))
     return InferRequest(model=model, version=message.model_version or None, inputs=inputs, outputs=outputs,
                         id=message.id, parameters=parameters_to_dict(message.parameters, reserved_check=True))
 

@@ -13,6 +13,7 @@ import struct
 import numpy as np
 import orjson
 
+from gateway.classification import classification_count
 from gateway.inference import InferRequest, InferResult, InputTensor, RequestedOutput
 from gateway.shared_memory import shared_memory_ref
 from gateway.validation import element_count
@@ -150,12 +151,11 @@ def _outputs(value) -> list[RequestedOutput] | None:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgument("every entry of 'outputs' must be a JSON object with a 'name'")
         parameters = _parameters(item.get("parameters"), f"output '{item['name']}'")
-        if "classification" in parameters:
-            raise Unsupported("the classification extension is not supported by tritium yet")
-        shared = shared_memory_ref(f"output '{item['name']}'", parameters)
+        owner = f"output '{item['name']}'"
+        shared = shared_memory_ref(owner, parameters)
         if shared is not None and parameters.get("binary_data") is True:
             raise InvalidArgument("Output can't set both 'shared_memory_region' and 'binary_data'")
-        outputs.append(RequestedOutput(item["name"], parameters, shared))
+        outputs.append(RequestedOutput(item["name"], parameters, shared, classification_count(owner, parameters)))
     return outputs
 
 

@@ -21,6 +21,7 @@ class RequestedOutput:
     name: str
     parameters: dict = field(default_factory=dict)
     shared_memory: SharedMemoryRef | None = None   # write the result there, not in the response
+    classification: int | None = None              # the top-k classes instead of the values
 
 
 @dataclass(slots=True)

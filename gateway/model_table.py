@@ -37,9 +37,10 @@ class ModelSpec:
     outputs: dict[str, TensorSpec]
     decoupled: bool
     config_json: bytes
+    labels: dict[str, tuple[str, ...]]   # classification labels per output
 
     @classmethod
-    def from_config(cls, config: dict) -> "ModelSpec":
+    def from_config(cls, config: dict, labels: dict | None = None) -> "ModelSpec":
         return cls(
             name=config["name"],
             platform=config.get("platform") or config.get("backend", ""),
@@ -48,6 +49,7 @@ class ModelSpec:
             outputs={t["name"]: _tensor(t) for t in config.get("output", [])},
             decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),
             config_json=orjson.dumps(config),
+            labels={name: tuple(lines) for name, lines in (labels or {}).items()},
         )
 
     @property
@@ -99,7 +101,7 @@ class ModelTable:
         for item in table["models"]:
             config = item.get("config")
             models[item["name"]] = ModelEntry.of(
-                item["name"], ModelSpec.from_config(config) if config else None, item.get("error"),
+                item["name"], ModelSpec.from_config(config, item.get("labels")) if config else None, item.get("error"),
                 {int(v[0]): (v[1], v[2], v[3] if len(v) > 3 else True) for v in item["versions"]})
         self.models = models
         self.generation = table["generation"]

@@ -67,7 +67,22 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
     resolve_instance_groups(config, options.gpus)
     validate_config(config)
     return ModelDefinition(name=name, path=model_dir, config=config, portable_config=portable,
-                           versions=versions, config_file=config_file)
+                           versions=versions, config_file=config_file, labels=_read_labels(name, model_dir, config))
+
+
+def _read_labels(name: str, model_dir: Path, config: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """The classification labels of each output that names a label file (one label per line)."""
+    labels = {}
+    for output in config.output:
+        if not output.label_filename:
+            continue
+        path = model_dir / output.label_filename
+        try:
+            labels[output.name] = tuple(path.read_text(encoding="utf-8").splitlines())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(name, f"output '{output.name}': cannot read label file "
+                                 f"'{output.label_filename}': {getattr(exc, 'strerror', None) or exc}") from exc
+    return labels
 
 
 def _check_folder(name: str, model_dir: Path) -> None:

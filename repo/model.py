@@ -45,6 +45,7 @@ class ModelDefinition:
     versions: tuple[VersionInfo, ...]
     config_file: Path | None = None
     warnings: tuple[str, ...] = field(default=())
+    labels: dict[str, tuple[str, ...]] = field(default_factory=dict)   # output -> its label_filename's lines
 
     @property
     def loadable_versions(self) -> tuple[int, ...]:

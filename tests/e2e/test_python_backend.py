@@ -217,3 +217,49 @@ def test_is_ready_is_honoured_by_model_readiness_and_inference_still_runs(server
     result = client.infer("py_flaky", [tensor("READY", np.array([True]))])
     assert result.as_numpy("WAS").tolist() == [False]
     assert _wait_for(lambda: client.is_model_ready("py_flaky"))
+
+
+# -- classification (expected values are what Triton 2.51 answers to the same requests) ----
+
+CLASS_INPUT = {"name": "X", "datatype": "FP32", "shape": [2, 4],
+               "data": [0.1, 0.7, 0.15, 0.05, 0.5, 0.1, 0.2, 0.2]}
+
+
+def classify_http(server, output: str, parameters: dict):
+    body = {"inputs": [CLASS_INPUT], "outputs": [{"name": output, "parameters": parameters}]}
+    return request(server.url, "POST", "/v2/models/py_classes/infer", body)
+
+
+@pytest.mark.parametrize("output, count, shape, data", [
+    ("PROBS", 2, [2, 2], ["0.700000:1:dog", "0.150000:2:bird", "0.500000:0:cat", "0.200000:2:bird"]),
+    ("RAW", 3, [2, 3], ["7:1", "1:0", "1:2", "5:0", "2:2", "2:3"]),
+    ("PROBS", 9, [2, 4], ["0.700000:1:dog", "0.150000:2:bird", "0.100000:0:cat", "0.050000:3",
+                          "0.500000:0:cat", "0.200000:2:bird", "0.200000:3", "0.100000:1:dog"]),
+])
+def test_classification_as_triton_answers_it(server, output, count, shape, data):
+    status, _, body = classify_http(server, output, {"classification": count})
+    assert status == 200, body
+    assert json.loads(body)["outputs"] == [{"name": output, "datatype": "BYTES", "shape": shape, "data": data}]
+
+
+def test_classification_zero_is_the_plain_output_and_bad_counts_are_refused(server):
+    status, _, body = classify_http(server, "PROBS", {"classification": 0})
+    assert status == 200 and json.loads(body)["outputs"][0]["datatype"] == "FP32"
+    status, _, body = classify_http(server, "PROBS", {"classification": "2"})
+    assert status == 400
+    assert error_of(body) == "Unable to set 'classification' of output 'PROBS': expected an unsigned integer"
+
+
+def test_classification_through_tritonclient_http_and_grpc(server):
+    import tritonclient.grpc as grpcclient
+
+    x = np.array([[0.1, 0.7, 0.15, 0.05]], dtype=np.float32)
+    http_input = tensor("X", x)
+    result = httpclient.InferenceServerClient(server.url).infer(
+        "py_classes", [http_input], outputs=[httpclient.InferRequestedOutput("PROBS", class_count=2)])
+    assert result.as_numpy("PROBS").tolist() == [[b"0.700000:1:dog", b"0.150000:2:bird"]]
+    grpc_input = grpcclient.InferInput("X", [1, 4], "FP32")
+    grpc_input.set_data_from_numpy(x)
+    result = grpcclient.InferenceServerClient(server.grpc_url).infer(
+        "py_classes", [grpc_input], outputs=[grpcclient.InferRequestedOutput("RAW", class_count=1)])
+    assert result.as_numpy("RAW").tolist() == [[b"7:1"]]

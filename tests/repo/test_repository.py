@@ -281,3 +281,22 @@ def test_fingerprint_of_other_models_is_untouched(tmp_path):
 
 def test_fingerprint_of_an_absent_model(tmp_path):
     assert ModelRepository([tmp_path]).fingerprint("nothing") == ()
+
+
+LABELLED = '''backend: "python"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 3 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 3 ], label_filename: "labels.txt" } ]
+'''
+
+
+def test_label_files_are_read_for_classification(tmp_path):
+    write_model(tmp_path, "labelled", LABELLED, {**PY, "labels.txt": "cat\ndog\n"})
+    assert ModelRepository([tmp_path]).load("labelled").labels == {"Y": ("cat", "dog")}
+
+
+def test_a_missing_label_file_fails_the_model(tmp_path):
+    write_model(tmp_path, "labelled", LABELLED, PY)
+    with pytest.raises(ModelLoadError) as failure:
+        ModelRepository([tmp_path]).load("labelled")
+    assert "output 'Y': cannot read label file 'labels.txt'" in str(failure.value)
