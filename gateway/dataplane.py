@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gateway.broker_link import BrokerLink
 from gateway.classification import classify
+from gateway.generate import SINGLE_RESPONSE_ONLY, generate_request, generate_response
 from gateway.inference import InferRequest, InferResult, OutputTensor
 from gateway.model_table import ModelSpec
 from gateway.shared_memory import SHM_DISABLED, map_region
@@ -172,6 +173,36 @@ class DataPlane:
             except TritiumError as exc:
                 return exc
         return InferResult(spec.name, version, request.id, outputs, answer.get("params") or {})
+
+    # -- generate ---------------------------------------------------------------------------
+
+    async def generate(self, name: str, version: str | None, document: dict) -> bytes:
+        """``/generate``: the model's one response as flat JSON (decoupled models too)."""
+        results = []
+        async for result in self.generate_stream(name, version, document):
+            if isinstance(result, TritiumError):
+                raise result
+            results.append(result)
+        if len(results) != 1:
+            raise InvalidArgument(SINGLE_RESPONSE_ONLY)
+        return results[0]
+
+    async def generate_stream(self, name: str, version: str | None,
+                              document: dict) -> AsyncIterator[bytes | TritiumError]:
+        """``/generate_stream``: each response as flat JSON, an error ending the stream."""
+        spec, _ = self.link.models.resolve(name, version)
+        async for result, _final in self.infer_stream(generate_request(spec, version, document)):
+            if isinstance(result, TritiumError):
+                yield result
+                return
+            if result is None:  # an empty final response only closes the stream
+                continue
+            try:
+                event = generate_response(result)
+            except TritiumError as exc:  # an output JSON cannot carry
+                yield exc
+                return
+            yield event
 
     # -- logging --------------------------------------------------------------------------
 

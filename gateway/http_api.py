@@ -59,6 +59,38 @@ _NOT_FOUND = error_response(404, "Not Found")
 _NOT_ALLOWED = error_response(405, "Method Not Allowed")
 
 
+class EventStream:
+    """``/generate_stream``'s server-sent events: ``data: <json>\n\n`` per response.
+
+    The first response is awaited before the status is sent, so that a request that
+    fails at once gets an ordinary JSON error with its status; a later error is one
+    more event, ``data: {"error": ...}``, as Triton sends it.
+    """
+
+    headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+    def __init__(self, first: bytes | None, rest) -> None:
+        self.first, self.rest = first, rest
+
+    @classmethod
+    async def start(cls, events) -> "EventStream":
+        async for first in events:
+            if isinstance(first, TritiumError):
+                raise first
+            return cls(first, events)
+        return cls(None, events)  # the model answered nothing: an empty stream
+
+    async def send(self, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+        if self.first is not None:
+            await send({"type": "http.response.body", "body": b"data: " + self.first + b"\n\n", "more_body": True})
+        async for event in self.rest:
+            if isinstance(event, TritiumError):
+                event = orjson.dumps({"error": event.message})
+            await send({"type": "http.response.body", "body": b"data: " + event + b"\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
 class HttpApp:
     def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 1024 * 1024 + 1024 * 1024) -> None:
         self.dataplane = dataplane
@@ -76,6 +108,9 @@ class HttpApp:
         except Exception as exc:  # a bug must cost one request, never the process
             log.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
             response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        if isinstance(response, EventStream):
+            await response.send(send)
+            return
         # An explicit length keeps uvicorn from chunking the body.
         headers = [*response.headers, (b"content-length", b"%d" % len(response.body))]
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
@@ -122,6 +157,13 @@ class HttpApp:
             if method != "POST":
                 return _NOT_ALLOWED
             return await self._infer(scope, receive, model, version)
+        if action in ("generate", "generate_stream"):
+            if method != "POST":
+                return _NOT_ALLOWED
+            document = parse_json_object(await self._read_body(receive, _wanted_headers(scope)))
+            if action == "generate":
+                return HttpResponse(200, _JSON, await self.dataplane.generate(model, version, document))
+            return await EventStream.start(self.dataplane.generate_stream(model, version, document))
         if action not in _GET_ACTIONS:
             raise Unsupported(f"'{action}' is not supported by tritium yet")
         if method != "GET":

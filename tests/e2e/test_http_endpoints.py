@@ -122,8 +122,8 @@ def test_statistics_errors_and_all_models(server):
 
 
 def test_unimplemented_triton_endpoint_is_501(server):
-    status, _, body = request(server.url, "POST", "/v2/models/add_sub/generate", body={})
-    assert status == 501 and "generate" in error_of(body)
+    status, _, body = request(server.url, "GET", "/v2/models/add_sub/trace/setting")
+    assert status == 501 and "trace/setting" in error_of(body)
 
 
 @pytest.mark.parametrize("operation", ["load", "unload"])

@@ -69,9 +69,21 @@ def scaled_config_json(scale: float, name: str = "scaled") -> str:
 
 
 def write_scaled(repo: Path, name: str, scale: float) -> None:
-    (repo / name / "1").mkdir(parents=True, exist_ok=True)
-    (repo / name / "1" / "model.py").write_text(SCALED_MODEL)
-    (repo / name / "config.pbtxt").write_text(scaled_config(scale, name))
+    """Write the model beside the repository and move it in at once, so that a poll never
+    sees half of it (the way to change a polled repository)."""
+    staging = repo.parent / f".staging-{name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "1").mkdir(parents=True)
+    (staging / "1" / "model.py").write_text(SCALED_MODEL)
+    (staging / "config.pbtxt").write_text(scaled_config(scale, name))
+    shutil.rmtree(repo / name, ignore_errors=True)
+    staging.rename(repo / name)
+
+
+def replace_file(path: Path, text: str) -> None:
+    staging = path.with_name(f".{path.name}.new")
+    staging.write_text(text)
+    staging.replace(path)
 
 
 @pytest.fixture(scope="module")
@@ -330,23 +342,25 @@ def test_poll_mode_follows_the_repository(polled):
     wait_for(lambda: index(server).get(("added", "1"), {}).get("state") == "READY")
     np.testing.assert_array_equal(scaled_infer(client, "added"), [6, 12, 18, 24])
 
-    (repo / "scaled" / "config.pbtxt").write_text(scaled_config(9))       # a changed config
+    replace_file(repo / "scaled" / "config.pbtxt", scaled_config(9))     # a changed config
     wait_for(lambda: scaled_infer(client)[0] == 9)
 
-    shutil.copytree(repo / "scaled" / "1", repo / "scaled" / "2")        # a new version folder
+    shutil.copytree(repo / "scaled" / "1", repo / "scaled" / "staging")  # a new version folder
+    (repo / "scaled" / "staging").rename(repo / "scaled" / "2")
     x = httpclient.InferInput("X", [1, 4], "FP32")
     x.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
     wait_for(lambda: client.infer("scaled", [x]).get_response()["model_version"] == "2")
     assert index(server)[("scaled", "1")]["reason"] == "unloaded"         # latest 1: version 1 goes
 
-    (repo / "broken").mkdir()                                             # a failed load...
-    (repo / "broken" / "config.pbtxt").write_text("max_batch_size: [")
+    (repo.parent / ".staging-broken").mkdir()                             # a failed load...
+    (repo.parent / ".staging-broken" / "config.pbtxt").write_text("max_batch_size: [")
+    (repo.parent / ".staging-broken").rename(repo / "broken")
     wait_for(lambda: index(server).get(("broken", None), {}).get("state") == "UNAVAILABLE")
     write_scaled(repo, "broken", 2)                                       # ...and polling goes on
     wait_for(lambda: index(server).get(("broken", "1"), {}).get("state") == "READY")
     np.testing.assert_array_equal(scaled_infer(client, "broken"), [2, 4, 6, 8])
 
-    shutil.rmtree(repo / "added")                                         # a removed model
+    (repo / "added").rename(repo.parent / ".removed-added")               # a removed model
     wait_for(lambda: index(server).get(("added", "1"), {}).get("state") == "UNAVAILABLE")
     with pytest.raises(InferenceServerException):
         scaled_infer(client, "added")

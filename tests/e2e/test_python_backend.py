@@ -263,3 +263,50 @@ def test_classification_through_tritonclient_http_and_grpc(server):
     result = grpcclient.InferenceServerClient(server.grpc_url).infer(
         "py_classes", [grpc_input], outputs=[grpcclient.InferRequestedOutput("RAW", class_count=1)])
     assert result.as_numpy("RAW").tolist() == [[b"7:1"]]
+
+
+# -- generate and generate_stream (expected bodies are what Triton 2.51 answers) -----------
+
+def test_generate_maps_flat_json_to_inputs_and_parameters(server):
+    status, headers, body = request(server.url, "POST", "/v2/models/py_text/generate",
+                                    {"text_input": "hello", "suffix": "!", "parameters": {"max_tokens": 5}})
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert body == b'{"length":5,"model_name":"py_text","model_version":"1","text_output":"HELLO!"}'
+    a = list(range(16))
+    status, _, body = request(server.url, "POST", "/v2/models/py_add_sub/generate",
+                              {"id": "r1", "INPUT0": a, "INPUT1": a})  # a batching model: a batch of one
+    assert status == 200
+    assert json.loads(body) == {"OUTPUT0": [2.0 * v for v in a], "OUTPUT1": [0.0] * 16, "id": "r1",
+                                "model_name": "py_add_sub", "model_version": "1"}
+
+
+def test_generate_stream_sends_each_response_as_an_event(server):
+    status, headers, body = request(server.url, "POST", "/v2/models/py_decoupled/generate_stream", {"COUNT": 3})
+    assert status == 200
+    assert headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert body == b"".join(b'data: {"INDEX":%d,"model_name":"py_decoupled","model_version":"1"}\n\n' % i
+                            for i in range(3))
+    status, _, body = request(server.url, "POST", "/v2/models/py_text/generate_stream",
+                              {"id": "7", "text_input": "hi"})
+    assert body == b'data: {"id":"7","length":2,"model_name":"py_text","model_version":"1","text_output":"HI"}\n\n'
+
+
+@pytest.mark.parametrize("path, body, status, message", [
+    ("/v2/models/py_decoupled/generate", {"COUNT": 3}, 400,
+     "generate expects model to produce exactly 1 response, use generate stream for model that generates "
+     "various number of responses"),
+    ("/v2/models/py_decoupled/generate_stream", {"COUNT": [1, 2]}, 400,
+     "The schema can not convert input 'COUNT' to tensor with proper shape"),
+    ("/v2/models/py_text/generate", {"text_input": "x", "extra": [1, 2]}, 400,
+     "parameter 'extra' has invalid type. It should be either 'int', 'bool', or 'string'."),
+    ("/v2/models/py_text/generate", {"suffix": "!"}, 400, "expected 1 inputs but got 0 inputs for model 'py_text'"),
+    ("/v2/models/nowhere/generate_stream", {"x": 1}, 404, "Request for unknown model: 'nowhere' is not found"),
+])
+def test_generate_errors(server, path, body, status, message):
+    got, _, data = request(server.url, "POST", path, body)
+    assert got == status
+    assert message in error_of(data)
+
+
+def test_generate_is_post_only(server):
+    assert request(server.url, "GET", "/v2/models/py_text/generate")[0] == 405

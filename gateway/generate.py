@@ -1,0 +1,74 @@
+"""Triton's generate extension: flat JSON in and out, for ``/generate`` and ``/generate_stream``.
+
+A request is one JSON object. A key naming one of the model's inputs becomes that input,
+shaped to fit the input's dims (the innermost variable dim takes the element count, the
+others 1; a batching model gets a batch of 1); any other key, and every key of a nested
+``parameters`` object that is not an input, becomes a request parameter. A response is
+one JSON object: ``model_name``, ``model_version``, ``id`` when the request had one, every
+output under its name (one element as a scalar, more as a flat list), and every response
+parameter under its name.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from gateway.http_codec import json_to_bytes, output_to_json
+from gateway.inference import InferRequest, InferResult, InputTensor
+from gateway.model_table import ModelSpec, TensorSpec
+from gateway.validation import element_count
+from tritium.errors import InvalidArgument
+
+SINGLE_RESPONSE_ONLY = ("generate expects model to produce exactly 1 response, use generate stream for model "
+                        "that generates various number of responses")
+
+
+def generate_request(spec: ModelSpec, version: str | None, document: dict) -> InferRequest:
+    request_id = document.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgument("the request 'id' must be a string")
+    inputs: list[InputTensor] = []
+    parameters: dict = {}
+    nested = document.get("parameters", {})
+    if not isinstance(nested, dict):
+        raise InvalidArgument("'parameters' must be a JSON object")
+    top = {k: v for k, v in document.items() if k not in ("id", "parameters")}
+    for source in (top, nested):
+        for key, value in source.items():
+            tensor = spec.inputs.get(key)
+            if tensor is not None:
+                inputs.append(_input(spec, tensor, value))
+            elif isinstance(value, (str, int, float, bool)):
+                parameters[key] = value
+            else:  # Triton's wording
+                raise InvalidArgument(
+                    f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+    return InferRequest(model=spec.name, version=version, inputs=inputs, id=request_id, parameters=parameters)
+
+
+def _input(spec: ModelSpec, tensor: TensorSpec, value) -> InputTensor:
+    values = value if isinstance(value, list) else [value]
+    dims = list(tensor.dims)
+    variable = [i for i, d in enumerate(dims) if d == -1]
+    for i in variable:
+        dims[i] = 1
+    if variable:
+        dims[variable[-1]] = len(values)
+    if any(isinstance(v, (list, dict)) for v in values) or element_count(dims) != len(values):
+        raise InvalidArgument(f"The schema can not convert input '{tensor.name}' to tensor with proper shape")
+    shape = ([1] if spec.max_batch_size > 0 else []) + dims
+    data = json_to_bytes(spec.name, tensor.name, tensor.datatype.name, shape, values)
+    return InputTensor(tensor.name, tensor.datatype.name, shape, data)
+
+
+def generate_response(result: InferResult) -> bytes:
+    document = {}
+    if result.id:
+        document["id"] = result.id
+    document["model_name"] = result.model
+    document["model_version"] = str(result.version)
+    for output in result.outputs:
+        values = output_to_json(output.name, output.datatype, output.data)
+        document[output.name] = values[0] if len(values) == 1 else values
+    document.update(result.parameters)
+    return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_SORT_KEYS)  # keys sorted, as Triton's
