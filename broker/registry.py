@@ -157,8 +157,11 @@ class Registry:
     def server_ready(self) -> bool:
         """Triton's strict readiness: every loaded model version is READY; unloaded ones do not count."""
         loaded = [r for r in self.models.values() if not r.unloaded]
+        # A reload loading beside a serving version does not count: the version still serves.
+        first_loads_done = all(v.state != VersionState.LOADING or v.replaces is not None
+                               for v in self.epochs.values())
         return (all(r.error is None and not r.version_errors for r in loaded)
-                and self.loading_done()
+                and first_loads_done
                 and all(v.state == VersionState.READY and v.healthy for v in self.versions.values()))
 
     def table(self) -> dict:

@@ -203,6 +203,12 @@ def test_loading_a_model_the_repository_does_not_have(server):
 def test_reload_under_load_drops_no_request(server, client, repo):
     """Change the model on disk and load it again while requests keep coming."""
     answers, failures, stop = [], [], threading.Event()
+    readiness = []
+
+    def keep_probing():  # a readiness probe (Kubernetes) must not flip during a reload
+        while not stop.is_set():
+            readiness.append(request(server.url, "GET", "/v2/health/ready")[0])
+            time.sleep(0.02)
 
     def keep_asking():
         own = httpclient.InferenceServerClient(server.url, network_timeout=60)
@@ -212,7 +218,7 @@ def test_reload_under_load_drops_no_request(server, client, repo):
             except Exception as exc:  # noqa: BLE001 - every failure is the finding
                 failures.append(repr(exc))
 
-    workers = [threading.Thread(target=keep_asking) for _ in range(3)]
+    workers = [threading.Thread(target=keep_asking) for _ in range(3)] + [threading.Thread(target=keep_probing)]
     for worker in workers:
         worker.start()
     try:
@@ -227,6 +233,7 @@ def test_reload_under_load_drops_no_request(server, client, repo):
             worker.join()
         (repo / "scaled" / "config.pbtxt").write_text(scaled_config(1))
     assert failures == []
+    assert set(readiness) == {200}
     assert set(answers) <= {1.0, 2.0} and answers[-1] == 2.0
     assert answers.count(1.0) > 0 and answers.count(2.0) > 0
     np.testing.assert_array_equal(scaled_infer(client), [2, 4, 6, 8])  # after the load returned: the new one
