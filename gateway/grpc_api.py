@@ -66,9 +66,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request, context):
         try:
             self.dataplane.model_ready(request.name, request.version or None)
-        except TritiumError as exc:
-            if exc.code.http_status == 404:
-                raise
+        except TritiumError:  # unknown or not ready: Triton answers ready=false, never an error
             return service_pb2.ModelReadyResponse(ready=False)
         return service_pb2.ModelReadyResponse(ready=True)
 

@@ -46,7 +46,7 @@ import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 INLINE_LIMIT = 64 * 1024
 _PREFIX = struct.Struct("<I")
 

@@ -55,8 +55,12 @@ def test_health_and_metadata(client):
 
 
 def test_unknown_model_is_not_found(client):
+    # ModelReady answers "not ready" for a model it does not know, as Triton 2.51 does
+    # (model_analyzer asks it of every model in the repository index); metadata is NOT_FOUND.
+    assert client.is_model_ready("nope") is False
+    assert client.is_model_ready("add_sub", "7") is False
     with pytest.raises(InferenceServerException) as error:
-        client.is_model_ready("nope")
+        client.get_model_metadata("nope")
     assert error.value.status() == "StatusCode.NOT_FOUND"
     assert "Request for unknown model: 'nope' is not found" in error.value.message()
 

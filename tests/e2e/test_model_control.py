@@ -298,6 +298,7 @@ def test_grpc_index_load_unload(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     names = {(m.name, m.version): m.state for m in client.get_model_repository_index().models}
     assert names[("scaled", "1")] == "READY" and ("py_add_sub", "") in names
+    assert client.is_model_ready("py_add_sub") is False   # model_analyzer asks this of every indexed model
     client.load_model("py_add_sub")
     assert client.is_model_ready("py_add_sub")
     a = np.ones((1, 16), dtype=np.float32)
