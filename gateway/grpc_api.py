@@ -250,11 +250,12 @@ def _parameters(parameters) -> dict:
             for key, value in parameters.items() if value.WhichOneof("parameter_choice")}
 
 
-async def start_grpc(dataplane: DataPlane, address: str, port: int) -> tuple[grpc.aio.Server, int]:
+async def start_grpc(dataplane: DataPlane, address: str, port: int,
+                     max_message_bytes: int = MAX_MESSAGE_BYTES) -> tuple[grpc.aio.Server, int]:
     """A started server on ``address:port`` (SO_REUSEPORT, so gateways can share it)."""
     server = grpc.aio.server(options=[
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.so_reuseport", 1),
     ])
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcInferenceService(dataplane), server)

@@ -16,7 +16,7 @@ import uvloop
 
 from gateway.broker_link import BrokerLink
 from gateway.dataplane import DataPlane, ServerIdentity
-from gateway.grpc_api import start_grpc
+from gateway.grpc_api import MAX_MESSAGE_BYTES, start_grpc
 from gateway.http_api import HttpApp
 from gateway.http_protocol import GatewayHttpProtocol
 from tritium import notify
@@ -32,6 +32,7 @@ class GatewaySettings:
     http_port: int = 8000
     grpc_address: str = "0.0.0.0"
     grpc_port: int | None = 8001          # None: no gRPC front end (Triton's --allow-grpc=false)
+    grpc_max_message_bytes: int = MAX_MESSAGE_BYTES
     max_input_bytes: int = 64 * 1024 * 1024
     exit_timeout_s: float = 30.0
     server_id: str = "triton"
@@ -67,7 +68,8 @@ async def serve(settings: GatewaySettings) -> None:
     tune_for_serving()
     grpc_server = None
     if settings.grpc_port is not None:
-        grpc_server, grpc_port = await start_grpc(dataplane, settings.grpc_address, settings.grpc_port)
+        grpc_server, grpc_port = await start_grpc(dataplane, settings.grpc_address, settings.grpc_port,
+                                                   settings.grpc_max_message_bytes)
         log.info("gateway serving gRPC on %s:%d", settings.grpc_address, grpc_port)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started and not serving.done():

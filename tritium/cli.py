@@ -158,13 +158,15 @@ def main() -> None:
 @click.option("--id", "server_id", default="triton", show_default=True, help="Server name in /v2 metadata.")
 @click.option("--allow-client-shm", default="false", show_default=True,
               help="Let clients register system shared memory regions (they must share the gateway's host).")
+@click.option("--grpc-max-message-size", default=2**31 - 1, show_default=True, type=int,
+              help="Largest gRPC message, in bytes, either way (Triton's fixed limit by default).")
 @repository_options
 @model_control_options
 @click.pass_context
 def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_port, allow_grpc, metrics_port,
           metrics_address, allow_metrics, metrics_config, metrics_interval_ms, http_workers,
           exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, backend_directory,
-          http_max_input_size, server_id, allow_client_shm, model_control_mode, load_model, repository_poll_secs,
+          http_max_input_size, server_id, allow_client_shm, grpc_max_message_size, model_control_mode, load_model, repository_poll_secs,
           model_load_thread_count, **repository) -> None:
     """Run broker, a host agent and gateways on this machine."""
     from tritium import logs
@@ -189,7 +191,7 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
         gateway_args=("--http-max-input-size", str(http_max_input_size), "--id", server_id,
                       "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs),
                       "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc,
-                      "--allow-client-shm", allow_client_shm),
+                      "--allow-client-shm", allow_client_shm, "--grpc-max-message-size", str(grpc_max_message_size)),
         worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
                      *_pass_through(ctx, ["backend_directory", "backend_config", "metrics_interval_ms"])),
     )
@@ -242,8 +244,10 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
 @click.option("--id", "server_id", default="triton", show_default=True)
 @click.option("--log-verbose", default="0")
 @click.option("--allow-client-shm", default="false", show_default=True)
+@click.option("--grpc-max-message-size", default=2**31 - 1, show_default=True, type=int)
 def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, allow_grpc, http_max_input_size,
-            exit_timeout_secs, strict_readiness, server_id, log_verbose, allow_client_shm) -> None:
+            exit_timeout_secs, strict_readiness, server_id, log_verbose, allow_client_shm,
+            grpc_max_message_size) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
     from gateway.server import GatewaySettings, run
     from tritium import logs
@@ -253,7 +257,7 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
                         grpc_address=grpc_address, grpc_port=grpc_port if _bool(allow_grpc) else None,
                         max_input_bytes=http_max_input_size, exit_timeout_s=float(exit_timeout_secs),
                         server_id=server_id, strict_readiness=_bool(strict_readiness),
-                        allow_client_shm=_bool(allow_client_shm)))
+                        allow_client_shm=_bool(allow_client_shm), grpc_max_message_bytes=grpc_max_message_size))
 
 
 @main.command()

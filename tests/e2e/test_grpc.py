@@ -237,3 +237,16 @@ def test_aio_client_infer_and_stream(server):
             await client.close()
 
     assert asyncio.run(run()) == [0, 1, 2, 3]
+
+
+def test_message_size_limit_is_configurable(tmp_path):
+    add_sub_model(tmp_path, "big")
+    with TritiumServer(tmp_path, "--grpc-max-message-size=4096") as small:
+        client = grpcclient.InferenceServerClient(small.grpc_url)
+        a = np.zeros((1, 16), dtype=np.float32)
+        assert client.infer("big", add_sub_inputs(a, a, grpcclient)).as_numpy("OUTPUT0").shape == (1, 16)
+        request = service_pb2.ModelInferRequest(model_name="big", raw_input_contents=[b"\0" * 8192])
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(small.grpc_url))
+        with pytest.raises(grpc.RpcError) as failure:
+            stub.ModelInfer(request)
+        assert failure.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

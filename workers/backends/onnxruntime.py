@@ -92,6 +92,7 @@ class OnnxRuntimeInstance(Instance):
                             "(install tritium[gpu]); running on CPU", context.name)
         self.session = ort.InferenceSession(str(model.path), sess_options=session_options(model.context),
                                             providers=providers)
+        check_against_config(model.context.name, model.context.config, self.session)
         self.providers = self.session.get_providers()
         self.input_names = {i.name for i in self.session.get_inputs()}
         self.string_inputs = {i.name for i in self.session.get_inputs() if i.type == "tensor(string)"}
@@ -103,6 +104,27 @@ class OnnxRuntimeInstance(Instance):
             feeds[name] = _as_text(name, feeds[name])
         results = self.session.run(output_names, feeds)
         return dict(zip(output_names, results))
+
+
+def check_against_config(name: str, config, session) -> None:
+    """Refuse to load when config.pbtxt and the ONNX file disagree on a tensor, as Triton's
+    onnxruntime backend does, rather than fail every request later."""
+    batch = [-1] if config.max_batch_size > 0 else []
+    for kind, declared, actual in (("input", config.input, session.get_inputs()),
+                                   ("output", config.output, session.get_outputs())):
+        in_model = {t.name: t for t in actual}
+        for tensor in declared:
+            found = in_model.get(tensor.name)
+            if found is None:
+                raise ValueError(f"model '{name}': {kind} '{tensor.name}' of the model configuration is not in "
+                                 f"the model, whose {kind}s are {sorted(in_model)}")
+            expected = batch + list(tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims)
+            shape = [d if isinstance(d, int) and d >= 0 else -1 for d in (found.shape or [])]
+            if len(shape) != len(expected) or any(m != c and -1 not in (m, c) for m, c in zip(shape, expected)):
+                raise ValueError(
+                    f"model '{name}', tensor '{tensor.name}': the model expects {len(shape)} dimensions (shape "
+                    f"{shape}) but the model configuration specifies {len(expected)} dimensions (shape {expected}"
+                    f"{', the first for the batch since max_batch_size > 0' if batch else ''})")
 
 
 def _as_text(name: str, array: np.ndarray) -> np.ndarray:
