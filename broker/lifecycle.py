@@ -77,7 +77,7 @@ class ModelLifecycle:
         self._new_version_hook = new_version_hook
         self._epochs = itertools.count(1)
         self._loads: dict[str, LoadInProgress] = {}
-        self._queued: dict[str, list[tuple]] = {}     # loads asked for while one is in progress
+        self._queued: dict[str, list[Callable[[], None]]] = {}   # loads/unloads asked for during a load
         self.draining: set[ModelVersion] = set()
         self._pool = ThreadPoolExecutor(settings.load_threads, thread_name_prefix="model-load")
         self.completed: queue.SimpleQueue = queue.SimpleQueue()
@@ -128,6 +128,9 @@ class ModelLifecycle:
         """Triton's asynchronous unload: in-flight requests finish, new ones find no model."""
         if self.settings.mode != "explicit":
             raise Unavailable(POLLING_ENABLED)
+        if name in self._loads:  # after the load in progress, as Triton orders them
+            self._queued.setdefault(name, []).append(lambda: self._unload(name))
+            return
         self._unload(name)
 
     def index(self, ready_only: bool) -> list[dict]:
@@ -197,7 +200,7 @@ class ModelLifecycle:
 
     def _schedule_read(self, name: str, config, files, reply: Reply | None) -> None:
         if name in self._loads:  # one load of a model at a time, in the order asked
-            self._queued.setdefault(name, []).append((config, files, reply))
+            self._queued.setdefault(name, []).append(lambda: self._schedule_read(name, config, files, reply))
             return
         self._loads[name] = LoadInProgress(name, replies=[reply] if reply else [])
         future = self._pool.submit(self._read, name, config, files)
@@ -221,28 +224,35 @@ class ModelLifecycle:
                 action = self.completed.get_nowait()
             except queue.Empty:
                 return
-            action()
+            try:
+                action()
+            except Exception:  # the broker keeps serving whatever one load did
+                log.exception("applying a model load failed")
 
     def _read(self, name: str, config, files) -> tuple:
-        """(definition, error, fingerprint, files): runs on the thread pool."""
+        """(definition, error, fingerprint, files): runs on the thread pool; never raises."""
         fingerprint = self._fingerprint(name)
-        model_dir = None
-        if files:
-            model_dir = self._overrides / f"{name}-{next(self._epochs)}"
-            for path, content in files.items():
-                target = model_dir / path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
-        if model_dir is None and name not in self.repository.discover()[0]:
-            return None, MissingModel(f"failed to load '{name}', failed to poll from model repository"), \
-                fingerprint, files
+        model_dir = self._overrides / f"{name}-{next(self._epochs)}" if files else None
         try:
+            if model_dir is None and name not in self.repository.discover()[0]:
+                return None, MissingModel(f"failed to load '{name}', failed to poll from model repository"), \
+                    fingerprint, files
+            if model_dir is not None:  # the load API's files, read here; agents get them shipped
+                for path, content in files.items():
+                    target = model_dir / path
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(content)
             return self.repository.load(name, config, model_dir), None, fingerprint, files
         except ModelLoadError as exc:
             return None, exc.message, fingerprint, files
+        except OSError as exc:
+            return None, f"cannot write the files of the load request: {exc}", fingerprint, files
         except Exception as exc:  # a bug of ours must fail this load, not the broker
             log.exception("unexpected failure loading model %s", name)
             return None, f"internal error loading model '{name}': {exc!r}", fingerprint, files
+        finally:
+            if model_dir is not None:
+                shutil.rmtree(model_dir, ignore_errors=True)
 
     def _fingerprint(self, name: str) -> tuple:
         try:
@@ -276,14 +286,21 @@ class ModelLifecycle:
             self.registry.generation += 1
             self._finish_if_done(load)
             return
-        record.error, record.definition, record.last_error = None, definition, None
-        record.config_json = definition.config_json()
-        record.labels = {name: list(lines) for name, lines in definition.labels.items()} or None
         was_unloaded, record.unloaded = record.unloaded, False
+        serving = not was_unloaded and any(v.state == VersionState.READY for v in record.versions.values())
+        record.error, record.last_error = None, None
+        if not serving:  # a first load shows its config at once; a reload's, once it serves
+            _publish(record, definition)
         selected = {info.version: info for info in definition.versions}
         for number, info in selected.items():
             record.unloaded_versions.discard(number)
             current = record.versions.get(number) if not was_unloaded else None
+            if info.error and current is not None and current.state == VersionState.READY:
+                record.last_error = f"reload failed, the previous load keeps serving: version {number}: {info.error}"
+                load.errors.append(_version_error(number, info.error))
+                log.error("model %s version %d failed to reload (the previous load keeps serving): %s",
+                          name, number, info.error)
+                continue
             if info.error:
                 record.version_errors[number] = info.error
                 load.errors.append(_version_error(number, info.error))
@@ -333,12 +350,15 @@ class ModelLifecycle:
             result = InvalidArgument(f"load failed for model '{load.name}': {message}" if prefix else message)
         for reply in load.replies:
             reply(result)
-        queued = self._queued.pop(load.name, [])
+        self._run_queued(load.name)
+
+    def _run_queued(self, name: str) -> None:
+        """Start what was asked of ``name`` while it was loading: unloads run at once, the next load waits."""
+        queued = self._queued.pop(name, [])
+        while queued and name not in self._loads:
+            queued.pop(0)()
         if queued:
-            config, files, reply = queued.pop(0)
-            if queued:
-                self._queued[load.name] = queued
-            self._schedule_read(load.name, config, files, reply)
+            self._queued.setdefault(name, [])[:0] = queued
 
     def _retire_dropped(self, load: LoadInProgress) -> None:
         if load.errors and load.retiring:
@@ -359,6 +379,7 @@ class ModelLifecycle:
         log.info("model %s version %d is READY (epoch %d)", version.name, version.version, version.epoch)
         old = version.replaces
         if old is not None and record is not None:
+            _publish(record, version.definition)  # gateways now check requests against the new config
             version.replaces = None
             record.versions[version.version] = version
             self.registry.versions[version.key] = version
@@ -396,12 +417,12 @@ class ModelLifecycle:
         if record is None or record.unloaded:
             return  # unloading what is not loaded succeeds, as in Triton
         record.unloaded = True
+        for epoch_version in list(self.registry.epochs.values()):  # first, so that their load is answered
+            if epoch_version.name == name and epoch_version.state == VersionState.LOADING:
+                self._fail(epoch_version, "unloaded while loading")
         for version in list(record.versions.values()):
             record.unloaded_versions.add(version.version)
             self._retire(version, unload=True)
-        for epoch_version in list(self.registry.epochs.values()):
-            if epoch_version.name == name and epoch_version.state == VersionState.LOADING:
-                self._fail(epoch_version, "unloaded while loading")
         self.registry.generation += 1
         log.info("model %s unloaded; its in-flight requests finish", name)
 
@@ -450,7 +471,11 @@ class ModelLifecycle:
         if version is None:
             return
         if header.get("err"):
-            self._fail(version, header["err"])
+            if version.state == VersionState.LOADING:
+                self._fail(version, header["err"])
+            else:  # another host cannot serve it; the hosts that do keep serving
+                log.error("model %s version %d cannot be placed on a host: %s", version.name, version.version,
+                          header["err"])
             return
         version.placed.update(header.get("instances", ()))
 
@@ -479,6 +504,13 @@ class ModelLifecycle:
             if name not in on_disk and not record.unloaded:
                 log.info("repository change: model %s was removed; unloading it", name)
                 self._unload(name)
+
+
+def _publish(record: ModelRecord, definition: ModelDefinition) -> None:
+    """Make ``definition`` the config gateways show and check requests against."""
+    record.definition = definition
+    record.config_json = definition.config_json()
+    record.labels = {name: list(lines) for name, lines in definition.labels.items()} or None
 
 
 class MissingModel(str):

@@ -33,7 +33,7 @@ from tritium import logs, notify
 from tritium.logs import LogSettings
 from tritium.errors import AlreadyExists, InvalidArgument, ProtocolError, TritiumError
 from tritium.gctune import tune_for_serving
-from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
+from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
 from tritium.signals import SignalWaker
 from tritium.zmqio import recv_parts, send_parts
 
@@ -370,7 +370,9 @@ class Broker:
 
     def _on_instance_hello(self, peer: bytes, header: dict) -> None:
         version = self.registry.epochs.get(header.get("e"))
-        if version is None or version.state not in (VersionState.LOADING, VersionState.READY):
+        # A draining version takes back a restarted instance: its queue still needs one.
+        if version is None or version.state not in (VersionState.LOADING, VersionState.READY,
+                                                     VersionState.UNLOADING):
             log.warning("instance %s of %s version %s (load %s) is not wanted; ignoring it",
                         header.get("name"), header["m"], header["v"], header.get("e"))
             return
@@ -403,6 +405,13 @@ class Broker:
         iid = header["iid"].encode() if isinstance(header["iid"], str) else header["iid"]
         why = header.get("why", "exited")
         self.scheduler.instance_lost(iid, why)
+        version = self.registry.epochs.get(header.get("e"))
+        name = header.get("name")
+        if version is not None and version.state == VersionState.LOADING and name not in version.seen_ready \
+                and header.get("code") != ExitCode.INIT_FAILED:  # that one reports its own error
+            # It died before it was ready (a crash, not a reported init failure): the load fails,
+            # rather than waiting on restarts that may never succeed.
+            self.lifecycle.version_failed(version, f"instance {name} {why} before it was ready")
 
 
 def _model_name(args: dict) -> str:

@@ -238,7 +238,8 @@ class HostAgent:
                 continue
             child.process = None
             why = f"exited with status {code}" if code >= 0 else f"was killed by signal {-code}"
-            self._send({"k": Kind.INSTANCE_EXITED, "iid": child.iid, "why": why})
+            self._send({"k": Kind.INSTANCE_EXITED, "iid": child.iid, "why": why, "code": code, "e": child.epoch,
+                        "name": child.plan.key})
             if not child.wanted or not self._running:
                 self.children.remove(child)
                 continue

@@ -193,6 +193,18 @@ def test_a_model_that_fails_to_load_is_reported_and_others_keep_serving(server, 
     assert request(server.url, "GET", "/v2/health/ready")[0] == 200
 
 
+def test_an_instance_that_dies_while_starting_fails_the_load(server, repo):
+    write_scaled(repo, "crasher", 1)
+    (repo / "crasher" / "1" / "model.py").write_text(
+        "import os\n\nclass TritonPythonModel:\n    def initialize(self, args):\n        os._exit(7)\n")
+    status, data = load(server, "crasher")
+    assert status == 400
+    assert "instance crasher_0 exited with status 7 before it was ready" in error_of(data)
+    assert request(server.url, "POST", "/v2/repository/models/crasher/unload")[0] == 200
+    assert load(server, "spare")[0] == 200   # and loads go on
+    assert request(server.url, "POST", "/v2/repository/models/spare/unload")[0] == 200
+
+
 def test_loading_a_model_the_repository_does_not_have(server):
     status, data = load(server, "nowhere")
     assert status == 400

@@ -1,0 +1,166 @@
+"""ModelLifecycle on a real repository, with the messages it sends recorded.
+
+Agents and instances are played by the test (PLACED, HELLO), so every ordering of
+events can be driven: loads answered exactly once, reloads that publish their config
+only when they serve, unloads ordered after the load in progress, late host errors.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from broker.lifecycle import ControlSettings, ModelLifecycle
+from broker.registry import AgentRecord, InstanceRecord, Registry, VersionState
+from broker.scheduler import Scheduler
+from repo import ModelRepository
+from tests.repo.helpers import PLAIN_PY_MODEL, write_model
+from tritium.errors import TritiumError
+from tritium.protocol import Kind, decode
+
+CONFIG = """
+backend: "python"
+max_batch_size: {batch}
+input [ {{ name: "X", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+"""
+
+
+class World:
+    def __init__(self, root) -> None:
+        self.root = root
+        self.sent: list[dict] = []
+        self.registry = Registry()
+        self.registry.agents[b"agent"] = AgentRecord(b"agent", "host", (), None)
+        scheduler = Scheduler(self.registry, self._record, self._record)
+        self.lifecycle = ModelLifecycle(self.registry, ModelRepository([root]), scheduler, self._record,
+                                        ControlSettings(mode="explicit"))
+        self.replies: list = []
+
+    def _record(self, parts: list) -> None:
+        self.sent.append(decode(parts[1])[0])
+
+    def write(self, name: str = "m", batch: int = 8) -> None:
+        write_model(self.root, name, CONFIG.format(batch=batch), {"1/model.py": PLAIN_PY_MODEL})
+
+    def load(self, name: str = "m") -> None:
+        self.lifecycle.load(name, {}, self.replies.append)
+        self.finish_reads()
+
+    def finish_reads(self) -> None:
+        deadline = time.monotonic() + 20
+        while self.lifecycle.completed.empty():
+            assert time.monotonic() < deadline, "the read did not finish"
+            time.sleep(0.01)
+        self.lifecycle.run_completed()
+
+    def loading(self, name: str = "m"):
+        return next(v for v in self.registry.epochs.values() if v.name == name and v.state == VersionState.LOADING)
+
+    def instance_ready(self, version) -> None:
+        """What an agent and an instance say for one instance of ``version``."""
+        self.lifecycle.placed({"e": version.epoch, "instances": ["i0"]})
+        iid = f"i-{version.epoch}".encode()
+        instance = InstanceRecord(iid, b"agent", version.name, version.version, "i0", 2, epoch=version.epoch)
+        self.registry.instances[iid] = instance
+        version.instances.append(instance)
+        self.lifecycle.instance_joined(version, "i0")
+
+    def table_config(self, name: str = "m") -> dict:
+        return next(m for m in self.registry.table()["models"] if m["name"] == name)["config"]
+
+    def kinds(self) -> list[int]:
+        return [message["k"] for message in self.sent]
+
+
+@pytest.fixture
+def world(tmp_path):
+    made = World(tmp_path)
+    yield made
+    made.lifecycle.close()
+
+
+def test_a_load_is_answered_once_when_its_instances_are_ready(world):
+    world.write()
+    world.load()
+    assert world.replies == []                         # still loading
+    world.instance_ready(world.loading())
+    assert world.replies == [{}]
+    assert world.registry.versions[("m", 1)].state == VersionState.READY
+
+
+def test_a_reload_publishes_its_config_only_once_it_serves(world):
+    world.write(batch=8)
+    world.load()
+    world.instance_ready(world.loading())
+    world.write(batch=4)
+    world.load()
+    new = world.loading()
+    assert world.table_config()["max_batch_size"] == 8   # the old load serves, with its config
+    world.instance_ready(new)
+    assert world.table_config()["max_batch_size"] == 4
+    assert world.registry.versions[("m", 1)] is new
+    assert world.replies == [{}, {}]
+
+
+def test_a_failed_reload_keeps_the_old_config_and_version(world):
+    world.write(batch=8)
+    world.load()
+    old = world.loading()
+    world.instance_ready(old)
+    world.write(batch=4)
+    world.load()
+    world.lifecycle.version_failed(world.loading(), "boom")
+    assert isinstance(world.replies[-1], TritiumError) and "boom" in world.replies[-1].message
+    assert world.table_config()["max_batch_size"] == 8
+    assert world.registry.versions[("m", 1)] is old and old.state == VersionState.READY
+
+
+def test_a_missing_model_file_on_reload_keeps_the_serving_version(world):
+    world.write()
+    world.load()
+    old = world.loading()
+    world.instance_ready(old)
+    (world.root / "m" / "1" / "model.py").unlink()
+    world.load()
+    assert isinstance(world.replies[-1], TritiumError)
+    assert world.registry.versions[("m", 1)] is old and old.state == VersionState.READY
+    assert world.registry.models["m"].version_errors == {}
+    assert world.registry.table()["ready"]          # gateways still see it ready
+    assert [e["state"] for e in world.lifecycle.index(False) if e["name"] == "m"] == ["READY"]
+
+
+def test_an_unload_asked_during_a_load_runs_after_it(world):
+    world.write()
+    world.lifecycle.load("m", {}, world.replies.append)
+    world.lifecycle.unload("m")                       # while the folder is still being read
+    world.finish_reads()
+    assert not world.registry.models["m"].unloaded
+    world.instance_ready(world.loading())
+    assert world.replies == [{}]                      # the load is answered...
+    assert world.registry.models["m"].unloaded        # ...then the unload runs
+    assert world.kinds()[-1] == Kind.UNASSIGN
+
+
+def test_a_late_host_error_does_not_fail_a_serving_version(world):
+    world.write()
+    world.load()
+    version = world.loading()
+    world.instance_ready(version)
+    world.lifecycle.placed({"e": version.epoch, "err": "model 'm' is not in this host's model repositories"})
+    assert version.state == VersionState.READY
+    assert Kind.UNASSIGN not in world.kinds()
+
+
+def test_file_overrides_that_cannot_be_written_fail_the_load_only(world):
+    config = '{"backend": "python", "max_batch_size": 0, "input": [{"name": "X", "data_type": "TYPE_FP32", ' \
+             '"dims": [1]}], "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}]}'
+    world.lifecycle.load("m", {"config": config, "file:1/a": b"x", "file:1/a/b": b"y"}, world.replies.append)
+    world.finish_reads()
+    assert isinstance(world.replies[0], TritiumError)
+    assert "cannot write the files of the load request" in world.replies[0].message
+    world.write("other")
+    world.load("other")                               # the lifecycle goes on
+    world.instance_ready(world.loading("other"))
+    assert world.replies[-1] == {}
