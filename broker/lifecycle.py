@@ -274,14 +274,15 @@ class ModelLifecycle:
             self._finish_if_done(load, prefix=False)
             return
         if record is None:
-            record = self.registry.models[name] = ModelRecord(name, None)
+            record = self.registry.models[name] = ModelRecord(name)
         record.fingerprint = fingerprint
         if error is not None:
             log.error("model %s failed to load: %s", name, error)
             if record.versions and not record.unloaded:
                 record.last_error = f"reload failed, the previous load keeps serving: {error}"
             else:
-                record.error, record.definition, record.unloaded = error, None, False
+                record.error, record.unloaded = error, False
+                record.config_json = record.labels = None
             load.errors.append(error)
             self.registry.generation += 1
             self._finish_if_done(load)
@@ -508,7 +509,6 @@ class ModelLifecycle:
 
 def _publish(record: ModelRecord, definition: ModelDefinition) -> None:
     """Make ``definition`` the config gateways show and check requests against."""
-    record.definition = definition
     record.config_json = definition.config_json()
     record.labels = {name: list(lines) for name, lines in definition.labels.items()} or None
 

@@ -105,7 +105,6 @@ class ModelRecord:
     """One model name: its versions, or the error that kept it from loading at all."""
 
     name: str
-    definition: ModelDefinition | None
     error: str | None = None
     versions: dict[int, ModelVersion] = field(default_factory=dict)   # the versions requests go to
     version_errors: dict[int, str] = field(default_factory=dict)
@@ -152,16 +151,14 @@ class Registry:
         return ready[-1] if ready else None
 
     def loading_done(self) -> bool:
-        return all(v.state != VersionState.LOADING for v in self.epochs.values())
+        """No first load in progress; a reload loading beside a serving version does not count."""
+        return all(v.state != VersionState.LOADING or v.replaces is not None for v in self.epochs.values())
 
     def server_ready(self) -> bool:
         """Triton's strict readiness: every loaded model version is READY; unloaded ones do not count."""
         loaded = [r for r in self.models.values() if not r.unloaded]
-        # A reload loading beside a serving version does not count: the version still serves.
-        first_loads_done = all(v.state != VersionState.LOADING or v.replaces is not None
-                               for v in self.epochs.values())
         return (all(r.error is None and not r.version_errors for r in loaded)
-                and first_loads_done
+                and self.loading_done()
                 and all(v.state == VersionState.READY and v.healthy for v in self.versions.values()))
 
     def table(self) -> dict:

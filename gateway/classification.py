@@ -9,16 +9,11 @@ floating-point outputs and as integers for integer outputs, as Triton prints the
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
 from gateway.inference import OutputTensor
 from tritium import datatypes
 from tritium.errors import InvalidArgument
-
-_LENGTH = struct.Struct("<I")
-
 
 def classification_count(owner: str, parameters: dict) -> int | None:
     """The k an output asks for, or None; 0 means no classification, as in Triton."""
@@ -48,6 +43,6 @@ def classify(output: OutputTensor, count: int, labels: tuple[str, ...], batched:
             value = f"{int(row[index])}" if integer else f"{float(row[index]):f}"
             label = f":{labels[index]}" if index < len(labels) else ""
             entries.append(f"{value}:{index}{label}".encode())
-    data = b"".join(_LENGTH.pack(len(e)) + e for e in entries)
+    data = datatypes.pack_bytes(entries)
     shape = [rows.shape[0], k] if batched else [k]
     return OutputTensor(output.name, "BYTES", shape, data)

@@ -166,7 +166,7 @@ class DataPlane:
         descriptors = answer.get("outputs", [])
         views = tensor_views(descriptors, reply.record, reply.offset, reply.external)
         outputs = [OutputTensor(d[0], d[1], d[2], view) for d, view in zip(descriptors, views)]
-        if request.outputs:
+        if request.outputs and any(o.classification or o.shared_memory for o in request.outputs):
             try:
                 outputs = _classified(spec, request.outputs, outputs)
                 self._write_shared_memory(request.outputs, outputs)

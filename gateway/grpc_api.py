@@ -163,10 +163,8 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def LogSettings(self, request, context):
-        changes = {key: getattr(value, value.WhichOneof("parameter_choice"))
-                   for key, value in request.settings.items() if value.WhichOneof("parameter_choice")}
         response = service_pb2.LogSettingsResponse()
-        for key, value in (await self.dataplane.log_settings(changes)).items():
+        for key, value in (await self.dataplane.log_settings(_parameters(request.settings))).items():
             setting = response.settings[key]
             if isinstance(value, bool):
                 setting.bool_param = value
@@ -245,7 +243,7 @@ def _no_repository_name(name: str) -> None:
 
 
 def _parameters(parameters) -> dict:
-    """A map of ModelRepositoryParameter as plain values (bool, int, str or bytes)."""
+    """A map of one-of settings (ModelRepositoryParameter, LogSettings' SettingValue) as plain values."""
     return {key: getattr(value, value.WhichOneof("parameter_choice"))
             for key, value in parameters.items() if value.WhichOneof("parameter_choice")}
 

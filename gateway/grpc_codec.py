@@ -8,7 +8,6 @@ those).
 
 from __future__ import annotations
 
-import struct
 
 import numpy as np
 from tritonclient.grpc import service_pb2
@@ -19,7 +18,6 @@ from gateway.shared_memory import shared_memory_ref
 from tritium import datatypes
 from tritium.errors import InvalidArgument
 
-_LENGTH = struct.Struct("<I")
 # Request parameters with the triton_ prefix that gRPC clients may send (Triton's rule).
 _ALLOWED_TRITON_PARAMETERS = {"triton_enable_empty_final_response"}
 # Which typed contents field holds each datatype.
@@ -108,7 +106,7 @@ def contents_to_bytes(model: str, tensor) -> bytes:
             f"{dt.name} input '{tensor.name}' for model '{model}' must be sent in raw_input_contents")
     values = getattr(tensor.contents, field)
     if dt.is_bytes:
-        return b"".join(_LENGTH.pack(len(v)) + v for v in values)
+        return datatypes.pack_bytes(values)
     return np.array(values, dtype=dt.numpy).tobytes()
 
 

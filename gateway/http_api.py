@@ -135,8 +135,7 @@ class HttpApp:
                 return json_response(await self.dataplane.log_settings())
             if method != "POST":
                 return _NOT_ALLOWED
-            body = await self._read_body(receive, _wanted_headers(scope))
-            return json_response(await self.dataplane.log_settings(parse_json_object(body) if body.strip() else {}))
+            return json_response(await self.dataplane.log_settings(await self._optional_json_body(scope, receive)))
         match = _SHARED_MEMORY.fullmatch(path)
         if match is not None:
             return await self._shared_memory_route(scope, receive, method, *match.groups())
@@ -180,8 +179,7 @@ class HttpApp:
     async def _repository_route(self, scope, receive, repository, _action, model, operation) -> HttpResponse:
         if repository is not None:
             raise Unsupported("'repository_name' specification is not supported")
-        body = await self._read_body(receive, _wanted_headers(scope))
-        document = parse_json_object(body) if body.strip() else {}  # the body is optional
+        document = await self._optional_json_body(scope, receive)
         if model is None:  # index
             ready = document.get("ready", False)
             if not isinstance(ready, bool):
@@ -213,7 +211,7 @@ class HttpApp:
             return _EMPTY_OK_JSON
         if region is None:
             return _NOT_FOUND
-        document = parse_json_object(await self._read_body(receive, _wanted_headers(scope)) or b"{}")
+        document = await self._optional_json_body(scope, receive)
         await self.dataplane.register_shared_memory(region, document.get("key"), document.get("offset", 0),
                                                     document.get("byte_size"))
         return _EMPTY_OK_JSON
@@ -232,6 +230,11 @@ class HttpApp:
         result = await self.dataplane.infer(request)
         response_headers, response_body = encode_infer_response(result, request.outputs, binary_default)
         return HttpResponse(200, response_headers, response_body)
+
+    async def _optional_json_body(self, scope, receive) -> dict:
+        """The JSON object body of a control request; an empty body is an empty object."""
+        body = await self._read_body(receive, _wanted_headers(scope))
+        return parse_json_object(body) if body.strip() else {}
 
     async def _read_body(self, receive, headers: dict) -> bytes:
         declared = headers.get(b"content-length")

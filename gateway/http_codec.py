@@ -173,8 +173,7 @@ def json_to_bytes(model: str, name: str, datatype: str, shape: list[int], data) 
     if dt.is_bytes:
         if not all(isinstance(v, str) for v in values):
             raise InvalidArgument(f"input '{name}' for model '{model}' is BYTES: 'data' must hold strings")
-        encoded = [v.encode("utf-8") for v in values]
-        return b"".join(_LENGTH.pack(len(e)) + e for e in encoded)
+        return datatypes.pack_bytes(v.encode("utf-8") for v in values)
     if dt.name == "BOOL":
         if not all(isinstance(v, bool) for v in values):
             raise InvalidArgument(f"input '{name}' for model '{model}' is BOOL: 'data' must hold true or false")

@@ -102,12 +102,12 @@ class SharedMemoryRegions:
 
     def write(self, ref: SharedMemoryRef, output: str, data) -> None:
         start = self._span(ref)
-        size = len(memoryview(data).cast("B"))
-        if size > ref.byte_size:
+        view = memoryview(data).cast("B")
+        if len(view) > ref.byte_size:
             raise InvalidArgument(
                 f"shared memory size specified with the request for output '{output}' ({ref.byte_size} bytes) "
-                f"should be at least {size} bytes to hold the results")
-        self._regions[ref.region].mapping[start:start + size] = memoryview(data).cast("B")
+                f"should be at least {len(view)} bytes to hold the results")
+        self._regions[ref.region].mapping[start:start + len(view)] = view
 
     def check(self, ref: SharedMemoryRef) -> None:
         self._span(ref)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +43,14 @@ DATATYPES: tuple[DataType, ...] = (
 
 BY_NAME: dict[str, DataType] = {d.name: d for d in DATATYPES}
 BY_CONFIG_NAME: dict[str, DataType] = {d.config_name: d for d in DATATYPES}
+
+
+_ELEMENT_LENGTH = struct.Struct("<I")
+
+
+def pack_bytes(items: Iterable[bytes]) -> bytes:
+    """BYTES tensor data as Triton lays it out: each element's 4-byte little-endian length, then the element."""
+    return b"".join(_ELEMENT_LENGTH.pack(len(item)) + item for item in items)
 
 
 def from_name(name: str) -> DataType | None:

@@ -60,15 +60,13 @@ def deserialize_bytes(buffer, shape: list[int], name: str) -> np.ndarray:
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
-    chunks = []
-    for item in array.reshape(-1):
-        if isinstance(item, str):
-            item = item.encode("utf-8")
-        elif not isinstance(item, (bytes, bytearray)):
-            item = str(item).encode("utf-8")
-        chunks.append(_LENGTH.pack(len(item)))
-        chunks.append(item)
-    return b"".join(chunks)
+    return datatypes.pack_bytes(_as_bytes(item) for item in array.reshape(-1))
+
+
+def _as_bytes(item) -> bytes:
+    if isinstance(item, (bytes, bytearray)):
+        return item
+    return (item if isinstance(item, str) else str(item)).encode("utf-8")
 
 
 def array_to_frame(array: np.ndarray, name: str) -> tuple[str, list[int], object]:

@@ -39,7 +39,7 @@ def make_world(scheduling: str):
     registry = Registry()
     version = ModelVersion("m", 1, definition(CONFIG + scheduling), epoch=1)
     version.state = VersionState.READY
-    record = ModelRecord("m", version.definition)
+    record = ModelRecord("m")
     record.versions[1] = version
     registry.models["m"] = record
     registry.versions[version.key] = version
