@@ -1,0 +1,143 @@
+"""The parts of tritium as separate processes, for tests of what happens between them.
+
+``tritium serve`` (tests/servers.py) composes broker, agent and gateways and stops them
+all when one dies; the reliability tests need to kill and restart one part and watch
+the others cope. Each ``Part`` here is one ``tritium broker|worker|gateway`` process with
+its own log file, started with a ``NOTIFY_SOCKET`` of its own so that ``wait_ready`` knows
+when it really serves (the sd_notify protocol systemd uses).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.servers import PROJECT_ROOT, free_port
+
+
+class Part:
+    """One tritium process; ``netns`` runs it inside a network namespace (``ip netns exec``)."""
+
+    def __init__(self, role: str, args: list[str], env: dict | None = None, netns: str | None = None) -> None:
+        self.role = role
+        self.args = args
+        self.extra_env = env or {}
+        self.netns = netns
+        self.runtime = Path(tempfile.mkdtemp(prefix=f"tritium-{role}-"))
+        self.log_path = self.runtime / "log"
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        notify_path = self.runtime / "notify"
+        notify_path.unlink(missing_ok=True)
+        self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._notify.bind(str(notify_path))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", NOTIFY_SOCKET=str(notify_path), **self.extra_env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+        command = [sys.executable, "-m", "tritium.cli", self.role, *self.args]
+        if self.netns:
+            command = ["ip", "netns", "exec", self.netns, *command]
+        self._log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        self._notify.settimeout(0.2)
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.role} exited with {self.process.returncode}:\n{self.logs()}")
+            try:
+                message = self._notify.recv(4096).decode(errors="replace")
+            except TimeoutError:
+                continue
+            if "READY=1" in message.splitlines():
+                return
+        raise RuntimeError(f"{self.role} was not ready within {timeout_s} s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL the process and everything it started (its instances die with it too)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self._close()
+
+    def terminate(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout_s: float = 30.0) -> int:
+        try:
+            code = self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        self._close()
+        return code
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        if self.process is None:
+            return None
+        self.terminate()
+        try:
+            return self.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def _close(self) -> None:
+        self._notify.close()
+        self._log.close()
+
+
+def tcp(host: str = "127.0.0.1") -> str:
+    return f"tcp://{host}:{free_port()}"
+
+
+def broker(repository: Path, *args: str, frontend: str | None = None, backend: str | None = None,
+           netns: str | None = None) -> Part:
+    frontend, backend = frontend or tcp(), backend or tcp()
+    part = Part("broker", ["--model-repository", str(repository), "--frontend", frontend, "--backend", backend,
+                           "--allow-metrics", "false", *args], netns=netns)
+    part.frontend, part.backend = frontend, backend
+    return part
+
+
+def worker(backend: str, repository: Path, *args: str, env: dict | None = None, netns: str | None = None) -> Part:
+    return Part("worker", ["--broker", backend, "--model-repository", str(repository), *args], env=env,
+                netns=netns)
+
+
+def gateway(frontend: str, *args: str, host: str = "127.0.0.1", netns: str | None = None) -> Part:
+    http_port, grpc_port = free_port(), free_port()
+    part = Part("gateway", ["--broker", frontend, "--http-address", host, "--http-port", str(http_port),
+                            "--grpc-address", host, "--grpc-port", str(grpc_port), *args], netns=netns)
+    part.url, part.grpc_url = f"{host}:{http_port}", f"{host}:{grpc_port}"
+    return part
+
+
+def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"{what} not reached within {timeout_s} s")
