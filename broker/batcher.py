@@ -69,6 +69,10 @@ class DynamicBatcher(Generic[R]):
     def enqueue(self, request: R) -> None:
         self._queue.append(request)
 
+    def requeue(self, requests: list[R]) -> None:
+        """Put requests back at the head of the queue, in their order (their instance was lost)."""
+        self._queue.extendleft(reversed(requests))
+
     def drain(self) -> list[R]:
         """Remove and return everything queued (the model is going away)."""
         pending = list(self._queue)

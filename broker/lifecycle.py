@@ -337,7 +337,7 @@ class ModelLifecycle:
         log.info("loading model %s version %d (epoch %d)%s", record.name, number, version.epoch,
                  " beside the serving one" if version.replaces else "")
         for agent in self.registry.agents.values():
-            if agent.models is None or record.name in agent.models:
+            if agent.serves(record.name) and not agent.draining:
                 self._send_backend([agent.identity, encode({"k": Kind.ASSIGN, "models": [_assignment(version)]})])
 
     def _finish_if_done(self, load: LoadInProgress, prefix: bool = True) -> None:
@@ -465,7 +465,7 @@ class ModelLifecycle:
     def assignments_for(self, agent: AgentRecord) -> list[dict]:
         return [_assignment(v) for v in self.registry.epochs.values()
                 if v.state in (VersionState.LOADING, VersionState.READY)
-                and (agent.models is None or v.name in agent.models)]
+                and agent.serves(v.name)]
 
     def placed(self, header: dict) -> None:
         version = self.registry.epochs.get(header.get("e"))

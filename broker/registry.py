@@ -31,6 +31,7 @@ class PendingRequest:
     arrival_ns: int
     dispatch_ns: int = 0
     from_backend: bool = False  # asked on the backend socket (an instance's BLS request)
+    retried: bool = False       # already sent again after the instance running it was lost
 
 
 @dataclass(eq=False, slots=True)
@@ -45,6 +46,7 @@ class InstanceRecord:
     execution_ns: float = 0.0   # moving average of how long a batch takes in the instance
     healthy: bool = True        # what the instance last reported (Python models' is_ready)
     epoch: int = 0              # the load (ModelVersion.epoch) it serves
+    draining: bool = False      # its host is stopping: it finishes what it holds and gets nothing new
 
 
 @dataclass(eq=False, slots=True)
@@ -55,6 +57,7 @@ class Batch:
     requests: list[PendingRequest]
     batch_size: int
     finished: set[int] = field(default_factory=set)  # decoupled: requests that had their final response
+    answered: set[int] = field(default_factory=set)  # decoupled: requests that had any response
     timings: tuple = (0, 0, 0)
 
 
@@ -82,6 +85,9 @@ class ModelVersion:
     def __post_init__(self) -> None:
         config = self.definition.config
         self.batcher = DynamicBatcher(BatchingPolicy.from_config(config))
+        # 0: unbounded, as in Triton (the broker's socket buffers still bound the whole)
+        self.max_queue_size = config.dynamic_batching.default_queue_policy.max_queue_size \
+            if config.HasField("dynamic_batching") else 0
         # Only models with a variable non-batch dim (or optional inputs) need shape keys.
         self.variable_shapes = any(
             -1 in list(t.dims) or t.optional or t.allow_ragged_batch for t in config.input)
@@ -92,7 +98,12 @@ class ModelVersion:
 
     @property
     def healthy(self) -> bool:
-        """Triton asks is_ready() of every instance; one that says no makes the model not ready."""
+        """Triton asks is_ready() of every instance; one that says no makes the model not ready.
+
+        A serving version with no instance left (its hosts lost or restarting) is not ready either.
+        """
+        if not self.instances and self.state == VersionState.READY:
+            return False
         return all(instance.healthy for instance in self.instances)
 
     @property
@@ -122,6 +133,10 @@ class AgentRecord:
     host: str
     gpus: tuple[int, ...]
     models: tuple[str, ...] | None   # None: every model
+    draining: bool = False           # the host is stopping (it sent DRAIN)
+
+    def serves(self, model: str) -> bool:
+        return self.models is None or model in self.models
 
 
 class Registry:

@@ -62,6 +62,10 @@ class Scheduler:
             self.reply_error(client, rid, self._not_ready_error(header["m"], number, version), from_backend)
             return
         now = self._clock()
+        if version.max_queue_size and len(version.batcher) >= version.max_queue_size:
+            self.reply_error(client, rid, Unavailable("Exceeds maximum queue size"), from_backend)
+            version.stats.record_failure(0, "REJECTED")
+            return
         batching = version.definition.config.max_batch_size > 0
         shape_key = None
         if version.variable_shapes:
@@ -110,7 +114,8 @@ class Scheduler:
     def _pick_instance(version: ModelVersion) -> InstanceRecord | None:
         best = None
         for instance in version.instances:
-            if instance.credit <= 0 or (instance.inflight and instance.execution_ns > PIPELINE_LIMIT_NS):
+            if instance.credit <= 0 or instance.draining \
+                    or (instance.inflight and instance.execution_ns > PIPELINE_LIMIT_NS):
                 continue
             if best is None or instance.credit > best.credit:
                 best = instance
@@ -206,6 +211,7 @@ class Scheduler:
             log.warning("response for unknown request %s/%s from instance %r dropped", number, header.get("i"), iid)
             return
         request = batch.requests[header["i"]]
+        batch.answered.add(header["i"])
         response, _, _ = decode(frames[0])
         self._reply(request.from_backend, [request.client, *frames])
         if response.get("final", True):
@@ -231,12 +237,42 @@ class Scheduler:
         if version is not None and version.state in _DISPATCHING:
             self.dispatch(version)
 
+    def holds_work(self, instances: list[InstanceRecord]) -> bool:
+        """Whether any of ``instances`` runs a batch or has a decoupled request still answering."""
+        return any(i.inflight for i in instances) or any(b.instance in instances for b in self._streams.values())
+
+    def idle(self) -> bool:
+        """Nothing queued, running or streaming anywhere."""
+        return not self._streams and all(not len(v.batcher) for v in self.registry.epochs.values()) \
+            and not any(i.inflight for i in self.registry.instances.values())
+
+    def fail_everything(self, error: TritiumError) -> None:
+        """Answer every request still held (the broker is exiting): none is left silent."""
+        batches = [b for i in self.registry.instances.values() for b in i.inflight.values()]
+        for batch in [*batches, *self._streams.values()]:
+            for index, request in enumerate(batch.requests):
+                if index not in batch.finished:
+                    batch.finished.add(index)
+                    self.reply_error(request.client, request.rid, error, request.from_backend)
+        for instance in self.registry.instances.values():
+            instance.inflight.clear()
+        self._streams.clear()
+        for version in self.registry.epochs.values():
+            self.fail_queued(version, error)
+
     def has_open_streams(self, version: ModelVersion) -> bool:
         """Whether a decoupled request of ``version`` is still sending responses."""
         return any(batch.version is version for batch in self._streams.values())
 
-    def instance_lost(self, iid: bytes, why: str) -> None:
-        """Answer every request the instance held with an error; nothing is left silent."""
+    def instance_lost(self, iid: bytes, why: str, restart_expected: bool = True) -> None:
+        """Nothing the instance held is left silent: each request runs again once elsewhere, or fails.
+
+        A request goes back to the head of its queue when its model has no sequence state
+        and it had no response yet; a request lost a second time is answered with an error.
+        When no instance is left and none is coming back (its host is gone or stopping),
+        the queued requests are answered too, rather than waiting for a host that may
+        never return.
+        """
         instance = self.registry.instances.pop(iid, None)
         if instance is None:
             return
@@ -246,20 +282,37 @@ class Scheduler:
         now = self._clock()
         held = list(instance.inflight.values())
         held += [b for b in self._streams.values() if b.instance is instance]
+        retry = []
         for batch in held:
-            self._fail_batch(batch, why, now)
             self._streams.pop(batch.number, None)
+            for index, request in enumerate(batch.requests):
+                if index in batch.finished:
+                    continue
+                if not request.retried and index not in batch.answered and batch.version.state in _DISPATCHING:
+                    request.retried = True
+                    retry.append(request)
+                else:
+                    self._fail_request(batch, request, why, now)
         instance.inflight.clear()
+        if version is None:
+            return
+        if retry:
+            log.warning("instance %s of model %s version %d %s; running its %d request(s) again elsewhere",
+                        instance.name, version.name, version.version, why, len(retry))
+            version.batcher.requeue(sorted(retry, key=lambda r: r.arrival_ns))
+        if not version.instances and not restart_expected:
+            self.fail_queued(version, Unavailable(
+                f"no instance of model '{version.name}' version {version.version} is left: "
+                f"instance '{instance.name}' {why}"))
+        elif version.state in _DISPATCHING:
+            self.dispatch(version, now)
 
-    def _fail_batch(self, batch: Batch, why: str, now: int) -> None:
+    def _fail_request(self, batch: Batch, request: PendingRequest, why: str, now: int) -> None:
         error = Unavailable(
             f"instance '{batch.instance.name}' of model '{batch.version.name}' version "
             f"{batch.version.version} {why} while running this request")
-        for index, request in enumerate(batch.requests):
-            if index in batch.finished:
-                continue
-            self.reply_error(request.client, request.rid, error, request.from_backend)
-            batch.version.stats.record_failure(now - request.arrival_ns)
+        self.reply_error(request.client, request.rid, error, request.from_backend)
+        batch.version.stats.record_failure(now - request.arrival_ns)
 
     def fail_queued(self, version: ModelVersion, error: TritiumError) -> None:
         """Answer every queued request of a version that cannot serve them any more."""

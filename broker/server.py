@@ -8,12 +8,14 @@ message on each wake-up, and sleeps no longer than the earliest batching deadlin
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
 import zmq
 
 from broker.lifecycle import ControlSettings, ModelLifecycle
+from broker.liveness import PeerLiveness
 from broker.metrics import (
     DEFAULT_HISTOGRAM_BUCKETS_MS,
     MetricsSettings,
@@ -31,9 +33,16 @@ from broker.scheduler import Scheduler
 from repo import ModelRepository, RepositoryOptions
 from tritium import logs, notify
 from tritium.logs import LogSettings
-from tritium.errors import AlreadyExists, InvalidArgument, ProtocolError, TritiumError
+from tritium.errors import AlreadyExists, InvalidArgument, ProtocolError, TritiumError, Unavailable
 from tritium.gctune import tune_for_serving
-from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
+from tritium.protocol import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    PROTOCOL_VERSION,
+    ExitCode,
+    Kind,
+    decode,
+    encode,
+)
 from tritium.signals import SignalWaker
 from tritium.zmqio import recv_parts, send_parts
 
@@ -53,6 +62,8 @@ class BrokerSettings:
     metrics: MetricsSettings | None = MetricsSettings()   # None: no metrics endpoint
     control: ControlSettings = ControlSettings()
     log_verbose: int = 0
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    exit_timeout_s: float = 30.0     # SIGTERM: how long queued and running requests may take to finish
 
 
 class Broker:
@@ -66,6 +77,15 @@ class Broker:
         self.gateways: set[bytes] = set()
         self._pushed_generation = -1
         self._running = True
+        # Told to peers in every heartbeat: a new value means the broker restarted and lost
+        # whatever they had sent it.
+        self.boot = int.from_bytes(os.urandom(6), "little")
+        self.liveness = PeerLiveness(settings.heartbeat_interval_s)
+        self._now = time.monotonic()
+        self._next_heartbeat = 0.0
+        self._reset_sent: dict[bytes, float] = {}   # unknown agents asked to register, and when
+        self._stop_deadline: float | None = None   # set by the first SIGTERM: draining until then
+        self.exit_code = ExitCode.OK
         self.repository = ModelRepository(settings.model_repositories, settings.repository)
         self.log_settings = LogSettings(log_verbose_level=settings.log_verbose)
         self.lifecycle = ModelLifecycle(self.registry, self.repository, self.scheduler, self._send_backend,
@@ -107,7 +127,7 @@ class Broker:
 
     # -- the loop -----------------------------------------------------------------------
 
-    def run(self) -> None:
+    def run(self) -> int:
         waker = SignalWaker(self._stop)
         poller = zmq.Poller()
         poller.register(self.frontend, zmq.POLLIN)
@@ -122,6 +142,7 @@ class Broker:
         log.info("broker ready: frontend %s, backend %s", self.settings.frontend, self.settings.backend)
         while self._running:
             events = dict(poller.poll(self._timeout_ms()))
+            self._now = time.monotonic()
             if self.backend in events:
                 self._drain(self.backend, self._on_backend)
             if self.frontend in events:
@@ -137,19 +158,80 @@ class Broker:
                 self.lifecycle.poll()
             if self.registry.generation != self._pushed_generation:
                 self._push_models()
+            if self._now >= self._next_heartbeat:
+                self._heartbeat()
+            if self._stop_deadline is not None:
+                self._check_stopped()
         log.info("broker stopping")
+        self.scheduler.fail_everything(Unavailable("the server is shutting down"))
         self.lifecycle.close()
         self.frontend.close(0)
         self.backend.close(0)
+        return self.exit_code
 
     def _stop(self, signum, _frame) -> None:
-        self._running = False
+        """First signal: finish what was accepted (new requests are refused); second: exit now."""
+        if self._stop_deadline is not None:
+            log.warning("second stop signal: exiting without waiting for requests in flight")
+            self._running = False
+            self.exit_code = ExitCode.FORCED
+            return
+        self._stop_deadline = time.monotonic() + self.settings.exit_timeout_s
+        notify.stopping()
+
+    def _check_stopped(self) -> None:
+        if self.scheduler.idle():
+            self._running = False
+        elif self._now >= self._stop_deadline:
+            log.warning("requests still in flight after %.0f s; answering them with errors",
+                        self.settings.exit_timeout_s)
+            self._running = False
+
+    # -- liveness -----------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        """Tell gateways and agents the broker lives; drop the peers that went silent."""
+        self._next_heartbeat = self._now + self.settings.heartbeat_interval_s
+        beat = encode({"k": Kind.HEARTBEAT, "boot": self.boot})
+        for gateway in list(self.gateways):
+            self._send_frontend([gateway, beat])
+        for agent in list(self.registry.agents):
+            self._send_backend([agent, beat])
+        for peer in self.liveness.silent(self._now):
+            self._drop_silent(peer)
+        for agent in [a for a in self.registry.agents.values() if a.draining]:
+            self._check_agent_drained(agent)
+
+    def _drop_silent(self, peer: bytes) -> None:
+        why = f"stopped answering heartbeats for {self.liveness.limit_s:.0f} s"
+        if peer in self.registry.agents:
+            self._drop_agent(peer, why)
+        elif peer in self.registry.instances:
+            instance = self.registry.instances[peer]
+            log.error("instance %s of model %s version %d %s; dropping it", instance.name, instance.model,
+                      instance.version, why)
+            self.scheduler.instance_lost(peer, why)
+            self._send_backend([peer, encode({"k": Kind.RESET})])  # should it wake up: exit, be restarted
+        elif peer in self.gateways:
+            log.warning("gateway %s %s; no longer pushing to it", peer.decode(errors="replace"), why)
+            self.gateways.discard(peer)
+
+    def _drop_agent(self, peer: bytes, why: str) -> None:
+        agent = self.registry.agents.pop(peer)
+        lost = [i.iid for i in self.registry.instances.values() if i.agent == peer]
+        log.error("host agent %s (host %s) %s; dropping it and its %d instance(s)", peer.decode(errors="replace"),
+                  agent.host, why, len(lost))
+        for iid in lost:
+            self.scheduler.instance_lost(iid, f"was lost with its host {agent.host}", restart_expected=False)
+            self.liveness.forget(iid)
 
     def _timeout_ms(self) -> int:
+        """Until the earliest batching deadline, and never past the next heartbeat."""
+        longest = max(1, int((self._next_heartbeat - time.monotonic()) * 1000) + 1)
         deadline = self.scheduler.next_deadline_ns()
         if deadline is None:
-            return 1000
-        return max(0, min(1000, -(-(deadline - time.monotonic_ns()) // 1_000_000)))
+            return longest
+        return max(0, min(longest, -(-(deadline - time.monotonic_ns()) // 1_000_000)))
 
     def _drain(self, sock: zmq.Socket, handle) -> None:
         for _ in range(_DRAIN_LIMIT):
@@ -158,6 +240,7 @@ class Broker:
             except zmq.Again:
                 return
             peer = parts[0].bytes
+            self.liveness.heard(peer, self._now)
             position = 1
             while position < len(parts):
                 try:
@@ -181,6 +264,9 @@ class Broker:
     def _on_frontend(self, peer: bytes, parts: list, position: int, header: dict) -> None:
         kind = header["k"]
         if kind == Kind.INFER:
+            if self._stop_deadline is not None:
+                self.scheduler.reply_error(peer, header.get("rid", 0), Unavailable("the server is shutting down"))
+                return
             external = parts[position + 1:position + 1 + header["x"]] if "x" in header else None
             try:
                 self.scheduler.submit(peer, parts[position], header, external)
@@ -189,7 +275,8 @@ class Broker:
                                            InvalidArgument(f"malformed inference request: {exc!r}"))
         elif kind == Kind.CONTROL:
             self._on_control(peer, header)
-        elif kind == Kind.HELLO:
+        elif kind == Kind.HELLO or (kind == Kind.HEARTBEAT and peer not in self.gateways and "pv" in header):
+            # A gateway of a previous broker process says hello again by heartbeating.
             self._on_gateway_hello(peer, header)
         elif kind != Kind.HEARTBEAT:
             raise ProtocolError(f"unexpected {Kind(kind).name} on the frontend")
@@ -199,6 +286,7 @@ class Broker:
             return
         self.gateways.add(peer)
         log.info("gateway %s connected", peer.decode(errors="replace"))
+        self._send_frontend([peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot})])
         self._send_frontend([peer, encode({"k": Kind.MODELS, **self.registry.table()})])
         self._send_frontend([peer, self._log_settings_message()])
 
@@ -339,8 +427,44 @@ class Broker:
             self._on_instance_health(peer, header)
         elif kind == Kind.HOST_METRICS:
             self.registry.host_metrics[header.get("host", peer.decode(errors="replace"))] = header
-        elif kind != Kind.HEARTBEAT:
+        elif kind == Kind.HEARTBEAT:
+            self._on_backend_heartbeat(peer, header)
+        elif kind == Kind.DRAIN:
+            self._on_drain(peer)
+        else:
             raise ProtocolError(f"unexpected {Kind(kind).name} on the backend")
+
+    def _on_backend_heartbeat(self, peer: bytes, header: dict) -> None:
+        iid = header.get("iid")
+        if iid is not None:  # an instance's heartbeat thread, beating for its data socket
+            iid = iid.encode()
+            if iid in self.registry.instances:
+                self.liveness.heard(iid, self._now)
+            elif header.get("joined"):  # an instance this broker does not know: exit, be restarted
+                self._send_backend([iid, encode({"k": Kind.RESET})])
+        elif header.get("role") == "agent" and peer not in self.registry.agents:
+            # Heartbeats queued while the broker was away arrive together: ask once per interval.
+            if self._now - self._reset_sent.get(peer, 0.0) >= self.settings.heartbeat_interval_s:
+                self._reset_sent[peer] = self._now
+                log.info("unknown host agent %s heartbeating; asking it to register", peer.decode(errors="replace"))
+                self._send_backend([peer, encode({"k": Kind.RESET, "boot": self.boot})])
+
+    def _on_drain(self, peer: bytes) -> None:
+        agent = self.registry.agents.get(peer)
+        if agent is None:
+            return
+        agent.draining = True
+        for instance in self.registry.instances.values():
+            if instance.agent == peer:
+                instance.draining = True
+        log.info("host agent %s (host %s) is draining: its instances get no new batches", peer.decode(),
+                 agent.host)
+        self._check_agent_drained(agent)
+
+    def _check_agent_drained(self, agent: AgentRecord) -> None:
+        instances = [i for i in self.registry.instances.values() if i.agent == agent.identity]
+        if not self.scheduler.holds_work(instances):
+            self._send_backend([agent.identity, encode({"k": Kind.DRAINED})])
 
     def _protocol_ok(self, sock: zmq.Socket, peer: bytes, header: dict) -> bool:
         if header.get("pv") == PROTOCOL_VERSION:
@@ -360,7 +484,9 @@ class Broker:
             agent = AgentRecord(peer, header.get("host", "?"), tuple(header.get("gpus") or ()),
                                 tuple(models) if models else None)
             self.registry.agents[peer] = agent
+            self._reset_sent.pop(peer, None)
             log.info("host agent %s joined (host %s, gpus %s)", peer.decode(), agent.host, list(agent.gpus))
+            self._send_backend([peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot})])
             self._send_backend([peer, self._log_settings_message()])
             self._send_backend([peer, encode({"k": Kind.ASSIGN, "models": self.lifecycle.assignments_for(agent)})])
         elif role == "instance":
@@ -369,23 +495,29 @@ class Broker:
             raise ProtocolError(f"unknown role {role!r} in HELLO")
 
     def _on_instance_hello(self, peer: bytes, header: dict) -> None:
-        version = self.registry.epochs.get(header.get("e"))
+        version = self._epoch_of(header)
         # A draining version takes back a restarted instance: its queue still needs one.
         if version is None or version.state not in (VersionState.LOADING, VersionState.READY,
                                                      VersionState.UNLOADING):
             log.warning("instance %s of %s version %s (load %s) is not wanted; ignoring it",
                         header.get("name"), header["m"], header["v"], header.get("e"))
             return
+        agent = self.registry.agents.get(header["agent"].encode())
         instance = InstanceRecord(peer, header["agent"].encode(), header["m"], header["v"],
-                                  header["name"], int(header.get("credit", 1)), epoch=version.epoch)
+                                  header["name"], int(header.get("credit", 1)), epoch=version.epoch,
+                                  draining=agent is None or agent.draining)
         self.registry.instances[peer] = instance
         version.instances.append(instance)
         log.info("instance %s of model %s version %d is ready", instance.name, version.name, version.version)
         self.lifecycle.instance_joined(version, instance.name)
         self.scheduler.instance_ready(instance)
 
+    def _epoch_of(self, header: dict) -> ModelVersion | None:
+        """The load an instance message is about; none when a previous broker process placed it."""
+        return self.registry.epochs.get(header.get("e")) if header.get("boot") == self.boot else None
+
     def _on_instance_failed(self, header: dict) -> None:
-        version = self.registry.epochs.get(header.get("e"))
+        version = self._epoch_of(header)
         message = header.get("err", "instance failed to initialize")
         log.error("instance %s of model %s version %s failed: %s", header.get("name"),
                   header["m"], header["v"], message)
@@ -404,11 +536,16 @@ class Broker:
     def _on_instance_exited(self, header: dict) -> None:
         iid = header["iid"].encode() if isinstance(header["iid"], str) else header["iid"]
         why = header.get("why", "exited")
-        self.scheduler.instance_lost(iid, why)
-        version = self.registry.epochs.get(header.get("e"))
+        instance = self.registry.instances.get(iid)
+        agent = self.registry.agents.get(instance.agent) if instance else None
+        self.scheduler.instance_lost(iid, why, restart_expected=agent is not None and not agent.draining)
+        self.liveness.forget(iid)
+        version = self._epoch_of(header)
         name = header.get("name")
+        # An instance stopped on purpose, or one that reported its own init failure, fails no load.
+        expected = header.get("stopped") or header.get("code") == ExitCode.INIT_FAILED
         if version is not None and version.state == VersionState.LOADING and name not in version.seen_ready \
-                and header.get("code") != ExitCode.INIT_FAILED:  # that one reports its own error
+                and not expected:
             # It died before it was ready (a crash, not a reported init failure): the load fails,
             # rather than waiting on restarts that may never succeed.
             self.lifecycle.version_failed(version, f"instance {name} {why} before it was ready")

@@ -21,7 +21,7 @@ from gateway.shared_memory import SharedMemoryRegions
 from tritium import logs
 from tritium.errors import TritiumError, Unavailable
 from tritium.hosts import host_name
-from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
+from tritium.protocol import DEFAULT_HEARTBEAT_INTERVAL_S, MISSED_HEARTBEATS, PROTOCOL_VERSION, Kind, decode, encode
 from tritium.zmqio import recv_parts, send_parts
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,17 @@ class Reply(NamedTuple):
 
 
 class BrokerLink:
-    def __init__(self, address: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """The socket, the requests waiting for answers, and whether the broker still answers.
+
+    Both sides heartbeat. When the broker falls silent for ``MISSED_HEARTBEATS``
+    intervals, every request waiting on it is answered with an error and new ones are
+    refused at once; ZeroMQ keeps reconnecting (1 s, backing off to 32 s). A broker that
+    comes back as a new process (a new ``boot`` id) has lost what the old one held, so
+    those requests fail too; the gateway registers again just by heartbeating.
+    """
+
+    def __init__(self, address: str, loop: asyncio.AbstractEventLoop | None = None,
+                 heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S) -> None:
         self.address = address
         self.loop = loop or asyncio.get_running_loop()
         self.identity = f"gw-{host_name()}-{os.getpid()}"
@@ -48,6 +58,8 @@ class BrokerLink:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.sock.setsockopt(zmq.RCVHWM, 100_000)
+        self.sock.setsockopt(zmq.RECONNECT_IVL, 1000)
+        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 32_000)
         self.sock.connect(address)
         self.models = ModelTable()
         self.shared_memory = SharedMemoryRegions()   # follows the broker's list, like the model table
@@ -59,6 +71,11 @@ class BrokerLink:
         self._fd = self.sock.getsockopt(zmq.FD)
         self.loop.add_reader(self._fd, self._drain)
         self._drain_scheduled = False
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.broker_boot: int | None = None
+        self.broker_lost = False
+        self._last_heard = self.loop.time()
+        self._beat_handle = self.loop.call_later(heartbeat_interval_s, self._beat)
 
     async def start(self, timeout_s: float | None = None) -> None:
         """Say hello and wait for the first model table."""
@@ -66,32 +83,71 @@ class BrokerLink:
         await asyncio.wait_for(self._models_received.wait(), timeout_s)
 
     def close(self) -> None:
+        self._beat_handle.cancel()
         self.loop.remove_reader(self._fd)
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(Unavailable("the gateway is shutting down"))
-        for queue in self._streams.values():
-            queue.put_nowait(Unavailable("the gateway is shutting down"))
+        self._fail_waiting(Unavailable("the gateway is shutting down"))
         self.sock.close(0)
+
+    @property
+    def waiting(self) -> int:
+        """Requests sent to the broker and not yet (finally) answered."""
+        return len(self._pending) + len(self._streams)
+
+    def _fail_waiting(self, error: TritiumError) -> None:
+        pending, self._pending = self._pending, {}
+        streams, self._streams = self._streams, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+        for queue in streams.values():
+            queue.put_nowait(error)
+
+    # -- liveness -----------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        self._beat_handle = self.loop.call_later(self.heartbeat_interval_s, self._beat)
+        self._post(encode({"k": Kind.HEARTBEAT, "role": "gateway", "pv": PROTOCOL_VERSION}))
+        silent_s = self.loop.time() - self._last_heard
+        if not self.broker_lost and silent_s > self.heartbeat_interval_s * MISSED_HEARTBEATS:
+            self.broker_lost = True
+            log.error("the broker at %s has not answered for %.1f s; failing %d request(s) waiting on it",
+                      self.address, silent_s, self.waiting)
+            self._fail_waiting(self.lost_error())
+
+    def lost_error(self) -> Unavailable:
+        return Unavailable(f"lost contact with the broker at {self.address}; the request was not answered")
+
+    def _heard_broker(self, header: dict) -> None:
+        boot = header.get("boot")
+        if self.broker_boot is not None and boot != self.broker_boot:
+            log.warning("the broker restarted; failing %d request(s) the previous one held", self.waiting)
+            self._fail_waiting(Unavailable(f"the broker at {self.address} restarted; the request was lost"))
+        self.broker_boot = boot
 
     def request(self, header: dict, inline=(), external=()) -> asyncio.Future:
         """Send INFER or CONTROL; the future resolves to the broker's Reply."""
+        future = self.loop.create_future()
+        if self.broker_lost:
+            future.set_exception(self.lost_error())
+            return future
         rid = next(self._rids)
         header["rid"] = rid
         if external:
             header["x"] = len(external)
-        future = self.loop.create_future()
         self._pending[rid] = future
         self._post(encode(header, inline), external)
         return future
 
     def request_stream(self, header: dict, inline=(), external=()) -> asyncio.Queue:
         """Send an INFER whose answers (0..N, the last with ``final``) arrive on the queue."""
+        answers: asyncio.Queue = asyncio.Queue()
+        if self.broker_lost:
+            answers.put_nowait(self.lost_error())
+            return answers
         rid = next(self._rids)
         header["rid"] = rid
         if external:
             header["x"] = len(external)
-        answers: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = answers
         self._post(encode(header, inline), external)
         return answers
@@ -118,6 +174,10 @@ class BrokerLink:
                 parts = recv_parts(sock)
             except zmq.Again:
                 return
+            self._last_heard = self.loop.time()
+            if self.broker_lost:
+                self.broker_lost = False
+                log.info("the broker at %s answers again", self.address)
             try:
                 self._dispatch(parts)
             except TritiumError as exc:
@@ -144,6 +204,8 @@ class BrokerLink:
                 future = self._pending.pop(rid, None)
                 if future is not None and not future.done():
                     future.set_result(Reply(header, record, offset, external))
+            elif kind == Kind.HEARTBEAT:
+                self._heard_broker(header)
             elif kind == Kind.MODELS:
                 self.models.update(header)
                 self.shared_memory.apply(header.get("shm", ()))

@@ -18,7 +18,7 @@ from gateway.model_table import ModelSpec
 from gateway.shared_memory import SHM_DISABLED, map_region
 from gateway.validation import check_single_response, validate_request
 from tritium import __version__
-from tritium.errors import InvalidArgument, TritiumError, Unsupported
+from tritium.errors import InvalidArgument, TritiumError, Unavailable, Unsupported
 from tritium.protocol import Kind, split_tensors, tensor_views
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,10 @@ class ServerIdentity:
 
 class DataPlane:
     def __init__(self, link: BrokerLink, identity: ServerIdentity = ServerIdentity(),
-                 strict_readiness: bool = True, allow_client_shm: bool = False) -> None:
+                 strict_readiness: bool = True, allow_client_shm: bool = False,
+                 max_inflight_requests: int = 0) -> None:
         self.link = link
+        self.max_inflight_requests = max_inflight_requests   # 0: unbounded
         self.allow_client_shm = allow_client_shm
         self.identity = identity
         self.strict_readiness = strict_readiness
@@ -54,14 +56,14 @@ class DataPlane:
     def ready(self) -> bool:
         """Strict: every model version is READY; otherwise: the server answers."""
         table = self.link.models
-        if self.shutting_down or not table.received:
+        if self.shutting_down or not table.received or self.link.broker_lost:
             return False
         return table.server_ready or not self.strict_readiness
 
     def model_ready(self, name: str, version: str | None) -> None:
         """Return if ready; raise NotFound (404) or InvalidArgument (400) as Triton does."""
         _, number = self.link.models.resolve(name, version)
-        if number in self.link.models.get(name).unhealthy:
+        if number in self.link.models.get(name).unhealthy or self.link.broker_lost:
             raise InvalidArgument("Model version not ready")
 
     def server_metadata(self) -> dict:
@@ -139,6 +141,9 @@ class DataPlane:
                 return
 
     def _prepare(self, request: InferRequest, single_response_only: str | None):
+        if self.max_inflight_requests and self.link.waiting >= self.max_inflight_requests:
+            raise Unavailable(f"the server is overloaded: {self.link.waiting} requests are in flight on this "
+                              f"gateway, its limit (--max-inflight-requests); try again later")
         spec, version = self.link.models.resolve(request.model, request.version)
         self._read_shared_memory(request)
         try:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import socket
 from dataclasses import dataclass
 
@@ -21,6 +23,7 @@ from gateway.http_api import HttpApp
 from gateway.http_protocol import GatewayHttpProtocol
 from tritium import notify
 from tritium.gctune import tune_for_serving
+from tritium.protocol import DEFAULT_HEARTBEAT_INTERVAL_S, ExitCode
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,8 @@ class GatewaySettings:
     strict_readiness: bool = True
     allow_client_shm: bool = False
     broker_timeout_s: float | None = None   # how long to wait for the broker's first model table
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    max_inflight_requests: int = 0          # inference requests waiting on the broker; 0: unbounded
 
 
 def listening_socket(address: str, port: int) -> socket.socket:
@@ -52,25 +57,60 @@ def listening_socket(address: str, port: int) -> socket.socket:
     return sock
 
 
+class GatewayHttpServer(uvicorn.Server):
+    """uvicorn's server, with what a stop signal means for a gateway.
+
+    The first signal turns readiness false at once (load balancers stop sending), stops
+    the gRPC server from taking new calls, and lets uvicorn finish the requests it
+    accepted, within ``--exit-timeout-secs``; a second signal exits at once.
+    """
+
+    def __init__(self, config: uvicorn.Config, on_stop) -> None:
+        super().__init__(config)
+        self._on_stop = on_stop
+        self._stop_signals = 0
+
+    def handle_exit(self, sig, frame) -> None:
+        self._stop_signals += 1
+        if self._stop_signals > 1:
+            log.warning("second stop signal: exiting without waiting for requests in flight")
+            os._exit(ExitCode.FORCED)
+        asyncio.get_event_loop().call_soon_threadsafe(self._on_stop)
+        super().handle_exit(sig, frame)
+
+
 async def serve(settings: GatewaySettings) -> None:
-    link = BrokerLink(settings.broker)
+    link = BrokerLink(settings.broker, heartbeat_interval_s=settings.heartbeat_interval_s)
     dataplane = DataPlane(link, ServerIdentity(name=settings.server_id),
-                          strict_readiness=settings.strict_readiness, allow_client_shm=settings.allow_client_shm)
+                          strict_readiness=settings.strict_readiness, allow_client_shm=settings.allow_client_shm,
+                          max_inflight_requests=settings.max_inflight_requests)
     app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes + 1024 * 1024)
     sock = listening_socket(settings.http_address, settings.http_port)
     config = uvicorn.Config(app, http=GatewayHttpProtocol, loop="none", lifespan="off", access_log=False,
                             log_config=None, timeout_graceful_shutdown=int(settings.exit_timeout_s),
                             timeout_keep_alive=75, proxy_headers=False, server_header=False,
                             date_header=False)
-    server = uvicorn.Server(config)
+    grpc_server = None
+    grpc_stopping = []
+
+    def on_stop() -> None:
+        log.info("stopping: readiness is now false; finishing %d accepted request(s)", link.waiting)
+        notify.stopping()
+        dataplane.shutting_down = True
+        if grpc_server is not None:
+            grpc_stopping.append(asyncio.ensure_future(grpc_server.stop(settings.exit_timeout_s)))
+
+    server = GatewayHttpServer(config, on_stop)
     log.info("gateway waiting for the broker at %s", settings.broker)
     await link.start(settings.broker_timeout_s)
     tune_for_serving()
-    grpc_server = None
     if settings.grpc_port is not None:
         grpc_server, grpc_port = await start_grpc(dataplane, settings.grpc_address, settings.grpc_port,
                                                    settings.grpc_max_message_bytes)
         log.info("gateway serving gRPC on %s:%d", settings.grpc_address, grpc_port)
+    # uvicorn re-raises the stop signal once it has drained; absorb it, so the exit code says "clean".
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.01)
@@ -83,8 +123,9 @@ async def serve(settings: GatewaySettings) -> None:
     finally:
         dataplane.shutting_down = True
         if grpc_server is not None:
-            await grpc_server.stop(settings.exit_timeout_s)
+            await (grpc_stopping[0] if grpc_stopping else grpc_server.stop(settings.exit_timeout_s))
         link.close()
+        log.info("gateway stopped")
 
 
 def run(settings: GatewaySettings) -> None:

@@ -62,6 +62,15 @@ def model_control_options(command):
     return command
 
 
+heartbeat_option = click.option(
+    "--heartbeat-interval-secs", default=1.0, show_default=True, type=click.FloatRange(min=0.05),
+    help="Seconds between heartbeats to and from the broker; a peer silent for 3 intervals is dropped.")
+
+max_inflight_option = click.option(
+    "--max-inflight-requests", default=0, show_default=True, type=click.IntRange(min=0),
+    help="Inference requests one gateway keeps waiting on the broker before answering 503 (0: no limit).")
+
+
 def control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count):
     from broker.lifecycle import ControlSettings
 
@@ -160,13 +169,16 @@ def main() -> None:
               help="Let clients register system shared memory regions (they must share the gateway's host).")
 @click.option("--grpc-max-message-size", default=2**31 - 1, show_default=True, type=int,
               help="Largest gRPC message, in bytes, either way (Triton's fixed limit by default).")
+@heartbeat_option
+@max_inflight_option
 @repository_options
 @model_control_options
 @click.pass_context
 def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_port, allow_grpc, metrics_port,
           metrics_address, allow_metrics, metrics_config, metrics_interval_ms, http_workers,
           exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, backend_directory,
-          http_max_input_size, server_id, allow_client_shm, grpc_max_message_size, model_control_mode, load_model, repository_poll_secs,
+          http_max_input_size, server_id, allow_client_shm, grpc_max_message_size, heartbeat_interval_secs,
+          max_inflight_requests, model_control_mode, load_model, repository_poll_secs,
           model_load_thread_count, **repository) -> None:
     """Run broker, a host agent and gateways on this machine."""
     from tritium import logs
@@ -187,13 +199,16 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
                                             "strict_model_config", "backend_config"]),
         broker_args=_pass_through(ctx, ["metrics_port", "metrics_address", "allow_metrics", "metrics_config",
                                         "model_control_mode", "load_model", "repository_poll_secs",
-                                        "model_load_thread_count"]),
+                                        "model_load_thread_count", "exit_timeout_secs",
+                                        "heartbeat_interval_secs"]),
         gateway_args=("--http-max-input-size", str(http_max_input_size), "--id", server_id,
                       "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs),
                       "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc,
-                      "--allow-client-shm", allow_client_shm, "--grpc-max-message-size", str(grpc_max_message_size)),
+                      "--allow-client-shm", allow_client_shm, "--grpc-max-message-size", str(grpc_max_message_size),
+                      *_pass_through(ctx, ["heartbeat_interval_secs", "max_inflight_requests"])),
         worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
-                     *_pass_through(ctx, ["backend_directory", "backend_config", "metrics_interval_ms"])),
+                     *_pass_through(ctx, ["backend_directory", "backend_config", "metrics_interval_ms",
+                                          "heartbeat_interval_secs"])),
     )
     sys.exit(Supervisor(settings).run())
 
@@ -209,11 +224,14 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
 @click.option("--allow-metrics", default="true", show_default=True)
 @click.option("--metrics-config", multiple=True, help="KEY=VALUE; tritium reads histogram_latencies.")
 @click.option("--log-verbose", default="0")
+@click.option("--exit-timeout-secs", default=30, show_default=True, type=int,
+              help="On SIGTERM: how long queued and running requests may take to finish.")
+@heartbeat_option
 @repository_options
 @model_control_options
 def broker(model_repository, frontend, backend, metrics_port, metrics_address, allow_metrics, metrics_config,
-           log_verbose, model_control_mode, load_model, repository_poll_secs, model_load_thread_count,
-           **repository) -> None:
+           log_verbose, exit_timeout_secs, heartbeat_interval_secs, model_control_mode, load_model,
+           repository_poll_secs, model_load_thread_count, **repository) -> None:
     """Run the broker: model registry, queues, dynamic batching, statistics, metrics."""
     from broker.metrics import MetricsSettings
     from broker.server import Broker, BrokerSettings
@@ -225,10 +243,11 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
         if _bool(allow_metrics) else None
     control = control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count)
     settings = BrokerSettings(tuple(model_repository), frontend, backend, repository_settings(**repository),
-                              metrics=metrics, control=control, log_verbose=_log_verbose(log_verbose))
+                              metrics=metrics, control=control, log_verbose=_log_verbose(log_verbose),
+                              heartbeat_interval_s=heartbeat_interval_secs, exit_timeout_s=float(exit_timeout_secs))
     server = Broker(settings)
     server.load_repository()
-    server.run()
+    sys.exit(server.run())
 
 
 @main.command()
@@ -245,9 +264,11 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
 @click.option("--log-verbose", default="0")
 @click.option("--allow-client-shm", default="false", show_default=True)
 @click.option("--grpc-max-message-size", default=2**31 - 1, show_default=True, type=int)
+@heartbeat_option
+@max_inflight_option
 def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, allow_grpc, http_max_input_size,
             exit_timeout_secs, strict_readiness, server_id, log_verbose, allow_client_shm,
-            grpc_max_message_size) -> None:
+            grpc_max_message_size, heartbeat_interval_secs, max_inflight_requests) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
     from gateway.server import GatewaySettings, run
     from tritium import logs
@@ -257,7 +278,8 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
                         grpc_address=grpc_address, grpc_port=grpc_port if _bool(allow_grpc) else None,
                         max_input_bytes=http_max_input_size, exit_timeout_s=float(exit_timeout_secs),
                         server_id=server_id, strict_readiness=_bool(strict_readiness),
-                        allow_client_shm=_bool(allow_client_shm), grpc_max_message_bytes=grpc_max_message_size))
+                        allow_client_shm=_bool(allow_client_shm), grpc_max_message_bytes=grpc_max_message_size,
+                        heartbeat_interval_s=heartbeat_interval_secs, max_inflight_requests=max_inflight_requests))
 
 
 @main.command()
@@ -270,8 +292,9 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
 @click.option("--metrics-interval-ms", default=2000, show_default=True, type=int,
               help="How often the host's CPU, memory and GPU figures reach the broker.")
 @click.option("--log-verbose", default="0")
+@heartbeat_option
 def worker(broker_address, model_repository, models, exit_timeout_secs, backend_directory, backend_config,
-           metrics_interval_ms, log_verbose) -> None:
+           metrics_interval_ms, log_verbose, heartbeat_interval_secs) -> None:
     """Run a host agent: starts and supervises this host's instance processes."""
     from tritium import logs
     from tritium.hosts import detect_gpus
@@ -283,7 +306,8 @@ def worker(broker_address, model_repository, models, exit_timeout_secs, backend_
         broker=broker_address, model_repositories=tuple(model_repository), gpus=detect_gpus(),
         models=tuple(m for m in models.split(",") if m) if models else None, log_verbose=verbose,
         exit_timeout_s=float(exit_timeout_secs), backend_directory=backend_directory,
-        backend_config=_backend_options(backend_config), metrics_interval_s=metrics_interval_ms / 1000)
+        backend_config=_backend_options(backend_config), metrics_interval_s=metrics_interval_ms / 1000,
+        heartbeat_interval_s=heartbeat_interval_secs)
     sys.exit(HostAgent(settings).run())
 
 

@@ -46,7 +46,7 @@ import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 INLINE_LIMIT = 64 * 1024
 _PREFIX = struct.Struct("<I")
 
@@ -56,6 +56,8 @@ class Kind(enum.IntEnum):
     HELLO = 1
     # broker -> peer: refused (wrong protocol version, unknown role)
     REFUSED = 2
+    # broker -> peer: "I do not know you" (the broker restarted, or dropped the peer): say HELLO again
+    RESET = 3
     # gateway -> broker: one inference request; inline/external tensors = inputs
     INFER = 10
     # instance -> broker -> gateway: the answer to one request; tensors = outputs
@@ -86,13 +88,22 @@ class Kind(enum.IntEnum):
     INSTANCE_HEALTH = 45
     # agent -> broker: the host's CPU, memory and GPU figures, every metrics interval
     HOST_METRICS = 46
-    # any direction: liveness when nothing else flows
+    # any direction, every heartbeat interval; the broker's carry its ``boot`` id
     HEARTBEAT = 50
     # broker -> gateway, agent, instance: Triton's logging settings changed (or on joining)
     LOG_SETTINGS = 51
+    # agent -> broker: this host is stopping; send its instances no more batches
+    DRAIN = 52
+    # broker -> agent: the instances of a draining host hold no more work
+    DRAINED = 53
 
 
 _KINDS = frozenset(int(k) for k in Kind)
+
+# A peer silent for this many heartbeat intervals is gone: the broker drops it, and a
+# gateway or agent that stops hearing the broker fails what it sent and waits for it.
+MISSED_HEARTBEATS = 3
+DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 
 
 class InferHeader(TypedDict, total=False):
@@ -211,3 +222,4 @@ class ExitCode(enum.IntEnum):
     INIT_FAILED = 3          # an instance could not initialize its model: do not restart it
     MODEL_LOAD_FAILED = 4    # serve: a model failed at startup (Triton's --exit-on-error)
     PROTOCOL_MISMATCH = 5
+    FORCED = 6               # a second SIGTERM/SIGINT cut the drain short

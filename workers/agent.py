@@ -30,7 +30,15 @@ from repo.json_form import config_to_json_dict
 from tritium import logs, notify
 from tritium.hostmetrics import HostSampler
 from tritium.hosts import host_name
-from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
+from tritium.protocol import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    MISSED_HEARTBEATS,
+    PROTOCOL_VERSION,
+    ExitCode,
+    Kind,
+    decode,
+    encode,
+)
 from tritium.signals import SignalWaker
 from workers.placement import InstancePlan, plan_instances
 
@@ -54,6 +62,7 @@ class WorkerSettings:
     backend_directory: str | None = None
     backend_config: dict = field(default_factory=dict)   # backend name -> {key: value}
     metrics_interval_s: float = 2.0
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
 
 
 @dataclass(eq=False)
@@ -82,9 +91,21 @@ class HostAgent:
         self.sock = self.context.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, self.identity.encode())
         self.sock.setsockopt(zmq.LINGER, 1000)
+        # After losing the broker, ZeroMQ reconnects by itself: after 1 s, then backing off to 32 s.
+        self.sock.setsockopt(zmq.RECONNECT_IVL, int(_BACKOFF_START_S * 1000))
+        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(_BACKOFF_MAX_S * 1000))
         self.sock.connect(settings.broker)
         self.children: list[Child] = []
         self._running = True
+        self._exit_code = ExitCode.OK
+        self._drain_deadline: float | None = None   # set by SIGTERM: the broker is moving work away
+        self._stop_signals = self._stop_signals_handled = 0
+        self._starts = 0
+        self._registered_after_reset: int | None = None
+        self._broker_boot: int | None = None        # which broker process assigned the running instances
+        self._last_heard = time.monotonic()
+        self._broker_lost = False
+        self._next_heartbeat = 0.0
         self._sampler = HostSampler()
         self._log_settings: dict | None = None
         self._shipped = Path(tempfile.mkdtemp(prefix="tritium-shipped-"))  # load API file overrides
@@ -94,39 +115,88 @@ class HostAgent:
 
     def run(self) -> int:
         waker = SignalWaker(self._stop, also_wake_on=[signal.SIGCHLD])  # a child's end wakes the loop
-        self._send({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION, "host": host_name(),
-                    "gpus": list(self.settings.gpus), "models": list(self.settings.models or [])})
+        self._hello()
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(waker.fd, zmq.POLLIN)
         notify.ready(f"worker agent {self.identity} -> {self.settings.broker}")
         log.info("worker agent %s connecting to %s (gpus %s)", self.identity, self.settings.broker,
                  list(self.settings.gpus))
-        code = ExitCode.OK
         while self._running:
             events = dict(poller.poll(250))
             if waker.fd in events:
                 waker.clear()
+                self._handle_stop_signals()
             if self.sock in events:
-                code = self._drain() or code
+                self._drain()
             self._reap()
             self._restart_due()
             self._report_host()
+            self._keep_alive()
+            if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline:
+                log.warning("the broker did not confirm the drain within %.0f s; stopping anyway",
+                            self.settings.exit_timeout_s)
+                self._running = False
         self._shutdown()
-        return code
+        return self._exit_code
+
+    def _hello(self) -> None:
+        self._send({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION, "host": host_name(),
+                    "gpus": list(self.settings.gpus), "models": list(self.settings.models or [])})
 
     def _stop(self, signum, _frame) -> None:
-        self._running = False
+        self._stop_signals += 1   # handled in the loop: a signal handler must not touch the socket
+
+    def _handle_stop_signals(self) -> None:
+        """First signal: drain (the broker stops sending batches here); second: stop now."""
+        if self._stop_signals == self._stop_signals_handled:
+            return
+        self._stop_signals_handled = self._stop_signals
+        if self._drain_deadline is not None or self._broker_lost or self._stop_signals > 1:
+            self._running = False
+            if self._drain_deadline is not None or self._stop_signals > 1:
+                self._exit_code = ExitCode.FORCED
+            return
+        notify.stopping()
+        log.info("draining: the broker moves work away from this host before it stops")
+        self._drain_deadline = time.monotonic() + self.settings.exit_timeout_s
+        self._send({"k": Kind.DRAIN})
 
     def _send(self, header: dict) -> None:
         self.sock.send(encode(header))
 
-    def _drain(self) -> int | None:
+    def _keep_alive(self) -> None:
+        """Heartbeat to the broker; notice when it has gone silent."""
+        now = time.monotonic()
+        if now < self._next_heartbeat:
+            return
+        interval = self.settings.heartbeat_interval_s
+        self._next_heartbeat = now + interval
+        self._send({"k": Kind.HEARTBEAT, "role": "agent"})
+        if not self._broker_lost and now - self._last_heard > interval * MISSED_HEARTBEATS:
+            self._broker_lost = True
+            log.warning("lost contact with the broker at %s; instances keep running while reconnecting",
+                        self.settings.broker)
+
+    def _register_again(self, why: str) -> None:
+        """A new broker (or one that dropped this host) knows none of this host's instances."""
+        log.warning("%s: stopping %d instance(s) and registering again", why, len(self.children))
+        for child in self.children:
+            self._stop_child(child)
+        self.children = [c for c in self.children if c.process is not None]
+        self._broker_boot = None
+        self._hello()
+
+    def _drain(self) -> None:
         while True:
             try:
                 header, _, _ = decode(self.sock.recv(zmq.NOBLOCK))
             except zmq.Again:
-                return None
+                return
+            self._last_heard = time.monotonic()
+            if self._broker_lost:
+                self._broker_lost = False
+                log.info("the broker at %s answers again", self.settings.broker)
             kind = header["k"]
             if kind == Kind.ASSIGN:
                 for assignment in header["models"]:
@@ -134,13 +204,25 @@ class HostAgent:
             elif kind == Kind.UNASSIGN:
                 for item in header["models"]:
                     self._unassign(item.get("e", 0))
+            elif kind == Kind.HEARTBEAT:
+                if self._broker_boot is not None and header.get("boot") != self._broker_boot:
+                    self._register_again("the broker restarted")
+                self._broker_boot = header.get("boot")
+            elif kind == Kind.RESET:
+                if header.get("boot") != self._registered_after_reset:  # one per broker process
+                    self._registered_after_reset = header.get("boot")
+                    self._register_again("the broker does not know this host")
+            elif kind == Kind.DRAINED:
+                log.info("the broker moved all work away from this host")
+                self._running = False
             elif kind == Kind.LOG_SETTINGS:
                 logs.apply_wire(header["settings"])
                 self._log_settings = header["settings"]   # instances started from now on log so too
             elif kind == Kind.REFUSED:
                 log.error("the broker refused this agent: %s", header.get("reason"))
                 self._running = False
-                return ExitCode.PROTOCOL_MISMATCH
+                self._exit_code = ExitCode.PROTOCOL_MISMATCH
+                return
 
     def _report_host(self) -> None:
         now = time.monotonic()
@@ -154,7 +236,7 @@ class HostAgent:
     def _assign(self, assignment: dict) -> None:
         model, version, epoch = assignment["m"], assignment["v"], assignment.get("e", 0)
         placed = {"k": Kind.PLACED, "m": model, "v": version, "e": epoch}
-        if any(child.epoch == epoch for child in self.children):
+        if any(child.epoch == epoch and child.wanted for child in self.children):
             return  # already serving this load (the broker re-sent its assignments)
         try:
             model_dir = self._model_dir(model, epoch, assignment.get("files"))
@@ -177,6 +259,8 @@ class HostAgent:
                     "name": plan.name, "key": plan.key, "kind": plan.kind,
                     "device_id": plan.device_id, "credit": self.settings.credit,
                     "log_verbose": self.settings.log_verbose,
+                    "heartbeat_interval_s": self.settings.heartbeat_interval_s,
+                    "boot": self._broker_boot,
                     "backend_directory": self.settings.backend_directory,
                     "backend_config": self.settings.backend_config}
             children.append(Child(plan, model, version, epoch, spec))
@@ -209,8 +293,9 @@ class HostAgent:
 
     def _start(self, child: Child) -> None:
         child.incarnation += 1
+        self._starts += 1   # unique for the agent's life, across broker restarts that reuse epoch numbers
         child.iid = (f"{self.identity}/{child.model}/{child.version}/{child.epoch}/{child.plan.key}/"
-                     f"{child.incarnation}")
+                     f"{self._starts}")
         spec = dict(child.spec, iid=child.iid, log_settings=self._log_settings)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
@@ -239,8 +324,9 @@ class HostAgent:
             child.process = None
             why = f"exited with status {code}" if code >= 0 else f"was killed by signal {-code}"
             self._send({"k": Kind.INSTANCE_EXITED, "iid": child.iid, "why": why, "code": code, "e": child.epoch,
-                        "name": child.plan.key})
-            if not child.wanted or not self._running:
+                        "name": child.plan.key, "stopped": not child.wanted,
+                        "boot": child.spec.get("boot")})
+            if not child.wanted or not self._running or self._drain_deadline is not None:
                 self.children.remove(child)
                 continue
             if code == ExitCode.INIT_FAILED:
@@ -260,13 +346,17 @@ class HostAgent:
             if child.process is None and child.restart_at is not None and child.restart_at <= now:
                 self._start(child)
 
+    @staticmethod
+    def _stop_child(child: Child) -> None:
+        child.wanted = False
+        child.restart_at = None
+        if child.process is not None:
+            child.process.terminate()
+
     def _unassign(self, epoch: int) -> None:
         for child in self.children:
             if child.epoch == epoch:
-                child.wanted = False
-                child.restart_at = None
-                if child.process is not None:
-                    child.process.terminate()
+                self._stop_child(child)
         self.children = [c for c in self.children if c.wanted or c.process is not None]
         shutil.rmtree(self._shipped / str(epoch), ignore_errors=True)
 

@@ -79,6 +79,37 @@ class Outbox:
             send_parts(self.sock, self.queue.popleft())
 
 
+class HeartbeatThread(threading.Thread):
+    """Tells the broker this instance lives, on a socket of its own, even while a batch runs.
+
+    The main thread owns the data socket and blocks in ``execute``; this thread needs the
+    GIL only for a moment each interval (backends release it while computing).
+    """
+
+    def __init__(self, broker: str, iid: str, interval_s: float) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self.broker, self.iid, self.interval_s = broker, iid, interval_s
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        context = zmq.Context()
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, f"{self.iid}/hb".encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 4)   # beats that cannot leave are worthless later
+        sock.connect(self.broker)
+        beat = encode({"k": Kind.HEARTBEAT, "iid": self.iid, "joined": True})
+        try:
+            while not self.stopped.wait(self.interval_s):
+                try:
+                    sock.send(beat, zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+        finally:
+            sock.close(0)
+            context.term()
+
+
 class HealthReporter:
     """Asks the instance whether it can serve, every few seconds; tells the broker of changes."""
 
@@ -137,7 +168,8 @@ def main() -> None:
     sock.setsockopt(zmq.IDENTITY, spec["iid"].encode())
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(spec["broker"])
-    about = {"m": spec["model"], "v": spec["version"], "e": spec.get("epoch", 0), "name": spec["key"]}
+    about = {"m": spec["model"], "v": spec["version"], "e": spec.get("epoch", 0), "name": spec["key"],
+             "boot": spec.get("boot")}
     outbox = Outbox(sock)
     try:
         executor, lifecycle = build_executor(spec, outbox)
@@ -153,10 +185,13 @@ def main() -> None:
     sock.send(encode({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION,
                       "agent": spec["agent"], "credit": spec.get("credit", 2), **about}))
     log.info("serving model %s version %d as %s", spec["model"], spec["version"], spec["key"])
+    heartbeat = HeartbeatThread(spec["broker"], spec["iid"], spec.get("heartbeat_interval_s", 1.0))
+    heartbeat.start()
     tune_for_serving()
     try:
         _serve(sock, executor, outbox, stopping)
     finally:
+        heartbeat.stopped.set()
         for part in lifecycle:  # instance, model, backend
             try:
                 part.finalize()
@@ -189,6 +224,9 @@ def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: 
             elif header["k"] == Kind.REFUSED:
                 log.error("broker refused this instance: %s", header.get("reason"))
                 sys.exit(ExitCode.PROTOCOL_MISMATCH)
+            elif header["k"] == Kind.RESET:
+                log.error("the broker no longer knows this instance; exiting so that the agent restarts it")
+                sys.exit(ExitCode.ERROR)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from tritonclient.grpc import model_config_pb2
 from broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
 from broker.scheduler import PIPELINE_LIMIT_NS, Scheduler
 from repo.model import ModelDefinition
-from tritium.errors import ErrorCode
+from tritium.errors import ErrorCode, Unavailable
 from tritium.protocol import Kind, decode, encode
 
 
@@ -151,17 +151,115 @@ def test_long_batches_are_not_pipelined_so_requests_can_still_join_a_batch():
     assert [sent_batch(p)[2] for p in to_instances] == [[1], [2, 3, 4]]
 
 
-def test_a_lost_instance_fails_its_requests_with_503_and_leaves(world):
-    registry, version, scheduler, to_instances, to_gateways, clock = world
-    add_instance(registry, version)
-    submit(scheduler, b"gw", 1)
+def submit_and_wait_out_the_delay(scheduler, clock, rid: int) -> None:
+    submit(scheduler, b"gw", rid)
     clock.now += 100_000
     scheduler.run_due()
+
+
+def error_of(parts: list) -> dict:
+    return decode(parts[1])[0]["err"]
+
+
+def test_a_lost_instances_request_runs_again_on_another_instance(world):
+    registry, version, scheduler, to_instances, to_gateways, clock = world
+    add_instance(registry, version, "i0", credit=1)
+    submit_and_wait_out_the_delay(scheduler, clock, 1)
+    add_instance(registry, version, "i1", credit=1)
     scheduler.instance_lost(b"i0", "was killed by signal 9")
+    assert to_gateways == []
+    assert [(sent_batch(p)[0], sent_batch(p)[2]) for p in to_instances] == [(b"i0", [1]), (b"i1", [1])]
+    assert version.instances == [registry.instances[b"i1"]] and b"i0" not in registry.instances
+
+
+def test_a_request_lost_twice_fails_with_503_naming_the_model(world):
+    registry, version, scheduler, to_instances, to_gateways, clock = world
+    add_instance(registry, version, "i0")
+    add_instance(registry, version, "i1")
+    submit_and_wait_out_the_delay(scheduler, clock, 1)
+    first = sent_batch(to_instances[0])[0]
+    scheduler.instance_lost(first, "was killed by signal 9")
+    second = sent_batch(to_instances[1])[0]
+    assert second != first
+    scheduler.instance_lost(second, "was killed by signal 9")
     (parts,) = to_gateways
-    error = decode(parts[1])[0]["err"]
+    error = error_of(parts)
     assert error["code"] == ErrorCode.UNAVAILABLE
-    assert error["message"] == ("instance 'i0' of model 'm' version 1 was killed by signal 9 while "
-                                "running this request")
-    assert version.instances == [] and b"i0" not in registry.instances
+    assert error["message"] == (f"instance '{second.decode()}' of model 'm' version 1 was killed by signal 9 "
+                                "while running this request")
     assert version.stats.as_dict("m", 1)["inference_stats"]["fail"]["count"] == 1
+
+
+def test_a_request_waits_for_a_restarting_instance_when_it_was_the_only_one(world):
+    registry, version, scheduler, to_instances, to_gateways, clock = world
+    add_instance(registry, version, "i0")
+    submit_and_wait_out_the_delay(scheduler, clock, 1)
+    scheduler.instance_lost(b"i0", "exited with status 1")   # its agent restarts it
+    assert to_gateways == [] and len(version.batcher) == 1
+    scheduler.instance_ready(add_instance(registry, version, "i0-again"))
+    assert sent_batch(to_instances[-1])[:3:2] == (b"i0-again", [1])
+
+
+def test_when_the_last_host_is_gone_queued_and_running_requests_fail_at_once(world):
+    registry, version, scheduler, to_instances, to_gateways, clock = world
+    add_instance(registry, version, "i0", credit=1)
+    submit_and_wait_out_the_delay(scheduler, clock, 1)
+    submit(scheduler, b"gw", 2)   # queued behind the busy instance
+    scheduler.instance_lost(b"i0", "was lost with its host h1", restart_expected=False)
+    errors = sorted((decode(p[1])[0]["rid"], error_of(p)["message"]) for p in to_gateways)
+    assert [rid for rid, _ in errors] == [1, 2]
+    assert all(message == "no instance of model 'm' version 1 is left: instance 'i0' was lost with its host h1"
+               for _, message in errors)
+    assert len(version.batcher) == 0
+
+
+def test_a_decoupled_request_that_already_answered_is_not_run_twice():
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world("")
+    add_instance(registry, version, "i0")
+    add_instance(registry, version, "i1")
+    submit(scheduler, b"gw", 1)
+    number = sent_batch(to_instances[0])[1]["b"]
+    scheduler.response_part(b"i0", {"k": Kind.RESPONSE_PART, "b": number, "i": 0},
+                            [encode({"k": Kind.RESPONSE, "rid": 1, "outputs": [], "final": False})])
+    scheduler.instance_lost(b"i0", "was killed by signal 9")
+    assert len(to_instances) == 1
+    assert [error_of(p)["code"] for p in to_gateways[1:]] == [ErrorCode.UNAVAILABLE]
+
+
+def test_a_full_queue_rejects_with_tritons_message():
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world(
+        "dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
+    for rid in (1, 2, 3):
+        submit(scheduler, b"gw", rid)
+    (parts,) = to_gateways
+    assert decode(parts[1])[0]["rid"] == 3
+    assert error_of(parts) == {"code": ErrorCode.UNAVAILABLE, "message": "Exceeds maximum queue size"}
+    assert len(version.batcher) == 2
+    assert version.stats.failures == {"REJECTED": 1}
+
+
+def test_a_draining_instance_gets_no_new_batch_and_the_broker_can_tell_when_it_is_idle(world):
+    registry, version, scheduler, to_instances, to_gateways, clock = world
+    draining = add_instance(registry, version, "i0")
+    submit_and_wait_out_the_delay(scheduler, clock, 1)
+    draining.draining = True
+    assert scheduler.holds_work([draining])
+    submit(scheduler, b"gw", 2)
+    clock.now += 100_000
+    scheduler.run_due()
+    assert len(to_instances) == 1 and len(version.batcher) == 1
+    header, responses = done(sent_batch(to_instances[0])[1]["b"], [1])
+    scheduler.batch_done(b"i0", header, responses)
+    assert not scheduler.holds_work([draining]) and not scheduler.idle()
+    scheduler.instance_ready(add_instance(registry, version, "i1"))
+    assert sent_batch(to_instances[-1])[:3:2] == (b"i1", [2])
+
+
+def test_fail_everything_answers_queued_running_and_streaming_requests_once(world):
+    registry, version, scheduler, to_instances, to_gateways, clock = world
+    add_instance(registry, version, "i0", credit=1)
+    submit_and_wait_out_the_delay(scheduler, clock, 1)
+    submit(scheduler, b"gw", 2)
+    scheduler.fail_everything(Unavailable("shutting down"))
+    assert sorted(decode(p[1])[0]["rid"] for p in to_gateways) == [1, 2]
+    assert scheduler.idle()

@@ -80,7 +80,7 @@ def test_each_instance_process_is_pinned_to_its_gpu_or_cpu(server):
     np.testing.assert_array_equal(_infer(server.url, "pinned", a, a).as_numpy("OUTPUT0"), 2 * a)
 
 
-def test_an_instance_killed_mid_batch_fails_its_requests_and_comes_back(server):
+def test_a_request_whose_instance_is_killed_runs_again_on_the_restarted_instance(server):
     (victim,) = _instances_of("slow")
     x = np.ones((1, 64), dtype=np.float32)
     outcome = {}
@@ -95,22 +95,11 @@ def test_an_instance_killed_mid_batch_fails_its_requests_and_comes_back(server):
     sender.start()
     time.sleep(0.5)  # the request is running: the model takes over a second
     os.kill(victim["pid"], signal.SIGKILL)
-    sender.join(30)
-    assert "error" in outcome, "the request held by the killed instance must fail"
-    assert outcome["error"].status() == "503"
-    assert "instance 'slow_0_0' of model 'slow' version 1 was killed by signal 9 while running this request" in str(outcome["error"])
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        replacement = [p for p in _instances_of("slow") if p["pid"] != victim["pid"]]
-        if replacement:
-            break
-        time.sleep(0.2)
-    assert replacement, "the agent must restart the instance"
-    result = None
-    while time.monotonic() < deadline and result is None:
-        try:
-            result = _infer(server.url, "slow", x)
-        except InferenceServerException:
-            time.sleep(0.5)  # the replacement may still be loading
-    assert result is not None and result.as_numpy("OUTPUT0").shape == (1, 64)
-    assert np.isfinite(result.as_numpy("OUTPUT0")).all()
+    sender.join(60)
+    assert "result" in outcome, f"the request must run again, not fail: {outcome.get('error')}"
+    assert outcome["result"].as_numpy("OUTPUT0").shape == (1, 64)
+    assert np.isfinite(outcome["result"].as_numpy("OUTPUT0")).all()
+    (replacement,) = _instances_of("slow")
+    assert replacement["pid"] != victim["pid"], "the agent must restart the instance"
+    assert ("instance slow_0_0 of model slow version 1 was killed by signal 9; running its 1 request(s) "
+            "again elsewhere") in server.logs()

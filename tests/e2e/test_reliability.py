@@ -1,0 +1,220 @@
+"""Scale-out and failures: two worker hosts behind one broker, parts killed and restarted under load.
+
+The parts run as separate processes (tests/cluster.py) over tcp://, with a short
+heartbeat interval so that silence is noticed in a fraction of a second. Every
+request sent under load must come back with a result or a clear 503: never silence.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests import cluster
+
+REPO = Path(__file__).parent / "cluster_repo"
+HEARTBEAT = ("--heartbeat-interval-secs", "0.25")
+
+
+@dataclass
+class Outcome:
+    started: float
+    ended: float
+    pid: int | None = None
+    status: str | None = None
+    message: str = ""
+
+
+@dataclass
+class Load:
+    """Threads sending whoami requests until stopped; every outcome is recorded."""
+
+    url: str
+    threads: int = 4
+    delay_ms: float = 20.0
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._workers = [threading.Thread(target=self._run, daemon=True) for _ in range(self.threads)]
+
+    def __enter__(self) -> "Load":
+        for worker in self._workers:
+            worker.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for worker in self._workers:
+            worker.join(60)
+            assert not worker.is_alive(), "a request was never answered"
+
+    def _run(self) -> None:
+        client = httpclient.InferenceServerClient(self.url, network_timeout=30, connection_timeout=30)
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                pid = int(whoami(client, self.delay_ms)[0])
+                self.outcomes.append(Outcome(started, time.monotonic(), pid=pid))
+            except InferenceServerException as exc:
+                self.outcomes.append(Outcome(started, time.monotonic(), status=exc.status(), message=exc.message()))
+            except Exception as exc:  # connection refused or reset: the gateway itself is gone
+                self.outcomes.append(Outcome(started, time.monotonic(), status="connection", message=repr(exc)))
+                time.sleep(0.05)
+
+    def since(self, moment: float) -> list[Outcome]:
+        return [o for o in self.outcomes if o.started >= moment]
+
+
+def whoami(client, delay_ms: float = 0.0) -> np.ndarray:
+    delay = httpclient.InferInput("DELAY_MS", [1, 1], "FP32")
+    delay.set_data_from_numpy(np.array([[delay_ms]], dtype=np.float32))
+    return client.infer("whoami", [delay]).as_numpy("PID")[:, 0]
+
+
+def instance_pids(worker: cluster.Part) -> set[int]:
+    """The pids of the instance processes a worker agent started."""
+    children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children")
+    try:
+        return {int(pid) for pid in children.read_text().split()}
+    except OSError:
+        return set()
+
+
+def model_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{url}/v2/models/whoami/ready", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@pytest.fixture(scope="module")
+def world():
+    broker = cluster.broker(REPO, *HEARTBEAT)
+    broker.wait_ready()
+    workers = [cluster.worker(broker.backend, REPO, *HEARTBEAT) for _ in range(2)]
+    gateway = cluster.gateway(broker.frontend, *HEARTBEAT)
+    parts = [broker, *workers, gateway]
+    try:
+        for part in parts[1:]:
+            part.wait_ready()
+        cluster.wait_until(lambda: all(len(instance_pids(w)) == 1 for w in workers), what="one instance per host")
+        cluster.wait_until(lambda: model_ready(gateway.url), what="whoami ready")
+        yield broker, workers, gateway
+    finally:
+        for part in reversed(parts):
+            part.stop(timeout_s=20)
+
+
+def served_by(outcomes: list[Outcome]) -> set[int]:
+    return {o.pid for o in outcomes if o.pid is not None}
+
+
+def failures(outcomes: list[Outcome]) -> list[Outcome]:
+    return [o for o in outcomes if o.pid is None]
+
+
+def test_two_worker_hosts_share_the_load(world):
+    _, workers, gateway = world
+    with Load(gateway.url, threads=4, delay_ms=20) as load:
+        time.sleep(2)
+    pids = [instance_pids(w) for w in workers]
+    counts = [sum(1 for o in load.outcomes if o.pid in p) for p in pids]
+    assert not failures(load.outcomes)
+    assert all(count >= len(load.outcomes) // 5 for count in counts), f"unbalanced: {counts}"
+
+
+def test_a_worker_host_killed_under_load_leaves_no_request_unanswered_and_rejoins(world):
+    broker, workers, gateway = world
+    victim, survivor = workers
+    survivor_pids = instance_pids(survivor)
+    with Load(gateway.url, threads=4, delay_ms=50) as load:
+        time.sleep(1)
+        killed_at = time.monotonic()
+        victim.kill()
+        time.sleep(2)
+        after_kill = time.monotonic()
+        time.sleep(1)
+        victim.start()
+        victim.wait_ready()
+        cluster.wait_until(lambda: len(instance_pids(victim)) == 1, what="the host's instance restarted")
+        new_pids = instance_pids(victim)
+        time.sleep(3)
+    bad = [o for o in failures(load.outcomes) if o.status != "503"]
+    assert not bad, f"only clear 503 errors may come back: {bad[:3]}"
+    assert all("whoami" in o.message for o in failures(load.outcomes))
+    assert failures(load.outcomes) == [o for o in failures(load.outcomes) if o.started < killed_at + 1.5]
+    assert served_by(load.since(after_kill)) & survivor_pids, "the surviving host keeps serving"
+    assert served_by(load.since(after_kill)) & new_pids, "the restarted host gets traffic again"
+    assert "dropping it and its 1 instance(s)" in broker.logs()
+
+
+def test_a_broker_killed_and_restarted_under_load_is_back_without_restarting_anything_else(world):
+    broker, workers, gateway = world
+    with Load(gateway.url, threads=2, delay_ms=20) as load:
+        time.sleep(1)
+        broker.kill()
+        time.sleep(1)
+        restarted_at = time.monotonic()
+        broker.start()
+        broker.wait_ready()
+        cluster.wait_until(lambda: model_ready(gateway.url), timeout_s=60, what="whoami ready again")
+        back_at = time.monotonic()
+        time.sleep(2)
+    assert back_at - restarted_at < 30
+    # While the new broker loads the model again: Triton's answers for a model that is not ready.
+    reloading = {("404", "Request for unknown model: 'whoami' has no available versions"),
+                 ("400", "Model version not ready")}
+    assert {(o.status, o.message) for o in failures(load.outcomes)} <= {
+        ("503", f"lost contact with the broker at {broker.frontend}; the request was not answered"),
+        ("503", f"the broker at {broker.frontend} restarted; the request was lost"), *reloading}
+    assert all(o.ended - o.started < 10 for o in load.outcomes), "no request may hang on a dead broker"
+    late = load.since(back_at + 0.5)
+    assert late and not failures(late)
+    assert served_by(late) <= set().union(*(instance_pids(w) for w in workers))
+    assert gateway.process.poll() is None and all(w.process.poll() is None for w in workers)
+
+
+def test_sigterm_on_a_worker_host_drains_it_while_the_other_serves(world):
+    _, workers, gateway = world
+    victim, survivor = workers
+    with Load(gateway.url, threads=4, delay_ms=200) as load:
+        time.sleep(1)
+        signalled_at = time.monotonic()
+        victim.terminate()
+        assert victim.wait(timeout_s=20) == 0
+        stopped_at = time.monotonic()
+        time.sleep(1)
+    assert not failures(load.outcomes), failures(load.outcomes)[:3]
+    assert stopped_at - signalled_at < 10
+    assert served_by(load.since(stopped_at)) <= instance_pids(survivor)
+    assert "is draining: its instances get no new batches" in world[0].logs()
+    victim.start()
+    victim.wait_ready()
+    cluster.wait_until(lambda: len(instance_pids(victim)) == 1, what="the host is back")
+
+
+def test_sigterm_on_a_gateway_finishes_what_it_accepted_and_turns_unready_at_once(world):
+    broker, _, _ = world
+    gateway = cluster.gateway(broker.frontend, *HEARTBEAT, "--exit-timeout-secs", "20")
+    gateway.wait_ready()
+    cluster.wait_until(lambda: model_ready(gateway.url), what="the second gateway sees the model")
+    with Load(gateway.url, threads=4, delay_ms=300) as load:
+        time.sleep(1.5)
+        signalled_at = time.monotonic()
+        gateway.terminate()
+        code = gateway.wait(timeout_s=30)
+    assert code == 0
+    accepted = [o for o in load.outcomes if o.started < signalled_at - 0.2]
+    assert accepted and not failures(accepted), failures(accepted)[:3]
+    assert "stopping: readiness is now false" in gateway.logs()
