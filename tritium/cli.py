@@ -12,7 +12,7 @@ import sys
 import click
 import orjson
 
-from tritium import __version__
+from tritium import __version__, config_file
 
 
 def _bool(value) -> bool:
@@ -144,7 +144,7 @@ def main() -> None:
 
 # -- serve ----------------------------------------------------------------------------------
 
-@main.command()
+@main.command(cls=config_file.SettingsCommand)
 @click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True,
               help="A model repository folder (repeatable).")
 @click.option("--http-address", default="0.0.0.0", show_default=True)
@@ -209,13 +209,14 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
         worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
                      *_pass_through(ctx, ["backend_directory", "backend_config", "metrics_interval_ms",
                                           "heartbeat_interval_secs"])),
+        resolved_env=config_file.variables(ctx.command),
     )
     sys.exit(Supervisor(settings).run())
 
 
 # -- the parts ------------------------------------------------------------------------------
 
-@main.command()
+@main.command(cls=config_file.SettingsCommand)
 @click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True)
 @click.option("--frontend", required=True, help="ZeroMQ endpoint gateways connect to (bound).")
 @click.option("--backend", required=True, help="ZeroMQ endpoint workers connect to (bound).")
@@ -250,7 +251,7 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
     sys.exit(server.run())
 
 
-@main.command()
+@main.command(cls=config_file.SettingsCommand)
 @click.option("--broker", "broker_address", required=True, help="The broker's frontend endpoint.")
 @click.option("--http-address", default="0.0.0.0", show_default=True)
 @click.option("--http-port", default=8000, show_default=True, type=int)
@@ -282,7 +283,7 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
                         heartbeat_interval_s=heartbeat_interval_secs, max_inflight_requests=max_inflight_requests))
 
 
-@main.command()
+@main.command(cls=config_file.SettingsCommand)
 @click.option("--broker", "broker_address", required=True, help="The broker's backend endpoint.")
 @click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True)
 @click.option("--models", default=None, help="Comma-separated models this host serves (default: all).")
@@ -379,6 +380,25 @@ def repo_check(repositories, as_json, **repository) -> None:
     else:
         click.echo(render_table(rows, scan.errors))
     sys.exit(1 if scan.errors or any(not row.ok for row in rows) else 0)
+
+
+@main.group("config")
+def config_group() -> None:
+    """Inspect the settings of the server commands."""
+
+
+@config_group.command("show", context_settings={"ignore_unknown_options": True})
+@click.argument("role", type=click.Choice([name for name, command in main.commands.items()
+                                           if isinstance(command, config_file.SettingsCommand)]))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.pass_context
+def config_show(ctx, role, args, as_json) -> None:
+    """Print every setting ROLE would run with and where it came from: ARGS are ROLE's flags
+    (--config FILE among them); TRITIUM_* variables are read as ROLE would read them."""
+    config_path, rows = config_file.effective(ctx, main.commands[role], role, list(args))
+    render = config_file.render_json if as_json else config_file.render_table
+    click.echo(render(role, config_path, rows))
 
 
 if __name__ == "__main__":

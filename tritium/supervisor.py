@@ -48,6 +48,9 @@ class ServeSettings:
     broker_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
     worker_args: tuple[str, ...] = ()
+    # TRITIUM_* variables serve has already read: children get their values as flags, and
+    # must not read them again under their own meaning (TRITIUM_MODELS is a worker's own setting).
+    resolved_env: frozenset[str] = frozenset()
 
 
 @dataclass(eq=False)
@@ -73,7 +76,8 @@ class Supervisor:
         stop = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.append(True))
-        env = dict(os.environ, NOTIFY_SOCKET=str(notify_path))
+        env = {name: value for name, value in os.environ.items() if name not in self.settings.resolved_env}
+        env["NOTIFY_SOCKET"] = str(notify_path)
         try:
             code = self._start_and_wait(env, frontend, backend, notify_sock, stop)
             if code is None:
