@@ -120,7 +120,9 @@ class Broker:
         tune_for_serving()
         notify.ready(f"broker frontend={self.settings.frontend} backend={self.settings.backend}")
         log.info("broker ready: frontend %s, backend %s", self.settings.frontend, self.settings.backend)
+        watchdog = notify.Watchdog.from_environment()
         while self._running:
+            watchdog.tick()
             events = dict(poller.poll(self._timeout_ms()))
             if self.backend in events:
                 self._drain(self.backend, self._on_backend)
@@ -138,6 +140,7 @@ class Broker:
             if self.registry.generation != self._pushed_generation:
                 self._push_models()
         log.info("broker stopping")
+        notify.stopping()
         self.lifecycle.close()
         self.frontend.close(0)
         self.backend.close(0)

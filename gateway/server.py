@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 from dataclasses import dataclass
 
@@ -71,7 +72,10 @@ async def serve(settings: GatewaySettings) -> None:
         grpc_server, grpc_port = await start_grpc(dataplane, settings.grpc_address, settings.grpc_port,
                                                    settings.grpc_max_message_bytes)
         log.info("gateway serving gRPC on %s:%d", settings.grpc_address, grpc_port)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal after its drain: land it here
+        signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    reporting = asyncio.ensure_future(_report_to_systemd(server, serving))
     while not server.started and not serving.done():
         await asyncio.sleep(0.01)
     if server.started:
@@ -85,6 +89,16 @@ async def serve(settings: GatewaySettings) -> None:
         if grpc_server is not None:
             await grpc_server.stop(settings.exit_timeout_s)
         link.close()
+        await reporting
+
+
+async def _report_to_systemd(server: uvicorn.Server, serving: asyncio.Future) -> None:
+    """WATCHDOG=1 while the event loop turns; STOPPING=1 as soon as uvicorn begins its drain."""
+    watchdog = notify.Watchdog.from_environment()
+    while not server.should_exit and not serving.done():
+        watchdog.tick()
+        await asyncio.sleep(0.25)
+    notify.stopping()
 
 
 def run(settings: GatewaySettings) -> None:

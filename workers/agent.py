@@ -103,7 +103,9 @@ class HostAgent:
         log.info("worker agent %s connecting to %s (gpus %s)", self.identity, self.settings.broker,
                  list(self.settings.gpus))
         code = ExitCode.OK
+        watchdog = notify.Watchdog.from_environment()
         while self._running:
+            watchdog.tick()
             events = dict(poller.poll(250))
             if waker.fd in events:
                 waker.clear()
@@ -112,6 +114,7 @@ class HostAgent:
             self._reap()
             self._restart_due()
             self._report_host()
+        notify.stopping()
         self._shutdown()
         return code
 
