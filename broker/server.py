@@ -140,7 +140,9 @@ class Broker:
         tune_for_serving()
         notify.ready(f"broker frontend={self.settings.frontend} backend={self.settings.backend}")
         log.info("broker ready: frontend %s, backend %s", self.settings.frontend, self.settings.backend)
+        watchdog = notify.Watchdog.from_environment()
         while self._running:
+            watchdog.tick()
             events = dict(poller.poll(self._timeout_ms()))
             self._now = time.monotonic()
             if self.backend in events:

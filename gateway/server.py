@@ -95,7 +95,6 @@ async def serve(settings: GatewaySettings) -> None:
 
     def on_stop() -> None:
         log.info("stopping: readiness is now false; finishing %d accepted request(s)", link.waiting)
-        notify.stopping()
         dataplane.shutting_down = True
         if grpc_server is not None:
             grpc_stopping.append(asyncio.ensure_future(grpc_server.stop(settings.exit_timeout_s)))
@@ -112,6 +111,7 @@ async def serve(settings: GatewaySettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    reporting = asyncio.ensure_future(_report_to_systemd(server, serving))
     while not server.started and not serving.done():
         await asyncio.sleep(0.01)
     if server.started:
@@ -126,6 +126,16 @@ async def serve(settings: GatewaySettings) -> None:
             await (grpc_stopping[0] if grpc_stopping else grpc_server.stop(settings.exit_timeout_s))
         link.close()
         log.info("gateway stopped")
+        await reporting
+
+
+async def _report_to_systemd(server: uvicorn.Server, serving: asyncio.Future) -> None:
+    """WATCHDOG=1 while the event loop turns; STOPPING=1 as soon as uvicorn begins its drain."""
+    watchdog = notify.Watchdog.from_environment()
+    while not server.should_exit and not serving.done():
+        watchdog.tick()
+        await asyncio.sleep(0.25)
+    notify.stopping()
 
 
 def run(settings: GatewaySettings) -> None:

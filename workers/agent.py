@@ -122,7 +122,9 @@ class HostAgent:
         notify.ready(f"worker agent {self.identity} -> {self.settings.broker}")
         log.info("worker agent %s connecting to %s (gpus %s)", self.identity, self.settings.broker,
                  list(self.settings.gpus))
+        watchdog = notify.Watchdog.from_environment()
         while self._running:
+            watchdog.tick()
             events = dict(poller.poll(250))
             if waker.fd in events:
                 waker.clear()
@@ -137,6 +139,7 @@ class HostAgent:
                 log.warning("the broker did not confirm the drain within %.0f s; stopping anyway",
                             self.settings.exit_timeout_s)
                 self._running = False
+        notify.stopping()
         self._shutdown()
         return self._exit_code
 
