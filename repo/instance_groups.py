@@ -20,8 +20,12 @@ Group = model_config_pb2.ModelInstanceGroup
 _TWO_CPU_INSTANCES = {ONNXRUNTIME, "tensorflow"}
 
 
-def resolve_instance_groups(config: ModelConfig, gpus: Sequence[int]) -> None:
-    """Fill defaults and resolve KIND_AUTO in place for a host with ``gpus``."""
+def resolve_instance_groups(config: ModelConfig, gpus: Sequence[int] | None) -> None:
+    """Fill defaults and resolve KIND_AUTO in place for a host with ``gpus``.
+
+    ``gpus`` None: the serving hosts are elsewhere (a broker of its own); each host agent
+    resolves and checks the groups against its GPUs when it places the instances.
+    """
     model = config.name
     if config.platform == ENSEMBLE_PLATFORM or config.HasField("ensemble_scheduling"):
         if len(config.instance_group) > 0:
@@ -29,10 +33,13 @@ def resolve_instance_groups(config: ModelConfig, gpus: Sequence[int]) -> None:
         return
     if len(config.instance_group) == 0:
         config.instance_group.add().name = model
-    available = set(gpus)
+    available = set(gpus or ())
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{model}_{index}"
+        if gpus is None:
+            group.count = max(group.count, 1)
+            continue
         if group.kind == Group.KIND_AUTO:
             usable = available and all(g in available for g in group.gpus)
             group.kind = Group.KIND_GPU if usable else Group.KIND_CPU

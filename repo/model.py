@@ -17,7 +17,7 @@ class RepositoryOptions:
     auto_complete: bool = True
     default_max_batch_size: int = 4
     python_autocomplete_timeout_s: float = 30.0
-    gpus: tuple[int, ...] = ()  # the loading host's GPUs, for KIND_AUTO and gpu checks
+    gpus: tuple[int, ...] | None = ()  # the loading host's GPUs, for KIND_AUTO and gpu checks; None: not here
 
 
 @dataclass(frozen=True)

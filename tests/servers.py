@@ -109,5 +109,6 @@ def instance_processes() -> list[dict]:
         except OSError:
             continue
         env = dict(item.decode(errors="replace").split("=", 1) for item in raw_env if b"=" in item)
-        found.append({"pid": int(entry.name), "argv": [a.decode() for a in argv if a], "env": env})
+        ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) if (entry / "stat").exists() else 0
+        found.append({"pid": int(entry.name), "ppid": ppid, "argv": [a.decode() for a in argv if a], "env": env})
     return found

@@ -85,7 +85,7 @@ def control_settings(model_control_mode, load_model, repository_poll_secs, model
 
 
 def repository_settings(model_config_name, disable_auto_complete_config, strict_model_config,
-                        backend_config):
+                        backend_config, gpus_here: bool = True):
     from repo import RepositoryOptions
     from tritium.hosts import detect_gpus
 
@@ -102,7 +102,7 @@ def repository_settings(model_config_name, disable_auto_complete_config, strict_
         model_config_name=model_config_name,
         auto_complete=not (disable_auto_complete_config or _bool(strict_model_config)),
         default_max_batch_size=default_max_batch_size,
-        gpus=detect_gpus(),
+        gpus=detect_gpus() if gpus_here else None,
     )
 
 
@@ -228,11 +228,13 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
 @click.option("--exit-timeout-secs", default=30, show_default=True, type=int,
               help="On SIGTERM: how long queued and running requests may take to finish.")
 @heartbeat_option
+@click.option("--workers-on-this-host", is_flag=True, hidden=True,
+              help="Check instance groups against this host's GPUs (serve: the only worker runs here).")
 @repository_options
 @model_control_options
 def broker(model_repository, frontend, backend, metrics_port, metrics_address, allow_metrics, metrics_config,
-           log_verbose, exit_timeout_secs, heartbeat_interval_secs, model_control_mode, load_model,
-           repository_poll_secs, model_load_thread_count, **repository) -> None:
+           log_verbose, exit_timeout_secs, heartbeat_interval_secs, workers_on_this_host, model_control_mode,
+           load_model, repository_poll_secs, model_load_thread_count, **repository) -> None:
     """Run the broker: model registry, queues, dynamic batching, statistics, metrics."""
     from broker.metrics import MetricsSettings
     from broker.server import Broker, BrokerSettings
@@ -243,7 +245,8 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
     metrics = MetricsSettings(metrics_address, metrics_port, _bool(options.get("histogram_latencies", "false"))) \
         if _bool(allow_metrics) else None
     control = control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count)
-    settings = BrokerSettings(tuple(model_repository), frontend, backend, repository_settings(**repository),
+    settings = BrokerSettings(tuple(model_repository), frontend, backend,
+                              repository_settings(**repository, gpus_here=workers_on_this_host),
                               metrics=metrics, control=control, log_verbose=_log_verbose(log_verbose),
                               heartbeat_interval_s=heartbeat_interval_secs, exit_timeout_s=float(exit_timeout_secs))
     server = Broker(settings)

@@ -97,7 +97,7 @@ class Supervisor:
         s = self.settings
         verbose = ["--log-verbose", str(s.log_verbose)]
         repos = [arg for repo in s.model_repositories for arg in ("--model-repository", repo)]
-        self._spawn("broker", [*repos, "--frontend", frontend, "--backend", backend,
+        self._spawn("broker", [*repos, "--frontend", frontend, "--backend", backend, "--workers-on-this-host",
                                *s.repository_args, *s.broker_args, *verbose], env)
         if not self._wait_ready(notify_sock, stop, roles={"broker"}):
             return ExitCode.ERROR

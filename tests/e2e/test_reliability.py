@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests import cluster
+from tests.servers import instance_processes
 
 REPO = Path(__file__).parent / "cluster_repo"
 HEARTBEAT = ("--heartbeat-interval-secs", "0.25")
@@ -81,13 +82,10 @@ def whoami(client, delay_ms: float = 0.0) -> np.ndarray:
     return client.infer("whoami", [delay]).as_numpy("PID")[:, 0]
 
 
-def instance_pids(worker: cluster.Part) -> set[int]:
-    """The pids of the instance processes a worker agent started."""
-    children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children")
-    try:
-        return {int(pid) for pid in children.read_text().split()}
-    except OSError:
-        return set()
+def instance_pids(worker: cluster.Part, model: str = "whoami") -> set[int]:
+    """The pids of the instance processes of ``model`` a worker agent started."""
+    return {p["pid"] for p in instance_processes()
+            if p["env"].get("TRITIUM_MODEL") == f"{model}/1" and p["ppid"] == worker.pid}
 
 
 def model_ready(url: str) -> bool:
@@ -102,7 +100,8 @@ def model_ready(url: str) -> bool:
 def world():
     broker = cluster.broker(REPO, *HEARTBEAT)
     broker.wait_ready()
-    workers = [cluster.worker(broker.backend, REPO, *HEARTBEAT) for _ in range(2)]
+    # The broker's host has no GPU; each worker host declares one (the model whoami_gpu is KIND_GPU).
+    workers = [cluster.worker(broker.backend, REPO, *HEARTBEAT, env={"TRITIUM_GPUS": "0"}) for _ in range(2)]
     gateway = cluster.gateway(broker.frontend, *HEARTBEAT)
     parts = [broker, *workers, gateway]
     try:
@@ -134,6 +133,16 @@ def test_two_worker_hosts_share_the_load(world):
     assert all(count >= len(load.outcomes) // 5 for count in counts), f"unbalanced: {counts}"
 
 
+def test_a_gpu_model_loads_on_gpu_worker_hosts_behind_a_broker_without_gpus(world):
+    _, workers, gateway = world
+    client = httpclient.InferenceServerClient(gateway.url)
+    cluster.wait_until(lambda: client.is_model_ready("whoami_gpu"), what="whoami_gpu ready")
+    pinned = [p for p in instance_processes() if p["env"].get("TRITIUM_MODEL") == "whoami_gpu/1"]
+    assert sorted(p["ppid"] for p in pinned) == sorted(w.pid for w in workers)
+    assert all(p["env"].get("CUDA_VISIBLE_DEVICES") == "0" for p in pinned)
+    assert client.get_model_config("whoami_gpu")["instance_group"][0]["kind"] == "KIND_GPU"
+
+
 def test_a_worker_host_killed_under_load_leaves_no_request_unanswered_and_rejoins(world):
     broker, workers, gateway = world
     victim, survivor = workers
@@ -156,7 +165,7 @@ def test_a_worker_host_killed_under_load_leaves_no_request_unanswered_and_rejoin
     assert failures(load.outcomes) == [o for o in failures(load.outcomes) if o.started < killed_at + 1.5]
     assert served_by(load.since(after_kill)) & survivor_pids, "the surviving host keeps serving"
     assert served_by(load.since(after_kill)) & new_pids, "the restarted host gets traffic again"
-    assert "dropping it and its 1 instance(s)" in broker.logs()
+    assert "dropping it and its 2 instance(s)" in broker.logs()
 
 
 def test_a_broker_killed_and_restarted_under_load_is_back_without_restarting_anything_else(world):
