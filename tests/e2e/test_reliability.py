@@ -7,93 +7,18 @@ request sent under load must come back with a result or a clear 503: never silen
 
 from __future__ import annotations
 
-import threading
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
 
 from tests import cluster
+from tests.cluster import Load, failures, instance_pids, model_ready, served_by
 from tests.servers import instance_processes
 
 REPO = Path(__file__).parent / "cluster_repo"
 HEARTBEAT = ("--heartbeat-interval-secs", "0.25")
-
-
-@dataclass
-class Outcome:
-    started: float
-    ended: float
-    pid: int | None = None
-    status: str | None = None
-    message: str = ""
-
-
-@dataclass
-class Load:
-    """Threads sending whoami requests until stopped; every outcome is recorded."""
-
-    url: str
-    threads: int = 4
-    delay_ms: float = 20.0
-    outcomes: list[Outcome] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._workers = [threading.Thread(target=self._run, daemon=True) for _ in range(self.threads)]
-
-    def __enter__(self) -> "Load":
-        for worker in self._workers:
-            worker.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for worker in self._workers:
-            worker.join(60)
-            assert not worker.is_alive(), "a request was never answered"
-
-    def _run(self) -> None:
-        client = httpclient.InferenceServerClient(self.url, network_timeout=30, connection_timeout=30)
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                pid = int(whoami(client, self.delay_ms)[0])
-                self.outcomes.append(Outcome(started, time.monotonic(), pid=pid))
-            except InferenceServerException as exc:
-                self.outcomes.append(Outcome(started, time.monotonic(), status=exc.status(), message=exc.message()))
-            except Exception as exc:  # connection refused or reset: the gateway itself is gone
-                self.outcomes.append(Outcome(started, time.monotonic(), status="connection", message=repr(exc)))
-                time.sleep(0.05)
-
-    def since(self, moment: float) -> list[Outcome]:
-        return [o for o in self.outcomes if o.started >= moment]
-
-
-def whoami(client, delay_ms: float = 0.0) -> np.ndarray:
-    delay = httpclient.InferInput("DELAY_MS", [1, 1], "FP32")
-    delay.set_data_from_numpy(np.array([[delay_ms]], dtype=np.float32))
-    return client.infer("whoami", [delay]).as_numpy("PID")[:, 0]
-
-
-def instance_pids(worker: cluster.Part, model: str = "whoami") -> set[int]:
-    """The pids of the instance processes of ``model`` a worker agent started."""
-    return {p["pid"] for p in instance_processes()
-            if p["env"].get("TRITIUM_MODEL") == f"{model}/1" and p["ppid"] == worker.pid}
-
-
-def model_ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{url}/v2/models/whoami/ready", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -113,14 +38,6 @@ def world():
     finally:
         for part in reversed(parts):
             part.stop(timeout_s=20)
-
-
-def served_by(outcomes: list[Outcome]) -> set[int]:
-    return {o.pid for o in outcomes if o.pid is not None}
-
-
-def failures(outcomes: list[Outcome]) -> list[Outcome]:
-    return [o for o in outcomes if o.pid is None]
 
 
 def test_two_worker_hosts_share_the_load(world):
