@@ -24,6 +24,7 @@ from gateway.http_protocol import GatewayHttpProtocol
 from tritium import notify
 from tritium.gctune import tune_for_serving
 from tritium.protocol import DEFAULT_HEARTBEAT_INTERVAL_S, ExitCode
+from tritium.security import CurveKeys
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class GatewaySettings:
     broker_timeout_s: float | None = None   # how long to wait for the broker's first model table
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     max_inflight_requests: int = 0          # inference requests waiting on the broker; 0: unbounded
+    curve: CurveKeys | None = None          # None: no CURVE on the broker link
 
 
 def listening_socket(address: str, port: int) -> socket.socket:
@@ -80,7 +82,7 @@ class GatewayHttpServer(uvicorn.Server):
 
 
 async def serve(settings: GatewaySettings) -> None:
-    link = BrokerLink(settings.broker, heartbeat_interval_s=settings.heartbeat_interval_s)
+    link = BrokerLink(settings.broker, heartbeat_interval_s=settings.heartbeat_interval_s, curve=settings.curve)
     dataplane = DataPlane(link, ServerIdentity(name=settings.server_id),
                           strict_readiness=settings.strict_readiness, allow_client_shm=settings.allow_client_shm,
                           max_inflight_requests=settings.max_inflight_requests)

@@ -27,6 +27,7 @@ from repo import ModelConfig
 from tritium import logs
 from tritium.gctune import tune_for_serving
 from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
+from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
 from workers.backends import load_backend
 from workers.backends.base import BackendConfig, InstanceContext, ModelContext
@@ -150,7 +151,8 @@ def build_executor(spec: dict, outbox: Outbox | None = None) -> tuple[BatchExecu
     model = backend.create_model(model_context)
     instance = model.create_instance(InstanceContext(
         model=model_context, name=spec["name"], kind=spec["kind"], device_id=spec["device_id"],
-        broker=spec.get("broker", ""), instance_id=spec.get("iid", "")))
+        broker=spec.get("broker", ""), instance_id=spec.get("iid", ""),
+        curve=CurveKeys.from_spec(spec.get("curve"))))
     return BatchExecutor(instance, config, outbox.send if outbox else None), [instance, model, backend]
 
 
@@ -165,6 +167,7 @@ def main() -> None:
         logs.apply_wire(spec["log_settings"])
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
+    secure_client(sock, CurveKeys.from_spec(spec.get("curve")), "instance")
     sock.setsockopt(zmq.IDENTITY, spec["iid"].encode())
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(spec["broker"])
