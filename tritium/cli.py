@@ -132,6 +132,26 @@ def curve_keys(secret_key: str | None, peer_option: str, peer: str | None, *, se
     return keys
 
 
+def restricted_api_options(command):
+    """Triton's --http-restricted-api and --grpc-restricted-protocol (gateway and serve)."""
+    command = click.option("--grpc-restricted-protocol", multiple=True,
+                           help="PROTOCOL,...:KEY=VALUE: those gRPC calls need the metadata "
+                           "triton-grpc-protocol-KEY: VALUE (repeatable).")(command)
+    return click.option("--http-restricted-api", multiple=True,
+                        help="API,...:KEY=VALUE: those HTTP calls need the header KEY: VALUE (repeatable).")(command)
+
+
+def restricted_apis(http_values, grpc_values):
+    """The two flags' rules, or Triton's startup error for a malformed or repeated category."""
+    from gateway.restricted import GRPC_FLAG, HTTP_FLAG, parse_restrictions
+    from tritium.errors import InvalidArgument
+
+    try:
+        return parse_restrictions(http_values, HTTP_FLAG), parse_restrictions(grpc_values, GRPC_FLAG)
+    except InvalidArgument as exc:
+        raise click.UsageError(exc.message) from None
+
+
 def _backend_options(values) -> dict[str, dict[str, str]]:
     """--backend-config=BACKEND,KEY=VALUE flags as {backend: {key: value}}."""
     options: dict[str, dict[str, str]] = {}
@@ -197,6 +217,7 @@ def main() -> None:
               help="Largest gRPC message, in bytes, either way (Triton's fixed limit by default).")
 @heartbeat_option
 @max_inflight_option
+@restricted_api_options
 @repository_options
 @model_control_options
 @click.pass_context
@@ -204,8 +225,8 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
           metrics_address, allow_metrics, metrics_config, metrics_interval_ms, http_workers,
           exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, backend_directory,
           http_max_input_size, server_id, allow_client_shm, grpc_max_message_size, heartbeat_interval_secs,
-          max_inflight_requests, model_control_mode, load_model, repository_poll_secs,
-          model_load_thread_count, **repository) -> None:
+          max_inflight_requests, http_restricted_api, grpc_restricted_protocol, model_control_mode, load_model,
+          repository_poll_secs, model_load_thread_count, **repository) -> None:
     """Run broker, a host agent and gateways on this machine."""
     from tritium import logs
     from tritium.supervisor import ServeSettings, Supervisor
@@ -214,6 +235,7 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
     logs.configure("serve", verbose)
     repository_settings(**repository)  # fail early on bad flags, before starting anything
     control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count)
+    restricted_apis(http_restricted_api, grpc_restricted_protocol)
     workers = http_workers or max(1, (os.cpu_count() or 2) // 2)
     settings = ServeSettings(
         model_repositories=tuple(model_repository), http_address=http_address, http_port=http_port,
@@ -231,7 +253,8 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
                       "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs),
                       "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc,
                       "--allow-client-shm", allow_client_shm, "--grpc-max-message-size", str(grpc_max_message_size),
-                      *_pass_through(ctx, ["heartbeat_interval_secs", "max_inflight_requests"])),
+                      *_pass_through(ctx, ["heartbeat_interval_secs", "max_inflight_requests",
+                                          "http_restricted_api", "grpc_restricted_protocol"])),
         worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
                      *_pass_through(ctx, ["backend_directory", "backend_config", "metrics_interval_ms",
                                           "heartbeat_interval_secs"])),
@@ -301,24 +324,26 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
 @click.option("--grpc-max-message-size", default=2**31 - 1, show_default=True, type=int)
 @heartbeat_option
 @max_inflight_option
+@restricted_api_options
 @curve_options("--curve-server-key", "The broker's CURVE public key file (NAME.key).")
 def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, allow_grpc, http_max_input_size,
             exit_timeout_secs, strict_readiness, server_id, log_verbose, allow_client_shm,
-            grpc_max_message_size, heartbeat_interval_secs, max_inflight_requests, curve_secret_key,
-            curve_server_key) -> None:
+            grpc_max_message_size, heartbeat_interval_secs, max_inflight_requests, http_restricted_api,
+            grpc_restricted_protocol, curve_secret_key, curve_server_key) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
     from gateway.server import GatewaySettings, run
     from tritium import logs
 
     logs.configure("gateway", _log_verbose(log_verbose))
     curve = curve_keys(curve_secret_key, "--curve-server-key", curve_server_key, server=False)
+    http_restricted, grpc_restricted = restricted_apis(http_restricted_api, grpc_restricted_protocol)
     run(GatewaySettings(broker=broker_address, http_address=http_address, http_port=http_port,
                         grpc_address=grpc_address, grpc_port=grpc_port if _bool(allow_grpc) else None,
                         max_input_bytes=http_max_input_size, exit_timeout_s=float(exit_timeout_secs),
                         server_id=server_id, strict_readiness=_bool(strict_readiness),
                         allow_client_shm=_bool(allow_client_shm), grpc_max_message_bytes=grpc_max_message_size,
                         heartbeat_interval_s=heartbeat_interval_secs, max_inflight_requests=max_inflight_requests,
-                        curve=curve))
+                        curve=curve, http_restricted=http_restricted, grpc_restricted=grpc_restricted))
 
 
 @main.command(cls=config_file.SettingsCommand)
