@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import socket
 import stat
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,8 @@ from tests.models import add_sub_model
 from tritium.cli import main
 
 PYTHON_MODELS = Path(__file__).parent / "python_repo"
+HEARTBEAT_S = 0.25
+HEARTBEATS = ("--heartbeat-interval-secs", str(HEARTBEAT_S))  # a peer whose beats do not get through is soon gone
 
 def generate(directory, name, *flags):
     return CliRunner().invoke(main, ["keys", "generate", str(directory), "--name", name, *flags])
@@ -129,10 +132,10 @@ def curve_cluster(keys, tmp_path_factory):
     parts = []
     try:
         broker = cluster.broker(repository, "--curve-secret-key", str(keys / "broker.key_secret"),
-                                "--curve-authorized-keys", str(keys / "authorized"))
+                                "--curve-authorized-keys", str(keys / "authorized"), *HEARTBEATS)
         parts.append(broker)
         broker.wait_ready()
-        client_keys = ("--curve-server-key", str(keys / "broker.key"))
+        client_keys = ("--curve-server-key", str(keys / "broker.key"), *HEARTBEATS)
         parts.append(cluster.worker(broker.backend, repository, "--models", "add_sub,bls",
                                     "--curve-secret-key", str(keys / "worker.key_secret"), *client_keys))
         gateway = cluster.gateway(broker.frontend, "--curve-secret-key", str(keys / "gateway.key_secret"),
@@ -160,6 +163,8 @@ def add_sub_request(client):
 
 def test_a_request_is_served_through_curve(curve_cluster):
     broker, _, client, _ = curve_cluster
+    time.sleep(4 * HEARTBEAT_S)  # long enough for the broker to drop a peer whose heartbeats are refused
+    assert "stopped answering heartbeats" not in broker.logs()
     a, b, result = add_sub_request(client)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
