@@ -43,6 +43,7 @@ from tritium.protocol import (
     decode,
     encode,
 )
+from tritium.security import CurveKeys, secure_server
 from tritium.signals import SignalWaker
 from tritium.zmqio import recv_parts, send_parts
 
@@ -64,6 +65,7 @@ class BrokerSettings:
     log_verbose: int = 0
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     exit_timeout_s: float = 30.0     # SIGTERM: how long queued and running requests may take to finish
+    curve: CurveKeys | None = None   # None: no CURVE (the ipc:// default of tritium serve)
 
 
 class Broker:
@@ -93,6 +95,7 @@ class Broker:
 
     def _bind(self, kind: int, address: str) -> zmq.Socket:
         sock = self.context.socket(kind)
+        secure_server(sock, self.settings.curve, address)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, _HWM)
         sock.setsockopt(zmq.RCVHWM, _HWM)

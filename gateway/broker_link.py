@@ -22,6 +22,7 @@ from tritium import logs
 from tritium.errors import TritiumError, Unavailable
 from tritium.hosts import host_name
 from tritium.protocol import DEFAULT_HEARTBEAT_INTERVAL_S, MISSED_HEARTBEATS, PROTOCOL_VERSION, Kind, decode, encode
+from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
 
 log = logging.getLogger(__name__)
@@ -49,11 +50,13 @@ class BrokerLink:
     """
 
     def __init__(self, address: str, loop: asyncio.AbstractEventLoop | None = None,
-                 heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S) -> None:
+                 heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+                 curve: CurveKeys | None = None) -> None:
         self.address = address
         self.loop = loop or asyncio.get_running_loop()
         self.identity = f"gw-{host_name()}-{os.getpid()}"
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        secure_client(self.sock, curve, "gateway")
         self.sock.setsockopt(zmq.IDENTITY, self.identity.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)

@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from gateway.grpc_codec import decode_infer_request, encode_infer_response
+from gateway.restricted import RestrictedApis
 from gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.errors import InvalidArgument, TritiumError, Unsupported
 
@@ -25,6 +26,20 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 2**31 - 1   # Triton's default: INT32_MAX both ways
 _FINAL = "triton_final_response"
 
+# The API category of each RPC, as --grpc-restricted-protocol names them.
+RPC_CATEGORIES = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config", "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory", "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory", "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory", "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace", "LogSettings": "logging",
+}
+
 
 async def _abort(context, error: TritiumError):
     await context.abort(getattr(grpc.StatusCode, error.code.grpc_code_name), error.message)
@@ -32,8 +47,12 @@ async def _abort(context, error: TritiumError):
 
 def _rpc(method):
     """Every RPC: a TritiumError becomes its gRPC status; a bug becomes INTERNAL, never a crash."""
+    category = RPC_CATEGORIES[method.__name__]
+
     async def wrapper(self, request, context):
         try:
+            if self.restricted:
+                self.restricted.check(category, context.invocation_metadata() or ())
             return await method(self, request, context)
         except TritiumError as exc:
             await _abort(context, exc)
@@ -49,8 +68,9 @@ def _rpc(method):
 
 
 class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, restricted: RestrictedApis = RestrictedApis()) -> None:
         self.dataplane = dataplane
+        self.restricted = restricted
 
     # -- health and metadata ------------------------------------------------------------
 
@@ -187,8 +207,13 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Answers leave as they come, whatever the order of the requests that asked."""
-        strict = any(key == "triton_grpc_error" and value == "true"
-                     for key, value in context.invocation_metadata() or ())
+        metadata = context.invocation_metadata() or ()
+        if self.restricted:  # the stream ends before its first request is read, as on Triton
+            try:
+                self.restricted.check(RPC_CATEGORIES["ModelStreamInfer"], metadata)
+            except TritiumError as exc:
+                await _abort(context, exc)
+        strict = any(key == "triton_grpc_error" and value == "true" for key, value in metadata)
         outgoing: asyncio.Queue = asyncio.Queue()
         tasks: set[asyncio.Task] = set()
 
@@ -248,15 +273,15 @@ def _parameters(parameters) -> dict:
             for key, value in parameters.items() if value.WhichOneof("parameter_choice")}
 
 
-async def start_grpc(dataplane: DataPlane, address: str, port: int,
-                     max_message_bytes: int = MAX_MESSAGE_BYTES) -> tuple[grpc.aio.Server, int]:
+async def start_grpc(dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                     restricted: RestrictedApis = RestrictedApis()) -> tuple[grpc.aio.Server, int]:
     """A started server on ``address:port`` (SO_REUSEPORT, so gateways can share it)."""
     server = grpc.aio.server(options=[
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.so_reuseport", 1),
     ])
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcInferenceService(dataplane), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcInferenceService(dataplane, restricted), server)
     bound = server.add_insecure_port(f"{address}:{port}")
     await server.start()
     return server, bound

@@ -18,16 +18,34 @@ from gateway.http_codec import (
     encode_infer_response,
     parse_json_object,
 )
+from gateway.restricted import RestrictedApis
 from gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.errors import InvalidArgument, TritiumError, Unsupported
 
 log = logging.getLogger(__name__)
 
-_SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
-_MODEL = re.compile(
-    r"/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?")
+_SERVER = re.compile(r"/v2(?:/health/(?P<action>live|ready))?")
+_MODEL = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
+                    r"(?:/(?P<action>infer|generate|generate_stream|ready|config|stats|trace/setting))?")
 _REPOSITORY = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
 _SHARED_MEMORY = re.compile(r"/v2/(systemsharedmemory|cudasharedmemory)(?:/region/([^/]+))?/(status|register|unregister)")
+_MODELS_STATS = re.compile(r"/v2/models/stats")
+_LOGGING = re.compile(r"/v2/logging")
+_TRACE = re.compile(r"/v2/trace/setting")
+
+# The API category of each route, as --http-restricted-api names them: the first pattern
+# that matches the path decides; a dict is keyed by the pattern's "action" group.
+_CATEGORIES = (
+    (_MODELS_STATS, "statistics"),
+    (_MODEL, {None: "metadata", "ready": "health", "infer": "inference", "generate": "inference",
+              "generate_stream": "inference", "config": "model-config", "stats": "statistics",
+              "trace/setting": "trace"}),
+    (_REPOSITORY, "model-repository"),
+    (_SHARED_MEMORY, "shared-memory"),
+    (_LOGGING, "logging"),
+    (_TRACE, "trace"),
+    (_SERVER, {None: "metadata", "live": "health", "ready": "health"}),
+)
 _JSON = [(b"content-type", b"application/json")]
 _TEXT = [(b"content-type", b"text/plain")]
 _GET_ACTIONS = {None, "ready", "config", "stats"}
@@ -92,9 +110,11 @@ class EventStream:
 
 
 class HttpApp:
-    def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 1024 * 1024 + 1024 * 1024) -> None:
+    def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 1024 * 1024 + 1024 * 1024,
+                 restricted: RestrictedApis = RestrictedApis()) -> None:
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
+        self.restricted = restricted
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -102,7 +122,7 @@ class HttpApp:
         try:
             response = await self._route(scope, receive)
         except TritiumError as exc:
-            response = error_response(exc.code.http_status, exc.message)
+            response = error_response(exc.http_status, exc.message)
         except ClientDisconnected:
             return
         except Exception as exc:  # a bug must cost one request, never the process
@@ -118,6 +138,8 @@ class HttpApp:
 
     async def _route(self, scope, receive) -> HttpResponse:
         path, method = scope["path"], scope["method"]
+        if self.restricted:  # before anything else, as Triton checks it first in every handler
+            self.restricted.check(route_category(path), scope["headers"])
         match = _MODEL.fullmatch(path)
         if match is not None and path != "/v2/models/stats":
             return await self._model_route(scope, receive, method, *match.groups())
@@ -276,6 +298,15 @@ class HttpApp:
                 f"decompressed request body exceeds the maximum allowed value of "
                 f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
         return data
+
+
+def route_category(path: str) -> str | None:
+    """The API category of a path (None: no such route)."""
+    for pattern, category in _CATEGORIES:
+        match = pattern.fullmatch(path)
+        if match is not None:
+            return category if isinstance(category, str) else category.get(match["action"])
+    return None
 
 
 _WANTED = frozenset({b"content-length", b"content-encoding", b"inference-header-content-length"})

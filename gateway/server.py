@@ -21,9 +21,11 @@ from gateway.dataplane import DataPlane, ServerIdentity
 from gateway.grpc_api import MAX_MESSAGE_BYTES, start_grpc
 from gateway.http_api import HttpApp
 from gateway.http_protocol import GatewayHttpProtocol
+from gateway.restricted import RestrictedApis
 from tritium import notify
 from tritium.gctune import tune_for_serving
 from tritium.protocol import DEFAULT_HEARTBEAT_INTERVAL_S, ExitCode
+from tritium.security import CurveKeys
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,9 @@ class GatewaySettings:
     broker_timeout_s: float | None = None   # how long to wait for the broker's first model table
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     max_inflight_requests: int = 0          # inference requests waiting on the broker; 0: unbounded
+    curve: CurveKeys | None = None          # None: no CURVE on the broker link
+    http_restricted: RestrictedApis = RestrictedApis()   # Triton's --http-restricted-api
+    grpc_restricted: RestrictedApis = RestrictedApis()   # Triton's --grpc-restricted-protocol
 
 
 def listening_socket(address: str, port: int) -> socket.socket:
@@ -80,11 +85,12 @@ class GatewayHttpServer(uvicorn.Server):
 
 
 async def serve(settings: GatewaySettings) -> None:
-    link = BrokerLink(settings.broker, heartbeat_interval_s=settings.heartbeat_interval_s)
+    link = BrokerLink(settings.broker, heartbeat_interval_s=settings.heartbeat_interval_s, curve=settings.curve)
     dataplane = DataPlane(link, ServerIdentity(name=settings.server_id),
                           strict_readiness=settings.strict_readiness, allow_client_shm=settings.allow_client_shm,
                           max_inflight_requests=settings.max_inflight_requests)
-    app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes + 1024 * 1024)
+    app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes + 1024 * 1024,
+                  restricted=settings.http_restricted)
     sock = listening_socket(settings.http_address, settings.http_port)
     config = uvicorn.Config(app, http=GatewayHttpProtocol, loop="none", lifespan="off", access_log=False,
                             log_config=None, timeout_graceful_shutdown=int(settings.exit_timeout_s),
@@ -105,7 +111,7 @@ async def serve(settings: GatewaySettings) -> None:
     tune_for_serving()
     if settings.grpc_port is not None:
         grpc_server, grpc_port = await start_grpc(dataplane, settings.grpc_address, settings.grpc_port,
-                                                   settings.grpc_max_message_bytes)
+                                                   settings.grpc_max_message_bytes, settings.grpc_restricted)
         log.info("gateway serving gRPC on %s:%d", settings.grpc_address, grpc_port)
     # uvicorn re-raises the stop signal once it has drained; absorb it, so the exit code says "clean".
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -106,6 +106,52 @@ def repository_settings(model_config_name, disable_auto_complete_config, strict_
     )
 
 
+def curve_options(peer_option: str, peer_help: str):
+    """--curve-secret-key plus the broker's folder of client keys or a client's broker key."""
+    def decorate(command):
+        command = click.option(peer_option, default=None, help=peer_help)(command)
+        return click.option("--curve-secret-key", default=None,
+                            help="This process's CURVE secret key file (NAME.key_secret); see docs/security.md.")(command)
+    return decorate
+
+
+def curve_keys(secret_key: str | None, peer_option: str, peer: str | None, *, server: bool):
+    """The CURVE settings of the flags (None: no CURVE); both flags or neither, files that load."""
+    from tritium.errors import InvalidArgument
+    from tritium.security import CurveKeys
+
+    if (secret_key is None) != (peer is None):
+        raise click.UsageError(f"--curve-secret-key and {peer_option} go together: give both or neither.")
+    if secret_key is None:
+        return None
+    keys = CurveKeys(secret_key, authorized_keys_dir=peer) if server else CurveKeys(secret_key, server_key_file=peer)
+    try:
+        keys.check()
+    except InvalidArgument as exc:
+        raise click.UsageError(exc.message) from None
+    return keys
+
+
+def restricted_api_options(command):
+    """Triton's --http-restricted-api and --grpc-restricted-protocol (gateway and serve)."""
+    command = click.option("--grpc-restricted-protocol", multiple=True,
+                           help="PROTOCOL,...:KEY=VALUE: those gRPC calls need the metadata "
+                           "triton-grpc-protocol-KEY: VALUE (repeatable).")(command)
+    return click.option("--http-restricted-api", multiple=True,
+                        help="API,...:KEY=VALUE: those HTTP calls need the header KEY: VALUE (repeatable).")(command)
+
+
+def restricted_apis(http_values, grpc_values):
+    """The two flags' rules, or Triton's startup error for a malformed or repeated category."""
+    from gateway.restricted import GRPC_FLAG, HTTP_FLAG, parse_restrictions
+    from tritium.errors import InvalidArgument
+
+    try:
+        return parse_restrictions(http_values, HTTP_FLAG), parse_restrictions(grpc_values, GRPC_FLAG)
+    except InvalidArgument as exc:
+        raise click.UsageError(exc.message) from None
+
+
 def _backend_options(values) -> dict[str, dict[str, str]]:
     """--backend-config=BACKEND,KEY=VALUE flags as {backend: {key: value}}."""
     options: dict[str, dict[str, str]] = {}
@@ -171,6 +217,7 @@ def main() -> None:
               help="Largest gRPC message, in bytes, either way (Triton's fixed limit by default).")
 @heartbeat_option
 @max_inflight_option
+@restricted_api_options
 @repository_options
 @model_control_options
 @click.pass_context
@@ -178,8 +225,8 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
           metrics_address, allow_metrics, metrics_config, metrics_interval_ms, http_workers,
           exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, backend_directory,
           http_max_input_size, server_id, allow_client_shm, grpc_max_message_size, heartbeat_interval_secs,
-          max_inflight_requests, model_control_mode, load_model, repository_poll_secs,
-          model_load_thread_count, **repository) -> None:
+          max_inflight_requests, http_restricted_api, grpc_restricted_protocol, model_control_mode, load_model,
+          repository_poll_secs, model_load_thread_count, **repository) -> None:
     """Run broker, a host agent and gateways on this machine."""
     from tritium import logs
     from tritium.supervisor import ServeSettings, Supervisor
@@ -188,6 +235,7 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
     logs.configure("serve", verbose)
     repository_settings(**repository)  # fail early on bad flags, before starting anything
     control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count)
+    restricted_apis(http_restricted_api, grpc_restricted_protocol)
     workers = http_workers or max(1, (os.cpu_count() or 2) // 2)
     settings = ServeSettings(
         model_repositories=tuple(model_repository), http_address=http_address, http_port=http_port,
@@ -205,7 +253,8 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
                       "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs),
                       "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc,
                       "--allow-client-shm", allow_client_shm, "--grpc-max-message-size", str(grpc_max_message_size),
-                      *_pass_through(ctx, ["heartbeat_interval_secs", "max_inflight_requests"])),
+                      *_pass_through(ctx, ["heartbeat_interval_secs", "max_inflight_requests",
+                                          "http_restricted_api", "grpc_restricted_protocol"])),
         worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
                      *_pass_through(ctx, ["backend_directory", "backend_config", "metrics_interval_ms",
                                           "heartbeat_interval_secs"])),
@@ -230,11 +279,14 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
 @heartbeat_option
 @click.option("--workers-on-this-host", is_flag=True, hidden=True,
               help="Check instance groups against this host's GPUs (serve: the only worker runs here).")
+@curve_options("--curve-authorized-keys", "Folder of the CURVE public keys (NAME.key) of every gateway and worker "
+               "let in; read again when it changes.")
 @repository_options
 @model_control_options
 def broker(model_repository, frontend, backend, metrics_port, metrics_address, allow_metrics, metrics_config,
-           log_verbose, exit_timeout_secs, heartbeat_interval_secs, workers_on_this_host, model_control_mode,
-           load_model, repository_poll_secs, model_load_thread_count, **repository) -> None:
+           log_verbose, exit_timeout_secs, heartbeat_interval_secs, workers_on_this_host, curve_secret_key,
+           curve_authorized_keys, model_control_mode, load_model, repository_poll_secs, model_load_thread_count,
+           **repository) -> None:
     """Run the broker: model registry, queues, dynamic batching, statistics, metrics."""
     from broker.metrics import MetricsSettings
     from broker.server import Broker, BrokerSettings
@@ -245,10 +297,12 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
     metrics = MetricsSettings(metrics_address, metrics_port, _bool(options.get("histogram_latencies", "false"))) \
         if _bool(allow_metrics) else None
     control = control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count)
+    curve = curve_keys(curve_secret_key, "--curve-authorized-keys", curve_authorized_keys, server=True)
     settings = BrokerSettings(tuple(model_repository), frontend, backend,
                               repository_settings(**repository, gpus_here=workers_on_this_host),
                               metrics=metrics, control=control, log_verbose=_log_verbose(log_verbose),
-                              heartbeat_interval_s=heartbeat_interval_secs, exit_timeout_s=float(exit_timeout_secs))
+                              heartbeat_interval_s=heartbeat_interval_secs, exit_timeout_s=float(exit_timeout_secs),
+                              curve=curve)
     server = Broker(settings)
     server.load_repository()
     sys.exit(server.run())
@@ -270,20 +324,26 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
 @click.option("--grpc-max-message-size", default=2**31 - 1, show_default=True, type=int)
 @heartbeat_option
 @max_inflight_option
+@restricted_api_options
+@curve_options("--curve-server-key", "The broker's CURVE public key file (NAME.key).")
 def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, allow_grpc, http_max_input_size,
             exit_timeout_secs, strict_readiness, server_id, log_verbose, allow_client_shm,
-            grpc_max_message_size, heartbeat_interval_secs, max_inflight_requests) -> None:
+            grpc_max_message_size, heartbeat_interval_secs, max_inflight_requests, http_restricted_api,
+            grpc_restricted_protocol, curve_secret_key, curve_server_key) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
     from gateway.server import GatewaySettings, run
     from tritium import logs
 
     logs.configure("gateway", _log_verbose(log_verbose))
+    curve = curve_keys(curve_secret_key, "--curve-server-key", curve_server_key, server=False)
+    http_restricted, grpc_restricted = restricted_apis(http_restricted_api, grpc_restricted_protocol)
     run(GatewaySettings(broker=broker_address, http_address=http_address, http_port=http_port,
                         grpc_address=grpc_address, grpc_port=grpc_port if _bool(allow_grpc) else None,
                         max_input_bytes=http_max_input_size, exit_timeout_s=float(exit_timeout_secs),
                         server_id=server_id, strict_readiness=_bool(strict_readiness),
                         allow_client_shm=_bool(allow_client_shm), grpc_max_message_bytes=grpc_max_message_size,
-                        heartbeat_interval_s=heartbeat_interval_secs, max_inflight_requests=max_inflight_requests))
+                        heartbeat_interval_s=heartbeat_interval_secs, max_inflight_requests=max_inflight_requests,
+                        curve=curve, http_restricted=http_restricted, grpc_restricted=grpc_restricted))
 
 
 @main.command(cls=config_file.SettingsCommand)
@@ -297,8 +357,9 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
               help="How often the host's CPU, memory and GPU figures reach the broker.")
 @click.option("--log-verbose", default="0")
 @heartbeat_option
+@curve_options("--curve-server-key", "The broker's CURVE public key file (NAME.key).")
 def worker(broker_address, model_repository, models, exit_timeout_secs, backend_directory, backend_config,
-           metrics_interval_ms, log_verbose, heartbeat_interval_secs) -> None:
+           metrics_interval_ms, log_verbose, heartbeat_interval_secs, curve_secret_key, curve_server_key) -> None:
     """Run a host agent: starts and supervises this host's instance processes."""
     from tritium import logs
     from tritium.hosts import detect_gpus
@@ -306,12 +367,13 @@ def worker(broker_address, model_repository, models, exit_timeout_secs, backend_
 
     verbose = _log_verbose(log_verbose)
     logs.configure("worker", verbose)
+    curve = curve_keys(curve_secret_key, "--curve-server-key", curve_server_key, server=False)
     settings = WorkerSettings(
         broker=broker_address, model_repositories=tuple(model_repository), gpus=detect_gpus(),
         models=tuple(m for m in models.split(",") if m) if models else None, log_verbose=verbose,
         exit_timeout_s=float(exit_timeout_secs), backend_directory=backend_directory,
         backend_config=_backend_options(backend_config), metrics_interval_s=metrics_interval_ms / 1000,
-        heartbeat_interval_s=heartbeat_interval_secs)
+        heartbeat_interval_s=heartbeat_interval_secs, curve=curve)
     sys.exit(HostAgent(settings).run())
 
 
@@ -360,6 +422,30 @@ def perf(model, model_version, url, concurrency, duration, requests, warmup, bat
         click.echo(orjson.dumps([r.as_dict() for r in reports], option=orjson.OPT_INDENT_2).decode())
     else:
         click.echo(render(reports))
+
+
+@main.group("keys")
+def keys_group() -> None:
+    """CURVE key pairs for the broker, gateways and workers (docs/security.md)."""
+
+
+@keys_group.command("generate")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.option("--name", required=True, help="Base name of the files: NAME.key and NAME.key_secret.")
+@click.option("--force", is_flag=True, help="Replace existing files of that name.")
+def keys_generate(directory, name, force) -> None:
+    """Write a CURVE key pair: NAME.key (public, handed out) and NAME.key_secret (mode 0600)."""
+    from tritium.errors import InvalidArgument
+    from tritium.security import generate_keys, load_public_key
+
+    if not name or "/" in name or name.startswith("."):
+        raise click.BadParameter(f"'{name}' is not a plain file name", param_hint="--name")
+    try:
+        public, secret = generate_keys(directory, name, force)
+    except InvalidArgument as exc:
+        raise click.UsageError(exc.message) from None
+    click.echo(f"public key: {public} ({load_public_key(str(public)).decode()})")
+    click.echo(f"secret key: {secret} (keep it on this host)")
 
 
 @main.group("repo")

@@ -65,6 +65,10 @@ class TritiumError(Exception):
         super().__init__(message)
         self.message = message
 
+    @property
+    def http_status(self) -> int:
+        return self.code.http_status
+
     def to_wire(self) -> dict:
         return {"code": int(self.code), "message": self.message}
 
@@ -106,6 +110,13 @@ class AlreadyExists(TritiumError):
 
 class Cancelled(TritiumError):
     code = ErrorCode.CANCELLED
+
+
+class Restricted(Unavailable):
+    """A call to an API restricted by --http-restricted-api or --grpc-restricted-protocol,
+    without the header it needs. Triton answers it with 403 on HTTP, UNAVAILABLE on gRPC."""
+
+    http_status = 403
 
 
 class ProtocolError(InternalError):

@@ -39,6 +39,7 @@ from tritium.protocol import (
     decode,
     encode,
 )
+from tritium.security import CurveKeys, secure_client
 from tritium.signals import SignalWaker
 from workers.placement import InstancePlan, plan_instances
 
@@ -63,6 +64,7 @@ class WorkerSettings:
     backend_config: dict = field(default_factory=dict)   # backend name -> {key: value}
     metrics_interval_s: float = 2.0
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    curve: CurveKeys | None = None   # also given to the instances, as file paths in their spec
 
 
 @dataclass(eq=False)
@@ -89,6 +91,7 @@ class HostAgent:
         self.identity = f"agent-{host_name()}-{os.getpid()}"
         self.context = zmq.Context.instance()
         self.sock = self.context.socket(zmq.DEALER)
+        secure_client(self.sock, settings.curve, "worker")
         self.sock.setsockopt(zmq.IDENTITY, self.identity.encode())
         self.sock.setsockopt(zmq.LINGER, 1000)
         # After losing the broker, ZeroMQ reconnects by itself: after 1 s, then backing off to 32 s.
@@ -265,7 +268,8 @@ class HostAgent:
                     "heartbeat_interval_s": self.settings.heartbeat_interval_s,
                     "boot": self._broker_boot,
                     "backend_directory": self.settings.backend_directory,
-                    "backend_config": self.settings.backend_config}
+                    "backend_config": self.settings.backend_config,
+                    "curve": self.settings.curve.as_spec() if self.settings.curve else None}
             children.append(Child(plan, model, version, epoch, spec))
         self._send({**placed, "instances": [c.plan.key for c in children]})
         for child in children:

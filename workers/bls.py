@@ -20,6 +20,7 @@ import zmq
 from tritium.errors import ErrorCode
 from tritium.pb_utils import types as pb
 from tritium.protocol import Kind, decode, encode, split_tensors, tensor_views
+from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
 from workers.tensors import array_to_frame, frame_to_array
 
@@ -31,8 +32,9 @@ _PB_CODES = {ErrorCode.UNKNOWN: pb.TritonError.UNKNOWN, ErrorCode.INTERNAL: pb.T
 
 
 class BlsClient:
-    def __init__(self, broker: str, identity: str) -> None:
+    def __init__(self, broker: str, identity: str, curve: CurveKeys | None = None) -> None:
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        secure_client(self.sock, curve, "instance")
         self.sock.setsockopt(zmq.IDENTITY, identity.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(broker)

@@ -27,6 +27,7 @@ from repo import ModelConfig
 from tritium import logs
 from tritium.gctune import tune_for_serving
 from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
+from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
 from workers.backends import load_backend
 from workers.backends.base import BackendConfig, InstanceContext, ModelContext
@@ -86,14 +87,15 @@ class HeartbeatThread(threading.Thread):
     GIL only for a moment each interval (backends release it while computing).
     """
 
-    def __init__(self, broker: str, iid: str, interval_s: float) -> None:
+    def __init__(self, broker: str, iid: str, interval_s: float, curve: CurveKeys | None = None) -> None:
         super().__init__(name="heartbeat", daemon=True)
-        self.broker, self.iid, self.interval_s = broker, iid, interval_s
+        self.broker, self.iid, self.interval_s, self.curve = broker, iid, interval_s, curve
         self.stopped = threading.Event()
 
     def run(self) -> None:
         context = zmq.Context()
         sock = context.socket(zmq.DEALER)
+        secure_client(sock, self.curve, "instance")
         sock.setsockopt(zmq.IDENTITY, f"{self.iid}/hb".encode())
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 4)   # beats that cannot leave are worthless later
@@ -150,7 +152,8 @@ def build_executor(spec: dict, outbox: Outbox | None = None) -> tuple[BatchExecu
     model = backend.create_model(model_context)
     instance = model.create_instance(InstanceContext(
         model=model_context, name=spec["name"], kind=spec["kind"], device_id=spec["device_id"],
-        broker=spec.get("broker", ""), instance_id=spec.get("iid", "")))
+        broker=spec.get("broker", ""), instance_id=spec.get("iid", ""),
+        curve=CurveKeys.from_spec(spec.get("curve"))))
     return BatchExecutor(instance, config, outbox.send if outbox else None), [instance, model, backend]
 
 
@@ -163,8 +166,10 @@ def main() -> None:
     logs.configure(f"instance:{spec['model']}:{spec['key']}", spec.get("log_verbose", 0))
     if spec.get("log_settings"):
         logs.apply_wire(spec["log_settings"])
+    curve = CurveKeys.from_spec(spec.get("curve"))
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
+    secure_client(sock, curve, "instance")
     sock.setsockopt(zmq.IDENTITY, spec["iid"].encode())
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(spec["broker"])
@@ -185,7 +190,7 @@ def main() -> None:
     sock.send(encode({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION,
                       "agent": spec["agent"], "credit": spec.get("credit", 2), **about}))
     log.info("serving model %s version %d as %s", spec["model"], spec["version"], spec["key"])
-    heartbeat = HeartbeatThread(spec["broker"], spec["iid"], spec.get("heartbeat_interval_s", 1.0))
+    heartbeat = HeartbeatThread(spec["broker"], spec["iid"], spec.get("heartbeat_interval_s", 1.0), curve)
     heartbeat.start()
     tune_for_serving()
     try:

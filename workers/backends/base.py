@@ -25,6 +25,7 @@ import numpy as np
 
 from repo import ModelConfig
 from tritium.errors import TritiumError
+from tritium.security import CurveKeys
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class InstanceContext:
     device_id: int           # the host's GPU id for GPU instances, 0 otherwise
     broker: str = ""         # the broker's backend endpoint, for models that call models (BLS)
     instance_id: str = ""    # this instance's identity at the broker
+    curve: CurveKeys | None = None   # the keys for a BLS socket to a CURVE broker
 
 
 @dataclass

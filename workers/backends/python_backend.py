@@ -86,7 +86,7 @@ class PythonInstance(Instance):
         self.output_names = [o.name for o in context.model.config.output]
         self._loop: asyncio.AbstractEventLoop | None = None
         if context.broker and runtime.bls is None:
-            runtime.bls = BlsClient(context.broker, f"{context.instance_id}/bls")
+            runtime.bls = BlsClient(context.broker, f"{context.instance_id}/bls", context.curve)
         args = {
             "model_config": json.dumps(context.model.config_json),
             "model_instance_kind": context.kind,

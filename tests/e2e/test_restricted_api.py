@@ -1,0 +1,185 @@
+"""Triton's restricted APIs: --http-restricted-api and --grpc-restricted-protocol.
+
+One server restricts, on HTTP, the model repository (admin-key) and statistics and model
+config (stats-key); on gRPC, the model repository (admin-key) and inference (infer-key).
+Calls without the header get Triton's refusal; with it they are served; calls of other
+categories need nothing. The model repository is in a group of each flag: the two flags'
+groups are separate, as on Triton.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from click.testing import CliRunner
+from tritonclient.grpc import service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from gateway.grpc_api import RPC_CATEGORIES
+from gateway.http_api import route_category
+from tests.e2e.rawhttp import error_of, request
+from tests.models import add_sub_model
+from tests.servers import TritiumServer, run_serve
+from tritium.cli import main
+
+ADMIN = "This API is restricted, expecting header 'admin-key'"
+STATS = "This API is restricted, expecting header 'stats-key'"
+GRPC_ADMIN = "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'"
+GRPC_INFER = "This protocol is restricted, expecting header 'triton-grpc-protocol-infer-key'"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repository = tmp_path_factory.mktemp("repo")
+    add_sub_model(repository)
+    with TritiumServer(repository, "--http-restricted-api=model-repository:admin-key=secret",
+                       "--http-restricted-api", "statistics,model-config:stats-key=s=2",
+                       "--grpc-restricted-protocol=model-repository:admin-key=secret",
+                       "--grpc-restricted-protocol=inference:infer-key=go") as running:
+        yield running
+
+
+def add_sub_inputs(module):
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    inputs = [module.InferInput("INPUT0", [1, 16], "FP32"), module.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    return a, inputs
+
+
+# -- HTTP ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("headers", [{}, {"admin-key": "wrong"}, {"stats-key": "secret"}])
+def test_the_repository_index_without_its_header_gets_triton_s_403(server, headers):
+    status, response_headers, body = request(server.url, "POST", "/v2/repository/index", b"", headers)
+    assert status == 403
+    assert response_headers["content-type"] == "application/json"
+    assert error_of(body) == ADMIN
+
+
+def test_the_repository_index_with_its_header_is_served(server):
+    for name in ("admin-key", "Admin-Key"):  # header names are case-insensitive
+        status, _, body = request(server.url, "POST", "/v2/repository/index", b"", {name: "secret"})
+        assert status == 200
+        assert [(m["name"], m["state"]) for m in json.loads(body)] == [("add_sub", "READY")]
+
+
+def test_every_route_of_a_restricted_category_is_refused(server):
+    for method, path in [("POST", "/v2/repository/models/add_sub/load"),
+                         ("POST", "/v2/repository/models/add_sub/unload"),
+                         ("GET", "/v2/repository/index")]:  # refused before the method is even checked
+        status, _, body = request(server.url, method, path)
+        assert (status, error_of(body)) == (403, ADMIN)
+    for path in ["/v2/models/stats", "/v2/models/add_sub/stats", "/v2/models/add_sub/versions/1/stats",
+                 "/v2/models/add_sub/config"]:
+        status, _, body = request(server.url, "GET", path)
+        assert (status, error_of(body)) == (403, STATS)
+        status, _, _ = request(server.url, "GET", path, headers={"stats-key": "s=2"})  # a value may hold '='
+        assert status == 200
+
+
+def test_inference_health_and_metadata_need_no_header_on_http(server):
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("add_sub")
+    assert client.get_model_metadata("add_sub")["name"] == "add_sub"
+    a, inputs = add_sub_inputs(httpclient)
+    np.testing.assert_array_equal(client.infer("add_sub", inputs).as_numpy("OUTPUT0"), a + a)
+
+
+def test_tritonclient_http_passes_the_header(server):
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException, match=ADMIN):
+        client.get_model_repository_index()
+    assert client.get_model_repository_index(headers={"admin-key": "secret"})[0]["name"] == "add_sub"
+
+
+# -- gRPC ----------------------------------------------------------------------------------------
+
+def test_grpc_repository_index_without_its_metadata_is_unavailable(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    for headers in (None, {"admin-key": "secret"}, {"triton-grpc-protocol-admin-key": "nope"}):
+        with pytest.raises(InferenceServerException) as error:
+            client.get_model_repository_index(headers=headers)
+        assert error.value.status() == "StatusCode.UNAVAILABLE"
+        assert error.value.message() == GRPC_ADMIN
+    index = client.get_model_repository_index(headers={"triton-grpc-protocol-admin-key": "secret"})
+    assert [model.name for model in index.models] == ["add_sub"]
+
+
+def test_grpc_inference_restricted_on_its_own_key(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    a, inputs = add_sub_inputs(grpcclient)
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("add_sub", inputs, headers={"triton-grpc-protocol-admin-key": "secret"})
+    assert (error.value.status(), error.value.message()) == ("StatusCode.UNAVAILABLE", GRPC_INFER)
+    result = client.infer("add_sub", inputs, headers={"triton-grpc-protocol-infer-key": "go"})
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+    # statistics are restricted on HTTP only: each flag has its own groups
+    assert client.get_inference_statistics("add_sub").model_stats[0].name == "add_sub"
+    assert client.is_server_ready() and client.is_model_ready("add_sub")
+
+
+@pytest.mark.parametrize("headers, refused", [(None, True), ({"triton-grpc-protocol-infer-key": "go"}, False)])
+def test_a_grpc_stream_is_restricted_as_inference(server, headers, refused):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)), headers=headers)
+    try:
+        a, inputs = add_sub_inputs(grpcclient)
+        client.async_stream_infer("add_sub", inputs)
+        result, error = answers.get(timeout=10)
+    finally:
+        client.stop_stream()
+    if refused:
+        assert result is None and error.status() == "StatusCode.UNAVAILABLE" and error.message() == GRPC_INFER
+    else:
+        assert error is None
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+
+
+# -- the flags --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, message", [
+    (["--http-restricted-api=health:a=b", "--http-restricted-api=metadata,health:c=d"],
+     "Bad option: \"--http-restricted-api\".\nrestricted api 'health' can not be specified in multiple config groups"),
+    (["--grpc-restricted-protocol=inference,inference:a=b"],
+     "Bad option: \"--grpc-restricted-protocol\".\nrestricted protocol 'inference' can not be specified in multiple "
+     "config groups"),
+    (["--http-restricted-api=everything:a=b"], "Bad option: \"--http-restricted-api\".\nunknown restricted api "
+     "'everything'"),
+    (["--http-restricted-api=health:a"], "--http-restricted-api option format is "
+     "'<config name>:<setting>=<value>'. Got health:a"),
+])
+def test_a_bad_restriction_stops_serve_at_startup_with_triton_s_message(tmp_path, flags, message):
+    result = run_serve(tmp_path, *flags)
+    assert result.returncode == 2
+    assert message in result.stderr.decode()
+    gateway = CliRunner().invoke(main, ["gateway", "--broker", "tcp://127.0.0.1:1", *flags])
+    assert gateway.exit_code == 2 and message in gateway.output
+
+
+# -- the category tables ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path, category", [
+    ("/v2", "metadata"), ("/v2/health/live", "health"), ("/v2/health/ready", "health"),
+    ("/v2/models/m", "metadata"), ("/v2/models/m/versions/2", "metadata"), ("/v2/models/m/ready", "health"),
+    ("/v2/models/m/infer", "inference"), ("/v2/models/m/versions/1/infer", "inference"),
+    ("/v2/models/m/generate", "inference"), ("/v2/models/m/generate_stream", "inference"),
+    ("/v2/models/m/config", "model-config"), ("/v2/models/m/stats", "statistics"), ("/v2/models/stats", "statistics"),
+    ("/v2/models/m/trace/setting", "trace"), ("/v2/trace/setting", "trace"), ("/v2/logging", "logging"),
+    ("/v2/repository/index", "model-repository"), ("/v2/repository/models/m/load", "model-repository"),
+    ("/v2/systemsharedmemory/status", "shared-memory"), ("/v2/cudasharedmemory/region/r/register", "shared-memory"),
+    ("/v2/nothing", None), ("/metrics", None),
+])
+def test_each_http_route_has_triton_s_category(path, category):
+    assert route_category(path) == category
+
+
+def test_every_grpc_method_has_a_category():
+    rpcs = {name for name in vars(service_pb2_grpc.GRPCInferenceServiceServicer) if not name.startswith("_")}
+    assert set(RPC_CATEGORIES) == rpcs
