@@ -50,6 +50,31 @@ def test_two_worker_hosts_share_the_load(world):
     assert all(count >= len(load.outcomes) // 5 for count in counts), f"unbalanced: {counts}"
 
 
+def test_a_batch_running_much_longer_than_the_heartbeat_timeout_keeps_its_instance(world):
+    broker, _, gateway = world
+    logged_before = len(broker.logs())
+    client = httpclient.InferenceServerClient(gateway.url, network_timeout=30)
+    pid = int(cluster.whoami(client, delay_ms=2500)[0])   # ten heartbeat intervals
+    assert pid in set().union(*(instance_pids(w) for w in world[1]))
+    assert "stopped answering heartbeats" not in broker.logs()[logged_before:]
+
+
+def test_a_gateway_over_its_in_flight_limit_answers_503_and_serves_the_rest(world):
+    broker, _, _ = world
+    gateway = cluster.gateway(broker.frontend, *HEARTBEAT, "--max-inflight-requests", "2")
+    try:
+        gateway.wait_ready()
+        cluster.wait_until(lambda: model_ready(gateway.url), what="whoami ready")
+        with Load(gateway.url, threads=6, delay_ms=300) as load:
+            time.sleep(2)
+    finally:
+        gateway.stop()
+    refused = failures(load.outcomes)
+    assert refused and len(refused) < len(load.outcomes)
+    assert {(o.status, o.message.split(":")[0]) for o in refused} == {("503", "the server is overloaded")}
+    assert "2 requests are in flight on this gateway" in refused[0].message
+
+
 def test_a_gpu_model_loads_on_gpu_worker_hosts_behind_a_broker_without_gpus(world):
     _, workers, gateway = world
     client = httpclient.InferenceServerClient(gateway.url)
