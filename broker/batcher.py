@@ -18,19 +18,31 @@ The rules follow Triton's ``dynamic_batching`` (``DynamicBatchScheduler::GetDyna
 * with no queue delay, or once the oldest request has waited the delay, everything
   that fits (up to ``max_batch_size``) leaves; otherwise the batcher waits;
 * without dynamic batching every request is its own batch.
+
+With ``priority_levels`` the queue is ordered by level first (level 1 leaves first), and
+within a level the requests still in time come before those a ``DELAY`` policy put back
+after their timeout (``broker/queue_policy.py``); ``expire`` applies the timeouts.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
 from dataclasses import dataclass
 from typing import Generic, Hashable, Protocol, TypeVar
+
+from broker.queue_policy import QueuePolicy
 
 
 class Batchable(Protocol):
     batch_size: int
     shape_key: Hashable
     arrival_ns: int
+    level: int          # priority level index (0 is Triton's level 1)
+    deadline_ns: int    # when its queue policy's timeout runs out; 0: never
+    delayed: bool       # put back after its timeout (DELAY)
+    queued: bool
 
 
 R = TypeVar("R", bound=Batchable)
@@ -54,37 +66,136 @@ class BatchingPolicy:
                    max_queue_delay_us=int(batching.max_queue_delay_microseconds))
 
 
+class RequestQueue(Generic[R]):
+    """Queued requests in the order batches take them: by level, then in-time before delayed."""
+
+    def __init__(self, levels: int = 1) -> None:
+        self._parts: list[deque[R]] = [deque() for _ in range(2 * levels)]
+        self.level_sizes = [0] * levels
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self):
+        for part in self._parts:
+            yield from part
+
+    def head(self) -> R:
+        for part in self._parts:
+            if part:
+                return part[0]
+        raise IndexError("the queue is empty")
+
+    def append(self, request: R) -> None:
+        self._parts[2 * request.level + request.delayed].append(request)
+        self._added(request)
+
+    def requeue(self, requests: list[R]) -> None:
+        for request in reversed(requests):
+            self._parts[2 * request.level + request.delayed].appendleft(request)
+            self._added(request)
+
+    def popleft(self) -> R:
+        for part in self._parts:
+            if part:
+                request = part.popleft()
+                self._removed(request)
+                return request
+        raise IndexError("the queue is empty")
+
+    def remove(self, request: R) -> bool:
+        if not request.queued:
+            return False
+        self._parts[2 * request.level + request.delayed].remove(request)
+        self._removed(request)
+        return True
+
+    def delay(self, request: R) -> None:
+        """Move a request behind every request of its level that is still in time."""
+        self._parts[2 * request.level].remove(request)
+        request.delayed = True
+        self._parts[2 * request.level + 1].append(request)
+
+    def drain(self) -> list[R]:
+        pending = list(self)
+        for part in self._parts:
+            part.clear()
+        for request in pending:
+            request.queued = False
+        self.level_sizes = [0] * len(self.level_sizes)
+        self._size = 0
+        return pending
+
+    def _added(self, request: R) -> None:
+        request.queued = True
+        self.level_sizes[request.level] += 1
+        self._size += 1
+
+    def _removed(self, request: R) -> None:
+        request.queued = False
+        self.level_sizes[request.level] -= 1
+        self._size -= 1
+
+
 class DynamicBatcher(Generic[R]):
-    def __init__(self, policy: BatchingPolicy) -> None:
+    def __init__(self, policy: BatchingPolicy, queue_policy: QueuePolicy = QueuePolicy()) -> None:
         self.policy = policy
-        self._queue: deque[R] = deque()
+        self.queue_policy = queue_policy
+        self._queue: RequestQueue[R] = RequestQueue(len(queue_policy.levels))
         self._preferred = frozenset(policy.preferred_batch_sizes)
         self._delay_ns = policy.max_queue_delay_us * 1000
         # Where a batch stops wanting to grow (Triton's max_preferred_batch_size_).
         self._max_preferred = max(policy.preferred_batch_sizes, default=policy.max_batch_size)
+        self._timeouts: list[tuple[int, int, R]] = []   # heap of (deadline, tie-break, request)
+        self._tie = itertools.count()
 
     def __len__(self) -> int:
         return len(self._queue)
 
+    def full(self, level: int) -> bool:
+        """Whether ``level``'s queue holds its policy's ``max_queue_size`` already."""
+        limit = self.queue_policy.levels[level].max_queue_size
+        return bool(limit) and self._queue.level_sizes[level] >= limit
+
     def enqueue(self, request: R) -> None:
         self._queue.append(request)
+        if request.deadline_ns and not request.delayed:
+            heapq.heappush(self._timeouts, (request.deadline_ns, next(self._tie), request))
 
     def requeue(self, requests: list[R]) -> None:
         """Put requests back at the head of the queue, in their order (their instance was lost)."""
-        self._queue.extendleft(reversed(requests))
+        self._queue.requeue(requests)
 
     def drain(self) -> list[R]:
         """Remove and return everything queued (the model is going away)."""
-        pending = list(self._queue)
-        self._queue.clear()
-        return pending
+        self._timeouts.clear()
+        return self._queue.drain()
 
     def remove(self, request: R) -> bool:
-        try:
-            self._queue.remove(request)
-        except ValueError:
-            return False
-        return True
+        return self._queue.remove(request)
+
+    def next_timeout_ns(self) -> int | None:
+        """When the next queued request's timeout runs out (None: no request has one)."""
+        timeouts = self._timeouts
+        while timeouts and not timeouts[0][2].queued:
+            heapq.heappop(timeouts)
+        return timeouts[0][0] if timeouts else None
+
+    def expire(self, now_ns: int) -> list[R]:
+        """Apply the timeouts that ran out: DELAY requests move back, REJECT ones are returned."""
+        rejected = []
+        timeouts = self._timeouts
+        while timeouts and timeouts[0][0] <= now_ns:
+            _, _, request = heapq.heappop(timeouts)
+            if not request.queued or request.delayed:
+                continue
+            if self.queue_policy.levels[request.level].delay_on_timeout:
+                self._queue.delay(request)
+            else:
+                self._queue.remove(request)
+                rejected.append(request)
+        return rejected
 
     def next_batch(self, now_ns: int) -> list[R] | None:
         """The batch to send now, or None when it is better to wait (see ``deadline_ns``)."""
@@ -94,7 +205,7 @@ class DynamicBatcher(Generic[R]):
         if not self.policy.enabled:
             return [queue.popleft()]
         count, total, best_preferred, send_now = self._scan()
-        delay_exceeded = self._delay_ns != 0 and now_ns - queue[0].arrival_ns >= self._delay_ns
+        delay_exceeded = self._delay_ns != 0 and now_ns - queue.head().arrival_ns >= self._delay_ns
         if best_preferred and not delay_exceeded:
             return self._take(best_preferred)
         if send_now or total >= self._max_preferred or delay_exceeded or self._delay_ns == 0:
@@ -105,7 +216,7 @@ class DynamicBatcher(Generic[R]):
         """When the oldest request's queue delay runs out (None: nothing is waiting on time)."""
         if not self._queue or not self.policy.enabled or self._delay_ns == 0:
             return None
-        return self._queue[0].arrival_ns + self._delay_ns
+        return self._queue.head().arrival_ns + self._delay_ns
 
     def _scan(self) -> tuple[int, int, int, bool]:
         """(requests that fit, their batch size, requests of the best preferred batch, send now).
@@ -114,7 +225,7 @@ class DynamicBatcher(Generic[R]):
         before the request that would pass the largest preferred size, as Triton marks it.
         """
         queue = self._queue
-        head_key = queue[0].shape_key
+        head_key = queue.head().shape_key
         limit = self.policy.max_batch_size
         max_preferred = self._max_preferred
         total = count = best = 0

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 
 from broker.batcher import BatchingPolicy, DynamicBatcher
+from broker.ordering import ResponseOrder
+from broker.queue_policy import QueuePolicy
 from broker.stats import ModelVersionStats
 from repo import ModelDefinition
 
@@ -32,6 +34,11 @@ class PendingRequest:
     dispatch_ns: int = 0
     from_backend: bool = False  # asked on the backend socket (an instance's BLS request)
     retried: bool = False       # already sent again after the instance running it was lost
+    level: int = 0              # priority level index (0 is Triton's level 1)
+    deadline_ns: int = 0        # when its queue policy's timeout runs out; 0: never
+    delayed: bool = False       # its DELAY timeout ran out: it waits behind requests still in time
+    queued: bool = False        # in its version's queue right now
+    order: int = 0              # arrival number, for preserve_ordering
 
 
 @dataclass(eq=False, slots=True)
@@ -80,14 +87,15 @@ class ModelVersion:
     load_started_ns: int = field(default_factory=time.monotonic_ns)
     load_seconds: float | None = None                   # how long it took to become READY
     batcher: DynamicBatcher = field(init=False)
+    ordering: ResponseOrder | None = field(init=False)   # preserve_ordering: responses leave in order
     variable_shapes: bool = field(init=False)
 
     def __post_init__(self) -> None:
         config = self.definition.config
-        self.batcher = DynamicBatcher(BatchingPolicy.from_config(config))
-        # 0: unbounded, as in Triton (the broker's socket buffers still bound the whole)
-        self.max_queue_size = config.dynamic_batching.default_queue_policy.max_queue_size \
-            if config.HasField("dynamic_batching") else 0
+        queue_policy = QueuePolicy.from_config(config)
+        self.batcher = DynamicBatcher(BatchingPolicy.from_config(config), queue_policy)
+        decoupled = config.model_transaction_policy.decoupled
+        self.ordering = ResponseOrder() if queue_policy.preserve_ordering and not decoupled else None
         # Only models with a variable non-batch dim (or optional inputs) need shape keys.
         self.variable_shapes = any(
             -1 in list(t.dims) or t.optional or t.allow_ragged_batch for t in config.input)

@@ -45,6 +45,7 @@ class Scheduler:
         self._clock = clock
         self._batch_numbers = 0
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
+        self._timed: set[ModelVersion] = set()    # versions with queued requests that can time out
         self._streams: dict[int, Batch] = {}      # decoupled batches done executing, not answering
 
     # -- requests in --------------------------------------------------------------------
@@ -62,10 +63,20 @@ class Scheduler:
             self.reply_error(client, rid, self._not_ready_error(header["m"], number, version), from_backend)
             return
         now = self._clock()
-        if version.max_queue_size and len(version.batcher) >= version.max_queue_size:
-            self.reply_error(client, rid, Unavailable("Exceeds maximum queue size"), from_backend)
-            version.stats.record_failure(0, "REJECTED")
-            return
+        batcher = version.batcher
+        level = deadline = 0
+        if not batcher.queue_policy.trivial:
+            params = header.get("params")
+            try:
+                level = batcher.queue_policy.level_of(params)
+                deadline = batcher.queue_policy.deadline_ns(level, now, params)
+            except TritiumError as exc:
+                self.reply_error(client, rid, exc, from_backend)
+                return
+            if batcher.full(level):
+                self.reply_error(client, rid, Unavailable("Exceeds maximum queue size"), from_backend)
+                version.stats.record_failure(0, "REJECTED")
+                return
         batching = version.definition.config.max_batch_size > 0
         shape_key = None
         if version.variable_shapes:
@@ -73,8 +84,13 @@ class Scheduler:
         batch_size = header.get("bs")
         if batch_size is None:  # BLS requests do not say; the gateway always does
             batch_size = header["inputs"][0][2][0] if batching and header["inputs"] else 1
-        version.batcher.enqueue(PendingRequest(
-            client, rid, record, external, batch_size, shape_key, now, from_backend=from_backend))
+        request = PendingRequest(client, rid, record, external, batch_size, shape_key, now,
+                                 from_backend=from_backend, level=level, deadline_ns=deadline)
+        if version.ordering is not None:
+            request.order = version.ordering.number()
+        batcher.enqueue(request)
+        if deadline:
+            self._timed.add(version)
         self.dispatch(version, now)
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
@@ -139,10 +155,13 @@ class Scheduler:
 
     def next_deadline_ns(self) -> int | None:
         deadlines = [d for v in self._waiting if (d := v.batcher.deadline_ns()) is not None]
+        deadlines += [d for v in self._timed if (d := v.batcher.next_timeout_ns()) is not None]
         return min(deadlines) if deadlines else None
 
     def run_due(self) -> None:
-        """Dispatch the versions whose queue delay has run out."""
+        """Apply queue timeouts that ran out; dispatch the versions whose queue delay has run out."""
+        if self._timed:
+            self._expire_timeouts()
         if not self._waiting:
             return
         now = self._clock()
@@ -151,6 +170,27 @@ class Scheduler:
             if deadline is None or deadline <= now:
                 self._waiting.discard(version)
                 self.dispatch(version, now)
+
+    def _expire_timeouts(self) -> None:
+        """Enforced while requests wait, even behind a long execution, not only when dequeued."""
+        now = self._clock()
+        for version in list(self._timed):
+            for request in version.batcher.expire(now):
+                self._answer_error(version, request, Unavailable("Request timeout expired"))
+                version.stats.record_failure(now - request.arrival_ns, "REJECTED")
+            if version.batcher.next_timeout_ns() is None:
+                self._timed.discard(version)
+            if version.state in _DISPATCHING:
+                self.dispatch(version, now)   # a DELAY may have changed what leads the queue
+
+    def _answer_error(self, version: ModelVersion, request: PendingRequest, error: TritiumError) -> None:
+        """Answer a request that will not run, keeping its place when responses are ordered."""
+        parts = [request.client, error_record(request.rid, error.to_wire())]
+        if version.ordering is None:
+            self._reply(request.from_backend, parts)
+            return
+        for from_backend, ready in version.ordering.release(request.order, (request.from_backend, parts)):
+            self._reply(from_backend, ready)
 
     # -- results in ---------------------------------------------------------------------
 
@@ -180,13 +220,17 @@ class Scheduler:
     def _route_responses(self, batch: Batch, external_counts: list, oks: list, frames: list, now: int) -> None:
         offset = 0
         outgoing: dict[tuple[bool, bytes], list] = {}
+        ordering = batch.version.ordering
         for request, external_count, ok in zip(batch.requests, external_counts, oks):
             end = offset + 1 + external_count
-            key = (request.from_backend, request.client)
-            parts = outgoing.get(key)
-            if parts is None:
-                parts = outgoing[key] = [request.client]
-            parts.extend(frames[offset:end])
+            answers = [(request.from_backend, [request.client, *frames[offset:end]])]
+            if ordering is not None:
+                answers = ordering.release(request.order, answers[0])
+            for from_backend, (client, *records) in answers:
+                parts = outgoing.get((from_backend, client))
+                if parts is None:
+                    parts = outgoing[(from_backend, client)] = [client]
+                parts.extend(records)
             offset = end
             self._record_outcome(batch, request, ok, now)
         for (from_backend, _), parts in outgoing.items():
@@ -253,7 +297,7 @@ class Scheduler:
             for index, request in enumerate(batch.requests):
                 if index not in batch.finished:
                     batch.finished.add(index)
-                    self.reply_error(request.client, request.rid, error, request.from_backend)
+                    self._answer_error(batch.version, request, error)
         for instance in self.registry.instances.values():
             instance.inflight.clear()
         self._streams.clear()
@@ -311,13 +355,14 @@ class Scheduler:
         error = Unavailable(
             f"instance '{batch.instance.name}' of model '{batch.version.name}' version "
             f"{batch.version.version} {why} while running this request")
-        self.reply_error(request.client, request.rid, error, request.from_backend)
+        self._answer_error(batch.version, request, error)
         batch.version.stats.record_failure(now - request.arrival_ns)
 
     def fail_queued(self, version: ModelVersion, error: TritiumError) -> None:
         """Answer every queued request of a version that cannot serve them any more."""
         now = self._clock()
         for request in version.batcher.drain():
-            self.reply_error(request.client, request.rid, error, request.from_backend)
+            self._answer_error(version, request, error)
             version.stats.record_failure(now - request.arrival_ns)
         self._waiting.discard(version)
+        self._timed.discard(version)

@@ -25,6 +25,10 @@ class Req:
     batch_size: int = 1
     shape_key: object = None
     arrival_ns: int = 0
+    level: int = 0
+    deadline_ns: int = 0
+    delayed: bool = False
+    queued: bool = False
 
     def __repr__(self) -> str:
         return self.name

@@ -1,0 +1,131 @@
+"""Priority levels, queue timeouts (REJECT and DELAY) and preserve_ordering, with a fake clock."""
+
+from __future__ import annotations
+
+from tests.broker.test_scheduler import add_instance, done, make_world, sent_batch
+from tritium.errors import ErrorCode
+from tritium.protocol import Kind, decode, encode
+
+TWO_LEVELS = """dynamic_batching {
+  priority_levels: 2 default_priority_level: 2
+  default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 0 }
+  priority_queue_policy { key: 2 value: { timeout_action: %s default_timeout_microseconds: 1000
+                                          allow_timeout_override: true max_queue_size: 3 } }
+}"""
+
+
+def submit(scheduler, rid: int, **params) -> None:
+    header = {"k": Kind.INFER, "rid": rid, "m": "m", "v": 1, "bs": 1,
+              "inputs": [["IN", "FP32", [1, 4], 16, False]], "params": params}
+    record = encode(header, [b"\0" * 16])
+    scheduler.submit(b"gw", record, decode(record)[0], None)
+
+
+def answers(to_gateways) -> list[tuple[int, str | None]]:
+    """(rid, error message or None) of every record sent to gateways, in order."""
+    found = []
+    for parts in to_gateways:
+        for record in parts[1:]:
+            header = decode(record)[0]
+            found.append((header["rid"], header.get("err", {}).get("message")))
+    return found
+
+
+def test_the_higher_priority_level_leaves_the_queue_first():
+    registry, version, scheduler, to_instances, _, clock = make_world(TWO_LEVELS % "REJECT")
+    instance = add_instance(registry, version, credit=1)
+    submit(scheduler, 1)                 # runs at once
+    submit(scheduler, 2)                 # default level 2
+    submit(scheduler, 3, priority=2)
+    submit(scheduler, 4, priority=1)
+    header, responses = done(sent_batch(to_instances[0])[1]["b"], [1])
+    scheduler.batch_done(instance.iid, header, responses)
+    assert sent_batch(to_instances[1])[2] == [4, 2, 3]
+
+
+def test_a_request_that_waits_past_its_timeout_is_rejected_while_an_execution_runs():
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world(TWO_LEVELS % "REJECT")
+    add_instance(registry, version, credit=1)
+    submit(scheduler, 1, priority=1)     # level 1 has no timeout: runs, and keeps running
+    submit(scheduler, 2)                 # level 2: 1000 us
+    submit(scheduler, 3, priority=1)     # no timeout
+    assert scheduler.next_deadline_ns() == clock.now + 1_000_000
+    clock.now += 1_000_001
+    scheduler.run_due()
+    assert answers(to_gateways) == [(2, "Request timeout expired")]
+    assert decode(to_gateways[0][1])[0]["err"]["code"] == ErrorCode.UNAVAILABLE
+    assert version.stats.failures == {"REJECTED": 1} and len(version.batcher) == 1
+
+
+def test_a_request_may_only_lower_its_timeout():
+    registry, version, scheduler, _, to_gateways, clock = make_world(TWO_LEVELS % "REJECT")
+    add_instance(registry, version, credit=0)
+    submit(scheduler, 1, timeout=100)       # lowered to 100 us
+    submit(scheduler, 2, timeout=5000)      # cannot raise the 1000 us default
+    clock.now += 150_000
+    scheduler.run_due()
+    assert answers(to_gateways) == [(1, "Request timeout expired")]
+    clock.now += 1_000_000
+    scheduler.run_due()
+    assert answers(to_gateways)[1] == (2, "Request timeout expired")
+
+
+def test_delay_puts_a_timed_out_request_behind_those_still_in_time():
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world(TWO_LEVELS % "DELAY")
+    instance = add_instance(registry, version, credit=1)
+    submit(scheduler, 1, priority=1)
+    submit(scheduler, 2)
+    clock.now += 1_000_001
+    scheduler.run_due()
+    submit(scheduler, 3)
+    assert to_gateways == []   # DELAY never rejects
+    header, responses = done(sent_batch(to_instances[0])[1]["b"], [1])
+    scheduler.batch_done(instance.iid, header, responses)
+    assert sent_batch(to_instances[1])[2] == [3, 2]
+
+
+def test_each_level_has_its_own_max_queue_size():
+    registry, version, scheduler, _, to_gateways, _ = make_world(TWO_LEVELS % "DELAY")
+    for rid in range(1, 6):
+        submit(scheduler, rid)
+    submit(scheduler, 6, priority=1)        # level 1 is unbounded
+    assert answers(to_gateways) == [(4, "Exceeds maximum queue size"), (5, "Exceeds maximum queue size")]
+    assert len(version.batcher) == 4
+
+
+def test_a_priority_that_is_not_an_unsigned_integer_is_refused():
+    registry, version, scheduler, _, to_gateways, _ = make_world(TWO_LEVELS % "REJECT")
+    submit(scheduler, 1, priority="high")
+    assert answers(to_gateways) == [(1, "parameter 'priority' must be an unsigned integer, got 'high'")]
+
+
+def test_preserve_ordering_holds_a_later_response_until_the_earlier_one_leaves():
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world(
+        "dynamic_batching { preserve_ordering: true }")
+    first = add_instance(registry, version, "i0", credit=1)
+    second = add_instance(registry, version, "i1", credit=1)
+    submit(scheduler, 1)
+    submit(scheduler, 2)
+    batches = {sent_batch(p)[0]: sent_batch(p)[1]["b"] for p in to_instances}
+    header, responses = done(batches[second.iid], [2])
+    scheduler.batch_done(second.iid, header, responses)
+    assert to_gateways == []
+    header, responses = done(batches[first.iid], [1])
+    scheduler.batch_done(first.iid, header, responses)
+    assert [rid for rid, _ in answers(to_gateways)] == [1, 2]
+
+
+def test_preserve_ordering_releases_what_waits_behind_a_failed_request():
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world(
+        "dynamic_batching { preserve_ordering: true }")
+    first = add_instance(registry, version, "i0", credit=1)
+    second = add_instance(registry, version, "i1", credit=1)
+    submit(scheduler, 1)
+    submit(scheduler, 2)
+    batches = {sent_batch(p)[0]: sent_batch(p)[1]["b"] for p in to_instances}
+    header, responses = done(batches[second.iid], [2])
+    scheduler.batch_done(second.iid, header, responses)
+    scheduler.instance_lost(first.iid, "was killed", restart_expected=False)   # 1 runs again on i1
+    header, responses = done(sent_batch(to_instances[-1])[1]["b"], [1])
+    scheduler.batch_done(second.iid, header, responses)
+    assert [rid for rid, _ in answers(to_gateways)] == [1, 2]
