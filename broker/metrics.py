@@ -95,9 +95,29 @@ class TritonCollector:
                 load.add_sample("nv_model_load_duration_secs", version_labels(version), version.load_seconds)
         yield pending
         yield load
+        yield from self._cache(versions)
         if self.settings.histogram_latencies:
             yield self._histogram(versions)
         yield from self._hosts()
+
+    @staticmethod
+    def _cache(versions):
+        """Triton's per-model response cache families, for the models that cache."""
+        caching = [v for v in versions if v.caches]
+        if not caching:
+            return
+        for name, documentation, value in (
+                ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda s: s.cache_hit.count),
+                ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda s: s.cache_miss.count),
+                ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+                 lambda s: s.cache_hit.ns // 1000),
+                ("nv_cache_miss_duration_per_model",
+                 "Total cache miss (insert+lookup) duration per model, in microseconds",
+                 lambda s: s.cache_miss.ns // 1000)):
+            family = Metric(name, documentation, "counter")
+            for version in caching:
+                family.add_sample(name, version_labels(version), value(version.stats))
+            yield family
 
     @staticmethod
     def _histogram(versions) -> Metric:

@@ -39,6 +39,7 @@ class PendingRequest:
     delayed: bool = False       # its DELAY timeout ran out: it waits behind requests still in time
     queued: bool = False        # in its version's queue right now
     order: int = 0              # arrival number, for preserve_ordering
+    cache_key: bytes | None = None   # missed the response cache: its response goes in under this key
 
 
 @dataclass(eq=False, slots=True)
@@ -88,6 +89,7 @@ class ModelVersion:
     load_seconds: float | None = None                   # how long it took to become READY
     batcher: DynamicBatcher = field(init=False)
     ordering: ResponseOrder | None = field(init=False)   # preserve_ordering: responses leave in order
+    caches: bool = field(init=False)                     # response_cache { enable: true }
     variable_shapes: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -96,6 +98,8 @@ class ModelVersion:
         self.batcher = DynamicBatcher(BatchingPolicy.from_config(config), queue_policy)
         decoupled = config.model_transaction_policy.decoupled
         self.ordering = ResponseOrder() if queue_policy.preserve_ordering and not decoupled else None
+        # Triton caches neither decoupled nor sequence models' responses.
+        self.caches = config.response_cache.enable and not decoupled and not config.HasField("sequence_batching")
         # Only models with a variable non-batch dim (or optional inputs) need shape keys.
         self.variable_shapes = any(
             -1 in list(t.dims) or t.optional or t.allow_ragged_batch for t in config.input)

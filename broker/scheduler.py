@@ -21,6 +21,7 @@ from broker.registry import (
     VersionState,
 )
 from tritium.errors import NotFound, TritiumError, Unavailable
+from broker.response_cache import ResponseCache, cached_response, request_key
 from tritium.protocol import Kind, decode, encode, error_record
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,9 @@ _DISPATCHING = (VersionState.READY, VersionState.UNLOADING)
 
 class Scheduler:
     def __init__(self, registry: Registry, send_to_instance: Send, send_to_gateway: Send,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns, cache: ResponseCache | None = None) -> None:
         self.registry = registry
+        self.cache = cache   # None: no --cache-config, so no model caches
         self._send_to_instance = send_to_instance   # the backend socket
         self._send_to_gateway = send_to_gateway     # the frontend socket
         self._clock = clock
@@ -63,6 +65,11 @@ class Scheduler:
             self.reply_error(client, rid, self._not_ready_error(header["m"], number, version), from_backend)
             return
         now = self._clock()
+        cache_key = None
+        if version.caches and self.cache is not None:
+            cache_key = self._answer_from_cache(version, client, rid, record, header, external, from_backend, now)
+            if cache_key is None:
+                return
         batcher = version.batcher
         level = deadline = 0
         if not batcher.queue_policy.trivial:
@@ -85,13 +92,32 @@ class Scheduler:
         if batch_size is None:  # BLS requests do not say; the gateway always does
             batch_size = header["inputs"][0][2][0] if batching and header["inputs"] else 1
         request = PendingRequest(client, rid, record, external, batch_size, shape_key, now,
-                                 from_backend=from_backend, level=level, deadline_ns=deadline)
+                                 from_backend=from_backend, level=level, deadline_ns=deadline,
+                                 cache_key=cache_key)
         if version.ordering is not None:
             request.order = version.ordering.number()
         batcher.enqueue(request)
         if deadline:
             self._timed.add(version)
         self.dispatch(version, now)
+
+    def _answer_from_cache(self, version: ModelVersion, client: bytes, rid: int, record, header: dict,
+                           external, from_backend: bool, now: int) -> bytes | None:
+        """Answer a request from the response cache; on a miss, the key its response goes under."""
+        key = request_key(version.name, version.version, header, record, external)
+        entry = self.cache.lookup(key)
+        took = self._clock() - now
+        if entry is None:
+            version.stats.cache_miss.add(took)
+            return key
+        self._reply(from_backend, [client, *entry.parts_for(rid)])
+        version.stats.record_cache_hit(took)
+        return None
+
+    def _remember(self, batch: Batch, request: PendingRequest, frames: list) -> None:
+        started = self._clock()
+        self.cache.insert(request.cache_key, cached_response(frames))
+        batch.version.stats.cache_miss.ns += self._clock() - started
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
         self._reply(from_backend, [client, error_record(rid, error.to_wire())])
@@ -128,10 +154,13 @@ class Scheduler:
 
     @staticmethod
     def _pick_instance(version: ModelVersion) -> InstanceRecord | None:
+        # A request sent ahead to a busy instance could no longer be overtaken by a higher
+        # priority or time out in the queue: models with a queue policy do not pipeline.
+        pipelines = version.batcher.queue_policy.trivial
         best = None
         for instance in version.instances:
             if instance.credit <= 0 or instance.draining \
-                    or (instance.inflight and instance.execution_ns > PIPELINE_LIMIT_NS):
+                    or (instance.inflight and (not pipelines or instance.execution_ns > PIPELINE_LIMIT_NS)):
                 continue
             if best is None or instance.credit > best.credit:
                 best = instance
@@ -223,6 +252,8 @@ class Scheduler:
         ordering = batch.version.ordering
         for request, external_count, ok in zip(batch.requests, external_counts, oks):
             end = offset + 1 + external_count
+            if ok and request.cache_key is not None and self.cache is not None:
+                self._remember(batch, request, frames[offset:end])
             answers = [(request.from_backend, [request.client, *frames[offset:end]])]
             if ordering is not None:
                 answers = ordering.release(request.order, answers[0])

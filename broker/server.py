@@ -16,6 +16,7 @@ import zmq
 
 from broker.lifecycle import ControlSettings, ModelLifecycle
 from broker.liveness import PeerLiveness
+from broker.response_cache import ResponseCache
 from broker.metrics import (
     DEFAULT_HISTOGRAM_BUCKETS_MS,
     MetricsSettings,
@@ -65,6 +66,7 @@ class BrokerSettings:
     log_verbose: int = 0
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     exit_timeout_s: float = 30.0     # SIGTERM: how long queued and running requests may take to finish
+    cache_bytes: int = 0             # --cache-config local,size=N; 0: no response cache
     curve: CurveKeys | None = None   # None: no CURVE (the ipc:// default of tritium serve)
 
 
@@ -75,7 +77,8 @@ class Broker:
         self.registry = Registry()
         self.frontend = self._bind(zmq.ROUTER, settings.frontend)
         self.backend = self._bind(zmq.ROUTER, settings.backend)
-        self.scheduler = Scheduler(self.registry, self._send_backend, self._send_frontend)
+        cache = ResponseCache(settings.cache_bytes) if settings.cache_bytes else None
+        self.scheduler = Scheduler(self.registry, self._send_backend, self._send_frontend, cache=cache)
         self.gateways: set[bytes] = set()
         self._pushed_generation = -1
         self._running = True

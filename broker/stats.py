@@ -41,6 +41,8 @@ class ModelVersionStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)    # lookups answered from the response cache
+    cache_miss: Duration = field(default_factory=Duration)   # lookups that missed, plus the insert after
     inference_count: int = 0
     execution_count: int = 0
     last_inference_ms: int = 0
@@ -83,13 +85,21 @@ class ModelVersionStats:
         self.inference_count += batch_size
         self.last_inference_ms = time.time_ns() // 1_000_000
 
+    def record_cache_hit(self, total_ns: int) -> None:
+        """A request answered from the response cache: a success without queue or compute."""
+        if self.histogram_counts:
+            self._observe(total_ns)
+        self.success.add(total_ns)
+        self.queue.add(0)
+        self.cache_hit.add(total_ns)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
     def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
         self.fail.add(total_ns)
         self.failures[reason] = self.failures.get(reason, 0) + 1
         self.last_inference_ms = time.time_ns() // 1_000_000
 
     def as_dict(self, name: str, version: int) -> dict:
-        zero = Duration().as_dict()
         return {
             "name": name,
             "version": str(version),
@@ -103,8 +113,8 @@ class ModelVersionStats:
                 "compute_input": self.compute_input.as_dict(),
                 "compute_infer": self.compute_infer.as_dict(),
                 "compute_output": self.compute_output.as_dict(),
-                "cache_hit": zero,
-                "cache_miss": zero,
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
             },
             "response_stats": {},
             "batch_stats": [

@@ -66,6 +66,19 @@ heartbeat_option = click.option(
     "--heartbeat-interval-secs", default=1.0, show_default=True, type=click.FloatRange(min=0.05),
     help="Seconds between heartbeats to and from the broker; a peer silent for 3 intervals is dropped.")
 
+cache_option = click.option(
+    "--cache-config", multiple=True, help="local,size=BYTES: the response cache for models that enable it.")
+
+
+def _cache_bytes(values) -> int:
+    from broker.response_cache import parse_cache_config
+
+    try:
+        return parse_cache_config(tuple(values))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--cache-config") from None
+
+
 max_inflight_option = click.option(
     "--max-inflight-requests", default=0, show_default=True, type=click.IntRange(min=0),
     help="Inference requests one gateway keeps waiting on the broker before answering 503 (0: no limit).")
@@ -217,6 +230,7 @@ def main() -> None:
               help="Largest gRPC message, in bytes, either way (Triton's fixed limit by default).")
 @heartbeat_option
 @max_inflight_option
+@cache_option
 @restricted_api_options
 @repository_options
 @model_control_options
@@ -225,7 +239,8 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
           metrics_address, allow_metrics, metrics_config, metrics_interval_ms, http_workers,
           exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, backend_directory,
           http_max_input_size, server_id, allow_client_shm, grpc_max_message_size, heartbeat_interval_secs,
-          max_inflight_requests, http_restricted_api, grpc_restricted_protocol, model_control_mode, load_model,
+          max_inflight_requests, cache_config, http_restricted_api, grpc_restricted_protocol, model_control_mode,
+          load_model,
           repository_poll_secs, model_load_thread_count, **repository) -> None:
     """Run broker, a host agent and gateways on this machine."""
     from tritium import logs
@@ -234,6 +249,7 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
     verbose = _log_verbose(log_verbose)
     logs.configure("serve", verbose)
     repository_settings(**repository)  # fail early on bad flags, before starting anything
+    _cache_bytes(cache_config)
     control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count)
     restricted_apis(http_restricted_api, grpc_restricted_protocol)
     workers = http_workers or max(1, (os.cpu_count() or 2) // 2)
@@ -248,7 +264,7 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
         broker_args=_pass_through(ctx, ["metrics_port", "metrics_address", "allow_metrics", "metrics_config",
                                         "model_control_mode", "load_model", "repository_poll_secs",
                                         "model_load_thread_count", "exit_timeout_secs",
-                                        "heartbeat_interval_secs"]),
+                                        "heartbeat_interval_secs", "cache_config"]),
         gateway_args=("--http-max-input-size", str(http_max_input_size), "--id", server_id,
                       "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs),
                       "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc,
@@ -277,6 +293,7 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
 @click.option("--exit-timeout-secs", default=30, show_default=True, type=int,
               help="On SIGTERM: how long queued and running requests may take to finish.")
 @heartbeat_option
+@cache_option
 @click.option("--workers-on-this-host", is_flag=True, hidden=True,
               help="Check instance groups against this host's GPUs (serve: the only worker runs here).")
 @curve_options("--curve-authorized-keys", "Folder of the CURVE public keys (NAME.key) of every gateway and worker "
@@ -284,7 +301,8 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
 @repository_options
 @model_control_options
 def broker(model_repository, frontend, backend, metrics_port, metrics_address, allow_metrics, metrics_config,
-           log_verbose, exit_timeout_secs, heartbeat_interval_secs, workers_on_this_host, curve_secret_key,
+           log_verbose, exit_timeout_secs, heartbeat_interval_secs, cache_config, workers_on_this_host,
+           curve_secret_key,
            curve_authorized_keys, model_control_mode, load_model, repository_poll_secs, model_load_thread_count,
            **repository) -> None:
     """Run the broker: model registry, queues, dynamic batching, statistics, metrics."""
@@ -302,7 +320,7 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
                               repository_settings(**repository, gpus_here=workers_on_this_host),
                               metrics=metrics, control=control, log_verbose=_log_verbose(log_verbose),
                               heartbeat_interval_s=heartbeat_interval_secs, exit_timeout_s=float(exit_timeout_secs),
-                              curve=curve)
+                              curve=curve, cache_bytes=_cache_bytes(cache_config))
     server = Broker(settings)
     server.load_repository()
     sys.exit(server.run())

@@ -1,0 +1,91 @@
+"""Triton's local response cache: identical requests answered without reaching an instance.
+
+Enabled per model (``response_cache { enable: true }``) and sized for the whole broker
+(``--cache-config local,size=BYTES``). The key is a hash of the model name, version,
+each input's name, datatype, shape and bytes (as Triton's), and the outputs asked for
+(so that a request for one output is never answered with another's). Entries are whole
+RESPONSE records, evicted least recently used first when the byte budget is spent.
+
+This is the one place where the broker reads tensor bytes: it hashes them (without
+copying) for models that enable the cache, and keeps a copy of their responses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import msgpack
+
+from tritium.protocol import decode, encode, tensor_views
+
+
+@dataclass(frozen=True, slots=True)
+class CachedResponse:
+    header: dict            # the RESPONSE header, less its rid
+    inline: bytes           # the record's inline tensor bytes
+    external: tuple         # its external frames' bytes
+    size: int
+
+    def parts_for(self, rid: int) -> list:
+        """The RESPONSE record(s) answering request ``rid``."""
+        return [encode({**self.header, "rid": rid}, [self.inline]), *self.external]
+
+
+def parse_cache_config(values: tuple[str, ...]) -> int:
+    """Bytes of ``--cache-config local,size=N`` (0 when not given); ValueError on anything else."""
+    size = 0
+    for value in values:
+        kind, _, setting = value.partition(",")
+        if kind != "local":
+            raise ValueError(f"cache '{kind}' is not supported; tritium has the 'local' cache only")
+        key, _, number = setting.partition("=")
+        if key != "size" or not number.isdigit():
+            raise ValueError(f"--cache-config expects 'local,size=<bytes>', got '{value}'")
+        size = int(number)
+    return size
+
+
+def request_key(model: str, version: int, header: dict, record, external) -> bytes:
+    """The cache key of an INFER record (header already decoded)."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(msgpack.packb([model, version, [d[:3] for d in header["inputs"]], header.get("outputs")]))
+    _, view, offset = decode(record)
+    for tensor in tensor_views(header["inputs"], view, offset, external or ()):
+        digest.update(tensor)
+    return digest.digest()
+
+
+def cached_response(frames: list) -> CachedResponse:
+    """A copy of one RESPONSE record (and its external frames), kept after the frames are gone."""
+    header, view, offset = decode(frames[0])
+    header = {k: v for k, v in header.items() if k != "rid"}
+    inline = bytes(view[offset:])
+    external = tuple(bytes(f.buffer if hasattr(f, "buffer") else f) for f in frames[1:])
+    return CachedResponse(header, inline, external, len(inline) + sum(len(e) for e in external) + 256)
+
+
+class ResponseCache:
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.used_bytes = 0
+        self._entries: OrderedDict[bytes, CachedResponse] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, key: bytes) -> CachedResponse | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def insert(self, key: bytes, entry: CachedResponse) -> None:
+        if entry.size > self.capacity_bytes or key in self._entries:
+            return
+        while self.used_bytes + entry.size > self.capacity_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self.used_bytes -= evicted.size
+        self._entries[key] = entry
+        self.used_bytes += entry.size
