@@ -153,6 +153,11 @@ class DynamicBatcher(Generic[R]):
     def __len__(self) -> int:
         return len(self._queue)
 
+    def oldest_arrival_ns(self) -> int:
+        """When the request at the head of the queue arrived (the queue must not be empty)."""
+        return min(request.arrival_ns for request in self._queue) if self.queue_policy.levels[1:] \
+            else self._queue.head().arrival_ns
+
     def full(self, level: int) -> bool:
         """Whether ``level``'s queue holds its policy's ``max_queue_size`` already."""
         limit = self.queue_policy.levels[level].max_queue_size

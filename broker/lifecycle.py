@@ -38,7 +38,6 @@ from broker.registry import (
 )
 from repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
 from repo.backends import ENSEMBLE_PLATFORM
-from repo.json_form import config_to_json_dict
 from tritium.errors import InvalidArgument, TritiumError, Unavailable
 from tritium.protocol import Kind, encode
 
@@ -68,7 +67,9 @@ class LoadInProgress:
 
 class ModelLifecycle:
     def __init__(self, registry: Registry, repository: ModelRepository, scheduler, send_backend,
-                 settings: ControlSettings, new_version_hook: Callable[[ModelVersion], None] = lambda v: None) -> None:
+                 settings: ControlSettings, new_version_hook: Callable[[ModelVersion], None] = lambda v: None,
+                 autoscaler=None) -> None:
+        self.autoscaler = autoscaler   # places the instances of tritium.autoscale models
         self.registry = registry
         self.repository = repository
         self.scheduler = scheduler
@@ -336,6 +337,10 @@ class ModelLifecycle:
         load.waiting.add(version.epoch)
         log.info("loading model %s version %d (epoch %d)%s", record.name, number, version.epoch,
                  " beside the serving one" if version.replaces else "")
+        if version.autoscale is not None and self.autoscaler is not None:
+            if self.autoscaler.start(version):   # min=0: ready with no instance, until traffic comes
+                self.version_ready(version)
+            return
         for agent in self.registry.agents.values():
             if agent.serves(record.name) and not agent.draining:
                 self._send_backend([agent.identity, encode({"k": Kind.ASSIGN, "models": [_assignment(version)]})])
@@ -465,7 +470,7 @@ class ModelLifecycle:
     def assignments_for(self, agent: AgentRecord) -> list[dict]:
         return [_assignment(v) for v in self.registry.epochs.values()
                 if v.state in (VersionState.LOADING, VersionState.READY)
-                and agent.serves(v.name)]
+                and agent.serves(v.name) and v.autoscale is None]
 
     def placed(self, header: dict) -> None:
         version = self.registry.epochs.get(header.get("e"))
@@ -522,11 +527,7 @@ def _version_error(number: int, reason: str) -> str:
 
 
 def _assignment(version: ModelVersion) -> dict:
-    assignment = {"m": version.name, "v": version.version, "e": version.epoch,
-                  "config": config_to_json_dict(version.definition.portable_config)}
-    if version.files:
-        assignment["files"] = version.files
-    return assignment
+    return version.assignment()
 
 
 def _same_load(current: ModelVersion, definition: ModelDefinition, files) -> bool:

@@ -15,16 +15,28 @@ class PeerLiveness:
         self.interval_s = interval_s
         self.limit_s = interval_s * MISSED_HEARTBEATS
         self._last_heard: dict[bytes, float] = {}
+        self._limits: dict[bytes, float] = {}   # peers that beat slower than the broker
 
     def heard(self, peer: bytes, now: float) -> None:
         self._last_heard[peer] = now
 
+    def beats_every(self, peer: bytes, interval_s: float) -> None:
+        """A peer's own heartbeat interval: it is given as long as its interval says, if longer."""
+        if interval_s * MISSED_HEARTBEATS > self.limit_s:
+            self._limits[peer] = interval_s * MISSED_HEARTBEATS
+
+    def limit_for(self, peer: bytes) -> float:
+        return self._limits.get(peer, self.limit_s)
+
     def forget(self, peer: bytes) -> None:
         self._last_heard.pop(peer, None)
+        self._limits.pop(peer, None)
 
     def silent(self, now: float) -> list[bytes]:
         """Peers not heard from for too long; each is reported once."""
-        gone = [peer for peer, last in self._last_heard.items() if now - last > self.limit_s]
+        limits = self._limits
+        gone = [peer for peer, last in self._last_heard.items()
+                if now - last > (limits[peer] if peer in limits else self.limit_s)]
         for peer in gone:
             del self._last_heard[peer]
         return gone

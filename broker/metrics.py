@@ -96,9 +96,36 @@ class TritonCollector:
         yield pending
         yield load
         yield from self._cache(versions)
+        yield from self._scaling(versions)
         if self.settings.histogram_latencies:
             yield self._histogram(versions)
         yield from self._hosts()
+
+    def _scaling(self, versions):
+        """tritium's own: instances per host, and the cold starts of autoscaled models."""
+        instances = Metric("tritium_instances", "Instance processes serving a model version, per host", "gauge")
+        counts: dict[tuple, int] = {}
+        for version in versions:
+            for instance in version.instances:
+                agent = self.registry.agents.get(instance.agent)
+                key = (version.name, version.version, agent.host if agent else "?")
+                counts[key] = counts.get(key, 0) + 1
+        for (model, number, host), count in sorted(counts.items()):
+            instances.add_sample("tritium_instances", {"model": model, "version": str(number), "host": host}, count)
+        yield instances
+        scaled = [v for v in versions if v.scale is not None]
+        if not scaled:
+            return
+        starts = Metric("tritium_cold_starts", "Cold starts: a request found no instance of the model", "counter")
+        duration = Metric("tritium_cold_start_duration_us",
+                          "Cumulative time from a cold start's first request to its instance being ready, in "
+                          "microseconds", "counter")
+        for version in scaled:
+            labels = {"model": version.name, "version": str(version.version)}
+            starts.add_sample("tritium_cold_starts_total", labels, version.scale.cold_starts)
+            duration.add_sample("tritium_cold_start_duration_us", labels, version.scale.cold_start_ns_total // 1000)
+        yield starts
+        yield duration
 
     @staticmethod
     def _cache(versions):

@@ -5,12 +5,18 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from broker.batcher import BatchingPolicy, DynamicBatcher
 from broker.ordering import ResponseOrder
 from broker.queue_policy import QueuePolicy
 from broker.stats import ModelVersionStats
 from repo import ModelDefinition
+from repo.autoscale import AutoscalePolicy, autoscale_policy
+from repo.json_form import config_to_json_dict
+
+if TYPE_CHECKING:
+    from broker.autoscale import ScaleState
 
 
 class VersionState(str, enum.Enum):
@@ -55,6 +61,7 @@ class InstanceRecord:
     healthy: bool = True        # what the instance last reported (Python models' is_ready)
     epoch: int = 0              # the load (ModelVersion.epoch) it serves
     draining: bool = False      # its host is stopping: it finishes what it holds and gets nothing new
+    kind: str = "CPU"           # CPU, GPU or MODEL: which capacity of its host it takes
 
 
 @dataclass(eq=False, slots=True)
@@ -90,6 +97,8 @@ class ModelVersion:
     batcher: DynamicBatcher = field(init=False)
     ordering: ResponseOrder | None = field(init=False)   # preserve_ordering: responses leave in order
     caches: bool = field(init=False)                     # response_cache { enable: true }
+    autoscale: AutoscalePolicy | None = field(init=False)    # tritium.autoscale; None: fixed instances
+    scale: ScaleState | None = None                    # the autoscaler's targets, once it started
     variable_shapes: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +109,7 @@ class ModelVersion:
         self.ordering = ResponseOrder() if queue_policy.preserve_ordering and not decoupled else None
         # Triton caches neither decoupled nor sequence models' responses.
         self.caches = config.response_cache.enable and not decoupled and not config.HasField("sequence_batching")
+        self.autoscale = autoscale_policy(config)
         # Only models with a variable non-batch dim (or optional inputs) need shape keys.
         self.variable_shapes = any(
             -1 in list(t.dims) or t.optional or t.allow_ragged_batch for t in config.input)
@@ -108,6 +118,14 @@ class ModelVersion:
     def key(self) -> tuple[str, int]:
         return (self.name, self.version)
 
+    def assignment(self) -> dict:
+        """What a host agent needs to start instances of this load: its config and shipped files."""
+        assignment = {"m": self.name, "v": self.version, "e": self.epoch,
+                      "config": config_to_json_dict(self.definition.portable_config)}
+        if self.files:
+            assignment["files"] = self.files
+        return assignment
+
     @property
     def healthy(self) -> bool:
         """Triton asks is_ready() of every instance; one that says no makes the model not ready.
@@ -115,7 +133,7 @@ class ModelVersion:
         A serving version with no instance left (its hosts lost or restarting) is not ready either.
         """
         if not self.instances and self.state == VersionState.READY:
-            return False
+            return self.autoscale is not None and self.autoscale.min_instances == 0   # scaled to zero on purpose
         return all(instance.healthy for instance in self.instances)
 
     @property
@@ -146,6 +164,7 @@ class AgentRecord:
     gpus: tuple[int, ...]
     models: tuple[str, ...] | None   # None: every model
     draining: bool = False           # the host is stopping (it sent DRAIN)
+    cpu_slots: int = 0               # --max-cpu-instances: room for autoscaled CPU instances
 
     def serves(self, model: str) -> bool:
         return self.models is None or model in self.models

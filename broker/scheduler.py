@@ -42,6 +42,7 @@ class Scheduler:
                  clock: Callable[[], int] = time.monotonic_ns, cache: ResponseCache | None = None) -> None:
         self.registry = registry
         self.cache = cache   # None: no --cache-config, so no model caches
+        self.autoscaler = None   # set by the broker: told of requests to autoscaled models
         self._send_to_instance = send_to_instance   # the backend socket
         self._send_to_gateway = send_to_gateway     # the frontend socket
         self._clock = clock
@@ -65,6 +66,11 @@ class Scheduler:
             self.reply_error(client, rid, self._not_ready_error(header["m"], number, version), from_backend)
             return
         now = self._clock()
+        if version.scale is not None and self.autoscaler is not None:
+            refused = self.autoscaler.request_arrived(version, now)
+            if refused is not None:
+                self.reply_error(client, rid, refused, from_backend)
+                return
         cache_key = None
         if version.caches and self.cache is not None:
             cache_key = self._answer_from_cache(version, client, rid, record, header, external, from_backend, now)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from broker.autoscale import Autoscaler
 from broker.lifecycle import ControlSettings, ModelLifecycle
 from broker.liveness import PeerLiveness
 from broker.response_cache import ResponseCache
@@ -93,8 +94,11 @@ class Broker:
         self.exit_code = ExitCode.OK
         self.repository = ModelRepository(settings.model_repositories, settings.repository)
         self.log_settings = LogSettings(log_verbose_level=settings.log_verbose)
+        self.autoscaler = Autoscaler(self.registry, self._send_backend, self.scheduler, time.monotonic_ns)
+        self.scheduler.autoscaler = self.autoscaler
         self.lifecycle = ModelLifecycle(self.registry, self.repository, self.scheduler, self._send_backend,
-                                        settings.control, self._new_version)
+                                        settings.control, self._new_version, self.autoscaler)
+        self._next_scaling = 0.0
 
     def _bind(self, kind: int, address: str) -> zmq.Socket:
         sock = self.context.socket(kind)
@@ -168,6 +172,9 @@ class Broker:
                 self._push_models()
             if self._now >= self._next_heartbeat:
                 self._heartbeat()
+            if self._now >= self._next_scaling:
+                self._next_scaling = self._now + 0.25
+                self.autoscaler.evaluate()
             if self._stop_deadline is not None:
                 self._check_stopped()
         log.info("broker stopping")
@@ -200,7 +207,7 @@ class Broker:
     def _heartbeat(self) -> None:
         """Tell gateways and agents the broker lives; drop the peers that went silent."""
         self._next_heartbeat = self._now + self.settings.heartbeat_interval_s
-        beat = encode({"k": Kind.HEARTBEAT, "boot": self.boot})
+        beat = encode({"k": Kind.HEARTBEAT, "boot": self.boot, "hb": self.settings.heartbeat_interval_s})
         for gateway in list(self.gateways):
             self._send_frontend([gateway, beat])
         for agent in list(self.registry.agents):
@@ -211,7 +218,8 @@ class Broker:
             self._check_agent_drained(agent)
 
     def _drop_silent(self, peer: bytes) -> None:
-        why = f"stopped answering heartbeats for {self.liveness.limit_s:.0f} s"
+        why = f"stopped answering heartbeats for {self.liveness.limit_for(peer):.0f} s"
+        self.liveness.forget(peer)
         if peer in self.registry.agents:
             self._drop_agent(peer, why)
         elif peer in self.registry.instances:
@@ -226,6 +234,7 @@ class Broker:
 
     def _drop_agent(self, peer: bytes, why: str) -> None:
         agent = self.registry.agents.pop(peer)
+        self.autoscaler.agent_left(peer)
         lost = [i.iid for i in self.registry.instances.values() if i.agent == peer]
         log.error("host agent %s (host %s) %s; dropping it and its %d instance(s)", peer.decode(errors="replace"),
                   agent.host, why, len(lost))
@@ -292,9 +301,11 @@ class Broker:
     def _on_gateway_hello(self, peer: bytes, header: dict) -> None:
         if not self._protocol_ok(self.frontend, peer, header):
             return
+        self.liveness.beats_every(peer, header.get("hb", 0.0))
         self.gateways.add(peer)
         log.info("gateway %s connected", peer.decode(errors="replace"))
-        self._send_frontend([peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot})])
+        self._send_frontend([peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot,
+                                           "hb": self.settings.heartbeat_interval_s})])
         self._send_frontend([peer, encode({"k": Kind.MODELS, **self.registry.table()})])
         self._send_frontend([peer, self._log_settings_message()])
 
@@ -448,6 +459,7 @@ class Broker:
             iid = iid.encode()
             if iid in self.registry.instances:
                 self.liveness.heard(iid, self._now)
+                self.liveness.beats_every(iid, header.get("hb", 0.0))
             elif header.get("joined"):  # an instance this broker does not know: exit, be restarted
                 self._send_backend([iid, encode({"k": Kind.RESET})])
         elif header.get("role") == "agent" and peer not in self.registry.agents:
@@ -486,15 +498,17 @@ class Broker:
     def _on_backend_hello(self, peer: bytes, header: dict) -> None:
         if not self._protocol_ok(self.backend, peer, header):
             return
+        self.liveness.beats_every(peer, header.get("hb", 0.0))
         role = header.get("role")
         if role == "agent":
             models = header.get("models")
             agent = AgentRecord(peer, header.get("host", "?"), tuple(header.get("gpus") or ()),
-                                tuple(models) if models else None)
+                                tuple(models) if models else None, cpu_slots=int(header.get("cpu_slots", 0)))
             self.registry.agents[peer] = agent
             self._reset_sent.pop(peer, None)
             log.info("host agent %s joined (host %s, gpus %s)", peer.decode(), agent.host, list(agent.gpus))
-            self._send_backend([peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot})])
+            self._send_backend([peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot,
+                                              "hb": self.settings.heartbeat_interval_s})])
             self._send_backend([peer, self._log_settings_message()])
             self._send_backend([peer, encode({"k": Kind.ASSIGN, "models": self.lifecycle.assignments_for(agent)})])
         elif role == "instance":
@@ -513,11 +527,12 @@ class Broker:
         agent = self.registry.agents.get(header["agent"].encode())
         instance = InstanceRecord(peer, header["agent"].encode(), header["m"], header["v"],
                                   header["name"], int(header.get("credit", 1)), epoch=version.epoch,
-                                  draining=agent is None or agent.draining)
+                                  draining=agent is None or agent.draining, kind=header.get("kind", "CPU"))
         self.registry.instances[peer] = instance
         version.instances.append(instance)
         log.info("instance %s of model %s version %d is ready", instance.name, version.name, version.version)
         self.lifecycle.instance_joined(version, instance.name)
+        self.autoscaler.instance_joined(version)
         self.scheduler.instance_ready(instance)
 
     def _epoch_of(self, header: dict) -> ModelVersion | None:
@@ -529,8 +544,10 @@ class Broker:
         message = header.get("err", "instance failed to initialize")
         log.error("instance %s of model %s version %s failed: %s", header.get("name"),
                   header["m"], header["v"], message)
-        if version is not None and version.state == VersionState.LOADING:
+        if version is not None and version.state == VersionState.LOADING and version.autoscale is None:
             self.lifecycle.version_failed(version, message)
+        elif version is not None and version.autoscale is not None:
+            self.autoscaler.instance_failed(version, header.get("agent", "").encode(), message)
 
     def _on_instance_health(self, peer: bytes, header: dict) -> None:
         instance = self.registry.instances.get(peer)

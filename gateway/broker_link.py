@@ -77,12 +77,14 @@ class BrokerLink:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.broker_boot: int | None = None
         self.broker_lost = False
+        self._broker_interval = 0.0   # the broker's heartbeat interval, as its heartbeats say
         self._last_heard = self.loop.time()
         self._beat_handle = self.loop.call_later(heartbeat_interval_s, self._beat)
 
     async def start(self, timeout_s: float | None = None) -> None:
         """Say hello and wait for the first model table."""
-        self._post(encode({"k": Kind.HELLO, "role": "gateway", "pv": PROTOCOL_VERSION}))
+        self._post(encode({"k": Kind.HELLO, "role": "gateway", "pv": PROTOCOL_VERSION,
+                           "hb": self.heartbeat_interval_s}))
         await asyncio.wait_for(self._models_received.wait(), timeout_s)
 
     def close(self) -> None:
@@ -109,9 +111,10 @@ class BrokerLink:
 
     def _beat(self) -> None:
         self._beat_handle = self.loop.call_later(self.heartbeat_interval_s, self._beat)
-        self._post(encode({"k": Kind.HEARTBEAT, "role": "gateway", "pv": PROTOCOL_VERSION}))
+        self._post(encode({"k": Kind.HEARTBEAT, "role": "gateway", "pv": PROTOCOL_VERSION,
+                           "hb": self.heartbeat_interval_s}))
         silent_s = self.loop.time() - self._last_heard
-        if not self.broker_lost and silent_s > self.heartbeat_interval_s * MISSED_HEARTBEATS:
+        if not self.broker_lost and silent_s > max(self.heartbeat_interval_s, self._broker_interval) * MISSED_HEARTBEATS:
             self.broker_lost = True
             log.error("the broker at %s has not answered for %.1f s; failing %d request(s) waiting on it",
                       self.address, silent_s, self.waiting)
@@ -126,6 +129,7 @@ class BrokerLink:
             log.warning("the broker restarted; failing %d request(s) the previous one held", self.waiting)
             self._fail_waiting(Unavailable(f"the broker at {self.address} restarted; the request was lost"))
         self.broker_boot = boot
+        self._broker_interval = header.get("hb", 0.0)
 
     def request(self, header: dict, inline=(), external=()) -> asyncio.Future:
         """Send INFER or CONTROL; the future resolves to the broker's Reply."""

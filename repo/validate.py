@@ -6,6 +6,7 @@ from tritonclient.grpc import model_config_pb2
 
 from repo.backends import ENSEMBLE_PLATFORM, ONNXRUNTIME, PYTORCH
 from repo.config_file import ModelConfig
+from repo.autoscale import autoscale_policy
 from repo.errors import ModelLoadError
 
 _Input = model_config_pb2.ModelInput
@@ -40,6 +41,7 @@ def validate_config(config: ModelConfig) -> None:
         _fail(model, f"'ensemble_scheduling' is set but platform is '{config.platform}', "
               "not 'ensemble'")
     _validate_transaction_policy(config)
+    autoscale_policy(config)   # a malformed tritium.autoscale fails the load, naming the setting
 
 
 def _fail(model: str, message: str) -> None:

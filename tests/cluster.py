@@ -169,6 +169,7 @@ class Load:
     url: str
     threads: int = 4
     delay_ms: float = 20.0
+    model: str = "whoami"
     outcomes: list[Outcome] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -191,7 +192,7 @@ class Load:
         while not self._stop.is_set():
             started = time.monotonic()
             try:
-                pid = int(whoami(client, self.delay_ms)[0])
+                pid = int(whoami(client, self.delay_ms, self.model)[0])
                 self.outcomes.append(Outcome(started, time.monotonic(), pid=pid))
             except InferenceServerException as exc:
                 self.outcomes.append(Outcome(started, time.monotonic(), status=exc.status(), message=exc.message()))
@@ -203,10 +204,10 @@ class Load:
         return [o for o in self.outcomes if o.started >= moment]
 
 
-def whoami(client, delay_ms: float = 0.0) -> np.ndarray:
+def whoami(client, delay_ms: float = 0.0, model: str = "whoami") -> np.ndarray:
     delay = httpclient.InferInput("DELAY_MS", [1, 1], "FP32")
     delay.set_data_from_numpy(np.array([[delay_ms]], dtype=np.float32))
-    return client.infer("whoami", [delay]).as_numpy("PID")[:, 0]
+    return client.infer(model, [delay]).as_numpy("PID")[:, 0]
 
 
 def instance_pids(worker: Part, model: str = "whoami") -> set[int]:

@@ -375,9 +375,12 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
               help="How often the host's CPU, memory and GPU figures reach the broker.")
 @click.option("--log-verbose", default="0")
 @heartbeat_option
+@click.option("--max-cpu-instances", default=None, type=click.IntRange(min=0),
+              help="Autoscaled CPU instances this host may run (default: one per core).")
 @curve_options("--curve-server-key", "The broker's CURVE public key file (NAME.key).")
 def worker(broker_address, model_repository, models, exit_timeout_secs, backend_directory, backend_config,
-           metrics_interval_ms, log_verbose, heartbeat_interval_secs, curve_secret_key, curve_server_key) -> None:
+           metrics_interval_ms, log_verbose, heartbeat_interval_secs, max_cpu_instances, curve_secret_key,
+           curve_server_key) -> None:
     """Run a host agent: starts and supervises this host's instance processes."""
     from tritium import logs
     from tritium.hosts import detect_gpus
@@ -391,7 +394,8 @@ def worker(broker_address, model_repository, models, exit_timeout_secs, backend_
         models=tuple(m for m in models.split(",") if m) if models else None, log_verbose=verbose,
         exit_timeout_s=float(exit_timeout_secs), backend_directory=backend_directory,
         backend_config=_backend_options(backend_config), metrics_interval_s=metrics_interval_ms / 1000,
-        heartbeat_interval_s=heartbeat_interval_secs, curve=curve)
+        heartbeat_interval_s=heartbeat_interval_secs, curve=curve,
+        max_cpu_instances=max_cpu_instances if max_cpu_instances is not None else (os.cpu_count() or 1))
     sys.exit(HostAgent(settings).run())
 
 

@@ -88,6 +88,8 @@ class Kind(enum.IntEnum):
     INSTANCE_HEALTH = 45
     # agent -> broker: the host's CPU, memory and GPU figures, every metrics interval
     HOST_METRICS = 46
+    # broker -> agent: run this many instances of an autoscaled model version ("stop": which ones go)
+    SCALE = 47
     # any direction, every heartbeat interval; the broker's carry its ``boot`` id
     HEARTBEAT = 50
     # broker -> gateway, agent, instance: Triton's logging settings changed (or on joining)

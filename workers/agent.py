@@ -41,7 +41,7 @@ from tritium.protocol import (
 )
 from tritium.security import CurveKeys, secure_client
 from tritium.signals import SignalWaker
-from workers.placement import InstancePlan, plan_instances
+from workers.placement import InstancePlan, plan_instances, plan_scaled
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ class WorkerSettings:
     backend_config: dict = field(default_factory=dict)   # backend name -> {key: value}
     metrics_interval_s: float = 2.0
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    max_cpu_instances: int = field(default_factory=lambda: os.cpu_count() or 1)   # room for autoscaled ones
     curve: CurveKeys | None = None   # also given to the instances, as file paths in their spec
 
 
@@ -108,6 +109,7 @@ class HostAgent:
         self._broker_boot: int | None = None        # which broker process assigned the running instances
         self._last_heard = time.monotonic()
         self._broker_lost = False
+        self._broker_interval = 0.0   # the broker's heartbeat interval, as its heartbeats say
         self._next_heartbeat = 0.0
         self._sampler = HostSampler()
         self._log_settings: dict | None = None
@@ -148,7 +150,8 @@ class HostAgent:
 
     def _hello(self) -> None:
         self._send({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION, "host": host_name(),
-                    "gpus": list(self.settings.gpus), "models": list(self.settings.models or [])})
+                    "gpus": list(self.settings.gpus), "models": list(self.settings.models or []),
+                    "cpu_slots": self.settings.max_cpu_instances, "hb": self.settings.heartbeat_interval_s})
 
     def _stop(self, signum, _frame) -> None:
         self._stop_signals += 1   # handled in the loop: a signal handler must not touch the socket
@@ -178,8 +181,8 @@ class HostAgent:
             return
         interval = self.settings.heartbeat_interval_s
         self._next_heartbeat = now + interval
-        self._send({"k": Kind.HEARTBEAT, "role": "agent"})
-        if not self._broker_lost and now - self._last_heard > interval * MISSED_HEARTBEATS:
+        self._send({"k": Kind.HEARTBEAT, "role": "agent", "hb": interval})
+        if not self._broker_lost and now - self._last_heard > max(interval, self._broker_interval) * MISSED_HEARTBEATS:
             self._broker_lost = True
             log.warning("lost contact with the broker at %s; instances keep running while reconnecting",
                         self.settings.broker)
@@ -207,6 +210,8 @@ class HostAgent:
             if kind == Kind.ASSIGN:
                 for assignment in header["models"]:
                     self._assign(assignment)
+            elif kind == Kind.SCALE:
+                self._assign(header["assignment"], count=int(header["count"]), stop=tuple(header.get("stop", ())))
             elif kind == Kind.UNASSIGN:
                 for item in header["models"]:
                     self._unassign(item.get("e", 0))
@@ -214,6 +219,7 @@ class HostAgent:
                 if self._broker_boot is not None and header.get("boot") != self._broker_boot:
                     self._register_again("the broker restarted")
                 self._broker_boot = header.get("boot")
+                self._broker_interval = header.get("hb", 0.0)
             elif kind == Kind.RESET:
                 if header.get("boot") != self._registered_after_reset:  # one per broker process
                     self._registered_after_reset = header.get("boot")
@@ -239,42 +245,51 @@ class HostAgent:
 
     # -- starting instances -------------------------------------------------------------
 
-    def _assign(self, assignment: dict) -> None:
+    def _assign(self, assignment: dict, count: int | None = None, stop: tuple[str, ...] = ()) -> None:
+        """Start a model version's instances: its instance groups, or ``count`` when the broker scales it."""
         model, version, epoch = assignment["m"], assignment["v"], assignment.get("e", 0)
         placed = {"k": Kind.PLACED, "m": model, "v": version, "e": epoch}
-        if any(child.epoch == epoch and child.wanted for child in self.children):
+        running = [child for child in self.children if child.epoch == epoch and child.wanted]
+        if running and count is None:
             return  # already serving this load (the broker re-sent its assignments)
         try:
             model_dir = self._model_dir(model, epoch, assignment.get("files"))
             config = ModelConfig()
             json_format.ParseDict(assignment["config"], config)
             resolve_instance_groups(config, self.settings.gpus)
-            plans = plan_instances(config)
-            if not plans:
+            plans = plan_instances(config) if count is None else plan_scaled(config, count, self.settings.gpus)
+            if not plans and count is None:
                 raise ModelLoadError(model, f"model '{model}' has no instance to start on this host")
         except (ModelLoadError, json_format.ParseError, OSError) as exc:
             message = getattr(exc, "message", str(exc))
             log.error("cannot place model %s version %d: %s", model, version, message)
             self._send({**placed, "err": message})
             return
+        wanted = {plan.key for plan in plans}
+        for child in running:
+            if child.plan.key in stop or child.plan.key not in wanted:
+                self._stop_child(child)
+        present = {child.plan.key for child in running if child.wanted}
         config_json = config_to_json_dict(config)
-        children = []
-        for plan in plans:
-            spec = {"broker": self.settings.broker, "agent": self.identity, "model": model,
-                    "version": version, "epoch": epoch, "model_dir": str(model_dir), "config": config_json,
-                    "name": plan.name, "key": plan.key, "kind": plan.kind,
-                    "device_id": plan.device_id, "credit": self.settings.credit,
-                    "log_verbose": self.settings.log_verbose,
-                    "heartbeat_interval_s": self.settings.heartbeat_interval_s,
-                    "boot": self._broker_boot,
-                    "backend_directory": self.settings.backend_directory,
-                    "backend_config": self.settings.backend_config,
-                    "curve": self.settings.curve.as_spec() if self.settings.curve else None}
-            children.append(Child(plan, model, version, epoch, spec))
+        children = [Child(plan, model, version, epoch, self._spec(model, version, epoch, model_dir, config_json, plan))
+                    for plan in plans if plan.key not in present]
         self._send({**placed, "instances": [c.plan.key for c in children]})
         for child in children:
             self.children.append(child)
             self._start(child)
+
+    def _spec(self, model: str, version: int, epoch: int, model_dir: Path, config_json: dict,
+              plan: InstancePlan) -> dict:
+        return {"broker": self.settings.broker, "agent": self.identity, "model": model,
+                "version": version, "epoch": epoch, "model_dir": str(model_dir), "config": config_json,
+                "name": plan.name, "key": plan.key, "kind": plan.kind,
+                "device_id": plan.device_id, "credit": self.settings.credit,
+                "log_verbose": self.settings.log_verbose,
+                "heartbeat_interval_s": self.settings.heartbeat_interval_s,
+                "boot": self._broker_boot,
+                "backend_directory": self.settings.backend_directory,
+                "backend_config": self.settings.backend_config,
+                "curve": self.settings.curve.as_spec() if self.settings.curve else None}
 
     def _model_dir(self, model: str, epoch: int, files: dict | None) -> Path:
         """The repository's folder, or one holding the files a load request shipped."""

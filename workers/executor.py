@@ -44,6 +44,7 @@ class _Item:
 class BatchExecutor:
     def __init__(self, instance: Instance, config: ModelConfig, send: Callable[[list], None] | None = None) -> None:
         self.instance = instance
+        self.config = config
         self.send = send   # sends a message to the broker now (decoupled responses)
         self.decoupled = config.model_transaction_policy.decoupled
         self.model = config.name

@@ -32,6 +32,7 @@ from tritium.zmqio import recv_parts, send_parts
 from workers.backends import load_backend
 from workers.backends.base import BackendConfig, InstanceContext, ModelContext
 from workers.executor import BatchExecutor
+from workers.warmup import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class HeartbeatThread(threading.Thread):
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 4)   # beats that cannot leave are worthless later
         sock.connect(self.broker)
-        beat = encode({"k": Kind.HEARTBEAT, "iid": self.iid, "joined": True})
+        beat = encode({"k": Kind.HEARTBEAT, "iid": self.iid, "joined": True, "hb": self.interval_s})
         try:
             while not self.stopped.wait(self.interval_s):
                 try:
@@ -174,7 +175,8 @@ def main() -> None:
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(spec["broker"])
     about = {"m": spec["model"], "v": spec["version"], "e": spec.get("epoch", 0), "name": spec["key"],
-             "boot": spec.get("boot")}
+             "boot": spec.get("boot"), "agent": spec["agent"], "kind": spec.get("kind", "CPU"),
+             "hb": spec.get("heartbeat_interval_s", 1.0)}
     outbox = Outbox(sock)
     try:
         executor, lifecycle = build_executor(spec, outbox)
@@ -182,6 +184,14 @@ def main() -> None:
         message = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
         log.error("initialization failed: %s", message)
         sock.send(encode({"k": Kind.INSTANCE_FAILED, **about, "err": message}))
+        sock.close()
+        context.term()
+        sys.exit(ExitCode.INIT_FAILED)
+    try:
+        warm_up(executor, executor.config, Path(spec["model_dir"]))
+    except Exception as exc:   # a model that cannot run its warmup is not ready, as in Triton
+        log.error("warmup failed: %s", exc)
+        sock.send(encode({"k": Kind.INSTANCE_FAILED, **about, "err": f"warmup failed: {exc}"}))
         sock.close()
         context.term()
         sys.exit(ExitCode.INIT_FAILED)

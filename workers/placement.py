@@ -32,3 +32,22 @@ def plan_instances(config: ModelConfig) -> list[InstancePlan]:
             else:
                 plans.append(InstancePlan(name, name, kind, 0, None))
     return plans
+
+
+def plan_scaled(config: ModelConfig, count: int, gpus: tuple[int, ...]) -> list[InstancePlan]:
+    """``count`` instances of an autoscaled model: its first group's kind, spread over ``gpus``.
+
+    Instance numbers are stable (instance ``i`` keeps its name as the count changes), so
+    that growing starts only the new ones and shrinking stops only the last ones.
+    """
+    group = config.instance_group[0]
+    kind = instance_kind_name(group)
+    plans = []
+    for index in range(count):
+        if kind == "GPU" and gpus:
+            gpu = gpus[index % len(gpus)]
+            name = f"{group.name}_{index // len(gpus)}"
+            plans.append(InstancePlan(name, f"{name}@gpu{gpu}", kind, gpu, gpu))
+        else:
+            plans.append(InstancePlan(f"{group.name}_{index}", f"{group.name}_{index}", kind, 0, None))
+    return plans

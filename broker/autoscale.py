@@ -1,0 +1,216 @@
+"""Instances that follow demand: tritium's ``tritium.autoscale`` models (repo/autoscale.py).
+
+For such a model the broker, not the instance groups, decides how many instances run and
+on which host. It asks a host agent for a number of instances of the model (``SCALE``);
+the agent starts or stops processes to match. The decisions:
+
+* **up** when the oldest queued request has waited longer than ``target_queue_ms``
+  (one instance at a time, then a cooldown), never above ``max``;
+* **cold start** when a request finds no instance at all (``min=0`` after idleness): at
+  once, without cooldown; the time until the first instance is ready is recorded;
+* **down** when no request arrived for ``idle_s``, never below ``min``: an idle instance
+  is drained first (no new batch) and then stopped;
+* **placement** on the host with the most free capacity for the model's kind: CPU slots
+  (``--max-cpu-instances`` per host) for KIND_CPU, its GPUs (one instance per GPU unless
+  the instance group's count allows more) for KIND_GPU.
+
+A cold start that fails (the model's initialize raises) answers the requests waiting for
+it with the cause; the next request tries again after ``RETRY_AFTER_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
+
+from broker.registry import AgentRecord, ModelVersion, Registry, VersionState
+from tritium.errors import Unavailable
+from tritium.protocol import Kind, encode
+
+log = logging.getLogger(__name__)
+
+COOLDOWN_S = 2.0       # between two scaling steps of one model
+RETRY_AFTER_S = 5.0    # after a failed cold start
+_GPU = ModelInstanceGroup.KIND_GPU
+
+
+@dataclass(eq=False)
+class ScaleState:
+    """What the autoscaler asked of each host for one model version, and why it last acted."""
+
+    targets: dict[bytes, int] = field(default_factory=dict)   # agent identity -> instances asked for
+    last_request_ns: int = 0
+    next_step_ns: int = 0
+    cold_start_since_ns: int | None = None    # the first request that found no instance
+    retry_after_ns: int = 0
+    last_error: str = ""
+    cold_starts: int = 0
+    cold_start_ns_total: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.targets.values())
+
+
+class Autoscaler:
+    def __init__(self, registry: Registry, send_backend: Callable[[list], None], scheduler,
+                 clock: Callable[[], int]) -> None:
+        self.registry = registry
+        self._send_backend = send_backend
+        self.scheduler = scheduler
+        self._clock = clock
+
+    # -- the versions it scales ----------------------------------------------------------
+
+    def versions(self) -> list[ModelVersion]:
+        return [v for v in self.registry.epochs.values() if v.autoscale is not None]
+
+    def start(self, version: ModelVersion) -> bool:
+        """Place ``min`` instances of a version being loaded; True when it needs none to be ready."""
+        version.scale = ScaleState(last_request_ns=self._clock())
+        for _ in range(version.autoscale.min_instances):
+            if not self._grow(version, "the model's minimum"):
+                break
+        return version.autoscale.min_instances == 0
+
+    def request_arrived(self, version: ModelVersion, now: int) -> Unavailable | None:
+        """Note traffic; the error to answer with while a failed cold start waits to be retried."""
+        scale = version.scale
+        scale.last_request_ns = now
+        if scale.total == 0 and now < scale.retry_after_ns:
+            return Unavailable(scale.last_error)
+        if scale.total == 0 and not version.instances:
+            if scale.cold_start_since_ns is None:
+                scale.cold_start_since_ns = now
+            self._grow(version, "cold start: a request found no instance")
+        return None
+
+    # -- periodic decisions ----------------------------------------------------------------
+
+    def evaluate(self) -> None:
+        now = self._clock()
+        for version in self.versions():
+            if version.scale is None:
+                continue
+            if version.state == VersionState.LOADING and version.scale.total < version.autoscale.min_instances:
+                self._grow(version, "the model's minimum (no host had room at load)")
+            elif version.state == VersionState.READY:
+                self._evaluate(version, now)
+
+    def _evaluate(self, version: ModelVersion, now: int) -> None:
+        policy, scale = version.autoscale, version.scale
+        if len(version.batcher):
+            scale.last_request_ns = now
+        if scale.total < policy.min_instances and now >= scale.retry_after_ns:
+            self._grow(version, "below the model's minimum (a host left?)")
+            return
+        if now < scale.next_step_ns:
+            return
+        waited_ms = (now - version.batcher.oldest_arrival_ns()) / 1e6 if len(version.batcher) else 0.0
+        if waited_ms > policy.target_queue_ms and scale.total < policy.max_instances \
+                and len(version.instances) >= scale.total:   # earlier scale-ups are serving already
+            self._grow(version, f"the oldest request waited {waited_ms:.0f} ms (target {policy.target_queue_ms:g} ms)")
+        elif (now - scale.last_request_ns) / 1e9 >= policy.idle_s and scale.total > policy.min_instances:
+            self._shrink(version, f"no request for {policy.idle_s:g} s")
+
+    # -- growing and shrinking -------------------------------------------------------------
+
+    def _grow(self, version: ModelVersion, why: str) -> bool:
+        scale = version.scale
+        agent = self._roomiest_host(version)
+        if agent is None:
+            if self._clock() >= scale.next_step_ns:   # say it once per cooldown, not every evaluation
+                log.warning("model %s version %d: cannot add an instance (%s): no host has room",
+                            version.name, version.version, why)
+                scale.next_step_ns = self._clock() + int(COOLDOWN_S * 1e9)
+            return False
+        scale.targets[agent.identity] = scale.targets.get(agent.identity, 0) + 1
+        scale.next_step_ns = self._clock() + int(COOLDOWN_S * 1e9)
+        log.info("model %s version %d: %d -> %d instance(s), one more on host %s: %s", version.name,
+                 version.version, scale.total - 1, scale.total, agent.host, why)
+        self._tell(agent.identity, version)
+        self.registry.generation += 1
+        return True
+
+    def _shrink(self, version: ModelVersion, why: str) -> None:
+        idle = [i for i in version.instances if not i.inflight and not i.draining]
+        if not idle:
+            return
+        instance = idle[-1]
+        instance.draining = True
+        scale = version.scale
+        scale.targets[instance.agent] = max(0, scale.targets.get(instance.agent, 0) - 1)
+        scale.next_step_ns = self._clock() + int(COOLDOWN_S * 1e9)
+        host = self.registry.agents[instance.agent].host if instance.agent in self.registry.agents else "?"
+        log.info("model %s version %d: %d -> %d instance(s), stopping %s on host %s: %s", version.name,
+                 version.version, scale.total + 1, scale.total, instance.name, host, why)
+        self._tell(instance.agent, version, stop=[instance.name])
+
+    def _tell(self, agent: bytes, version: ModelVersion, stop: list[str] = ()) -> None:
+        message = {"k": Kind.SCALE, "assignment": version.assignment(),
+                   "count": version.scale.targets.get(agent, 0), "stop": list(stop)}
+        self._send_backend([agent, encode(message)])
+
+    def _roomiest_host(self, version: ModelVersion) -> AgentRecord | None:
+        best, best_room = None, 0
+        for agent in self.registry.agents.values():
+            if agent.draining or not agent.serves(version.name):
+                continue
+            room = self._room(agent, version)
+            if room > best_room:
+                best, best_room = agent, room
+        return best
+
+    def _room(self, agent: AgentRecord, version: ModelVersion) -> int:
+        group = version.definition.portable_config.instance_group
+        if group and group[0].kind == _GPU:
+            per_gpu = max(1, group[0].count)
+            return len(agent.gpus) * per_gpu - version.scale.targets.get(agent.identity, 0)
+        fixed = sum(1 for i in self.registry.instances.values()
+                    if i.agent == agent.identity and i.kind == "CPU" and i.epoch not in self._scaled_epochs())
+        scaled = sum(v.scale.targets.get(agent.identity, 0) for v in self.versions() if v.scale is not None
+                     and not _gpu_model(v))
+        return agent.cpu_slots - fixed - scaled
+
+    def _scaled_epochs(self) -> set[int]:
+        return {v.epoch for v in self.versions()}
+
+    # -- what happens to instances ----------------------------------------------------------
+
+    def instance_joined(self, version: ModelVersion) -> None:
+        scale = version.scale
+        if scale is None or scale.cold_start_since_ns is None:
+            return
+        took = self._clock() - scale.cold_start_since_ns
+        scale.cold_start_since_ns = None
+        scale.cold_starts += 1
+        scale.cold_start_ns_total += took
+        log.info("model %s version %d: cold start done in %.0f ms", version.name, version.version, took / 1e6)
+
+    def instance_failed(self, version: ModelVersion, agent: bytes, message: str) -> None:
+        """An instance could not initialize: with none left, the waiting requests get the cause."""
+        scale = version.scale
+        if scale is None:
+            return
+        scale.targets[agent] = max(0, scale.targets.get(agent, 0) - 1)
+        if version.instances or scale.total:
+            return
+        scale.last_error = (f"cold start of model '{version.name}' version {version.version} failed: {message}; "
+                            f"retrying after {RETRY_AFTER_S:g} s")
+        scale.retry_after_ns = self._clock() + int(RETRY_AFTER_S * 1e9)
+        scale.cold_start_since_ns = None
+        log.error("%s", scale.last_error)
+        self.scheduler.fail_queued(version, Unavailable(scale.last_error))
+
+    def agent_left(self, agent: bytes) -> None:
+        for version in self.versions():
+            if version.scale is not None:
+                version.scale.targets.pop(agent, None)
+
+
+def _gpu_model(version: ModelVersion) -> bool:
+    group = version.definition.portable_config.instance_group
+    return bool(group) and group[0].kind == _GPU
