@@ -138,11 +138,41 @@ class RequestQueue(Generic[R]):
         self._size -= 1
 
 
+class PlainQueue(deque):
+    """The queue of a model with one level and no timeouts: a deque, with RequestQueue's extras.
+
+    Most models are like that, and the hot path then runs on deque's C methods.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.level_sizes = (0,)   # no level is ever full: max_queue_size is a queue policy
+
+    def head(self):
+        return self[0]
+
+    def requeue(self, requests) -> None:
+        self.extendleft(reversed(requests))
+
+    def remove(self, request) -> bool:  # type: ignore[override]
+        try:
+            super().remove(request)
+        except ValueError:
+            return False
+        return True
+
+    def drain(self) -> list:
+        pending = list(self)
+        self.clear()
+        return pending
+
+
 class DynamicBatcher(Generic[R]):
     def __init__(self, policy: BatchingPolicy, queue_policy: QueuePolicy = QueuePolicy()) -> None:
         self.policy = policy
         self.queue_policy = queue_policy
-        self._queue: RequestQueue[R] = RequestQueue(len(queue_policy.levels))
+        self.simple = queue_policy.trivial   # one level, no timeout, no bound: the fast path
+        self._queue = PlainQueue() if self.simple else RequestQueue(len(queue_policy.levels))
         self._preferred = frozenset(policy.preferred_batch_sizes)
         self._delay_ns = policy.max_queue_delay_us * 1000
         # Where a batch stops wanting to grow (Triton's max_preferred_batch_size_).
@@ -154,9 +184,10 @@ class DynamicBatcher(Generic[R]):
         return len(self._queue)
 
     def oldest_arrival_ns(self) -> int:
-        """When the request at the head of the queue arrived (the queue must not be empty)."""
-        return min(request.arrival_ns for request in self._queue) if self.queue_policy.levels[1:] \
-            else self._queue.head().arrival_ns
+        """When the oldest queued request arrived (the queue must not be empty)."""
+        if self.simple:
+            return self._queue[0].arrival_ns
+        return min(request.arrival_ns for request in self._queue)
 
     def full(self, level: int) -> bool:
         """Whether ``level``'s queue holds its policy's ``max_queue_size`` already."""

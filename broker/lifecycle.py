@@ -472,7 +472,7 @@ class ModelLifecycle:
                 if v.state in (VersionState.LOADING, VersionState.READY)
                 and agent.serves(v.name) and v.autoscale is None]
 
-    def placed(self, header: dict) -> None:
+    def placed(self, header: dict, agent: bytes = b"") -> None:
         version = self.registry.epochs.get(header.get("e"))
         if version is None:
             return
@@ -483,7 +483,24 @@ class ModelLifecycle:
                 log.error("model %s version %d cannot be placed on a host: %s", version.name, version.version,
                           header["err"])
             return
-        version.placed.update(header.get("instances", ()))
+        for name in header.get("instances", ()):
+            version.placed.add(name)
+            version.placed_on[name] = agent
+
+    def host_gone(self, agent: bytes, why: str) -> None:
+        """A host lost or draining takes its not-yet-ready instances out of the loads in progress."""
+        for version in [v for v in self.registry.epochs.values() if v.state == VersionState.LOADING]:
+            gone = {name for name, where in version.placed_on.items()
+                    if where == agent and name not in version.seen_ready}
+            if not gone:
+                continue
+            version.placed -= gone
+            for name in gone:
+                del version.placed_on[name]
+            if not version.placed:
+                self._fail(version, why)
+            elif version.placed <= version.seen_ready:
+                self.version_ready(version)
 
     def instance_joined(self, version: ModelVersion, name: str) -> None:
         version.seen_ready.add(name)

@@ -91,6 +91,8 @@ class ModelVersion:
     stats: ModelVersionStats = field(default_factory=ModelVersionStats)
     instances: list[InstanceRecord] = field(default_factory=list)
     placed: set[str] = field(default_factory=set)       # instance names announced by agents
+    placed_on: dict[str, bytes] = field(default_factory=dict)   # instance name -> the agent that announced it
+    awaited: dict[str, int] = field(default_factory=dict)       # lost instances coming back: name -> deadline ns
     seen_ready: set[str] = field(default_factory=set)   # instance names that said hello once
     load_started_ns: int = field(default_factory=time.monotonic_ns)
     load_seconds: float | None = None                   # how long it took to become READY

@@ -34,6 +34,9 @@ Send = Callable[[list], None]
 # larger batch: on a compute-bound model that is what batching is for.
 PIPELINE_LIMIT_NS = 2_000_000
 _AVERAGE_WEIGHT = 0.2
+# How long requests wait for a lost instance that its agent restarts (the agent's backoff
+# tops out at 32 s); after that, or when nothing is coming back, they get a 503.
+RESTART_WAIT_NS = 40_000_000_000
 _DISPATCHING = (VersionState.READY, VersionState.UNLOADING)
 
 
@@ -66,6 +69,9 @@ class Scheduler:
             self.reply_error(client, rid, self._not_ready_error(header["m"], number, version), from_backend)
             return
         now = self._clock()
+        if not version.instances and not self._instances_coming(version, now):
+            self.reply_error(client, rid, self._no_instance_error(version), from_backend)
+            return
         if version.scale is not None and self.autoscaler is not None:
             refused = self.autoscaler.request_arrived(version, now)
             if refused is not None:
@@ -78,7 +84,7 @@ class Scheduler:
                 return
         batcher = version.batcher
         level = deadline = 0
-        if not batcher.queue_policy.trivial:
+        if not batcher.simple:
             params = header.get("params")
             try:
                 level = batcher.queue_policy.level_of(params)
@@ -110,7 +116,7 @@ class Scheduler:
     def _answer_from_cache(self, version: ModelVersion, client: bytes, rid: int, record, header: dict,
                            external, from_backend: bool, now: int) -> bytes | None:
         """Answer a request from the response cache; on a miss, the key its response goes under."""
-        key = request_key(version.name, version.version, header, record, external)
+        key = request_key(version.name, version.epoch, header, record, external)   # a reload starts afresh
         entry = self.cache.lookup(key)
         took = self._clock() - now
         if entry is None:
@@ -124,6 +130,22 @@ class Scheduler:
         started = self._clock()
         self.cache.insert(request.cache_key, cached_response(frames))
         batch.version.stats.cache_miss.ns += self._clock() - started
+
+    @staticmethod
+    def _instances_coming(version: ModelVersion, now: int) -> bool:
+        """Whether a version without instances can expect one: a restart, or an autoscaler."""
+        return version.autoscale is not None or any(deadline > now for deadline in version.awaited.values())
+
+    @staticmethod
+    def _no_instance_error(version: ModelVersion) -> Unavailable:
+        return Unavailable(f"no instance of model '{version.name}' version {version.version} is running")
+
+    def fail_unserviceable(self) -> None:
+        """Answer the queues of versions whose instances are gone and not coming back (in time)."""
+        now = self._clock()
+        for version in self.registry.versions.values():
+            if len(version.batcher) and not version.instances and not self._instances_coming(version, now):
+                self.fail_queued(version, self._no_instance_error(version))
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
         self._reply(from_backend, [client, error_record(rid, error.to_wire())])
@@ -162,7 +184,7 @@ class Scheduler:
     def _pick_instance(version: ModelVersion) -> InstanceRecord | None:
         # A request sent ahead to a busy instance could no longer be overtaken by a higher
         # priority or time out in the queue: models with a queue policy do not pipeline.
-        pipelines = version.batcher.queue_policy.trivial
+        pipelines = version.batcher.simple
         best = None
         for instance in version.instances:
             if instance.credit <= 0 or instance.draining \
@@ -258,16 +280,21 @@ class Scheduler:
         ordering = batch.version.ordering
         for request, external_count, ok in zip(batch.requests, external_counts, oks):
             end = offset + 1 + external_count
-            if ok and request.cache_key is not None and self.cache is not None:
+            if request.cache_key is not None and ok and self.cache is not None:
                 self._remember(batch, request, frames[offset:end])
-            answers = [(request.from_backend, [request.client, *frames[offset:end]])]
-            if ordering is not None:
-                answers = ordering.release(request.order, answers[0])
-            for from_backend, (client, *records) in answers:
-                parts = outgoing.get((from_backend, client))
+            if ordering is None:   # the common case, kept free of per-request lists
+                key = (request.from_backend, request.client)
+                parts = outgoing.get(key)
                 if parts is None:
-                    parts = outgoing[(from_backend, client)] = [client]
-                parts.extend(records)
+                    parts = outgoing[key] = [request.client]
+                parts.extend(frames[offset:end])
+            else:
+                for from_backend, (client, *records) in ordering.release(
+                        request.order, (request.from_backend, [request.client, *frames[offset:end]])):
+                    parts = outgoing.get((from_backend, client))
+                    if parts is None:
+                        parts = outgoing[(from_backend, client)] = [client]
+                    parts.extend(records)
             offset = end
             self._record_outcome(batch, request, ok, now)
         for (from_backend, _), parts in outgoing.items():
@@ -361,6 +388,8 @@ class Scheduler:
         if version is not None and instance in version.instances:
             version.instances.remove(instance)
         now = self._clock()
+        if version is not None and restart_expected:
+            version.awaited[instance.name] = now + RESTART_WAIT_NS
         held = list(instance.inflight.values())
         held += [b for b in self._streams.values() if b.instance is instance]
         retry = []
@@ -381,7 +410,7 @@ class Scheduler:
             log.warning("instance %s of model %s version %d %s; running its %d request(s) again elsewhere",
                         instance.name, version.name, version.version, why, len(retry))
             version.batcher.requeue(sorted(retry, key=lambda r: r.arrival_ns))
-        if not version.instances and not restart_expected:
+        if not version.instances and not self._instances_coming(version, now):
             self.fail_queued(version, Unavailable(
                 f"no instance of model '{version.name}' version {version.version} is left: "
                 f"instance '{instance.name}' {why}"))

@@ -35,7 +35,7 @@ from broker.scheduler import Scheduler
 from repo import ModelRepository, RepositoryOptions
 from tritium import logs, notify
 from tritium.logs import LogSettings
-from tritium.errors import AlreadyExists, InvalidArgument, ProtocolError, TritiumError, Unavailable
+from tritium.errors import AlreadyExists, InternalError, InvalidArgument, ProtocolError, TritiumError, Unavailable
 from tritium.gctune import tune_for_serving
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 # Each socket is drained of at most this many messages per turn, so that neither side starves.
 _DRAIN_LIMIT = 512
+_NOBLOCK = int(zmq.NOBLOCK)
 _HWM = 100_000
 
 
@@ -120,8 +121,12 @@ class Broker:
 
     @staticmethod
     def _send(sock: zmq.Socket, parts: list) -> None:
+        """Never blocks the loop: a peer that stopped reading (paused, wedged) loses what does
+        not fit in its queue, rather than every other peer losing the broker."""
         try:
-            send_parts(sock, parts)
+            send_parts(sock, parts, _NOBLOCK)
+        except zmq.Again:
+            log.warning("peer %r is not reading (its queue is full); dropped a message to it", parts[0])
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone; its requests are lost to it
             log.warning("cannot send to peer %r: %s", parts[0], exc)
 
@@ -180,8 +185,9 @@ class Broker:
         log.info("broker stopping")
         self.scheduler.fail_everything(Unavailable("the server is shutting down"))
         self.lifecycle.close()
-        self.frontend.close(0)
-        self.backend.close(0)
+        # Linger: the last answers (results and errors) must leave before the sockets go.
+        self.frontend.close(linger=2000)
+        self.backend.close(linger=2000)
         return self.exit_code
 
     def _stop(self, signum, _frame) -> None:
@@ -214,6 +220,7 @@ class Broker:
             self._send_backend([agent, beat])
         for peer in self.liveness.silent(self._now):
             self._drop_silent(peer)
+        self.scheduler.fail_unserviceable()
         for agent in [a for a in self.registry.agents.values() if a.draining]:
             self._check_agent_drained(agent)
 
@@ -226,7 +233,8 @@ class Broker:
             instance = self.registry.instances[peer]
             log.error("instance %s of model %s version %d %s; dropping it", instance.name, instance.model,
                       instance.version, why)
-            self.scheduler.instance_lost(peer, why)
+            agent = self.registry.agents.get(instance.agent)
+            self.scheduler.instance_lost(peer, why, restart_expected=agent is not None and not agent.draining)
             self._send_backend([peer, encode({"k": Kind.RESET})])  # should it wake up: exit, be restarted
         elif peer in self.gateways:
             log.warning("gateway %s %s; no longer pushing to it", peer.decode(errors="replace"), why)
@@ -235,6 +243,8 @@ class Broker:
     def _drop_agent(self, peer: bytes, why: str) -> None:
         agent = self.registry.agents.pop(peer)
         self.autoscaler.agent_left(peer)
+        self.registry.host_metrics.pop(agent.host, None)
+        self.lifecycle.host_gone(peer, f"host {agent.host} {why} while the model was loading")
         lost = [i.iid for i in self.registry.instances.values() if i.agent == peer]
         log.error("host agent %s (host %s) %s; dropping it and its %d instance(s)", peer.decode(errors="replace"),
                   agent.host, why, len(lost))
@@ -269,9 +279,8 @@ class Broker:
                 except ProtocolError as exc:
                     log.warning("dropped a malformed message from %r: %s", peer, exc)
                     break
-                except Exception:
+                except Exception:   # one record's failure must not cost the records after it
                     log.exception("error handling a message from %r", peer)
-                    break
                 if header["k"] in (Kind.BATCH_DONE, Kind.RESPONSE_PART):
                     break  # the records after it are its responses
                 position += 1 + external_count
@@ -335,6 +344,9 @@ class Broker:
                 reply(self._control(op, args))
         except TritiumError as exc:
             reply(exc)
+        except Exception as exc:   # an unexpected failure still answers the asker
+            log.exception("control operation %r failed", op)
+            reply(InternalError(f"control operation '{op}' failed: {exc}"))
 
     def _control(self, op: str, args: dict):
         if op == "models":
@@ -437,7 +449,8 @@ class Broker:
         elif kind == Kind.HELLO:
             self._on_backend_hello(peer, header)
         elif kind == Kind.PLACED:
-            self.lifecycle.placed(header)
+            if header.get("boot") == self.boot:   # not a late answer to a previous broker process
+                self.lifecycle.placed(header, peer)
         elif kind == Kind.INSTANCE_FAILED:
             self._on_instance_failed(header)
         elif kind == Kind.INSTANCE_EXITED:
@@ -471,9 +484,11 @@ class Broker:
 
     def _on_drain(self, peer: bytes) -> None:
         agent = self.registry.agents.get(peer)
-        if agent is None:
+        if agent is None:   # nothing of this broker runs there
+            self._send_backend([peer, encode({"k": Kind.DRAINED})])
             return
         agent.draining = True
+        self.lifecycle.host_gone(peer, f"host {agent.host} began draining while the model was loading")
         for instance in self.registry.instances.values():
             if instance.agent == peer:
                 instance.draining = True
@@ -525,6 +540,10 @@ class Broker:
                         header.get("name"), header["m"], header["v"], header.get("e"))
             return
         agent = self.registry.agents.get(header["agent"].encode())
+        if agent is None:   # its host must register first; it will start it again
+            self._send_backend([peer, encode({"k": Kind.RESET})])
+            return
+        version.awaited.pop(header["name"], None)
         instance = InstanceRecord(peer, header["agent"].encode(), header["m"], header["v"],
                                   header["name"], int(header.get("credit", 1)), epoch=version.epoch,
                                   draining=agent is None or agent.draining, kind=header.get("kind", "CPU"))
@@ -567,8 +586,11 @@ class Broker:
         self.liveness.forget(iid)
         version = self._epoch_of(header)
         name = header.get("name")
-        # An instance stopped on purpose, or one that reported its own init failure, fails no load.
+        # An instance stopped on purpose, or one that reported its own init failure, fails no load
+        # and is not coming back.
         expected = header.get("stopped") or header.get("code") == ExitCode.INIT_FAILED
+        if version is not None and expected:
+            version.awaited.pop(name, None)
         if version is not None and version.state == VersionState.LOADING and name not in version.seen_ready \
                 and not expected:
             # It died before it was ready (a crash, not a reported init failure): the load fails,

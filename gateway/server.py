@@ -126,6 +126,10 @@ async def serve(settings: GatewaySettings) -> None:
         log.info("gateway serving HTTP on %s:%d", settings.http_address, port)
     try:
         await serving
+        # uvicorn has put back the handlers absorbing its re-raised signal: a stop signal
+        # during the gRPC drain now cuts the drain short.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: os._exit(ExitCode.FORCED))
     finally:
         dataplane.shutting_down = True
         if grpc_server is not None:

@@ -18,11 +18,15 @@ _send = _BaseSocket.send
 _recv = _BaseSocket.recv
 
 
-def send_parts(sock: zmq.Socket, parts: list) -> None:
-    """Send ``parts`` as one multipart message; small parts are copied, large ones are not."""
+def send_parts(sock: zmq.Socket, parts: list, flags: int = 0) -> None:
+    """Send ``parts`` as one multipart message; small parts are copied, large ones are not.
+
+    ``flags=zmq.NOBLOCK`` raises zmq.Again when the peer's queue is full (checked on the
+    first part: ZeroMQ queues a multipart message whole or not at all).
+    """
     last = len(parts) - 1
     for index, part in enumerate(parts):
-        _send(sock, part, _SNDMORE if index < last else 0, False, False)
+        _send(sock, part, (_SNDMORE if index < last else 0) | flags, False, False)
 
 
 def recv_parts(sock: zmq.Socket) -> list:

@@ -84,6 +84,7 @@ class Child:
     restart_at: float | None = None
     wanted: bool = True
     iid: str = field(default="")
+    kill_at: float | None = None   # stopped on purpose: SIGKILL if still running then
 
 
 class HostAgent:
@@ -105,7 +106,6 @@ class HostAgent:
         self._drain_deadline: float | None = None   # set by SIGTERM: the broker is moving work away
         self._stop_signals = self._stop_signals_handled = 0
         self._starts = 0
-        self._registered_after_reset: int | None = None
         self._broker_boot: int | None = None        # which broker process assigned the running instances
         self._last_heard = time.monotonic()
         self._broker_lost = False
@@ -137,6 +137,7 @@ class HostAgent:
             if self.sock in events:
                 self._drain()
             self._reap()
+            self._kill_overdue()
             self._restart_due()
             self._report_host()
             self._keep_alive()
@@ -172,7 +173,12 @@ class HostAgent:
         self._send({"k": Kind.DRAIN})
 
     def _send(self, header: dict) -> None:
-        self.sock.send(encode(header))
+        """Never blocks: while the broker is away, what does not fit in ZeroMQ's queue is dropped
+        (heartbeats and metrics are worthless late; the broker learns the rest when it is back)."""
+        try:
+            self.sock.send(encode(header), zmq.NOBLOCK)
+        except zmq.Again:
+            log.debug("broker unreachable; dropped a %s", Kind(header["k"]).name)
 
     def _keep_alive(self) -> None:
         """Heartbeat to the broker; notice when it has gone silent."""
@@ -193,8 +199,10 @@ class HostAgent:
         for child in self.children:
             self._stop_child(child)
         self.children = [c for c in self.children if c.process is not None]
-        self._broker_boot = None
+        self._broker_boot = None   # until the broker's heartbeat answers this HELLO
         self._hello()
+        if self._drain_deadline is not None:
+            self._send({"k": Kind.DRAIN})   # a new broker process must know this host is leaving
 
     def _drain(self) -> None:
         while True:
@@ -221,8 +229,8 @@ class HostAgent:
                 self._broker_boot = header.get("boot")
                 self._broker_interval = header.get("hb", 0.0)
             elif kind == Kind.RESET:
-                if header.get("boot") != self._registered_after_reset:  # one per broker process
-                    self._registered_after_reset = header.get("boot")
+                # RESETs queued before this host's last HELLO was answered are stale.
+                if self._broker_boot is not None:
                     self._register_again("the broker does not know this host")
             elif kind == Kind.DRAINED:
                 log.info("the broker moved all work away from this host")
@@ -248,10 +256,13 @@ class HostAgent:
     def _assign(self, assignment: dict, count: int | None = None, stop: tuple[str, ...] = ()) -> None:
         """Start a model version's instances: its instance groups, or ``count`` when the broker scales it."""
         model, version, epoch = assignment["m"], assignment["v"], assignment.get("e", 0)
-        placed = {"k": Kind.PLACED, "m": model, "v": version, "e": epoch}
+        placed = {"k": Kind.PLACED, "m": model, "v": version, "e": epoch, "boot": self._broker_boot}
         running = [child for child in self.children if child.epoch == epoch and child.wanted]
         if running and count is None:
             return  # already serving this load (the broker re-sent its assignments)
+        if self._drain_deadline is not None:
+            self._send({**placed, "err": f"host {host_name()} is draining"})
+            return
         try:
             model_dir = self._model_dir(model, epoch, assignment.get("files"))
             config = ModelConfig()
@@ -331,6 +342,7 @@ class HostAgent:
         child.process.stdin.close()
         child.started_at = time.monotonic()
         child.restart_at = None
+        child.kill_at = None
         log.info("started instance %s of %s version %d (pid %d)", child.plan.key, child.model,
                  child.version, child.process.pid)
 
@@ -368,12 +380,22 @@ class HostAgent:
             if child.process is None and child.restart_at is not None and child.restart_at <= now:
                 self._start(child)
 
-    @staticmethod
-    def _stop_child(child: Child) -> None:
+    def _stop_child(self, child: Child) -> None:
         child.wanted = False
         child.restart_at = None
         if child.process is not None:
             child.process.terminate()
+            child.kill_at = time.monotonic() + self.settings.exit_timeout_s   # if SIGTERM is not enough
+
+    def _kill_overdue(self) -> None:
+        """An instance that ignores SIGTERM (stuck in a model call) must not hold its GPU forever."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.process is not None and child.kill_at is not None and now >= child.kill_at:
+                log.warning("instance %s of %s did not stop within %.0f s; killing it", child.plan.key,
+                            child.model, self.settings.exit_timeout_s)
+                child.process.kill()
+                child.kill_at = None
 
     def _unassign(self, epoch: int) -> None:
         for child in self.children:
@@ -384,15 +406,17 @@ class HostAgent:
 
     def _shutdown(self) -> None:
         log.info("worker agent stopping %d instance(s)", len(self.children))
-        live = [c.process for c in self.children if c.process is not None]
-        for process in live:
-            process.terminate()
+        live = [c for c in self.children if c.process is not None]
+        for child in live:
+            child.wanted = False
+            child.process.terminate()
         deadline = time.monotonic() + self.settings.exit_timeout_s
-        for process in live:
+        for child in live:
             try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+                child.process.kill()
+                child.process.wait()
+        self._reap()   # tells the broker each one is gone, so that nothing waits for them
         shutil.rmtree(self._shipped, ignore_errors=True)
-        self.sock.close(0)
+        self.sock.close(linger=1000)

@@ -86,6 +86,7 @@ def test_delay_puts_a_timed_out_request_behind_those_still_in_time():
 
 def test_each_level_has_its_own_max_queue_size():
     registry, version, scheduler, _, to_gateways, _ = make_world(TWO_LEVELS % "DELAY")
+    add_instance(registry, version, credit=0)   # busy: everything queues
     for rid in range(1, 6):
         submit(scheduler, rid)
     submit(scheduler, 6, priority=1)        # level 1 is unbounded
@@ -95,6 +96,7 @@ def test_each_level_has_its_own_max_queue_size():
 
 def test_a_priority_that_is_not_an_unsigned_integer_is_refused():
     registry, version, scheduler, _, to_gateways, _ = make_world(TWO_LEVELS % "REJECT")
+    add_instance(registry, version, credit=0)
     submit(scheduler, 1, priority="high")
     assert answers(to_gateways) == [(1, "parameter 'priority' must be an unsigned integer, got 'high'")]
 
@@ -129,3 +131,21 @@ def test_preserve_ordering_releases_what_waits_behind_a_failed_request():
     header, responses = done(sent_batch(to_instances[-1])[1]["b"], [1])
     scheduler.batch_done(second.iid, header, responses)
     assert [rid for rid, _ in answers(to_gateways)] == [1, 2]
+
+
+def test_a_model_without_instances_and_none_coming_answers_at_once():
+    registry, version, scheduler, _, to_gateways, clock = make_world(TWO_LEVELS % "REJECT")
+    submit(scheduler, 1)
+    assert answers(to_gateways) == [(1, "no instance of model 'm' version 1 is running")]
+
+
+def test_requests_wait_for_a_restarting_instance_only_so_long():
+    registry, version, scheduler, _, to_gateways, clock = make_world(TWO_LEVELS % "REJECT")
+    instance = add_instance(registry, version, credit=0)
+    scheduler.instance_lost(instance.iid, "exited with status 1", restart_expected=True)
+    submit(scheduler, 1, priority=1)
+    scheduler.fail_unserviceable()
+    assert to_gateways == []
+    clock.now += 41_000_000_000
+    scheduler.fail_unserviceable()
+    assert answers(to_gateways) == [(1, "no instance of model 'm' version 1 is running")]

@@ -229,6 +229,7 @@ def test_a_decoupled_request_that_already_answered_is_not_run_twice():
 def test_a_full_queue_rejects_with_tritons_message():
     registry, version, scheduler, to_instances, to_gateways, clock = make_world(
         "dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
+    add_instance(registry, version, credit=0)
     for rid in (1, 2, 3):
         submit(scheduler, b"gw", rid)
     (parts,) = to_gateways
