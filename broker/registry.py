@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from broker.batcher import BatchingPolicy, DynamicBatcher
+from broker.sequences import SequenceBatcher, SequencePolicy
 from broker.stats import ModelVersionStats
 from repo import ModelDefinition
 
@@ -32,6 +33,8 @@ class PendingRequest:
     dispatch_ns: int = 0
     from_backend: bool = False  # asked on the backend socket (an instance's BLS request)
     retried: bool = False       # already sent again after the instance running it was lost
+    correlation_id: int | str = 0   # the sequence it belongs to (0: none)
+    flags: int = 0                  # sequence START (1) / END (2)
 
 
 @dataclass(eq=False, slots=True)
@@ -79,12 +82,13 @@ class ModelVersion:
     seen_ready: set[str] = field(default_factory=set)   # instance names that said hello once
     load_started_ns: int = field(default_factory=time.monotonic_ns)
     load_seconds: float | None = None                   # how long it took to become READY
-    batcher: DynamicBatcher = field(init=False)
+    batcher: DynamicBatcher | SequenceBatcher = field(init=False)
     variable_shapes: bool = field(init=False)
 
     def __post_init__(self) -> None:
         config = self.definition.config
-        self.batcher = DynamicBatcher(BatchingPolicy.from_config(config))
+        self.batcher = SequenceBatcher(SequencePolicy.from_config(config)) if self.stateful \
+            else DynamicBatcher(BatchingPolicy.from_config(config))
         # 0: unbounded, as in Triton (the broker's socket buffers still bound the whole)
         self.max_queue_size = config.dynamic_batching.default_queue_policy.max_queue_size \
             if config.HasField("dynamic_batching") else 0
@@ -105,6 +109,11 @@ class ModelVersion:
         if not self.instances and self.state == VersionState.READY:
             return False
         return all(instance.healthy for instance in self.instances)
+
+    @property
+    def stateful(self) -> bool:
+        """Its requests form sequences bound to instance slots (``sequence_batching``)."""
+        return self.definition.config.HasField("sequence_batching")
 
     @property
     def decoupled(self) -> bool:
