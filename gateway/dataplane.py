@@ -162,6 +162,10 @@ class DataPlane:
             header["outputs"] = [o.name for o in request.outputs]
         if request.parameters:
             header["params"] = request.parameters
+        if request.sequence_id:
+            header["cid"] = request.sequence_id
+        if request.sequence_flags:
+            header["sf"] = request.sequence_flags
         return spec, version, header, inline, external
 
     def _result(self, spec: ModelSpec, version: int, request: InferRequest, reply) -> InferResult | TritiumError:
