@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import signal
 import threading
@@ -193,6 +194,31 @@ def test_string_sequence_ids_reach_a_string_corrid_of_a_model_without_batching(s
     stats = grpc_client.get_inference_statistics("py_strid", as_json=True)["model_stats"][0]
     assert int(stats["inference_stats"]["success"]["count"]) == 12
     assert int(stats["inference_stats"]["fail"].get("count", 0)) == 0
+
+
+def test_a_sequence_runs_over_a_grpc_stream(server):
+    results = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put(error or result))
+    try:
+        for k, value in enumerate((1.0, 2.0, 3.0)):
+            array = np.array([[value]], dtype=np.float32)
+            tensor = grpcclient.InferInput("INPUT", [1, 1], "FP32")
+            tensor.set_data_from_numpy(array)
+            client.async_stream_infer("py_accumulator", [tensor], request_id=str(k), sequence_id=701,
+                                      sequence_start=k == 0, sequence_end=k == 2)
+        answers = [results.get(timeout=30) for _ in range(3)]
+    finally:
+        client.stop_stream()
+    assert sorted((a.get_response().id, total(a)) for a in answers) == [("0", 1.0), ("1", 3.0), ("2", 6.0)]
+
+
+def test_a_model_runs_its_requests_sequence_on_a_stateful_model_through_bls(http):
+    totals = [total(step(http, "py_bls_caller", value, 801, start=k == 0, end=k == 2))
+              for k, value in enumerate((1.0, 2.0, 3.0))]
+    assert totals == [1.0, 3.0, 6.0]
+    error = refused(lambda: step(http, "py_bls_caller", 1.0, 801))
+    assert START_REQUIRED.format(801, "py_accumulator") in error.message()
 
 
 def test_a_direct_batch_pads_empty_lower_slots_with_not_ready_requests(http):
