@@ -196,7 +196,7 @@ class DynamicBatcher(Generic[R]):
 
     def enqueue(self, request: R) -> None:
         self._queue.append(request)
-        if request.deadline_ns and not request.delayed:
+        if not self.simple and request.deadline_ns and not request.delayed:
             heapq.heappush(self._timeouts, (request.deadline_ns, next(self._tie), request))
 
     def requeue(self, requests: list[R]) -> None:

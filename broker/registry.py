@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from broker.batcher import BatchingPolicy, DynamicBatcher
 from broker.ordering import ResponseOrder
 from broker.queue_policy import QueuePolicy
+from broker.sequences import SequenceBatcher, SequencePolicy
 from broker.stats import ModelVersionStats
 from repo import ModelDefinition
 from repo.autoscale import AutoscalePolicy, autoscale_policy
@@ -46,6 +47,8 @@ class PendingRequest:
     queued: bool = False        # in its version's queue right now
     order: int = 0              # arrival number, for preserve_ordering
     cache_key: bytes | None = None   # missed the response cache: its response goes in under this key
+    correlation_id: int | str = 0   # the sequence it belongs to (0: none)
+    flags: int = 0                  # sequence START (1) / END (2)
 
 
 @dataclass(eq=False, slots=True)
@@ -96,7 +99,7 @@ class ModelVersion:
     seen_ready: set[str] = field(default_factory=set)   # instance names that said hello once
     load_started_ns: int = field(default_factory=time.monotonic_ns)
     load_seconds: float | None = None                   # how long it took to become READY
-    batcher: DynamicBatcher = field(init=False)
+    batcher: DynamicBatcher | SequenceBatcher = field(init=False)
     ordering: ResponseOrder | None = field(init=False)   # preserve_ordering: responses leave in order
     caches: bool = field(init=False)                     # response_cache { enable: true }
     autoscale: AutoscalePolicy | None = field(init=False)    # tritium.autoscale; None: fixed instances
@@ -106,11 +109,12 @@ class ModelVersion:
     def __post_init__(self) -> None:
         config = self.definition.config
         queue_policy = QueuePolicy.from_config(config)
-        self.batcher = DynamicBatcher(BatchingPolicy.from_config(config), queue_policy)
+        self.batcher = SequenceBatcher(SequencePolicy.from_config(config)) if self.stateful \
+            else DynamicBatcher(BatchingPolicy.from_config(config), queue_policy)
         decoupled = config.model_transaction_policy.decoupled
         self.ordering = ResponseOrder() if queue_policy.preserve_ordering and not decoupled else None
         # Triton caches neither decoupled nor sequence models' responses.
-        self.caches = config.response_cache.enable and not decoupled and not config.HasField("sequence_batching")
+        self.caches = config.response_cache.enable and not decoupled and not self.stateful
         self.autoscale = autoscale_policy(config)
         # Only models with a variable non-batch dim (or optional inputs) need shape keys.
         self.variable_shapes = any(
@@ -137,6 +141,11 @@ class ModelVersion:
         if not self.instances and self.state == VersionState.READY:
             return self.autoscale is not None and self.autoscale.min_instances == 0   # scaled to zero on purpose
         return all(instance.healthy for instance in self.instances)
+
+    @property
+    def stateful(self) -> bool:
+        """Its requests form sequences bound to instance slots (``sequence_batching``)."""
+        return self.definition.config.HasField("sequence_batching")
 
     @property
     def decoupled(self) -> bool:

@@ -105,10 +105,14 @@ class Scheduler:
             batch_size = header["inputs"][0][2][0] if batching and header["inputs"] else 1
         request = PendingRequest(client, rid, record, external, batch_size, shape_key, now,
                                  from_backend=from_backend, level=level, deadline_ns=deadline,
-                                 cache_key=cache_key)
+                                 cache_key=cache_key, correlation_id=header.get("cid", 0), flags=header.get("sf", 0))
+        try:
+            batcher.enqueue(request)
+        except TritiumError as exc:  # the sequence batcher refuses what Triton's refuses (not counted, as there)
+            self.reply_error(client, rid, exc, from_backend)
+            return
         if version.ordering is not None:
             request.order = version.ordering.number()
-        batcher.enqueue(request)
         if deadline:
             self._timed.add(version)
         self.dispatch(version, now)
@@ -169,6 +173,9 @@ class Scheduler:
         batcher = version.batcher
         if now is None:
             now = self._clock()
+        if version.stateful:
+            self._dispatch_sequences(version, now)
+            return
         while len(batcher):
             instance = self._pick_instance(version)
             if instance is None:
@@ -180,34 +187,52 @@ class Scheduler:
             self._send_batch(version, instance, requests, now)
         self._waiting.discard(version)
 
+    def _dispatch_sequences(self, version: ModelVersion, now: int) -> None:
+        """The sequence batcher picks the instance (the one holding each sequence) and the slots."""
+        batcher = version.batcher
+        accepting = [instance for instance in version.instances if not instance.draining]
+        while (batch := batcher.next_batch(now, accepting, self._has_room)) is not None:
+            self._send_batch(version, batch.instance, batch.requests, now, batch.slots, batch.size)
+        if batcher.deadline_ns() is None:
+            self._waiting.discard(version)
+        else:
+            self._waiting.add(version)
+
     @staticmethod
-    def _pick_instance(version: ModelVersion) -> InstanceRecord | None:
-        # A request sent ahead to a busy instance could no longer be overtaken by a higher
-        # priority or time out in the queue: models with a queue policy do not pipeline.
+    def _has_room(instance: InstanceRecord, pipelines: bool = True) -> bool:
+        """Credit left, and a second batch only ahead of a short one (never with a queue policy:
+        a request sent ahead to a busy instance could no longer be overtaken or time out)."""
+        return instance.credit > 0 and not (
+            instance.inflight and (not pipelines or instance.execution_ns > PIPELINE_LIMIT_NS))
+
+    def _pick_instance(self, version: ModelVersion) -> InstanceRecord | None:
         pipelines = version.batcher.simple
         best = None
         for instance in version.instances:
-            if instance.credit <= 0 or instance.draining \
-                    or (instance.inflight and (not pipelines or instance.execution_ns > PIPELINE_LIMIT_NS)):
+            if instance.draining or not self._has_room(instance, pipelines):
                 continue
             if best is None or instance.credit > best.credit:
                 best = instance
         return best
 
-    def _send_batch(self, version: ModelVersion, instance: InstanceRecord,
-                    requests: list[PendingRequest], now: int) -> None:
+    def _send_batch(self, version: ModelVersion, instance: InstanceRecord, requests: list[PendingRequest],
+                    now: int, slots: list[int] | None = None, size: int | None = None) -> None:
+        """``slots``: the sequence slot of each request (stateful models), told to the instance."""
         self._batch_numbers += 1
         number = self._batch_numbers
         instance.credit -= 1
         batch_size = 0
-        parts = [instance.iid, encode({"k": Kind.BATCH, "b": number, "n": len(requests)})]
+        header = {"k": Kind.BATCH, "b": number, "n": len(requests)}
+        if slots is not None:
+            header["sl"] = slots
+        parts = [instance.iid, encode(header)]
         for request in requests:
             request.dispatch_ns = now
             batch_size += request.batch_size
             parts.append(request.record)
             if request.external:
                 parts.extend(request.external)
-        instance.inflight[number] = Batch(number, version, instance, requests, batch_size)
+        instance.inflight[number] = Batch(number, version, instance, requests, size or batch_size)
         self._send_to_instance(parts)
 
     def next_deadline_ns(self) -> int | None:
@@ -398,14 +423,18 @@ class Scheduler:
             for index, request in enumerate(batch.requests):
                 if index in batch.finished:
                     continue
-                if not request.retried and index not in batch.answered and batch.version.state in _DISPATCHING:
+                if not request.retried and index not in batch.answered and batch.version.state in _DISPATCHING \
+                        and not batch.version.stateful:  # a sequence's state died with its instance
                     request.retried = True
                     retry.append(request)
                 else:
-                    self._fail_request(batch, request, why, now)
+                    self._fail_request(batch.version, instance, request, why, now)
         instance.inflight.clear()
         if version is None:
             return
+        if version.stateful:  # its sequences' queued requests cannot go elsewhere either
+            for request in version.batcher.instance_lost(instance):
+                self._fail_request(version, instance, request, why, now)
         if retry:
             log.warning("instance %s of model %s version %d %s; running its %d request(s) again elsewhere",
                         instance.name, version.name, version.version, why, len(retry))
@@ -417,12 +446,15 @@ class Scheduler:
         elif version.state in _DISPATCHING:
             self.dispatch(version, now)
 
-    def _fail_request(self, batch: Batch, request: PendingRequest, why: str, now: int) -> None:
-        error = Unavailable(
-            f"instance '{batch.instance.name}' of model '{batch.version.name}' version "
-            f"{batch.version.version} {why} while running this request")
-        self._answer_error(batch.version, request, error)
-        batch.version.stats.record_failure(now - request.arrival_ns)
+    def _fail_request(self, version: ModelVersion, instance: InstanceRecord, request: PendingRequest,
+                      why: str, now: int) -> None:
+        lost = f"instance '{instance.name}' of model '{version.name}' version {version.version} {why}"
+        if version.stateful:
+            error = Unavailable(f"{lost}; the state of sequence {request.correlation_id} was lost with it")
+        else:
+            error = Unavailable(f"{lost} while running this request")
+        self._answer_error(version, request, error)
+        version.stats.record_failure(now - request.arrival_ns)
 
     def fail_queued(self, version: ModelVersion, error: TritiumError) -> None:
         """Answer every queued request of a version that cannot serve them any more."""

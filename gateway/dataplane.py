@@ -27,8 +27,8 @@ HTTP_DECOUPLED = "HTTP end point doesn't support models with decoupled transacti
 GRPC_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 # Triton's extension names, in Triton's order, limited to what tritium implements.
-EXTENSIONS = ("classification", "model_repository", "model_repository(unload_dependents)", "model_configuration",
-              "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "logging")
+EXTENSIONS = ("classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+              "model_configuration", "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "logging")
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,10 @@ class DataPlane:
             header["outputs"] = [o.name for o in request.outputs]
         if request.parameters:
             header["params"] = request.parameters
+        if request.sequence_id:
+            header["cid"] = request.sequence_id
+        if request.sequence_flags:
+            header["sf"] = request.sequence_flags
         return spec, version, header, inline, external
 
     def _result(self, spec: ModelSpec, version: int, request: InferRequest, reply) -> InferResult | TritiumError:

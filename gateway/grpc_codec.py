@@ -13,7 +13,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from gateway.classification import classification_count
-from gateway.inference import InferRequest, InferResult, InputTensor, RequestedOutput
+from gateway.inference import (SEQUENCE_FLAGS, SEQUENCE_PARAMETERS, InferRequest, InferResult, InputTensor,
+                               RequestedOutput)
 from gateway.shared_memory import shared_memory_ref
 from tritium import datatypes
 from tritium.errors import InvalidArgument
@@ -34,9 +35,11 @@ def parameter_value(parameter):
     return getattr(parameter, choice) if choice else None
 
 
-def parameters_to_dict(parameters, reserved_check: bool = False) -> dict:
+def parameters_to_dict(parameters, reserved_check: bool = False, skip: tuple = ()) -> dict:
     values = {}
     for key, parameter in parameters.items():
+        if key in skip:
+            continue
         if reserved_check and key.startswith("triton_") and key not in _ALLOWED_TRITON_PARAMETERS:
             raise InvalidArgument(
                 "parameter keys starting with 'triton_' are reserved for Triton usage and should "
@@ -92,8 +95,31 @@ def decode_infer_request(message) -> InferRequest:
             owner = f"output '{output.name}'"
             outputs.append(RequestedOutput(output.name, parameters, shared_memory_ref(owner, parameters),
                                            classification_count(owner, parameters)))
+    sequence_id, sequence_flags = _sequence(message.parameters)
     return InferRequest(model=model, version=message.model_version or None, inputs=inputs, outputs=outputs,
-                        id=message.id, parameters=parameters_to_dict(message.parameters, reserved_check=True))
+                        id=message.id, parameters=parameters_to_dict(message.parameters, True, SEQUENCE_PARAMETERS),
+                        sequence_id=sequence_id, sequence_flags=sequence_flags)
+
+
+def _sequence(parameters) -> tuple[int | str, int]:
+    """Triton's sequence parameters, with its gRPC front end's rules on their types."""
+    sequence_id, flags = 0, 0
+    for key in SEQUENCE_PARAMETERS:
+        if key not in parameters:
+            continue
+        parameter = parameters[key]
+        choice = parameter.WhichOneof("parameter_choice")
+        if key == "sequence_id":
+            if choice not in ("int64_param", "string_param"):
+                raise InvalidArgument("invalid value type for 'sequence_id' parameter, expected int64_param "
+                                      "or string_param.")
+            # Triton keeps the id as uint64: a negative int64 wraps around.
+            sequence_id = parameter.string_param if choice == "string_param" else parameter.int64_param % 2**64
+        elif choice != "bool_param":
+            raise InvalidArgument(f"invalid value type for '{key}' parameter, expected bool_param.")
+        elif parameter.bool_param:
+            flags |= SEQUENCE_FLAGS[key]
+    return sequence_id, flags
 
 
 def contents_to_bytes(model: str, tensor) -> bytes:

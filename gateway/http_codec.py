@@ -14,11 +14,12 @@ import numpy as np
 import orjson
 
 from gateway.classification import classification_count
-from gateway.inference import InferRequest, InferResult, InputTensor, RequestedOutput
+from gateway.inference import (SEQUENCE_FLAGS, SEQUENCE_PARAMETERS, InferRequest, InferResult, InputTensor,
+                               RequestedOutput)
 from gateway.shared_memory import shared_memory_ref
 from gateway.validation import element_count
 from tritium import datatypes
-from tritium.errors import InvalidArgument, Unsupported
+from tritium.errors import InternalError, InvalidArgument, Unsupported
 
 # Keys Triton reserves in request parameters (kReservedParameterKeys).
 RESERVED_PARAMETERS = frozenset(
@@ -48,10 +49,11 @@ def decode_infer_request(model: str, version: str | None, body: bytes, header_le
         raise InvalidArgument("the request 'id' must be a string")
     parameters = _parameters(document.get("parameters"), "request", reserved_check=True)
     binary_default = parameters.pop("binary_data_output", False) is True
+    sequence_id, sequence_flags = _sequence(parameters)
     inputs = _inputs(model, document.get("inputs"), binary, header_length is not None)
     outputs = _outputs(document.get("outputs"))
-    request = InferRequest(model=model, version=version, inputs=inputs, outputs=outputs,
-                           id=request_id, parameters=parameters)
+    request = InferRequest(model=model, version=version, inputs=inputs, outputs=outputs, id=request_id,
+                           parameters=parameters, sequence_id=sequence_id, sequence_flags=sequence_flags)
     return request, binary_default
 
 
@@ -83,6 +85,24 @@ def _parameters(value, where: str, reserved_check: bool = False) -> dict:
             raise InvalidArgument(
                 f"parameter '{key}' has invalid type; parameters must be strings, numbers or booleans")
     return dict(value)
+
+
+def _sequence(parameters: dict) -> tuple[int | str, int]:
+    """Take Triton's sequence parameters out of ``parameters`` (they become request fields, which a
+    model does not see among its parameters); errors as Triton's JSON parser words them (a 500)."""
+    sequence_id, flags = 0, 0
+    for key in [k for k in parameters if k in SEQUENCE_PARAMETERS]:
+        value = parameters.pop(key)
+        if key == "sequence_id":
+            unsigned = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
+            if not unsigned and not isinstance(value, str):
+                raise InternalError("Unable to parse 'sequence_id': attempt to access JSON non-string as string")
+            sequence_id = value
+        elif not isinstance(value, bool):
+            raise InternalError(f"Unable to parse '{key}': attempt to access JSON non-boolean as boolean")
+        elif value:
+            flags |= SEQUENCE_FLAGS[key]
+    return sequence_id, flags
 
 
 def _inputs(model: str, value, binary: memoryview, has_header_length: bool) -> list[InputTensor]:

@@ -32,6 +32,13 @@ class InferRequest:
     outputs: list[RequestedOutput] | None = None   # None: all outputs
     id: str = ""
     parameters: dict = field(default_factory=dict)
+    sequence_id: int | str = 0      # Triton's correlation id (0 or "": not in a sequence)
+    sequence_flags: int = 0         # Triton's request flags: 1 START, 2 END
+
+
+SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+# The request flag each parameter sets (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END).
+SEQUENCE_FLAGS = {"sequence_start": 1, "sequence_end": 2}
 
 
 @dataclass(slots=True)

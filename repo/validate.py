@@ -201,12 +201,13 @@ def _validate_control(model: str, tensor: str, control) -> None:
         if any(values):
             _fail(model, f"sequence_batching control '{tensor}' ({kind}) must not specify "
                   "false/true values")
+        # TYPE_STRING as Triton 2.51 loads it (CORRID as a one-element BYTES tensor).
         allowed = (model_config_pb2.TYPE_UINT64, model_config_pb2.TYPE_INT64,
-                   model_config_pb2.TYPE_UINT32, model_config_pb2.TYPE_INT32)
+                   model_config_pb2.TYPE_UINT32, model_config_pb2.TYPE_INT32, model_config_pb2.TYPE_STRING)
         if control.data_type not in allowed:
             _fail(model, f"sequence_batching control '{tensor}' ({kind}) has data type "
                   f"{model_config_pb2.DataType.Name(control.data_type)}; allowed are "
-                  "TYPE_UINT64, TYPE_INT64, TYPE_UINT32 and TYPE_INT32")
+                  "TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 and TYPE_STRING")
         return
     given = [n for n in values if n]
     if len(given) != 1:

@@ -46,7 +46,7 @@ import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 INLINE_LIMIT = 64 * 1024
 _PREFIX = struct.Struct("<I")
 
@@ -118,6 +118,8 @@ class InferHeader(TypedDict, total=False):
     inputs: list          # tensor descriptors
     outputs: list | None  # requested output names; None means all of them
     params: dict          # request parameters
+    cid: int | str        # sequence (correlation) id, when the request belongs to a sequence
+    sf: int               # sequence flags: 1 START, 2 END (Triton's request flags); absent = 0
     x: int                # external frames that follow this record
 
 
@@ -131,10 +133,11 @@ class ResponseHeader(TypedDict, total=False):
     x: int
 
 
-class BatchHeader(TypedDict):
+class BatchHeader(TypedDict, total=False):
     k: int
     b: int                # batch number, echoed in BATCH_DONE
     n: int                # number of INFER records that follow
+    sl: list              # stateful models: the sequence slot of each request, in order
 
 
 class BatchDoneHeader(TypedDict, total=False):

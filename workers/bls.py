@@ -65,6 +65,10 @@ class BlsClient:
         parameters = json.loads(request.parameters() or "{}")
         if parameters:
             header["params"] = parameters
+        if request.correlation_id():  # a model calling a stateful model runs a sequence of its own
+            header["cid"] = request.correlation_id()
+        if request.flags():
+            header["sf"] = request.flags()
         if external:
             header["x"] = len(external)
         self._replies[rid] = deque()

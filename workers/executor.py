@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2
@@ -26,6 +27,7 @@ from tritium import datatypes
 from tritium.errors import InternalError, InvalidArgument, TritiumError
 from tritium.protocol import Kind, decode, encode, split_tensors, tensor_views
 from workers.backends.base import InferenceRequest, InferenceResponse, Instance
+from workers.sequence_state import SequenceInputs
 from workers.tensors import array_to_frame, check_tensor_size, frame_to_array
 
 log = logging.getLogger(__name__)
@@ -39,10 +41,13 @@ class _Item:
     header: dict
     views: list | None = None          # raw bytes of each input, in descriptor order
     error: TritiumError | None = None
+    slot: int | None = None            # stateful models: the sequence slot it runs in
+    padding: bool = False              # a not-ready request filling a slot of a direct batch
 
 
 class BatchExecutor:
-    def __init__(self, instance: Instance, config: ModelConfig, send: Callable[[list], None] | None = None) -> None:
+    def __init__(self, instance: Instance, config: ModelConfig, send: Callable[[list], None] | None = None,
+                 model_dir: Path | None = None) -> None:
         self.instance = instance
         self.config = config
         self.send = send   # sends a message to the broker now (decoupled responses)
@@ -55,15 +60,17 @@ class BatchExecutor:
         self.input_reshape = {i.name: list(i.reshape.shape) for i in config.input if i.HasField("reshape")}
         self.output_dims = {o.name: list(o.dims) for o in config.output if o.HasField("reshape")}
         self.stacks = instance.stacks_batches
+        self.sequences = SequenceInputs(config, model_dir) if config.HasField("sequence_batching") else None
 
     def run(self, frames: list) -> list:
         """Execute the batch in ``frames`` (BATCH record first); return the BATCH_DONE parts."""
         t0 = time.monotonic_ns()
         header, _, _ = decode(frames[0])
         items = self._decode_all(frames, header["n"])
+        batch = items if self.sequences is None else self._with_sequences(header, items)
         if self.decoupled:
             return self._run_decoupled(header["b"], items, t0)
-        good = [item for item in items if item.error is None]
+        good = [item for item in batch if item.error is None]
         if self.stacks and self.batching:
             replies, t1, t2 = self._run_stacked(good)
         elif self.stacks:
@@ -103,6 +110,37 @@ class BatchExecutor:
             items.append(item)
         return items
 
+    def _with_sequences(self, header: dict, items: list[_Item]) -> list[_Item]:
+        """Each request with its control and state inputs; a direct batch with a not-ready request in
+        each slot up to the highest one, as Triton pads it, so that a request's batch row is its slot."""
+        sequences = self.sequences
+        slots = header.get("sl") or list(range(len(items)))
+        for item, slot in zip(items, slots):
+            item.slot = slot
+            if item.error is None:
+                sequences.add_inputs(item.header, item.views, slot)
+        template = next((item for item in items if item.error is None), None)
+        if not sequences.pads or self.decoupled or template is None:
+            return items
+        by_slot = {item.slot: item for item in items if item.error is None}
+        batch = []
+        for slot in range(max(slots) + 1):
+            item = by_slot.get(slot)
+            if item is None:
+                null_header, null_views = sequences.null_request(template.header, template.views)
+                item = _Item(-1 - slot, null_header, null_views, slot=slot, padding=True)
+            batch.append(item)
+        return batch
+
+    def _keeps_state(self, item: _Item) -> bool:
+        return self.sequences is not None and item.slot is not None and not item.padding
+
+    def _with_states(self, wanted: list[str]) -> list[str]:
+        """The outputs to ask of the model: ``wanted`` and the output states it must produce."""
+        if self.sequences is None:
+            return wanted
+        return wanted + [name for name in self.sequences.state_outputs if name not in wanted]
+
     def _arrays(self, item: _Item, batch_size: int) -> dict[str, np.ndarray]:
         arrays = {}
         for descriptor, view in zip(item.header["inputs"], item.views):
@@ -119,7 +157,8 @@ class BatchExecutor:
         batch_size = header.get("bs", 1)
         return InferenceRequest(request_id=header.get("id", ""), inputs=self._arrays(item, batch_size),
                                 requested_outputs=header.get("outputs"),
-                                parameters=header.get("params") or {}, batch_size=batch_size)
+                                parameters=header.get("params") or {}, batch_size=batch_size,
+                                correlation_id=header.get("cid", 0), flags=header.get("sf", 0))
 
     # -- one request at a time (the model gets the list of requests) ---------------------
 
@@ -147,6 +186,8 @@ class BatchExecutor:
             responses = [InferenceResponse(error=error)] * len(requests)
         t2 = time.monotonic_ns()
         for (item, request), response in zip(requests, responses):
+            if self._keeps_state(item) and isinstance(response, InferenceResponse) and response.error is None:
+                self.sequences.keep(item.slot, item.header.get("sf", 0), response.outputs)
             replies[item.rid] = self._encode_response(item.rid, request.requested_outputs, response)
         return replies, t1, t2
 
@@ -230,10 +271,12 @@ class BatchExecutor:
         for item in items:
             try:
                 request = self._request(item)
-                wanted = request.requested_outputs or list(self.output_names)
+                wanted = self._with_states(request.requested_outputs or list(self.output_names))
                 started = time.monotonic_ns()
                 outputs = self.instance.execute_batch(request.inputs, wanted)
                 infer_ns += time.monotonic_ns() - started
+                if self._keeps_state(item):
+                    self.sequences.keep(item.slot, item.header.get("sf", 0), outputs)
                 response = InferenceResponse(outputs=outputs)
             except Exception as exc:
                 response = InferenceResponse(error=self._execution_error(exc))
@@ -249,12 +292,15 @@ class BatchExecutor:
             now = time.monotonic_ns()
             return replies, now, now
         sizes = [item.header.get("bs", 1) for item in items]
-        wanted = self._union_outputs(items)
+        wanted = self._with_states(self._union_outputs(items))
         try:
             inputs = self._stack(items, sum(sizes))
             t1 = time.monotonic_ns()
             outputs = self.instance.execute_batch(inputs, wanted)
             t2 = time.monotonic_ns()
+            if self.sequences is not None:
+                self.sequences.keep_rows([(item.slot, item.header.get("sf", 0)) if self._keeps_state(item) else None
+                                          for item in items], outputs)
             replies.update(self._split(items, sizes, outputs))
         except Exception as exc:
             t1 = t2 = time.monotonic_ns()

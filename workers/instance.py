@@ -155,7 +155,8 @@ def build_executor(spec: dict, outbox: Outbox | None = None) -> tuple[BatchExecu
         model=model_context, name=spec["name"], kind=spec["kind"], device_id=spec["device_id"],
         broker=spec.get("broker", ""), instance_id=spec.get("iid", ""),
         curve=CurveKeys.from_spec(spec.get("curve"))))
-    return BatchExecutor(instance, config, outbox.send if outbox else None), [instance, model, backend]
+    return BatchExecutor(instance, config, outbox.send if outbox else None, model_context.model_dir), \
+        [instance, model, backend]
 
 
 def main() -> None:

@@ -33,7 +33,8 @@ def test_server_metadata_lists_exactly_the_implemented_extensions(server):
     assert status == 200 and headers["content-type"] == "application/json"
     metadata = json.loads(body)
     assert metadata["name"] == "triton"
-    assert metadata["extensions"] == ["classification", "model_repository", "model_repository(unload_dependents)", "model_configuration",
+    assert metadata["extensions"] == ["classification", "sequence", "model_repository",
+                                     "model_repository(unload_dependents)", "model_configuration",
                                      "system_shared_memory", "binary_tensor_data", "parameters", "statistics",
                                      "logging"]
 

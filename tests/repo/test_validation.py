@@ -162,6 +162,9 @@ def test_valid_sequence_controls():
     check(BATCH_IO + "sequence_batching { "
           + control("START", "kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ]")
           + control("CORRID", "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64") + " }")
+    # Triton 2.51 loads a string CORRID too.
+    check(BATCH_IO + "sequence_batching { "
+          + control("CORRID", "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING") + " }")
 
 
 def test_sequence_control_errors():
@@ -177,7 +180,7 @@ def test_sequence_control_errors():
         "sequence_batching specifies more than one CONTROL_SEQUENCE_START tensor")
     assert seq(control("C", "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32")) == (
         "sequence_batching control 'C' (CONTROL_SEQUENCE_CORRID) has data type TYPE_FP32; "
-        "allowed are TYPE_UINT64, TYPE_INT64, TYPE_UINT32 and TYPE_INT32")
+        "allowed are TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 and TYPE_STRING")
     assert seq(control("C", "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_INT64 "
                             "int32_false_true: [ 0, 1 ]")) == (
         "sequence_batching control 'C' (CONTROL_SEQUENCE_CORRID) must not specify false/true values")

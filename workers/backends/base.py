@@ -73,6 +73,7 @@ class InferenceRequest:
     parameters: dict
     batch_size: int
     correlation_id: int | str = 0
+    flags: int = 0                        # sequence START (1) / END (2), as Triton's request flags
     # Decoupled models only: send(response or None, final) answers this request, 0..N times.
     response_sender: Callable[[Optional["InferenceResponse"], bool], None] | None = None
 

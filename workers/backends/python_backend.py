@@ -147,7 +147,7 @@ class PythonInstance(Instance):
                 array = array.copy()
             tensors.append(self.pb.Tensor(name, array))
         pb_request = self.pb.InferenceRequest(
-            request_id=request.request_id, correlation_id=request.correlation_id, inputs=tensors,
+            request_id=request.request_id, correlation_id=request.correlation_id, flags=request.flags, inputs=tensors,
             # A set, as in Triton, holding every output when the client named none.
             requested_output_names=set(request.requested_outputs if request.requested_outputs is not None
                                        else self.output_names),

@@ -1,0 +1,91 @@
+"""The scheduler with a stateful model: slots told to instances, refusals, idle wake-ups, lost instances.
+
+A fake clock and recorded sends, as in test_scheduler.py; the model has ``sequence_batching``.
+"""
+
+from __future__ import annotations
+
+from broker.sequences import END, START
+from tests.broker.test_scheduler import add_instance, done, error_of, make_world, sent_batch
+from tritium.errors import ErrorCode
+from tritium.protocol import Kind, decode, encode
+
+MS = 1_000_000
+
+
+def world(strategy: str = "direct { }", idle_us: int = 1_000_000):
+    return make_world(f"sequence_batching {{ max_sequence_idle_microseconds: {idle_us} {strategy} }}")
+
+
+def submit(scheduler, rid: int, cid, flags: int = 0, batch_size: int = 1) -> None:
+    header = {"k": Kind.INFER, "rid": rid, "m": "m", "v": 1, "bs": batch_size,
+              "inputs": [["IN", "FP32", [batch_size, 4], 16 * batch_size, False]]}
+    if cid:
+        header["cid"] = cid
+    if flags:
+        header["sf"] = flags
+    record = encode(header, [b"\0" * 16 * batch_size])
+    scheduler.submit(b"gw", record, decode(record)[0], None)
+
+
+def test_each_batch_tells_the_instance_the_slot_of_each_request():
+    registry, version, scheduler, to_instances, to_gateways, clock = world()
+    add_instance(registry, version, "i0", credit=1)
+    submit(scheduler, 1, 10, START)
+    submit(scheduler, 2, 20, START)
+    submit(scheduler, 3, 10)
+    instance, header, rids = sent_batch(to_instances[0])
+    assert (instance, header["sl"], rids) == (b"i0", [0], [1])
+    scheduler.batch_done(b"i0", *done(header["b"], [1]))
+    instance, header, rids = sent_batch(to_instances[1])
+    assert (header["sl"], rids) == ([0, 1], [3, 2])
+    scheduler.batch_done(b"i0", *done(header["b"], [3, 2]))
+    # A padded direct batch counts at its full width, as in Triton's batch statistics.
+    assert [entry["batch_size"] for entry in version.stats.as_dict("m", 1)["batch_stats"]] == [1, 2]
+
+
+def test_refused_requests_are_answered_at_once_and_not_counted():
+    registry, version, scheduler, to_instances, to_gateways, clock = world()
+    add_instance(registry, version, "i0")
+    submit(scheduler, 1, 10)
+    submit(scheduler, 2, 0, START)
+    submit(scheduler, 3, 11, START, batch_size=2)
+    messages = [error_of(parts)["message"] for parts in to_gateways]
+    assert messages == [
+        "inference request for sequence 10 to model 'm' must specify the START flag on the first request of "
+        "the sequence",
+        "inference request to model 'm' must specify a non-zero or non-empty correlation ID",
+        "inference request to model 'm' must specify batch-size 1 due to requirements of sequence batcher"]
+    assert all(error_of(parts)["code"] == ErrorCode.INVALID_ARG for parts in to_gateways)
+    assert to_instances == [] and version.stats.fail.count == 0
+
+
+def test_the_broker_wakes_up_when_a_sequence_goes_idle_and_gives_its_slot_to_the_backlog():
+    registry, version, scheduler, to_instances, to_gateways, clock = world(idle_us=1000)
+    add_instance(registry, version, "i0", credit=9)
+    for cid in range(1, 10):   # one batch each; the model batches 8: eight slots, the ninth sequence waits
+        submit(scheduler, cid, cid, START)
+    assert len(to_instances) == 8 and scheduler.next_deadline_ns() == clock.now + 1000 * 1000
+    clock.now += 1000 * 1000
+    scheduler.run_due()
+    instance, header, rids = sent_batch(to_instances[-1])
+    assert (header["sl"], rids) == ([0], [9])
+
+
+def test_a_lost_instance_fails_its_sequences_requests_and_they_are_not_run_elsewhere():
+    registry, version, scheduler, to_instances, to_gateways, clock = world()
+    add_instance(registry, version, "i0", credit=1)
+    add_instance(registry, version, "i1", credit=1)
+    submit(scheduler, 1, 10, START)          # i0, slot 0: running
+    submit(scheduler, 2, 10)                 # queued behind it
+    assert [sent_batch(p)[0] for p in to_instances] == [b"i0"]
+    scheduler.instance_lost(b"i0", "was killed by signal 9")
+    assert len(to_instances) == 1
+    messages = sorted((decode(p[1])[0]["rid"], error_of(p)["message"]) for p in to_gateways)
+    assert messages == [(rid, "instance 'i0' of model 'm' version 1 was killed by signal 9; the state of "
+                              "sequence 10 was lost with it") for rid in (1, 2)]
+    assert version.stats.fail.count == 2
+    submit(scheduler, 3, 10, END)
+    assert error_of(to_gateways[-1])["message"].startswith("inference request for sequence 10 ")
+    submit(scheduler, 4, 10, START)
+    assert sent_batch(to_instances[-1])[0] == b"i1"
