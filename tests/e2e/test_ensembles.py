@@ -21,6 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.test_metrics import scrape, value
 from tests.servers import TritiumServer
 
 MODELS = Path(__file__).parent / "ensemble_repo"
@@ -165,6 +166,19 @@ def test_a_failing_step_fails_its_request_with_the_step_message_and_no_other(ser
     assert stats(http, "pipeline")["inference_stats"]["fail"]["count"] == failed_before + 1
 
 
+def test_metrics_follow_the_ensemble_statistics(server, http):
+    with pytest.raises(InferenceServerException):
+        http.infer("pipeline", inputs(httpclient, -values(1) - 5))
+    http.infer("pipeline", inputs(httpclient, values(1)))
+    figures = stats(http, "pipeline")
+    _, samples = scrape(server)
+    labels = {"model": "pipeline", "version": "1"}
+    assert value(samples, "nv_inference_request_success", **labels) == figures["inference_stats"]["success"]["count"]
+    assert value(samples, "nv_inference_request_failure", **labels, reason="OTHER") == \
+        figures["inference_stats"]["fail"]["count"] > 0
+    assert value(samples, "nv_inference_exec_count", **labels) == figures["execution_count"]
+
+
 def test_nested_ensemble(http, grpc):
     given = values(2, start=3)
     result = http.infer("outer", inputs(httpclient, given, "VALUES"))
@@ -225,7 +239,7 @@ def test_requests_the_gateway_refuses_for_an_ensemble(http):
 # -- explicit model control ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def explicit(repo, tmp_path_factory):
+def explicit_server(repo, tmp_path_factory):
     root = tmp_path_factory.mktemp("explicit")
     shutil.copytree(repo, root, dirs_exist_ok=True)
     missing = (root / "pipeline" / "config.pbtxt").read_text().replace('"triple"', '"absent"')
@@ -233,7 +247,12 @@ def explicit(repo, tmp_path_factory):
     (root / "uses_missing" / "1").mkdir()
     (root / "uses_missing" / "config.pbtxt").write_text(missing)
     with TritiumServer(root, "--model-control-mode=explicit") as running:
-        yield httpclient.InferenceServerClient(running.url, network_timeout=120)
+        yield running
+
+
+@pytest.fixture(scope="module")
+def explicit(explicit_server):
+    return httpclient.InferenceServerClient(explicit_server.url, network_timeout=120)
 
 
 def states(client) -> dict[str, str]:
@@ -292,3 +311,16 @@ def test_an_ensemble_with_a_missing_model_fails_to_load_naming_the_step(explicit
         "load failed for model 'uses_missing': ensemble 'uses_missing': step 2 (model 'absent') names "
         "model 'absent', which is not in the model repository")
     assert states(explicit)["uses_missing"] == "UNAVAILABLE"
+
+
+def test_a_request_in_flight_when_its_step_model_is_unloaded_is_still_answered(explicit_server, explicit):
+    explicit.load_model("probed")
+    row = values(1, start=2)
+    with ThreadPoolExecutor(1) as pool:
+        # batch_probe holds the step up to a second, waiting for a second request.
+        running = pool.submit(infer_apart, explicit_server, "http", "probed", row)
+        time.sleep(0.3)
+        explicit.unload_model("batch_probe")
+        result = running.result()
+    np.testing.assert_array_equal(result.as_numpy("ECHO"), row + 1)
+    wait_for_states(explicit, {"batch_probe": "UNAVAILABLE", "probed": "UNAVAILABLE", "pre": "READY"})
