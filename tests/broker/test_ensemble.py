@@ -87,6 +87,7 @@ class World:
             self.add(text)
         self.executed: list[tuple[str, int]] = []   # (model, batch size) per execution
         self.failing: dict[str, str] = {}           # model -> the error it answers with
+        self.to_callers: list[list] = []            # answers to models' own requests (BLS)
 
     def add(self, text: str) -> ModelVersion:
         config = text_format.Parse(text, model_config_pb2.ModelConfig())
@@ -122,6 +123,9 @@ class World:
         batches = []
         for parts in sent:
             batch = decode(parts[1])[0]
+            if batch["k"] != Kind.BATCH:
+                self.to_callers.append(parts)
+                continue
             requests, position = [], 2
             for _ in range(batch["n"]):
                 header, view, offset = decode(parts[position])
@@ -392,3 +396,16 @@ def test_ensemble_health_follows_its_models(world):
 ])
 def test_shapes_between_batching_and_non_batching_models(shape, batch_size, batching, dims, expected):
     assert _reshaped(shape, batch_size, batching, dims) == expected
+
+
+def test_a_model_calling_an_ensemble_gets_the_answer_on_its_own_socket(world):
+    """BLS: the request comes from an instance, and the answer goes back to it, not to a gateway."""
+    array = values(1)
+    header = {"k": Kind.INFER, "rid": 9, "m": "pipeline", "v": -1, "inputs": [["IN", "FP32", [1, 4], 16, False]],
+              "outputs": ["SUM"]}
+    world.scheduler.submit(b"i-caller/bls", encode(header, [array.tobytes()]), header, None, from_backend=True)
+    world.run()
+    (parts,) = world.to_callers
+    assert world.to_gateways == [] and parts[0] == b"i-caller/bls"
+    answer, _, _ = decode(parts[1])
+    assert (answer["k"], answer["rid"], [d[0] for d in answer["outputs"]]) == (Kind.RESPONSE, 9, ["SUM"])

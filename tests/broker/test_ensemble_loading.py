@@ -125,18 +125,18 @@ def test_unload_dependents_leaves_a_model_another_ensemble_uses(world):
     assert unloaded == {"one", "n"}
 
 
-def start_in_none_mode(world: World) -> None:
+def start_scanning(world: World, mode: str = "none") -> None:
     """What tritium serve does without explicit model control: load the whole repository."""
     write_ensemble(world, "ens", ["m"])
     world.lifecycle.close()
     world.lifecycle = ModelLifecycle(world.registry, world.lifecycle.repository, world.lifecycle.scheduler,
-                                     world._record, ControlSettings(mode="none"))
+                                     world._record, ControlSettings(mode=mode, poll_seconds=0))
     world.lifecycle.start()
     world.lifecycle.run_completed()
 
 
 def test_at_startup_an_ensemble_is_ready_once_its_models_are(world):
-    start_in_none_mode(world)
+    start_scanning(world)
     assert (state(world, "m"), state(world, "ens")) == (VersionState.LOADING, VersionState.LOADING)
     world.instance_ready(world.loading("m"))
     assert state(world, "ens") == VersionState.READY
@@ -144,8 +144,25 @@ def test_at_startup_an_ensemble_is_ready_once_its_models_are(world):
 
 
 def test_at_startup_an_ensemble_fails_with_the_model_it_needs(world):
-    start_in_none_mode(world)
+    start_scanning(world)
     world.lifecycle.version_failed(world.loading("m"), "boom")
     version = world.registry.models["ens"].versions[1]
     assert version.state == VersionState.UNAVAILABLE
     assert version.reason == "step 0 (model 'm'): model 'm' is not available: boom"
+
+
+def test_poll_mode_checks_a_changed_ensemble_against_the_loaded_models(world):
+    start_scanning(world, mode="poll")
+    world.instance_ready(world.loading("m"))
+    serving = world.registry.versions[("ens", 1)]
+    (world.root / "ens" / "config.pbtxt").write_text(ensemble_config(["nope"]))
+    world.lifecycle.poll()
+    record = world.registry.models["ens"]
+    pump(world, lambda: record.last_error)
+    assert "step 0 (model 'nope') names model 'nope', which is not in the model repository" in record.last_error
+    assert world.registry.versions[("ens", 1)] is serving and serving.state == VersionState.READY
+    (world.root / "ens" / "config.pbtxt").write_text(ensemble_config(["m"], max_batch_size=4))
+    world.lifecycle.poll()
+    pump(world, lambda: world.registry.versions[("ens", 1)] is not serving)
+    assert world.registry.versions[("ens", 1)].definition.config.max_batch_size == 4
+    assert world.registry.versions[("ens", 1)].state == VersionState.READY
