@@ -34,6 +34,29 @@ class EnsembleLoading:
 
     _ensembles: set[ModelVersion]   # ensemble versions waiting for their steps' models
 
+    def _read_with_members(self, names) -> list[tuple[str, tuple]]:
+        """Explicit mode's startup reads: the named models and the models of named ensembles, models first.
+
+        Each ensemble then finds its composing models loading, and the broker does not
+        report its startup done before the ensemble is READY or failed.
+        """
+        reads, order, visiting = {}, [], set()
+
+        def visit(name: str) -> None:
+            if name in reads or name in visiting:
+                return
+            visiting.add(name)
+            result = self._read(name, None, None)
+            if is_ensemble(result[0]):
+                for member in composing_models(result[0].config):
+                    visit(member)
+            reads[name] = result
+            order.append(name)
+
+        for name in names:
+            visit(name)
+        return [(name, reads[name]) for name in order]
+
     def _load_members(self, load: LoadInProgress, definition: ModelDefinition, fingerprint, files) -> bool:
         """Load the composing models an ensemble needs that are not loaded; False if none."""
         missing = [m for m in dict.fromkeys(composing_models(definition.config))

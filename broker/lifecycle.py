@@ -98,10 +98,8 @@ class ModelLifecycle(EnsembleLoading):
             names = self.settings.load_models
             if "*" in names:
                 names = tuple(self.repository.discover()[0])
-            reads = [(name, self._read(name, None, None)) for name in names]
-            reads.sort(key=lambda item: is_ensemble(item[1][0]))  # ensembles find their models loading
-            for name, result in reads:
-                self._begin(name, *result, reply=None)
+            for name, result in self._read_with_members(names):  # composing models first
+                self._begin(name, *result, reply=None, members_asked=True)
             return
         scan = self.repository.load_all()
         self.repository_errors = scan.errors

@@ -166,3 +166,18 @@ def test_poll_mode_checks_a_changed_ensemble_against_the_loaded_models(world):
     pump(world, lambda: world.registry.versions[("ens", 1)] is not serving)
     assert world.registry.versions[("ens", 1)].definition.config.max_batch_size == 4
     assert world.registry.versions[("ens", 1)].state == VersionState.READY
+
+
+def test_an_ensemble_named_at_explicit_startup_loads_its_models_and_startup_waits_for_it(world):
+    write_ensemble(world, "inner", ["m"])
+    write_ensemble(world, "outer", ["inner"])
+    world.lifecycle.close()
+    world.lifecycle = ModelLifecycle(world.registry, world.lifecycle.repository, world.lifecycle.scheduler,
+                                     world._record, ControlSettings(mode="explicit", load_models=("outer",)))
+    world.lifecycle.start()
+    world.lifecycle.run_completed()
+    assert {name: state(world, name) for name in ("m", "inner", "outer")} == dict.fromkeys(
+        ("m", "inner", "outer"), VersionState.LOADING)
+    assert not world.registry.loading_done()
+    world.instance_ready(world.loading("m"))
+    assert state(world, "outer") == VersionState.READY and world.registry.loading_done()

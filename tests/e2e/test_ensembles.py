@@ -324,3 +324,12 @@ def test_a_request_in_flight_when_its_step_model_is_unloaded_is_still_answered(e
         result = running.result()
     np.testing.assert_array_equal(result.as_numpy("ECHO"), row + 1)
     wait_for_states(explicit, {"batch_probe": "UNAVAILABLE", "probed": "UNAVAILABLE", "pre": "READY"})
+
+
+def test_an_ensemble_named_at_startup_is_ready_with_its_models_when_the_server_is(repo):
+    with TritiumServer(repo, "--model-control-mode=explicit", "--load-model=outer") as running:
+        client = httpclient.InferenceServerClient(running.url)
+        assert client.is_server_ready()
+        assert states(client) == dict.fromkeys(["combine", "double", "outer", "pipeline", "pre", "triple"], "READY")
+        result = client.infer("outer", inputs(httpclient, values(1), "VALUES"))
+        np.testing.assert_array_equal(result.as_numpy("OUT"), 10 * (values(1) + 1))
