@@ -29,6 +29,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
+from broker.ensemble_loading import EnsembleLoading, is_ensemble, members_of
 from broker.registry import (
     AgentRecord,
     ModelRecord,
@@ -37,7 +38,6 @@ from broker.registry import (
     VersionState,
 )
 from repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
-from repo.backends import ENSEMBLE_PLATFORM
 from tritium.errors import InvalidArgument, TritiumError, Unavailable
 from tritium.protocol import Kind, encode
 
@@ -63,9 +63,10 @@ class LoadInProgress:
     errors: list[str] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
     retiring: list[ModelVersion] = field(default_factory=list)  # versions the policy no longer selects
+    members: set[str] = field(default_factory=set)   # an ensemble's composing models it waits to see loaded
 
 
-class ModelLifecycle:
+class ModelLifecycle(EnsembleLoading):
     def __init__(self, registry: Registry, repository: ModelRepository, scheduler, send_backend,
                  settings: ControlSettings, new_version_hook: Callable[[ModelVersion], None] = lambda v: None,
                  autoscaler=None) -> None:
@@ -80,6 +81,7 @@ class ModelLifecycle:
         self._loads: dict[str, LoadInProgress] = {}
         self._queued: dict[str, list[Callable[[], None]]] = {}   # loads/unloads asked for during a load
         self.draining: set[ModelVersion] = set()
+        self._ensembles: set[ModelVersion] = set()   # ensemble versions waiting for their steps' models
         self._pool = ThreadPoolExecutor(settings.load_threads, thread_name_prefix="model-load")
         self.completed: queue.SimpleQueue = queue.SimpleQueue()
         self.wake_read, self._wake_write = socket.socketpair()
@@ -97,15 +99,16 @@ class ModelLifecycle:
             names = self.settings.load_models
             if "*" in names:
                 names = tuple(self.repository.discover()[0])
-            for name in names:
-                self._begin(name, *self._read(name, None, None), reply=None)
+            for name, result in self._read_with_members(names):  # composing models first
+                self._begin(name, *result, reply=None, members_asked=True)
             return
         scan = self.repository.load_all()
         self.repository_errors = scan.errors
         for error in scan.errors:
             log.error("%s", error)
-        for name, entry in sorted(scan.models.items()):
-            self._begin(name, entry.definition, entry.error, self._fingerprint(name), None, reply=None)
+        for name, entry in sorted(scan.models.items()):  # the scan checked ensembles against their models
+            self._begin(name, entry.definition, entry.error, self._fingerprint(name), None, reply=None,
+                        checked=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -126,13 +129,17 @@ class ModelLifecycle:
         self._schedule_read(name, config, files, reply)
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
-        """Triton's asynchronous unload: in-flight requests finish, new ones find no model."""
+        """Triton's asynchronous unload: in-flight requests finish, new ones find no model.
+
+        ``unload_dependents`` also unloads an ensemble's composing models (all the way
+        down) that no other loaded ensemble uses.
+        """
         if self.settings.mode != "explicit":
             raise Unavailable(POLLING_ENABLED)
         if name in self._loads:  # after the load in progress, as Triton orders them
-            self._queued.setdefault(name, []).append(lambda: self._unload(name))
+            self._queued.setdefault(name, []).append(lambda: self._unload(name, unload_dependents))
             return
-        self._unload(name)
+        self._unload(name, unload_dependents)
 
     def index(self, ready_only: bool) -> list[dict]:
         names = set(self.repository.discover()[0]) | set(self.registry.models)
@@ -264,10 +271,16 @@ class ModelLifecycle:
     # -- applying a load ------------------------------------------------------------------
 
     def _begin(self, name: str, definition: ModelDefinition | None, error: str | None, fingerprint,
-               files, reply: Reply | None) -> None:
+               files, reply: Reply | None, checked: bool = False, members_asked: bool = False) -> None:
         load = self._loads.setdefault(name, LoadInProgress(name))
         if reply is not None:
             load.replies.append(reply)
+        if error is None and is_ensemble(definition) and not checked:
+            # Explicit mode loads an ensemble's models first, as Triton does.
+            if self.settings.mode == "explicit" and not members_asked and \
+                    self._load_members(load, definition, fingerprint, files):
+                return
+            error = self._ensemble_error(definition)
         record = self.registry.models.get(name)
         if isinstance(error, MissingModel) and load.replies:
             # A load request for a name the repository does not have: refused, not recorded.
@@ -331,10 +344,11 @@ class ModelLifecycle:
             record.versions[number] = version
             self.registry.versions[version.key] = version
             version.replaces = None
-        if definition.config.platform == ENSEMBLE_PLATFORM:
-            self._fail(version, "ensemble scheduling is not supported by this tritium release yet")
-            return
         load.waiting.add(version.epoch)
+        if version.ensemble:  # no instances: READY once the models of its steps are
+            self._ensembles.add(version)
+            self._post(self.check_ensembles)
+            return
         log.info("loading model %s version %d (epoch %d)%s", record.name, number, version.epoch,
                  " beside the serving one" if version.replaces else "")
         if version.autoscale is not None and self.autoscaler is not None:
@@ -391,6 +405,8 @@ class ModelLifecycle:
             self.registry.versions[version.key] = version
             self._retire(old, unload=False)  # traffic has moved; the old epoch finishes and stops
         self._progress(version)
+        if self._ensembles:
+            self.check_ensembles()
 
     def version_failed(self, version: ModelVersion, message: str) -> None:
         self._fail(version, message)
@@ -408,6 +424,8 @@ class ModelLifecycle:
             self.scheduler.fail_queued(version, Unavailable(
                 f"model '{version.name}' version {version.version} failed to load: {message}"))
         self._progress(version, message)
+        if self._ensembles:
+            self.check_ensembles()
 
     def _progress(self, version: ModelVersion, error: str | None = None) -> None:
         load = self._loads.get(version.name)
@@ -418,10 +436,11 @@ class ModelLifecycle:
             load.errors.append(_version_error(version.version, error))
         self._finish_if_done(load)
 
-    def _unload(self, name: str) -> None:
+    def _unload(self, name: str, with_members: bool = False) -> None:
         record = self.registry.models.get(name)
         if record is None or record.unloaded:
             return  # unloading what is not loaded succeeds, as in Triton
+        members = members_of(record)
         record.unloaded = True
         for epoch_version in list(self.registry.epochs.values()):  # first, so that their load is answered
             if epoch_version.name == name and epoch_version.state == VersionState.LOADING:
@@ -431,6 +450,15 @@ class ModelLifecycle:
             self._retire(version, unload=True)
         self.registry.generation += 1
         log.info("model %s unloaded; its in-flight requests finish", name)
+        for dependent in self._ensembles_using(name):  # as Triton: an ensemble goes with its models
+            log.info("unloading ensemble %s, which uses model %s", dependent, name)
+            self._unload(dependent)
+        if with_members:
+            for member in members:
+                if not self._ensembles_using(member):
+                    self._unload(member, with_members=True)
+        if self._ensembles:
+            self.check_ensembles()
 
     def _retire(self, version: ModelVersion, unload: bool) -> None:
         """No new requests for ``version``; it finishes what it holds, then its instances stop."""
@@ -460,6 +488,8 @@ class ModelLifecycle:
                      version.epoch)
 
     def _unassign(self, version: ModelVersion) -> None:
+        if version.ensemble:
+            return  # no agent runs anything of it
         message = encode({"k": Kind.UNASSIGN, "models": [{"m": version.name, "v": version.version,
                                                            "e": version.epoch}]})
         for agent in self.registry.agents.values():
@@ -470,7 +500,7 @@ class ModelLifecycle:
     def assignments_for(self, agent: AgentRecord) -> list[dict]:
         return [_assignment(v) for v in self.registry.epochs.values()
                 if v.state in (VersionState.LOADING, VersionState.READY)
-                and agent.serves(v.name) and v.autoscale is None]
+                and agent.serves(v.name) and v.autoscale is None and not v.ensemble]
 
     def placed(self, header: dict, agent: bytes = b"") -> None:
         version = self.registry.epochs.get(header.get("e"))

@@ -13,6 +13,7 @@ from broker.queue_policy import QueuePolicy
 from broker.sequences import SequenceBatcher, SequencePolicy
 from broker.stats import ModelVersionStats
 from repo import ModelDefinition
+from repo.backends import ENSEMBLE_PLATFORM
 from repo.autoscale import AutoscalePolicy, autoscale_policy
 from repo.json_form import config_to_json_dict
 
@@ -116,6 +117,7 @@ class ModelVersion:
         # Triton caches neither decoupled nor sequence models' responses.
         self.caches = config.response_cache.enable and not decoupled and not self.stateful
         self.autoscale = autoscale_policy(config)
+        self.ensemble = config.platform == ENSEMBLE_PLATFORM   # run by the broker, no instances
         # Only models with a variable non-batch dim (or optional inputs) need shape keys.
         self.variable_shapes = any(
             -1 in list(t.dims) or t.optional or t.allow_ragged_batch for t in config.input)
@@ -207,6 +209,22 @@ class Registry:
         ready = [v for n, v in sorted(record.versions.items()) if v.state == VersionState.READY]
         return ready[-1] if ready else None
 
+    def resolve_step(self, model: str, number: int) -> ModelVersion | None:
+        """The version an ensemble step goes to: ``number``, or for -1 the latest ready one."""
+        if number < 0:
+            return self.latest_ready(model)
+        return self.versions.get((model, number))
+
+    def healthy(self, version: ModelVersion) -> bool:
+        """Whether a version can serve; an ensemble can while every model its steps use can."""
+        if not version.ensemble:
+            return version.healthy
+        for step in version.definition.config.ensemble_scheduling.step:
+            member = self.resolve_step(step.model_name, step.model_version)
+            if member is None or member.state != VersionState.READY or not self.healthy(member):
+                return False
+        return True
+
     def loading_done(self) -> bool:
         """No first load in progress; a reload loading beside a serving version does not count."""
         return all(v.state != VersionState.LOADING or v.replaces is not None for v in self.epochs.values())
@@ -216,7 +234,7 @@ class Registry:
         loaded = [r for r in self.models.values() if not r.unloaded]
         return (all(r.error is None and not r.version_errors for r in loaded)
                 and self.loading_done()
-                and all(v.state == VersionState.READY and v.healthy for v in self.versions.values()))
+                and all(v.state == VersionState.READY and self.healthy(v) for v in self.versions.values()))
 
     def table(self) -> dict:
         """The model table gateways cache: states, reasons and configs.
@@ -233,7 +251,7 @@ class Registry:
                     for number in record.unloaded_versions}
             if not record.unloaded:
                 for number, version in record.versions.items():
-                    rows[number] = [number, version.state.value, version.reason, version.healthy]
+                    rows[number] = [number, version.state.value, version.reason, self.healthy(version)]
                 for number, error in record.version_errors.items():
                     rows[number] = [number, VersionState.UNAVAILABLE.value, error, False]
             entry["versions"] = [rows[number] for number in sorted(rows)]

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from broker.ensemble import NO_TIMINGS, STEP_CLIENT, EnsembleRunner
 from broker.registry import (
     Batch,
     InstanceRecord,
@@ -53,6 +54,7 @@ class Scheduler:
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
         self._timed: set[ModelVersion] = set()    # versions with queued requests that can time out
         self._streams: dict[int, Batch] = {}      # decoupled batches done executing, not answering
+        self.ensembles = EnsembleRunner(registry, self.submit, self._reply, clock)
 
     # -- requests in --------------------------------------------------------------------
 
@@ -67,6 +69,9 @@ class Scheduler:
             version = self.registry.versions.get((header["m"], number))
         if version is None or version.state != VersionState.READY:
             self.reply_error(client, rid, self._not_ready_error(header["m"], number, version), from_backend)
+            return
+        if version.ensemble:  # no queue of its own: its steps join their models' queues
+            self.ensembles.submit(client, record, header, external, from_backend, version)
             return
         now = self._clock()
         if not version.instances and not self._instances_coming(version, now):
@@ -154,8 +159,11 @@ class Scheduler:
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
         self._reply(from_backend, [client, error_record(rid, error.to_wire())])
 
-    def _reply(self, from_backend: bool, parts: list) -> None:
-        (self._send_to_instance if from_backend else self._send_to_gateway)(parts)
+    def _reply(self, from_backend: bool, parts: list, timings: tuple = NO_TIMINGS) -> None:
+        if parts[0] is STEP_CLIENT:  # an ensemble step's answer goes back to its ensemble
+            self.ensembles.answered(parts, timings)
+        else:
+            (self._send_to_instance if from_backend else self._send_to_gateway)(parts)
 
     @staticmethod
     def _not_ready_error(model: str, number, version: ModelVersion | None) -> TritiumError:
@@ -323,7 +331,7 @@ class Scheduler:
             offset = end
             self._record_outcome(batch, request, ok, now)
         for (from_backend, _), parts in outgoing.items():
-            self._reply(from_backend, parts)
+            self._reply(from_backend, parts, batch.timings)
 
     def _record_outcome(self, batch: Batch, request: PendingRequest, ok: bool, now: int) -> None:
         stats = batch.version.stats
@@ -377,7 +385,7 @@ class Scheduler:
     def idle(self) -> bool:
         """Nothing queued, running or streaming anywhere."""
         return not self._streams and all(not len(v.batcher) for v in self.registry.epochs.values()) \
-            and not any(i.inflight for i in self.registry.instances.values())
+            and not any(i.inflight for i in self.registry.instances.values()) and not self.ensembles.busy
 
     def fail_everything(self, error: TritiumError) -> None:
         """Answer every request still held (the broker is exiting): none is left silent."""

@@ -34,9 +34,12 @@ def validate_ensemble(config: ModelConfig, configs: Mapping[str, ModelConfig],
         label = f"step {index} (model '{step.model_name}')" if step.model_name else f"step {index}"
         member = _member_config(name, label, step.model_name, configs, failures)
         _check_step_maps(name, label, step, member)
-        if member.max_batch_size < config.max_batch_size:
+        # A model that does not batch may serve a batching ensemble: it gets the whole tensor.
+        if 0 < member.max_batch_size < config.max_batch_size:
             _fail(name, f"allows max_batch_size {config.max_batch_size}, but {label} only "
                   f"allows {member.max_batch_size}")
+        if member.model_transaction_policy.decoupled:
+            _fail(name, f"{label} is decoupled; tritium does not run decoupled models as ensemble steps")
         for model_output, tensor in step.output_map.items():
             if tensor in producers:
                 _fail(name, f"ensemble tensor '{tensor}' is produced by {producers[tensor][0]} "
@@ -86,33 +89,42 @@ def _check_consumers(config, steps, configs, producers) -> None:
             if tensor not in producers:
                 _fail(name, f"{label} reads ensemble tensor '{tensor}', which no ensemble "
                       "input or step output produces")
+            consumer = member_inputs[model_input]
             _check_connection(config, tensor, producers[tensor], ensemble_inputs,
-                              f"input '{model_input}' of {label}", member_inputs[model_input],
+                              f"input '{model_input}' of {label}", consumer, list(consumer.dims),
                               member.max_batch_size)
     for output in config.output:
         if output.name not in producers:
             _fail(name, f"ensemble output '{output.name}' is not produced by any step")
         _check_connection(config, output.name, producers[output.name], ensemble_inputs,
-                          f"ensemble output '{output.name}'", output, config.max_batch_size)
+                          f"ensemble output '{output.name}'", output, _io_dims(output), config.max_batch_size)
 
 
 def _check_connection(config, tensor, producer, ensemble_inputs, consumer_label,
-                      consumer, consumer_mbs) -> None:
+                      consumer, consumer_dims: list[int], consumer_mbs: int) -> None:
     origin, produced_name, member = producer
     if member is None:
         source, source_mbs = ensemble_inputs[produced_name], config.max_batch_size
+        source_dims = _io_dims(source)
     else:
         source = next(t for t in member.output if t.name == produced_name)
-        source_mbs = member.max_batch_size
+        source_mbs, source_dims = member.max_batch_size, list(source.dims)
     if source.data_type != consumer.data_type:
         _fail(config.name, f"ensemble tensor '{tensor}' is "
               f"{model_config_pb2.DataType.Name(source.data_type)} from {origin} but "
               f"{consumer_label} expects {model_config_pb2.DataType.Name(consumer.data_type)}")
-    source_shape = _full_shape(source.dims, source_mbs)
-    consumer_shape = _full_shape(consumer.dims, consumer_mbs)
-    if not _compatible(source_shape, consumer_shape):
+    source_shape = _full_shape(source_dims, source_mbs)
+    consumer_shape = _full_shape(consumer_dims, consumer_mbs)
+    # As Triton: equal shapes without the batch dimension, or equal full shapes (a model
+    # that does not batch taking [-1, 4] from one that batches [4]).
+    if not _compatible(source_dims, consumer_dims) and not _compatible(source_shape, consumer_shape):
         _fail(config.name, f"ensemble tensor '{tensor}' has shape {source_shape} from {origin} "
               f"but {consumer_label} expects shape {consumer_shape}")
+
+
+def _io_dims(tensor) -> list[int]:
+    """An ensemble input's or output's shape as its steps see it: its reshape, if it has one."""
+    return list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
 
 
 def _full_shape(dims, max_batch_size: int) -> list[int]:

@@ -28,7 +28,10 @@ def normalize(config: ModelConfig) -> None:
             oldest = batching.oldest
             if len(oldest.preferred_batch_size) == 0 and config.max_batch_size > 0:
                 oldest.preferred_batch_size.append(config.max_batch_size)
-    if config.platform != ENSEMBLE_PLATFORM:
+    if config.platform == ENSEMBLE_PLATFORM:
+        # Triton marks an ensemble decoupled when a step is; tritium runs none, so never.
+        config.model_transaction_policy.SetInParent()
+    else:
         optimization = config.optimization
         if not optimization.HasField("input_pinned_memory"):
             optimization.input_pinned_memory.enable = True

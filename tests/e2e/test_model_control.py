@@ -369,7 +369,13 @@ def test_poll_mode_follows_the_repository(polled):
     (repo / "scaled" / "staging").rename(repo / "scaled" / "2")
     x = httpclient.InferInput("X", [1, 4], "FP32")
     x.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
-    wait_for(lambda: client.infer("scaled", [x]).get_response()["model_version"] == "2")
+    def serves_version_2():
+        try:
+            return client.infer("scaled", [x]).get_response()["model_version"] == "2"
+        except InferenceServerException:   # the request raced the swap: version 1 just went
+            return False
+
+    wait_for(serves_version_2)
     assert index(server)[("scaled", "1")]["reason"] == "unloaded"         # latest 1: version 1 goes
 
     (repo.parent / ".staging-broken").mkdir()                             # a failed load...

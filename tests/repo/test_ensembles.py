@@ -228,3 +228,49 @@ def test_ensemble_needs_a_version_folder_too(root):
     write_model(root, "ens", ensemble([ADD]))  # no 1/: Triton refuses it as well
     entry = scan(root)["ens"]
     assert "model 'ens' has no version folder that its version policy selects" in entry.error
+
+
+def write_python_model(root, name: str, max_batch_size: int, dims: str, extra: str = ""):
+    write_model(root, name, f"""
+        backend: "python"
+        max_batch_size: {max_batch_size}
+        input [ {{ name: "X" data_type: TYPE_FP32 dims: {dims} }} ]
+        output [ {{ name: "Y" data_type: TYPE_FP32 dims: {dims} }} ]
+        {extra}
+    """, {"1/model.py": PLAIN_PY_MODEL})
+
+
+def test_a_model_that_does_not_batch_may_serve_a_batching_ensemble(root):
+    """As Triton: its full shape [-1, 16] matches the ensemble's [16] with the batch dimension."""
+    write_python_model(root, "whole", 0, "[ -1, 16 ]")
+    write_ensemble(root, "ens", ensemble([ADD, step("whole", {"X": "SUM"}, {"Y": "OUT"})],
+                                         outputs=("OUT",), max_batch_size=4))
+    entry = scan(root)["ens"]
+    assert entry.ok, entry.error
+
+
+def test_a_model_that_does_not_batch_still_needs_a_matching_shape(root):
+    write_python_model(root, "whole", 0, "[ -1, 8 ]")
+    write_ensemble(root, "ens", ensemble([ADD, step("whole", {"X": "SUM"}, {"Y": "OUT"})],
+                                         outputs=("OUT",), max_batch_size=4))
+    assert error_of(root) == ("ensemble tensor 'SUM' has shape [-1, 16] from step 0 (model 'add_sub') but "
+                              "input 'X' of step 1 (model 'whole') expects shape [-1, 8]")
+
+
+def test_decoupled_steps_are_refused(root):
+    write_python_model(root, "stream", 4, "[ 16 ]", "model_transaction_policy { decoupled: true }")
+    write_ensemble(root, "ens", ensemble([step("stream", {"X": "A"}, {"Y": "SUM"})], inputs=("A",)))
+    assert error_of(root) == ("step 0 (model 'stream') is decoupled; tritium does not run decoupled models "
+                              "as ensemble steps")
+
+
+def test_an_ensemble_input_is_checked_with_its_reshape(root):
+    text = ensemble([ADD]).replace('name: "A" data_type: TYPE_FP32 dims: [ 16 ]',
+                                   'name: "A" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape: { shape: [ 16 ] }')
+    write_ensemble(root, "ens", text)
+    assert scan(root)["ens"].ok
+
+
+def test_an_ensemble_is_never_decoupled_in_its_config(root):
+    write_ensemble(root, "ens", ensemble([ADD]))
+    assert scan(root)["ens"].definition.config_json()["model_transaction_policy"] == {"decoupled": False}

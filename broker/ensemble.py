@@ -1,0 +1,381 @@
+"""Ensembles, run by the broker as a dependency graph of internal requests.
+
+An ensemble version has no instances. A request for it becomes one INFER per step,
+submitted to the step model's normal queue (so steps batch with that model's other
+traffic) as soon as every tensor the step reads exists. The steps' answers come back
+here instead of going to a socket: their client is ``STEP_CLIENT``, which the scheduler
+recognizes by identity (``is``), so no peer can pose as it.
+
+No tensor frame is copied: an external frame travels on to the next step, and to the
+client, as the same ZeroMQ frame object. Inline tensors (each under ``INLINE_LIMIT``)
+are copied into the next record, as every hop does with bytes that small.
+
+Only the steps that lead to the outputs the client asked for run, and only those
+outputs are returned. The first failing step answers the request with Triton's text,
+``in ensemble 'E', <the step's message>``, and the results of its other steps are
+dropped: every request gets exactly one answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from broker.registry import ModelVersion, Registry
+from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
+from tritium.protocol import Kind, ProtocolError, decode, encode, error_record, tensor_views
+
+log = logging.getLogger(__name__)
+
+# The client identity of step requests. ZeroMQ identities are bytes too, so the
+# scheduler compares with ``is``: only this object routes an answer back here.
+STEP_CLIENT = b"\0ensemble-step"
+NO_TIMINGS = (0, 0, 0)
+_MEMO_LIMIT = 64   # requested-output combinations remembered per ensemble
+
+Submit = Callable[[bytes, object, dict, list | None, bool], None]
+Reply = Callable[[bool, list, tuple], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    index: int
+    model: str
+    version: int                           # -1: the latest ready version
+    reads: tuple[tuple[str, str], ...]     # (model input, ensemble tensor)
+    writes: dict[str, str]                 # model output -> ensemble tensor
+
+    @property
+    def label(self) -> str:
+        return f"step {self.index} (model '{self.model}')"
+
+
+class Plan:
+    """One ensemble config as a graph: its steps, who produces and who reads each tensor."""
+
+    def __init__(self, config) -> None:
+        self.name = config.name
+        self.batching = config.max_batch_size > 0
+        # Config order: the order of the outputs when the client names none.
+        self.outputs = {t.name: list(t.reshape.shape if t.HasField("reshape") else t.dims) for t in config.output}
+        self.optional = tuple(t.name for t in config.input if t.optional)
+        self.steps = tuple(
+            Step(index, s.model_name, s.model_version, tuple(sorted(s.input_map.items())), dict(s.output_map))
+            for index, s in enumerate(config.ensemble_scheduling.step))
+        self.producer = {tensor: step for step in self.steps for tensor in step.writes.values()}
+        self.readers: dict[str, list[Step]] = {}
+        for step in self.steps:
+            for _, tensor in step.reads:
+                self.readers.setdefault(tensor, []).append(step)
+        self._needed: dict[frozenset, tuple[frozenset[int], dict[int, list[str]]]] = {}
+
+    def needed(self, requested: Sequence[str]) -> tuple[frozenset[int], dict[int, list[str]]]:
+        """The steps that lead to ``requested``, and per step the outputs to ask of it."""
+        key = frozenset(requested)
+        memo = self._needed.get(key)
+        if memo is not None:
+            return memo
+        tensors, pending, steps = set(key), list(key), set()
+        while pending:
+            step = self.producer.get(pending.pop())
+            if step is None or step.index in steps:
+                continue
+            steps.add(step.index)
+            for _, tensor in step.reads:
+                if tensor not in tensors:
+                    tensors.add(tensor)
+                    pending.append(tensor)
+        wants = {i: [out for out, tensor in self.steps[i].writes.items() if tensor in tensors] for i in steps}
+        memo = (frozenset(steps), wants)
+        if len(self._needed) < _MEMO_LIMIT:
+            self._needed[key] = memo
+        return memo
+
+
+@dataclass(frozen=True, slots=True)
+class StepModel:
+    """What building a step's request needs to know of the model it goes to."""
+
+    batching: bool
+    dims: dict[str, list[int]]   # input name -> configured dims
+
+    @classmethod
+    def of(cls, version: ModelVersion) -> "StepModel":
+        config = version.definition.config
+        return cls(config.max_batch_size > 0, {t.name: list(t.dims) for t in config.input})
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    datatype: str
+    shape: list
+    nbytes: int
+    data: object        # inline: a view of the record it came in; external: its ZeroMQ frame
+    external: bool
+    batch_size: int     # 0: made by a model that does not batch (Triton's rule for reshaping)
+
+
+@dataclass(eq=False, slots=True)
+class EnsembleRequest:
+    client: bytes
+    rid: int
+    from_backend: bool
+    version: ModelVersion
+    plan: Plan
+    requested: list[str]
+    steps: frozenset[int]              # the steps the requested outputs need
+    wants: dict[int, list[str]]        # per step: the outputs to ask of it
+    batch_size: int                    # the client's, for statistics
+    arrival_ns: int
+    request_id: str | None
+    params: dict | None
+    tensors: dict[str, Tensor | None] = field(default_factory=dict)   # None: an optional input left out
+    started: set[int] = field(default_factory=set)
+    calls: set[int] = field(default_factory=set)    # step requests not answered yet
+    compute: list[int] = field(default_factory=lambda: [0, 0, 0])
+    queue_ns: int = 0
+    finished: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StepCall:
+    request: EnsembleRequest
+    step: Step
+    batch_size: int   # of the step request; 0 when its model does not batch
+
+
+class EnsembleRunner:
+    """Every ensemble request in flight, and the step requests it waits for."""
+
+    def __init__(self, registry: Registry, submit: Submit, reply: Reply, clock: Callable[[], int]) -> None:
+        self.registry = registry
+        self._submit = submit   # Scheduler.submit: a step joins its model's queue
+        self._reply = reply     # Scheduler._reply: an answer to a gateway, an instance or an outer ensemble
+        self._clock = clock
+        self._rids = itertools.count(1)
+        self._calls: dict[int, StepCall] = {}
+        self._plans: weakref.WeakKeyDictionary[ModelVersion, Plan] = weakref.WeakKeyDictionary()
+        self._models: weakref.WeakKeyDictionary[ModelVersion, StepModel] = weakref.WeakKeyDictionary()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._calls)
+
+    # -- a request arrives -------------------------------------------------------------------
+
+    def submit(self, client: bytes, record, header: dict, external: list | None, from_backend: bool,
+               version: ModelVersion) -> None:
+        now = self._clock()
+        plan = self._plan(version)
+        requested = list(header.get("outputs") or plan.outputs)   # none named (or []): all, as Triton
+        steps, wants = plan.needed(requested)
+        batch_size = header.get("bs") or 1
+        request = EnsembleRequest(client, header["rid"], from_backend, version, plan, requested, steps, wants,
+                                  batch_size, now, header.get("id"), header.get("params"))
+        unknown = [name for name in requested if name not in plan.outputs]
+        if unknown:
+            self._fail(request, InvalidArgument(f"unexpected inference output '{unknown[0]}' for model "
+                                                f"'{plan.name}'"))
+            return
+        try:
+            descriptors = header["inputs"]
+            _, view, offset = decode(record)
+            datas = _tensor_data(descriptors, view, offset, external or ())
+        except ProtocolError as exc:
+            self._fail(request, InvalidArgument(f"malformed inference request: {exc}"))
+            return
+        tensor_batch = batch_size if plan.batching else 0
+        for descriptor, data in zip(descriptors, datas):
+            request.tensors[descriptor[0]] = Tensor(descriptor[1], list(descriptor[2]), descriptor[3], data,
+                                                    bool(descriptor[4]), tensor_batch)
+        for name in plan.optional:
+            request.tensors.setdefault(name, None)
+        request.queue_ns = self._clock() - now
+        self._start_ready(request, [plan.steps[i] for i in sorted(steps)])
+
+    # -- steps out ---------------------------------------------------------------------------
+
+    def _start_ready(self, request: EnsembleRequest, candidates: Sequence[Step]) -> None:
+        for step in candidates:
+            if request.finished:
+                return  # a step failed at once (its model is not ready, say)
+            if step.index in request.started or step.index not in request.steps:
+                continue
+            if all(tensor in request.tensors for _, tensor in step.reads):
+                self._start(request, step)
+        if not request.finished and not request.calls:
+            self._fail(request, InvalidArgument(
+                f"in ensemble '{request.plan.name}', unexpected deadlock, at least one output is not set "
+                "while no more ensemble steps can be made"))
+
+    def _start(self, request: EnsembleRequest, step: Step) -> None:
+        request.started.add(step.index)
+        member = self.registry.resolve_step(step.model, step.version)
+        model = self._step_model(member) if member is not None else None
+        inputs, inline, frames = [], [], []
+        for model_input, name in step.reads:
+            tensor = request.tensors[name]
+            if tensor is None:
+                continue  # an optional ensemble input the client left out
+            shape = tensor.shape
+            if model is not None:
+                shape = _reshaped(shape, tensor.batch_size, model.batching, model.dims.get(model_input))
+            inputs.append([model_input, tensor.datatype, shape, tensor.nbytes, tensor.external])
+            (frames if tensor.external else inline).append(tensor.data)
+        batching = model is not None and model.batching
+        batch_size = inputs[0][2][0] if batching and inputs and inputs[0][2] else 1
+        rid = next(self._rids)
+        header = {"k": Kind.INFER, "rid": rid, "m": step.model,
+                  "v": member.version if member is not None else step.version,
+                  "bs": batch_size, "inputs": inputs, "outputs": request.wants[step.index]}
+        if request.request_id:
+            header["id"] = request.request_id
+        if request.params:
+            header["params"] = request.params   # Triton passes the ensemble's parameters on
+        if frames:
+            header["x"] = len(frames)
+        self._calls[rid] = StepCall(request, step, batch_size if batching else 0)
+        request.calls.add(rid)
+        self._submit(STEP_CLIENT, encode(header, inline), header, frames or None, False)
+
+    # -- answers in --------------------------------------------------------------------------
+
+    def answered(self, parts: list, timings: tuple = NO_TIMINGS) -> None:
+        """RESPONSE records (each with its external frames) for step requests; ``parts[0]`` is STEP_CLIENT.
+
+        ``timings`` are the compute times of the batch they ran in; the ensemble's own
+        statistics add them up, as Triton's do.
+        """
+        position = 1
+        while position < len(parts):
+            try:
+                header, view, offset = decode(parts[position])
+            except ProtocolError as exc:
+                log.error("undecodable answer to an ensemble step dropped: %s", exc)
+                return
+            count = header.get("x", 0)
+            frames = parts[position + 1:position + 1 + count]
+            position += 1 + count
+            call = self._calls.pop(header.get("rid"), None)
+            if call is None:
+                continue  # its request was answered already (another step failed)
+            call.request.calls.discard(header["rid"])
+            self._step_done(call, header, view, offset, frames, timings)
+
+    def _step_done(self, call: StepCall, header: dict, view, offset: int, frames: list, timings: tuple) -> None:
+        request, step = call.request, call.step
+        if "err" in header:
+            error = TritiumError.from_wire(header["err"])
+            log.info("ensemble %s: %s failed: %s", request.plan.name, step.label, error.message)
+            self._fail(request, type(error)(f"in ensemble '{request.plan.name}', {error.message}"))
+            return
+        if header.get("final") is False:
+            self._fail(request, Unsupported(f"in ensemble '{request.plan.name}', model '{step.model}' answered "
+                                            "with several responses; tritium runs no decoupled ensemble steps"))
+            return
+        descriptors = header.get("outputs") or []
+        try:
+            datas = _tensor_data(descriptors, view, offset, frames)
+        except ProtocolError as exc:
+            self._fail(request, InternalError(f"in ensemble '{request.plan.name}', {step.label} answered "
+                                              f"with a malformed response: {exc}"))
+            return
+        for index, value in enumerate(timings):
+            request.compute[index] += value
+        produced = []
+        for descriptor, data in zip(descriptors, datas):
+            name = step.writes.get(descriptor[0])
+            if name is not None and name not in request.tensors:
+                request.tensors[name] = Tensor(descriptor[1], list(descriptor[2]), descriptor[3], data,
+                                               bool(descriptor[4]), call.batch_size)
+                produced.append(name)
+        if all(name in request.tensors for name in request.requested):
+            self._answer(request)
+            return
+        readers = {s.index: s for name in produced for s in request.plan.readers.get(name, ())}
+        self._start_ready(request, [readers[i] for i in sorted(readers)])
+
+    # -- the one answer ----------------------------------------------------------------------
+
+    def _answer(self, request: EnsembleRequest) -> None:
+        plan = request.plan
+        descriptors, inline, frames = [], [], []
+        for name in request.requested:
+            tensor = request.tensors[name]
+            if tensor is None:
+                continue
+            shape = _reshaped(tensor.shape, tensor.batch_size, plan.batching, plan.outputs[name])
+            descriptors.append([name, tensor.datatype, shape, tensor.nbytes, tensor.external])
+            (frames if tensor.external else inline).append(tensor.data)
+        header = {"k": Kind.RESPONSE, "rid": request.rid, "outputs": descriptors,
+                  "params": _sequence_parameters(request.params)}
+        if frames:
+            header["x"] = len(frames)
+        self._finish(request)
+        now = self._clock()
+        compute = tuple(request.compute)
+        stats = request.version.stats
+        stats.record_success(now - request.arrival_ns, request.queue_ns, request.batch_size, compute)
+        stats.record_execution(request.batch_size, compute)   # Triton counts an ensemble request as one execution
+        self._reply(request.from_backend, [request.client, encode(header, inline), *frames], compute)
+
+    def _fail(self, request: EnsembleRequest, error: TritiumError) -> None:
+        self._finish(request)
+        request.version.stats.record_failure(self._clock() - request.arrival_ns, "OTHER")
+        self._reply(request.from_backend, [request.client, error_record(request.rid, error.to_wire())], NO_TIMINGS)
+
+    def _finish(self, request: EnsembleRequest) -> None:
+        request.finished = True
+        for rid in request.calls:   # their answers, when they come, find no request
+            self._calls.pop(rid, None)
+        request.calls.clear()
+
+    # -- caches ------------------------------------------------------------------------------
+
+    def _plan(self, version: ModelVersion) -> Plan:
+        plan = self._plans.get(version)
+        if plan is None:
+            plan = self._plans[version] = Plan(version.definition.config)
+        return plan
+
+    def _step_model(self, version: ModelVersion) -> StepModel:
+        model = self._models.get(version)
+        if model is None:
+            model = self._models[version] = StepModel.of(version)
+        return model
+
+
+def _tensor_data(descriptors: Sequence, view: memoryview, offset: int, frames: Sequence) -> list:
+    """Per described tensor: its inline bytes (a view), or its external frame itself."""
+    views = tensor_views(descriptors, view, offset, frames)   # checks bounds and frame counts
+    external = iter(frames)
+    return [next(external) if descriptor[4] else data for descriptor, data in zip(descriptors, views)]
+
+
+def _reshaped(shape: list, batch_size: int, batching: bool, dims: list[int] | None) -> list:
+    """Triton's rule for a tensor passed between a model that batches and one that does not.
+
+    A batching consumer given a tensor of exactly its configured dims gets a batch of
+    one; a non-batching consumer given a batch of one that does not fit its dims gets
+    the batch dimension stripped. Anything else passes as it is.
+    """
+    if dims is None or batching == (batch_size != 0):
+        return shape
+    if batching:
+        return [1, *shape] if _fits(dims, shape) else shape
+    return shape[1:] if batch_size == 1 and not _fits(dims, shape) else shape
+
+
+def _fits(dims: list[int], shape: list) -> bool:
+    return len(dims) == len(shape) and all(d == -1 or d == s for d, s in zip(dims, shape))
+
+
+def _sequence_parameters(params: dict | None) -> dict:
+    """Triton's ensemble responses carry the request's sequence parameters (zero and false without one)."""
+    params = params or {}
+    return {"sequence_id": params.get("sequence_id", 0),
+            "sequence_start": bool(params.get("sequence_start", False)),
+            "sequence_end": bool(params.get("sequence_end", False))}

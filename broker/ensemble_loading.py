@@ -1,0 +1,179 @@
+"""Loading ensembles: their composing models first, READY when those are, gone with them.
+
+An ensemble version starts no instances. It waits, LOADING, until the model version of
+every step (-1: the latest) is READY, then is READY itself; if one of them cannot
+become ready, the ensemble's load fails naming the step. In explicit mode, loading an
+ensemble first loads the composing models that are not loaded (Triton does), and
+unloading a composing model unloads the ensembles that use it.
+
+``EnsembleLoading`` is part of ``ModelLifecycle`` (its base class); it uses the
+lifecycle's registry, loads in progress and ``_begin``/``_schedule_read``/``_fail``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING
+
+from broker.registry import ModelRecord, ModelVersion, VersionState
+from repo import ModelDefinition, ModelLoadError
+from repo.backends import ENSEMBLE_PLATFORM
+from repo.ensembles import composing_models, validate_ensemble
+
+if TYPE_CHECKING:
+    from broker.lifecycle import LoadInProgress
+
+log = logging.getLogger(__name__)
+
+_WAITING = object()
+
+
+class EnsembleLoading:
+    """The ensemble part of ``ModelLifecycle``: composing models loaded first, readiness, dependents."""
+
+    _ensembles: set[ModelVersion]   # ensemble versions waiting for their steps' models
+
+    def _read_with_members(self, names) -> list[tuple[str, tuple]]:
+        """Explicit mode's startup reads: the named models and the models of named ensembles, models first.
+
+        Each ensemble then finds its composing models loading, and the broker does not
+        report its startup done before the ensemble is READY or failed.
+        """
+        reads, order, visiting = {}, [], set()
+
+        def visit(name: str) -> None:
+            if name in reads or name in visiting:
+                return
+            visiting.add(name)
+            result = self._read(name, None, None)
+            if is_ensemble(result[0]):
+                for member in composing_models(result[0].config):
+                    visit(member)
+            reads[name] = result
+            order.append(name)
+
+        for name in names:
+            visit(name)
+        return [(name, reads[name]) for name in order]
+
+    def _load_members(self, load: LoadInProgress, definition: ModelDefinition, fingerprint, files) -> bool:
+        """Load the composing models an ensemble needs that are not loaded; False if none."""
+        missing = [m for m in dict.fromkeys(composing_models(definition.config))
+                   if m != load.name and not self._is_loaded(m)]   # naming itself: the check says so
+        if not missing:
+            return False
+        cycle = next((m for m in missing if self._waits_on(m, load.name)), None)
+        if cycle is not None:
+            self._begin(load.name, None, f"ensemble '{load.name}': ensembles form a cycle through model "
+                        f"'{cycle}'", fingerprint, files, reply=None)
+            return True
+        load.members = set(missing)
+        log.info("ensemble %s: loading its composing model(s) %s first", load.name, ", ".join(missing))
+
+        def loaded(member: str, _result) -> None:
+            load.members.discard(member)
+            if not load.members:
+                self._begin(load.name, definition, None, fingerprint, files, reply=None, members_asked=True)
+
+        for member in missing:
+            if member in self._loads:
+                self._loads[member].replies.append(functools.partial(loaded, member))
+            else:
+                self._schedule_read(member, None, None, functools.partial(loaded, member))
+        return True
+
+    def _waits_on(self, name: str, target: str) -> bool:
+        """Whether the load of ``name`` waits, through composing models, on the load of ``target``."""
+        seen, pending = set(), [name]
+        while pending:
+            load = self._loads.get(pending.pop())
+            for member in (load.members if load else ()):
+                if member == target:
+                    return True
+                if member not in seen:
+                    seen.add(member)
+                    pending.append(member)
+        return False
+
+    def _is_loaded(self, name: str) -> bool:
+        record = self.registry.models.get(name)
+        return record is not None and not record.unloaded and record.error is None and any(
+            v.state != VersionState.UNAVAILABLE for v in record.versions.values())
+
+    def _ensemble_error(self, definition: ModelDefinition) -> str | None:
+        """The ensemble checked against the models loaded now (a scan checks against the repository's)."""
+        configs, failures = {}, {}
+        for name, record in self.registry.models.items():
+            if self._is_loaded(name):
+                configs[name] = max(record.versions.items())[1].definition.config
+            elif record.error is not None and not record.unloaded:
+                failures[name] = record.error
+            elif record.versions and not record.unloaded:
+                failures[name] = "; ".join(f"version {n}: {v.reason}" for n, v in sorted(record.versions.items()))
+        try:
+            validate_ensemble(definition.config, configs, failures)
+        except ModelLoadError as exc:
+            return exc.message
+        return None
+
+    def check_ensembles(self) -> None:
+        """Ensemble versions whose steps' models are all READY become READY; those that cannot, fail."""
+        for version in list(self._ensembles):
+            if version not in self._ensembles:
+                continue  # settled by a nested call
+            if version.state != VersionState.LOADING or self.registry.epochs.get(version.epoch) is not version:
+                self._ensembles.discard(version)
+                continue
+            problem = self._members_problem(version)
+            if problem is _WAITING:
+                continue
+            self._ensembles.discard(version)
+            if problem is None:
+                self.version_ready(version)
+            else:
+                self._fail(version, problem)
+
+    def _members_problem(self, version: ModelVersion):
+        """None when every step's model is READY, _WAITING while one still loads, else why not."""
+        waiting = False
+        for index, step in enumerate(version.definition.config.ensemble_scheduling.step):
+            member = self.registry.resolve_step(step.model_name, step.model_version)
+            if member is not None and member.state == VersionState.READY:
+                continue
+            if step.model_name in self._loads or any(
+                    v.name == step.model_name and v.state == VersionState.LOADING
+                    and step.model_version in (-1, v.version) for v in self.registry.epochs.values()):
+                waiting = True
+                continue
+            wanted = "" if step.model_version < 0 else f" version {step.model_version}"
+            reason = _unavailable_reason(self.registry.models.get(step.model_name), step.model_version)
+            return (f"step {index} (model '{step.model_name}'): model '{step.model_name}'{wanted} is not "
+                    f"available{': ' + reason if reason else ''}")
+        return _WAITING if waiting else None
+
+    def _ensembles_using(self, name: str) -> list[str]:
+        """The loaded ensembles with a step that uses model ``name``."""
+        return [record.name for record in self.registry.models.values()
+                if not record.unloaded and name in members_of(record)]
+
+
+def _unavailable_reason(record: ModelRecord | None, number: int) -> str:
+    if record is None or record.unloaded:
+        return "it is not loaded"
+    if record.error:
+        return record.error
+    versions = record.versions if number < 0 else {n: v for n, v in record.versions.items() if n == number}
+    return versions[max(versions)].reason if versions else ""
+
+
+def is_ensemble(definition: ModelDefinition | None) -> bool:
+    return definition is not None and definition.config.platform == ENSEMBLE_PLATFORM
+
+
+def members_of(record: ModelRecord) -> list[str]:
+    """The models an ensemble's steps use (none for a model that is not an ensemble)."""
+    for version in record.versions.values():
+        if version.ensemble:
+            return list(dict.fromkeys(composing_models(version.definition.config)))
+    return []

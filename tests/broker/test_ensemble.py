@@ -1,0 +1,411 @@
+"""The ensemble runner inside a real Scheduler, with sends recorded and instances played by the test.
+
+No sockets: the test reads the BATCH messages the scheduler sends, computes what each
+step model would answer, and hands the RESPONSE records back through ``batch_done``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from broker.ensemble import _reshaped
+from broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
+from broker.scheduler import Scheduler
+from repo.model import ModelDefinition
+from repo.normalize import normalize
+from tritium.errors import ErrorCode, Unavailable
+from tritium.protocol import INLINE_LIMIT, Kind, decode, encode, split_tensors, tensor_views
+
+GATEWAY = b"gw"
+
+
+def model(name: str, inputs: str, outputs: str, max_batch_size: int = 8, extra: str = "") -> str:
+    def tensors(names: str) -> str:
+        return ", ".join(f'{{ name: "{n}" data_type: TYPE_FP32 dims: [ -1 ] }}' for n in names.split())
+    return (f'name: "{name}" max_batch_size: {max_batch_size} input [ {tensors(inputs)} ] '
+            f'output [ {tensors(outputs)} ] {extra}')
+
+
+def step(name: str, reads: dict, writes: dict, version: int = -1) -> str:
+    maps = " ".join(f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in reads.items())
+    maps += " " + " ".join(f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in writes.items())
+    return f'{{ model_name: "{name}" model_version: {version} {maps} }}'
+
+
+def ensemble(name: str, inputs: str, outputs: str, steps: list[str], max_batch_size: int = 8) -> str:
+    return model(name, inputs, outputs, max_batch_size,
+                 f'platform: "ensemble" ensemble_scheduling {{ step [ {", ".join(steps)} ] }}')
+
+
+# pre -> (double, triple) -> combine; X is both a step's input and an ensemble output.
+PIPELINE = ensemble("pipeline", "IN", "SUM DIFF X", [
+    step("pre", {"IN": "IN"}, {"X": "X"}),
+    step("double", {"X": "X"}, {"Y": "doubled"}),
+    step("triple", {"X": "X"}, {"Z": "tripled"}),
+    step("combine", {"Y": "doubled", "Z": "tripled"}, {"SUM": "SUM", "DIFF": "DIFF"}),
+])
+OUTER = ensemble("outer", "V", "OUT", [
+    step("pipeline", {"IN": "V"}, {"SUM": "inner"}),
+    step("double", {"X": "inner"}, {"Y": "OUT"}),
+])
+FUNCTIONS = {
+    "pre": lambda t: {"X": t["IN"] + 1},
+    "double": lambda t: {"Y": t["X"] * 2},
+    "triple": lambda t: {"Z": t["X"] * 3},
+    "combine": lambda t: {"SUM": t["Y"] + t["Z"], "DIFF": t["Z"] - t["Y"]},
+    "whole": lambda t: {"Y": t["X"] * 10},
+    "silent": lambda t: {},
+}
+MODELS = [model("pre", "IN", "X"), model("double", "X", "Y"), model("triple", "X", "Z"),
+          model("combine", "Y Z", "SUM DIFF"), PIPELINE, OUTER]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class World:
+    """Registry, scheduler and one instance per model; ``run`` plays the instances."""
+
+    def __init__(self, configs: list[str]) -> None:
+        self.registry = Registry()
+        self.to_instances: list[list] = []
+        self.to_gateways: list[list] = []
+        self.clock = Clock()
+        self.scheduler = Scheduler(self.registry, self.to_instances.append, self.to_gateways.append, self.clock)
+        self.versions = {}
+        for text in configs:
+            self.add(text)
+        self.executed: list[tuple[str, int]] = []   # (model, batch size) per execution
+        self.failing: dict[str, str] = {}           # model -> the error it answers with
+        self.to_callers: list[list] = []            # answers to models' own requests (BLS)
+
+    def add(self, text: str) -> ModelVersion:
+        config = text_format.Parse(text, model_config_pb2.ModelConfig())
+        normalize(config)
+        version = ModelVersion(config.name, 1, ModelDefinition(config.name, Path("/m"), config, config, ()),
+                               epoch=len(self.registry.epochs) + 1)
+        version.state = VersionState.READY
+        record = self.registry.models.setdefault(config.name, ModelRecord(config.name))
+        record.versions[1] = version
+        self.registry.versions[version.key] = version
+        self.registry.epochs[version.epoch] = version
+        if not version.ensemble:
+            instance = InstanceRecord(f"i-{config.name}".encode(), b"agent", config.name, 1, config.name, 4,
+                                      epoch=version.epoch)
+            self.registry.instances[instance.iid] = instance
+            version.instances.append(instance)
+        self.versions[config.name] = version
+        return version
+
+    def infer(self, name: str, tensors: dict[str, np.ndarray], rid: int = 1, outputs=None) -> None:
+        flags, inline, external = split_tensors([a.tobytes() for a in tensors.values()])
+        header = {"k": Kind.INFER, "rid": rid, "m": name, "v": 1, "bs": next(iter(tensors.values())).shape[0],
+                  "inputs": [[n, "FP32", list(a.shape), a.nbytes, flag] for (n, a), flag in zip(tensors.items(), flags)]}
+        if outputs is not None:
+            header["outputs"] = outputs
+        if external:
+            header["x"] = len(external)
+        self.scheduler.submit(GATEWAY, encode(header, inline), header, external or None)
+
+    def batches(self) -> list[tuple[bytes, int, list]]:
+        """The BATCH messages sent since the last call: (instance, batch number, [(header, arrays, frames)])."""
+        sent, self.to_instances[:] = list(self.to_instances), []
+        batches = []
+        for parts in sent:
+            batch = decode(parts[1])[0]
+            if batch["k"] != Kind.BATCH:
+                self.to_callers.append(parts)
+                continue
+            requests, position = [], 2
+            for _ in range(batch["n"]):
+                header, view, offset = decode(parts[position])
+                frames = parts[position + 1:position + 1 + header.get("x", 0)]
+                views = tensor_views(header["inputs"], view, offset, frames)
+                arrays = {d[0]: np.frombuffer(v, np.float32).reshape(d[2]) for d, v in zip(header["inputs"], views)}
+                requests.append((header, arrays, frames))
+                position += 1 + header.get("x", 0)
+            batches.append((parts[0], batch["b"], requests))
+        return batches
+
+    def run(self, rounds: int | None = None, timings=(1, 2, 3)) -> None:
+        """Answer every batch sent, and what that sends, until nothing is left (or for ``rounds``)."""
+        for _ in range(rounds or 10):
+            batches = self.batches()
+            if not batches:
+                return
+            for iid, number, requests in batches:
+                name = self.registry.instances[iid].model
+                self.executed.append((name, sum(h["bs"] for h, _, _ in requests)))
+                records, counts, oks = [], [], []
+                for header, arrays, _ in requests:
+                    reply = self.answer(name, header, arrays)
+                    records.extend(reply)
+                    counts.append(len(reply) - 1)
+                    oks.append("err" not in decode(reply[0])[0])
+                done = {"k": Kind.BATCH_DONE, "b": number, "ok": oks, "x": counts, "t": list(timings)}
+                self.scheduler.batch_done(iid, done, records)
+        if rounds is None:
+            raise AssertionError("the ensemble kept sending batches")
+
+    def answer(self, name: str, header: dict, arrays: dict) -> list:
+        if name in self.failing:
+            return [encode({"k": Kind.RESPONSE, "rid": header["rid"],
+                            "err": {"code": int(ErrorCode.INVALID_ARG), "message": self.failing[name]}})]
+        results = FUNCTIONS[name](arrays)
+        wanted = header.get("outputs") or list(results)
+        buffers = [results[n].astype(np.float32).tobytes() for n in wanted]
+        flags, inline, external = split_tensors(buffers)
+        descriptors = [[n, "FP32", list(results[n].shape), len(b), f] for n, b, f in zip(wanted, buffers, flags)]
+        response = {"k": Kind.RESPONSE, "rid": header["rid"], "outputs": descriptors}
+        if external:
+            response["x"] = len(external)
+        return [encode(response, inline), *external]
+
+    def answers(self) -> list[tuple[dict, dict]]:
+        """What the gateway got: (header, outputs by name) per RESPONSE record."""
+        found = []
+        for parts in self.to_gateways:
+            assert parts[0] == GATEWAY
+            header, view, offset = decode(parts[1])
+            views = tensor_views(header.get("outputs", []), view, offset, parts[2:])
+            found.append((header, {d[0]: np.frombuffer(v, np.float32).reshape(d[2])
+                                   for d, v in zip(header.get("outputs", []), views)}))
+        return found
+
+
+@pytest.fixture
+def world():
+    return World(MODELS)
+
+
+def values(rows: int = 2, width: int = 4) -> np.ndarray:
+    return np.arange(rows * width, dtype=np.float32).reshape(rows, width)
+
+
+def test_steps_start_when_their_inputs_exist_and_the_answer_has_every_output(world):
+    world.infer("pipeline", {"IN": values()}, rid=41)
+    assert [decode(parts[2])[0]["m"] for parts in world.to_instances] == ["pre"]
+    world.run()
+    assert [name for name, _ in world.executed] == ["pre", "double", "triple", "combine"]
+    (header, outputs), = world.answers()
+    assert header["rid"] == 41 and [d[0] for d in header["outputs"]] == ["SUM", "DIFF", "X"]
+    np.testing.assert_array_equal(outputs["SUM"], 5 * (values() + 1))
+    np.testing.assert_array_equal(outputs["DIFF"], values() + 1)
+    np.testing.assert_array_equal(outputs["X"], values() + 1)
+    assert header["params"] == {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
+    assert not world.scheduler.ensembles.busy and world.scheduler.idle()
+
+
+def test_only_the_steps_the_requested_outputs_need_run(world):
+    world.infer("pipeline", {"IN": values()}, outputs=["X"])
+    world.run()
+    assert world.executed == [("pre", 2)]
+    (header, outputs), = world.answers()
+    assert list(outputs) == ["X"]
+
+
+def test_each_step_is_asked_only_for_the_outputs_that_are_needed(world):
+    world.infer("pipeline", {"IN": values()}, outputs=["DIFF", "X"])
+    world.run(rounds=1)  # pre
+    double, triple = [reqs[0][0] for _, _, reqs in world.batches()]
+    assert (double["m"], double["outputs"], triple["m"], triple["outputs"]) == ("double", ["Y"], "triple", ["Z"])
+
+
+def test_large_tensors_pass_from_step_to_step_as_the_same_frames(world):
+    big = np.ones((2, INLINE_LIMIT), dtype=np.float32)   # each row over the inline limit
+    world.infer("pipeline", {"IN": big}, outputs=["SUM"])
+    world.run(rounds=1)
+    batches = world.batches()
+    frames = [frames for _, _, reqs in batches for _, _, frames in reqs]
+    assert len(frames) == 2 and all(len(f) == 1 for f in frames)
+    assert frames[0][0] is frames[1][0]   # X went to double and to triple as one frame, not copied
+
+
+def _recording(answer, seen: list):
+    def record(name, header, arrays):
+        reply = answer(name, header, arrays)
+        seen.append(reply)
+        return reply
+    return record
+
+
+def test_the_answer_forwards_an_external_output_frame_untouched(world):
+    big = np.ones((1, INLINE_LIMIT // 2), dtype=np.float32)
+    world.infer("pipeline", {"IN": big}, outputs=["X"])
+    sent = []
+    world.answer = _recording(world.answer, sent)
+    world.run()
+    (reply,), ((parts),) = sent, world.to_gateways
+    assert parts[2] is reply[1]
+    np.testing.assert_array_equal(world.answers()[0][1]["X"], big + 1)
+
+
+def test_a_failing_step_answers_once_with_the_step_message_and_later_results_are_dropped(world):
+    world.failing["double"] = "double refuses"
+    world.infer("pipeline", {"IN": values()}, rid=5)
+    world.run()
+    (header, _), = world.answers()
+    assert header["rid"] == 5
+    assert header["err"] == {"code": int(ErrorCode.INVALID_ARG), "message": "in ensemble 'pipeline', double refuses"}
+    assert ("triple", 2) in world.executed and ("combine", 2) not in world.executed
+    stats = world.versions["pipeline"].stats.as_dict("pipeline", 1)["inference_stats"]
+    assert (stats["success"]["count"], stats["fail"]["count"]) == (0, 1)
+    assert not world.scheduler.ensembles.busy
+
+
+def test_a_step_model_that_is_not_loaded_fails_the_request_at_once(world):
+    del world.registry.versions[("triple", 1)]   # unloaded
+    world.registry.models["triple"].versions.clear()
+    world.infer("pipeline", {"IN": values()})
+    world.run()
+    (header, _), = world.answers()
+    assert header["err"]["code"] == int(ErrorCode.NOT_FOUND)
+    assert header["err"]["message"] == "in ensemble 'pipeline', Request for unknown model: 'triple' has no " \
+                                       "available versions"
+
+
+def test_a_step_whose_instance_is_lost_twice_fails_the_request(world):
+    world.infer("pipeline", {"IN": values()})
+    assert world.batches()
+    world.scheduler.instance_lost(b"i-pre", "was killed by signal 9")
+    world.to_instances.clear()
+    world.registry.instances[b"i-pre2"] = InstanceRecord(b"i-pre2", b"agent", "pre", 1, "pre_1", 1, epoch=1)
+    world.versions["pre"].instances.append(world.registry.instances[b"i-pre2"])
+    world.scheduler.instance_ready(world.registry.instances[b"i-pre2"])
+    assert world.batches()   # run once more elsewhere
+    world.scheduler.instance_lost(b"i-pre2", "was killed by signal 9")
+    (header, _), = world.answers()
+    assert header["err"]["code"] == int(ErrorCode.UNAVAILABLE)
+    assert header["err"]["message"].startswith("in ensemble 'pipeline', instance 'pre_1' of model 'pre'")
+    assert not world.scheduler.ensembles.busy
+
+
+def test_shutdown_answers_every_ensemble_request(world):
+    world.infer("pipeline", {"IN": values()}, rid=1)
+    world.infer("outer", {"V": values()}, rid=2)
+    world.scheduler.fail_everything(Unavailable("the server is shutting down"))
+    assert sorted(h["rid"] for h, _ in world.answers()) == [1, 2]
+    assert all("err" in h for h, _ in world.answers())
+
+
+def test_a_nested_ensemble_runs_its_inner_ensemble_as_a_step(world):
+    world.infer("outer", {"V": values()})
+    world.run()
+    (header, outputs), = world.answers()
+    np.testing.assert_array_equal(outputs["OUT"], 10 * (values() + 1))
+    assert [name for name, _ in world.executed] == ["pre", "double", "triple", "combine", "double"]
+    inner = world.versions["pipeline"].stats.as_dict("pipeline", 1)
+    outer = world.versions["outer"].stats.as_dict("outer", 1)
+    assert inner["inference_stats"]["success"]["count"] == outer["inference_stats"]["success"]["count"] == 1
+    # Every step ran alone with timings (1, 2, 3): the inner adds four, the outer five.
+    assert inner["inference_stats"]["compute_infer"]["ns"] == 4 * 2
+    assert outer["inference_stats"]["compute_infer"]["ns"] == 5 * 2
+    assert outer["batch_stats"] == [{"batch_size": 2, "compute_input": {"count": 1, "ns": 5},
+                                     "compute_infer": {"count": 1, "ns": 10},
+                                     "compute_output": {"count": 1, "ns": 15}}]
+    assert outer["execution_count"] == 1 and outer["inference_count"] == 2
+
+
+def test_a_failing_inner_step_names_both_ensembles(world):
+    world.failing["combine"] = "combine refuses"
+    world.infer("outer", {"V": values()})
+    world.run()
+    (header, _), = world.answers()
+    assert header["err"]["message"] == "in ensemble 'outer', in ensemble 'pipeline', combine refuses"
+
+
+def test_ensemble_steps_batch_with_direct_requests_to_their_model():
+    world = World([model("pre", "IN", "X"),
+                   model("double", "X", "Y", extra="dynamic_batching { max_queue_delay_microseconds: 1000 }"),
+                   ensemble("e", "IN", "Y", [step("pre", {"IN": "IN"}, {"X": "x"}),
+                                             step("double", {"X": "x"}, {"Y": "Y"})])])
+    world.infer("e", {"IN": values(1)}, rid=1)
+    world.run(rounds=1)   # pre; double's step now waits in double's queue
+    world.infer("double", {"X": values(3)}, rid=2)
+    world.clock.now += 1_000_000
+    world.scheduler.run_due()
+    world.run()
+    assert world.executed == [("pre", 1), ("double", 4)]
+    answers = {h["rid"]: o for h, o in world.answers()}
+    np.testing.assert_array_equal(answers[1]["Y"], 2 * (values(1) + 1))
+    np.testing.assert_array_equal(answers[2]["Y"], 2 * values(3))
+
+
+def test_a_step_model_that_does_not_batch_gets_the_whole_tensor():
+    world = World([model("pre", "IN", "X"), model("whole", "X", "Y", max_batch_size=0),
+                   ensemble("e", "IN", "Y", [step("pre", {"IN": "IN"}, {"X": "x"}),
+                                             step("whole", {"X": "x"}, {"Y": "Y"})])])
+    world.infer("e", {"IN": values(3)})
+    world.run()
+    assert world.executed == [("pre", 3), ("whole", 1)]
+    (_, outputs), = world.answers()
+    np.testing.assert_array_equal(outputs["Y"], 10 * (values(3) + 1))
+
+
+def test_a_step_that_leaves_out_a_needed_output_ends_the_request_with_triton_deadlock_error(world):
+    world.add(model("silent", "X", "Y"))
+    world.add(ensemble("e", "IN", "Y", [step("pre", {"IN": "IN"}, {"X": "x"}),
+                                        step("silent", {"X": "x"}, {"Y": "Y"})]))
+    world.answer = _without_outputs(world.answer)
+    world.infer("e", {"IN": values()})
+    world.run()
+    (header, _), = world.answers()
+    assert header["err"]["message"] == ("in ensemble 'e', unexpected deadlock, at least one output is not set "
+                                        "while no more ensemble steps can be made")
+
+
+def _without_outputs(answer):
+    def reply(name, header, arrays):
+        if name != "silent":
+            return answer(name, header, arrays)
+        return [encode({"k": Kind.RESPONSE, "rid": header["rid"], "outputs": []})]
+    return reply
+
+
+def test_an_unknown_requested_output_is_refused(world):
+    world.infer("pipeline", {"IN": values()}, outputs=["NOPE"])
+    (header, _), = world.answers()
+    assert header["err"]["message"] == "unexpected inference output 'NOPE' for model 'pipeline'"
+
+
+def test_ensemble_health_follows_its_models(world):
+    assert world.registry.healthy(world.versions["outer"])
+    world.versions["triple"].instances[0].healthy = False
+    assert not world.registry.healthy(world.versions["pipeline"])
+    assert not world.registry.healthy(world.versions["outer"])
+    assert not world.registry.server_ready()
+
+
+@pytest.mark.parametrize("shape, batch_size, batching, dims, expected", [
+    ([2, 4], 2, True, [4], [2, 4]),          # batching on both sides: as it is
+    ([4], 0, True, [4], [1, 4]),             # to a batching model from one that does not: a batch of one
+    ([3, 4], 0, True, [4], [3, 4]),          # ... unless it already looks batched
+    ([1, 4], 1, False, [4], [4]),            # a batch of one to a model that does not batch: stripped
+    ([2, 4], 2, False, [-1, 4], [2, 4]),     # a batch that fits the non-batching dims: whole
+    ([2, 4], 2, False, [4], [2, 4]),         # a larger batch that does not fit: left for the model to refuse
+])
+def test_shapes_between_batching_and_non_batching_models(shape, batch_size, batching, dims, expected):
+    assert _reshaped(shape, batch_size, batching, dims) == expected
+
+
+def test_a_model_calling_an_ensemble_gets_the_answer_on_its_own_socket(world):
+    """BLS: the request comes from an instance, and the answer goes back to it, not to a gateway."""
+    array = values(1)
+    header = {"k": Kind.INFER, "rid": 9, "m": "pipeline", "v": -1, "inputs": [["IN", "FP32", [1, 4], 16, False]],
+              "outputs": ["SUM"]}
+    world.scheduler.submit(b"i-caller/bls", encode(header, [array.tobytes()]), header, None, from_backend=True)
+    world.run()
+    (parts,) = world.to_callers
+    assert world.to_gateways == [] and parts[0] == b"i-caller/bls"
+    answer, _, _ = decode(parts[1])
+    assert (answer["k"], answer["rid"], [d[0] for d in answer["outputs"]]) == (Kind.RESPONSE, 9, ["SUM"])
