@@ -99,7 +99,7 @@ def main() -> None:
     beat = ("--heartbeat-interval-secs", "0.25")
     broker = cluster.broker(repo, *beat)
     broker.wait_ready()
-    worker = cluster.worker(broker.backend, repo, *beat)
+    worker = cluster.worker(broker.backend, repo, *beat, "--max-cpu-instances", "8")
     gateway = cluster.gateway(broker.frontend, *beat)
     try:
         worker.wait_ready()

@@ -83,9 +83,11 @@ class Autoscaler:
         if scale.total == 0 and now < scale.retry_after_ns:
             return Unavailable(scale.last_error)
         if scale.total == 0 and not version.instances:
+            if not self._grow(version, "cold start: a request found no instance"):
+                return Unavailable(f"no worker host has room for an instance of model '{version.name}' "
+                                   f"version {version.version} (see --max-cpu-instances)")
             if scale.cold_start_since_ns is None:
                 scale.cold_start_since_ns = now
-            self._grow(version, "cold start: a request found no instance")
         return None
 
     # -- periodic decisions ----------------------------------------------------------------
@@ -169,14 +171,10 @@ class Autoscaler:
         if group and group[0].kind == _GPU:
             per_gpu = max(1, group[0].count)
             return len(agent.gpus) * per_gpu - version.scale.targets.get(agent.identity, 0)
-        fixed = sum(1 for i in self.registry.instances.values()
-                    if i.agent == agent.identity and i.kind == "CPU" and i.epoch not in self._scaled_epochs())
+        # The limit is for autoscaled instances: fixed instance groups are the operator's own choice.
         scaled = sum(v.scale.targets.get(agent.identity, 0) for v in self.versions() if v.scale is not None
                      and not _gpu_model(v))
-        return agent.cpu_slots - fixed - scaled
-
-    def _scaled_epochs(self) -> set[int]:
-        return {v.epoch for v in self.versions()}
+        return agent.cpu_slots - scaled
 
     # -- what happens to instances ----------------------------------------------------------
 

@@ -376,7 +376,7 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
 @click.option("--log-verbose", default="0")
 @heartbeat_option
 @click.option("--max-cpu-instances", default=None, type=click.IntRange(min=0),
-              help="Autoscaled CPU instances this host may run (default: one per core).")
+              help="Autoscaled CPU instances this host may run, besides its fixed ones (default: one per core).")
 @curve_options("--curve-server-key", "The broker's CURVE public key file (NAME.key).")
 def worker(broker_address, model_repository, models, exit_timeout_secs, backend_directory, backend_config,
            metrics_interval_ms, log_verbose, heartbeat_interval_secs, max_cpu_instances, curve_secret_key,
