@@ -32,6 +32,10 @@ from workers.tensors import array_to_frame, check_tensor_size, frame_to_array
 
 log = logging.getLogger(__name__)
 
+# Request parameters that are fields of the request in Triton (the scheduler's), not
+# parameters a model sees through request.parameters().
+_REQUEST_FIELDS = frozenset({"priority", "timeout", "headers"})
+
 
 @dataclass(slots=True)
 class _Item:
@@ -155,9 +159,12 @@ class BatchExecutor:
     def _request(self, item: _Item) -> InferenceRequest:
         header = item.header
         batch_size = header.get("bs", 1)
+        parameters = header.get("params") or {}
+        if parameters and not _REQUEST_FIELDS.isdisjoint(parameters):
+            parameters = {k: v for k, v in parameters.items() if k not in _REQUEST_FIELDS}
         return InferenceRequest(request_id=header.get("id", ""), inputs=self._arrays(item, batch_size),
                                 requested_outputs=header.get("outputs"),
-                                parameters=header.get("params") or {}, batch_size=batch_size,
+                                parameters=parameters, batch_size=batch_size,
                                 correlation_id=header.get("cid", 0), flags=header.get("sf", 0))
 
     # -- one request at a time (the model gets the list of requests) ---------------------

@@ -146,6 +146,12 @@ def test_initialize_gets_triton_args_and_requests_their_id_and_parameters(client
     assert sorted(seen["requested"]) == ["ARGS", "ENV"]
 
 
+def test_priority_and_timeout_are_request_fields_not_parameters_the_model_sees(client):
+    result = client.infer("py_args", [tensor("X", np.array([1], dtype=np.int32))], priority=1, timeout=1000,
+                          parameters={"mode": "fast"})
+    assert json.loads(result.as_numpy("ENV")[0])["parameters"] == {"mode": "fast"}
+
+
 @pytest.mark.parametrize("target", ["onnx_add_sub", "py_add_sub"])
 def test_bls_calls_an_onnx_and_a_python_model(client, target):
     a = np.arange(16, dtype=np.float32).reshape(1, 16)

@@ -105,6 +105,27 @@ def test_a_queue_timeout_is_enforced_while_the_request_waits_behind_a_long_execu
     assert 'nv_inference_request_failure{model="deadline",reason="REJECTED",version="1"} 1.0' in metrics
 
 
+def test_a_request_past_a_delay_timeout_runs_after_the_requests_still_in_time(server):
+    finished = {}
+
+    def send(name: str, delay_ms: float) -> None:
+        timed_infer(httpclient.InferenceServerClient(server.url, network_timeout=60), "delayed", delay_ms)
+        finished[name] = time.monotonic()
+
+    blocker = threading.Thread(target=send, args=("blocker", 2000))
+    late = threading.Thread(target=send, args=("late", 0))     # waits past its 500 ms: delayed
+    timely = threading.Thread(target=send, args=("timely", 0))  # arrives later, still in time at 2 s
+    blocker.start()
+    time.sleep(0.3)
+    late.start()
+    time.sleep(1.4)
+    timely.start()
+    for thread in (blocker, late, timely):
+        thread.join(30)
+    assert set(finished) == {"blocker", "late", "timely"}, "DELAY never rejects"
+    assert finished["timely"] < finished["late"]
+
+
 def test_identical_requests_are_answered_from_the_cache_on_http_and_grpc(server):
     http = httpclient.InferenceServerClient(server.url)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
