@@ -119,3 +119,16 @@ def test_a_new_instance_runs_the_models_warmup_before_it_takes_traffic(world):
     delay.set_data_from_numpy(np.zeros((1, 1), dtype=np.float32))
     executions = client.infer("warm", [delay]).as_numpy("EXECUTIONS")
     assert executions.tolist() == [[4]], "three warmup executions ran before the first request"
+
+
+def test_a_host_that_joins_later_receives_new_instances(world):
+    broker, workers, gateway = world
+    newcomer = cluster.worker(broker.backend, REPO, *HEARTBEAT, "--max-cpu-instances", "3")
+    try:
+        newcomer.wait_ready()
+        cluster.wait_until(lambda: sum(running(workers, "elastic")) == 1, timeout_s=40, what="at the minimum")
+        with Load(gateway.url, threads=6, delay_ms=100, model="elastic"):
+            cluster.wait_until(lambda: instance_pids(newcomer, "elastic"), timeout_s=30,
+                               what="an instance on the new host")
+    finally:
+        newcomer.stop()
