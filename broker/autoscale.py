@@ -82,13 +82,39 @@ class Autoscaler:
         scale.last_request_ns = now
         if scale.total == 0 and now < scale.retry_after_ns:
             return Unavailable(scale.last_error)
-        if scale.total == 0 and not version.instances:
+        if scale.total == 0 and not any(not i.draining for i in version.instances):
             if not self._grow(version, "cold start: a request found no instance"):
                 return Unavailable(f"no worker host has room for an instance of model '{version.name}' "
                                    f"version {version.version} (see --max-cpu-instances)")
             if scale.cold_start_since_ns is None:
                 scale.cold_start_since_ns = now
         return None
+
+    def coming(self, version: ModelVersion) -> bool:
+        """Whether a version without instances can expect one: asked of a live host, or room for one."""
+        scale = version.scale
+        if scale is None:
+            return True
+        live = self.registry.agents
+        if any(count > 0 and agent in live and not live[agent].draining for agent, count in scale.targets.items()):
+            return True
+        if self._clock() < scale.retry_after_ns:
+            return True   # request_arrived answers with the failed cold start's cause meanwhile
+        return self._roomiest_host(version) is not None
+
+    def placement_failed(self, version: ModelVersion, agent: bytes, message: str) -> None:
+        """A host refused a SCALE (the model is not in its repository, it is draining)."""
+        scale = version.scale
+        if scale is not None and scale.targets.get(agent):
+            scale.targets[agent] -= 1
+            log.warning("model %s version %d: a host refused an instance: %s", version.name, version.version,
+                        message)
+
+    def agent_draining(self, agent: bytes) -> None:
+        """A draining host's instances are going: place their replacements elsewhere at once."""
+        for version in self.versions():
+            if version.scale is not None and version.scale.targets.pop(agent, 0):
+                version.scale.next_step_ns = 0
 
     # -- periodic decisions ----------------------------------------------------------------
 
@@ -97,7 +123,8 @@ class Autoscaler:
         for version in self.versions():
             if version.scale is None:
                 continue
-            if version.state == VersionState.LOADING and version.scale.total < version.autoscale.min_instances:
+            if version.state == VersionState.LOADING and version.scale.total < version.autoscale.min_instances \
+                    and now >= version.scale.next_step_ns:
                 self._grow(version, "the model's minimum (no host had room at load)")
             elif version.state == VersionState.READY:
                 self._evaluate(version, now)
@@ -172,8 +199,9 @@ class Autoscaler:
             per_gpu = max(1, group[0].count)
             return len(agent.gpus) * per_gpu - version.scale.targets.get(agent.identity, 0)
         # The limit is for autoscaled instances: fixed instance groups are the operator's own choice.
+        # A reload's new load may use the slots of the load it replaces (which stops when it is ready).
         scaled = sum(v.scale.targets.get(agent.identity, 0) for v in self.versions() if v.scale is not None
-                     and not _gpu_model(v))
+                     and not _gpu_model(v) and v is not version.replaces)
         return agent.cpu_slots - scaled
 
     # -- what happens to instances ----------------------------------------------------------

@@ -132,6 +132,8 @@ class EnsembleRequest:
     arrival_ns: int
     request_id: str | None
     params: dict | None
+    correlation_id: int | str = 0      # the request's sequence, passed to every step as Triton does
+    flags: int = 0                     # sequence START (1) / END (2)
     tensors: dict[str, Tensor | None] = field(default_factory=dict)   # None: an optional input left out
     started: set[int] = field(default_factory=set)
     calls: set[int] = field(default_factory=set)    # step requests not answered yet
@@ -174,7 +176,8 @@ class EnsembleRunner:
         steps, wants = plan.needed(requested)
         batch_size = header.get("bs") or 1
         request = EnsembleRequest(client, header["rid"], from_backend, version, plan, requested, steps, wants,
-                                  batch_size, now, header.get("id"), header.get("params"))
+                                  batch_size, now, header.get("id"), header.get("params"),
+                                  header.get("cid", 0), header.get("sf", 0))
         unknown = [name for name in requested if name not in plan.outputs]
         if unknown:
             self._fail(request, InvalidArgument(f"unexpected inference output '{unknown[0]}' for model "
@@ -235,6 +238,8 @@ class EnsembleRunner:
             header["id"] = request.request_id
         if request.params:
             header["params"] = request.params   # Triton passes the ensemble's parameters on
+        if request.correlation_id:
+            header["cid"], header["sf"] = request.correlation_id, request.flags
         if frames:
             header["x"] = len(frames)
         self._calls[rid] = StepCall(request, step, batch_size if batching else 0)
@@ -311,7 +316,7 @@ class EnsembleRunner:
             descriptors.append([name, tensor.datatype, shape, tensor.nbytes, tensor.external])
             (frames if tensor.external else inline).append(tensor.data)
         header = {"k": Kind.RESPONSE, "rid": request.rid, "outputs": descriptors,
-                  "params": _sequence_parameters(request.params)}
+                  "params": _sequence_parameters(request)}
         if frames:
             header["x"] = len(frames)
         self._finish(request)
@@ -373,9 +378,7 @@ def _fits(dims: list[int], shape: list) -> bool:
     return len(dims) == len(shape) and all(d == -1 or d == s for d, s in zip(dims, shape))
 
 
-def _sequence_parameters(params: dict | None) -> dict:
+def _sequence_parameters(request: EnsembleRequest) -> dict:
     """Triton's ensemble responses carry the request's sequence parameters (zero and false without one)."""
-    params = params or {}
-    return {"sequence_id": params.get("sequence_id", 0),
-            "sequence_start": bool(params.get("sequence_start", False)),
-            "sequence_end": bool(params.get("sequence_end", False))}
+    return {"sequence_id": request.correlation_id or 0, "sequence_start": bool(request.flags & 1),
+            "sequence_end": bool(request.flags & 2)}

@@ -507,7 +507,11 @@ class ModelLifecycle(EnsembleLoading):
         if version is None:
             return
         if header.get("err"):
-            if version.state == VersionState.LOADING:
+            if version.autoscale is not None and self.autoscaler is not None:
+                self.autoscaler.placement_failed(version, agent, header["err"])   # it places elsewhere
+                if version.state == VersionState.LOADING and version.scale.total == 0:
+                    self._fail(version, header["err"])
+            elif version.state == VersionState.LOADING:
                 self._fail(version, header["err"])
             else:  # another host cannot serve it; the hosts that do keep serving
                 log.error("model %s version %d cannot be placed on a host: %s", version.name, version.version,

@@ -74,6 +74,11 @@ class Scheduler:
             self.ensembles.submit(client, record, header, external, from_backend, version)
             return
         now = self._clock()
+        cache_key = None
+        if version.caches and self.cache is not None:   # a hit needs no instance at all
+            cache_key = self._answer_from_cache(version, client, rid, record, header, external, from_backend, now)
+            if cache_key is None:
+                return
         if not version.instances and not self._instances_coming(version, now):
             self.reply_error(client, rid, self._no_instance_error(version), from_backend)
             return
@@ -81,11 +86,6 @@ class Scheduler:
             refused = self.autoscaler.request_arrived(version, now)
             if refused is not None:
                 self.reply_error(client, rid, refused, from_backend)
-                return
-        cache_key = None
-        if version.caches and self.cache is not None:
-            cache_key = self._answer_from_cache(version, client, rid, record, header, external, from_backend, now)
-            if cache_key is None:
                 return
         batcher = version.batcher
         level = deadline = 0
@@ -131,8 +131,15 @@ class Scheduler:
         if entry is None:
             version.stats.cache_miss.add(took)
             return key
-        self._reply(from_backend, [client, *entry.parts_for(rid)])
+        parts = [client, *entry.parts_for(rid)]
+        if version.ordering is None:
+            self._reply(from_backend, parts)
+        else:   # a hit still leaves after the requests that came before it
+            for ready_backend, ready in version.ordering.release(version.ordering.number(), (from_backend, parts)):
+                self._reply(ready_backend, ready)
         version.stats.record_cache_hit(took)
+        if version.scale is not None:
+            version.scale.last_request_ns = now   # traffic, even if no instance saw it
         return None
 
     def _remember(self, batch: Batch, request: PendingRequest, frames: list) -> None:
@@ -140,10 +147,11 @@ class Scheduler:
         self.cache.insert(request.cache_key, cached_response(frames))
         batch.version.stats.cache_miss.ns += self._clock() - started
 
-    @staticmethod
-    def _instances_coming(version: ModelVersion, now: int) -> bool:
-        """Whether a version without instances can expect one: a restart, or an autoscaler."""
-        return version.autoscale is not None or any(deadline > now for deadline in version.awaited.values())
+    def _instances_coming(self, version: ModelVersion, now: int) -> bool:
+        """Whether a version without instances can expect one: a restart, or the autoscaler's."""
+        if any(deadline > now for deadline in version.awaited.values()):
+            return True
+        return version.autoscale is not None and self.autoscaler is not None and self.autoscaler.coming(version)
 
     @staticmethod
     def _no_instance_error(version: ModelVersion) -> Unavailable:
@@ -420,6 +428,8 @@ class Scheduler:
         version = self.registry.epochs.get(instance.epoch)
         if version is not None and instance in version.instances:
             version.instances.remove(instance)
+            if not version.instances:
+                self.registry.generation += 1   # its readiness changed: gateways must hear of it
         now = self._clock()
         if version is not None and restart_expected:
             version.awaited[instance.name] = now + RESTART_WAIT_NS
@@ -434,6 +444,7 @@ class Scheduler:
                 if not request.retried and index not in batch.answered and batch.version.state in _DISPATCHING \
                         and not batch.version.stateful:  # a sequence's state died with its instance
                     request.retried = True
+                    request.deadline_ns = 0   # a retried request is not timed out again: it already waited
                     retry.append(request)
                 else:
                     self._fail_request(batch.version, instance, request, why, now)

@@ -489,6 +489,7 @@ class Broker:
             return
         agent.draining = True
         self.lifecycle.host_gone(peer, f"host {agent.host} began draining while the model was loading")
+        self.autoscaler.agent_draining(peer)
         for instance in self.registry.instances.values():
             if instance.agent == peer:
                 instance.draining = True
@@ -549,6 +550,8 @@ class Broker:
                                   draining=agent is None or agent.draining, kind=header.get("kind", "CPU"))
         self.registry.instances[peer] = instance
         version.instances.append(instance)
+        if len(version.instances) == 1:
+            self.registry.generation += 1   # ready again: gateways must hear of it
         log.info("instance %s of model %s version %d is ready", instance.name, version.name, version.version)
         self.lifecycle.instance_joined(version, instance.name)
         self.autoscaler.instance_joined(version)
@@ -563,7 +566,7 @@ class Broker:
         message = header.get("err", "instance failed to initialize")
         log.error("instance %s of model %s version %s failed: %s", header.get("name"),
                   header["m"], header["v"], message)
-        if version is not None and version.state == VersionState.LOADING and version.autoscale is None:
+        if version is not None and version.state == VersionState.LOADING:
             self.lifecycle.version_failed(version, message)
         elif version is not None and version.autoscale is not None:
             self.autoscaler.instance_failed(version, header.get("agent", "").encode(), message)

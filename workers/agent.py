@@ -276,18 +276,30 @@ class HostAgent:
             log.error("cannot place model %s version %d: %s", model, version, message)
             self._send({**placed, "err": message})
             return
-        wanted = {plan.key for plan in plans}
-        for child in running:
-            if child.plan.key in stop or child.plan.key not in wanted:
-                self._stop_child(child)
-        present = {child.plan.key for child in running if child.wanted}
+        if count is None:
+            new_plans = plans
+        else:
+            new_plans = self._rescale(running, count, stop, config)
         config_json = config_to_json_dict(config)
         children = [Child(plan, model, version, epoch, self._spec(model, version, epoch, model_dir, config_json, plan))
-                    for plan in plans if plan.key not in present]
+                    for plan in new_plans]
         self._send({**placed, "instances": [c.plan.key for c in children]})
         for child in children:
             self.children.append(child)
             self._start(child)
+
+    def _rescale(self, running: list[Child], count: int, stop: tuple[str, ...], config: ModelConfig) -> list:
+        """Match ``count`` instances: stop those named (or the last ones), plan new ones under free names."""
+        keep = []
+        for child in sorted(running, key=lambda c: c.plan.key):
+            if child.plan.key in stop or len(keep) >= count:
+                self._stop_child(child)
+            else:
+                keep.append(child)
+        taken = {child.plan.key for child in running}   # a stopping instance's name is not reused yet
+        free = [plan for plan in plan_scaled(config, count + len(running), self.settings.gpus)
+                if plan.key not in taken]
+        return free[:max(0, count - len(keep))]
 
     def _spec(self, model: str, version: int, epoch: int, model_dir: Path, config_json: dict,
               plan: InstancePlan) -> dict:

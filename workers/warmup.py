@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 def warm_up(executor, config: ModelConfig, model_dir: Path) -> int:
     """Run every warmup sample of ``config``; return how many executions ran."""
     executions = 0
+    if config.model_warmup and (config.model_transaction_policy.decoupled or config.HasField("sequence_batching")):
+        log.warning("model_warmup is not run for decoupled or sequence models in this tritium release")
+        return 0
     for sample in config.model_warmup:
         frames = _sample_frames(config, model_dir, sample)
         for _ in range(max(1, sample.count)):

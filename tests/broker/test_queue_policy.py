@@ -149,3 +149,24 @@ def test_requests_wait_for_a_restarting_instance_only_so_long():
     clock.now += 41_000_000_000
     scheduler.fail_unserviceable()
     assert answers(to_gateways) == [(1, "no instance of model 'm' version 1 is running")]
+
+
+def test_a_cache_hit_keeps_its_place_when_responses_are_ordered():
+    from broker.response_cache import ResponseCache
+
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world(
+        "dynamic_batching { preserve_ordering: true } response_cache { enable: true }")
+    scheduler.cache = ResponseCache(1 << 20)
+    instance = add_instance(registry, version, "i0", credit=1)
+    submit(scheduler, 1)
+    header, responses = done(sent_batch(to_instances[0])[1]["b"], [1])
+    scheduler.batch_done(instance.iid, header, responses)        # 1 runs, and is cached
+    header = {"k": Kind.INFER, "rid": 2, "m": "m", "v": 1, "bs": 1,
+              "inputs": [["IN", "FP32", [1, 4], 16, False]], "params": {}}
+    other = encode(header, [b"\1" * 16])
+    scheduler.submit(b"gw", other, decode(other)[0], None)      # 2 misses, and runs
+    submit(scheduler, 3)                                         # 3 hits 1's answer
+    assert [rid for rid, _ in answers(to_gateways)] == [1]
+    header, responses = done(sent_batch(to_instances[1])[1]["b"], [2])
+    scheduler.batch_done(instance.iid, header, responses)
+    assert [rid for rid, _ in answers(to_gateways)] == [1, 2, 3]

@@ -1,0 +1,130 @@
+"""The autoscaler's decisions with a fake clock: placement, cold starts, room, hosts leaving, reloads."""
+
+from __future__ import annotations
+
+from broker.autoscale import COOLDOWN_S, Autoscaler
+from broker.registry import AgentRecord, InstanceRecord, ModelVersion
+from tests.broker.test_scheduler import CONFIG, definition, make_world, submit
+from tritium.protocol import Kind, decode
+
+SCALED = CONFIG + ' parameters { key: "tritium.autoscale" value: { string_value: "%s" } }'
+
+
+class World:
+    def __init__(self, setting: str, hosts: dict[bytes, int]) -> None:
+        self.registry, version, self.scheduler, self.to_instances, self.to_gateways, self.clock = make_world("")
+        self.version = ModelVersion("m", 1, definition(SCALED % setting), epoch=1)
+        self.version.state = version.state
+        self.registry.models["m"].versions[1] = self.version
+        self.registry.versions[self.version.key] = self.version
+        self.registry.epochs[1] = self.version
+        for identity, slots in hosts.items():
+            self.registry.agents[identity] = AgentRecord(identity, identity.decode(), (), None, cpu_slots=slots)
+        self.autoscaler = Autoscaler(self.registry, self.to_instances.append, self.scheduler, self.clock)
+        self.scheduler.autoscaler = self.autoscaler
+
+    def scales(self) -> list[tuple[bytes, int, list]]:
+        """(host, count, stop) of every SCALE sent so far."""
+        found = []
+        for parts in self.to_instances:
+            header = decode(parts[1])[0]
+            if header["k"] == Kind.SCALE:
+                found.append((parts[0], header["count"], header["stop"]))
+        return found
+
+    def join(self, host: bytes, name: str) -> InstanceRecord:
+        instance = InstanceRecord(f"{host.decode()}/{name}".encode(), host, "m", 1, name, 2, epoch=1)
+        self.registry.instances[instance.iid] = instance
+        self.version.instances.append(instance)
+        self.autoscaler.instance_joined(self.version)
+        return instance
+
+
+def errors(world: World) -> list[str]:
+    return [decode(p[1])[0]["err"]["message"] for p in world.to_gateways]
+
+
+def test_the_minimum_goes_to_the_host_with_the_most_room():
+    world = World("min=2,max=4", {b"a": 1, b"b": 3})
+    assert world.autoscaler.start(world.version) is False
+    assert world.scales() == [(b"b", 1, []), (b"b", 2, [])]
+
+
+def test_a_request_to_a_model_at_zero_starts_one_instance_and_counts_the_cold_start():
+    world = World("min=0,max=2", {b"a": 2})
+    assert world.autoscaler.start(world.version) is True and world.scales() == []
+    submit(world.scheduler, b"gw", 1)
+    assert world.scales() == [(b"a", 1, [])] and world.to_gateways == []
+    world.clock.now += 400_000_000
+    world.join(b"a", "m_0")
+    assert world.version.scale.cold_starts == 1 and world.version.scale.cold_start_ns_total == 400_000_000
+
+
+def test_with_no_room_anywhere_a_cold_start_answers_at_once():
+    world = World("min=0,max=2", {b"a": 0})
+    world.autoscaler.start(world.version)
+    submit(world.scheduler, b"gw", 1)
+    assert errors(world) == ["no instance of model 'm' version 1 is running"]
+
+
+def test_the_limit_counts_autoscaled_instances_only():
+    world = World("min=1,max=4", {b"a": 1})
+    world.registry.instances[b"fixed"] = InstanceRecord(b"fixed", b"a", "other", 1, "other_0", 2, epoch=9)
+    world.autoscaler.start(world.version)
+    assert world.scales() == [(b"a", 1, [])]
+
+
+def test_a_lost_host_is_replaced_on_another_below_the_minimum():
+    world = World("min=1,max=4", {b"a": 2, b"b": 1})
+    world.autoscaler.start(world.version)
+    assert world.scales() == [(b"a", 1, [])]
+    del world.registry.agents[b"a"]
+    world.autoscaler.agent_left(b"a")
+    world.clock.now += int(COOLDOWN_S * 1e9)
+    world.autoscaler.evaluate()
+    assert world.scales()[-1] == (b"b", 1, [])
+
+
+def test_a_queue_that_waits_too_long_adds_an_instance_then_cools_down():
+    world = World("min=1,max=4,target_queue_ms=20", {b"a": 4})
+    world.autoscaler.start(world.version)
+    busy = world.join(b"a", "m_0")
+    busy.credit = 0
+    submit(world.scheduler, b"gw", 1)
+    world.clock.now += int(COOLDOWN_S * 1e9)   # past the cooldown of the first placement
+    world.autoscaler.evaluate()
+    assert world.scales()[-1] == (b"a", 2, [])
+    world.join(b"a", "m_1").credit = 0
+    world.clock.now += 100_000_000
+    world.autoscaler.evaluate()
+    assert len(world.scales()) == 2, "no second step within the cooldown"
+
+
+def test_idleness_drains_one_idle_instance_and_names_it_in_the_scale_down():
+    world = World("min=1,max=4,idle_s=10", {b"a": 4})
+    world.autoscaler.start(world.version)
+    world.version.scale.targets[b"a"] = 2
+    world.join(b"a", "m_0")
+    second = world.join(b"a", "m_1")
+    world.clock.now += 11_000_000_000
+    world.autoscaler.evaluate()
+    assert world.scales()[-1] == (b"a", 1, ["m_1"]) and second.draining
+
+
+def test_a_reload_may_use_the_slots_of_the_load_it_replaces():
+    world = World("min=1,max=1", {b"a": 1})
+    world.autoscaler.start(world.version)
+    reload = ModelVersion("m", 1, definition(SCALED % "min=1,max=1"), epoch=2, replaces=world.version)
+    world.registry.epochs[2] = reload
+    assert world.autoscaler.start(reload) is False
+    assert world.scales()[-1] == (b"a", 1, [])
+    assert reload.scale.targets == {b"a": 1}
+
+
+def test_losing_the_last_instance_changes_what_gateways_see():
+    world = World("min=1,max=1", {b"a": 1})
+    world.autoscaler.start(world.version)
+    instance = world.join(b"a", "m_0")
+    generation = world.registry.generation
+    world.scheduler.instance_lost(instance.iid, "was killed by signal 9")
+    assert world.registry.generation > generation
