@@ -43,6 +43,7 @@ class DataPlane:
                  max_inflight_requests: int = 0) -> None:
         self.link = link
         self.max_inflight_requests = max_inflight_requests   # 0: unbounded
+        self._controls_waiting = 0
         self.allow_client_shm = allow_client_shm
         self.identity = identity
         self.strict_readiness = strict_readiness
@@ -110,7 +111,11 @@ class DataPlane:
 
     async def _control(self, op: str, args: dict):
         log.debug("control request %s%s", op, f" for model {args['model']}" if args.get("model") else "")
-        reply = (await self.link.request({"k": Kind.CONTROL, "op": op, "args": args})).header
+        self._controls_waiting += 1   # not inference: the in-flight limit does not count them
+        try:
+            reply = (await self.link.request({"k": Kind.CONTROL, "op": op, "args": args})).header
+        finally:
+            self._controls_waiting -= 1
         if "err" in reply:
             raise TritiumError.from_wire(reply["err"])
         return reply["ok"]
@@ -141,8 +146,9 @@ class DataPlane:
                 return
 
     def _prepare(self, request: InferRequest, single_response_only: str | None):
-        if self.max_inflight_requests and self.link.waiting >= self.max_inflight_requests:
-            raise Unavailable(f"the server is overloaded: {self.link.waiting} requests are in flight on this "
+        waiting = self.link.waiting - self._controls_waiting
+        if self.max_inflight_requests and waiting >= self.max_inflight_requests:
+            raise Unavailable(f"the server is overloaded: {waiting} requests are in flight on this "
                               f"gateway, its limit (--max-inflight-requests); try again later")
         spec, version = self.link.models.resolve(request.model, request.version)
         self._read_shared_memory(request)
