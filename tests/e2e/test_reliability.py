@@ -169,3 +169,24 @@ def test_sigterm_on_a_gateway_finishes_what_it_accepted_and_turns_unready_at_onc
     accepted = [o for o in load.outcomes if o.started < signalled_at - 0.2]
     assert accepted and not failures(accepted), failures(accepted)[:3]
     assert "stopping: readiness is now false" in gateway.logs()
+
+
+def test_readiness_turns_false_when_the_only_host_is_lost_and_true_when_it_is_back():
+    broker = cluster.broker(REPO, *HEARTBEAT)
+    parts = [broker]
+    try:
+        broker.wait_ready()
+        worker = cluster.worker(broker.backend, REPO, *HEARTBEAT, "--models", "whoami")
+        gateway = cluster.gateway(broker.frontend, *HEARTBEAT)
+        parts += [worker, gateway]
+        worker.wait_ready()
+        gateway.wait_ready()
+        cluster.wait_until(lambda: model_ready(gateway.url), what="ready")
+        worker.kill()
+        cluster.wait_until(lambda: not model_ready(gateway.url), timeout_s=10, what="unready without a host")
+        worker.start()
+        worker.wait_ready()
+        cluster.wait_until(lambda: model_ready(gateway.url), timeout_s=30, what="ready again")
+    finally:
+        for part in reversed(parts):
+            part.stop(timeout_s=20)
