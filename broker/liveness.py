@@ -12,7 +12,6 @@ from tritium.protocol import MISSED_HEARTBEATS
 
 class PeerLiveness:
     def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
         self.limit_s = interval_s * MISSED_HEARTBEATS
         self._last_heard: dict[bytes, float] = {}
         self._limits: dict[bytes, float] = {}   # peers that beat slower than the broker

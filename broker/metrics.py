@@ -49,6 +49,15 @@ _COUNTERS = (
      "Cumulative inference compute output duration in microseconds (does not include cached requests)",
      lambda s: s.compute_output.ns // 1000),
 )
+# Triton's per-model response cache families, exported for the models that cache.
+_CACHE_COUNTERS = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda s: s.cache_hit.count),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda s: s.cache_miss.count),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+     lambda s: s.cache_hit.ns // 1000),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
+     lambda s: s.cache_miss.ns // 1000),
+)
 _FAILURE = ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes")
 _FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 _COUNTER_NAMES = tuple(name for name, _, _ in _COUNTERS) + (_FAILURE[0],)
@@ -68,6 +77,15 @@ def version_labels(version) -> dict[str, str]:
     return labels
 
 
+def _counter_families(table, versions):
+    """One counter family per (name, help, value) row, with a sample per version."""
+    for name, documentation, value in table:
+        family = Metric(name, documentation, "counter")
+        for version in versions:
+            family.add_sample(name, version_labels(version), value(version.stats))
+        yield family
+
+
 class TritonCollector:
     def __init__(self, registry: Registry, settings: MetricsSettings) -> None:
         self.registry = registry
@@ -75,11 +93,7 @@ class TritonCollector:
 
     def collect(self):
         versions = [v for v in list(self.registry.versions.values()) if v.state == VersionState.READY]
-        for name, documentation, value in _COUNTERS:
-            family = Metric(name, documentation, "counter")
-            for version in versions:
-                family.add_sample(name, version_labels(version), value(version.stats))
-            yield family
+        yield from _counter_families(_COUNTERS, versions)
         failure = Metric(_FAILURE[0], _FAILURE[1], "counter")
         for version in versions:
             for reason in _FAILURE_REASONS:
@@ -95,7 +109,9 @@ class TritonCollector:
                 load.add_sample("nv_model_load_duration_secs", version_labels(version), version.load_seconds)
         yield pending
         yield load
-        yield from self._cache(versions)
+        caching = [v for v in versions if v.caches]
+        if caching:   # the cache families exist only where a model caches, as in Triton
+            yield from _counter_families(_CACHE_COUNTERS, caching)
         yield from self._scaling(versions)
         if self.settings.histogram_latencies:
             yield self._histogram(versions)
@@ -126,25 +142,6 @@ class TritonCollector:
             duration.add_sample("tritium_cold_start_duration_us", labels, version.scale.cold_start_ns_total // 1000)
         yield starts
         yield duration
-
-    @staticmethod
-    def _cache(versions):
-        """Triton's per-model response cache families, for the models that cache."""
-        caching = [v for v in versions if v.caches]
-        if not caching:
-            return
-        for name, documentation, value in (
-                ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda s: s.cache_hit.count),
-                ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda s: s.cache_miss.count),
-                ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
-                 lambda s: s.cache_hit.ns // 1000),
-                ("nv_cache_miss_duration_per_model",
-                 "Total cache miss (insert+lookup) duration per model, in microseconds",
-                 lambda s: s.cache_miss.ns // 1000)):
-            family = Metric(name, documentation, "counter")
-            for version in caching:
-                family.add_sample(name, version_labels(version), value(version.stats))
-            yield family
 
     @staticmethod
     def _histogram(versions) -> Metric:

@@ -26,7 +26,3 @@ class ResponseOrder:
             ready.append(self._held.pop(self._next))
             self._next += 1
         return ready
-
-    @property
-    def held(self) -> int:
-        return len(self._held)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from tritium.protocol import decode, encode, tensor_views
+from tritium.protocol import decode, encode, record_body, tensor_views
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ def request_key(model: str, version: int, header: dict, record, external) -> byt
     """The cache key of an INFER record (header already decoded)."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(msgpack.packb([model, version, [d[:3] for d in header["inputs"]], header.get("outputs")]))
-    _, view, offset = decode(record)
+    view, offset = record_body(record)
     for tensor in tensor_views(header["inputs"], view, offset, external or ()):
         digest.update(tensor)
     return digest.digest()

@@ -137,12 +137,7 @@ class BrokerLink:
         if self.broker_lost:
             future.set_exception(self.lost_error())
             return future
-        rid = next(self._rids)
-        header["rid"] = rid
-        if external:
-            header["x"] = len(external)
-        self._pending[rid] = future
-        self._post(encode(header, inline), external)
+        self._pending[self._send_request(header, inline, external)] = future
         return future
 
     def request_stream(self, header: dict, inline=(), external=()) -> asyncio.Queue:
@@ -151,13 +146,16 @@ class BrokerLink:
         if self.broker_lost:
             answers.put_nowait(self.lost_error())
             return answers
-        rid = next(self._rids)
-        header["rid"] = rid
+        self._streams[self._send_request(header, inline, external)] = answers
+        return answers
+
+    def _send_request(self, header: dict, inline, external) -> int:
+        """Number the request, queue it for this turn's send; return its rid."""
+        rid = header["rid"] = next(self._rids)
         if external:
             header["x"] = len(external)
-        self._streams[rid] = answers
         self._post(encode(header, inline), external)
-        return answers
+        return rid
 
     def _post(self, record: bytes, external=()) -> None:
         if not self._outbox:

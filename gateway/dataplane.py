@@ -146,10 +146,11 @@ class DataPlane:
                 return
 
     def _prepare(self, request: InferRequest, single_response_only: str | None):
-        waiting = self.link.waiting - self._controls_waiting
-        if self.max_inflight_requests and waiting >= self.max_inflight_requests:
-            raise Unavailable(f"the server is overloaded: {waiting} requests are in flight on this "
-                              f"gateway, its limit (--max-inflight-requests); try again later")
+        if self.max_inflight_requests:
+            waiting = self.link.waiting - self._controls_waiting
+            if waiting >= self.max_inflight_requests:
+                raise Unavailable(f"the server is overloaded: {waiting} requests are in flight on this "
+                                  f"gateway, its limit (--max-inflight-requests); try again later")
         spec, version = self.link.models.resolve(request.model, request.version)
         self._read_shared_memory(request)
         try:

@@ -182,6 +182,12 @@ def decode(frame) -> tuple[dict[str, Any], memoryview, int]:
     return header, view, end
 
 
+def record_body(frame) -> tuple[memoryview, int]:
+    """(the record's bytes, offset of its first inline tensor) of a record already decoded once."""
+    view = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
+    return view, 4 + _PREFIX.unpack_from(view, 0)[0]
+
+
 def split_tensors(datas: Sequence) -> tuple[list[bool], list, list]:
     """Decide per tensor buffer: (external flags, inline buffers, external buffers)."""
     flags, inline, external = [], [], []

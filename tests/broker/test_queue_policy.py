@@ -101,7 +101,8 @@ def test_a_priority_that_is_not_an_unsigned_integer_is_refused():
     assert answers(to_gateways) == [(1, "parameter 'priority' must be an unsigned integer, got 'high'")]
 
 
-def test_preserve_ordering_holds_a_later_response_until_the_earlier_one_leaves():
+def two_requests_on_two_instances():
+    """An ordered model whose requests 1 and 2 run on instances i0 and i1; the batch of each."""
     registry, version, scheduler, to_instances, to_gateways, clock = make_world(
         "dynamic_batching { preserve_ordering: true }")
     first = add_instance(registry, version, "i0", credit=1)
@@ -109,6 +110,11 @@ def test_preserve_ordering_holds_a_later_response_until_the_earlier_one_leaves()
     submit(scheduler, 1)
     submit(scheduler, 2)
     batches = {sent_batch(p)[0]: sent_batch(p)[1]["b"] for p in to_instances}
+    return scheduler, to_instances, to_gateways, first, second, batches
+
+
+def test_preserve_ordering_holds_a_later_response_until_the_earlier_one_leaves():
+    scheduler, to_instances, to_gateways, first, second, batches = two_requests_on_two_instances()
     header, responses = done(batches[second.iid], [2])
     scheduler.batch_done(second.iid, header, responses)
     assert to_gateways == []
@@ -118,13 +124,7 @@ def test_preserve_ordering_holds_a_later_response_until_the_earlier_one_leaves()
 
 
 def test_preserve_ordering_releases_what_waits_behind_a_failed_request():
-    registry, version, scheduler, to_instances, to_gateways, clock = make_world(
-        "dynamic_batching { preserve_ordering: true }")
-    first = add_instance(registry, version, "i0", credit=1)
-    second = add_instance(registry, version, "i1", credit=1)
-    submit(scheduler, 1)
-    submit(scheduler, 2)
-    batches = {sent_batch(p)[0]: sent_batch(p)[1]["b"] for p in to_instances}
+    scheduler, to_instances, to_gateways, first, second, batches = two_requests_on_two_instances()
     header, responses = done(batches[second.iid], [2])
     scheduler.batch_done(second.iid, header, responses)
     scheduler.instance_lost(first.iid, "was killed", restart_expected=False)   # 1 runs again on i1
