@@ -38,6 +38,7 @@ from broker.registry import (
     VersionState,
 )
 from repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
+from repo.names import relative_file_problem, require_name, write_files
 from tritium.errors import InvalidArgument, TritiumError, Unavailable
 from tritium.protocol import Kind, encode
 
@@ -122,6 +123,7 @@ class ModelLifecycle(EnsembleLoading):
             reply(Unavailable(POLLING_ENABLED))
             return
         try:
+            require_name(name, "load")
             config, files = self._overrides_from(name, parameters)
         except TritiumError as exc:
             reply(exc)
@@ -136,6 +138,7 @@ class ModelLifecycle(EnsembleLoading):
         """
         if self.settings.mode != "explicit":
             raise Unavailable(POLLING_ENABLED)
+        require_name(name, "unload")
         if name in self._loads:  # after the load in progress, as Triton orders them
             self._queued.setdefault(name, []).append(lambda: self._unload(name, unload_dependents))
             return
@@ -194,10 +197,9 @@ class ModelLifecycle(EnsembleLoading):
                 raise InvalidArgument(f"failed to load '{name}': invalid 'config' parameter: {exc}") from exc
         decoded = {}
         for path, content in files.items():
-            parts = Path(path).parts
-            if len(parts) < 2 or not parts[0].isdigit() or ".." in parts or Path(path).is_absolute():
-                raise InvalidArgument(f"failed to load '{name}': file override 'file:{path}' must be "
-                                      "<version>/<file name> inside the model")
+            problem = relative_file_problem(path)
+            if problem is not None:
+                raise InvalidArgument(f"failed to load '{name}': file override 'file:{path}' {problem}")
             if isinstance(content, str):
                 try:
                     content = base64.b64decode(content, validate=True)
@@ -240,16 +242,13 @@ class ModelLifecycle(EnsembleLoading):
     def _read(self, name: str, config, files) -> tuple:
         """(definition, error, fingerprint, files): runs on the thread pool; never raises."""
         fingerprint = self._fingerprint(name)
-        model_dir = self._overrides / f"{name}-{next(self._epochs)}" if files else None
+        model_dir = None
         try:
-            if model_dir is None and name not in self.repository.discover()[0]:
+            if not files and name not in self.repository.discover()[0]:
                 return None, MissingModel(f"failed to load '{name}', failed to poll from model repository"), \
                     fingerprint, files
-            if model_dir is not None:  # the load API's files, read here; agents get them shipped
-                for path, content in files.items():
-                    target = model_dir / path
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(content)
+            if files:  # the load API's files, read here; agents get them shipped
+                model_dir = write_files(Path(tempfile.mkdtemp(dir=self._overrides)), name, files)
             return self.repository.load(name, config, model_dir), None, fingerprint, files
         except ModelLoadError as exc:
             return None, exc.message, fingerprint, files
@@ -260,7 +259,7 @@ class ModelLifecycle(EnsembleLoading):
             return None, f"internal error loading model '{name}': {exc!r}", fingerprint, files
         finally:
             if model_dir is not None:
-                shutil.rmtree(model_dir, ignore_errors=True)
+                shutil.rmtree(model_dir.parent, ignore_errors=True)
 
     def _fingerprint(self, name: str) -> tuple:
         try:

@@ -17,6 +17,7 @@ from gateway.inference import InferRequest, InferResult, OutputTensor
 from gateway.model_table import ModelSpec
 from gateway.shared_memory import SHM_DISABLED, map_region
 from gateway.validation import check_single_response, validate_request
+from repo.names import require_name
 from tritium import __version__
 from tritium.errors import InvalidArgument, TritiumError, Unavailable, Unsupported
 from tritium.protocol import Kind, split_tensors, tensor_views
@@ -99,6 +100,7 @@ class DataPlane:
 
     async def load_model(self, name: str, parameters: dict) -> None:
         """Returns once the model is loaded (its table already here), or raises why it is not."""
+        require_name(name, "load")
         for key, value in parameters.items():
             if key == "config" and not isinstance(value, str):
                 raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON string")
@@ -107,6 +109,7 @@ class DataPlane:
         await self._control("load", {"model": name, "parameters": parameters})
 
     async def unload_model(self, name: str, unload_dependents: bool) -> None:
+        require_name(name, "unload")
         await self._control("unload", {"model": name, "unload_dependents": unload_dependents})
 
     async def _control(self, op: str, args: dict):

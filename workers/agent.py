@@ -27,6 +27,7 @@ from google.protobuf import json_format
 from repo import ModelConfig, ModelLoadError
 from repo.instance_groups import resolve_instance_groups
 from repo.json_form import config_to_json_dict
+from repo.names import name_problem, write_files
 from tritium import logs, notify
 from tritium.hostmetrics import HostSampler
 from tritium.hosts import host_name
@@ -318,17 +319,12 @@ class HostAgent:
         """The repository's folder, or one holding the files a load request shipped."""
         if not files:
             return self._find_model(model)
-        folder = self._shipped / str(epoch) / model
-        for path, content in files.items():
-            parts = Path(path).parts
-            if Path(path).is_absolute() or ".." in parts:
-                raise ModelLoadError(model, f"file override '{path}' must stay inside the model folder")
-            target = folder / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
-        return folder
+        return write_files(self._shipped / str(epoch), model, files)
 
     def _find_model(self, model: str) -> Path:
+        problem = name_problem(model)
+        if problem is not None:
+            raise ModelLoadError(str(model), f"cannot place model '{model}': {problem}")
         for root in self.settings.model_repositories:
             candidate = Path(root) / model
             if candidate.is_dir():

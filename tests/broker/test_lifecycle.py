@@ -164,3 +164,18 @@ def test_file_overrides_that_cannot_be_written_fail_the_load_only(world):
     world.load("other")                               # the lifecycle goes on
     world.instance_ready(world.loading("other"))
     assert world.replies[-1] == {}
+
+
+@pytest.mark.parametrize("name", ["../../victim", "/abs/victim", "a/b", "..", "x\0y"])
+def test_a_model_name_that_is_a_path_is_refused_before_any_file_is_written(tmp_path, name):
+    """The broker's own check, for whatever reaches it without the gateway's."""
+    world = World(tmp_path / "repo")
+    (tmp_path / "repo").mkdir()
+    world.lifecycle.load(name, {"config": "{}", "file:1/model.py": b"x"}, world.replies.append)
+    (error,) = world.replies
+    assert isinstance(error, TritiumError)
+    assert error.message.startswith(f"failed to load '{name}', failed to poll from model repository: ")
+    with pytest.raises(TritiumError):
+        world.lifecycle.unload(name)
+    assert not (tmp_path / "victim").exists() and not (tmp_path / "abs").exists()
+    assert world.lifecycle.completed.empty() and world.sent == []

@@ -289,7 +289,7 @@ def test_config_override_and_shipped_files(server, client):
     ("/v2/repository/models/scaled/load", {"parameters": {"file:1/model.py": "eA=="}}, 400,
      "a 'file:' override needs a 'config' parameter"),
     ("/v2/repository/models/scaled/load", {"parameters": {"config": scaled_config_json(1), "file:../x": "eA=="}},
-     400, "must be <version>/<file name> inside the model"),
+     400, "file override 'file:../x' must be a relative path inside the model folder"),
     ("/v2/repository/models/scaled/unload", {"parameters": {"unload_dependents": "yes"}}, 400,
      "Unable to parse 'unload_dependents', expect bool"),
     ("/v2/repository/r1/models/scaled/load", None, 501, "'repository_name' specification is not supported"),
