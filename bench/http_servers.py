@@ -26,7 +26,7 @@ REQUEST_BODY = b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,16],"d
 
 SERVERS = {
     "uvicorn (httptools, bare ASGI)": "uvicorn_plain",
-    "uvicorn (httptools, bare ASGI) + tritium's write coalescing": "uvicorn_coalescing",
+    "tritium's gateway server (gateway/http_server.py, on httptools)": "tritium",
     "aiohttp (low-level web.Server)": "aiohttp_lowlevel",
     "aiohttp (web.Application)": "aiohttp_app",
 }
@@ -43,12 +43,26 @@ async def asgi(scope, receive, send):
     await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
     await send({"type": "http.response.body", "body": BODY})
 
-if kind.startswith("uvicorn"):
+if kind == "tritium":
+    import socket
+    from gateway.http_server import HttpLimits, HttpResponse, HttpServer
+
+    class App:
+        def handle(self, request, answer):
+            answer(HttpResponse(200, HEADERS[:1], BODY))
+
+    async def main():
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", port))
+        sock.listen(2048)
+        sock.setblocking(False)
+        await HttpServer(App(), HttpLimits(max_body_bytes=1 << 26)).start(sock)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+elif kind.startswith("uvicorn"):
     import uvicorn
-    protocol = "httptools"
-    if kind == "uvicorn_coalescing":
-        from gateway.http_protocol import GatewayHttpProtocol as protocol
-    config = uvicorn.Config(asgi, host="127.0.0.1", port=port, http=protocol, loop="uvloop",
+    config = uvicorn.Config(asgi, host="127.0.0.1", port=port, http="httptools", loop="uvloop",
                             lifespan="off", access_log=False, log_level="warning", proxy_headers=False,
                             server_header=False, date_header=False)
     uvicorn.Server(config).run()

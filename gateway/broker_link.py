@@ -12,6 +12,8 @@ import asyncio
 import itertools
 import logging
 import os
+from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import zmq
@@ -37,6 +39,18 @@ class Reply(NamedTuple):
     record: memoryview     # the whole record the header came in
     offset: int            # where its inline tensors start
     external: list         # its external frames
+
+
+Deliver = Callable[["Reply | TritiumError"], None]
+
+
+def _settle(future: asyncio.Future, outcome: "Reply | TritiumError") -> None:
+    if future.done():
+        return
+    if isinstance(outcome, TritiumError):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 class BrokerLink:
@@ -67,7 +81,7 @@ class BrokerLink:
         self.models = ModelTable()
         self.shared_memory = SharedMemoryRegions()   # follows the broker's list, like the model table
         self._models_received = asyncio.Event()
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, Deliver] = {}   # rid -> called once with the Reply or an error
         self._streams: dict[int, asyncio.Queue] = {}   # requests answered 0..N times (decoupled)
         self._rids = itertools.count(1)
         self._outbox: list = []
@@ -101,9 +115,8 @@ class BrokerLink:
     def _fail_waiting(self, error: TritiumError) -> None:
         pending, self._pending = self._pending, {}
         streams, self._streams = self._streams, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(error)
+        for deliver in pending.values():
+            _call(deliver, error)
         for queue in streams.values():
             queue.put_nowait(error)
 
@@ -134,11 +147,19 @@ class BrokerLink:
     def request(self, header: dict, inline=(), external=()) -> asyncio.Future:
         """Send INFER or CONTROL; the future resolves to the broker's Reply."""
         future = self.loop.create_future()
-        if self.broker_lost:
-            future.set_exception(self.lost_error())
-            return future
-        self._pending[self._send_request(header, inline, external)] = future
+        self.request_then(header, inline, external, partial(_settle, future))
         return future
+
+    def request_then(self, header: dict, inline, external, deliver: Deliver) -> None:
+        """Send INFER or CONTROL; ``deliver`` is called once, with the Reply or an error.
+
+        The inference hot path: no future and no task per request, the answer is handled
+        in the same event-loop turn that reads it.
+        """
+        if self.broker_lost:
+            deliver(self.lost_error())
+            return
+        self._pending[self._send_request(header, inline, external)] = deliver
 
     def request_stream(self, header: dict, inline=(), external=()) -> asyncio.Queue:
         """Send an INFER whose answers (0..N, the last with ``final``) arrive on the queue."""
@@ -206,9 +227,9 @@ class BrokerLink:
                         del self._streams[rid]
                     queue.put_nowait(Reply(header, record, offset, external))
                     continue
-                future = self._pending.pop(rid, None)
-                if future is not None and not future.done():
-                    future.set_result(Reply(header, record, offset, external))
+                deliver = self._pending.pop(rid, None)
+                if deliver is not None:
+                    _call(deliver, Reply(header, record, offset, external))
             elif kind == Kind.HEARTBEAT:
                 self._heard_broker(header)
             elif kind == Kind.MODELS:
@@ -219,3 +240,11 @@ class BrokerLink:
                 logs.apply_wire(header["settings"])
             elif kind == Kind.REFUSED:
                 log.error("the broker refused this gateway: %s", header.get("reason"))
+
+
+def _call(deliver: Deliver, outcome: "Reply | TritiumError") -> None:
+    """One request's answer; its failure must not cost the answers after it in the message."""
+    try:
+        deliver(outcome)
+    except Exception:
+        log.exception("error answering a request")

@@ -7,7 +7,7 @@ validates inference requests against the model's config, and forwards them.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from gateway.broker_link import BrokerLink
@@ -133,6 +133,23 @@ class DataPlane:
         if isinstance(result, TritiumError):
             raise result
         return result
+
+    def infer_then(self, request: InferRequest, done: Callable[[InferResult | TritiumError], None],
+                   single_response_only: str = HTTP_DECOUPLED) -> None:
+        """``infer`` without a coroutine: ``done`` gets the result or the error once.
+
+        A request refused before it is sent raises here, in the caller's frame.
+        """
+        spec, version, header, inline, external = self._prepare(request, single_response_only)
+
+        def answered(reply) -> None:
+            done(reply if isinstance(reply, TritiumError) else self._result(spec, version, request, reply))
+
+        self.link.request_then(header, inline, external, answered)
+
+    def check_model(self, name: str, version: str | None) -> None:
+        """NotFound for a model or version the table does not have (Triton looks before parsing)."""
+        self.link.models.resolve(name, version)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[tuple[InferResult | TritiumError | None, bool]]:
         """Every answer to one request as it comes: (result, error, or None for an empty one; final)."""

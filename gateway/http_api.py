@@ -1,11 +1,14 @@
-"""The KServe v2 HTTP front end: a bare ASGI application over the data plane.
+"""The KServe v2 HTTP front end: routes over the data plane, served by gateway/http_server.py.
 
 Routes are Triton's own regular expressions, so paths match or miss exactly as they
 do on Triton; each error maps to its status once, through ``TritiumError.code``.
+Inference is answered through callbacks (no task per request); every other route is a
+coroutine, run as a task.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import zlib
@@ -18,6 +21,7 @@ from gateway.http_codec import (
     encode_infer_response,
     parse_json_object,
 )
+from gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
 from gateway.restricted import RestrictedApis
 from gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.errors import InvalidArgument, TritiumError, Unsupported
@@ -51,17 +55,6 @@ _TEXT = [(b"content-type", b"text/plain")]
 _GET_ACTIONS = {None, "ready", "config", "stats"}
 
 
-class ClientDisconnected(Exception):
-    pass
-
-
-class HttpResponse:
-    __slots__ = ("status", "headers", "body")
-
-    def __init__(self, status: int, headers: list, body: bytes) -> None:
-        self.status, self.headers, self.body = status, headers, body
-
-
 def json_response(document, status: int = 200) -> HttpResponse:
     return HttpResponse(status, _JSON, orjson.dumps(document))
 
@@ -75,38 +68,31 @@ _EMPTY_OK_JSON = HttpResponse(200, _JSON, b"")
 _EMPTY_BAD = HttpResponse(400, _TEXT, b"")
 _NOT_FOUND = error_response(404, "Not Found")
 _NOT_ALLOWED = error_response(405, "Method Not Allowed")
+_EVENT_STREAM = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
-class EventStream:
+async def event_stream(events) -> Streaming:
     """``/generate_stream``'s server-sent events: ``data: <json>\n\n`` per response.
 
     The first response is awaited before the status is sent, so that a request that
     fails at once gets an ordinary JSON error with its status; a later error is one
     more event, ``data: {"error": ...}``, as Triton sends it.
     """
+    first = None
+    async for first in events:
+        if isinstance(first, TritiumError):
+            raise first
+        break
 
-    headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-
-    def __init__(self, first: bytes | None, rest) -> None:
-        self.first, self.rest = first, rest
-
-    @classmethod
-    async def start(cls, events) -> "EventStream":
-        async for first in events:
-            if isinstance(first, TritiumError):
-                raise first
-            return cls(first, events)
-        return cls(None, events)  # the model answered nothing: an empty stream
-
-    async def send(self, send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.headers})
-        if self.first is not None:
-            await send({"type": "http.response.body", "body": b"data: " + self.first + b"\n\n", "more_body": True})
-        async for event in self.rest:
+    async def chunks():
+        if first is not None:
+            yield b"data: " + first + b"\n\n"
+        async for event in events:
             if isinstance(event, TritiumError):
                 event = orjson.dumps({"error": event.message})
-            await send({"type": "http.response.body", "body": b"data: " + event + b"\n\n", "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+            yield b"data: " + event + b"\n\n"
+
+    return Streaming(200, _EVENT_STREAM, chunks())
 
 
 class HttpApp:
@@ -116,33 +102,71 @@ class HttpApp:
         self.max_body_bytes = max_body_bytes
         self.restricted = restricted
 
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return
+    def handle(self, request: HttpRequest, answer: Answer) -> None:
+        """Answer ``request`` through ``answer``, exactly once, whatever happens."""
         try:
-            response = await self._route(scope, receive)
+            if self.restricted:  # before anything else, as Triton checks it first in every handler
+                self.restricted.check(route_category(request.path), request.headers.items())
+            if request.too_large:
+                raise InvalidArgument(
+                    f"request body of {request.too_large} bytes exceeds the maximum allowed value of "
+                    f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
+            match = _MODEL.fullmatch(request.path)
+            if match is not None and match["action"] == "infer" and request.method == "POST":
+                self._infer(request, match.group(1), match.group(2), answer)
+                return
         except TritiumError as exc:
-            response = error_response(exc.http_status, exc.message)
-        except ClientDisconnected:
+            answer(error_response(exc.http_status, exc.message))
             return
         except Exception as exc:  # a bug must cost one request, never the process
-            log.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
-            response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
-        if isinstance(response, EventStream):
-            await response.send(send)
+            answer(_internal_error(request, exc))
             return
-        # An explicit length keeps uvicorn from chunking the body.
-        headers = [*response.headers, (b"content-length", b"%d" % len(response.body))]
-        await send({"type": "http.response.start", "status": response.status, "headers": headers})
-        await send({"type": "http.response.body", "body": response.body})
+        asyncio.get_running_loop().create_task(self._answer_slowly(request, answer))
 
-    async def _route(self, scope, receive) -> HttpResponse:
-        path, method = scope["path"], scope["method"]
-        if self.restricted:  # before anything else, as Triton checks it first in every handler
-            self.restricted.check(route_category(path), scope["headers"])
+    async def _answer_slowly(self, request: HttpRequest, answer: Answer) -> None:
+        try:
+            response = await self._route(request)
+        except TritiumError as exc:
+            response = error_response(exc.http_status, exc.message)
+        except Exception as exc:
+            response = _internal_error(request, exc)
+        answer(response)
+
+    # -- inference: callbacks, no task ------------------------------------------------------
+
+    def _infer(self, request: HttpRequest, model: str, version: str | None, answer: Answer) -> None:
+        self.dataplane.check_model(model, version)   # Triton looks the model up before the body
+        headers = request.headers
+        body = self._decompress(request.body, headers.get(b"content-encoding"))
+        header_length = headers.get(b"inference-header-content-length")
+        if header_length is not None:
+            try:
+                header_length = int(header_length)
+            except ValueError:
+                raise InvalidArgument(
+                    f"invalid Inference-Header-Content-Length header: {header_length.decode(errors='replace')!r}") from None
+        infer_request, binary_default = decode_infer_request(model, version, body, header_length)
+
+        def done(result) -> None:
+            try:
+                if isinstance(result, TritiumError):
+                    raise result
+                response_headers, response_body = encode_infer_response(result, infer_request.outputs, binary_default)
+                answer(HttpResponse(200, response_headers, response_body))
+            except TritiumError as exc:
+                answer(error_response(exc.http_status, exc.message))
+            except Exception as exc:
+                answer(_internal_error(request, exc))
+
+        self.dataplane.infer_then(infer_request, done)
+
+    # -- everything else --------------------------------------------------------------------
+
+    async def _route(self, request: HttpRequest) -> HttpResponse | Streaming:
+        path, method = request.path, request.method
         match = _MODEL.fullmatch(path)
         if match is not None and path != "/v2/models/stats":
-            return await self._model_route(scope, receive, method, *match.groups())
+            return await self._model_route(request, method, *match.groups())
         if path == "/v2/models/stats":
             if method != "GET":
                 return _NOT_ALLOWED
@@ -151,16 +175,16 @@ class HttpApp:
         if match is not None:
             if method != "POST":
                 return _NOT_ALLOWED
-            return await self._repository_route(scope, receive, *match.groups())
+            return await self._repository_route(request, *match.groups())
         if path == "/v2/logging":
             if method == "GET":
                 return json_response(await self.dataplane.log_settings())
             if method != "POST":
                 return _NOT_ALLOWED
-            return json_response(await self.dataplane.log_settings(await self._optional_json_body(scope, receive)))
+            return json_response(await self.dataplane.log_settings(self._optional_json_body(request)))
         match = _SHARED_MEMORY.fullmatch(path)
         if match is not None:
-            return await self._shared_memory_route(scope, receive, method, *match.groups())
+            return await self._shared_memory_route(request, method, *match.groups())
         match = _SERVER.fullmatch(path)
         if match is not None:
             if method != "GET":
@@ -173,18 +197,16 @@ class HttpApp:
             return json_response(self.dataplane.server_metadata())
         return _NOT_FOUND
 
-    async def _model_route(self, scope, receive, method, model, version, action) -> HttpResponse:
-        if action == "infer":
-            if method != "POST":
-                return _NOT_ALLOWED
-            return await self._infer(scope, receive, model, version)
+    async def _model_route(self, request: HttpRequest, method, model, version, action) -> HttpResponse | Streaming:
+        if action == "infer":   # the POST went the callback way
+            return _NOT_ALLOWED
         if action in ("generate", "generate_stream"):
             if method != "POST":
                 return _NOT_ALLOWED
-            document = parse_json_object(await self._read_body(receive, _wanted_headers(scope)))
+            document = parse_json_object(self._body(request))
             if action == "generate":
                 return HttpResponse(200, _JSON, await self.dataplane.generate(model, version, document))
-            return await EventStream.start(self.dataplane.generate_stream(model, version, document))
+            return await event_stream(self.dataplane.generate_stream(model, version, document))
         if action not in _GET_ACTIONS:
             raise Unsupported(f"'{action}' is not supported by tritium yet")
         if method != "GET":
@@ -198,10 +220,10 @@ class HttpApp:
             return HttpResponse(200, _JSON, self.dataplane.model_config(model, version))
         return json_response(await self.dataplane.statistics(model, version))
 
-    async def _repository_route(self, scope, receive, repository, _action, model, operation) -> HttpResponse:
+    async def _repository_route(self, request: HttpRequest, repository, _action, model, operation) -> HttpResponse:
         if repository is not None:
             raise Unsupported("'repository_name' specification is not supported")
-        document = await self._optional_json_body(scope, receive)
+        document = self._optional_json_body(request)
         if model is None:  # index
             ready = document.get("ready", False)
             if not isinstance(ready, bool):
@@ -219,7 +241,7 @@ class HttpApp:
             await self.dataplane.unload_model(model, dependents)
         return _EMPTY_OK_JSON
 
-    async def _shared_memory_route(self, scope, receive, method, kind, region, action) -> HttpResponse:
+    async def _shared_memory_route(self, request: HttpRequest, method, kind, region, action) -> HttpResponse:
         if method != ("GET" if action == "status" else "POST"):
             return _NOT_ALLOWED
         if kind == "cudasharedmemory":  # no CUDA in the gateway: nothing is ever registered
@@ -233,53 +255,18 @@ class HttpApp:
             return _EMPTY_OK_JSON
         if region is None:
             return _NOT_FOUND
-        document = await self._optional_json_body(scope, receive)
+        document = self._optional_json_body(request)
         await self.dataplane.register_shared_memory(region, document.get("key"), document.get("offset", 0),
                                                     document.get("byte_size"))
         return _EMPTY_OK_JSON
 
-    async def _infer(self, scope, receive, model: str, version: str | None) -> HttpResponse:
-        headers = _wanted_headers(scope)
-        body = await self._read_body(receive, headers)
-        header_length = headers.get(b"inference-header-content-length")
-        if header_length is not None:
-            try:
-                header_length = int(header_length)
-            except ValueError:
-                raise InvalidArgument(
-                    f"invalid Inference-Header-Content-Length header: {header_length.decode(errors='replace')!r}") from None
-        request, binary_default = decode_infer_request(model, version, body, header_length)
-        result = await self.dataplane.infer(request)
-        response_headers, response_body = encode_infer_response(result, request.outputs, binary_default)
-        return HttpResponse(200, response_headers, response_body)
-
-    async def _optional_json_body(self, scope, receive) -> dict:
+    def _optional_json_body(self, request: HttpRequest) -> dict:
         """The JSON object body of a control request; an empty body is an empty object."""
-        body = await self._read_body(receive, _wanted_headers(scope))
+        body = self._body(request)
         return parse_json_object(body) if body.strip() else {}
 
-    async def _read_body(self, receive, headers: dict) -> bytes:
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise InvalidArgument(
-                f"request body of {int(declared)} bytes exceeds the maximum allowed value of "
-                f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnected()
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise InvalidArgument(
-                    f"request body exceeds the maximum allowed value of {self.max_body_bytes} "
-                    "bytes. Use --http-max-input-size to increase the limit.")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        return self._decompress(body, headers.get(b"content-encoding"))
+    def _body(self, request: HttpRequest) -> bytes:
+        return self._decompress(request.body, request.headers.get(b"content-encoding"))
 
     def _decompress(self, body: bytes, encoding: bytes | None) -> bytes:
         if encoding is None or encoding.lower() == b"identity":
@@ -300,6 +287,11 @@ class HttpApp:
         return data
 
 
+def _internal_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+    log.error("internal error serving %s %s", request.method, request.path, exc_info=exc)
+    return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
 def route_category(path: str) -> str | None:
     """The API category of a path (None: no such route)."""
     for pattern, category in _CATEGORIES:
@@ -307,11 +299,3 @@ def route_category(path: str) -> str | None:
         if match is not None:
             return category if isinstance(category, str) else category.get(match["action"])
     return None
-
-
-_WANTED = frozenset({b"content-length", b"content-encoding", b"inference-header-content-length"})
-
-
-def _wanted_headers(scope) -> dict[bytes, bytes]:
-    """The request headers the infer path reads (ASGI servers give names in lower case)."""
-    return {key: value for key, value in scope["headers"] if key in _WANTED}

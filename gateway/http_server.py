@@ -1,0 +1,298 @@
+"""HTTP/1.1 for the gateway, written directly on httptools' parser: one asyncio Protocol
+per connection, no ASGI cycle, no task per request.
+
+A request is parsed into an ``HttpRequest`` and handed to the application's ``handle``,
+which answers at once (an ``HttpResponse``), later through a callback (inference: the
+broker's answer arrives on the event loop and is written from there), or as a coroutine
+for the rare requests that wait on several things (control requests, streams), which
+gets a task. What a server owes its clients is kept: keep-alive, pipelined requests
+answered in order, chunked request bodies, ``Expect: 100-continue``, a body size limit
+checked before the body is read, timeouts for idle and stalled connections, a graceful
+drain, and chunked server-sent events for ``generate_stream``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from urllib.parse import unquote
+
+import httptools
+
+log = logging.getLogger(__name__)
+
+KEEP_ALIVE_TIMEOUT_S = 75.0    # an idle keep-alive connection is closed after this long
+STALLED_REQUEST_TIMEOUT_S = 60.0  # a request whose bytes stop arriving for this long is dropped
+_SWEEP_INTERVAL_S = 5.0
+_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str
+    path: str                               # percent-decoded, without the query
+    headers: dict[bytes, bytes]             # lower-case names
+    body: bytes = b""
+    too_large: int = 0                      # the body's size when it passed the limit (not kept)
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    close: bool = False                     # close the connection once this is written
+
+
+class Streaming:
+    """A response sent in chunks as they come (server-sent events): head, then ``chunks``."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks) -> None:
+        self.status, self.headers, self.chunks = status, headers, chunks
+
+
+Answer = Callable[[HttpResponse | Streaming], None]
+
+
+def encode_head(status: int, headers: list, length: int | None, close: bool) -> bytes:
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
+    for name, value in headers:
+        lines.append(b"%s: %s\r\n" % (name, value))
+    lines.append(b"content-length: %d\r\n" % length if length is not None else b"transfer-encoding: chunked\r\n")
+    if close:
+        lines.append(b"connection: close\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+@dataclass
+class HttpLimits:
+    max_body_bytes: int
+    keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S
+    stalled_request_timeout_s: float = STALLED_REQUEST_TIMEOUT_S
+
+
+@dataclass(eq=False)
+class _Connections:
+    """Every open connection, for the timeout sweep and the drain."""
+
+    open: set = field(default_factory=set)
+    draining: bool = False
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection: parse, hand each request to the app, write answers in order."""
+
+    __slots__ = ("app", "limits", "loop", "shared", "transport", "parser", "queue", "busy", "closing",
+                 "last_active", "_url", "_headers", "_body", "_body_size", "_too_large", "_paused")
+
+    def __init__(self, app, limits: HttpLimits, loop: asyncio.AbstractEventLoop, shared: _Connections) -> None:
+        self.app, self.limits, self.loop, self.shared = app, limits, loop, shared
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue: deque[tuple[HttpRequest, bool]] = deque()   # parsed, not yet answered (pipelining)
+        self.busy = False              # a request is being answered
+        self.closing = False
+        self.last_active = time.monotonic()
+        self._paused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._url = b""
+        self._headers: dict[bytes, bytes] = {}
+        self._body: list[bytes] = []
+        self._body_size = 0
+        self._too_large = 0
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.shared.open.add(self)
+
+    def connection_lost(self, exc) -> None:
+        self.closing = True
+        self.shared.open.discard(self)
+        if self.shared.draining and not self.shared.open:
+            self.shared.drained.set()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self._fail(400, f"invalid HTTP request: {exc}")
+
+    def pause_writing(self) -> None:
+        # A client that does not read its answers stops being read from.
+        self._paused = True
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self.transport.resume_reading()
+
+    def eof_received(self) -> bool:
+        return bool(self.busy or self.queue)   # keep writing what was asked before the client's FIN
+
+    # -- parser callbacks --------------------------------------------------------------
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.lower()] = value
+
+    def on_headers_complete(self) -> None:
+        declared = self._headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limits.max_body_bytes:
+            self._too_large = int(declared)
+        elif self._headers.get(b"expect", b"").lower() == b"100-continue":
+            self.transport.write(_CONTINUE)
+
+    def on_body(self, chunk: bytes) -> None:
+        if self._too_large:
+            return
+        self._body_size += len(chunk)
+        if self._body_size > self.limits.max_body_bytes:
+            self._too_large, self._body = self._body_size, []
+            return
+        self._body.append(chunk)
+
+    def on_message_complete(self) -> None:
+        url = httptools.parse_url(self._url)
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        request = HttpRequest(self.parser.get_method().decode(), unquote(url.path.decode("latin-1")),
+                              self._headers, body, self._too_large)
+        keep_alive = self.parser.should_keep_alive()
+        self._reset()
+        self.queue.append((request, keep_alive))
+        if not self.busy:
+            self._next()
+
+    # -- answering ---------------------------------------------------------------------
+
+    def _next(self) -> None:
+        while self.queue and not self.busy and not self.closing:
+            request, keep_alive = self.queue.popleft()
+            self.busy = True
+            self.app.handle(request, lambda answer, k=keep_alive: self._answer(answer, k))
+
+    def _answer(self, answer: HttpResponse | Streaming, keep_alive: bool) -> None:
+        if self.closing:
+            return
+        if isinstance(answer, Streaming):
+            self.loop.create_task(self._stream(answer, keep_alive))
+            return
+        close = answer.close or not keep_alive or self.shared.draining
+        head = encode_head(answer.status, answer.headers, len(answer.body), close)
+        if len(answer.body) < 65536:   # one write, one segment; a large body is not copied
+            self.transport.write(head + answer.body)
+        else:
+            self.transport.writelines((head, answer.body))
+        self._done(close)
+
+    async def _stream(self, answer: Streaming, keep_alive: bool) -> None:
+        close = not keep_alive or self.shared.draining
+        self.transport.write(encode_head(answer.status, answer.headers, None, close))
+        try:
+            async for chunk in answer.chunks:
+                if self.closing:
+                    return
+                self.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except Exception:  # the stream's own errors are events; anything else ends the response
+            log.exception("server-sent event stream failed")
+            close = True
+        if not self.closing:
+            self.transport.write(b"0\r\n\r\n")
+            self._done(close)
+
+    def _done(self, close: bool) -> None:
+        self.busy = False
+        self.last_active = time.monotonic()
+        if close:
+            self.close()
+        elif self.queue:
+            self._next()
+        elif self.shared.draining:
+            self.close()
+
+    def _fail(self, status: int, message: str) -> None:
+        """A request that cannot be parsed: answer it and close, as the rest of the stream is unreadable."""
+        if not self.busy and not self.closing:
+            body = b'{"error":"%s"}' % message.replace('"', "'").encode()
+            self.transport.write(encode_head(status, [(b"content-type", b"application/json")], len(body), True) + body)
+        self.close()
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            self.transport.close()
+
+    def idle_for(self, now: float) -> float:
+        return now - self.last_active
+
+    def reading_a_request(self) -> bool:
+        """Part of a request has arrived and the rest has not."""
+        return bool(self._url or self._headers or self._body)
+
+
+class HttpServer:
+    """The listening socket(s), the connections, their timeouts, and the graceful drain."""
+
+    def __init__(self, app, limits: HttpLimits) -> None:
+        self.app = app
+        self.limits = limits
+        self.connections = _Connections()
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    async def start(self, sock) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: HttpConnection(self.app, self.limits, loop, self.connections), sock=sock, backlog=2048)
+        self._sweeper = loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close connections idle past keep-alive, and those whose request stopped arriving."""
+        now = time.monotonic()
+        for connection in list(self.connections.open):
+            if connection.busy:
+                continue
+            idle = connection.idle_for(now)
+            stalled = connection.reading_a_request()
+            if idle > (self.limits.stalled_request_timeout_s if stalled else self.limits.keep_alive_timeout_s):
+                connection.close()
+        self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_INTERVAL_S, self._sweep)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for c in self.connections.open if c.busy or c.queue)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop accepting; finish the requests in flight (within ``timeout_s``); close everything."""
+        self.connections.draining = True
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections.open):
+            if not connection.busy and not connection.queue:
+                connection.close()
+        if self.connections.open:
+            try:
+                await asyncio.wait_for(self.connections.drained.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                log.warning("%d HTTP connection(s) still busy after %.0f s; closing them",
+                            len(self.connections.open), timeout_s)
+        for connection in list(self.connections.open):
+            connection.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()

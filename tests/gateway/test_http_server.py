@@ -1,0 +1,217 @@
+"""The gateway's HTTP/1.1 server, driven through a real socket with a scripted application:
+keep-alive, pipelining, chunked bodies, Expect: 100-continue, the body limit, timeouts, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+
+from gateway.http_server import HttpLimits, HttpRequest, HttpResponse, HttpServer, Streaming
+
+
+class ScriptedApp:
+    """Echoes what it was asked; ``/slow`` answers after a delay, ``/later`` from a callback,
+    ``/stream`` in three chunks."""
+
+    def __init__(self) -> None:
+        self.seen: list[HttpRequest] = []
+
+    def handle(self, request: HttpRequest, answer) -> None:
+        self.seen.append(request)
+        loop = asyncio.get_running_loop()
+        body = b"%s %s %d" % (request.method.encode(), request.path.encode(), len(request.body))
+        if request.too_large:
+            answer(HttpResponse(400, [(b"content-type", b"text/plain")], b"too large %d" % request.too_large))
+        elif request.path == "/slow":
+            loop.call_later(0.3, answer, HttpResponse(200, [], body))
+        elif request.path == "/stream":
+            answer(Streaming(200, [(b"content-type", b"text/event-stream")], _chunks()))
+        else:
+            loop.call_soon(answer, HttpResponse(200, [(b"content-type", b"text/plain")], body))
+
+
+async def _chunks():
+    for index in range(3):
+        await asyncio.sleep(0.01)
+        yield b"data: %d\n\n" % index
+
+
+class Running:
+    def __init__(self, limits: HttpLimits) -> None:
+        self.app = ScriptedApp()
+        self.loop = asyncio.new_event_loop()
+        self.server = HttpServer(self.app, limits)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(sock), self.loop).result(5)
+
+    def drain(self, timeout_s: float) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.drain(timeout_s), self.loop).result(timeout_s + 5)
+
+    def connect(self) -> socket.socket:
+        client = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        return client
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def running():
+    server = Running(HttpLimits(max_body_bytes=1000, keep_alive_timeout_s=0.5, stalled_request_timeout_s=0.5))
+    yield server
+    server.stop()
+
+
+def read_responses(client: socket.socket, count: int) -> list[tuple[int, dict, bytes]]:
+    """Read ``count`` responses (content-length or chunked) from a raw socket."""
+    data = b""
+    responses = []
+    while len(responses) < count:
+        while b"\r\n\r\n" not in data:
+            chunk = client.recv(65536)
+            assert chunk, f"connection closed after {len(responses)} responses: {data!r}"
+            data += chunk
+        head, data = data.split(b"\r\n\r\n", 1)
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.lower(): v.strip() for k, v in (line.split(b":", 1) for line in lines[1:])}
+        if status == 100:
+            continue
+        if b"content-length" in headers:
+            length = int(headers[b"content-length"])
+            while len(data) < length:
+                data += client.recv(65536)
+            body, data = data[:length], data[length:]
+        else:
+            body = b""
+            while True:
+                while b"\r\n" not in data:
+                    data += client.recv(65536)
+                size_line, data = data.split(b"\r\n", 1)
+                size = int(size_line, 16)
+                while len(data) < size + 2:
+                    data += client.recv(65536)
+                body, data = body + data[:size], data[size + 2:]
+                if size == 0:
+                    break
+        responses.append((status, headers, body))
+    return responses
+
+
+def test_keep_alive_serves_several_requests_on_one_connection(running):
+    client = running.connect()
+    for index in range(3):
+        client.sendall(b"GET /v2/%d HTTP/1.1\r\nHost: x\r\n\r\n" % index)
+        ((status, headers, body),) = read_responses(client, 1)
+        assert (status, body) == (200, b"GET /v2/%d 0" % index)
+        assert headers[b"content-length"] == str(len(body)).encode()
+        assert b"connection" not in headers
+
+
+def test_pipelined_requests_are_answered_in_order(running):
+    client = running.connect()
+    client.sendall(b"GET /slow HTTP/1.1\r\n\r\nGET /a HTTP/1.1\r\n\r\nPOST /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc")
+    responses = read_responses(client, 3)
+    assert [body for _, _, body in responses] == [b"GET /slow 0", b"GET /a 0", b"POST /b 3"]
+
+
+def test_a_chunked_body_is_joined(running):
+    client = running.connect()
+    client.sendall(b"POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+    ((status, _, body),) = read_responses(client, 1)
+    assert (status, body) == (200, b"POST /c 5")
+    assert running.app.seen[-1].body == b"abcde"
+
+
+def test_expect_100_continue_is_answered_before_the_body(running):
+    client = running.connect()
+    client.sendall(b"POST /e HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+    assert client.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    client.sendall(b"wxyz")
+    ((status, _, body),) = read_responses(client, 1)
+    assert (status, body) == (200, b"POST /e 4")
+
+
+def test_a_declared_body_over_the_limit_gets_no_continue_and_is_refused(running):
+    client = running.connect()
+    client.sendall(b"POST /big HTTP/1.1\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n")
+    client.sendall(b"x" * 5000)
+    ((status, _, body),) = read_responses(client, 1)
+    assert (status, body) == (400, b"too large 5000")
+    assert running.app.seen[-1].body == b""   # never kept
+
+
+def test_a_chunked_body_over_the_limit_is_not_kept(running):
+    client = running.connect()
+    chunk = b"%x\r\n%s\r\n" % (600, b"y" * 600)
+    client.sendall(b"POST /big HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 2 + b"0\r\n\r\n")
+    ((status, _, body),) = read_responses(client, 1)
+    assert (status, body) == (400, b"too large 1200")
+
+
+def test_percent_escapes_in_the_path_are_decoded_and_the_query_dropped(running):
+    client = running.connect()
+    client.sendall(b"GET /v2/models/a%20b/ready?x=1 HTTP/1.1\r\n\r\n")
+    ((_, _, body),) = read_responses(client, 1)
+    assert body == b"GET /v2/models/a b/ready 0"
+
+
+def test_http_1_0_closes_after_the_answer(running):
+    client = running.connect()
+    client.sendall(b"GET /old HTTP/1.0\r\n\r\n")
+    ((status, headers, body),) = read_responses(client, 1)
+    assert (status, headers[b"connection"], body) == (200, b"close", b"GET /old 0")
+    assert client.recv(10) == b""
+
+
+def test_garbage_gets_a_400_and_the_connection_closes(running):
+    client = running.connect()
+    client.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+    ((status, headers, body),) = read_responses(client, 1)
+    assert status == 400 and headers[b"connection"] == b"close" and b"invalid HTTP request" in body
+    assert client.recv(10) == b""
+    other = running.connect()   # and the server goes on
+    other.sendall(b"GET /fine HTTP/1.1\r\n\r\n")
+    assert read_responses(other, 1)[0][2] == b"GET /fine 0"
+
+
+def test_server_sent_events_are_sent_in_chunks(running):
+    client = running.connect()
+    client.sendall(b"POST /stream HTTP/1.1\r\n\r\n")
+    ((status, headers, body),) = read_responses(client, 1)
+    assert (status, headers[b"transfer-encoding"]) == (200, b"chunked")
+    assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+
+
+def test_idle_and_stalled_connections_are_closed(running):
+    idle, stalled = running.connect(), running.connect()
+    stalled.sendall(b"POST /never HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc")
+    time.sleep(0.7)
+    running.loop.call_soon_threadsafe(running.server._sweep)   # the sweep runs every few seconds; now
+    time.sleep(0.2)
+    assert idle.recv(10) == b"" and stalled.recv(10) == b""
+
+
+def test_drain_finishes_the_request_in_flight_and_closes_idle_connections(running):
+    busy, idle = running.connect(), running.connect()
+    busy.sendall(b"GET /slow HTTP/1.1\r\n\r\n")
+    time.sleep(0.05)
+    started = time.monotonic()
+    running.drain(5)
+    assert time.monotonic() - started < 2
+    ((status, headers, body),) = read_responses(busy, 1)
+    assert (status, headers[b"connection"], body) == (200, b"close", b"GET /slow 0")
+    assert idle.recv(10) == b""
+    with pytest.raises(ConnectionRefusedError):   # no longer accepting
+        running.connect()
