@@ -82,6 +82,7 @@ class Broker:
         cache = ResponseCache(settings.cache_bytes) if settings.cache_bytes else None
         self.scheduler = Scheduler(self.registry, self._send_backend, self._send_frontend, cache=cache)
         self.gateways: set[bytes] = set()
+        self._to_gateways: dict[bytes, list] = {}   # this turn's messages, per gateway
         self._pushed_generation = -1
         self._running = True
         # Told to peers in every heartbeat: a new value means the broker restarted and lost
@@ -114,7 +115,19 @@ class Broker:
     # -- sending ------------------------------------------------------------------------
 
     def _send_frontend(self, parts: list) -> None:
-        self._send(self.frontend, parts)
+        """Queued per gateway until the end of the loop's turn: one message per gateway per turn,
+        however many batches answered its requests (each message costs every process a wake-up)."""
+        queued = self._to_gateways.get(parts[0])
+        if queued is None:
+            self._to_gateways[parts[0]] = list(parts)
+        else:
+            queued.extend(parts[1:])
+
+    def _flush_frontend(self) -> None:
+        if self._to_gateways:
+            outgoing, self._to_gateways = self._to_gateways, {}
+            for parts in outgoing.values():
+                self._send(self.frontend, parts)
 
     def _send_backend(self, parts: list) -> None:
         self._send(self.backend, parts)
@@ -182,8 +195,10 @@ class Broker:
                 self.autoscaler.evaluate()
             if self._stop_deadline is not None:
                 self._check_stopped()
+            self._flush_frontend()
         log.info("broker stopping")
         self.scheduler.fail_everything(Unavailable("the server is shutting down"))
+        self._flush_frontend()
         self.lifecycle.close()
         # Linger: the last answers (results and errors) must leave before the sockets go.
         self.frontend.close(linger=2000)

@@ -9,7 +9,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
-from broker.scheduler import PIPELINE_LIMIT_NS, Scheduler
+from broker.scheduler import Scheduler
 from repo.model import ModelDefinition
 from tritium.errors import ErrorCode, Unavailable
 from tritium.protocol import Kind, decode, encode
@@ -138,10 +138,9 @@ def test_results_go_back_to_each_gateway_in_one_message_and_count_in_statistics(
     assert stats["inference_stats"]["queue"]["ns"] == 2 * 100_000
 
 
-def test_long_batches_are_not_pipelined_so_requests_can_still_join_a_batch():
+def test_a_batching_model_is_not_pipelined_so_requests_can_still_join_a_batch():
     registry, version, scheduler, to_instances, _, clock = make_world("dynamic_batching { }")
-    instance = add_instance(registry, version, credit=2)
-    instance.execution_ns = PIPELINE_LIMIT_NS * 2
+    add_instance(registry, version, credit=2)
     submit(scheduler, b"gw", 1)
     for rid in (2, 3, 4):
         submit(scheduler, b"gw", rid)
