@@ -48,10 +48,11 @@ class TritonServer:
             raise FileNotFoundError(f"{script} not found: set TRITIUM_ANCHORS to the anchors folder")
         self.port = free_port()
         self.url = f"127.0.0.1:{self.port}"
+        self.grpc_url = f"127.0.0.1:{free_port()}"
         OUT.mkdir(parents=True, exist_ok=True)
         self.log = open(OUT / "triton.log", "wb")
         self.process = subprocess.Popen(
-            [str(script), str(repository), str(self.port), str(free_port()), str(free_port())],
+            [str(script), str(repository), str(self.port), self.grpc_url.rsplit(":", 1)[1], str(free_port())],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_ready(self.url)
 
@@ -64,19 +65,31 @@ class TritonServer:
         self.log.close()
 
 
-def role_pids() -> dict[int, str]:
-    found = {}
+def role_pids(roots: tuple[int, ...] = ()) -> dict[int, str]:
+    """Processes of each role; with ``roots``, only those descending from these processes."""
+    found, parents = {}, {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except OSError:
             continue
         for role, marker in ROLES.items():
             if marker in command:
                 found[int(entry.name)] = role
+    if roots:
+        found = {pid: role for pid, role in found.items() if _descends(pid, set(roots), parents)}
     return found
+
+
+def _descends(pid: int, roots: set[int], parents: dict[int, int]) -> bool:
+    while pid > 1:
+        if pid in roots:
+            return True
+        pid = parents.get(pid, 0)
+    return False
 
 
 def cpu_seconds(pid: int) -> float:
@@ -86,10 +99,13 @@ def cpu_seconds(pid: int) -> float:
 
 @dataclass
 class CpuMeter:
-    """CPU seconds used by each process role between start() and stop()."""
+    """CPU seconds used by each process role between start() and stop() (of the processes
+    below ``roots`` when given, so that other servers on the machine do not count)."""
+
+    roots: tuple[int, ...] = ()
 
     def start(self) -> None:
-        self.pids = role_pids()
+        self.pids = role_pids(self.roots)
         self.before = {pid: cpu_seconds(pid) for pid in self.pids}
 
     def stop(self) -> dict[str, float]:
