@@ -14,7 +14,7 @@ from gateway.broker_link import BrokerLink
 from gateway.classification import classify
 from gateway.generate import SINGLE_RESPONSE_ONLY, generate_request, generate_response
 from gateway.inference import InferRequest, InferResult, OutputTensor
-from gateway.model_table import ModelSpec
+from gateway.model_table import ModelSpec, parse_version
 from gateway.shared_memory import SHM_DISABLED, map_region
 from gateway.validation import check_single_response, validate_request
 from repo.names import require_name
@@ -90,7 +90,7 @@ class DataPlane:
         return spec.config_json
 
     async def statistics(self, name: str | None, version: str | None) -> dict:
-        args = {"model": name, "version": int(version) if version else None}
+        args = {"model": name, "version": parse_version(version) if version else None}
         return {"model_stats": await self._control("stats", args)}
 
     # -- the model repository extension ----------------------------------------------------

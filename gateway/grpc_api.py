@@ -13,13 +13,15 @@ import logging
 import grpc
 import orjson
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from gateway.grpc_codec import decode_infer_request, encode_infer_response
+from gateway.model_table import parse_version
 from gateway.restricted import RestrictedApis
 from gateway.shared_memory import CUDA_SHM_UNSUPPORTED
-from tritium.errors import InvalidArgument, TritiumError, Unsupported
+from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,22 @@ RPC_CATEGORIES = {
 }
 
 
+# What a request's bytes become when they are no protobuf message of its type: answered
+# with Triton's INTERNAL "Unable to parse request" by the method, not by grpc's own handler
+# (which would log a traceback and answer UNKNOWN).
+UNPARSABLE = object()
+_UNPARSABLE_ERROR = InternalError("Unable to parse request")
+
+
+def _lenient(parse):
+    def parse_or_mark(data: bytes):
+        try:
+            return parse(data)
+        except DecodeError:
+            return UNPARSABLE
+    return parse_or_mark
+
+
 async def _abort(context, error: TritiumError):
     await context.abort(getattr(grpc.StatusCode, error.code.grpc_code_name), error.message)
 
@@ -53,6 +71,8 @@ def _rpc(method):
         try:
             if self.restricted:
                 self.restricted.check(category, context.invocation_metadata() or ())
+            if request is UNPARSABLE:
+                raise _UNPARSABLE_ERROR
             return await method(self, request, context)
         except TritiumError as exc:
             await _abort(context, exc)
@@ -84,6 +104,8 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelReady(self, request, context):
+        if request.version:
+            parse_version(request.version)   # a version that is no number is an error, as on Triton
         try:
             self.dataplane.model_ready(request.name, request.version or None)
         except TritiumError:  # unknown or not ready: Triton answers ready=false, never an error
@@ -219,6 +241,9 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         async def read() -> None:
             async for message in request_iterator:
+                if message is UNPARSABLE:
+                    outgoing.put_nowait(_UNPARSABLE_ERROR)
+                    continue
                 task = asyncio.ensure_future(self._stream_one(message, outgoing))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -281,7 +306,21 @@ async def start_grpc(dataplane: DataPlane, address: str, port: int, max_message_
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.so_reuseport", 1),
     ])
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcInferenceService(dataplane, restricted), server)
+    server.add_generic_rpc_handlers((_handlers(GrpcInferenceService(dataplane, restricted)),))
     bound = server.add_insecure_port(f"{address}:{port}")
     await server.start()
     return server, bound
+
+
+def _handlers(servicer: GrpcInferenceService) -> grpc.GenericRpcHandler:
+    """Every RPC of Triton's service, its requests parsed leniently (see UNPARSABLE)."""
+    service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for method in service.methods:
+        request_type = getattr(service_pb2, method.input_type.name)
+        response_type = getattr(service_pb2, method.output_type.name)
+        make = grpc.stream_stream_rpc_method_handler if method.client_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(getattr(servicer, method.name),
+                                     request_deserializer=_lenient(request_type.FromString),
+                                     response_serializer=response_type.SerializeToString)
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)

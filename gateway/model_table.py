@@ -6,6 +6,7 @@ answers metadata, config and readiness from it without a round trip.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import orjson
@@ -15,6 +16,20 @@ from tritium.datatypes import DataType
 from tritium.errors import InvalidArgument, NotFound
 
 READY = "READY"
+_LEADING_INTEGER = re.compile(r"\s*([+-]?[0-9]+)")
+
+
+def parse_version(text: str) -> int:
+    """A model version as Triton reads one (``std::stol``: its leading integer, so "1.0" is 1,
+    within int64), refusing what it refuses, with its texts."""
+    match = _LEADING_INTEGER.match(text)
+    if match is None or not -(2**63) <= int(match.group(1)) < 2**63:
+        raise InvalidArgument(f"failed to get model version from specified version string '{text}' "
+                              "(details: stol), version should be an integral value > 0")
+    number = int(match.group(1))
+    if number < 0:
+        raise InvalidArgument(f"invalid model version specified '{text}' , version should be an integral value > 0")
+    return number
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +137,7 @@ class ModelTable:
         """
         entry = self.get(name)
         if version:
-            number = int(version)
+            number = parse_version(version)
             if number not in entry.versions:
                 raise NotFound(f"Request for unknown model: '{name}' version {number} is not found")
             if entry.versions[number][0] != READY or entry.spec is None:

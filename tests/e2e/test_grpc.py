@@ -250,3 +250,54 @@ def test_message_size_limit_is_configurable(tmp_path):
         with pytest.raises(grpc.RpcError) as failure:
             stub.ModelInfer(request)
         assert failure.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+STOL_ERROR = ("failed to get model version from specified version string '{}' (details: stol), "
+              "version should be an integral value > 0")
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("1.0", "1"), ("1e3", "1"), (" 1", "1"),     # std::stol reads the leading integer, as Triton
+])
+def test_a_version_string_is_read_as_triton_reads_it(client, version, expected):
+    assert client.get_model_metadata("add_sub", version).versions == [expected]
+    assert client.get_model_config("add_sub", version).config.name == "add_sub"
+    assert client.is_model_ready("add_sub", version)
+
+
+@pytest.mark.parametrize("version, message", [
+    ("abc", STOL_ERROR.format("abc")),
+    ("99999999999999999999", STOL_ERROR.format("99999999999999999999")),
+    ("-1", "invalid model version specified '-1' , version should be an integral value > 0"),
+])
+def test_a_version_that_is_no_number_is_invalid_everywhere(client, version, message):
+    calls = [lambda: client.get_model_metadata("add_sub", version), lambda: client.get_model_config("add_sub", version),
+             lambda: client.is_model_ready("add_sub", version),
+             lambda: client.get_inference_statistics("add_sub", version),
+             lambda: client.infer("add_sub", add_sub_inputs(np.ones((1, 16), np.float32), np.ones((1, 16), np.float32)),
+                                  model_version=version)]
+    for call in calls:
+        with pytest.raises(InferenceServerException) as failure:
+            call()
+        assert (failure.value.status(), failure.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
+
+
+@pytest.mark.parametrize("method", ["ModelInfer", "ModelMetadata", "ModelConfig", "RepositoryModelLoad"])
+def test_bytes_that_are_no_protobuf_are_refused_without_a_traceback(server, method):
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        with pytest.raises(grpc.RpcError) as failure:
+            call(b"\xff\xff\xff\xff\x0f garbage", timeout=10)
+    assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.INTERNAL, "Unable to parse request")
+    assert "Traceback" not in server.logs() and "DecodeError" not in server.logs()
+
+
+def test_a_stream_message_that_is_no_protobuf_gets_an_error_and_the_stream_goes_on(server):
+    good = service_pb2.ModelInferRequest(model_name="add_sub")
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                       response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
+        answers = list(stream(iter([b"\xff\xff\xff\xff\x0f", good.SerializeToString()]), timeout=10))
+    unparsable, missing = sorted(a.error_message for a in answers)
+    assert unparsable == "Unable to parse request"
+    assert missing.startswith("expected 2 inputs but got 0 inputs for model 'add_sub'")

@@ -132,3 +132,11 @@ def test_load_and_unload_are_refused_in_the_default_control_mode(server, operati
     status, _, body = request(server.url, "POST", f"/v2/repository/models/add_sub/{operation}")
     assert (status, error_of(body)) == (503, "explicit model load / unload is not allowed if polling is enabled")
     assert request(server.url, "GET", "/v2/models/add_sub/ready")[0] == 200
+
+
+@pytest.mark.parametrize("suffix", ["", "/stats", "/ready", "/config"])
+def test_a_version_beyond_int64_is_refused_as_triton_refuses_it(server, suffix):
+    huge = "18446744073709551616"
+    status, _, body = request(server.url, "GET", f"/v2/models/add_sub/versions/{huge}{suffix}")
+    assert (status, error_of(body)) == (400, f"failed to get model version from specified version string "
+                                             f"'{huge}' (details: stol), version should be an integral value > 0")
