@@ -10,7 +10,8 @@ key path or drain time in them can drift from what tritium does.
 - The Dockerfile is linted by hadolint where it is installed, and its rules that matter here
   (non-root user, exec form, health check, pinned bases, Triton's ports) are checked always.
 - The compose file's key script is run for real, and every key path the services name must
-  then exist and load as the right kind of CURVE key.
+  then exist and load as the right kind of CURVE key; then the compose file's broker,
+  gateways and workers run as processes here, with those keys, and serve a model.
 - An image is built and run only where a Docker daemon answers (`docker info`); CI has none.
 """
 
@@ -28,10 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
+import numpy as np
 import pytest
+import tritonclient.http as httpclient
 import yaml
 
-from tests.servers import PROJECT_ROOT
+from tests import cluster
+from tests.servers import PROJECT_ROOT, free_port
 from tritium.cli import main as cli
 from tritium.security import CurveKeys
 
@@ -84,14 +88,14 @@ def one(kind: str, name: str) -> Manifest:
     return found
 
 
+def pod_spec(manifest: Manifest) -> dict:
+    return manifest.obj["spec"] if manifest.kind == "Pod" else manifest.obj["spec"]["template"]["spec"]
+
+
 def containers(manifest: Manifest) -> list[dict]:
     if manifest.kind == "ServingRuntime":
         return manifest.obj["spec"]["containers"]
-    return manifest.obj["spec"]["template"]["spec"]["containers"]
-
-
-def pod_spec(manifest: Manifest) -> dict:
-    return manifest.obj["spec"]["template"]["spec"]
+    return pod_spec(manifest)["containers"]
 
 
 def flag(argv: list[str], name: str) -> str | None:
@@ -330,6 +334,76 @@ def test_every_compose_key_path_is_a_key_the_script_made(compose_keys):
         keys.check()  # raises, naming the file, when a path is wrong or holds the wrong kind of key
 
 
+def local_command(argv: list[str], endpoints: dict[str, str], keys: Path) -> list[str]:
+    """A compose service's command line for a process on this host: the broker's service name
+    and bound addresses become loopback endpoints, container paths this host's folders."""
+    models = str(PROJECT_ROOT / "examples" / "model_repository")
+    local = []
+    for arg in argv[2:]:
+        for address, endpoint in endpoints.items():
+            arg = arg.replace(address, endpoint)
+        local.append(models if arg == "/models" else arg.replace("/etc/tritium/keys", str(keys)))
+    return local
+
+
+@pytest.fixture(scope="module")
+def compose_cluster(compose_keys):
+    """The compose file's broker, gateways and workers as processes here, with its keys."""
+    folder, _ = compose_keys
+    frontend, backend = cluster.tcp(), cluster.tcp()
+    endpoints = {"tcp://broker:5555": frontend, "tcp://0.0.0.0:5555": frontend,
+                 "tcp://broker:5556": backend, "tcp://0.0.0.0:5556": backend}
+    services = compose()["services"]
+    parts: dict[str, cluster.Part] = {}
+    try:
+        parts["broker"] = cluster.Part("broker", [*local_command(services["broker"]["command"], endpoints, folder),
+                                                  "--metrics-port", str(free_port())])
+        parts["broker"].wait_ready()
+        for name, service in services.items():
+            role = service["command"][1]
+            if role == "worker":
+                parts[name] = cluster.Part(role, local_command(service["command"], endpoints, folder))
+            elif role == "gateway":  # each container has ports 8000 and 8001 of its own
+                http_port = free_port()
+                parts[name] = cluster.Part(role, [*local_command(service["command"], endpoints, folder),
+                                                  "--http-address", "127.0.0.1", "--http-port", str(http_port),
+                                                  "--grpc-address", "127.0.0.1", "--grpc-port", str(free_port())])
+                parts[name].url = f"127.0.0.1:{http_port}"
+        for name, part in parts.items():
+            if name != "broker":
+                part.wait_ready()
+        yield parts
+    finally:  # the broker last: a worker drains through it
+        for part in reversed(parts.values()):
+            part.stop()
+
+
+def add_sub(url: str) -> np.ndarray:
+    client = httpclient.InferenceServerClient(url)
+    a, b = np.arange(16, dtype=np.float32).reshape(1, 16), np.full((1, 16), 2, dtype=np.float32)
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"), httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return client.infer("add_sub", inputs).as_numpy("OUTPUT0")
+
+
+def test_compose_layout_serves_through_both_gateways_over_curve(compose_cluster):
+    expected = np.arange(16, dtype=np.float32).reshape(1, 16) + 2
+    for name in ("gateway-1", "gateway-2"):
+        client = httpclient.InferenceServerClient(compose_cluster[name].url)
+        cluster.wait_until(client.is_server_ready, timeout_s=60, what=f"{name} ready")
+        np.testing.assert_array_equal(add_sub(compose_cluster[name].url), expected)
+    assert "CURVE: 2 authorized key(s)" in compose_cluster["broker"].logs()
+
+
+def test_compose_worker_drains_on_sigterm_while_the_other_serves(compose_cluster):
+    worker = compose_cluster["worker-1"]
+    worker.terminate()
+    assert worker.wait(timeout_s=45) == 0
+    expected = np.arange(16, dtype=np.float32).reshape(1, 16) + 2
+    np.testing.assert_array_equal(add_sub(compose_cluster["gateway-1"].url), expected)
+
+
 # -- Kubernetes: schemas ---------------------------------------------------------------------
 
 CUSTOM_KINDS = {"ServingRuntime": "serving.kserve.io/v1alpha1", "InferenceService": "serving.kserve.io/v1beta1",
@@ -476,6 +550,17 @@ def test_gateways_probe_tritons_health_endpoints_and_drain_within_the_grace_peri
         assert pod_spec(gateway)["terminationGracePeriodSeconds"] > drain_s
 
 
+def startup_allowance_s(container: dict) -> int:
+    probe = container["startupProbe"]
+    return probe["periodSeconds"] * probe["failureThreshold"]
+
+
+def test_gateways_wait_for_the_broker_longer_than_the_broker_waits_for_its_repository():
+    ((_, broker),) = roles()["broker"]
+    for _, gateway in roles()["gateway"]:
+        assert startup_allowance_s(gateway) > startup_allowance_s(broker)
+
+
 def test_broker_and_workers_are_given_time_to_drain():
     for role in ("broker", "worker"):
         for workload, container in roles()[role]:
@@ -533,10 +618,40 @@ def test_curve_keys_come_from_secrets_and_the_models_from_the_claim():
                 assert volume["persistentVolumeClaim"]["claimName"] in claims
 
 
+def documented_secrets() -> dict[str, set[str]]:
+    """The Secrets docs/deploy.md tells users to create, with the files each holds."""
+    secrets = {}
+    for line in (PROJECT_ROOT / "docs" / "deploy.md").read_text().splitlines():
+        words = shlex.split(line) if "create secret generic" in line else []
+        if words:
+            name = words[words.index("generic") + 1]
+            secrets[name] = {Path(w.split("=", 1)[1]).name for w in words if w.startswith("--from-file=")}
+    return secrets
+
+
+def test_the_documented_secrets_hold_every_key_file_the_pods_read():
+    documented = documented_secrets()
+    used = set()
+    for role, found in roles().items():
+        for workload, container in found:
+            argv = container["args"]
+            for name in ("--curve-secret-key", "--curve-server-key", "--curve-authorized-keys"):
+                path = flag(argv, name)
+                if path is None:
+                    continue
+                secret = mounted(workload, container, path)["secret"]["secretName"]
+                used.add(secret)
+                if name == "--curve-authorized-keys":  # the folder: public keys of gateways and workers
+                    assert documented[secret] == {"gateway.key", "worker.key"}
+                else:
+                    assert Path(path).name in documented[secret], (workload, name)
+    assert used == set(documented)
+
+
 def test_pods_run_as_the_restricted_pod_security_standard_asks():
     (namespace,) = of_kind("Namespace")
     assert namespace.obj["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    for workload in of_kind(*WORKLOADS):
+    for workload in of_kind(*WORKLOADS, "Pod"):
         pod = pod_spec(workload)
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -546,7 +661,8 @@ def test_pods_run_as_the_restricted_pod_security_standard_asks():
                                                     "capabilities": {"drop": ["ALL"]}}
             # With a read-only root, tritium writes only to its temporary folder and caches.
             writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
-            assert "/tmp" in writable and writable <= {"/tmp", "/var/cache/tritium", "/dev/shm"}
+            editor = {"/models"} if workload.kind == "Pod" else set()  # the one that writes models
+            assert "/tmp" in writable and writable <= {"/tmp", "/var/cache/tritium", "/dev/shm", *editor}
 
 
 # -- the image, where Docker runs ------------------------------------------------------------
