@@ -37,10 +37,10 @@ from tritium import logs, notify
 from tritium.logs import LogSettings
 from tritium.errors import AlreadyExists, InternalError, InvalidArgument, ProtocolError, TritiumError, Unavailable
 from tritium.gctune import tune_for_serving
+from tritium.exit_codes import ExitCode
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     PROTOCOL_VERSION,
-    ExitCode,
     Kind,
     decode,
     encode,

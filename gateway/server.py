@@ -23,7 +23,8 @@ from gateway.http_server import HttpLimits, HttpServer
 from gateway.restricted import RestrictedApis
 from tritium import notify
 from tritium.gctune import tune_for_serving
-from tritium.protocol import DEFAULT_HEARTBEAT_INTERVAL_S, ExitCode
+from tritium.exit_codes import ExitCode
+from tritium.protocol import DEFAULT_HEARTBEAT_INTERVAL_S
 from tritium.security import CurveKeys
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import pytest
 from tests.servers import PROJECT_ROOT
 from tritium import notify
 from tritium.cli import main as cli
-from tritium.protocol import ExitCode
+from tritium.exit_codes import ExitCode
 
 SYSTEMD = PROJECT_ROOT / "deploy" / "systemd"
 UNITS = {"broker": "tritium-broker.service", "gateway": "tritium-gateway@.service",

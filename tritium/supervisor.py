@@ -24,7 +24,8 @@ from pathlib import Path
 
 import zmq
 
-from tritium.protocol import ExitCode, Kind, decode, encode
+from tritium.exit_codes import ExitCode
+from tritium.protocol import Kind, decode, encode
 
 log = logging.getLogger(__name__)
 

@@ -31,11 +31,11 @@ from repo.names import name_problem, write_files
 from tritium import logs, notify
 from tritium.hostmetrics import HostSampler
 from tritium.hosts import host_name
+from tritium.exit_codes import ExitCode
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     MISSED_HEARTBEATS,
     PROTOCOL_VERSION,
-    ExitCode,
     Kind,
     decode,
     encode,

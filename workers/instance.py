@@ -26,7 +26,8 @@ from google.protobuf import json_format
 from repo import ModelConfig
 from tritium import logs
 from tritium.gctune import tune_for_serving
-from tritium.protocol import PROTOCOL_VERSION, ExitCode, Kind, decode, encode
+from tritium.exit_codes import ExitCode
+from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
 from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
 from workers.backends import load_backend

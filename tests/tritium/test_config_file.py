@@ -16,8 +16,8 @@ from tests.servers import TritiumServer
 from tritium.cli import main, serve
 from tritium.config_file import SettingsCommand, variables
 
-PYTHON_REPO = Path(__file__).parent / "e2e" / "python_repo"
-DEPLOY_CONFIG = Path(__file__).parent.parent / "deploy" / "config"
+PYTHON_REPO = Path(__file__).parent.parent / "e2e" / "python_repo"
+DEPLOY_CONFIG = Path(__file__).parent.parent.parent / "deploy" / "config"
 GATEWAY_FLAGS = ["--broker", "tcp://broker:5555"]
 
 

@@ -8,6 +8,7 @@ import msgpack
 import pytest
 
 from tritium import protocol
+from tritium.exit_codes import ExitCode
 from tritium.errors import (
     AlreadyExists, Cancelled, ErrorCode, InternalError, InvalidArgument, NotFound, ProtocolError,
     TritiumError, Unavailable, Unsupported, error_for_code,
@@ -146,9 +147,9 @@ def test_tensor_views_missing_external_frame_or_overrun_raise_protocol_error():
 
 
 def test_exit_codes_are_distinct():
-    codes = [int(c) for c in protocol.ExitCode]
+    codes = [int(c) for c in ExitCode]
     assert len(codes) == len(set(codes))
-    assert protocol.ExitCode.OK == 0
+    assert ExitCode.OK == 0
 
 
 # -- errors ----------------------------------------------------------------------------------
