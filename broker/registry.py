@@ -256,4 +256,5 @@ class Registry:
                     rows[number] = [number, VersionState.UNAVAILABLE.value, error, False]
             entry["versions"] = [rows[number] for number in sorted(rows)]
             models.append(entry)
-        return {"generation": self.generation, "shm": list(self.shared_memory.values()), "models": models, "ready": self.server_ready()}
+        return {"generation": self.generation, "shm": list(self.shared_memory.values()), "models": models,
+                "ready": self.server_ready()}

@@ -91,8 +91,9 @@ def all_types_model(repo: Path, name: str = "all_types", max_batch_size: int = 8
     model.ir_version = 8
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(model_dir / "1" / "model.onnx"))
-    tensors = lambda kind: ",\n".join(
-        f'{{ name: "{kind}_{d}", data_type: {_CONFIG_TYPE[d]}, dims: [ -1 ] }}' for d in ALL_TYPES)
+    def tensors(kind: str) -> str:
+        return ",\n".join(f'{{ name: "{kind}_{d}", data_type: {_CONFIG_TYPE[d]}, dims: [ -1 ] }}' for d in ALL_TYPES)
+
     write_config(model_dir, f"""
 max_batch_size: {max_batch_size}
 input [ {tensors("IN")} ]

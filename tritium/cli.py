@@ -216,7 +216,8 @@ def main() -> None:
 @click.option("--allow-metrics", default="true", show_default=True)
 @click.option("--metrics-config", multiple=True, help="KEY=VALUE; tritium reads histogram_latencies.")
 @click.option("--metrics-interval-ms", default=2000, show_default=True, type=int)
-@click.option("--http-workers", default=None, type=int, help="Gateway processes sharing the HTTP and gRPC ports (default: one per 2 cores).")
+@click.option("--http-workers", default=None, type=int,
+              help="Gateway processes sharing the HTTP and gRPC ports (default: one per 2 cores).")
 @click.option("--exit-timeout-secs", default=30, show_default=True, type=int)
 @click.option("--exit-on-error", default="true", show_default=True, help="Exit when a model fails to load at startup.")
 @click.option("--strict-readiness", default="true", show_default=True)

@@ -7,7 +7,6 @@ import struct
 import msgpack
 import pytest
 
-from tritium import protocol
 from tritium.exit_codes import ExitCode
 from tritium.errors import (
     AlreadyExists, Cancelled, ErrorCode, InternalError, InvalidArgument, NotFound, ProtocolError,
