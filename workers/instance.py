@@ -223,11 +223,14 @@ def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: 
     poller.register(sock, zmq.POLLIN)
     poller.register(outbox.wake_read, zmq.POLLIN)
     health = HealthReporter(executor.instance, outbox)
+    wake = outbox.wake_read.fileno()
     while not stopping:
         health.check()
-        if not poller.poll(500):
+        events = poller.poll(500)
+        if not events:
             continue
-        outbox.flush()
+        if any(item == wake for item, _ in events):   # a model's own thread queued a message
+            outbox.flush()
         while True:
             try:
                 frames = recv_parts(sock)

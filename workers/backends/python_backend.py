@@ -152,7 +152,7 @@ class PythonInstance(Instance):
             requested_output_names=set(request.requested_outputs if request.requested_outputs is not None
                                        else self.output_names),
             model_name=self.context.model.name, model_version=self.context.model.version,
-            parameters=json.dumps(request.parameters))  # already checked by the gateway
+            parameters=json.dumps(request.parameters) if request.parameters else "{}")  # checked by the gateway
         if request.response_sender is not None:
             send = request.response_sender
             pb_request._sender = self.pb.InferenceResponseSender(
@@ -164,7 +164,8 @@ class PythonInstance(Instance):
             return InferenceResponse(error=InternalError(
                 f"model '{self.context.model.name}' returned {type(response).__name__} instead of "
                 "a pb_utils.InferenceResponse"))
-        parameters = json.loads(response.parameters() or "{}")
+        text = response.parameters()
+        parameters = json.loads(text) if text and text != "{}" else {}
         if response.has_error():
             error = response.error()
             return InferenceResponse(error=error_for_code(_CODES.get(error.code(), ErrorCode.INTERNAL),
