@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from examples.models import add_sub
 from tests.e2e.rawhttp import error_of, request
 from tests.servers import TritiumServer
 
@@ -174,3 +175,26 @@ def test_an_ensemble_that_no_longer_fits_its_model_is_unloaded_until_it_does(pol
     assert logged(server, "unloading ensemble ens, which no longer fits model comp")
     replace_file(repo / "comp" / "config.pbtxt", CONFIG.format(name="comp", output="Y"))
     eventually(lambda: infer(server, "ens") == (200, [10.0, 10.0]))
+
+
+ONNX_ADD_SUB = """
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ {{ name: "INPUT0", data_type: {dtype}, dims: [ 16 ] }}, {{ name: "INPUT1", data_type: {dtype}, dims: [ 16 ] }} ]
+output [ {{ name: "OUTPUT0", data_type: {dtype}, dims: [ 16 ] }}, {{ name: "OUTPUT1", data_type: {dtype}, dims: [ 16 ] }} ]
+"""
+
+
+def test_a_config_that_does_not_fit_its_onnx_file_is_refused_at_load(polled):
+    server, repo = polled
+    staging = repo.parent / ".onnx"
+    add_sub(staging / "1" / "model.onnx")
+    (staging / "config.pbtxt").write_text(ONNX_ADD_SUB.format(dtype="TYPE_FP16"))
+    staging.rename(repo / "onnx")
+    entry = eventually(lambda: index(server).get(("onnx", "1")))
+    assert entry["state"] == "UNAVAILABLE"
+    assert entry["reason"].endswith("unable to load model 'onnx', configuration expects datatype TYPE_FP16 "
+                                    "for input 'INPUT0', model provides TYPE_FP32")
+    assert infer(server, "onnx")[0] == 404
+    replace_file(repo / "onnx" / "config.pbtxt", ONNX_ADD_SUB.format(dtype="TYPE_FP32"))
+    eventually(lambda: index(server)[("onnx", "1")]["state"] == "READY")
