@@ -169,14 +169,20 @@ class EnsembleLoading:
                 self._dependents[ensemble] = members_of(record)
                 self._unload(ensemble)
 
-    def _stays_unloaded(self, record: ModelRecord | None, definition: ModelDefinition | None,
-                        error: str | None) -> bool:
-        """An ensemble tried again that still does not fit its models stays unloaded, waiting for them."""
-        if error is None or definition is None or record is None or not record.unloaded:
+    def _waits_for_members(self, name: str, definition: ModelDefinition | None, error: str | None,
+                           restoring: bool) -> bool:
+        """Note an ensemble that does not fit its models now, to try it again when one of them
+        loads (in poll mode, and for one unloaded with its models, as Triton does). True when it
+        was unloaded with them: it then stays unloaded meanwhile (Triton's index says so too)
+        rather than failed."""
+        if error is None or not is_ensemble(definition) or not (restoring or self.settings.mode == "poll"):
             return False
-        log.info("ensemble %s stays unloaded: %s", record.name, error)
-        self._dependents[record.name] = list(dict.fromkeys(composing_models(definition.config)))
-        return True
+        self._dependents[name] = list(dict.fromkeys(composing_models(definition.config)))
+        record = self.registry.models.get(name)
+        if record is not None and record.unloaded:
+            log.info("ensemble %s stays unloaded until its models fit it: %s", name, error)
+            return True
+        return False
 
     def _ensembles_using(self, name: str) -> list[str]:
         """The loaded ensembles with a step that uses model ``name``."""

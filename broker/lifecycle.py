@@ -38,8 +38,8 @@ from broker.registry import (
     VersionState,
 )
 from repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
-from repo.repository import version_fingerprint
 from repo.names import relative_file_problem, require_name, write_files
+from repo.repository import version_fingerprint
 from tritium.errors import InvalidArgument, TritiumError, Unavailable
 from tritium.protocol import Kind, encode
 
@@ -293,10 +293,10 @@ class ModelLifecycle(EnsembleLoading):
             if not members_asked and self._load_members(load, definition, fingerprint, files):
                 return
             error = self._ensemble_error(definition)
-        record = self.registry.models.get(name)
-        if restoring and self._stays_unloaded(record, definition, error):
+        if self._waits_for_members(name, definition, error, restoring):
             self._finish_if_done(load)
             return
+        record = self.registry.models.get(name)
         if isinstance(error, MissingModel) and load.replies:
             # A load request for a name the repository does not have: refused, not recorded.
             load.errors.append(error)

@@ -167,6 +167,20 @@ def test_an_ensemble_follows_its_composing_model_away_and_back(polled):
     assert index(server)[("ens", "1")]["state"] == "READY"
 
 
+def test_an_ensemble_changed_while_its_model_is_away_loads_when_the_model_is_back(polled):
+    server, repo = polled
+    (repo / "comp").rename(repo.parent / ".comp")
+    eventually(lambda: index(server).get(("ens", "1"), {}).get("reason") == "unloaded")
+    said = "ensemble ens stays unloaded until its models fit it"
+    before = server.logs().count(said)
+    replace_file(repo / "ens" / "config.pbtxt", ENSEMBLE)               # read again: it cannot load
+    eventually(lambda: server.logs().count(said) > before)
+    assert index(server)[("ens", "1")] == {"name": "ens", "version": "1", "state": "UNAVAILABLE",
+                                           "reason": "unloaded"}   # as Triton's index says
+    (repo.parent / ".comp").rename(repo / "comp")
+    eventually(lambda: infer(server, "ens") == (200, [10.0, 10.0]))
+
+
 def test_an_ensemble_that_no_longer_fits_its_model_is_unloaded_until_it_does(polled):
     server, repo = polled
     assert infer(server, "ens") == (200, [10.0, 10.0])
