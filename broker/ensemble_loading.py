@@ -33,6 +33,7 @@ class EnsembleLoading:
     """The ensemble part of ``ModelLifecycle``: composing models loaded first, readiness, dependents."""
 
     _ensembles: set[ModelVersion]   # ensemble versions waiting for their steps' models
+    _dependents: dict[str, list[str]]   # ensembles unloaded with their models -> those models
 
     def _read_with_members(self, names) -> list[tuple[str, tuple]]:
         """Explicit mode's startup reads: the named models and the models of named ensembles, models first.
@@ -151,6 +152,37 @@ class EnsembleLoading:
             return (f"step {index} (model '{step.model_name}'): model '{step.model_name}'{wanted} is not "
                     f"available{': ' + reason if reason else ''}")
         return _WAITING if waiting else None
+
+    def ensembles_follow(self, name: str) -> None:
+        """After model ``name`` loaded: as Triton, an ensemble that no longer fits it is unloaded,
+        and an ensemble unloaded with its models loads again once all of them are loaded."""
+        for ensemble, members in list(self._dependents.items()):
+            if name in members and all(self._is_loaded(m) for m in members):
+                log.info("loading ensemble %s again: its models are loaded", ensemble)
+                del self._dependents[ensemble]
+                self._schedule_read(ensemble, None, None, None, restoring=True)
+        for ensemble in self._ensembles_using(name):
+            record = self.registry.models[ensemble]
+            error = self._ensemble_error(max(record.versions.items())[1].definition)
+            if error is not None:
+                log.warning("unloading ensemble %s, which no longer fits model %s: %s", ensemble, name, error)
+                self._dependents[ensemble] = members_of(record)
+                self._unload(ensemble)
+
+    def _waits_for_members(self, name: str, definition: ModelDefinition | None, error: str | None,
+                           restoring: bool) -> bool:
+        """Note an ensemble that does not fit its models now, to try it again when one of them
+        loads (in poll mode, and for one unloaded with its models, as Triton does). True when it
+        was unloaded with them: it then stays unloaded meanwhile (Triton's index says so too)
+        rather than failed."""
+        if error is None or not is_ensemble(definition) or not (restoring or self.settings.mode == "poll"):
+            return False
+        self._dependents[name] = list(dict.fromkeys(composing_models(definition.config)))
+        record = self.registry.models.get(name)
+        if record is not None and record.unloaded:
+            log.info("ensemble %s stays unloaded until its models fit it: %s", name, error)
+            return True
+        return False
 
     def _ensembles_using(self, name: str) -> list[str]:
         """The loaded ensembles with a step that uses model ``name``."""

@@ -39,6 +39,7 @@ from broker.registry import (
 )
 from repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
 from repo.names import relative_file_problem, require_name, write_files
+from repo.repository import version_fingerprint
 from tritium.errors import InvalidArgument, TritiumError, Unavailable
 from tritium.protocol import Kind, encode
 
@@ -91,6 +92,9 @@ class ModelLifecycle(EnsembleLoading):
         self._next_poll = time.monotonic() + settings.poll_seconds
         self._overrides = Path(tempfile.mkdtemp(prefix="tritium-overrides-"))
         self.repository_errors: tuple[str, ...] = ()
+        self._version_files: dict[int, tuple] = {}   # epoch -> the files its version was loaded from
+        self._removed: set[str] = set()              # poll mode: models whose folder went away
+        self._dependents: dict[str, list[str]] = {}  # an ensemble unloaded with its models -> them
 
     # -- startup ------------------------------------------------------------------------
 
@@ -139,13 +143,16 @@ class ModelLifecycle(EnsembleLoading):
         if self.settings.mode != "explicit":
             raise Unavailable(POLLING_ENABLED)
         require_name(name, "unload")
+        self._dependents.pop(name, None)   # unloaded on purpose: loading its models does not bring it back
         if name in self._loads:  # after the load in progress, as Triton orders them
             self._queued.setdefault(name, []).append(lambda: self._unload(name, unload_dependents))
             return
         self._unload(name, unload_dependents)
 
     def index(self, ready_only: bool) -> list[dict]:
-        names = set(self.repository.discover()[0]) | set(self.registry.models)
+        # A model whose folder went away leaves the index, as in Triton; the gateways still
+        # know its versions, so that a request for one is told it is not ready.
+        names = set(self.repository.discover()[0]) | (set(self.registry.models) - self._removed)
         entries = []
         for name in sorted(names):
             record = self.registry.models.get(name)
@@ -208,13 +215,15 @@ class ModelLifecycle(EnsembleLoading):
             decoded[path] = bytes(content)
         return config, decoded or None
 
-    def _schedule_read(self, name: str, config, files, reply: Reply | None) -> None:
+    def _schedule_read(self, name: str, config, files, reply: Reply | None, restoring: bool = False) -> None:
         if name in self._loads:  # one load of a model at a time, in the order asked
-            self._queued.setdefault(name, []).append(lambda: self._schedule_read(name, config, files, reply))
+            self._queued.setdefault(name, []).append(
+                lambda: self._schedule_read(name, config, files, reply, restoring))
             return
         self._loads[name] = LoadInProgress(name, replies=[reply] if reply else [])
         future = self._pool.submit(self._read, name, config, files)
-        future.add_done_callback(lambda f: self._post(lambda: self._begin(name, *f.result(), reply=None)))
+        future.add_done_callback(lambda f: self._post(
+            lambda: self._begin(name, *f.result(), reply=None, restoring=restoring)))
 
     def _post(self, action: Callable[[], None]) -> None:
         self.completed.put(action)
@@ -270,16 +279,23 @@ class ModelLifecycle(EnsembleLoading):
     # -- applying a load ------------------------------------------------------------------
 
     def _begin(self, name: str, definition: ModelDefinition | None, error: str | None, fingerprint,
-               files, reply: Reply | None, checked: bool = False, members_asked: bool = False) -> None:
+               files, reply: Reply | None, checked: bool = False, members_asked: bool = False,
+               restoring: bool = False) -> None:
+        """Apply a read model folder; ``restoring``: an ensemble unloaded with its models, tried again."""
         load = self._loads.setdefault(name, LoadInProgress(name))
         if reply is not None:
             load.replies.append(reply)
+        if not restoring:
+            self._dependents.pop(name, None)
         if error is None and is_ensemble(definition) and not checked:
-            # Explicit mode loads an ensemble's models first, as Triton does.
-            if self.settings.mode == "explicit" and not members_asked and \
-                    self._load_members(load, definition, fingerprint, files):
+            # An ensemble's models load first, as in Triton (explicit mode loads them; a poll
+            # that brings back a model and its ensemble lets the model finish loading first).
+            if not members_asked and self._load_members(load, definition, fingerprint, files):
                 return
             error = self._ensemble_error(definition)
+        if self._waits_for_members(name, definition, error, restoring):
+            self._finish_if_done(load)
+            return
         record = self.registry.models.get(name)
         if isinstance(error, MissingModel) and load.replies:
             # A load request for a name the repository does not have: refused, not recorded.
@@ -322,7 +338,7 @@ class ModelLifecycle(EnsembleLoading):
                 continue
             record.version_errors.pop(number, None)
             if current is not None and current.state != VersionState.UNAVAILABLE and \
-                    _same_load(current, definition, files):
+                    self._same_load(current, definition, files):
                 continue  # nothing changed for this version: keep it as it is
             self._start_version(record, number, definition, files, current, load)
         # Versions the policy dropped serve until the new ones are ready, so that a request
@@ -335,6 +351,7 @@ class ModelLifecycle(EnsembleLoading):
                        current: ModelVersion | None, load: LoadInProgress) -> None:
         version = ModelVersion(record.name, number, definition, epoch=next(self._epochs),
                                replaces=current, files=files)
+        self._version_files[version.epoch] = _version_files(definition.path, number)
         self._new_version_hook(version)
         self.registry.epochs[version.epoch] = version
         if current is None or current.state != VersionState.READY:
@@ -369,6 +386,8 @@ class ModelLifecycle(EnsembleLoading):
             result = InvalidArgument(f"load failed for model '{load.name}': {message}" if prefix else message)
         for reply in load.replies:
             reply(result)
+        if not load.errors:
+            self.ensembles_follow(load.name)
         self._run_queued(load.name)
 
     def _run_queued(self, name: str) -> None:
@@ -415,6 +434,7 @@ class ModelLifecycle(EnsembleLoading):
         log.error("model %s version %d failed to load: %s", version.name, version.version, message)
         self._unassign(version)
         self.registry.epochs.pop(version.epoch, None)
+        self._version_files.pop(version.epoch, None)
         if version.replaces is not None and record is not None:  # the old epoch keeps serving
             record.last_error = f"reload failed, the previous load keeps serving: {message}"
             self.registry.generation += 1
@@ -451,6 +471,7 @@ class ModelLifecycle(EnsembleLoading):
         log.info("model %s unloaded; its in-flight requests finish", name)
         for dependent in self._ensembles_using(name):  # as Triton: an ensemble goes with its models
             log.info("unloading ensemble %s, which uses model %s", dependent, name)
+            self._dependents[dependent] = members_of(self.registry.models[dependent])
             self._unload(dependent)
         if with_members:
             for member in members:
@@ -482,6 +503,7 @@ class ModelLifecycle(EnsembleLoading):
                 self.registry.instances.pop(instance.iid, None)
             version.instances.clear()
             self.registry.epochs.pop(version.epoch, None)
+            self._version_files.pop(version.epoch, None)
             self.registry.set_state(version, VersionState.UNAVAILABLE, "unloaded")
             log.info("model %s version %d (epoch %d) drained and stopped", version.name, version.version,
                      version.epoch)
@@ -546,20 +568,38 @@ class ModelLifecycle(EnsembleLoading):
         return self.settings.mode == "poll" and time.monotonic() >= self._next_poll
 
     def poll(self) -> None:
-        """Load what was added or changed on disk, unload what was removed."""
+        """Load what was added or changed on disk, unload what was removed; never stop polling."""
         self._next_poll = time.monotonic() + self.settings.poll_seconds
+        try:
+            self._poll_repository()
+        except Exception:  # the next poll tries again, as Triton's does
+            log.exception("polling the model repository failed; polling goes on")
+
+    def _poll_repository(self) -> None:
         on_disk = set(self.repository.discover()[0])
         for name in sorted(on_disk):
-            record = self.registry.models.get(name)
             if name in self._loads:
                 continue
-            if record is None or record.unloaded or record.fingerprint != self._fingerprint(name):
+            record = self.registry.models.get(name)
+            if record is None or record.fingerprint != self._fingerprint(name):
                 log.info("repository change: (re)loading model %s", name)
+                self._removed.discard(name)
                 self._schedule_read(name, None, None, None)
         for name, record in list(self.registry.models.items()):
-            if name not in on_disk and not record.unloaded:
+            if name not in on_disk and name not in self._removed and name not in self._loads:
                 log.info("repository change: model %s was removed; unloading it", name)
+                self._removed.add(name)
+                self._dependents.pop(name, None)
+                record.fingerprint = ()   # the same folder moved back in is a new load
                 self._unload(name)
+
+    def _same_load(self, current: ModelVersion, definition: ModelDefinition, files) -> bool:
+        """Whether ``current`` was loaded from what ``definition`` would load now (no reload then)."""
+        return (files is None and current.files is None
+                and current.definition.portable_config == definition.portable_config
+                and current.definition.labels == definition.labels
+                and current.definition.path == definition.path
+                and self._version_files.get(current.epoch) == _version_files(definition.path, current.version))
 
 
 def _publish(record: ModelRecord, definition: ModelDefinition) -> None:
@@ -580,18 +620,8 @@ def _assignment(version: ModelVersion) -> dict:
     return version.assignment()
 
 
-def _same_load(current: ModelVersion, definition: ModelDefinition, files) -> bool:
-    return (files is None and current.files is None
-            and current.definition.portable_config == definition.portable_config
-            and current.definition.path == definition.path
-            and _version_files(current.definition.path, current.version) ==
-            _version_files(definition.path, current.version))
-
-
 def _version_files(model_dir: Path, number: int) -> tuple:
-    folder = model_dir / str(number)
     try:
-        return tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in folder.iterdir()
-                            if p.name != "__pycache__"))
+        return version_fingerprint(model_dir, number)
     except OSError:
         return ()

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 from tritonclient.grpc import model_config_pb2
 
+from repo.autoscale import autoscale_policy
 from repo.model import ModelDefinition
 from repo.repository import ModelEntry, RepositoryScan
 
@@ -32,7 +33,7 @@ def _row(entry: ModelEntry) -> CheckRow:
     definition = entry.definition
     if definition is None:
         return CheckRow(entry.name, "-", [], None, "-", "-", False, entry.error, path)
-    version_errors = [v.error for v in definition.versions if v.error]
+    version_errors = _version_errors(definition)
     config = definition.config
     return CheckRow(
         name=entry.name,
@@ -45,6 +46,13 @@ def _row(entry: ModelEntry) -> CheckRow:
         error="; ".join(version_errors) or None,
         path=path,
     )
+
+
+def _version_errors(definition: ModelDefinition) -> list[str]:
+    # With several versions, say which one each error is about (when it does not already).
+    several = len(definition.versions) > 1
+    return [f"version {v.version}: {v.error}" if several and not v.error.startswith("version ") else v.error
+            for v in definition.versions if v.error]
 
 
 def _backend(config) -> str:
@@ -70,6 +78,10 @@ def _scheduler(definition: ModelDefinition) -> str:
 def _groups(config) -> str:
     if len(config.instance_group) == 0:
         return "-"
+    policy = autoscale_policy(config)
+    if policy is not None:  # the broker places min..max instances, not the groups' counts
+        kind = model_config_pb2.ModelInstanceGroup.Kind.Name(config.instance_group[0].kind)
+        return f"{policy.min_instances}-{policy.max_instances}x{kind.removeprefix('KIND_')}(autoscale)"
     parts = []
     for group in config.instance_group:
         kind = model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind).removeprefix("KIND_")

@@ -13,6 +13,7 @@ from repo.errors import ModelLoadError
 from repo.instance_groups import resolve_instance_groups
 from repo.json_form import config_to_json_dict
 from repo.model import ModelDefinition, RepositoryOptions, VersionInfo
+from repo.model_files import check_versions
 from repo.normalize import normalize, normalize_version_policy
 from repo.onnx_autocomplete import auto_complete_onnx
 from repo.python_autocomplete import run_auto_complete
@@ -66,6 +67,7 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
     portable.CopyFrom(config)
     resolve_instance_groups(config, options.gpus)
     validate_config(config)
+    versions = check_versions(config, versions, config_file, options.read_torchscript)
     return ModelDefinition(name=name, path=model_dir, config=config, portable_config=portable,
                            versions=versions, config_file=config_file, labels=_read_labels(name, model_dir, config))
 

@@ -18,6 +18,7 @@ class RepositoryOptions:
     default_max_batch_size: int = 4
     python_autocomplete_timeout_s: float = 30.0
     gpus: tuple[int, ...] | None = ()  # the loading host's GPUs, for KIND_AUTO and gpu checks; None: not here
+    read_torchscript: bool = False     # open TorchScript files to check them (imports torch)
 
 
 @dataclass(frozen=True)

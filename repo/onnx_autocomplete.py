@@ -9,6 +9,7 @@ with the ``onnx`` package (protobuf only), so the broker never imports onnxrunti
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,21 +33,45 @@ class OnnxTensorInfo:
     dims: tuple[int, ...]   # -1 for a symbolic or unknown dimension
 
 
+@dataclass(frozen=True, slots=True)
+class OnnxSignature:
+    inputs: tuple[OnnxTensorInfo, ...]         # graph inputs a request must feed
+    initializers: tuple[OnnxTensorInfo, ...]   # graph inputs with a default (overridable initializers)
+    outputs: tuple[OnnxTensorInfo, ...]
+
+
 def read_onnx_io(model: str, path: Path) -> tuple[list[OnnxTensorInfo], list[OnnxTensorInfo]]:
     """Graph inputs (without initializers) and outputs of an ONNX file or folder."""
+    signature = read_onnx_signature(model, path)
+    return list(signature.inputs), list(signature.outputs)
+
+
+def read_onnx_signature(model: str, path: Path) -> OnnxSignature:
+    """The inputs and outputs of an ONNX file or folder (a large model is a folder of model.onnx)."""
+    if path.is_dir():
+        path = path / "model.onnx"
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise ModelLoadError(model, f"cannot read ONNX model: {exc.strerror or exc}", path) from exc
+    # Auto-complete and the load check both read the file; parsing a large one twice is slow.
+    return _read_signature(model, path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_signature(model: str, path: Path, mtime_ns: int, size: int) -> OnnxSignature:
     import onnx
 
-    if path.is_dir():  # a large model may be a folder holding model.onnx and its weights
-        path = path / "model.onnx"
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError, OSError, ValueError...
         raise ModelLoadError(model, f"cannot read ONNX model: {exc}", path) from exc
     graph = proto.graph
-    initializers = {init.name for init in graph.initializer}
-    inputs = [_tensor_info(model, path, v) for v in graph.input if v.name not in initializers]
-    outputs = [_tensor_info(model, path, v) for v in graph.output]
-    return inputs, outputs
+    defaults = {init.name for init in graph.initializer}
+    return OnnxSignature(
+        inputs=tuple(_tensor_info(model, path, v) for v in graph.input if v.name not in defaults),
+        initializers=tuple(_tensor_info(model, path, v) for v in graph.input if v.name in defaults),
+        outputs=tuple(_tensor_info(model, path, v) for v in graph.output))
 
 
 def _tensor_info(model: str, path: Path, value) -> OnnxTensorInfo:

@@ -135,25 +135,39 @@ def _duplicate_message(name: str, paths: Sequence[Path]) -> str:
 
 
 def _folder_fingerprint(model_dir: Path) -> tuple:
-    """(name, mtime_ns, size) of the files Triton watches: configs, labels, version folders."""
+    """(path, mtime_ns, size) of every file in the folder, at any depth, as Triton's poll watches.
+
+    A file replaced in place (an editor's save, an ``os.replace``) changes its mtime, so
+    it is noticed even when its size stays the same. Folders count by name only: a
+    Python model's ``__pycache__`` appearing changes its folder's mtime, and is no edit.
+    """
+    return (str(model_dir), tuple(sorted(_files(model_dir))))
+
+
+def version_fingerprint(model_dir: Path, version: int) -> tuple:
+    """What a version's instances read besides the config: its own folder, and the model
+    folder's other files (labels, shared data), but not the other versions' folders."""
+    others = {str(v) for v in numeric_subdirs(model_dir)} - {str(version)}
+    return tuple(sorted(item for item in _files(model_dir)
+                        if item[0].split("/", 1)[0] not in others))
+
+
+def _files(folder: Path, prefix: str = "") -> list[tuple]:
     items = []
-    try:
-        top = list(os.scandir(model_dir))
-    except OSError:
-        return (str(model_dir), "unreadable")
-    versions = {str(v) for v in numeric_subdirs(model_dir)}
-    for entry in top:
+    for entry in _scan(str(folder)):
         if entry.name == _BYTECODE_CACHE:
             continue
-        if entry.is_dir() and (entry.name in versions or entry.name == "configs"):
-            subs = [sub for sub in _scan(entry.path) if sub.name != _BYTECODE_CACHE]
-            for sub in subs:
-                items.append((f"{entry.name}/{sub.name}",) + _stat(sub))
-            # Not the folder's own mtime: creating __pycache__ in it changes that.
-            items.append((entry.name, "dir"))
-            continue
-        items.append((entry.name,) + _stat(entry))
-    return (str(model_dir), tuple(sorted(items)))
+        relative = f"{prefix}{entry.name}"
+        try:
+            is_folder = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            is_folder = False
+        if is_folder:
+            items.append((relative, "dir"))
+            items.extend(_files(Path(entry.path), relative + "/"))
+        else:
+            items.append((relative,) + _stat(entry))
+    return items
 
 
 def _scan(path: str) -> list[os.DirEntry]:

@@ -6,6 +6,7 @@ Flags use Triton's names where Triton has one (``--model-repository``, ``--http-
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -485,7 +486,9 @@ def repo_check(repositories, as_json, **repository) -> None:
     from repo import ModelRepository
     from repo.check import check_rows, render_table, rows_as_json
 
-    scan = ModelRepository(repositories, repository_settings(**repository)).load_all()
+    # Open every model file, TorchScript too, to report what a load would refuse.
+    options = dataclasses.replace(repository_settings(**repository), read_torchscript=True)
+    scan = ModelRepository(repositories, options).load_all()
     rows = check_rows(scan)
     if as_json:
         sys.stdout.write(orjson.dumps(rows_as_json(rows, scan.errors), option=orjson.OPT_INDENT_2).decode() + "\n")

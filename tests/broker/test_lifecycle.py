@@ -179,3 +179,64 @@ def test_a_model_name_that_is_a_path_is_refused_before_any_file_is_written(tmp_p
         world.lifecycle.unload(name)
     assert not (tmp_path / "victim").exists() and not (tmp_path / "abs").exists()
     assert world.lifecycle.completed.empty() and world.sent == []
+
+
+ENSEMBLE = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "comp" model_version: -1
+  input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }
+"""
+
+
+def loaded_ensemble(world) -> None:
+    world.write("comp")
+    write_model(world.root, "ens", ENSEMBLE, {"1/.keep": ""})
+    world.lifecycle.load("ens", {}, world.replies.append)
+    world.finish_reads()                    # ens read: it asks for comp first
+    world.finish_reads()                    # comp read
+    world.instance_ready(world.loading("comp"))
+    world.lifecycle.run_completed()         # ens waits for comp's version to be READY
+    assert world.registry.versions[("ens", 1)].state == VersionState.READY
+
+
+def index_states(world) -> dict:
+    return {e["name"]: (e.get("state"), e.get("reason")) for e in world.lifecycle.index(False)}
+
+
+def test_loading_back_a_composing_model_restores_its_ensemble(world):
+    loaded_ensemble(world)
+    world.lifecycle.unload("comp")
+    assert index_states(world)["ens"] == ("UNAVAILABLE", "unloaded")   # it goes with its model
+    world.load("comp")
+    world.instance_ready(world.loading("comp"))
+    world.finish_reads()                    # then ens is read again, as Triton does
+    assert world.registry.versions[("ens", 1)].state == VersionState.READY
+    assert index_states(world)["ens"] == ("READY", None)
+
+
+def test_an_ensemble_unloaded_on_purpose_stays_unloaded(world):
+    loaded_ensemble(world)
+    world.lifecycle.unload("ens")
+    world.lifecycle.unload("comp")
+    world.load("comp")
+    world.instance_ready(world.loading("comp"))
+    time.sleep(0.2)
+    world.lifecycle.run_completed()
+    assert world.lifecycle.completed.empty() and "ens" not in world.lifecycle._loads
+    assert index_states(world)["ens"] == ("UNAVAILABLE", "unloaded")
+
+
+def test_an_ensemble_that_no_longer_fits_a_reloaded_model_waits_unloaded(world):
+    loaded_ensemble(world)
+    write_model(world.root, "comp", CONFIG.format(batch=8).replace('"Y"', '"Z"'), {"1/model.py": PLAIN_PY_MODEL})
+    world.load("comp")
+    world.instance_ready(world.loading("comp"))
+    assert index_states(world)["ens"] == ("UNAVAILABLE", "unloaded")
+    world.write("comp")                     # fits again: the ensemble comes back
+    world.load("comp")
+    world.instance_ready(world.loading("comp"))
+    world.finish_reads()
+    assert index_states(world)["ens"] == ("READY", None)

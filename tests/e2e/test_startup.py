@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from tests.e2e.rawhttp import error_of, request
 from tests.models import add_sub_model, write_config
@@ -18,15 +20,23 @@ instance_group [ { kind: KIND_CPU, count: 1 } ]
 """
 
 
+def unknown_operator_model(path) -> None:
+    tensors = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in ("X", "Y")]
+    graph = helper.make_graph([helper.make_node("NoSuchOp", ["X"], ["Y"])], "bad", tensors[:1], tensors[1:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True)
+    onnx.save(model, str(path))
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     add_sub_model(repo, "good")
     write_config(repo / "bad_config", "max_batch_size: -3 nonsense: 1")
-    # A config that is fine, with a model file that is not an ONNX model: fails in its instance.
+    # A config that fits its ONNX file, whose operator onnxruntime lacks: fails in its instance.
     write_config(repo / "bad_file", BAD_ONNX_CONFIG)
-    (repo / "bad_file" / "1").mkdir()
-    (repo / "bad_file" / "1" / "model.onnx").write_bytes(b"this is not onnx")
+    unknown_operator_model(repo / "bad_file" / "1" / "model.onnx")
     return repo
 
 
@@ -67,7 +77,7 @@ def test_failed_models_have_no_available_versions(tolerant_server, model):
 
 
 def test_an_instance_that_cannot_initialize_is_not_restarted(tolerant_server):
-    assert "instance bad_file_0_0 of model bad_file version 1 failed: InvalidProtobuf" in tolerant_server.logs()
+    assert "instance bad_file_0_0 of model bad_file version 1 failed: InvalidGraph" in tolerant_server.logs()
     # Longer than the first restart backoff (1 s): no process for the model comes back.
     deadline = time.monotonic() + 2.5
     while time.monotonic() < deadline:

@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from repo import ModelRepository
 from repo.check import check_rows, render_table, rows_as_json
-from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, identity, minimal_io, write_model
+from tests.repo.helpers import FLOAT, PLAIN_PY_MODEL, add_sub, identity, minimal_io, onnx_io, write_model
 from tritium.cli import main
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +24,15 @@ def no_gpus(monkeypatch):
     monkeypatch.setenv("TRITIUM_GPUS", "")  # the same table on every machine
 
 
+class Double(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def torchscript(module: torch.nn.Module):
+    return lambda path: torch.jit.script(module).save(str(path))
+
+
 def good_repo(root):
     write_model(root, "add_sub", None, {"1/model.onnx": add_sub()})
     write_model(root, "plain", None, {"1/model.onnx": identity(dims=(3,))})
@@ -30,7 +40,7 @@ def good_repo(root):
                 'instance_group [ { kind: KIND_CPU count: 3 }, { kind: KIND_MODEL } ]',
                 {"1/model.py": PLAIN_PY_MODEL, "2/model.py": PLAIN_PY_MODEL})
     write_model(root, "ts", 'platform: "pytorch_libtorch"\nversion_policy { all { } }' + minimal_io(),
-                {"1/model.pt": b"x", "3/model.pt": b"x"})
+                {"1/model.pt": torchscript(Double()), "3/model.pt": torchscript(Double())})
     ens = write_model(root, "ens", """
         platform: "ensemble"
         max_batch_size: 4
@@ -193,3 +203,47 @@ def test_the_installed_command(tmp_path):
     assert done.returncode == 1
     assert table_rows(done.stdout)["bad"][-1] == "FAIL"
     assert table_rows(done.stdout)["add_sub"][-1] == "OK"
+
+
+def test_model_files_are_checked_against_their_configs(tmp_path):
+    """Models that pass the config checks but that serving would refuse, as the load does."""
+    good_repo(tmp_path)
+    write_model(tmp_path, "renamed", """
+        platform: "onnxruntime_onnx"
+        input [ { name: "image" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    """, {"1/model.onnx": onnx_io([("pixels", FLOAT, [4])], [("y", FLOAT, [4])])})
+    write_model(tmp_path, "transposed", """
+        platform: "onnxruntime_onnx"
+        input [ { name: "x" data_type: TYPE_FP32 dims: [ 224, 3 ] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [ 3, 224 ] } ]
+    """, {"1/model.onnx": onnx_io([("x", FLOAT, [3, 224])], [("y", FLOAT, [3, 224])])})
+    write_model(tmp_path, "ts_short", 'platform: "pytorch_libtorch"\n' + minimal_io().replace(
+        'name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }',
+        'name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }'),
+        {"1/model.pt": torchscript(Double())})
+    result = run(tmp_path)
+    assert result.exit_code == 1
+    rows = table_rows(result.output)
+    assert {name: row[-1] for name, row in rows.items() if row[-1] == "FAIL"} == {
+        "renamed": "FAIL", "transposed": "FAIL", "ts_short": "FAIL"}
+    lines = result.output.splitlines()
+    config = tmp_path / "renamed" / "config.pbtxt"
+    assert f"renamed: {config}:3: unexpected inference input 'image', allowed inputs are: pixels" in lines
+    assert (f"transposed: {tmp_path / 'transposed' / 'config.pbtxt'}:3: model 'transposed', tensor 'x': "
+            "the model expects 2 dimensions (shape [3,224]) but the model configuration specifies 2 "
+            "dimensions (shape [224,3])") in lines
+    assert "ts_short: unable to load model 'ts_short', configuration expects 2 inputs, model provides 1" in lines
+
+
+def test_an_autoscaled_model_shows_its_range(tmp_path):
+    write_model(tmp_path, "scaled", 'backend: "python"\ninstance_group [ { kind: KIND_CPU count: 2 } ]\n'
+                'parameters { key: "tritium.autoscale" value: { string_value: "min=0,max=6" } }',
+                {"1/model.py": PLAIN_PY_MODEL})
+    write_model(tmp_path, "fixed", 'backend: "python"\ninstance_group [ { kind: KIND_CPU count: 2 } ]',
+                {"1/model.py": PLAIN_PY_MODEL})
+    result = run(tmp_path)
+    assert result.exit_code == 0, result.output
+    rows = table_rows(result.output)
+    assert rows["scaled"][5] == "0-6xCPU(autoscale)"
+    assert rows["fixed"][5] == "2xCPU"

@@ -8,6 +8,7 @@ import pytest
 
 from repo import ModelLoadError, ModelRepository, RepositoryOptions
 from repo.config_file import MAX_CONFIG_BYTES
+from repo.repository import version_fingerprint
 from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, identity, write_model
 
 PY = {"1/model.py": PLAIN_PY_MODEL}
@@ -267,6 +268,33 @@ def test_fingerprint_changes_with_label_files(watched):
     before = repository.fingerprint("m")
     (model_dir / "labels.txt").write_text("cat\ndog\nbird\n")
     assert repository.fingerprint("m") != before
+
+
+def test_fingerprint_sees_any_file_at_any_depth(watched):
+    repository, model_dir = watched
+    (model_dir / "1" / "weights").mkdir()
+    (model_dir / "1" / "weights" / "layer.bin").write_bytes(b"1234")
+    (model_dir / "warmup").mkdir()
+    (model_dir / "warmup" / "sample").write_bytes(b"x")
+    before = repository.fingerprint("m")
+    bump(model_dir / "1" / "weights" / "layer.bin")
+    deep = repository.fingerprint("m")
+    assert deep != before
+    bump(model_dir / "warmup" / "sample")
+    assert repository.fingerprint("m") != deep
+
+
+def test_version_fingerprint_leaves_out_the_other_versions(watched):
+    _, model_dir = watched
+    (model_dir / "2").mkdir()
+    (model_dir / "2" / "model.py").write_text(PLAIN_PY_MODEL)
+    first, second = version_fingerprint(model_dir, 1), version_fingerprint(model_dir, 2)
+    bump(model_dir / "2" / "model.py")
+    assert version_fingerprint(model_dir, 1) == first
+    assert version_fingerprint(model_dir, 2) != second
+    bump(model_dir / "labels.txt")            # a file of the whole model: every version's
+    assert version_fingerprint(model_dir, 1) != first
+    assert {item[0] for item in first} == {"1", "1/model.py", "config.pbtxt", "labels.txt"}
 
 
 def test_fingerprint_of_other_models_is_untouched(tmp_path):

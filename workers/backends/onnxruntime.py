@@ -15,6 +15,9 @@ import logging
 
 import numpy as np
 
+from repo.config_file import ModelConfig
+from repo.model_files import onnx_problem
+from repo.onnx_autocomplete import OnnxSignature, OnnxTensorInfo
 from tritium.errors import InvalidArgument
 from workers.backends.base import Backend, Instance, InstanceContext, Model, ModelContext
 
@@ -108,23 +111,36 @@ class OnnxRuntimeInstance(Instance):
 
 def check_against_config(name: str, config, session) -> None:
     """Refuse to load when config.pbtxt and the ONNX file disagree on a tensor, as Triton's
-    onnxruntime backend does, rather than fail every request later."""
-    batch = [-1] if config.max_batch_size > 0 else []
-    for kind, declared, actual in (("input", config.input, session.get_inputs()),
-                                   ("output", config.output, session.get_outputs())):
-        in_model = {t.name: t for t in actual}
-        for tensor in declared:
-            found = in_model.get(tensor.name)
-            if found is None:
-                raise ValueError(f"model '{name}': {kind} '{tensor.name}' of the model configuration is not in "
-                                 f"the model, whose {kind}s are {sorted(in_model)}")
-            expected = batch + list(tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims)
-            shape = [d if isinstance(d, int) and d >= 0 else -1 for d in (found.shape or [])]
-            if len(shape) != len(expected) or any(m != c and -1 not in (m, c) for m, c in zip(shape, expected)):
-                raise ValueError(
-                    f"model '{name}', tensor '{tensor.name}': the model expects {len(shape)} dimensions (shape "
-                    f"{shape}) but the model configuration specifies {len(expected)} dimensions (shape {expected}"
-                    f"{', the first for the batch since max_batch_size > 0' if batch else ''})")
+    onnxruntime backend does, rather than fail every request later.
+
+    The broker checked the file it read; this host's copy of the repository may differ.
+    """
+    checked = ModelConfig()
+    checked.CopyFrom(config)
+    checked.name = name
+    problem = onnx_problem(checked, session_signature(session))
+    if problem is not None:
+        raise InvalidArgument(problem.message)
+
+
+# onnxruntime's type names -> model config data type names
+_ORT_TO_CONFIG = {
+    "tensor(float)": "TYPE_FP32", "tensor(float16)": "TYPE_FP16", "tensor(double)": "TYPE_FP64",
+    "tensor(bfloat16)": "TYPE_BF16", "tensor(int8)": "TYPE_INT8", "tensor(int16)": "TYPE_INT16",
+    "tensor(int32)": "TYPE_INT32", "tensor(int64)": "TYPE_INT64", "tensor(uint8)": "TYPE_UINT8",
+    "tensor(uint16)": "TYPE_UINT16", "tensor(uint32)": "TYPE_UINT32", "tensor(uint64)": "TYPE_UINT64",
+    "tensor(bool)": "TYPE_BOOL", "tensor(string)": "TYPE_STRING",
+}
+
+
+def session_signature(session) -> OnnxSignature:
+    def infos(args) -> tuple[OnnxTensorInfo, ...]:
+        return tuple(OnnxTensorInfo(a.name, _ORT_TO_CONFIG.get(a.type, a.type),
+                                    tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (a.shape or ())))
+                     for a in args)
+
+    return OnnxSignature(infos(session.get_inputs()), infos(session.get_overridable_initializers()),
+                         infos(session.get_outputs()))
 
 
 def _as_text(name: str, array: np.ndarray) -> np.ndarray:

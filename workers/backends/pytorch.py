@@ -17,6 +17,7 @@ import warnings
 
 import numpy as np
 
+from repo.model_files import forward_arguments, torchscript_problem
 from tritium.errors import InternalError, InvalidArgument
 from workers.backends.base import Backend, Instance, InstanceContext, Model, ModelContext
 
@@ -94,7 +95,7 @@ class PyTorchInstance(Instance):
                 log.warning("instance %s is KIND_GPU but torch sees no GPU; running on CPU", context.name)
         self.module = torch.jit.load(str(model.path), map_location=self.device)
         self.module.eval()
-        config = context.model.config
+        config = self.config = context.model.config
         self.input_names = [i.name for i in config.input]
         self.string_inputs = {i.name for i in config.input if i.data_type == 13}  # TYPE_STRING
         self.dict_input, self.input_order = self._bind_inputs()
@@ -104,13 +105,12 @@ class PyTorchInstance(Instance):
     # -- binding ------------------------------------------------------------------------
 
     def _bind_inputs(self) -> tuple[bool, list[str]]:
-        arguments = [a for a in self.module.forward.schema.arguments if a.type.kind() != "ClassType"]
-        if len(arguments) == 1 and arguments[0].type.kind() == "DictType":
+        arguments = forward_arguments(self.module)
+        problem = torchscript_problem(self.config, arguments)
+        if problem is not None:
+            raise InvalidArgument(problem.message)
+        if len(arguments) == 1 and arguments[0].kind == "DictType":
             return True, list(self.input_names)
-        if len(arguments) != len(self.input_names):
-            raise InvalidArgument(
-                f"unable to load model '{self.model_name}', configuration expects "
-                f"{len(self.input_names)} inputs, model provides {len(arguments)}")
         argument_names = [a.name for a in arguments]
         if all(name in argument_names for name in self.input_names):
             return False, argument_names
