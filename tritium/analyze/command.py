@@ -1,0 +1,6 @@
+import click
+
+
+@click.command("analyze")
+def analyze_command() -> None:
+    """placeholder"""
