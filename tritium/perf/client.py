@@ -66,6 +66,9 @@ class Session:
     def __init__(self, settings: PerfSettings, client, info: ModelInfo) -> None:
         self.settings = settings
         self.client = client
+        # statistics and shared memory calls get their own connection: behind a full pool of
+        # inference requests they could wait for as long as the load lasts
+        self.control = _modules(settings.protocol)[1].InferenceServerClient(settings.url)
         self.info = info
         self._sync, _ = _modules(settings.protocol)
         self._regions: list = []
@@ -77,7 +80,7 @@ class Session:
         if settings.protocol == "grpc":
             client = aio.InferenceServerClient(settings.url)
         else:
-            client = aio.InferenceServerClient(settings.url, conn_limit=max(8, connections),
+            client = aio.InferenceServerClient(settings.url, conn_limit=connections,
                                                conn_timeout=settings.request_timeout_s)
         try:
             info = await cls._model_info(client, settings)
@@ -142,7 +145,7 @@ class Session:
     async def register_regions(self) -> None:
         for region, key, size in self._registrations:
             try:
-                await self.client.register_system_shared_memory(region, key, size)
+                await self.control.register_system_shared_memory(region, key, size)
             except Exception as exc:
                 raise PerfError(f"--shared-memory system: the server refused region '{region}': "
                                 f"{server_message(exc)}") from None
@@ -158,7 +161,7 @@ class Session:
         if "statistics" not in self.info.extensions and self.settings.protocol == "http":
             return None
         try:
-            stats = await self.client.get_inference_statistics(self.settings.model, self.settings.version,
+            stats = await self.control.get_inference_statistics(self.settings.model, self.settings.version,
                                                                **_as_json(self.settings))
         except Exception:
             return None
@@ -170,12 +173,13 @@ class Session:
 
         for region, handle in self._regions:
             try:
-                await self.client.unregister_system_shared_memory(region)
+                await self.control.unregister_system_shared_memory(region)
             except Exception:
                 pass  # the server may already be gone; the region is ours to free all the same
             shm.destroy_shared_memory_region(handle)
         self._regions.clear()
         await self.client.close()
+        await self.control.close()
 
 
 def _as_json(settings: PerfSettings) -> dict:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-# Exit codes of ``tritium perf`` and ``tritium analyze`` (2 is click's bad command line).
+# Exit codes of ``tritium perf`` and ``tritium analyze``.
+GENERIC = 1
+USAGE = 2          # as click's own answer to a bad command line
 UNREACHABLE = 3
 UNKNOWN_MODEL = 4
 REJECTED = 5
 UNSTABLE = 6
-GENERIC = 1
 
 
 class PerfError(Exception):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from tritium import datatypes
-from tritium.perf.errors import PerfError
+from tritium.perf.errors import USAGE, PerfError
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def generated_steps(specs: list[InputSpec], random: bool, string_length: int) ->
     for spec in specs:
         if any(d < 0 for d in spec.shape):
             raise PerfError(f"input '{spec.name}' has a variable dimension {list(spec.shape)}; give "
-                            f"--shape {spec.name}:d1,d2,... or an --input-data file", 3)
+                            f"--shape {spec.name}:d1,d2,... or an --input-data file", USAGE)
         step[spec.name] = _generated(spec, random, string_length, rng)
     return [[step]]
 
@@ -74,9 +74,9 @@ def file_steps(path: str, specs: list[InputSpec]) -> list[list[Step]]:
         document = json.loads(Path(path).read_text())
         entries = document["data"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PerfError(f"--input-data {path}: not a perf_analyzer data file ({exc})", 3) from None
+        raise PerfError(f"--input-data {path}: not a perf_analyzer data file ({exc})", USAGE) from None
     if not isinstance(entries, list) or not entries:
-        raise PerfError(f"--input-data {path}: 'data' must be a non-empty list", 3)
+        raise PerfError(f"--input-data {path}: 'data' must be a non-empty list", USAGE)
     streams = entries if isinstance(entries[0], list) else [entries]
     by_name = {spec.name: spec for spec in specs}
     return [[_file_step(path, step, by_name) for step in stream] for stream in streams]
@@ -85,7 +85,7 @@ def file_steps(path: str, specs: list[InputSpec]) -> list[list[Step]]:
 def _file_step(path: str, step: dict, by_name: dict[str, InputSpec]) -> Step:
     missing = [name for name in by_name if name not in step]
     if missing:
-        raise PerfError(f"--input-data {path}: a step has no value for input(s) {', '.join(missing)}", 3)
+        raise PerfError(f"--input-data {path}: a step has no value for input(s) {', '.join(missing)}", USAGE)
     return {name: _file_value(path, by_name[name], step[name]) for name in by_name}
 
 
@@ -105,7 +105,7 @@ def _file_value(path: str, spec: InputSpec, value) -> np.ndarray:
         return flat.reshape(shape)
     except ValueError:
         raise PerfError(f"--input-data {path}: input '{spec.name}' has {flat.size} values, which do not "
-                        f"fill shape {list(shape)}", 3) from None
+                        f"fill shape {list(shape)}", USAGE) from None
 
 
 def batched(step: Step, batch_size: int, batching: bool) -> Step:

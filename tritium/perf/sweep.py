@@ -36,7 +36,8 @@ def level_report(outcome: LevelOutcome, batch_size: int) -> LevelReport:
 
 async def sweep(settings, on_window: WindowCallback | None = None,
                 on_level: LevelCallback | None = None) -> list[LevelReport]:
-    widest = max((level.concurrency for level in settings.levels), default=1)
+    # request-rate mode keeps as many requests in flight as the server lets pile up
+    widest = max(max(level.concurrency for level in settings.levels), 256 if settings.levels[0].is_rate else 1)
     session = await Session.open(settings, connections=widest)
     try:
         if session.info.is_decoupled:
