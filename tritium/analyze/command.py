@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from tritium.perf.command import parse_shapes
 from tritium.perf.errors import PerfError
 from tritium.perf.settings import parse_int_range
 
@@ -64,6 +65,7 @@ class Progress:
 @click.option("--concurrency", default="1,8", show_default=True, help="Concurrency levels: a,b,c or START:END:STEP.")
 @click.option("-b", "--batch-size", default=1, show_default=True, type=click.IntRange(min=1),
               help="Batch size of each request.")
+@click.option("--shape", multiple=True, help="NAME:d1,d2 for inputs with variable dimensions.")
 @click.option("--latency-budget", "--max-p99-latency", "max_p99_ms", default=None, type=click.FloatRange(min=0),
               help="Constraint: p99 latency at most this many ms.")
 @click.option("--min-throughput", default=None, type=click.FloatRange(min=0),
@@ -82,7 +84,7 @@ class Progress:
               help="Milliseconds per measurement window.")
 @click.option("-r", "--max-trials", default=5, show_default=True, type=click.IntRange(min=3))
 @click.option("-s", "--stability-percentage", default=10.0, show_default=True, type=click.FloatRange(min=0))
-def analyze_command(model, url, model_repository, output, protocol, grpc_url, concurrency, batch_size, max_p99_ms,
+def analyze_command(model, url, model_repository, output, protocol, grpc_url, concurrency, batch_size, shape, max_p99_ms,
                     min_throughput, max_memory_mb, objective, max_instance_count, max_batch_size, queue_delays,
                     max_candidates, measurement_interval, max_trials, stability_percentage) -> None:
     """Find MODEL's best instance count, batching and kind under the constraints, by measuring."""
@@ -113,7 +115,7 @@ def analyze_command(model, url, model_repository, output, protocol, grpc_url, co
         control = ModelControl(url)
         measured_url = grpc_url if protocol == "grpc" else url
         perf = perf_settings(model, measured_url, protocol, levels, measurement_interval, max_trials,
-                             stability_percentage, batch_size)
+                             stability_percentage, batch_size, parse_shapes(shape))
         with Progress() as progress:
             analysis = Analysis(control, perf, bounds, limits, objective, progress.trial, progress.plan)
             trials, best = analysis.run()
@@ -131,7 +133,10 @@ def analyze_command(model, url, model_repository, output, protocol, grpc_url, co
     report = write_outputs(outcome, Path(output), configs)
     from rich.console import Console
 
-    Console().print(summary_table(outcome))
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=140)   # a file or a pipe: rows on one line each
+    console.print(summary_table(outcome))
     if not configs:
         click.echo(f"error: no candidate met the constraints; see {report}", err=True)
         sys.exit(1)

@@ -102,12 +102,13 @@ class Analysis:
 
 
 def perf_settings(model: str, url: str, protocol: str, concurrencies: list[int], interval_ms: float,
-                  max_trials: int, stability_percent: float, batch_size: int) -> PerfSettings:
+                  max_trials: int, stability_percent: float, batch_size: int,
+                  shapes: dict[str, list[int]]) -> PerfSettings:
     """Short windows, and an unstable level is kept rather than fatal: a search wants a figure."""
     from tritium.perf.settings import Measurement
 
     measurement = Measurement(interval_ms=interval_ms, max_trials=max_trials, stability_percent=stability_percent,
                               require_stable=False)
-    return PerfSettings(model=model, url=url, protocol=protocol, batch_size=batch_size,
+    return PerfSettings(model=model, url=url, protocol=protocol, batch_size=batch_size, shapes=shapes,
                         levels=tuple(LoadLevel(concurrency=c) for c in concurrencies), measurement=measurement)
 

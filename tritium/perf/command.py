@@ -12,7 +12,7 @@ from tritium.perf.settings import (LoadLevel, Measurement, PerfSettings, Sequenc
                                    parse_int_range)
 
 
-def _shapes(values) -> dict[str, list[int]]:
+def parse_shapes(values) -> dict[str, list[int]]:
     shapes = {}
     for value in values:
         name, _, dims = value.partition(":")
@@ -113,7 +113,7 @@ def settings_from(params: dict) -> PerfSettings:
         model=params["model"], url=url, protocol=protocol, version=params["model_version"],
         batch_size=params["batch_size"], levels=_levels(params["concurrency_range"], params["request_rate_range"]),
         distribution=params["request_distribution"], shared_memory=params["shared_memory"],
-        input_data=params["input_data"], shapes=_shapes(params["shape"]), string_length=params["string_length"],
+        input_data=params["input_data"], shapes=parse_shapes(params["shape"]), string_length=params["string_length"],
         binary_tensors=params["tensor_format"] == "binary", measurement=measurement,
         sequences=Sequences(id_start, id_end, params["sequence_length"], params["sequence_length_variation"],
                             params["num_of_sequences"]))
