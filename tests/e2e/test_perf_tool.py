@@ -179,9 +179,10 @@ def test_json_tensors(server):
     assert json.loads(result.stdout)[0]["throughput"] > 0
 
 
-def test_a_sequence_model_gets_ids_and_start_end_flags(server):
+@pytest.mark.parametrize("mode", [["--concurrency-range", "2"], ["--request-rate-range", "60"]])
+def test_a_sequence_model_gets_ids_and_start_end_flags(server, mode):
     # the sequence batcher refuses a request whose sequence never started: success means the flags are right
-    result = perf("-m", "py_accumulator", "-u", server.url, "--concurrency-range", "2", "--sequence-length", "5",
+    result = perf("-m", "py_accumulator", "-u", server.url, *mode, "--sequence-length", "5",
                   "--json", "-q", *FAST)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)[0]["server"]["requests"] > 0
