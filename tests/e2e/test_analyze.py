@@ -15,7 +15,7 @@ import pytest
 import tritonclient.http as httpclient
 from click.testing import CliRunner
 
-from tests.servers import TritiumServer
+from tests.servers import TritiumServer, free_port
 from tritium.cli import main
 
 SLEEPY_CONFIG = """
@@ -100,3 +100,11 @@ def test_the_written_config_loads_and_serves(analysis, repo, server):
     tensor.set_data_from_numpy(np.ones((8, 4), np.float32))
     answer = client.infer("sleepy", [tensor]).as_numpy("OUTPUT0")
     assert answer.shape == (8, 4) and float(answer.sum()) == 64.0
+
+
+def test_a_stopped_server_is_one_line_and_exit_3(tmp_path):
+    result = CliRunner().invoke(main, ["analyze", "-m", "sleepy", "-u", f"127.0.0.1:{free_port()}",
+                                       "--output", str(tmp_path)])
+    assert result.exit_code == 3
+    assert result.stderr.startswith("error: cannot reach the server at http://127.0.0.1:")
+    assert len(result.stderr.splitlines()) == 1 and not list(tmp_path.iterdir())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from tritium.perf.command import parse_shapes
+from tritium.perf.command import fail, parse_shapes
 from tritium.perf.errors import PerfError
 from tritium.perf.settings import parse_int_range
 
@@ -113,15 +113,19 @@ def analyze_command(model, url, model_repository, output, protocol, grpc_url, co
             server = OwnServer(model_repository, [model])
             url, grpc_url = server.url, f"127.0.0.1:{server.grpc_port}"
         control = ModelControl(url)
+        measured_config = control.check(model)   # before the progress bar: a failure is one line
         measured_url = grpc_url if protocol == "grpc" else url
         perf = perf_settings(model, measured_url, protocol, levels, measurement_interval, max_trials,
                              stability_percentage, batch_size, parse_shapes(shape))
         with Progress() as progress:
             analysis = Analysis(control, perf, bounds, limits, objective, progress.trial, progress.plan)
-            trials, best = analysis.run()
+            trials, best = analysis.run(measured_config)
     except PerfError as exc:
-        click.echo(f"error: {exc.message}", err=True)
-        sys.exit(exc.exit_code)
+        fail(exc)
+    except Exception as exc:  # a failure nobody foresaw still reads as one line
+        from tritium.perf.client import server_message
+
+        fail(PerfError(f"{type(exc).__name__}: {server_message(exc)}"))
     finally:
         if control is not None:
             control.close()

@@ -52,8 +52,8 @@ class Analysis:
     def planned(self, models: list[str]) -> int:
         return sum(min(self.space(self.control.config(m)).upper_bound, self.bounds.max_candidates) for m in models)
 
-    def run(self) -> tuple[list[Trial], dict[str, Trial]]:
-        measured_config = self.control.check(self.perf.model)
+    def run(self, measured_config: dict) -> tuple[list[Trial], dict[str, Trial]]:
+        """Tune the models behind ``measured_config`` (from ModelControl.check)."""
         models = self.tuned_models(measured_config)
         trials: list[Trial] = []
         best: dict[str, Trial] = {}

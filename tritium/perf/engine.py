@@ -68,8 +68,29 @@ class _Tally:
         return taken
 
 
+@dataclass
+class _Sequence:
+    """One sequence in progress: its id, the stream it walks, and how far it got."""
+
+    sequence_id: int
+    stream: list[Prepared]
+    length: int
+    step: int = 0
+
+    def next_request(self) -> tuple[Prepared, dict]:
+        """The next request and its flags, and one step on."""
+        flags = {"sequence_id": self.sequence_id, "start": self.step == 0, "end": self.step == self.length - 1}
+        request = self.stream[self.step % len(self.stream)]
+        self.step += 1
+        return request, flags
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.length
+
+
 class _Sequences:
-    """Sequence ids and flags as perf_analyzer hands them out: each sequence walks one stream."""
+    """Sequence ids and lengths as perf_analyzer hands them out: each sequence walks one stream."""
 
     def __init__(self, settings: PerfSettings, streams: list[list[Prepared]]) -> None:
         self.streams = streams
@@ -78,14 +99,13 @@ class _Sequences:
         self.stream_picker = itertools.cycle(range(len(streams)))
         self.rng = random.Random(0)
 
-    def new(self) -> list:
+    def new(self) -> _Sequence:
         sequence_id = next(self.ids)
         if sequence_id > self.spec.id_end:
             self.ids = itertools.count(self.spec.id_start + 1)
             sequence_id = self.spec.id_start
         stream = self.streams[next(self.stream_picker)]
-        length = len(stream) if len(stream) > 1 else self._length()
-        return [sequence_id, stream, 0, length]
+        return _Sequence(sequence_id, stream, len(stream) if len(stream) > 1 else self._length())
 
     def _length(self) -> int:
         spread = self.spec.length * self.spec.variation_percent / 100
@@ -98,15 +118,10 @@ class LoadDriver:
     def __init__(self, session: Session, settings: PerfSettings, streams: list[list[Prepared]]) -> None:
         self.session = session
         self.settings = settings
-        self.flat = [request for stream in streams for request in stream]
-        self.next_request = itertools.cycle(self.flat)
+        self.next_request = itertools.cycle([request for stream in streams for request in stream])
         self.sequences = _Sequences(settings, streams) if session.info.is_sequence else None
 
-    async def _one(self, tally: _Tally, request: Prepared, sequence: list | None) -> None:
-        flags = {}
-        if sequence is not None:
-            sequence_id, _, step, length = sequence
-            flags = {"sequence_id": sequence_id, "start": step == 0, "end": step == length - 1}
+    async def _one(self, tally: _Tally, request: Prepared, flags: dict) -> None:
         start = time.perf_counter_ns()
         try:
             await self.session.infer(request, **flags)
@@ -116,47 +131,33 @@ class LoadDriver:
             return
         tally.latencies_ns.append(time.perf_counter_ns() - start)
 
-    def _next(self, sequence: list | None) -> tuple[Prepared, list | None]:
-        if sequence is None:
-            return next(self.next_request), None
-        _, stream, step, length = sequence
-        return stream[step % len(stream)], sequence
-
-    @staticmethod
-    def _advance(sequence: list | None, sequences: _Sequences) -> list | None:
-        if sequence is None:
-            return None
-        sequence[2] += 1
-        return sequences.new() if sequence[2] >= sequence[3] else sequence
+    def _from(self, slots: list[_Sequence], index: int) -> tuple[Prepared, dict]:
+        """The next request of sequence slot ``index``; a finished sequence makes way for a new one."""
+        request, flags = slots[index].next_request()
+        if slots[index].done:
+            slots[index] = self.sequences.new()
+        return request, flags
 
     async def closed_loop(self, tally: _Tally) -> None:
-        sequence = self.sequences.new() if self.sequences else None
+        slots = [self.sequences.new()] if self.sequences else []
         while not tally.stop:
-            request, current = self._next(sequence)
-            await self._one(tally, request, current)
-            sequence = self._advance(sequence, self.sequences)
+            request, flags = self._from(slots, 0) if slots else (next(self.next_request), {})
+            await self._one(tally, request, flags)
 
     async def open_loop(self, tally: _Tally, rate: float) -> None:
         """Requests at ``rate`` per second, constant or Poisson, whether or not answers keep up."""
         rng = random.Random(0)
         slots = [self.sequences.new() for _ in range(self.settings.sequences.count)] if self.sequences else []
-        picker = itertools.cycle(range(len(slots))) if slots else None
+        picker = itertools.cycle(range(len(slots)))
         in_flight: set[asyncio.Task] = set()
         due = time.monotonic()
         while not tally.stop:
-            gap = rng.expovariate(rate) if self.settings.distribution == "poisson" else 1 / rate
-            due += gap
+            due += rng.expovariate(rate) if self.settings.distribution == "poisson" else 1 / rate
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            if slots:
-                slot = next(picker)
-                request, current = self._next(slots[slot])
-                flags_copy = list(current)
-                slots[slot] = self._advance(current, self.sequences)
-            else:
-                request, flags_copy = next(self.next_request), None
-            task = asyncio.ensure_future(self._one(tally, request, flags_copy))
+            request, flags = self._from(slots, next(picker)) if slots else (next(self.next_request), {})
+            task = asyncio.ensure_future(self._one(tally, request, flags))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
         if in_flight:
@@ -194,9 +195,9 @@ def is_stable(windows: list[Window], settings: PerfSettings) -> bool:
 
 async def _window(session: Session, settings: PerfSettings, tally: _Tally) -> Window:
     rule = settings.measurement
-    before = await session.statistics() if settings.server_stats else None
-    tally.take()
+    tally.take()   # windows follow each other without a gap; the snapshot is taken inside the window
     started = time.monotonic()
+    before = await session.statistics() if settings.server_stats else None
     if rule.count_windows:
         while len(tally.latencies_ns) < rule.request_count and not tally.failed:
             await asyncio.sleep(0.005)

@@ -68,6 +68,7 @@ class LevelReport:
     first_error: str
     server: ServerBreakdown
     request_rate: float = 0.0     # request-rate mode: the rate asked for (concurrency is then 0)
+    requests: int = 0             # requests completed in the measured windows
     stable: bool = True
     windows: int = 0
     latencies_us: tuple[float, ...] = field(default=(), repr=False, compare=False)
