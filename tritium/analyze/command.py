@@ -84,8 +84,8 @@ class Progress:
               help="Milliseconds per measurement window.")
 @click.option("-r", "--max-trials", default=5, show_default=True, type=click.IntRange(min=3))
 @click.option("-s", "--stability-percentage", default=10.0, show_default=True, type=click.FloatRange(min=0))
-def analyze_command(model, url, model_repository, output, protocol, grpc_url, concurrency, batch_size, shape, max_p99_ms,
-                    min_throughput, max_memory_mb, objective, max_instance_count, max_batch_size, queue_delays,
+def analyze_command(model, url, model_repository, output, protocol, grpc_url, concurrency, batch_size, shape,
+                    max_p99_ms, min_throughput, max_memory_mb, objective, max_instance_count, max_batch_size, queue_delays,
                     max_candidates, measurement_interval, max_trials, stability_percentage) -> None:
     """Find MODEL's best instance count, batching and kind under the constraints, by measuring."""
     from tritium.analyze.control import ModelControl, OwnServer

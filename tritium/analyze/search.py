@@ -142,7 +142,7 @@ class Walk:
                 if not gains(trial, branch, self.limits):
                     self._cut(self.space.max_instance_count - count)
                     break
-                branch = trial
+                branch = self._better(trial, branch)
             if branch is None or (best is not None and not gains(branch, best, self.limits)):
                 self._cut((len(sizes) - position - 1) * self.space.max_instance_count)
                 return self._better(best, branch)
@@ -160,11 +160,11 @@ class Walk:
             if trial is None:
                 return best
             if gains(trial, best, self.limits):
-                best = trial
+                best = self._better(trial, best)
             elif delay > start.max_queue_delay_us:
                 break    # longer delays than one that did not help will not help either
         preferred = self._try(replace(best.candidate, preferred_batch_sizes=(best.candidate.max_batch_size,)))
-        return best if preferred is None or not gains(preferred, best, self.limits) else preferred
+        return best if preferred is None or not gains(preferred, best, self.limits) else self._better(preferred, best)
 
     def _other_kinds(self, best: Trial) -> None:
         for kind in self.space.kinds:

@@ -30,8 +30,8 @@ def level_report(outcome: LevelOutcome, batch_size: int) -> LevelReport:
         p50_us=percentile(50), p90_us=percentile(90), p95_us=percentile(95), p99_us=percentile(99),
         mean_us=float(latencies_us.mean()) if len(latencies_us) else 0.0, errors=0, first_error="",
         server=ServerBreakdown.between(outcome.stats_before, outcome.stats_after),
-        request_rate=outcome.level.request_rate, requests=len(latencies_us), stable=outcome.stable, windows=outcome.windows,
-        latencies_us=tuple(latencies_us.tolist()))
+        request_rate=outcome.level.request_rate, requests=len(latencies_us), stable=outcome.stable,
+        windows=outcome.windows, latencies_us=tuple(latencies_us.tolist()))
 
 
 async def sweep(settings, on_window: WindowCallback | None = None,
