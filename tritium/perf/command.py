@@ -88,6 +88,11 @@ def perf_options(command):
         click.option("--sequence-id-range", default=None, help="START:END of the sequence ids used."),
         click.option("--num-of-sequences", default=4, show_default=True, type=click.IntRange(min=1),
                      help="Request-rate mode: sequences kept going at once."),
+        # perf_analyzer's threading flags: accepted so its command lines run unchanged; one event
+        # loop sends every request here
+        click.option("-a", "--async", "async_mode", is_flag=True, hidden=True),
+        click.option("--sync", "sync_mode", is_flag=True, hidden=True),
+        click.option("--max-threads", default=None, type=int, hidden=True),
     ]
     for option in reversed(options):
         command = option(command)
