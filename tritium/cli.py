@@ -403,49 +403,16 @@ def worker(broker_address, model_repository, models, exit_timeout_secs, backend_
 
 # -- tools ----------------------------------------------------------------------------------
 
-def _shapes(values) -> dict[str, list[int]]:
-    shapes = {}
-    for value in values:
-        name, _, dims = value.partition(":")
-        try:
-            shapes[name] = [int(d) for d in dims.split(",") if d]
-        except ValueError:
-            raise click.BadParameter(f"--shape takes NAME:d1,d2,... got '{value}'") from None
-    return shapes
+def _register_tools() -> None:
+    """perf and analyze live in their packages; the group only lists them."""
+    from tritium.analyze.command import analyze_command
+    from tritium.perf.command import perf_command
+
+    main.add_command(perf_command)
+    main.add_command(analyze_command)
 
 
-@main.command()
-@click.option("-m", "--model", required=True, help="Model to load.")
-@click.option("-x", "--model-version", default="", help="Model version (default: latest).")
-@click.option("-u", "--url", default="localhost:8000", show_default=True, help="HOST:PORT of the HTTP endpoint.")
-@click.option("--concurrency", default="1,8,64", show_default=True, help="Comma-separated concurrency levels.")
-@click.option("--duration", default=5.0, show_default=True, type=float, help="Seconds measured per level.")
-@click.option("--requests", default=None, type=int, help="Instead of --duration: requests per level.")
-@click.option("--warmup", default=1.0, show_default=True, type=float, help="Seconds of unmeasured load first.")
-@click.option("-b", "--batch-size", default=1, show_default=True, type=int)
-@click.option("--shape", multiple=True, help="NAME:d1,d2 for inputs with variable dimensions.")
-@click.option("--input-data", type=click.Choice(["random", "zero"]), default="random", show_default=True)
-@click.option("--tensor-format", type=click.Choice(["binary", "json"]), default="binary", show_default=True)
-@click.option("-f", "--csv", "csv_path", default=None, help="Write perf_analyzer's CSV layout here.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def perf(model, model_version, url, concurrency, duration, requests, warmup, batch_size, shape, input_data,
-         tensor_format, csv_path, as_json) -> None:
-    """Measure throughput and latency of MODEL at several concurrency levels."""
-    from tritium.perf.report import render, write_csv
-    from tritium.perf.run import run
-    from tritium.perf.workload import build_workload
-
-    host, _, port = url.rpartition(":")
-    levels = [int(c) for c in concurrency.split(",") if c]
-    workload, _ = build_workload(host or "localhost", int(port), model, model_version, batch_size,
-                                 _shapes(shape), input_data == "random", tensor_format == "binary")
-    reports = run(workload, model, levels, batch_size, None if requests else duration, requests, warmup)
-    if csv_path:
-        write_csv(csv_path, reports)
-    if as_json:
-        click.echo(orjson.dumps([r.as_dict() for r in reports], option=orjson.OPT_INDENT_2).decode())
-    else:
-        click.echo(render(reports))
+_register_tools()
 
 
 @main.group("keys")
