@@ -22,3 +22,12 @@ def test_scores_match_the_module_run_locally(server):
         expected = example_module("torchscript", "build").perceptron()(torch.from_numpy(rows)).numpy()
     assert served.shape == (3, 4)
     np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_without_torch_the_load_fails_saying_what_to_install(monkeypatch):
+    from tritium.errors import InvalidArgument
+    from workers.backends.pytorch import _import_torch
+
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # import torch now raises ImportError
+    with pytest.raises(InvalidArgument, match=r'needs PyTorch, which is not installed here: pip install "tritium\[torch\]"'):
+        _import_torch()
