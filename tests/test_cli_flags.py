@@ -1,11 +1,24 @@
-"""Command-line flags that are refused before any process starts."""
+"""Command-line flags: those refused before any process starts, and Triton's command line."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+import numpy as np
 import pytest
+import tritonclient.http as httpclient
 from click.testing import CliRunner
 
-from tritium.cli import main
+from tests.servers import PROJECT_ROOT, free_port
+from tritium.cli import main, serve
+from tritium.triton_flags import IGNORED_FLAGS, ignored_flags_given
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -24,23 +37,6 @@ def test_model_control_flags_are_checked(tmp_path, flags, message):
 
 
 # -- Triton's command line -------------------------------------------------------------------
-
-import os  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import click  # noqa: E402
-import numpy as np  # noqa: E402
-import tritonclient.http as httpclient  # noqa: E402
-
-from tests.servers import PROJECT_ROOT, free_port  # noqa: E402
-from tritium.cli import serve  # noqa: E402
-from tritium.triton_flags import IGNORED_FLAGS, ignored_flags_given  # noqa: E402
-
 
 def _tritonserver() -> list[str]:
     """The installed ``tritonserver`` script, or the same entry point through this interpreter."""

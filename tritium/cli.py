@@ -381,7 +381,8 @@ def _warn_ignored(flags: list[str]) -> None:
 @repository_options
 @model_control_options
 def broker(model_repository, frontend, backend, metrics_port, metrics_address, allow_metrics, metrics_config,
-           log_verbose, log_info, log_warning, log_error, log_format, exit_timeout_secs, heartbeat_interval_secs, cache_config, workers_on_this_host,
+           log_verbose, log_info, log_warning, log_error, log_format, exit_timeout_secs, heartbeat_interval_secs,
+           cache_config, workers_on_this_host,
            curve_secret_key,
            curve_authorized_keys, model_control_mode, load_model, repository_poll_secs, model_load_thread_count,
            **repository) -> None:

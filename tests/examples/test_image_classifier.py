@@ -21,7 +21,8 @@ def test_top5_matches_the_model_run_locally(server):
 
     model = example_module("image_classifier", "build").classifier_graph()
     probabilities = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"INPUT": image[None]})[0][0]
-    labels = (EXAMPLES / "image_classifier" / "model_repository" / "image_classifier" / "labels.txt").read_text().split()
+    labels = (EXAMPLES / "image_classifier" / "model_repository" / "image_classifier" / "labels.txt").read_text()
+    labels = labels.split()
     expected = np.argsort(-probabilities)[:5]
     assert [index for _, index, _ in answers] == list(expected)
     assert [label for _, _, label in answers] == [labels[i] for i in expected]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -28,6 +30,7 @@ def test_without_torch_the_load_fails_saying_what_to_install(monkeypatch):
     from tritium.errors import InvalidArgument
     from workers.backends.pytorch import _import_torch
 
-    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # import torch now raises ImportError
-    with pytest.raises(InvalidArgument, match=r'needs PyTorch, which is not installed here: pip install "tritium\[torch\]"'):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    expected = r'needs PyTorch, which is not installed here: pip install "tritium\[torch\]"'
+    with pytest.raises(InvalidArgument, match=expected):
         _import_torch()
