@@ -105,7 +105,8 @@ def tritonserver_process():
     command = [*_tritonserver(), f"--model-repository={PROJECT_ROOT / 'examples' / 'model_repository'}",
                *TRITON_DOCS_COMMAND, "--http-address", "127.0.0.1", f"--http-port={http_port}",
                "--grpc-address=127.0.0.1", "--grpc-port", str(free_port()), f"--metrics-port={free_port()}",
-               "--metrics-address=127.0.0.1", "--http-thread-count=4", "--log-info", "false"]
+               "--metrics-address=127.0.0.1", "--http-thread-count=4", "--log-info", "false",
+               "--backend-config=tensorflow,version=2", "--backend-config=onnxruntime,enable-global-threadpool=0"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TRITIUM_HTTP_WORKERS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -139,4 +140,37 @@ def test_triton_docs_command_line_serves_and_infers(tritonserver_process):
     warnings = [line for line in b"".join(errors).decode().splitlines() if "ignored:" in line]
     assert len(warnings) == 1
     assert warnings[0].endswith("ignored: --http-thread-count, --pinned-memory-pool-byte-size, "
-                                "--cuda-memory-pool-byte-size")
+                                "--cuda-memory-pool-byte-size, --backend-config=tensorflow,...")
+
+
+# Every flag in tritonserver 2.51's usage (tritonserver --help), --help aside.
+TRITONSERVER_251_FLAGS = (
+    "--allow-cpu-metrics", "--allow-gpu-metrics", "--allow-grpc", "--allow-http", "--allow-metrics",
+    "--allow-sagemaker", "--allow-vertex-ai", "--backend-config", "--backend-directory",
+    "--buffer-manager-thread-count", "--cache-config", "--cache-directory", "--cuda-memory-pool-byte-size",
+    "--cuda-virtual-address-size", "--disable-auto-complete-config", "--enable-peer-access",
+    "--exit-on-error", "--exit-timeout-secs", "--grpc-address", "--grpc-header-forward-pattern",
+    "--grpc-http2-max-ping-strikes", "--grpc-http2-max-pings-without-data",
+    "--grpc-http2-min-recv-ping-interval-without-data", "--grpc-infer-allocation-pool-size",
+    "--grpc-infer-response-compression-level", "--grpc-keepalive-permit-without-calls",
+    "--grpc-keepalive-time", "--grpc-keepalive-timeout", "--grpc-max-connection-age",
+    "--grpc-max-connection-age-grace", "--grpc-port", "--grpc-restricted-protocol", "--grpc-root-cert",
+    "--grpc-server-cert", "--grpc-server-key", "--grpc-use-ssl", "--grpc-use-ssl-mutual", "--host-policy",
+    "--http-address", "--http-header-forward-pattern", "--http-port", "--http-restricted-api",
+    "--http-thread-count", "--id", "--load-model", "--log-error", "--log-file", "--log-format", "--log-info",
+    "--log-verbose", "--log-warning", "--metrics-address", "--metrics-config", "--metrics-interval-ms",
+    "--metrics-port", "--min-supported-compute-capability", "--model-config-name", "--model-control-mode",
+    "--model-load-gpu-limit", "--model-load-retry-count", "--model-load-thread-count", "--model-namespacing",
+    "--model-repository", "--model-store", "--pinned-memory-pool-byte-size", "--rate-limit",
+    "--rate-limit-resource", "--repoagent-directory", "--repository-poll-secs", "--response-cache-byte-size",
+    "--reuse-grpc-port", "--reuse-http-port", "--sagemaker-port", "--sagemaker-safe-port-range",
+    "--sagemaker-thread-count", "--strict-model-config", "--strict-readiness", "--trace-config",
+    "--trace-count", "--trace-file", "--trace-level", "--trace-log-frequency", "--trace-rate",
+    "--vertex-ai-default-model", "--vertex-ai-port", "--vertex-ai-thread-count",
+)
+
+
+def test_every_tritonserver_flag_is_an_option_of_serve():
+    ctx = click.Context(serve, info_name="tritonserver")
+    known = {opt for param in serve.get_params(ctx) if isinstance(param, click.Option) for opt in param.opts}
+    assert [flag for flag in TRITONSERVER_251_FLAGS if flag not in known] == []
