@@ -91,7 +91,7 @@ def test_every_ignored_flag_is_accepted_with_one_warning(tmp_path):
         value = "true" if getattr(item.type, "name", "") == "boolean" else "1" if item.type in (int, float) else "x"
         args.append(f"{item.flag}={value}")
     ctx = serve.make_context("tritonserver", args)
-    assert ignored_flags_given(ctx, dict(ctx.params)) == [item.flag for item in IGNORED_FLAGS]
+    assert ignored_flags_given(dict(ctx.params)) == [item.flag for item in IGNORED_FLAGS]
 
 
 TRITON_DOCS_COMMAND = ["--log-verbose=1", "--strict-model-config=false",

@@ -293,7 +293,7 @@ def serve(ctx, model_repository, allow_http, http_address, http_port, grpc_addre
     """Run broker, a host agent and gateways on this machine (``tritonserver`` is the same command)."""
     from tritium.supervisor import ServeSettings, Supervisor
 
-    ignored = ignored_flags_given(ctx, rest)
+    ignored = ignored_flags_given(rest)
     repository = rest
     if allow_http == "false":
         raise click.UsageError("--allow-http=false is not supported: tritium always serves HTTP "

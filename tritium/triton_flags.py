@@ -126,7 +126,7 @@ def ignored_flag_options(command):
     return command
 
 
-def ignored_flags_given(ctx: click.Context, params: dict) -> list[str]:
+def ignored_flags_given(params: dict) -> list[str]:
     """The ignored flags that the command line (or a config file) set, and drop them from ``params``."""
     given = []
     for flag in [item.flag for item in IGNORED_FLAGS] + list(UNSUPPORTED_FILES):
