@@ -1,11 +1,24 @@
-"""Command-line flags that are refused before any process starts."""
+"""Command-line flags: those refused before any process starts, and Triton's command line."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+import numpy as np
 import pytest
+import tritonclient.http as httpclient
 from click.testing import CliRunner
 
-from tritium.cli import main
+from tests.servers import PROJECT_ROOT, free_port
+from tritium.cli import main, serve
+from tritium.triton_flags import IGNORED_FLAGS, ignored_flags_given
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -21,3 +34,143 @@ def test_model_control_flags_are_checked(tmp_path, flags, message):
         result = CliRunner().invoke(main, [command, "--model-repository", str(tmp_path), *extra, *flags])
         assert result.exit_code == 2, result.output
         assert message in result.output
+
+
+# -- Triton's command line -------------------------------------------------------------------
+
+def _tritonserver() -> list[str]:
+    """The installed ``tritonserver`` script, or the same entry point through this interpreter."""
+    script = Path(sys.executable).parent / "tritonserver"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; sys.argv[0] = 'tritonserver'; "
+            "from tritium.cli import tritonserver; tritonserver()"]
+
+
+def test_unknown_flag_is_answered_as_tritonserver_does():
+    result = CliRunner().invoke(serve, ["--model-repository=/models", "--bogus-flag=1"], prog_name="tritonserver")
+    assert result.exit_code == 1
+    assert result.output.splitlines()[0] == "tritonserver: unrecognized option '--bogus-flag=1'"
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--allow-http=false", "--allow-http=false is not supported"),
+    ("--grpc-use-ssl=true", "--grpc-use-ssl=true is not supported"),
+    ("--allow-sagemaker=1", "--allow-sagemaker=true is not supported"),
+    ("--allow-grpc=maybe", "expected true or false, got 'maybe'"),
+])
+def test_flags_that_cannot_apply_are_refused(tmp_path, flag, message):
+    result = CliRunner().invoke(serve, ["--model-repository", str(tmp_path), flag], prog_name="tritonserver")
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ("tritium",)):
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+        else:
+            yield " ".join((*path, name)), command
+
+
+@pytest.mark.parametrize("path, command", list(_commands(main)))
+def test_every_option_has_help_and_booleans_read_as_booleans(path, command):
+    ctx = click.Context(command, info_name=path)
+    options = [p for p in command.get_params(ctx) if isinstance(p, click.Option) and not p.hidden]
+    assert [o.opts for o in options if not o.help] == []
+    help_text = command.get_help(ctx)
+    for flag in ("--allow-grpc", "--allow-metrics", "--strict-readiness", "--exit-on-error", "--log-info"):
+        if f"{flag} " in help_text:
+            assert f"{flag} BOOLEAN" in help_text
+
+
+def test_every_ignored_flag_is_accepted_with_one_warning(tmp_path):
+    """All ignored flags at once reach the point where serve starts processes, with one warning."""
+    args = ["--model-repository", str(tmp_path)]
+    for item in IGNORED_FLAGS:
+        value = "true" if getattr(item.type, "name", "") == "boolean" else "1" if item.type in (int, float) else "x"
+        args.append(f"{item.flag}={value}")
+    ctx = serve.make_context("tritonserver", args)
+    assert ignored_flags_given(dict(ctx.params)) == [item.flag for item in IGNORED_FLAGS]
+
+
+TRITON_DOCS_COMMAND = ["--log-verbose=1", "--strict-model-config=false",
+                       "--pinned-memory-pool-byte-size=268435456", "--cuda-memory-pool-byte-size=0:67108864",
+                       "--allow-metrics=true"]
+
+
+@pytest.fixture(scope="module")
+def tritonserver_process():
+    http_port = free_port()
+    command = [*_tritonserver(), f"--model-repository={PROJECT_ROOT / 'examples' / 'model_repository'}",
+               *TRITON_DOCS_COMMAND, "--http-address", "127.0.0.1", f"--http-port={http_port}",
+               "--grpc-address=127.0.0.1", "--grpc-port", str(free_port()), f"--metrics-port={free_port()}",
+               "--metrics-address=127.0.0.1", "--http-thread-count=4", "--log-info", "false",
+               "--backend-config=tensorflow,version=2", "--backend-config=onnxruntime,enable-global-threadpool=0"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TRITIUM_HTTP_WORKERS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                               start_new_session=True)
+    lines: list[bytes] = []
+    errors: list[bytes] = []
+    threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
+    threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not any(b"tritium ready" in line for line in lines):
+        assert process.poll() is None and time.monotonic() < deadline, b"".join(errors).decode()
+        time.sleep(0.05)
+    yield f"127.0.0.1:{http_port}", errors
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+
+
+def test_triton_docs_command_line_serves_and_infers(tritonserver_process):
+    url, errors = tritonserver_process
+    client = httpclient.InferenceServerClient(url)
+    a, b = np.arange(16, dtype=np.float32)[None], np.full((1, 16), 2, dtype=np.float32)
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"), httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    result = client.infer("add_sub", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    # --log-verbose=1 and --log-info false reach every process through the logging settings.
+    settings = client.get_log_settings()
+    assert settings["log_verbose_level"] == 1 and settings["log_info"] is False
+    warnings = [line for line in b"".join(errors).decode().splitlines() if "ignored:" in line]
+    assert len(warnings) == 1
+    assert warnings[0].endswith("ignored: --http-thread-count, --pinned-memory-pool-byte-size, "
+                                "--cuda-memory-pool-byte-size, --backend-config=tensorflow,...")
+
+
+# Every flag in tritonserver 2.51's usage (tritonserver --help), --help aside.
+TRITONSERVER_251_FLAGS = (
+    "--allow-cpu-metrics", "--allow-gpu-metrics", "--allow-grpc", "--allow-http", "--allow-metrics",
+    "--allow-sagemaker", "--allow-vertex-ai", "--backend-config", "--backend-directory",
+    "--buffer-manager-thread-count", "--cache-config", "--cache-directory", "--cuda-memory-pool-byte-size",
+    "--cuda-virtual-address-size", "--disable-auto-complete-config", "--enable-peer-access",
+    "--exit-on-error", "--exit-timeout-secs", "--grpc-address", "--grpc-header-forward-pattern",
+    "--grpc-http2-max-ping-strikes", "--grpc-http2-max-pings-without-data",
+    "--grpc-http2-min-recv-ping-interval-without-data", "--grpc-infer-allocation-pool-size",
+    "--grpc-infer-response-compression-level", "--grpc-keepalive-permit-without-calls",
+    "--grpc-keepalive-time", "--grpc-keepalive-timeout", "--grpc-max-connection-age",
+    "--grpc-max-connection-age-grace", "--grpc-port", "--grpc-restricted-protocol", "--grpc-root-cert",
+    "--grpc-server-cert", "--grpc-server-key", "--grpc-use-ssl", "--grpc-use-ssl-mutual", "--host-policy",
+    "--http-address", "--http-header-forward-pattern", "--http-port", "--http-restricted-api",
+    "--http-thread-count", "--id", "--load-model", "--log-error", "--log-file", "--log-format", "--log-info",
+    "--log-verbose", "--log-warning", "--metrics-address", "--metrics-config", "--metrics-interval-ms",
+    "--metrics-port", "--min-supported-compute-capability", "--model-config-name", "--model-control-mode",
+    "--model-load-gpu-limit", "--model-load-retry-count", "--model-load-thread-count", "--model-namespacing",
+    "--model-repository", "--model-store", "--pinned-memory-pool-byte-size", "--rate-limit",
+    "--rate-limit-resource", "--repoagent-directory", "--repository-poll-secs", "--response-cache-byte-size",
+    "--reuse-grpc-port", "--reuse-http-port", "--sagemaker-port", "--sagemaker-safe-port-range",
+    "--sagemaker-thread-count", "--strict-model-config", "--strict-readiness", "--trace-config",
+    "--trace-count", "--trace-file", "--trace-level", "--trace-log-frequency", "--trace-rate",
+    "--vertex-ai-default-model", "--vertex-ai-port", "--vertex-ai-thread-count",
+)
+
+
+def test_every_tritonserver_flag_is_an_option_of_serve():
+    ctx = click.Context(serve, info_name="tritonserver")
+    known = {opt for param in serve.get_params(ctx) if isinstance(param, click.Option) for opt in param.opts}
+    assert [flag for flag in TRITONSERVER_251_FLAGS if flag not in known] == []

@@ -14,6 +14,7 @@ import click
 import orjson
 
 from tritium import __version__, config_file
+from tritium.triton_flags import BOOLEAN, TritonCommand, ignored_flag_options, ignored_flags_given
 
 
 def _bool(value) -> bool:
@@ -37,7 +38,8 @@ def repository_options(command):
     options = [
         click.option("--model-config-name", default=None, help="Use <model>/configs/NAME.pbtxt when present."),
         click.option("--disable-auto-complete-config", is_flag=True, help="Do not complete configs from model files."),
-        click.option("--strict-model-config", default="false", help="Deprecated Triton alias: true disables auto-complete."),
+        click.option("--strict-model-config", type=BOOLEAN, default="false", show_default=True,
+                     help="Deprecated Triton alias: true disables auto-complete."),
         click.option("--backend-config", multiple=True,
                      help="BACKEND,KEY=VALUE or KEY=VALUE; tritium reads default-max-batch-size."),
     ]
@@ -83,6 +85,37 @@ def _cache_bytes(values) -> int:
 max_inflight_option = click.option(
     "--max-inflight-requests", default=0, show_default=True, type=click.IntRange(min=0),
     help="Inference requests one gateway keeps waiting on the broker before answering 503 (0: no limit).")
+
+
+def log_options(command):
+    """Triton's logging flags; the broker hands them to every process (and POST /v2/logging changes them)."""
+    options = [
+        click.option("--log-verbose", default="0", show_default=True, help="Verbose logging level (0: off)."),
+        click.option("--log-info", type=BOOLEAN, default="true", show_default=True, help="Log info-level lines."),
+        click.option("--log-warning", type=BOOLEAN, default="true", show_default=True,
+                     help="Log warning-level lines."),
+        click.option("--log-error", type=BOOLEAN, default="true", show_default=True, help="Log error-level lines."),
+        click.option("--log-format", type=click.Choice(["default", "ISO8601"]), default="default",
+                     show_default=True, help="Timestamp layout of log lines."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+LOG_FLAGS = ["log_info", "log_warning", "log_error", "log_format"]
+
+
+def configure_logs(role: str, log_verbose, log_info, log_warning, log_error, log_format):
+    """Log as the flags say from the start; the settings, for the broker to hand on."""
+    from tritium import logs
+
+    settings = logs.LogSettings(log_info=_bool(log_info), log_warning=_bool(log_warning),
+                                log_error=_bool(log_error), log_verbose_level=_log_verbose(log_verbose),
+                                log_format=log_format)
+    logs.configure(role, settings.log_verbose_level)
+    logs.apply(settings)
+    return settings
 
 
 def control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count):
@@ -204,52 +237,76 @@ def main() -> None:
 
 # -- serve ----------------------------------------------------------------------------------
 
-@main.command(cls=config_file.SettingsCommand)
+class ServeCommand(TritonCommand, config_file.SettingsCommand):
+    """``tritium serve`` and ``tritonserver``: settings from flags, file and environment; Triton's
+    answer to an unknown flag."""
+
+
+@main.command(cls=ServeCommand)
 @click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True,
               help="A model repository folder (repeatable).")
-@click.option("--http-address", default="0.0.0.0", show_default=True)
-@click.option("--http-port", default=8000, show_default=True, type=int)
-@click.option("--grpc-address", default="0.0.0.0", show_default=True)
-@click.option("--grpc-port", default=8001, show_default=True, type=int)
-@click.option("--allow-grpc", default="true", show_default=True)
-@click.option("--metrics-port", default=8002, show_default=True, type=int)
-@click.option("--metrics-address", default="0.0.0.0", show_default=True)
-@click.option("--allow-metrics", default="true", show_default=True)
+@click.option("--allow-http", type=BOOLEAN, default="true", show_default=True,
+              help="Serve HTTP; tritium always does (false is refused).")
+@click.option("--http-address", default="0.0.0.0", show_default=True, help="Address the HTTP server binds.")
+@click.option("--http-port", default=8000, show_default=True, type=int, help="HTTP port.")
+@click.option("--grpc-address", default="0.0.0.0", show_default=True, help="Address the gRPC server binds.")
+@click.option("--grpc-port", default=8001, show_default=True, type=int, help="gRPC port.")
+@click.option("--allow-grpc", type=BOOLEAN, default="true", show_default=True, help="Serve gRPC.")
+@click.option("--metrics-port", default=8002, show_default=True, type=int, help="Prometheus metrics port.")
+@click.option("--metrics-address", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
+@click.option("--allow-metrics", type=BOOLEAN, default="true", show_default=True, help="Serve Prometheus metrics.")
 @click.option("--metrics-config", multiple=True, help="KEY=VALUE; tritium reads histogram_latencies.")
-@click.option("--metrics-interval-ms", default=2000, show_default=True, type=int)
+@click.option("--metrics-interval-ms", default=2000, show_default=True, type=click.FloatRange(min=1),
+              help="How often host CPU, memory and GPU metrics are updated.")
 @click.option("--http-workers", default=None, type=int,
               help="Gateway processes sharing the HTTP and gRPC ports (default: one per 2 cores).")
-@click.option("--exit-timeout-secs", default=30, show_default=True, type=int)
-@click.option("--exit-on-error", default="true", show_default=True, help="Exit when a model fails to load at startup.")
-@click.option("--strict-readiness", default="true", show_default=True)
-@click.option("--log-verbose", default="0", show_default=True)
+@click.option("--exit-timeout-secs", default=30, show_default=True, type=int,
+              help="On SIGTERM: how long requests in flight may take to finish.")
+@click.option("--exit-on-error", type=BOOLEAN, default="true", show_default=True,
+              help="Exit when a model fails to load at startup.")
+@click.option("--strict-readiness", type=BOOLEAN, default="true", show_default=True,
+              help="Ready only when every model is ready (false: ready when the server is up).")
+@log_options
 @click.option("--backend-directory", default=None, help="Where custom backends are looked up.")
-@click.option("--http-max-input-size", default=64 * 1024 * 1024, show_default=True, type=int)
+@click.option("--http-max-input-size", default=64 * 1024 * 1024, show_default=True, type=int,
+              help="Largest HTTP request body, in bytes.")
 @click.option("--id", "server_id", default="triton", show_default=True, help="Server name in /v2 metadata.")
-@click.option("--allow-client-shm", default="false", show_default=True,
+@click.option("--allow-client-shm", type=BOOLEAN, default="false", show_default=True,
               help="Let clients register system shared memory regions (they must share the gateway's host).")
 @click.option("--grpc-max-message-size", default=2**31 - 1, show_default=True, type=int,
               help="Largest gRPC message, in bytes, either way (Triton's fixed limit by default).")
 @heartbeat_option
 @max_inflight_option
 @cache_option
+@click.option("--response-cache-byte-size", default=None, type=click.IntRange(min=0),
+              help="Deprecated Triton flag: the same as --cache-config=local,size=BYTES.")
 @restricted_api_options
 @repository_options
 @model_control_options
+@ignored_flag_options
 @click.pass_context
-def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_port, allow_grpc, metrics_port,
-          metrics_address, allow_metrics, metrics_config, metrics_interval_ms, http_workers,
-          exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, backend_directory,
-          http_max_input_size, server_id, allow_client_shm, grpc_max_message_size, heartbeat_interval_secs,
-          max_inflight_requests, cache_config, http_restricted_api, grpc_restricted_protocol, model_control_mode,
-          load_model,
-          repository_poll_secs, model_load_thread_count, **repository) -> None:
-    """Run broker, a host agent and gateways on this machine."""
-    from tritium import logs
+def serve(ctx, model_repository, allow_http, http_address, http_port, grpc_address, grpc_port, allow_grpc,
+          metrics_port, metrics_address, allow_metrics, metrics_config, metrics_interval_ms, http_workers,
+          exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, log_info, log_warning, log_error,
+          log_format, backend_directory, http_max_input_size, server_id, allow_client_shm, grpc_max_message_size,
+          heartbeat_interval_secs, max_inflight_requests, cache_config, response_cache_byte_size,
+          http_restricted_api, grpc_restricted_protocol, model_control_mode, load_model,
+          repository_poll_secs, model_load_thread_count, **rest) -> None:
+    """Run broker, a host agent and gateways on this machine (``tritonserver`` is the same command)."""
     from tritium.supervisor import ServeSettings, Supervisor
 
-    verbose = _log_verbose(log_verbose)
-    logs.configure("serve", verbose)
+    ignored = ignored_flags_given(rest)
+    repository = rest
+    if allow_http == "false":
+        raise click.UsageError("--allow-http=false is not supported: tritium always serves HTTP "
+                               "(its readiness and model control go through it).")
+    log_settings = configure_logs("serve", log_verbose, log_info, log_warning, log_error, log_format)
+    verbose = log_settings.log_verbose_level
+    _warn_ignored(ignored + _foreign_backend_configs(repository["backend_config"]))
+    if response_cache_byte_size is not None and not cache_config:
+        cache_config = (f"local,size={response_cache_byte_size}",)
+        ctx.params["cache_config"] = cache_config
+    ctx.params["metrics_interval_ms"] = int(metrics_interval_ms)
     repository_settings(**repository)  # fail early on bad flags, before starting anything
     _cache_bytes(cache_config)
     control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count)
@@ -266,32 +323,55 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
         broker_args=_pass_through(ctx, ["metrics_port", "metrics_address", "allow_metrics", "metrics_config",
                                         "model_control_mode", "load_model", "repository_poll_secs",
                                         "model_load_thread_count", "exit_timeout_secs",
-                                        "heartbeat_interval_secs", "cache_config"]),
+                                        "heartbeat_interval_secs", "cache_config", *LOG_FLAGS]),
         gateway_args=("--http-max-input-size", str(http_max_input_size), "--id", server_id,
                       "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs),
                       "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc,
                       "--allow-client-shm", allow_client_shm, "--grpc-max-message-size", str(grpc_max_message_size),
                       *_pass_through(ctx, ["heartbeat_interval_secs", "max_inflight_requests",
-                                          "http_restricted_api", "grpc_restricted_protocol"])),
+                                          "http_restricted_api", "grpc_restricted_protocol", *LOG_FLAGS])),
         worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
                      *_pass_through(ctx, ["backend_directory", "backend_config", "metrics_interval_ms",
-                                          "heartbeat_interval_secs"])),
+                                          "heartbeat_interval_secs", *LOG_FLAGS])),
         resolved_env=config_file.variables(ctx.command),
     )
     sys.exit(Supervisor(settings).run())
 
 
+def tritonserver() -> None:
+    """The ``tritonserver`` command: ``tritium serve`` under Triton's name."""
+    serve.main(args=sys.argv[1:], prog_name="tritonserver")
+
+
+# Triton's backends that tritium does not have: their --backend-config settings reach nothing.
+_TRITON_ONLY_BACKENDS = frozenset({"tensorflow", "tensorrt", "openvino", "fil", "dali", "vllm", "tensorrtllm"})
+
+
+def _foreign_backend_configs(values) -> list[str]:
+    named = {value.partition(",")[0] for value in values if "," in value}
+    return [f"--backend-config={name},..." for name in sorted(named & _TRITON_ONLY_BACKENDS)]
+
+
+def _warn_ignored(flags: list[str]) -> None:
+    if flags:
+        import logging
+
+        logging.getLogger("tritium.cli").warning(
+            "these Triton flags have no effect in tritium and are ignored: %s", ", ".join(flags))
+
+
 # -- the parts ------------------------------------------------------------------------------
 
 @main.command(cls=config_file.SettingsCommand)
-@click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True)
+@click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True,
+              help="A model repository folder (repeatable).")
 @click.option("--frontend", required=True, help="ZeroMQ endpoint gateways connect to (bound).")
 @click.option("--backend", required=True, help="ZeroMQ endpoint workers connect to (bound).")
 @click.option("--metrics-port", default=8002, show_default=True, type=int, help="Prometheus metrics port.")
-@click.option("--metrics-address", default="0.0.0.0", show_default=True)
-@click.option("--allow-metrics", default="true", show_default=True)
+@click.option("--metrics-address", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
+@click.option("--allow-metrics", type=BOOLEAN, default="true", show_default=True, help="Serve Prometheus metrics.")
 @click.option("--metrics-config", multiple=True, help="KEY=VALUE; tritium reads histogram_latencies.")
-@click.option("--log-verbose", default="0")
+@log_options
 @click.option("--exit-timeout-secs", default=30, show_default=True, type=int,
               help="On SIGTERM: how long queued and running requests may take to finish.")
 @heartbeat_option
@@ -303,16 +383,16 @@ def serve(ctx, model_repository, http_address, http_port, grpc_address, grpc_por
 @repository_options
 @model_control_options
 def broker(model_repository, frontend, backend, metrics_port, metrics_address, allow_metrics, metrics_config,
-           log_verbose, exit_timeout_secs, heartbeat_interval_secs, cache_config, workers_on_this_host,
+           log_verbose, log_info, log_warning, log_error, log_format, exit_timeout_secs, heartbeat_interval_secs,
+           cache_config, workers_on_this_host,
            curve_secret_key,
            curve_authorized_keys, model_control_mode, load_model, repository_poll_secs, model_load_thread_count,
            **repository) -> None:
     """Run the broker: model registry, queues, dynamic batching, statistics, metrics."""
     from broker.metrics import MetricsSettings
     from broker.server import Broker, BrokerSettings
-    from tritium import logs
 
-    logs.configure("broker", _log_verbose(log_verbose))
+    log_settings = configure_logs("broker", log_verbose, log_info, log_warning, log_error, log_format)
     options = dict(item.partition("=")[::2] for item in metrics_config)
     metrics = MetricsSettings(metrics_address, metrics_port, _bool(options.get("histogram_latencies", "false"))) \
         if _bool(allow_metrics) else None
@@ -324,37 +404,43 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
                               heartbeat_interval_s=heartbeat_interval_secs, exit_timeout_s=float(exit_timeout_secs),
                               curve=curve, cache_bytes=_cache_bytes(cache_config))
     server = Broker(settings)
+    server.log_settings = log_settings  # what it hands every gateway, agent and instance
     server.load_repository()
     sys.exit(server.run())
 
 
 @main.command(cls=config_file.SettingsCommand)
 @click.option("--broker", "broker_address", required=True, help="The broker's frontend endpoint.")
-@click.option("--http-address", default="0.0.0.0", show_default=True)
-@click.option("--http-port", default=8000, show_default=True, type=int)
-@click.option("--grpc-address", default="0.0.0.0", show_default=True)
-@click.option("--grpc-port", default=8001, show_default=True, type=int)
-@click.option("--allow-grpc", default="true", show_default=True)
-@click.option("--http-max-input-size", default=64 * 1024 * 1024, show_default=True, type=int)
-@click.option("--exit-timeout-secs", default=30, show_default=True, type=int)
-@click.option("--strict-readiness", default="true", show_default=True)
-@click.option("--id", "server_id", default="triton", show_default=True)
-@click.option("--log-verbose", default="0")
-@click.option("--allow-client-shm", default="false", show_default=True)
-@click.option("--grpc-max-message-size", default=2**31 - 1, show_default=True, type=int)
+@click.option("--http-address", default="0.0.0.0", show_default=True, help="Address the HTTP server binds.")
+@click.option("--http-port", default=8000, show_default=True, type=int, help="HTTP port.")
+@click.option("--grpc-address", default="0.0.0.0", show_default=True, help="Address the gRPC server binds.")
+@click.option("--grpc-port", default=8001, show_default=True, type=int, help="gRPC port.")
+@click.option("--allow-grpc", type=BOOLEAN, default="true", show_default=True, help="Serve gRPC.")
+@click.option("--http-max-input-size", default=64 * 1024 * 1024, show_default=True, type=int,
+              help="Largest HTTP request body, in bytes.")
+@click.option("--exit-timeout-secs", default=30, show_default=True, type=int,
+              help="On SIGTERM: how long requests in flight may take to finish.")
+@click.option("--strict-readiness", type=BOOLEAN, default="true", show_default=True,
+              help="Ready only when every model is ready (false: ready when the server is up).")
+@click.option("--id", "server_id", default="triton", show_default=True, help="Server name in /v2 metadata.")
+@log_options
+@click.option("--allow-client-shm", type=BOOLEAN, default="false", show_default=True,
+              help="Let clients register system shared memory regions (they must share this host).")
+@click.option("--grpc-max-message-size", default=2**31 - 1, show_default=True, type=int,
+              help="Largest gRPC message, in bytes, either way.")
 @heartbeat_option
 @max_inflight_option
 @restricted_api_options
 @curve_options("--curve-server-key", "The broker's CURVE public key file (NAME.key).")
 def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, allow_grpc, http_max_input_size,
-            exit_timeout_secs, strict_readiness, server_id, log_verbose, allow_client_shm,
+            exit_timeout_secs, strict_readiness, server_id, log_verbose, log_info, log_warning, log_error,
+            log_format, allow_client_shm,
             grpc_max_message_size, heartbeat_interval_secs, max_inflight_requests, http_restricted_api,
             grpc_restricted_protocol, curve_secret_key, curve_server_key) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
     from gateway.server import GatewaySettings, run
-    from tritium import logs
 
-    logs.configure("gateway", _log_verbose(log_verbose))
+    configure_logs("gateway", log_verbose, log_info, log_warning, log_error, log_format)
     curve = curve_keys(curve_secret_key, "--curve-server-key", curve_server_key, server=False)
     http_restricted, grpc_restricted = restricted_apis(http_restricted_api, grpc_restricted_protocol)
     run(GatewaySettings(broker=broker_address, http_address=http_address, http_port=http_port,
@@ -368,28 +454,29 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
 
 @main.command(cls=config_file.SettingsCommand)
 @click.option("--broker", "broker_address", required=True, help="The broker's backend endpoint.")
-@click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True)
+@click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True,
+              help="A model repository folder (repeatable).")
 @click.option("--models", default=None, help="Comma-separated models this host serves (default: all).")
-@click.option("--exit-timeout-secs", default=30, show_default=True, type=int)
+@click.option("--exit-timeout-secs", default=30, show_default=True, type=int,
+              help="On SIGTERM: how long requests in flight may take to finish.")
 @click.option("--backend-directory", default=None, help="Where custom backends are looked up (<dir>/<backend>/).")
 @click.option("--backend-config", multiple=True, help="BACKEND,KEY=VALUE: an option given to that backend.")
 @click.option("--metrics-interval-ms", default=2000, show_default=True, type=int,
               help="How often the host's CPU, memory and GPU figures reach the broker.")
-@click.option("--log-verbose", default="0")
+@log_options
 @heartbeat_option
 @click.option("--max-cpu-instances", default=None, type=click.IntRange(min=0),
               help="Autoscaled CPU instances this host may run, besides its fixed ones (default: one per core).")
 @curve_options("--curve-server-key", "The broker's CURVE public key file (NAME.key).")
 def worker(broker_address, model_repository, models, exit_timeout_secs, backend_directory, backend_config,
-           metrics_interval_ms, log_verbose, heartbeat_interval_secs, max_cpu_instances, curve_secret_key,
-           curve_server_key) -> None:
+           metrics_interval_ms, log_verbose, log_info, log_warning, log_error, log_format, heartbeat_interval_secs,
+           max_cpu_instances, curve_secret_key, curve_server_key) -> None:
     """Run a host agent: starts and supervises this host's instance processes."""
-    from tritium import logs
     from tritium.hosts import detect_gpus
     from workers.agent import HostAgent, WorkerSettings
 
-    verbose = _log_verbose(log_verbose)
-    logs.configure("worker", verbose)
+    logged = configure_logs("worker", log_verbose, log_info, log_warning, log_error, log_format)
+    verbose = logged.log_verbose_level
     curve = curve_keys(curve_secret_key, "--curve-server-key", curve_server_key, server=False)
     settings = WorkerSettings(
         broker=broker_address, model_repositories=tuple(model_repository), gpus=detect_gpus(),

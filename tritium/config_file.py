@@ -23,6 +23,8 @@ import click
 import orjson
 from click.core import ParameterSource
 
+from tritium.triton_flags import TritonBool
+
 ENV_PREFIX = "TRITIUM_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 # Keys a file or the environment may also use, when the command has the target and no key of
@@ -189,7 +191,7 @@ def _scalar(option: click.Option, item: Any, where: str) -> Any:
         raise click.UsageError(f"{where}: each item of the list is one value, not a {_kind(item)}")
     if isinstance(item, bool) and not isinstance(option.type, click.types.BoolParamType):
         # Options such as --allow-grpc take the strings true/false on the command line.
-        if isinstance(option.type, click.types.StringParamType):
+        if isinstance(option.type, (click.types.StringParamType, TritonBool)):
             return "true" if item else "false"
         raise click.UsageError(f"{where}: expected {_type_name(option)}, not a boolean")
     if isinstance(item, float) and isinstance(option.type, click.types.IntParamType):

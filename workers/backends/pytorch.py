@@ -49,6 +49,15 @@ def _count(parameters: dict[str, str], key: str) -> int:
         raise InvalidArgument(f"parameter '{key}' must be an integer, got '{value}'") from exc
 
 
+def _import_torch():
+    try:
+        import torch
+    except ImportError:
+        raise InvalidArgument("the pytorch backend needs PyTorch, which is not installed here: "
+                              "pip install \"tritium[torch]\"") from None
+    return torch
+
+
 class PyTorchBackend(Backend):
     name = "pytorch"
 
@@ -58,7 +67,7 @@ class PyTorchBackend(Backend):
 
 class PyTorchModel(Model):
     def __init__(self, context: ModelContext) -> None:
-        import torch
+        torch = _import_torch()
 
         self.context = context
         parameters = context.parameters
@@ -81,7 +90,7 @@ class PyTorchModel(Model):
 
 class PyTorchInstance(Instance):
     def __init__(self, model: PyTorchModel, context: InstanceContext) -> None:
-        import torch
+        torch = _import_torch()
 
         self.torch = torch
         self.model_name = context.model.name

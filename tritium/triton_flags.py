@@ -1,0 +1,155 @@
+"""Triton's command line as ``tritonserver`` users write it.
+
+Three things carry a Triton launch script over unchanged: booleans written Triton's way
+(``true``/``false``/``1``/``0``), every tritonserver flag accepted (those that have no meaning
+here with one warning line naming them), and Triton's own error for a flag nobody knows.
+docs/compatibility.md has the whole table.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import click
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class TritonBool(click.ParamType):
+    """A boolean that takes a value (``--allow-grpc=false``), kept as the string true or false
+    so that it passes unchanged to the child processes' flags."""
+
+    name = "boolean"
+
+    def convert(self, value, param, ctx) -> str:
+        lowered = str(value).strip().lower()
+        if lowered in _TRUE:
+            return "true"
+        if lowered in _FALSE:
+            return "false"
+        self.fail(f"expected true or false, got '{value}'", param, ctx)
+
+
+BOOLEAN = TritonBool()
+
+
+@dataclass(frozen=True, slots=True)
+class IgnoredFlag:
+    """A tritonserver flag accepted and left without effect: what it does in Triton, and why
+    it does nothing here."""
+
+    flag: str
+    type: click.ParamType | type
+    why: str
+    multiple: bool = False
+
+
+_NO_GPU_MEMORY = "the backends allocate their own memory"
+_GRPC_TUNING = "gRPC keeps its own defaults"
+_TRACING = "tracing is not implemented"
+
+# Every tritonserver 2.5x flag that tritium accepts and ignores, in the order of Triton's usage.
+IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
+    IgnoredFlag("--log-file", str, "logs go to standard error"),
+    IgnoredFlag("--model-load-retry-count", int, "a failed load is not retried"),
+    IgnoredFlag("--model-namespacing", BOOLEAN, "model names are global across repositories"),
+    IgnoredFlag("--enable-peer-access", BOOLEAN, _NO_GPU_MEMORY),
+    IgnoredFlag("--reuse-http-port", BOOLEAN, "the gateways always share the HTTP port"),
+    IgnoredFlag("--http-header-forward-pattern", str, "headers are not forwarded to models"),
+    IgnoredFlag("--http-thread-count", int, "--http-workers sets the gateway processes"),
+    IgnoredFlag("--reuse-grpc-port", BOOLEAN, "the gateways always share the gRPC port"),
+    IgnoredFlag("--grpc-header-forward-pattern", str, "headers are not forwarded to models"),
+    IgnoredFlag("--grpc-infer-allocation-pool-size", int, _GRPC_TUNING),
+    IgnoredFlag("--grpc-infer-response-compression-level", str, _GRPC_TUNING),
+    IgnoredFlag("--grpc-keepalive-time", int, _GRPC_TUNING),
+    IgnoredFlag("--grpc-keepalive-timeout", int, _GRPC_TUNING),
+    IgnoredFlag("--grpc-keepalive-permit-without-calls", BOOLEAN, _GRPC_TUNING),
+    IgnoredFlag("--grpc-http2-max-pings-without-data", int, _GRPC_TUNING),
+    IgnoredFlag("--grpc-http2-min-recv-ping-interval-without-data", int, _GRPC_TUNING),
+    IgnoredFlag("--grpc-http2-max-ping-strikes", int, _GRPC_TUNING),
+    IgnoredFlag("--grpc-max-connection-age", int, _GRPC_TUNING),
+    IgnoredFlag("--grpc-max-connection-age-grace", int, _GRPC_TUNING),
+    IgnoredFlag("--sagemaker-port", int, "there is no SageMaker endpoint"),
+    IgnoredFlag("--sagemaker-safe-port-range", str, "there is no SageMaker endpoint"),
+    IgnoredFlag("--sagemaker-thread-count", int, "there is no SageMaker endpoint"),
+    IgnoredFlag("--vertex-ai-port", int, "there is no Vertex AI endpoint"),
+    IgnoredFlag("--vertex-ai-thread-count", int, "there is no Vertex AI endpoint"),
+    IgnoredFlag("--vertex-ai-default-model", str, "there is no Vertex AI endpoint"),
+    IgnoredFlag("--allow-gpu-metrics", BOOLEAN, "host metrics follow --allow-metrics"),
+    IgnoredFlag("--allow-cpu-metrics", BOOLEAN, "host metrics follow --allow-metrics"),
+    IgnoredFlag("--trace-config", str, _TRACING, multiple=True),
+    IgnoredFlag("--repoagent-directory", str, "repository agents are not supported"),
+    IgnoredFlag("--cache-directory", str, "the response cache is built in"),
+    IgnoredFlag("--rate-limit", str, "the broker's credits limit what runs at once"),
+    IgnoredFlag("--rate-limit-resource", str, "the broker's credits limit what runs at once", multiple=True),
+    IgnoredFlag("--pinned-memory-pool-byte-size", int, _NO_GPU_MEMORY),
+    IgnoredFlag("--cuda-memory-pool-byte-size", str, _NO_GPU_MEMORY, multiple=True),
+    IgnoredFlag("--cuda-virtual-address-size", str, _NO_GPU_MEMORY, multiple=True),
+    IgnoredFlag("--min-supported-compute-capability", float, "every GPU the backends can use is used"),
+    IgnoredFlag("--buffer-manager-thread-count", int, "tensors are not copied by a thread pool"),
+    IgnoredFlag("--host-policy", str, "instances are not pinned to NUMA nodes", multiple=True),
+    IgnoredFlag("--model-load-gpu-limit", str, "loads are not limited by GPU memory", multiple=True),
+    IgnoredFlag("--trace-file", str, _TRACING),
+    IgnoredFlag("--trace-level", str, _TRACING, multiple=True),
+    IgnoredFlag("--trace-rate", int, _TRACING),
+    IgnoredFlag("--trace-count", int, _TRACING),
+    IgnoredFlag("--trace-log-frequency", int, _TRACING),
+)
+
+# Flags whose Triton default is off and which tritium cannot turn on: "true" is a usage error.
+UNSUPPORTED_WHEN_TRUE: dict[str, str] = {
+    "--grpc-use-ssl": "TLS is not supported; put a TLS-terminating proxy in front of the gRPC port",
+    "--grpc-use-ssl-mutual": "TLS is not supported; put a TLS-terminating proxy in front of the gRPC port",
+    "--allow-sagemaker": "there is no SageMaker endpoint",
+    "--allow-vertex-ai": "there is no Vertex AI endpoint",
+}
+UNSUPPORTED_FILES = ("--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert")
+
+
+def _param_name(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def ignored_flag_options(command):
+    """Add every ignored and unsupported tritonserver flag to ``command``."""
+    for item in reversed(IGNORED_FLAGS):
+        command = click.option(item.flag, _param_name(item.flag), type=item.type, multiple=item.multiple,
+                               default=None, help=f"Triton flag, accepted and ignored: {item.why}.")(command)
+    for flag, why in UNSUPPORTED_WHEN_TRUE.items():
+        command = click.option(flag, _param_name(flag), type=BOOLEAN, default="false", show_default=True,
+                               help=f"Triton flag; only false is accepted: {why}.")(command)
+    for flag in UNSUPPORTED_FILES:
+        command = click.option(flag, _param_name(flag), default=None, metavar="FILE",
+                               help="Triton flag, accepted and ignored: TLS is not supported.")(command)
+    return command
+
+
+def ignored_flags_given(params: dict) -> list[str]:
+    """The ignored flags that the command line (or a config file) set, and drop them from ``params``."""
+    given = []
+    for flag in [item.flag for item in IGNORED_FLAGS] + list(UNSUPPORTED_FILES):
+        value = params.pop(_param_name(flag))
+        if value not in (None, ()):
+            given.append(flag)
+    for flag, why in UNSUPPORTED_WHEN_TRUE.items():
+        if params.pop(_param_name(flag)) == "true":
+            raise click.UsageError(f"{flag}=true is not supported: {why}.")
+    return given
+
+
+class TritonCommand(click.Command):
+    """A command that answers a flag nobody knows as tritonserver does: the program's name,
+    ``unrecognized option '--flag'``, the usage line, exit status 1."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given_args = list(args)  # click consumes the list it parses
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as error:
+            given = next((arg for arg in given_args if arg.split("=", 1)[0] == error.option_name), error.option_name)
+            click.echo(f"{ctx.command_path}: unrecognized option '{given}'", err=True)
+            click.echo(f"Usage: {ctx.command_path} [options]\nTry '{ctx.command_path} --help' for the flags.",
+                       err=True)
+            sys.exit(1)
