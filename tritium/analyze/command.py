@@ -72,8 +72,10 @@ class Progress:
               help="Constraint: at least this many inferences per second.")
 @click.option("--max-memory", "max_memory_mb", default=None, type=click.FloatRange(min=0),
               help="Constraint: the model's instances use at most this many MB of memory.")
-@click.option("--objective", type=click.Choice(["throughput", "latency"]), default="throughput", show_default=True)
-@click.option("--max-instance-count", default=4, show_default=True, type=click.IntRange(min=1))
+@click.option("--objective", type=click.Choice(["throughput", "latency"]), default="throughput", show_default=True,
+              help="What the best candidate has most of (throughput) or least of (p99 latency).")
+@click.option("--max-instance-count", default=4, show_default=True, type=click.IntRange(min=1),
+              help="The most instances a candidate may have.")
 @click.option("--max-batch-size", default=64, show_default=True, type=click.IntRange(min=1),
               help="Largest max_batch_size tried (models that batch).")
 @click.option("--queue-delays", default="0,100,1000", show_default=True,
@@ -82,8 +84,10 @@ class Progress:
               help="Candidates measured at most, per tuned model.")
 @click.option("-p", "--measurement-interval", default=1000.0, show_default=True, type=click.FloatRange(min=10),
               help="Milliseconds per measurement window.")
-@click.option("-r", "--max-trials", default=5, show_default=True, type=click.IntRange(min=3))
-@click.option("-s", "--stability-percentage", default=10.0, show_default=True, type=click.FloatRange(min=0))
+@click.option("-r", "--max-trials", default=5, show_default=True, type=click.IntRange(min=3),
+              help="Measurement windows tried per level before it is declared unsettled.")
+@click.option("-s", "--stability-percentage", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="How far apart (percent) windows may be for a level to count as settled.")
 def analyze_command(model, url, model_repository, output, protocol, grpc_url, concurrency, batch_size, shape,
                     max_p99_ms, min_throughput, max_memory_mb, objective, max_instance_count, max_batch_size, queue_delays,
                     max_candidates, measurement_interval, max_trials, stability_percentage) -> None:
