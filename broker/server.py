@@ -101,6 +101,9 @@ class Broker:
         self.lifecycle = ModelLifecycle(self.registry, self.repository, self.scheduler, self._send_backend,
                                         settings.control, self._new_version, self.autoscaler)
         self._next_scaling = 0.0
+        self._poller = zmq.Poller()
+        for sock in (self.frontend, self.backend, self.lifecycle.wake_read):
+            self._poller.register(sock, zmq.POLLIN)
 
     def _bind(self, kind: int, address: str) -> zmq.Socket:
         sock = self.context.socket(kind)
@@ -156,12 +159,9 @@ class Broker:
     # -- the loop -----------------------------------------------------------------------
 
     def run(self) -> int:
+        """Serve until stopped by a signal; the process's exit code."""
         waker = SignalWaker(self._stop)
-        poller = zmq.Poller()
-        poller.register(self.frontend, zmq.POLLIN)
-        poller.register(self.backend, zmq.POLLIN)
-        poller.register(waker.fd, zmq.POLLIN)
-        poller.register(self.lifecycle.wake_read, zmq.POLLIN)
+        self._poller.register(waker.fd, zmq.POLLIN)
         if self.settings.metrics is not None:
             self.metrics_server = start_metrics_server(TritonCollector(self.registry, self.settings.metrics),
                                                        self.settings.metrics)
@@ -171,31 +171,44 @@ class Broker:
         watchdog = notify.Watchdog.from_environment()
         while self._running:
             watchdog.tick()
-            events = dict(poller.poll(self._timeout_ms()))
-            self._now = time.monotonic()
-            if self.backend in events:
-                self._drain(self.backend, self._on_backend)
-            if self.frontend in events:
-                self._drain(self.frontend, self._on_frontend)
-            if waker.fd in events:
+            if waker.fd in self.turn():
                 waker.clear()
-            if self.lifecycle.wake_read.fileno() in events:
-                self.lifecycle.run_completed()
-            self.scheduler.run_due()
-            if self.lifecycle.draining:
-                self.lifecycle.check_drained()
-            if self.lifecycle.poll_due():
-                self.lifecycle.poll()
-            if self.registry.generation != self._pushed_generation:
-                self._push_models()
-            if self._now >= self._next_heartbeat:
-                self._heartbeat()
-            if self._now >= self._next_scaling:
-                self._next_scaling = self._now + 0.25
-                self.autoscaler.evaluate()
-            if self._stop_deadline is not None:
-                self._check_stopped()
-            self._flush_frontend()
+        return self.close()
+
+    def turn(self, timeout_ms: int | None = None) -> dict:
+        """One turn of the loop: wait for a message or a deadline, handle what is ready, send.
+
+        ``timeout_ms`` caps the wait (tests drive the broker turn by turn); returns the
+        poll's events.
+        """
+        wait_ms = self._timeout_ms() if timeout_ms is None else min(timeout_ms, self._timeout_ms())
+        events = dict(self._poller.poll(wait_ms))
+        self._now = time.monotonic()
+        if self.backend in events:
+            self._drain(self.backend, self._on_backend)
+        if self.frontend in events:
+            self._drain(self.frontend, self._on_frontend)
+        if self.lifecycle.wake_read.fileno() in events:
+            self.lifecycle.run_completed()
+        self.scheduler.run_due()
+        if self.lifecycle.draining:
+            self.lifecycle.check_drained()
+        if self.lifecycle.poll_due():
+            self.lifecycle.poll()
+        if self.registry.generation != self._pushed_generation:
+            self._push_models()
+        if self._now >= self._next_heartbeat:
+            self._heartbeat()
+        if self._now >= self._next_scaling:
+            self._next_scaling = self._now + 0.25
+            self.autoscaler.evaluate()
+        if self._stop_deadline is not None:
+            self._check_stopped()
+        self._flush_frontend()
+        return events
+
+    def close(self) -> int:
+        """Answer whatever is still held, let the answers leave, close; the exit code."""
         log.info("broker stopping")
         self.scheduler.fail_everything(Unavailable("the server is shutting down"))
         self._flush_frontend()
