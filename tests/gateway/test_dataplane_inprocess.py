@@ -20,7 +20,7 @@ from gateway.broker_link import BrokerLink
 from gateway.dataplane import DataPlane
 from gateway.http_api import HttpApp
 from gateway.http_server import HttpRequest
-from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
+from tritium.protocol import Kind, decode, encode
 from tritium.zmqio import recv_parts, send_parts
 
 HEARTBEAT_S = 0.1
