@@ -1,0 +1,212 @@
+"""How far one broker goes: a real broker process with simulated peers at fleet size.
+
+One process simulates 100 worker hosts (agents) with 4 instances each (400 instances) and
+16 gateways, all as cheap ZeroMQ peers speaking tritium's protocol: agents register and
+place what they are assigned, instances answer every BATCH at once, gateways keep a window
+of requests outstanding, and everyone heartbeats every second. Two phases:
+
+* idle: only heartbeats and membership, the broker's CPU share at this size;
+* load: the broker's request rate and CPU per request; since the simulated peers do no
+  work, the broker (or the simulator, on a 2-core machine) is the limit.
+
+    python -m bench.broker_capacity [--hosts 100] [--instances 4] [--gateways 16] [--window 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import zmq
+
+from bench.harness import ROOT, cpu_seconds, free_port, save, table
+from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
+from tritium.zmqio import recv_parts, send_parts
+
+CONFIG = """
+backend: "python"
+max_batch_size: 64
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 4 ] } ]
+dynamic_batching { }
+instance_group [ { kind: KIND_CPU, count: %d } ]
+"""
+MODEL_PY = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+
+
+class Fleet:
+    """Every simulated peer, polled together."""
+
+    def __init__(self, frontend: str, backend: str, hosts: int, instances: int, gateways: int, window: int) -> None:
+        self.context = zmq.Context()
+        self.backend = backend
+        self.poller = zmq.Poller()
+        self.agents = [self._socket(backend, f"agent-{i}") for i in range(hosts)]
+        self.instances_per_host = instances
+        self.instances: dict[zmq.Socket, str] = {}
+        self.gateways = [self._socket(frontend, f"gw-{i}") for i in range(gateways)]
+        self.window = window
+        self.boot = None
+        self.answered = 0
+        self.errors = 0
+        self.sending = False
+        self._rid = 0
+        self._record = None
+
+    def _socket(self, address: str, identity: str) -> zmq.Socket:
+        sock = self.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, identity.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def hello(self) -> None:
+        for index, agent in enumerate(self.agents):
+            send_parts(agent, [encode({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION, "host": f"host-{index}",
+                                       "gpus": [], "hb": 1.0})])
+        for gateway in self.gateways:
+            send_parts(gateway, [encode({"k": Kind.HELLO, "role": "gateway", "pv": PROTOCOL_VERSION, "hb": 1.0})])
+
+    def heartbeat(self) -> None:
+        for agent in self.agents:
+            send_parts(agent, [encode({"k": Kind.HEARTBEAT, "role": "agent", "hb": 1.0})])
+        for sock, iid in self.instances.items():
+            send_parts(sock, [encode({"k": Kind.HEARTBEAT, "iid": iid, "joined": True, "hb": 1.0})])
+        for gateway in self.gateways:
+            send_parts(gateway, [encode({"k": Kind.HEARTBEAT, "role": "gateway", "pv": PROTOCOL_VERSION, "hb": 1.0})])
+
+    def start_load(self) -> None:
+        self.sending = True
+        for gateway in self.gateways:
+            send_parts(gateway, [self._infer() for _ in range(self.window)])
+
+    def _infer(self) -> bytes:
+        self._rid += 1
+        return encode({"k": Kind.INFER, "rid": self._rid, "m": "m", "v": 1, "bs": 1,
+                       "inputs": [["X", "FP32", [1, 4], 16, False]]}, [b"\0" * 16])
+
+    def turn(self, timeout_ms: int) -> None:
+        for sock, _ in self.poller.poll(timeout_ms):
+            while True:
+                try:
+                    parts = recv_parts(sock)
+                except zmq.Again:
+                    break
+                self._handle(sock, parts)
+
+    def _handle(self, sock: zmq.Socket, parts: list) -> None:
+        header = decode(parts[0])[0]
+        kind = header["k"]
+        if kind == Kind.HEARTBEAT and self.boot is None:
+            self.boot = header.get("boot")
+        elif kind == Kind.ASSIGN:
+            self._place(sock, header["models"])
+        elif kind == Kind.BATCH:
+            self._execute(sock, header, parts[1:])
+        elif kind == Kind.RESPONSE:
+            self._answered(sock, parts)
+
+    def _place(self, agent: zmq.Socket, models: list) -> None:
+        agent_id = agent.getsockopt(zmq.IDENTITY).decode()
+        for model in models:
+            names = [f"{model['m']}_0_{j}" for j in range(self.instances_per_host)]
+            send_parts(agent, [encode({"k": Kind.PLACED, "m": model["m"], "v": model["v"], "e": model["e"],
+                                       "boot": self.boot, "instances": names})])
+            for name in names:
+                iid = f"{agent_id}/{name}"
+                sock = self._socket(self.backend, iid)
+                self.instances[sock] = iid
+                send_parts(sock, [encode({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION,
+                                          "agent": agent_id, "m": model["m"], "v": model["v"], "e": model["e"],
+                                          "name": name, "boot": self.boot, "credit": 2, "kind": "CPU", "hb": 1.0})])
+
+    def _execute(self, instance: zmq.Socket, batch: dict, records: list) -> None:
+        responses = [encode({"k": Kind.RESPONSE, "rid": decode(r)[0]["rid"],
+                             "outputs": [["Y", "FP32", [1, 4], 16, False]]}, [b"\0" * 16]) for r in records]
+        send_parts(instance, [encode({"k": Kind.BATCH_DONE, "b": batch["b"], "ok": [True] * len(responses),
+                                      "x": [0] * len(responses), "t": [0, 1000, 0]}), *responses])
+
+    def _answered(self, gateway: zmq.Socket, parts: list) -> None:
+        again = []
+        for part in parts:
+            header = decode(part)[0]
+            if header["k"] != Kind.RESPONSE:
+                continue
+            if "err" in header:
+                self.errors += 1
+            else:
+                self.answered += 1
+            if self.sending:
+                again.append(self._infer())
+        if again:
+            send_parts(gateway, again)
+
+    def run_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        next_beat = 0.0
+        while (now := time.monotonic()) < end:
+            if now >= next_beat:
+                self.heartbeat()
+                next_beat = now + 1.0
+            self.turn(50)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", type=int, default=100)
+    parser.add_argument("--instances", type=int, default=4, help="per host")
+    parser.add_argument("--gateways", type=int, default=16)
+    parser.add_argument("--window", type=int, default=16, help="requests outstanding per gateway")
+    parser.add_argument("--idle", type=float, default=6.0)
+    parser.add_argument("--load", type=float, default=8.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        model = Path(folder) / "m"
+        (model / "1").mkdir(parents=True)
+        (model / "1" / "model.py").write_text(MODEL_PY)
+        (model / "config.pbtxt").write_text(CONFIG % args.instances)
+        frontend, backend = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+        broker = subprocess.Popen([sys.executable, "-m", "tritium.cli", "broker", "--model-repository", folder,
+                                   "--frontend", frontend, "--backend", backend, "--allow-metrics", "false",
+                                   "--heartbeat-interval-secs", "1"], cwd=ROOT, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        try:
+            fleet = Fleet(frontend, backend, args.hosts, args.instances, args.gateways, args.window)
+            time.sleep(1.0)
+            fleet.hello()
+            fleet.run_for(4.0)   # everyone registered, the model placed and READY
+            joined = len(fleet.instances)
+            before = cpu_seconds(broker.pid)
+            fleet.run_for(args.idle)
+            idle_share = (cpu_seconds(broker.pid) - before) / args.idle
+            fleet.start_load()
+            fleet.run_for(1.0)
+            before, answered, started = cpu_seconds(broker.pid), fleet.answered, time.monotonic()
+            fleet.run_for(args.load)
+            elapsed = time.monotonic() - started
+            used = cpu_seconds(broker.pid) - before
+            served = fleet.answered - answered
+        finally:
+            os.killpg(broker.pid, signal.SIGKILL)
+            broker.wait()
+    results = {"hosts": args.hosts, "instances": joined, "gateways": args.gateways,
+               "idle_broker_cpu_share": idle_share, "requests_per_s": served / elapsed,
+               "broker_cpu_share_under_load": used / elapsed, "broker_cpu_us_per_request": used / max(1, served) * 1e6,
+               "errors": fleet.errors}
+    save("broker_capacity", results)
+    print(table(["hosts", "instances", "gateways", "idle broker CPU", "req/s", "broker CPU under load",
+                 "broker CPU us/request", "errors"],
+                [[args.hosts, joined, args.gateways, f"{idle_share:.1%}", round(results["requests_per_s"]),
+                  f"{results['broker_cpu_share_under_load']:.0%}", round(results["broker_cpu_us_per_request"], 1),
+                  fleet.errors]]))
+
+
+if __name__ == "__main__":
+    main()
