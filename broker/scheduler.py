@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 
 from broker.ensemble import NO_TIMINGS, STEP_CLIENT, EnsembleRunner
@@ -55,6 +56,8 @@ class Scheduler:
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
         self._timed: set[ModelVersion] = set()    # versions with queued requests that can time out
         self._streams: dict[int, Batch] = {}      # decoupled batches done executing, not answering
+        # Where the next search for an idle instance starts; forgotten with the version.
+        self._next_pick: weakref.WeakKeyDictionary[ModelVersion, int] = weakref.WeakKeyDictionary()
         self.ensembles = EnsembleRunner(registry, self.submit, self._reply, clock)
 
     # -- requests in --------------------------------------------------------------------
@@ -229,11 +232,22 @@ class Scheduler:
         return instance.credit > 0
 
     def _pick_instance(self, version: ModelVersion) -> InstanceRecord | None:
+        """An idle instance, taken in turn from where the last pick left off; else the one with
+        the most credit. An idle instance ends the search: with hundreds of instances a full
+        scan per batch was most of the broker's time (bench/broker_capacity.py)."""
         pipelines = version.batcher.simple and not version.batcher.policy.enabled
+        instances = version.instances
+        count = len(instances)
+        start = self._next_pick.get(version, 0)
         best = None
-        for instance in version.instances:
+        for offset in range(count):
+            index = (start + offset) % count
+            instance = instances[index]
             if instance.draining or not self._has_room(instance, pipelines):
                 continue
+            if not instance.inflight:
+                self._next_pick[version] = index + 1
+                return instance
             if best is None or instance.credit > best.credit:
                 best = instance
         return best
