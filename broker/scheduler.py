@@ -56,8 +56,10 @@ class Scheduler:
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
         self._timed: set[ModelVersion] = set()    # versions with queued requests that can time out
         self._streams: dict[int, Batch] = {}      # decoupled batches done executing, not answering
-        # Where the next search for an idle instance starts; forgotten with the version.
-        self._next_pick: weakref.WeakKeyDictionary[ModelVersion, int] = weakref.WeakKeyDictionary()
+        # Per version: ((its instance count, its last instance) when built, its idle instances in
+        # the order they became idle); rebuilt when its instances change, forgotten with the version.
+        self._with_room: weakref.WeakKeyDictionary[ModelVersion, tuple[tuple, dict[InstanceRecord, None]]] = \
+            weakref.WeakKeyDictionary()
         self.ensembles = EnsembleRunner(registry, self.submit, self._reply, clock)
 
     # -- requests in --------------------------------------------------------------------
@@ -232,25 +234,42 @@ class Scheduler:
         return instance.credit > 0
 
     def _pick_instance(self, version: ModelVersion) -> InstanceRecord | None:
-        """An idle instance, taken in turn from where the last pick left off; else the one with
-        the most credit. An idle instance ends the search: with hundreds of instances a full
-        scan per batch was most of the broker's time (bench/broker_capacity.py)."""
-        pipelines = version.batcher.simple and not version.batcher.policy.enabled
-        instances = version.instances
-        count = len(instances)
-        start = self._next_pick.get(version, 0)
-        best = None
-        for offset in range(count):
-            index = (start + offset) % count
-            instance = instances[index]
-            if instance.draining or not self._has_room(instance, pipelines):
+        """The idle instance that became idle last, or None (a model that cannot batch may give
+        a second batch to a busy instance with credit left, when none is idle).
+
+        Idle instances are kept per version (``_room_of``), so a pick does not compare every
+        instance: with hundreds of instances that scan was most of the broker's time
+        (bench/broker_capacity.py). The most recently freed goes first, as Triton hands a batch
+        to the first free instance: work stays on the fewest instances, in larger batches.
+        Stale entries (busy, draining or gone) are dropped as they are met.
+        """
+        idle = self._room_of(version)
+        while idle:
+            instance = next(reversed(idle))
+            if instance.draining or instance.inflight or instance.credit <= 0 \
+                    or self.registry.instances.get(instance.iid) is not instance:
+                del idle[instance]
                 continue
-            if not instance.inflight:
-                self._next_pick[version] = index + 1
-                return instance
-            if best is None or instance.credit > best.credit:
-                best = instance
-        return best
+            return instance
+        if version.batcher.simple and not version.batcher.policy.enabled:
+            return max((i for i in version.instances if not i.draining and i.credit > 0),
+                       key=lambda i: i.credit, default=None)
+        return None
+
+    def _room_of(self, version: ModelVersion) -> dict[InstanceRecord, None]:
+        """The version's idle instances, in the order they became idle; rebuilt when its
+        instances change."""
+        instances = version.instances
+        members = (len(instances), instances[-1] if instances else None)
+        entry = self._with_room.get(version)
+        if entry is None or entry[0] != members:
+            # The first instance last, so that it is taken first, as before any batch was done.
+            entry = self._with_room[version] = (members, dict.fromkeys(reversed(instances)))
+        return entry[1]
+
+    def _has_room_again(self, version: ModelVersion, instance: InstanceRecord) -> None:
+        if not version.stateful:
+            self._room_of(version)[instance] = None
 
     def _send_batch(self, version: ModelVersion, instance: InstanceRecord, requests: list[PendingRequest],
                     now: int, slots: list[int] | None = None, size: int | None = None) -> None:
@@ -258,6 +277,8 @@ class Scheduler:
         self._batch_numbers += 1
         number = self._batch_numbers
         instance.credit -= 1
+        if not version.stateful:   # busy until its batch is done
+            self._room_of(version).pop(instance, None)
         batch_size = 0
         header = {"k": Kind.BATCH, "b": number, "n": len(requests)}
         if slots is not None:
@@ -323,6 +344,7 @@ class Scheduler:
         instance.credit += 1
         now = self._clock()
         version = batch.version
+        self._has_room_again(version, instance)
         batch.timings = timings = tuple(header.get("t") or (0, 0, 0))
         took = sum(timings)
         instance.execution_ns += _AVERAGE_WEIGHT * (took - instance.execution_ns) if instance.execution_ns else took
@@ -404,6 +426,8 @@ class Scheduler:
 
     def instance_ready(self, instance: InstanceRecord) -> None:
         version = self.registry.epochs.get(instance.epoch)
+        if version is not None:
+            self._has_room_again(version, instance)
         if version is not None and version.state in _DISPATCHING:
             self.dispatch(version)
 
