@@ -104,7 +104,8 @@ class Scheduler:
                 self.reply_error(client, rid, exc, from_backend)
                 return
             if batcher.full(level):
-                self.reply_error(client, rid, Unavailable("Exceeds maximum queue size"), from_backend)
+                self.reply_error(client, rid, Unavailable(
+                    f"[request id: {header.get('id') or '<id_unknown>'}] Exceeds maximum queue size"), from_backend)
                 version.stats.record_failure(0, "REJECTED")
                 return
         batching = version.definition.config.max_batch_size > 0

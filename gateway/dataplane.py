@@ -147,9 +147,10 @@ class DataPlane:
 
         self.link.request_then(header, inline, external, answered)
 
-    def check_model(self, name: str, version: str | None) -> None:
-        """NotFound for a model or version the table does not have (Triton looks before parsing)."""
-        self.link.models.resolve(name, version)
+    def check_model(self, name: str, version: str | None) -> ModelSpec:
+        """The model's spec; NotFound for a model or version the table does not have (Triton
+        looks before parsing)."""
+        return self.link.models.resolve(name, version)[0]
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[tuple[InferResult | TritiumError | None, bool]]:
         """Every answer to one request as it comes: (result, error, or None for an empty one; final)."""
@@ -198,7 +199,8 @@ class DataPlane:
     def _result(self, spec: ModelSpec, version: int, request: InferRequest, reply) -> InferResult | TritiumError:
         answer = reply.header
         if "err" in answer:
-            return _with_request_id(TritiumError.from_wire(answer["err"]), request.id)
+            error = TritiumError.from_wire(answer["err"])
+            return error if answer.get("model_error") else _with_request_id(error, request.id)
         descriptors = answer.get("outputs", [])
         views = tensor_views(descriptors, reply.record, reply.offset, reply.external)
         outputs = [OutputTensor(d[0], d[1], d[2], view) for d, view in zip(descriptors, views)]
@@ -214,13 +216,11 @@ class DataPlane:
 
     async def generate(self, name: str, version: str | None, document: dict) -> bytes:
         """``/generate``: the model's one response as flat JSON (decoupled models too)."""
-        results = []
-        async for result in self.generate_stream(name, version, document):
-            if isinstance(result, TritiumError):
-                raise result
-            results.append(result)
-        if len(results) != 1:
+        results = [result async for result in self.generate_stream(name, version, document)]
+        if len(results) != 1:   # an error after a response counts as a second response, as in Triton
             raise InvalidArgument(SINGLE_RESPONSE_ONLY)
+        if isinstance(results[0], TritiumError):
+            raise results[0]
         return results[0]
 
     async def generate_stream(self, name: str, version: str | None,
@@ -297,7 +297,8 @@ def _classified(spec: ModelSpec, requested: list, outputs: list[OutputTensor]) -
 
 
 def _with_request_id(error: TritiumError, request_id: str) -> TritiumError:
-    """Triton prefixes errors of a request that has an id with that id."""
-    if not request_id:
+    """Triton prefixes the errors its core finds in a request that has an id with that id
+    (not the model's own errors, which come back as the model words them)."""
+    if not request_id or error.message.startswith("[request id: "):
         return error
     return type(error)(f"[request id: {request_id}] {error.message}")

@@ -15,9 +15,11 @@ import zlib
 
 import orjson
 
+from gateway.compression import compress, response_encoding
 from gateway.dataplane import DataPlane
 from gateway.http_codec import (
     decode_infer_request,
+    decode_raw_request,
     encode_infer_response,
     parse_json_object,
 )
@@ -74,25 +76,29 @@ _EVENT_STREAM = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cach
 async def event_stream(events) -> Streaming:
     """``/generate_stream``'s server-sent events: ``data: <json>\n\n`` per response.
 
-    The first response is awaited before the status is sent, so that a request that
-    fails at once gets an ordinary JSON error with its status; a later error is one
-    more event, ``data: {"error": ...}``, as Triton sends it.
+    The first response is awaited before the status is sent: a request refused before it
+    runs gets an ordinary JSON error with its status; one whose first answer is an error
+    (the model's) gets 400 with that error as its only event, as from Triton; a later
+    error is one more event, ``data: {"error": ...}``.
     """
     first = None
     async for first in events:
-        if isinstance(first, TritiumError):
-            raise first
         break
 
     async def chunks():
         if first is not None:
-            yield b"data: " + first + b"\n\n"
-        async for event in events:
-            if isinstance(event, TritiumError):
-                event = orjson.dumps({"error": event.message})
-            yield b"data: " + event + b"\n\n"
+            yield _event(first)
+        if not isinstance(first, TritiumError):
+            async for event in events:
+                yield _event(event)
 
-    return Streaming(200, _EVENT_STREAM, chunks())
+    return Streaming(400 if isinstance(first, TritiumError) else 200, _EVENT_STREAM, chunks())
+
+
+def _event(event: bytes | TritiumError) -> bytes:
+    if isinstance(event, TritiumError):
+        event = orjson.dumps({"error": event.message})
+    return b"data: " + event + b"\n\n"
 
 
 class HttpApp:
@@ -135,7 +141,7 @@ class HttpApp:
     # -- inference: callbacks, no task ------------------------------------------------------
 
     def _infer(self, request: HttpRequest, model: str, version: str | None, answer: Answer) -> None:
-        self.dataplane.check_model(model, version)   # Triton looks the model up before the body
+        spec = self.dataplane.check_model(model, version)   # Triton looks the model up before the body
         headers = request.headers
         body = self._decompress(request.body, headers.get(b"content-encoding"))
         header_length = headers.get(b"inference-header-content-length")
@@ -145,13 +151,19 @@ class HttpApp:
             except ValueError:
                 raise InvalidArgument(
                     f"invalid Inference-Header-Content-Length header: {header_length.decode(errors='replace')!r}") from None
-        infer_request, binary_default = decode_infer_request(model, version, body, header_length)
+        if header_length == 0:
+            infer_request, binary_default = decode_raw_request(spec, version, body), True
+        else:
+            infer_request, binary_default = decode_infer_request(model, version, body, header_length)
+        accept_encoding = headers.get(b"accept-encoding")
 
         def done(result) -> None:
             try:
                 if isinstance(result, TritiumError):
                     raise result
                 response_headers, response_body = encode_infer_response(result, infer_request.outputs, binary_default)
+                if accept_encoding is not None:
+                    response_headers, response_body = _compressed(response_headers, response_body, accept_encoding)
                 answer(HttpResponse(200, response_headers, response_body))
             except TritiumError as exc:
                 answer(error_response(exc.http_status, exc.message))
@@ -285,6 +297,15 @@ class HttpApp:
                 f"decompressed request body exceeds the maximum allowed value of "
                 f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
         return data
+
+
+def _compressed(headers: list, body: bytes, accept_encoding: bytes) -> tuple[list, bytes]:
+    """The response in the encoding the client prefers; Inference-Header-Content-Length
+    keeps the uncompressed header's length, as Triton sends it."""
+    encoding = response_encoding(accept_encoding)
+    if encoding is None:
+        return headers, body
+    return [*headers, (b"content-encoding", encoding)], compress(body, encoding)
 
 
 def _internal_error(request: HttpRequest, exc: Exception) -> HttpResponse:

@@ -8,6 +8,7 @@ after it, in output order, as ``Inference-Header-Content-Length`` says.
 
 from __future__ import annotations
 
+import json
 import struct
 
 import numpy as np
@@ -16,10 +17,11 @@ import orjson
 from gateway.classification import classification_count
 from gateway.inference import (SEQUENCE_FLAGS, SEQUENCE_PARAMETERS, InferRequest, InferResult, InputTensor,
                                RequestedOutput)
+from gateway.model_table import ModelSpec
 from gateway.shared_memory import shared_memory_ref
 from gateway.validation import element_count
 from tritium import datatypes
-from tritium.errors import InternalError, InvalidArgument, Unsupported
+from tritium.errors import InternalError, InvalidArgument
 
 # Keys Triton reserves in request parameters (kReservedParameterKeys).
 RESERVED_PARAMETERS = frozenset(
@@ -27,28 +29,109 @@ RESERVED_PARAMETERS = frozenset(
      "binary_data_output"})
 _LENGTH = struct.Struct("<I")
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+_NO_ID = "[request id: <id_unknown>] "   # Triton's prefix for a request without an id (a raw one never has one)
 
 
-def parse_json_object(data: bytes) -> dict:
+def parse_json_object(data: bytes, key_count=None) -> dict:
+    """The JSON object in ``data``; a key given twice keeps its first value, as Triton reads it.
+
+    Each key in the text is followed by one ':', so when the parsed objects hold as many
+    keys as the text has colons, no key was given twice (orjson would keep the last one).
+    ``key_count`` may count fewer keys than there are (it need not walk tensor data): that
+    only sends a body down the slow path, never past it.
+    """
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(document, dict):
         raise InvalidArgument("the request body must be a JSON object")
+    if (key_count or _key_count)(document) != data.count(b":"):   # a duplicate key, or a ':' in a string
+        document = json.loads(data, object_pairs_hook=_first_value_wins)
     return document
+
+
+def _key_count(value) -> int:
+    """Keys of the objects in ``value``, leaving lists of scalars (tensor data) unread."""
+    if isinstance(value, dict):
+        return len(value) + sum(_key_count(item) for item in value.values() if isinstance(item, (dict, list)))
+    if value and isinstance(value[0], (dict, list)):
+        return sum(_key_count(item) for item in value if isinstance(item, (dict, list)))
+    return 0
+
+
+def _infer_key_count(document: dict) -> int:
+    """The keys of an inference request's own objects: the request, its inputs and outputs, their parameters."""
+    parameters = document.get("parameters")
+    count = len(document) + (len(parameters) if type(parameters) is dict else 0)
+    for key in ("inputs", "outputs"):
+        items = document.get(key)
+        if type(items) is list:
+            for item in items:
+                if type(item) is dict:
+                    parameters = item.get("parameters")
+                    count += len(item) + (len(parameters) if type(parameters) is dict else 0)
+    return count
+
+
+def _first_value_wins(pairs: list) -> dict:
+    document = {}
+    for key, value in pairs:
+        document.setdefault(key, value)
+    return document
+
+
+def decode_raw_request(spec: ModelSpec, version: str | None, body: bytes) -> InferRequest:
+    """A body that is the bytes of the model's one input (``Inference-Header-Content-Length: 0``).
+
+    Its shape comes from the config (a batch of 1 for a batching model; one variable dim
+    takes what the bytes hold), a BYTES input is one element, and every output comes back
+    binary. Errors are worded as Triton words them.
+    """
+    if len(spec.inputs) != 1:
+        raise InvalidArgument(
+            f"{_NO_ID}Raw request must only have 1 input (found 1) to be deduced but got {len(spec.inputs)} "
+            f"inputs in '{spec.name}' model configuration")
+    (config,) = spec.inputs.values()
+    dims = list(config.dims)
+    if config.datatype.is_bytes:
+        if dims != [1]:
+            raise InvalidArgument(
+                f"{_NO_ID}For BYTE datatype raw input '{config.name}', the model must have input shape [1]")
+        data = datatypes.pack_bytes([bytes(body)])
+    else:
+        variable = [i for i, d in enumerate(dims) if d == -1]
+        if len(variable) > 1:
+            raise InvalidArgument(
+                f"{_NO_ID}The shape of the raw input '{config.name}' can not be deduced because there are "
+                "more than one variable-sized dimension")
+        itemsize = config.datatype.itemsize
+        if variable:
+            known = element_count([d for d in dims if d != -1]) * itemsize
+            dims[variable[0]] = len(body) // known if known else 0
+        expected = element_count(dims) * itemsize
+        if len(body) != expected:
+            raise InvalidArgument(
+                f"{_NO_ID}input byte size mismatch for input 'raw_input' for model '{spec.name}'. "
+                f"Expected {expected}, got {len(body)}")
+        data = body
+    shape = [1, *dims] if spec.max_batch_size > 0 else dims
+    return InferRequest(model=spec.name, version=version,
+                        inputs=[InputTensor(config.name, config.datatype.name, shape, data)])
 
 
 def decode_infer_request(model: str, version: str | None, body: bytes, header_length: int | None,
                          ) -> tuple[InferRequest, bool]:
     """Parse a body; return the request and whether outputs default to binary."""
     json_part, binary = _split_body(model, body, header_length)
-    document = parse_json_object(json_part)
+    document = parse_json_object(json_part, _infer_key_count)
     request_id = document.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgument("the request 'id' must be a string")
-    parameters = _parameters(document.get("parameters"), "request", reserved_check=True)
-    binary_default = parameters.pop("binary_data_output", False) is True
+    raw_parameters = document.get("parameters")
+    binary_default = _boolean_parameter(raw_parameters, "binary_data_output")
+    parameters = _parameters(raw_parameters, "request", reserved_check=True)
+    parameters.pop("binary_data_output", None)
     sequence_id, sequence_flags = _sequence(parameters)
     inputs = _inputs(model, document.get("inputs"), binary, header_length is not None)
     outputs = _outputs(document.get("outputs"))
@@ -61,14 +144,19 @@ def _split_body(model: str, body: bytes, header_length: int | None) -> tuple[byt
     if header_length is None:
         return body, memoryview(b"")
     if header_length <= 0 or header_length > len(body):
-        if header_length == 0:
-            raise Unsupported(
-                "raw binary inference requests (Inference-Header-Content-Length: 0) are not "
-                "supported by tritium yet; send a JSON header with binary_data_size")
         raise InvalidArgument(
             f"inference header size should be in range (0, {len(body)}), got: {header_length}")
-    view = memoryview(body)
-    return view[:header_length], view[header_length:]
+    return body[:header_length], memoryview(body)[header_length:]   # the header is copied, it is small
+
+
+def _boolean_parameter(parameters, key: str) -> bool:
+    """A binary-data switch; anything but true or false fails as Triton's parser fails it (500)."""
+    if not isinstance(parameters, dict) or key not in parameters:
+        return False
+    value = parameters[key]
+    if not isinstance(value, bool):
+        raise InternalError(f"Unable to parse '{key}': attempt to access JSON non-boolean as boolean")
+    return value
 
 
 def _parameters(value, where: str, reserved_check: bool = False) -> dict:
@@ -170,6 +258,7 @@ def _outputs(value) -> list[RequestedOutput] | None:
     for item in value:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgument("every entry of 'outputs' must be a JSON object with a 'name'")
+        _boolean_parameter(item.get("parameters"), "binary_data")
         parameters = _parameters(item.get("parameters"), f"output '{item['name']}'")
         owner = f"output '{item['name']}'"
         shared = shared_memory_ref(owner, parameters)
@@ -261,7 +350,7 @@ def encode_infer_response(result: InferResult, requested: list[RequestedOutput] 
         document["parameters"] = result.parameters
     document["outputs"] = outputs
     header = orjson.dumps(document, option=_JSON_OPTIONS)
-    if not chunks:
+    if not any(len(chunk) for chunk in chunks):   # only empty outputs: plain JSON, as from Triton
         return [(b"content-type", b"application/json")], header
     body = b"".join([header, *chunks])
     return [(b"content-type", b"application/octet-stream"),

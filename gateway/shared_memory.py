@@ -116,7 +116,9 @@ class SharedMemoryRegions:
         region = self._regions.get(ref.region)
         if region is None:
             raise NotFound(f"Unable to find shared memory region: '{ref.region}'")
-        if ref.offset < 0 or ref.byte_size <= 0 or ref.offset + ref.byte_size > region.byte_size:
+        if ref.offset >= region.byte_size:
+            raise InvalidArgument(f"Invalid offset for shared memory region: '{ref.region}'")
+        if ref.byte_size <= 0 or ref.offset + ref.byte_size > region.byte_size:
             raise InvalidArgument(f"Invalid offset + byte size for shared memory region: '{ref.region}'")
         return region.offset + ref.offset
 

@@ -48,6 +48,8 @@ class LogSettings:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                     raise InvalidArgument("log_verbose_level must be an unsigned integer")
             elif key == "log_format":
+                if not isinstance(value, str):
+                    raise InvalidArgument("log_format must be a string")
                 if value not in _FORMATS:
                     raise InvalidArgument(f"invalid argument for --log_format, got: {value}")
             elif not isinstance(value, bool):

@@ -413,7 +413,8 @@ def _response_record(rid: int, descriptors: list, buffers: list, parameters, fin
 
 def _error_record(rid: int, error, final: bool | None = None) -> bytes:
     wire = error.to_wire() if isinstance(error, TritiumError) else InvalidArgument(str(error)).to_wire()
-    header = {"k": Kind.RESPONSE, "rid": rid, "err": wire}
+    # the gateway adds no request id to it: Triton passes a model's errors on as they are
+    header = {"k": Kind.RESPONSE, "rid": rid, "err": wire, "model_error": True}
     if final is not None:
         header["final"] = final
     return encode(header)

@@ -90,7 +90,8 @@ def test_each_level_has_its_own_max_queue_size():
     for rid in range(1, 6):
         submit(scheduler, rid)
     submit(scheduler, 6, priority=1)        # level 1 is unbounded
-    assert answers(to_gateways) == [(4, "Exceeds maximum queue size"), (5, "Exceeds maximum queue size")]
+    assert answers(to_gateways) == [(4, "[request id: <id_unknown>] Exceeds maximum queue size"),
+                                  (5, "[request id: <id_unknown>] Exceeds maximum queue size")]
     assert len(version.batcher) == 4
 
 

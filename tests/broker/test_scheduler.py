@@ -62,9 +62,11 @@ def add_instance(registry, version, name="i0", credit=2):
     return instance
 
 
-def submit(scheduler, gateway: bytes, rid: int, batch_size: int = 1, model="m", version=1):
+def submit(scheduler, gateway: bytes, rid: int, batch_size: int = 1, model="m", version=1, request_id=""):
     header = {"k": Kind.INFER, "rid": rid, "m": model, "v": version, "bs": batch_size,
               "inputs": [["IN", "FP32", [batch_size, 4], 16 * batch_size, False]]}
+    if request_id:
+        header["id"] = request_id
     record = encode(header, [b"\0" * 16 * batch_size])
     scheduler.submit(gateway, record, decode(record)[0], None)
     return record
@@ -233,9 +235,11 @@ def test_a_full_queue_rejects_with_tritons_message():
         submit(scheduler, b"gw", rid)
     (parts,) = to_gateways
     assert decode(parts[1])[0]["rid"] == 3
-    assert error_of(parts) == {"code": ErrorCode.UNAVAILABLE, "message": "Exceeds maximum queue size"}
+    assert error_of(parts) == {"code": ErrorCode.UNAVAILABLE, "message": "[request id: <id_unknown>] Exceeds maximum queue size"}
     assert len(version.batcher) == 2
     assert version.stats.failures == {"REJECTED": 1}
+    submit(scheduler, b"gw", 4, request_id="r4")
+    assert error_of(to_gateways[1])["message"] == "[request id: r4] Exceeds maximum queue size"
 
 
 def test_a_draining_instance_gets_no_new_batch_and_the_broker_can_tell_when_it_is_idle(world):

@@ -83,7 +83,7 @@ def test_a_full_queue_answers_503_with_tritons_message(server):
         thread.join(60)
     refused = [o for o in outcomes if o != "ok"]
     assert len(outcomes) == 8 and refused and outcomes.count("ok") >= 3
-    assert set(refused) == {("503", "Exceeds maximum queue size")}
+    assert set(refused) == {("503", "[request id: <id_unknown>] Exceeds maximum queue size")}
     stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("bounded")["model_stats"][0]
     assert stats["inference_stats"]["fail"]["count"] == len(refused)
 
