@@ -64,7 +64,10 @@ class DataPlane:
 
     def model_ready(self, name: str, version: str | None) -> None:
         """Return if ready; raise NotFound (404) or InvalidArgument (400) as Triton does."""
-        _, number = self.link.models.resolve(name, version)
+        try:
+            _, number = self.link.models.resolve(name, version)
+        except Unavailable:   # a known version that is not ready: readiness says so with a 400
+            raise InvalidArgument("Model version not ready") from None
         if number in self.link.models.get(name).unhealthy or self.link.broker_lost:
             raise InvalidArgument("Model version not ready")
 

@@ -13,7 +13,7 @@ import orjson
 
 from tritium import datatypes
 from tritium.datatypes import DataType
-from tritium.errors import InvalidArgument, NotFound
+from tritium.errors import InvalidArgument, NotFound, Unavailable
 
 READY = "READY"
 _LEADING_INTEGER = re.compile(r"\s*([+-]?[0-9]+)")
@@ -141,7 +141,8 @@ class ModelTable:
             if number not in entry.versions:
                 raise NotFound(f"Request for unknown model: '{name}' version {number} is not found")
             if entry.versions[number][0] != READY or entry.spec is None:
-                raise InvalidArgument("Model version not ready")
+                # Triton remembers a version it no longer (or not yet) serves: 503, not 400.
+                raise Unavailable(f"Request for unknown model: '{name}' version {number} is not at ready state")
             return entry.spec, number
         ready = entry.ready_versions
         if not ready or entry.spec is None:

@@ -137,8 +137,8 @@ def test_a_version_the_policy_drops_is_remembered(polled):
     eventually(lambda: infer(server, "versions") == (200, [8.0, 8.0]))
     eventually(lambda: index(server)[("versions", "1")]["state"] == "UNAVAILABLE")
     status, message = infer(server, "versions", "1")
-    # Known, not ready (Triton 2.51 answers 503 "... version 1 is not at ready state").
-    assert (status, message) == (400, "Model version not ready")
+    # Known, not ready: Triton 2.51 remembers the version.
+    assert (status, message) == (503, "Request for unknown model: 'versions' version 1 is not at ready state")
     assert infer(server, "versions", "9")[0] == 404
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.model_table import ModelTable
-from tritium.errors import InvalidArgument, NotFound, TritiumError
+from tritium.errors import InvalidArgument, NotFound, TritiumError, Unavailable
 
 CONFIG = {"name": "m", "platform": "onnxruntime_onnx", "max_batch_size": 8,
           "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [4]}],
@@ -75,12 +75,12 @@ def test_latest_is_the_highest_ready_version():
     assert t.get("m").ready_versions == (1, 2, 3)
 
 
-def test_a_loading_version_is_not_ready_400():
+def test_a_loading_version_is_not_at_ready_state_503():
     t = table(model(versions=((1, "READY", ""), (2, "LOADING", ""))))
     error = error_of(t, "m", "2")
-    assert isinstance(error, InvalidArgument)
-    assert error.code.http_status == 400
-    assert error.message == "Model version not ready"
+    assert isinstance(error, Unavailable)
+    assert error.code.http_status == 503
+    assert error.message == "Request for unknown model: 'm' version 2 is not at ready state"
 
 
 def test_a_model_still_loading_is_not_ready_400_for_latest():
@@ -98,10 +98,10 @@ def test_a_failed_model_has_no_available_versions_404():
     assert error.message == "Request for unknown model: 'm' has no available versions"
 
 
-def test_a_failed_explicit_version_is_not_ready():
+def test_a_failed_explicit_version_is_not_at_ready_state():
     t = table(model(versions=((1, "READY", ""), (2, "UNAVAILABLE", "boom"))))
     error = error_of(t, "m", "2")
-    assert error.message == "Model version not ready"
+    assert error.message == "Request for unknown model: 'm' version 2 is not at ready state"
 
 
 def test_a_model_without_versions_has_no_available_versions():
