@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from broker.metrics import MetricsSettings, TritonCollector, render
 from broker.registry import Registry
+from deploy.grafana import preview
 from tests.servers import PROJECT_ROOT, TritiumServer
 
 GRAFANA = PROJECT_ROOT / "deploy" / "grafana"
@@ -183,6 +184,27 @@ def test_the_check_catches_a_misspelled_metric_a_missing_label_and_an_absent_val
         'broken: nv_inference_request_failure has no sample with reason="TIMEOUT"',
         "variable zone: nv_cpu_utilization has no label zone",
     ]
+
+
+def test_the_preview_evaluates_rates_sums_and_ratios_as_prometheus_does():
+    scrapes = preview.Scrapes()
+    scrapes.add(0.0, 'c{model="a",version="1"} 10\nc{model="a",version="2"} 0\nd{model="a",version="1"} 5\n')
+    scrapes.add(2.0, 'c{model="a",version="1"} 30\nc{model="a",version="2"} 20\nd{model="a",version="1"} 10\n')
+    rates = preview.series('sum by (model) (rate(c{model=~"$model"}[$__rate_interval]))', scrapes)
+    assert rates == {frozenset({("model", "a")}): [pytest.approx(float("nan"), nan_ok=True), 20.0]}
+    ratio = preview.series("sum by (model) (increase(c[4s])) / sum by (model) (increase(d[4s]))", scrapes)
+    assert ratio[frozenset({("model", "a")})][1] == 8.0
+    assert preview.series('c{version!="1"}', scrapes) == {frozenset({("model", "a"), ("version", "2")}): [0.0, 20.0]}
+
+
+def test_the_preview_draws_every_panel_of_the_dashboard(dashboard, metrics_text, tmp_path):
+    scrapes = preview.Scrapes()
+    scrapes.add(0.0, metrics_text)
+    scrapes.add(1.0, metrics_text)
+    output = tmp_path / "dashboard.png"
+    preview.draw(dashboard, scrapes, output)
+    assert output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert preview.series(queries(dashboard)[0][1], scrapes), "the first panel has series"
 
 
 def _collector_with_a_gpu_host() -> TritonCollector:

@@ -46,14 +46,16 @@ class Scrapes:
     samples: list[dict[tuple[str, Labels], float]] = field(default_factory=list)
 
     def take(self, url: str) -> None:
-        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        self.add(time.monotonic(), urllib.request.urlopen(url, timeout=5).read().decode())
+
+    def add(self, at: float, text: str) -> None:
         found = {}
         for line in text.splitlines():
             match = SAMPLE.match(line)
             if match:
                 labels = Labels(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
                 found[(match.group(1), labels)] = float(match.group(3))
-        self.times.append(time.monotonic())
+        self.times.append(at)
         self.samples.append(found)
 
 
