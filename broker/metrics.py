@@ -120,7 +120,7 @@ class TritonCollector:
     def _scaling(self, versions):
         """tritium's own: instances per host, and the cold starts of autoscaled models."""
         instances = Metric("tritium_instances", "Instance processes serving a model version, per host", "gauge")
-        counts: dict[tuple, int] = {}
+        counts = self._no_instances(versions)
         for version in versions:
             for instance in version.instances:
                 agent = self.registry.agents.get(instance.agent)
@@ -142,6 +142,13 @@ class TritonCollector:
             duration.add_sample("tritium_cold_start_duration_us", labels, version.scale.cold_start_ns_total // 1000)
         yield starts
         yield duration
+
+    def _no_instances(self, versions) -> dict[tuple, int]:
+        """0 for each (version, host that serves its model): a model scaled to zero keeps its series."""
+        agents = list(self.registry.agents.values())
+        return {(version.name, version.version, agent.host): 0
+                for version in versions if not version.ensemble
+                for agent in agents if agent.serves(version.name)}
 
     @staticmethod
     def _histogram(versions) -> Metric:

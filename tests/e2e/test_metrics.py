@@ -42,6 +42,7 @@ def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     add_sub_model(repo, "add_sub", max_batch_size=8, extra='metric_tags { key: "team" value: "vision" }')
     shutil.copytree(Path(__file__).parent / "python_repo" / "py_errors", repo / "py_errors")
+    shutil.copytree(Path(__file__).parent / "autoscale_repo" / "lazy", repo / "lazy")   # min 0, idle after 2 s
     with TritiumServer(repo, "--metrics-config", "histogram_latencies=true", "--metrics-interval-ms", "200") as running:
         yield running
 
@@ -118,3 +119,27 @@ def test_other_paths_and_methods_as_triton(server):
     with pytest.raises(urllib.error.HTTPError) as error:
         urllib.request.urlopen(urllib.request.Request(server.metrics_url, data=b"x", method="POST"))
     assert error.value.code == 405
+
+
+def instances(samples, model: str) -> dict[str, float]:
+    """tritium_instances of a model, by host."""
+    return {dict(labels)["host"]: count for (name, labels), count in samples.items()
+            if name == "tritium_instances" and ("model", model) in labels}
+
+
+def test_an_autoscaled_model_scaled_to_zero_keeps_its_instances_series_at_zero(server):
+    _, samples = scrape(server)
+    assert list(instances(samples, "lazy").values()) == [0], "no instance before the first request"
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    delay = httpclient.InferInput("DELAY_MS", [1, 1], "FP32")
+    delay.set_data_from_numpy(np.zeros((1, 1), dtype=np.float32))
+    client.infer("lazy", [delay])
+    _, samples = scrape(server)
+    assert list(instances(samples, "lazy").values()) == [1]
+    assert value(samples, "tritium_cold_starts_total", model="lazy", version="1") == 1
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and list(instances(samples, "lazy").values()) != [0]:
+        time.sleep(0.2)
+        _, samples = scrape(server)
+    assert list(instances(samples, "lazy").values()) == [0], "scaled back to zero, its series still there"
+    assert list(instances(samples, "add_sub").values()) == [1]

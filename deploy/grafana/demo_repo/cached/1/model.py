@@ -1,0 +1,1 @@
+../../plain/1/model.py
