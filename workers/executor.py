@@ -204,14 +204,13 @@ class BatchExecutor:
             response = InferenceResponse(error=InternalError(f"model '{self.model}' gave no response"))
         if response.error is not None:
             return [_error_record(rid, response.error, final)], False
-        names = requested if requested is not None else (
+        # A requested output the model did not produce is left out of the response, as Triton does.
+        names = [n for n in requested if n in response.outputs] if requested is not None else (
             [n for n in self.output_names if n in response.outputs]
             + [n for n in response.outputs if n not in self.output_names])
         descriptors, buffers = [], []
         try:
             for name in names:
-                if name not in response.outputs:
-                    raise InternalError(f"model '{self.model}' did not produce output '{name}'")
                 array = np.asarray(response.outputs[name])
                 dims = self.output_dims.get(name)
                 if dims is not None:

@@ -316,3 +316,33 @@ def test_generate_errors(server, path, body, status, message):
 
 def test_generate_is_post_only(server):
     assert request(server.url, "GET", "/v2/models/py_text/generate")[0] == 405
+
+
+PARTIAL_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+"""
+PARTIAL_CONFIG = """
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] }, { name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 4 ] } ]
+"""
+
+
+def test_a_requested_output_the_model_did_not_produce_is_left_out_as_triton_does(tmp_path):
+    (tmp_path / "partial" / "1").mkdir(parents=True)
+    (tmp_path / "partial" / "1" / "model.py").write_text(PARTIAL_MODEL)
+    (tmp_path / "partial" / "config.pbtxt").write_text(PARTIAL_CONFIG)
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    with TritiumServer(tmp_path) as server:
+        for outputs, produced in ((["OUTPUT1"], []), (["OUTPUT0", "OUTPUT1"], ["OUTPUT0"])):
+            status, _, reply = request(server.url, "POST", "/v2/models/partial/infer",
+                                       {**body, "outputs": [{"name": n} for n in outputs]})
+            assert status == 200, reply
+            assert [o["name"] for o in json.loads(reply)["outputs"]] == produced
