@@ -38,6 +38,7 @@ from tritium.logs import LogSettings
 from tritium.errors import AlreadyExists, InternalError, InvalidArgument, ProtocolError, TritiumError, Unavailable
 from tritium.gctune import tune_for_serving
 from tritium.exit_codes import ExitCode
+from tritium.ports import PortInUse
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     PROTOCOL_VERSION,
@@ -83,6 +84,7 @@ class Broker:
         self.scheduler = Scheduler(self.registry, self._send_backend, self._send_frontend, cache=cache)
         self.gateways: set[bytes] = set()
         self._to_gateways: dict[bytes, list] = {}   # this turn's messages, per gateway
+        self._unreachable: set[bytes] = set()       # peers already warned about (see _peer_gone)
         self._pushed_generation = -1
         self._running = True
         # Told to peers in every heartbeat: a new value means the broker restarted and lost
@@ -135,16 +137,29 @@ class Broker:
     def _send_backend(self, parts: list) -> None:
         self._send(self.backend, parts)
 
-    @staticmethod
-    def _send(sock: zmq.Socket, parts: list) -> None:
+    def _send(self, sock: zmq.Socket, parts: list) -> None:
         """Never blocks the loop: a peer that stopped reading (paused, wedged) loses what does
         not fit in its queue, rather than every other peer losing the broker."""
         try:
             send_parts(sock, parts, _NOBLOCK)
         except zmq.Again:
             log.warning("peer %r is not reading (its queue is full); dropped a message to it", parts[0])
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone; its requests are lost to it
-            log.warning("cannot send to peer %r: %s", parts[0], exc)
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer's connection is gone
+            self._peer_gone(parts, exc)
+
+    def _peer_gone(self, parts: list, exc: zmq.ZMQError) -> None:
+        """A peer that left stops getting heartbeats and model tables. Only lost answers are
+        worth a warning (once per peer): a gateway that drained and stopped, as every clean
+        shutdown's gateways do before the broker stops, lost nothing."""
+        peer = parts[0]
+        if peer in self.gateways:
+            self.gateways.discard(peer)
+            self.liveness.forget(peer)
+            log.info("gateway %s disconnected", peer.decode(errors="replace"))
+        if peer in self._unreachable or _only_notices(parts):
+            return
+        self._unreachable.add(peer)
+        log.warning("cannot send to peer %r: %s; what it was sent is lost", peer, exc)
 
     # -- model loading ------------------------------------------------------------------
 
@@ -163,8 +178,13 @@ class Broker:
         waker = SignalWaker(self._stop)
         self._poller.register(waker.fd, zmq.POLLIN)
         if self.settings.metrics is not None:
-            self.metrics_server = start_metrics_server(TritonCollector(self.registry, self.settings.metrics),
-                                                       self.settings.metrics)
+            try:
+                self.metrics_server = start_metrics_server(TritonCollector(self.registry, self.settings.metrics),
+                                                           self.settings.metrics)
+            except OSError as exc:   # a taken port: Triton's one line, not a traceback
+                metrics = self.settings.metrics
+                log.error("%s", PortInUse.from_error("Metrics", metrics.address, metrics.port, exc))
+                return ExitCode.ERROR
         tune_for_serving()
         notify.ready(f"broker frontend={self.settings.frontend} backend={self.settings.backend}")
         log.info("broker ready: frontend %s, backend %s", self.settings.frontend, self.settings.backend)
@@ -340,6 +360,7 @@ class Broker:
             return
         self.liveness.beats_every(peer, header.get("hb", 0.0))
         self.gateways.add(peer)
+        self._unreachable.discard(peer)
         log.info("gateway %s connected", peer.decode(errors="replace"))
         self._send_frontend([peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot,
                                            "hb": self.settings.heartbeat_interval_s})])
@@ -543,6 +564,7 @@ class Broker:
         if not self._protocol_ok(self.backend, peer, header):
             return
         self.liveness.beats_every(peer, header.get("hb", 0.0))
+        self._unreachable.discard(peer)
         role = header.get("role")
         if role == "agent":
             models = header.get("models")
@@ -627,6 +649,24 @@ class Broker:
             # It died before it was ready (a crash, not a reported init failure): the load fails,
             # rather than waiting on restarts that may never succeed.
             self.lifecycle.version_failed(version, f"instance {name} {why} before it was ready")
+
+
+# What the broker tells a peer unasked: losing these to a peer that left loses nothing.
+_NOTICES = frozenset({Kind.HEARTBEAT, Kind.MODELS, Kind.LOG_SETTINGS, Kind.RESET, Kind.DRAINED})
+
+
+def _only_notices(parts: list) -> bool:
+    position = 1
+    while position < len(parts):
+        try:
+            header, _, _ = decode(parts[position])
+        except ProtocolError:
+            return False
+        if header["k"] not in _NOTICES:
+            return False
+        external = header.get("x", 0)
+        position += 1 + (external if isinstance(external, int) else 0)
+    return True
 
 
 def _model_name(args: dict) -> str:

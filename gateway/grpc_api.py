@@ -22,6 +22,7 @@ from gateway.model_table import parse_version
 from gateway.restricted import RestrictedApis
 from gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
+from tritium.ports import PortInUse, check_free
 
 log = logging.getLogger(__name__)
 
@@ -298,17 +299,21 @@ def _parameters(parameters) -> dict:
             for key, value in parameters.items() if value.WhichOneof("parameter_choice")}
 
 
-async def start_grpc(dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                     restricted: RestrictedApis = RestrictedApis()) -> tuple[grpc.aio.Server, int]:
-    """A started server on ``address:port`` (SO_REUSEPORT, so gateways can share it)."""
+def bind_grpc(dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
+              restricted: RestrictedApis = RestrictedApis(), reuse_port: bool = False) -> tuple[grpc.aio.Server, int]:
+    """A server bound to ``address:port``, to be started; PortInUse if the port is taken (checked
+    first, so that grpc's own bind failure, a multi-line log, is never reached)."""
+    check_free("GRPC", address, port, reuse_port)
     server = grpc.aio.server(options=[
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 1),
+        ("grpc.so_reuseport", int(reuse_port)),
     ])
     server.add_generic_rpc_handlers((_handlers(GrpcInferenceService(dataplane, restricted)),))
-    bound = server.add_insecure_port(f"{address}:{port}")
-    await server.start()
+    try:
+        bound = server.add_insecure_port(f"{address}:{port}")
+    except RuntimeError:   # taken between the check and here
+        raise PortInUse("GRPC", address, port) from None
     return server, bound
 
 

@@ -42,8 +42,8 @@ def parameters_to_dict(parameters, reserved_check: bool = False, skip: tuple = (
             continue
         if reserved_check and key.startswith("triton_") and key not in _ALLOWED_TRITON_PARAMETERS:
             raise InvalidArgument(
-                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
-                "not be specified.")
+                "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
+                "keys starting with 'triton_' are allowed: " + ", ".join(sorted(_ALLOWED_TRITON_PARAMETERS)))
         values[key] = parameter_value(parameter)
     return values
 
@@ -63,6 +63,7 @@ def fill_parameters(target, values: dict) -> None:
 
 def decode_infer_request(message) -> InferRequest:
     model = message.model_name
+    check_parameter_kinds(message.parameters)
     raw = message.raw_input_contents
     # Inputs in shared memory have no raw_input_contents entry (tritonclient sends none).
     shared = [shared_memory_ref(f"input '{t.name}'", parameters_to_dict(t.parameters)) for t in message.inputs]
@@ -96,28 +97,46 @@ def decode_infer_request(message) -> InferRequest:
             outputs.append(RequestedOutput(output.name, parameters, shared_memory_ref(owner, parameters),
                                            classification_count(owner, parameters)))
     sequence_id, sequence_flags = _sequence(message.parameters)
+    parameters = parameters_to_dict(message.parameters, True, SEQUENCE_PARAMETERS)
+    if parameters.get("timeout", 0) < 0:
+        parameters["timeout"] %= 2**64   # Triton reads the int64 as uint64
     return InferRequest(model=model, version=message.model_version or None, inputs=inputs, outputs=outputs,
-                        id=message.id, parameters=parameters_to_dict(message.parameters, True, SEQUENCE_PARAMETERS),
+                        id=message.id, parameters=parameters,
                         sequence_id=sequence_id, sequence_flags=sequence_flags)
 
 
-def _sequence(parameters) -> tuple[int | str, int]:
-    """Triton's sequence parameters, with its gRPC front end's rules on their types."""
-    sequence_id, flags = 0, 0
-    for key in SEQUENCE_PARAMETERS:
+# The value kinds Triton's gRPC front end accepts for the parameters it reads itself.
+_PARAMETER_KINDS = {
+    "sequence_id": ("int64_param", "string_param"),
+    "sequence_start": ("bool_param",), "sequence_end": ("bool_param",),
+    "priority": ("int64_param", "uint64_param"), "timeout": ("int64_param",),
+    "triton_enable_empty_final_response": ("bool_param",),
+}
+
+
+def check_parameter_kinds(parameters) -> None:
+    """Triton's INVALID_ARGUMENT for a reserved parameter of the wrong kind (a string priority,
+    a NaN timeout); a negative priority is refused, a negative timeout wraps to uint64 as on Triton."""
+    for key, kinds in _PARAMETER_KINDS.items():
         if key not in parameters:
             continue
         parameter = parameters[key]
-        choice = parameter.WhichOneof("parameter_choice")
-        if key == "sequence_id":
-            if choice not in ("int64_param", "string_param"):
-                raise InvalidArgument("invalid value type for 'sequence_id' parameter, expected int64_param "
-                                      "or string_param.")
-            # Triton keeps the id as uint64: a negative int64 wraps around.
-            sequence_id = parameter.string_param if choice == "string_param" else parameter.int64_param % 2**64
-        elif choice != "bool_param":
-            raise InvalidArgument(f"invalid value type for '{key}' parameter, expected bool_param.")
-        elif parameter.bool_param:
+        if parameter.WhichOneof("parameter_choice") not in kinds:
+            raise InvalidArgument(f"invalid value type for '{key}' parameter, expected {' or '.join(kinds)}.")
+        if key == "priority" and parameter.HasField("int64_param") and parameter.int64_param < 0:
+            raise InvalidArgument("invalid value for 'priority', expected value >= 0.")
+
+
+def _sequence(parameters) -> tuple[int | str, int]:
+    """Triton's sequence parameters (their kinds checked by check_parameter_kinds)."""
+    sequence_id, flags = 0, 0
+    if "sequence_id" in parameters:
+        parameter = parameters["sequence_id"]
+        # Triton keeps the id as uint64: a negative int64 wraps around.
+        sequence_id = (parameter.string_param if parameter.HasField("string_param")
+                       else parameter.int64_param % 2**64)
+    for key in ("sequence_start", "sequence_end"):
+        if key in parameters and parameters[key].bool_param:
             flags |= SEQUENCE_FLAGS[key]
     return sequence_id, flags
 

@@ -1,7 +1,8 @@
 """The gateway process: uvloop, a broker link, the data plane, the HTTP and gRPC servers.
 
-Several gateway processes can serve the same port: each binds its own listening
-socket with SO_REUSEPORT and the kernel spreads connections over them.
+Several gateway processes of one deployment can serve the same port (``reuse_port``):
+each binds its own listening socket with SO_REUSEPORT and the kernel spreads connections
+over them. Without it a port in use stops startup (tritium/ports.py).
 """
 
 from __future__ import annotations
@@ -11,19 +12,21 @@ import logging
 import os
 import signal
 import socket
+import sys
 from dataclasses import dataclass
 
 import uvloop
 
 from gateway.broker_link import BrokerLink
 from gateway.dataplane import DataPlane, ServerIdentity
-from gateway.grpc_api import MAX_MESSAGE_BYTES, start_grpc
+from gateway.grpc_api import MAX_MESSAGE_BYTES, bind_grpc
 from gateway.http_api import HttpApp
 from gateway.http_server import HttpLimits, HttpServer
 from gateway.restricted import RestrictedApis
 from tritium import notify
 from tritium.gctune import tune_for_serving
 from tritium.exit_codes import ExitCode
+from tritium.ports import PortInUse, bound_socket
 from tritium.protocol import DEFAULT_HEARTBEAT_INTERVAL_S
 from tritium.security import CurveKeys
 
@@ -49,14 +52,11 @@ class GatewaySettings:
     curve: CurveKeys | None = None          # None: no CURVE on the broker link
     http_restricted: RestrictedApis = RestrictedApis()   # Triton's --http-restricted-api
     grpc_restricted: RestrictedApis = RestrictedApis()   # Triton's --grpc-restricted-protocol
+    reuse_port: bool = False    # share the ports with this deployment's other gateways (SO_REUSEPORT)
 
 
-def listening_socket(address: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((address, port))
+def listening_socket(address: str, port: int, reuse_port: bool = False) -> socket.socket:
+    sock = bound_socket("HTTP", address, port, reuse_port)
     sock.listen(2048)
     sock.setblocking(False)
     return sock
@@ -72,7 +72,12 @@ async def serve(settings: GatewaySettings) -> None:
                           max_inflight_requests=settings.max_inflight_requests)
     app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes + 1024 * 1024,
                   restricted=settings.http_restricted)
-    sock = listening_socket(settings.http_address, settings.http_port)
+    sock = listening_socket(settings.http_address, settings.http_port, settings.reuse_port)
+    grpc_server = None
+    if settings.grpc_port is not None:   # bound now: a taken port stops startup before the broker is waited for
+        grpc_server, grpc_port = bind_grpc(dataplane, settings.grpc_address, settings.grpc_port,
+                                           settings.grpc_max_message_bytes, settings.grpc_restricted,
+                                           settings.reuse_port)
     http = HttpServer(app, HttpLimits(max_body_bytes=settings.max_input_bytes + 1024 * 1024))
     stop = asyncio.Event()
 
@@ -90,10 +95,8 @@ async def serve(settings: GatewaySettings) -> None:
     log.info("gateway waiting for the broker at %s", settings.broker)
     await link.start(settings.broker_timeout_s)
     tune_for_serving()
-    grpc_server = None
-    if settings.grpc_port is not None:
-        grpc_server, grpc_port = await start_grpc(dataplane, settings.grpc_address, settings.grpc_port,
-                                                   settings.grpc_max_message_bytes, settings.grpc_restricted)
+    if grpc_server is not None:
+        await grpc_server.start()
         log.info("gateway serving gRPC on %s:%d", settings.grpc_address, grpc_port)
     await http.start(sock)
     port = sock.getsockname()[1]
@@ -121,4 +124,8 @@ async def _tick_watchdog(stop: asyncio.Event) -> None:
 
 
 def run(settings: GatewaySettings) -> None:
-    uvloop.run(serve(settings))
+    try:
+        uvloop.run(serve(settings))
+    except PortInUse as exc:   # one line, as Triton says it, and the status systemd restarts after
+        log.error("%s", exc)
+        sys.exit(ExitCode.ERROR)

@@ -328,6 +328,7 @@ def serve(ctx, model_repository, allow_http, http_address, http_port, grpc_addre
                       "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs),
                       "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc,
                       "--allow-client-shm", allow_client_shm, "--grpc-max-message-size", str(grpc_max_message_size),
+                      "--reuse-port", "true",   # serve's own gateways share; serve checks the ports are free
                       *_pass_through(ctx, ["heartbeat_interval_secs", "max_inflight_requests",
                                           "http_restricted_api", "grpc_restricted_protocol", *LOG_FLAGS])),
         worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
@@ -432,11 +433,14 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
 @max_inflight_option
 @restricted_api_options
 @curve_options("--curve-server-key", "The broker's CURVE public key file (NAME.key).")
+@click.option("--reuse-port", type=BOOLEAN, default="false", show_default=True,
+              help="Share the HTTP and gRPC ports with this deployment's other gateways (SO_REUSEPORT); "
+                   "false: a port in use stops startup.")
 def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, allow_grpc, http_max_input_size,
             exit_timeout_secs, strict_readiness, server_id, log_verbose, log_info, log_warning, log_error,
             log_format, allow_client_shm,
             grpc_max_message_size, heartbeat_interval_secs, max_inflight_requests, http_restricted_api,
-            grpc_restricted_protocol, curve_secret_key, curve_server_key) -> None:
+            grpc_restricted_protocol, curve_secret_key, curve_server_key, reuse_port) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
     from gateway.server import GatewaySettings, run
 
@@ -449,7 +453,8 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
                         server_id=server_id, strict_readiness=_bool(strict_readiness),
                         allow_client_shm=_bool(allow_client_shm), grpc_max_message_bytes=grpc_max_message_size,
                         heartbeat_interval_s=heartbeat_interval_secs, max_inflight_requests=max_inflight_requests,
-                        curve=curve, http_restricted=http_restricted, grpc_restricted=grpc_restricted))
+                        curve=curve, http_restricted=http_restricted, grpc_restricted=grpc_restricted,
+                        reuse_port=_bool(reuse_port)))
 
 
 @main.command(cls=config_file.SettingsCommand)

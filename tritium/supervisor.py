@@ -25,6 +25,7 @@ from pathlib import Path
 import zmq
 
 from tritium.exit_codes import ExitCode
+from tritium.ports import PortInUse, check_free
 from tritium.protocol import Kind, decode, encode
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,11 @@ class Supervisor:
     children: list[ChildProcess] = field(default_factory=list)
 
     def run(self) -> int:
+        try:
+            self._check_ports()
+        except PortInUse as exc:
+            log.error("%s", exc)
+            return ExitCode.ERROR
         runtime = Path(tempfile.mkdtemp(prefix="tritium-"))
         notify_path = runtime / "notify"
         notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -88,6 +94,16 @@ class Supervisor:
             notify_sock.close()
             shutil.rmtree(runtime, ignore_errors=True)
         return code
+
+    def _check_ports(self) -> None:
+        """A port in use by any other program stops serve before anything starts (its own
+        gateways then share theirs with --reuse-port), in Triton's order and words."""
+        s = self.settings
+        if s.grpc_enabled:
+            check_free("GRPC", s.grpc_address, s.grpc_port)
+        check_free("HTTP", s.http_address, s.http_port)
+        if s.metrics_enabled:
+            check_free("Metrics", s.metrics_address, s.metrics_port)
 
     def _spawn(self, role: str, args: list[str], env: dict) -> None:
         command = [sys.executable, "-m", "tritium.cli", role, *args]

@@ -301,3 +301,66 @@ def test_a_stream_message_that_is_no_protobuf_gets_an_error_and_the_stream_goes_
     unparsable, missing = sorted(a.error_message for a in answers)
     assert unparsable == "Unable to parse request"
     assert missing.startswith("expected 2 inputs but got 0 inputs for model 'add_sub'")
+
+
+def _add_sub_request(**parameters):
+    """A correct add_sub request with ``parameters`` given as {key: (kind, value)}."""
+    request = service_pb2.ModelInferRequest(model_name="add_sub")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+        request.raw_input_contents.append(np.ones(16, np.float32).tobytes())
+    for key, (kind, value) in parameters.items():
+        setattr(request.parameters[key], kind, value)
+    return request
+
+
+_PRIORITY_KINDS = "invalid value type for 'priority' parameter, expected int64_param or uint64_param."
+_TIMEOUT_KINDS = "invalid value type for 'timeout' parameter, expected int64_param."
+_EMPTY_FINAL_KINDS = ("invalid value type for 'triton_enable_empty_final_response' parameter, "
+                      "expected bool_param.")
+
+
+# Texts and codes as Triton 2.51 answers them.
+@pytest.mark.parametrize("parameters, message", [
+    ({"priority": ("string_param", "1")}, _PRIORITY_KINDS),
+    ({"priority": ("bool_param", True)}, _PRIORITY_KINDS),
+    ({"priority": ("double_param", 1.0)}, _PRIORITY_KINDS),
+    ({"priority": ("int64_param", -1)}, "invalid value for 'priority', expected value >= 0."),
+    ({"timeout": ("string_param", "x")}, _TIMEOUT_KINDS),
+    ({"timeout": ("double_param", float("nan"))}, _TIMEOUT_KINDS),
+    ({"timeout": ("uint64_param", 5)}, _TIMEOUT_KINDS),
+    ({"timeout": ("bool_param", True)}, _TIMEOUT_KINDS),
+    ({"sequence_id": ("double_param", 3.0)},
+     "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
+    ({"sequence_end": ("string_param", "true")},
+     "invalid value type for 'sequence_end' parameter, expected bool_param."),
+    ({"triton_enable_empty_final_response": ("int64_param", 1)}, _EMPTY_FINAL_KINDS),
+    ({"triton_enable_empty_final_response": ("string_param", "true")}, _EMPTY_FINAL_KINDS),
+    ({"triton_other": ("bool_param", True)},
+     "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following keys "
+     "starting with 'triton_' are allowed: triton_enable_empty_final_response"),
+])
+def test_a_parameter_of_the_wrong_kind_is_invalid_argument(server, parameters, message):
+    channel, stub = _stub(server)
+    try:
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ModelInfer(_add_sub_request(**parameters), timeout=10)
+        assert (error.value.code(), error.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+        stream = list(stub.ModelStreamInfer(iter([_add_sub_request(**parameters)]), timeout=10))
+        assert [answer.error_message for answer in stream] == [message]
+    finally:
+        channel.close()
+
+
+@pytest.mark.parametrize("parameters", [
+    {"priority": ("uint64_param", 1)}, {"priority": ("int64_param", 0)},
+    {"timeout": ("int64_param", -5)}, {"timeout": ("int64_param", 10_000_000)},
+    {"triton_enable_empty_final_response": ("bool_param", False)},
+])
+def test_parameters_of_the_kinds_triton_reads_are_accepted(server, parameters):
+    channel, stub = _stub(server)
+    try:
+        response = stub.ModelInfer(_add_sub_request(**parameters), timeout=10)
+        np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.float32), [2.0] * 16)
+    finally:
+        channel.close()

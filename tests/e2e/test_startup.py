@@ -1,7 +1,12 @@
-"""Startup: Triton's exit-on-error, readiness with failed models, and flag handling."""
+"""Startup: Triton's exit-on-error, readiness with failed models, flag handling, ports in
+use; and a clean shutdown's log."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import time
 
 import onnx
@@ -10,7 +15,7 @@ from onnx import TensorProto, helper
 
 from tests.e2e.rawhttp import error_of, request
 from tests.models import add_sub_model, write_config
-from tests.servers import TritiumServer, instance_processes, run_serve
+from tests.servers import PROJECT_ROOT, TritiumServer, free_port, instance_processes, run_serve
 
 BAD_ONNX_CONFIG = """
 max_batch_size: 4
@@ -96,3 +101,80 @@ def test_unknown_flags_are_an_error(repo):
     result = run_serve(repo, "--no-such-flag=1")
     assert result.returncode == 1  # tritonserver's status and first line
     assert result.stderr.splitlines()[0].endswith(b" serve: unrecognized option '--no-such-flag=1'")
+
+
+# -- ports in use ------------------------------------------------------------------------------
+
+def _held_port() -> socket.socket:
+    """A port another program listens on."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    return holder
+
+
+def _error_lines(stderr: bytes) -> list[str]:
+    return [line for line in stderr.decode().splitlines() if " E " in line or "Traceback" in line]
+
+
+@pytest.mark.parametrize("service, flag", [("HTTP", "--http-port"), ("GRPC", "--grpc-port"),
+                                           ("Metrics", "--metrics-port")])
+def test_serve_refuses_a_port_in_use_with_one_line(repo, service, flag):
+    with _held_port() as holder:
+        port = holder.getsockname()[1]
+        result = run_serve(repo, "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1", flag, str(port))
+    assert result.returncode == 1   # Triton's status; systemd restarts after it
+    [line] = _error_lines(result.stderr)
+    assert line.endswith(f"failed to start {service} service: Unavailable - Socket '127.0.0.1:{port}' "
+                         "already in use")
+
+
+def test_a_second_serve_on_the_ports_of_a_running_one_stops_and_the_first_keeps_serving(repo):
+    with TritiumServer(repo, "--exit-on-error=false", http_workers=2) as first:
+        result = run_serve(repo, "--http-port", str(first.port), "--metrics-port", str(free_port()))
+        assert result.returncode == 1
+        [line] = _error_lines(result.stderr)
+        assert line.endswith(f"failed to start HTTP service: Unavailable - Socket '127.0.0.1:{first.port}' "
+                             "already in use")
+        assert request(first.url, "GET", "/v2/health/live")[0] == 200
+
+
+def _run_part(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
+    return subprocess.run([sys.executable, "-m", "tritium.cli", *args], capture_output=True, timeout=60, env=env)
+
+
+@pytest.mark.parametrize("service, flag", [("HTTP", "--http-port"), ("GRPC", "--grpc-port")])
+def test_a_gateway_without_reuse_port_refuses_a_port_in_use(tmp_path, service, flag):
+    ports = {"--http-port": str(free_port()), "--grpc-port": str(free_port())}
+    with _held_port() as holder:
+        ports[flag] = str(holder.getsockname()[1])
+        result = _run_part("gateway", "--broker", f"ipc://{tmp_path}/nobody", "--http-address", "127.0.0.1",
+                           "--grpc-address", "127.0.0.1", *[x for item in ports.items() for x in item])
+    assert result.returncode == 1
+    [line] = _error_lines(result.stderr)
+    assert line.endswith(f"failed to start {service} service: Unavailable - Socket '127.0.0.1:{ports[flag]}' "
+                         "already in use")
+
+
+def test_a_broker_refuses_a_metrics_port_in_use_with_one_line(tmp_path):
+    with _held_port() as holder:
+        port = holder.getsockname()[1]
+        (tmp_path / "models").mkdir()
+        result = _run_part("broker", "--model-repository", str(tmp_path / "models"), "--frontend", f"ipc://{tmp_path}/f",
+                           "--backend", f"ipc://{tmp_path}/b", "--metrics-address", "127.0.0.1",
+                           "--metrics-port", str(port))
+    assert result.returncode == 1
+    [line] = _error_lines(result.stderr)
+    assert line.endswith(f"failed to start Metrics service: Unavailable - Socket '127.0.0.1:{port}' already in use")
+
+
+# -- shutdown ------------------------------------------------------------------------------------
+
+def test_a_clean_shutdown_logs_no_warning_about_peers_that_left(repo):
+    # Heartbeats every 0.1 s: the broker beats several times between its gateways' exit and its own.
+    server = TritiumServer(repo, "--exit-on-error=false", "--heartbeat-interval-secs", "0.1", http_workers=2)
+    assert server.stop() == 0
+    logs = server.log_path.read_text()
+    assert "gateway stopped" in logs and "broker stopping" in logs
+    assert "cannot send to peer" not in logs and "Host unreachable" not in logs
