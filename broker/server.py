@@ -590,6 +590,8 @@ class Broker:
             raise ProtocolError(f"unknown role {role!r} in HELLO")
 
     def _on_instance_hello(self, peer: bytes, header: dict) -> None:
+        if peer in self.registry.instances:
+            return   # an adopted instance told the new epoch twice (its RESET was sent again) says HELLO twice
         version = self._epoch_of(header)
         # A draining version takes back a restarted instance: its queue still needs one.
         if version is None or version.state not in (VersionState.LOADING, VersionState.READY,
