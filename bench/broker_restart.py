@@ -2,7 +2,8 @@
 
 A broker, a worker host and a gateway run as separate processes over tcp:// (as in the
 reliability tests); closed-loop threads send whoami requests (tests/e2e/restart_repo:
-``whoami`` with two instances, ``whoami_scaled`` autoscaled to two). The broker is
+``whoami`` with two instances, ``whoami_scaled`` autoscaled to two, ``py_state`` a stateful
+model with implicit state). The broker is
 restarted twice: killed with SIGKILL, and stopped with SIGTERM (a drain). Reported for
 each: the seconds from the new broker process's start to the first answered request,
 the instance processes restarted (pids that changed), and the failed requests.
@@ -22,7 +23,7 @@ from tests import cluster
 from tests.cluster import Load, Outcome, failures, instance_pids
 
 REPO = Path(__file__).resolve().parent.parent / "tests" / "e2e" / "restart_repo"
-MODELS = ("whoami", "whoami_scaled")
+MODELS = ("whoami", "whoami_scaled", "py_state")
 HEARTBEAT = ("--heartbeat-interval-secs", "0.25")
 
 
@@ -89,7 +90,7 @@ def start_cluster() -> tuple[cluster.Part, list[cluster.Part], cluster.Part]:
     with Load(gateway.url, threads=4, delay_ms=100, model="whoami_scaled"):   # its queue makes it grow
         cluster.wait_until(lambda: len(instance_pids(workers[0], "whoami_scaled")) == 2, timeout_s=30,
                            what="whoami_scaled scaled to two instances")
-    cluster.wait_until(lambda: len(instance_pids_of(workers)) == 4, what="four instances")
+    cluster.wait_until(lambda: len(instance_pids_of(workers)) == 5, what="five instances")
     return broker, workers, gateway
 
 
