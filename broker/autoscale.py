@@ -110,6 +110,19 @@ class Autoscaler:
             log.warning("model %s version %d: a host refused an instance: %s", version.name, version.version,
                         message)
 
+    def adopt(self, version: ModelVersion, agent: bytes, running: int) -> int:
+        """A host kept ``running`` instances across a broker restart: count them (within ``max``)."""
+        scale = version.scale
+        if scale is None:
+            return 0
+        others = scale.total - scale.targets.get(agent, 0)
+        count = max(0, min(running, version.autoscale.max_instances - others))
+        scale.targets[agent] = count
+        log.info("model %s version %d: keeping %d running instance(s) on a host across the broker restart",
+                 version.name, version.version, count)
+        self.registry.generation += 1
+        return count
+
     def agent_draining(self, agent: bytes) -> None:
         """A draining host's instances are going: place their replacements elsewhere at once."""
         for version in self.versions():

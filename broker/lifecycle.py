@@ -36,8 +36,10 @@ from broker.registry import (
     ModelVersion,
     Registry,
     VersionState,
+    load_identity,
 )
 from repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
+from repo.json_form import config_to_json_dict
 from repo.names import relative_file_problem, require_name, write_files
 from repo.repository import version_fingerprint
 from tritium.errors import InvalidArgument, TritiumError, Unavailable
@@ -352,6 +354,8 @@ class ModelLifecycle(EnsembleLoading):
         version = ModelVersion(record.name, number, definition, epoch=next(self._epochs),
                                replaces=current, files=files)
         self._version_files[version.epoch] = _version_files(definition.path, number)
+        version.identity = load_identity(config_to_json_dict(definition.portable_config), files,
+                                         self._version_files[version.epoch])
         self._new_version_hook(version)
         self.registry.epochs[version.epoch] = version
         if current is None or current.state != VersionState.READY:
@@ -518,10 +522,10 @@ class ModelLifecycle(EnsembleLoading):
 
     # -- agents and instances ---------------------------------------------------------------
 
-    def assignments_for(self, agent: AgentRecord) -> list[dict]:
-        return [_assignment(v) for v in self.registry.epochs.values()
-                if v.state in (VersionState.LOADING, VersionState.READY)
-                and agent.serves(v.name) and v.autoscale is None and not v.ensemble]
+    def loads_for(self, agent: AgentRecord) -> list[ModelVersion]:
+        """The loads a host joining now should run (or, for autoscaled ones, may keep running)."""
+        return [v for v in self.registry.epochs.values()
+                if v.state in (VersionState.LOADING, VersionState.READY) and agent.serves(v.name) and not v.ensemble]
 
     def placed(self, header: dict, agent: bytes = b"") -> None:
         version = self.registry.epochs.get(header.get("e"))

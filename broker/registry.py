@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -90,6 +92,7 @@ class ModelVersion:
     epoch: int = 0
     replaces: "ModelVersion | None" = None              # the version it takes over from, once READY
     files: dict | None = None                           # load API file overrides, shipped to agents
+    identity: str = ""                                  # what its instances run (load_identity)
     state: VersionState = VersionState.LOADING
     reason: str = ""
     stats: ModelVersionStats = field(default_factory=ModelVersionStats)
@@ -132,6 +135,8 @@ class ModelVersion:
                       "config": config_to_json_dict(self.definition.portable_config)}
         if self.files:
             assignment["files"] = self.files
+        if self.identity:
+            assignment["id"] = self.identity
         return assignment
 
     @property
@@ -152,6 +157,19 @@ class ModelVersion:
     @property
     def decoupled(self) -> bool:
         return self.definition.config.model_transaction_policy.decoupled
+
+
+def load_identity(config_json: dict, files: dict | None, fingerprint: tuple) -> str:
+    """What an instance of a load runs: its config, shipped files and the files of its folder.
+
+    A host agent reports it for each running instance, so that a broker started again keeps
+    (adopts) the instances whose load it would start anyway, rather than loading them again.
+    """
+    digest = hashlib.sha256(json.dumps(config_json, sort_keys=True).encode())
+    for path, content in sorted((files or {}).items()):
+        digest.update(path.encode() + b"\0" + bytes(content))
+    digest.update(repr(fingerprint).encode())
+    return digest.hexdigest()[:32]
 
 
 @dataclass(eq=False)

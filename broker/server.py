@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from broker.adoption import Adoption
 from broker.autoscale import Autoscaler
 from broker.lifecycle import ControlSettings, ModelLifecycle
 from broker.liveness import PeerLiveness
@@ -94,6 +95,7 @@ class Broker:
         self._now = time.monotonic()
         self._next_heartbeat = 0.0
         self._reset_sent: dict[bytes, float] = {}   # unknown agents asked to register, and when
+        self.adoption = Adoption()   # instances a previous broker process placed, which this one keeps
         self._stop_deadline: float | None = None   # set by the first SIGTERM: draining until then
         self.exit_code = ExitCode.OK
         self.repository = ModelRepository(settings.model_repositories, settings.repository)
@@ -299,6 +301,7 @@ class Broker:
         for iid in lost:
             self.scheduler.instance_lost(iid, f"was lost with its host {agent.host}", restart_expected=False)
             self.liveness.forget(iid)
+        self.adoption.forget_agent(peer)
 
     def _timeout_ms(self) -> int:
         """Until the earliest batching deadline, and never past the next heartbeat."""
@@ -500,6 +503,7 @@ class Broker:
         elif kind == Kind.PLACED:
             if header.get("boot") == self.boot:   # not a late answer to a previous broker process
                 self.lifecycle.placed(header, peer)
+                self._tell_adopted(header)
         elif kind == Kind.INSTANCE_FAILED:
             self._on_instance_failed(header)
         elif kind == Kind.INSTANCE_EXITED:
@@ -522,14 +526,51 @@ class Broker:
             if iid in self.registry.instances:
                 self.liveness.heard(iid, self._now)
                 self.liveness.beats_every(iid, header.get("hb", 0.0))
-            elif header.get("joined"):  # an instance this broker does not know: exit, be restarted
-                self._send_backend([iid, encode({"k": Kind.RESET})])
+            elif header.get("joined"):
+                self._on_unknown_instance(iid, header)
         elif header.get("role") == "agent" and peer not in self.registry.agents:
             # Heartbeats queued while the broker was away arrive together: ask once per interval.
             if self._now - self._reset_sent.get(peer, 0.0) >= self.settings.heartbeat_interval_s:
                 self._reset_sent[peer] = self._now
                 log.info("unknown host agent %s heartbeating; asking it to register", peer.decode(errors="replace"))
                 self._send_backend([peer, encode({"k": Kind.RESET, "boot": self.boot})])
+
+    def _on_unknown_instance(self, iid: bytes, header: dict) -> None:
+        """An instance this broker does not know (yet): adopted, about to be, or to exit and be restarted."""
+        rejoin = self.adoption.rejoin_header(iid, self.boot)
+        if rejoin is not None:   # the RESET sent on its adoption may not have reached it
+            self._send_backend([iid, encode({"k": Kind.RESET, **rejoin})])
+            return
+        agent = str(header.get("agent") or iid.decode(errors="replace").split("/", 1)[0]).encode()
+        if agent not in self.registry.agents or self.adoption.pending(iid):
+            return   # its agent has yet to register and list it, or adoption is being decided
+        self._send_backend([iid, encode({"k": Kind.RESET})])
+
+    def _tell_adopted(self, header: dict) -> None:
+        """The agent kept these running instances for a load: they say HELLO again, as its instances."""
+        version = self.registry.epochs.get(header.get("e"))
+        if version is None or not header.get("adopted"):
+            return
+        for iid in self.adoption.placed(version, header["adopted"]):
+            log.info("adopting running instance %s of model %s version %d", iid.decode(errors="replace"),
+                     version.name, version.version)
+            self._send_backend([iid, encode({"k": Kind.RESET, **self.adoption.rejoin_header(iid, self.boot)})])
+
+    def _assign_on_join(self, agent: AgentRecord) -> None:
+        """Every load this host should run; the instances it still runs are offered to their loads."""
+        models, scaled = [], []
+        for version in self.lifecycle.loads_for(agent):
+            assignment = self.adoption.offer(version.assignment(), version, agent.identity)
+            if version.autoscale is None:
+                models.append(assignment)
+                continue
+            running = len(self.adoption.candidates(version, agent.identity))
+            count = self.autoscaler.adopt(version, agent.identity, running) if running else 0
+            if count:
+                scaled.append({"assignment": assignment, "count": count})
+        # "complete": after this, the agent stops whatever it runs that was not kept.
+        self._send_backend([agent.identity, encode({"k": Kind.ASSIGN, "models": models, "scale": scaled,
+                                                    "complete": True})])
 
     def _on_drain(self, peer: bytes) -> None:
         agent = self.registry.agents.get(peer)
@@ -572,17 +613,20 @@ class Broker:
                                 tuple(models) if models else None, cpu_slots=int(header.get("cpu_slots", 0)))
             self.registry.agents[peer] = agent
             self._reset_sent.pop(peer, None)
+            self.adoption.announce(peer, header.get("running"))
             log.info("host agent %s joined (host %s, gpus %s)", peer.decode(), agent.host, list(agent.gpus))
             self._send_backend([peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot,
                                               "hb": self.settings.heartbeat_interval_s})])
             self._send_backend([peer, self._log_settings_message()])
-            self._send_backend([peer, encode({"k": Kind.ASSIGN, "models": self.lifecycle.assignments_for(agent)})])
+            self._assign_on_join(agent)
         elif role == "instance":
             self._on_instance_hello(peer, header)
         else:
             raise ProtocolError(f"unknown role {role!r} in HELLO")
 
     def _on_instance_hello(self, peer: bytes, header: dict) -> None:
+        if peer in self.registry.instances:
+            return   # an adopted instance told the new epoch twice (its RESET was sent again) says HELLO twice
         version = self._epoch_of(header)
         # A draining version takes back a restarted instance: its queue still needs one.
         if version is None or version.state not in (VersionState.LOADING, VersionState.READY,
@@ -595,6 +639,7 @@ class Broker:
             self._send_backend([peer, encode({"k": Kind.RESET})])
             return
         version.awaited.pop(header["name"], None)
+        self.adoption.forget(peer)
         instance = InstanceRecord(peer, header["agent"].encode(), header["m"], header["v"],
                                   header["name"], int(header.get("credit", 1)), epoch=version.epoch,
                                   draining=agent is None or agent.draining, kind=header.get("kind", "CPU"))
@@ -637,6 +682,7 @@ class Broker:
         agent = self.registry.agents.get(instance.agent) if instance else None
         self.scheduler.instance_lost(iid, why, restart_expected=agent is not None and not agent.draining)
         self.liveness.forget(iid)
+        self.adoption.forget(iid)
         version = self._epoch_of(header)
         name = header.get("name")
         # An instance stopped on purpose, or one that reported its own init failure, fails no load

@@ -23,7 +23,16 @@ from gateway.shared_memory import SharedMemoryRegions
 from tritium import logs
 from tritium.errors import TritiumError, Unavailable
 from tritium.hosts import host_name
-from tritium.protocol import DEFAULT_HEARTBEAT_INTERVAL_S, MISSED_HEARTBEATS, PROTOCOL_VERSION, Kind, decode, encode
+from tritium.protocol import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    MISSED_HEARTBEATS,
+    PROTOCOL_VERSION,
+    RECONNECT_IVL_MAX_MS,
+    RECONNECT_IVL_MS,
+    Kind,
+    decode,
+    encode,
+)
 from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
 
@@ -75,8 +84,8 @@ class BrokerLink:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.sock.setsockopt(zmq.RCVHWM, 100_000)
-        self.sock.setsockopt(zmq.RECONNECT_IVL, 1000)
-        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 32_000)
+        self.sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
         self.sock.connect(address)
         self.models = ModelTable()
         self.shared_memory = SharedMemoryRegions()   # follows the broker's list, like the model table

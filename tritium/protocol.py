@@ -46,7 +46,7 @@ import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 INLINE_LIMIT = 64 * 1024
 _PREFIX = struct.Struct("<I")
 
@@ -56,7 +56,9 @@ class Kind(enum.IntEnum):
     HELLO = 1
     # broker -> peer: refused (wrong protocol version, unknown role)
     REFUSED = 2
-    # broker -> peer: "I do not know you" (the broker restarted, or dropped the peer): say HELLO again
+    # broker -> peer: "I do not know you" (the broker restarted, or dropped the peer): say HELLO again.
+    # To an instance: with ``boot`` and ``e``, a new broker keeps it (HELLO again as that load's);
+    # without, it exits and its agent restarts it.
     RESET = 3
     # gateway -> broker: one inference request; inline/external tensors = inputs
     INFER = 10
@@ -106,6 +108,12 @@ _KINDS = frozenset(int(k) for k in Kind)
 # gateway or agent that stops hearing the broker fails what it sent and waits for it.
 MISSED_HEARTBEATS = 3
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
+
+# Gateways and agents reconnect to a lost broker after 100 ms, backing off to one attempt a
+# second: a restarted broker is found within a second of binding (an attempt on a closed
+# port costs next to nothing).
+RECONNECT_IVL_MS = 100
+RECONNECT_IVL_MAX_MS = 1000
 
 
 class InferHeader(TypedDict, total=False):

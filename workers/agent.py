@@ -36,6 +36,8 @@ from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     MISSED_HEARTBEATS,
     PROTOCOL_VERSION,
+    RECONNECT_IVL_MAX_MS,
+    RECONNECT_IVL_MS,
     Kind,
     decode,
     encode,
@@ -86,6 +88,19 @@ class Child:
     wanted: bool = True
     iid: str = field(default="")
     kill_at: float | None = None   # stopped on purpose: SIGKILL if still running then
+    identity: str = ""  # the load identity the broker gave (what the process runs), for adoption
+    scaled: bool = False   # started by SCALE (an autoscaled model), not from instance groups
+
+    def running(self) -> dict:
+        """How the HELLO to a new broker describes this instance, so that it may keep it."""
+        return {"iid": self.iid, "m": self.model, "v": self.version, "id": self.identity, "key": self.plan.key,
+                "name": self.plan.name, "kind": self.plan.kind, "device": self.plan.device_id,
+                "credit": self.spec.get("credit", 1), "scaled": self.scaled, "pid": self.process.pid}
+
+    def adopted(self, epoch: int, boot: int | None) -> None:
+        """It now belongs to load ``epoch`` of broker ``boot``; a restart starts it as such."""
+        self.epoch = epoch
+        self.spec = dict(self.spec, epoch=epoch, boot=boot)
 
 
 class HostAgent:
@@ -97,9 +112,9 @@ class HostAgent:
         secure_client(self.sock, settings.curve, "worker")
         self.sock.setsockopt(zmq.IDENTITY, self.identity.encode())
         self.sock.setsockopt(zmq.LINGER, 1000)
-        # After losing the broker, ZeroMQ reconnects by itself: after 1 s, then backing off to 32 s.
-        self.sock.setsockopt(zmq.RECONNECT_IVL, int(_BACKOFF_START_S * 1000))
-        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(_BACKOFF_MAX_S * 1000))
+        # After losing the broker, ZeroMQ reconnects by itself, backing off to once a second.
+        self.sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
         self.sock.connect(settings.broker)
         self.children: list[Child] = []
         self._running = True
@@ -108,6 +123,7 @@ class HostAgent:
         self._stop_signals = self._stop_signals_handled = 0
         self._starts = 0
         self._broker_boot: int | None = None        # which broker process assigned the running instances
+        self._adoptable: dict[str, Child] = {}       # iid -> running for a previous broker, offered to the new one
         self._last_heard = time.monotonic()
         self._broker_lost = False
         self._broker_interval = 0.0   # the broker's heartbeat interval, as its heartbeats say
@@ -153,7 +169,8 @@ class HostAgent:
     def _hello(self) -> None:
         self._send({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION, "host": host_name(),
                     "gpus": list(self.settings.gpus), "models": list(self.settings.models or []),
-                    "cpu_slots": self.settings.max_cpu_instances, "hb": self.settings.heartbeat_interval_s})
+                    "cpu_slots": self.settings.max_cpu_instances, "hb": self.settings.heartbeat_interval_s,
+                    "running": [child.running() for child in self._adoptable.values()]})
 
     def _stop(self, signum, _frame) -> None:
         self._stop_signals += 1   # handled in the loop: a signal handler must not touch the socket
@@ -195,11 +212,15 @@ class HostAgent:
                         self.settings.broker)
 
     def _register_again(self, why: str) -> None:
-        """A new broker (or one that dropped this host) knows none of this host's instances."""
-        log.warning("%s: stopping %d instance(s) and registering again", why, len(self.children))
+        """A new broker (or one that dropped this host) knows none of this host's instances: they are
+        offered to it (it keeps those it would start anyway); a draining host stops them."""
+        keep = self._drain_deadline is None
         for child in self.children:
-            self._stop_child(child)
+            if not (keep and child.wanted and child.process is not None):
+                self._stop_child(child)
         self.children = [c for c in self.children if c.process is not None]
+        self._adoptable = {c.iid: c for c in self.children if c.wanted}
+        log.warning("%s: registering again, offering %d running instance(s)", why, len(self._adoptable))
         self._broker_boot = None   # until the broker's heartbeat answers this HELLO
         self._hello()
         if self._drain_deadline is not None:
@@ -219,6 +240,10 @@ class HostAgent:
             if kind == Kind.ASSIGN:
                 for assignment in header["models"]:
                     self._assign(assignment)
+                for scaled in header.get("scale", ()):
+                    self._assign(scaled["assignment"], count=int(scaled["count"]))
+                if header.get("complete"):
+                    self._stop_unadopted()
             elif kind == Kind.SCALE:
                 self._assign(header["assignment"], count=int(header["count"]), stop=tuple(header.get("stop", ())))
             elif kind == Kind.UNASSIGN:
@@ -258,7 +283,8 @@ class HostAgent:
         """Start a model version's instances: its instance groups, or ``count`` when the broker scales it."""
         model, version, epoch = assignment["m"], assignment["v"], assignment.get("e", 0)
         placed = {"k": Kind.PLACED, "m": model, "v": version, "e": epoch, "boot": self._broker_boot}
-        running = [child for child in self.children if child.epoch == epoch and child.wanted]
+        running = [child for child in self.children
+                   if child.epoch == epoch and child.wanted and child.iid not in self._adoptable]
         if running and count is None:
             return  # already serving this load (the broker re-sent its assignments)
         if self._drain_deadline is not None:
@@ -277,17 +303,48 @@ class HostAgent:
             log.error("cannot place model %s version %d: %s", model, version, message)
             self._send({**placed, "err": message})
             return
+        adopted = self._adopt(assignment, plans if count is None else None)
         if count is None:
-            new_plans = plans
+            new_plans = [plan for plan in plans if plan.key not in {c.plan.key for c in adopted}]
         else:
-            new_plans = self._rescale(running, count, stop, config)
+            new_plans = self._rescale(running + adopted, count, stop, config)
+            adopted = [c for c in adopted if c.wanted]
         config_json = config_to_json_dict(config)
-        children = [Child(plan, model, version, epoch, self._spec(model, version, epoch, model_dir, config_json, plan))
+        children = [Child(plan, model, version, epoch, self._spec(model, version, epoch, model_dir, config_json, plan),
+                          identity=assignment.get("id", ""), scaled=count is not None)
                     for plan in new_plans]
-        self._send({**placed, "instances": [c.plan.key for c in children]})
+        self._send({**placed, "instances": [c.plan.key for c in [*adopted, *children]],
+                    "adopted": {c.plan.key: c.iid for c in adopted}})
         for child in children:
             self.children.append(child)
             self._start(child)
+
+    def _adopt(self, assignment: dict, plans: list[InstancePlan] | None) -> list[Child]:
+        """The running instances the broker offered for this load that its plan (when given) names."""
+        offered = set(assignment.get("adopt", ()))
+        wanted = None if plans is None else {plan.key for plan in plans}
+        adopted = []
+        for iid in sorted(offered & set(self._adoptable)):
+            child = self._adoptable[iid]
+            if child.identity != assignment.get("id") or child.model != assignment["m"] \
+                    or child.version != assignment["v"] or (wanted is not None and child.plan.key not in wanted):
+                continue
+            if wanted is not None:
+                wanted.discard(child.plan.key)   # one instance per plan
+            del self._adoptable[iid]
+            child.adopted(assignment.get("e", 0), self._broker_boot)
+            adopted.append(child)
+            log.info("kept running instance %s of %s version %d (pid %d) for the new broker", child.plan.key,
+                     child.model, child.version, child.process.pid)
+        return adopted
+
+    def _stop_unadopted(self) -> None:
+        """The new broker has said what it wants: the instances it did not keep stop."""
+        for child in self._adoptable.values():
+            log.info("stopping instance %s of %s version %d: the new broker does not keep it", child.plan.key,
+                     child.model, child.version)
+            self._stop_child(child)
+        self._adoptable = {}
 
     def _rescale(self, running: list[Child], count: int, stop: tuple[str, ...], config: ModelConfig) -> list:
         """Match ``count`` instances: stop those named (or the last ones), plan new ones under free names."""
@@ -365,6 +422,8 @@ class HostAgent:
                 continue
             child.process = None
             why = f"exited with status {code}" if code >= 0 else f"was killed by signal {-code}"
+            if self._adoptable.pop(child.iid, None) is not None:
+                child.wanted = False   # it belonged to the previous broker: the new one starts its own
             self._send({"k": Kind.INSTANCE_EXITED, "iid": child.iid, "why": why, "code": code, "e": child.epoch,
                         "name": child.plan.key, "stopped": not child.wanted,
                         "boot": child.spec.get("boot")})
@@ -407,7 +466,7 @@ class HostAgent:
 
     def _unassign(self, epoch: int) -> None:
         for child in self.children:
-            if child.epoch == epoch:
+            if child.epoch == epoch and child.iid not in self._adoptable:   # epochs are per broker process
                 self._stop_child(child)
         self.children = [c for c in self.children if c.wanted or c.process is not None]
         shutil.rmtree(self._shipped / str(epoch), ignore_errors=True)

@@ -33,6 +33,7 @@ from tritium.zmqio import recv_parts, send_parts
 from workers.backends import load_backend
 from workers.backends.base import BackendConfig, InstanceContext, ModelContext
 from workers.executor import BatchExecutor
+from workers.sequence_state import SequenceInputs
 from workers.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -89,9 +90,10 @@ class HeartbeatThread(threading.Thread):
     GIL only for a moment each interval (backends release it while computing).
     """
 
-    def __init__(self, broker: str, iid: str, interval_s: float, curve: CurveKeys | None = None) -> None:
+    def __init__(self, broker: str, iid: str, interval_s: float, curve: CurveKeys | None = None,
+                 agent: str = "") -> None:
         super().__init__(name="heartbeat", daemon=True)
-        self.broker, self.iid, self.interval_s, self.curve = broker, iid, interval_s, curve
+        self.broker, self.iid, self.interval_s, self.curve, self.agent = broker, iid, interval_s, curve, agent
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -102,7 +104,8 @@ class HeartbeatThread(threading.Thread):
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 4)   # beats that cannot leave are worthless later
         sock.connect(self.broker)
-        beat = encode({"k": Kind.HEARTBEAT, "iid": self.iid, "joined": True, "hb": self.interval_s})
+        beat = encode({"k": Kind.HEARTBEAT, "iid": self.iid, "agent": self.agent, "joined": True,
+                       "hb": self.interval_s})
         try:
             while not self.stopped.wait(self.interval_s):
                 try:
@@ -199,14 +202,27 @@ def main() -> None:
         sys.exit(ExitCode.INIT_FAILED)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    sock.send(encode({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION,
-                      "agent": spec["agent"], "credit": spec.get("credit", 2), **about}))
+
+    def hello() -> None:
+        sock.send(encode({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION,
+                          "agent": spec["agent"], "credit": spec.get("credit", 2), **about}))
+
+    def rejoin(reset: dict) -> None:
+        """A new broker process keeps this instance: what the old one bound to it is gone."""
+        about.update(boot=reset["boot"], e=reset["e"])
+        if executor.sequences is not None:   # its sequences' slots and implicit state
+            executor.sequences = SequenceInputs(executor.config, Path(spec["model_dir"]))
+        log.info("kept by a new broker process (load %s); saying HELLO again", reset["e"])
+        hello()
+
+    hello()
     log.info("serving model %s version %d as %s", spec["model"], spec["version"], spec["key"])
-    heartbeat = HeartbeatThread(spec["broker"], spec["iid"], spec.get("heartbeat_interval_s", 1.0), curve)
+    heartbeat = HeartbeatThread(spec["broker"], spec["iid"], spec.get("heartbeat_interval_s", 1.0), curve,
+                                spec["agent"])
     heartbeat.start()
     tune_for_serving()
     try:
-        _serve(sock, executor, outbox, stopping)
+        _serve(sock, executor, outbox, stopping, rejoin)
     finally:
         heartbeat.stopped.set()
         for part in lifecycle:  # instance, model, backend
@@ -218,7 +234,7 @@ def main() -> None:
         context.term()
 
 
-def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: list) -> None:
+def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: list, rejoin) -> None:
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(outbox.wake_read, zmq.POLLIN)
@@ -244,6 +260,8 @@ def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: 
             elif header["k"] == Kind.REFUSED:
                 log.error("broker refused this instance: %s", header.get("reason"))
                 sys.exit(ExitCode.PROTOCOL_MISMATCH)
+            elif header["k"] == Kind.RESET and "e" in header:
+                rejoin(header)
             elif header["k"] == Kind.RESET:
                 log.error("the broker no longer knows this instance; exiting so that the agent restarts it")
                 sys.exit(ExitCode.ERROR)
