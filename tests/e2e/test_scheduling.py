@@ -113,8 +113,9 @@ def test_a_request_past_a_delay_timeout_runs_after_the_requests_still_in_time(se
         finished[name] = time.monotonic()
 
     blocker = threading.Thread(target=send, args=("blocker", 2000))
-    late = threading.Thread(target=send, args=("late", 0))     # waits past its 500 ms: delayed
-    timely = threading.Thread(target=send, args=("timely", 0))  # arrives later, still in time at 2 s
+    # Each runs 100 ms, so that the order they ran in shows in when their answers come back.
+    late = threading.Thread(target=send, args=("late", 100))     # waits past its 500 ms: delayed
+    timely = threading.Thread(target=send, args=("timely", 100))  # arrives later, still in time at 2 s
     blocker.start()
     time.sleep(0.3)
     late.start()
