@@ -250,7 +250,7 @@ def _tensor_header(model: str, item: dict) -> tuple[str, str, list[int]]:
 
 
 def _outputs(value) -> list[RequestedOutput] | None:
-    if value is None:
+    if value is None or value == []:   # Triton reads an empty list as every output
         return None
     if not isinstance(value, list):
         raise InvalidArgument("'outputs' must be a list")

@@ -247,3 +247,11 @@ def test_a_shared_memory_offset_past_the_region_names_the_offset(server):
     finally:
         request(server.url, "POST", "/v2/systemsharedmemory/region/r/unregister")
         os.unlink(f"/dev/shm/{key}")
+
+
+def test_an_empty_outputs_list_asks_for_every_output(server):
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16},
+                       {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}], "outputs": []}
+    status, _, reply = request(server.url, "POST", "/v2/models/py_add_sub/infer", body)
+    assert status == 200, reply
+    assert [o["name"] for o in json.loads(reply)["outputs"]] == ["OUTPUT0", "OUTPUT1"]
