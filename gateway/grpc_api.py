@@ -207,7 +207,11 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def LogSettings(self, request, context):
         response = service_pb2.LogSettingsResponse()
-        for key, value in (await self.dataplane.log_settings(_parameters(request.settings))).items():
+        try:
+            settings = await self.dataplane.log_settings(_parameters(request.settings))
+        except InvalidArgument as exc:   # Triton's gRPC text names the setting without the flag's dashes
+            raise InvalidArgument(exc.message.replace("--log_format", "log_format")) from None
+        for key, value in settings.items():
             setting = response.settings[key]
             if isinstance(value, bool):
                 setting.bool_param = value

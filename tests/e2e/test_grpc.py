@@ -364,3 +364,10 @@ def test_parameters_of_the_kinds_triton_reads_are_accepted(server, parameters):
         np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.float32), [2.0] * 16)
     finally:
         channel.close()
+
+
+def test_a_log_format_triton_does_not_know_is_refused_with_triton_s_grpc_text(client):
+    with pytest.raises(InferenceServerException) as failure:
+        client.update_log_settings({"log_format": "bogus"})
+    assert (failure.value.status(), failure.value.message()) == (
+        "StatusCode.INVALID_ARGUMENT", "invalid argument for log_format, got: bogus")
