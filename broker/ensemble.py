@@ -275,7 +275,8 @@ class EnsembleRunner:
         if "err" in header:
             error = TritiumError.from_wire(header["err"])
             log.info("ensemble %s: %s failed: %s", request.plan.name, step.label, error.message)
-            self._fail(request, type(error)(f"in ensemble '{request.plan.name}', {error.message}"))
+            self._fail(request, type(error)(f"in ensemble '{request.plan.name}', {error.message}"),
+                       model_error=bool(header.get("model_error")))
             return
         if header.get("final") is False:
             self._fail(request, Unsupported(f"in ensemble '{request.plan.name}', model '{step.model}' answered "
@@ -327,10 +328,13 @@ class EnsembleRunner:
         stats.record_execution(request.batch_size, compute)   # Triton counts an ensemble request as one execution
         self._reply(request.from_backend, [request.client, encode(header, inline), *frames], compute)
 
-    def _fail(self, request: EnsembleRequest, error: TritiumError) -> None:
+    def _fail(self, request: EnsembleRequest, error: TritiumError, model_error: bool = False) -> None:
+        """Answer the ensemble's request with ``error``; a step model's own error keeps that mark,
+        so that the gateway passes it on without the request id, as Triton does."""
         self._finish(request)
         request.version.stats.record_failure(self._clock() - request.arrival_ns, "OTHER")
-        self._reply(request.from_backend, [request.client, error_record(request.rid, error.to_wire())], NO_TIMINGS)
+        self._reply(request.from_backend, [request.client, error_record(request.rid, error.to_wire(), model_error)],
+                    NO_TIMINGS)
 
     def _finish(self, request: EnsembleRequest) -> None:
         request.finished = True

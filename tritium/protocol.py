@@ -228,6 +228,9 @@ def tensor_views(descriptors: Sequence, view: memoryview, offset: int, frames: S
     return views
 
 
-def error_record(rid: int, error: dict) -> bytes:
-    """The RESPONSE record that answers request ``rid`` with an error."""
+def error_record(rid: int, error: dict, model_error: bool = False) -> bytes:
+    """The RESPONSE record that answers request ``rid`` with an error; ``model_error``: a model's
+    own error, which the gateway passes on without the request id, as Triton does."""
+    if model_error:
+        return encode({"k": Kind.RESPONSE, "rid": rid, "err": error, "model_error": True})
     return encode({"k": Kind.RESPONSE, "rid": rid, "err": error})

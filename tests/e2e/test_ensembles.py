@@ -333,3 +333,11 @@ def test_an_ensemble_named_at_startup_is_ready_with_its_models_when_the_server_i
         assert states(client) == dict.fromkeys(["combine", "double", "outer", "pipeline", "pre", "triple"], "READY")
         result = client.infer("outer", inputs(httpclient, values(1), "VALUES"))
         np.testing.assert_array_equal(result.as_numpy("OUT"), 10 * (values(1) + 1))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_step_model_s_error_reaches_the_client_without_the_request_id_as_from_triton(http, grpc, protocol):
+    client, module = (http, httpclient) if protocol == "http" else (grpc, grpcclient)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("pipeline", inputs(module, -values(1) - 5), request_id="abc")
+    assert caught.value.message() == NEGATIVE_ERROR   # Triton 2.51 gives the same text, no "[request id: abc]"
