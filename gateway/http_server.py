@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 KEEP_ALIVE_TIMEOUT_S = 75.0    # an idle keep-alive connection is closed after this long
 STALLED_REQUEST_TIMEOUT_S = 60.0  # a request whose bytes stop arriving for this long is dropped
 _SWEEP_INTERVAL_S = 5.0
+MAX_PIPELINED = 32   # requests parsed ahead of their answers; past it the connection is not read
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -91,7 +92,8 @@ class HttpConnection(asyncio.Protocol):
     """One client connection: parse, hand each request to the app, write answers in order."""
 
     __slots__ = ("app", "limits", "loop", "shared", "transport", "parser", "queue", "busy", "closing",
-                 "last_active", "_url", "_headers", "_body", "_body_size", "_too_large", "_paused")
+                 "last_active", "_url", "_headers", "_body", "_body_size", "_too_large", "_write_paused",
+                 "_reading")
 
     def __init__(self, app, limits: HttpLimits, loop: asyncio.AbstractEventLoop, shared: _Connections) -> None:
         self.app, self.limits, self.loop, self.shared = app, limits, loop, shared
@@ -101,7 +103,8 @@ class HttpConnection(asyncio.Protocol):
         self.busy = False              # a request is being answered
         self.closing = False
         self.last_active = time.monotonic()
-        self._paused = False
+        self._write_paused = False
+        self._reading = True
         self._reset()
 
     def _reset(self) -> None:
@@ -133,13 +136,20 @@ class HttpConnection(asyncio.Protocol):
             self._fail(400, f"invalid HTTP request: {exc}")
 
     def pause_writing(self) -> None:
-        # A client that does not read its answers stops being read from.
-        self._paused = True
-        self.transport.pause_reading()
+        self._write_paused = True
+        self._read_when_it_can_keep_up()
 
     def resume_writing(self) -> None:
-        self._paused = False
-        self.transport.resume_reading()
+        self._write_paused = False
+        self._read_when_it_can_keep_up()
+
+    def _read_when_it_can_keep_up(self) -> None:
+        """A client that does not read its answers, or pipelines past MAX_PIPELINED requests,
+        stops being read from until it catches up: what the connection holds stays bounded."""
+        reading = not self._write_paused and len(self.queue) < MAX_PIPELINED
+        if reading != self._reading and not self.closing:
+            self._reading = reading
+            (self.transport.resume_reading if reading else self.transport.pause_reading)()
 
     def eof_received(self) -> bool:
         return bool(self.busy or self.queue)   # keep writing what was asked before the client's FIN
@@ -178,6 +188,8 @@ class HttpConnection(asyncio.Protocol):
         self.queue.append((request, keep_alive))
         if not self.busy:
             self._next()
+        if len(self.queue) >= MAX_PIPELINED:
+            self._read_when_it_can_keep_up()
 
     # -- answering ---------------------------------------------------------------------
 
@@ -223,6 +235,8 @@ class HttpConnection(asyncio.Protocol):
             self.close()
         elif self.queue:
             self._next()
+            if not self._reading:
+                self._read_when_it_can_keep_up()
         elif self.shared.draining:
             self.close()
 

@@ -215,3 +215,19 @@ def test_drain_finishes_the_request_in_flight_and_closes_idle_connections(runnin
     assert idle.recv(10) == b""
     with pytest.raises(ConnectionRefusedError):   # no longer accepting
         running.connect()
+
+
+def test_a_client_that_pipelines_without_end_is_read_again_once_answered(running):
+    """Past MAX_PIPELINED parsed requests the connection is not read; it must be read again as
+    answers leave, or the later requests (sent after a pause) would never be answered."""
+    import gateway.http_server as module
+
+    client = running.connect()
+    client.sendall(b"GET /slow HTTP/1.1\r\n\r\n" + b"GET /p HTTP/1.1\r\n\r\n" * (2 * module.MAX_PIPELINED))
+    for _ in range(3):
+        time.sleep(0.05)
+        client.sendall(b"GET /q HTTP/1.1\r\n\r\n" * module.MAX_PIPELINED)
+    count = 2 * module.MAX_PIPELINED + 3 * module.MAX_PIPELINED
+    bodies = [body for _, _, body in read_responses(client, count + 1)]
+    assert bodies == [b"GET /slow 0"] + [b"GET /p 0"] * (2 * module.MAX_PIPELINED) + \
+        [b"GET /q 0"] * (3 * module.MAX_PIPELINED)
