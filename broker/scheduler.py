@@ -222,13 +222,6 @@ class Scheduler:
             self._waiting.add(version)
 
     @staticmethod
-    def _has_room(instance: InstanceRecord, pipelines: bool = False) -> bool:
-        """Credit left, and a second batch only for a model that cannot batch (never with a
-        queue policy: a request sent ahead to a busy instance could no longer be overtaken or
-        time out)."""
-        return instance.credit > 0 and (pipelines or not instance.inflight)
-
-    @staticmethod
     def _sequence_room(instance: InstanceRecord) -> bool:
         """A sequence's next request may follow its previous one to its instance at once: its
         slot is taken either way, and the instance runs them in order."""
@@ -252,6 +245,8 @@ class Scheduler:
                 del idle[instance]
                 continue
             return instance
+        # A second batch only for a model that cannot batch, and never with a queue policy: a
+        # request sent ahead to a busy instance could no longer be overtaken or time out.
         if version.batcher.simple and not version.batcher.policy.enabled:
             return max((i for i in version.instances if not i.draining and i.credit > 0),
                        key=lambda i: i.credit, default=None)
