@@ -90,21 +90,18 @@ def plot(rows: list[list], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     labels = [row[0] for row in rows]
     positions = range(len(rows))
-    left.bar([p - 0.2 for p in positions], [row[1] for row in rows], 0.4, label="Triton 2.51")
-    left.bar([p + 0.2 for p in positions], [row[2] for row in rows], 0.4, label="tritium")
-    left.set_xticks(list(positions), labels)
-    left.set_ylabel("infer/s (perf_analyzer)")
-    left.set_title("Throughput, same model and machine")
-    left.legend()
-    right.bar([p - 0.2 for p in positions], [row[4] for row in rows], 0.4, label="Triton 2.51")
-    right.bar([p + 0.2 for p in positions], [row[5] for row in rows], 0.4, label="tritium")
-    right.set_xticks(list(positions), labels)
-    right.set_ylabel("p50 latency (us)")
-    right.set_title("Median latency")
-    right.legend()
+    panels = ((1, 2, "infer/s (perf_analyzer)", "Throughput, same model and machine"),
+              (4, 5, "p50 latency (us)", "Median latency"))
+    for axis, (triton, ours, unit, title) in zip(axes, panels):
+        axis.bar([p - 0.2 for p in positions], [row[triton] for row in rows], 0.4, label="Triton 2.51")
+        axis.bar([p + 0.2 for p in positions], [row[ours] for row in rows], 0.4, label="tritium")
+        axis.set_xticks(list(positions), labels)
+        axis.set_ylabel(unit)
+        axis.set_title(title)
+        axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
