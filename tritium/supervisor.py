@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ServeSettings:
-    model_repositories: tuple[str, ...]
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     grpc_address: str = "0.0.0.0"
@@ -45,8 +44,7 @@ class ServeSettings:
     http_workers: int = 1
     exit_timeout_s: float = 30.0
     exit_on_error: bool = True
-    log_verbose: int = 0
-    repository_args: tuple[str, ...] = ()  # flags passed to broker and worker as they were given
+    # each child's flags, from the options table (tritium/options.py)
     broker_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
     worker_args: tuple[str, ...] = ()
@@ -112,16 +110,13 @@ class Supervisor:
 
     def _start_and_wait(self, env, frontend, backend, notify_sock, stop) -> int | None:
         s = self.settings
-        verbose = ["--log-verbose", str(s.log_verbose)]
-        repos = [arg for repo in s.model_repositories for arg in ("--model-repository", repo)]
-        self._spawn("broker", [*repos, "--frontend", frontend, "--backend", backend, "--workers-on-this-host",
-                               *s.repository_args, *s.broker_args, *verbose], env)
+        self._spawn("broker", ["--frontend", frontend, "--backend", backend, "--workers-on-this-host",
+                               *s.broker_args], env)
         if not self._wait_ready(notify_sock, stop, roles={"broker"}):
             return ExitCode.ERROR
-        self._spawn("worker", ["--broker", backend, *repos, *s.worker_args, *verbose], env)
+        self._spawn("worker", ["--broker", backend, *s.worker_args], env)
         for _ in range(s.http_workers):
-            self._spawn("gateway", ["--broker", frontend, "--http-address", s.http_address,
-                                    "--http-port", str(s.http_port), *s.gateway_args, *verbose], env)
+            self._spawn("gateway", ["--broker", frontend, *s.gateway_args], env)
         if not self._wait_ready(notify_sock, stop, roles={"worker", "gateway"}):
             return ExitCode.ERROR
         status = self._wait_loaded(frontend, stop)
