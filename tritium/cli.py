@@ -124,6 +124,12 @@ def restricted_apis(http_values, grpc_values):
         raise click.UsageError(exc.message) from None
 
 
+def _one_front_end(o) -> None:
+    if not (_bool(o["allow_http"]) or _bool(o["allow_grpc"])):
+        raise click.UsageError("--allow-http=false and --allow-grpc=false leave nothing to serve: "
+                               "allow HTTP, gRPC or both.")
+
+
 def _backend_options(values) -> dict[str, dict[str, str]]:
     """--backend-config=BACKEND,KEY=VALUE flags as {backend: {key: value}}."""
     options: dict[str, dict[str, str]] = {}
@@ -158,9 +164,7 @@ def serve(ctx, **o) -> None:
     from tritium.supervisor import ServeSettings, Supervisor
 
     ignored = ignored_flags_given(o)
-    if o["allow_http"] == "false":
-        raise click.UsageError("--allow-http=false is not supported: tritium always serves HTTP "
-                               "(its readiness and model control go through it).")
+    _one_front_end(o)
     configure_logs("serve", *(o[key] for key in _LOG_KEYS))
     _warn_ignored(ignored + _foreign_backend_configs(o["backend_config"]))
     if o["response_cache_byte_size"] is not None and not o["cache_config"]:
@@ -171,7 +175,8 @@ def serve(ctx, **o) -> None:
     control_settings(*(o[key] for key in _CONTROL_KEYS))
     restricted_apis(o["http_restricted_api"], o["grpc_restricted_protocol"])
     settings = ServeSettings(
-        http_address=o["http_address"], http_port=o["http_port"], grpc_address=o["grpc_address"],
+        http_address=o["http_address"], http_port=o["http_port"], http_enabled=_bool(o["allow_http"]),
+        grpc_address=o["grpc_address"],
         grpc_port=o["grpc_port"], grpc_enabled=_bool(o["allow_grpc"]), metrics_port=o["metrics_port"],
         metrics_address=o["metrics_address"], metrics_enabled=_bool(o["allow_metrics"]),
         http_workers=o["http_workers"] or max(1, (os.cpu_count() or 2) // 2),
@@ -242,9 +247,11 @@ def gateway(**o) -> None:
     from tritium.gateway.server import GatewaySettings, run
 
     configure_logs("gateway", *(o[key] for key in _LOG_KEYS))
+    _one_front_end(o)
     curve = curve_keys(o["curve_secret_key"], "--curve-server-key", o["curve_server_key"], server=False)
     http_restricted, grpc_restricted = restricted_apis(o["http_restricted_api"], o["grpc_restricted_protocol"])
-    run(GatewaySettings(broker=o["broker_address"], http_address=o["http_address"], http_port=o["http_port"],
+    run(GatewaySettings(broker=o["broker_address"], http_address=o["http_address"],
+                        http_port=o["http_port"] if _bool(o["allow_http"]) else None,
                         grpc_address=o["grpc_address"],
                         grpc_port=o["grpc_port"] if _bool(o["allow_grpc"]) else None,
                         max_input_bytes=o["http_max_input_size"], exit_timeout_s=float(o["exit_timeout_secs"]),

@@ -90,8 +90,7 @@ OPTIONS: tuple[Option, ...] = (
     _option("--model-load-thread-count", on="serve, broker", to="broker", default=4, type=int,
             help="Models read from disk in parallel."),
     # -- the front ends
-    _option("--allow-http", on="serve", type=BOOLEAN, default="true",
-            help="Serve HTTP; tritium always does (false is refused)."),
+    _option("--allow-http", on="serve, gateway", to="gateway", type=BOOLEAN, default="true", help="Serve HTTP."),
     _option("--http-address", on="serve, gateway", to="gateway", default="0.0.0.0",
             help="Address the HTTP server binds."),
     _option("--http-port", on="serve, gateway", to="gateway", default=8000, type=int, help="HTTP port."),

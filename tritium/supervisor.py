@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 class ServeSettings:
     http_address: str = "0.0.0.0"
     http_port: int = 8000
+    http_enabled: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
     grpc_enabled: bool = True
@@ -99,7 +100,8 @@ class Supervisor:
         s = self.settings
         if s.grpc_enabled:
             check_free("GRPC", s.grpc_address, s.grpc_port)
-        check_free("HTTP", s.http_address, s.http_port)
+        if s.http_enabled:
+            check_free("HTTP", s.http_address, s.http_port)
         if s.metrics_enabled:
             check_free("Metrics", s.metrics_address, s.metrics_port)
 
@@ -128,9 +130,10 @@ class Supervisor:
                 log.error("%s", failure)
             log.error("failed to load all models")
             return ExitCode.MODEL_LOAD_FAILED
-        grpc = f" grpc={s.grpc_address}:{s.grpc_port}" if s.grpc_enabled else ""
-        grpc += f" metrics={s.metrics_address}:{s.metrics_port}" if s.metrics_enabled else ""
-        print(f"tritium ready: http={s.http_address}:{s.http_port}{grpc} "
+        endpoints = [f"http={s.http_address}:{s.http_port}"] if s.http_enabled else []
+        endpoints += [f"grpc={s.grpc_address}:{s.grpc_port}"] if s.grpc_enabled else []
+        endpoints += [f"metrics={s.metrics_address}:{s.metrics_port}"] if s.metrics_enabled else []
+        print(f"tritium ready: {' '.join(endpoints)} "
               f"(gateways={s.http_workers}, models ready={status['ready']})", flush=True)
         return None
 
