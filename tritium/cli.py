@@ -43,10 +43,14 @@ def _cache_bytes(values) -> int:
         raise click.BadParameter(str(exc), param_hint="--cache-config") from None
 
 
-# The options each settings helper below takes, in its parameters' order.
+# The options each settings helper below takes.
 _LOG_KEYS = ("log_verbose", "log_info", "log_warning", "log_error", "log_format")
 _CONTROL_KEYS = ("model_control_mode", "load_model", "repository_poll_secs", "model_load_thread_count")
 _REPOSITORY_KEYS = ("model_config_name", "disable_auto_complete_config", "strict_model_config", "backend_config")
+
+
+def _pick(o: dict, keys: tuple[str, ...]) -> dict:
+    return {key: o[key] for key in keys}
 
 
 def configure_logs(role: str, log_verbose, log_info, log_warning, log_error, log_format):
@@ -165,14 +169,14 @@ def serve(ctx, **o) -> None:
 
     ignored = ignored_flags_given(o)
     _one_front_end(o)
-    configure_logs("serve", *(o[key] for key in _LOG_KEYS))
+    configure_logs("serve", **_pick(o, _LOG_KEYS))
     _warn_ignored(ignored + _foreign_backend_configs(o["backend_config"]))
     if o["response_cache_byte_size"] is not None and not o["cache_config"]:
         o["cache_config"] = (f"local,size={o['response_cache_byte_size']}",)
     # fail early on bad flags, before starting anything
-    repository_settings(*(o[key] for key in _REPOSITORY_KEYS))
+    repository_settings(**_pick(o, _REPOSITORY_KEYS))
     _cache_bytes(o["cache_config"])
-    control_settings(*(o[key] for key in _CONTROL_KEYS))
+    control_settings(**_pick(o, _CONTROL_KEYS))
     restricted_apis(o["http_restricted_api"], o["grpc_restricted_protocol"])
     settings = ServeSettings(
         http_address=o["http_address"], http_port=o["http_port"], http_enabled=_bool(o["allow_http"]),
@@ -220,16 +224,15 @@ def broker(**o) -> None:
     from tritium.broker.metrics import MetricsSettings
     from tritium.broker.server import Broker, BrokerSettings
 
-    log_settings = configure_logs("broker", *(o[key] for key in _LOG_KEYS))
+    log_settings = configure_logs("broker", **_pick(o, _LOG_KEYS))
     metrics_options = dict(item.partition("=")[::2] for item in o["metrics_config"])
     metrics = MetricsSettings(o["metrics_address"], o["metrics_port"],
                               _bool(metrics_options.get("histogram_latencies", "false"))) \
         if _bool(o["allow_metrics"]) else None
     curve = curve_keys(o["curve_secret_key"], "--curve-authorized-keys", o["curve_authorized_keys"], server=True)
     settings = BrokerSettings(tuple(o["model_repository"]), o["frontend"], o["backend"],
-                              repository_settings(*(o[key] for key in _REPOSITORY_KEYS),
-                                                  gpus_here=o["workers_on_this_host"]),
-                              metrics=metrics, control=control_settings(*(o[key] for key in _CONTROL_KEYS)),
+                              repository_settings(**_pick(o, _REPOSITORY_KEYS), gpus_here=o["workers_on_this_host"]),
+                              metrics=metrics, control=control_settings(**_pick(o, _CONTROL_KEYS)),
                               log_verbose=log_settings.log_verbose_level,
                               heartbeat_interval_s=o["heartbeat_interval_secs"],
                               exit_timeout_s=float(o["exit_timeout_secs"]), curve=curve,
@@ -246,7 +249,7 @@ def gateway(**o) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
     from tritium.gateway.server import GatewaySettings, run
 
-    configure_logs("gateway", *(o[key] for key in _LOG_KEYS))
+    configure_logs("gateway", **_pick(o, _LOG_KEYS))
     _one_front_end(o)
     curve = curve_keys(o["curve_secret_key"], "--curve-server-key", o["curve_server_key"], server=False)
     http_restricted, grpc_restricted = restricted_apis(o["http_restricted_api"], o["grpc_restricted_protocol"])
@@ -271,7 +274,7 @@ def worker(**o) -> None:
     from tritium.hosts import detect_gpus
     from tritium.workers.agent import HostAgent, WorkerSettings
 
-    logged = configure_logs("worker", *(o[key] for key in _LOG_KEYS))
+    logged = configure_logs("worker", **_pick(o, _LOG_KEYS))
     curve = curve_keys(o["curve_secret_key"], "--curve-server-key", o["curve_server_key"], server=False)
     models = o["models"]
     max_cpu_instances = o["max_cpu_instances"]
@@ -362,7 +365,9 @@ def config_group() -> None:
 def config_show(ctx, role, args, as_json) -> None:
     """Print every setting ROLE would run with and where it came from: ARGS are ROLE's flags
     (--config FILE among them); TRITIUM_* variables are read as ROLE would read them."""
-    config_path, rows = config_file.effective(ctx, main.commands[role], role, list(args))
+    command = main.commands[role]
+    assert isinstance(command, config_file.SettingsCommand)  # the choice lists only those
+    config_path, rows = config_file.effective(ctx, command, role, list(args))
     render = config_file.render_json if as_json else config_file.render_table
     click.echo(render(role, config_path, rows))
 

@@ -153,7 +153,7 @@ class Supervisor:
         return True
 
     def _wait_loaded(self, frontend: str, stop) -> dict | None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(frontend)
         try:
@@ -186,7 +186,7 @@ class Supervisor:
     def _stop_children(self) -> None:
         order = {"gateway": 0, "worker": 1, "broker": 2}
         deadline = time.monotonic() + self.settings.exit_timeout_s
-        for role in sorted(order, key=order.get):
+        for role in sorted(order, key=lambda role: order[role]):
             group = [c.process for c in self.children if c.role == role and c.process.poll() is None]
             for process in group:
                 process.send_signal(signal.SIGTERM)
