@@ -31,7 +31,7 @@ _WAITING = object()
 
 
 class LoadSteps(Protocol):
-    """What the ensemble loader asks of the model lifecycle."""
+    """What the ensemble loader (and the repository poller) ask of the model lifecycle."""
 
     def begin(self, name: str, definition: ModelDefinition | None, error: str | None, fingerprint, files,
               reply: Reply | None, checked: bool = False, members_asked: bool = False,

@@ -116,6 +116,15 @@ class Broker:
     def gateways(self) -> set[bytes]:
         return self.membership.gateways
 
+    @property
+    def log_settings(self) -> LogSettings:
+        """What every gateway, agent and instance is handed (Control owns and changes them)."""
+        return self.control.log_settings
+
+    @log_settings.setter
+    def log_settings(self, settings: LogSettings) -> None:
+        self.control.log_settings = settings
+
     def _bind(self, kind: int, address: str) -> zmq.Socket:
         sock = self.context.socket(kind)
         secure_server(sock, self.settings.curve, address)
