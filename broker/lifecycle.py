@@ -1,4 +1,4 @@
-"""Model lifecycle: loading, reloading without dropping a request, unloading, polling.
+"""Model lifecycle: loading, reloading without dropping a request, unloading; owns the registry's models, versions, epochs.
 
 Every load of a model version is a ``ModelVersion`` with an epoch of its own. A first
 load takes the version's place in the registry at once, LOADING. A reload (new files, a
