@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from broker.lifecycle import ModelLifecycle
-from broker.membership import Membership
-from broker.registry import Registry, VersionState
+from tritium.broker.lifecycle import ModelLifecycle
+from tritium.broker.membership import Membership
+from tritium.broker.registry import Registry, VersionState
 from tritium import logs
 from tritium.errors import AlreadyExists, InternalError, InvalidArgument, TritiumError
 from tritium.logs import LogSettings

@@ -16,14 +16,14 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from broker.registry import ModelRecord, ModelVersion, Registry, VersionState
-from repo import ModelDefinition, ModelLoadError
-from repo.backends import ENSEMBLE_PLATFORM
-from repo.ensembles import composing_models, validate_ensemble
+from tritium.broker.registry import ModelRecord, ModelVersion, Registry, VersionState
+from tritium.repo import ModelDefinition, ModelLoadError
+from tritium.repo.backends import ENSEMBLE_PLATFORM
+from tritium.repo.ensembles import composing_models, validate_ensemble
 
 if TYPE_CHECKING:
-    from broker.lifecycle import LoadInProgress, Reply
-    from broker.model_reads import ModelReader
+    from tritium.broker.lifecycle import LoadInProgress, Reply
+    from tritium.broker.model_reads import ModelReader
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import weakref
 
-from broker.registry import InstanceRecord, ModelVersion, Registry
+from tritium.broker.registry import InstanceRecord, ModelVersion, Registry
 
 
 class IdleInstances:

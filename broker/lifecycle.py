@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.ensemble_loading import EnsembleLoader, is_ensemble, members_of
-from broker.membership import Membership
-from broker.model_reads import MissingModel, ModelReader, overrides_from
-from broker.polling import RepositoryPoller
-from broker.registry import (
+from tritium.broker.ensemble_loading import EnsembleLoader, is_ensemble, members_of
+from tritium.broker.membership import Membership
+from tritium.broker.model_reads import MissingModel, ModelReader, overrides_from
+from tritium.broker.polling import RepositoryPoller
+from tritium.broker.registry import (
     AgentRecord,
     ModelRecord,
     ModelVersion,
@@ -33,10 +33,10 @@ from broker.registry import (
     VersionState,
     load_identity,
 )
-from repo import ModelDefinition, ModelRepository
-from repo.json_form import config_to_json_dict
-from repo.names import require_name
-from repo.repository import version_fingerprint
+from tritium.repo import ModelDefinition, ModelRepository
+from tritium.repo.json_form import config_to_json_dict
+from tritium.repo.names import require_name
+from tritium.repo.repository import version_fingerprint
 from tritium.errors import InvalidArgument, TritiumError, Unavailable
 from tritium.protocol import Kind, encode
 

@@ -11,9 +11,9 @@ broker answers to a peer's messages is decided in ``broker/peers.py``.
 
 from __future__ import annotations
 
-from broker.liveness import PeerLiveness
-from broker.registry import AgentRecord, InstanceRecord, ModelVersion, Registry
-from broker.scheduler import Scheduler
+from tritium.broker.liveness import PeerLiveness
+from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion, Registry
+from tritium.broker.scheduler import Scheduler
 
 
 class Membership:

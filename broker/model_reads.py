@@ -19,8 +19,8 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from repo import ModelConfig, ModelLoadError, ModelRepository
-from repo.names import relative_file_problem, write_files
+from tritium.repo import ModelConfig, ModelLoadError, ModelRepository
+from tritium.repo.names import relative_file_problem, write_files
 from tritium.errors import InvalidArgument
 
 log = logging.getLogger(__name__)

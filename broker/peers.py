@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from broker.adoption import Adoption
-from broker.autoscale import Autoscaler
-from broker.lifecycle import ModelLifecycle
-from broker.liveness import PeerLiveness
-from broker.membership import Membership
-from broker.registry import AgentRecord, InstanceRecord, ModelVersion, Registry, VersionState
-from broker.scheduler import Scheduler
+from tritium.broker.adoption import Adoption
+from tritium.broker.autoscale import Autoscaler
+from tritium.broker.lifecycle import ModelLifecycle
+from tritium.broker.liveness import PeerLiveness
+from tritium.broker.membership import Membership
+from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion, Registry, VersionState
+from tritium.broker.scheduler import Scheduler
 from tritium.errors import ProtocolError
 from tritium.exit_codes import ExitCode
 from tritium.protocol import Kind, encode

@@ -9,13 +9,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from broker.registry import Registry
-from repo import ModelRepository
+from tritium.broker.registry import Registry
+from tritium.repo import ModelRepository
 
 if TYPE_CHECKING:
-    from broker.ensemble_loading import EnsembleLoader, LoadSteps
-    from broker.lifecycle import LoadInProgress
-    from broker.model_reads import ModelReader
+    from tritium.broker.ensemble_loading import EnsembleLoader, LoadSteps
+    from tritium.broker.lifecycle import LoadInProgress
+    from tritium.broker.model_reads import ModelReader
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from broker.ensemble import NO_TIMINGS, STEP_CLIENT, EnsembleRunner
-from broker.idle_instances import IdleInstances
-from broker.registry import (
+from tritium.broker.ensemble import NO_TIMINGS, STEP_CLIENT, EnsembleRunner
+from tritium.broker.idle_instances import IdleInstances
+from tritium.broker.registry import (
     Batch,
     InstanceRecord,
     ModelVersion,
@@ -23,8 +23,8 @@ from broker.registry import (
     VersionState,
 )
 from tritium.errors import NotFound, TritiumError, Unavailable
-from broker.response_cache import ResponseCache, cached_response, request_key
-from broker.streams import OpenStreams
+from tritium.broker.response_cache import ResponseCache, cached_response, request_key
+from tritium.broker.streams import OpenStreams
 from tritium.protocol import Kind, encode, error_record
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from broker.registry import Batch, ModelVersion, Registry
+from tritium.broker.registry import Batch, ModelVersion, Registry
 from tritium.protocol import decode
 
 log = logging.getLogger(__name__)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from broker.autoscale import COOLDOWN_S, Autoscaler
-from broker.liveness import PeerLiveness
-from broker.membership import Membership
-from broker.registry import AgentRecord, InstanceRecord, ModelVersion
+from tritium.broker.autoscale import COOLDOWN_S, Autoscaler
+from tritium.broker.liveness import PeerLiveness
+from tritium.broker.membership import Membership
+from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion
 from tests.broker.test_scheduler import CONFIG, definition, lose, make_world, submit
 from tritium.protocol import Kind, decode
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.metrics import MetricsSettings, TritonCollector, render
+from tritium.broker.metrics import MetricsSettings, TritonCollector, render
 from tests.broker.test_broker_inprocess import HEARTBEAT_S, Peer, World, answer, infer
 from tritium.protocol import PROTOCOL_VERSION, Kind, encode
 
