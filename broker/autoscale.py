@@ -57,8 +57,9 @@ class ScaleState:
 
 class Autoscaler:
     def __init__(self, registry: Registry, send_backend: Callable[[list], None], scheduler,
-                 clock: Callable[[], int]) -> None:
+                 clock: Callable[[], int], changed: Callable[[], None]) -> None:
         self.registry = registry
+        self._changed = changed   # Membership.changed: what gateways see changed
         self._send_backend = send_backend
         self.scheduler = scheduler
         self._clock = clock
@@ -120,7 +121,7 @@ class Autoscaler:
         scale.targets[agent] = count
         log.info("model %s version %d: keeping %d running instance(s) on a host across the broker restart",
                  version.name, version.version, count)
-        self.registry.generation += 1
+        self._changed()
         return count
 
     def agent_draining(self, agent: bytes) -> None:
@@ -174,7 +175,7 @@ class Autoscaler:
         log.info("model %s version %d: %d -> %d instance(s), one more on host %s: %s", version.name,
                  version.version, scale.total - 1, scale.total, agent.host, why)
         self._tell(agent.identity, version)
-        self.registry.generation += 1
+        self._changed()
         return True
 
     def _shrink(self, version: ModelVersion, why: str) -> None:
