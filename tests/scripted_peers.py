@@ -43,9 +43,26 @@ class ScriptedBroker:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(address)
         self.received: list[Received] = []
+        self._beating: dict[bytes, list] = {}   # peer -> [its HEARTBEAT record, interval, when next]
+
+    def keep_beating(self, peer: bytes, boot: int, hb: float, every: float | None = None) -> None:
+        """Heartbeat to ``peer`` now and then every ``every`` seconds (``hb``, what the beats
+        announce, by default), from ``pump``: a broker that is alive, as ``boot``."""
+        beat = encode({"k": Kind.HEARTBEAT, "boot": boot, "hb": hb})
+        self._beating[peer] = [beat, every or hb, 0.0]
+
+    def stop_beating(self) -> None:
+        """Fall silent (what a hung or unreachable broker looks like)."""
+        self._beating.clear()
 
     def pump(self) -> list[Received]:
-        """Read every message that arrived; the records, also kept in ``received``."""
+        """Send the heartbeats due; read every message that arrived; the records, also kept
+        in ``received``."""
+        now = time.monotonic()
+        for peer, beating in self._beating.items():
+            if now >= beating[2]:
+                beating[2] = now + beating[1]
+                self.send(peer, beating[0])
         records = []
         while True:
             try:

@@ -70,7 +70,6 @@ class Host:
             broker=self.address, model_repositories=(str(self.repo),), gpus=(), exit_timeout_s=5.0,
             metrics_interval_s=METRICS_S, heartbeat_interval_s=HEARTBEAT_S, max_cpu_instances=3))
         self.peer = self.agent.identity.encode()
-        self.boot: int | None = None
 
     def step(self) -> None:
         self.agent.turn(10)
@@ -88,8 +87,7 @@ class Host:
 
     def beat(self, boot: int) -> None:
         """The broker's heartbeat: who it is (``boot``) and how often it beats."""
-        self.boot = boot
-        self.broker.tell(self.peer, {"k": Kind.HEARTBEAT, "boot": boot, "hb": HEARTBEAT_S})
+        self.broker.keep_beating(self.peer, boot, HEARTBEAT_S)
         self.until(lambda: self.agent.broker_boot == boot, what="the heartbeat read")
 
     def assignment(self, model: str, identity: str = "") -> dict:
@@ -269,11 +267,12 @@ def test_a_silent_broker_is_noticed_and_its_successor_keeps_the_running_instance
     host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [assignment]})
     ((iid, _),) = host.instance_hellos(assignment["e"], 1)
     pid = host.pids()["echo_0_0"]
+    host.broker.stop_beating()
     host.until(lambda: host.agent.broker_lost, timeout_s=HEARTBEAT_S * 10, what="the broker noticed lost")
 
     host.restart_broker()   # the agent reconnects by itself and heartbeats to the new one
     host.until(lambda: host.broker.of(Kind.HEARTBEAT, host.peer), what="a heartbeat to the new broker")
-    host.broker.tell(host.peer, {"k": Kind.HEARTBEAT, "boot": 2, "hb": HEARTBEAT_S})
+    host.broker.keep_beating(host.peer, 2, HEARTBEAT_S)
     hello = host.until(lambda: host.broker.of(Kind.HELLO, host.peer), what="a new HELLO")[-1]
     assert not host.agent.broker_lost
     (running,) = hello["running"]
