@@ -34,22 +34,28 @@ class Received:
         return Kind(self.header["k"])
 
 
+@dataclass
+class _Beating:
+    record: bytes      # the HEARTBEAT to send
+    every_s: float
+    next_at: float = 0.0
+
+
 class ScriptedBroker:
     """A ROUTER bound at ``address``; ``pump`` reads, ``send`` answers one peer."""
 
-    def __init__(self, address: str, context: zmq.Context | None = None) -> None:
+    def __init__(self, address: str) -> None:
         self.address = address
-        self.sock = (context or zmq.Context.instance()).socket(zmq.ROUTER)
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(address)
         self.received: list[Received] = []
-        self._beating: dict[bytes, list] = {}   # peer -> [its HEARTBEAT record, interval, when next]
+        self._beating: dict[bytes, _Beating] = {}
 
     def keep_beating(self, peer: bytes, boot: int, hb: float, every: float | None = None) -> None:
         """Heartbeat to ``peer`` now and then every ``every`` seconds (``hb``, what the beats
         announce, by default), from ``pump``: a broker that is alive, as ``boot``."""
-        beat = encode({"k": Kind.HEARTBEAT, "boot": boot, "hb": hb})
-        self._beating[peer] = [beat, every or hb, 0.0]
+        self._beating[peer] = _Beating(encode({"k": Kind.HEARTBEAT, "boot": boot, "hb": hb}), every or hb)
 
     def stop_beating(self) -> None:
         """Fall silent (what a hung or unreachable broker looks like)."""
@@ -60,9 +66,9 @@ class ScriptedBroker:
         in ``received``."""
         now = time.monotonic()
         for peer, beating in self._beating.items():
-            if now >= beating[2]:
-                beating[2] = now + beating[1]
-                self.send(peer, beating[0])
+            if now >= beating.next_at:
+                beating.next_at = now + beating.every_s
+                self.send(peer, beating.record)
         records = []
         while True:
             try:
@@ -74,16 +80,14 @@ class ScriptedBroker:
             while position < len(parts):   # a record, then its external frames
                 header = decode(parts[position])[0]
                 records.append(Received(peer, header, parts[position].bytes, now))
-                position += 1 + (header.get("x", 0) if isinstance(header.get("x", 0), int) else 0)
+                external = header.get("x", 0)   # BATCH_DONE's is a list: its responses are records of their own
+                position += 1 + (external if isinstance(external, int) else 0)
         self.received.extend(records)
         return records
 
     def of(self, kind: Kind, peer: bytes | None = None) -> list[dict]:
         """The headers of every ``kind`` record received (from ``peer``), in order."""
         return [r.header for r in self.received if r.header["k"] == kind and peer in (None, r.peer)]
-
-    def peers_saying(self, kind: Kind) -> list[bytes]:
-        return [r.peer for r in self.received if r.header["k"] == kind]
 
     def send(self, peer: bytes, *records: bytes) -> None:
         send_parts(self.sock, [peer, *records])
