@@ -112,6 +112,11 @@ def eventually(condition: Callable[[], object], step: Callable[[], None], timeou
         assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s} s"
 
 
+def at_least(count: int, items: list) -> list:
+    """``items`` once there are ``count`` of them, else nothing (a condition for ``eventually``)."""
+    return items if len(items) >= count else []
+
+
 def ipc_address(name: str) -> tuple[str, Path]:
     """An ``ipc://`` address other processes can reach, and the folder to remove afterwards
     (short, under /tmp: a socket path may not exceed ~100 bytes)."""

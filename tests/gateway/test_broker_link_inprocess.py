@@ -15,7 +15,7 @@ import time
 import pytest
 
 from gateway.broker_link import BrokerLink, Reply
-from tests.scripted_peers import ScriptedBroker, ipc_address
+from tests.scripted_peers import ScriptedBroker, at_least, ipc_address
 from tritium.errors import NotFound, Unavailable
 from tritium.protocol import MISSED_HEARTBEATS, PROTOCOL_VERSION, Kind, encode
 
@@ -71,10 +71,8 @@ class Gateway:
 
     async def requests(self, count: int) -> list:
         """The INFER records of the next ``count`` requests, once the broker has them all."""
-        def arrived() -> list:
-            infers = [r for r in self.broker.received if r.kind == Kind.INFER and r not in self._answered]
-            return infers if len(infers) >= count else []
-        records = (await self.until(arrived, f"{count} INFER"))[:count]
+        records = (await self.until(lambda: at_least(count, [
+            r for r in self.broker.received if r.kind == Kind.INFER and r not in self._answered]), f"{count} INFER"))[:count]
         self._answered.extend(records)
         return records
 

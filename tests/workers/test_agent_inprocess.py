@@ -19,7 +19,7 @@ import pytest
 
 from repo.json_form import config_to_json_dict
 from tests.repo.helpers import load, write_model
-from tests.scripted_peers import ScriptedBroker, eventually, ipc_address
+from tests.scripted_peers import ScriptedBroker, at_least, eventually, ipc_address
 from tritium.exit_codes import ExitCode
 from tritium.hosts import host_name
 from tritium.protocol import PROTOCOL_VERSION, Kind
@@ -104,16 +104,14 @@ class Host:
 
     def instance_hellos(self, epoch: int, count: int) -> list[tuple[bytes, dict]]:
         """(identity, HELLO) of ``count`` instance processes of load ``epoch``, once they all said it."""
-        def said() -> list:
-            hellos = [(r.peer, r.header) for r in self.broker.received
-                      if r.header["k"] == Kind.HELLO and r.header.get("role") == "instance" and r.header["e"] == epoch]
-            return hellos if len(hellos) >= count else []
-        return self.until(said, what=f"{count} instance(s) of load {epoch} saying HELLO")
+        return self.until(lambda: at_least(count, [
+            (r.peer, r.header) for r in self.broker.received
+            if r.kind == Kind.HELLO and r.header.get("role") == "instance" and r.header["e"] == epoch]),
+            what=f"{count} instance(s) of load {epoch} saying HELLO")
 
     def exits(self, epoch: int, count: int) -> list[dict]:
-        return self.until(lambda: (lambda e: e if len(e) >= count else [])(
-            [x for x in self.broker.of(Kind.INSTANCE_EXITED) if x["e"] == epoch]),
-            what=f"{count} INSTANCE_EXITED of load {epoch}")
+        return self.until(lambda: at_least(count, [x for x in self.broker.of(Kind.INSTANCE_EXITED) if x["e"] == epoch]),
+                          what=f"{count} INSTANCE_EXITED of load {epoch}")
 
     def pids(self) -> dict[str, int]:
         return {c.plan.key: c.process.pid for c in self.agent.children if c.process is not None}

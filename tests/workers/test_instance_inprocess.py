@@ -23,7 +23,7 @@ import pytest
 
 from repo.json_form import config_to_json_dict
 from tests.repo.helpers import load, write_model
-from tests.scripted_peers import ScriptedBroker, eventually, ipc_address
+from tests.scripted_peers import ScriptedBroker, at_least, eventually, ipc_address
 from tritium.errors import ErrorCode
 from tritium.exit_codes import ExitCode
 from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
@@ -84,8 +84,7 @@ class Instance:
             pytest.fail(f"the instance exited with status {self.process.returncode}")
 
     def hellos(self, count: int = 1) -> list[dict]:
-        return self.until(lambda: (lambda h: h if len(h) >= count else [])(self.broker.of(Kind.HELLO, self.peer)),
-                          f"{count} HELLO")
+        return self.until(lambda: at_least(count, self.broker.of(Kind.HELLO, self.peer)), f"{count} HELLO")
 
     def execute(self, *infers: bytes) -> tuple[dict, list]:
         """Send one BATCH of these INFER records; (its BATCH_DONE header, the RESPONSE records after it)."""
@@ -140,8 +139,8 @@ def test_it_says_hello_with_its_load_and_credit_then_heartbeats_on_a_socket_of_i
     (hello,) = instance.hellos()
     assert hello == {"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION, "agent": AGENT, "credit": 2,
                      "m": "scaler", "v": 1, "e": 5, "name": "scaler_0", "boot": 3, "kind": "CPU", "hb": HEARTBEAT_S}
-    beats = instance.until(lambda: (lambda b: b if len(b) >= 2 else [])(
-        instance.broker.of(Kind.HEARTBEAT, f"{instance.iid}/hb".encode())), "two heartbeats")
+    beats = instance.until(lambda: at_least(2, instance.broker.of(Kind.HEARTBEAT, f"{instance.iid}/hb".encode())),
+                           "two heartbeats")
     assert beats[0] == {"k": Kind.HEARTBEAT, "iid": instance.iid, "agent": AGENT, "joined": True, "hb": HEARTBEAT_S}
 
 
