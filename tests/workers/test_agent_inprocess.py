@@ -22,7 +22,7 @@ from tests.repo.helpers import load, write_model
 from tests.scripted_peers import ScriptedBroker, at_least, eventually, ipc_address
 from tritium.exit_codes import ExitCode
 from tritium.hosts import host_name
-from tritium.protocol import PROTOCOL_VERSION, Kind
+from tritium.protocol import PROTOCOL_VERSION, Kind, encode
 from workers.agent import HostAgent, WorkerSettings
 
 HEARTBEAT_S = 0.1
@@ -35,6 +35,15 @@ ECHO_MODEL = """
         def execute(self, requests):
             return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
                     for r in requests]
+"""
+STUCK_MODEL = """
+    import time
+    from pathlib import Path
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            Path(__file__).with_name("executing").touch()
+            time.sleep(60)   # deaf to SIGTERM meanwhile: the handler only notes it
 """
 BROKEN_MODEL = """
     class TritonPythonModel:
@@ -60,14 +69,15 @@ _epochs = itertools.count(10)
 class Host:
     """The agent under test, the scripted broker it talks to, and the model repository."""
 
-    def __init__(self, root) -> None:
+    def __init__(self, root, exit_timeout_s: float = 5.0) -> None:
         self.repo = root / "repo"
-        for name, instances, model in (("echo", 1, ECHO_MODEL), ("pair", 2, ECHO_MODEL), ("broken", 1, BROKEN_MODEL)):
+        for name, instances, model in (("echo", 1, ECHO_MODEL), ("pair", 2, ECHO_MODEL), ("broken", 1, BROKEN_MODEL),
+                                       ("stuck", 1, STUCK_MODEL)):
             write_model(self.repo, name, config(name, instances), {"1/model.py": model})
         self.address, self.folder = ipc_address("broker")
         self.broker = ScriptedBroker(self.address)
         self.agent = HostAgent(WorkerSettings(
-            broker=self.address, model_repositories=(str(self.repo),), gpus=(), exit_timeout_s=5.0,
+            broker=self.address, model_repositories=(str(self.repo),), gpus=(), exit_timeout_s=exit_timeout_s,
             metrics_interval_s=METRICS_S, heartbeat_interval_s=HEARTBEAT_S, max_cpu_instances=3))
         self.peer = self.agent.identity.encode()
 
@@ -133,6 +143,14 @@ class Host:
 @pytest.fixture
 def host(tmp_path):
     host = Host(tmp_path)
+    yield host
+    host.close()
+
+
+@pytest.fixture
+def impatient_host(tmp_path):
+    """A host whose instances and broker get half a second to stop or confirm (exit_timeout_s)."""
+    host = Host(tmp_path, exit_timeout_s=0.5)
     yield host
     host.close()
 
@@ -223,6 +241,22 @@ def test_an_assignment_it_cannot_place_is_answered_with_the_reason(host):
     assert "instances" not in placed and host.agent.children == []
 
 
+def test_an_instance_deaf_to_sigterm_is_killed_once_the_exit_timeout_passes(impatient_host):
+    host = impatient_host
+    host.joined()
+    assignment = host.assignment("stuck")
+    host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [assignment]})
+    ((iid, _),) = host.instance_hellos(assignment["e"], 1)
+    host.broker.send(iid, encode({"k": Kind.BATCH, "b": 1, "n": 1}),   # it is stuck in the model from now on
+                     encode({"k": Kind.INFER, "rid": 1, "m": "stuck", "v": 1, "bs": 1,
+                             "inputs": [["X", "FP32", [1, 2], 8, False]]}, [bytes(8)]))
+    host.until(lambda: (host.repo / "stuck" / "1" / "executing").exists(), what="the batch in the model")
+    host.broker.tell(host.peer, {"k": Kind.UNASSIGN, "models": [{"m": "stuck", "v": 1, "e": assignment["e"]}]})
+    (exited,) = host.exits(assignment["e"], 1)
+    assert (exited["code"], exited["stopped"]) == (-signal.SIGKILL, True)
+    assert host.agent.children == []
+
+
 def test_scale_starts_the_count_asked_and_stops_the_instance_named(host):
     host.joined()
     assignment = host.assignment("echo")
@@ -249,6 +283,15 @@ def test_a_stop_drains_first_and_the_agent_stops_when_the_broker_says_drained(ho
     host.broker.tell(host.peer, {"k": Kind.DRAINED})
     host.until(lambda: not host.agent.running, what="the stop")
     assert host.agent.close() == ExitCode.OK
+
+
+def test_a_drain_the_broker_never_confirms_ends_after_the_exit_timeout(impatient_host):
+    impatient_host.joined()
+    impatient_host.agent.request_stop()
+    asked = impatient_host.until(lambda: [r.at for r in impatient_host.broker.received if r.kind == Kind.DRAIN])[0]
+    impatient_host.until(lambda: not impatient_host.agent.running, what="the stop")
+    assert time.monotonic() - asked >= 0.5 * 0.9
+    assert impatient_host.agent.close() == ExitCode.OK
 
 
 def test_a_second_stop_while_draining_stops_at_once_and_says_so_in_the_exit_code(host):
