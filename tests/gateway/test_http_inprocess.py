@@ -30,8 +30,12 @@ HEARTBEAT_S = 0.1
 CONFIG = {"name": "m", "backend": "python", "max_batch_size": 8,
           "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
           "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}]}
+STREAMING = dict(CONFIG, name="d", max_batch_size=0, model_transaction_policy={"decoupled": True},
+                 input=[{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
+                 output=[{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}])
 TABLE = {"k": Kind.MODELS, "generation": 1, "ready": True, "shm": [],
-         "models": [{"name": "m", "error": None, "config": CONFIG, "labels": None, "versions": [[1, "READY", "", True]]}]}
+         "models": [{"name": name, "error": None, "config": config, "labels": None, "versions": [[1, "READY", "", True]]}
+                    for name, config in (("m", CONFIG), ("d", STREAMING))]}
 _names = itertools.count()
 
 
@@ -42,14 +46,32 @@ def doubled(request: Received) -> bytes:
                   [(x * 2).astype(np.float32).tobytes()])
 
 
+def counted(request: Received, count: int = 3, error_at: int | None = None) -> list[bytes]:
+    """A decoupled model's answers to an INFER of model d, one message each: Y = X * i for
+    i in 1..count (the answer ``error_at`` an error instead), then an empty final response."""
+    x = np.frombuffer(request.record[-4:], np.float32)
+    rid = request.header["rid"]
+    answers = [error_record(rid, {"code": int(ErrorCode.INVALID_ARG), "message": f"no {i} today"}, model_error=True)
+               if i == error_at else
+               encode({"k": Kind.RESPONSE, "rid": rid, "final": False, "outputs": [["Y", "FP32", [1], 4, False]]},
+                      [(x * i).astype(np.float32).tobytes()])
+               for i in range(1, count + 1)]
+    return [*answers, encode({"k": Kind.RESPONSE, "rid": rid, "final": True, "empty": True})]
+
+
+def served(request: Received) -> bytes | list[bytes]:
+    """What the broker answers by default: model m doubles, model d streams."""
+    return counted(request) if request.header["m"] == "d" else doubled(request)
+
+
 class Front:
     """The gateway's HTTP side on a loop of its own; ``answer`` decides the broker's reply to
-    each INFER (None: hold it in ``held``)."""
+    each INFER: a record, several (each a message of its own), or None to hold it in ``held``."""
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.broker = ScriptedBroker(f"inproc://http-front-{next(_names)}")
-        self.answer: Callable[[Received], bytes | None] = doubled
+        self.answer: Callable[[Received], bytes | list[bytes] | None] = served
         self.held: list[Received] = []
         self.infers: list[Received] = []
         self.link, self.server, self.port = self.loop.run_until_complete(self._start())
@@ -84,8 +106,8 @@ class Front:
                 reply = self.answer(record)
                 if reply is None:
                     self.held.append(record)
-                else:
-                    self.broker.send(record.peer, reply)
+                for message in [reply] if isinstance(reply, bytes) else reply or ():
+                    self.broker.send(record.peer, message)
             await asyncio.sleep(0.002)
 
     async def until(self, condition, timeout_s: float = 5.0) -> None:
@@ -131,6 +153,32 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, st
     headers = {name.lower(): value for name, value in (line.split(": ", 1) for line in lines)}
     body = await reader.readexactly(int(headers["content-length"]))
     return int(status_line.split()[1]), headers, body
+
+
+async def read_chunked(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], list[bytes]]:
+    """A response with chunked transfer encoding: (status, headers, its chunks)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")[:-2]
+    headers = {name.lower(): value for name, value in (line.split(": ", 1) for line in lines)}
+    assert headers.get("transfer-encoding") == "chunked", headers
+    chunks = []
+    while size := int(await reader.readuntil(b"\r\n"), 16):
+        chunks.append((await reader.readexactly(size + 2))[:-2])
+    assert await reader.readexactly(2) == b"\r\n"
+    return int(status_line.split()[1]), headers, chunks
+
+
+def generate_stream_request(value: float) -> bytes:
+    body = json.dumps({"X": value, "id": "g-1"}).encode()
+    return (b"POST /v2/models/d/generate_stream HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(body), body))
+
+
+def events(chunks: list[bytes]) -> list[dict]:
+    """The server-sent events' JSON documents, in order."""
+    text = b"".join(chunks).decode()
+    assert text.endswith("\n\n"), text
+    return [json.loads(event.removeprefix("data: ")) for event in text[:-2].split("\n\n")]
 
 
 def outputs(response: tuple[int, dict, bytes]) -> list[float]:
@@ -219,7 +267,7 @@ def test_an_error_record_from_the_broker_is_answered_with_its_status_and_message
         reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
         writer.write(infer_request([1, 2, 3, 4], request_id="r-1") + infer_request([1, 1, 1, 1], request_id="r-2"))
         first = await read_response(reader)
-        front.answer = doubled
+        front.answer = served
         second = await read_response(reader)   # the connection serves on
         writer.close()
         return first, second
@@ -246,7 +294,7 @@ def test_a_broker_lost_mid_request_gets_it_exactly_one_answer_and_the_connection
         front.broker.send(held.peer, doubled(held))   # the broker's late answer: nobody waits for it
         front.broker.keep_beating(held.peer, 1, HEARTBEAT_S)
         await front.until(lambda: not front.link.broker_lost)
-        front.answer = doubled
+        front.answer = served
         writer.write(infer_request([4, 4, 4, 4]))
         served = await read_response(reader)
         writer.close()
@@ -271,7 +319,7 @@ def test_a_client_gone_before_its_answer_costs_nothing_to_the_next_one(front):
         held = front.held.pop()
         front.broker.send(held.peer, doubled(held))   # answered after the client left
         await front.until(lambda: front.link.waiting == 0)
-        front.answer = doubled
+        front.answer = served
         reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
         writer.write(infer_request([2, 2, 2, 2]))
         served = await read_response(reader)
@@ -279,3 +327,38 @@ def test_a_client_gone_before_its_answer_costs_nothing_to_the_next_one(front):
         return served
 
     assert outputs(front.run(scenario())) == [4.0] * 4
+
+
+def test_a_stream_of_answers_is_sent_as_server_sent_events_and_the_connection_serves_on(front):
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(generate_stream_request(1.5))
+        streamed = await read_chunked(reader)
+        writer.write(infer_request([1, 2, 3, 4]))   # a keep-alive connection: the stream ended cleanly
+        after = await read_response(reader)
+        writer.close()
+        return streamed, after
+
+    (status, headers, chunks), after = front.run(scenario())
+    assert (status, headers["content-type"]) == (200, "text/event-stream; charset=utf-8")
+    assert events(chunks) == [{"id": "g-1", "model_name": "d", "model_version": "1", "Y": 1.5 * i} for i in (1, 2, 3)]
+    assert len(chunks) == 3   # each event leaves as it comes
+    assert outputs(after) == [2.0, 4.0, 6.0, 8.0]
+
+
+@pytest.mark.parametrize("error_at, status, expected", [
+    (2, 200, [{"id": "g-1", "model_name": "d", "model_version": "1", "Y": 2.0}, {"error": "no 2 today"}]),
+    (1, 400, [{"error": "no 1 today"}]),   # refused before anything was streamed: its status says so
+])
+def test_an_error_in_a_stream_is_its_last_event(front, error_at, status, expected):
+    front.answer = lambda request: counted(request, error_at=error_at)
+
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(generate_stream_request(2.0))
+        streamed = await read_chunked(reader)
+        writer.close()
+        return streamed
+
+    got_status, _, chunks = front.run(scenario())
+    assert got_status == status and events(chunks) == expected
