@@ -59,7 +59,7 @@ def counted(request: Received, count: int = 3, error_at: int | None = None) -> l
     return [*answers, encode({"k": Kind.RESPONSE, "rid": rid, "final": True, "empty": True})]
 
 
-def served(request: Received) -> bytes | list[bytes]:
+def scripted_answer(request: Received) -> bytes | list[bytes]:
     """What the broker answers by default: model m doubles, model d streams."""
     return counted(request) if request.header["m"] == "d" else doubled(request)
 
@@ -71,7 +71,7 @@ class Front:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.broker = ScriptedBroker(f"inproc://http-front-{next(_names)}")
-        self.answer: Callable[[Received], bytes | list[bytes] | None] = served
+        self.answer: Callable[[Received], bytes | list[bytes] | None] = scripted_answer
         self.held: list[Received] = []
         self.infers: list[Received] = []
         self.link, self.server, self.port = self.loop.run_until_complete(self._start())
@@ -267,7 +267,7 @@ def test_an_error_record_from_the_broker_is_answered_with_its_status_and_message
         reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
         writer.write(infer_request([1, 2, 3, 4], request_id="r-1") + infer_request([1, 1, 1, 1], request_id="r-2"))
         first = await read_response(reader)
-        front.answer = served
+        front.answer = scripted_answer
         second = await read_response(reader)   # the connection serves on
         writer.close()
         return first, second
@@ -294,7 +294,7 @@ def test_a_broker_lost_mid_request_gets_it_exactly_one_answer_and_the_connection
         front.broker.send(held.peer, doubled(held))   # the broker's late answer: nobody waits for it
         front.broker.keep_beating(held.peer, 1, HEARTBEAT_S)
         await front.until(lambda: not front.link.broker_lost)
-        front.answer = served
+        front.answer = scripted_answer
         writer.write(infer_request([4, 4, 4, 4]))
         served = await read_response(reader)
         writer.close()
@@ -319,7 +319,7 @@ def test_a_client_gone_before_its_answer_costs_nothing_to_the_next_one(front):
         held = front.held.pop()
         front.broker.send(held.peer, doubled(held))   # answered after the client left
         await front.until(lambda: front.link.waiting == 0)
-        front.answer = served
+        front.answer = scripted_answer
         reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
         writer.write(infer_request([2, 2, 2, 2]))
         served = await read_response(reader)
