@@ -153,7 +153,7 @@ def test_a_batch_is_answered_by_batch_done_then_one_response_per_request_in_requ
     assert [y_of(r) for r in responses] == [[2.0 * (i + k) for k in range(4)] for i in (1, 10, 20)]
 
 
-def test_a_model_that_raises_fails_its_execution_with_an_error_naming_the_model_and_serves_on(instance):
+def test_a_model_that_raises_fails_its_execution_with_tritons_message_naming_the_instance_and_serves_on(instance):
     requests = [infer([1, 1, 1, 1]), infer([-1, 0, 0, 0])]
     done, responses = instance.execute(*(record for _, record in requests))
     assert done["ok"] == [False, False]
