@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from gateway.broker_link import BrokerLink, Reply
+from tritium.gateway.broker_link import BrokerLink, Reply
 from tests.scripted_peers import ScriptedBroker, at_least, ipc_address
 from tritium.errors import NotFound, Unavailable
 from tritium.protocol import MISSED_HEARTBEATS, PROTOCOL_VERSION, Kind, encode

@@ -18,10 +18,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from gateway.broker_link import BrokerLink
-from gateway.dataplane import DataPlane
-from gateway.http_api import HttpApp
-from gateway.http_server import HttpLimits, HttpServer
+from tritium.gateway.broker_link import BrokerLink
+from tritium.gateway.dataplane import DataPlane
+from tritium.gateway.http_api import HttpApp
+from tritium.gateway.http_server import HttpLimits, HttpServer
 from tests.scripted_peers import Received, ScriptedBroker
 from tritium.errors import ErrorCode
 from tritium.protocol import Kind, encode, error_record

@@ -17,13 +17,13 @@ import time
 
 import pytest
 
-from repo.json_form import config_to_json_dict
+from tritium.repo.json_form import config_to_json_dict
 from tests.repo.helpers import load, write_model
 from tests.scripted_peers import ScriptedBroker, at_least, eventually, ipc_address
 from tritium.exit_codes import ExitCode
 from tritium.hosts import host_name
 from tritium.protocol import PROTOCOL_VERSION, Kind, encode
-from workers.agent import HostAgent, WorkerSettings
+from tritium.workers.agent import HostAgent, WorkerSettings
 
 HEARTBEAT_S = 0.1
 METRICS_S = 0.2

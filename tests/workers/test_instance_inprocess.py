@@ -1,6 +1,6 @@
 """The instance process against a scripted broker.
 
-The instance runs as the agent starts it (``python -m workers.instance <iid>``, its
+The instance runs as the agent starts it (``python -m tritium.workers.instance <iid>``, its
 spec on stdin) and connects to a ROUTER the test binds on ``ipc://``; the test plays
 the broker: it sends BATCH messages carrying INFER records as a gateway made them and
 reads the BATCH_DONE and RESPONSE records back, so that order, errors and the
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from repo.json_form import config_to_json_dict
+from tritium.repo.json_form import config_to_json_dict
 from tests.repo.helpers import load, write_model
 from tests.scripted_peers import ScriptedBroker, at_least, eventually, ipc_address
 from tritium.errors import ErrorCode
@@ -69,7 +69,7 @@ class Instance:
                 "kind": "CPU", "device_id": 0, "credit": 2, "heartbeat_interval_s": HEARTBEAT_S,
                 "config": config_to_json_dict(load(root / "repo", "scaler").portable_config)}
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PROJECT_ROOT, os.environ.get("PYTHONPATH")])))
-        self.process = subprocess.Popen([sys.executable, "-m", "workers.instance", self.iid], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-m", "tritium.workers.instance", self.iid], stdin=subprocess.PIPE,
                                         env=env)
         self.process.stdin.write(json.dumps(spec).encode())
         self.process.stdin.close()
