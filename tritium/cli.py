@@ -85,6 +85,9 @@ def _cache_bytes(values) -> int:
 max_inflight_option = click.option(
     "--max-inflight-requests", default=0, show_default=True, type=click.IntRange(min=0),
     help="Inference requests one gateway keeps waiting on the broker before answering 503 (0: no limit).")
+grpc_server_option = click.option(
+    "--grpc-server", type=click.Choice(["h2", "grpcio"]), default="h2", show_default=True,
+    help="The gRPC transport: h2 (on the gateway's event loop) or grpcio (grpc.aio, kept for one release).")
 
 
 def log_options(command):
@@ -277,6 +280,7 @@ class ServeCommand(TritonCommand, config_file.SettingsCommand):
               help="Largest gRPC message, in bytes, either way (Triton's fixed limit by default).")
 @heartbeat_option
 @max_inflight_option
+@grpc_server_option
 @cache_option
 @click.option("--response-cache-byte-size", default=None, type=click.IntRange(min=0),
               help="Deprecated Triton flag: the same as --cache-config=local,size=BYTES.")
@@ -291,7 +295,7 @@ def serve(ctx, model_repository, allow_http, http_address, http_port, grpc_addre
           log_format, backend_directory, http_max_input_size, server_id, allow_client_shm, grpc_max_message_size,
           heartbeat_interval_secs, max_inflight_requests, cache_config, response_cache_byte_size,
           http_restricted_api, grpc_restricted_protocol, model_control_mode, load_model,
-          repository_poll_secs, model_load_thread_count, **rest) -> None:
+          repository_poll_secs, model_load_thread_count, grpc_server, **rest) -> None:
     """Run broker, a host agent and gateways on this machine (``tritonserver`` is the same command)."""
     from tritium.supervisor import ServeSettings, Supervisor
 
@@ -330,7 +334,8 @@ def serve(ctx, model_repository, allow_http, http_address, http_port, grpc_addre
                       "--allow-client-shm", allow_client_shm, "--grpc-max-message-size", str(grpc_max_message_size),
                       "--reuse-port", "true",   # serve's own gateways share; serve checks the ports are free
                       *_pass_through(ctx, ["heartbeat_interval_secs", "max_inflight_requests",
-                                          "http_restricted_api", "grpc_restricted_protocol", *LOG_FLAGS])),
+                                          "http_restricted_api", "grpc_restricted_protocol", "grpc_server",
+                                          *LOG_FLAGS])),
         worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
                      *_pass_through(ctx, ["backend_directory", "backend_config", "metrics_interval_ms",
                                           "heartbeat_interval_secs", *LOG_FLAGS])),
@@ -431,6 +436,7 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
               help="Largest gRPC message, in bytes, either way.")
 @heartbeat_option
 @max_inflight_option
+@grpc_server_option
 @restricted_api_options
 @curve_options("--curve-server-key", "The broker's CURVE public key file (NAME.key).")
 @click.option("--reuse-port", type=BOOLEAN, default="false", show_default=True,
@@ -440,7 +446,7 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
             exit_timeout_secs, strict_readiness, server_id, log_verbose, log_info, log_warning, log_error,
             log_format, allow_client_shm,
             grpc_max_message_size, heartbeat_interval_secs, max_inflight_requests, http_restricted_api,
-            grpc_restricted_protocol, curve_secret_key, curve_server_key, reuse_port) -> None:
+            grpc_restricted_protocol, curve_secret_key, curve_server_key, reuse_port, grpc_server) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
     from gateway.server import GatewaySettings, run
 
@@ -454,7 +460,7 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
                         allow_client_shm=_bool(allow_client_shm), grpc_max_message_bytes=grpc_max_message_size,
                         heartbeat_interval_s=heartbeat_interval_secs, max_inflight_requests=max_inflight_requests,
                         curve=curve, http_restricted=http_restricted, grpc_restricted=grpc_restricted,
-                        reuse_port=_bool(reuse_port)))
+                        reuse_port=_bool(reuse_port), grpc_server=grpc_server))
 
 
 @main.command(cls=config_file.SettingsCommand)
