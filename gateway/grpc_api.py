@@ -1,5 +1,5 @@
 """Triton's gRPC service, ``inference.GRPCInferenceService``, over the data plane; served by
-gateway/grpc_h2.py (the default) or by grpc.aio (``--grpc-server=grpcio``, bound here).
+gateway/grpc_server.py (the default) or by grpc.aio (``--grpc-server=grpcio``, bound here).
 
 The generated classes are the ones tritonclient ships (``tritonclient.grpc.service_pb2``),
 so messages are exactly Triton's. Errors become the gRPC status Triton gives them
@@ -235,7 +235,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return encode_infer_response(result)
 
     def infer_then(self, request, metadata, done: Callable[[object], None]) -> None:
-        """ModelInfer without a coroutine (the h2 transport's hot path): ``done`` gets the
+        """ModelInfer without a coroutine (gateway/grpc_server.py's hot path): ``done`` gets the
         ModelInferResponse or a TritiumError once; a request refused before it is sent raises here."""
         if self.restricted:
             self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)

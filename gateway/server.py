@@ -20,7 +20,7 @@ import uvloop
 from gateway.broker_link import BrokerLink
 from gateway.dataplane import DataPlane, ServerIdentity
 from gateway.grpc_api import MAX_MESSAGE_BYTES, bind_grpc
-from gateway.grpc_h2 import bind_grpc_h2
+from gateway.grpc_server import bind_grpc_tritium
 from gateway.http_api import HttpApp
 from gateway.http_server import HttpLimits, HttpServer
 from gateway.restricted import RestrictedApis
@@ -54,7 +54,7 @@ class GatewaySettings:
     http_restricted: RestrictedApis = RestrictedApis()   # Triton's --http-restricted-api
     grpc_restricted: RestrictedApis = RestrictedApis()   # Triton's --grpc-restricted-protocol
     reuse_port: bool = False    # share the ports with this deployment's other gateways (SO_REUSEPORT)
-    grpc_server: str = "h2"     # the gRPC transport: "h2" (gateway/grpc_h2.py) or "grpcio" (grpc.aio)
+    grpc_server: str = "tritium"   # the gRPC transport: "tritium" (gateway/grpc_server.py) or "grpcio"
 
 
 def listening_socket(address: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -77,7 +77,7 @@ async def serve(settings: GatewaySettings) -> None:
     sock = listening_socket(settings.http_address, settings.http_port, settings.reuse_port)
     grpc_server = None
     if settings.grpc_port is not None:   # bound now: a taken port stops startup before the broker is waited for
-        bind = bind_grpc if settings.grpc_server == "grpcio" else bind_grpc_h2
+        bind = bind_grpc if settings.grpc_server == "grpcio" else bind_grpc_tritium
         grpc_server, grpc_port = bind(dataplane, settings.grpc_address, settings.grpc_port,
                                       settings.grpc_max_message_bytes, settings.grpc_restricted, settings.reuse_port)
     http = HttpServer(app, HttpLimits(max_body_bytes=settings.max_input_bytes + 1024 * 1024))

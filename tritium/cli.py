@@ -86,8 +86,8 @@ max_inflight_option = click.option(
     "--max-inflight-requests", default=0, show_default=True, type=click.IntRange(min=0),
     help="Inference requests one gateway keeps waiting on the broker before answering 503 (0: no limit).")
 grpc_server_option = click.option(
-    "--grpc-server", type=click.Choice(["h2", "grpcio"]), default="h2", show_default=True,
-    help="The gRPC transport: h2 (on the gateway's event loop) or grpcio (grpc.aio, kept for one release).")
+    "--grpc-server", type=click.Choice(["tritium", "grpcio"]), default="tritium", show_default=True,
+    help="The gRPC server: tritium (on the gateway's event loop) or grpcio (grpc.aio, kept for one release).")
 
 
 def log_options(command):

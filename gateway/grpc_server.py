@@ -1,5 +1,5 @@
-"""gRPC served on the gateway's own event loop: an asyncio Protocol over the sans-IO ``h2``
-library, as gateway/http_server.py serves HTTP/1.1 on httptools.
+"""gRPC served on the gateway's own event loop: an asyncio Protocol over the HTTP/2 of
+gateway/grpc_http2.py, as gateway/http_server.py serves HTTP/1.1 on httptools.
 
 Each HTTP/2 stream is one call, dispatched by ``:path`` to the servicer in
 gateway/grpc_api.py. ModelInfer takes the callback path (``infer_then``: no task, no
@@ -20,16 +20,11 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
 import grpc
 
 from gateway.dataplane import DataPlane
 from gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, rpc_methods
+from gateway.grpc_http2 import (NO_ERROR, REFUSED_STREAM, ConnectionFailure, Http2Connection, encode_headers)
 from gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader, frame,
                                parse_timeout, percent_encoded, too_large)
 from gateway.restricted import RestrictedApis
@@ -40,11 +35,11 @@ log = logging.getLogger(__name__)
 
 _RESPONSE_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc"),
                      (b"grpc-accept-encoding", ACCEPTED_ENCODINGS)]
+_RESPONSE_BLOCK = encode_headers(_RESPONSE_HEADERS)
+_OK_BLOCK = encode_headers([(b"grpc-status", b"0")])
+_NOT_GRPC_BLOCK = encode_headers([(b":status", b"415"), (b"content-type", b"text/plain")])
 _WINDOW = 4 * 1024 * 1024          # what a client may send ahead of our acknowledgements
 _MAX_FRAME = 1024 * 1024           # the largest DATA frame we take (fewer frames for big tensors)
-_CONFIG = h2.config.H2Configuration(client_side=False, header_encoding=None, validate_inbound_headers=False,
-                                    normalize_inbound_headers=False, validate_outbound_headers=False,
-                                    normalize_outbound_headers=False)
 _NOT_METADATA = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 _DEADLINE_EXCEEDED = GrpcFailure(STATUS["DEADLINE_EXCEEDED"], "Deadline Exceeded")
 _END = object()   # the client half-closed a streaming call
@@ -128,36 +123,23 @@ class _Shared:
 
 
 class GrpcConnection(asyncio.Protocol):
-    """One client connection: HTTP/2 via h2, each stream a call."""
+    """One client connection: HTTP/2 frames in and out, each stream a call."""
 
     def __init__(self, shared: _Shared, loop: asyncio.AbstractEventLoop) -> None:
         self.shared, self.loop = shared, loop
         self.transport: asyncio.Transport | None = None
-        self.h2 = h2.connection.H2Connection(config=_CONFIG)
+        self.http2 = Http2Connection(self._request, self._data, self._reset_by_client, self._window_grew,
+                                     self._client_going_away, window=_WINDOW, max_frame=_MAX_FRAME)
         self.calls: dict[int, _Call] = {}      # streams not yet answered, or answered but still sending
         self.flush_scheduled = False
         self.closed = False
-        self._on_event = {
-            h2.events.RequestReceived: self._request_received,
-            h2.events.DataReceived: self._data_received,
-            h2.events.StreamEnded: self._stream_ended,
-            h2.events.StreamReset: self._stream_reset,
-            h2.events.WindowUpdated: self._window_updated,
-            h2.events.ConnectionTerminated: self._terminated,
-        }
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.shared.open.add(self)
-        self.h2.initiate_connection()
-        self.h2.update_settings({
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 2**31 - 1,   # as grpc: no limit of its own
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _WINDOW,
-            h2.settings.SettingCodes.MAX_FRAME_SIZE: _MAX_FRAME,
-        })
-        self.h2.increment_flow_control_window(_WINDOW)
+        self.http2.start()
         self._flush()
 
     def connection_lost(self, exc) -> None:
@@ -170,24 +152,21 @@ class GrpcConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:   # h2 has queued the GOAWAY that says why
-            log.debug("gRPC connection closed on a protocol error: %s", exc)
+            self.http2.receive(data)
+        except ConnectionFailure as failure:
+            log.debug("gRPC connection closed: %s", failure)
+            self.http2.go_away(failure.code, str(failure))
             self._flush()
             self.close()
             return
-        for event in events:
-            handle = self._on_event.get(type(event))
-            if handle is not None:
-                handle(event)
         self._flush()
 
-    # -- HTTP/2 events -----------------------------------------------------------------
+    # -- HTTP/2 callbacks ----------------------------------------------------------------
 
-    def _request_received(self, event: h2.events.RequestReceived) -> None:
+    def _request(self, stream_id: int, headers: list, end_stream: bool) -> None:
         path = content_type = encoding = timeout = None
         metadata = []
-        for name, value in event.headers:
+        for name, value in headers:
             if name[0] == 58:   # b":"
                 if name == b":path":
                     path = value
@@ -199,48 +178,50 @@ class GrpcConnection(asyncio.Protocol):
                 timeout = parse_timeout(value)
             elif name not in _NOT_METADATA:
                 metadata.append((name, value))
-        stream_id = event.stream_id
         if self.shared.draining:   # past our GOAWAY: the client may retry it elsewhere
-            self._reset(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            self.http2.reset(stream_id, REFUSED_STREAM)
             return
         if content_type is None or not content_type.startswith(b"application/grpc"):
-            self.h2.send_headers(stream_id, [(b":status", b"415"), (b"content-type", b"text/plain")], end_stream=True)
+            self.http2.send_headers(stream_id, _NOT_GRPC_BLOCK, end_stream=True)
+            if not end_stream:
+                self.http2.reset(stream_id, NO_ERROR)
             return
         call = _Call(stream_id, self.shared.rpcs.get(path), metadata,
                      MessageReader(self.shared.max_message_bytes, encoding))
+        call.remote_closed = end_stream
         self.calls[stream_id] = call
         if call.rpc is None:
-            self._fail(call, GrpcFailure(STATUS["UNIMPLEMENTED"], f"unknown RPC {path.decode('latin-1')}"))
+            self._fail(call, GrpcFailure(STATUS["UNIMPLEMENTED"], f"unknown RPC {(path or b'').decode('latin-1')}"))
             return
         if timeout is not None:
             call.timer = self.loop.call_later(timeout, self._expire, call)
         if call.rpc.streaming:
             call.requests = asyncio.Queue()
             call.task = self.loop.create_task(self._stream(call))
+        if end_stream:
+            self._ended(call)
 
-    def _data_received(self, event: h2.events.DataReceived) -> None:
-        self._acknowledge(event.flow_controlled_length, event.stream_id)
-        call = self.calls.get(event.stream_id)
+    def _data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        call = self.calls.get(stream_id)
         if call is None or call.done:
             return
-        try:
-            messages = call.reader.feed(event.data)
-        except GrpcFailure as failure:
-            self._fail(call, failure)
-            return
-        if call.requests is None:
-            call.messages += messages
-        else:
-            for message in messages:
-                call.requests.put_nowait(call.rpc.parse(message))
+        if data:
+            try:
+                messages = call.reader.feed(data)
+            except GrpcFailure as failure:
+                self._fail(call, failure)
+                return
+            if call.requests is None:
+                call.messages += messages
+            else:
+                for message in messages:
+                    call.requests.put_nowait(call.rpc.parse(message))
+        if end_stream:
+            call.remote_closed = True
+            self._ended(call)
 
-    def _stream_ended(self, event: h2.events.StreamEnded) -> None:
-        call = self.calls.get(event.stream_id)
-        if call is None:
-            return
-        call.remote_closed = True
-        if call.done:
-            return
+    def _ended(self, call: _Call) -> None:
+        """The client has sent all of the call's requests."""
         if call.reader.partial:
             self._fail(call, GrpcFailure(INTERNAL, "the request stream ended inside a message"))
         elif call.requests is not None:
@@ -250,22 +231,23 @@ class GrpcConnection(asyncio.Protocol):
         else:
             self._unary(call, call.rpc.parse(call.messages.pop()))
 
-    def _stream_reset(self, event: h2.events.StreamReset) -> None:
-        call = self.calls.get(event.stream_id)
+    def _reset_by_client(self, stream_id: int) -> None:
+        call = self.calls.get(stream_id)
         if call is not None:
             self._forget(call)
 
-    def _window_updated(self, event: h2.events.WindowUpdated) -> None:
-        if event.stream_id:
-            call = self.calls.get(event.stream_id)
+    def _window_grew(self, stream_id: int) -> None:
+        if stream_id:
+            call = self.calls.get(stream_id)
             if call is not None and call.pending:
                 self._send_pending(call)
         else:
             for call in [c for c in self.calls.values() if c.pending]:
                 self._send_pending(call)
 
-    def _terminated(self, event: h2.events.ConnectionTerminated) -> None:
-        self.close()
+    def _client_going_away(self) -> None:
+        if not self.calls:
+            self.close()
 
     # -- calls -------------------------------------------------------------------------
 
@@ -341,51 +323,50 @@ class GrpcConnection(asyncio.Protocol):
             raise too_large("Sent", len(payload), self.shared.max_message_bytes)
         if not call.headers_sent:
             call.headers_sent = True
-            self.h2.send_headers(call.id, _RESPONSE_HEADERS)
+            self.http2.send_headers(call.id, _RESPONSE_BLOCK)
         call.pending.append(frame(payload))
         self._send_pending(call)
 
     def _send_pending(self, call: _Call) -> None:
         """As much of what waits as the client's windows take; then the trailers, if decided."""
-        h2conn = self.h2
-        try:
-            while call.pending:
-                room = min(h2conn.local_flow_control_window(call.id), h2conn.max_outbound_frame_size)
-                if room <= 0:
-                    return
-                data = call.pending.popleft()
-                if len(data) > room:
-                    call.pending.appendleft(data[room:])
-                    data = data[:room]
-                h2conn.send_data(call.id, data)
-            if call.trailers is not None:
-                h2conn.send_headers(call.id, call.trailers, end_stream=True)
-                self._closed_by_us(call)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+        http2 = self.http2
+        while call.pending:
+            room = http2.window_for(call.id)
+            if room <= 0:
+                if not http2.is_open(call.id):
+                    self._forget(call)
+                return
+            data = call.pending.popleft()
+            if len(data) > room:
+                call.pending.appendleft(data[room:])
+                data = data[:room]
+            http2.send_data(call.id, data)
+        if call.trailers is not None:
+            if http2.is_open(call.id):
+                http2.send_headers(call.id, call.trailers, end_stream=True)
+                if not call.remote_closed:   # stop the client sending more of a call that is over
+                    http2.reset(call.id, NO_ERROR)
             self._forget(call)
 
     def _finish(self, call: _Call, code: int, message: str) -> None:
         if call.done:
             return
         call.done = True
-        trailers = [(b"grpc-status", b"%d" % code)]
-        if message:
-            trailers.append((b"grpc-message", percent_encoded(message)))
-        if not call.headers_sent:   # trailers-only: one HEADERS frame
-            call.headers_sent = True
-            trailers = _RESPONSE_HEADERS + trailers
-        call.trailers = trailers
+        if code == OK and not message and call.headers_sent:
+            call.trailers = _OK_BLOCK
+        else:
+            trailers = [(b"grpc-status", b"%d" % code)]
+            if message:
+                trailers.append((b"grpc-message", percent_encoded(message)))
+            if not call.headers_sent:   # trailers-only: one HEADERS frame
+                call.headers_sent = True
+                trailers = _RESPONSE_HEADERS + trailers
+            call.trailers = encode_headers(trailers)
         self._send_pending(call)
 
     def _fail(self, call: _Call, failure: GrpcFailure) -> None:
         call.pending.clear()   # a failed call's unsent data is dropped, not waited for
         self._finish(call, failure.code, failure.message)
-
-    def _closed_by_us(self, call: _Call) -> None:
-        """Our side has ended: stop the client sending more of a call it has not finished."""
-        if not call.remote_closed:
-            self._reset(call.id, h2.errors.ErrorCodes.NO_ERROR)
-        self._forget(call)
 
     def _forget(self, call: _Call) -> None:
         call.done = True
@@ -395,21 +376,8 @@ class GrpcConnection(asyncio.Protocol):
         if call.task is not None and not call.task.done() and call.task is not asyncio.current_task():
             call.task.cancel()
         self.calls.pop(call.id, None)
-        if self.shared.draining and not self.calls:
+        if (self.shared.draining or self.http2.going_away) and not self.calls:
             self._flush_soon()
-
-    def _reset(self, stream_id: int, code) -> None:
-        try:
-            self.h2.reset_stream(stream_id, code)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            pass
-
-    def _acknowledge(self, size: int, stream_id: int) -> None:
-        """Hand the window back at once: a message's bytes are taken as they arrive."""
-        try:
-            self.h2.acknowledge_received_data(size, stream_id)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            pass
 
     def _flush_soon(self) -> None:
         if not self.flush_scheduled:
@@ -420,10 +388,10 @@ class GrpcConnection(asyncio.Protocol):
         self.flush_scheduled = False
         if self.closed:
             return
-        data = self.h2.data_to_send()
+        data = self.http2.data_to_send()
         if data:
             self.transport.write(data)
-        if self.shared.draining and not self.calls:
+        if (self.shared.draining or self.http2.going_away) and not self.calls:
             self.close()
 
     # -- closing -----------------------------------------------------------------------
@@ -431,7 +399,7 @@ class GrpcConnection(asyncio.Protocol):
     def go_away(self) -> None:
         """Tell the client no new calls are taken here; close once those in flight are answered."""
         if not self.closed:
-            self.h2.close_connection()
+            self.http2.go_away()
             self._flush()
 
     def close(self) -> None:
@@ -445,7 +413,7 @@ def _internal(call: _Call, exc: Exception) -> GrpcFailure:
     return GrpcFailure(INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
-class GrpcH2Server:
+class GrpcServer:
     """The listening socket, the connections, and the graceful drain; grpc.aio's start/stop shape."""
 
     def __init__(self, servicer: GrpcInferenceService, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
@@ -486,8 +454,8 @@ class GrpcH2Server:
             connection.close()
 
 
-def bind_grpc_h2(dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 restricted: RestrictedApis = RestrictedApis(), reuse_port: bool = False) -> tuple[GrpcH2Server, int]:
+def bind_grpc_tritium(dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 restricted: RestrictedApis = RestrictedApis(), reuse_port: bool = False) -> tuple[GrpcServer, int]:
     """``bind_grpc``'s counterpart: a server bound to ``address:port``, to be started."""
-    server = GrpcH2Server(GrpcInferenceService(dataplane, restricted), max_message_bytes)
+    server = GrpcServer(GrpcInferenceService(dataplane, restricted), max_message_bytes)
     return server, server.bind(address, port, reuse_port)
