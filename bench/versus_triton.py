@@ -29,12 +29,12 @@ from bench.serving_overhead import python_repository
 SCENARIOS = (("http", 16), ("http", 64), ("grpc", 16), ("http", 1))
 
 
-def perf_analyzer(url: str, protocol: str, concurrency: int, window_ms: int) -> dict:
-    """One perf_analyzer run; its CSV row (throughput, latency percentiles in us)."""
+def perf_analyzer(url: str, protocol: str, concurrency: int, window_ms: int, extra: tuple = ()) -> dict:
+    """One perf_analyzer run (``extra``: more of its flags); its CSV row (throughput, latency percentiles in us)."""
     with tempfile.NamedTemporaryFile(suffix=".csv") as out:
         command = [str(ANCHORS / "perf_analyzer.sh"), "-m", "add_sub", "-u", url, "-i", protocol,
                    "--concurrency-range", str(concurrency), "-p", str(window_ms), "-f", out.name,
-                   "-s", "100"]  # a shared 2-core machine never holds 10%: rounds and medians do the averaging
+                   "-s", "100", *extra]  # a shared 2-core machine never holds 10%: rounds and medians do the averaging
         run = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if run.returncode != 0:
             raise RuntimeError(f"perf_analyzer failed on {url}: {run.stdout[-500:]} {run.stderr[-500:]}")
