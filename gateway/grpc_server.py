@@ -38,7 +38,7 @@ _RESPONSE_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc"
 _RESPONSE_BLOCK = encode_headers(_RESPONSE_HEADERS)
 _OK_BLOCK = encode_headers([(b"grpc-status", b"0")])
 _NOT_GRPC_BLOCK = encode_headers([(b":status", b"415"), (b"content-type", b"text/plain")])
-_WINDOW = 4 * 1024 * 1024          # what a client may send ahead of our acknowledgements
+_WINDOW = 16 * 1024 * 1024         # what a client may send ahead of our acknowledgements
 _MAX_FRAME = 1024 * 1024           # the largest DATA frame we take (fewer frames for big tensors)
 _NOT_METADATA = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 _DEADLINE_EXCEEDED = GrpcFailure(STATUS["DEADLINE_EXCEEDED"], "Deadline Exceeded")
@@ -90,7 +90,7 @@ class _Call:
         self.headers_sent = False
         self.done = False               # its status is decided (sent, or waiting behind data)
         self.remote_closed = False
-        self.pending: deque[bytes] = deque()   # bytes the client's window has no room for yet
+        self.pending: deque[memoryview] = deque()   # what the client's window has no room for yet
         self.trailers: list | None = None      # sent after ``pending``
 
 
@@ -324,7 +324,7 @@ class GrpcConnection(asyncio.Protocol):
         if not call.headers_sent:
             call.headers_sent = True
             self.http2.send_headers(call.id, _RESPONSE_BLOCK)
-        call.pending.append(frame(payload))
+        call.pending.append(memoryview(frame(payload)))   # sliced into DATA frames without copies
         self._send_pending(call)
 
     def _send_pending(self, call: _Call) -> None:

@@ -42,14 +42,16 @@ def frame(message: bytes) -> bytes:
 
 class MessageReader:
     """Cuts a request stream's bytes into messages, refusing one over ``limit`` from its prefix
-    (before its bytes are held) and decompressing those flagged compressed."""
+    (before its bytes are held) and decompressing those flagged compressed. A message split
+    over many DATA frames is gathered in one growing buffer, read once it is whole."""
 
-    __slots__ = ("limit", "encoding", "_buffer")
+    __slots__ = ("limit", "encoding", "_buffer", "_wanted")
 
     def __init__(self, limit: int, encoding: bytes | None) -> None:
         self.limit = limit
         self.encoding = encoding
-        self._buffer = b""
+        self._buffer = bytearray()
+        self._wanted = _PREFIX   # bytes the buffer must hold before it is worth reading again
 
     @property
     def partial(self) -> bool:
@@ -58,21 +60,32 @@ class MessageReader:
 
     def feed(self, data: bytes) -> list[bytes]:
         """The messages ``data`` completes; GrpcFailure for one the call cannot take."""
-        buffer = self._buffer + data if self._buffer else data
-        messages = []
-        while len(buffer) >= _PREFIX:
-            flag, length = buffer[0], int.from_bytes(buffer[1:_PREFIX], "big")
+        if self._buffer:
+            self._buffer += data
+            if len(self._buffer) < self._wanted:
+                return []
+            buffer = self._buffer
+        else:
+            buffer = data
+        messages, position, size = [], 0, len(buffer)
+        self._wanted = _PREFIX
+        while size - position >= _PREFIX:
+            flag, length = buffer[position], int.from_bytes(buffer[position + 1:position + _PREFIX], "big")
             if length > self.limit:
                 raise too_large("Received", length, self.limit)
-            end = _PREFIX + length
-            if len(buffer) < end:
-                break
             if flag > 1:
                 raise GrpcFailure(INTERNAL, f"invalid message flag {flag}: expected 0 or 1")
-            message = buffer[_PREFIX:end]
-            buffer = buffer[end:]
+            end = position + _PREFIX + length
+            if end > size:
+                self._wanted = end - position
+                break
+            message = bytes(buffer[position + _PREFIX:end])
+            position = end
             messages.append(self._decompressed(message) if flag else message)
-        self._buffer = buffer
+        if buffer is self._buffer:
+            del buffer[:position]
+        elif position < size:
+            self._buffer = bytearray(buffer[position:])
         return messages
 
     def _decompressed(self, message: bytes) -> bytes:

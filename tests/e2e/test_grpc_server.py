@@ -81,6 +81,13 @@ def test_compressed_requests_are_read(server, algorithm):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros_like(a))
 
 
+def test_messages_spanning_many_frames_and_windows_arrive_whole(server):
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+    request, a, b = add_sub_request(rows=4096)   # 512 KiB each way: past the initial 64 KiB windows
+    for _ in range(3):
+        check_add_sub(stub.ModelInfer(request, timeout=20), a, b)
+
+
 def test_a_client_timeout_is_deadline_exceeded_and_the_server_keeps_serving(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     delay = grpcclient.InferInput("DELAY_MS", [1, 1], "FP32")
