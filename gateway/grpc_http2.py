@@ -253,8 +253,8 @@ class Http2Connection:
             self._forget_if_closed(stream_id, stream)
             self.on_data(stream_id, b"", True)
             return
-        if stream_id <= self.last_stream_id:
-            raise ConnectionFailure(STREAM_CLOSED, f"HEADERS on closed stream {stream_id}")
+        if stream_id <= self.last_stream_id:   # a stream we reset or finished: decoded (for HPACK), then ignored
+            return
         self.last_stream_id = stream_id
         stream = self.streams[stream_id] = _Stream(self.peer_window)
         stream.remote_closed = end

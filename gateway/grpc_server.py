@@ -91,7 +91,7 @@ class _Call:
         self.done = False               # its status is decided (sent, or waiting behind data)
         self.remote_closed = False
         self.pending: deque[memoryview] = deque()   # what the client's window has no room for yet
-        self.trailers: list | None = None      # sent after ``pending``
+        self.trailers: bytes | None = None     # the trailers' header block, sent after ``pending``
 
 
 class _Requests:
@@ -167,7 +167,7 @@ class GrpcConnection(asyncio.Protocol):
         path = content_type = encoding = timeout = None
         metadata = []
         for name, value in headers:
-            if name[0] == 58:   # b":"
+            if name[:1] == b":":
                 if name == b":path":
                     path = value
             elif name == b"content-type":
@@ -197,7 +197,8 @@ class GrpcConnection(asyncio.Protocol):
             call.timer = self.loop.call_later(timeout, self._expire, call)
         if call.rpc.streaming:
             call.requests = asyncio.Queue()
-            call.task = self.loop.create_task(self._stream(call))
+            responses = call.rpc.handler(_Requests(call.requests), CallContext(call.headers))
+            call.task = self.loop.create_task(self._serve(call, responses))
         if end_stream:
             self._ended(call)
 
@@ -260,7 +261,8 @@ class GrpcConnection(asyncio.Protocol):
             except Exception as exc:
                 self._fail(call, _internal(call, exc))
             return
-        call.task = self.loop.create_task(self._unary_task(call, request))
+        answer = call.rpc.handler(request, CallContext(call.headers))
+        call.task = self.loop.create_task(self._serve(call, _one(answer)))
 
     def _answered(self, call: _Call, answer) -> None:
         """ModelInfer's answer, from the broker link's callback."""
@@ -278,23 +280,10 @@ class GrpcConnection(asyncio.Protocol):
             self._fail(call, _internal(call, exc))
         self._flush_soon()
 
-    async def _unary_task(self, call: _Call, request) -> None:
+    async def _serve(self, call: _Call, responses) -> None:
+        """A call the servicer answers as a coroutine: each response leaves as it comes."""
         try:
-            response = await call.rpc.handler(request, CallContext(call.headers))
-            self._send_message(call, call.rpc.serialize(response))
-            self._finish(call, OK, "")
-        except GrpcFailure as failure:
-            self._fail(call, failure)
-        except asyncio.CancelledError:
-            return
-        except Exception as exc:
-            self._fail(call, _internal(call, exc))
-        self._flush_soon()
-
-    async def _stream(self, call: _Call) -> None:
-        """ModelStreamInfer: every response the servicer yields leaves as it comes."""
-        try:
-            async for response in call.rpc.handler(_Requests(call.requests), CallContext(call.headers)):
+            async for response in responses:
                 if call.done:
                     return
                 self._send_message(call, call.rpc.serialize(response))
@@ -408,6 +397,11 @@ class GrpcConnection(asyncio.Protocol):
             self.transport.close()
 
 
+async def _one(answer):
+    """A unary RPC's coroutine as the stream of its one response."""
+    yield await answer
+
+
 def _internal(call: _Call, exc: Exception) -> GrpcFailure:
     log.error("internal error in %s", call.rpc.name if call.rpc else "?", exc_info=exc)
     return GrpcFailure(INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
@@ -455,7 +449,8 @@ class GrpcServer:
 
 
 def bind_grpc_tritium(dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 restricted: RestrictedApis = RestrictedApis(), reuse_port: bool = False) -> tuple[GrpcServer, int]:
+                      restricted: RestrictedApis = RestrictedApis(),
+                      reuse_port: bool = False) -> tuple[GrpcServer, int]:
     """``bind_grpc``'s counterpart: a server bound to ``address:port``, to be started."""
     server = GrpcServer(GrpcInferenceService(dataplane, restricted), max_message_bytes)
     return server, server.bind(address, port, reuse_port)

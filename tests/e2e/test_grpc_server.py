@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -20,8 +21,8 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.rawh2 import (CANCEL_CODE, DATA, END_STREAM, INITIAL_WINDOW_SIZE, PING, RST_STREAM, WINDOW_UPDATE,
-                             RawH2, grpc_message)
+from tests.e2e.rawh2 import (CANCEL_CODE, DATA, END_STREAM, GOAWAY, INITIAL_WINDOW_SIZE, PING, RST_STREAM, SETTINGS,
+                             WINDOW_UPDATE, RawH2, grpc_message)
 from tests.models import add_sub_model
 from tests.servers import TritiumServer
 
@@ -227,6 +228,21 @@ def test_ping_is_acknowledged_with_its_payload(raw):
     while not any(f[0] == PING for f in raw.frames):
         raw.read_some()
     assert [f for f in raw.frames if f[0] == PING] == [(PING, 1, 0, b"tritium!")]
+
+
+def test_a_client_that_speaks_no_http2_gets_a_goaway_and_the_server_goes_on(server):
+    with socket.create_connection(server.grpc_url.rsplit(":", 1), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    kinds = []
+    while len(received) >= 9:
+        length = int.from_bytes(received[:3], "big")
+        kinds.append(received[3])
+        received = received[9 + length:]
+    assert kinds == [SETTINGS, WINDOW_UPDATE, GOAWAY]
+    assert grpcclient.InferenceServerClient(server.grpc_url).is_server_live()
 
 
 def test_an_unknown_method_is_unimplemented(raw):
