@@ -18,9 +18,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.harness import CpuMeter, TritonServer, TritiumServer, save, table
+from bench.harness import TritonServer, TritiumServer, save, table
 from bench.serving_overhead import python_repository
-from bench.versus_triton import perf_analyzer, served
+from bench.versus_triton import metered_run
 
 SCENARIOS = (("unary", ()), ("streaming", ("--streaming",)))
 
@@ -31,13 +31,8 @@ def measure(servers: dict, rounds: int, window_ms: int, concurrency: int) -> dic
     for scenario, flags in SCENARIOS:
         for round_number in range(rounds):
             for name, (http_url, grpc_url, root) in servers.items():
-                meter = CpuMeter((root,))
-                before = served(http_url)
-                meter.start()
-                figures = perf_analyzer(grpc_url, "grpc", concurrency, window_ms, flags)
-                used = meter.stop()
-                count = max(1, served(http_url) - before)
-                figures["cpu_us_per_request"] = {role: round(seconds / count * 1e6, 1) for role, seconds in used.items()}
+                figures, cpu_us = metered_run(http_url, grpc_url, "grpc", concurrency, window_ms, root, flags)
+                figures["cpu_us_per_request"] = {role: round(us, 1) for role, us in cpu_us.items()}
                 results[scenario][name].append(figures)
                 print(f"round {round_number + 1} {scenario:9s} {name:15s} {figures['throughput']:8.0f} infer/s  "
                       f"cpu us/request {figures['cpu_us_per_request']}", flush=True)
