@@ -261,8 +261,8 @@ class GrpcConnection(asyncio.Protocol):
             except Exception as exc:
                 self._fail(call, _internal(call, exc))
             return
-        answer = call.rpc.handler(request, CallContext(call.headers))
-        call.task = self.loop.create_task(self._serve(call, _one(answer)))
+        responses = _one(call.rpc.handler, request, CallContext(call.headers))
+        call.task = self.loop.create_task(self._serve(call, responses))
 
     def _answered(self, call: _Call, answer) -> None:
         """ModelInfer's answer, from the broker link's callback."""
@@ -397,9 +397,9 @@ class GrpcConnection(asyncio.Protocol):
             self.transport.close()
 
 
-async def _one(answer):
+async def _one(handler, request, context):
     """A unary RPC's coroutine as the stream of its one response."""
-    yield await answer
+    yield await handler(request, context)
 
 
 def _internal(call: _Call, exc: Exception) -> GrpcFailure:
