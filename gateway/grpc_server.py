@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gateway.dataplane import DataPlane
-from gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, rpc_methods
-from gateway.grpc_http2 import (NO_ERROR, REFUSED_STREAM, ConnectionFailure, Http2Connection, encode_headers)
-from gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader, frame,
+from tritium.gateway.dataplane import DataPlane
+from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, rpc_methods
+from tritium.gateway.grpc_http2 import (NO_ERROR, REFUSED_STREAM, ConnectionFailure, Http2Connection, encode_headers)
+from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader, frame,
                                parse_timeout, percent_encoded, too_large)
-from gateway.restricted import RestrictedApis
+from tritium.gateway.restricted import RestrictedApis
 from tritium.errors import TritiumError
 from tritium.ports import bound_socket
 

@@ -10,8 +10,8 @@ import zlib
 import hpack
 import pytest
 
-from gateway.grpc_http2 import encode_headers
-from gateway.grpc_wire import GrpcFailure, MessageReader, frame, parse_timeout, percent_encoded
+from tritium.gateway.grpc_http2 import encode_headers
+from tritium.gateway.grpc_wire import GrpcFailure, MessageReader, frame, parse_timeout, percent_encoded
 
 MESSAGES = [b"", b"x", os.urandom(100), os.urandom(70_000), os.urandom(3_000_000)]
 WIRE = b"".join(frame(m) for m in MESSAGES)
