@@ -264,7 +264,7 @@ def gateway(**o) -> None:
                         heartbeat_interval_s=o["heartbeat_interval_secs"],
                         max_inflight_requests=o["max_inflight_requests"], curve=curve,
                         http_restricted=http_restricted, grpc_restricted=grpc_restricted,
-                        reuse_port=_bool(o["reuse_port"])))
+                        reuse_port=_bool(o["reuse_port"]), grpc_server=o["grpc_server"]))
 
 
 @main.command(cls=config_file.SettingsCommand)
