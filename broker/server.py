@@ -33,6 +33,7 @@ from broker.registry import (
     VersionState,
 )
 from broker.scheduler import Scheduler
+from broker.tracing import BrokerTracing
 from repo import ModelRepository, RepositoryOptions
 from tritium import logs, notify
 from tritium.logs import LogSettings
@@ -100,6 +101,7 @@ class Broker:
         self.exit_code = ExitCode.OK
         self.repository = ModelRepository(settings.model_repositories, settings.repository)
         self.log_settings = LogSettings(log_verbose_level=settings.log_verbose)
+        self.tracing = BrokerTracing()
         self.autoscaler = Autoscaler(self.registry, self._send_backend, self.scheduler, time.monotonic_ns)
         self.scheduler.autoscaler = self.autoscaler
         self.lifecycle = ModelLifecycle(self.registry, self.repository, self.scheduler, self._send_backend,
@@ -235,6 +237,7 @@ class Broker:
         self.scheduler.fail_everything(Unavailable("the server is shutting down"))
         self._flush_frontend()
         self.lifecycle.close()
+        self.tracing.close()
         # Linger: the last answers (results and errors) must leave before the sockets go.
         self.frontend.close(linger=2000)
         self.backend.close(linger=2000)
@@ -415,6 +418,8 @@ class Broker:
             return {}
         if op == "log_settings":
             return self._change_log_settings(args.get("changes") or {})
+        if op in ("trace_settings", "trace_done"):
+            return self._trace(op, args)
         if op == "shm_register":
             return self._register_region(args)
         if op == "shm_unregister":
@@ -434,6 +439,14 @@ class Broker:
             for peer in [*self.registry.agents, *self.registry.instances]:
                 self._send_backend([peer, self._log_settings_message()])
         return settings.as_dict()
+
+    def _trace(self, op: str, args: dict):
+        """Triton's trace extension (broker/tracing.py); gateways get changed settings with the model table."""
+        answer = self.tracing.settings(args) if op == "trace_settings" else self.tracing.done(args)
+        if self.tracing.revision != (self.registry.trace_settings or {}).get("revision", -1):
+            self.registry.trace_settings = self.tracing.as_wire()
+            self.registry.generation += 1
+        return answer
 
     def _log_settings_message(self) -> bytes:
         return encode({"k": Kind.LOG_SETTINGS, "settings": self.log_settings.as_dict()})

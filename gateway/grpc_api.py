@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from gateway.grpc_codec import decode_infer_request, encode_infer_response
 from gateway.model_table import parse_version
+from tritium.tracing.settings import changes_from_grpc
 from gateway.restricted import RestrictedApis
 from gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
@@ -223,7 +224,12 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def TraceSetting(self, request, context):
-        raise Unsupported("the trace extension is not supported by tritium yet")
+        changes = changes_from_grpc({key: list(setting.value) for key, setting in request.settings.items()})
+        settings = await self.dataplane.trace_settings(request.model_name or None, changes)
+        response = service_pb2.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     # -- inference ----------------------------------------------------------------------
 

@@ -14,7 +14,8 @@ import click
 import orjson
 
 from tritium import __version__, config_file
-from tritium.triton_flags import BOOLEAN, TritonCommand, ignored_flag_options, ignored_flags_given
+from tritium.triton_flags import (BOOLEAN, TritonCommand, ignored_flag_options, ignored_flags_given, trace_flags,
+                                  trace_options, trace_settings)
 
 
 def _bool(value) -> bool:
@@ -283,6 +284,7 @@ class ServeCommand(TritonCommand, config_file.SettingsCommand):
 @restricted_api_options
 @repository_options
 @model_control_options
+@trace_options
 @ignored_flag_options
 @click.pass_context
 def serve(ctx, model_repository, allow_http, http_address, http_port, grpc_address, grpc_port, allow_grpc,
@@ -295,6 +297,7 @@ def serve(ctx, model_repository, allow_http, http_address, http_port, grpc_addre
     """Run broker, a host agent and gateways on this machine (``tritonserver`` is the same command)."""
     from tritium.supervisor import ServeSettings, Supervisor
 
+    trace = trace_settings(rest)
     ignored = ignored_flags_given(rest)
     repository = rest
     if allow_http == "false":
@@ -329,6 +332,7 @@ def serve(ctx, model_repository, allow_http, http_address, http_port, grpc_addre
                       "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc,
                       "--allow-client-shm", allow_client_shm, "--grpc-max-message-size", str(grpc_max_message_size),
                       "--reuse-port", "true",   # serve's own gateways share; serve checks the ports are free
+                      *trace_flags(trace),
                       *_pass_through(ctx, ["heartbeat_interval_secs", "max_inflight_requests",
                                           "http_restricted_api", "grpc_restricted_protocol", *LOG_FLAGS])),
         worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
@@ -436,11 +440,12 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
 @click.option("--reuse-port", type=BOOLEAN, default="false", show_default=True,
               help="Share the HTTP and gRPC ports with this deployment's other gateways (SO_REUSEPORT); "
                    "false: a port in use stops startup.")
+@trace_options
 def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, allow_grpc, http_max_input_size,
             exit_timeout_secs, strict_readiness, server_id, log_verbose, log_info, log_warning, log_error,
             log_format, allow_client_shm,
             grpc_max_message_size, heartbeat_interval_secs, max_inflight_requests, http_restricted_api,
-            grpc_restricted_protocol, curve_secret_key, curve_server_key, reuse_port) -> None:
+            grpc_restricted_protocol, curve_secret_key, curve_server_key, reuse_port, **trace) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
     from gateway.server import GatewaySettings, run
 
@@ -454,7 +459,7 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
                         allow_client_shm=_bool(allow_client_shm), grpc_max_message_bytes=grpc_max_message_size,
                         heartbeat_interval_s=heartbeat_interval_secs, max_inflight_requests=max_inflight_requests,
                         curve=curve, http_restricted=http_restricted, grpc_restricted=grpc_restricted,
-                        reuse_port=_bool(reuse_port)))
+                        reuse_port=_bool(reuse_port), trace=trace_settings(trace)))
 
 
 @main.command(cls=config_file.SettingsCommand)

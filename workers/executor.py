@@ -26,6 +26,7 @@ from repo import ModelConfig
 from tritium import datatypes
 from tritium.errors import InternalError, InvalidArgument, TritiumError
 from tritium.protocol import Kind, decode, encode, split_tensors, tensor_views
+from tritium.tracing.stamps import stamped_responses
 from workers.backends.base import InferenceRequest, InferenceResponse, Instance
 from workers.sequence_state import SequenceInputs
 from workers.tensors import array_to_frame, check_tensor_size, frame_to_array
@@ -91,6 +92,9 @@ class BatchExecutor:
             external_counts.append(len(encoded) - 1)
             oks.append(ok)
         t3 = time.monotonic_ns()
+        if "tr" in header:   # traced requests: their stamps go back on their RESPONSE headers
+            parts = stamped_responses(parts, external_counts, [item.header for item in items], header["tr"],
+                                      header["b"], (t0, t1, t2, t3), self.model)
         done = {"k": Kind.BATCH_DONE, "b": header["b"], "x": external_counts, "ok": oks,
                 "t": [t1 - t0, t2 - t1, t3 - t2]}
         return [encode(done), *parts]
