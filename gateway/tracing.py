@@ -76,6 +76,8 @@ class GatewayTracer:
         self._otel = None
         self._apply_settings(startup, {})
         link.on_trace_settings = self.apply
+        if startup.mode == "opentelemetry":
+            self._exporter()   # a missing SDK stops startup, not the first traced request
 
     async def start(self) -> None:
         """Seed the broker with this gateway's startup settings (the first gateway's stay)."""

@@ -8,6 +8,7 @@ docs/compatibility.md has the whole table.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from dataclasses import dataclass
 
@@ -123,11 +124,23 @@ def trace_settings(params: dict):
     from tritium.errors import InvalidArgument
     from tritium.tracing.flags import settings_from_flags
 
+    from tritium.tracing.settings import OTEL_MISSING
+
     given = {name: params.pop(name) for name in TRACE_FLAGS}
     try:
-        return settings_from_flags(**given, warn=lambda line: click.echo(line, err=True))
+        settings = settings_from_flags(**given, warn=lambda line: click.echo(line, err=True))
     except InvalidArgument as exc:
         raise click.UsageError(exc.message) from None
+    if settings.mode == "opentelemetry" and not _installed("opentelemetry.sdk"):
+        raise click.UsageError(OTEL_MISSING)
+    return settings
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:   # its parent package is missing
+        return False
 
 
 def trace_flags(settings) -> tuple[str, ...]:

@@ -18,6 +18,8 @@ LEVELS = ("TIMESTAMPS", "TENSORS")      # in the order Triton lists them
 UINT32_MAX = 4294967295
 DEFAULT_OTEL_URL = "localhost:4318/v1/traces"
 FILE_NOT_SETTABLE = "trace file location can not be updated through network protocol"
+OTEL_MISSING = ("--trace-config mode=opentelemetry needs the OpenTelemetry SDK and its OTLP/HTTP exporter: "
+                "pip install 'tritium[otel]' (opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http)")
 
 
 @dataclass(frozen=True, slots=True)
