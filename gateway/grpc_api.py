@@ -235,7 +235,10 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelInfer(self, request, context):
-        result = await self.dataplane.infer(decode_infer_request(request), GRPC_DECOUPLED)
+        infer_request = decode_infer_request(request)
+        if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
+            infer_request.traceparent = dict(context.invocation_metadata() or ()).get("traceparent")
+        result = await self.dataplane.infer(infer_request, GRPC_DECOUPLED)
         return encode_infer_response(result)
 
     async def ModelStreamInfer(self, request_iterator, context):
