@@ -56,7 +56,6 @@ _CATEGORIES = (
 )
 _JSON = [(b"content-type", b"application/json")]
 _TEXT = [(b"content-type", b"text/plain")]
-_GET_ACTIONS = {None, "ready", "config", "stats"}
 
 
 def json_response(document, status: int = 200) -> HttpResponse:
@@ -229,8 +228,6 @@ class HttpApp:
             return await event_stream(self.dataplane.generate_stream(model, version, document))
         if action == "trace/setting":
             return await self._trace_route(request, method, model) if version is None else _NOT_FOUND
-        if action not in _GET_ACTIONS:
-            raise Unsupported(f"'{action}' is not supported by tritium yet")
         if method != "GET":
             return _NOT_ALLOWED
         if action is None:
