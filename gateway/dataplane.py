@@ -202,7 +202,7 @@ class DataPlane:
             header["cid"] = request.sequence_id
         if request.sequence_flags:
             header["sf"] = request.sequence_flags
-        if self.tracer.on:
+        if self.tracer.on and single_response_only is not None:   # streamed requests are not traced
             request.trace = self.tracer.sample(spec.name, version, request.traceparent)
             if request.trace is not None:
                 header["tr"] = request.trace.context
