@@ -24,8 +24,7 @@ class BrokerTracing:
     def settings(self, args: dict) -> dict:
         """CONTROL ``trace_settings``: seed (``startup``), change (``changes``) and read the
         settings of ``model`` (None: the global ones), answered as Triton writes them."""
-        if self.store is None:
-            self.store = TraceSettingsStore(TraceSettings.from_wire(args.get("startup") or {}))
+        self._seed(args)
         model = args.get("model")
         changes = args.get("changes")
         if changes:
@@ -38,14 +37,19 @@ class BrokerTracing:
 
     def done(self, args: dict) -> None:
         """CONTROL ``trace_done``: one trace was taken (and, in triton mode, its tree to write)."""
-        if self.store is None:
-            return
+        self._seed(args)
         model = args.get("model")
         settings = self.store.effective(model)
         if args.get("tree") is not None and settings.file:
             self.file.add(settings.file, settings.log_frequency, args["tree"])
         if self.store.took_one(model):
             self.file.flush(indexed=True)   # the count ran out: what was taken is written, as Triton does
+
+    def _seed(self, args: dict) -> None:
+        """The first gateway to speak (to this broker process: a restarted one starts over) gives
+        the startup settings."""
+        if self.store is None:
+            self.store = TraceSettingsStore(TraceSettings.from_wire(args.get("startup") or {}))
 
     @property
     def revision(self) -> int:

@@ -121,7 +121,7 @@ class GatewayTracer:
         if trace.mode == "opentelemetry":
             self._exporter().export(trace, tree)
             tree = None
-        args = {"model": trace.model, "tree": tree}
+        args = {"model": trace.model, "tree": tree, "startup": self.startup.as_wire()}
         self.link.request_then({"k": Kind.CONTROL, "op": "trace_done", "args": args}, (), (), _ignore)
 
     def _exporter(self):

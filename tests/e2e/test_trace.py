@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from gateway.tracing import _on_timeline, parse_traceparent
 from tests.e2e.rawhttp import error_of, request
 from tests.servers import PROJECT_ROOT, TritiumServer
 
@@ -229,3 +230,28 @@ def test_bad_flags_stop_startup_with_tritons_words(tmp_path, flags, message):
                            *flags], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=60)
     assert done.returncode == 2
     assert message in done.stderr
+
+
+# -- the timeline and the client's context ---------------------------------------------------
+
+def test_stamps_from_another_host_move_onto_the_gateways_clock():
+    here = ["gw-host", 10, 1_000, "gateway"]   # host, pid, wall clock minus monotonic clock
+    record = {"at": {"broker": ["gw-host", 11, 1_700, "broker"], "instance": ["gpu-host", 12, 5_000, "m"]},
+              "ts": [["QUEUE_START", 100, "broker"], ["COMPUTE_END", 200, "instance"]],
+              "steps": [{"at": {"instance": ["gpu-host", 13, 9_000, "s"]}, "ts": [["COMPUTE_END", 50, "instance"]]}]}
+    moved = _on_timeline(record, here)
+    assert moved["ts"] == [["QUEUE_START", 100, "broker"], ["COMPUTE_END", 4_200, "instance"]]
+    assert moved["steps"][0]["ts"] == [["COMPUTE_END", 8_050, "instance"]]
+
+
+@pytest.mark.parametrize("header, parsed", [
+    (b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+     (bytes.fromhex("0af7651916cd43dd8448eb211c80319c"), bytes.fromhex("b7ad6b7169203331"), 1)),
+    (b"00-00000000000000000000000000000000-b7ad6b7169203331-01", None),
+    (b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b71692033-01", None),
+    (b"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None),
+    (b"not a context", None),
+    (None, None),
+])
+def test_traceparent(header, parsed):
+    assert parse_traceparent(header) == parsed
