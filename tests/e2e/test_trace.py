@@ -36,11 +36,38 @@ def trace_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("traces")
 
 
+BLS_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    \"\"\"Z = triple(X), called with the request's trace: a child of it.\"\"\"
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            call = pb_utils.InferenceRequest(model_name="triple", model_version=1, requested_output_names=["Z"],
+                                             inputs=[pb_utils.Tensor("X", x)], trace=request.trace())
+            z = pb_utils.get_output_tensor_by_name(call.exec(), "Z").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Z", z)]))
+        return responses
+"""
+BLS_CONFIG = """backend: "python"
+max_batch_size: 8
+input [ { name: "X", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "Z", data_type: TYPE_FP32, dims: [ -1 ] } ]
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, trace_dir):
     repo = tmp_path_factory.mktemp("trace_repo")
     for name in USED:
         shutil.copytree(MODELS / name, repo / name)
+    (repo / "bls_triple" / "1").mkdir(parents=True)
+    (repo / "bls_triple" / "1" / "model.py").write_text(BLS_MODEL)
+    (repo / "bls_triple" / "config.pbtxt").write_text(BLS_CONFIG)
     # Tracing is off until a test turns it on; each trace goes to a file of its own (log_frequency 1).
     with TritiumServer(repo, "--trace-config", f"triton,file={trace_dir}/trace.json",
                        "--trace-config", "log_frequency=1", "--trace-config", "rate=1", http_workers=1) as running:
@@ -52,7 +79,7 @@ def settings(server):
     """The global settings, put back as they started after the test."""
     yield server
     reset = {"trace_level": None, "trace_rate": None, "trace_count": None, "log_frequency": None}
-    for model in ("", "/models/triple", "/models/pipeline"):
+    for model in ("", "/models/triple", "/models/pipeline", "/models/bls_triple"):
         assert request(server.url, "POST", f"/v2{model}/trace/setting", reset)[0] == 200
 
 
@@ -203,6 +230,22 @@ def test_ensemble_steps_are_child_traces(settings, trace_dir):
     parent_names = {r["timestamps"][0]["name"] for r in records if r["id"] == parent["id"] and "timestamps" in r}
     assert {"HTTP_RECV_START", "REQUEST_START", "QUEUE_START", "REQUEST_END", "HTTP_SEND_END"} <= parent_names
     assert records[-1]["id"] == parent["id"]   # the steps end first
+
+
+def test_bls_calls_made_with_the_requests_trace_are_child_traces(settings, trace_dir):
+    known = len(trace_files(trace_dir))
+    assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "bls_triple")[0] == 200
+    assert infer(settings, "bls_triple").as_numpy("Z").tolist() == [[3, 6]]
+    records = new_trace(trace_dir, known)
+    caller = next(r for r in records if r.get("model_name") == "bls_triple")
+    called = next(r for r in records if r.get("model_name") == "triple")
+    assert called == {"id": called["id"], "model_name": "triple", "model_version": 1, "parent_id": caller["id"]}
+    names = [r["timestamps"][0]["name"] for r in records if r["id"] == called["id"] and "timestamps" in r]
+    assert names == STEP_ORDER
+    stamps = {r["timestamps"][0]["name"]: r["timestamps"][0]["ns"] for r in records if r["id"] == caller["id"]
+              and "timestamps" in r}
+    call_start = next(r["timestamps"][0]["ns"] for r in records if r["id"] == called["id"] and "timestamps" in r)
+    assert stamps["COMPUTE_INPUT_END"] <= call_start <= stamps["COMPUTE_OUTPUT_START"]
 
 
 def test_count_runs_out(settings, trace_dir):

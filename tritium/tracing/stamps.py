@@ -74,12 +74,13 @@ def ensemble_record(arrival_ns: int, now: int, steps: list) -> dict:
                    [REQUEST_END, now, "broker"]]}
 
 
-def step_record(model: str, call: tuple[bytes, int], record: dict | None, now: int) -> dict:
-    """One ensemble step's record (``call``: its context and model version), its REQUEST_END
-    the broker's receipt of its answer."""
+def step_record(model: str, call: tuple[bytes, int], record: dict | None, now: int,
+                role: str = "broker") -> dict:
+    """One ensemble step's (or BLS call's) record (``call``: its context and model version), its
+    REQUEST_END the caller's receipt of its answer (``role``: the broker's, or the calling instance's)."""
     step = dict(record or {"at": {}, "ts": []}, m=model, v=call[1], ctx=call[0])
-    step["at"] = dict(step["at"], broker=_broker_place())
-    step["ts"] = [*step["ts"], [REQUEST_END, now, "broker"]]
+    step["at"] = dict(step["at"], **{role: _broker_place() if role == "broker" else _instance_place()})
+    step["ts"] = [*step["ts"], [REQUEST_END, now, role]]
     return step
 
 
@@ -88,13 +89,36 @@ def step_record(model: str, call: tuple[bytes, int], record: dict | None, now: i
 _INSTANCE_PLACE: list | None = None
 
 
-def stamped_responses(parts: list, external_counts: list, headers: list[dict], batch: dict, number: int,
-                      times: tuple[int, int, int, int], label: str) -> list:
-    """``parts`` (the RESPONSE records of a batch, each followed by its external frames) with
-    the stamps of every traced request added to its RESPONSE header; the others untouched."""
+def _instance_place(label: str = "") -> list:
     global _INSTANCE_PLACE
     if _INSTANCE_PLACE is None:
         _INSTANCE_PLACE = place(label)
+    return _INSTANCE_PLACE
+
+
+class CallTrace:
+    """A traced request as its model sees it (``request.trace()``): the models it calls (BLS)
+    with ``trace=request.trace()`` become children of its trace, as in Triton."""
+
+    __slots__ = ("context", "calls")
+
+    def __init__(self, context: bytes) -> None:
+        self.context = context
+        self.calls: list[dict] = []
+
+    def call_context(self) -> bytes:
+        return step_context(self.context)
+
+    def call_done(self, model: str, version: int, context: bytes, record: dict | None) -> None:
+        self.calls.append(step_record(model, (context, version), record, time.monotonic_ns(), "instance"))
+
+
+def stamped_responses(parts: list, external_counts: list, headers: list[dict], batch: dict, number: int,
+                      times: tuple[int, int, int, int], label: str, calls: list | None = None) -> list:
+    """``parts`` (the RESPONSE records of a batch, each followed by its external frames) with
+    the stamps of every traced request added to its RESPONSE header; the others untouched.
+    ``calls``: per request, the records of the BLS calls it made (None: none)."""
+    here = _instance_place(label)
     received, input_end, output_start, end = times
     traced = {int(index): stamps for index, stamps in batch["r"].items()}
     links = [headers[index]["tr"] for index in sorted(traced) if "tr" in headers[index]]
@@ -107,13 +131,15 @@ def stamped_responses(parts: list, external_counts: list, headers: list[dict], b
             queued, dispatched = traced[index]
             header, view, offset = decode(parts[position])
             header["tr"] = {
-                "at": {"broker": batch["at"], "instance": _INSTANCE_PLACE},
+                "at": {"broker": batch["at"], "instance": here},
                 "ts": [[REQUEST_START, queued, "broker"], [QUEUE_START, queued, "broker"],
                        [COMPUTE_START, dispatched, "broker"], [COMPUTE_INPUT_END, input_end, "instance"],
                        [COMPUTE_OUTPUT_START, output_start, "instance"], [COMPUTE_END, end, "instance"]],
                 "recv": received,
                 "batch": {"id": number, "requests": len(headers), "size": rows,
                           "links": links if index == first else None}}
+            if calls and calls[index]:
+                header["tr"]["steps"] = calls[index]
             parts[position] = encode(header, (view[offset:],))
         position += 1 + external_count
     return parts
