@@ -113,7 +113,7 @@ def trace_options(command):
             ("--trace-level", True, "Deprecated: --trace-config level=LEVEL."),
             ("--trace-rate", False, "Deprecated: --trace-config rate=N."),
             ("--trace-count", False, "Deprecated: --trace-config count=N."),
-            ("--trace-log-frequency", False, "Deprecated: --trace-config log-frequency=N."))):
+            ("--trace-log-frequency", False, "Deprecated: --trace-config triton,log-frequency=N."))):
         command = click.option(flag, _param_name(flag), multiple=multiple, default=None, help=why)(command)
     return command
 
@@ -146,7 +146,7 @@ def _installed(module: str) -> bool:
 def trace_flags(settings) -> tuple[str, ...]:
     """``settings`` as --trace-config flags, for a child process."""
     values = [f"level={level}" for level in settings.level] or ["level=OFF"]
-    values += [f"rate={settings.rate}", f"count={settings.count}", f"log_frequency={settings.log_frequency}",
+    values += [f"rate={settings.rate}", f"count={settings.count}", f"triton,log-frequency={settings.log_frequency}",
                f"mode={settings.mode}", f"triton,file={settings.file}",
                *(f"opentelemetry,{key}={getattr(settings, key)}"
                  for key in ("url", "bsp_max_export_batch_size", "bsp_schedule_delay", "bsp_max_queue_size")),

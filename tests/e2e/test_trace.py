@@ -70,7 +70,7 @@ def server(tmp_path_factory, trace_dir):
     (repo / "bls_triple" / "config.pbtxt").write_text(BLS_CONFIG)
     # Tracing is off until a test turns it on; each trace goes to a file of its own (log_frequency 1).
     with TritiumServer(repo, "--trace-config", f"triton,file={trace_dir}/trace.json",
-                       "--trace-config", "log_frequency=1", "--trace-config", "rate=1", http_workers=1) as running:
+                       "--trace-config", "triton,log-frequency=1", "--trace-config", "rate=1", http_workers=1) as running:
         yield running
 
 
@@ -246,6 +246,17 @@ def test_bls_calls_made_with_the_requests_trace_are_child_traces(settings, trace
               and "timestamps" in r}
     call_start = next(r["timestamps"][0]["ns"] for r in records if r["id"] == called["id"] and "timestamps" in r)
     assert stamps["COMPUTE_INPUT_END"] <= call_start <= stamps["COMPUTE_OUTPUT_START"]
+
+
+def test_rate_traces_every_nth_request(settings, trace_dir):
+    assert post(settings, {"trace_level": ["TIMESTAMPS"], "trace_rate": "3"}, "triple")[0] == 200
+    known = len(trace_files(trace_dir))
+    for sent in range(1, 7):
+        infer(settings, "triple")
+        if sent in (3, 6):   # the 3rd and the 6th, as Triton picks them
+            new_trace(trace_dir, known + sent // 3 - 1)
+    time.sleep(0.3)
+    assert len(trace_files(trace_dir)) == known + 2
 
 
 def test_count_runs_out(settings, trace_dir):

@@ -8,7 +8,7 @@ import dataclasses
 from tritium.errors import InvalidArgument
 from tritium.tracing.settings import LEVELS, MODES, UINT32_MAX, TraceSettings
 
-_GLOBAL_KEYS = {"level", "rate", "count", "log_frequency", "log-frequency", "mode"}
+_GLOBAL_KEYS = {"level", "rate", "count", "mode"}
 _OTEL_NUMBERS = ("bsp_max_export_batch_size", "bsp_schedule_delay", "bsp_max_queue_size")
 
 
@@ -31,7 +31,8 @@ def settings_from_flags(trace_config=(), trace_file=None, trace_level=(), trace_
     for flag, name, given in (("--trace-rate", "rate", trace_rate), ("--trace-count", "count", trace_count),
                               ("--trace-log-frequency", "log_frequency", trace_log_frequency)):
         if given is not None:
-            warn(_deprecated(flag, f"{name.replace('_', '-')}=<{name.replace('_', ' ')} value>"))
+            replacement = "triton,log-frequency" if name == "log_frequency" else name
+            warn(_deprecated(flag, f"{replacement}=<{name.replace('_', ' ')} value>"))
             values[name] = _integer(flag, str(given), name != "count")
     resource: list[str] = []
     for item in trace_config:
@@ -49,6 +50,8 @@ def settings_from_flags(trace_config=(), trace_file=None, trace_level=(), trace_
                 values[key.replace("-", "_")] = _integer(option, value, key != "count")
         elif mode == "triton" and key == "file":
             values["file"] = value
+        elif mode == "triton" and key == "log-frequency":
+            values["log_frequency"] = _integer(option, value, True)
         elif mode == "opentelemetry" and key == "url":
             values["url"] = value
         elif mode == "opentelemetry" and key == "resource":
