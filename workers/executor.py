@@ -95,7 +95,7 @@ class BatchExecutor:
         t3 = time.monotonic_ns()
         if "tr" in header:   # traced requests: their stamps go back on their RESPONSE headers
             parts = stamped_responses(parts, external_counts, [item.header for item in items], header["tr"],
-                                      header["b"], (t0, t1, t2, t3), self.model,
+                                      header["b"], (t1, t2, t3), self.model,
                                       [item.trace and item.trace.calls for item in items])
         done = {"k": Kind.BATCH_DONE, "b": header["b"], "x": external_counts, "ok": oks,
                 "t": [t1 - t0, t2 - t1, t3 - t2]}

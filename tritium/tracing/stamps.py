@@ -114,12 +114,12 @@ class CallTrace:
 
 
 def stamped_responses(parts: list, external_counts: list, headers: list[dict], batch: dict, number: int,
-                      times: tuple[int, int, int, int], label: str, calls: list | None = None) -> list:
+                      times: tuple[int, int, int], label: str, calls: list | None = None) -> list:
     """``parts`` (the RESPONSE records of a batch, each followed by its external frames) with
     the stamps of every traced request added to its RESPONSE header; the others untouched.
     ``calls``: per request, the records of the BLS calls it made (None: none)."""
     here = _instance_place(label)
-    received, input_end, output_start, end = times
+    input_end, output_start, end = times
     traced = {int(index): stamps for index, stamps in batch["r"].items()}
     links = [headers[index]["tr"] for index in sorted(traced) if "tr" in headers[index]]
     rows = sum(header.get("bs", 1) for header in headers)
@@ -135,7 +135,6 @@ def stamped_responses(parts: list, external_counts: list, headers: list[dict], b
                 "ts": [[REQUEST_START, queued, "broker"], [QUEUE_START, queued, "broker"],
                        [COMPUTE_START, dispatched, "broker"], [COMPUTE_INPUT_END, input_end, "instance"],
                        [COMPUTE_OUTPUT_START, output_start, "instance"], [COMPUTE_END, end, "instance"]],
-                "recv": received,
                 "batch": {"id": number, "requests": len(headers), "size": rows,
                           "links": links if index == first else None}}
             if calls and calls[index]:
