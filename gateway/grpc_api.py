@@ -19,10 +19,10 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from gateway.grpc_codec import decode_infer_request, encode_infer_response
 from gateway.model_table import parse_version
-from tritium.tracing.settings import changes_from_grpc
 from gateway.restricted import RestrictedApis
 from gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
+from tritium.tracing.settings import changes_from_grpc
 from tritium.ports import PortInUse, check_free
 
 log = logging.getLogger(__name__)

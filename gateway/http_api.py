@@ -25,8 +25,8 @@ from gateway.http_codec import (
 )
 from gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
 from gateway.restricted import RestrictedApis
-from gateway.tracing import traced_answer
 from gateway.shared_memory import CUDA_SHM_UNSUPPORTED
+from gateway.tracing import traced_answer
 from tritium.errors import InvalidArgument, TritiumError, Unsupported
 from tritium.tracing.settings import changes_from_http
 
