@@ -117,10 +117,15 @@ class GatewayTracer:
         return RequestTrace(self, model, version, settings.mode, parse_traceparent(traceparent))
 
     def finished(self, trace: RequestTrace) -> None:
-        tree = trace.tree()
-        if trace.mode == "opentelemetry":
-            self._exporter().export(trace, tree)
-            tree = None
+        """Export or hand over a finished trace; a failure costs the trace, never its request's answer."""
+        try:
+            tree = trace.tree()
+            if trace.mode == "opentelemetry":
+                self._exporter().export(trace, tree)
+                tree = None
+        except Exception:
+            log.exception("trace of a request for model '%s' dropped", trace.model)
+            return
         args = {"model": trace.model, "tree": tree, "startup": self.startup.as_wire()}
         self.link.request_then({"k": Kind.CONTROL, "op": "trace_done", "args": args}, (), (), _ignore)
 

@@ -7,14 +7,15 @@ every process shares that clock, so stamps need no conversion; a stamp made on a
 host is moved onto the gateway's timeline through the two hosts' wall clocks (kept in
 step by NTP or PTP), which is what the offsets are for.
 
-Wire (all optional header fields; docs/observability.md has the picture):
+Wire (all optional header fields; docs/observability.md says what each stamp means):
 
 - INFER ``tr``: 24 bytes, the request's trace id (16) and its model span's id (8).
 - BATCH ``tr``: ``{"at": place, "r": {index: [queue_start_ns, compute_start_ns]}}``, the
   broker's stamps for the traced requests of the batch.
 - RESPONSE ``tr``: ``{"at": {role: place}, "ts": [[name, ns, role], ...], "batch": {...},
   "steps": [...]}``: every stamp made after the gateway, from the instance (or, for an
-  ensemble, from the broker, with each step's own record in ``steps``).
+  ensemble, from the broker), with the record of each ensemble step or BLS call made with
+  the request's trace in ``steps``.
 """
 
 from __future__ import annotations
