@@ -158,7 +158,7 @@ class TraceSettingsStore:
     """
 
     startup: TraceSettings
-    current: TraceSettings = None
+    current: TraceSettings | None = None   # None: the startup settings
     models: dict[str, dict] = field(default_factory=dict)
     # Told to gateways with the settings: changed by a client's update and when a count runs
     # out, never by one trace being counted (each gateway counts its own down meanwhile).
