@@ -131,7 +131,7 @@ class GatewayTracer:
 
     def _exporter(self):
         if self._otel is None:
-            from gateway.trace_otel import OtelExporter
+            from tritium.gateway.trace_otel import OtelExporter
 
             self._otel = OtelExporter(self._global, self.here)
         return self._otel

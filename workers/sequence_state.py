@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from repo import ModelConfig
+from tritium.repo import ModelConfig
 from tritium import datatypes
-from workers.tensors import array_to_frame, deserialize_bytes, frame_to_array
+from tritium.workers.tensors import array_to_frame, deserialize_bytes, frame_to_array
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from gateway.tracing import _on_timeline, parse_traceparent
+from tritium.gateway.tracing import _on_timeline, parse_traceparent
 from tests.e2e.rawhttp import error_of, request
 from tests.servers import PROJECT_ROOT, TritiumServer
 

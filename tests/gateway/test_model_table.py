@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.model_table import ModelTable
+from tritium.gateway.model_table import ModelTable
 from tritium.errors import InvalidArgument, NotFound, TritiumError, Unavailable
 
 CONFIG = {"name": "m", "platform": "onnxruntime_onnx", "max_batch_size": 8,
