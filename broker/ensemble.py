@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from tritium.broker.registry import ModelVersion, Registry
 from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
 from tritium.protocol import Kind, ProtocolError, decode, encode, error_record, tensor_views
+from tritium.tracing.stamps import ensemble_record, step_context, step_record
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,8 @@ class EnsembleRequest:
     compute: list[int] = field(default_factory=lambda: [0, 0, 0])
     queue_ns: int = 0
     finished: bool = False
+    trace: bytes | None = None         # its trace context, when traced
+    traced_steps: list = field(default_factory=list)   # the finished steps' trace records
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,7 @@ class StepCall:
     request: EnsembleRequest
     step: Step
     batch_size: int   # of the step request; 0 when its model does not batch
+    trace: tuple | None = None   # the step request's (trace context, model version), when traced
 
 
 class EnsembleRunner:
@@ -177,7 +181,7 @@ class EnsembleRunner:
         batch_size = header.get("bs") or 1
         request = EnsembleRequest(client, header["rid"], from_backend, version, plan, requested, steps, wants,
                                   batch_size, now, header.get("id"), header.get("params"),
-                                  header.get("cid", 0), header.get("sf", 0))
+                                  header.get("cid", 0), header.get("sf", 0), trace=header.get("tr"))
         unknown = [name for name in requested if name not in plan.outputs]
         if unknown:
             self._fail(request, InvalidArgument(f"unexpected inference output '{unknown[0]}' for model "
@@ -242,7 +246,10 @@ class EnsembleRunner:
             header["cid"], header["sf"] = request.correlation_id, request.flags
         if frames:
             header["x"] = len(frames)
-        self._calls[rid] = StepCall(request, step, batch_size if batching else 0)
+        if request.trace is not None:
+            header["tr"] = step_context(request.trace)
+        self._calls[rid] = StepCall(request, step, batch_size if batching else 0,
+                                   (header["tr"], header["v"]) if "tr" in header else None)
         request.calls.add(rid)
         self._submit(STEP_CLIENT, encode(header, inline), header, frames or None, False)
 
@@ -272,6 +279,8 @@ class EnsembleRunner:
 
     def _step_done(self, call: StepCall, header: dict, view, offset: int, frames: list, timings: tuple) -> None:
         request, step = call.request, call.step
+        if call.trace is not None:
+            request.traced_steps.append(step_record(step.model, call.trace, header.get("tr"), self._clock()))
         if "err" in header:
             error = TritiumError.from_wire(header["err"])
             log.info("ensemble %s: %s failed: %s", request.plan.name, step.label, error.message)
@@ -322,6 +331,8 @@ class EnsembleRunner:
             header["x"] = len(frames)
         self._finish(request)
         now = self._clock()
+        if request.trace is not None:
+            header["tr"] = ensemble_record(request.arrival_ns, now, request.traced_steps)
         compute = tuple(request.compute)
         stats = request.version.stats
         stats.record_success(now - request.arrival_ns, request.queue_ns, request.batch_size, compute)

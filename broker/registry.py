@@ -53,6 +53,7 @@ class PendingRequest:
     cache_key: bytes | None = None   # missed the response cache: its response goes in under this key
     correlation_id: int | str = 0   # the sequence it belongs to (0: none)
     flags: int = 0                  # sequence START (1) / END (2)
+    traced: bool = False            # its INFER has a trace context: its batch carries its stamps
 
 
 @dataclass(eq=False, slots=True)
@@ -226,6 +227,7 @@ class Registry:
         self.instances: dict[bytes, InstanceRecord] = {}
         self.host_metrics: dict[str, dict] = {}   # host name -> the agent's last HOST_METRICS
         self.shared_memory: dict[str, dict] = {}  # client shm regions, which every gateway maps
+        self.trace_settings: dict | None = None   # Triton's trace settings, which every gateway samples with
         self.generation = 0  # what gateways see changed when it moves: only Membership.changed moves it
 
     def set_state(self, version: ModelVersion, state: VersionState, reason: str = "") -> None:
@@ -288,4 +290,4 @@ class Registry:
             entry["versions"] = [rows[number] for number in sorted(rows)]
             models.append(entry)
         return {"generation": self.generation, "shm": list(self.shared_memory.values()), "models": models,
-                "ready": self.server_ready()}
+                "ready": self.server_ready(), "trace": self.trace_settings}

@@ -26,6 +26,7 @@ from tritium.errors import NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
 from tritium.broker.streams import OpenStreams
 from tritium.protocol import Kind, encode, error_record
+from tritium.tracing.stamps import batch_stamps
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,8 @@ class Scheduler:
             batch_size = header["inputs"][0][2][0] if batching and header["inputs"] else 1
         request = PendingRequest(client, rid, record, external, batch_size, shape_key, now,
                                  from_backend=from_backend, level=level, deadline_ns=deadline,
-                                 cache_key=cache_key, correlation_id=header.get("cid", 0), flags=header.get("sf", 0))
+                                 cache_key=cache_key, correlation_id=header.get("cid", 0), flags=header.get("sf", 0),
+                                 traced="tr" in header)
         try:
             batcher.enqueue(request)
         except TritiumError as exc:  # the sequence batcher refuses what Triton's refuses (not counted, as there)
@@ -217,6 +219,9 @@ class Scheduler:
         header = {"k": Kind.BATCH, "b": number, "n": len(requests)}
         if slots is not None:
             header["sl"] = slots
+        traced = batch_stamps(requests)
+        if traced is not None:
+            header["tr"] = traced
         parts = [instance.iid, encode(header)]
         for request in requests:
             request.dispatch_ns = now

@@ -78,6 +78,7 @@ class BrokerLink:
         self.address = address
         self.loop = loop or asyncio.get_running_loop()
         self.identity = f"gw-{host_name()}-{os.getpid()}"
+        self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         secure_client(self.sock, curve, "gateway")
         self.sock.setsockopt(zmq.IDENTITY, self.identity.encode())
@@ -244,6 +245,7 @@ class BrokerLink:
             elif kind == Kind.MODELS:
                 self.models.update(header)
                 self.shared_memory.apply(header.get("shm", ()))
+                self.on_trace_settings(header.get("trace"))
                 self._models_received.set()
             elif kind == Kind.LOG_SETTINGS:
                 logs.apply_wire(header["settings"])

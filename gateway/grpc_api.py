@@ -24,6 +24,7 @@ from tritium.gateway.model_table import parse_version
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
+from tritium.tracing.settings import changes_from_grpc
 from tritium.ports import PortInUse, check_free
 
 log = logging.getLogger(__name__)
@@ -225,13 +226,21 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def TraceSetting(self, request, context):
-        raise Unsupported("the trace extension is not supported by tritium yet")
+        changes = changes_from_grpc({key: list(setting.value) for key, setting in request.settings.items()})
+        settings = await self.dataplane.trace_settings(request.model_name or None, changes)
+        response = service_pb2.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     # -- inference ----------------------------------------------------------------------
 
     @_rpc
     async def ModelInfer(self, request, context):
-        result = await self.dataplane.infer(decode_infer_request(request), GRPC_DECOUPLED)
+        infer_request = decode_infer_request(request)
+        if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
+            infer_request.traceparent = dict(context.invocation_metadata() or ()).get("traceparent")
+        result = await self.dataplane.infer(infer_request, GRPC_DECOUPLED)
         return encode_infer_response(result)
 
     def infer_then(self, request, metadata, done: Callable[[object], None]) -> None:
@@ -248,9 +257,19 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     result = encode_infer_response(result)
                 except TritiumError as exc:
                     result = exc
+            trace = infer_request.trace
+            if trace is None:
+                done(result)
+                return
+            trace.stamp("GRPC_SEND_START")
             done(result)
+            trace.stamp("GRPC_SEND_END")
+            trace.finish()
 
-        self.dataplane.infer_then(decode_infer_request(request), answered, GRPC_DECOUPLED)
+        infer_request = decode_infer_request(request)
+        if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
+            infer_request.traceparent = _traceparent(metadata)
+        self.dataplane.infer_then(infer_request, answered, GRPC_DECOUPLED)
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Answers leave as they come, whatever the order of the requests that asked."""
@@ -359,3 +378,11 @@ def _handlers(servicer: GrpcInferenceService) -> grpc.GenericRpcHandler:
         make = grpc.stream_stream_rpc_method_handler if streaming else grpc.unary_unary_rpc_method_handler
         handlers[name] = make(getattr(servicer, name), request_deserializer=parse, response_serializer=serialize)
     return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+
+
+def _traceparent(metadata) -> str | None:
+    """The W3C traceparent among a call's metadata (name, value pairs, bytes as HTTP/2 gives them or str)."""
+    for name, value in metadata:
+        if name in (b"traceparent", "traceparent"):
+            return value.decode("latin-1") if isinstance(value, bytes) else value
+    return None

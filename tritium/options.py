@@ -146,6 +146,15 @@ OPTIONS: tuple[Option, ...] = (
     _option("--log-error", on=_ALL, to=_CHILDREN, type=BOOLEAN, default="true", help="Log error-level lines."),
     _option("--log-format", on=_ALL, to=_CHILDREN, type=click.Choice(["default", "ISO8601"]), default="default",
             help="Timestamp layout of log lines."),
+    # -- tracing (Triton's trace extension; serve hands its gateways the settings it read)
+    _option("--trace-config", on="serve, gateway", multiple=True,
+            help="[MODE,]KEY=VALUE: Triton's trace settings (docs/observability.md)."),
+    _option("--trace-file", on="serve, gateway", default=None, help="Deprecated: --trace-config triton,file=PATH."),
+    _option("--trace-level", on="serve, gateway", multiple=True, help="Deprecated: --trace-config level=LEVEL."),
+    _option("--trace-rate", on="serve, gateway", default=None, help="Deprecated: --trace-config rate=N."),
+    _option("--trace-count", on="serve, gateway", default=None, help="Deprecated: --trace-config count=N."),
+    _option("--trace-log-frequency", on="serve, gateway", default=None,
+            help="Deprecated: --trace-config triton,log-frequency=N."),
     # -- lifecycle
     _option("--exit-timeout-secs", on=_ALL, to=_CHILDREN, default=30, type=int,
             help="On SIGTERM: how long queued and running requests may take to finish."),

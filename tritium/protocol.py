@@ -128,6 +128,7 @@ class InferHeader(TypedDict, total=False):
     params: dict          # request parameters
     cid: int | str        # sequence (correlation) id, when the request belongs to a sequence
     sf: int               # sequence flags: 1 START, 2 END (Triton's request flags); absent = 0
+    tr: bytes             # traced requests only: trace id (16 bytes) + its model span id (8); tritium/tracing/stamps.py
     x: int                # external frames that follow this record
 
 
@@ -138,6 +139,7 @@ class ResponseHeader(TypedDict, total=False):
     params: dict          # response parameters
     err: dict             # {"code": ErrorCode, "message": str} instead of outputs
     final: bool           # False while a decoupled model has more responses to send
+    tr: dict              # traced requests only: the broker's and instance's timestamps (tritium/tracing/stamps.py)
     x: int
 
 
@@ -146,6 +148,7 @@ class BatchHeader(TypedDict, total=False):
     b: int                # batch number, echoed in BATCH_DONE
     n: int                # number of INFER records that follow
     sl: list              # stateful models: the sequence slot of each request, in order
+    tr: dict              # traced requests in the batch only: the broker's stamps per request index
 
 
 class BatchDoneHeader(TypedDict, total=False):

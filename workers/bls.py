@@ -43,6 +43,7 @@ class BlsClient:
         self._waiters: dict[int, asyncio.Future] = {}
         self._lock = threading.Lock()
         self._reading_loop: asyncio.AbstractEventLoop | None = None
+        self._traced: dict[int, tuple] = {}   # rid -> (caller's CallTrace, model, version, context)
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -71,6 +72,9 @@ class BlsClient:
             header["sf"] = request.flags()
         if external:
             header["x"] = len(external)
+        if request.trace() is not None:   # trace=request.trace(): a child of the caller's trace
+            header["tr"] = request.trace().call_context()
+            self._traced[rid] = (request.trace(), request.model_name(), request.model_version(), header["tr"])
         self._replies[rid] = deque()
         with self._lock:
             send_parts(self.sock, [encode(header, inline), *external])
@@ -92,6 +96,9 @@ class BlsClient:
             rid = header.get("rid")
             if rid not in self._replies:
                 continue  # an answer nobody waits for any more
+            traced = self._traced.pop(rid, None) if self._traced else None
+            if traced is not None:
+                traced[0].call_done(*traced[1:], header.get("tr"))
             self._replies[rid].append(_response(header, record, offset, external))
             waiter = self._waiters.get(rid)
             if waiter is not None and not waiter.done():
