@@ -69,10 +69,11 @@ def python_repository(root: Path) -> Path:
     return root
 
 
-def measure_level(url: str, concurrency: int, duration_s: float) -> dict:
+def measure_level(url: str, root: int, concurrency: int, duration_s: float) -> dict:
+    """``root``: the server's first process; only its processes are metered (others may share the machine)."""
     host, port = url.rsplit(":", 1)
     workload, _ = build_workload(host, int(port), "add_sub")
-    meter = CpuMeter()
+    meter = CpuMeter((root,))
     meter.start()
     (report,) = run(workload, "add_sub", [concurrency], duration_s=duration_s, warmup_s=1.0)
     cpu = meter.stop()
@@ -123,7 +124,8 @@ def main() -> None:
             for _ in range(args.rounds):
                 for concurrency in LEVELS:
                     for name, server in servers.items():
-                        samples[name][concurrency].append(measure_level(server.url, concurrency, args.duration))
+                        level = measure_level(server.url, server.process.pid, concurrency, args.duration)
+                        samples[name][concurrency].append(level)
             for name in servers:
                 results[name] = [median_level(samples[name][c]) for c in LEVELS]
         finally:
