@@ -170,15 +170,19 @@ class BatchExecutor:
         descriptors = [item.header["inputs"] for item in items]
         first = [(d[0], d[1], d[2][1:]) for d in descriptors[0]]
         if any(d[1] == "BYTES" for d in descriptors[0]) or any(
-                [(d[0], d[1], d[2][1:]) for d in inputs] != first for inputs in descriptors[1:]):
+                inputs != descriptors[0] and [(d[0], d[1], d[2][1:]) for d in inputs] != first
+                for inputs in descriptors[1:]):   # equal descriptors (the usual case) line up
             return [None] * len(items)
         arrays: list[dict[str, np.ndarray]] = [{} for _ in items]
         for index, (name, datatype, _) in enumerate(first):
             shapes = [inputs[index][2] for inputs in descriptors]
-            rows = writable_rows([item.views[index] for item in items], datatype, shapes, name)
             reshape = self.input_reshape.get(name)
-            for request_arrays, row in zip(arrays, rows):
-                request_arrays[name] = row if reshape is None else row.reshape([row.shape[0], *reshape])
+            try:
+                rows = writable_rows([item.views[index] for item in items], datatype, shapes, name)
+                for request_arrays, row in zip(arrays, rows):
+                    request_arrays[name] = row if reshape is None else row.reshape([row.shape[0], *reshape])
+            except (ValueError, TritiumError):   # then each request is checked alone, and fails alone
+                return [None] * len(items)
         return arrays
 
     def _request(self, item: _Item, arrays: dict[str, np.ndarray] | None = None) -> InferenceRequest:
