@@ -193,7 +193,9 @@ class BatchExecutor:
             parameters = {k: v for k, v in parameters.items() if k not in _REQUEST_FIELDS}
         if "tr" in header:
             item.trace = CallTrace(header["tr"])
-        return InferenceRequest(request_id=header.get("id", ""), inputs=self._arrays(item, batch_size) if arrays is None else arrays,
+        if arrays is None:
+            arrays = self._arrays(item, batch_size)
+        return InferenceRequest(request_id=header.get("id", ""), inputs=arrays,
                                 requested_outputs=header.get("outputs"),
                                 parameters=parameters, batch_size=batch_size,
                                 correlation_id=header.get("cid", 0), flags=header.get("sf", 0), trace=item.trace)
