@@ -11,7 +11,11 @@ machine is shared and noisy; ratios from one run are what to compare). Also repo
 * added latency: tritium's p50 at concurrency 1 minus onnxruntime's own p50 in-process;
 * CPU per request of each process (gateway, broker, instances) at concurrency 64.
 
-    python bench/serving_overhead.py [--duration 5] [--no-triton]
+    python -m bench.serving_overhead [--duration 5] [--no-triton] [--python-only] [--levels 1,8,64]
+
+``--python-only --no-triton --levels 64`` is the quick check of the Python model's CPU per
+request of each process role (an instance's figure falls with the average batch, printed
+with it).
 """
 
 from __future__ import annotations
@@ -69,10 +73,11 @@ def python_repository(root: Path) -> Path:
     return root
 
 
-def measure_level(url: str, concurrency: int, duration_s: float) -> dict:
+def measure_level(url: str, root: int, concurrency: int, duration_s: float) -> dict:
+    """``root``: the server's first process; only its processes are metered (others may share the machine)."""
     host, port = url.rsplit(":", 1)
     workload, _ = build_workload(host, int(port), "add_sub")
-    meter = CpuMeter()
+    meter = CpuMeter((root,))
     meter.start()
     (report,) = run(workload, "add_sub", [concurrency], duration_s=duration_s, warmup_s=1.0)
     cpu = meter.stop()
@@ -109,23 +114,30 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per level")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per level; the median is kept")
     parser.add_argument("--no-triton", action="store_true", help="skip the real Triton run")
+    parser.add_argument("--python-only", action="store_true", help="skip tritium serving the ONNX model")
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels, comma-separated")
     args = parser.parse_args()
+    levels = [int(level) for level in args.levels.split(",")]
     results = {}
     with tempfile.TemporaryDirectory() as folder:
-        repo = onnx_repository(Path(folder) / "onnx")
-        results["in_process_p50_us"] = in_process_p50_us(repo / "add_sub" / "1" / "model.onnx")
+        servers = {}
+        if not args.python_only:
+            repo = onnx_repository(Path(folder) / "onnx")
+            results["in_process_p50_us"] = in_process_p50_us(repo / "add_sub" / "1" / "model.onnx")
+            servers["tritium"] = TritiumServer(repo)
         python_repo = python_repository(Path(folder) / "python")
-        servers = {"tritium": TritiumServer(repo), "tritium python": TritiumServer(python_repo)}
+        servers["tritium python"] = TritiumServer(python_repo)
         try:
             if not args.no_triton:
                 servers["triton"] = TritonServer(python_repo)
-            samples = {name: {c: [] for c in LEVELS} for name in servers}
+            samples = {name: {c: [] for c in levels} for name in servers}
             for _ in range(args.rounds):
-                for concurrency in LEVELS:
+                for concurrency in levels:
                     for name, server in servers.items():
-                        samples[name][concurrency].append(measure_level(server.url, concurrency, args.duration))
+                        level = measure_level(server.url, server.process.pid, concurrency, args.duration)
+                        samples[name][concurrency].append(level)
             for name in servers:
-                results[name] = [median_level(samples[name][c]) for c in LEVELS]
+                results[name] = [median_level(samples[name][c]) for c in levels]
         finally:
             for server in servers.values():
                 server.stop()
@@ -146,10 +158,12 @@ def report(results: dict) -> str:
                     "avg batch", "errors", "CPU us/request"], rows)]
     if "triton" in results:
         for name in ("tritium", "tritium python"):
-            for ours, theirs in zip(results[name], results["triton"]):
+            for ours, theirs in zip(results.get(name, []), results["triton"]):
                 lines.append(f"concurrency {ours['concurrency']}: {name} (ONNX model)/triton throughput = "
                              f"{ours['throughput'] / theirs['throughput']:.2f}".replace(
                                  "tritium python (ONNX model)", "tritium (same model.py)"))
+    if "tritium" not in results or results["tritium"][0]["concurrency"] != 1:
+        return "\n".join(lines)
     p50 = results["tritium"][0]["p50_us"]
     lines.append(f"added latency at concurrency 1: {(p50 - results['in_process_p50_us']) / 1000:.3f} ms "
                  f"(tritium p50 {p50 / 1000:.3f} ms, onnxruntime in-process p50 "

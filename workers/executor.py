@@ -29,7 +29,7 @@ from tritium.protocol import Kind, decode, encode, split_tensors, tensor_views
 from tritium.tracing.stamps import CallTrace, stamped_responses
 from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
 from tritium.workers.sequence_state import SequenceInputs
-from tritium.workers.tensors import array_to_frame, check_tensor_size, frame_to_array
+from tritium.workers.tensors import array_to_frame, check_tensor_size, frame_to_array, writable_rows
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,30 @@ class BatchExecutor:
             arrays[name] = array
         return arrays
 
-    def _request(self, item: _Item) -> InferenceRequest:
+    def _rows(self, items: list[_Item]) -> list[dict[str, np.ndarray] | None]:
+        """Each request's input arrays, as rows of one writable array per input when all requests line
+        up (batching models, fixed-size inputs of the same shapes past the batch dimension); else None."""
+        if not self.batching or len(items) < 2:
+            return [None] * len(items)
+        descriptors = [item.header["inputs"] for item in items]
+        first = [(d[0], d[1], d[2][1:]) for d in descriptors[0]]
+        if any(d[1] == "BYTES" for d in descriptors[0]) or any(
+                inputs != descriptors[0] and [(d[0], d[1], d[2][1:]) for d in inputs] != first
+                for inputs in descriptors[1:]):   # equal descriptors (the usual case) line up
+            return [None] * len(items)
+        arrays: list[dict[str, np.ndarray]] = [{} for _ in items]
+        for index, (name, datatype, _) in enumerate(first):
+            shapes = [inputs[index][2] for inputs in descriptors]
+            reshape = self.input_reshape.get(name)
+            try:
+                rows = writable_rows([item.views[index] for item in items], datatype, shapes, name)
+                for request_arrays, row in zip(arrays, rows):
+                    request_arrays[name] = row if reshape is None else row.reshape([row.shape[0], *reshape])
+            except (ValueError, TritiumError):   # then each request is checked alone, and fails alone
+                return [None] * len(items)
+        return arrays
+
+    def _request(self, item: _Item, arrays: dict[str, np.ndarray] | None = None) -> InferenceRequest:
         header = item.header
         batch_size = header.get("bs", 1)
         parameters = header.get("params") or {}
@@ -170,7 +193,9 @@ class BatchExecutor:
             parameters = {k: v for k, v in parameters.items() if k not in _REQUEST_FIELDS}
         if "tr" in header:
             item.trace = CallTrace(header["tr"])
-        return InferenceRequest(request_id=header.get("id", ""), inputs=self._arrays(item, batch_size),
+        if arrays is None:
+            arrays = self._arrays(item, batch_size)
+        return InferenceRequest(request_id=header.get("id", ""), inputs=arrays,
                                 requested_outputs=header.get("outputs"),
                                 parameters=parameters, batch_size=batch_size,
                                 correlation_id=header.get("cid", 0), flags=header.get("sf", 0), trace=item.trace)
@@ -181,9 +206,9 @@ class BatchExecutor:
         t1 = time.monotonic_ns()
         replies = {}
         requests = []
-        for item in items:
+        for item, arrays in zip(items, self._rows(items)):
             try:
-                requests.append((item, self._request(item)))
+                requests.append((item, self._request(item, arrays)))
             except Exception as exc:  # a request that cannot be decoded fails alone
                 replies[item.rid] = ([_error_record(item.rid, self._execution_error(exc))], False)
         if not requests:

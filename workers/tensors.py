@@ -12,17 +12,32 @@ import numpy as np
 
 from tritium import datatypes
 from tritium.errors import InvalidArgument
+from tritium.protocol import INLINE_LIMIT
 
 _LENGTH = struct.Struct("<I")
 
+_ITEMSIZES: dict[str, int] = {d.name: d.itemsize for d in datatypes.DATATYPES}
+# Fixed-size datatypes' numpy dtypes by protocol name, filled as each is first seen (BF16 imports ml_dtypes).
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _fixed_dtype(datatype: str, name: str) -> np.dtype | None:
+    """The numpy dtype of a fixed-size datatype; None for BYTES."""
+    dtype = _DTYPES.get(datatype)
+    if dtype is None:
+        dt = datatypes.from_name(datatype)
+        if dt is None:
+            raise InvalidArgument(f"input '{name}' has unknown datatype '{datatype}'")
+        if dt.is_bytes:
+            return None
+        dtype = _DTYPES[datatype] = datatypes.numpy_dtype(dt)
+    return dtype
+
 
 def frame_to_array(buffer, datatype: str, shape: list[int], name: str) -> np.ndarray:
-    dt = datatypes.from_name(datatype)
-    if dt is None:
-        raise InvalidArgument(f"input '{name}' has unknown datatype '{datatype}'")
-    if dt.is_bytes:
+    dtype = _fixed_dtype(datatype, name)
+    if dtype is None:
         return deserialize_bytes(buffer, shape, name)
-    dtype = datatypes.numpy_dtype(dt)
     if len(buffer) % dtype.itemsize:
         raise InvalidArgument(
             f"input '{name}' has {len(buffer)} bytes, which is not a whole number of {datatype} "
@@ -34,6 +49,20 @@ def frame_to_array(buffer, datatype: str, shape: list[int], name: str) -> np.nda
         raise InvalidArgument(
             f"input '{name}' holds {array.size} elements of {datatype}, which do not fit shape "
             f"{list(shape)}") from exc
+
+
+def writable_rows(buffers: list, datatype: str, shapes: list[list[int]], name: str) -> list[np.ndarray]:
+    """One writable array per buffer (a fixed-size tensor each, of ``shapes`` that differ at most
+    in their first dimension), all rows of one array: the buffers are copied once, together,
+    instead of each becoming an array of its own and then a copy (received bytes are read-only)."""
+    dtype = _fixed_dtype(datatype, name)
+    whole = np.frombuffer(bytearray().join(buffers), dtype).reshape(
+        [sum(shape[0] for shape in shapes), *shapes[0][1:]])
+    rows, start = [], 0
+    for shape in shapes:
+        rows.append(whole[start:start + shape[0]])
+        start += shape[0]
+    return rows
 
 
 def deserialize_bytes(buffer, shape: list[int], name: str) -> np.ndarray:
@@ -70,38 +99,41 @@ def _as_bytes(item) -> bytes:
 
 
 def array_to_frame(array: np.ndarray, name: str) -> tuple[str, list[int], object]:
-    """(datatype, shape, frame) for an output array; the frame shares the array's memory."""
+    """(datatype, shape, frame) for an output array; a frame too large to go inline in a record
+    shares the array's memory."""
     dt = datatypes.from_numpy(array.dtype)
     if dt is None:
         raise InvalidArgument(f"output '{name}' has dtype {array.dtype}, which has no Triton datatype")
     shape = list(array.shape)
     if dt.is_bytes:
         return dt.name, shape, serialize_bytes(array)
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
+    if array.nbytes < INLINE_LIMIT:   # copied into the record anyway: one copy (in C order) costs least
+        return dt.name, shape, array.tobytes()
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
     # A uint8 view exports every dtype as bytes (memoryview cannot export bfloat16 itself).
-    return dt.name, shape, memoryview(array.reshape(-1).view(np.uint8)) if array.size else b""
+    return dt.name, shape, memoryview(array.reshape(-1).view(np.uint8))
 
 
 def check_tensor_size(name: str, datatype: str, shape: list[int], buffer) -> None:
     """Raise InvalidArgument unless ``buffer`` holds exactly the elements ``shape`` needs."""
-    dt = datatypes.from_name(datatype)
-    if dt is None:
+    itemsize = _ITEMSIZES.get(datatype)
+    if itemsize is None:
         raise InvalidArgument(f"input '{name}' has unknown datatype '{datatype}'")
     count = 1
     for dim in shape:
         count *= dim
-    if dt.is_bytes:
+    if itemsize == 0:   # BYTES
         found = _count_bytes(buffer, name)
         if found != count:
             raise InvalidArgument(f"input '{name}' holds {found} BYTES elements, but shape "
                                   f"{list(shape)} needs {count}")
         return
-    if len(buffer) != count * dt.itemsize:
+    if len(buffer) != count * itemsize:
         raise InvalidArgument(f"input '{name}' has {len(buffer)} bytes, but shape {list(shape)} of "
-                              f"{datatype} needs {count * dt.itemsize}")
+                              f"{datatype} needs {count * itemsize}")
 
 
 def _count_bytes(buffer, name: str) -> int:

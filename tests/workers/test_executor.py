@@ -521,6 +521,36 @@ def test_execute_gets_separate_requests_with_their_metadata():
     assert all(t >= 0 for t in done["t"])
 
 
+def test_execute_gets_writable_inputs_of_its_own_that_change_nothing_else():
+    def respond(requests):
+        for request in requests:
+            request.inputs["IN"][:] += 100   # a model may change its inputs, as in Triton
+        return [InferenceResponse(outputs={"DOUBLE": r.inputs["IN"], "PLUS1": r.inputs["IN"]}) for r in requests]
+
+    instance = PerRequest(respond)
+    x1, x2, x3 = rows(1), rows(2, 10), rows(1, 50)
+    frames = batch_frames([{"rid": 1, "inputs": [fp32_input(x1)]},
+                           {"rid": 2, "inputs": [fp32_input(x2)], "batch_size": 2},
+                           {"rid": 3, "inputs": [fp32_input(x3)]}])
+    received = [bytes(frame) for frame in frames]
+    done, responses = parse_done(BatchExecutor(instance, config()).run(frames))
+    assert done["ok"] == [True, True, True]
+    for (_, arrays), x in zip(responses, (x1, x2, x3)):
+        np.testing.assert_array_equal(arrays["DOUBLE"], x + 100)   # each request its own rows, once
+    assert [bytes(frame) for frame in frames] == received          # the received messages are untouched
+
+
+def test_requests_of_other_non_batch_shapes_each_get_their_inputs_on_the_per_request_path():
+    cfg = config(BATCHING_CONFIG.replace("dims: [ 4 ] } ]", "dims: [ -1 ] } ]", 1))
+    instance = PerRequest()
+    x1, x2 = rows(1), np.arange(6, dtype=np.float32).reshape(1, 6)
+    done, responses = run(instance, [{"rid": 1, "inputs": [fp32_input(x1)]},
+                                     {"rid": 2, "inputs": [fp32_input(x2)]}], cfg)
+    assert done["ok"] == [True, True]
+    np.testing.assert_array_equal(responses[0][1]["PLUS1"], x1 + 1)
+    np.testing.assert_array_equal(responses[1][1]["PLUS1"], x2 + 1)
+
+
 def test_execute_can_fail_one_request():
     def respond(requests):
         return [InferenceResponse(error=InvalidArgument("no")) if r.request_id == "bad"

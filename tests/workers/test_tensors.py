@@ -8,7 +8,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tritium.workers.tensors import array_to_frame, deserialize_bytes, frame_to_array, serialize_bytes
+from tritium.protocol import INLINE_LIMIT
+from tritium.workers.tensors import array_to_frame, deserialize_bytes, frame_to_array, serialize_bytes, writable_rows
 from tritium.errors import InvalidArgument
 
 
@@ -140,8 +141,34 @@ def test_array_to_frame_for_every_fixed_size_dtype(dtype, datatype):
     assert name == datatype
     assert shape == [3, 4]
     assert bytes(frame) == array.astype(np.dtype(dtype).newbyteorder("<")).tobytes()
-    # A contiguous little-endian array is sent without a copy.
-    assert np.shares_memory(np.frombuffer(frame, dtype=np.uint8), array)
+
+
+def test_array_to_frame_shares_memory_only_of_arrays_too_large_to_go_inline():
+    large = np.arange(INLINE_LIMIT // 4, dtype=np.float32)
+    _, _, frame = array_to_frame(large, "o")
+    assert np.shares_memory(np.frombuffer(frame, dtype=np.uint8), large)   # sent without a copy
+    small = np.arange(8, dtype=np.float32)
+    _, _, frame = array_to_frame(small, "o")
+    small[0] = 5   # an inline frame is a copy: later changes to the array do not reach it
+    assert np.frombuffer(frame, dtype=np.float32)[0] == 0
+
+
+@pytest.mark.parametrize("length", [8, INLINE_LIMIT // 4])
+def test_array_to_frame_of_a_strided_array_is_in_c_order(length):
+    array = np.arange(length * 2, dtype=np.float32).reshape(2, length).T
+    _, shape, frame = array_to_frame(array, "o")
+    assert shape == [length, 2]
+    assert bytes(frame) == np.ascontiguousarray(array).tobytes()
+
+
+def test_writable_rows_cut_one_writable_copy_by_first_dimension():
+    buffers = [np.arange(n * 3, dtype=np.int32).tobytes() for n in (1, 2)]
+    views = [memoryview(b).toreadonly() for b in buffers]
+    first, second = writable_rows(views, "INT32", [[1, 3], [2, 3]], "x")
+    assert first.tolist() == [[0, 1, 2]] and second.tolist() == [[0, 1, 2], [3, 4, 5]]
+    first[0, 0] = 9   # writable, and only its own rows
+    assert first[0, 0] == 9 and second[0, 0] == 0
+    assert bytes(buffers[0])[:4] == b"\0\0\0\0"   # the received bytes are untouched
 
 
 def test_array_to_frame_bf16():

@@ -63,20 +63,11 @@ class TritonModelException(Exception):
         return str(self)
 
 
-def _as_array(value) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value
-    array = np.asarray(value)
-    if array.dtype.kind in "SU":
-        array = array.astype(np.object_)
-    return array
-
-
 class Tensor:
     def __init__(self, name, data):
         if not isinstance(name, str):
             raise TritonModelException(f"Tensor name must be a string, got {type(name).__name__}")
-        array = _as_array(data)
+        array = data if isinstance(data, np.ndarray) else np.asarray(data)
         if array.dtype.kind in "SU":
             array = array.astype(np.object_)
         if datatypes.from_numpy(array.dtype) is None:
@@ -84,6 +75,14 @@ class Tensor:
                 f"tensor '{name}' has numpy dtype {array.dtype}, which has no Triton datatype")
         self._name = name
         self._array = array
+
+    @classmethod
+    def _of(cls, name: str, array: np.ndarray) -> Tensor:
+        """A tensor of an array tritium made itself (a request's input): nothing to check."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        return tensor
 
     def name(self):
         return self._name
@@ -197,6 +196,24 @@ class InferenceRequest:
         self._parameters = _parameters_json(parameters)
         self._sender = None
         self._trace = trace   # a traced request's CallTrace; passed on, a BLS call joins its trace
+
+    @classmethod
+    def _received(cls, request_id: str, correlation_id, flags: int, inputs: list, requested_output_names: set,
+                  model_name: str, model_version: int, parameters: str, trace) -> InferenceRequest:
+        """A request given to ``execute``: built from what tritium already checked, once per request."""
+        request = cls.__new__(cls)
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._inputs = inputs
+        request._requested_output_names = requested_output_names
+        request._model_name = model_name
+        request._model_version = model_version
+        request._flags = flags
+        request._timeout = 0
+        request._parameters = parameters
+        request._sender = None
+        request._trace = trace
+        return request
 
     def inputs(self):
         return self._inputs

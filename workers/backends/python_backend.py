@@ -24,7 +24,7 @@ import numpy as np
 
 from tritium.errors import ErrorCode, InternalError, TritiumError, error_for_code
 from tritium.pb_utils import MODULE_DIR
-from tritium.pb_utils.types import runtime
+from tritium.pb_utils.types import InferenceRequest as PbRequest, InferenceResponse as PbResponse, Tensor, runtime
 from tritium.workers.bls import BlsClient
 from tritium.workers.backends.base import (
     Backend, InferenceRequest, InferenceResponse, Instance, InstanceContext, Model, ModelContext,
@@ -84,6 +84,7 @@ class PythonInstance(Instance):
         self.model = model.model_class()
         self.pb = pb_utils()
         self.output_names = [o.name for o in context.model.config.output]
+        self.decoupled = context.model.config.model_transaction_policy.decoupled
         self._loop: asyncio.AbstractEventLoop | None = None
         if context.broker and runtime.bls is None:
             runtime.bls = BlsClient(context.broker, f"{context.instance_id}/bls", context.curve)
@@ -118,11 +119,11 @@ class PythonInstance(Instance):
         pb_requests = [self._pb_request(r) for r in requests]
         try:
             result = self.model.execute(pb_requests)
-            if inspect.isawaitable(result):
+            if not isinstance(result, list) and inspect.isawaitable(result):
                 result = self.loop.run_until_complete(result)
         except Exception as exc:
             raise self._failure(exc) from exc
-        if self.context.model.config.model_transaction_policy.decoupled:
+        if self.decoupled:
             return []  # decoupled models answer through their response senders
         if not isinstance(result, (list, tuple)) or len(result) != len(requests):
             got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
@@ -140,20 +141,18 @@ class PythonInstance(Instance):
         return InternalError(f"Failed to process the request(s) for model '{self.context.name}', "
                              f"message: {type(exc).__name__}: {exc}" + (f"\n\nAt:\n{where}" if where else ""))
 
-    def _pb_request(self, request: InferenceRequest):
-        tensors = []
-        for name, array in request.inputs.items():
-            if not array.flags.writeable:  # Triton's inputs are writable; models may change them
-                array = array.copy()
-            tensors.append(self.pb.Tensor(name, array))
-        pb_request = self.pb.InferenceRequest(
-            request_id=request.request_id, correlation_id=request.correlation_id, flags=request.flags, inputs=tensors,
+    def _pb_request(self, request: InferenceRequest) -> PbRequest:
+        # Triton's inputs are writable (models may change them); a view of a received message is not.
+        tensors = [Tensor._of(name, array if array.flags.writeable else array.copy())
+                   for name, array in request.inputs.items()]
+        model = self.context.model
+        pb_request = PbRequest._received(
+            request.request_id, request.correlation_id, request.flags, tensors,
             # A set, as in Triton, holding every output when the client named none.
-            requested_output_names=set(request.requested_outputs if request.requested_outputs is not None
-                                       else self.output_names),
-            model_name=self.context.model.name, model_version=self.context.model.version,
-            parameters=json.dumps(request.parameters) if request.parameters else "{}",  # checked by the gateway
-            trace=request.trace)
+            set(request.requested_outputs if request.requested_outputs is not None else self.output_names),
+            model.name, model.version,
+            json.dumps(request.parameters) if request.parameters else "{}",  # checked by the gateway
+            request.trace)
         if request.response_sender is not None:
             send = request.response_sender
             pb_request._sender = self.pb.InferenceResponseSender(
@@ -161,12 +160,12 @@ class PythonInstance(Instance):
         return pb_request
 
     def _response(self, response) -> InferenceResponse:
-        if not isinstance(response, self.pb.InferenceResponse):
+        if not isinstance(response, PbResponse):
             return InferenceResponse(error=InternalError(
                 f"model '{self.context.model.name}' returned {type(response).__name__} instead of "
                 "a pb_utils.InferenceResponse"))
         text = response.parameters()
-        parameters = json.loads(text) if text and text != "{}" else {}
+        parameters = json.loads(text) if text != "{}" and text else {}
         if response.has_error():
             error = response.error()
             return InferenceResponse(error=error_for_code(_CODES.get(error.code(), ErrorCode.INTERNAL),
