@@ -95,8 +95,9 @@ def run_serve(repository: Path, *extra_args: str, timeout_s: float = 60.0) -> su
     return subprocess.run(command, capture_output=True, timeout=timeout_s, env=env)
 
 
-def instance_processes() -> list[dict]:
-    """Every running tritium instance process: pid, argv and environment (read from /proc)."""
+def instance_processes(server: TritiumServer | None = None) -> list[dict]:
+    """Every running tritium instance process (those of ``server`` only, when given): pid, argv
+    and environment (read from /proc). Other tests' servers may run on the same machine."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -109,6 +110,12 @@ def instance_processes() -> list[dict]:
         except OSError:
             continue
         env = dict(item.decode(errors="replace").split("=", 1) for item in raw_env if b"=" in item)
-        ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) if (entry / "stat").exists() else 0
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ppid, session = int(fields[1]), int(fields[3])
+        if server is not None and session != server.process.pid:   # serve starts a session of its own
+            continue
         found.append({"pid": int(entry.name), "ppid": ppid, "argv": [a.decode() for a in argv if a], "env": env})
     return found

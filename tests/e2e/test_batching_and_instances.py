@@ -61,12 +61,12 @@ def test_concurrent_requests_are_batched_and_answered_each_with_its_own_result(s
     assert stats["inference_stats"]["queue"]["ns"] > 0  # requests waited for company
 
 
-def _instances_of(model):
-    return [p for p in instance_processes() if p["env"].get("TRITIUM_MODEL") == f"{model}/1"]
+def _instances_of(server, model):
+    return [p for p in instance_processes(server) if p["env"].get("TRITIUM_MODEL") == f"{model}/1"]
 
 
 def test_each_instance_process_is_pinned_to_its_gpu_or_cpu(server):
-    pinned = _instances_of("pinned")
+    pinned = _instances_of(server, "pinned")
     placements = sorted((p["env"]["TRITIUM_INSTANCE_NAME"], p["env"].get("CUDA_VISIBLE_DEVICES"),
                          p["argv"][-1].split("/")[-2]) for p in pinned)
     assert placements == [
@@ -81,7 +81,7 @@ def test_each_instance_process_is_pinned_to_its_gpu_or_cpu(server):
 
 
 def test_a_request_whose_instance_is_killed_runs_again_on_the_restarted_instance(server):
-    (victim,) = _instances_of("slow")
+    (victim,) = _instances_of(server, "slow")
     x = np.ones((1, 64), dtype=np.float32)
     outcome = {}
 
@@ -99,7 +99,7 @@ def test_a_request_whose_instance_is_killed_runs_again_on_the_restarted_instance
     assert "result" in outcome, f"the request must run again, not fail: {outcome.get('error')}"
     assert outcome["result"].as_numpy("OUTPUT0").shape == (1, 64)
     assert np.isfinite(outcome["result"].as_numpy("OUTPUT0")).all()
-    (replacement,) = _instances_of("slow")
+    (replacement,) = _instances_of(server, "slow")
     assert replacement["pid"] != victim["pid"], "the agent must restart the instance"
     assert ("instance slow_0_0 of model slow version 1 was killed by signal 9; running its 1 request(s) "
             "again elsewhere") in server.logs()

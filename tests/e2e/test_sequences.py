@@ -343,7 +343,7 @@ def test_a_lost_instance_fails_its_sequences_with_503_and_forgets_them(server, h
     runner = threading.Thread(target=slow_step)
     runner.start()
     time.sleep(1.0)
-    pids = [p["pid"] for p in instance_processes() if p["env"].get("TRITIUM_MODEL") == "py_crash/1"]
+    pids = [p["pid"] for p in instance_processes(server) if p["env"].get("TRITIUM_MODEL") == "py_crash/1"]
     assert len(pids) == 1
     os.kill(pids[0], signal.SIGKILL)
     runner.join(timeout=30)

@@ -86,7 +86,7 @@ def test_an_instance_that_cannot_initialize_is_not_restarted(tolerant_server):
     # Longer than the first restart backoff (1 s): no process for the model comes back.
     deadline = time.monotonic() + 2.5
     while time.monotonic() < deadline:
-        assert not [p for p in instance_processes() if p["env"].get("TRITIUM_MODEL") == "bad_file/1"
+        assert not [p for p in instance_processes(tolerant_server) if p["env"].get("TRITIUM_MODEL") == "bad_file/1"
                     and time.monotonic() > deadline - 2.0]
         time.sleep(0.1)
     assert tolerant_server.logs().count("started instance bad_file_0_0") == 1
