@@ -29,9 +29,18 @@ from tritium.protocol import (
     PROTOCOL_VERSION,
     RECONNECT_IVL_MAX_MS,
     RECONNECT_IVL_MS,
+    Control,
+    ControlReply,
+    Heartbeat,
+    Hello,
+    Infer,
     Kind,
+    LogSettings,
+    Models,
+    Refused,
+    Response,
+    Role,
     decode,
-    encode,
 )
 from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
@@ -44,7 +53,7 @@ _POLLIN = int(zmq.POLLIN)
 
 
 class Reply(NamedTuple):
-    header: dict
+    message: Response | ControlReply
     record: memoryview     # the whole record the header came in
     offset: int            # where its inline tensors start
     external: list         # its external frames
@@ -106,8 +115,7 @@ class BrokerLink:
 
     async def start(self, timeout_s: float | None = None) -> None:
         """Say hello and wait for the first model table."""
-        self._post(encode({"k": Kind.HELLO, "role": "gateway", "pv": PROTOCOL_VERSION,
-                           "hb": self.heartbeat_interval_s}))
+        self._post(Hello(Role.GATEWAY, PROTOCOL_VERSION, heartbeat_s=self.heartbeat_interval_s).encode())
         await asyncio.wait_for(self._models_received.wait(), timeout_s)
 
     def close(self) -> None:
@@ -133,8 +141,8 @@ class BrokerLink:
 
     def _beat(self) -> None:
         self._beat_handle = self.loop.call_later(self.heartbeat_interval_s, self._beat)
-        self._post(encode({"k": Kind.HEARTBEAT, "role": "gateway", "pv": PROTOCOL_VERSION,
-                           "hb": self.heartbeat_interval_s}))
+        self._post(Heartbeat(heartbeat_s=self.heartbeat_interval_s, role=Role.GATEWAY,
+                             protocol_version=PROTOCOL_VERSION).encode())
         silent_s = self.loop.time() - self._last_heard
         if not self.broker_lost and silent_s > max(self.heartbeat_interval_s, self._broker_interval) * MISSED_HEARTBEATS:
             self.broker_lost = True
@@ -145,21 +153,25 @@ class BrokerLink:
     def lost_error(self) -> Unavailable:
         return Unavailable(f"lost contact with the broker at {self.address}; the request was not answered")
 
-    def _heard_broker(self, header: dict) -> None:
-        boot = header.get("boot")
+    def _heard_broker(self, beat: Heartbeat) -> None:
+        boot = beat.boot
         if self.broker_boot is not None and boot != self.broker_boot:
             log.warning("the broker restarted; failing %d request(s) the previous one held", self.waiting)
             self._fail_waiting(Unavailable(f"the broker at {self.address} restarted; the request was lost"))
         self.broker_boot = boot
-        self._broker_interval = header.get("hb", 0.0)
+        self._broker_interval = beat.heartbeat_s or 0.0
 
-    def request(self, header: dict, inline=(), external=()) -> asyncio.Future:
-        """Send INFER or CONTROL; the future resolves to the broker's Reply."""
+    def next_rid(self) -> int:
+        """The number of a new request (INFER or CONTROL): its answer comes back with it."""
+        return next(self._rids)
+
+    def request(self, request: Infer | Control, inline=(), external=()) -> asyncio.Future:
+        """Send INFER or CONTROL (numbered by ``next_rid``); the future resolves to the broker's Reply."""
         future = self.loop.create_future()
-        self.request_then(header, inline, external, partial(_settle, future))
+        self.request_then(request, inline, external, partial(_settle, future))
         return future
 
-    def request_then(self, header: dict, inline, external, deliver: Deliver) -> None:
+    def request_then(self, request: Infer | Control, inline, external, deliver: Deliver) -> None:
         """Send INFER or CONTROL; ``deliver`` is called once, with the Reply or an error.
 
         The inference hot path: no future and no task per request, the answer is handled
@@ -168,24 +180,21 @@ class BrokerLink:
         if self.broker_lost:
             deliver(self.lost_error())
             return
-        self._pending[self._send_request(header, inline, external)] = deliver
+        self._pending[self._send_request(request, inline, external)] = deliver
 
-    def request_stream(self, header: dict, inline=(), external=()) -> asyncio.Queue:
+    def request_stream(self, request: Infer, inline=(), external=()) -> asyncio.Queue:
         """Send an INFER whose answers (0..N, the last with ``final``) arrive on the queue."""
         answers: asyncio.Queue = asyncio.Queue()
         if self.broker_lost:
             answers.put_nowait(self.lost_error())
             return answers
-        self._streams[self._send_request(header, inline, external)] = answers
+        self._streams[self._send_request(request, inline, external)] = answers
         return answers
 
-    def _send_request(self, header: dict, inline, external) -> int:
-        """Number the request, queue it for this turn's send; return its rid."""
-        rid = header["rid"] = next(self._rids)
-        if external:
-            header["x"] = len(external)
-        self._post(encode(header, inline), external)
-        return rid
+    def _send_request(self, request: Infer | Control, inline, external) -> int:
+        """Queue the request for this turn's send; return its rid."""
+        self._post(request.encode(inline), external)
+        return request.rid
 
     def _post(self, record: bytes, external=()) -> None:
         if not self._outbox:
@@ -228,27 +237,33 @@ class BrokerLink:
             external = parts[position + 1:position + 1 + external_count]
             position += 1 + external_count
             kind = header["k"]
-            if kind == Kind.RESPONSE or kind == Kind.CONTROL_REPLY:
-                rid = header.get("rid")
-                queue = self._streams.get(rid)
+            if kind == Kind.RESPONSE:
+                answer = Response.from_wire(header)
+                queue = self._streams.get(answer.rid)
                 if queue is not None:
-                    if header.get("final", True):
-                        del self._streams[rid]
-                    queue.put_nowait(Reply(header, record, offset, external))
+                    if answer.final is not False:
+                        del self._streams[answer.rid]
+                    queue.put_nowait(Reply(answer, record, offset, external))
                     continue
-                deliver = self._pending.pop(rid, None)
-                if deliver is not None:
-                    _call(deliver, Reply(header, record, offset, external))
+                self._answered(Reply(answer, record, offset, external))
+            elif kind == Kind.CONTROL_REPLY:
+                self._answered(Reply(ControlReply.from_wire(header), record, offset, external))
             elif kind == Kind.HEARTBEAT:
-                self._heard_broker(header)
+                self._heard_broker(Heartbeat.from_wire(header))
             elif kind == Kind.MODELS:
-                self.models.update(header)
-                self.shared_memory.apply(header.get("shm", ()))
+                table = Models.from_wire(header)
+                self.models.update(table)
+                self.shared_memory.apply(table.shared_memory)
                 self._models_received.set()
             elif kind == Kind.LOG_SETTINGS:
-                logs.apply_wire(header["settings"])
+                logs.apply_wire(LogSettings.from_wire(header).settings)
             elif kind == Kind.REFUSED:
-                log.error("the broker refused this gateway: %s", header.get("reason"))
+                log.error("the broker refused this gateway: %s", Refused.from_wire(header).reason)
+
+    def _answered(self, reply: Reply) -> None:
+        deliver = self._pending.pop(reply.message.rid, None)
+        if deliver is not None:
+            _call(deliver, reply)
 
 
 def _call(deliver: Deliver, outcome: "Reply | TritiumError") -> None:

@@ -20,7 +20,7 @@ from gateway.broker_link import BrokerLink
 from gateway.dataplane import DataPlane
 from gateway.http_api import HttpApp
 from gateway.http_server import HttpRequest
-from tritium.protocol import Kind, decode, encode
+from tritium.protocol import Heartbeat, Kind, ModelRow, Models, Response, VersionRow, decode
 from tritium.zmqio import recv_parts, send_parts
 
 HEARTBEAT_S = 0.1
@@ -55,10 +55,8 @@ class ScriptedBroker:
                     records.append((peer, header, raw))
 
     def hello(self, peer: bytes) -> None:
-        table = {"k": Kind.MODELS, "generation": 1, "ready": True, "shm": [],
-                 "models": [{"name": "m", "error": None, "config": CONFIG, "labels": None,
-                             "versions": [[1, "READY", "", True]]}]}
-        self.send(peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot, "hb": HEARTBEAT_S}), encode(table))
+        table = Models(1, (ModelRow("m", None, (VersionRow(1, "READY", "", True),), CONFIG, None),), True, ())
+        self.send(peer, Heartbeat(self.boot, HEARTBEAT_S).encode(), table.encode())
 
     def send(self, peer: bytes, *records: bytes) -> None:
         send_parts(self.sock, [peer, *records])
@@ -66,8 +64,8 @@ class ScriptedBroker:
     def answer(self, peer: bytes, header: dict, raw: bytes, scale: float = 2.0) -> bytes:
         """The RESPONSE record for an INFER: Y = X * scale."""
         x = np.frombuffer(raw[-16:], np.float32)
-        return encode({"k": Kind.RESPONSE, "rid": header["rid"], "outputs": [["Y", "FP32", [1, 4], 16, False]]},
-                      [(x * scale).astype(np.float32).tobytes()])
+        return Response(header["rid"], [["Y", "FP32", [1, 4], 16, False]]).encode(
+            [(x * scale).astype(np.float32).tobytes()])
 
 
 @pytest.fixture
@@ -191,7 +189,7 @@ def test_a_restarted_broker_fails_what_the_old_one_held_and_serves_again(gateway
         while not any(h["k"] == Kind.INFER for _, h, _ in broker.pump()):
             await asyncio.sleep(0.002)
         broker.boot = 2   # a new broker process: it says so in its next heartbeat
-        broker.send(link.identity.encode(), encode({"k": Kind.HEARTBEAT, "boot": 2, "hb": HEARTBEAT_S}))
+        broker.send(link.identity.encode(), Heartbeat(2, HEARTBEAT_S).encode())
         first = await asyncio.wait_for(held, 2)
         fresh = http_infer(app, [3, 3, 3, 3])
         await serve_until(broker, [fresh])
