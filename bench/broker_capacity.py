@@ -34,11 +34,10 @@ from tritium.protocol import (
     Heartbeat,
     Hello,
     Infer,
-    Kind,
     Placed,
     Response,
     Role,
-    decode,
+    read_record,
 )
 from tritium.zmqio import recv_parts, send_parts
 
@@ -113,15 +112,14 @@ class Fleet:
                 self._handle(sock, parts)
 
     def _handle(self, sock: zmq.Socket, parts: list) -> None:
-        header = decode(parts[0])[0]
-        kind = header["k"]
-        if kind == Kind.HEARTBEAT and self.boot is None:
-            self.boot = Heartbeat.from_wire(header).boot
-        elif kind == Kind.ASSIGN:
-            self._place(sock, Assign.from_wire(header).models)
-        elif kind == Kind.BATCH:
-            self._execute(sock, Batch.from_wire(header), parts[1:])
-        elif kind == Kind.RESPONSE:
+        message = read_record(parts[0])[0]
+        if isinstance(message, Heartbeat) and self.boot is None:
+            self.boot = message.boot
+        elif isinstance(message, Assign):
+            self._place(sock, message.models)
+        elif isinstance(message, Batch):
+            self._execute(sock, message, parts[1:])
+        elif isinstance(message, Response):
             self._answered(sock, parts)
 
     def _place(self, agent: zmq.Socket, models: tuple) -> None:
@@ -135,10 +133,10 @@ class Fleet:
                 self.instances[sock] = iid
                 send_parts(sock, [Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=1.0, agent=agent_id,
                                         model=model.model, version=model.version, epoch=model.epoch, name=name,
-                                        boot=self.boot, credit=2, kind="CPU").encode()])
+                                        boot=self.boot, credit=2, instance_kind="CPU").encode()])
 
     def _execute(self, instance: zmq.Socket, batch: Batch, records: list) -> None:
-        responses = [Response(Infer.from_wire(decode(r)[0]).rid, [["Y", "FP32", [1, 4], 16, False]]).encode([b"\0" * 16])
+        responses = [Response(read_record(r)[0].rid, [["Y", "FP32", [1, 4], 16, False]]).encode([b"\0" * 16])
                      for r in records]
         done = BatchDone(batch.number, [True] * len(responses), [0] * len(responses), [0, 1000, 0])
         send_parts(instance, [done.encode(), *responses])
@@ -146,10 +144,10 @@ class Fleet:
     def _answered(self, gateway: zmq.Socket, parts: list) -> None:
         again = []
         for part in parts:
-            header = decode(part)[0]
-            if header["k"] != Kind.RESPONSE:
+            message = read_record(part)[0]
+            if not isinstance(message, Response):
                 continue
-            if Response.from_wire(header).error is not None:
+            if message.error is not None:
                 self.errors += 1
             else:
                 self.answered += 1

@@ -34,13 +34,12 @@ from tritium.protocol import (
     Heartbeat,
     Hello,
     Infer,
-    Kind,
     LogSettings,
     Models,
     Refused,
     Response,
     Role,
-    decode,
+    read_record,
 )
 from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
@@ -232,33 +231,30 @@ class BrokerLink:
     def _dispatch(self, parts: list) -> None:
         position = 0
         while position < len(parts):
-            header, record, offset = decode(parts[position])
-            external_count = header.get("x", 0)
-            external = parts[position + 1:position + 1 + external_count]
-            position += 1 + external_count
-            kind = header["k"]
-            if kind == Kind.RESPONSE:
-                answer = Response.from_wire(header)
-                queue = self._streams.get(answer.rid)
+            message, record, offset = read_record(parts[position])
+            external = parts[position + 1:position + 1 + message.external]
+            position += 1 + message.external
+            kind = type(message)
+            if kind is Response:
+                queue = self._streams.get(message.rid)
                 if queue is not None:
-                    if answer.final is not False:
-                        del self._streams[answer.rid]
-                    queue.put_nowait(Reply(answer, record, offset, external))
+                    if message.final is not False:
+                        del self._streams[message.rid]
+                    queue.put_nowait(Reply(message, record, offset, external))
                     continue
-                self._answered(Reply(answer, record, offset, external))
-            elif kind == Kind.CONTROL_REPLY:
-                self._answered(Reply(ControlReply.from_wire(header), record, offset, external))
-            elif kind == Kind.HEARTBEAT:
-                self._heard_broker(Heartbeat.from_wire(header))
-            elif kind == Kind.MODELS:
-                table = Models.from_wire(header)
-                self.models.update(table)
-                self.shared_memory.apply(table.shared_memory)
+                self._answered(Reply(message, record, offset, external))
+            elif kind is ControlReply:
+                self._answered(Reply(message, record, offset, external))
+            elif kind is Heartbeat:
+                self._heard_broker(message)
+            elif kind is Models:
+                self.models.update(message)
+                self.shared_memory.apply(message.shared_memory)
                 self._models_received.set()
-            elif kind == Kind.LOG_SETTINGS:
-                logs.apply_wire(LogSettings.from_wire(header).settings)
-            elif kind == Kind.REFUSED:
-                log.error("the broker refused this gateway: %s", Refused.from_wire(header).reason)
+            elif kind is LogSettings:
+                logs.apply_wire(message.settings)
+            elif kind is Refused:
+                log.error("the broker refused this gateway: %s", message.reason)
 
     def _answered(self, reply: Reply) -> None:
         deliver = self._pending.pop(reply.message.rid, None)

@@ -26,7 +26,7 @@ import zmq
 
 from tritium.exit_codes import ExitCode
 from tritium.ports import PortInUse, check_free
-from tritium.protocol import Control, ControlOp, ControlReply, Kind, decode
+from tritium.protocol import Control, ControlOp, ControlReply, read_record
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +162,8 @@ class Supervisor:
             while not stop and self._dead_child() is None:
                 sock.send(Control(1, ControlOp.STATUS).encode())
                 if sock.poll(1000):
-                    header, _, _ = decode(sock.recv())
-                    status = ControlReply.from_wire(header).result if header["k"] == Kind.CONTROL_REPLY else None
+                    reply, _, _ = read_record(sock.recv())
+                    status = reply.result if isinstance(reply, ControlReply) else None
                     if status and status["loading_done"]:
                         return status
                     time.sleep(0.05)

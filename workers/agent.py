@@ -42,19 +42,20 @@ from tritium.protocol import (
     Assign,
     Assignment,
     Drain,
+    Drained,
     Heartbeat,
     Hello,
     HostMetrics,
     InstanceExited,
-    Kind,
     LogSettings,
     Placed,
     Refused,
+    Reset,
     Role,
     RunningInstance,
     Scale,
     Unassign,
-    decode,
+    read_record,
 )
 from tritium.security import CurveKeys, secure_client
 from tritium.signals import SignalWaker
@@ -210,7 +211,7 @@ class HostAgent:
         try:
             self.sock.send(message.encode(), zmq.NOBLOCK)
         except zmq.Again:
-            log.debug("broker unreachable; dropped a %s", message.KIND.name)
+            log.debug("broker unreachable; dropped a %s", message.kind.name)
 
     def _keep_alive(self) -> None:
         """Heartbeat to the broker; notice when it has gone silent."""
@@ -243,46 +244,43 @@ class HostAgent:
     def _drain(self) -> None:
         while True:
             try:
-                header, _, _ = decode(self.sock.recv(zmq.NOBLOCK))
+                message, _, _ = read_record(self.sock.recv(zmq.NOBLOCK))
             except zmq.Again:
                 return
             self._last_heard = time.monotonic()
             if self._broker_lost:
                 self._broker_lost = False
                 log.info("the broker at %s answers again", self.settings.broker)
-            kind = header["k"]
-            if kind == Kind.ASSIGN:
-                assign = Assign.from_wire(header)
-                for assignment in assign.models:
+            kind = type(message)
+            if kind is Assign:
+                for assignment in message.models:
                     self._assign(assignment)
-                for scaled in assign.scale:
-                    self._assign(scaled.assignment, count=int(scaled.count))
-                if assign.complete:
+                for scaled in message.scale:
+                    self._assign(scaled.assignment, count=scaled.count)
+                if message.complete:
                     self._stop_unadopted()
-            elif kind == Kind.SCALE:
-                scale = Scale.from_wire(header)
-                self._assign(scale.assignment, count=int(scale.count), stop=tuple(scale.stop))
-            elif kind == Kind.UNASSIGN:
-                for load in Unassign.from_wire(header).models:
+            elif kind is Scale:
+                self._assign(message.assignment, count=message.count, stop=message.stop)
+            elif kind is Unassign:
+                for load in message.models:
                     self._unassign(load.epoch)
-            elif kind == Kind.HEARTBEAT:
-                beat = Heartbeat.from_wire(header)
-                if self._broker_boot is not None and beat.boot != self._broker_boot:
+            elif kind is Heartbeat:
+                if self._broker_boot is not None and message.boot != self._broker_boot:
                     self._register_again("the broker restarted")
-                self._broker_boot = beat.boot
-                self._broker_interval = beat.heartbeat_s or 0.0
-            elif kind == Kind.RESET:
+                self._broker_boot = message.boot
+                self._broker_interval = message.heartbeat_s or 0.0
+            elif kind is Reset:
                 # RESETs queued before this host's last HELLO was answered are stale.
                 if self._broker_boot is not None:
                     self._register_again("the broker does not know this host")
-            elif kind == Kind.DRAINED:
+            elif kind is Drained:
                 log.info("the broker moved all work away from this host")
                 self._running = False
-            elif kind == Kind.LOG_SETTINGS:
-                self._log_settings = LogSettings.from_wire(header).settings   # instances started from now on too
+            elif kind is LogSettings:
+                self._log_settings = message.settings   # instances started from now on log so too
                 logs.apply_wire(self._log_settings)
-            elif kind == Kind.REFUSED:
-                log.error("the broker refused this agent: %s", Refused.from_wire(header).reason)
+            elif kind is Refused:
+                log.error("the broker refused this agent: %s", message.reason)
                 self._running = False
                 self._exit_code = ExitCode.PROTOCOL_MISMATCH
                 return

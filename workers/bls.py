@@ -19,7 +19,7 @@ import zmq
 
 from tritium.errors import ErrorCode
 from tritium.pb_utils import types as pb
-from tritium.protocol import Infer, Response, decode, pack_tensors, tensor_views
+from tritium.protocol import Infer, Response, pack_tensors, read_record, tensor_views
 from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
 from workers.tensors import array_to_frame, frame_to_array
@@ -73,8 +73,7 @@ class BlsClient:
                 parts = recv_parts(self.sock)
             except zmq.Again:
                 return
-            header, record, offset = decode(parts[0])
-            response = Response.from_wire(header)
+            response, record, offset = read_record(parts[0])
             rid = response.rid
             if rid not in self._replies:
                 continue  # an answer nobody waits for any more

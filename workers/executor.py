@@ -25,7 +25,7 @@ from tritonclient.grpc import model_config_pb2
 from repo import ModelConfig
 from tritium import datatypes
 from tritium.errors import InternalError, InvalidArgument, TritiumError
-from tritium.protocol import Batch, BatchDone, Infer, Response, ResponsePart, decode, pack_tensors, tensor_views
+from tritium.protocol import Batch, BatchDone, Infer, Response, ResponsePart, pack_tensors, read_record, tensor_views
 from workers.backends.base import InferenceRequest, InferenceResponse, Instance
 from workers.sequence_state import SequenceInputs
 from workers.tensors import array_to_frame, check_tensor_size, frame_to_array
@@ -69,7 +69,7 @@ class BatchExecutor:
     def run(self, frames: list) -> list:
         """Execute the batch in ``frames`` (BATCH record first); return the BATCH_DONE parts."""
         t0 = time.monotonic_ns()
-        batch_header = Batch.from_wire(decode(frames[0])[0])
+        batch_header, _, _ = read_record(frames[0])
         items = self._decode_all(frames, batch_header.count)
         batch = items if self.sequences is None else self._with_sequences(batch_header, items)
         if self.decoupled:
@@ -99,8 +99,7 @@ class BatchExecutor:
     def _decode_all(self, frames: list, count: int) -> list[_Item]:
         items, position = [], 1
         for _ in range(count):
-            header, record, offset = decode(frames[position])
-            infer = Infer.from_wire(header)
+            infer, record, offset = read_record(frames[position])
             external = frames[position + 1:position + 1 + infer.external]
             position += 1 + infer.external
             item = _Item(infer.rid, infer)

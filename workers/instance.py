@@ -29,16 +29,16 @@ from tritium.gctune import tune_for_serving
 from tritium.exit_codes import ExitCode
 from tritium.protocol import (
     PROTOCOL_VERSION,
+    Batch,
     Heartbeat,
     Hello,
     InstanceFailed,
     InstanceHealth,
-    Kind,
     LogSettings,
     Refused,
     Reset,
     Role,
-    decode,
+    read_record,
 )
 from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
@@ -221,7 +221,7 @@ def main() -> None:
     def hello() -> None:
         sock.send(Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=spec.get("heartbeat_interval_s", 1.0),
                         agent=spec["agent"], model=spec["model"], version=spec["version"], epoch=load["epoch"],
-                        boot=load["boot"], name=spec["key"], kind=spec.get("kind", "CPU"),
+                        boot=load["boot"], name=spec["key"], instance_kind=spec.get("kind", "CPU"),
                         credit=spec.get("credit", 2)).encode())
 
     def rejoin(reset: Reset) -> None:
@@ -269,17 +269,17 @@ def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: 
                 frames = recv_parts(sock)
             except zmq.Again:
                 break
-            header, _, _ = decode(frames[0])
-            kind = header["k"]
-            if kind == Kind.BATCH:
+            message, _, _ = read_record(frames[0])
+            kind = type(message)
+            if kind is Batch:
                 send_parts(sock, executor.run(frames))
-            elif kind == Kind.LOG_SETTINGS:
-                logs.apply_wire(LogSettings.from_wire(header).settings)
-            elif kind == Kind.REFUSED:
-                log.error("broker refused this instance: %s", Refused.from_wire(header).reason)
+            elif kind is LogSettings:
+                logs.apply_wire(message.settings)
+            elif kind is Refused:
+                log.error("broker refused this instance: %s", message.reason)
                 sys.exit(ExitCode.PROTOCOL_MISMATCH)
-            elif kind == Kind.RESET:
-                reset = Reset.from_wire(header)
+            elif kind is Reset:
+                reset = message
                 if reset.epoch is None:
                     log.error("the broker no longer knows this instance; exiting so that the agent restarts it")
                     sys.exit(ExitCode.ERROR)

@@ -25,11 +25,11 @@ the slot count.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
@@ -155,8 +155,8 @@ class SequenceInputs:
         for name, datatype, shape, tensor in [*self._control_tensors(0, 0, False), *self._state_tensors(states)]:
             descriptors.append([name, datatype, shape, len(tensor), False])
             data.append(tensor)
-        null = dataclasses.replace(request, inputs=descriptors, request_id=None, outputs=None, sequence_id=None,
-                                   sequence_flags=0)
+        null = msgspec.structs.replace(request, inputs=descriptors, request_id=None, outputs=None, sequence_id=None,
+                                       sequence_flags=0)
         return null, data
 
     @staticmethod

@@ -18,7 +18,7 @@ from tritonclient.grpc import model_config_pb2
 from repo import ModelConfig
 from tritium.datatypes import DataType, from_config_name, pack_bytes
 from tritium.errors import InternalError
-from tritium.protocol import Batch, BatchDone, Infer, decode, pack_tensors
+from tritium.protocol import Batch, Infer, pack_tensors, read_record
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def warm_up(executor, config: ModelConfig, model_dir: Path) -> int:
     for sample in config.model_warmup:
         frames = _sample_frames(config, model_dir, sample)
         for _ in range(max(1, sample.count)):
-            done = BatchDone.from_wire(decode(executor.run(list(frames))[0])[0])
+            done, _, _ = read_record(executor.run(list(frames))[0])
             if not all(done.ok):
                 raise InternalError(f"warmup sample '{sample.name}' of model '{config.name}' failed")
             executions += 1

@@ -17,7 +17,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tritium.errors import ErrorCode, InvalidArgument
-from tritium.protocol import INLINE_LIMIT, Batch, BatchDone, Infer, Response, decode, pack_tensors, tensor_views
+from tritium.protocol import INLINE_LIMIT, Batch, BatchDone, Infer, Response, pack_tensors, read_record, tensor_views
 from workers.backends.base import InferenceRequest, InferenceResponse, Instance
 from workers.executor import BatchExecutor
 
@@ -105,11 +105,10 @@ def rows(batch_size, start=0.0):
 
 def parse_done(parts: list):
     """(BatchDone, [(Response, {name: array or BYTES bytes}) per request])."""
-    done = BatchDone.from_wire(decode(parts[0])[0])
+    done, _, _ = read_record(parts[0])
     responses, position = [], 1
     for count in done.response_frames:
-        wire, record, offset = decode(parts[position])
-        header = Response.from_wire(wire)
+        header, record, offset = read_record(parts[position])
         assert header.external == count
         external = parts[position + 1:position + 1 + count]
         position += 1 + count

@@ -32,9 +32,10 @@ from tritium.protocol.framing import (  # noqa: F401  (re-exported)
     ProtocolError,
     decode,
     encode,
+    frame_record,
     pack_tensors,
     record_body,
+    split_record,
     tensor_views,
 )
 from tritium.protocol.messages import *  # noqa: F401,F403  (every message type; see messages.__all__)
-from tritium.protocol.messages import error_record  # noqa: F401

@@ -103,19 +103,18 @@ _packer = msgpack.Packer(use_bin_type=True)
 
 def encode(header: dict[str, Any], inline: Iterable = ()) -> bytes:
     """One record: the header, then the inline tensor bytes."""
-    packed = _packer.pack(header)
-    return b"".join([_PREFIX.pack(len(packed)), packed, *inline])
+    return frame_record(_packer.pack(header), inline)
+
+
+def frame_record(packed_header: bytes, inline: Iterable = ()) -> bytes:
+    """One record of a header already packed as msgpack, then the inline tensor bytes."""
+    return b"".join([_PREFIX.pack(len(packed_header)), packed_header, *inline])
 
 
 def decode(frame) -> tuple[dict[str, Any], memoryview, int]:
-    """(header, the record's bytes, offset of its first inline tensor); ProtocolError if malformed."""
-    view = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
-    if len(view) < 4:
-        raise ProtocolError("record shorter than its length prefix")
-    (length,) = _PREFIX.unpack_from(view, 0)
-    end = 4 + length
-    if end > len(view):
-        raise ProtocolError(f"record header of {length} bytes overruns the {len(view)}-byte frame")
+    """(header as a dict, the record's bytes, offset of its first inline tensor); ProtocolError if malformed.
+    Readers of one kind's fields use ``messages.read_record``, which gives the typed header."""
+    view, end = split_record(frame)
     try:
         header = msgpack.unpackb(view[4:end], raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
@@ -123,6 +122,19 @@ def decode(frame) -> tuple[dict[str, Any], memoryview, int]:
     if not isinstance(header, dict) or header.get("k") not in _KINDS:
         raise ProtocolError(f"record header without a known kind: {str(header)[:80]}")
     return header, view, end
+
+
+def split_record(frame) -> tuple[memoryview, int]:
+    """(the record's bytes, where its header ends and its first inline tensor starts); ProtocolError
+    if the length prefix does not fit the frame."""
+    view = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
+    if len(view) < 4:
+        raise ProtocolError("record shorter than its length prefix")
+    (length,) = _PREFIX.unpack_from(view, 0)
+    end = 4 + length
+    if end > len(view):
+        raise ProtocolError(f"record header of {length} bytes overruns the {len(view)}-byte frame")
+    return view, end
 
 
 def record_body(frame) -> tuple[memoryview, int]:

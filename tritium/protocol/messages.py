@@ -1,63 +1,108 @@
 """Every message kind of the wire protocol as a type: the one place a wire header is built or read.
 
-Each kind is a frozen, slotted dataclass (see ``tritium.protocol.declare``); ``to_wire()`` gives the
-compact msgpack header with short keys, ``from_wire(header)`` reads one back, ``encode(inline)``
-gives the record. Senders build these types and receivers read them; ``read(header)`` gives the
-type of any decoded header. docs/architecture.md's protocol table is generated from them
+Each kind is a frozen ``msgspec.Struct`` whose fields name their short wire key
+(``field(name="m")``) and say what they are (``Meta(description=...)``, which the docs table
+shows). The header's ``k`` is the struct's tag. ``encode(inline)`` gives the record (msgspec packs
+the header: cheaper than building a dict for msgpack), ``from_wire(header)`` reads a decoded
+header back, validated (a malformed one raises ``ProtocolError``), and ``read(header)`` gives the
+type of any decoded header. docs/architecture.md's protocol tables are generated from these types
 (``python -m tritium.protocol`` prints them), so the two cannot disagree.
 
-Adding an optional field to a kind is one line in its class: a field with a default is left off
-the wire while it holds that default (so older peers never see it), and reads back as the default
-when absent.
+Adding an optional field to a kind is one line in its class, e.g. on ``Infer``::
+
+    trace: Annotated[int, doc("trace flags")] = field(default=0, name="tf")
+
+A field at its default is left off the wire (``omit_defaults``), so peers that do not know it
+never see it, and it reads back as the default when absent.
 """
 
 from __future__ import annotations
 
 import enum
+import typing
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any
 
-from tritium.errors import TritiumError
-from tritium.protocol.declare import TUPLE, Codec, compile_wire_type, lenient_enum, nested, on_wire, record
-from tritium.protocol.framing import Kind, encode
+import msgspec
+from msgspec import Meta, field
+
+from tritium.errors import ProtocolError, TritiumError
+from tritium.protocol.framing import Kind, frame_record, split_record
 
 __all__ = [
-    "MESSAGES", "read", "error_record", "ControlOp", "Role",
+    "MESSAGES", "read", "read_record", "error_record", "Message", "ControlOp", "Role",
     "RunningInstance", "Assignment", "ScaledAssignment", "LoadRef", "VersionRow", "ModelRow", "SharedMemoryRegion",
     "Hello", "Refused", "Reset", "Heartbeat", "Infer", "Response", "Batch", "BatchDone", "ResponsePart",
     "Control", "ControlReply", "Models", "LogSettings", "Assign", "Unassign", "Scale", "Placed",
     "InstanceFailed", "InstanceExited", "InstanceHealth", "HostMetrics", "Drain", "Drained",
 ]
 
-MESSAGES: dict[int, type] = {}   # kind -> its type
+
+def doc(text: str) -> Meta:
+    """What a field is, for docs/architecture.md's protocol table."""
+    return Meta(description=text)
 
 
-def message(kind: Kind, direction: str, follows: str = ""):
-    """Decorator: the type of message ``kind``; ``direction`` and ``follows`` (the frames after
-    its record) are for the docs table."""
-    def make(cls: type) -> type:
-        cls = compile_wire_type(cls, kind)
-        cls.KIND, cls.DIRECTION, cls.FOLLOWS = kind, direction, follows
-        cls.encode = _encode_record
-        MESSAGES[int(kind)] = cls
-        return cls
-    return make
+# Errors cross processes in one shape everywhere: {code, message} (tritium/errors.py).
+def _encode_custom(value: Any) -> Any:
+    if isinstance(value, TritiumError):
+        return value.to_wire()
+    raise NotImplementedError(type(value))
 
 
-def _encode_record(self, inline: Iterable = ()) -> bytes:
-    """The record: this header, then the inline tensor bytes."""
-    return encode(self.to_wire(), inline)
+def _decode_custom(kind: type, value: Any) -> Any:
+    if kind is TritiumError and isinstance(value, dict):
+        return TritiumError.from_wire(value)
+    raise NotImplementedError(kind)
 
 
-def read(header: dict) -> Any:
-    """The typed message of a decoded header (``protocol.decode`` checked its kind)."""
+_encoder = msgspec.msgpack.Encoder(enc_hook=_encode_custom)
+
+
+class Record(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+    """A record nested in messages (a table row, an assignment)."""
+
+    def to_wire(self) -> Any:
+        """What the receiving side decodes (the header of a message)."""
+        return msgspec.msgpack.decode(_encoder.encode(self))
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> Any:
+        try:
+            return msgspec.convert(wire, cls, dec_hook=_decode_custom)
+        except msgspec.ValidationError as exc:
+            raise ProtocolError(f"malformed {cls.__name__} record: {exc}") from None
+
+
+class Message(Record, frozen=True, omit_defaults=True, gc=False, tag_field="k"):
+    """A message kind; its tag is the header's ``k``."""
+
+    DIRECTION = ""   # who sends it to whom, for the docs table
+    FOLLOWS = ""     # the frames that follow its record
+    external = 0     # external frames after the record (INFER and RESPONSE say how many: their field x)
+
+    @property
+    def kind(self) -> Kind:
+        return Kind(self.__struct_config__.tag)
+
+    def encode(self, inline: Iterable = ()) -> bytes:
+        """The record: this header, then the inline tensor bytes."""
+        return frame_record(_encoder.encode(self), inline)
+
+
+def read(header: dict) -> Message:
+    """The typed message of a header ``framing.decode`` gave (which checked its kind)."""
     return MESSAGES[header["k"]].from_wire(header)
 
 
-# -- shared value shapes ------------------------------------------------------------------
-
-# Errors cross processes in one shape everywhere: {code, message} (tritium/errors.py).
-ERROR = Codec(TritiumError.to_wire, TritiumError.from_wire, "{code, message}")
+def read_record(frame) -> tuple[Message, memoryview, int]:
+    """(the typed header, the record's bytes, offset of its first inline tensor); ProtocolError if
+    malformed. msgspec decodes the header bytes straight into its type: no dict in between."""
+    view, end = split_record(frame)
+    try:
+        return _decoder.decode(view[4:end]), view, end
+    except msgspec.DecodeError as exc:   # ValidationError included
+        raise ProtocolError(f"malformed record header: {exc}") from None
 
 
 class ControlOp(str, enum.Enum):
@@ -80,314 +125,343 @@ class Role(str, enum.Enum):
     INSTANCE = "instance"
 
 
-@record
-class RunningInstance:
+# -- records inside messages ------------------------------------------------------------
+
+
+class RunningInstance(Record, frozen=True):
     """An instance a registering agent still runs, which a restarted broker may keep."""
 
-    iid: str = on_wire("iid", "instance id")
-    model: str = on_wire("m", "model")
-    version: int = on_wire("v", "version")
-    identity: str = on_wire("id", "load identity")
-    key: str = on_wire("key", "instance key")
-    name: str = on_wire("name", "instance name")
-    kind: str = on_wire("kind", "CPU or GPU")
-    device: int = on_wire("device", "device id")
-    credit: int = on_wire("credit", "batches it may hold")
-    scaled: bool = on_wire("scaled", "started by autoscaling")
-    pid: int = on_wire("pid", "process id")
+    iid: Annotated[str, doc("instance id")]
+    model: Annotated[str, doc("model")] = field(name="m")
+    version: Annotated[int, doc("version")] = field(name="v")
+    identity: Annotated[str, doc("load identity")] = field(name="id")
+    key: Annotated[str, doc("instance key")]
+    name: Annotated[str, doc("instance name")]
+    instance_kind: Annotated[str, doc("CPU or GPU")] = field(name="kind")
+    device: Annotated[int, doc("device id")]
+    credit: Annotated[int, doc("batches it may hold")]
+    scaled: Annotated[bool, doc("started by autoscaling")]
+    pid: Annotated[int, doc("process id")]
 
 
-@record
-class Assignment:
-    """One load a host agent is to run: the host-independent config and the shipped files."""
+class Assignment(Record, frozen=True):
+    """One load a host agent is to run."""
 
-    model: str = on_wire("m", "model")
-    version: int = on_wire("v", "version")
-    epoch: int = on_wire("e", "the load's epoch")
-    config: dict = on_wire("config", "the host-independent config as Triton's JSON")
-    files: dict | None = on_wire("files", "the load API's file overrides", None)
-    identity: str | None = on_wire("id", "the load identity", None)
-    adopt: tuple[str, ...] = on_wire("adopt", "running instances (iids) it may keep for this load", (), TUPLE)
-
-
-@record
-class ScaledAssignment:
-    assignment: Assignment = on_wire("assignment", "the load", codec=nested(Assignment))
-    count: int = on_wire("count", "instances it keeps running")
+    model: Annotated[str, doc("model")] = field(name="m")
+    version: Annotated[int, doc("version")] = field(name="v")
+    epoch: Annotated[int, doc("the load's epoch")] = field(name="e")
+    config: Annotated[dict, doc("the host-independent config as Triton's JSON")]
+    files: Annotated[dict | None, doc("the load API's file overrides")] = None
+    identity: Annotated[str | None, doc("the load identity")] = field(default=None, name="id")
+    adopt: Annotated[tuple[str, ...], doc("running instances (iids) it may keep for this load")] = ()
 
 
-@record
-class LoadRef:
-    model: str = on_wire("m", "model")
-    version: int = on_wire("v", "version")
-    epoch: int = on_wire("e", "the load's epoch")
+class ScaledAssignment(Record, frozen=True):
+    assignment: Annotated[Assignment, doc("the load")]
+    count: Annotated[int, doc("instances it keeps running")]
 
 
-@record(positional=True)
-class VersionRow:
-    version: int = on_wire("v", "version")
-    state: str = on_wire("state", "READY, LOADING, UNAVAILABLE, ...")
-    reason: str = on_wire("reason", "why it is in that state")
-    healthy: bool = on_wire("healthy", "every instance's is_ready()")
+class LoadRef(Record, frozen=True):
+    model: Annotated[str, doc("model")] = field(name="m")
+    version: Annotated[int, doc("version")] = field(name="v")
+    epoch: Annotated[int, doc("the load's epoch")] = field(name="e")
 
 
-@record
-class ModelRow:
+class VersionRow(Record, frozen=True, array_like=True):
+    version: Annotated[int, doc("version")]
+    state: Annotated[str, doc("READY, LOADING, UNAVAILABLE, ...")]
+    reason: Annotated[str, doc("why it is in that state")]
+    healthy: Annotated[bool, doc("every instance's is_ready()")]
+
+
+class ModelRow(Record, frozen=True):
     """One model of the table gateways keep (all its versions)."""
 
-    name: str = on_wire("name", "model name")
-    error: str | None = on_wire("error", "why it failed to load")
-    versions: tuple[VersionRow, ...] = on_wire("versions", "its versions", codec=nested(VersionRow, many=True))
-    config: dict | None = on_wire("config", "its config as Triton's JSON (None once unloaded)")
-    labels: dict | None = on_wire("labels", "classification labels per output")
+    name: Annotated[str, doc("model name")]
+    error: Annotated[str | None, doc("why it failed to load")]
+    versions: Annotated[tuple[VersionRow, ...], doc("its versions")]
+    config: Annotated[dict | None, doc("its config as Triton's JSON (none once unloaded)")]
+    labels: Annotated[dict | None, doc("classification labels per output")]
 
 
-@record
-class SharedMemoryRegion:
-    name: str = on_wire("name", "region name")
-    key: str = on_wire("key", "shared memory key")
-    offset: int = on_wire("offset", "offset into it")
-    byte_size: int = on_wire("byte_size", "bytes")
+class SharedMemoryRegion(Record, frozen=True):
+    name: Annotated[str, doc("region name")]
+    key: Annotated[str, doc("shared memory key")]
+    offset: Annotated[int, doc("offset into it")]
+    byte_size: Annotated[int, doc("bytes")]
 
 
 # -- connecting -------------------------------------------------------------------------
 
 
-@message(Kind.HELLO, "any peer -> broker")
-class Hello:
+class Hello(Message, frozen=True, tag=int(Kind.HELLO)):
     """First message of a peer: who it is."""
 
-    role: Role = on_wire("role", "`gateway`, `agent` or `instance`", codec=lenient_enum(Role))
-    protocol_version: int = on_wire("pv", "protocol version")
-    heartbeat_s: float | None = on_wire("hb", "its heartbeat interval", None)
-    # an agent
-    host: str | None = on_wire("host", "agent: host name", None)
-    gpus: tuple[int, ...] | None = on_wire("gpus", "agent: its GPUs", None, TUPLE)
-    models: tuple[str, ...] | None = on_wire("models", "agent: the models it serves (none: any)", None, TUPLE)
-    cpu_slots: int | None = on_wire("cpu_slots", "agent: CPU instances it runs at most", None)
-    running: tuple[RunningInstance, ...] | None = on_wire(
-        "running", "agent: the instances it still runs, when registering with a restarted broker", None,
-        nested(RunningInstance, many=True))
-    # an instance
-    agent: str | None = on_wire("agent", "instance: its agent", None)
-    model: str | None = on_wire("m", "instance: model", None)
-    version: int | None = on_wire("v", "instance: version", None)
-    epoch: int | None = on_wire("e", "instance: the load's epoch", None)
-    boot: int | None = on_wire("boot", "instance: the broker process it was started for", None)
-    name: str | None = on_wire("name", "instance: instance key", None)
-    kind: str | None = on_wire("kind", "instance: CPU or GPU", None)
-    credit: int | None = on_wire("credit", "instance: batches it may hold at once", None)
+    DIRECTION = "any peer -> broker"
+
+    role: Annotated[Role, doc("`gateway`, `agent` or `instance`")]
+    protocol_version: Annotated[int, doc("protocol version")] = field(name="pv")
+    heartbeat_s: Annotated[float | None, doc("its heartbeat interval")] = field(default=None, name="hb")
+    host: Annotated[str | None, doc("agent: host name")] = None
+    gpus: Annotated[tuple[int, ...] | None, doc("agent: its GPUs")] = None
+    models: Annotated[tuple[str, ...] | None, doc("agent: the models it serves (none: any)")] = None
+    cpu_slots: Annotated[int | None, doc("agent: CPU instances it runs at most")] = None
+    running: Annotated[tuple[RunningInstance, ...] | None,
+                       doc("agent: the instances it still runs, when registering with a restarted broker")] = None
+    agent: Annotated[str | None, doc("instance: its agent")] = None
+    model: Annotated[str | None, doc("instance: model")] = field(default=None, name="m")
+    version: Annotated[int | None, doc("instance: version")] = field(default=None, name="v")
+    epoch: Annotated[int | None, doc("instance: the load's epoch")] = field(default=None, name="e")
+    boot: Annotated[int | None, doc("instance: the broker process it was started for")] = None
+    name: Annotated[str | None, doc("instance: instance key")] = None
+    instance_kind: Annotated[str | None, doc("instance: CPU or GPU")] = field(default=None, name="kind")
+    credit: Annotated[int | None, doc("instance: batches it may hold at once")] = None
 
 
-@message(Kind.REFUSED, "broker -> peer")
-class Refused:
-    reason: str = on_wire("reason", "why (wrong protocol version, unknown role)")
+class Refused(Message, frozen=True, tag=int(Kind.REFUSED)):
+    DIRECTION = "broker -> peer"
+
+    reason: Annotated[str, doc("why (wrong protocol version, unknown role)")]
 
 
-@message(Kind.RESET, "broker -> agent, instance")
-class Reset:
+class Reset(Message, frozen=True, tag=int(Kind.RESET)):
     """"I do not know you": say HELLO again (an instance without `e` exits instead)."""
 
-    boot: int | None = on_wire("boot", "agent: register again with this broker process", None)
-    epoch: int | None = on_wire("e", "instance: the restarted broker keeps it, as this load's", None)
+    DIRECTION = "broker -> agent, instance"
+
+    boot: Annotated[int | None, doc("agent: register again with this broker process")] = None
+    epoch: Annotated[int | None, doc("instance: the restarted broker keeps it, as this load's")] = field(
+        default=None, name="e")
 
 
-@message(Kind.HEARTBEAT, "both ways")
-class Heartbeat:
+class Heartbeat(Message, frozen=True, tag=int(Kind.HEARTBEAT)):
     """Every heartbeat interval; any message counts as a sign of life."""
 
-    boot: int | None = on_wire("boot", "broker: its process's id", None)
-    heartbeat_s: float | None = on_wire("hb", "the sender's interval", None)
-    role: Role | None = on_wire("role", "gateway, agent", None, lenient_enum(Role))
-    protocol_version: int | None = on_wire("pv", "gateway: so that a new broker process can register it", None)
-    iid: str | None = on_wire("iid", "an instance's heartbeat thread: its instance", None)
-    agent: str | None = on_wire("agent", "instance: its agent", None)
-    joined: bool = on_wire("joined", "instance: it has said HELLO", False)
+    DIRECTION = "both ways"
+
+    boot: Annotated[int | None, doc("broker: its process's id")] = None
+    heartbeat_s: Annotated[float | None, doc("the sender's interval")] = field(default=None, name="hb")
+    role: Annotated[Role | None, doc("gateway, agent")] = None
+    protocol_version: Annotated[int | None, doc("gateway: so that a new broker process can register it")] = field(
+        default=None, name="pv")
+    iid: Annotated[str | None, doc("an instance's heartbeat thread: its instance")] = None
+    agent: Annotated[str | None, doc("instance: its agent")] = None
+    joined: Annotated[bool, doc("instance: it has said HELLO")] = False
 
 
 # -- inference (the hot path) -----------------------------------------------------------
 
 
-@message(Kind.INFER, "gateway -> broker -> instance", "input tensors")
-class Infer:
+class Infer(Message, frozen=True, tag=int(Kind.INFER)):
     """One inference request (also from an instance: a model calling another model)."""
 
-    rid: int = on_wire("rid", "request number of the sender; echoed in the RESPONSE")
-    model: str = on_wire("m", "model")
-    inputs: list = on_wire("inputs", "tensor descriptors")
-    version: int | None = on_wire("v", "concrete version (the gateway resolves latest)", None)
-    batch_size: int | None = on_wire("bs", "batch size of the request", None)
-    request_id: str | None = on_wire("id", "the client's request id", None)
-    outputs: list | None = on_wire("outputs", "requested output names (absent: all)", None)
-    params: dict | None = on_wire("params", "request parameters", None)
-    sequence_id: int | str | None = on_wire("cid", "sequence (correlation) id", None)
-    sequence_flags: int = on_wire("sf", "sequence flags: 1 START, 2 END", 0)
-    external: int = on_wire("x", "external frames that follow", 0)
+    DIRECTION = "gateway -> broker -> instance"
+    FOLLOWS = "input tensors"
+
+    rid: Annotated[int, doc("request number of the sender; echoed in the RESPONSE")]
+    model: Annotated[str, doc("model")] = field(name="m")
+    inputs: Annotated[list, doc("tensor descriptors")]
+    version: Annotated[int | None, doc("concrete version (the gateway resolves latest)")] = field(
+        default=None, name="v")
+    batch_size: Annotated[int | None, doc("batch size of the request")] = field(default=None, name="bs")
+    request_id: Annotated[str | None, doc("the client's request id")] = field(default=None, name="id")
+    outputs: Annotated[list | None, doc("requested output names (absent: all)")] = None
+    params: Annotated[dict | None, doc("request parameters")] = None
+    sequence_id: Annotated[int | str | None, doc("sequence (correlation) id")] = field(default=None, name="cid")
+    sequence_flags: Annotated[int, doc("sequence flags: 1 START, 2 END")] = field(default=0, name="sf")
+    external: Annotated[int, doc("external frames that follow")] = field(default=0, name="x")
 
 
-@message(Kind.RESPONSE, "instance -> broker -> gateway", "output tensors")
-class Response:
+class Response(Message, frozen=True, tag=int(Kind.RESPONSE)):
     """The answer to one request: outputs, or an error."""
 
-    rid: int = on_wire("rid", "the request's rid")
-    outputs: list | None = on_wire("outputs", "tensor descriptors", None)
-    params: dict | None = on_wire("params", "response parameters", None)
-    error: TritiumError | None = on_wire("err", "instead of outputs", None, ERROR)
-    model_error: bool = on_wire("model_error", "a model's own error: passed on without the request id", False)
-    final: bool | None = on_wire("final", "decoupled models: False while more responses follow", None)
-    empty: bool = on_wire("empty", "a decoupled model's response without outputs", False)
-    external: int = on_wire("x", "external frames that follow", 0)
+    DIRECTION = "instance -> broker -> gateway"
+    FOLLOWS = "output tensors"
+
+    rid: Annotated[int, doc("the request's rid")]
+    outputs: Annotated[list | None, doc("tensor descriptors")] = None
+    params: Annotated[dict | None, doc("response parameters")] = None
+    error: Annotated[TritiumError | None, doc("instead of outputs")] = field(default=None, name="err")
+    model_error: Annotated[bool, doc("a model's own error: passed on without the request id")] = False
+    final: Annotated[bool | None, doc("decoupled models: false while more responses follow")] = None
+    empty: Annotated[bool, doc("a decoupled model's response without outputs")] = False
+    external: Annotated[int, doc("external frames that follow")] = field(default=0, name="x")
 
 
-@message(Kind.BATCH, "broker -> instance", "the INFER records, as received")
-class Batch:
-    number: int = on_wire("b", "batch number, echoed in BATCH_DONE")
-    count: int = on_wire("n", "INFER records that follow")
-    slots: list | None = on_wire("sl", "stateful models: the sequence slot of each request", None)
+class Batch(Message, frozen=True, tag=int(Kind.BATCH)):
+    DIRECTION = "broker -> instance"
+    FOLLOWS = "the INFER records, as received"
+
+    number: Annotated[int, doc("batch number, echoed in BATCH_DONE")] = field(name="b")
+    count: Annotated[int, doc("INFER records that follow")] = field(name="n")
+    slots: Annotated[list | None, doc("stateful models: the sequence slot of each request")] = field(
+        default=None, name="sl")
 
 
-@message(Kind.BATCH_DONE, "instance -> broker", "one RESPONSE record per request, in order")
-class BatchDone:
-    number: int = on_wire("b", "the batch")
-    ok: list = on_wire("ok", "per request: a result (true) or an error")
-    response_frames: list = on_wire("x", "per response: its external frames")
-    timings: list = on_wire("t", "[compute_input_ns, compute_infer_ns, compute_output_ns]")
-    still_open: list | None = on_wire("open", "decoupled batches (no responses follow): requests still open", None)
+class BatchDone(Message, frozen=True, tag=int(Kind.BATCH_DONE)):
+    DIRECTION = "instance -> broker"
+    FOLLOWS = "one RESPONSE record per request, in order"
+
+    number: Annotated[int, doc("the batch")] = field(name="b")
+    ok: Annotated[list, doc("per request: a result (true) or an error")]
+    response_frames: Annotated[list, doc("per response: its external frames")] = field(name="x")
+    timings: Annotated[list, doc("[compute_input_ns, compute_infer_ns, compute_output_ns]")] = field(name="t")
+    still_open: Annotated[list | None, doc("decoupled batches (no responses follow): requests still open")] = field(
+        default=None, name="open")
 
 
-@message(Kind.RESPONSE_PART, "instance -> broker", "one RESPONSE record (with `final`) of a decoupled model")
-class ResponsePart:
-    batch: int = on_wire("b", "the batch")
-    index: int = on_wire("i", "the request's index in it")
+class ResponsePart(Message, frozen=True, tag=int(Kind.RESPONSE_PART)):
+    DIRECTION = "instance -> broker"
+    FOLLOWS = "one RESPONSE record (with `final`) of a decoupled model"
+
+    batch: Annotated[int, doc("the batch")] = field(name="b")
+    index: Annotated[int, doc("the request's index in it")] = field(name="i")
 
 
 # -- control plane ----------------------------------------------------------------------
 
 
-@message(Kind.CONTROL, "gateway / serve -> broker")
-class Control:
-    rid: int = on_wire("rid", "request number")
-    op: ControlOp = on_wire("op", "`" + "`, `".join(op.value for op in ControlOp) + "`", codec=lenient_enum(ControlOp))
-    args: dict | None = on_wire("args", "its arguments", None)
+class Control(Message, frozen=True, tag=int(Kind.CONTROL)):
+    DIRECTION = "gateway / serve -> broker"
+
+    rid: Annotated[int, doc("request number")]
+    op: Annotated[ControlOp, doc("`" + "`, `".join(op.value for op in ControlOp) + "`")]
+    args: Annotated[dict | None, doc("its arguments")] = None
 
 
-@message(Kind.CONTROL_REPLY, "broker -> asker")
-class ControlReply:
+class ControlReply(Message, frozen=True, tag=int(Kind.CONTROL_REPLY)):
     """A `load` is answered when it is done, after the model table has been pushed."""
 
-    rid: int = on_wire("rid", "the CONTROL's rid")
-    result: Any = on_wire("ok", "the result", None)
-    error: TritiumError | None = on_wire("err", "instead of a result", None, ERROR)
+    DIRECTION = "broker -> asker"
+
+    rid: Annotated[int, doc("the CONTROL's rid")]
+    result: Annotated[Any, doc("the result")] = field(default=None, name="ok")
+    error: Annotated[TritiumError | None, doc("instead of a result")] = field(default=None, name="err")
 
 
-@message(Kind.MODELS, "broker -> gateways")
-class Models:
+class Models(Message, frozen=True, tag=int(Kind.MODELS)):
     """The model table, pushed whenever it changes."""
 
-    generation: int = on_wire("generation", "increases with every change")
-    models: tuple[ModelRow, ...] = on_wire("models", "every model", codec=nested(ModelRow, many=True))
-    ready: bool = on_wire("ready", "strict server readiness")
-    shared_memory: tuple[SharedMemoryRegion, ...] = on_wire(
-        "shm", "client shared memory regions", codec=nested(SharedMemoryRegion, many=True))
+    DIRECTION = "broker -> gateways"
+
+    generation: Annotated[int, doc("increases with every change")]
+    models: Annotated[tuple[ModelRow, ...], doc("every model")]
+    ready: Annotated[bool, doc("strict server readiness")]
+    shared_memory: Annotated[tuple[SharedMemoryRegion, ...], doc("client shared memory regions")] = field(
+        name="shm")
 
 
-@message(Kind.LOG_SETTINGS, "broker -> gateway, agent, instance")
-class LogSettings:
-    settings: dict = on_wire("settings", "Triton's logging keys")
+class LogSettings(Message, frozen=True, tag=int(Kind.LOG_SETTINGS)):
+    DIRECTION = "broker -> gateway, agent, instance"
+
+    settings: Annotated[dict, doc("Triton's logging keys")]
 
 
 # -- placing instances ------------------------------------------------------------------
 
 
-@message(Kind.ASSIGN, "broker -> agent")
-class Assign:
+class Assign(Message, frozen=True, tag=int(Kind.ASSIGN)):
     """Start instances of these loads."""
 
-    models: tuple[Assignment, ...] = on_wire("models", "the loads", codec=nested(Assignment, many=True))
-    scale: tuple[ScaledAssignment, ...] = on_wire(
-        "scale", "answering a HELLO: autoscaled loads it keeps running", (), nested(ScaledAssignment, many=True))
-    complete: bool = on_wire("complete", "answering a HELLO: stop whatever was not kept", False)
+    DIRECTION = "broker -> agent"
+
+    models: Annotated[tuple[Assignment, ...], doc("the loads")]
+    scale: Annotated[tuple[ScaledAssignment, ...], doc("answering a HELLO: autoscaled loads it keeps running")] = ()
+    complete: Annotated[bool, doc("answering a HELLO: stop whatever was not kept")] = False
 
 
-@message(Kind.UNASSIGN, "broker -> agent")
-class Unassign:
-    models: tuple[LoadRef, ...] = on_wire("models", "stop these loads' instances", codec=nested(LoadRef, many=True))
+class Unassign(Message, frozen=True, tag=int(Kind.UNASSIGN)):
+    DIRECTION = "broker -> agent"
+
+    models: Annotated[tuple[LoadRef, ...], doc("stop these loads' instances")]
 
 
-@message(Kind.SCALE, "broker -> agent")
-class Scale:
+class Scale(Message, frozen=True, tag=int(Kind.SCALE)):
     """Run this many instances of an autoscaled load on this host."""
 
-    assignment: Assignment = on_wire("assignment", "the load", codec=nested(Assignment))
-    count: int = on_wire("count", "instances of it on this host")
-    stop: tuple[str, ...] = on_wire("stop", "instance keys to stop first", (), TUPLE)
+    DIRECTION = "broker -> agent"
+
+    assignment: Annotated[Assignment, doc("the load")]
+    count: Annotated[int, doc("instances of it on this host")]
+    stop: Annotated[tuple[str, ...], doc("instance keys to stop first")] = ()
 
 
-@message(Kind.PLACED, "agent -> broker")
-class Placed:
+class Placed(Message, frozen=True, tag=int(Kind.PLACED)):
     """The instances an agent started for a load, or why it could not."""
 
-    model: str = on_wire("m", "model")
-    version: int = on_wire("v", "version")
-    epoch: int = on_wire("e", "the load's epoch")
-    boot: int | None = on_wire("boot", "the broker process that assigned it")
-    instances: list | None = on_wire("instances", "instance keys", None)
-    adopted: dict | None = on_wire("adopted", "{key: iid} the running instances it kept for this load", None)
-    error: str | None = on_wire("err", "why it could not", None)
+    DIRECTION = "agent -> broker"
+
+    model: Annotated[str, doc("model")] = field(name="m")
+    version: Annotated[int, doc("version")] = field(name="v")
+    epoch: Annotated[int, doc("the load's epoch")] = field(name="e")
+    boot: Annotated[int | None, doc("the broker process that assigned it")]
+    instances: Annotated[list | None, doc("instance keys")] = None
+    adopted: Annotated[dict | None, doc("{key: iid} the running instances it kept for this load")] = None
+    error: Annotated[str | None, doc("why it could not")] = field(default=None, name="err")
 
 
-@message(Kind.INSTANCE_FAILED, "instance -> broker")
-class InstanceFailed:
+class InstanceFailed(Message, frozen=True, tag=int(Kind.INSTANCE_FAILED)):
     """Initialization failed; the process exits after sending this."""
 
-    model: str = on_wire("m", "model")
-    version: int = on_wire("v", "version")
-    epoch: int = on_wire("e", "the load's epoch")
-    name: str = on_wire("name", "instance key")
-    boot: int | None = on_wire("boot", "the broker process it was started for")
-    agent: str = on_wire("agent", "its agent")
-    kind: str = on_wire("kind", "CPU or GPU")
-    heartbeat_s: float = on_wire("hb", "its heartbeat interval")
-    error: str = on_wire("err", "why")
+    DIRECTION = "instance -> broker"
+
+    model: Annotated[str, doc("model")] = field(name="m")
+    version: Annotated[int, doc("version")] = field(name="v")
+    epoch: Annotated[int, doc("the load's epoch")] = field(name="e")
+    name: Annotated[str, doc("instance key")]
+    boot: Annotated[int | None, doc("the broker process it was started for")]
+    agent: Annotated[str, doc("its agent")]
+    instance_kind: Annotated[str, doc("CPU or GPU")] = field(name="kind")
+    heartbeat_s: Annotated[float, doc("its heartbeat interval")] = field(name="hb")
+    error: Annotated[str, doc("why")] = field(name="err")
 
 
-@message(Kind.INSTANCE_EXITED, "agent -> broker")
-class InstanceExited:
+class InstanceExited(Message, frozen=True, tag=int(Kind.INSTANCE_EXITED)):
     """A load fails when one of its instances dies before it was ready."""
 
-    iid: str = on_wire("iid", "instance id")
-    why: str = on_wire("why", "how it ended")
-    code: int = on_wire("code", "exit status")
-    epoch: int = on_wire("e", "its load's epoch")
-    name: str = on_wire("name", "instance key")
-    stopped: bool = on_wire("stopped", "stopped on purpose")
-    boot: int | None = on_wire("boot", "the broker process it was started for")
+    DIRECTION = "agent -> broker"
+
+    iid: Annotated[str, doc("instance id")]
+    why: Annotated[str, doc("how it ended")]
+    code: Annotated[int, doc("exit status")]
+    epoch: Annotated[int, doc("its load's epoch")] = field(name="e")
+    name: Annotated[str, doc("instance key")]
+    stopped: Annotated[bool, doc("stopped on purpose")]
+    boot: Annotated[int | None, doc("the broker process it was started for")]
 
 
-@message(Kind.INSTANCE_HEALTH, "instance -> broker")
-class InstanceHealth:
-    ready: bool = on_wire("ready", "a Python model's is_ready() changed its answer")
+class InstanceHealth(Message, frozen=True, tag=int(Kind.INSTANCE_HEALTH)):
+    DIRECTION = "instance -> broker"
+
+    ready: Annotated[bool, doc("a Python model's is_ready() changed its answer")]
 
 
-@message(Kind.HOST_METRICS, "agent -> broker")
-class HostMetrics:
+class HostMetrics(Message, frozen=True, tag=int(Kind.HOST_METRICS)):
     """Every metrics interval."""
 
-    host: str = on_wire("host", "host name")
-    cpu_utilization: float = on_wire("cpu_utilization", "0..1")
-    memory_total: int = on_wire("memory_total", "bytes")
-    memory_used: int = on_wire("memory_used", "bytes")
-    gpus: list = on_wire("gpus", "per GPU: uuid, utilization, memory_total, memory_used, power_usage, power_limit")
+    DIRECTION = "agent -> broker"
+
+    host: Annotated[str, doc("host name")]
+    cpu_utilization: Annotated[float, doc("0..1")]
+    memory_total: Annotated[int, doc("bytes")]
+    memory_used: Annotated[int, doc("bytes")]
+    gpus: Annotated[list, doc("per GPU: uuid, utilization, memory_total, memory_used, power_usage, power_limit")]
 
 
-@message(Kind.DRAIN, "agent -> broker")
-class Drain:
+class Drain(Message, frozen=True, tag=int(Kind.DRAIN)):
     """This host is stopping: its instances get no new batches."""
 
+    DIRECTION = "agent -> broker"
 
-@message(Kind.DRAINED, "broker -> agent")
-class Drained:
+
+class Drained(Message, frozen=True, tag=int(Kind.DRAINED)):
     """The host's instances hold no more work."""
+
+    DIRECTION = "broker -> agent"
+
+
+MESSAGES: dict[int, type[Message]] = {cls.__struct_config__.tag: cls for cls in Message.__subclasses__()}
+_decoder = msgspec.msgpack.Decoder(typing.Union[tuple(MESSAGES.values())], dec_hook=_decode_custom)
 
 
 def error_record(rid: int, error: TritiumError | dict, model_error: bool = False) -> bytes:
@@ -398,8 +472,7 @@ def error_record(rid: int, error: TritiumError | dict, model_error: bool = False
     return Response(rid, error=error, model_error=model_error).encode()
 
 
-# -- the docs table ---------------------------------------------------------------------
-
+# -- the docs tables --------------------------------------------------------------------
 
 _RECORDS = (RunningInstance, Assignment, ScaledAssignment, LoadRef, ModelRow, VersionRow, SharedMemoryRegion)
 
@@ -414,11 +487,29 @@ def protocol_table() -> str:
         rows.append(f"| {kind.name} ({int(kind)}) | {cls.DIRECTION} | {text} | {cls.FOLLOWS} |")
     rows += ["", "| record | wire form | fields |", "|---|---|---|"]
     for cls in _RECORDS:
-        form = "list" if cls.WIRE_SHAPE.startswith("[") else "map"
-        rows.append(f"| {cls.__name__} | {form} | {_fields_text(cls)} |")
+        rows.append(f"| {cls.__name__} | {'list' if cls.__struct_config__.array_like else 'map'} | {_fields_text(cls)} |")
     return "\n".join(rows) + "\n"
 
 
 def _fields_text(cls: type) -> str:
-    return "; ".join(f"`{wire.key}`{' ' + wire.codec.shape if wire.codec and wire.codec.shape else ''} {wire.doc}"
-                     for _, wire in cls.WIRE_FIELDS)
+    texts = []
+    for info in msgspec.structs.fields(cls):
+        shape = _shape(info.type)
+        meta = next(m for m in info.type.__metadata__ if isinstance(m, Meta))
+        texts.append(f"`{info.encode_name}`{' ' + shape if shape else ''} {meta.description}")
+    return "; ".join(texts)
+
+
+def _shape(annotation: Any) -> str:
+    """How a field's records look on the wire ({m, v, e}, [[v, state]]); "" for plain values."""
+    if typing.get_origin(annotation) is Annotated:
+        return _shape(typing.get_args(annotation)[0])
+    if annotation is TritiumError:
+        return "{code, message}"
+    if isinstance(annotation, type) and issubclass(annotation, Record):
+        keys = ", ".join(info.encode_name for info in msgspec.structs.fields(annotation))
+        return f"[{keys}]" if annotation.__struct_config__.array_like else f"{{{keys}}}"
+    for argument in typing.get_args(annotation):   # X | None, tuple[X, ...]
+        if argument is not type(None) and argument is not Ellipsis and _shape(argument):
+            return f"[{_shape(argument)}]" if typing.get_origin(annotation) is tuple else _shape(argument)
+    return ""
