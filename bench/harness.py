@@ -22,7 +22,7 @@ ANCHORS = Path(os.environ.get("TRITIUM_ANCHORS", ROOT.parent / "shared" / "ancho
 OUT = ROOT / "bench" / "out"
 
 # Process roles, told apart by their command lines.
-ROLES = {"gateway": b"tritium.cli gateway", "broker": b"tritium.cli broker", "instance": b"workers.instance",
+ROLES = {"gateway": b"tritium.cli gateway", "broker": b"tritium.cli broker", "instance": b"tritium.workers.instance",
          "triton": b"tritonserver", "triton stub": b"triton_python_backend_stub"}
 
 

@@ -45,7 +45,7 @@ async def asgi(scope, receive, send):
 
 if kind == "tritium":
     import socket
-    from gateway.http_server import HttpLimits, HttpResponse, HttpServer
+    from tritium.gateway.http_server import HttpLimits, HttpResponse, HttpServer
 
     class App:
         def handle(self, request, answer):

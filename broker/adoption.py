@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.registry import ModelVersion
+from tritium.broker.registry import ModelVersion
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 
-from broker.registry import AgentRecord, ModelVersion, Registry, VersionState
+from tritium.broker.registry import AgentRecord, ModelVersion, Registry, VersionState
 from tritium.errors import Unavailable
 from tritium.protocol import Kind, encode
 

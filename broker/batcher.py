@@ -32,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Generic, Hashable, Protocol, TypeVar
 
-from broker.queue_policy import QueuePolicy
+from tritium.broker.queue_policy import QueuePolicy
 
 
 class Batchable(Protocol):

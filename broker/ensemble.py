@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from broker.registry import ModelVersion, Registry
+from tritium.broker.registry import ModelVersion, Registry
 from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
 from tritium.protocol import Kind, ProtocolError, decode, encode, error_record, tensor_views
 

@@ -16,13 +16,13 @@ import functools
 import logging
 from typing import TYPE_CHECKING
 
-from broker.registry import ModelRecord, ModelVersion, VersionState
-from repo import ModelDefinition, ModelLoadError
-from repo.backends import ENSEMBLE_PLATFORM
-from repo.ensembles import composing_models, validate_ensemble
+from tritium.broker.registry import ModelRecord, ModelVersion, VersionState
+from tritium.repo import ModelDefinition, ModelLoadError
+from tritium.repo.backends import ENSEMBLE_PLATFORM
+from tritium.repo.ensembles import composing_models, validate_ensemble
 
 if TYPE_CHECKING:
-    from broker.lifecycle import LoadInProgress
+    from tritium.broker.lifecycle import LoadInProgress
 
 log = logging.getLogger(__name__)
 

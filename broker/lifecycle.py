@@ -29,8 +29,8 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from broker.ensemble_loading import EnsembleLoading, is_ensemble, members_of
-from broker.registry import (
+from tritium.broker.ensemble_loading import EnsembleLoading, is_ensemble, members_of
+from tritium.broker.registry import (
     AgentRecord,
     ModelRecord,
     ModelVersion,
@@ -38,10 +38,10 @@ from broker.registry import (
     VersionState,
     load_identity,
 )
-from repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
-from repo.json_form import config_to_json_dict
-from repo.names import relative_file_problem, require_name, write_files
-from repo.repository import version_fingerprint
+from tritium.repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
+from tritium.repo.json_form import config_to_json_dict
+from tritium.repo.names import relative_file_problem, require_name, write_files
+from tritium.repo.repository import version_fingerprint
 from tritium.errors import InvalidArgument, TritiumError, Unavailable
 from tritium.protocol import Kind, encode
 

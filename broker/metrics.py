@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
-from broker.registry import Registry, VersionState
+from tritium.broker.registry import Registry, VersionState
 
 log = logging.getLogger(__name__)
 

@@ -9,18 +9,18 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker.batcher import BatchingPolicy, DynamicBatcher
-from broker.ordering import ResponseOrder
-from broker.queue_policy import QueuePolicy
-from broker.sequences import SequenceBatcher, SequencePolicy
-from broker.stats import ModelVersionStats
-from repo import ModelDefinition
-from repo.backends import ENSEMBLE_PLATFORM
-from repo.autoscale import AutoscalePolicy, autoscale_policy
-from repo.json_form import config_to_json_dict
+from tritium.broker.batcher import BatchingPolicy, DynamicBatcher
+from tritium.broker.ordering import ResponseOrder
+from tritium.broker.queue_policy import QueuePolicy
+from tritium.broker.sequences import SequenceBatcher, SequencePolicy
+from tritium.broker.stats import ModelVersionStats
+from tritium.repo import ModelDefinition
+from tritium.repo.backends import ENSEMBLE_PLATFORM
+from tritium.repo.autoscale import AutoscalePolicy, autoscale_policy
+from tritium.repo.json_form import config_to_json_dict
 
 if TYPE_CHECKING:
-    from broker.autoscale import ScaleState
+    from tritium.broker.autoscale import ScaleState
 
 
 class VersionState(str, enum.Enum):

@@ -13,8 +13,8 @@ import time
 import weakref
 from collections.abc import Callable
 
-from broker.ensemble import NO_TIMINGS, STEP_CLIENT, EnsembleRunner
-from broker.registry import (
+from tritium.broker.ensemble import NO_TIMINGS, STEP_CLIENT, EnsembleRunner
+from tritium.broker.registry import (
     Batch,
     InstanceRecord,
     ModelVersion,
@@ -23,7 +23,7 @@ from broker.registry import (
     VersionState,
 )
 from tritium.errors import NotFound, TritiumError, Unavailable
-from broker.response_cache import ResponseCache, cached_response, request_key
+from tritium.broker.response_cache import ResponseCache, cached_response, request_key
 from tritium.protocol import Kind, decode, encode, error_record
 
 log = logging.getLogger(__name__)

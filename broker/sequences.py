@@ -41,7 +41,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from broker.batcher import BatchingPolicy, DynamicBatcher
+from tritium.broker.batcher import BatchingPolicy, DynamicBatcher
 from tritium.errors import InvalidArgument
 
 log = logging.getLogger(__name__)

@@ -14,26 +14,26 @@ from dataclasses import dataclass
 
 import zmq
 
-from broker.adoption import Adoption
-from broker.autoscale import Autoscaler
-from broker.lifecycle import ControlSettings, ModelLifecycle
-from broker.liveness import PeerLiveness
-from broker.response_cache import ResponseCache
-from broker.metrics import (
+from tritium.broker.adoption import Adoption
+from tritium.broker.autoscale import Autoscaler
+from tritium.broker.lifecycle import ControlSettings, ModelLifecycle
+from tritium.broker.liveness import PeerLiveness
+from tritium.broker.response_cache import ResponseCache
+from tritium.broker.metrics import (
     DEFAULT_HISTOGRAM_BUCKETS_MS,
     MetricsSettings,
     TritonCollector,
     start_metrics_server,
 )
-from broker.registry import (
+from tritium.broker.registry import (
     AgentRecord,
     InstanceRecord,
     ModelVersion,
     Registry,
     VersionState,
 )
-from broker.scheduler import Scheduler
-from repo import ModelRepository, RepositoryOptions
+from tritium.broker.scheduler import Scheduler
+from tritium.repo import ModelRepository, RepositoryOptions
 from tritium import logs, notify
 from tritium.logs import LogSettings
 from tritium.errors import AlreadyExists, InternalError, InvalidArgument, ProtocolError, TritiumError, Unavailable

@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 import zmq
 
-from gateway.model_table import ModelTable
-from gateway.shared_memory import SharedMemoryRegions
+from tritium.gateway.model_table import ModelTable
+from tritium.gateway.shared_memory import SharedMemoryRegions
 from tritium import logs
 from tritium.errors import TritiumError, Unavailable
 from tritium.hosts import host_name

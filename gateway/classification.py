@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.inference import OutputTensor
+from tritium.gateway.inference import OutputTensor
 from tritium import datatypes
 from tritium.errors import InvalidArgument
 

@@ -10,14 +10,14 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from gateway.broker_link import BrokerLink
-from gateway.classification import classify
-from gateway.generate import SINGLE_RESPONSE_ONLY, generate_request, generate_response
-from gateway.inference import InferRequest, InferResult, OutputTensor
-from gateway.model_table import ModelSpec, parse_version
-from gateway.shared_memory import SHM_DISABLED, map_region
-from gateway.validation import check_single_response, validate_request
-from repo.names import require_name
+from tritium.gateway.broker_link import BrokerLink
+from tritium.gateway.classification import classify
+from tritium.gateway.generate import SINGLE_RESPONSE_ONLY, generate_request, generate_response
+from tritium.gateway.inference import InferRequest, InferResult, OutputTensor
+from tritium.gateway.model_table import ModelSpec, parse_version
+from tritium.gateway.shared_memory import SHM_DISABLED, map_region
+from tritium.gateway.validation import check_single_response, validate_request
+from tritium.repo.names import require_name
 from tritium import __version__
 from tritium.errors import InvalidArgument, TritiumError, Unavailable, Unsupported
 from tritium.protocol import Control, ControlOp, Infer, pack_tensors, tensor_views

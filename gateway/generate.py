@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.http_codec import json_to_bytes, output_to_json
-from gateway.inference import InferRequest, InferResult, InputTensor
-from gateway.model_table import ModelSpec, TensorSpec
-from gateway.validation import element_count
+from tritium.gateway.http_codec import json_to_bytes, output_to_json
+from tritium.gateway.inference import InferRequest, InferResult, InputTensor
+from tritium.gateway.model_table import ModelSpec, TensorSpec
+from tritium.gateway.validation import element_count
 from tritium.errors import InvalidArgument
 
 SINGLE_RESPONSE_ONLY = ("generate expects model to produce exactly 1 response, use generate stream for model "

@@ -16,11 +16,11 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from gateway.dataplane import GRPC_DECOUPLED, DataPlane
-from gateway.grpc_codec import decode_infer_request, encode_infer_response
-from gateway.model_table import parse_version
-from gateway.restricted import RestrictedApis
-from gateway.shared_memory import CUDA_SHM_UNSUPPORTED
+from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
+from tritium.gateway.grpc_codec import decode_infer_request, encode_infer_response
+from tritium.gateway.model_table import parse_version
+from tritium.gateway.restricted import RestrictedApis
+from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
 from tritium.ports import PortInUse, check_free
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from gateway.classification import classification_count
-from gateway.inference import (SEQUENCE_FLAGS, SEQUENCE_PARAMETERS, InferRequest, InferResult, InputTensor,
+from tritium.gateway.classification import classification_count
+from tritium.gateway.inference import (SEQUENCE_FLAGS, SEQUENCE_PARAMETERS, InferRequest, InferResult, InputTensor,
                                RequestedOutput)
-from gateway.shared_memory import shared_memory_ref
+from tritium.gateway.shared_memory import shared_memory_ref
 from tritium import datatypes
 from tritium.errors import InvalidArgument
 

@@ -15,17 +15,17 @@ import zlib
 
 import orjson
 
-from gateway.compression import compress, response_encoding
-from gateway.dataplane import DataPlane
-from gateway.http_codec import (
+from tritium.gateway.compression import compress, response_encoding
+from tritium.gateway.dataplane import DataPlane
+from tritium.gateway.http_codec import (
     decode_infer_request,
     decode_raw_request,
     encode_infer_response,
     parse_json_object,
 )
-from gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
-from gateway.restricted import RestrictedApis
-from gateway.shared_memory import CUDA_SHM_UNSUPPORTED
+from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
+from tritium.gateway.restricted import RestrictedApis
+from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.errors import InvalidArgument, TritiumError, Unsupported
 
 log = logging.getLogger(__name__)

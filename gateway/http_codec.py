@@ -14,12 +14,12 @@ import struct
 import numpy as np
 import orjson
 
-from gateway.classification import classification_count
-from gateway.inference import (SEQUENCE_FLAGS, SEQUENCE_PARAMETERS, InferRequest, InferResult, InputTensor,
+from tritium.gateway.classification import classification_count
+from tritium.gateway.inference import (SEQUENCE_FLAGS, SEQUENCE_PARAMETERS, InferRequest, InferResult, InputTensor,
                                RequestedOutput)
-from gateway.model_table import ModelSpec
-from gateway.shared_memory import shared_memory_ref
-from gateway.validation import element_count
+from tritium.gateway.model_table import ModelSpec
+from tritium.gateway.shared_memory import shared_memory_ref
+from tritium.gateway.validation import element_count
 from tritium import datatypes
 from tritium.errors import InternalError, InvalidArgument
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.shared_memory import SharedMemoryRef
+from tritium.gateway.shared_memory import SharedMemoryRef
 
 
 @dataclass(slots=True)

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import uvloop
 
-from gateway.broker_link import BrokerLink
-from gateway.dataplane import DataPlane, ServerIdentity
-from gateway.grpc_api import MAX_MESSAGE_BYTES, bind_grpc
-from gateway.http_api import HttpApp
-from gateway.http_server import HttpLimits, HttpServer
-from gateway.restricted import RestrictedApis
+from tritium.gateway.broker_link import BrokerLink
+from tritium.gateway.dataplane import DataPlane, ServerIdentity
+from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, bind_grpc
+from tritium.gateway.http_api import HttpApp
+from tritium.gateway.http_server import HttpLimits, HttpServer
+from tritium.gateway.restricted import RestrictedApis
 from tritium import notify
 from tritium.gctune import tune_for_serving
 from tritium.exit_codes import ExitCode

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import struct
 
-from gateway.inference import InferRequest
-from gateway.model_table import ModelSpec, TensorSpec
+from tritium.gateway.inference import InferRequest
+from tritium.gateway.model_table import ModelSpec, TensorSpec
 from tritium.errors import InvalidArgument, Unsupported
 
 _LENGTH = struct.Struct("<I")

@@ -10,14 +10,14 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "ModelConfig": "repo.config_file",
-    "ModelLoadError": "repo.errors",
-    "ModelDefinition": "repo.model",
-    "RepositoryOptions": "repo.model",
-    "VersionInfo": "repo.model",
-    "ModelEntry": "repo.repository",
-    "ModelRepository": "repo.repository",
-    "RepositoryScan": "repo.repository",
+    "ModelConfig": "tritium.repo.config_file",
+    "ModelLoadError": "tritium.repo.errors",
+    "ModelDefinition": "tritium.repo.model",
+    "RepositoryOptions": "tritium.repo.model",
+    "VersionInfo": "tritium.repo.model",
+    "ModelEntry": "tritium.repo.repository",
+    "ModelRepository": "tritium.repo.repository",
+    "RepositoryScan": "tritium.repo.repository",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -26,7 +26,7 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'repo' has no attribute '{name}'")
+        raise AttributeError(f"module 'tritium.repo' has no attribute '{name}'")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value

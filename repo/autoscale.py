@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from repo.errors import ModelLoadError
+from tritium.repo.errors import ModelLoadError
 
 PARAMETER = "tritium.autoscale"
 

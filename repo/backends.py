@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repo.config_file import ModelConfig
-from repo.errors import ModelLoadError
+from tritium.repo.config_file import ModelConfig
+from tritium.repo.errors import ModelLoadError
 
 ONNXRUNTIME = "onnxruntime"
 PYTORCH = "pytorch"

@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass
 
 from tritonclient.grpc import model_config_pb2
 
-from repo.autoscale import autoscale_policy
-from repo.model import ModelDefinition
-from repo.repository import ModelEntry, RepositoryScan
+from tritium.repo.autoscale import autoscale_policy
+from tritium.repo.model import ModelDefinition
+from tritium.repo.repository import ModelEntry, RepositoryScan
 
 
 @dataclass(frozen=True)

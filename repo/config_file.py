@@ -7,7 +7,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from repo.errors import ModelLoadError
+from tritium.repo.errors import ModelLoadError
 
 ModelConfig = model_config_pb2.ModelConfig
 

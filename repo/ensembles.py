@@ -6,9 +6,9 @@ from collections.abc import Mapping
 
 from tritonclient.grpc import model_config_pb2
 
-from repo.backends import ENSEMBLE_PLATFORM
-from repo.config_file import ModelConfig
-from repo.errors import ModelLoadError
+from tritium.repo.backends import ENSEMBLE_PLATFORM
+from tritium.repo.config_file import ModelConfig
+from tritium.repo.errors import ModelLoadError
 
 WILDCARD = -1
 

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 from tritonclient.grpc import model_config_pb2
 
-from repo.backends import ENSEMBLE_PLATFORM, ONNXRUNTIME
-from repo.config_file import ModelConfig
-from repo.errors import ModelLoadError
+from tritium.repo.backends import ENSEMBLE_PLATFORM, ONNXRUNTIME
+from tritium.repo.config_file import ModelConfig
+from tritium.repo.errors import ModelLoadError
 
 Group = model_config_pb2.ModelInstanceGroup
 # Backends that default to two instances per CPU group (Triton: onnxruntime, tensorflow).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from google.protobuf import descriptor, json_format
 
-from repo.config_file import ModelConfig
+from tritium.repo.config_file import ModelConfig
 
 _INT64_TYPES = {
     descriptor.FieldDescriptor.TYPE_INT64, descriptor.FieldDescriptor.TYPE_UINT64,

@@ -7,18 +7,18 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from repo import backends
-from repo.config_file import ModelConfig, config_path, read_config
-from repo.errors import ModelLoadError
-from repo.instance_groups import resolve_instance_groups
-from repo.json_form import config_to_json_dict
-from repo.model import ModelDefinition, RepositoryOptions, VersionInfo
-from repo.model_files import check_versions
-from repo.normalize import normalize, normalize_version_policy
-from repo.onnx_autocomplete import auto_complete_onnx
-from repo.python_autocomplete import run_auto_complete
-from repo.validate import validate_basics, validate_config
-from repo.versions import select_versions
+from tritium.repo import backends
+from tritium.repo.config_file import ModelConfig, config_path, read_config
+from tritium.repo.errors import ModelLoadError
+from tritium.repo.instance_groups import resolve_instance_groups
+from tritium.repo.json_form import config_to_json_dict
+from tritium.repo.model import ModelDefinition, RepositoryOptions, VersionInfo
+from tritium.repo.model_files import check_versions
+from tritium.repo.normalize import normalize, normalize_version_policy
+from tritium.repo.onnx_autocomplete import auto_complete_onnx
+from tritium.repo.python_autocomplete import run_auto_complete
+from tritium.repo.validate import validate_basics, validate_config
+from tritium.repo.versions import select_versions
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from repo.config_file import ModelConfig
-from repo.json_form import config_to_json_dict
+from tritium.repo.config_file import ModelConfig
+from tritium.repo.json_form import config_to_json_dict
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-from repo.backends import ONNXRUNTIME, PYTORCH
-from repo.config_file import ModelConfig
-from repo.errors import ModelLoadError
-from repo.model import VersionInfo
-from repo.onnx_autocomplete import OnnxSignature, read_onnx_signature
+from tritium.repo.backends import ONNXRUNTIME, PYTORCH
+from tritium.repo.config_file import ModelConfig
+from tritium.repo.errors import ModelLoadError
+from tritium.repo.model import VersionInfo
+from tritium.repo.onnx_autocomplete import OnnxSignature, read_onnx_signature
 
 _SEQUENCE_CONTROLS = ("CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_END", "CONTROL_SEQUENCE_READY",
                       "CONTROL_SEQUENCE_CORRID")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from repo.errors import ModelLoadError
+from tritium.repo.errors import ModelLoadError
 from tritium.errors import InvalidArgument
 
 _SEPARATORS = ("/", "\\")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from repo.backends import ENSEMBLE_PLATFORM
-from repo.config_file import ModelConfig
+from tritium.repo.backends import ENSEMBLE_PLATFORM
+from tritium.repo.config_file import ModelConfig
 
 SEQUENCE_IDLE_DEFAULT_US = 1_000_000
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-from repo.config_file import ModelConfig
-from repo.errors import ModelLoadError
+from tritium.repo.config_file import ModelConfig
+from tritium.repo.errors import ModelLoadError
 
 # onnx.TensorProto.DataType -> model config data type name
 _ONNX_TO_CONFIG = {

@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from repo.errors import ModelLoadError
+from tritium.repo.errors import ModelLoadError
 
-CHILD_MODULE = "repo._autocomplete_child"
+CHILD_MODULE = "tritium.repo._autocomplete_child"
 
 
 def run_auto_complete(model: str, model_file: Path, config: dict, timeout_s: float) -> dict:

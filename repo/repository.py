@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from repo.backends import ENSEMBLE_PLATFORM, numeric_subdirs
-from repo.ensembles import validate_ensemble
-from repo.errors import ModelLoadError
-from repo.loader import load_model
-from repo.model import ModelDefinition, RepositoryOptions
+from tritium.repo.backends import ENSEMBLE_PLATFORM, numeric_subdirs
+from tritium.repo.ensembles import validate_ensemble
+from tritium.repo.errors import ModelLoadError
+from tritium.repo.loader import load_model
+from tritium.repo.model import ModelDefinition, RepositoryOptions
 
 log = logging.getLogger(__name__)
 # Importing a model.py (auto-complete, Python instances) may write this; it is no edit.

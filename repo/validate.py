@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2
 
-from repo.backends import ENSEMBLE_PLATFORM, ONNXRUNTIME, PYTORCH
-from repo.config_file import ModelConfig
-from repo.autoscale import autoscale_policy
-from repo.errors import ModelLoadError
+from tritium.repo.backends import ENSEMBLE_PLATFORM, ONNXRUNTIME, PYTORCH
+from tritium.repo.config_file import ModelConfig
+from tritium.repo.autoscale import autoscale_policy
+from tritium.repo.errors import ModelLoadError
 
 _Input = model_config_pb2.ModelInput
 _QueuePolicy = model_config_pb2.ModelQueuePolicy

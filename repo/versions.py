@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repo.backends import ENSEMBLE_PLATFORM, is_builtin, numeric_subdirs
-from repo.config_file import ModelConfig
-from repo.errors import ModelLoadError
-from repo.model import VersionInfo
+from tritium.repo.backends import ENSEMBLE_PLATFORM, is_builtin, numeric_subdirs
+from tritium.repo.config_file import ModelConfig
+from tritium.repo.errors import ModelLoadError
+from tritium.repo.model import VersionInfo
 
 
 def select_versions(config: ModelConfig, model_dir: Path) -> tuple[VersionInfo, ...]:

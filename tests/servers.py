@@ -103,7 +103,7 @@ def instance_processes() -> list[dict]:
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"workers.instance" not in argv:
+            if b"tritium.workers.instance" not in argv:
                 continue
             raw_env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:

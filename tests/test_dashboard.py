@@ -21,8 +21,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from broker.metrics import MetricsSettings, TritonCollector, render
-from broker.registry import Registry
+from tritium.broker.metrics import MetricsSettings, TritonCollector, render
+from tritium.broker.registry import Registry
 from deploy.grafana import preview
 from tests.servers import PROJECT_ROOT, TritiumServer
 

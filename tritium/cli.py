@@ -74,7 +74,7 @@ cache_option = click.option(
 
 
 def _cache_bytes(values) -> int:
-    from broker.response_cache import parse_cache_config
+    from tritium.broker.response_cache import parse_cache_config
 
     try:
         return parse_cache_config(tuple(values))
@@ -119,7 +119,7 @@ def configure_logs(role: str, log_verbose, log_info, log_warning, log_error, log
 
 
 def control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count):
-    from broker.lifecycle import ControlSettings
+    from tritium.broker.lifecycle import ControlSettings
 
     if load_model and model_control_mode != "explicit":
         raise click.UsageError("Use of '--load-model' requires setting '--model-control-mode=explicit' as well.")
@@ -133,7 +133,7 @@ def control_settings(model_control_mode, load_model, repository_poll_secs, model
 
 def repository_settings(model_config_name, disable_auto_complete_config, strict_model_config,
                         backend_config, gpus_here: bool = True):
-    from repo import RepositoryOptions
+    from tritium.repo import RepositoryOptions
     from tritium.hosts import detect_gpus
 
     default_max_batch_size = 4
@@ -190,7 +190,7 @@ def restricted_api_options(command):
 
 def restricted_apis(http_values, grpc_values):
     """The two flags' rules, or Triton's startup error for a malformed or repeated category."""
-    from gateway.restricted import GRPC_FLAG, HTTP_FLAG, parse_restrictions
+    from tritium.gateway.restricted import GRPC_FLAG, HTTP_FLAG, parse_restrictions
     from tritium.errors import InvalidArgument
 
     try:
@@ -390,8 +390,8 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
            curve_authorized_keys, model_control_mode, load_model, repository_poll_secs, model_load_thread_count,
            **repository) -> None:
     """Run the broker: model registry, queues, dynamic batching, statistics, metrics."""
-    from broker.metrics import MetricsSettings
-    from broker.server import Broker, BrokerSettings
+    from tritium.broker.metrics import MetricsSettings
+    from tritium.broker.server import Broker, BrokerSettings
 
     log_settings = configure_logs("broker", log_verbose, log_info, log_warning, log_error, log_format)
     options = dict(item.partition("=")[::2] for item in metrics_config)
@@ -442,7 +442,7 @@ def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, al
             grpc_max_message_size, heartbeat_interval_secs, max_inflight_requests, http_restricted_api,
             grpc_restricted_protocol, curve_secret_key, curve_server_key, reuse_port) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
-    from gateway.server import GatewaySettings, run
+    from tritium.gateway.server import GatewaySettings, run
 
     configure_logs("gateway", log_verbose, log_info, log_warning, log_error, log_format)
     curve = curve_keys(curve_secret_key, "--curve-server-key", curve_server_key, server=False)
@@ -478,7 +478,7 @@ def worker(broker_address, model_repository, models, exit_timeout_secs, backend_
            max_cpu_instances, curve_secret_key, curve_server_key) -> None:
     """Run a host agent: starts and supervises this host's instance processes."""
     from tritium.hosts import detect_gpus
-    from workers.agent import HostAgent, WorkerSettings
+    from tritium.workers.agent import HostAgent, WorkerSettings
 
     logged = configure_logs("worker", log_verbose, log_info, log_warning, log_error, log_format)
     verbose = logged.log_verbose_level
@@ -542,8 +542,8 @@ def repo_group() -> None:
 @repository_options
 def repo_check(repositories, as_json, **repository) -> None:
     """Show every model of REPOSITORIES as tritium would load it; exit 1 if any fails."""
-    from repo import ModelRepository
-    from repo.check import check_rows, render_table, rows_as_json
+    from tritium.repo import ModelRepository
+    from tritium.repo.check import check_rows, render_table, rows_as_json
 
     # Open every model file, TorchScript too, to report what a load would refuse.
     options = dataclasses.replace(repository_settings(**repository), read_torchscript=True)

@@ -25,10 +25,10 @@ from pathlib import Path
 import zmq
 from google.protobuf import json_format
 
-from repo import ModelConfig, ModelLoadError
-from repo.instance_groups import resolve_instance_groups
-from repo.json_form import config_to_json_dict
-from repo.names import name_problem, write_files
+from tritium.repo import ModelConfig, ModelLoadError
+from tritium.repo.instance_groups import resolve_instance_groups
+from tritium.repo.json_form import config_to_json_dict
+from tritium.repo.names import name_problem, write_files
 from tritium import logs, notify
 from tritium.hostmetrics import HostSampler
 from tritium.hosts import host_name
@@ -59,7 +59,7 @@ from tritium.protocol import (
 )
 from tritium.security import CurveKeys, secure_client
 from tritium.signals import SignalWaker
-from workers.placement import InstancePlan, plan_instances, plan_scaled
+from tritium.workers.placement import InstancePlan, plan_instances, plan_scaled
 
 log = logging.getLogger(__name__)
 
@@ -417,7 +417,7 @@ class HostAgent:
         if child.plan.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(child.plan.gpu)
         child.process = subprocess.Popen(
-            [sys.executable, "-m", "workers.instance", child.iid], stdin=subprocess.PIPE, env=env)
+            [sys.executable, "-m", "tritium.workers.instance", child.iid], stdin=subprocess.PIPE, env=env)
         child.process.stdin.write(json.dumps(spec).encode())
         child.process.stdin.close()
         child.started_at = time.monotonic()

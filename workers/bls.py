@@ -22,7 +22,7 @@ from tritium.pb_utils import types as pb
 from tritium.protocol import Infer, Response, pack_tensors, read_record, tensor_views
 from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
-from workers.tensors import array_to_frame, frame_to_array
+from tritium.workers.tensors import array_to_frame, frame_to_array
 
 # tritium error codes -> pb_utils.TritonError codes
 _PB_CODES = {ErrorCode.UNKNOWN: pb.TritonError.UNKNOWN, ErrorCode.INTERNAL: pb.TritonError.INTERNAL,

@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from repo import ModelConfig
+from tritium.repo import ModelConfig
 from tritium import datatypes
 from tritium.errors import InternalError, InvalidArgument, TritiumError
 from tritium.protocol import Batch, BatchDone, Infer, Response, ResponsePart, pack_tensors, read_record, tensor_views
-from workers.backends.base import InferenceRequest, InferenceResponse, Instance
-from workers.sequence_state import SequenceInputs
-from workers.tensors import array_to_frame, check_tensor_size, frame_to_array
+from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
+from tritium.workers.sequence_state import SequenceInputs
+from tritium.workers.tensors import array_to_frame, check_tensor_size, frame_to_array
 
 log = logging.getLogger(__name__)
 

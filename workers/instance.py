@@ -1,6 +1,6 @@
 """The instance process: one model instance, one backend, one DEALER socket to the broker.
 
-Started by the host agent as ``python -m workers.instance <iid>`` with its spec as JSON
+Started by the host agent as ``python -m tritium.workers.instance <iid>`` with its spec as JSON
 on stdin. It initializes the model, says HELLO (granting credit), then executes every
 BATCH it receives. If initialization fails it reports INSTANCE_FAILED and exits with
 ``ExitCode.INIT_FAILED``, which tells the agent not to restart it.
@@ -23,7 +23,7 @@ from pathlib import Path
 import zmq
 from google.protobuf import json_format
 
-from repo import ModelConfig
+from tritium.repo import ModelConfig
 from tritium import logs
 from tritium.gctune import tune_for_serving
 from tritium.exit_codes import ExitCode
@@ -42,11 +42,11 @@ from tritium.protocol import (
 )
 from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
-from workers.backends import load_backend
-from workers.backends.base import BackendConfig, InstanceContext, ModelContext
-from workers.executor import BatchExecutor
-from workers.sequence_state import SequenceInputs
-from workers.warmup import warm_up
+from tritium.workers.backends import load_backend
+from tritium.workers.backends.base import BackendConfig, InstanceContext, ModelContext
+from tritium.workers.executor import BatchExecutor
+from tritium.workers.sequence_state import SequenceInputs
+from tritium.workers.warmup import warm_up
 
 log = logging.getLogger(__name__)
 

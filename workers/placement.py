@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from repo import ModelConfig
-from repo.instance_groups import instance_kind_name
+from tritium.repo import ModelConfig
+from tritium.repo.instance_groups import instance_kind_name
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,10 @@ import msgspec
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from repo import ModelConfig
+from tritium.repo import ModelConfig
 from tritium import datatypes
 from tritium.protocol import Infer
-from workers.tensors import array_to_frame, deserialize_bytes, frame_to_array
+from tritium.workers.tensors import array_to_frame, deserialize_bytes, frame_to_array
 
 log = logging.getLogger(__name__)
 

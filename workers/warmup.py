@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from repo import ModelConfig
+from tritium.repo import ModelConfig
 from tritium.datatypes import DataType, from_config_name, pack_bytes
 from tritium.errors import InternalError
 from tritium.protocol import Batch, Infer, pack_tensors, read_record

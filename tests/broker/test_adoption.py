@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from broker.adoption import Adoption
-from broker.registry import ModelVersion, load_identity
+from tritium.broker.adoption import Adoption
+from tritium.broker.registry import ModelVersion, load_identity
 from tests.broker.test_autoscale import World
 from tests.broker.test_scheduler import CONFIG, definition
 

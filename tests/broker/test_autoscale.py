@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from broker.autoscale import COOLDOWN_S, Autoscaler
-from broker.registry import AgentRecord, InstanceRecord, ModelVersion
+from tritium.broker.autoscale import COOLDOWN_S, Autoscaler
+from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion
 from tests.broker.test_scheduler import CONFIG, definition, make_world, submit
 from tritium.protocol import Kind, decode
 

@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from broker.batcher import BatchingPolicy, DynamicBatcher
+from tritium.broker.batcher import BatchingPolicy, DynamicBatcher
 
 US = 1_000  # ns per microsecond
 

@@ -13,7 +13,7 @@ import time
 import pytest
 import zmq
 
-from broker.server import Broker, BrokerSettings
+from tritium.broker.server import Broker, BrokerSettings
 from tests.repo.helpers import PLAIN_PY_MODEL, write_model
 from tritium.protocol import (
     PROTOCOL_VERSION,

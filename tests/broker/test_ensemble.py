@@ -13,11 +13,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from broker.ensemble import _reshaped
-from broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
-from broker.scheduler import Scheduler
-from repo.model import ModelDefinition
-from repo.normalize import normalize
+from tritium.broker.ensemble import _reshaped
+from tritium.broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
+from tritium.broker.scheduler import Scheduler
+from tritium.repo.model import ModelDefinition
+from tritium.repo.normalize import normalize
 from tritium.errors import ErrorCode, InvalidArgument, Unavailable
 from tritium.protocol import (
     INLINE_LIMIT,

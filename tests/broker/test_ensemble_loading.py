@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from broker.lifecycle import ControlSettings, ModelLifecycle
-from broker.registry import VersionState
+from tritium.broker.lifecycle import ControlSettings, ModelLifecycle
+from tritium.broker.registry import VersionState
 from tests.broker.test_lifecycle import World
 from tests.repo.helpers import write_model
 from tritium.errors import TritiumError

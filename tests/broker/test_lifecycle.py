@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from broker.lifecycle import ControlSettings, ModelLifecycle
-from broker.registry import AgentRecord, InstanceRecord, Registry, VersionState
-from broker.scheduler import Scheduler
-from repo import ModelRepository
+from tritium.broker.lifecycle import ControlSettings, ModelLifecycle
+from tritium.broker.registry import AgentRecord, InstanceRecord, Registry, VersionState
+from tritium.broker.scheduler import Scheduler
+from tritium.repo import ModelRepository
 from tests.repo.helpers import PLAIN_PY_MODEL, write_model
 from tritium.errors import TritiumError
 from tritium.protocol import Kind, decode

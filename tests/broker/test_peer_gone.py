@@ -8,7 +8,7 @@ import logging
 import pytest
 import zmq
 
-from broker.server import Broker, BrokerSettings
+from tritium.broker.server import Broker, BrokerSettings
 from tritium.protocol import ControlReply, Heartbeat
 
 
@@ -29,7 +29,7 @@ def _warnings(caplog) -> list[str]:
 
 def test_a_gateway_that_left_is_forgotten_without_a_warning(broker, caplog):
     broker.gateways.add(b"gw-gone")
-    with caplog.at_level(logging.INFO, logger="broker.server"):
+    with caplog.at_level(logging.INFO, logger="tritium.broker.server"):
         for _ in range(3):
             broker._send(broker.frontend, [b"gw-gone", Heartbeat(7, 1.0).encode()])
     assert b"gw-gone" not in broker.gateways
@@ -39,7 +39,7 @@ def test_a_gateway_that_left_is_forgotten_without_a_warning(broker, caplog):
 
 def test_answers_lost_to_a_vanished_peer_are_warned_about_once(broker, caplog):
     answer = ControlReply(1, {}).encode()
-    with caplog.at_level(logging.INFO, logger="broker.server"):
+    with caplog.at_level(logging.INFO, logger="tritium.broker.server"):
         for _ in range(3):
             broker._send(broker.frontend, [b"asker", answer])
             broker._send(broker.frontend, [b"asker", Heartbeat().encode(), answer])

@@ -152,7 +152,7 @@ def test_requests_wait_for_a_restarting_instance_only_so_long():
 
 
 def test_a_cache_hit_keeps_its_place_when_responses_are_ordered():
-    from broker.response_cache import ResponseCache
+    from tritium.broker.response_cache import ResponseCache
 
     registry, version, scheduler, to_instances, to_gateways, clock = make_world(
         "dynamic_batching { preserve_ordering: true } response_cache { enable: true }")

@@ -8,9 +8,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
-from broker.scheduler import Scheduler
-from repo.model import ModelDefinition
+from tritium.broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
+from tritium.broker.scheduler import Scheduler
+from tritium.repo.model import ModelDefinition
 from tritium.errors import ErrorCode, Unavailable
 from tritium.protocol import BatchDone, Infer, Kind, Response, ResponsePart, decode
 

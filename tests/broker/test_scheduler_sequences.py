@@ -5,7 +5,7 @@ A fake clock and recorded sends, as in test_scheduler.py; the model has ``sequen
 
 from __future__ import annotations
 
-from broker.sequences import END, START
+from tritium.broker.sequences import END, START
 from tests.broker.test_scheduler import add_instance, done, error_of, make_world, sent_batch
 from tritium.errors import ErrorCode
 from tritium.protocol import Infer, decode

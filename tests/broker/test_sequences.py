@@ -13,7 +13,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from broker.sequences import END, START, SequenceBatcher, SequencePolicy
+from tritium.broker.sequences import END, START, SequenceBatcher, SequencePolicy
 from tritium.errors import InvalidArgument
 
 US = 1_000  # ns per microsecond

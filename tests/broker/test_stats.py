@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from broker.stats import Duration, ModelVersionStats
+from tritium.broker.stats import Duration, ModelVersionStats
 
 DURATION_KEYS = {"count", "ns"}
 INFERENCE_STATS_KEYS = {"success", "fail", "queue", "compute_input", "compute_infer",

@@ -13,7 +13,7 @@ from tests.servers import TritiumServer
 BACKEND = '''
 import numpy as np
 
-from workers.backends.base import Backend, Instance, Model
+from tritium.workers.backends.base import Backend, Instance, Model
 
 WHERE = "{where}"
 

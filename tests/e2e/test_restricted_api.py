@@ -20,8 +20,8 @@ from click.testing import CliRunner
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from gateway.grpc_api import RPC_CATEGORIES
-from gateway.http_api import route_category
+from tritium.gateway.grpc_api import RPC_CATEGORIES
+from tritium.gateway.http_api import route_category
 from tests.e2e.rawhttp import error_of, request
 from tests.models import add_sub_model
 from tests.servers import TritiumServer, run_serve

@@ -69,7 +69,7 @@ def test_perf_reports_levels_and_writes_perf_analyzer_csv(server, tmp_path):
     assert all(float(r[1]) > 0 for r in rows[1:])
 
 
-@pytest.mark.parametrize("module", ["broker.server", "gateway.server"])
+@pytest.mark.parametrize("module", ["tritium.broker.server", "tritium.gateway.server"])
 def test_gateway_and_broker_never_import_onnxruntime(module):
     code = f"import sys, {module}; print('onnxruntime' in sys.modules, 'torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=PROJECT_ROOT, timeout=60)

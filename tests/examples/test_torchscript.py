@@ -28,7 +28,7 @@ def test_scores_match_the_module_run_locally(server):
 
 def test_without_torch_the_load_fails_saying_what_to_install(monkeypatch):
     from tritium.errors import InvalidArgument
-    from workers.backends.pytorch import _import_torch
+    from tritium.workers.backends.pytorch import _import_torch
 
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
     expected = r'needs PyTorch, which is not installed here: pip install "tritium\[torch\]"'

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import zmq
 
-from gateway.broker_link import BrokerLink
-from gateway.dataplane import DataPlane
-from gateway.http_api import HttpApp
-from gateway.http_server import HttpRequest
+from tritium.gateway.broker_link import BrokerLink
+from tritium.gateway.dataplane import DataPlane
+from tritium.gateway.http_api import HttpApp
+from tritium.gateway.http_server import HttpRequest
 from tritium.protocol import Heartbeat, Hello, Infer, Message, ModelRow, Models, Response, VersionRow, read_record
 from tritium.zmqio import recv_parts, send_parts
 

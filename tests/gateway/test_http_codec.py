@@ -8,9 +8,9 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.http_codec import decode_infer_request, encode_infer_response, output_to_json
-from gateway.inference import InferResult, OutputTensor, RequestedOutput
-from gateway.shared_memory import SharedMemoryRef
+from tritium.gateway.http_codec import decode_infer_request, encode_infer_response, output_to_json
+from tritium.gateway.inference import InferResult, OutputTensor, RequestedOutput
+from tritium.gateway.shared_memory import SharedMemoryRef
 from tritium.errors import InvalidArgument, TritiumError
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gateway.http_server import HttpLimits, HttpRequest, HttpResponse, HttpServer, Streaming
+from tritium.gateway.http_server import HttpLimits, HttpRequest, HttpResponse, HttpServer, Streaming
 
 
 class ScriptedApp:
@@ -220,7 +220,7 @@ def test_drain_finishes_the_request_in_flight_and_closes_idle_connections(runnin
 def test_a_client_that_pipelines_without_end_is_read_again_once_answered(running):
     """Past MAX_PIPELINED parsed requests the connection is not read; it must be read again as
     answers leave, or the later requests (sent after a pause) would never be answered."""
-    import gateway.http_server as module
+    import tritium.gateway.http_server as module
 
     client = running.connect()
     client.sendall(b"GET /slow HTTP/1.1\r\n\r\n" + b"GET /p HTTP/1.1\r\n\r\n" * (2 * module.MAX_PIPELINED))

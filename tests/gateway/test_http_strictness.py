@@ -11,10 +11,10 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.compression import compress, response_encoding
-from gateway.http_codec import decode_infer_request, decode_raw_request, encode_infer_response, parse_json_object
-from gateway.inference import InferResult, OutputTensor
-from gateway.model_table import ModelSpec
+from tritium.gateway.compression import compress, response_encoding
+from tritium.gateway.http_codec import decode_infer_request, decode_raw_request, encode_infer_response, parse_json_object
+from tritium.gateway.inference import InferResult, OutputTensor
+from tritium.gateway.model_table import ModelSpec
 from tritium.errors import ErrorCode, TritiumError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.model_table import ModelTable
+from tritium.gateway.model_table import ModelTable
 from tritium.errors import InvalidArgument, NotFound, TritiumError, Unavailable
 from tritium.protocol import ModelRow, Models, VersionRow
 

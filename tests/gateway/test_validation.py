@@ -7,9 +7,9 @@ import struct
 import numpy as np
 import pytest
 
-from gateway.inference import InferRequest, InputTensor, RequestedOutput
-from gateway.model_table import ModelSpec
-from gateway.validation import count_bytes_elements, element_count, validate_request
+from tritium.gateway.inference import InferRequest, InputTensor, RequestedOutput
+from tritium.gateway.model_table import ModelSpec
+from tritium.gateway.validation import count_bytes_elements, element_count, validate_request
 from tritium.errors import ErrorCode, InvalidArgument, TritiumError, Unsupported
 
 
@@ -291,7 +291,7 @@ def test_unknown_requested_output():
 
 
 def test_decoupled_model_is_unsupported_501():
-    from gateway.validation import check_single_response
+    from tritium.gateway.validation import check_single_response
 
     with pytest.raises(TritiumError) as raised:
         check_single_response(spec(decoupled=True), "HTTP end point doesn't support models with "

@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from examples import models as example_models
-from repo import ModelLoadError, RepositoryOptions
-from repo.loader import load_model
+from tritium.repo import ModelLoadError, RepositoryOptions
+from tritium.repo.loader import load_model
 
 FileContent = str | bytes | Callable[[Path], object]
 

@@ -6,8 +6,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from repo.autoscale import AutoscalePolicy, autoscale_policy
-from repo.errors import ModelLoadError
+from tritium.repo.autoscale import AutoscalePolicy, autoscale_policy
+from tritium.repo.errors import ModelLoadError
 
 
 def config(value: str | None, extra: str = ""):

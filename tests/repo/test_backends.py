@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from repo import ModelLoadError
-from repo.backends import SUPPORTED_DESCRIPTION, check_supported, resolve_backend
-from repo.config_file import parse_config_text
+from tritium.repo import ModelLoadError
+from tritium.repo.backends import SUPPORTED_DESCRIPTION, check_supported, resolve_backend
+from tritium.repo.config_file import parse_config_text
 from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, load, load_error, minimal_io, write_model
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from repo import ModelRepository
-from repo.check import check_rows, render_table, rows_as_json
+from tritium.repo import ModelRepository
+from tritium.repo.check import check_rows, render_table, rows_as_json
 from tests.repo.helpers import FLOAT, PLAIN_PY_MODEL, add_sub, identity, minimal_io, onnx_io, write_model
 from tritium.cli import main
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from repo import ModelRepository
+from tritium.repo import ModelRepository
 from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, write_model
 
 

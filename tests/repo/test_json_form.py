@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from repo.config_file import parse_config_text
-from repo.json_form import config_to_json_dict
+from tritium.repo.config_file import parse_config_text
+from tritium.repo.json_form import config_to_json_dict
 from tests.repo.helpers import FLOAT, identity, load, onnx_io, write_model
 
 # Triton's answer for an ONNX model on CPU with no config.pbtxt (TRITON_REFERENCE.md 2.3).

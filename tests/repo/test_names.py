@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from repo.errors import ModelLoadError
-from repo.names import NOT_A_NAME, name_problem, relative_file_problem, require_name, write_files
+from tritium.repo.errors import ModelLoadError
+from tritium.repo.names import NOT_A_NAME, name_problem, relative_file_problem, require_name, write_files
 from tritium.errors import InvalidArgument
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from repo import ModelLoadError
-from repo.config_file import parse_config_text
-from repo.instance_groups import instance_kind_name, resolve_instance_groups
-from repo.normalize import SEQUENCE_IDLE_DEFAULT_US, normalize
+from tritium.repo import ModelLoadError
+from tritium.repo.config_file import parse_config_text
+from tritium.repo.instance_groups import instance_kind_name, resolve_instance_groups
+from tritium.repo.normalize import SEQUENCE_IDLE_DEFAULT_US, normalize
 from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, load, load_error, minimal_io, write_model
 
 Group = mc.ModelInstanceGroup

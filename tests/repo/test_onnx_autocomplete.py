@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from repo.onnx_autocomplete import read_onnx_io
+from tritium.repo.onnx_autocomplete import read_onnx_io
 from tests.repo.helpers import (
     BOOL, FLOAT, INT64, STRING, add_sub, identity, load, load_error, onnx_io, write_model)
 

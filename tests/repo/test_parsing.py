@@ -7,8 +7,8 @@ import os
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from repo import ModelLoadError
-from repo.config_file import MAX_CONFIG_BYTES, config_path, parse_config_text, read_config
+from tritium.repo import ModelLoadError
+from tritium.repo.config_file import MAX_CONFIG_BYTES, config_path, parse_config_text, read_config
 from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, load, load_error, write_model
 
 PY_FILES = {"1/model.py": PLAIN_PY_MODEL}

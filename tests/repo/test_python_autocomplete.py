@@ -6,7 +6,7 @@ import time
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from repo.python_autocomplete import run_auto_complete
+from tritium.repo.python_autocomplete import run_auto_complete
 from tests.repo.helpers import PLAIN_PY_MODEL, load, load_error, write_model
 
 COMPLETING_MODEL = """

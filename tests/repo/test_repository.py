@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from repo import ModelLoadError, ModelRepository, RepositoryOptions
-from repo.config_file import MAX_CONFIG_BYTES
-from repo.repository import version_fingerprint
+from tritium.repo import ModelLoadError, ModelRepository, RepositoryOptions
+from tritium.repo.config_file import MAX_CONFIG_BYTES
+from tritium.repo.repository import version_fingerprint
 from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, identity, write_model
 
 PY = {"1/model.py": PLAIN_PY_MODEL}
@@ -109,7 +109,7 @@ def test_version_that_is_a_file_is_no_version(tmp_path):
 
 def test_internal_errors_are_contained_per_model(tmp_path, monkeypatch):
     good_models(tmp_path)
-    import repo.repository as repository
+    import tritium.repo.repository as repository
 
     real_load_model = repository.load_model
 

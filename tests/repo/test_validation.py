@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from repo import ModelLoadError
-from repo.config_file import parse_config_text
-from repo.normalize import normalize
-from repo.validate import validate_config
+from tritium.repo import ModelLoadError
+from tritium.repo.config_file import parse_config_text
+from tritium.repo.normalize import normalize
+from tritium.repo.validate import validate_config
 from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, load, load_error, minimal_io, write_model
 
 IO = minimal_io()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from repo.backends import numeric_subdirs
+from tritium.repo.backends import numeric_subdirs
 from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, load, load_error, write_model
 
 

@@ -18,8 +18,8 @@ from tritonclient.grpc import model_config_pb2
 
 from tritium.errors import ErrorCode, InvalidArgument
 from tritium.protocol import INLINE_LIMIT, Batch, BatchDone, Infer, Response, pack_tensors, read_record, tensor_views
-from workers.backends.base import InferenceRequest, InferenceResponse, Instance
-from workers.executor import BatchExecutor
+from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
+from tritium.workers.executor import BatchExecutor
 
 BATCHING_CONFIG = """
 name: "m"

@@ -9,7 +9,7 @@ from tritonclient.grpc import model_config_pb2
 
 from examples import models
 from tritium.errors import InvalidArgument
-from workers.backends.onnxruntime import check_against_config
+from tritium.workers.backends.onnxruntime import check_against_config
 
 TENSORS = """
 input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: {dims} }}, {{ name: "INPUT1", data_type: TYPE_FP32, dims: [ 16 ] }} ]

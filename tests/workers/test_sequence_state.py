@@ -16,8 +16,8 @@ from tritonclient.grpc import model_config_pb2
 
 from tests.workers.test_executor import parse_done
 from tritium.protocol import Batch, Infer
-from workers.backends.base import InferenceResponse, Instance
-from workers.executor import BatchExecutor
+from tritium.workers.backends.base import InferenceResponse, Instance
+from tritium.workers.executor import BatchExecutor
 
 CONTROLS = """
   control_input [

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from workers.tensors import array_to_frame, deserialize_bytes, frame_to_array, serialize_bytes
+from tritium.workers.tensors import array_to_frame, deserialize_bytes, frame_to_array, serialize_bytes
 from tritium.errors import InvalidArgument
 
 

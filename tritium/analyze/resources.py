@@ -1,6 +1,6 @@
 """Memory and CPU of a model's instance processes, read from /proc (a server on this host).
 
-Each instance process runs ``python -m workers.instance HOST/MODEL/VERSION/...``.
+Each instance process runs ``python -m tritium.workers.instance HOST/MODEL/VERSION/...``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def instance_pids(model: str) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"workers.instance" in argv and argv.index(b"workers.instance") + 1 < len(argv):
-            iid = argv[argv.index(b"workers.instance") + 1].decode(errors="replace").split("/")
+        if b"tritium.workers.instance" in argv and argv.index(b"tritium.workers.instance") + 1 < len(argv):
+            iid = argv[argv.index(b"tritium.workers.instance") + 1].decode(errors="replace").split("/")
             if len(iid) > 1 and iid[1] == model:
                 pids.append(int(entry.name))
     return pids

@@ -4,7 +4,7 @@
 custom backend: a Python module ``tritium_B.py`` (or a package ``tritium_B/``) looked
 for, in Triton's order, in the model's version folder, the model's folder and
 ``<--backend-directory>/B/``, and then in the ``tritium.backends`` entry-point group.
-The module defines ``TritiumBackend``, a subclass of ``workers.backends.base.Backend``;
+The module defines ``TritiumBackend``, a subclass of ``tritium.backend.Backend``;
 an entry point may name that class directly.
 """
 
@@ -16,13 +16,13 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from workers.backends.base import Backend, BackendConfig
+from tritium.workers.backends.base import Backend, BackendConfig
 
 ENTRY_POINT_GROUP = "tritium.backends"
 _BUILTIN = {
-    "onnxruntime": ("workers.backends.onnxruntime", "OnnxRuntimeBackend"),
-    "python": ("workers.backends.python_backend", "PythonBackend"),
-    "pytorch": ("workers.backends.pytorch", "PyTorchBackend"),
+    "onnxruntime": ("tritium.workers.backends.onnxruntime", "OnnxRuntimeBackend"),
+    "python": ("tritium.workers.backends.python_backend", "PythonBackend"),
+    "pytorch": ("tritium.workers.backends.pytorch", "PyTorchBackend"),
 }
 
 

@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from repo import ModelConfig
+from tritium.repo import ModelConfig
 from tritium.errors import TritiumError
 from tritium.security import CurveKeys
 

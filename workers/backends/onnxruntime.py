@@ -15,11 +15,11 @@ import logging
 
 import numpy as np
 
-from repo.config_file import ModelConfig
-from repo.model_files import onnx_problem
-from repo.onnx_autocomplete import OnnxSignature, OnnxTensorInfo
+from tritium.repo.config_file import ModelConfig
+from tritium.repo.model_files import onnx_problem
+from tritium.repo.onnx_autocomplete import OnnxSignature, OnnxTensorInfo
 from tritium.errors import InvalidArgument
-from workers.backends.base import Backend, Instance, InstanceContext, Model, ModelContext
+from tritium.workers.backends.base import Backend, Instance, InstanceContext, Model, ModelContext
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ import numpy as np
 from tritium.errors import ErrorCode, InternalError, TritiumError, error_for_code
 from tritium.pb_utils import MODULE_DIR
 from tritium.pb_utils.types import runtime
-from workers.bls import BlsClient
-from workers.backends.base import (
+from tritium.workers.bls import BlsClient
+from tritium.workers.backends.base import (
     Backend, InferenceRequest, InferenceResponse, Instance, InstanceContext, Model, ModelContext,
 )
 

@@ -17,9 +17,9 @@ import warnings
 
 import numpy as np
 
-from repo.model_files import forward_arguments, torchscript_problem
+from tritium.repo.model_files import forward_arguments, torchscript_problem
 from tritium.errors import InternalError, InvalidArgument
-from workers.backends.base import Backend, Instance, InstanceContext, Model, ModelContext
+from tritium.workers.backends.base import Backend, Instance, InstanceContext, Model, ModelContext
 
 log = logging.getLogger(__name__)
 

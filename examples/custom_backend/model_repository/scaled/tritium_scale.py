@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workers.backends.base import Backend, BackendConfig, Instance, InstanceContext, Model, ModelContext
+from tritium.backend import Backend, BackendConfig, Instance, InstanceContext, Model, ModelContext
 
 
 class ScaleInstance(Instance):
