@@ -21,13 +21,15 @@ it with the cause; the next request tries again after ``RETRY_AFTER_S``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 
+from tritium.broker.batcher import DynamicBatcher
 from tritium.broker.registry import AgentRecord, ModelVersion, Registry, VersionState
 from tritium.errors import Unavailable
+from tritium.repo.autoscale import AutoscalePolicy
 from tritium.protocol import Kind, encode
 
 log = logging.getLogger(__name__)
@@ -57,8 +59,9 @@ class ScaleState:
 
 class Autoscaler:
     def __init__(self, registry: Registry, send_backend: Callable[[list], None], scheduler,
-                 clock: Callable[[], int]) -> None:
+                 clock: Callable[[], int], changed: Callable[[], None]) -> None:
         self.registry = registry
+        self._changed = changed   # Membership.changed: what gateways see changed
         self._send_backend = send_backend
         self.scheduler = scheduler
         self._clock = clock
@@ -71,14 +74,14 @@ class Autoscaler:
     def start(self, version: ModelVersion) -> bool:
         """Place ``min`` instances of a version being loaded; True when it needs none to be ready."""
         version.scale = ScaleState(last_request_ns=self._clock())
-        for _ in range(version.autoscale.min_instances):
+        for _ in range(_policy(version).min_instances):
             if not self._grow(version, "the model's minimum"):
                 break
-        return version.autoscale.min_instances == 0
+        return _policy(version).min_instances == 0
 
     def request_arrived(self, version: ModelVersion, now: int) -> Unavailable | None:
         """Note traffic; the error to answer with while a failed cold start waits to be retried."""
-        scale = version.scale
+        scale = _state(version)
         scale.last_request_ns = now
         if scale.total == 0 and now < scale.retry_after_ns:
             return Unavailable(scale.last_error)
@@ -116,11 +119,11 @@ class Autoscaler:
         if scale is None:
             return 0
         others = scale.total - scale.targets.get(agent, 0)
-        count = max(0, min(running, version.autoscale.max_instances - others))
+        count = max(0, min(running, _policy(version).max_instances - others))
         scale.targets[agent] = count
         log.info("model %s version %d: keeping %d running instance(s) on a host across the broker restart",
                  version.name, version.version, count)
-        self.registry.generation += 1
+        self._changed()
         return count
 
     def agent_draining(self, agent: bytes) -> None:
@@ -136,14 +139,14 @@ class Autoscaler:
         for version in self.versions():
             if version.scale is None:
                 continue
-            if version.state == VersionState.LOADING and version.scale.total < version.autoscale.min_instances \
+            if version.state == VersionState.LOADING and version.scale.total < _policy(version).min_instances \
                     and now >= version.scale.next_step_ns:
                 self._grow(version, "the model's minimum (no host had room at load)")
             elif version.state == VersionState.READY:
                 self._evaluate(version, now)
 
     def _evaluate(self, version: ModelVersion, now: int) -> None:
-        policy, scale = version.autoscale, version.scale
+        policy, scale = _policy(version), _state(version)
         if len(version.batcher):
             scale.last_request_ns = now
         if scale.total < policy.min_instances and now >= scale.retry_after_ns:
@@ -151,7 +154,9 @@ class Autoscaler:
             return
         if now < scale.next_step_ns:
             return
-        waited_ms = (now - version.batcher.oldest_arrival_ns()) / 1e6 if len(version.batcher) else 0.0
+        batcher = version.batcher
+        assert isinstance(batcher, DynamicBatcher)   # sequence models are never autoscaled (repo/autoscale.py)
+        waited_ms = (now - batcher.oldest_arrival_ns()) / 1e6 if len(batcher) else 0.0
         if waited_ms > policy.target_queue_ms and scale.total < policy.max_instances \
                 and len(version.instances) >= scale.total:   # earlier scale-ups are serving already
             self._grow(version, f"the oldest request waited {waited_ms:.0f} ms (target {policy.target_queue_ms:g} ms)")
@@ -161,7 +166,7 @@ class Autoscaler:
     # -- growing and shrinking -------------------------------------------------------------
 
     def _grow(self, version: ModelVersion, why: str) -> bool:
-        scale = version.scale
+        scale = _state(version)
         agent = self._roomiest_host(version)
         if agent is None:
             if self._clock() >= scale.next_step_ns:   # say it once per cooldown, not every evaluation
@@ -174,7 +179,7 @@ class Autoscaler:
         log.info("model %s version %d: %d -> %d instance(s), one more on host %s: %s", version.name,
                  version.version, scale.total - 1, scale.total, agent.host, why)
         self._tell(agent.identity, version)
-        self.registry.generation += 1
+        self._changed()
         return True
 
     def _shrink(self, version: ModelVersion, why: str) -> None:
@@ -183,7 +188,7 @@ class Autoscaler:
             return
         instance = idle[-1]
         instance.draining = True
-        scale = version.scale
+        scale = _state(version)
         scale.targets[instance.agent] = max(0, scale.targets.get(instance.agent, 0) - 1)
         scale.next_step_ns = self._clock() + int(COOLDOWN_S * 1e9)
         host = self.registry.agents[instance.agent].host if instance.agent in self.registry.agents else "?"
@@ -191,9 +196,9 @@ class Autoscaler:
                  version.version, scale.total + 1, scale.total, instance.name, host, why)
         self._tell(instance.agent, version, stop=[instance.name])
 
-    def _tell(self, agent: bytes, version: ModelVersion, stop: list[str] = ()) -> None:
+    def _tell(self, agent: bytes, version: ModelVersion, stop: Sequence[str] = ()) -> None:
         message = {"k": Kind.SCALE, "assignment": version.assignment(),
-                   "count": version.scale.targets.get(agent, 0), "stop": list(stop)}
+                   "count": _state(version).targets.get(agent, 0), "stop": list(stop)}
         self._send_backend([agent, encode(message)])
 
     def _roomiest_host(self, version: ModelVersion) -> AgentRecord | None:
@@ -210,7 +215,7 @@ class Autoscaler:
         group = version.definition.portable_config.instance_group
         if group and group[0].kind == _GPU:
             per_gpu = max(1, group[0].count)
-            return len(agent.gpus) * per_gpu - version.scale.targets.get(agent.identity, 0)
+            return len(agent.gpus) * per_gpu - _state(version).targets.get(agent.identity, 0)
         # The limit is for autoscaled instances: fixed instance groups are the operator's own choice.
         # A reload's new load may use the slots of the load it replaces (which stops when it is ready).
         scaled = sum(v.scale.targets.get(agent.identity, 0) for v in self.versions() if v.scale is not None
@@ -248,6 +253,18 @@ class Autoscaler:
         for version in self.versions():
             if version.scale is not None:
                 version.scale.targets.pop(agent, None)
+
+
+def _policy(version: ModelVersion) -> AutoscalePolicy:
+    """An autoscaled version's policy (versions() lists only those that have one)."""
+    assert version.autoscale is not None
+    return version.autoscale
+
+
+def _state(version: ModelVersion) -> ScaleState:
+    """An autoscaled version's scaling state, set by start() before anything else reads it."""
+    assert version.scale is not None
+    return version.scale
 
 
 def _gpu_model(version: ModelVersion) -> bool:

@@ -6,36 +6,68 @@ become ready, the ensemble's load fails naming the step. In explicit mode, loadi
 ensemble first loads the composing models that are not loaded (Triton does), and
 unloading a composing model unloads the ensembles that use it.
 
-``EnsembleLoading`` is part of ``ModelLifecycle`` (its base class); it uses the
-lifecycle's registry, loads in progress and ``_begin``/``_schedule_read``/``_fail``.
+``EnsembleLoader`` is owned by ``ModelLifecycle``: it shares the lifecycle's loads in
+progress, and applies its decisions through the lifecycle's ``LoadSteps``.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from tritium.broker.registry import ModelRecord, ModelVersion, VersionState
+from tritium.broker.registry import ModelRecord, ModelVersion, Registry, VersionState
 from tritium.repo import ModelDefinition, ModelLoadError
 from tritium.repo.backends import ENSEMBLE_PLATFORM
 from tritium.repo.ensembles import composing_models, validate_ensemble
 
 if TYPE_CHECKING:
-    from tritium.broker.lifecycle import LoadInProgress
+    from tritium.broker.lifecycle import LoadInProgress, Reply
+    from tritium.broker.model_reads import ModelReader
 
 log = logging.getLogger(__name__)
 
 _WAITING = object()
 
 
-class EnsembleLoading:
-    """The ensemble part of ``ModelLifecycle``: composing models loaded first, readiness, dependents."""
+class LoadSteps(Protocol):
+    """What the ensemble loader (and the repository poller) ask of the model lifecycle."""
 
-    _ensembles: set[ModelVersion]   # ensemble versions waiting for their steps' models
-    _dependents: dict[str, list[str]]   # ensembles unloaded with their models -> those models
+    def begin(self, name: str, definition: ModelDefinition | None, error: str | None, fingerprint, files,
+              reply: Reply | None, checked: bool = False, members_asked: bool = False,
+              restoring: bool = False) -> None: ...
 
-    def _read_with_members(self, names) -> list[tuple[str, tuple]]:
+    def schedule_read(self, name: str, config, files, reply: Reply | None, restoring: bool = False) -> None: ...
+
+    def version_ready(self, version: ModelVersion) -> None: ...
+
+    def version_failed(self, version: ModelVersion, message: str) -> None: ...
+
+    def unload_now(self, name: str, with_members: bool = False) -> None: ...
+
+
+class EnsembleLoader:
+    """Composing models loaded first, ensembles' readiness, and ensembles unloaded with their models."""
+
+    def __init__(self, registry: Registry, loads: dict[str, LoadInProgress], steps: LoadSteps,
+                 reader: ModelReader, poll_mode: bool) -> None:
+        self.registry = registry
+        self._loads = loads   # the lifecycle's loads in progress, by model name
+        self._steps = steps
+        self._reader = reader
+        self._poll_mode = poll_mode
+        self.waiting: set[ModelVersion] = set()   # ensemble versions waiting for their steps' models
+        self._dependents: dict[str, list[str]] = {}   # ensembles unloaded with their models -> those models
+
+    def note_dependent(self, name: str, members: list[str]) -> None:
+        """``name`` was unloaded with its models: it loads again once all of them are loaded."""
+        self._dependents[name] = members
+
+    def forget_dependent(self, name: str) -> None:
+        """``name`` is not to be loaded again when its models are (unloaded on purpose, or loading now)."""
+        self._dependents.pop(name, None)
+
+    def read_with_members(self, names) -> list[tuple[str, tuple]]:
         """Explicit mode's startup reads: the named models and the models of named ensembles, models first.
 
         Each ensemble then finds its composing models loading, and the broker does not
@@ -47,7 +79,7 @@ class EnsembleLoading:
             if name in reads or name in visiting:
                 return
             visiting.add(name)
-            result = self._read(name, None, None)
+            result = self._reader.read(name, None, None)
             if is_ensemble(result[0]):
                 for member in composing_models(result[0].config):
                     visit(member)
@@ -58,15 +90,15 @@ class EnsembleLoading:
             visit(name)
         return [(name, reads[name]) for name in order]
 
-    def _load_members(self, load: LoadInProgress, definition: ModelDefinition, fingerprint, files) -> bool:
+    def load_members(self, load: LoadInProgress, definition: ModelDefinition, fingerprint, files) -> bool:
         """Load the composing models an ensemble needs that are not loaded; False if none."""
         missing = [m for m in dict.fromkeys(composing_models(definition.config))
-                   if m != load.name and not self._is_loaded(m)]   # naming itself: the check says so
+                   if m != load.name and not self.is_loaded(m)]   # naming itself: the check says so
         if not missing:
             return False
         cycle = next((m for m in missing if self._waits_on(m, load.name)), None)
         if cycle is not None:
-            self._begin(load.name, None, f"ensemble '{load.name}': ensembles form a cycle through model "
+            self._steps.begin(load.name, None, f"ensemble '{load.name}': ensembles form a cycle through model "
                         f"'{cycle}'", fingerprint, files, reply=None)
             return True
         load.members = set(missing)
@@ -75,13 +107,13 @@ class EnsembleLoading:
         def loaded(member: str, _result) -> None:
             load.members.discard(member)
             if not load.members:
-                self._begin(load.name, definition, None, fingerprint, files, reply=None, members_asked=True)
+                self._steps.begin(load.name, definition, None, fingerprint, files, reply=None, members_asked=True)
 
         for member in missing:
             if member in self._loads:
                 self._loads[member].replies.append(functools.partial(loaded, member))
             else:
-                self._schedule_read(member, None, None, functools.partial(loaded, member))
+                self._steps.schedule_read(member, None, None, functools.partial(loaded, member))
         return True
 
     def _waits_on(self, name: str, target: str) -> bool:
@@ -97,16 +129,16 @@ class EnsembleLoading:
                     pending.append(member)
         return False
 
-    def _is_loaded(self, name: str) -> bool:
+    def is_loaded(self, name: str) -> bool:
         record = self.registry.models.get(name)
         return record is not None and not record.unloaded and record.error is None and any(
             v.state != VersionState.UNAVAILABLE for v in record.versions.values())
 
-    def _ensemble_error(self, definition: ModelDefinition) -> str | None:
+    def ensemble_error(self, definition: ModelDefinition) -> str | None:
         """The ensemble checked against the models loaded now (a scan checks against the repository's)."""
         configs, failures = {}, {}
         for name, record in self.registry.models.items():
-            if self._is_loaded(name):
+            if self.is_loaded(name):
                 configs[name] = max(record.versions.items())[1].definition.config
             elif record.error is not None and not record.unloaded:
                 failures[name] = record.error
@@ -118,22 +150,22 @@ class EnsembleLoading:
             return exc.message
         return None
 
-    def check_ensembles(self) -> None:
+    def check(self) -> None:
         """Ensemble versions whose steps' models are all READY become READY; those that cannot, fail."""
-        for version in list(self._ensembles):
-            if version not in self._ensembles:
+        for version in list(self.waiting):
+            if version not in self.waiting:
                 continue  # settled by a nested call
             if version.state != VersionState.LOADING or self.registry.epochs.get(version.epoch) is not version:
-                self._ensembles.discard(version)
+                self.waiting.discard(version)
                 continue
             problem = self._members_problem(version)
             if problem is _WAITING:
                 continue
-            self._ensembles.discard(version)
+            self.waiting.discard(version)
             if problem is None:
-                self.version_ready(version)
+                self._steps.version_ready(version)
             else:
-                self._fail(version, problem)
+                self._steps.version_failed(version, problem)
 
     def _members_problem(self, version: ModelVersion):
         """None when every step's model is READY, _WAITING while one still loads, else why not."""
@@ -153,29 +185,29 @@ class EnsembleLoading:
                     f"available{': ' + reason if reason else ''}")
         return _WAITING if waiting else None
 
-    def ensembles_follow(self, name: str) -> None:
+    def follow(self, name: str) -> None:
         """After model ``name`` loaded: as Triton, an ensemble that no longer fits it is unloaded,
         and an ensemble unloaded with its models loads again once all of them are loaded."""
         for ensemble, members in list(self._dependents.items()):
-            if name in members and all(self._is_loaded(m) for m in members):
+            if name in members and all(self.is_loaded(m) for m in members):
                 log.info("loading ensemble %s again: its models are loaded", ensemble)
                 del self._dependents[ensemble]
-                self._schedule_read(ensemble, None, None, None, restoring=True)
-        for ensemble in self._ensembles_using(name):
+                self._steps.schedule_read(ensemble, None, None, None, restoring=True)
+        for ensemble in self.using(name):
             record = self.registry.models[ensemble]
-            error = self._ensemble_error(max(record.versions.items())[1].definition)
+            error = self.ensemble_error(max(record.versions.items())[1].definition)
             if error is not None:
                 log.warning("unloading ensemble %s, which no longer fits model %s: %s", ensemble, name, error)
                 self._dependents[ensemble] = members_of(record)
-                self._unload(ensemble)
+                self._steps.unload_now(ensemble)
 
-    def _waits_for_members(self, name: str, definition: ModelDefinition | None, error: str | None,
+    def waits_for_members(self, name: str, definition: ModelDefinition | None, error: str | None,
                            restoring: bool) -> bool:
         """Note an ensemble that does not fit its models now, to try it again when one of them
         loads (in poll mode, and for one unloaded with its models, as Triton does). True when it
         was unloaded with them: it then stays unloaded meanwhile (Triton's index says so too)
         rather than failed."""
-        if error is None or not is_ensemble(definition) or not (restoring or self.settings.mode == "poll"):
+        if error is None or not is_ensemble(definition) or not (restoring or self._poll_mode):
             return False
         self._dependents[name] = list(dict.fromkeys(composing_models(definition.config)))
         record = self.registry.models.get(name)
@@ -184,7 +216,7 @@ class EnsembleLoading:
             return True
         return False
 
-    def _ensembles_using(self, name: str) -> list[str]:
+    def using(self, name: str) -> list[str]:
         """The loaded ensembles with a step that uses model ``name``."""
         return [record.name for record in self.registry.models.values()
                 if not record.unloaded and name in members_of(record)]

@@ -1,4 +1,4 @@
-"""Model lifecycle: loading, reloading without dropping a request, unloading, polling.
+"""Model lifecycle: loading, reloading without dropping a request, unloading; owns the registry's models, versions, epochs.
 
 Every load of a model version is a ``ModelVersion`` with an epoch of its own. A first
 load takes the version's place in the registry at once, LOADING. A reload (new files, a
@@ -7,29 +7,24 @@ are ready does the new epoch take the version's place, and the old one drains: i
 no new request, finishes what it queued and runs, and its instances are stopped. A
 reload that fails leaves the old epoch serving and records the error.
 
-Reading a model folder (auto-complete may parse a large ONNX file or run Python) happens
-on a thread pool, so the broker's loop keeps routing requests meanwhile; results come
-back to the loop through ``completed`` and a wake-up socket.
+Reading model folders is ``ModelReader``'s (broker/model_reads.py), off the loop; ensembles'
+part of loading is ``EnsembleLoader``'s (broker/ensemble_loading.py); poll mode is
+``RepositoryPoller``'s (broker/polling.py). This module alone writes the registry's models,
+versions and epochs; instances leave, and the generation moves, through ``Membership``.
 """
 
 from __future__ import annotations
 
-import base64
 import itertools
 import logging
-import queue
-import shutil
-import socket
-import tempfile
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf import json_format
-
-from tritium.broker.ensemble_loading import EnsembleLoading, is_ensemble, members_of
+from tritium.broker.ensemble_loading import EnsembleLoader, is_ensemble, members_of
+from tritium.broker.membership import Membership
+from tritium.broker.model_reads import MissingModel, ModelReader, overrides_from
+from tritium.broker.polling import RepositoryPoller
 from tritium.broker.registry import (
     AgentRecord,
     ModelRecord,
@@ -38,9 +33,9 @@ from tritium.broker.registry import (
     VersionState,
     load_identity,
 )
-from tritium.repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
+from tritium.repo import ModelDefinition, ModelRepository
 from tritium.repo.json_form import config_to_json_dict
-from tritium.repo.names import relative_file_problem, require_name, write_files
+from tritium.repo.names import require_name
 from tritium.repo.repository import version_fingerprint
 from tritium.errors import InvalidArgument, TritiumError, Unavailable
 from tritium.protocol import Kind, encode
@@ -70,12 +65,13 @@ class LoadInProgress:
     members: set[str] = field(default_factory=set)   # an ensemble's composing models it waits to see loaded
 
 
-class ModelLifecycle(EnsembleLoading):
+class ModelLifecycle:
     def __init__(self, registry: Registry, repository: ModelRepository, scheduler, send_backend,
-                 settings: ControlSettings, new_version_hook: Callable[[ModelVersion], None] = lambda v: None,
-                 autoscaler=None) -> None:
+                 settings: ControlSettings, membership: Membership,
+                 new_version_hook: Callable[[ModelVersion], None] = lambda v: None, autoscaler=None) -> None:
         self.autoscaler = autoscaler   # places the instances of tritium.autoscale models
         self.registry = registry
+        self.membership = membership   # instances leave, and the generation moves, through it
         self.repository = repository
         self.scheduler = scheduler
         self._send_backend = send_backend
@@ -85,18 +81,12 @@ class ModelLifecycle(EnsembleLoading):
         self._loads: dict[str, LoadInProgress] = {}
         self._queued: dict[str, list[Callable[[], None]]] = {}   # loads/unloads asked for during a load
         self.draining: set[ModelVersion] = set()
-        self._ensembles: set[ModelVersion] = set()   # ensemble versions waiting for their steps' models
-        self._pool = ThreadPoolExecutor(settings.load_threads, thread_name_prefix="model-load")
-        self.completed: queue.SimpleQueue = queue.SimpleQueue()
-        self.wake_read, self._wake_write = socket.socketpair()
-        self.wake_read.setblocking(False)
-        self._wake_write.setblocking(False)
-        self._next_poll = time.monotonic() + settings.poll_seconds
-        self._overrides = Path(tempfile.mkdtemp(prefix="tritium-overrides-"))
+        self.reader = ModelReader(repository, settings.load_threads)
+        self.ensembles = EnsembleLoader(registry, self._loads, self, self.reader, settings.mode == "poll")
+        self.poller = RepositoryPoller(registry, repository, self._loads, self, self.reader, self.ensembles,
+                                       settings.poll_seconds, settings.mode == "poll")
         self.repository_errors: tuple[str, ...] = ()
         self._version_files: dict[int, tuple] = {}   # epoch -> the files its version was loaded from
-        self._removed: set[str] = set()              # poll mode: models whose folder went away
-        self._dependents: dict[str, list[str]] = {}  # an ensemble unloaded with its models -> them
 
     # -- startup ------------------------------------------------------------------------
 
@@ -106,20 +96,19 @@ class ModelLifecycle(EnsembleLoading):
             names = self.settings.load_models
             if "*" in names:
                 names = tuple(self.repository.discover()[0])
-            for name, result in self._read_with_members(names):  # composing models first
-                self._begin(name, *result, reply=None, members_asked=True)
+            for name, result in self.ensembles.read_with_members(names):  # composing models first
+                self.begin(name, *result, reply=None, members_asked=True)
             return
         scan = self.repository.load_all()
         self.repository_errors = scan.errors
         for error in scan.errors:
             log.error("%s", error)
         for name, entry in sorted(scan.models.items()):  # the scan checked ensembles against their models
-            self._begin(name, entry.definition, entry.error, self._fingerprint(name), None, reply=None,
+            self.begin(name, entry.definition, entry.error, self.reader.fingerprint(name), None, reply=None,
                         checked=True)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        shutil.rmtree(self._overrides, ignore_errors=True)
+        self.reader.close()
 
     # -- the load, unload and index API ---------------------------------------------------
 
@@ -130,11 +119,11 @@ class ModelLifecycle(EnsembleLoading):
             return
         try:
             require_name(name, "load")
-            config, files = self._overrides_from(name, parameters)
+            config, files = overrides_from(name, parameters)
         except TritiumError as exc:
             reply(exc)
             return
-        self._schedule_read(name, config, files, reply)
+        self.schedule_read(name, config, files, reply)
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Triton's asynchronous unload: in-flight requests finish, new ones find no model.
@@ -145,16 +134,16 @@ class ModelLifecycle(EnsembleLoading):
         if self.settings.mode != "explicit":
             raise Unavailable(POLLING_ENABLED)
         require_name(name, "unload")
-        self._dependents.pop(name, None)   # unloaded on purpose: loading its models does not bring it back
+        self.ensembles.forget_dependent(name)   # unloaded on purpose: loading its models does not bring it back
         if name in self._loads:  # after the load in progress, as Triton orders them
-            self._queued.setdefault(name, []).append(lambda: self._unload(name, unload_dependents))
+            self._queued.setdefault(name, []).append(lambda: self.unload_now(name, unload_dependents))
             return
-        self._unload(name, unload_dependents)
+        self.unload_now(name, unload_dependents)
 
     def index(self, ready_only: bool) -> list[dict]:
         # A model whose folder went away leaves the index, as in Triton; the gateways still
         # know its versions, so that a request for one is told it is not ready.
-        names = set(self.repository.discover()[0]) | (set(self.registry.models) - self._removed)
+        names = set(self.repository.discover()[0]) | (set(self.registry.models) - self.poller.removed)
         entries = []
         for name in sorted(names):
             record = self.registry.models.get(name)
@@ -162,125 +151,23 @@ class ModelLifecycle(EnsembleLoading):
                 if not ready_only:
                     entries.append({"name": name})
                 continue
-            entries.extend(self._index_entries(record))
+            entries.extend(_index_entries(record))
         if ready_only:
             entries = [e for e in entries if e.get("state") == VersionState.READY.value]
         return entries
 
-    @staticmethod
-    def _index_entries(record: ModelRecord) -> list[dict]:
-        if record.error is not None and not record.versions:
-            return [{"name": record.name, "state": VersionState.UNAVAILABLE.value, "reason": record.error}]
-        entries = {}
-        for number in record.unloaded_versions:
-            entries[number] = (VersionState.UNAVAILABLE.value, "unloaded")
-        for number, error in record.version_errors.items():
-            entries[number] = (VersionState.UNAVAILABLE.value, error)
-        if not record.unloaded:
-            for number, version in record.versions.items():
-                reason = version.reason or (record.last_error or "")
-                entries[number] = (version.state.value, reason)
-        result = []
-        for number, (state, reason) in sorted(entries.items()):
-            entry = {"name": record.name, "version": str(number), "state": state}
-            if reason:
-                entry["reason"] = reason
-            result.append(entry)
-        return result
-
-    # -- reading model folders (thread pool) ---------------------------------------------
-
-    def _overrides_from(self, name: str, parameters: dict) -> tuple[ModelConfig | None, dict | None]:
-        config_text = parameters.get("config")
-        files = {key[len("file:"):]: value for key, value in parameters.items() if key.startswith("file:")}
-        if files and config_text is None:
-            raise InvalidArgument(f"failed to load '{name}': a 'file:' override needs a 'config' parameter")
-        config = None
-        if config_text is not None:
-            if not isinstance(config_text, str):
-                raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON string")
-            config = ModelConfig()
-            try:
-                json_format.Parse(config_text, config, ignore_unknown_fields=False)
-            except json_format.ParseError as exc:
-                raise InvalidArgument(f"failed to load '{name}': invalid 'config' parameter: {exc}") from exc
-        decoded = {}
-        for path, content in files.items():
-            problem = relative_file_problem(path)
-            if problem is not None:
-                raise InvalidArgument(f"failed to load '{name}': file override 'file:{path}' {problem}")
-            if isinstance(content, str):
-                try:
-                    content = base64.b64decode(content, validate=True)
-                except ValueError as exc:
-                    raise InvalidArgument(f"failed to load '{name}': 'file:{path}' is not base64") from exc
-            decoded[path] = bytes(content)
-        return config, decoded or None
-
-    def _schedule_read(self, name: str, config, files, reply: Reply | None, restoring: bool = False) -> None:
+    def schedule_read(self, name: str, config, files, reply: Reply | None, restoring: bool = False) -> None:
         if name in self._loads:  # one load of a model at a time, in the order asked
             self._queued.setdefault(name, []).append(
-                lambda: self._schedule_read(name, config, files, reply, restoring))
+                lambda: self.schedule_read(name, config, files, reply, restoring))
             return
         self._loads[name] = LoadInProgress(name, replies=[reply] if reply else [])
-        future = self._pool.submit(self._read, name, config, files)
-        future.add_done_callback(lambda f: self._post(
-            lambda: self._begin(name, *f.result(), reply=None, restoring=restoring)))
-
-    def _post(self, action: Callable[[], None]) -> None:
-        self.completed.put(action)
-        try:
-            self._wake_write.send(b"\0")
-        except BlockingIOError:
-            pass
-
-    def run_completed(self) -> None:
-        """In the broker's loop: apply what the thread pool finished."""
-        try:
-            self.wake_read.recv(4096)
-        except BlockingIOError:
-            pass
-        while True:
-            try:
-                action = self.completed.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                action()
-            except Exception:  # the broker keeps serving whatever one load did
-                log.exception("applying a model load failed")
-
-    def _read(self, name: str, config, files) -> tuple:
-        """(definition, error, fingerprint, files): runs on the thread pool; never raises."""
-        fingerprint = self._fingerprint(name)
-        model_dir = None
-        try:
-            if not files and name not in self.repository.discover()[0]:
-                return None, MissingModel(f"failed to load '{name}', failed to poll from model repository"), \
-                    fingerprint, files
-            if files:  # the load API's files, read here; agents get them shipped
-                model_dir = write_files(Path(tempfile.mkdtemp(dir=self._overrides)), name, files)
-            return self.repository.load(name, config, model_dir), None, fingerprint, files
-        except ModelLoadError as exc:
-            return None, exc.message, fingerprint, files
-        except OSError as exc:
-            return None, f"cannot write the files of the load request: {exc}", fingerprint, files
-        except Exception as exc:  # a bug of ours must fail this load, not the broker
-            log.exception("unexpected failure loading model %s", name)
-            return None, f"internal error loading model '{name}': {exc!r}", fingerprint, files
-        finally:
-            if model_dir is not None:
-                shutil.rmtree(model_dir.parent, ignore_errors=True)
-
-    def _fingerprint(self, name: str) -> tuple:
-        try:
-            return self.repository.fingerprint(name)
-        except OSError:
-            return ()
+        self.reader.read_later(name, config, files,
+                               lambda result: self.begin(name, *result, reply=None, restoring=restoring))
 
     # -- applying a load ------------------------------------------------------------------
 
-    def _begin(self, name: str, definition: ModelDefinition | None, error: str | None, fingerprint,
+    def begin(self, name: str, definition: ModelDefinition | None, error: str | None, fingerprint,
                files, reply: Reply | None, checked: bool = False, members_asked: bool = False,
                restoring: bool = False) -> None:
         """Apply a read model folder; ``restoring``: an ensemble unloaded with its models, tried again."""
@@ -288,14 +175,14 @@ class ModelLifecycle(EnsembleLoading):
         if reply is not None:
             load.replies.append(reply)
         if not restoring:
-            self._dependents.pop(name, None)
+            self.ensembles.forget_dependent(name)
         if error is None and is_ensemble(definition) and not checked:
             # An ensemble's models load first, as in Triton (explicit mode loads them; a poll
             # that brings back a model and its ensemble lets the model finish loading first).
-            if not members_asked and self._load_members(load, definition, fingerprint, files):
+            if not members_asked and self.ensembles.load_members(load, definition, fingerprint, files):
                 return
-            error = self._ensemble_error(definition)
-        if self._waits_for_members(name, definition, error, restoring):
+            error = self.ensembles.ensemble_error(definition)
+        if self.ensembles.waits_for_members(name, definition, error, restoring):
             self._finish_if_done(load)
             return
         record = self.registry.models.get(name)
@@ -315,7 +202,7 @@ class ModelLifecycle(EnsembleLoading):
                 record.error, record.unloaded = error, False
                 record.config_json = record.labels = None
             load.errors.append(error)
-            self.registry.generation += 1
+            self.membership.changed()
             self._finish_if_done(load)
             return
         was_unloaded, record.unloaded = record.unloaded, False
@@ -346,7 +233,7 @@ class ModelLifecycle(EnsembleLoading):
         # Versions the policy dropped serve until the new ones are ready, so that a request
         # for the latest version always finds one.
         load.retiring.extend(v for n, v in record.versions.items() if n not in selected)
-        self.registry.generation += 1
+        self.membership.changed()
         self._finish_if_done(load)
 
     def _start_version(self, record: ModelRecord, number: int, definition: ModelDefinition, files,
@@ -366,8 +253,8 @@ class ModelLifecycle(EnsembleLoading):
             version.replaces = None
         load.waiting.add(version.epoch)
         if version.ensemble:  # no instances: READY once the models of its steps are
-            self._ensembles.add(version)
-            self._post(self.check_ensembles)
+            self.ensembles.waiting.add(version)
+            self.reader.post(self.ensembles.check)
             return
         log.info("loading model %s version %d (epoch %d)%s", record.name, number, version.epoch,
                  " beside the serving one" if version.replaces else "")
@@ -391,7 +278,7 @@ class ModelLifecycle(EnsembleLoading):
         for reply in load.replies:
             reply(result)
         if not load.errors:
-            self.ensembles_follow(load.name)
+            self.ensembles.follow(load.name)
         self._run_queued(load.name)
 
     def _run_queued(self, name: str) -> None:
@@ -411,13 +298,13 @@ class ModelLifecycle(EnsembleLoading):
             if version.state in (VersionState.READY, VersionState.LOADING, VersionState.UNAVAILABLE):
                 self._retire(version, unload=True)
         if load.retiring:
-            self.registry.generation += 1
+            self.membership.changed()
 
     # -- versions becoming ready, failing, draining -------------------------------------
 
     def version_ready(self, version: ModelVersion) -> None:
         record = self.registry.models.get(version.name)
-        self.registry.set_state(version, VersionState.READY)
+        self._set_state(version, VersionState.READY)
         log.info("model %s version %d is READY (epoch %d)", version.name, version.version, version.epoch)
         old = version.replaces
         if old is not None and record is not None:
@@ -427,13 +314,10 @@ class ModelLifecycle(EnsembleLoading):
             self.registry.versions[version.key] = version
             self._retire(old, unload=False)  # traffic has moved; the old epoch finishes and stops
         self._progress(version)
-        if self._ensembles:
-            self.check_ensembles()
+        if self.ensembles.waiting:
+            self.ensembles.check()
 
     def version_failed(self, version: ModelVersion, message: str) -> None:
-        self._fail(version, message)
-
-    def _fail(self, version: ModelVersion, message: str) -> None:
         record = self.registry.models.get(version.name)
         log.error("model %s version %d failed to load: %s", version.name, version.version, message)
         self._unassign(version)
@@ -441,14 +325,18 @@ class ModelLifecycle(EnsembleLoading):
         self._version_files.pop(version.epoch, None)
         if version.replaces is not None and record is not None:  # the old epoch keeps serving
             record.last_error = f"reload failed, the previous load keeps serving: {message}"
-            self.registry.generation += 1
+            self.membership.changed()
         else:
-            self.registry.set_state(version, VersionState.UNAVAILABLE, message)
+            self._set_state(version, VersionState.UNAVAILABLE, message)
             self.scheduler.fail_queued(version, Unavailable(
                 f"model '{version.name}' version {version.version} failed to load: {message}"))
         self._progress(version, message)
-        if self._ensembles:
-            self.check_ensembles()
+        if self.ensembles.waiting:
+            self.ensembles.check()
+
+    def _set_state(self, version: ModelVersion, state: VersionState, reason: str = "") -> None:
+        self.registry.set_state(version, state, reason)
+        self.membership.changed()
 
     def _progress(self, version: ModelVersion, error: str | None = None) -> None:
         load = self._loads.get(version.name)
@@ -459,7 +347,7 @@ class ModelLifecycle(EnsembleLoading):
             load.errors.append(_version_error(version.version, error))
         self._finish_if_done(load)
 
-    def _unload(self, name: str, with_members: bool = False) -> None:
+    def unload_now(self, name: str, with_members: bool = False) -> None:
         record = self.registry.models.get(name)
         if record is None or record.unloaded:
             return  # unloading what is not loaded succeeds, as in Triton
@@ -467,22 +355,22 @@ class ModelLifecycle(EnsembleLoading):
         record.unloaded = True
         for epoch_version in list(self.registry.epochs.values()):  # first, so that their load is answered
             if epoch_version.name == name and epoch_version.state == VersionState.LOADING:
-                self._fail(epoch_version, "unloaded while loading")
+                self.version_failed(epoch_version, "unloaded while loading")
         for version in list(record.versions.values()):
             record.unloaded_versions.add(version.version)
             self._retire(version, unload=True)
-        self.registry.generation += 1
+        self.membership.changed()
         log.info("model %s unloaded; its in-flight requests finish", name)
-        for dependent in self._ensembles_using(name):  # as Triton: an ensemble goes with its models
+        for dependent in self.ensembles.using(name):  # as Triton: an ensemble goes with its models
             log.info("unloading ensemble %s, which uses model %s", dependent, name)
-            self._dependents[dependent] = members_of(self.registry.models[dependent])
-            self._unload(dependent)
+            self.ensembles.note_dependent(dependent, members_of(self.registry.models[dependent]))
+            self.unload_now(dependent)
         if with_members:
             for member in members:
-                if not self._ensembles_using(member):
-                    self._unload(member, with_members=True)
-        if self._ensembles:
-            self.check_ensembles()
+                if not self.ensembles.using(member):
+                    self.unload_now(member, with_members=True)
+        if self.ensembles.waiting:
+            self.ensembles.check()
 
     def _retire(self, version: ModelVersion, unload: bool) -> None:
         """No new requests for ``version``; it finishes what it holds, then its instances stop."""
@@ -492,23 +380,21 @@ class ModelLifecycle(EnsembleLoading):
         if unload and record is not None and record.versions.get(version.version) is version:
             del record.versions[version.version]
             record.unloaded_versions.add(version.version)
-        self.registry.set_state(version, VersionState.UNLOADING)
+        self._set_state(version, VersionState.UNLOADING)
         self.draining.add(version)
         self.check_drained()
 
     def check_drained(self) -> None:
         for version in list(self.draining):
             if len(version.batcher) or any(i.inflight for i in version.instances) \
-                    or self.scheduler.has_open_streams(version):
+                    or self.scheduler.streams.of_version(version):
                 continue
             self.draining.discard(version)
             self._unassign(version)
-            for instance in version.instances:
-                self.registry.instances.pop(instance.iid, None)
-            version.instances.clear()
+            self.membership.remove_stopped(version)
             self.registry.epochs.pop(version.epoch, None)
             self._version_files.pop(version.epoch, None)
-            self.registry.set_state(version, VersionState.UNAVAILABLE, "unloaded")
+            self._set_state(version, VersionState.UNAVAILABLE, "unloaded")
             log.info("model %s version %d (epoch %d) drained and stopped", version.name, version.version,
                      version.epoch)
 
@@ -535,9 +421,9 @@ class ModelLifecycle(EnsembleLoading):
             if version.autoscale is not None and self.autoscaler is not None:
                 self.autoscaler.placement_failed(version, agent, header["err"])   # it places elsewhere
                 if version.state == VersionState.LOADING and version.scale.total == 0:
-                    self._fail(version, header["err"])
+                    self.version_failed(version, header["err"])
             elif version.state == VersionState.LOADING:
-                self._fail(version, header["err"])
+                self.version_failed(version, header["err"])
             else:  # another host cannot serve it; the hosts that do keep serving
                 log.error("model %s version %d cannot be placed on a host: %s", version.name, version.version,
                           header["err"])
@@ -557,7 +443,7 @@ class ModelLifecycle(EnsembleLoading):
             for name in gone:
                 del version.placed_on[name]
             if not version.placed:
-                self._fail(version, why)
+                self.version_failed(version, why)
             elif version.placed <= version.seen_ready:
                 self.version_ready(version)
 
@@ -565,37 +451,6 @@ class ModelLifecycle(EnsembleLoading):
         version.seen_ready.add(name)
         if version.state == VersionState.LOADING and version.placed <= version.seen_ready:
             self.version_ready(version)
-
-    # -- poll mode --------------------------------------------------------------------------
-
-    def poll_due(self) -> bool:
-        return self.settings.mode == "poll" and time.monotonic() >= self._next_poll
-
-    def poll(self) -> None:
-        """Load what was added or changed on disk, unload what was removed; never stop polling."""
-        self._next_poll = time.monotonic() + self.settings.poll_seconds
-        try:
-            self._poll_repository()
-        except Exception:  # the next poll tries again, as Triton's does
-            log.exception("polling the model repository failed; polling goes on")
-
-    def _poll_repository(self) -> None:
-        on_disk = set(self.repository.discover()[0])
-        for name in sorted(on_disk):
-            if name in self._loads:
-                continue
-            record = self.registry.models.get(name)
-            if record is None or record.fingerprint != self._fingerprint(name):
-                log.info("repository change: (re)loading model %s", name)
-                self._removed.discard(name)
-                self._schedule_read(name, None, None, None)
-        for name, record in list(self.registry.models.items()):
-            if name not in on_disk and name not in self._removed and name not in self._loads:
-                log.info("repository change: model %s was removed; unloading it", name)
-                self._removed.add(name)
-                self._dependents.pop(name, None)
-                record.fingerprint = ()   # the same folder moved back in is a new load
-                self._unload(name)
 
     def _same_load(self, current: ModelVersion, definition: ModelDefinition, files) -> bool:
         """Whether ``current`` was loaded from what ``definition`` would load now (no reload then)."""
@@ -606,14 +461,31 @@ class ModelLifecycle(EnsembleLoading):
                 and self._version_files.get(current.epoch) == _version_files(definition.path, current.version))
 
 
+def _index_entries(record: ModelRecord) -> list[dict]:
+    if record.error is not None and not record.versions:
+        return [{"name": record.name, "state": VersionState.UNAVAILABLE.value, "reason": record.error}]
+    entries = {}
+    for number in record.unloaded_versions:
+        entries[number] = (VersionState.UNAVAILABLE.value, "unloaded")
+    for number, error in record.version_errors.items():
+        entries[number] = (VersionState.UNAVAILABLE.value, error)
+    if not record.unloaded:
+        for number, version in record.versions.items():
+            reason = version.reason or (record.last_error or "")
+            entries[number] = (version.state.value, reason)
+    result = []
+    for number, (state, reason) in sorted(entries.items()):
+        entry = {"name": record.name, "version": str(number), "state": state}
+        if reason:
+            entry["reason"] = reason
+        result.append(entry)
+    return result
+
+
 def _publish(record: ModelRecord, definition: ModelDefinition) -> None:
     """Make ``definition`` the config gateways show and check requests against."""
     record.config_json = definition.config_json()
     record.labels = {name: list(lines) for name, lines in definition.labels.items()} or None
-
-
-class MissingModel(str):
-    """The error of a load asking for a model the repository does not have."""
 
 
 def _version_error(number: int, reason: str) -> str:

@@ -1,4 +1,5 @@
-"""What the broker knows: models and their versions, host agents, and instance processes."""
+"""What the broker knows (data and lookups, no decisions): models and their versions, host agents,
+and instance processes."""
 
 from __future__ import annotations
 
@@ -80,6 +81,15 @@ class Batch:
     finished: set[int] = field(default_factory=set)  # decoupled: requests that had their final response
     answered: set[int] = field(default_factory=set)  # decoupled: requests that had any response
     timings: tuple = (0, 0, 0)
+
+    def record_outcome(self, request: PendingRequest, ok: bool, now: int) -> None:
+        """A request of this batch had its (final) answer: its version's statistics count it."""
+        stats = self.version.stats
+        if ok:
+            stats.record_success(now - request.arrival_ns, request.dispatch_ns - request.arrival_ns,
+                                 request.batch_size, self.timings)
+        else:
+            stats.record_failure(now - request.arrival_ns, "BACKEND")
 
 
 @dataclass(eq=False)
@@ -202,7 +212,11 @@ class AgentRecord:
 
 
 class Registry:
-    """Models, agents and instances, with the lookups the scheduler needs on the hot path."""
+    """Models, agents and instances, with the lookups the scheduler needs on the hot path.
+
+    Its writers: ``ModelLifecycle`` (models, versions, epochs), ``Membership`` (agents,
+    instances, host metrics, the generation), ``Control`` (shared memory regions).
+    """
 
     def __init__(self) -> None:
         self.models: dict[str, ModelRecord] = {}
@@ -212,13 +226,12 @@ class Registry:
         self.instances: dict[bytes, InstanceRecord] = {}
         self.host_metrics: dict[str, dict] = {}   # host name -> the agent's last HOST_METRICS
         self.shared_memory: dict[str, dict] = {}  # client shm regions, which every gateway maps
-        self.generation = 0  # bumped whenever what gateways see changes
+        self.generation = 0  # what gateways see changed when it moves: only Membership.changed moves it
 
     def set_state(self, version: ModelVersion, state: VersionState, reason: str = "") -> None:
         if state == VersionState.READY and version.load_seconds is None:
             version.load_seconds = (time.monotonic_ns() - version.load_started_ns) / 1e9
         version.state, version.reason = state, reason
-        self.generation += 1
 
     def latest_ready(self, model: str) -> ModelVersion | None:
         record = self.models.get(model)

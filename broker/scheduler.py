@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Callable
 
 from tritium.broker.ensemble import NO_TIMINGS, STEP_CLIENT, EnsembleRunner
+from tritium.broker.idle_instances import IdleInstances
 from tritium.broker.registry import (
     Batch,
     InstanceRecord,
@@ -24,7 +24,8 @@ from tritium.broker.registry import (
 )
 from tritium.errors import NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
-from tritium.protocol import Kind, decode, encode, error_record
+from tritium.broker.streams import OpenStreams
+from tritium.protocol import Kind, encode, error_record
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,8 @@ class Scheduler:
         self._batch_numbers = 0
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
         self._timed: set[ModelVersion] = set()    # versions with queued requests that can time out
-        self._streams: dict[int, Batch] = {}      # decoupled batches done executing, not answering
-        # Per version: ((its instance count, its last instance) when built, its idle instances in
-        # the order they became idle); rebuilt when its instances change, forgotten with the version.
-        self._with_room: weakref.WeakKeyDictionary[ModelVersion, tuple[tuple, dict[InstanceRecord, None]]] = \
-            weakref.WeakKeyDictionary()
+        self.streams = OpenStreams(registry, self._reply, clock)   # decoupled requests still answering
+        self._idle = IdleInstances(registry)
         self.ensembles = EnsembleRunner(registry, self.submit, self._reply, clock)
 
     # -- requests in --------------------------------------------------------------------
@@ -74,7 +72,7 @@ class Scheduler:
         else:
             version = self.registry.versions.get((header["m"], number))
         if version is None or version.state != VersionState.READY:
-            self.reply_error(client, rid, self._not_ready_error(header["m"], number, version), from_backend)
+            self.reply_error(client, rid, _not_ready_error(header["m"], number, version), from_backend)
             return
         if version.ensemble:  # no queue of its own: its steps join their models' queues
             self.ensembles.submit(client, record, header, external, from_backend, version)
@@ -86,7 +84,7 @@ class Scheduler:
             if cache_key is None:
                 return
         if not version.instances and not self._instances_coming(version, now):
-            self.reply_error(client, rid, self._no_instance_error(version), from_backend)
+            self.reply_error(client, rid, _no_instance_error(version), from_backend)
             return
         if version.scale is not None and self.autoscaler is not None:
             refused = self.autoscaler.request_arrived(version, now)
@@ -160,16 +158,12 @@ class Scheduler:
             return True
         return version.autoscale is not None and self.autoscaler is not None and self.autoscaler.coming(version)
 
-    @staticmethod
-    def _no_instance_error(version: ModelVersion) -> Unavailable:
-        return Unavailable(f"no instance of model '{version.name}' version {version.version} is running")
-
     def fail_unserviceable(self) -> None:
         """Answer the queues of versions whose instances are gone and not coming back (in time)."""
         now = self._clock()
         for version in self.registry.versions.values():
             if len(version.batcher) and not version.instances and not self._instances_coming(version, now):
-                self.fail_queued(version, self._no_instance_error(version))
+                self.fail_queued(version, _no_instance_error(version))
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
         self._reply(from_backend, [client, error_record(rid, error.to_wire())])
@@ -179,15 +173,6 @@ class Scheduler:
             self.ensembles.answered(parts, timings)
         else:
             (self._send_to_instance if from_backend else self._send_to_gateway)(parts)
-
-    @staticmethod
-    def _not_ready_error(model: str, number, version: ModelVersion | None) -> TritiumError:
-        if version is None:
-            if number is None or number < 0:
-                return NotFound(f"Request for unknown model: '{model}' has no available versions")
-            return NotFound(f"Request for unknown model: '{model}' version {number} is not found")
-        return Unavailable(f"model '{model}' version {version.version} is not ready "
-                           f"({version.state.value.lower()}{': ' + version.reason if version.reason else ''})")
 
     # -- batches out --------------------------------------------------------------------
 
@@ -200,7 +185,7 @@ class Scheduler:
             self._dispatch_sequences(version, now)
             return
         while len(batcher):
-            instance = self._pick_instance(version)
+            instance = self._idle.pick(version)
             if instance is None:
                 return
             requests = batcher.next_batch(now)
@@ -214,58 +199,12 @@ class Scheduler:
         """The sequence batcher picks the instance (the one holding each sequence) and the slots."""
         batcher = version.batcher
         accepting = [instance for instance in version.instances if not instance.draining]
-        while (batch := batcher.next_batch(now, accepting, self._sequence_room)) is not None:
+        while (batch := batcher.next_batch(now, accepting, _sequence_room)) is not None:
             self._send_batch(version, batch.instance, batch.requests, now, batch.slots, batch.size)
         if batcher.deadline_ns() is None:
             self._waiting.discard(version)
         else:
             self._waiting.add(version)
-
-    @staticmethod
-    def _sequence_room(instance: InstanceRecord) -> bool:
-        """A sequence's next request may follow its previous one to its instance at once: its
-        slot is taken either way, and the instance runs them in order."""
-        return instance.credit > 0
-
-    def _pick_instance(self, version: ModelVersion) -> InstanceRecord | None:
-        """The idle instance that became idle last, or None (a model that cannot batch may give
-        a second batch to a busy instance with credit left, when none is idle).
-
-        Idle instances are kept per version (``_room_of``), so a pick does not compare every
-        instance: with hundreds of instances that scan was most of the broker's time
-        (bench/broker_capacity.py). The most recently freed goes first, as Triton hands a batch
-        to the first free instance: work stays on the fewest instances, in larger batches.
-        Stale entries (busy, draining or gone) are dropped as they are met.
-        """
-        idle = self._room_of(version)
-        while idle:
-            instance = next(reversed(idle))
-            if instance.draining or instance.inflight or instance.credit <= 0 \
-                    or self.registry.instances.get(instance.iid) is not instance:
-                del idle[instance]
-                continue
-            return instance
-        # A second batch only for a model that cannot batch, and never with a queue policy: a
-        # request sent ahead to a busy instance could no longer be overtaken or time out.
-        if version.batcher.simple and not version.batcher.policy.enabled:
-            return max((i for i in version.instances if not i.draining and i.credit > 0),
-                       key=lambda i: i.credit, default=None)
-        return None
-
-    def _room_of(self, version: ModelVersion) -> dict[InstanceRecord, None]:
-        """The version's idle instances, in the order they became idle; rebuilt when its
-        instances change."""
-        instances = version.instances
-        members = (len(instances), instances[-1] if instances else None)
-        entry = self._with_room.get(version)
-        if entry is None or entry[0] != members:
-            # The first instance last, so that it is taken first, as before any batch was done.
-            entry = self._with_room[version] = (members, dict.fromkeys(reversed(instances)))
-        return entry[1]
-
-    def _has_room_again(self, version: ModelVersion, instance: InstanceRecord) -> None:
-        if not version.stateful:
-            self._room_of(version)[instance] = None
 
     def _send_batch(self, version: ModelVersion, instance: InstanceRecord, requests: list[PendingRequest],
                     now: int, slots: list[int] | None = None, size: int | None = None) -> None:
@@ -273,8 +212,7 @@ class Scheduler:
         self._batch_numbers += 1
         number = self._batch_numbers
         instance.credit -= 1
-        if not version.stateful:   # busy until its batch is done
-            self._room_of(version).pop(instance, None)
+        self._idle.busy(version, instance)   # until its batch is done
         batch_size = 0
         header = {"k": Kind.BATCH, "b": number, "n": len(requests)}
         if slots is not None:
@@ -340,13 +278,13 @@ class Scheduler:
         instance.credit += 1
         now = self._clock()
         version = batch.version
-        self._has_room_again(version, instance)
+        self._idle.idle_again(version, instance)
         batch.timings = timings = tuple(header.get("t") or (0, 0, 0))
         took = sum(timings)
         instance.execution_ns += _AVERAGE_WEIGHT * (took - instance.execution_ns) if instance.execution_ns else took
         oks = header["ok"]
         if "open" in header:
-            self._close_streamed(batch, now)
+            self.streams.executed(batch)
         else:
             if any(oks):
                 version.stats.record_execution(batch.batch_size, timings)
@@ -376,109 +314,60 @@ class Scheduler:
                         parts = outgoing[(from_backend, client)] = [client]
                     parts.extend(records)
             offset = end
-            self._record_outcome(batch, request, ok, now)
+            batch.record_outcome(request, ok, now)
         for (from_backend, _), parts in outgoing.items():
             self._reply(from_backend, parts, batch.timings)
-
-    def _record_outcome(self, batch: Batch, request: PendingRequest, ok: bool, now: int) -> None:
-        stats = batch.version.stats
-        if ok:
-            stats.record_success(now - request.arrival_ns, request.dispatch_ns - request.arrival_ns,
-                                 request.batch_size, batch.timings)
-        else:
-            stats.record_failure(now - request.arrival_ns, "BACKEND")
-
-    # -- decoupled models: 0..N responses per request ------------------------------------
-
-    def response_part(self, iid: bytes, header: dict, frames: list) -> None:
-        """Forward one response of a decoupled model; a final one closes its request."""
-        instance = self.registry.instances.get(iid)
-        number = header["b"]
-        batch = (instance.inflight.get(number) if instance else None) or self._streams.get(number)
-        if batch is None or not 0 <= header["i"] < len(batch.requests):
-            log.warning("response for unknown request %s/%s from instance %r dropped", number, header.get("i"), iid)
-            return
-        request = batch.requests[header["i"]]
-        batch.answered.add(header["i"])
-        response, _, _ = decode(frames[0])
-        self._reply(request.from_backend, [request.client, *frames])
-        if response.get("final", True):
-            batch.finished.add(header["i"])
-            self._record_outcome(batch, request, "err" not in response, self._clock())
-            if number in self._streams and len(batch.finished) == len(batch.requests):
-                del self._streams[number]
-
-    def _close_streamed(self, batch: Batch, now: int) -> None:
-        """The instance is done executing a decoupled batch; its requests may still be answering.
-
-        The broker counts final responses itself rather than trusting the BATCH_DONE's
-        ``open`` list: a response sent from a model's own thread can leave after it.
-        """
-        batch.version.stats.record_execution(batch.batch_size, batch.timings)
-        if len(batch.finished) < len(batch.requests):
-            self._streams[batch.number] = batch
 
     # -- instances come and go -----------------------------------------------------------
 
     def instance_ready(self, instance: InstanceRecord) -> None:
         version = self.registry.epochs.get(instance.epoch)
         if version is not None:
-            self._has_room_again(version, instance)
+            self._idle.idle_again(version, instance)
         if version is not None and version.state in _DISPATCHING:
             self.dispatch(version)
 
     def holds_work(self, instances: list[InstanceRecord]) -> bool:
         """Whether any of ``instances`` runs a batch or has a decoupled request still answering."""
-        return any(i.inflight for i in instances) or any(b.instance in instances for b in self._streams.values())
+        return any(i.inflight for i in instances) or any(b.instance in instances for b in self.streams.batches.values())
 
     def idle(self) -> bool:
         """Nothing queued, running or streaming anywhere."""
-        return not self._streams and all(not len(v.batcher) for v in self.registry.epochs.values()) \
+        return not self.streams.batches and all(not len(v.batcher) for v in self.registry.epochs.values()) \
             and not any(i.inflight for i in self.registry.instances.values()) and not self.ensembles.busy
 
     def fail_everything(self, error: TritiumError) -> None:
         """Answer every request still held (the broker is exiting): none is left silent."""
         batches = [b for i in self.registry.instances.values() for b in i.inflight.values()]
-        for batch in [*batches, *self._streams.values()]:
+        for batch in [*batches, *self.streams.batches.values()]:
             for index, request in enumerate(batch.requests):
                 if index not in batch.finished:
                     batch.finished.add(index)
                     self._answer_error(batch.version, request, error)
         for instance in self.registry.instances.values():
             instance.inflight.clear()
-        self._streams.clear()
+        self.streams.batches.clear()
         for version in self.registry.epochs.values():
             self.fail_queued(version, error)
 
-    def has_open_streams(self, version: ModelVersion) -> bool:
-        """Whether a decoupled request of ``version`` is still sending responses."""
-        return any(batch.version is version for batch in self._streams.values())
-
-    def instance_lost(self, iid: bytes, why: str, restart_expected: bool = True) -> None:
+    def instance_gone(self, instance: InstanceRecord, version: ModelVersion | None, why: str,
+                      restart_expected: bool = True) -> None:
         """Nothing the instance held is left silent: each request runs again once elsewhere, or fails.
 
         A request goes back to the head of its queue when its model has no sequence state
         and it had no response yet; a request lost a second time is answered with an error.
         When no instance is left and none is coming back (its host is gone or stopping),
         the queued requests are answered too, rather than waiting for a host that may
-        never return.
+        never return. ``Membership.remove_instance`` took it out of the registry and its version.
         """
-        instance = self.registry.instances.pop(iid, None)
-        if instance is None:
-            return
-        version = self.registry.epochs.get(instance.epoch)
-        if version is not None and instance in version.instances:
-            version.instances.remove(instance)
-            if not version.instances:
-                self.registry.generation += 1   # its readiness changed: gateways must hear of it
         now = self._clock()
         if version is not None and restart_expected:
             version.awaited[instance.name] = now + RESTART_WAIT_NS
         held = list(instance.inflight.values())
-        held += [b for b in self._streams.values() if b.instance is instance]
+        held += [b for b in self.streams.batches.values() if b.instance is instance]
         retry = []
         for batch in held:
-            self._streams.pop(batch.number, None)
+            self.streams.batches.pop(batch.number, None)
             for index, request in enumerate(batch.requests):
                 if index in batch.finished:
                     continue
@@ -524,3 +413,22 @@ class Scheduler:
             version.stats.record_failure(now - request.arrival_ns)
         self._waiting.discard(version)
         self._timed.discard(version)
+
+
+def _sequence_room(instance: InstanceRecord) -> bool:
+    """A sequence's next request may follow its previous one to its instance at once: its
+    slot is taken either way, and the instance runs them in order."""
+    return instance.credit > 0
+
+
+def _no_instance_error(version: ModelVersion) -> Unavailable:
+    return Unavailable(f"no instance of model '{version.name}' version {version.version} is running")
+
+
+def _not_ready_error(model: str, number, version: ModelVersion | None) -> TritiumError:
+    if version is None:
+        if number is None or number < 0:
+            return NotFound(f"Request for unknown model: '{model}' has no available versions")
+        return NotFound(f"Request for unknown model: '{model}' version {number} is not found")
+    return Unavailable(f"model '{model}' version {version.version} is not ready "
+                       f"({version.state.value.lower()}{': ' + version.reason if version.reason else ''})")

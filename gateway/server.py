@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class GatewaySettings:
     broker: str
     http_address: str = "0.0.0.0"
-    http_port: int = 8000
+    http_port: int | None = 8000          # None: no HTTP front end (Triton's --allow-http=false)
     grpc_address: str = "0.0.0.0"
     grpc_port: int | None = 8001          # None: no gRPC front end (Triton's --allow-grpc=false)
     grpc_max_message_bytes: int = MAX_MESSAGE_BYTES
@@ -72,7 +72,8 @@ async def serve(settings: GatewaySettings) -> None:
                           max_inflight_requests=settings.max_inflight_requests)
     app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes + 1024 * 1024,
                   restricted=settings.http_restricted)
-    sock = listening_socket(settings.http_address, settings.http_port, settings.reuse_port)
+    sock = listening_socket(settings.http_address, settings.http_port, settings.reuse_port) \
+        if settings.http_port is not None else None
     grpc_server = None
     if settings.grpc_port is not None:   # bound now: a taken port stops startup before the broker is waited for
         grpc_server, grpc_port = bind_grpc(dataplane, settings.grpc_address, settings.grpc_port,
@@ -98,15 +99,19 @@ async def serve(settings: GatewaySettings) -> None:
     if grpc_server is not None:
         await grpc_server.start()
         log.info("gateway serving gRPC on %s:%d", settings.grpc_address, grpc_port)
-    await http.start(sock)
-    port = sock.getsockname()[1]
-    notify.ready(f"gateway http={settings.http_address}:{port}")
-    log.info("gateway serving HTTP on %s:%d", settings.http_address, port)
+    served = [f"grpc={settings.grpc_address}:{grpc_port}"] if grpc_server is not None else []
+    if sock is not None:
+        await http.start(sock)
+        port = sock.getsockname()[1]
+        served.insert(0, f"http={settings.http_address}:{port}")
+        log.info("gateway serving HTTP on %s:%d", settings.http_address, port)
+    notify.ready(f"gateway {' '.join(served)}")
     watchdog = asyncio.ensure_future(_tick_watchdog(stop))
     await stop.wait()
     try:
         grpc_stopping = grpc_server.stop(settings.exit_timeout_s) if grpc_server is not None else None
-        await http.drain(settings.exit_timeout_s)
+        if sock is not None:
+            await http.drain(settings.exit_timeout_s)
         if grpc_stopping is not None:
             await grpc_stopping
     finally:

@@ -54,13 +54,13 @@ def test_unknown_flag_is_answered_as_tritonserver_does():
 
 
 @pytest.mark.parametrize("flag, message", [
-    ("--allow-http=false", "--allow-http=false is not supported"),
+    ("--allow-http=false --allow-grpc=0", "leave nothing to serve"),
     ("--grpc-use-ssl=true", "--grpc-use-ssl=true is not supported"),
     ("--allow-sagemaker=1", "--allow-sagemaker=true is not supported"),
     ("--allow-grpc=maybe", "expected true or false, got 'maybe'"),
 ])
 def test_flags_that_cannot_apply_are_refused(tmp_path, flag, message):
-    result = CliRunner().invoke(serve, ["--model-repository", str(tmp_path), flag], prog_name="tritonserver")
+    result = CliRunner().invoke(serve, ["--model-repository", str(tmp_path), *flag.split()], prog_name="tritonserver")
     assert result.exit_code == 2, result.output
     assert message in result.output
 

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,8 +257,8 @@ def test_build_context_holds_only_what_the_package_needs():
     patterns = [line for line in ignore if line and not line.startswith("#")]
     assert patterns[0] == "*"
     included = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
-    packages = re.search(r"include = \[([^]]*)\]", (PROJECT_ROOT / "pyproject.toml").read_text()).group(1)
-    assert {name.strip(' "*') for name in packages.split(",")} | {"pyproject.toml", "README.md"} == included
+    folders = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    assert set(folders.values()) | {"pyproject.toml", "README.md"} == included
 
 
 # -- compose ---------------------------------------------------------------------------------

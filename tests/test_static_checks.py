@@ -12,3 +12,29 @@ def test_ruff_finds_nothing():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", "."],
                             cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# What mypy checks: the shared kernel, the gateway and the broker (the serving path), in the
+# package layout that `pip install .` gives them.
+MYPY_TARGETS = ("tritium/*.py",)
+ROLE_FOLDERS = ("gateway", "broker", "workers", "repo")
+
+
+def _installed_layout(root) -> None:
+    """tritium/ with the role folders inside it, as links to the checkout's files."""
+    package = root / "tritium"
+    package.mkdir()
+    for entry in (PROJECT_ROOT / "tritium").iterdir():
+        if entry.name != "__pycache__":
+            (package / entry.name).symlink_to(entry)
+    for folder in ROLE_FOLDERS:
+        (package / folder).symlink_to(PROJECT_ROOT / folder)
+
+
+def test_mypy_finds_nothing(tmp_path):
+    _installed_layout(tmp_path)
+    targets = sorted(str(path.relative_to(tmp_path)) for pattern in MYPY_TARGETS for path in tmp_path.glob(pattern))
+    result = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(PROJECT_ROOT / "pyproject.toml"),
+                             "--cache-dir", str(PROJECT_ROOT / ".mypy_cache"), *targets],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr

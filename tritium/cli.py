@@ -14,7 +14,8 @@ import click
 import orjson
 
 from tritium import __version__, config_file
-from tritium.triton_flags import BOOLEAN, TritonCommand, ignored_flag_options, ignored_flags_given
+from tritium.options import BROKER, GATEWAY, REPO_CHECK, SERVE, WORKER, child_args, options_of
+from tritium.triton_flags import TritonCommand, ignored_flag_options, ignored_flags_given
 
 
 def _bool(value) -> bool:
@@ -33,46 +34,6 @@ def _log_verbose(value) -> int:
         raise click.BadParameter(f"expected an integer, got '{value}'") from None
 
 
-def repository_options(command):
-    """The flags that change how configs are read (broker, serve, repo check)."""
-    options = [
-        click.option("--model-config-name", default=None, help="Use <model>/configs/NAME.pbtxt when present."),
-        click.option("--disable-auto-complete-config", is_flag=True, help="Do not complete configs from model files."),
-        click.option("--strict-model-config", type=BOOLEAN, default="false", show_default=True,
-                     help="Deprecated Triton alias: true disables auto-complete."),
-        click.option("--backend-config", multiple=True,
-                     help="BACKEND,KEY=VALUE or KEY=VALUE; tritium reads default-max-batch-size."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-def model_control_options(command):
-    """Triton's model control flags (serve and broker)."""
-    options = [
-        click.option("--model-control-mode", type=click.Choice(["none", "poll", "explicit"]), default="none",
-                     show_default=True, help="none: load all, never change; poll: follow the repository; "
-                     "explicit: load and unload through the repository API."),
-        click.option("--load-model", multiple=True, help="Explicit mode: load this model at startup ('*': all)."),
-        click.option("--repository-poll-secs", default=15, show_default=True, type=int,
-                     help="Poll mode: seconds between repository scans."),
-        click.option("--model-load-thread-count", default=4, show_default=True, type=int,
-                     help="Models read from disk in parallel."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-heartbeat_option = click.option(
-    "--heartbeat-interval-secs", default=1.0, show_default=True, type=click.FloatRange(min=0.05),
-    help="Seconds between heartbeats to and from the broker; a peer silent for 3 intervals is dropped.")
-
-cache_option = click.option(
-    "--cache-config", multiple=True, help="local,size=BYTES: the response cache for models that enable it.")
-
-
 def _cache_bytes(values) -> int:
     from tritium.broker.response_cache import parse_cache_config
 
@@ -82,28 +43,14 @@ def _cache_bytes(values) -> int:
         raise click.BadParameter(str(exc), param_hint="--cache-config") from None
 
 
-max_inflight_option = click.option(
-    "--max-inflight-requests", default=0, show_default=True, type=click.IntRange(min=0),
-    help="Inference requests one gateway keeps waiting on the broker before answering 503 (0: no limit).")
+# The options each settings helper below takes.
+_LOG_KEYS = ("log_verbose", "log_info", "log_warning", "log_error", "log_format")
+_CONTROL_KEYS = ("model_control_mode", "load_model", "repository_poll_secs", "model_load_thread_count")
+_REPOSITORY_KEYS = ("model_config_name", "disable_auto_complete_config", "strict_model_config", "backend_config")
 
 
-def log_options(command):
-    """Triton's logging flags; the broker hands them to every process (and POST /v2/logging changes them)."""
-    options = [
-        click.option("--log-verbose", default="0", show_default=True, help="Verbose logging level (0: off)."),
-        click.option("--log-info", type=BOOLEAN, default="true", show_default=True, help="Log info-level lines."),
-        click.option("--log-warning", type=BOOLEAN, default="true", show_default=True,
-                     help="Log warning-level lines."),
-        click.option("--log-error", type=BOOLEAN, default="true", show_default=True, help="Log error-level lines."),
-        click.option("--log-format", type=click.Choice(["default", "ISO8601"]), default="default",
-                     show_default=True, help="Timestamp layout of log lines."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-LOG_FLAGS = ["log_info", "log_warning", "log_error", "log_format"]
+def _pick(o: dict, keys: tuple[str, ...]) -> dict:
+    return {key: o[key] for key in keys}
 
 
 def configure_logs(role: str, log_verbose, log_info, log_warning, log_error, log_format):
@@ -153,15 +100,6 @@ def repository_settings(model_config_name, disable_auto_complete_config, strict_
     )
 
 
-def curve_options(peer_option: str, peer_help: str):
-    """--curve-secret-key plus the broker's folder of client keys or a client's broker key."""
-    def decorate(command):
-        command = click.option(peer_option, default=None, help=peer_help)(command)
-        return click.option("--curve-secret-key", default=None,
-                            help="This process's CURVE secret key file (NAME.key_secret); see docs/security.md.")(command)
-    return decorate
-
-
 def curve_keys(secret_key: str | None, peer_option: str, peer: str | None, *, server: bool):
     """The CURVE settings of the flags (None: no CURVE); both flags or neither, files that load."""
     from tritium.errors import InvalidArgument
@@ -179,15 +117,6 @@ def curve_keys(secret_key: str | None, peer_option: str, peer: str | None, *, se
     return keys
 
 
-def restricted_api_options(command):
-    """Triton's --http-restricted-api and --grpc-restricted-protocol (gateway and serve)."""
-    command = click.option("--grpc-restricted-protocol", multiple=True,
-                           help="PROTOCOL,...:KEY=VALUE: those gRPC calls need the metadata "
-                           "triton-grpc-protocol-KEY: VALUE (repeatable).")(command)
-    return click.option("--http-restricted-api", multiple=True,
-                        help="API,...:KEY=VALUE: those HTTP calls need the header KEY: VALUE (repeatable).")(command)
-
-
 def restricted_apis(http_values, grpc_values):
     """The two flags' rules, or Triton's startup error for a malformed or repeated category."""
     from tritium.gateway.restricted import GRPC_FLAG, HTTP_FLAG, parse_restrictions
@@ -197,6 +126,12 @@ def restricted_apis(http_values, grpc_values):
         return parse_restrictions(http_values, HTTP_FLAG), parse_restrictions(grpc_values, GRPC_FLAG)
     except InvalidArgument as exc:
         raise click.UsageError(exc.message) from None
+
+
+def _one_front_end(o) -> None:
+    if not (_bool(o["allow_http"]) or _bool(o["allow_grpc"])):
+        raise click.UsageError("--allow-http=false and --allow-grpc=false leave nothing to serve: "
+                               "allow HTTP, gRPC or both.")
 
 
 def _backend_options(values) -> dict[str, dict[str, str]]:
@@ -209,24 +144,6 @@ def _backend_options(values) -> dict[str, dict[str, str]]:
             continue  # global settings (KEY=VALUE) are read by the broker
         options.setdefault(backend, {})[key] = item
     return options
-
-
-def _pass_through(ctx: click.Context, names: list[str]) -> tuple[str, ...]:
-    """Rebuild the command-line flags ``names`` as given, for a child process."""
-    args = []
-    for name in names:
-        value = ctx.params.get(name)
-        flag = "--" + name.replace("_", "-")
-        if value is None or value is False or value == ():
-            continue
-        if value is True:
-            args.append(flag)
-        elif isinstance(value, tuple):
-            for item in value:
-                args += [flag, str(item)]
-        else:
-            args += [flag, str(value)]
-    return tuple(args)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -243,97 +160,34 @@ class ServeCommand(TritonCommand, config_file.SettingsCommand):
 
 
 @main.command(cls=ServeCommand)
-@click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True,
-              help="A model repository folder (repeatable).")
-@click.option("--allow-http", type=BOOLEAN, default="true", show_default=True,
-              help="Serve HTTP; tritium always does (false is refused).")
-@click.option("--http-address", default="0.0.0.0", show_default=True, help="Address the HTTP server binds.")
-@click.option("--http-port", default=8000, show_default=True, type=int, help="HTTP port.")
-@click.option("--grpc-address", default="0.0.0.0", show_default=True, help="Address the gRPC server binds.")
-@click.option("--grpc-port", default=8001, show_default=True, type=int, help="gRPC port.")
-@click.option("--allow-grpc", type=BOOLEAN, default="true", show_default=True, help="Serve gRPC.")
-@click.option("--metrics-port", default=8002, show_default=True, type=int, help="Prometheus metrics port.")
-@click.option("--metrics-address", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
-@click.option("--allow-metrics", type=BOOLEAN, default="true", show_default=True, help="Serve Prometheus metrics.")
-@click.option("--metrics-config", multiple=True, help="KEY=VALUE; tritium reads histogram_latencies.")
-@click.option("--metrics-interval-ms", default=2000, show_default=True, type=click.FloatRange(min=1),
-              help="How often host CPU, memory and GPU metrics are updated.")
-@click.option("--http-workers", default=None, type=int,
-              help="Gateway processes sharing the HTTP and gRPC ports (default: one per 2 cores).")
-@click.option("--exit-timeout-secs", default=30, show_default=True, type=int,
-              help="On SIGTERM: how long requests in flight may take to finish.")
-@click.option("--exit-on-error", type=BOOLEAN, default="true", show_default=True,
-              help="Exit when a model fails to load at startup.")
-@click.option("--strict-readiness", type=BOOLEAN, default="true", show_default=True,
-              help="Ready only when every model is ready (false: ready when the server is up).")
-@log_options
-@click.option("--backend-directory", default=None, help="Where custom backends are looked up.")
-@click.option("--http-max-input-size", default=64 * 1024 * 1024, show_default=True, type=int,
-              help="Largest HTTP request body, in bytes.")
-@click.option("--id", "server_id", default="triton", show_default=True, help="Server name in /v2 metadata.")
-@click.option("--allow-client-shm", type=BOOLEAN, default="false", show_default=True,
-              help="Let clients register system shared memory regions (they must share the gateway's host).")
-@click.option("--grpc-max-message-size", default=2**31 - 1, show_default=True, type=int,
-              help="Largest gRPC message, in bytes, either way (Triton's fixed limit by default).")
-@heartbeat_option
-@max_inflight_option
-@cache_option
-@click.option("--response-cache-byte-size", default=None, type=click.IntRange(min=0),
-              help="Deprecated Triton flag: the same as --cache-config=local,size=BYTES.")
-@restricted_api_options
-@repository_options
-@model_control_options
+@options_of(SERVE)
 @ignored_flag_options
 @click.pass_context
-def serve(ctx, model_repository, allow_http, http_address, http_port, grpc_address, grpc_port, allow_grpc,
-          metrics_port, metrics_address, allow_metrics, metrics_config, metrics_interval_ms, http_workers,
-          exit_timeout_secs, exit_on_error, strict_readiness, log_verbose, log_info, log_warning, log_error,
-          log_format, backend_directory, http_max_input_size, server_id, allow_client_shm, grpc_max_message_size,
-          heartbeat_interval_secs, max_inflight_requests, cache_config, response_cache_byte_size,
-          http_restricted_api, grpc_restricted_protocol, model_control_mode, load_model,
-          repository_poll_secs, model_load_thread_count, **rest) -> None:
+def serve(ctx, **o) -> None:
     """Run broker, a host agent and gateways on this machine (``tritonserver`` is the same command)."""
     from tritium.supervisor import ServeSettings, Supervisor
 
-    ignored = ignored_flags_given(rest)
-    repository = rest
-    if allow_http == "false":
-        raise click.UsageError("--allow-http=false is not supported: tritium always serves HTTP "
-                               "(its readiness and model control go through it).")
-    log_settings = configure_logs("serve", log_verbose, log_info, log_warning, log_error, log_format)
-    verbose = log_settings.log_verbose_level
-    _warn_ignored(ignored + _foreign_backend_configs(repository["backend_config"]))
-    if response_cache_byte_size is not None and not cache_config:
-        cache_config = (f"local,size={response_cache_byte_size}",)
-        ctx.params["cache_config"] = cache_config
-    ctx.params["metrics_interval_ms"] = int(metrics_interval_ms)
-    repository_settings(**repository)  # fail early on bad flags, before starting anything
-    _cache_bytes(cache_config)
-    control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count)
-    restricted_apis(http_restricted_api, grpc_restricted_protocol)
-    workers = http_workers or max(1, (os.cpu_count() or 2) // 2)
+    ignored = ignored_flags_given(o)
+    _one_front_end(o)
+    configure_logs("serve", **_pick(o, _LOG_KEYS))
+    _warn_ignored(ignored + _foreign_backend_configs(o["backend_config"]))
+    if o["response_cache_byte_size"] is not None and not o["cache_config"]:
+        o["cache_config"] = (f"local,size={o['response_cache_byte_size']}",)
+    # fail early on bad flags, before starting anything
+    repository_settings(**_pick(o, _REPOSITORY_KEYS))
+    _cache_bytes(o["cache_config"])
+    control_settings(**_pick(o, _CONTROL_KEYS))
+    restricted_apis(o["http_restricted_api"], o["grpc_restricted_protocol"])
     settings = ServeSettings(
-        model_repositories=tuple(model_repository), http_address=http_address, http_port=http_port,
-        grpc_address=grpc_address, grpc_port=grpc_port, grpc_enabled=_bool(allow_grpc),
-        metrics_port=metrics_port, metrics_address=metrics_address, metrics_enabled=_bool(allow_metrics),
-        http_workers=workers,
-        exit_timeout_s=float(exit_timeout_secs), exit_on_error=_bool(exit_on_error), log_verbose=verbose,
-        repository_args=_pass_through(ctx, ["model_config_name", "disable_auto_complete_config",
-                                            "strict_model_config", "backend_config"]),
-        broker_args=_pass_through(ctx, ["metrics_port", "metrics_address", "allow_metrics", "metrics_config",
-                                        "model_control_mode", "load_model", "repository_poll_secs",
-                                        "model_load_thread_count", "exit_timeout_secs",
-                                        "heartbeat_interval_secs", "cache_config", *LOG_FLAGS]),
-        gateway_args=("--http-max-input-size", str(http_max_input_size), "--id", server_id,
-                      "--strict-readiness", strict_readiness, "--exit-timeout-secs", str(exit_timeout_secs),
-                      "--grpc-address", grpc_address, "--grpc-port", str(grpc_port), "--allow-grpc", allow_grpc,
-                      "--allow-client-shm", allow_client_shm, "--grpc-max-message-size", str(grpc_max_message_size),
-                      "--reuse-port", "true",   # serve's own gateways share; serve checks the ports are free
-                      *_pass_through(ctx, ["heartbeat_interval_secs", "max_inflight_requests",
-                                          "http_restricted_api", "grpc_restricted_protocol", *LOG_FLAGS])),
-        worker_args=("--exit-timeout-secs", str(exit_timeout_secs),
-                     *_pass_through(ctx, ["backend_directory", "backend_config", "metrics_interval_ms",
-                                          "heartbeat_interval_secs", *LOG_FLAGS])),
+        http_address=o["http_address"], http_port=o["http_port"], http_enabled=_bool(o["allow_http"]),
+        grpc_address=o["grpc_address"],
+        grpc_port=o["grpc_port"], grpc_enabled=_bool(o["allow_grpc"]), metrics_port=o["metrics_port"],
+        metrics_address=o["metrics_address"], metrics_enabled=_bool(o["allow_metrics"]),
+        http_workers=o["http_workers"] or max(1, (os.cpu_count() or 2) // 2),
+        exit_timeout_s=float(o["exit_timeout_secs"]), exit_on_error=_bool(o["exit_on_error"]),
+        broker_args=child_args(o, BROKER), worker_args=child_args(o, WORKER),
+        # serve's own gateways share the ports; serve checks they are free
+        gateway_args=(*child_args(o, GATEWAY), "--reuse-port", "true"),
         resolved_env=config_file.variables(ctx.command),
     )
     sys.exit(Supervisor(settings).run())
@@ -364,46 +218,25 @@ def _warn_ignored(flags: list[str]) -> None:
 # -- the parts ------------------------------------------------------------------------------
 
 @main.command(cls=config_file.SettingsCommand)
-@click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True,
-              help="A model repository folder (repeatable).")
-@click.option("--frontend", required=True, help="ZeroMQ endpoint gateways connect to (bound).")
-@click.option("--backend", required=True, help="ZeroMQ endpoint workers connect to (bound).")
-@click.option("--metrics-port", default=8002, show_default=True, type=int, help="Prometheus metrics port.")
-@click.option("--metrics-address", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
-@click.option("--allow-metrics", type=BOOLEAN, default="true", show_default=True, help="Serve Prometheus metrics.")
-@click.option("--metrics-config", multiple=True, help="KEY=VALUE; tritium reads histogram_latencies.")
-@log_options
-@click.option("--exit-timeout-secs", default=30, show_default=True, type=int,
-              help="On SIGTERM: how long queued and running requests may take to finish.")
-@heartbeat_option
-@cache_option
-@click.option("--workers-on-this-host", is_flag=True, hidden=True,
-              help="Check instance groups against this host's GPUs (serve: the only worker runs here).")
-@curve_options("--curve-authorized-keys", "Folder of the CURVE public keys (NAME.key) of every gateway and worker "
-               "let in; read again when it changes.")
-@repository_options
-@model_control_options
-def broker(model_repository, frontend, backend, metrics_port, metrics_address, allow_metrics, metrics_config,
-           log_verbose, log_info, log_warning, log_error, log_format, exit_timeout_secs, heartbeat_interval_secs,
-           cache_config, workers_on_this_host,
-           curve_secret_key,
-           curve_authorized_keys, model_control_mode, load_model, repository_poll_secs, model_load_thread_count,
-           **repository) -> None:
+@options_of(BROKER)
+def broker(**o) -> None:
     """Run the broker: model registry, queues, dynamic batching, statistics, metrics."""
     from tritium.broker.metrics import MetricsSettings
     from tritium.broker.server import Broker, BrokerSettings
 
-    log_settings = configure_logs("broker", log_verbose, log_info, log_warning, log_error, log_format)
-    options = dict(item.partition("=")[::2] for item in metrics_config)
-    metrics = MetricsSettings(metrics_address, metrics_port, _bool(options.get("histogram_latencies", "false"))) \
-        if _bool(allow_metrics) else None
-    control = control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count)
-    curve = curve_keys(curve_secret_key, "--curve-authorized-keys", curve_authorized_keys, server=True)
-    settings = BrokerSettings(tuple(model_repository), frontend, backend,
-                              repository_settings(**repository, gpus_here=workers_on_this_host),
-                              metrics=metrics, control=control, log_verbose=_log_verbose(log_verbose),
-                              heartbeat_interval_s=heartbeat_interval_secs, exit_timeout_s=float(exit_timeout_secs),
-                              curve=curve, cache_bytes=_cache_bytes(cache_config))
+    log_settings = configure_logs("broker", **_pick(o, _LOG_KEYS))
+    metrics_options = dict(item.partition("=")[::2] for item in o["metrics_config"])
+    metrics = MetricsSettings(o["metrics_address"], o["metrics_port"],
+                              _bool(metrics_options.get("histogram_latencies", "false"))) \
+        if _bool(o["allow_metrics"]) else None
+    curve = curve_keys(o["curve_secret_key"], "--curve-authorized-keys", o["curve_authorized_keys"], server=True)
+    settings = BrokerSettings(tuple(o["model_repository"]), o["frontend"], o["backend"],
+                              repository_settings(**_pick(o, _REPOSITORY_KEYS), gpus_here=o["workers_on_this_host"]),
+                              metrics=metrics, control=control_settings(**_pick(o, _CONTROL_KEYS)),
+                              log_verbose=log_settings.log_verbose_level,
+                              heartbeat_interval_s=o["heartbeat_interval_secs"],
+                              exit_timeout_s=float(o["exit_timeout_secs"]), curve=curve,
+                              cache_bytes=_cache_bytes(o["cache_config"]))
     server = Broker(settings)
     server.log_settings = log_settings  # what it hands every gateway, agent and instance
     server.load_repository()
@@ -411,84 +244,46 @@ def broker(model_repository, frontend, backend, metrics_port, metrics_address, a
 
 
 @main.command(cls=config_file.SettingsCommand)
-@click.option("--broker", "broker_address", required=True, help="The broker's frontend endpoint.")
-@click.option("--http-address", default="0.0.0.0", show_default=True, help="Address the HTTP server binds.")
-@click.option("--http-port", default=8000, show_default=True, type=int, help="HTTP port.")
-@click.option("--grpc-address", default="0.0.0.0", show_default=True, help="Address the gRPC server binds.")
-@click.option("--grpc-port", default=8001, show_default=True, type=int, help="gRPC port.")
-@click.option("--allow-grpc", type=BOOLEAN, default="true", show_default=True, help="Serve gRPC.")
-@click.option("--http-max-input-size", default=64 * 1024 * 1024, show_default=True, type=int,
-              help="Largest HTTP request body, in bytes.")
-@click.option("--exit-timeout-secs", default=30, show_default=True, type=int,
-              help="On SIGTERM: how long requests in flight may take to finish.")
-@click.option("--strict-readiness", type=BOOLEAN, default="true", show_default=True,
-              help="Ready only when every model is ready (false: ready when the server is up).")
-@click.option("--id", "server_id", default="triton", show_default=True, help="Server name in /v2 metadata.")
-@log_options
-@click.option("--allow-client-shm", type=BOOLEAN, default="false", show_default=True,
-              help="Let clients register system shared memory regions (they must share this host).")
-@click.option("--grpc-max-message-size", default=2**31 - 1, show_default=True, type=int,
-              help="Largest gRPC message, in bytes, either way.")
-@heartbeat_option
-@max_inflight_option
-@restricted_api_options
-@curve_options("--curve-server-key", "The broker's CURVE public key file (NAME.key).")
-@click.option("--reuse-port", type=BOOLEAN, default="false", show_default=True,
-              help="Share the HTTP and gRPC ports with this deployment's other gateways (SO_REUSEPORT); "
-                   "false: a port in use stops startup.")
-def gateway(broker_address, http_address, http_port, grpc_address, grpc_port, allow_grpc, http_max_input_size,
-            exit_timeout_secs, strict_readiness, server_id, log_verbose, log_info, log_warning, log_error,
-            log_format, allow_client_shm,
-            grpc_max_message_size, heartbeat_interval_secs, max_inflight_requests, http_restricted_api,
-            grpc_restricted_protocol, curve_secret_key, curve_server_key, reuse_port) -> None:
+@options_of(GATEWAY)
+def gateway(**o) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
     from tritium.gateway.server import GatewaySettings, run
 
-    configure_logs("gateway", log_verbose, log_info, log_warning, log_error, log_format)
-    curve = curve_keys(curve_secret_key, "--curve-server-key", curve_server_key, server=False)
-    http_restricted, grpc_restricted = restricted_apis(http_restricted_api, grpc_restricted_protocol)
-    run(GatewaySettings(broker=broker_address, http_address=http_address, http_port=http_port,
-                        grpc_address=grpc_address, grpc_port=grpc_port if _bool(allow_grpc) else None,
-                        max_input_bytes=http_max_input_size, exit_timeout_s=float(exit_timeout_secs),
-                        server_id=server_id, strict_readiness=_bool(strict_readiness),
-                        allow_client_shm=_bool(allow_client_shm), grpc_max_message_bytes=grpc_max_message_size,
-                        heartbeat_interval_s=heartbeat_interval_secs, max_inflight_requests=max_inflight_requests,
-                        curve=curve, http_restricted=http_restricted, grpc_restricted=grpc_restricted,
-                        reuse_port=_bool(reuse_port)))
+    configure_logs("gateway", **_pick(o, _LOG_KEYS))
+    _one_front_end(o)
+    curve = curve_keys(o["curve_secret_key"], "--curve-server-key", o["curve_server_key"], server=False)
+    http_restricted, grpc_restricted = restricted_apis(o["http_restricted_api"], o["grpc_restricted_protocol"])
+    run(GatewaySettings(broker=o["broker_address"], http_address=o["http_address"],
+                        http_port=o["http_port"] if _bool(o["allow_http"]) else None,
+                        grpc_address=o["grpc_address"],
+                        grpc_port=o["grpc_port"] if _bool(o["allow_grpc"]) else None,
+                        max_input_bytes=o["http_max_input_size"], exit_timeout_s=float(o["exit_timeout_secs"]),
+                        server_id=o["server_id"], strict_readiness=_bool(o["strict_readiness"]),
+                        allow_client_shm=_bool(o["allow_client_shm"]),
+                        grpc_max_message_bytes=o["grpc_max_message_size"],
+                        heartbeat_interval_s=o["heartbeat_interval_secs"],
+                        max_inflight_requests=o["max_inflight_requests"], curve=curve,
+                        http_restricted=http_restricted, grpc_restricted=grpc_restricted,
+                        reuse_port=_bool(o["reuse_port"])))
 
 
 @main.command(cls=config_file.SettingsCommand)
-@click.option("--broker", "broker_address", required=True, help="The broker's backend endpoint.")
-@click.option("--model-repository", "--model-store", "model_repository", multiple=True, required=True,
-              help="A model repository folder (repeatable).")
-@click.option("--models", default=None, help="Comma-separated models this host serves (default: all).")
-@click.option("--exit-timeout-secs", default=30, show_default=True, type=int,
-              help="On SIGTERM: how long requests in flight may take to finish.")
-@click.option("--backend-directory", default=None, help="Where custom backends are looked up (<dir>/<backend>/).")
-@click.option("--backend-config", multiple=True, help="BACKEND,KEY=VALUE: an option given to that backend.")
-@click.option("--metrics-interval-ms", default=2000, show_default=True, type=int,
-              help="How often the host's CPU, memory and GPU figures reach the broker.")
-@log_options
-@heartbeat_option
-@click.option("--max-cpu-instances", default=None, type=click.IntRange(min=0),
-              help="Autoscaled CPU instances this host may run, besides its fixed ones (default: one per core).")
-@curve_options("--curve-server-key", "The broker's CURVE public key file (NAME.key).")
-def worker(broker_address, model_repository, models, exit_timeout_secs, backend_directory, backend_config,
-           metrics_interval_ms, log_verbose, log_info, log_warning, log_error, log_format, heartbeat_interval_secs,
-           max_cpu_instances, curve_secret_key, curve_server_key) -> None:
+@options_of(WORKER)
+def worker(**o) -> None:
     """Run a host agent: starts and supervises this host's instance processes."""
     from tritium.hosts import detect_gpus
     from tritium.workers.agent import HostAgent, WorkerSettings
 
-    logged = configure_logs("worker", log_verbose, log_info, log_warning, log_error, log_format)
-    verbose = logged.log_verbose_level
-    curve = curve_keys(curve_secret_key, "--curve-server-key", curve_server_key, server=False)
+    logged = configure_logs("worker", **_pick(o, _LOG_KEYS))
+    curve = curve_keys(o["curve_secret_key"], "--curve-server-key", o["curve_server_key"], server=False)
+    models = o["models"]
+    max_cpu_instances = o["max_cpu_instances"]
     settings = WorkerSettings(
-        broker=broker_address, model_repositories=tuple(model_repository), gpus=detect_gpus(),
-        models=tuple(m for m in models.split(",") if m) if models else None, log_verbose=verbose,
-        exit_timeout_s=float(exit_timeout_secs), backend_directory=backend_directory,
-        backend_config=_backend_options(backend_config), metrics_interval_s=metrics_interval_ms / 1000,
-        heartbeat_interval_s=heartbeat_interval_secs, curve=curve,
+        broker=o["broker_address"], model_repositories=tuple(o["model_repository"]), gpus=detect_gpus(),
+        models=tuple(m for m in models.split(",") if m) if models else None, log_verbose=logged.log_verbose_level,
+        exit_timeout_s=float(o["exit_timeout_secs"]), backend_directory=o["backend_directory"],
+        backend_config=_backend_options(o["backend_config"]), metrics_interval_s=o["metrics_interval_ms"] / 1000,
+        heartbeat_interval_s=o["heartbeat_interval_secs"], curve=curve,
         max_cpu_instances=max_cpu_instances if max_cpu_instances is not None else (os.cpu_count() or 1))
     sys.exit(HostAgent(settings).run())
 
@@ -539,7 +334,7 @@ def repo_group() -> None:
 @repo_group.command("check")
 @click.argument("repositories", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-@repository_options
+@options_of(REPO_CHECK)
 def repo_check(repositories, as_json, **repository) -> None:
     """Show every model of REPOSITORIES as tritium would load it; exit 1 if any fails."""
     from tritium.repo import ModelRepository
@@ -570,7 +365,9 @@ def config_group() -> None:
 def config_show(ctx, role, args, as_json) -> None:
     """Print every setting ROLE would run with and where it came from: ARGS are ROLE's flags
     (--config FILE among them); TRITIUM_* variables are read as ROLE would read them."""
-    config_path, rows = config_file.effective(ctx, main.commands[role], role, list(args))
+    command = main.commands[role]
+    assert isinstance(command, config_file.SettingsCommand)  # the choice lists only those
+    config_path, rows = config_file.effective(ctx, command, role, list(args))
     render = config_file.render_json if as_json else config_file.render_table
     click.echo(render(role, config_path, rows))
 

@@ -207,8 +207,11 @@ def _type_name(option: click.Option) -> str:
     return "a list" if _many(option) else f"a single {option.type.name} value"
 
 
+_KIND_NAMES: dict[type, str] = {dict: "mapping", list: "list"}
+
+
 def _kind(value: Any) -> str:
-    return {dict: "mapping", list: "list"}.get(type(value), type(value).__name__)
+    return _KIND_NAMES.get(type(value), type(value).__name__)
 
 
 def _suggestion(key: str, keys: dict[str, click.Option]) -> str:

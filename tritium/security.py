@@ -143,6 +143,8 @@ def secure_server(sock: zmq.Socket, keys: CurveKeys | None, address: str) -> Non
             log.warning("%s is open to the network without CURVE: anyone who reaches it can join "
                         "(see --curve-secret-key in docs/security.md)", address)
         return
+    if keys.authorized_keys_dir is None:
+        raise InvalidArgument("a CURVE server needs the folder of the keys it lets in")
     public, secret = load_secret_key(keys.secret_key_file)
     _ZapHandler.start_for(sock.context, keys.authorized_keys_dir)
     sock.curve_server = True
@@ -159,6 +161,8 @@ def secure_client(sock: zmq.Socket, keys: CurveKeys | None, who: str) -> None:
     socket is only watched, to explain a broker that wants CURVE.
     """
     if keys is not None:
+        if keys.server_key_file is None:
+            raise InvalidArgument(f"a CURVE {who} needs the broker's public key")
         sock.curve_publickey, sock.curve_secretkey = load_secret_key(keys.secret_key_file)
         sock.curve_serverkey = load_public_key(keys.server_key_file)
     _watch(sock, _ClientEvents(who, keys is not None))

@@ -22,8 +22,8 @@ class SignalWaker:
         signal.set_wakeup_fd(self._write_end.fileno())
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_stop)
-        for sig in also_wake_on:
-            signal.signal(sig, lambda *_: None)
+        for waking in also_wake_on:
+            signal.signal(waking, lambda *_: None)
 
     @property
     def fd(self) -> int:

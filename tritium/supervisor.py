@@ -33,9 +33,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ServeSettings:
-    model_repositories: tuple[str, ...]
     http_address: str = "0.0.0.0"
     http_port: int = 8000
+    http_enabled: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
     grpc_enabled: bool = True
@@ -45,8 +45,7 @@ class ServeSettings:
     http_workers: int = 1
     exit_timeout_s: float = 30.0
     exit_on_error: bool = True
-    log_verbose: int = 0
-    repository_args: tuple[str, ...] = ()  # flags passed to broker and worker as they were given
+    # each child's flags, from the options table (tritium/options.py)
     broker_args: tuple[str, ...] = ()
     gateway_args: tuple[str, ...] = ()
     worker_args: tuple[str, ...] = ()
@@ -101,7 +100,8 @@ class Supervisor:
         s = self.settings
         if s.grpc_enabled:
             check_free("GRPC", s.grpc_address, s.grpc_port)
-        check_free("HTTP", s.http_address, s.http_port)
+        if s.http_enabled:
+            check_free("HTTP", s.http_address, s.http_port)
         if s.metrics_enabled:
             check_free("Metrics", s.metrics_address, s.metrics_port)
 
@@ -112,16 +112,13 @@ class Supervisor:
 
     def _start_and_wait(self, env, frontend, backend, notify_sock, stop) -> int | None:
         s = self.settings
-        verbose = ["--log-verbose", str(s.log_verbose)]
-        repos = [arg for repo in s.model_repositories for arg in ("--model-repository", repo)]
-        self._spawn("broker", [*repos, "--frontend", frontend, "--backend", backend, "--workers-on-this-host",
-                               *s.repository_args, *s.broker_args, *verbose], env)
+        self._spawn("broker", ["--frontend", frontend, "--backend", backend, "--workers-on-this-host",
+                               *s.broker_args], env)
         if not self._wait_ready(notify_sock, stop, roles={"broker"}):
             return ExitCode.ERROR
-        self._spawn("worker", ["--broker", backend, *repos, *s.worker_args, *verbose], env)
+        self._spawn("worker", ["--broker", backend, *s.worker_args], env)
         for _ in range(s.http_workers):
-            self._spawn("gateway", ["--broker", frontend, "--http-address", s.http_address,
-                                    "--http-port", str(s.http_port), *s.gateway_args, *verbose], env)
+            self._spawn("gateway", ["--broker", frontend, *s.gateway_args], env)
         if not self._wait_ready(notify_sock, stop, roles={"worker", "gateway"}):
             return ExitCode.ERROR
         status = self._wait_loaded(frontend, stop)
@@ -133,9 +130,10 @@ class Supervisor:
                 log.error("%s", failure)
             log.error("failed to load all models")
             return ExitCode.MODEL_LOAD_FAILED
-        grpc = f" grpc={s.grpc_address}:{s.grpc_port}" if s.grpc_enabled else ""
-        grpc += f" metrics={s.metrics_address}:{s.metrics_port}" if s.metrics_enabled else ""
-        print(f"tritium ready: http={s.http_address}:{s.http_port}{grpc} "
+        endpoints = [f"http={s.http_address}:{s.http_port}"] if s.http_enabled else []
+        endpoints += [f"grpc={s.grpc_address}:{s.grpc_port}"] if s.grpc_enabled else []
+        endpoints += [f"metrics={s.metrics_address}:{s.metrics_port}"] if s.metrics_enabled else []
+        print(f"tritium ready: {' '.join(endpoints)} "
               f"(gateways={s.http_workers}, models ready={status['ready']})", flush=True)
         return None
 
@@ -155,7 +153,7 @@ class Supervisor:
         return True
 
     def _wait_loaded(self, frontend: str, stop) -> dict | None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(frontend)
         try:
@@ -189,7 +187,7 @@ class Supervisor:
     def _stop_children(self) -> None:
         order = {"gateway": 0, "worker": 1, "broker": 2}
         deadline = time.monotonic() + self.settings.exit_timeout_s
-        for role in sorted(order, key=order.get):
+        for role in sorted(order, key=lambda role: order[role]):
             group = [c.process for c in self.children if c.role == role and c.process.poll() is None]
             for process in group:
                 process.send_signal(signal.SIGTERM)

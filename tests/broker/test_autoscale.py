@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from tritium.broker.autoscale import COOLDOWN_S, Autoscaler
+from tritium.broker.liveness import PeerLiveness
+from tritium.broker.membership import Membership
 from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion
-from tests.broker.test_scheduler import CONFIG, definition, make_world, submit
+from tests.broker.test_scheduler import CONFIG, definition, lose, make_world, submit
 from tritium.protocol import Kind, decode
 
 SCALED = CONFIG + ' parameters { key: "tritium.autoscale" value: { string_value: "%s" } }'
@@ -20,7 +22,8 @@ class World:
         self.registry.epochs[1] = self.version
         for identity, slots in hosts.items():
             self.registry.agents[identity] = AgentRecord(identity, identity.decode(), (), None, cpu_slots=slots)
-        self.autoscaler = Autoscaler(self.registry, self.to_instances.append, self.scheduler, self.clock)
+        self.autoscaler = Autoscaler(self.registry, self.to_instances.append, self.scheduler, self.clock,
+                                     Membership(self.registry, self.scheduler, PeerLiveness(1.0)).changed)
         self.scheduler.autoscaler = self.autoscaler
 
     def scales(self) -> list[tuple[bytes, int, list]]:
@@ -126,5 +129,5 @@ def test_losing_the_last_instance_changes_what_gateways_see():
     world.autoscaler.start(world.version)
     instance = world.join(b"a", "m_0")
     generation = world.registry.generation
-    world.scheduler.instance_lost(instance.iid, "was killed by signal 9")
+    lose(world.scheduler, instance.iid, "was killed by signal 9")
     assert world.registry.generation > generation

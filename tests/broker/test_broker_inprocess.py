@@ -15,6 +15,7 @@ import zmq
 
 from tritium.broker.server import Broker, BrokerSettings
 from tests.repo.helpers import PLAIN_PY_MODEL, write_model
+from tritium.logs import LogSettings
 from tritium.protocol import (
     PROTOCOL_VERSION,
     BatchDone,
@@ -237,3 +238,9 @@ def test_a_peer_of_another_protocol_version_is_refused_with_the_reason(world):
     assert refused["reason"] == (f"protocol version {PROTOCOL_VERSION - 1} refused; this broker speaks "
                                  f"version {PROTOCOL_VERSION}")
     assert b"old-agent" not in world.broker.registry.agents
+
+
+def test_the_log_settings_the_broker_is_started_with_reach_a_gateway_that_says_hello(world):
+    world.broker.log_settings = LogSettings(log_verbose_level=2)   # as tritium broker hands them on
+    gateway = world.gateway()
+    assert gateway.headers(Kind.LOG_SETTINGS)[-1]["settings"]["log_verbose_level"] == 2

@@ -16,6 +16,7 @@ from tritonclient.grpc import model_config_pb2
 from tritium.broker.ensemble import _reshaped
 from tritium.broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
 from tritium.broker.scheduler import Scheduler
+from tests.broker.test_scheduler import lose
 from tritium.repo.model import ModelDefinition
 from tritium.repo.normalize import normalize
 from tritium.errors import ErrorCode, InvalidArgument, Unavailable
@@ -277,13 +278,13 @@ def test_a_step_model_that_is_not_loaded_fails_the_request_at_once(world):
 def test_a_step_whose_instance_is_lost_twice_fails_the_request(world):
     world.infer("pipeline", {"IN": values()})
     assert world.batches()
-    world.scheduler.instance_lost(b"i-pre", "was killed by signal 9")
+    lose(world.scheduler, b"i-pre", "was killed by signal 9")
     world.to_instances.clear()
     world.registry.instances[b"i-pre2"] = InstanceRecord(b"i-pre2", b"agent", "pre", 1, "pre_1", 1, epoch=1)
     world.versions["pre"].instances.append(world.registry.instances[b"i-pre2"])
     world.scheduler.instance_ready(world.registry.instances[b"i-pre2"])
     assert world.batches()   # run once more elsewhere
-    world.scheduler.instance_lost(b"i-pre2", "was killed by signal 9")
+    lose(world.scheduler, b"i-pre2", "was killed by signal 9")
     (header, _), = world.answers()
     assert header["err"]["code"] == int(ErrorCode.UNAVAILABLE)
     assert header["err"]["message"].startswith("in ensemble 'pipeline', instance 'pre_1' of model 'pre'")

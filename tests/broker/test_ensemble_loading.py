@@ -37,7 +37,7 @@ def pump(world: World, condition, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "the loads did not get there"
-        world.lifecycle.run_completed()
+        world.lifecycle.reader.run_completed()
         time.sleep(0.01)
 
 
@@ -130,9 +130,9 @@ def start_scanning(world: World, mode: str = "none") -> None:
     write_ensemble(world, "ens", ["m"])
     world.lifecycle.close()
     world.lifecycle = ModelLifecycle(world.registry, world.lifecycle.repository, world.lifecycle.scheduler,
-                                     world._record, ControlSettings(mode=mode, poll_seconds=0))
+                                     world._record, ControlSettings(mode=mode, poll_seconds=0), world.membership)
     world.lifecycle.start()
-    world.lifecycle.run_completed()
+    world.lifecycle.reader.run_completed()
 
 
 def test_at_startup_an_ensemble_is_ready_once_its_models_are(world):
@@ -156,13 +156,13 @@ def test_poll_mode_checks_a_changed_ensemble_against_the_loaded_models(world):
     world.instance_ready(world.loading("m"))
     serving = world.registry.versions[("ens", 1)]
     (world.root / "ens" / "config.pbtxt").write_text(ensemble_config(["nope"]))
-    world.lifecycle.poll()
+    world.lifecycle.poller.poll()
     record = world.registry.models["ens"]
     pump(world, lambda: record.last_error)
     assert "step 0 (model 'nope') names model 'nope', which is not in the model repository" in record.last_error
     assert world.registry.versions[("ens", 1)] is serving and serving.state == VersionState.READY
     (world.root / "ens" / "config.pbtxt").write_text(ensemble_config(["m"], max_batch_size=4))
-    world.lifecycle.poll()
+    world.lifecycle.poller.poll()
     pump(world, lambda: world.registry.versions[("ens", 1)] is not serving)
     assert world.registry.versions[("ens", 1)].definition.config.max_batch_size == 4
     assert world.registry.versions[("ens", 1)].state == VersionState.READY
@@ -173,9 +173,10 @@ def test_an_ensemble_named_at_explicit_startup_loads_its_models_and_startup_wait
     write_ensemble(world, "outer", ["inner"])
     world.lifecycle.close()
     world.lifecycle = ModelLifecycle(world.registry, world.lifecycle.repository, world.lifecycle.scheduler,
-                                     world._record, ControlSettings(mode="explicit", load_models=("outer",)))
+                                     world._record, ControlSettings(mode="explicit", load_models=("outer",)),
+                                     world.membership)
     world.lifecycle.start()
-    world.lifecycle.run_completed()
+    world.lifecycle.reader.run_completed()
     assert {name: state(world, name) for name in ("m", "inner", "outer")} == dict.fromkeys(
         ("m", "inner", "outer"), VersionState.LOADING)
     assert not world.registry.loading_done()

@@ -12,6 +12,8 @@ import time
 import pytest
 
 from tritium.broker.lifecycle import ControlSettings, ModelLifecycle
+from tritium.broker.liveness import PeerLiveness
+from tritium.broker.membership import Membership
 from tritium.broker.registry import AgentRecord, InstanceRecord, Registry, VersionState
 from tritium.broker.scheduler import Scheduler
 from tritium.repo import ModelRepository
@@ -34,8 +36,9 @@ class World:
         self.registry = Registry()
         self.registry.agents[b"agent"] = AgentRecord(b"agent", "host", (), None)
         scheduler = Scheduler(self.registry, self._record, self._record)
+        self.membership = Membership(self.registry, scheduler, PeerLiveness(1.0))
         self.lifecycle = ModelLifecycle(self.registry, ModelRepository([root]), scheduler, self._record,
-                                        ControlSettings(mode="explicit"))
+                                        ControlSettings(mode="explicit"), self.membership)
         self.replies: list = []
 
     def _record(self, parts: list) -> None:
@@ -50,10 +53,10 @@ class World:
 
     def finish_reads(self) -> None:
         deadline = time.monotonic() + 20
-        while self.lifecycle.completed.empty():
+        while self.lifecycle.reader.completed.empty():
             assert time.monotonic() < deadline, "the read did not finish"
             time.sleep(0.01)
-        self.lifecycle.run_completed()
+        self.lifecycle.reader.run_completed()
 
     def loading(self, name: str = "m"):
         return next(v for v in self.registry.epochs.values() if v.name == name and v.state == VersionState.LOADING)
@@ -178,7 +181,7 @@ def test_a_model_name_that_is_a_path_is_refused_before_any_file_is_written(tmp_p
     with pytest.raises(TritiumError):
         world.lifecycle.unload(name)
     assert not (tmp_path / "victim").exists() and not (tmp_path / "abs").exists()
-    assert world.lifecycle.completed.empty() and world.sent == []
+    assert world.lifecycle.reader.completed.empty() and world.sent == []
 
 
 ENSEMBLE = """
@@ -198,7 +201,7 @@ def loaded_ensemble(world) -> None:
     world.finish_reads()                    # ens read: it asks for comp first
     world.finish_reads()                    # comp read
     world.instance_ready(world.loading("comp"))
-    world.lifecycle.run_completed()         # ens waits for comp's version to be READY
+    world.lifecycle.reader.run_completed()         # ens waits for comp's version to be READY
     assert world.registry.versions[("ens", 1)].state == VersionState.READY
 
 
@@ -224,8 +227,8 @@ def test_an_ensemble_unloaded_on_purpose_stays_unloaded(world):
     world.load("comp")
     world.instance_ready(world.loading("comp"))
     time.sleep(0.2)
-    world.lifecycle.run_completed()
-    assert world.lifecycle.completed.empty() and "ens" not in world.lifecycle._loads
+    world.lifecycle.reader.run_completed()
+    assert world.lifecycle.reader.completed.empty() and "ens" not in world.lifecycle._loads
     assert index_states(world)["ens"] == ("UNAVAILABLE", "unloaded")
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.broker.test_scheduler import add_instance, done, make_world, sent_batch
+from tests.broker.test_scheduler import add_instance, done, lose, make_world, sent_batch
 from tritium.errors import ErrorCode
 from tritium.protocol import Infer, decode
 
@@ -127,7 +127,7 @@ def test_preserve_ordering_releases_what_waits_behind_a_failed_request():
     scheduler, to_instances, to_gateways, first, second, batches = two_requests_on_two_instances()
     header, responses = done(batches[second.iid], [2])
     scheduler.batch_done(second.iid, header, responses)
-    scheduler.instance_lost(first.iid, "was killed", restart_expected=False)   # 1 runs again on i1
+    lose(scheduler, first.iid, "was killed", restart_expected=False)   # 1 runs again on i1
     header, responses = done(sent_batch(to_instances[-1])[1]["b"], [1])
     scheduler.batch_done(second.iid, header, responses)
     assert [rid for rid, _ in answers(to_gateways)] == [1, 2]
@@ -142,7 +142,7 @@ def test_a_model_without_instances_and_none_coming_answers_at_once():
 def test_requests_wait_for_a_restarting_instance_only_so_long():
     registry, version, scheduler, _, to_gateways, clock = make_world(TWO_LEVELS % "REJECT")
     instance = add_instance(registry, version, credit=0)
-    scheduler.instance_lost(instance.iid, "exited with status 1", restart_expected=True)
+    lose(scheduler, instance.iid, "exited with status 1", restart_expected=True)
     submit(scheduler, 1, priority=1)
     scheduler.fail_unserviceable()
     assert to_gateways == []

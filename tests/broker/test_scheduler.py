@@ -8,6 +8,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from tritium.broker.liveness import PeerLiveness
+from tritium.broker.membership import Membership
 from tritium.broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
 from tritium.broker.scheduler import Scheduler
 from tritium.repo.model import ModelDefinition
@@ -60,6 +62,11 @@ def add_instance(registry, version, name="i0", credit=2):
     registry.instances[instance.iid] = instance
     version.instances.append(instance)
     return instance
+
+
+def lose(scheduler, iid: bytes, why: str, restart_expected: bool = True) -> None:
+    """An instance gone, as the broker's membership removes it."""
+    Membership(scheduler.registry, scheduler, PeerLiveness(1.0)).remove_instance(iid, why, restart_expected)
 
 
 def submit(scheduler, gateway: bytes, rid: int, batch_size: int = 1, model="m", version=1, request_id=""):
@@ -163,7 +170,7 @@ def test_a_lost_instances_request_runs_again_on_another_instance(world):
     add_instance(registry, version, "i0", credit=1)
     submit_and_wait_out_the_delay(scheduler, clock, 1)
     add_instance(registry, version, "i1", credit=1)
-    scheduler.instance_lost(b"i0", "was killed by signal 9")
+    lose(scheduler, b"i0", "was killed by signal 9")
     assert to_gateways == []
     assert [(sent_batch(p)[0], sent_batch(p)[2]) for p in to_instances] == [(b"i0", [1]), (b"i1", [1])]
     assert version.instances == [registry.instances[b"i1"]] and b"i0" not in registry.instances
@@ -175,10 +182,10 @@ def test_a_request_lost_twice_fails_with_503_naming_the_model(world):
     add_instance(registry, version, "i1")
     submit_and_wait_out_the_delay(scheduler, clock, 1)
     first = sent_batch(to_instances[0])[0]
-    scheduler.instance_lost(first, "was killed by signal 9")
+    lose(scheduler, first, "was killed by signal 9")
     second = sent_batch(to_instances[1])[0]
     assert second != first
-    scheduler.instance_lost(second, "was killed by signal 9")
+    lose(scheduler, second, "was killed by signal 9")
     (parts,) = to_gateways
     error = error_of(parts)
     assert error["code"] == ErrorCode.UNAVAILABLE
@@ -191,7 +198,7 @@ def test_a_request_waits_for_a_restarting_instance_when_it_was_the_only_one(worl
     registry, version, scheduler, to_instances, to_gateways, clock = world
     add_instance(registry, version, "i0")
     submit_and_wait_out_the_delay(scheduler, clock, 1)
-    scheduler.instance_lost(b"i0", "exited with status 1")   # its agent restarts it
+    lose(scheduler, b"i0", "exited with status 1")   # its agent restarts it
     assert to_gateways == [] and len(version.batcher) == 1
     scheduler.instance_ready(add_instance(registry, version, "i0-again"))
     assert sent_batch(to_instances[-1])[:3:2] == (b"i0-again", [1])
@@ -202,7 +209,7 @@ def test_when_the_last_host_is_gone_queued_and_running_requests_fail_at_once(wor
     add_instance(registry, version, "i0", credit=1)
     submit_and_wait_out_the_delay(scheduler, clock, 1)
     submit(scheduler, b"gw", 2)   # queued behind the busy instance
-    scheduler.instance_lost(b"i0", "was lost with its host h1", restart_expected=False)
+    lose(scheduler, b"i0", "was lost with its host h1", restart_expected=False)
     errors = sorted((decode(p[1])[0]["rid"], error_of(p)["message"]) for p in to_gateways)
     assert [rid for rid, _ in errors] == [1, 2]
     assert all(message == "no instance of model 'm' version 1 is left: instance 'i0' was lost with its host h1"
@@ -216,8 +223,8 @@ def test_a_decoupled_request_that_already_answered_is_not_run_twice():
     add_instance(registry, version, "i1")
     submit(scheduler, b"gw", 1)
     number = sent_batch(to_instances[0])[1]["b"]
-    scheduler.response_part(b"i0", ResponsePart(number, 0).to_wire(), [Response(1, [], final=False).encode()])
-    scheduler.instance_lost(b"i0", "was killed by signal 9")
+    scheduler.streams.response_part(b"i0", ResponsePart(number, 0).to_wire(), [Response(1, [], final=False).encode()])
+    lose(scheduler, b"i0", "was killed by signal 9")
     assert len(to_instances) == 1
     assert [error_of(p)["code"] for p in to_gateways[1:]] == [ErrorCode.UNAVAILABLE]
 

@@ -6,7 +6,7 @@ A fake clock and recorded sends, as in test_scheduler.py; the model has ``sequen
 from __future__ import annotations
 
 from tritium.broker.sequences import END, START
-from tests.broker.test_scheduler import add_instance, done, error_of, make_world, sent_batch
+from tests.broker.test_scheduler import add_instance, done, error_of, lose, make_world, sent_batch
 from tritium.errors import ErrorCode
 from tritium.protocol import Infer, decode
 
@@ -74,7 +74,7 @@ def test_a_lost_instance_fails_its_sequences_requests_and_they_are_not_run_elsew
     submit(scheduler, 1, 10, START)          # i0, slot 0: running
     submit(scheduler, 2, 10)                 # queued behind it
     assert [sent_batch(p)[0] for p in to_instances] == [b"i0"]
-    scheduler.instance_lost(b"i0", "was killed by signal 9")
+    lose(scheduler, b"i0", "was killed by signal 9")
     assert len(to_instances) == 1
     messages = sorted((decode(p[1])[0]["rid"], error_of(p)["message"]) for p in to_gateways)
     assert messages == [(rid, "instance 'i0' of model 'm' version 1 was killed by signal 9; the state of "

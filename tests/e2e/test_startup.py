@@ -178,3 +178,20 @@ def test_a_clean_shutdown_logs_no_warning_about_peers_that_left(repo):
     logs = server.log_path.read_text()
     assert "gateway stopped" in logs and "broker stopping" in logs
     assert "cannot send to peer" not in logs and "Host unreachable" not in logs
+
+
+def test_allow_http_false_serves_grpc_only(repo):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    with TritiumServer(repo, "--exit-on-error=false", "--allow-http=false") as server:
+        assert "http=" not in server.ready_line and f"grpc=127.0.0.1:{server.grpc_port}" in server.ready_line
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        inputs = [grpcclient.InferInput(name, [1, 16], "FP32") for name in ("INPUT0", "INPUT1")]
+        for item in inputs:
+            item.set_data_from_numpy(np.arange(16, dtype=np.float32).reshape(1, 16))
+        result = client.infer("good", inputs)
+        assert result.as_numpy("OUTPUT0").tolist() == [[2.0 * i for i in range(16)]]
+        client.close()

@@ -1,0 +1,101 @@
+"""Who is connected: gateways, host agents and instances; the only writer of the registry's agents,
+instances and host metrics, and of its ``generation`` (what gateways see changed).
+
+Every join, leave and drain of a peer or an instance goes through ``Membership``, so that
+its invariants hold in one place: an instance is in ``registry.instances`` exactly while it
+is in its version's ``instances``; the generation moves when a version gains its first
+instance or loses its last, when an instance's health changes, and whenever another owner
+(model loading, control, autoscaling) says what gateways see changed (``changed``). What the
+broker answers to a peer's messages is decided in ``broker/peers.py``.
+"""
+
+from __future__ import annotations
+
+from tritium.broker.liveness import PeerLiveness
+from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion, Registry
+from tritium.broker.scheduler import Scheduler
+
+
+class Membership:
+    def __init__(self, registry: Registry, scheduler: Scheduler, liveness: PeerLiveness) -> None:
+        self.registry = registry
+        self.scheduler = scheduler   # answers what a lost instance held
+        self.liveness = liveness
+        self.gateways: set[bytes] = set()
+
+    def changed(self) -> None:
+        """What gateways see (the model table) changed: it is pushed to them at the end of the turn."""
+        self.registry.generation += 1
+
+    # -- gateways -------------------------------------------------------------------------
+
+    def add_gateway(self, peer: bytes) -> None:
+        self.gateways.add(peer)
+
+    def remove_gateway(self, peer: bytes) -> bool:
+        """False when ``peer`` was no gateway (still) known."""
+        if peer not in self.gateways:
+            return False
+        self.gateways.discard(peer)
+        self.liveness.forget(peer)
+        return True
+
+    # -- host agents ----------------------------------------------------------------------
+
+    def add_agent(self, agent: AgentRecord) -> None:
+        self.registry.agents[agent.identity] = agent
+
+    def remove_agent(self, peer: bytes) -> AgentRecord:
+        """The agent leaves with its host's metrics; its instances are removed by ``remove_instances_of``."""
+        agent = self.registry.agents.pop(peer)
+        self.registry.host_metrics.pop(agent.host, None)
+        return agent
+
+    def instances_of(self, peer: bytes) -> list[InstanceRecord]:
+        return [i for i in self.registry.instances.values() if i.agent == peer]
+
+    def drain_agent(self, agent: AgentRecord) -> None:
+        """The host is stopping: it and its instances get no new work."""
+        agent.draining = True
+        for instance in self.registry.instances.values():
+            if instance.agent == agent.identity:
+                instance.draining = True
+
+    def record_host_metrics(self, host: str, metrics: dict) -> None:
+        self.registry.host_metrics[host] = metrics
+
+    # -- instances ------------------------------------------------------------------------
+
+    def add_instance(self, instance: InstanceRecord, version: ModelVersion) -> None:
+        self.registry.instances[instance.iid] = instance
+        version.instances.append(instance)
+        if len(version.instances) == 1:
+            self.changed()   # ready again: gateways must hear of it
+
+    def remove_instance(self, iid: bytes, why: str, restart_expected: bool = True) -> None:
+        """An instance is gone; nothing it held is left silent (the scheduler retries or answers it)."""
+        instance = self.registry.instances.pop(iid, None)
+        if instance is None:
+            return
+        version = self.registry.epochs.get(instance.epoch)
+        if version is not None and instance in version.instances:
+            version.instances.remove(instance)
+            if not version.instances:
+                self.changed()   # its readiness changed: gateways must hear of it
+        self.scheduler.instance_gone(instance, version, why, restart_expected)
+
+    def remove_instances_of(self, peer: bytes, why: str) -> None:
+        """A host is lost: so are its instances, and nothing restarts them."""
+        for instance in self.instances_of(peer):
+            self.remove_instance(instance.iid, why, restart_expected=False)
+            self.liveness.forget(instance.iid)
+
+    def remove_stopped(self, version: ModelVersion) -> None:
+        """A drained version's instances were told to stop; none of them holds work."""
+        for instance in version.instances:
+            self.registry.instances.pop(instance.iid, None)
+        version.instances.clear()
+
+    def set_health(self, instance: InstanceRecord, healthy: bool) -> None:
+        instance.healthy = healthy
+        self.changed()   # gateways answer readiness from the table

@@ -1,0 +1,130 @@
+"""Reading model folders off the broker's loop: a thread pool, and the wake-up socket that brings
+each result back to the loop (``run_completed``); also the load API's config and file overrides.
+
+Auto-complete may parse a large ONNX file or run Python, so a read never runs in the loop,
+which keeps routing requests meanwhile.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import queue
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from tritium.repo import ModelConfig, ModelLoadError, ModelRepository
+from tritium.repo.names import relative_file_problem, write_files
+from tritium.errors import InvalidArgument
+
+log = logging.getLogger(__name__)
+
+
+class MissingModel(str):
+    """The error of a load asking for a model the repository does not have."""
+
+
+class ModelReader:
+    def __init__(self, repository: ModelRepository, threads: int) -> None:
+        self.repository = repository
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="model-load")
+        self.completed: queue.SimpleQueue = queue.SimpleQueue()
+        self.wake_read, self._wake_write = socket.socketpair()
+        self.wake_read.setblocking(False)
+        self._wake_write.setblocking(False)
+        self._overrides = Path(tempfile.mkdtemp(prefix="tritium-overrides-"))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        shutil.rmtree(self._overrides, ignore_errors=True)
+
+    def read_later(self, name: str, config, files, then: Callable[[tuple], None]) -> None:
+        """``read`` on the pool; ``then(result)`` runs in the broker's loop."""
+        future = self._pool.submit(self.read, name, config, files)
+        future.add_done_callback(lambda f: self.post(lambda: then(f.result())))
+
+    def post(self, action: Callable[[], None]) -> None:
+        self.completed.put(action)
+        try:
+            self._wake_write.send(b"\0")
+        except BlockingIOError:
+            pass
+
+    def run_completed(self) -> None:
+        """In the broker's loop: apply what the thread pool finished."""
+        try:
+            self.wake_read.recv(4096)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                action = self.completed.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                action()
+            except Exception:  # the broker keeps serving whatever one load did
+                log.exception("applying a model load failed")
+
+    def read(self, name: str, config, files) -> tuple:
+        """(definition, error, fingerprint, files): runs on the thread pool; never raises."""
+        fingerprint = self.fingerprint(name)
+        model_dir = None
+        try:
+            if not files and name not in self.repository.discover()[0]:
+                return None, MissingModel(f"failed to load '{name}', failed to poll from model repository"), \
+                    fingerprint, files
+            if files:  # the load API's files, read here; agents get them shipped
+                model_dir = write_files(Path(tempfile.mkdtemp(dir=self._overrides)), name, files)
+            return self.repository.load(name, config, model_dir), None, fingerprint, files
+        except ModelLoadError as exc:
+            return None, exc.message, fingerprint, files
+        except OSError as exc:
+            return None, f"cannot write the files of the load request: {exc}", fingerprint, files
+        except Exception as exc:  # a bug of ours must fail this load, not the broker
+            log.exception("unexpected failure loading model %s", name)
+            return None, f"internal error loading model '{name}': {exc!r}", fingerprint, files
+        finally:
+            if model_dir is not None:
+                shutil.rmtree(model_dir.parent, ignore_errors=True)
+
+    def fingerprint(self, name: str) -> tuple:
+        try:
+            return self.repository.fingerprint(name)
+        except OSError:
+            return ()
+
+
+def overrides_from(name: str, parameters: dict) -> tuple[ModelConfig | None, dict | None]:
+    """The load API's ``config`` and ``file:`` parameters, checked and decoded."""
+    config_text = parameters.get("config")
+    files = {key[len("file:"):]: value for key, value in parameters.items() if key.startswith("file:")}
+    if files and config_text is None:
+        raise InvalidArgument(f"failed to load '{name}': a 'file:' override needs a 'config' parameter")
+    config = None
+    if config_text is not None:
+        if not isinstance(config_text, str):
+            raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON string")
+        config = ModelConfig()
+        try:
+            json_format.Parse(config_text, config, ignore_unknown_fields=False)
+        except json_format.ParseError as exc:
+            raise InvalidArgument(f"failed to load '{name}': invalid 'config' parameter: {exc}") from exc
+    decoded = {}
+    for path, content in files.items():
+        problem = relative_file_problem(path)
+        if problem is not None:
+            raise InvalidArgument(f"failed to load '{name}': file override 'file:{path}' {problem}")
+        if isinstance(content, str):
+            try:
+                content = base64.b64decode(content, validate=True)
+            except ValueError as exc:
+                raise InvalidArgument(f"failed to load '{name}': 'file:{path}' is not base64") from exc
+        decoded[path] = bytes(content)
+    return config, decoded or None

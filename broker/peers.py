@@ -1,0 +1,253 @@
+"""What the broker does with what its peers say about themselves: gateways' and host agents'
+HELLO, instances joining, heartbeating, failing, exiting and reporting health, a host draining,
+and a peer gone silent. State changes go through ``Membership``; this module decides them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from tritium.broker.adoption import Adoption
+from tritium.broker.autoscale import Autoscaler
+from tritium.broker.lifecycle import ModelLifecycle
+from tritium.broker.liveness import PeerLiveness
+from tritium.broker.membership import Membership
+from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion, Registry, VersionState
+from tritium.broker.scheduler import Scheduler
+from tritium.errors import ProtocolError
+from tritium.exit_codes import ExitCode
+from tritium.protocol import Kind, encode
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[list], None]
+
+
+class Peers:
+    def __init__(self, registry: Registry, membership: Membership, lifecycle: ModelLifecycle,
+                 autoscaler: Autoscaler, scheduler: Scheduler, liveness: PeerLiveness, adoption: Adoption,
+                 send_frontend: Send, send_backend: Send, log_settings_message: Callable[[], bytes],
+                 boot: int, heartbeat_interval_s: float) -> None:
+        self.registry = registry
+        self.membership = membership
+        self.lifecycle = lifecycle
+        self.autoscaler = autoscaler
+        self.scheduler = scheduler
+        self.liveness = liveness
+        self.adoption = adoption   # instances a previous broker process placed, which this one keeps
+        self._send_frontend = send_frontend
+        self._send_backend = send_backend
+        self._log_settings_message = log_settings_message
+        self.boot = boot
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._reset_sent: dict[bytes, float] = {}   # unknown agents asked to register, and when
+
+    # -- joining ------------------------------------------------------------------------
+
+    def gateway_hello(self, peer: bytes, header: dict) -> None:
+        self.liveness.beats_every(peer, header.get("hb", 0.0))
+        self.membership.add_gateway(peer)
+        log.info("gateway %s connected", peer.decode(errors="replace"))
+        self._send_frontend([peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot,
+                                           "hb": self._heartbeat_interval_s})])
+        self._send_frontend([peer, encode({"k": Kind.MODELS, **self.registry.table()})])
+        self._send_frontend([peer, self._log_settings_message()])
+
+    def backend_hello(self, peer: bytes, header: dict) -> None:
+        self.liveness.beats_every(peer, header.get("hb", 0.0))
+        role = header.get("role")
+        if role == "agent":
+            models = header.get("models")
+            agent = AgentRecord(peer, header.get("host", "?"), tuple(header.get("gpus") or ()),
+                                tuple(models) if models else None, cpu_slots=int(header.get("cpu_slots", 0)))
+            self.membership.add_agent(agent)
+            self._reset_sent.pop(peer, None)
+            self.adoption.announce(peer, header.get("running"))
+            log.info("host agent %s joined (host %s, gpus %s)", peer.decode(), agent.host, list(agent.gpus))
+            self._send_backend([peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot,
+                                              "hb": self._heartbeat_interval_s})])
+            self._send_backend([peer, self._log_settings_message()])
+            self._assign_on_join(agent)
+        elif role == "instance":
+            self._instance_hello(peer, header)
+        else:
+            raise ProtocolError(f"unknown role {role!r} in HELLO")
+
+    def _instance_hello(self, peer: bytes, header: dict) -> None:
+        if peer in self.registry.instances:
+            return   # an adopted instance told the new epoch twice (its RESET was sent again) says HELLO twice
+        version = self._epoch_of(header)
+        # A draining version takes back a restarted instance: its queue still needs one.
+        if version is None or version.state not in (VersionState.LOADING, VersionState.READY,
+                                                     VersionState.UNLOADING):
+            log.warning("instance %s of %s version %s (load %s) is not wanted; ignoring it",
+                        header.get("name"), header["m"], header["v"], header.get("e"))
+            return
+        agent = self.registry.agents.get(header["agent"].encode())
+        if agent is None:   # its host must register first; it will start it again
+            self._send_backend([peer, encode({"k": Kind.RESET})])
+            return
+        version.awaited.pop(header["name"], None)
+        self.adoption.forget(peer)
+        instance = InstanceRecord(peer, header["agent"].encode(), header["m"], header["v"],
+                                  header["name"], int(header.get("credit", 1)), epoch=version.epoch,
+                                  draining=agent is None or agent.draining, kind=header.get("kind", "CPU"))
+        self.membership.add_instance(instance, version)
+        log.info("instance %s of model %s version %d is ready", instance.name, version.name, version.version)
+        self.lifecycle.instance_joined(version, instance.name)
+        self.autoscaler.instance_joined(version)
+        self.scheduler.instance_ready(instance)
+
+    def _assign_on_join(self, agent: AgentRecord) -> None:
+        """Every load this host should run; the instances it still runs are offered to their loads."""
+        models, scaled = [], []
+        for version in self.lifecycle.loads_for(agent):
+            assignment = self.adoption.offer(version.assignment(), version, agent.identity)
+            if version.autoscale is None:
+                models.append(assignment)
+                continue
+            running = len(self.adoption.candidates(version, agent.identity))
+            count = self.autoscaler.adopt(version, agent.identity, running) if running else 0
+            if count:
+                scaled.append({"assignment": assignment, "count": count})
+        # "complete": after this, the agent stops whatever it runs that was not kept.
+        self._send_backend([agent.identity, encode({"k": Kind.ASSIGN, "models": models, "scale": scaled,
+                                                    "complete": True})])
+
+    def placed(self, peer: bytes, header: dict) -> None:
+        if header.get("boot") == self.boot:   # not a late answer to a previous broker process
+            self.lifecycle.placed(header, peer)
+            self._tell_adopted(header)
+
+    def _tell_adopted(self, header: dict) -> None:
+        """The agent kept these running instances for a load: they say HELLO again, as its instances."""
+        version = self.registry.epochs.get(header.get("e"))
+        if version is None or not header.get("adopted"):
+            return
+        for iid in self.adoption.placed(version, header["adopted"]):
+            log.info("adopting running instance %s of model %s version %d", iid.decode(errors="replace"),
+                     version.name, version.version)
+            self._send_backend([iid, encode({"k": Kind.RESET, **self.adoption.rejoin_header(iid, self.boot)})])
+
+    # -- living ---------------------------------------------------------------------------
+
+    def heartbeat(self, peer: bytes, header: dict, now: float) -> None:
+        iid = header.get("iid")
+        if iid is not None:  # an instance's heartbeat thread, beating for its data socket
+            iid = iid.encode()
+            if iid in self.registry.instances:
+                self.liveness.heard(iid, now)
+                self.liveness.beats_every(iid, header.get("hb", 0.0))
+            elif header.get("joined"):
+                self._unknown_instance(iid, header)
+        elif header.get("role") == "agent" and peer not in self.registry.agents:
+            # Heartbeats queued while the broker was away arrive together: ask once per interval.
+            if now - self._reset_sent.get(peer, 0.0) >= self._heartbeat_interval_s:
+                self._reset_sent[peer] = now
+                log.info("unknown host agent %s heartbeating; asking it to register", peer.decode(errors="replace"))
+                self._send_backend([peer, encode({"k": Kind.RESET, "boot": self.boot})])
+
+    def _unknown_instance(self, iid: bytes, header: dict) -> None:
+        """An instance this broker does not know (yet): adopted, about to be, or to exit and be restarted."""
+        rejoin = self.adoption.rejoin_header(iid, self.boot)
+        if rejoin is not None:   # the RESET sent on its adoption may not have reached it
+            self._send_backend([iid, encode({"k": Kind.RESET, **rejoin})])
+            return
+        agent = str(header.get("agent") or iid.decode(errors="replace").split("/", 1)[0]).encode()
+        if agent not in self.registry.agents or self.adoption.pending(iid):
+            return   # its agent has yet to register and list it, or adoption is being decided
+        self._send_backend([iid, encode({"k": Kind.RESET})])
+
+    def host_metrics(self, peer: bytes, header: dict) -> None:
+        self.membership.record_host_metrics(header.get("host", peer.decode(errors="replace")), header)
+
+    def instance_health(self, peer: bytes, header: dict) -> None:
+        instance = self.registry.instances.get(peer)
+        if instance is None or instance.healthy == bool(header.get("ready")):
+            return
+        self.membership.set_health(instance, bool(header.get("ready")))
+        log.info("instance %s of model %s version %d reports %s", instance.name, instance.model,
+                 instance.version, "ready" if instance.healthy else "not ready (is_ready() returned False)")
+
+    # -- leaving --------------------------------------------------------------------------
+
+    def drain(self, peer: bytes) -> None:
+        agent = self.registry.agents.get(peer)
+        if agent is None:   # nothing of this broker runs there
+            self._send_backend([peer, encode({"k": Kind.DRAINED})])
+            return
+        self.lifecycle.host_gone(peer, f"host {agent.host} began draining while the model was loading")
+        self.autoscaler.agent_draining(peer)
+        self.membership.drain_agent(agent)
+        log.info("host agent %s (host %s) is draining: its instances get no new batches", peer.decode(),
+                 agent.host)
+        self.check_agent_drained(agent)
+
+    def check_draining_agents(self) -> None:
+        for agent in [a for a in self.registry.agents.values() if a.draining]:
+            self.check_agent_drained(agent)
+
+    def check_agent_drained(self, agent: AgentRecord) -> None:
+        if not self.scheduler.holds_work(self.membership.instances_of(agent.identity)):
+            self._send_backend([agent.identity, encode({"k": Kind.DRAINED})])
+
+    def drop_silent(self, peer: bytes) -> None:
+        why = f"stopped answering heartbeats for {self.liveness.limit_for(peer):.0f} s"
+        self.liveness.forget(peer)
+        if peer in self.registry.agents:
+            self._drop_agent(peer, why)
+        elif peer in self.registry.instances:
+            instance = self.registry.instances[peer]
+            log.error("instance %s of model %s version %d %s; dropping it", instance.name, instance.model,
+                      instance.version, why)
+            agent = self.registry.agents.get(instance.agent)
+            self.membership.remove_instance(peer, why, restart_expected=agent is not None and not agent.draining)
+            self._send_backend([peer, encode({"k": Kind.RESET})])  # should it wake up: exit, be restarted
+        elif peer in self.membership.gateways:
+            log.warning("gateway %s %s; no longer pushing to it", peer.decode(errors="replace"), why)
+            self.membership.remove_gateway(peer)
+
+    def _drop_agent(self, peer: bytes, why: str) -> None:
+        agent = self.membership.remove_agent(peer)
+        self.autoscaler.agent_left(peer)
+        self.lifecycle.host_gone(peer, f"host {agent.host} {why} while the model was loading")
+        log.error("host agent %s (host %s) %s; dropping it and its %d instance(s)", peer.decode(errors="replace"),
+                  agent.host, why, len(self.membership.instances_of(peer)))
+        self.membership.remove_instances_of(peer, f"was lost with its host {agent.host}")
+        self.adoption.forget_agent(peer)
+
+    def _epoch_of(self, header: dict) -> ModelVersion | None:
+        """The load an instance message is about; none when a previous broker process placed it."""
+        return self.registry.epochs.get(header.get("e")) if header.get("boot") == self.boot else None
+
+    def instance_failed(self, header: dict) -> None:
+        version = self._epoch_of(header)
+        message = header.get("err", "instance failed to initialize")
+        log.error("instance %s of model %s version %s failed: %s", header.get("name"),
+                  header["m"], header["v"], message)
+        if version is not None and version.state == VersionState.LOADING:
+            self.lifecycle.version_failed(version, message)
+        elif version is not None and version.autoscale is not None:
+            self.autoscaler.instance_failed(version, header.get("agent", "").encode(), message)
+
+    def instance_exited(self, header: dict) -> None:
+        iid = header["iid"].encode() if isinstance(header["iid"], str) else header["iid"]
+        why = header.get("why", "exited")
+        instance = self.registry.instances.get(iid)
+        agent = self.registry.agents.get(instance.agent) if instance else None
+        self.membership.remove_instance(iid, why, restart_expected=agent is not None and not agent.draining)
+        self.liveness.forget(iid)
+        self.adoption.forget(iid)
+        version = self._epoch_of(header)
+        name = header.get("name")
+        # An instance stopped on purpose, or one that reported its own init failure, fails no load
+        # and is not coming back.
+        expected = header.get("stopped") or header.get("code") == ExitCode.INIT_FAILED
+        if version is not None and expected:
+            version.awaited.pop(name, None)
+        if version is not None and version.state == VersionState.LOADING and name not in version.seen_ready \
+                and not expected:
+            # It died before it was ready (a crash, not a reported init failure): the load fails,
+            # rather than waiting on restarts that may never succeed.
+            self.lifecycle.version_failed(version, f"instance {name} {why} before it was ready")

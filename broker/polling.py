@@ -1,0 +1,65 @@
+"""Poll mode (``--model-control-mode=poll``): every ``poll_seconds``, load what was added or
+changed in the model repository and unload what was removed from it; owns which models'
+folders went away.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from tritium.broker.registry import Registry
+from tritium.repo import ModelRepository
+
+if TYPE_CHECKING:
+    from tritium.broker.ensemble_loading import EnsembleLoader, LoadSteps
+    from tritium.broker.lifecycle import LoadInProgress
+    from tritium.broker.model_reads import ModelReader
+
+log = logging.getLogger(__name__)
+
+
+class RepositoryPoller:
+    def __init__(self, registry: Registry, repository: ModelRepository, loads: dict[str, LoadInProgress],
+                 steps: LoadSteps, reader: ModelReader, ensembles: EnsembleLoader, poll_seconds: float,
+                 enabled: bool) -> None:
+        self.registry = registry
+        self.repository = repository
+        self._loads = loads   # the lifecycle's loads in progress: a model loading now is left alone
+        self._steps = steps
+        self._reader = reader
+        self._ensembles = ensembles
+        self._poll_seconds = poll_seconds
+        self._enabled = enabled
+        self._next_poll = time.monotonic() + poll_seconds
+        self.removed: set[str] = set()   # models whose folder went away
+
+    def poll_due(self) -> bool:
+        return self._enabled and time.monotonic() >= self._next_poll
+
+    def poll(self) -> None:
+        """Load what was added or changed on disk, unload what was removed; never stop polling."""
+        self._next_poll = time.monotonic() + self._poll_seconds
+        try:
+            self._poll_repository()
+        except Exception:  # the next poll tries again, as Triton's does
+            log.exception("polling the model repository failed; polling goes on")
+
+    def _poll_repository(self) -> None:
+        on_disk = set(self.repository.discover()[0])
+        for name in sorted(on_disk):
+            if name in self._loads:
+                continue
+            record = self.registry.models.get(name)
+            if record is None or record.fingerprint != self._reader.fingerprint(name):
+                log.info("repository change: (re)loading model %s", name)
+                self.removed.discard(name)
+                self._steps.schedule_read(name, None, None, None)
+        for name, record in list(self.registry.models.items()):
+            if name not in on_disk and name not in self.removed and name not in self._loads:
+                log.info("repository change: model %s was removed; unloading it", name)
+                self.removed.add(name)
+                self._ensembles.forget_dependent(name)
+                record.fingerprint = ()   # the same folder moved back in is a new load
+                self._steps.unload_now(name)

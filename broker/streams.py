@@ -1,0 +1,53 @@
+"""Decoupled models' open streams: batches done executing whose requests are still sending
+responses (0..N per request); forwards each response, and closes a request on its final one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from tritium.broker.registry import Batch, ModelVersion, Registry
+from tritium.protocol import decode
+
+log = logging.getLogger(__name__)
+
+
+class OpenStreams:
+    def __init__(self, registry: Registry, reply: Callable[[bool, list], None], clock: Callable[[], int]) -> None:
+        self.registry = registry
+        self._reply = reply
+        self._clock = clock
+        self.batches: dict[int, Batch] = {}   # by batch number: done executing, not done answering
+
+    def response_part(self, iid: bytes, header: dict, frames: list) -> None:
+        """Forward one response of a decoupled model; a final one closes its request."""
+        instance = self.registry.instances.get(iid)
+        number = header["b"]
+        batch = (instance.inflight.get(number) if instance else None) or self.batches.get(number)
+        if batch is None or not 0 <= header["i"] < len(batch.requests):
+            log.warning("response for unknown request %s/%s from instance %r dropped", number, header.get("i"), iid)
+            return
+        request = batch.requests[header["i"]]
+        batch.answered.add(header["i"])
+        response, _, _ = decode(frames[0])
+        self._reply(request.from_backend, [request.client, *frames])
+        if response.get("final", True):
+            batch.finished.add(header["i"])
+            batch.record_outcome(request, "err" not in response, self._clock())
+            if number in self.batches and len(batch.finished) == len(batch.requests):
+                del self.batches[number]
+
+    def executed(self, batch: Batch) -> None:
+        """The instance is done executing a decoupled batch; its requests may still be answering.
+
+        The broker counts final responses itself rather than trusting the BATCH_DONE's
+        ``open`` list: a response sent from a model's own thread can leave after it.
+        """
+        batch.version.stats.record_execution(batch.batch_size, batch.timings)
+        if len(batch.finished) < len(batch.requests):
+            self.batches[batch.number] = batch
+
+    def of_version(self, version: ModelVersion) -> bool:
+        """Whether a decoupled request of ``version`` is still sending responses."""
+        return any(batch.version is version for batch in self.batches.values())

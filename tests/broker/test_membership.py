@@ -1,0 +1,170 @@
+"""Membership's invariants, through the broker's loop in-process (the harness of test_broker_inprocess):
+the generation moves once per change gateways must see, instances come and go only through
+``Membership``, a draining host's instances drain, and a silent peer's instances are removed.
+Asserted on the broker's state, its metrics and what peers are sent, not on logs.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from tritium.broker.metrics import MetricsSettings, TritonCollector, render
+from tests.broker.test_broker_inprocess import HEARTBEAT_S, Peer, World, answer, infer
+from tritium.protocol import PROTOCOL_VERSION, Kind, encode
+
+
+@pytest.fixture
+def world(tmp_path):
+    world = World(tmp_path)
+    yield world
+    world.close()
+
+
+def second_instance(world: World, iid: bytes = b"instance-2", name: str = "m_1") -> Peer:
+    """Another instance of the serving version, on the same host."""
+    version = world.broker.registry.versions[("m", 1)]
+    instance = world.peer("back", iid)
+    instance.send(encode({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION, "agent": "agent-1",
+                          "m": "m", "v": 1, "e": version.epoch, "name": name, "boot": world.broker.boot,
+                          "credit": 2, "kind": "CPU", "hb": HEARTBEAT_S}))
+    world.until(lambda: iid in world.broker.registry.instances)
+    return instance
+
+
+def exited(world: World, agent: Peer, iid: bytes, name: str) -> None:
+    version = world.broker.registry.versions[("m", 1)]
+    agent.send(encode({"k": Kind.INSTANCE_EXITED, "iid": iid.decode(), "name": name, "m": "m", "v": 1,
+                       "e": version.epoch, "boot": world.broker.boot, "why": "exited with status 1"}))
+    world.until(lambda: iid not in world.broker.registry.instances)
+
+
+def instances_per_host(world: World) -> dict[str, float]:
+    """The broker's tritium_instances gauge, per host, as /metrics shows it."""
+    text = render(TritonCollector(world.broker.registry, MetricsSettings())).decode()
+    return {re.search(r'host="([^"]*)"', labels).group(1): float(value)
+            for labels, value in re.findall(r"^tritium_instances\{([^}]*)\} (\S+)$", text, flags=re.MULTILINE)}
+
+
+def test_the_generation_moves_once_per_change_gateways_see_and_the_instances_follow_joins_and_exits(world):
+    gateway = world.gateway()
+    agent, _ = world.serving_instance()
+    registry, version = world.broker.registry, world.broker.registry.versions[("m", 1)]
+    ready = registry.generation
+    second_instance(world)
+    assert registry.generation == ready   # not the first instance: gateways see nothing new
+    assert [i.iid for i in version.instances] == [b"instance-1", b"instance-2"] == list(registry.instances)
+    assert instances_per_host(world) == {"h": 2.0}
+
+    health = encode({"k": Kind.INSTANCE_HEALTH, "ready": False})
+    world.peers[-1].send(health)
+    world.until(lambda: not registry.instances[b"instance-2"].healthy)
+    assert registry.generation == ready + 1
+    world.peers[-1].send(health)   # the same report again changes nothing
+    world.until(lambda: True)
+    assert registry.generation == ready + 1
+
+    exited(world, agent, b"instance-2", "m_1")
+    assert registry.generation == ready + 1   # one instance still serves
+    assert [i.iid for i in version.instances] == [b"instance-1"] == list(registry.instances)
+    assert instances_per_host(world) == {"h": 1.0}
+
+    exited(world, agent, b"instance-1", "m_0")
+    assert registry.generation == ready + 2   # the last one left: the version is not ready any more
+    assert version.instances == [] and registry.instances == {}
+    assert instances_per_host(world) == {"h": 0.0}
+    world.until(lambda: gateway.headers(Kind.MODELS)[-1]["generation"] == registry.generation)
+    (row,) = gateway.headers(Kind.MODELS)[-1]["models"][0]["versions"]
+    assert row[1:] == ["READY", "", False]   # serving, but not ready: no instance left
+
+
+def test_a_draining_host_s_instances_take_no_new_work_and_it_is_told_once_they_hold_none(world):
+    gateway = world.gateway()
+    agent, instance = world.serving_instance()
+    registry = world.broker.registry
+    second_instance(world)
+    infer(gateway, rid=1)
+    world.until(lambda: instance.headers(Kind.BATCH) or world.peers[-1].headers(Kind.BATCH))
+    busy = instance if instance.headers(Kind.BATCH) else world.peers[-1]
+    generation = registry.generation
+    agent.send(encode({"k": Kind.DRAIN}))
+    world.until(lambda: registry.agents[b"agent-1"].draining)
+    assert all(i.draining for i in registry.instances.values()) and len(registry.instances) == 2
+    assert registry.generation == generation and not agent.headers(Kind.DRAINED)   # a batch still runs
+    ((batch, _), *records) = busy.messages[-1]
+    answer(busy, batch, records)
+    world.until(lambda: agent.headers(Kind.DRAINED))
+    assert gateway.headers(Kind.RESPONSE)[0]["rid"] == 1
+
+
+def test_an_instance_that_stops_heartbeating_is_removed_and_awaited_back(world):
+    world.gateway()
+    agent, instance = world.serving_instance()
+    registry, version = world.broker.registry, world.broker.registry.versions[("m", 1)]
+    generation = registry.generation
+    agent_beat = encode({"k": Kind.HEARTBEAT, "role": "agent"})
+
+    def instance_dropped() -> bool:
+        agent.send(agent_beat)   # its host lives: the instance is expected back
+        return b"instance-1" not in registry.instances
+
+    world.until(instance_dropped, timeout_s=4 * HEARTBEAT_S * 3)
+    assert version.instances == [] and b"agent-1" in registry.agents
+    assert registry.generation == generation + 1
+    assert "m_0" in version.awaited
+    assert instance.headers(Kind.RESET)   # should it wake up: it exits and is restarted
+    assert instances_per_host(world) == {"h": 0.0}
+
+
+def test_a_silent_host_takes_all_its_instances_with_it_in_one_generation(world):
+    world.gateway()
+    world.serving_instance()
+    second_instance(world)
+    registry, version = world.broker.registry, world.broker.registry.versions[("m", 1)]
+    generation = registry.generation
+    assert instances_per_host(world) == {"h": 2.0}
+    world.until(lambda: not registry.agents, timeout_s=4 * HEARTBEAT_S * 3)
+    assert registry.instances == {} and version.instances == [] and registry.host_metrics == {}
+    assert registry.generation == generation + 1
+    assert version.awaited == {}   # nothing restarts them: their host is gone
+    assert instances_per_host(world) == {}
+
+
+# Who may write what of the registry: everything else only reads it.
+_OWNERS = {"instances": "membership.py", "agents": "membership.py", "host_metrics": "membership.py",
+           "generation": "membership.py", "models": "lifecycle.py", "versions": "lifecycle.py",
+           "epochs": "lifecycle.py", "shared_memory": "control.py"}
+_MUTATORS = {"pop", "clear", "update", "setdefault", "popitem", "append", "remove", "extend", "insert"}
+
+
+def _registry_writes(tree: ast.AST) -> list[tuple[str, int]]:
+    """(registry field, line) of each write: assignment, deletion or a mutating call."""
+    found = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+            targets = [node.func.value]
+        for target in targets:
+            while isinstance(target, ast.Subscript):
+                target = target.value
+            if isinstance(target, ast.Attribute) and target.attr in _OWNERS \
+                    and "registry" in ast.unparse(target.value):
+                found.append((target.attr, node.lineno))
+            elif isinstance(target, ast.Attribute) and target.attr == "instances" \
+                    and isinstance(node, ast.Call):   # a version's own instance list
+                found.append(("instances", node.lineno))
+    return found
+
+
+def test_each_part_of_the_registry_is_written_by_its_owner_only():
+    broker = Path(__file__).resolve().parents[2] / "broker"
+    strays = [f"{path.name}:{line} writes registry {field}" for path in sorted(broker.glob("*.py"))
+              if path.name != "registry.py"
+              for field, line in _registry_writes(ast.parse(path.read_text()))
+              if _OWNERS[field] != path.name]
+    assert strays == []

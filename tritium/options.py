@@ -1,0 +1,190 @@
+"""Every command-line option of the server commands, declared once.
+
+Each row names the commands that accept it (``serve`` and the role commands ``broker``,
+``gateway``, ``worker``; ``repo check`` reads configs as the broker does) and the children
+``serve`` hands it to, as given: ``serve`` builds its broker's, workers' and gateways' command
+lines from this table, so an option added here reaches the process that uses it. Options that
+``serve`` translates instead of passing on (``--response-cache-byte-size``, ``--http-workers``)
+have no ``to``. Flag names are Triton's where Triton has one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from tritium.triton_flags import BOOLEAN
+
+SERVE, BROKER, GATEWAY, WORKER, REPO_CHECK = "serve", "broker", "gateway", "worker", "repo check"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One flag: its names (the first is what children are given), who accepts it, who
+    ``serve`` passes it to, and click's settings for it."""
+
+    names: tuple[str, ...]
+    on: frozenset[str]
+    to: frozenset[str] = frozenset()
+    dest: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.dest or self.names[0][2:].replace("-", "_")
+
+    def click_option(self) -> Callable:
+        names = (*self.names, self.dest) if self.dest else self.names
+        return click.option(*names, **self.settings)
+
+
+def _option(*names: str, on: str, to: str = "", dest: str | None = None, **settings) -> Option:
+    """``on`` and ``to``: command names separated by commas."""
+    def roles(text: str) -> frozenset[str]:
+        return frozenset(part.strip() for part in text.split(",") if part.strip())
+    if settings.get("default") is not None and not settings.get("multiple") and "show_default" not in settings:
+        settings["show_default"] = True
+    return Option(names, roles(on), roles(to), dest, settings)
+
+
+_ALL = "serve, broker, gateway, worker"
+_CHILDREN = "broker, gateway, worker"
+
+OPTIONS: tuple[Option, ...] = (
+    # -- the parts of a deployment: where they meet, what each runs
+    _option("--frontend", on="broker", required=True, help="ZeroMQ endpoint gateways connect to (bound)."),
+    _option("--backend", on="broker", required=True, help="ZeroMQ endpoint workers connect to (bound)."),
+    _option("--workers-on-this-host", on="broker", is_flag=True, hidden=True,
+            help="Check instance groups against this host's GPUs (serve: the only worker runs here)."),
+    _option("--broker", dest="broker_address", on="gateway, worker", required=True,
+            help="The broker's endpoint: its --frontend for a gateway, its --backend for a worker."),
+    _option("--models", on="worker", default=None, help="Comma-separated models this host serves (default: all)."),
+    _option("--max-cpu-instances", on="worker", default=None, type=click.IntRange(min=0),
+            help="Autoscaled CPU instances this host may run, besides its fixed ones (default: one per core)."),
+    # -- where models come from
+    _option("--model-repository", "--model-store", dest="model_repository", on="serve, broker, worker",
+            to="broker, worker", multiple=True, required=True, help="A model repository folder (repeatable)."),
+    _option("--model-config-name", on="serve, broker, repo check", to="broker", default=None,
+            help="Use <model>/configs/NAME.pbtxt when present."),
+    _option("--disable-auto-complete-config", on="serve, broker, repo check", to="broker", is_flag=True,
+            help="Do not complete configs from model files."),
+    _option("--strict-model-config", on="serve, broker, repo check", to="broker", type=BOOLEAN, default="false",
+            help="Deprecated Triton alias: true disables auto-complete."),
+    _option("--backend-config", on="serve, broker, worker, repo check", to="broker, worker", multiple=True,
+            help="BACKEND,KEY=VALUE: an option given to that backend; default-max-batch-size (global or "
+                 "per backend) is read when completing configs."),
+    _option("--backend-directory", on="serve, worker", to="worker", default=None,
+            help="Where custom backends are looked up (<dir>/<backend>/)."),
+    # -- model control
+    _option("--model-control-mode", on="serve, broker", to="broker", default="none",
+            type=click.Choice(["none", "poll", "explicit"]),
+            help="none: load all, never change; poll: follow the repository; "
+                 "explicit: load and unload through the repository API."),
+    _option("--load-model", on="serve, broker", to="broker", multiple=True,
+            help="Explicit mode: load this model at startup ('*': all)."),
+    _option("--repository-poll-secs", on="serve, broker", to="broker", default=15, type=int,
+            help="Poll mode: seconds between repository scans."),
+    _option("--model-load-thread-count", on="serve, broker", to="broker", default=4, type=int,
+            help="Models read from disk in parallel."),
+    # -- the front ends
+    _option("--allow-http", on="serve, gateway", to="gateway", type=BOOLEAN, default="true", help="Serve HTTP."),
+    _option("--http-address", on="serve, gateway", to="gateway", default="0.0.0.0",
+            help="Address the HTTP server binds."),
+    _option("--http-port", on="serve, gateway", to="gateway", default=8000, type=int, help="HTTP port."),
+    _option("--allow-grpc", on="serve, gateway", to="gateway", type=BOOLEAN, default="true", help="Serve gRPC."),
+    _option("--grpc-address", on="serve, gateway", to="gateway", default="0.0.0.0",
+            help="Address the gRPC server binds."),
+    _option("--grpc-port", on="serve, gateway", to="gateway", default=8001, type=int, help="gRPC port."),
+    _option("--http-workers", on="serve", default=None, type=click.IntRange(min=1),
+            help="Gateway processes sharing the HTTP and gRPC ports (default: one per 2 cores)."),
+    _option("--reuse-port", on="gateway", type=BOOLEAN, default="false",
+            help="Share the HTTP and gRPC ports with this deployment's other gateways (SO_REUSEPORT); "
+                 "false: a port in use stops startup."),
+    _option("--http-max-input-size", on="serve, gateway", to="gateway", default=64 * 1024 * 1024, type=int,
+            help="Largest HTTP request body, in bytes."),
+    _option("--grpc-max-message-size", on="serve, gateway", to="gateway", default=2**31 - 1, type=int,
+            help="Largest gRPC message, in bytes, either way (Triton's fixed limit by default)."),
+    _option("--id", dest="server_id", on="serve, gateway", to="gateway", default="triton",
+            help="Server name in /v2 metadata."),
+    _option("--strict-readiness", on="serve, gateway", to="gateway", type=BOOLEAN, default="true",
+            help="Ready only when every model is ready (false: ready when the server is up)."),
+    _option("--allow-client-shm", on="serve, gateway", to="gateway", type=BOOLEAN, default="false",
+            help="Let clients register system shared memory regions (they must share the gateway's host)."),
+    _option("--max-inflight-requests", on="serve, gateway", to="gateway", default=0, type=click.IntRange(min=0),
+            help="Inference requests one gateway keeps waiting on the broker before answering 503 (0: no limit)."),
+    _option("--http-restricted-api", on="serve, gateway", to="gateway", multiple=True,
+            help="API,...:KEY=VALUE: those HTTP calls need the header KEY: VALUE (repeatable)."),
+    _option("--grpc-restricted-protocol", on="serve, gateway", to="gateway", multiple=True,
+            help="PROTOCOL,...:KEY=VALUE: those gRPC calls need the metadata "
+                 "triton-grpc-protocol-KEY: VALUE (repeatable)."),
+    # -- metrics
+    _option("--allow-metrics", on="serve, broker", to="broker", type=BOOLEAN, default="true",
+            help="Serve Prometheus metrics."),
+    _option("--metrics-address", on="serve, broker", to="broker", default="0.0.0.0",
+            help="Address the metrics server binds."),
+    _option("--metrics-port", on="serve, broker", to="broker", default=8002, type=int,
+            help="Prometheus metrics port."),
+    _option("--metrics-config", on="serve, broker", to="broker", multiple=True,
+            help="KEY=VALUE; tritium reads histogram_latencies."),
+    _option("--metrics-interval-ms", on="serve, worker", to="worker", default=2000, type=click.FloatRange(min=1),
+            help="How often the host's CPU, memory and GPU figures are measured and reach the broker."),
+    # -- the response cache
+    _option("--cache-config", on="serve, broker", to="broker", multiple=True,
+            help="local,size=BYTES: the response cache for models that enable it."),
+    _option("--response-cache-byte-size", on="serve", default=None, type=click.IntRange(min=0),
+            help="Deprecated Triton flag: the same as --cache-config=local,size=BYTES."),
+    # -- logging (the broker hands the settings to every process; POST /v2/logging changes them)
+    _option("--log-verbose", on=_ALL, to=_CHILDREN, default="0", help="Verbose logging level (0: off)."),
+    _option("--log-info", on=_ALL, to=_CHILDREN, type=BOOLEAN, default="true", help="Log info-level lines."),
+    _option("--log-warning", on=_ALL, to=_CHILDREN, type=BOOLEAN, default="true", help="Log warning-level lines."),
+    _option("--log-error", on=_ALL, to=_CHILDREN, type=BOOLEAN, default="true", help="Log error-level lines."),
+    _option("--log-format", on=_ALL, to=_CHILDREN, type=click.Choice(["default", "ISO8601"]), default="default",
+            help="Timestamp layout of log lines."),
+    # -- lifecycle
+    _option("--exit-timeout-secs", on=_ALL, to=_CHILDREN, default=30, type=int,
+            help="On SIGTERM: how long queued and running requests may take to finish."),
+    _option("--exit-on-error", on="serve", type=BOOLEAN, default="true",
+            help="Exit when a model fails to load at startup."),
+    _option("--heartbeat-interval-secs", on=_ALL, to=_CHILDREN, default=1.0, type=click.FloatRange(min=0.05),
+            help="Seconds between heartbeats to and from the broker; a peer silent for 3 intervals is dropped."),
+    # -- CURVE (docs/security.md)
+    _option("--curve-secret-key", on="broker, gateway, worker", default=None,
+            help="This process's CURVE secret key file (NAME.key_secret); see docs/security.md."),
+    _option("--curve-authorized-keys", on="broker", default=None,
+            help="Folder of the CURVE public keys (NAME.key) of every gateway and worker let in; "
+                 "read again when it changes."),
+    _option("--curve-server-key", on="gateway, worker", default=None,
+            help="The broker's CURVE public key file (NAME.key)."),
+)
+
+
+def options_of(command: str) -> Callable:
+    """The decorator that gives a command its rows of the table, in table order."""
+    def decorate(function):
+        for option in reversed(OPTIONS):
+            if command in option.on:
+                function = option.click_option()(function)
+        return function
+    return decorate
+
+
+def child_args(params: Mapping[str, Any], child: str) -> tuple[str, ...]:
+    """The flags ``serve`` gives ``child``: every option the table sends it, as ``serve`` got it."""
+    args: list[str] = []
+    for option in OPTIONS:
+        if child not in option.to:
+            continue
+        value, flag = params.get(option.key), option.names[0]
+        if value is None or value is False or value == ():
+            continue
+        if value is True:
+            args.append(flag)
+        elif isinstance(value, tuple):
+            for item in value:
+                args += [flag, str(item)]
+        else:
+            args += [flag, str(value)]
+    return tuple(args)
