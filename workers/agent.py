@@ -32,6 +32,7 @@ from tritium.repo.names import name_problem, write_files
 from tritium import logs, notify
 from tritium.hostmetrics import HostSampler
 from tritium.hosts import host_name
+from tritium.errors import InternalError, Unavailable
 from tritium.exit_codes import ExitCode
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -303,7 +304,7 @@ class HostAgent:
         if running and count is None:
             return  # already serving this load (the broker re-sent its assignments)
         if self._drain_deadline is not None:
-            self._send(placed(error=f"host {host_name()} is draining"))
+            self._send(placed(error=Unavailable(f"host {host_name()} is draining")))
             return
         try:
             model_dir = self._model_dir(model, epoch, assignment.files)
@@ -316,7 +317,7 @@ class HostAgent:
         except (ModelLoadError, json_format.ParseError, OSError) as exc:
             message = getattr(exc, "message", str(exc))
             log.error("cannot place model %s version %d: %s", model, version, message)
-            self._send(placed(error=message))
+            self._send(placed(error=InternalError(message)))
             return
         adopted = self._adopt(assignment, plans if count is None else None)
         if count is None:

@@ -26,6 +26,7 @@ from google.protobuf import json_format
 from tritium.repo import ModelConfig
 from tritium import logs
 from tritium.gctune import tune_for_serving
+from tritium.errors import InternalError
 from tritium.exit_codes import ExitCode
 from tritium.protocol import (
     PROTOCOL_VERSION,
@@ -195,7 +196,8 @@ def main() -> None:
 
     def failed(why: str) -> bytes:
         return InstanceFailed(spec["model"], spec["version"], load["epoch"], spec["key"], load["boot"], spec["agent"],
-                              spec.get("kind", "CPU"), spec.get("heartbeat_interval_s", 1.0), why).encode()
+                              spec.get("kind", "CPU"), spec.get("heartbeat_interval_s", 1.0),
+                              InternalError(why)).encode()
 
     outbox = Outbox(sock)
     try:

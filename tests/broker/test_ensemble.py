@@ -122,7 +122,7 @@ class World:
         descriptors, inline, external = pack_tensors((n, "FP32", list(a.shape), a.tobytes()) for n, a in tensors.items())
         infer = Infer(rid, name, descriptors, version=1, batch_size=next(iter(tensors.values())).shape[0],
                       outputs=outputs, external=len(external))
-        self.scheduler.submit(GATEWAY, infer.encode(inline), infer.to_wire(), external or None)
+        self.scheduler.submit(GATEWAY, infer.encode(inline), infer, external or None)
 
     def batches(self) -> list[tuple[bytes, int, list]]:
         """The BATCH messages sent since the last call: (instance, batch number, [(header, arrays, frames)])."""
@@ -159,7 +159,7 @@ class World:
                     records.extend(reply)
                     counts.append(len(reply) - 1)
                     oks.append(read_record(reply[0])[0].error is None)
-                self.scheduler.batch_done(iid, BatchDone(number, oks, counts, list(timings)).to_wire(), records)
+                self.scheduler.batch_done(iid, BatchDone(number, oks, counts, list(timings)), records)
         if rounds is None:
             raise AssertionError("the ensemble kept sending batches")
 
@@ -403,7 +403,7 @@ def test_a_model_calling_an_ensemble_gets_the_answer_on_its_own_socket(world):
     """BLS: the request comes from an instance, and the answer goes back to it, not to a gateway."""
     array = values(1)
     infer = Infer(9, "pipeline", [["IN", "FP32", [1, 4], 16, False]], version=-1, outputs=["SUM"])
-    world.scheduler.submit(b"i-caller/bls", infer.encode([array.tobytes()]), infer.to_wire(), None, from_backend=True)
+    world.scheduler.submit(b"i-caller/bls", infer.encode([array.tobytes()]), infer, None, from_backend=True)
     world.run()
     (parts,) = world.to_callers
     assert world.to_gateways == [] and parts[0] == b"i-caller/bls"

@@ -72,7 +72,7 @@ def test_an_explicit_load_loads_the_composing_model_first_and_answers_once(world
     assert world.replies == [{}]
     assert state(world, "ens") == VersionState.READY
     assert assigned(world) == {"m"}   # no agent is asked to start anything of the ensemble
-    assert world.registry.table()["ready"]
+    assert world.registry.table().ready
 
 
 def test_an_ensemble_whose_model_fails_to_start_fails_naming_the_step(world):

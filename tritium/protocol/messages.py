@@ -304,7 +304,7 @@ class BatchDone(Message, frozen=True, tag=int(Kind.BATCH_DONE)):
 
     number: Annotated[int, doc("the batch")] = field(name="b")
     ok: Annotated[list, doc("per request: a result (true) or an error")]
-    response_frames: Annotated[list, doc("per response: its external frames")] = field(name="x")
+    response_frames: Annotated[list, doc("per response: its external frames")] = field(name="rx")
     timings: Annotated[list, doc("[compute_input_ns, compute_infer_ns, compute_output_ns]")] = field(name="t")
     still_open: Annotated[list | None, doc("decoupled batches (no responses follow): requests still open")] = field(
         default=None, name="open")
@@ -397,7 +397,7 @@ class Placed(Message, frozen=True, tag=int(Kind.PLACED)):
     boot: Annotated[int | None, doc("the broker process that assigned it")]
     instances: Annotated[list | None, doc("instance keys")] = None
     adopted: Annotated[dict | None, doc("{key: iid} the running instances it kept for this load")] = None
-    error: Annotated[str | None, doc("why it could not")] = field(default=None, name="err")
+    error: Annotated[TritiumError | None, doc("why it could not")] = field(default=None, name="err")
 
 
 class InstanceFailed(Message, frozen=True, tag=int(Kind.INSTANCE_FAILED)):
@@ -413,7 +413,7 @@ class InstanceFailed(Message, frozen=True, tag=int(Kind.INSTANCE_FAILED)):
     agent: Annotated[str, doc("its agent")]
     instance_kind: Annotated[str, doc("CPU or GPU")] = field(name="kind")
     heartbeat_s: Annotated[float, doc("its heartbeat interval")] = field(name="hb")
-    error: Annotated[str, doc("why")] = field(name="err")
+    error: Annotated[TritiumError, doc("why")] = field(name="err")
 
 
 class InstanceExited(Message, frozen=True, tag=int(Kind.INSTANCE_EXITED)):
