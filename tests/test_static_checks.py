@@ -16,7 +16,7 @@ def test_ruff_finds_nothing():
 
 # What mypy checks: the shared kernel, the gateway and the broker (the serving path), in the
 # package layout that `pip install .` gives them.
-MYPY_TARGETS = ("tritium/*.py",)
+MYPY_TARGETS = ("tritium/*.py", "tritium/protocol/*.py")
 ROLE_FOLDERS = ("gateway", "broker", "workers", "repo")
 
 

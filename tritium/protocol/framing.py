@@ -146,7 +146,9 @@ def record_body(frame) -> tuple[memoryview, int]:
 def pack_tensors(tensors: Iterable[tuple[str, str, list, Any]]) -> tuple[list, list, list]:
     """(descriptors, inline buffers, external buffers) of ``(name, datatype, shape, bytes)`` tensors:
     each rides inline or as an external frame by its size."""
-    descriptors, inline, external = [], [], []
+    descriptors: list[list] = []
+    inline: list = []
+    external: list = []
     for name, datatype, shape, data in tensors:
         nbytes = len(data)
         is_external = nbytes >= INLINE_LIMIT

@@ -83,7 +83,7 @@ class Message(Record, frozen=True, omit_defaults=True, gc=False, tag_field="k"):
 
     @property
     def kind(self) -> Kind:
-        return Kind(self.__struct_config__.tag)
+        return Kind(_tag(type(self)))
 
     def encode(self, inline: Iterable = ()) -> bytes:
         """The record: this header, then the inline tensor bytes."""
@@ -460,7 +460,13 @@ class Drained(Message, frozen=True, tag=int(Kind.DRAINED)):
     DIRECTION = "broker -> agent"
 
 
-MESSAGES: dict[int, type[Message]] = {cls.__struct_config__.tag: cls for cls in Message.__subclasses__()}
+def _tag(cls: type[Message]) -> int:
+    tag = cls.__struct_config__.tag
+    assert isinstance(tag, int), cls   # every kind is tagged with its Kind
+    return tag
+
+
+MESSAGES: dict[int, type[Message]] = {_tag(cls): cls for cls in Message.__subclasses__()}
 _decoder = msgspec.msgpack.Decoder(typing.Union[tuple(MESSAGES.values())], dec_hook=_decode_custom)
 
 
@@ -486,8 +492,9 @@ def protocol_table() -> str:
         text = " ".join(part for part in (about, _fields_text(cls)) if part)
         rows.append(f"| {kind.name} ({int(kind)}) | {cls.DIRECTION} | {text} | {cls.FOLLOWS} |")
     rows += ["", "| record | wire form | fields |", "|---|---|---|"]
-    for cls in _RECORDS:
-        rows.append(f"| {cls.__name__} | {'list' if cls.__struct_config__.array_like else 'map'} | {_fields_text(cls)} |")
+    for record in _RECORDS:
+        form = "list" if record.__struct_config__.array_like else "map"
+        rows.append(f"| {record.__name__} | {form} | {_fields_text(record)} |")
     return "\n".join(rows) + "\n"
 
 
