@@ -132,6 +132,8 @@ class HostAgent:
         self.sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
         self.sock.connect(settings.broker)
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
         self.children: list[Child] = []
         self._running = True
         self._exit_code = ExitCode.OK
@@ -153,31 +155,63 @@ class HostAgent:
 
     def run(self) -> int:
         waker = SignalWaker(self._stop, also_wake_on=[signal.SIGCHLD])  # a child's end wakes the loop
-        self._hello()
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(waker.fd, zmq.POLLIN)
+        self._poller.register(waker.fd, zmq.POLLIN)
+        self.start()
         notify.ready(f"worker agent {self.identity} -> {self.settings.broker}")
-        log.info("worker agent %s connecting to %s (gpus %s)", self.identity, self.settings.broker,
-                 list(self.settings.gpus))
         watchdog = notify.Watchdog.from_environment()
         while self._running:
             watchdog.tick()
-            events = dict(poller.poll(250))
-            if waker.fd in events:
+            if waker.fd in self.turn():
                 waker.clear()
                 self._handle_stop_signals()
-            if self.sock in events:
-                self._drain()
-            self._reap()
-            self._kill_overdue()
-            self._restart_due()
-            self._report_host()
-            self._keep_alive()
-            if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline:
-                log.warning("the broker did not confirm the drain within %.0f s; stopping anyway",
-                            self.settings.exit_timeout_s)
-                self._running = False
+        return self.close()
+
+    def start(self) -> None:
+        """Say HELLO to the broker."""
+        self._hello()
+        log.info("worker agent %s connecting to %s (gpus %s)", self.identity, self.settings.broker,
+                 list(self.settings.gpus))
+
+    def turn(self, timeout_ms: int = 250) -> dict:
+        """One turn of the loop: wait for the broker (or a signal) at most ``timeout_ms``, handle
+        what arrived, supervise the instances, heartbeat; the poll's events (tests drive the
+        agent turn by turn)."""
+        events = dict(self._poller.poll(timeout_ms))
+        if self.sock in events:
+            self._drain()
+        self._reap()
+        self._kill_overdue()
+        self._restart_due()
+        self._report_host()
+        self._keep_alive()
+        if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline:
+            log.warning("the broker did not confirm the drain within %.0f s; stopping anyway",
+                        self.settings.exit_timeout_s)
+            self._running = False
+        return events
+
+    @property
+    def running(self) -> bool:
+        """False once the agent has decided to stop (drained, refused, second stop)."""
+        return self._running
+
+    @property
+    def broker_boot(self) -> int | None:
+        """The boot id of the broker that answered this agent's last HELLO (None until one does)."""
+        return self._broker_boot
+
+    @property
+    def broker_lost(self) -> bool:
+        """The broker has been silent for MISSED_HEARTBEATS intervals (and not heard since)."""
+        return self._broker_lost
+
+    def request_stop(self) -> None:
+        """What SIGTERM does: the first drains the host, a second (or one without a broker) stops now."""
+        self._stop_signals += 1
+        self._handle_stop_signals()
+
+    def close(self) -> int:
+        """Stop every instance, tell the broker, close the socket; the exit code."""
         notify.stopping()
         self._shutdown()
         return self._exit_code

@@ -1,0 +1,264 @@
+"""The gateway's broker link, in-process, against a scripted broker.
+
+The test binds a ROUTER on ``ipc://`` where the broker would be and answers what the
+link sends in the order it chooses, falls silent, or is replaced by a new socket (a
+broker restarted at the same address), so that matching answers to callers, liveness
+and registering again are asserted on values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+
+import pytest
+
+from tritium.gateway.broker_link import BrokerLink, Reply
+from tests.scripted_peers import ScriptedBroker, at_least, ipc_address
+from tritium.errors import NotFound, Unavailable
+from tritium.protocol import MISSED_HEARTBEATS, PROTOCOL_VERSION, Kind, encode
+
+HEARTBEAT_S = 0.1
+CONFIG = {"name": "m", "backend": "python", "max_batch_size": 8,
+          "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
+          "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}]}
+
+
+def table(generation: int, *models: tuple[str, str]) -> dict:
+    """A MODELS push: each (name, state of its version 1)."""
+    return {"k": Kind.MODELS, "generation": generation, "ready": True, "shm": [],
+            "models": [{"name": name, "error": None, "config": dict(CONFIG, name=name), "labels": None,
+                        "versions": [[1, state, "", True]]} for name, state in models]}
+
+
+class Gateway:
+    """A BrokerLink on its own event loop, and the scripted broker it talks to."""
+
+    def __init__(self) -> None:
+        self.address, self.folder = ipc_address("frontend")
+        self.broker = ScriptedBroker(self.address)
+        self.loop = asyncio.new_event_loop()
+        self.link = BrokerLink(self.address, self.loop, heartbeat_interval_s=HEARTBEAT_S)
+        self.peer = self.link.identity.encode()
+        self.broker_hb = HEARTBEAT_S        # the interval the broker's heartbeats announce
+        self._answered: list = []   # the INFER records requests() returned already
+
+    def run(self, coroutine, timeout_s: float = 5.0):
+        return self.loop.run_until_complete(asyncio.wait_for(coroutine, timeout_s))
+
+    async def until(self, condition, what: str = "it", timeout_s: float = 5.0):
+        """Let the loop run and the broker read until ``condition()`` is truthy; its value."""
+        deadline = time.monotonic() + timeout_s
+        while not (value := condition()):
+            assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s} s"
+            await asyncio.sleep(0.002)
+            self.broker.pump()
+        return value
+
+    def greet(self, boot: int = 1) -> None:
+        """The broker's answer to a HELLO (or to a heartbeat of a gateway it does not know);
+        it heartbeats from now on."""
+        self.broker.keep_beating(self.peer, boot, self.broker_hb, every=HEARTBEAT_S)
+        self.broker.pump()
+        self.broker.tell(self.peer, table(1, ("m", "READY")))
+
+    async def started(self) -> None:
+        starting = asyncio.ensure_future(self.link.start(5))
+        await self.until(lambda: self.broker.of(Kind.HELLO, self.peer), "the HELLO")
+        self.greet()
+        await starting
+
+    async def requests(self, count: int) -> list:
+        """The INFER records of the next ``count`` requests, once the broker has them all."""
+        records = (await self.until(lambda: at_least(count, [
+            r for r in self.broker.received if r.kind == Kind.INFER and r not in self._answered]), f"{count} INFER"))[:count]
+        self._answered.extend(records)
+        return records
+
+    def close(self) -> None:
+        self.link.close()
+        self.broker.close()
+        self.loop.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def gateway():
+    gateway = Gateway()
+    yield gateway
+    gateway.close()
+
+
+def infer(link: BrokerLink, tag: str) -> asyncio.Future:
+    return link.request({"k": Kind.INFER, "m": "m", "v": 1, "bs": 1, "id": tag,
+                         "inputs": [["X", "FP32", [1, 4], 16, False]]}, [tag.encode().ljust(16, b".")])
+
+
+def response(rid: int, tag: str, final: bool | None = None) -> bytes:
+    """A RESPONSE whose parameter and output bytes name the request it answers."""
+    header = {"k": Kind.RESPONSE, "rid": rid, "params": {"for": tag}, "outputs": [["Y", "BYTES", [1], 16, False]]}
+    if final is not None:
+        header["final"] = final
+    return encode(header, [tag.encode().ljust(16, b"!")])
+
+
+def output_bytes(reply: Reply) -> bytes:
+    return bytes(reply.record[reply.offset:reply.offset + 16])
+
+
+def test_start_says_hello_and_waits_for_the_first_model_table(gateway):
+    async def scenario():
+        starting = asyncio.ensure_future(gateway.link.start(5))
+        hello = (await gateway.until(lambda: gateway.broker.of(Kind.HELLO, gateway.peer), "the HELLO"))[0]
+        await gateway.until(lambda: len(gateway.broker.of(Kind.HEARTBEAT, gateway.peer)) >= 2, "two heartbeats")
+        waited = starting.done()
+        gateway.greet(boot=4)
+        await starting
+        return hello, waited
+
+    hello, waited = gateway.run(scenario())
+    assert hello == {"k": Kind.HELLO, "role": "gateway", "pv": PROTOCOL_VERSION, "hb": HEARTBEAT_S}
+    assert not waited   # no table yet: start() still waits
+    assert gateway.link.broker_boot == 4 and gateway.link.models.generation == 1
+    assert gateway.link.models.get("m").ready_versions == (1,)
+
+
+def test_answers_in_any_order_reach_the_request_they_answer(gateway):
+    tags = ["a", "b", "c", "d", "e"]
+
+    async def scenario():
+        await gateway.started()
+        futures = [infer(gateway.link, tag) for tag in tags]
+        sent = await gateway.requests(len(tags))
+        by_tag = {r.header["id"]: r.header["rid"] for r in sent}
+        assert len(set(by_tag.values())) == len(tags)   # each request its own number
+        gateway.broker.send(gateway.peer, encode({"k": Kind.RESPONSE, "rid": 10_000, "params": {"for": "nobody"}}))
+        gateway.broker.send(gateway.peer, response(by_tag["d"], "d"), response(by_tag["a"], "a"))   # two in one
+        for tag in ("e", "b", "c"):
+            gateway.broker.send(gateway.peer, response(by_tag[tag], tag))
+        return await asyncio.gather(*futures)
+
+    replies = gateway.run(scenario())
+    assert [r.header["params"]["for"] for r in replies] == tags
+    assert [output_bytes(r) for r in replies] == [tag.encode().ljust(16, b"!") for tag in tags]
+    assert gateway.link.waiting == 0
+
+
+def test_a_control_request_gets_its_reply(gateway):
+    async def scenario():
+        await gateway.started()
+        asked = gateway.link.request({"k": Kind.CONTROL, "op": "index", "args": {"ready": True}})
+        (control,) = await gateway.until(lambda: [r for r in gateway.broker.received if r.kind == Kind.CONTROL])
+        gateway.broker.tell(gateway.peer, {"k": Kind.CONTROL_REPLY, "rid": control.header["rid"],
+                                           "ok": [{"name": "m", "version": "1", "state": "READY"}]})
+        return control.header, await asked
+
+    control, reply = gateway.run(scenario())
+    assert (control["op"], control["args"]) == ("index", {"ready": True})
+    assert reply.header == {"k": Kind.CONTROL_REPLY, "rid": control["rid"],
+                            "ok": [{"name": "m", "version": "1", "state": "READY"}]}
+
+
+def test_a_stream_gets_every_part_in_order_and_ends_with_the_final_one(gateway):
+    async def scenario():
+        await gateway.started()
+        answers = gateway.link.request_stream({"k": Kind.INFER, "m": "m", "v": 1, "bs": 1, "inputs": []})
+        (sent,) = await gateway.requests(1)
+        rid = sent.header["rid"]
+        gateway.broker.send(gateway.peer, response(rid, "one", final=False))
+        gateway.broker.send(gateway.peer, response(rid, "two", final=False), response(rid, "end", final=True))
+        gateway.broker.send(gateway.peer, response(rid, "late"))   # after the final one: nobody waits
+        return [(await answers.get()).header["params"]["for"] for _ in range(3)], answers
+
+    parts, answers = gateway.run(scenario())
+    assert parts == ["one", "two", "end"]
+    gateway.run(gateway.until(lambda: gateway.broker.of(Kind.HEARTBEAT, gateway.peer)))
+    assert answers.empty() and gateway.link.waiting == 0
+
+
+def test_a_silent_broker_fails_each_request_once_and_new_ones_at_once_until_it_answers_again(gateway):
+    lost = f"lost contact with the broker at {gateway.address}; the request was not answered"
+    outcomes: list = []
+
+    async def scenario():
+        await gateway.started()
+        gateway.link.request_then({"k": Kind.INFER, "m": "m", "v": 1, "bs": 1, "inputs": []}, (), (), outcomes.append)
+        (held,) = await gateway.requests(1)
+        gateway.broker.stop_beating()
+        gateway.broker.tell(gateway.peer, {"k": Kind.HEARTBEAT, "boot": 1, "hb": HEARTBEAT_S})   # the last word
+        silent_since = time.monotonic()
+        await gateway.until(lambda: outcomes, "the failure")
+        noticed_after = time.monotonic() - silent_since
+        refused = infer(gateway.link, "while-lost")
+        assert refused.done()   # at once, without waiting on the broker
+        gateway.broker.send(gateway.peer, response(held.header["rid"], "late"))   # too late: nobody waits
+        gateway.broker.keep_beating(gateway.peer, 1, HEARTBEAT_S)
+        await gateway.until(lambda: not gateway.link.broker_lost, "the broker heard again")
+        served = infer(gateway.link, "after")
+        (sent,) = await gateway.requests(1)
+        gateway.broker.send(gateway.peer, response(sent.header["rid"], "after"))
+        return noticed_after, refused.exception(), await served
+
+    noticed_after, refused, served = gateway.run(scenario())
+    # after MISSED_HEARTBEATS intervals of silence, not before (and not much after, load allowing)
+    assert HEARTBEAT_S * MISSED_HEARTBEATS <= noticed_after <= HEARTBEAT_S * MISSED_HEARTBEATS + 1.0
+    assert len(outcomes) == 1 and isinstance(outcomes[0], Unavailable) and outcomes[0].message == lost
+    assert isinstance(refused, Unavailable) and refused.message == lost
+    assert served.header["params"]["for"] == "after"
+
+
+def test_the_link_reconnects_to_a_broker_restarted_at_its_address_and_registers_by_heartbeat(gateway):
+    gateway.broker_hb = 2.0   # the link waits 3 x 2 s before calling it lost: the restart is what it sees
+
+    async def scenario():
+        await gateway.started()
+        held = infer(gateway.link, "held")
+        await gateway.requests(1)
+        gateway.broker.close()   # the broker process is gone, and a new one binds the address
+        gateway.broker = ScriptedBroker(gateway.address)
+        beat = (await gateway.until(lambda: gateway.broker.of(Kind.HEARTBEAT, gateway.peer), "a heartbeat"))[0]
+        gateway.greet(boot=2)   # the new broker registers the gateway it heard
+        await asyncio.wait([held], timeout=2)
+        failure = held.exception()
+        served = infer(gateway.link, "new")
+        (sent,) = await gateway.requests(1)
+        gateway.broker.send(gateway.peer, response(sent.header["rid"], "new"))
+        return beat, failure, await served
+
+    beat, failure, served = gateway.run(scenario())
+    assert beat == {"k": Kind.HEARTBEAT, "role": "gateway", "pv": PROTOCOL_VERSION, "hb": HEARTBEAT_S}
+    assert isinstance(failure, Unavailable)
+    assert failure.message == f"the broker at {gateway.address} restarted; the request was lost"
+    assert served.header["params"]["for"] == "new" and gateway.link.broker_boot == 2
+
+
+def test_a_reset_from_the_broker_fails_nothing_and_the_heartbeats_register_the_gateway_again(gateway):
+    async def scenario():
+        await gateway.started()
+        held = infer(gateway.link, "held")
+        (sent,) = await gateway.requests(1)
+        gateway.broker.tell(gateway.peer, {"k": Kind.RESET})
+        beats = len(gateway.broker.of(Kind.HEARTBEAT, gateway.peer))
+        await gateway.until(lambda: len(gateway.broker.of(Kind.HEARTBEAT, gateway.peer)) > beats + 1, "heartbeats")
+        assert not held.done()
+        gateway.broker.send(gateway.peer, response(sent.header["rid"], "held"))
+        return await held
+
+    assert gateway.run(scenario()).header["params"]["for"] == "held"
+    assert all(b["pv"] == PROTOCOL_VERSION and b["role"] == "gateway" for b in gateway.broker.of(Kind.HEARTBEAT))
+
+
+def test_a_models_push_replaces_the_model_table(gateway):
+    async def scenario():
+        await gateway.started()
+        gateway.broker.tell(gateway.peer, table(2, ("n", "READY"), ("m", "UNLOADING")))
+        await gateway.until(lambda: gateway.link.models.generation == 2, "the new table")
+
+    gateway.run(scenario())
+    models = gateway.link.models
+    assert sorted(models.models) == ["m", "n"]
+    assert models.get("n").ready_versions == (1,) and models.resolve("n", None)[1] == 1
+    assert models.get("m").versions == {1: ("UNLOADING", "")} and models.get("m").ready_versions == ()
+    with pytest.raises(NotFound):
+        models.get("gone")

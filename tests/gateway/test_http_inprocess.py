@@ -1,0 +1,364 @@
+"""The HTTP front end whole, in-process: HttpServer + HttpApp + DataPlane + BrokerLink on one
+event loop, a real TCP port, and a scripted broker behind them.
+
+The client speaks raw HTTP/1.1 over a real connection; the scripted broker answers each
+INFER at once (Y = 2X), holds it, or answers with an error record, as the test says, so
+that keep-alive, pipelining, error mapping and a broker lost mid-request are asserted
+on the bytes a client gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from tritium.gateway.broker_link import BrokerLink
+from tritium.gateway.dataplane import DataPlane
+from tritium.gateway.http_api import HttpApp
+from tritium.gateway.http_server import HttpLimits, HttpServer
+from tests.scripted_peers import Received, ScriptedBroker
+from tritium.errors import ErrorCode
+from tritium.protocol import Kind, encode, error_record
+
+HEARTBEAT_S = 0.1
+CONFIG = {"name": "m", "backend": "python", "max_batch_size": 8,
+          "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
+          "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}]}
+STREAMING = dict(CONFIG, name="d", max_batch_size=0, model_transaction_policy={"decoupled": True},
+                 input=[{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
+                 output=[{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}])
+TABLE = {"k": Kind.MODELS, "generation": 1, "ready": True, "shm": [],
+         "models": [{"name": name, "error": None, "config": config, "labels": None, "versions": [[1, "READY", "", True]]}
+                    for name, config in (("m", CONFIG), ("d", STREAMING))]}
+_names = itertools.count()
+
+
+def doubled(request: Received) -> bytes:
+    """The broker's answer to an INFER of model m: Y = 2 X."""
+    x = np.frombuffer(request.record[-16:], np.float32)
+    return encode({"k": Kind.RESPONSE, "rid": request.header["rid"], "outputs": [["Y", "FP32", [1, 4], 16, False]]},
+                  [(x * 2).astype(np.float32).tobytes()])
+
+
+def counted(request: Received, count: int = 3, error_at: int | None = None) -> list[bytes]:
+    """A decoupled model's answers to an INFER of model d, one message each: Y = X * i for
+    i in 1..count (the answer ``error_at`` an error instead), then an empty final response."""
+    x = np.frombuffer(request.record[-4:], np.float32)
+    rid = request.header["rid"]
+    answers = [error_record(rid, {"code": int(ErrorCode.INVALID_ARG), "message": f"no {i} today"}, model_error=True)
+               if i == error_at else
+               encode({"k": Kind.RESPONSE, "rid": rid, "final": False, "outputs": [["Y", "FP32", [1], 4, False]]},
+                      [(x * i).astype(np.float32).tobytes()])
+               for i in range(1, count + 1)]
+    return [*answers, encode({"k": Kind.RESPONSE, "rid": rid, "final": True, "empty": True})]
+
+
+def scripted_answer(request: Received) -> bytes | list[bytes]:
+    """What the broker answers by default: model m doubles, model d streams."""
+    return counted(request) if request.header["m"] == "d" else doubled(request)
+
+
+class Front:
+    """The gateway's HTTP side on a loop of its own; ``answer`` decides the broker's reply to
+    each INFER: a record, several (each a message of its own), or None to hold it in ``held``."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.broker = ScriptedBroker(f"inproc://http-front-{next(_names)}")
+        self.answer: Callable[[Received], bytes | list[bytes] | None] = scripted_answer
+        self.held: list[Received] = []
+        self.infers: list[Received] = []
+        self.link, self.server, self.port = self.loop.run_until_complete(self._start())
+        self._pumping = self.loop.create_task(self._pump())
+
+    async def _start(self):
+        link = BrokerLink(self.broker.address, self.loop, heartbeat_interval_s=HEARTBEAT_S)
+        starting = asyncio.ensure_future(link.start(5))
+        while not self.broker.pump():
+            await asyncio.sleep(0.002)
+        peer = link.identity.encode()
+        self.broker.keep_beating(peer, 1, HEARTBEAT_S)
+        self.broker.tell(peer, TABLE)
+        while not starting.done():
+            self.broker.pump()
+            await asyncio.sleep(0.002)
+        await starting
+        server = HttpServer(HttpApp(DataPlane(link)), HttpLimits(max_body_bytes=1 << 20))
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        sock.setblocking(False)
+        await server.start(sock)
+        return link, server, sock.getsockname()[1]
+
+    async def _pump(self) -> None:
+        while True:
+            for record in self.broker.pump():
+                if record.kind != Kind.INFER:
+                    continue
+                self.infers.append(record)
+                reply = self.answer(record)
+                if reply is None:
+                    self.held.append(record)
+                for message in [reply] if isinstance(reply, bytes) else reply or ():
+                    self.broker.send(record.peer, message)
+            await asyncio.sleep(0.002)
+
+    async def until(self, condition, timeout_s: float = 5.0) -> None:
+        async def wait():
+            while not condition():
+                await asyncio.sleep(0.002)
+        await asyncio.wait_for(wait(), timeout_s)
+
+    def run(self, coroutine, timeout_s: float = 10.0):
+        return self.loop.run_until_complete(asyncio.wait_for(coroutine, timeout_s))
+
+    def close(self) -> None:
+        self._pumping.cancel()
+        self.loop.run_until_complete(self.server.drain(1))
+        self.link.close()
+        self.broker.close()
+        self.loop.close()
+
+
+@pytest.fixture
+def front():
+    front = Front()
+    yield front
+    front.close()
+
+
+def infer_request(values: list[float], request_id: str = "", close: bool = False) -> bytes:
+    document = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": values}]}
+    if request_id:
+        document["id"] = request_id
+    body = json.dumps(document).encode()
+    return (b"POST /v2/models/m/infer HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n%s\r\n%s" % (len(body), b"connection: close\r\n" if close else b"", body))
+
+
+def get_request(path: str) -> bytes:
+    return b"GET %s HTTP/1.1\r\nhost: t\r\n\r\n" % path.encode()
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")[:-2]
+    headers = {name.lower(): value for name, value in (line.split(": ", 1) for line in lines)}
+    body = await reader.readexactly(int(headers["content-length"]))
+    return int(status_line.split()[1]), headers, body
+
+
+async def read_chunked(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], list[bytes]]:
+    """A response with chunked transfer encoding: (status, headers, its chunks)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")[:-2]
+    headers = {name.lower(): value for name, value in (line.split(": ", 1) for line in lines)}
+    assert headers.get("transfer-encoding") == "chunked", headers
+    chunks = []
+    while size := int(await reader.readuntil(b"\r\n"), 16):
+        chunks.append((await reader.readexactly(size + 2))[:-2])
+    assert await reader.readexactly(2) == b"\r\n"
+    return int(status_line.split()[1]), headers, chunks
+
+
+def generate_stream_request(value: float) -> bytes:
+    body = json.dumps({"X": value, "id": "g-1"}).encode()
+    return (b"POST /v2/models/d/generate_stream HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(body), body))
+
+
+def events(chunks: list[bytes]) -> list[dict]:
+    """The server-sent events' JSON documents, in order."""
+    text = b"".join(chunks).decode()
+    assert text.endswith("\n\n"), text
+    return [json.loads(event.removeprefix("data: ")) for event in text[:-2].split("\n\n")]
+
+
+def outputs(response: tuple[int, dict, bytes]) -> list[float]:
+    status, _, body = response
+    assert status == 200, body
+    return json.loads(body)["outputs"][0]["data"]
+
+
+def error_of(response: tuple[int, dict, bytes]) -> tuple[int, str]:
+    status, _, body = response
+    return status, json.loads(body)["error"]
+
+
+def test_a_keep_alive_connection_serves_request_after_request_until_the_client_asks_to_close(front):
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        answers = []
+        for values, close in (([1, 2, 3, 4], False), ([5, 6, 7, 8], False), ([0, 0, 0, 1], True)):
+            writer.write(infer_request(values, close=close))
+            answers.append(await read_response(reader))
+        closed = await asyncio.wait_for(reader.read(), 2)   # the server closes after the last one
+        writer.close()
+        return answers, closed
+
+    answers, closed = front.run(scenario())
+    assert [outputs(a) for a in answers] == [[2, 4, 6, 8], [10, 12, 14, 16], [0, 0, 0, 2]]
+    assert ["connection" in a[1] for a in answers] == [False, False, True] and answers[2][1]["connection"] == "close"
+    assert closed == b""
+
+
+def test_pipelined_requests_are_answered_in_order_one_inference_at_a_time(front):
+    front.answer = lambda request: None   # the broker holds every request until the test answers it
+
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(infer_request([1, 1, 1, 1]) + get_request("/v2/models/m") + infer_request([3, 3, 3, 3]))
+        await front.until(lambda: front.held)
+        await asyncio.sleep(0.05)
+        in_flight_at_once = len(front.infers)   # the next one waits for this answer
+        front.broker.send(front.held[0].peer, doubled(front.held.pop(0)))
+        await front.until(lambda: front.held)
+        front.broker.send(front.held[0].peer, doubled(front.held.pop(0)))
+        answers = [await read_response(reader) for _ in range(3)]
+        writer.close()
+        return in_flight_at_once, answers
+
+    in_flight_at_once, (first, metadata, third) = front.run(scenario())
+    assert in_flight_at_once == 1
+    assert outputs(first) == [2.0] * 4 and outputs(third) == [6.0] * 4
+    assert metadata[0] == 200 and json.loads(metadata[2])["name"] == "m"
+
+
+def test_answers_the_broker_gives_in_reverse_reach_each_connection_its_own(front):
+    front.answer = lambda request: None
+
+    async def scenario():
+        connections = [await asyncio.open_connection("127.0.0.1", front.port) for _ in range(3)]
+        for value, (_, writer) in enumerate(connections, start=1):
+            writer.write(infer_request([value] * 4))
+        await front.until(lambda: len(front.held) == 3)
+        for request in reversed(front.held):
+            front.broker.send(request.peer, doubled(request))
+        answers = [await read_response(reader) for reader, _ in connections]
+        for _, writer in connections:
+            writer.close()
+        return answers
+
+    assert [outputs(a) for a in front.run(scenario())] == [[2.0] * 4, [4.0] * 4, [6.0] * 4]
+
+
+@pytest.mark.parametrize("code, model_error, status, message", [
+    (ErrorCode.INVALID_ARG, False, 400, "[request id: r-1] bad input"),
+    (ErrorCode.NOT_FOUND, False, 404, "[request id: r-1] bad input"),
+    (ErrorCode.UNAVAILABLE, False, 503, "[request id: r-1] bad input"),
+    (ErrorCode.UNSUPPORTED, False, 501, "[request id: r-1] bad input"),
+    (ErrorCode.INTERNAL, False, 500, "[request id: r-1] bad input"),
+    (99, False, 500, "[request id: r-1] bad input"),   # a code this gateway does not know
+    (ErrorCode.INVALID_ARG, True, 400, "bad input"),    # the model's own error: as the model words it
+])
+def test_an_error_record_from_the_broker_is_answered_with_its_status_and_message(front, code, model_error, status,
+                                                                                  message):
+    front.answer = lambda request: error_record(request.header["rid"], {"code": int(code), "message": "bad input"},
+                                                model_error=model_error)
+
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(infer_request([1, 2, 3, 4], request_id="r-1") + infer_request([1, 1, 1, 1], request_id="r-2"))
+        first = await read_response(reader)
+        front.answer = scripted_answer
+        second = await read_response(reader)   # the connection serves on
+        writer.close()
+        return first, second
+
+    first, second = front.run(scenario())
+    assert error_of(first) == (status, message)
+    assert first[1]["content-type"] == "application/json"
+    assert outputs(second) == [2.0] * 4
+
+
+def test_a_broker_lost_mid_request_gets_it_exactly_one_answer_and_the_connection_serves_on(front):
+    front.answer = lambda request: None
+    lost = f"lost contact with the broker at {front.link.address}; the request was not answered"
+
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(infer_request([1, 2, 3, 4]))
+        await front.until(lambda: front.held)
+        front.broker.stop_beating()
+        failed = await read_response(reader)
+        writer.write(get_request("/v2/health/ready"))
+        not_ready = await read_response(reader)
+        held = front.held.pop()
+        front.broker.send(held.peer, doubled(held))   # the broker's late answer: nobody waits for it
+        front.broker.keep_beating(held.peer, 1, HEARTBEAT_S)
+        await front.until(lambda: not front.link.broker_lost)
+        front.answer = scripted_answer
+        writer.write(infer_request([4, 4, 4, 4]))
+        served = await read_response(reader)
+        writer.close()
+        return failed, not_ready, served
+
+    failed, not_ready, served = front.run(scenario())
+    assert error_of(failed) == (503, lost)
+    assert not_ready[0] == 400
+    assert outputs(served) == [8.0] * 4   # the very next bytes: no second answer to the first request
+    assert front.link.waiting == 0
+
+
+def test_a_client_gone_before_its_answer_costs_nothing_to_the_next_one(front):
+    front.answer = lambda request: None
+
+    async def scenario():
+        _, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(infer_request([1, 2, 3, 4]))
+        await front.until(lambda: front.held)
+        writer.close()
+        await asyncio.sleep(0.05)
+        held = front.held.pop()
+        front.broker.send(held.peer, doubled(held))   # answered after the client left
+        await front.until(lambda: front.link.waiting == 0)
+        front.answer = scripted_answer
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(infer_request([2, 2, 2, 2]))
+        served = await read_response(reader)
+        writer.close()
+        return served
+
+    assert outputs(front.run(scenario())) == [4.0] * 4
+
+
+def test_a_stream_of_answers_is_sent_as_server_sent_events_and_the_connection_serves_on(front):
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(generate_stream_request(1.5))
+        streamed = await read_chunked(reader)
+        writer.write(infer_request([1, 2, 3, 4]))   # a keep-alive connection: the stream ended cleanly
+        after = await read_response(reader)
+        writer.close()
+        return streamed, after
+
+    (status, headers, chunks), after = front.run(scenario())
+    assert (status, headers["content-type"]) == (200, "text/event-stream; charset=utf-8")
+    assert events(chunks) == [{"id": "g-1", "model_name": "d", "model_version": "1", "Y": 1.5 * i} for i in (1, 2, 3)]
+    assert len(chunks) == 3   # each event leaves as it comes
+    assert outputs(after) == [2.0, 4.0, 6.0, 8.0]
+
+
+@pytest.mark.parametrize("error_at, status, expected", [
+    (2, 200, [{"id": "g-1", "model_name": "d", "model_version": "1", "Y": 2.0}, {"error": "no 2 today"}]),
+    (1, 400, [{"error": "no 1 today"}]),   # refused before anything was streamed: its status says so
+])
+def test_an_error_in_a_stream_is_its_last_event(front, error_at, status, expected):
+    front.answer = lambda request: counted(request, error_at=error_at)
+
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(generate_stream_request(2.0))
+        streamed = await read_chunked(reader)
+        writer.close()
+        return streamed
+
+    got_status, _, chunks = front.run(scenario())
+    assert got_status == status and events(chunks) == expected

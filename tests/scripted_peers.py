@@ -1,0 +1,124 @@
+"""A scripted broker for in-process tests of the parts that talk to one.
+
+The test binds a ROUTER socket where the broker would be and plays the broker by hand:
+it reads what the part under test sends (HELLO, heartbeats, PLACED, INFER, ...) and
+answers, delays, drops or restarts as the scenario says, speaking the real wire
+protocol of tritium/protocol.py. Nothing of the data path is mocked.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from tritium.protocol import Kind, decode, encode
+from tritium.zmqio import recv_parts, send_parts
+
+
+@dataclass(frozen=True)
+class Received:
+    """One record a peer sent: who, its header, the record's bytes, when it arrived."""
+
+    peer: bytes
+    header: dict
+    record: bytes
+    at: float
+
+    @property
+    def kind(self) -> Kind:
+        return Kind(self.header["k"])
+
+
+@dataclass
+class _Beating:
+    record: bytes      # the HEARTBEAT to send
+    every_s: float
+    next_at: float = 0.0
+
+
+class ScriptedBroker:
+    """A ROUTER bound at ``address``; ``pump`` reads, ``send`` answers one peer."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(address)
+        self.received: list[Received] = []
+        self._beating: dict[bytes, _Beating] = {}
+
+    def keep_beating(self, peer: bytes, boot: int, hb: float, every: float | None = None) -> None:
+        """Heartbeat to ``peer`` now and then every ``every`` seconds (``hb``, what the beats
+        announce, by default), from ``pump``: a broker that is alive, as ``boot``."""
+        self._beating[peer] = _Beating(encode({"k": Kind.HEARTBEAT, "boot": boot, "hb": hb}), every or hb)
+
+    def stop_beating(self) -> None:
+        """Fall silent (what a hung or unreachable broker looks like)."""
+        self._beating.clear()
+
+    def pump(self) -> list[Received]:
+        """Send the heartbeats due; read every message that arrived; the records, also kept
+        in ``received``."""
+        now = time.monotonic()
+        for peer, beating in self._beating.items():
+            if now >= beating.next_at:
+                beating.next_at = now + beating.every_s
+                self.send(peer, beating.record)
+        records = []
+        while True:
+            try:
+                parts = recv_parts(self.sock)
+            except zmq.Again:
+                break
+            peer, now = parts[0].bytes, time.monotonic()
+            position = 1
+            while position < len(parts):   # a record, then its external frames
+                header = decode(parts[position])[0]
+                records.append(Received(peer, header, parts[position].bytes, now))
+                external = header.get("x", 0)   # BATCH_DONE's is a list: its responses are records of their own
+                position += 1 + (external if isinstance(external, int) else 0)
+        self.received.extend(records)
+        return records
+
+    def of(self, kind: Kind, peer: bytes | None = None) -> list[dict]:
+        """The headers of every ``kind`` record received (from ``peer``), in order."""
+        return [r.header for r in self.received if r.header["k"] == kind and peer in (None, r.peer)]
+
+    def send(self, peer: bytes, *records: bytes) -> None:
+        send_parts(self.sock, [peer, *records])
+
+    def tell(self, peer: bytes, header: dict) -> None:
+        """Send one record made of ``header`` alone."""
+        self.send(peer, encode(header))
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def eventually(condition: Callable[[], object], step: Callable[[], None], timeout_s: float = 5.0,
+               what: str = "the condition") -> object:
+    """Run ``step`` until ``condition()`` is truthy; its value. Fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        step()
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s} s"
+
+
+def at_least(count: int, items: list) -> list:
+    """``items`` once there are ``count`` of them, else nothing (a condition for ``eventually``)."""
+    return items if len(items) >= count else []
+
+
+def ipc_address(name: str) -> tuple[str, Path]:
+    """An ``ipc://`` address other processes can reach, and the folder to remove afterwards
+    (short, under /tmp: a socket path may not exceed ~100 bytes)."""
+    folder = Path(tempfile.mkdtemp(prefix="tritium-t-", dir="/tmp"))
+    return f"ipc://{folder / name}", folder
