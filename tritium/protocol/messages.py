@@ -470,11 +470,9 @@ MESSAGES: dict[int, type[Message]] = {_tag(cls): cls for cls in Message.__subcla
 _decoder = msgspec.msgpack.Decoder(typing.Union[tuple(MESSAGES.values())], dec_hook=_decode_custom)
 
 
-def error_record(rid: int, error: TritiumError | dict, model_error: bool = False) -> bytes:
+def error_record(rid: int, error: TritiumError, model_error: bool = False) -> bytes:
     """The RESPONSE record that answers request ``rid`` with an error; ``model_error``: a model's
     own error, which the gateway passes on without the request id, as Triton does."""
-    if isinstance(error, dict):
-        error = TritiumError.from_wire(error)
     return Response(rid, error=error, model_error=model_error).encode()
 
 
