@@ -3,9 +3,10 @@
 Each kind is a frozen ``msgspec.Struct`` whose fields name their short wire key
 (``field(name="m")``) and say what they are (``Meta(description=...)``, which the docs table
 shows). The header's ``k`` is the struct's tag. ``encode(inline)`` gives the record (msgspec packs
-the header: cheaper than building a dict for msgpack), ``from_wire(header)`` reads a decoded
-header back, validated (a malformed one raises ``ProtocolError``), and ``read(header)`` gives the
-type of any decoded header. docs/architecture.md's protocol tables are generated from these types
+the header: cheaper than building a dict for msgpack); ``read_record(frame)`` decodes a record's
+header straight into its type, validated (a malformed one raises ``ProtocolError`` naming the
+field). ``to_wire()`` / ``from_wire()`` give and read the header as the plain values msgpack
+carries. docs/architecture.md's protocol tables are generated from these types
 (``python -m tritium.protocol`` prints them), so the two cannot disagree.
 
 Adding an optional field to a kind is one line in its class, e.g. on ``Infer``::
@@ -30,7 +31,7 @@ from tritium.errors import ProtocolError, TritiumError
 from tritium.protocol.framing import Kind, frame_record, split_record
 
 __all__ = [
-    "MESSAGES", "read", "read_record", "error_record", "Message", "ControlOp", "Role",
+    "MESSAGES", "read_record", "error_record", "Message", "ControlOp", "Role",
     "RunningInstance", "Assignment", "ScaledAssignment", "LoadRef", "VersionRow", "ModelRow", "SharedMemoryRegion",
     "Hello", "Refused", "Reset", "Heartbeat", "Infer", "Response", "Batch", "BatchDone", "ResponsePart",
     "Control", "ControlReply", "Models", "LogSettings", "Assign", "Unassign", "Scale", "Placed",
@@ -88,11 +89,6 @@ class Message(Record, frozen=True, omit_defaults=True, gc=False, tag_field="k"):
     def encode(self, inline: Iterable = ()) -> bytes:
         """The record: this header, then the inline tensor bytes."""
         return frame_record(_encoder.encode(self), inline)
-
-
-def read(header: dict) -> Message:
-    """The typed message of a header ``framing.decode`` gave (which checked its kind)."""
-    return MESSAGES[header["k"]].from_wire(header)
 
 
 def read_record(frame) -> tuple[Message, memoryview, int]:
