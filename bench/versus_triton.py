@@ -29,12 +29,12 @@ from bench.serving_overhead import python_repository
 SCENARIOS = (("http", 16), ("http", 64), ("grpc", 16), ("http", 1))
 
 
-def perf_analyzer(url: str, protocol: str, concurrency: int, window_ms: int) -> dict:
-    """One perf_analyzer run; its CSV row (throughput, latency percentiles in us)."""
+def perf_analyzer(url: str, protocol: str, concurrency: int, window_ms: int, extra: tuple = ()) -> dict:
+    """One perf_analyzer run (``extra``: more of its flags); its CSV row (throughput, latency percentiles in us)."""
     with tempfile.NamedTemporaryFile(suffix=".csv") as out:
         command = [str(ANCHORS / "perf_analyzer.sh"), "-m", "add_sub", "-u", url, "-i", protocol,
                    "--concurrency-range", str(concurrency), "-p", str(window_ms), "-f", out.name,
-                   "-s", "100"]  # a shared 2-core machine never holds 10%: rounds and medians do the averaging
+                   "-s", "100", *extra]  # a shared 2-core machine never holds 10%: rounds and medians do the averaging
         run = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if run.returncode != 0:
             raise RuntimeError(f"perf_analyzer failed on {url}: {run.stdout[-500:]} {run.stderr[-500:]}")
@@ -49,6 +49,19 @@ def served(http_url: str) -> int:
     return sum(int(s["inference_stats"]["success"]["count"]) for s in stats)
 
 
+def metered_run(http_url: str, url: str, protocol: str, concurrency: int, window_ms: int, root: int,
+                extra: tuple = ()) -> tuple[dict, dict]:
+    """One perf_analyzer run and the CPU of the server's own processes: (its figures, role ->
+    CPU us per request the server counted)."""
+    meter = CpuMeter((root,))
+    before = served(http_url)
+    meter.start()
+    figures = perf_analyzer(url, protocol, concurrency, window_ms, extra)
+    used = meter.stop()
+    count = max(1, served(http_url) - before)
+    return figures, {role: seconds / count * 1e6 for role, seconds in used.items()}
+
+
 def measure(servers: dict, rounds: int, window_ms: int) -> dict:
     """``servers``: name -> (HTTP url, gRPC url, root pid)."""
     results: dict = {name: {f"{p} c={c}": [] for p, c in SCENARIOS} for name in servers}
@@ -56,18 +69,14 @@ def measure(servers: dict, rounds: int, window_ms: int) -> dict:
     for protocol, concurrency in SCENARIOS:
         for round_number in range(rounds):
             for name, (http_url, grpc_url, root) in servers.items():
-                meter = CpuMeter((root,))
-                before = served(http_url)
-                meter.start()
-                figures = perf_analyzer(http_url if protocol == "http" else grpc_url, protocol, concurrency, window_ms)
-                used = meter.stop()
-                count = served(http_url) - before
+                url = http_url if protocol == "http" else grpc_url
+                figures, cpu_us = metered_run(http_url, url, protocol, concurrency, window_ms, root)
                 results[name][f"{protocol} c={concurrency}"].append(figures)
                 print(f"round {round_number + 1} {name:8s} {protocol} c={concurrency}: "
                       f"{figures['throughput']:8.0f} infer/s, p50 {figures['p50_us']:6.0f} us", flush=True)
                 if (protocol, concurrency) == ("http", 64):
-                    for role, seconds in used.items():
-                        cpu[name].setdefault(role, []).append(seconds / max(1, count) * 1e6)
+                    for role, us in cpu_us.items():
+                        cpu[name].setdefault(role, []).append(us)
     return {"rounds": results, "cpu_us_per_request": {n: {r: statistics.median(v) for r, v in roles.items()}
                                                        for n, roles in cpu.items()}}
 

@@ -1,6 +1,6 @@
 """CONTROL requests from gateways (model table, statistics, status, index, load, unload, log
-settings, shared memory regions), each answered with one CONTROL_REPLY; owns the log settings
-and the registry's shared memory regions.
+settings, trace settings, shared memory regions), each answered with one CONTROL_REPLY; owns the
+log settings, the trace settings (broker/tracing.py) and the registry's shared memory regions.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from tritium.broker.lifecycle import ModelLifecycle
 from tritium.broker.membership import Membership
 from tritium.broker.registry import Registry, VersionState
+from tritium.broker.tracing import BrokerTracing
 from tritium import logs
 from tritium.errors import AlreadyExists, InternalError, InvalidArgument, TritiumError
 from tritium.logs import LogSettings
@@ -34,6 +35,7 @@ class Control:
         self._send_backend = send_backend
         self._push_models_if_changed = push_models_if_changed
         self.log_settings = log_settings
+        self.tracing = BrokerTracing()
 
     def handle(self, peer: bytes, request: ControlRequest) -> None:
         rid = request.rid
@@ -73,6 +75,8 @@ class Control:
             return {}
         if op is ControlOp.LOG_SETTINGS:
             return self._change_log_settings(args.get("changes") or {})
+        if op is ControlOp.TRACE_SETTINGS or op is ControlOp.TRACE_DONE:
+            return self._trace(op, args)
         if op is ControlOp.SHM_REGISTER:
             return self._register_region(args)
         if op is ControlOp.SHM_UNREGISTER:
@@ -97,6 +101,16 @@ class Control:
 
     def log_settings_message(self) -> bytes:
         return LogSettingsMessage(self.log_settings.as_dict()).encode()
+
+    # -- trace settings ---------------------------------------------------------------------
+
+    def _trace(self, op: ControlOp, args: dict):
+        """Triton's trace extension; gateways get changed settings with the model table."""
+        answer = self.tracing.settings(args) if op is ControlOp.TRACE_SETTINGS else self.tracing.done(args)
+        if self.tracing.revision != (self.registry.trace_settings or {}).get("revision", -1):
+            self.registry.trace_settings = self.tracing.as_wire()
+            self.membership.changed()
+        return answer
 
     # -- shared memory regions ------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from tritium.broker.registry import ModelVersion, Registry
 from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
 from tritium.protocol import Infer, ProtocolError, Response, error_record, read_record, split_record, tensor_views
+from tritium.tracing.stamps import ensemble_record, step_context, step_record
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,8 @@ class EnsembleRequest:
     compute: list[int] = field(default_factory=lambda: [0, 0, 0])
     queue_ns: int = 0
     finished: bool = False
+    trace: bytes | None = None         # its trace context, when traced
+    traced_steps: list = field(default_factory=list)   # the finished steps' trace records
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,7 @@ class StepCall:
     request: EnsembleRequest
     step: Step
     batch_size: int   # of the step request; 0 when its model does not batch
+    trace: tuple | None = None   # the step request's (trace context, model version), when traced
 
 
 class EnsembleRunner:
@@ -177,7 +181,7 @@ class EnsembleRunner:
         batch_size = header.batch_size or 1
         request = EnsembleRequest(client, header.rid, from_backend, version, plan, requested, steps, wants,
                                   batch_size, now, header.request_id, header.params,
-                                  header.sequence_id or 0, header.sequence_flags)
+                                  header.sequence_id or 0, header.sequence_flags, trace=header.trace)
         unknown = [name for name in requested if name not in plan.outputs]
         if unknown:
             self._fail(request, InvalidArgument(f"unexpected inference output '{unknown[0]}' for model "
@@ -237,8 +241,10 @@ class EnsembleRunner:
                        batch_size=batch_size, request_id=request.request_id or None,
                        outputs=request.wants[step.index], params=request.params or None,
                        sequence_id=request.correlation_id if sequence else None,
-                       sequence_flags=request.flags if sequence else 0, external=len(frames))
-        self._calls[rid] = StepCall(request, step, batch_size if batching else 0)
+                       sequence_flags=request.flags if sequence else 0, external=len(frames),
+                       trace=None if request.trace is None else step_context(request.trace))
+        self._calls[rid] = StepCall(request, step, batch_size if batching else 0,
+                                   None if header.trace is None else (header.trace, header.version))
         request.calls.add(rid)
         self._submit(STEP_CLIENT, header.encode(inline), header, frames or None, False)
 
@@ -267,6 +273,8 @@ class EnsembleRunner:
 
     def _step_done(self, call: StepCall, header: Response, view, offset: int, frames: list, timings: tuple) -> None:
         request, step = call.request, call.step
+        if call.trace is not None:
+            request.traced_steps.append(step_record(step.model, call.trace, header.trace, self._clock()))
         if header.error is not None:
             error = header.error
             log.info("ensemble %s: %s failed: %s", request.plan.name, step.label, error.message)
@@ -311,9 +319,11 @@ class EnsembleRunner:
             shape = _reshaped(tensor.shape, tensor.batch_size, plan.batching, plan.outputs[name])
             descriptors.append([name, tensor.datatype, shape, tensor.nbytes, tensor.external])
             (frames if tensor.external else inline).append(tensor.data)
-        header = Response(request.rid, descriptors, params=_sequence_parameters(request), external=len(frames))
         self._finish(request)
         now = self._clock()
+        trace = None if request.trace is None else ensemble_record(request.arrival_ns, now, request.traced_steps)
+        header = Response(request.rid, descriptors, params=_sequence_parameters(request), external=len(frames),
+                          trace=trace)
         compute = tuple(request.compute)
         stats = request.version.stats
         stats.record_success(now - request.arrival_ns, request.queue_ns, request.batch_size, compute)

@@ -54,6 +54,7 @@ class PendingRequest:
     cache_key: bytes | None = None   # missed the response cache: its response goes in under this key
     correlation_id: int | str = 0   # the sequence it belongs to (0: none)
     flags: int = 0                  # sequence START (1) / END (2)
+    traced: bool = False            # its INFER has a trace context: its batch carries its stamps
 
 
 @dataclass(eq=False, slots=True)
@@ -222,6 +223,7 @@ class Registry:
         self.instances: dict[bytes, InstanceRecord] = {}
         self.host_metrics: dict[str, HostMetrics] = {}   # host name -> the agent's last HOST_METRICS
         self.shared_memory: dict[str, SharedMemoryRegion] = {}  # client shm regions, which every gateway maps
+        self.trace_settings: dict | None = None   # Triton's trace settings, which every gateway samples with
         self.generation = 0  # what gateways see changed when it moves: only Membership.changed moves it
 
     def set_state(self, version: ModelVersion, state: VersionState, reason: str = "") -> None:
@@ -283,4 +285,5 @@ class Registry:
                 models.append(ModelRow(record.name, None, versions, None, None))
             else:
                 models.append(ModelRow(record.name, record.error, versions, record.config_json, record.labels))
-        return Models(self.generation, tuple(models), self.server_ready(), tuple(self.shared_memory.values()))
+        return Models(self.generation, tuple(models), self.server_ready(), tuple(self.shared_memory.values()),
+                      self.trace_settings)

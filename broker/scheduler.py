@@ -27,6 +27,7 @@ from tritium.broker.response_cache import ResponseCache, cached_response, reques
 from tritium.broker.streams import OpenStreams
 from tritium.protocol import Batch as BatchHeader
 from tritium.protocol import BatchDone, Infer, error_record
+from tritium.tracing.stamps import batch_stamps
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class Scheduler:
         request = PendingRequest(client, rid, record, external, batch_size, shape_key, now,
                                  from_backend=from_backend, level=level, deadline_ns=deadline,
                                  cache_key=cache_key, correlation_id=header.sequence_id or 0,
-                                 flags=header.sequence_flags)
+                                 flags=header.sequence_flags, traced=header.trace is not None)
         try:
             batcher.enqueue(request)
         except TritiumError as exc:  # the sequence batcher refuses what Triton's refuses (not counted, as there)
@@ -216,7 +217,7 @@ class Scheduler:
         instance.credit -= 1
         self._idle.busy(version, instance)   # until its batch is done
         batch_size = 0
-        parts = [instance.iid, BatchHeader(number, len(requests), slots).encode()]
+        parts = [instance.iid, BatchHeader(number, len(requests), slots, batch_stamps(requests)).encode()]
         for request in requests:
             request.dispatch_ns = now
             batch_size += request.batch_size

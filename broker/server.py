@@ -273,6 +273,7 @@ class Broker:
         self.scheduler.fail_everything(Unavailable("the server is shutting down"))
         self._flush_frontend()
         self.lifecycle.close()
+        self.control.tracing.close()
         # Linger: the last answers (results and errors) must leave before the sockets go.
         self.frontend.close(linger=2000)
         self.backend.close(linger=2000)

@@ -86,6 +86,7 @@ class BrokerLink:
         self.address = address
         self.loop = loop or asyncio.get_running_loop()
         self.identity = f"gw-{host_name()}-{os.getpid()}"
+        self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         secure_client(self.sock, curve, "gateway")
         self.sock.setsockopt(zmq.IDENTITY, self.identity.encode())
@@ -250,6 +251,7 @@ class BrokerLink:
             elif kind is Models:
                 self.models.update(message)
                 self.shared_memory.apply(message.shared_memory)
+                self.on_trace_settings(message.trace)
                 self._models_received.set()
             elif kind is LogSettings:
                 logs.apply_wire(message.settings)

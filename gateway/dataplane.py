@@ -16,6 +16,7 @@ from tritium.gateway.generate import SINGLE_RESPONSE_ONLY, generate_request, gen
 from tritium.gateway.inference import InferRequest, InferResult, OutputTensor
 from tritium.gateway.model_table import ModelSpec, parse_version
 from tritium.gateway.shared_memory import SHM_DISABLED, map_region
+from tritium.gateway.tracing import NO_TRACING
 from tritium.gateway.validation import check_single_response, validate_request
 from tritium.repo.names import require_name
 from tritium import __version__
@@ -29,7 +30,8 @@ GRPC_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transacti
 
 # Triton's extension names, in Triton's order, limited to what tritium implements.
 EXTENSIONS = ("classification", "sequence", "model_repository", "model_repository(unload_dependents)",
-              "model_configuration", "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "logging")
+              "model_configuration", "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "trace",
+              "logging")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class DataPlane:
         self.identity = identity
         self.strict_readiness = strict_readiness
         self.shutting_down = False
+        self.tracer = NO_TRACING   # gateway/server.py sets the GatewayTracer
 
     # -- health and metadata ------------------------------------------------------------
 
@@ -133,6 +136,8 @@ class DataPlane:
         spec, version, header, inline, external = self._prepare(request, single_response_only)
         reply = await self.link.request(header, inline, external)
         result = self._result(spec, version, request, reply)
+        if request.trace is not None:
+            request.trace.finish()
         if isinstance(result, TritiumError):
             raise result
         return result
@@ -184,15 +189,20 @@ class DataPlane:
         except TritiumError as exc:
             raise _with_request_id(exc, request.id) from None
         descriptors, inline, external = pack_tensors((t.name, t.datatype, t.shape, t.data) for t in request.inputs)
+        if self.tracer.on and single_response_only is not None:   # streamed requests are not traced
+            request.trace = self.tracer.sample(spec.name, version, request.traceparent)
         message = Infer(self.link.next_rid(), spec.name, descriptors, version=version, batch_size=batch_size,
                         request_id=request.id or None,
                         outputs=None if request.outputs is None else [o.name for o in request.outputs],
                         params=request.parameters or None, sequence_id=request.sequence_id or None,
-                        sequence_flags=request.sequence_flags, external=len(external))
+                        sequence_flags=request.sequence_flags, external=len(external),
+                        trace=None if request.trace is None else request.trace.context)
         return spec, version, message, inline, external
 
     def _result(self, spec: ModelSpec, version: int, request: InferRequest, reply) -> InferResult | TritiumError:
         answer = reply.message
+        if request.trace is not None:
+            request.trace.answered(answer)
         if answer.error is not None:
             return answer.error if answer.model_error else _with_request_id(answer.error, request.id)
         descriptors = answer.outputs or []
@@ -239,6 +249,18 @@ class DataPlane:
     async def log_settings(self, changes: dict | None = None) -> dict:
         """Triton's logging settings, after applying ``changes`` to every process."""
         return await self._control(ControlOp.LOG_SETTINGS, {"changes": changes or {}})
+
+    # -- trace ----------------------------------------------------------------------------
+
+    async def trace_settings(self, model: str | None, changes: dict | None = None) -> dict:
+        """Triton's trace settings (global, or ``model``'s), after applying ``changes``."""
+        if model is not None:
+            try:
+                self.link.models.resolve(model, None)
+            except TritiumError:
+                raise InvalidArgument(f"Request for unknown model : {model}") from None
+        return await self._control(ControlOp.TRACE_SETTINGS, {"model": model, "changes": changes or {},
+                                                      "startup": self.tracer.startup.as_wire()})
 
     # -- system shared memory ---------------------------------------------------------------
 

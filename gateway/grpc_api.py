@@ -1,4 +1,5 @@
-"""Triton's gRPC front end: ``inference.GRPCInferenceService`` on grpc.aio, over the data plane.
+"""Triton's gRPC service, ``inference.GRPCInferenceService``, over the data plane; served by
+gateway/grpc_server.py (the default) or by grpc.aio (``--grpc-server=grpcio``, bound here).
 
 The generated classes are the ones tritonclient ships (``tritonclient.grpc.service_pb2``),
 so messages are exactly Triton's. Errors become the gRPC status Triton gives them
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Iterator
 
 import grpc
 import orjson
@@ -22,6 +24,7 @@ from tritium.gateway.model_table import parse_version
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
+from tritium.tracing.settings import changes_from_grpc
 from tritium.ports import PortInUse, check_free
 
 log = logging.getLogger(__name__)
@@ -223,14 +226,50 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def TraceSetting(self, request, context):
-        raise Unsupported("the trace extension is not supported by tritium yet")
+        changes = changes_from_grpc({key: list(setting.value) for key, setting in request.settings.items()})
+        settings = await self.dataplane.trace_settings(request.model_name or None, changes)
+        response = service_pb2.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     # -- inference ----------------------------------------------------------------------
 
     @_rpc
     async def ModelInfer(self, request, context):
-        result = await self.dataplane.infer(decode_infer_request(request), GRPC_DECOUPLED)
+        infer_request = decode_infer_request(request)
+        if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
+            infer_request.traceparent = dict(context.invocation_metadata() or ()).get("traceparent")
+        result = await self.dataplane.infer(infer_request, GRPC_DECOUPLED)
         return encode_infer_response(result)
+
+    def infer_then(self, request, metadata, done: Callable[[object], None]) -> None:
+        """ModelInfer without a coroutine (gateway/grpc_server.py's hot path): ``done`` gets the
+        ModelInferResponse or a TritiumError once; a request refused before it is sent raises here."""
+        if self.restricted:
+            self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
+        if request is UNPARSABLE:
+            raise _UNPARSABLE_ERROR
+
+        def answered(result) -> None:
+            if not isinstance(result, TritiumError):
+                try:
+                    result = encode_infer_response(result)
+                except TritiumError as exc:
+                    result = exc
+            trace = infer_request.trace
+            if trace is None:
+                done(result)
+                return
+            trace.stamp("GRPC_SEND_START")
+            done(result)
+            trace.stamp("GRPC_SEND_END")
+            trace.finish()
+
+        infer_request = decode_infer_request(request)
+        if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
+            infer_request.traceparent = _traceparent(metadata)
+        self.dataplane.infer_then(infer_request, answered, GRPC_DECOUPLED)
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Answers leave as they come, whatever the order of the requests that asked."""
@@ -321,15 +360,29 @@ def bind_grpc(dataplane: DataPlane, address: str, port: int, max_message_bytes: 
     return server, bound
 
 
-def _handlers(servicer: GrpcInferenceService) -> grpc.GenericRpcHandler:
-    """Every RPC of Triton's service, its requests parsed leniently (see UNPARSABLE)."""
-    service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    handlers = {}
-    for method in service.methods:
+SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+
+
+def rpc_methods() -> Iterator[tuple[str, bool, Callable, Callable]]:
+    """Every RPC of Triton's service: (name, streaming, lenient request parser (see UNPARSABLE),
+    response serializer)."""
+    for method in SERVICE.methods:
         request_type = getattr(service_pb2, method.input_type.name)
         response_type = getattr(service_pb2, method.output_type.name)
-        make = grpc.stream_stream_rpc_method_handler if method.client_streaming else grpc.unary_unary_rpc_method_handler
-        handlers[method.name] = make(getattr(servicer, method.name),
-                                     request_deserializer=_lenient(request_type.FromString),
-                                     response_serializer=response_type.SerializeToString)
-    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+        yield method.name, method.client_streaming, _lenient(request_type.FromString), response_type.SerializeToString
+
+
+def _handlers(servicer: GrpcInferenceService) -> grpc.GenericRpcHandler:
+    handlers = {}
+    for name, streaming, parse, serialize in rpc_methods():
+        make = grpc.stream_stream_rpc_method_handler if streaming else grpc.unary_unary_rpc_method_handler
+        handlers[name] = make(getattr(servicer, name), request_deserializer=parse, response_serializer=serialize)
+    return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+
+
+def _traceparent(metadata) -> str | None:
+    """The W3C traceparent among a call's metadata (name, value pairs, bytes as HTTP/2 gives them or str)."""
+    for name, value in metadata:
+        if name in (b"traceparent", "traceparent"):
+            return value.decode("latin-1") if isinstance(value, bytes) else value
+    return None

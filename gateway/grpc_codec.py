@@ -63,10 +63,12 @@ def fill_parameters(target, values: dict) -> None:
 
 def decode_infer_request(message) -> InferRequest:
     model = message.model_name
-    check_parameter_kinds(message.parameters)
+    if message.parameters:   # (empty maps are skipped: this is every gRPC inference's path)
+        check_parameter_kinds(message.parameters)
     raw = message.raw_input_contents
     # Inputs in shared memory have no raw_input_contents entry (tritonclient sends none).
-    shared = [shared_memory_ref(f"input '{t.name}'", parameters_to_dict(t.parameters)) for t in message.inputs]
+    shared = [shared_memory_ref(f"input '{t.name}'", parameters_to_dict(t.parameters)) if t.parameters else None
+              for t in message.inputs]
     expected = sum(ref is None for ref in shared)
     if raw and len(raw) != expected:
         raise InvalidArgument(
@@ -74,7 +76,7 @@ def decode_infer_request(message) -> InferRequest:
     inputs, position = [], 0
     for tensor, ref in zip(message.inputs, shared, strict=True):
         shape = list(tensor.shape)
-        if any(d < 0 for d in shape):
+        if shape and min(shape) < 0:
             raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has a negative dimension")
         if ref is not None:
             data = b""
@@ -92,17 +94,28 @@ def decode_infer_request(message) -> InferRequest:
     if len(message.outputs):
         outputs = []
         for output in message.outputs:
+            if not output.parameters:
+                outputs.append(RequestedOutput(output.name, {}, None, None))
+                continue
             parameters = parameters_to_dict(output.parameters)
             owner = f"output '{output.name}'"
             outputs.append(RequestedOutput(output.name, parameters, shared_memory_ref(owner, parameters),
                                            classification_count(owner, parameters)))
-    sequence_id, sequence_flags = _sequence(message.parameters)
-    parameters = parameters_to_dict(message.parameters, True, SEQUENCE_PARAMETERS)
-    if parameters.get("timeout", 0) < 0:
-        parameters["timeout"] %= 2**64   # Triton reads the int64 as uint64
+    sequence_id, sequence_flags, parameters = _request_parameters(message.parameters)
     return InferRequest(model=model, version=message.model_version or None, inputs=inputs, outputs=outputs,
                         id=message.id, parameters=parameters,
                         sequence_id=sequence_id, sequence_flags=sequence_flags)
+
+
+def _request_parameters(message_parameters) -> tuple[int | str, int, dict]:
+    """The sequence id and flags, and the other parameters (kinds checked by check_parameter_kinds)."""
+    if not message_parameters:
+        return 0, 0, {}
+    sequence_id, sequence_flags = _sequence(message_parameters)
+    parameters = parameters_to_dict(message_parameters, True, SEQUENCE_PARAMETERS)
+    if parameters.get("timeout", 0) < 0:
+        parameters["timeout"] %= 2**64   # Triton reads the int64 as uint64
+    return sequence_id, sequence_flags, parameters
 
 
 # The value kinds Triton's gRPC front end accepts for the parameters it reads itself.

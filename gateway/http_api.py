@@ -26,7 +26,9 @@ from tritium.gateway.http_codec import (
 from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED
+from tritium.gateway.tracing import traced_answer
 from tritium.errors import InvalidArgument, TritiumError, Unsupported
+from tritium.tracing.settings import changes_from_http
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,6 @@ _CATEGORIES = (
 )
 _JSON = [(b"content-type", b"application/json")]
 _TEXT = [(b"content-type", b"text/plain")]
-_GET_ACTIONS = {None, "ready", "config", "stats"}
 
 
 def json_response(document, status: int = 200) -> HttpResponse:
@@ -170,7 +171,11 @@ class HttpApp:
             except Exception as exc:
                 answer(_internal_error(request, exc))
 
+        if self.dataplane.tracer.on:
+            infer_request.traceparent = headers.get(b"traceparent")
         self.dataplane.infer_then(infer_request, done)
+        if infer_request.trace is not None:   # sampled: done() answers through the trace from now on
+            answer = traced_answer(infer_request.trace, request, answer)
 
     # -- everything else --------------------------------------------------------------------
 
@@ -194,6 +199,8 @@ class HttpApp:
             if method != "POST":
                 return _NOT_ALLOWED
             return json_response(await self.dataplane.log_settings(self._optional_json_body(request)))
+        if path == "/v2/trace/setting":
+            return await self._trace_route(request, method, None)
         match = _SHARED_MEMORY.fullmatch(path)
         if match is not None:
             return await self._shared_memory_route(request, method, *match.groups())
@@ -219,8 +226,8 @@ class HttpApp:
             if action == "generate":
                 return HttpResponse(200, _JSON, await self.dataplane.generate(model, version, document))
             return await event_stream(self.dataplane.generate_stream(model, version, document))
-        if action not in _GET_ACTIONS:
-            raise Unsupported(f"'{action}' is not supported by tritium yet")
+        if action == "trace/setting":
+            return await self._trace_route(request, method, model) if version is None else _NOT_FOUND
         if method != "GET":
             return _NOT_ALLOWED
         if action is None:
@@ -231,6 +238,14 @@ class HttpApp:
         if action == "config":
             return HttpResponse(200, _JSON, self.dataplane.model_config(model, version))
         return json_response(await self.dataplane.statistics(model, version))
+
+    async def _trace_route(self, request: HttpRequest, method: str, model: str | None) -> HttpResponse:
+        if method == "GET":
+            return json_response(await self.dataplane.trace_settings(model))
+        if method != "POST":
+            return _NOT_ALLOWED
+        changes = changes_from_http(self._optional_json_body(request))
+        return json_response(await self.dataplane.trace_settings(model, changes))
 
     async def _repository_route(self, request: HttpRequest, repository, _action, model, operation) -> HttpResponse:
         if repository is not None:

@@ -41,6 +41,8 @@ class HttpRequest:
     headers: dict[bytes, bytes]             # lower-case names
     body: bytes = b""
     too_large: int = 0                      # the body's size when it passed the limit (not kept)
+    began_ns: int = 0                       # monotonic: its first byte was parsed (trace HTTP_RECV_START)
+    received_ns: int = 0                    # monotonic: its last byte was parsed (trace HTTP_RECV_END)
 
 
 @dataclass(slots=True)
@@ -93,7 +95,7 @@ class HttpConnection(asyncio.Protocol):
 
     __slots__ = ("app", "limits", "loop", "shared", "transport", "parser", "queue", "busy", "closing",
                  "last_active", "_url", "_headers", "_body", "_body_size", "_too_large", "_write_paused",
-                 "_reading")
+                 "_reading", "_begun")
 
     def __init__(self, app, limits: HttpLimits, loop: asyncio.AbstractEventLoop, shared: _Connections) -> None:
         self.app, self.limits, self.loop, self.shared = app, limits, loop, shared
@@ -113,6 +115,7 @@ class HttpConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._too_large = 0
+        self._begun = 0
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -156,6 +159,9 @@ class HttpConnection(asyncio.Protocol):
 
     # -- parser callbacks --------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        self._begun = time.monotonic_ns()   # a traced request's HTTP_RECV_START
+
     def on_url(self, url: bytes) -> None:
         self._url += url
 
@@ -182,7 +188,7 @@ class HttpConnection(asyncio.Protocol):
         url = httptools.parse_url(self._url)
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = HttpRequest(self.parser.get_method().decode(), unquote(url.path.decode("latin-1")),
-                              self._headers, body, self._too_large)
+                              self._headers, body, self._too_large, self._begun, time.monotonic_ns())
         keep_alive = self.parser.should_keep_alive()
         self._reset()
         self.queue.append((request, keep_alive))

@@ -34,6 +34,8 @@ class InferRequest:
     parameters: dict = field(default_factory=dict)
     sequence_id: int | str = 0      # Triton's correlation id (0 or "": not in a sequence)
     sequence_flags: int = 0         # Triton's request flags: 1 START, 2 END
+    traceparent: bytes | None = None   # the client's W3C trace context, read only while tracing is on
+    trace: object = None               # a RequestTrace (gateway/tracing.py) when this request is traced
 
 
 SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")

@@ -20,15 +20,18 @@ import uvloop
 from tritium.gateway.broker_link import BrokerLink
 from tritium.gateway.dataplane import DataPlane, ServerIdentity
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, bind_grpc
+from tritium.gateway.grpc_server import bind_grpc_tritium
 from tritium.gateway.http_api import HttpApp
 from tritium.gateway.http_server import HttpLimits, HttpServer
 from tritium.gateway.restricted import RestrictedApis
+from tritium.gateway.tracing import GatewayTracer
 from tritium import notify
 from tritium.gctune import tune_for_serving
 from tritium.exit_codes import ExitCode
 from tritium.ports import PortInUse, bound_socket
 from tritium.protocol import DEFAULT_HEARTBEAT_INTERVAL_S
 from tritium.security import CurveKeys
+from tritium.tracing.settings import TraceSettings
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,8 @@ class GatewaySettings:
     http_restricted: RestrictedApis = RestrictedApis()   # Triton's --http-restricted-api
     grpc_restricted: RestrictedApis = RestrictedApis()   # Triton's --grpc-restricted-protocol
     reuse_port: bool = False    # share the ports with this deployment's other gateways (SO_REUSEPORT)
+    grpc_server: str = "tritium"   # the gRPC transport: "tritium" (gateway/grpc_server.py) or "grpcio"
+    trace: TraceSettings = TraceSettings()   # Triton's --trace-config, seeding the broker's copy
 
 
 def listening_socket(address: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -76,9 +81,9 @@ async def serve(settings: GatewaySettings) -> None:
         if settings.http_port is not None else None
     grpc_server = None
     if settings.grpc_port is not None:   # bound now: a taken port stops startup before the broker is waited for
-        grpc_server, grpc_port = bind_grpc(dataplane, settings.grpc_address, settings.grpc_port,
-                                           settings.grpc_max_message_bytes, settings.grpc_restricted,
-                                           settings.reuse_port)
+        bind = bind_grpc if settings.grpc_server == "grpcio" else bind_grpc_tritium
+        grpc_server, grpc_port = bind(dataplane, settings.grpc_address, settings.grpc_port,
+                                      settings.grpc_max_message_bytes, settings.grpc_restricted, settings.reuse_port)
     http = HttpServer(app, HttpLimits(max_body_bytes=settings.max_input_bytes + 1024 * 1024))
     stop = asyncio.Event()
 
@@ -95,6 +100,8 @@ async def serve(settings: GatewaySettings) -> None:
         loop.add_signal_handler(sig, on_signal)
     log.info("gateway waiting for the broker at %s", settings.broker)
     await link.start(settings.broker_timeout_s)
+    dataplane.tracer = GatewayTracer(link, settings.trace)
+    await dataplane.tracer.start()
     tune_for_serving()
     if grpc_server is not None:
         await grpc_server.start()
@@ -115,6 +122,7 @@ async def serve(settings: GatewaySettings) -> None:
         if grpc_stopping is not None:
             await grpc_stopping
     finally:
+        dataplane.tracer.close()
         link.close()
         watchdog.cancel()
         log.info("gateway stopped")

@@ -15,7 +15,7 @@ import orjson
 
 from tritium import __version__, config_file
 from tritium.options import BROKER, GATEWAY, REPO_CHECK, SERVE, WORKER, child_args, options_of
-from tritium.triton_flags import TritonCommand, ignored_flag_options, ignored_flags_given
+from tritium.triton_flags import TritonCommand, ignored_flag_options, ignored_flags_given, trace_flags, trace_settings
 
 
 def _bool(value) -> bool:
@@ -167,6 +167,7 @@ def serve(ctx, **o) -> None:
     """Run broker, a host agent and gateways on this machine (``tritonserver`` is the same command)."""
     from tritium.supervisor import ServeSettings, Supervisor
 
+    trace = trace_settings(o)
     ignored = ignored_flags_given(o)
     _one_front_end(o)
     configure_logs("serve", **_pick(o, _LOG_KEYS))
@@ -187,7 +188,7 @@ def serve(ctx, **o) -> None:
         exit_timeout_s=float(o["exit_timeout_secs"]), exit_on_error=_bool(o["exit_on_error"]),
         broker_args=child_args(o, BROKER), worker_args=child_args(o, WORKER),
         # serve's own gateways share the ports; serve checks they are free
-        gateway_args=(*child_args(o, GATEWAY), "--reuse-port", "true"),
+        gateway_args=(*child_args(o, GATEWAY), *trace_flags(trace), "--reuse-port", "true"),
         resolved_env=config_file.variables(ctx.command),
     )
     sys.exit(Supervisor(settings).run())
@@ -251,6 +252,7 @@ def gateway(**o) -> None:
 
     configure_logs("gateway", **_pick(o, _LOG_KEYS))
     _one_front_end(o)
+    trace = trace_settings(o)
     curve = curve_keys(o["curve_secret_key"], "--curve-server-key", o["curve_server_key"], server=False)
     http_restricted, grpc_restricted = restricted_apis(o["http_restricted_api"], o["grpc_restricted_protocol"])
     run(GatewaySettings(broker=o["broker_address"], http_address=o["http_address"],
@@ -264,7 +266,7 @@ def gateway(**o) -> None:
                         heartbeat_interval_s=o["heartbeat_interval_secs"],
                         max_inflight_requests=o["max_inflight_requests"], curve=curve,
                         http_restricted=http_restricted, grpc_restricted=grpc_restricted,
-                        reuse_port=_bool(o["reuse_port"])))
+                        reuse_port=_bool(o["reuse_port"]), grpc_server=o["grpc_server"], trace=trace))
 
 
 @main.command(cls=config_file.SettingsCommand)

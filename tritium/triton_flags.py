@@ -8,6 +8,7 @@ docs/compatibility.md has the whole table.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from dataclasses import dataclass
 
@@ -48,7 +49,6 @@ class IgnoredFlag:
 
 _NO_GPU_MEMORY = "the backends allocate their own memory"
 _GRPC_TUNING = "gRPC keeps its own defaults"
-_TRACING = "tracing is not implemented"
 
 # Every tritonserver 2.5x flag that tritium accepts and ignores, in the order of Triton's usage.
 IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
@@ -79,7 +79,6 @@ IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
     IgnoredFlag("--vertex-ai-default-model", str, "there is no Vertex AI endpoint"),
     IgnoredFlag("--allow-gpu-metrics", BOOLEAN, "host metrics follow --allow-metrics"),
     IgnoredFlag("--allow-cpu-metrics", BOOLEAN, "host metrics follow --allow-metrics"),
-    IgnoredFlag("--trace-config", str, _TRACING, multiple=True),
     IgnoredFlag("--repoagent-directory", str, "repository agents are not supported"),
     IgnoredFlag("--cache-directory", str, "the response cache is built in"),
     IgnoredFlag("--rate-limit", str, "the broker's credits limit what runs at once"),
@@ -91,11 +90,6 @@ IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
     IgnoredFlag("--buffer-manager-thread-count", int, "tensors are not copied by a thread pool"),
     IgnoredFlag("--host-policy", str, "instances are not pinned to NUMA nodes", multiple=True),
     IgnoredFlag("--model-load-gpu-limit", str, "loads are not limited by GPU memory", multiple=True),
-    IgnoredFlag("--trace-file", str, _TRACING),
-    IgnoredFlag("--trace-level", str, _TRACING, multiple=True),
-    IgnoredFlag("--trace-rate", int, _TRACING),
-    IgnoredFlag("--trace-count", int, _TRACING),
-    IgnoredFlag("--trace-log-frequency", int, _TRACING),
 )
 
 # Flags whose Triton default is off and which tritium cannot turn on: "true" is a usage error.
@@ -106,6 +100,46 @@ UNSUPPORTED_WHEN_TRUE: dict[str, str] = {
     "--allow-vertex-ai": "there is no Vertex AI endpoint",
 }
 UNSUPPORTED_FILES = ("--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert")
+
+
+# The trace options of the options table (tritium/options.py), read together into one TraceSettings.
+TRACE_FLAGS = ("trace_config", "trace_file", "trace_level", "trace_rate", "trace_count", "trace_log_frequency")
+
+
+def trace_settings(params: dict):
+    """The startup trace settings from the trace flags (dropped from ``params``); a usage error
+    in Triton's words for a value Triton refuses."""
+    from tritium.errors import InvalidArgument
+    from tritium.tracing.flags import settings_from_flags
+
+    from tritium.tracing.settings import OTEL_MISSING
+
+    given = {name: params.pop(name) for name in TRACE_FLAGS}
+    try:
+        settings = settings_from_flags(**given, warn=lambda line: click.echo(line, err=True))
+    except InvalidArgument as exc:
+        raise click.UsageError(exc.message) from None
+    if settings.mode == "opentelemetry" and not _installed("opentelemetry.sdk"):
+        raise click.UsageError(OTEL_MISSING)
+    return settings
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:   # its parent package is missing
+        return False
+
+
+def trace_flags(settings) -> tuple[str, ...]:
+    """``settings`` as --trace-config flags, for a child process."""
+    values = [f"level={level}" for level in settings.level] or ["level=OFF"]
+    values += [f"rate={settings.rate}", f"count={settings.count}", f"triton,log-frequency={settings.log_frequency}",
+               f"mode={settings.mode}", f"triton,file={settings.file}",
+               *(f"opentelemetry,{key}={getattr(settings, key)}"
+                 for key in ("url", "bsp_max_export_batch_size", "bsp_schedule_delay", "bsp_max_queue_size")),
+               *(f"opentelemetry,resource={item}" for item in settings.resource)]
+    return tuple(arg for value in values for arg in ("--trace-config", value))
 
 
 def _param_name(flag: str) -> str:

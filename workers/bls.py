@@ -43,6 +43,7 @@ class BlsClient:
         self._waiters: dict[int, asyncio.Future] = {}
         self._lock = threading.Lock()
         self._reading_loop: asyncio.AbstractEventLoop | None = None
+        self._traced: dict[int, tuple] = {}   # rid -> (caller's CallTrace, model, version, context)
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -50,13 +51,18 @@ class BlsClient:
         rid = next(self._rids)
         descriptors, inline, external = pack_tensors(
             (tensor.name(), *array_to_frame(np.asarray(tensor.as_numpy()), tensor.name())) for tensor in request.inputs())
-        # A model calling a stateful model runs a sequence of its own (cid, sf).
+        # A model calling a stateful model runs a sequence of its own (cid, sf); with
+        # trace=request.trace(), its call is a child of the caller's trace.
+        trace = request.trace()
+        context = None if trace is None else trace.call_context()
         infer = Infer(rid, request.model_name(), descriptors, version=request.model_version(),
                       request_id=request.request_id() or None,
                       outputs=sorted(request.requested_output_names()) or None,
                       params=json.loads(request.parameters() or "{}") or None,
                       sequence_id=request.correlation_id() or None, sequence_flags=request.flags() or 0,
-                      external=len(external))
+                      external=len(external), trace=context)
+        if trace is not None:
+            self._traced[rid] = (trace, request.model_name(), request.model_version(), context)
         self._replies[rid] = deque()
         with self._lock:
             send_parts(self.sock, [infer.encode(inline), *external])
@@ -77,6 +83,9 @@ class BlsClient:
             rid = response.rid
             if rid not in self._replies:
                 continue  # an answer nobody waits for any more
+            traced = self._traced.pop(rid, None) if self._traced else None
+            if traced is not None:
+                traced[0].call_done(*traced[1:], response.trace)
             self._replies[rid].append(_response(response, record, offset, parts[1:1 + response.external]))
             waiter = self._waiters.get(rid)
             if waiter is not None and not waiter.done():

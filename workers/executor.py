@@ -26,6 +26,7 @@ from tritium.repo import ModelConfig
 from tritium import datatypes
 from tritium.errors import InternalError, InvalidArgument, TritiumError
 from tritium.protocol import Batch, BatchDone, Infer, Response, ResponsePart, pack_tensors, read_record, tensor_views
+from tritium.tracing.stamps import CallTrace, stamped_responses
 from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
 from tritium.workers.sequence_state import SequenceInputs
 from tritium.workers.tensors import array_to_frame, check_tensor_size, frame_to_array
@@ -47,6 +48,7 @@ class _Item:
     error: TritiumError | None = None
     slot: int | None = None            # stateful models: the sequence slot it runs in
     padding: bool = False              # a not-ready request filling a slot of a direct batch
+    trace: CallTrace | None = None     # traced: what its model's BLS calls add to its trace
 
 
 class BatchExecutor:
@@ -91,6 +93,10 @@ class BatchExecutor:
             external_counts.append(len(encoded) - 1)
             oks.append(ok)
         t3 = time.monotonic_ns()
+        if batch_header.trace is not None:   # traced requests: their stamps go back on their RESPONSE headers
+            parts = stamped_responses(parts, external_counts, [item.infer for item in items], batch_header.trace,
+                                      batch_header.number, (t1, t2, t3), self.model,
+                                      [item.trace and item.trace.calls for item in items])
         done = BatchDone(batch_header.number, oks, external_counts, [t1 - t0, t2 - t1, t3 - t2])
         return [done.encode(), *parts]
 
@@ -160,10 +166,13 @@ class BatchExecutor:
         parameters = infer.params or {}
         if parameters and not _REQUEST_FIELDS.isdisjoint(parameters):
             parameters = {k: v for k, v in parameters.items() if k not in _REQUEST_FIELDS}
+        if infer.trace is not None:
+            item.trace = CallTrace(infer.trace)
         return InferenceRequest(request_id=infer.request_id or "", inputs=self._arrays(item, batch_size),
                                 requested_outputs=infer.outputs,
                                 parameters=parameters, batch_size=batch_size,
-                                correlation_id=infer.sequence_id or 0, flags=infer.sequence_flags)
+                                correlation_id=infer.sequence_id or 0, flags=infer.sequence_flags,
+                                trace=item.trace)
 
     # -- one request at a time (the model gets the list of requests) ---------------------
 

@@ -136,7 +136,8 @@ def test_a_silent_host_takes_all_its_instances_with_it_in_one_generation(world):
 # Who may write what of the registry: everything else only reads it.
 _OWNERS = {"instances": "membership.py", "agents": "membership.py", "host_metrics": "membership.py",
            "generation": "membership.py", "models": "lifecycle.py", "versions": "lifecycle.py",
-           "epochs": "lifecycle.py", "shared_memory": "control.py"}
+           "epochs": "lifecycle.py", "shared_memory": "control.py",
+           "trace_settings": "control.py"}
 _MUTATORS = {"pop", "clear", "update", "setdefault", "popitem", "append", "remove", "extend", "insert"}
 
 

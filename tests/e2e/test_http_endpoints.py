@@ -36,7 +36,7 @@ def test_server_metadata_lists_exactly_the_implemented_extensions(server):
     assert metadata["extensions"] == ["classification", "sequence", "model_repository",
                                      "model_repository(unload_dependents)", "model_configuration",
                                      "system_shared_memory", "binary_tensor_data", "parameters", "statistics",
-                                     "logging"]
+                                     "trace", "logging"]
 
 
 def test_model_metadata_has_batch_dimension_and_protocol_datatypes(server):
@@ -122,9 +122,9 @@ def test_statistics_errors_and_all_models(server):
     assert status == 400 and error_of(body) == "requested model version is not available for model 'add_sub'"
 
 
-def test_unimplemented_triton_endpoint_is_501(server):
+def test_model_trace_setting_is_served(server):
     status, _, body = request(server.url, "GET", "/v2/models/add_sub/trace/setting")
-    assert status == 501 and "trace/setting" in error_of(body)
+    assert status == 200 and json.loads(body)["trace_level"] == ["OFF"]   # tests/e2e/test_trace.py has the rest
 
 
 @pytest.mark.parametrize("operation", ["load", "unload"])

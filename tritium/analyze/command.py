@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from tritium.analyze.search import NOT_MEASURED, Trial
 from tritium.perf.command import fail, parse_shapes
 from tritium.perf.errors import PerfError
 from tritium.perf.settings import parse_int_range
@@ -36,9 +37,14 @@ class Progress:
     def plan(self, total: int) -> None:
         self.bar.update(self.task, total=total)
 
-    def trial(self, trial) -> None:
+    def trial(self, trial: Trial) -> None:
         point = max(trial.points, key=lambda p: p.throughput, default=None)
-        result = trial.error if trial.error else f"{point.throughput:.1f} infer/s, p99 {point.p99_ms:.1f} ms"
+        if trial.error:
+            result = trial.error
+        elif point is None:
+            result = NOT_MEASURED
+        else:
+            result = f"{point.throughput:.1f} infer/s, p99 {point.p99_ms:.1f} ms"
         self.bar.console.print(f"{trial.model} {trial.candidate.label}: {result}", highlight=False)
         self.bar.advance(self.task)
 

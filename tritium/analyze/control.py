@@ -88,10 +88,12 @@ class OwnServer:
 
     def _wait(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        os.set_blocking(self.process.stdout.fileno(), False)
+        output = self.process.stdout
+        assert output is not None   # the server was started with stdout=PIPE, so the pipe exists
+        os.set_blocking(output.fileno(), False)
         seen = b""
         while time.monotonic() < deadline:
-            seen += self.process.stdout.read() or b""
+            seen += output.read() or b""
             if b"tritium ready" in seen:
                 return
             if self.process.poll() is not None:

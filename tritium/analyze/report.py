@@ -9,7 +9,7 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritium.analyze.search import Constraints, Trial, ranking_key
+from tritium.analyze.search import Constraints, Point, Trial, ranking_key
 
 
 @dataclass(frozen=True)
@@ -22,13 +22,24 @@ class Outcome:
     concurrencies: tuple[int, ...]
 
 
-def pareto_front(trials: list[Trial], limits: Constraints) -> list[Trial]:
-    """Candidates no other candidate beats on both throughput and p99 (at their headline points)."""
-    measured = [(t, t.headline(limits)) for t in trials if not t.error and t.points]
-    front = [t for t, p in measured
+def _headlines(trials: list[Trial], limits: Constraints) -> list[tuple[Trial, Point]]:
+    """Each measured trial with its headline point; failed and unmeasured trials have none."""
+    measured = []
+    for trial in trials:
+        point = trial.headline(limits)
+        if not trial.error and point is not None:
+            measured.append((trial, point))
+    return measured
+
+
+def pareto_front(trials: list[Trial], limits: Constraints) -> list[tuple[Trial, Point]]:
+    """Candidates no other candidate beats on both throughput and p99 (at their headline points),
+    each with that point, lowest p99 first."""
+    measured = _headlines(trials, limits)
+    front = [(t, p) for t, p in measured
              if not any(q.throughput >= p.throughput and q.p99_ms <= p.p99_ms and
                         (q.throughput > p.throughput or q.p99_ms < p.p99_ms) for _, q in measured)]
-    return sorted(front, key=lambda t: t.headline(limits).p99_ms)
+    return sorted(front, key=lambda pair: pair[1].p99_ms)
 
 
 def summary_figure(outcome: Outcome) -> bytes:
@@ -44,8 +55,7 @@ def summary_figure(outcome: Outcome) -> bytes:
         curve.plot([p.p99_ms for p in trial.points], [p.throughput for p in trial.points], marker="o",
                    markersize=5, linewidth=1, alpha=0.6, label=f"#{index + 1} {trial.candidate.label}")
     front = pareto_front(trials, outcome.limits)
-    curve.plot([t.headline(outcome.limits).p99_ms for t in front],
-               [t.headline(outcome.limits).throughput for t in front],
+    curve.plot([p.p99_ms for _, p in front], [p.throughput for _, p in front],
                color="black", linewidth=2, marker="o", markersize=11, markerfacecolor="none",
                label="Pareto front")
     if outcome.limits.max_p99_ms is not None:
@@ -94,10 +104,14 @@ def html_report(outcome: Outcome, figure_png: bytes, configs: dict[str, str]) ->
             "" if trial.memory_mb is None else f"{trial.memory_mb:.0f}",
             "" if trial.cpu_percent is None else f"{trial.cpu_percent:.0f}", status)) + "</tr>")
     limits = outcome.limits
-    constraint_text = ", ".join(filter(None, [
-        limits.max_p99_ms is not None and f"p99 &le; {limits.max_p99_ms:g} ms",
-        limits.min_throughput is not None and f"throughput &ge; {limits.min_throughput:g} infer/s",
-        limits.max_memory_mb is not None and f"memory &le; {limits.max_memory_mb:g} MB"])) or "none"
+    constraints = []
+    if limits.max_p99_ms is not None:
+        constraints.append(f"p99 &le; {limits.max_p99_ms:g} ms")
+    if limits.min_throughput is not None:
+        constraints.append(f"throughput &ge; {limits.min_throughput:g} infer/s")
+    if limits.max_memory_mb is not None:
+        constraints.append(f"memory &le; {limits.max_memory_mb:g} MB")
+    constraint_text = ", ".join(constraints) or "none"
     best_blocks = "".join(
         f"<h3>{html.escape(name)}: {html.escape(trial.candidate.label)}</h3><pre>{html.escape(configs[name])}</pre>"
         for name, trial in outcome.best.items())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 from tritium.analyze import resources
@@ -62,9 +63,9 @@ class Analysis:
         for model in models:
             base = self.control.config(model)
             plan_before = min(self.space(base).upper_bound, self.bounds.max_candidates)
-            walk = Walk(self.space(base), lambda c, m=model, b=base: self.evaluate(m, b, c, models),
+            walk = Walk(self.space(base), partial(self.evaluate, model, base, models=models),
                         self.limits, self.objective, self.bounds.max_candidates,
-                        lambda planned, before=plan_before: self.on_plan(total - before + planned))
+                        partial(self._replan, total - plan_before))
             trials += walk.run()
             total = total - plan_before + walk.planned
             chosen = walk.best()
@@ -74,6 +75,9 @@ class Analysis:
         for model in models:
             self.control.load(model)   # leave the server as the repository has it
         return trials, best
+
+    def _replan(self, planned_elsewhere: int, planned_here: int) -> None:
+        self.on_plan(planned_elsewhere + planned_here)
 
     def evaluate(self, model: str, base: dict, candidate: Candidate, models: list[str]) -> Trial:
         config = config_for(base, candidate)

@@ -14,6 +14,7 @@ from typing import Callable
 from tritium.analyze.space import Candidate, Space
 
 GAIN = 0.05      # below 5% better on both throughput and p99, a change counts as no gain
+NOT_MEASURED = "no load level was measured"
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class Trial:
         if self.error:
             return [self.error]
         point = self.headline(limits)
+        if point is None:   # no error, yet no figures: nothing shows that it meets the constraints
+            return [NOT_MEASURED]
         problems = []
         if limits.max_p99_ms is not None and point.p99_ms > limits.max_p99_ms:
             problems.append(f"p99 {point.p99_ms:.1f} ms > {limits.max_p99_ms:g} ms")
@@ -121,6 +124,9 @@ class Walk:
     def _better(self, a: Trial | None, b: Trial | None) -> Trial | None:
         if a is None or b is None:
             return a or b
+        return self._higher(a, b)
+
+    def _higher(self, a: Trial, b: Trial) -> Trial:
         return a if ranking_key(a, self.limits, self.objective) >= ranking_key(b, self.limits, self.objective) else b
 
     def run(self) -> list[Trial]:
@@ -160,11 +166,11 @@ class Walk:
             if trial is None:
                 return best
             if gains(trial, best, self.limits):
-                best = self._better(trial, best)
+                best = self._higher(trial, best)
             elif delay > start.max_queue_delay_us:
                 break    # longer delays than one that did not help will not help either
         preferred = self._try(replace(best.candidate, preferred_batch_sizes=(best.candidate.max_batch_size,)))
-        return best if preferred is None or not gains(preferred, best, self.limits) else self._better(preferred, best)
+        return best if preferred is None or not gains(preferred, best, self.limits) else self._higher(preferred, best)
 
     def _other_kinds(self, best: Trial) -> None:
         for kind in self.space.kinds:

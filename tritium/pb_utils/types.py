@@ -196,6 +196,7 @@ class InferenceRequest:
         self._timeout = timeout
         self._parameters = _parameters_json(parameters)
         self._sender = None
+        self._trace = trace   # a traced request's CallTrace; passed on, a BLS call joins its trace
 
     def inputs(self):
         return self._inputs
@@ -240,7 +241,7 @@ class InferenceRequest:
         self._release_flags = flags
 
     def trace(self):
-        return None
+        return self._trace
 
     def exec(self, decoupled=False):
         """Run this request on ``model_name`` and return its response (BLS)."""

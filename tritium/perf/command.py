@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 import orjson
@@ -10,6 +11,9 @@ import orjson
 from tritium.perf.errors import PerfError
 from tritium.perf.settings import (LoadLevel, Measurement, PerfSettings, Sequences, parse_float_range,
                                    parse_int_range)
+
+if TYPE_CHECKING:
+    from rich.status import Status   # rich is imported by Progress, when a command runs
 
 
 def parse_shapes(values) -> dict[str, list[int]]:
@@ -133,7 +137,7 @@ def settings_from(params: dict) -> PerfSettings:
                             params["num_of_sequences"]))
 
 
-def fail(error: PerfError) -> None:
+def fail(error: PerfError) -> NoReturn:
     click.echo(f"error: {error.message}", err=True)
     sys.exit(error.exit_code)
 
@@ -145,7 +149,7 @@ class Progress:
         from rich.console import Console
 
         self.console = Console(stderr=True, quiet=quiet)
-        self.status = None
+        self.status: Status | None = None   # the live line of the level being measured
 
     def window(self, level, index, window) -> None:
         text = (f"{level}: window {index}, {window.throughput:.1f} req/s, "

@@ -111,6 +111,13 @@ class _Sequences:
         spread = self.spec.length * self.spec.variation_percent / 100
         return max(1, round(self.spec.length + self.rng.uniform(-spread, spread)))
 
+    def advance(self, slots: list[_Sequence], index: int) -> tuple[Prepared, dict]:
+        """The next request of sequence slot ``index``; a finished sequence makes way for a new one."""
+        request, flags = slots[index].next_request()
+        if slots[index].done:
+            slots[index] = self.new()
+        return request, flags
+
 
 class LoadDriver:
     """Sends one model's requests for one level, recording each latency into the tally."""
@@ -131,23 +138,18 @@ class LoadDriver:
             return
         tally.latencies_ns.append(time.perf_counter_ns() - start)
 
-    def _from(self, slots: list[_Sequence], index: int) -> tuple[Prepared, dict]:
-        """The next request of sequence slot ``index``; a finished sequence makes way for a new one."""
-        request, flags = slots[index].next_request()
-        if slots[index].done:
-            slots[index] = self.sequences.new()
-        return request, flags
-
     async def closed_loop(self, tally: _Tally) -> None:
-        slots = [self.sequences.new()] if self.sequences else []
+        sequences = self.sequences
+        slots = [sequences.new()] if sequences else []
         while not tally.stop:
-            request, flags = self._from(slots, 0) if slots else (next(self.next_request), {})
+            request, flags = sequences.advance(slots, 0) if sequences else (next(self.next_request), {})
             await self._one(tally, request, flags)
 
     async def open_loop(self, tally: _Tally, rate: float) -> None:
         """Requests at ``rate`` per second, constant or Poisson, whether or not answers keep up."""
         rng = random.Random(0)
-        slots = [self.sequences.new() for _ in range(self.settings.sequences.count)] if self.sequences else []
+        sequences = self.sequences
+        slots = [sequences.new() for _ in range(self.settings.sequences.count)] if sequences else []
         picker = itertools.cycle(range(len(slots)))
         in_flight: set[asyncio.Task] = set()
         due = time.monotonic()
@@ -156,7 +158,8 @@ class LoadDriver:
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            request, flags = self._from(slots, next(picker)) if slots else (next(self.next_request), {})
+            request, flags = (sequences.advance(slots, next(picker)) if sequences and slots
+                              else (next(self.next_request), {}))
             task = asyncio.ensure_future(self._one(tally, request, flags))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)

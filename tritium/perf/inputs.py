@@ -21,7 +21,7 @@ from tritium.perf.errors import USAGE, PerfError
 @dataclass(frozen=True)
 class InputSpec:
     name: str
-    datatype: str
+    datatype: datatypes.DataType
     shape: tuple[int, ...]     # one sample's shape (no batch dimension)
 
 
@@ -33,8 +33,16 @@ def input_specs(metadata: dict, batching: bool, shapes: dict[str, list[int]]) ->
     for tensor in metadata["inputs"]:
         dims = [int(d) for d in tensor["shape"]][1 if batching else 0:]
         shape = list(shapes.get(tensor["name"]) or dims)
-        specs.append(InputSpec(tensor["name"], tensor["datatype"], tuple(shape)))
+        specs.append(InputSpec(tensor["name"], _datatype(tensor), tuple(shape)))
     return specs
+
+
+def _datatype(tensor: dict) -> datatypes.DataType:
+    found = datatypes.from_name(tensor["datatype"])
+    if found is None:
+        raise PerfError(f"input '{tensor['name']}' has datatype '{tensor['datatype']}', which is not a "
+                        f"KServe v2 datatype")
+    return found
 
 
 def generated_steps(specs: list[InputSpec], random: bool, string_length: int) -> list[list[Step]]:
@@ -50,7 +58,7 @@ def generated_steps(specs: list[InputSpec], random: bool, string_length: int) ->
 
 
 def _generated(spec: InputSpec, random: bool, string_length: int, rng) -> np.ndarray:
-    kind = datatypes.from_name(spec.datatype)
+    kind = spec.datatype
     count = int(np.prod(spec.shape)) if spec.shape else 1
     if kind.is_bytes:
         text = "x" * string_length if not random else None
@@ -90,7 +98,7 @@ def _file_step(path: str, step: dict, by_name: dict[str, InputSpec]) -> Step:
 
 
 def _file_value(path: str, spec: InputSpec, value) -> np.ndarray:
-    kind = datatypes.from_name(spec.datatype)
+    kind = spec.datatype
     shape = spec.shape
     if isinstance(value, dict) and "b64" in value:
         raw = base64.b64decode(value["b64"])

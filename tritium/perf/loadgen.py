@@ -86,6 +86,8 @@ class _Connection(asyncio.Protocol):
 
     async def send(self, request: bytes) -> int:
         self.body.clear()
+        if self.transport is None:
+            raise ConnectionError("send before the connection was made")
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(request)
         return await self.waiter
@@ -94,7 +96,7 @@ class _Connection(asyncio.Protocol):
 async def _worker(workload: Workload, result: LevelResult, stop_at: float, record_from: float,
                   budget: list[int]) -> None:
     loop = asyncio.get_running_loop()
-    _, connection = await loop.create_connection(_Connection, workload.host, workload.port)
+    transport, connection = await loop.create_connection(_Connection, workload.host, workload.port)
     clock = time.perf_counter_ns
     try:
         while budget[0] != 0 and time.monotonic() < stop_at:
@@ -110,7 +112,7 @@ async def _worker(workload: Workload, result: LevelResult, stop_at: float, recor
                 if not result.first_error:
                     result.first_error = f"HTTP {status}: {bytes(connection.body[:300]).decode(errors='replace')}"
     finally:
-        connection.transport.close()
+        transport.close()
 
 
 async def run_level(workload: Workload, concurrency: int, duration_s: float | None = None,

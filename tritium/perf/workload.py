@@ -28,6 +28,8 @@ def get_json(host: str, port: int, path: str, method: str = "GET", body: bytes |
 def _tensor_data(datatype: str, shape: list[int], random: bool, rng) -> np.ndarray:
     count = int(np.prod(shape)) if shape else 1
     dt = datatypes.from_name(datatype)
+    if dt is None:
+        raise ValueError(f"the model's metadata names datatype '{datatype}', which is not a KServe v2 datatype")
     if dt.is_bytes:
         return np.array([b"x" * 16] * count, dtype=np.object_).reshape(shape)
     if dt.numpy is None:

@@ -113,6 +113,8 @@ class ControlOp(str, enum.Enum):
     LOG_SETTINGS = "log_settings"      # args: changes
     SHM_REGISTER = "shm_register"      # args: name, key, offset, byte_size
     SHM_UNREGISTER = "shm_unregister"  # args: name (absent: every region)
+    TRACE_SETTINGS = "trace_settings"  # Triton's trace settings (args: model, changes)
+    TRACE_DONE = "trace_done"          # a gateway wrote a trace (args: model), for trace_count
 
 
 class Role(str, enum.Enum):
@@ -266,6 +268,8 @@ class Infer(Message, frozen=True, tag=int(Kind.INFER)):
     sequence_id: Annotated[int | str | None, doc("sequence (correlation) id")] = field(default=None, name="cid")
     sequence_flags: Annotated[int, doc("sequence flags: 1 START, 2 END")] = field(default=0, name="sf")
     external: Annotated[int, doc("external frames that follow")] = field(default=0, name="x")
+    trace: Annotated[bytes | None, doc("traced requests: the trace id (16 bytes) and its model span's id (8)")] = field(
+        default=None, name="tr")
 
 
 class Response(Message, frozen=True, tag=int(Kind.RESPONSE)):
@@ -282,6 +286,8 @@ class Response(Message, frozen=True, tag=int(Kind.RESPONSE)):
     final: Annotated[bool | None, doc("decoupled models: false while more responses follow")] = None
     empty: Annotated[bool, doc("a decoupled model's response without outputs")] = False
     external: Annotated[int, doc("external frames that follow")] = field(default=0, name="x")
+    trace: Annotated[dict | None, doc("traced requests: every stamp made after the gateway, "
+                                      "{at, ts, batch, steps}")] = field(default=None, name="tr")
 
 
 class Batch(Message, frozen=True, tag=int(Kind.BATCH)):
@@ -292,6 +298,8 @@ class Batch(Message, frozen=True, tag=int(Kind.BATCH)):
     count: Annotated[int, doc("INFER records that follow")] = field(name="n")
     slots: Annotated[list | None, doc("stateful models: the sequence slot of each request")] = field(
         default=None, name="sl")
+    trace: Annotated[dict | None, doc("traced requests: the broker's stamps, {at, r: {index: [queue_start_ns, "
+                                      "compute_start_ns]}}")] = field(default=None, name="tr")
 
 
 class BatchDone(Message, frozen=True, tag=int(Kind.BATCH_DONE)):
@@ -345,6 +353,7 @@ class Models(Message, frozen=True, tag=int(Kind.MODELS)):
     ready: Annotated[bool, doc("strict server readiness")]
     shared_memory: Annotated[tuple[SharedMemoryRegion, ...], doc("client shared memory regions")] = field(
         name="shm")
+    trace: Annotated[dict | None, doc("Triton's trace settings, which every gateway samples with")] = None
 
 
 class LogSettings(Message, frozen=True, tag=int(Kind.LOG_SETTINGS)):

@@ -76,6 +76,7 @@ class InferenceRequest:
     flags: int = 0                        # sequence START (1) / END (2), as Triton's request flags
     # Decoupled models only: send(response or None, final) answers this request, 0..N times.
     response_sender: Callable[[Optional["InferenceResponse"], bool], None] | None = None
+    trace: object = None                  # traced: a CallTrace (tritium/tracing/stamps.py), request.trace() in Python models
 
 
 @dataclass

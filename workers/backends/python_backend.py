@@ -152,7 +152,8 @@ class PythonInstance(Instance):
             requested_output_names=set(request.requested_outputs if request.requested_outputs is not None
                                        else self.output_names),
             model_name=self.context.model.name, model_version=self.context.model.version,
-            parameters=json.dumps(request.parameters) if request.parameters else "{}")  # checked by the gateway
+            parameters=json.dumps(request.parameters) if request.parameters else "{}",  # checked by the gateway
+            trace=request.trace)
         if request.response_sender is not None:
             send = request.response_sender
             pb_request._sender = self.pb.InferenceResponseSender(

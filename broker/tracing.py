@@ -1,0 +1,62 @@
+"""Triton's trace extension, the broker's part: the one copy of the settings every gateway
+samples with (pushed to them in the model table), the trace count, and the trace file.
+
+Gateways seed the settings with their startup flags (the first to connect wins: a
+deployment's gateways share one configuration), ask for and change them with CONTROL
+``trace_settings``, and report each finished trace with CONTROL ``trace_done``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tritium.tracing.settings import TraceSettings, TraceSettingsStore
+from tritium.tracing.triton_file import TraceFile
+
+log = logging.getLogger(__name__)
+
+
+class BrokerTracing:
+    def __init__(self) -> None:
+        self.store: TraceSettingsStore | None = None
+        self.file = TraceFile()
+
+    def settings(self, args: dict) -> dict:
+        """CONTROL ``trace_settings``: seed (``startup``), change (``changes``) and read the
+        settings of ``model`` (None: the global ones), answered as Triton writes them."""
+        self._seed(args)
+        model = args.get("model")
+        changes = args.get("changes")
+        if changes:
+            before = self.store.effective(model)
+            settings = self.store.update(model, changes)
+            if settings.file != before.file or settings.log_frequency != before.log_frequency:
+                self.file.flush()
+            log.info("trace settings%s changed: %s", f" of model '{model}'" if model else "", settings.as_triton())
+        return self.store.effective(model).as_triton()
+
+    def done(self, args: dict) -> None:
+        """CONTROL ``trace_done``: one trace was taken (and, in triton mode, its tree to write)."""
+        self._seed(args)
+        model = args.get("model")
+        settings = self.store.effective(model)
+        if args.get("tree") is not None and settings.file:
+            self.file.add(settings.file, settings.log_frequency, args["tree"])
+        if self.store.took_one(model):
+            self.file.flush(indexed=True)   # the count ran out: what was taken is written, as Triton does
+
+    def _seed(self, args: dict) -> None:
+        """The first gateway to speak (to this broker process: a restarted one starts over) gives
+        the startup settings."""
+        if self.store is None:
+            self.store = TraceSettingsStore(TraceSettings.from_wire(args.get("startup") or {}))
+
+    @property
+    def revision(self) -> int:
+        return self.store.revision if self.store is not None else -1
+
+    def as_wire(self) -> dict | None:
+        return None if self.store is None else self.store.as_wire()
+
+    def close(self) -> None:
+        self.file.flush()

@@ -1,0 +1,386 @@
+"""The server side of HTTP/2 (RFC 9113) as gRPC uses it: frames in, callbacks out, bytes to send
+buffered. No I/O: gateway/grpc_server.py feeds it what the socket reads and writes what it holds.
+
+Written for what gRPC needs, not for the web: no server push, no priorities (read and
+ignored), no padding sent. Flow control is kept both ways: received data is handed back
+(WINDOW_UPDATE) once half a window is taken, and what we send never passes the client's
+windows (``send_window``; the caller waits for ``on_window``). Header blocks are decoded
+with ``hpack``; a block seen before whose decoding left the dynamic table as it was (gRPC
+clients repeat the same indexed headers on every call) is answered from a small cache.
+Headers we send are literals without indexing, so their bytes never depend on the table
+and the constant ones are encoded once.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+import hpack
+from hpack.exceptions import HPACKError
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+END_STREAM = ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+
+# Error codes (RFC 9113 section 7).
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+
+# Settings identifiers.
+HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 1, 2, 3, 4, 5
+
+DEFAULT_WINDOW = 65535
+DEFAULT_FRAME = 16384
+MAX_WINDOW = 2**31 - 1
+_HEAD = struct.Struct(">IBI")   # length << 8 | type, flags, stream id
+_CACHE_LIMIT = 64
+
+
+class ConnectionFailure(Exception):
+    """The connection cannot go on: a GOAWAY with ``code`` ends it."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return _HEAD.pack(len(payload) << 8 | kind, flags, stream_id) + payload
+
+
+def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
+    """HPACK's prefixed integer (RFC 7541 section 5.1)."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A header block of literals without indexing (``:status: 200`` as its static index)."""
+    out = []
+    for name, value in headers:
+        if name == b":status" and value == b"200":
+            out.append(b"\x88")
+            continue
+        out += (b"\x00", _integer(len(name), 7), name, _integer(len(value), 7), value)
+    return b"".join(out)
+
+
+class _Stream:
+    __slots__ = ("send_window", "unacknowledged", "remote_closed", "local_closed")
+
+    def __init__(self, send_window: int) -> None:
+        self.send_window = send_window
+        self.unacknowledged = 0      # bytes received and not yet handed back
+        self.remote_closed = False
+        self.local_closed = False
+
+
+class Http2Connection:
+    """One connection's HTTP/2 state. The callbacks: ``on_headers(stream_id, headers, end_stream)``
+    for a new stream's request headers, ``on_data(stream_id, data, end_stream)``,
+    ``on_reset(stream_id)``, ``on_window(stream_id)`` (0: the connection's window grew),
+    ``on_goaway()``."""
+
+    def __init__(self, on_headers: Callable, on_data: Callable, on_reset: Callable, on_window: Callable,
+                 on_goaway: Callable, window: int = DEFAULT_WINDOW, max_frame: int = DEFAULT_FRAME) -> None:
+        self.on_headers, self.on_data, self.on_reset = on_headers, on_data, on_reset
+        self.on_window, self.on_goaway = on_window, on_goaway
+        self.window, self.max_frame = window, max_frame      # what we take
+        self.peer_window = DEFAULT_WINDOW                    # the client's initial stream window
+        self.peer_max_frame = DEFAULT_FRAME
+        self.send_window = DEFAULT_WINDOW                    # the connection's, for what we send
+        self.streams: dict[int, _Stream] = {}
+        self.last_stream_id = 0
+        self.going_away = False
+        self._unacknowledged = 0
+        self._buffer = bytearray()
+        self._preface = False
+        self._continuing: tuple[int, int, bytearray] | None = None   # stream, flags, header block so far
+        self._decoder = hpack.Decoder()
+        self._decoded: dict[bytes, list] = {}
+        self._out: list[bytes] = []
+
+    def start(self) -> None:
+        """Our SETTINGS (the first frame a server sends) and the connection window."""
+        settings = struct.pack(">HIHIHI", MAX_CONCURRENT_STREAMS, MAX_WINDOW, INITIAL_WINDOW_SIZE, self.window,
+                               MAX_FRAME_SIZE, self.max_frame)
+        self._out.append(frame(SETTINGS, 0, 0, settings))
+        if self.window > DEFAULT_WINDOW:
+            self._out.append(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.window - DEFAULT_WINDOW)))
+
+    def data_to_send(self) -> bytes:
+        out, self._out = self._out, []
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    # -- receiving -----------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> None:
+        """Every complete frame in what has arrived; ConnectionFailure when the client broke the protocol."""
+        if self._buffer:
+            self._buffer += data
+            buffer = self._buffer
+        else:
+            buffer = data
+        position = 0
+        if not self._preface:
+            if len(buffer) < len(PREFACE):
+                if not PREFACE.startswith(bytes(buffer)):
+                    raise ConnectionFailure(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                self._keep(buffer, 0)
+                return
+            if buffer[:len(PREFACE)] != PREFACE:
+                raise ConnectionFailure(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+            self._preface, position = True, len(PREFACE)
+        size = len(buffer)
+        while size - position >= 9:
+            length_kind, flags, stream_id = _HEAD.unpack_from(buffer, position)
+            length, kind = length_kind >> 8, length_kind & 0xFF
+            if length > self.max_frame:
+                raise ConnectionFailure(FRAME_SIZE_ERROR, f"a frame of {length} bytes, over {self.max_frame}")
+            end = position + 9 + length
+            if end > size:
+                break
+            payload = bytes(buffer[position + 9:end])
+            position = end
+            self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload)
+        self._keep(buffer, position)
+
+    def _keep(self, buffer, position: int) -> None:
+        if buffer is self._buffer:
+            del buffer[:position]
+        elif position < len(buffer):
+            self._buffer = bytearray(buffer[position:])
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._continuing is not None and kind != CONTINUATION:
+            raise ConnectionFailure(PROTOCOL_ERROR, "a header block was interrupted")
+        if kind == DATA:
+            self._data(flags, stream_id, payload)
+        elif kind == HEADERS:
+            self._headers(flags, stream_id, payload)
+        elif kind == CONTINUATION:
+            self._continuation(flags, stream_id, payload)
+        elif kind == WINDOW_UPDATE:
+            self._window_update(stream_id, payload)
+        elif kind == SETTINGS:
+            self._settings(flags, stream_id, payload)
+        elif kind == PING:
+            if stream_id or len(payload) != 8:
+                raise ConnectionFailure(FRAME_SIZE_ERROR if stream_id == 0 else PROTOCOL_ERROR, "a malformed PING")
+            if not flags & ACK:
+                self._out.append(frame(PING, ACK, 0, payload))
+        elif kind == RST_STREAM:
+            if stream_id == 0 or len(payload) != 4:
+                raise ConnectionFailure(PROTOCOL_ERROR, "a malformed RST_STREAM")
+            if self.streams.pop(stream_id, None) is not None:
+                self.on_reset(stream_id)
+        elif kind == GOAWAY:
+            self.going_away = True
+            self.on_goaway()
+        elif kind == PUSH_PROMISE:
+            raise ConnectionFailure(PROTOCOL_ERROR, "a client may not push")
+        # PRIORITY and unknown frame types are ignored, as RFC 9113 says.
+
+    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise ConnectionFailure(PROTOCOL_ERROR, "DATA on stream 0")
+        length = len(payload)
+        self._unacknowledged += length
+        if self._unacknowledged > self.window // 2:
+            self._out.append(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._unacknowledged)))
+            self._unacknowledged = 0
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.remote_closed:   # one we reset or answered: its data is dropped
+            if stream_id > self.last_stream_id:
+                raise ConnectionFailure(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+            return
+        if flags & PADDED:
+            payload = self._unpadded(payload)
+        end = bool(flags & END_STREAM)
+        if end:
+            stream.remote_closed = True
+            self._forget_if_closed(stream_id, stream)
+        else:
+            stream.unacknowledged += length
+            if stream.unacknowledged > self.window // 2:
+                self._out.append(frame(WINDOW_UPDATE, 0, stream_id, struct.pack(">I", stream.unacknowledged)))
+                stream.unacknowledged = 0
+        self.on_data(stream_id, payload, end)
+
+    def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id % 2 == 0:
+            raise ConnectionFailure(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}, not a client's")
+        if flags & PADDED:
+            payload = self._unpadded(payload)
+        if flags & PRIORITY_FLAG:
+            payload = payload[5:]
+        if flags & END_HEADERS:
+            self._header_block(stream_id, flags, payload)
+        else:
+            self._continuing = (stream_id, flags, bytearray(payload))
+
+    def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._continuing is None or self._continuing[0] != stream_id:
+            raise ConnectionFailure(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+        self._continuing[2].extend(payload)
+        if len(self._continuing[2]) > 16 * 1024 * 1024:
+            raise ConnectionFailure(PROTOCOL_ERROR, "a header block over 16 MiB")
+        if flags & END_HEADERS:
+            stream_id, first_flags, block = self._continuing
+            self._continuing = None
+            self._header_block(stream_id, first_flags, bytes(block))
+
+    def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
+        headers = self._decode(block)
+        end = bool(flags & END_STREAM)
+        stream = self.streams.get(stream_id)
+        if stream is not None:   # trailers from the client: they only end its side
+            if not end:
+                raise ConnectionFailure(PROTOCOL_ERROR, f"a second header block on stream {stream_id} without END_STREAM")
+            stream.remote_closed = True
+            self._forget_if_closed(stream_id, stream)
+            self.on_data(stream_id, b"", True)
+            return
+        if stream_id <= self.last_stream_id:   # a stream we reset or finished: decoded (for HPACK), then ignored
+            return
+        self.last_stream_id = stream_id
+        stream = self.streams[stream_id] = _Stream(self.peer_window)
+        stream.remote_closed = end
+        self.on_headers(stream_id, headers, end)
+
+    def _decode(self, block: bytes) -> list:
+        """The block's headers; a repeated block that changed nothing in the table from the cache."""
+        cached = self._decoded.get(block)
+        if cached is not None:
+            return cached
+        entries = self._decoder.header_table.dynamic_entries
+        before = (len(entries), entries[0] if entries else None)
+        try:
+            headers = self._decoder.decode(block, raw=True)
+        except HPACKError as exc:
+            raise ConnectionFailure(COMPRESSION_ERROR, f"a header block that cannot be decoded: {exc}") from None
+        if before == (len(entries), entries[0] if entries else None):
+            if len(self._decoded) >= _CACHE_LIMIT:
+                self._decoded.clear()
+            self._decoded[block] = headers
+        else:   # the table changed: what was cached may now mean something else
+            self._decoded.clear()
+        return headers
+
+    def _window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ConnectionFailure(FRAME_SIZE_ERROR, "a malformed WINDOW_UPDATE")
+        increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if stream_id == 0:
+            if increment == 0:
+                raise ConnectionFailure(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+            self.send_window += increment
+            if self.send_window > MAX_WINDOW:
+                raise ConnectionFailure(FLOW_CONTROL_ERROR, "the connection window passed 2^31-1")
+            self.on_window(0)
+            return
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return
+        if increment == 0 or stream.send_window + increment > MAX_WINDOW:
+            self.reset(stream_id, PROTOCOL_ERROR if increment == 0 else FLOW_CONTROL_ERROR)
+            self.on_reset(stream_id)
+            return
+        stream.send_window += increment
+        self.on_window(stream_id)
+
+    def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id:
+            raise ConnectionFailure(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
+            return
+        if len(payload) % 6:
+            raise ConnectionFailure(FRAME_SIZE_ERROR, "a malformed SETTINGS")
+        grown = False
+        for offset in range(0, len(payload), 6):
+            key, value = struct.unpack_from(">HI", payload, offset)
+            if key == INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ConnectionFailure(FLOW_CONTROL_ERROR, "an initial window over 2^31-1")
+                delta, self.peer_window = value - self.peer_window, value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+                grown = grown or delta > 0
+            elif key == MAX_FRAME_SIZE:
+                if not DEFAULT_FRAME <= value <= 2**24 - 1:
+                    raise ConnectionFailure(PROTOCOL_ERROR, f"a maximum frame size of {value}")
+                self.peer_max_frame = value
+            elif key == ENABLE_PUSH and value > 1:
+                raise ConnectionFailure(PROTOCOL_ERROR, "ENABLE_PUSH other than 0 or 1")
+        self._out.append(frame(SETTINGS, ACK, 0))
+        if grown:
+            self.on_window(0)
+
+    @staticmethod
+    def _unpadded(payload: bytes) -> bytes:
+        padding = payload[0] if payload else 0
+        if not payload or padding >= len(payload):
+            raise ConnectionFailure(PROTOCOL_ERROR, "padding longer than its frame")
+        return payload[1:len(payload) - padding]
+
+    # -- sending -------------------------------------------------------------------------
+
+    def window_for(self, stream_id: int) -> int:
+        """How many bytes of DATA the stream may send now (0 for a stream that is gone)."""
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return 0
+        return min(stream.send_window, self.send_window, self.peer_max_frame)
+
+    def is_open(self, stream_id: int) -> bool:
+        return stream_id in self.streams
+
+    def send_headers(self, stream_id: int, block: bytes, end_stream: bool = False) -> None:
+        """A header block (see encode_headers); CONTINUATION frames when it passes the client's frame size."""
+        limit = self.peer_max_frame
+        flags = END_STREAM if end_stream else 0
+        if len(block) <= limit:
+            self._out.append(frame(HEADERS, flags | END_HEADERS, stream_id, block))
+        else:
+            chunks = [block[i:i + limit] for i in range(0, len(block), limit)]
+            self._out.append(frame(HEADERS, flags, stream_id, chunks[0]))
+            for index, chunk in enumerate(chunks[1:], 2):
+                self._out.append(frame(CONTINUATION, END_HEADERS if index == len(chunks) else 0, stream_id, chunk))
+        if end_stream:
+            self._end_local(stream_id)
+
+    def send_data(self, stream_id: int, data: bytes) -> None:
+        """DATA within the windows: the caller asked ``window_for`` first."""
+        stream = self.streams[stream_id]
+        stream.send_window -= len(data)
+        self.send_window -= len(data)
+        self._out.append(frame(DATA, 0, stream_id, data))
+
+    def reset(self, stream_id: int, code: int) -> None:
+        self._out.append(frame(RST_STREAM, 0, stream_id, struct.pack(">I", code)))
+        self.streams.pop(stream_id, None)
+
+    def go_away(self, code: int = NO_ERROR, message: str = "") -> None:
+        self._out.append(frame(GOAWAY, 0, 0, struct.pack(">II", self.last_stream_id, code) + message.encode()))
+
+    def _end_local(self, stream_id: int) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            stream.local_closed = True
+            self._forget_if_closed(stream_id, stream)
+
+    def _forget_if_closed(self, stream_id: int, stream: _Stream) -> None:
+        if stream.local_closed and stream.remote_closed:
+            del self.streams[stream_id]

@@ -1,0 +1,456 @@
+"""gRPC served on the gateway's own event loop: an asyncio Protocol over the HTTP/2 of
+gateway/grpc_http2.py, as gateway/http_server.py serves HTTP/1.1 on httptools.
+
+Each HTTP/2 stream is one call, dispatched by ``:path`` to the servicer in
+gateway/grpc_api.py. ModelInfer takes the callback path (``infer_then``: no task, no
+future; the answer is written in the event-loop turn that reads the broker's reply);
+the other unary RPCs run the servicer's coroutine in a task; ModelStreamInfer runs its
+async generator over a queue of the stream's requests. What a gRPC server owes its
+clients is kept: message size limits checked from the length prefix, gzip/deflate
+request messages, ``grpc-timeout`` deadlines, flow control both ways (received data
+acknowledged as it is taken; responses wait for the client's window), PING acks, and a
+graceful drain (GOAWAY, calls in flight finished, then the connections closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+
+from tritium.gateway.dataplane import DataPlane
+from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, rpc_methods
+from tritium.gateway.grpc_http2 import (NO_ERROR, REFUSED_STREAM, ConnectionFailure, Http2Connection, encode_headers)
+from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader, frame,
+                               parse_timeout, percent_encoded, too_large)
+from tritium.gateway.restricted import RestrictedApis
+from tritium.errors import TritiumError
+from tritium.ports import bound_socket
+
+log = logging.getLogger(__name__)
+
+_RESPONSE_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc"),
+                     (b"grpc-accept-encoding", ACCEPTED_ENCODINGS)]
+_RESPONSE_BLOCK = encode_headers(_RESPONSE_HEADERS)
+_OK_BLOCK = encode_headers([(b"grpc-status", b"0")])
+_NOT_GRPC_BLOCK = encode_headers([(b":status", b"415"), (b"content-type", b"text/plain")])
+_WINDOW = 16 * 1024 * 1024         # what a client may send ahead of our acknowledgements
+_MAX_FRAME = 1024 * 1024           # the largest DATA frame we take (fewer frames for big tensors)
+_NOT_METADATA = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
+_DEADLINE_EXCEEDED = GrpcFailure(STATUS["DEADLINE_EXCEEDED"], "Deadline Exceeded")
+_END = object()   # the client half-closed a streaming call
+
+
+@dataclass(frozen=True)
+class Rpc:
+    name: str
+    streaming: bool
+    parse: object        # bytes -> request message, or UNPARSABLE
+    serialize: object    # response message -> bytes
+    handler: object      # the servicer's coroutine function (async generator for streaming)
+
+
+def status_of(error: TritiumError) -> GrpcFailure:
+    return GrpcFailure(STATUS[error.code.grpc_code_name], error.message)
+
+
+class CallContext:
+    """What the servicer's methods ask of grpc.aio's context: the metadata, and abort."""
+
+    __slots__ = ("_headers",)
+
+    def __init__(self, headers: list) -> None:
+        self._headers = headers
+
+    def invocation_metadata(self) -> tuple:
+        return tuple((name.decode("latin-1"),
+                      base64.b64decode(value + b"==") if name.endswith(b"-bin") else value.decode("latin-1"))
+                     for name, value in self._headers)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
+        raise GrpcFailure(code.value[0], details)
+
+
+class _Call:
+    """One stream: its request bytes, the work answering it, and what waits on the send window."""
+
+    __slots__ = ("id", "rpc", "headers", "reader", "messages", "requests", "task", "timer", "headers_sent",
+                 "done", "remote_closed", "pending", "trailers")
+
+    def __init__(self, stream_id: int, rpc: Rpc | None, headers: list, reader: MessageReader) -> None:
+        self.id, self.rpc, self.headers, self.reader = stream_id, rpc, headers, reader
+        self.messages: list[bytes] = []
+        self.requests: asyncio.Queue | None = None    # streaming calls: parsed requests, then _END
+        self.task: asyncio.Task | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.headers_sent = False
+        self.done = False               # its status is decided (sent, or waiting behind data)
+        self.remote_closed = False
+        self.pending: deque[memoryview] = deque()   # what the client's window has no room for yet
+        self.trailers: bytes | None = None     # the trailers' header block, sent after ``pending``
+
+
+class _Requests:
+    """A streaming call's requests as the async iterator grpc.aio hands its servicers."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self, queue: asyncio.Queue) -> None:
+        self.queue = queue
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        item = await self.queue.get()
+        if item is _END:
+            raise StopAsyncIteration
+        return item
+
+
+@dataclass(eq=False)
+class _Shared:
+    servicer: GrpcInferenceService
+    rpcs: dict[bytes, Rpc]
+    max_message_bytes: int
+    open: set = field(default_factory=set)
+    draining: bool = False
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class GrpcConnection(asyncio.Protocol):
+    """One client connection: HTTP/2 frames in and out, each stream a call."""
+
+    def __init__(self, shared: _Shared, loop: asyncio.AbstractEventLoop) -> None:
+        self.shared, self.loop = shared, loop
+        self.transport: asyncio.Transport | None = None
+        self.http2 = Http2Connection(self._request, self._data, self._reset_by_client, self._window_grew,
+                                     self._client_going_away, window=_WINDOW, max_frame=_MAX_FRAME)
+        self.calls: dict[int, _Call] = {}      # streams not yet answered, or answered but still sending
+        self.flush_scheduled = False
+        self.closed = False
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.shared.open.add(self)
+        self.http2.start()
+        self._flush()
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        for call in list(self.calls.values()):
+            self._forget(call)
+        self.shared.open.discard(self)
+        if self.shared.draining and not self.shared.open:
+            self.shared.drained.set()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.http2.receive(data)
+        except ConnectionFailure as failure:
+            log.debug("gRPC connection closed: %s", failure)
+            self.http2.go_away(failure.code, str(failure))
+            self._flush()
+            self.close()
+            return
+        self._flush()
+
+    # -- HTTP/2 callbacks ----------------------------------------------------------------
+
+    def _request(self, stream_id: int, headers: list, end_stream: bool) -> None:
+        path = content_type = encoding = timeout = None
+        metadata = []
+        for name, value in headers:
+            if name[:1] == b":":
+                if name == b":path":
+                    path = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"grpc-encoding":
+                encoding = value
+            elif name == b"grpc-timeout":
+                timeout = parse_timeout(value)
+            elif name not in _NOT_METADATA:
+                metadata.append((name, value))
+        if self.shared.draining:   # past our GOAWAY: the client may retry it elsewhere
+            self.http2.reset(stream_id, REFUSED_STREAM)
+            return
+        if content_type is None or not content_type.startswith(b"application/grpc"):
+            self.http2.send_headers(stream_id, _NOT_GRPC_BLOCK, end_stream=True)
+            if not end_stream:
+                self.http2.reset(stream_id, NO_ERROR)
+            return
+        call = _Call(stream_id, self.shared.rpcs.get(path), metadata,
+                     MessageReader(self.shared.max_message_bytes, encoding))
+        call.remote_closed = end_stream
+        self.calls[stream_id] = call
+        if call.rpc is None:
+            self._fail(call, GrpcFailure(STATUS["UNIMPLEMENTED"], f"unknown RPC {(path or b'').decode('latin-1')}"))
+            return
+        if timeout is not None:
+            call.timer = self.loop.call_later(timeout, self._expire, call)
+        if call.rpc.streaming:
+            call.requests = asyncio.Queue()
+            responses = call.rpc.handler(_Requests(call.requests), CallContext(call.headers))
+            call.task = self.loop.create_task(self._serve(call, responses))
+        if end_stream:
+            self._ended(call)
+
+    def _data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        call = self.calls.get(stream_id)
+        if call is None or call.done:
+            return
+        if data:
+            try:
+                messages = call.reader.feed(data)
+            except GrpcFailure as failure:
+                self._fail(call, failure)
+                return
+            if call.requests is None:
+                call.messages += messages
+            else:
+                for message in messages:
+                    call.requests.put_nowait(call.rpc.parse(message))
+        if end_stream:
+            call.remote_closed = True
+            self._ended(call)
+
+    def _ended(self, call: _Call) -> None:
+        """The client has sent all of the call's requests."""
+        if call.reader.partial:
+            self._fail(call, GrpcFailure(INTERNAL, "the request stream ended inside a message"))
+        elif call.requests is not None:
+            call.requests.put_nowait(_END)
+        elif len(call.messages) != 1:
+            self._fail(call, GrpcFailure(INTERNAL, f"a unary call needs one request message, got {len(call.messages)}"))
+        else:
+            self._unary(call, call.rpc.parse(call.messages.pop()))
+
+    def _reset_by_client(self, stream_id: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            self._forget(call)
+
+    def _window_grew(self, stream_id: int) -> None:
+        if stream_id:
+            call = self.calls.get(stream_id)
+            if call is not None and call.pending:
+                self._send_pending(call)
+        else:
+            for call in [c for c in self.calls.values() if c.pending]:
+                self._send_pending(call)
+
+    def _client_going_away(self) -> None:
+        if not self.calls:
+            self.close()
+
+    # -- calls -------------------------------------------------------------------------
+
+    def _unary(self, call: _Call, request) -> None:
+        if call.rpc.name == "ModelInfer":
+            try:
+                self.shared.servicer.infer_then(request, call.headers, lambda answer: self._answered(call, answer))
+            except TritiumError as exc:
+                self._fail(call, status_of(exc))
+            except Exception as exc:
+                self._fail(call, _internal(call, exc))
+            return
+        responses = _one(call.rpc.handler, request, CallContext(call.headers))
+        call.task = self.loop.create_task(self._serve(call, responses))
+
+    def _answered(self, call: _Call, answer) -> None:
+        """ModelInfer's answer, from the broker link's callback."""
+        if call.done:   # the client reset it, or its deadline passed
+            return
+        try:
+            if isinstance(answer, TritiumError):
+                self._fail(call, status_of(answer))
+            else:
+                self._send_message(call, answer.SerializeToString())
+                self._finish(call, OK, "")
+        except GrpcFailure as failure:
+            self._fail(call, failure)
+        except Exception as exc:
+            self._fail(call, _internal(call, exc))
+        self._flush_soon()
+
+    async def _serve(self, call: _Call, responses) -> None:
+        """A call the servicer answers as a coroutine: each response leaves as it comes."""
+        try:
+            async for response in responses:
+                if call.done:
+                    return
+                self._send_message(call, call.rpc.serialize(response))
+                self._flush_soon()
+            self._finish(call, OK, "")
+        except GrpcFailure as failure:
+            self._fail(call, failure)
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:
+            self._fail(call, _internal(call, exc))
+        self._flush_soon()
+
+    def _expire(self, call: _Call) -> None:
+        call.timer = None
+        if not call.done:
+            if call.task is not None:
+                call.task.cancel()
+            self._fail(call, _DEADLINE_EXCEEDED)
+            self._flush_soon()
+
+    # -- sending -----------------------------------------------------------------------
+
+    def _send_message(self, call: _Call, payload: bytes) -> None:
+        if len(payload) > self.shared.max_message_bytes:
+            raise too_large("Sent", len(payload), self.shared.max_message_bytes)
+        if not call.headers_sent:
+            call.headers_sent = True
+            self.http2.send_headers(call.id, _RESPONSE_BLOCK)
+        call.pending.append(memoryview(frame(payload)))   # sliced into DATA frames without copies
+        self._send_pending(call)
+
+    def _send_pending(self, call: _Call) -> None:
+        """As much of what waits as the client's windows take; then the trailers, if decided."""
+        http2 = self.http2
+        while call.pending:
+            room = http2.window_for(call.id)
+            if room <= 0:
+                if not http2.is_open(call.id):
+                    self._forget(call)
+                return
+            data = call.pending.popleft()
+            if len(data) > room:
+                call.pending.appendleft(data[room:])
+                data = data[:room]
+            http2.send_data(call.id, data)
+        if call.trailers is not None:
+            if http2.is_open(call.id):
+                http2.send_headers(call.id, call.trailers, end_stream=True)
+                if not call.remote_closed:   # stop the client sending more of a call that is over
+                    http2.reset(call.id, NO_ERROR)
+            self._forget(call)
+
+    def _finish(self, call: _Call, code: int, message: str) -> None:
+        if call.done:
+            return
+        call.done = True
+        if code == OK and not message and call.headers_sent:
+            call.trailers = _OK_BLOCK
+        else:
+            trailers = [(b"grpc-status", b"%d" % code)]
+            if message:
+                trailers.append((b"grpc-message", percent_encoded(message)))
+            if not call.headers_sent:   # trailers-only: one HEADERS frame
+                call.headers_sent = True
+                trailers = _RESPONSE_HEADERS + trailers
+            call.trailers = encode_headers(trailers)
+        self._send_pending(call)
+
+    def _fail(self, call: _Call, failure: GrpcFailure) -> None:
+        call.pending.clear()   # a failed call's unsent data is dropped, not waited for
+        self._finish(call, failure.code, failure.message)
+
+    def _forget(self, call: _Call) -> None:
+        call.done = True
+        call.pending.clear()
+        if call.timer is not None:
+            call.timer.cancel()
+        if call.task is not None and not call.task.done() and call.task is not asyncio.current_task():
+            call.task.cancel()
+        self.calls.pop(call.id, None)
+        if (self.shared.draining or self.http2.going_away) and not self.calls:
+            self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_scheduled = False
+        if self.closed:
+            return
+        data = self.http2.data_to_send()
+        if data:
+            self.transport.write(data)
+        if (self.shared.draining or self.http2.going_away) and not self.calls:
+            self.close()
+
+    # -- closing -----------------------------------------------------------------------
+
+    def go_away(self) -> None:
+        """Tell the client no new calls are taken here; close once those in flight are answered."""
+        if not self.closed:
+            self.http2.go_away()
+            self._flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+
+async def _one(handler, request, context):
+    """A unary RPC's coroutine as the stream of its one response."""
+    yield await handler(request, context)
+
+
+def _internal(call: _Call, exc: Exception) -> GrpcFailure:
+    log.error("internal error in %s", call.rpc.name if call.rpc else "?", exc_info=exc)
+    return GrpcFailure(INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+class GrpcServer:
+    """The listening socket, the connections, and the graceful drain; grpc.aio's start/stop shape."""
+
+    def __init__(self, servicer: GrpcInferenceService, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        rpcs = {f"/{SERVICE.full_name}/{name}".encode(): Rpc(name, streaming, parse, serialize, getattr(servicer, name))
+                for name, streaming, parse, serialize in rpc_methods()}
+        self.shared = _Shared(servicer, rpcs, max_message_bytes)
+        self._sock = None
+        self._server: asyncio.AbstractServer | None = None
+
+    def bind(self, address: str, port: int, reuse_port: bool = False) -> int:
+        self._sock = bound_socket("GRPC", address, port, reuse_port)
+        self._sock.listen(2048)
+        self._sock.setblocking(False)
+        return self._sock.getsockname()[1]
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: GrpcConnection(self.shared, loop), sock=self._sock,
+                                                backlog=2048)
+
+    def stop(self, grace_s: float) -> asyncio.Task:
+        """Begin the drain now (GOAWAY on every connection); the task ends when it is done."""
+        self.shared.draining = True
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.shared.open):
+            connection.go_away()
+        return asyncio.ensure_future(self._drained(grace_s))
+
+    async def _drained(self, grace_s: float) -> None:
+        if self.shared.open:
+            try:
+                await asyncio.wait_for(self.shared.drained.wait(), grace_s)
+            except asyncio.TimeoutError:
+                log.warning("%d gRPC connection(s) still busy after %.0f s; closing them",
+                            len(self.shared.open), grace_s)
+        for connection in list(self.shared.open):
+            connection.close()
+
+
+def bind_grpc_tritium(dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                      restricted: RestrictedApis = RestrictedApis(),
+                      reuse_port: bool = False) -> tuple[GrpcServer, int]:
+    """``bind_grpc``'s counterpart: a server bound to ``address:port``, to be started."""
+    server = GrpcServer(GrpcInferenceService(dataplane, restricted), max_message_bytes)
+    return server, server.bind(address, port, reuse_port)

@@ -1,0 +1,120 @@
+"""gRPC's rules over HTTP/2, without the HTTP/2: length-prefixed messages, their compression,
+``grpc-timeout``, status codes and the percent-encoded ``grpc-message``.
+
+Texts a client may match on are grpc-core's (``Received message larger than max (N vs. M)``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import grpc
+
+# Status numbers by name, as grpc.StatusCode holds them (OK=0 ... UNAUTHENTICATED=16).
+STATUS = {code.name: code.value[0] for code in grpc.StatusCode}
+OK = STATUS["OK"]
+INTERNAL = STATUS["INTERNAL"]
+
+_PREFIX = 5   # compressed flag (1 byte) + big-endian length (4 bytes)
+# zlib's window bits for each grpc-encoding a client may send.
+_WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+ACCEPTED_ENCODINGS = b"identity,deflate,gzip"
+
+
+@dataclass(frozen=True)
+class GrpcFailure(Exception):
+    """A call ends with this status (a number from STATUS) and text."""
+
+    code: int
+    message: str
+
+
+def too_large(direction: str, size: int, limit: int) -> GrpcFailure:
+    return GrpcFailure(STATUS["RESOURCE_EXHAUSTED"], f"{direction} message larger than max ({size} vs. {limit})")
+
+
+def frame(message: bytes) -> bytes:
+    """One uncompressed message with its prefix."""
+    return b"\0" + len(message).to_bytes(4, "big") + message
+
+
+class MessageReader:
+    """Cuts a request stream's bytes into messages, refusing one over ``limit`` from its prefix
+    (before its bytes are held) and decompressing those flagged compressed. A message split
+    over many DATA frames is gathered in one growing buffer, read once it is whole."""
+
+    __slots__ = ("limit", "encoding", "_buffer", "_wanted")
+
+    def __init__(self, limit: int, encoding: bytes | None) -> None:
+        self.limit = limit
+        self.encoding = encoding
+        self._buffer = bytearray()
+        self._wanted = _PREFIX   # bytes the buffer must hold before it is worth reading again
+
+    @property
+    def partial(self) -> bool:
+        """Bytes of an unfinished message are held."""
+        return bool(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The messages ``data`` completes; GrpcFailure for one the call cannot take."""
+        if self._buffer:
+            self._buffer += data
+            if len(self._buffer) < self._wanted:
+                return []
+            buffer = self._buffer
+        else:
+            buffer = data
+        messages, position, size = [], 0, len(buffer)
+        self._wanted = _PREFIX
+        while size - position >= _PREFIX:
+            flag, length = buffer[position], int.from_bytes(buffer[position + 1:position + _PREFIX], "big")
+            if length > self.limit:
+                raise too_large("Received", length, self.limit)
+            if flag > 1:
+                raise GrpcFailure(INTERNAL, f"invalid message flag {flag}: expected 0 or 1")
+            end = position + _PREFIX + length
+            if end > size:
+                self._wanted = end - position
+                break
+            message = bytes(buffer[position + _PREFIX:end])
+            position = end
+            messages.append(self._decompressed(message) if flag else message)
+        if buffer is self._buffer:
+            del buffer[:position]
+        elif position < size:
+            self._buffer = bytearray(buffer[position:])
+        return messages
+
+    def _decompressed(self, message: bytes) -> bytes:
+        wbits = _WBITS.get(self.encoding or b"identity")
+        if wbits is None:
+            name = (self.encoding or b"identity").decode("latin-1")
+            raise GrpcFailure(STATUS["UNIMPLEMENTED"] if self.encoding else INTERNAL,
+                              f"a compressed message with grpc-encoding '{name}', which this server cannot read")
+        inflater = zlib.decompressobj(wbits)
+        try:
+            plain = inflater.decompress(message, self.limit + 1)
+        except zlib.error as exc:
+            raise GrpcFailure(INTERNAL, f"the message cannot be decompressed: {exc}") from None
+        if len(plain) > self.limit or inflater.unconsumed_tail:
+            raise too_large("Received", len(plain) + len(inflater.unconsumed_tail), self.limit)
+        return plain
+
+
+def parse_timeout(value: bytes) -> float | None:
+    """``grpc-timeout`` (up to 8 digits and a unit) in seconds; None when it is no such value."""
+    digits, unit = value[:-1], value[-1:]
+    if not digits.isdigit() or len(digits) > 8 or unit not in _TIMEOUT_UNITS:
+        return None
+    return int(digits) * _TIMEOUT_UNITS[unit]
+
+
+def percent_encoded(message: str) -> bytes:
+    """``grpc-message``: UTF-8, with '%' and bytes outside printable ASCII as %XX."""
+    raw = message.encode()
+    if all(0x20 <= byte <= 0x7E and byte != 0x25 for byte in raw):
+        return raw
+    return b"".join(bytes((byte,)) if 0x20 <= byte <= 0x7E and byte != 0x25 else b"%%%02X" % byte for byte in raw)

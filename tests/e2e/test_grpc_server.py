@@ -1,0 +1,282 @@
+"""tritium's own gRPC server (HTTP/2 on the gateway's event loop): what real clients ask of it
+(compression, deadlines, many calls on one connection, the drain) and the edge cases only a
+raw HTTP/2 client produces (tests/e2e/rawh2.py). grpc.aio stays selectable with --grpc-server=grpcio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.rawh2 import (CANCEL_CODE, DATA, END_STREAM, GOAWAY, INITIAL_WINDOW_SIZE, PING, RST_STREAM, SETTINGS,
+                             WINDOW_UPDATE, RawH2, grpc_message)
+from tests.models import add_sub_model
+from tests.servers import TritiumServer
+
+WHOAMI = Path(__file__).parent / "cluster_repo" / "whoami"   # answers after DELAY_MS
+LIMIT = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    add_sub_model(repo, "add_sub", max_batch_size=4096)
+    shutil.copytree(WHOAMI, repo / "whoami")
+    with TritiumServer(repo, f"--grpc-max-message-size={LIMIT}") as running:
+        yield running
+
+
+def add_sub_request(rows: int = 1, seed: int = 0) -> tuple[service_pb2.ModelInferRequest, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal((rows, 16)).astype(np.float32) for _ in range(2))
+    request = service_pb2.ModelInferRequest(model_name="add_sub", raw_input_contents=[a.tobytes(), b.tobytes()])
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[rows, 16])
+    return request, a, b
+
+
+def check_add_sub(response: service_pb2.ModelInferResponse, a: np.ndarray, b: np.ndarray) -> None:
+    out0, out1 = (np.frombuffer(raw, np.float32).reshape(a.shape) for raw in response.raw_output_contents)
+    np.testing.assert_allclose(out0, a + b, rtol=1e-6)
+    np.testing.assert_allclose(out1, a - b, rtol=1e-6)
+
+
+def whoami_request(delay_ms: float) -> bytes:
+    request = service_pb2.ModelInferRequest(model_name="whoami",
+                                            raw_input_contents=[np.array([[delay_ms]], np.float32).tobytes()])
+    request.inputs.add(name="DELAY_MS", datatype="FP32", shape=[1, 1])
+    return request.SerializeToString()
+
+
+@pytest.fixture
+def raw(server):
+    connection = RawH2(server.grpc_url)
+    yield connection
+    connection.close()
+
+
+# -- what real clients ask ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_are_read(server, algorithm):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    a = np.arange(64, dtype=np.float32).reshape(4, 16)
+    inputs = [grpcclient.InferInput(name, [4, 16], "FP32") for name in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(a)
+    result = client.infer("add_sub", inputs, compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros_like(a))
+
+
+def test_messages_spanning_many_frames_and_windows_arrive_whole(server):
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+    request, a, b = add_sub_request(rows=4096)   # 512 KiB each way: past the initial 64 KiB windows
+    for _ in range(3):
+        check_add_sub(stub.ModelInfer(request, timeout=20), a, b)
+
+
+def test_a_client_timeout_is_deadline_exceeded_and_the_server_keeps_serving(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    delay = grpcclient.InferInput("DELAY_MS", [1, 1], "FP32")
+    delay.set_data_from_numpy(np.array([[1500]], np.float32))
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException) as failure:
+        client.infer("whoami", [delay], client_timeout=0.3)
+    assert failure.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    assert time.monotonic() - started < 1.2
+    delay.set_data_from_numpy(np.array([[0]], np.float32))
+    assert client.infer("whoami", [delay]).as_numpy("PID").shape == (1, 1)
+
+
+def test_the_server_ends_a_call_at_its_grpc_timeout(raw):
+    started = time.monotonic()
+    answer = raw.call("ModelInfer", whoami_request(1500), extra_headers=(("grpc-timeout", "200m"),))
+    assert (answer.status, answer.message) == (grpc.StatusCode.DEADLINE_EXCEEDED.value[0], "Deadline Exceeded")
+    assert time.monotonic() - started < 1.2
+    assert raw.call("ServerLive", b"").status == 0   # the connection goes on
+
+
+def test_many_concurrent_calls_on_one_connection(server):
+    async def run() -> list:
+        async with grpc.aio.insecure_channel(server.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            requests = [add_sub_request(rows=1 + i % 3, seed=i) for i in range(300)]
+            responses = await asyncio.gather(*(stub.ModelInfer(request) for request, _, _ in requests))
+            return list(zip(responses, requests))
+
+    pairs = asyncio.run(run())
+    for response, (_, a, b) in pairs:
+        check_add_sub(response, a, b)
+
+
+def test_aio_stream_answers_every_request(server):
+    async def run() -> int:
+        client = grpcaio.InferenceServerClient(server.grpc_url)
+        try:
+            async def requests():
+                for i in range(20):
+                    tensor = grpcaio.InferInput("DELAY_MS", [1, 1], "FP32")
+                    tensor.set_data_from_numpy(np.array([[0]], np.float32))
+                    yield {"model_name": "whoami", "inputs": [tensor], "request_id": str(i)}
+            ids = set()
+            async for result, error in client.stream_infer(requests()):
+                assert error is None
+                ids.add(result.get_response().id)
+                if len(ids) == 20:
+                    break
+            return len(ids)
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()) == 20
+
+
+# -- what only a raw HTTP/2 client does --------------------------------------------------------
+
+def test_a_message_over_the_limit_is_refused_from_its_prefix(raw):
+    stream_id = raw.start_call("ModelInfer")
+    too_big = LIMIT + 1000
+    raw.send(DATA, 0, stream_id, too_big.to_bytes(5, "big"))   # the prefix alone: no body is sent
+    answer = raw.wait(stream_id)
+    assert answer.status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    assert answer.message == f"Received message larger than max ({too_big} vs. {LIMIT})"
+    request, a, b = add_sub_request()
+    good = raw.call("ModelInfer", request.SerializeToString())
+    assert good.status == 0
+    check_add_sub(service_pb2.ModelInferResponse.FromString(good.messages[0]), a, b)
+
+
+def test_grpc_python_sees_resource_exhausted_with_grpc_s_text(server):
+    request, _, _ = add_sub_request(rows=LIMIT // 64)   # 2 x LIMIT/4 bytes of inputs: over the limit
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+    with pytest.raises(grpc.RpcError) as failure:
+        stub.ModelInfer(request, timeout=10)
+    assert failure.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert failure.value.details().startswith("Received message larger than max (")
+
+
+@pytest.mark.parametrize("payload, message", [
+    (b"\x07\x00\x00\x00\x02ab", "invalid message flag 7: expected 0 or 1"),
+    (b"\x00\x00\x00\x00\x64" + b"x" * 10, "the request stream ended inside a message"),
+    (b"\x01\x00\x00\x00\x02ab", "a compressed message with grpc-encoding 'identity', which this server cannot read"),
+])
+def test_a_malformed_message_is_internal_and_the_connection_goes_on(raw, payload, message):
+    stream_id = raw.start_call("ModelInfer")
+    raw.send(DATA, END_STREAM, stream_id, payload)
+    answer = raw.wait(stream_id)
+    assert (answer.status, answer.message) == (grpc.StatusCode.INTERNAL.value[0], message)
+    assert raw.call("ServerReady", b"").status == 0
+
+
+def test_a_call_reset_in_mid_request_leaves_the_connection_serving(raw, server):
+    request, a, b = add_sub_request(rows=64)
+    body = grpc_message(request.SerializeToString())
+    stream_id = raw.start_call("ModelInfer")
+    raw.send(DATA, 0, stream_id, body[:100])
+    raw.send(RST_STREAM, 0, stream_id, CANCEL_CODE.to_bytes(4, "big"))
+    slow = raw.start_call("ModelInfer")          # reset while the broker holds it
+    raw.send(DATA, END_STREAM, slow, grpc_message(whoami_request(300)))
+    raw.send(RST_STREAM, 0, slow, CANCEL_CODE.to_bytes(4, "big"))
+    good = raw.call("ModelInfer", request.SerializeToString())
+    check_add_sub(service_pb2.ModelInferResponse.FromString(good.messages[0]), a, b)
+    time.sleep(0.5)   # the reset call's answer arrives and is dropped
+    assert raw.call("ServerLive", b"").status == 0
+    assert "Traceback" not in server.logs()
+
+
+def test_a_response_waits_for_the_client_s_window(server):
+    raw = RawH2(server.grpc_url, settings={INITIAL_WINDOW_SIZE: 1000})
+    try:
+        request, a, b = add_sub_request(rows=2048)   # 256 KiB of outputs
+        stream_id = raw.start_call("ModelInfer")
+        raw.send(DATA, END_STREAM, stream_id, grpc_message(request.SerializeToString()))
+        while sum(len(f[3]) for f in raw.frames if f[0] == DATA) < 1000:
+            raw.read_some()
+        time.sleep(0.3)
+        raw.sock.setblocking(False)
+        try:
+            raw.read_some()
+        except BlockingIOError:
+            pass
+        raw.sock.setblocking(True)
+        assert sum(len(f[3]) for f in raw.frames if f[0] == DATA) == 1000   # no more than the window
+        for target in (0, stream_id):
+            raw.send(WINDOW_UPDATE, 0, target, (1 << 24).to_bytes(4, "big"))
+        answer = raw.wait(stream_id)
+        assert answer.status == 0
+        check_add_sub(service_pb2.ModelInferResponse.FromString(answer.messages[0]), a, b)
+    finally:
+        raw.close()
+
+
+def test_ping_is_acknowledged_with_its_payload(raw):
+    raw.send(PING, 0, 0, b"tritium!")
+    while not any(f[0] == PING for f in raw.frames):
+        raw.read_some()
+    assert [f for f in raw.frames if f[0] == PING] == [(PING, 1, 0, b"tritium!")]
+
+
+def test_a_client_that_speaks_no_http2_gets_a_goaway_and_the_server_goes_on(server):
+    with socket.create_connection(server.grpc_url.rsplit(":", 1), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    kinds = []
+    while len(received) >= 9:
+        length = int.from_bytes(received[:3], "big")
+        kinds.append(received[3])
+        received = received[9 + length:]
+    assert kinds == [SETTINGS, WINDOW_UPDATE, GOAWAY]
+    assert grpcclient.InferenceServerClient(server.grpc_url).is_server_live()
+
+
+def test_an_unknown_method_is_unimplemented(raw):
+    answer = raw.call("NoSuchMethod", b"")
+    assert answer.status == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    assert "NoSuchMethod" in answer.message
+
+
+# -- the drain, and grpc.aio kept selectable ----------------------------------------------------
+
+def test_sigterm_finishes_calls_in_flight_then_refuses(tmp_path):
+    shutil.copytree(WHOAMI, tmp_path / "whoami")
+    with TritiumServer(tmp_path) as running:
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        delay = grpcclient.InferInput("DELAY_MS", [1, 1], "FP32")
+        delay.set_data_from_numpy(np.array([[1000]], np.float32))
+        outcome = []
+        caller = threading.Thread(target=lambda: outcome.append(client.infer("whoami", [delay]).as_numpy("PID")))
+        caller.start()
+        time.sleep(0.3)
+        running.process.send_signal(signal.SIGTERM)
+        caller.join(timeout=10)
+        assert len(outcome) == 1 and outcome[0].shape == (1, 1)
+        assert running.process.wait(timeout=20) == 0
+        with pytest.raises(InferenceServerException) as failure:
+            grpcclient.InferenceServerClient(running.grpc_url).is_server_live()
+        assert failure.value.status() == "StatusCode.UNAVAILABLE"
+
+
+def test_grpcio_stays_selectable(tmp_path):
+    add_sub_model(tmp_path, "add_sub")
+    with TritiumServer(tmp_path, "--grpc-server=grpcio") as running:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(running.grpc_url))
+        request, a, b = add_sub_request(rows=2)
+        check_add_sub(stub.ModelInfer(request, timeout=10), a, b)
+        (streamed,) = list(stub.ModelStreamInfer(iter([request]), timeout=10))
+        check_add_sub(streamed.infer_response, a, b)

@@ -1,0 +1,311 @@
+"""Triton's trace extension: settings over HTTP and gRPC, the --trace-config flags, and the
+trace file, on a real server. Expected texts and values are what Triton 2.51 answers
+(checked side by side on the same repository)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tritium.gateway.tracing import _on_timeline, parse_traceparent
+from tests.e2e.rawhttp import error_of, request
+from tests.servers import PROJECT_ROOT, TritiumServer
+
+MODELS = Path(__file__).parent / "ensemble_repo"
+USED = ("pre", "double", "triple", "combine", "pipeline")
+KEYS = ["trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode"]
+FRONT_END_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START",
+                   "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE",
+                   "REQUEST_END", "HTTP_SEND_START", "HTTP_SEND_END"]
+STEP_ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+              "COMPUTE_END", "REQUEST_END"]
+
+
+@pytest.fixture(scope="module")
+def trace_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("traces")
+
+
+BLS_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    \"\"\"Z = triple(X), called with the request's trace: a child of it.\"\"\"
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            call = pb_utils.InferenceRequest(model_name="triple", model_version=1, requested_output_names=["Z"],
+                                             inputs=[pb_utils.Tensor("X", x)], trace=request.trace())
+            z = pb_utils.get_output_tensor_by_name(call.exec(), "Z").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Z", z)]))
+        return responses
+"""
+BLS_CONFIG = """backend: "python"
+max_batch_size: 8
+input [ { name: "X", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "Z", data_type: TYPE_FP32, dims: [ -1 ] } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, trace_dir):
+    repo = tmp_path_factory.mktemp("trace_repo")
+    for name in USED:
+        shutil.copytree(MODELS / name, repo / name)
+    (repo / "bls_triple" / "1").mkdir(parents=True)
+    (repo / "bls_triple" / "1" / "model.py").write_text(BLS_MODEL)
+    (repo / "bls_triple" / "config.pbtxt").write_text(BLS_CONFIG)
+    # Tracing is off until a test turns it on; each trace goes to a file of its own (log_frequency 1).
+    with TritiumServer(repo, "--trace-config", f"triton,file={trace_dir}/trace.json",
+                       "--trace-config", "triton,log-frequency=1", "--trace-config", "rate=1", http_workers=1) as running:
+        yield running
+
+
+@pytest.fixture
+def settings(server):
+    """The global settings, put back as they started after the test."""
+    yield server
+    reset = {"trace_level": None, "trace_rate": None, "trace_count": None, "log_frequency": None}
+    for model in ("", "/models/triple", "/models/pipeline", "/models/bls_triple"):
+        assert request(server.url, "POST", f"/v2{model}/trace/setting", reset)[0] == 200
+
+
+def post(server, body, model: str | None = None) -> tuple[int, dict]:
+    path = f"/v2/models/{model}/trace/setting" if model else "/v2/trace/setting"
+    status, _, data = request(server.url, "POST", path, body)
+    return status, json.loads(data)
+
+
+def get(server, model: str | None = None) -> dict:
+    path = f"/v2/models/{model}/trace/setting" if model else "/v2/trace/setting"
+    status, _, data = request(server.url, "GET", path)
+    assert status == 200, data
+    return json.loads(data)
+
+
+def infer(server, model: str, name: str = "X"):
+    client = httpclient.InferenceServerClient(server.url)
+    tensor = httpclient.InferInput(name, [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.array([[1, 2]], np.float32))
+    return client.infer(model, [tensor])
+
+
+def trace_files(trace_dir) -> list[Path]:
+    return sorted(trace_dir.glob("trace.json.*"), key=lambda path: int(path.suffix[1:]))
+
+
+def new_trace(trace_dir, known: int) -> list[dict]:
+    """The records of the next trace file written after ``known`` files."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        files = trace_files(trace_dir)
+        if len(files) > known:
+            return json.loads(files[known].read_bytes())
+        time.sleep(0.05)
+    raise AssertionError(f"no trace file after {known} in {trace_dir}")
+
+
+# -- settings --------------------------------------------------------------------------------
+
+def test_defaults_as_triton_writes_them(server, trace_dir):
+    assert get(server) == {"trace_level": ["OFF"], "trace_rate": "1", "trace_count": "-1", "log_frequency": "1",
+                           "trace_file": f"{trace_dir}/trace.json", "trace_mode": "triton"}
+    assert list(get(server, "triple")) == KEYS
+    status, _, data = request(server.url, "GET", "/v2")
+    assert json.loads(data)["extensions"][-2:] == ["trace", "logging"]
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"trace_rate": "abc"}, 400, "Unable to parse 'trace_rate', got: abc"),
+    ({"trace_rate": "99999999999"}, 400,
+     "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: 99999999999"),
+    ({"trace_count": "-2"}, 400, "Unable to parse 'trace_count'. Expecting value >= -1, got:-2"),
+    ({"trace_count": "x"}, 400, "Unable to parse 'trace_count', got: x"),
+    ({"trace_level": ["OFF", "TIMESTAMPS"]}, 400, "Expect only one trace level 'OFF' is specified"),
+    ({"trace_file": "/tmp/elsewhere.json"}, 501, "trace file location can not be updated through network protocol"),
+    ({"trace_rate": 5}, 400, "attempt to access JSON non-string as string"),
+    ({"trace_level": "TIMESTAMPS"}, 400, "attempt to access JSON non-array as array"),
+])
+def test_http_update_refused_with_tritons_words(settings, body, status, message):
+    before = get(settings)
+    assert post(settings, body) == (status, {"error": message})
+    assert get(settings) == before
+
+
+def test_http_update_reads_values_as_triton(settings):
+    status, answer = post(settings, {"trace_rate": "-1", "trace_level": ["TENSORS", "TIMESTAMPS"],
+                                     "trace_mode": "opentelemetry", "unknown": "1"})
+    assert status == 200
+    assert answer["trace_rate"] == "4294967295"   # Triton's C cast
+    assert answer["trace_level"] == ["TIMESTAMPS", "TENSORS"]
+    assert answer["trace_mode"] == "triton"      # not settable; ignored
+    assert post(settings, {"trace_level": ["BOGUS"]})[1]["trace_level"] == ["TIMESTAMPS", "TENSORS"]
+    assert post(settings, {"trace_rate": None})[1]["trace_rate"] == "1"   # null: the startup value
+
+
+def test_model_settings_override_and_fall_back_to_global(settings):
+    assert post(settings, {"trace_rate": "7", "trace_count": "3"}, "triple")[1]["trace_rate"] == "7"
+    assert post(settings, {"trace_rate": "9", "log_frequency": "5"})[0] == 200
+    model = get(settings, "triple")
+    assert (model["trace_rate"], model["trace_count"], model["log_frequency"]) == ("7", "3", "5")
+    assert get(settings, "double")["trace_rate"] == "9"
+    assert post(settings, {"trace_rate": None}, "triple")[1]["trace_rate"] == "9"
+    assert get(settings, "triple")["trace_count"] == "3"
+
+
+def test_unknown_model_and_versioned_path(settings):
+    assert post(settings, {}, "nosuch") == (400, {"error": "Request for unknown model : nosuch"})
+    status, _, data = request(settings.url, "GET", "/v2/models/nosuch/trace/setting")
+    assert (status, error_of(data)) == (400, "Request for unknown model : nosuch")
+    assert request(settings.url, "GET", "/v2/models/triple/versions/1/trace/setting")[0] == 404
+    assert request(settings.url, "PUT", "/v2/trace/setting", {})[0] == 405
+
+
+def test_grpc_round_trip_and_errors(settings):
+    client = grpcclient.InferenceServerClient(settings.grpc_url)
+    answer = client.update_trace_settings("triple", {"trace_rate": "3"}, as_json=True)["settings"]
+    assert answer["trace_rate"] == {"value": ["3"]}
+    assert answer["trace_level"] == {"value": ["OFF"]}
+    assert client.get_trace_settings("triple", as_json=True)["settings"]["trace_rate"] == {"value": ["3"]}
+    cleared = client.update_trace_settings("triple", {"trace_rate": None}, as_json=True)["settings"]
+    assert cleared["trace_rate"] == {"value": ["1"]}
+    refusals = [({"trace_count": "-2"}, "INVALID_ARGUMENT", "Unable to parse 'trace_count'. Expecting value >= -1, got: -2"),
+                ({"trace_rate": ["1", "2"]}, "INVALID_ARGUMENT", "expect only 1 value for 'trace_rate'"),
+                ({"trace_file": "/tmp/x"}, "UNIMPLEMENTED", "trace file location can not be updated through network protocol")]
+    for update, code, message in refusals:
+        with pytest.raises(InferenceServerException) as caught:
+            client.update_trace_settings(None, update)
+        assert (caught.value.status(), caught.value.message()) == (f"StatusCode.{code}", message)
+    with pytest.raises(InferenceServerException, match="Request for unknown model : nosuch"):
+        client.get_trace_settings("nosuch")
+
+
+# -- the trace file --------------------------------------------------------------------------
+
+def test_a_traced_request_writes_every_timestamp_in_order(settings, trace_dir):
+    known = len(trace_files(trace_dir))
+    infer(settings, "triple")            # tracing off: nothing written
+    assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "triple")[0] == 200
+    assert infer(settings, "triple").as_numpy("Z").tolist() == [[3, 6]]
+    records = new_trace(trace_dir, known)
+    ids = {record["id"] for record in records}
+    assert len(ids) == 1
+    assert {"id": ids.pop(), "model_name": "triple", "model_version": 1} in records
+    stamps = [(r["timestamps"][0]["name"], r["timestamps"][0]["ns"]) for r in records if "timestamps" in r]
+    assert sorted(name for name, _ in stamps) == sorted(FRONT_END_ORDER)
+    assert [ns for _, ns in stamps] == sorted(ns for _, ns in stamps)
+    by_name = dict(stamps)
+    assert [by_name[name] for name in FRONT_END_ORDER] == sorted(by_name.values())
+    assert list(records[2]) == ["id", "model_name", "model_version"]   # after HTTP_RECV_*, as Triton writes it
+
+
+def test_ensemble_steps_are_child_traces(settings, trace_dir):
+    known = len(trace_files(trace_dir))
+    assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "pipeline")[0] == 200
+    tensor = httpclient.InferInput("IN", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.array([[1, 2]], np.float32))
+    httpclient.InferenceServerClient(settings.url).infer("pipeline", [tensor])
+    records = new_trace(trace_dir, known)
+    models = [r for r in records if "model_name" in r]
+    parent = next(r for r in models if r["model_name"] == "pipeline")
+    steps = [r for r in models if r is not parent]
+    assert sorted(r["model_name"] for r in steps) == ["combine", "double", "pre", "triple"]
+    assert all(r["parent_id"] == parent["id"] and r["model_version"] == 1 for r in steps)
+    for step in steps:
+        names = [r["timestamps"][0]["name"] for r in records if r["id"] == step["id"] and "timestamps" in r]
+        assert names == STEP_ORDER
+    parent_names = {r["timestamps"][0]["name"] for r in records if r["id"] == parent["id"] and "timestamps" in r}
+    assert {"HTTP_RECV_START", "REQUEST_START", "QUEUE_START", "REQUEST_END", "HTTP_SEND_END"} <= parent_names
+    assert records[-1]["id"] == parent["id"]   # the steps end first
+
+
+def test_bls_calls_made_with_the_requests_trace_are_child_traces(settings, trace_dir):
+    known = len(trace_files(trace_dir))
+    assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "bls_triple")[0] == 200
+    assert infer(settings, "bls_triple").as_numpy("Z").tolist() == [[3, 6]]
+    records = new_trace(trace_dir, known)
+    caller = next(r for r in records if r.get("model_name") == "bls_triple")
+    called = next(r for r in records if r.get("model_name") == "triple")
+    assert called == {"id": called["id"], "model_name": "triple", "model_version": 1, "parent_id": caller["id"]}
+    names = [r["timestamps"][0]["name"] for r in records if r["id"] == called["id"] and "timestamps" in r]
+    assert names == STEP_ORDER
+    stamps = {r["timestamps"][0]["name"]: r["timestamps"][0]["ns"] for r in records if r["id"] == caller["id"]
+              and "timestamps" in r}
+    call_start = next(r["timestamps"][0]["ns"] for r in records if r["id"] == called["id"] and "timestamps" in r)
+    assert stamps["COMPUTE_INPUT_END"] <= call_start <= stamps["COMPUTE_OUTPUT_START"]
+
+
+def test_rate_traces_every_nth_request(settings, trace_dir):
+    assert post(settings, {"trace_level": ["TIMESTAMPS"], "trace_rate": "3"}, "triple")[0] == 200
+    known = len(trace_files(trace_dir))
+    for sent in range(1, 7):
+        infer(settings, "triple")
+        if sent in (3, 6):   # the 3rd and the 6th, as Triton picks them
+            new_trace(trace_dir, known + sent // 3 - 1)
+    time.sleep(0.3)
+    assert len(trace_files(trace_dir)) == known + 2
+
+
+def test_count_runs_out(settings, trace_dir):
+    assert post(settings, {"trace_level": ["TIMESTAMPS"], "trace_count": "2"}, "triple")[0] == 200
+    known = len(trace_files(trace_dir))
+    for _ in range(3):
+        infer(settings, "triple")
+    new_trace(trace_dir, known + 1)
+    time.sleep(0.3)
+    assert len(trace_files(trace_dir)) == known + 2
+    assert get(settings, "triple")["trace_count"] == "0"
+
+
+# -- flags ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, message", [
+    (["--trace-config", "rate=abc"], 'Bad option: "--trace-config rate".\nInvalid option value. Got abc'),
+    (["--trace-config", "rate"], "--trace-config option format is '<trace mode>,<setting>=<value>'. Got rate"),
+    (["--trace-config", "mode=zipkin"],
+     'invalid value for trace mode option: zipkin. Available options are "triton" and "opentelemetry"'),
+    (["--trace-level", "BOGUS"], "invalid value for trace level option: bogus"),
+])
+def test_bad_flags_stop_startup_with_tritons_words(tmp_path, flags, message):
+    done = subprocess.run([sys.executable, "-m", "tritium.cli", "serve", "--model-repository", str(tmp_path),
+                           *flags], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=60)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
+# -- the timeline and the client's context ---------------------------------------------------
+
+def test_stamps_from_another_host_move_onto_the_gateways_clock():
+    here = ["gw-host", 10, 1_000, "gateway"]   # host, pid, wall clock minus monotonic clock
+    record = {"at": {"broker": ["gw-host", 11, 1_700, "broker"], "instance": ["gpu-host", 12, 5_000, "m"]},
+              "ts": [["QUEUE_START", 100, "broker"], ["COMPUTE_END", 200, "instance"]],
+              "steps": [{"at": {"instance": ["gpu-host", 13, 9_000, "s"]}, "ts": [["COMPUTE_END", 50, "instance"]]}]}
+    moved = _on_timeline(record, here)
+    assert moved["ts"] == [["QUEUE_START", 100, "broker"], ["COMPUTE_END", 4_200, "instance"]]
+    assert moved["steps"][0]["ts"] == [["COMPUTE_END", 8_050, "instance"]]
+
+
+@pytest.mark.parametrize("header, parsed", [
+    (b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+     (bytes.fromhex("0af7651916cd43dd8448eb211c80319c"), bytes.fromhex("b7ad6b7169203331"), 1)),
+    (b"00-00000000000000000000000000000000-b7ad6b7169203331-01", None),
+    (b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b71692033-01", None),
+    (b"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None),
+    (b"not a context", None),
+    (None, None),
+])
+def test_traceparent(header, parsed):
+    assert parse_traceparent(header) == parsed

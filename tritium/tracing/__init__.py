@@ -1,0 +1,1 @@
+"""Triton's trace extension: settings, timestamps, the trace file."""

@@ -1,0 +1,69 @@
+"""Triton's trace file: a JSON array of records, one per model name and one per timestamp.
+
+Each traced request is a tree (an ensemble's steps are its children). Records are
+numbered when they are written, so that traces from several gateways share one count:
+a request's id, then its steps' ids, each step with ``parent_id``. A step's records come
+before its parent's, as a step ends first. With ``log_frequency`` N, every N traces go to
+``FILE.<index>``; with 0, everything goes to ``FILE`` when tracing stops.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+_FRONT_END = ("HTTP_", "GRPC_")
+
+
+def trace_records(tree: dict, ids, parent_id: int | None = None) -> list[dict]:
+    """The file's records for one request and its steps, numbered from ``ids``."""
+    own_id = next(ids)
+    children = [record for step in tree.get("steps") or () for record in trace_records(step, ids, own_id)]
+    model = {"id": own_id, "model_name": tree["m"], "model_version": tree["v"]}
+    if parent_id is not None:
+        model["parent_id"] = parent_id
+    stamps = sorted(tree["ts"], key=lambda stamp: stamp[1])
+    own = [{"id": own_id, "timestamps": [{"name": stamp[0], "ns": stamp[1]}]} for stamp in stamps]
+    received = sum(1 for _ in itertools.takewhile(lambda stamp: stamp[0].startswith(_FRONT_END), stamps))
+    own.insert(received, model)   # after the front end's receive stamps, as Triton writes it
+    return children + own
+
+
+class TraceFile:
+    """Collects finished traces and writes them as Triton does."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._pending: list[dict] = []
+        self._traces = 0          # traces in _pending
+        self._index = 0
+        self._path = ""
+
+    def add(self, path: str, log_frequency: int, tree: dict) -> None:
+        if path != self._path:
+            self.flush()
+            self._path, self._index = path, 0
+        self._pending.extend(trace_records(tree, self._ids))
+        self._traces += 1
+        if log_frequency and self._traces >= log_frequency:
+            self.flush(indexed=True)
+
+    def flush(self, indexed: bool | None = None) -> None:
+        """Write what was collected: to ``FILE.<index>`` (``indexed``, or a file already split), else ``FILE``."""
+        if not self._pending or not self._path:
+            return
+        if indexed is None:
+            indexed = self._index > 0
+        target = f"{self._path}.{self._index}" if indexed else self._path
+        if indexed:
+            self._index += 1
+        try:
+            Path(target).write_bytes(orjson.dumps(self._pending))
+        except OSError as exc:
+            log.error("cannot write the trace file %s: %s", target, exc)
+        self._pending, self._traces = [], 0
