@@ -115,7 +115,7 @@ def test_unload_dependents_leaves_a_model_another_ensemble_uses(world):
     write_ensemble(world, "two", ["m"])
     for name in ("one", "two"):
         world.lifecycle.load(name, {}, world.replies.append)
-        pump(world, lambda: state(world, "m") is not None)
+        pump(world, lambda: state(world, "m") is not None and state(world, "n") is not None)
         for model in ("m", "n"):
             if state(world, model) == VersionState.LOADING:
                 world.instance_ready(world.loading(model))
