@@ -87,7 +87,7 @@ class BrokerLink:
         self.loop = loop or asyncio.get_running_loop()
         self.identity = f"gw-{host_name()}-{os.getpid()}"
         self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         secure_client(self.sock, curve, "gateway")
         self.sock.setsockopt(zmq.IDENTITY, self.identity.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -103,7 +103,7 @@ class BrokerLink:
         self._streams: dict[int, asyncio.Queue] = {}   # requests answered 0..N times (decoupled)
         self._rids = itertools.count(1)
         self._outbox: list = []
-        self._fd = self.sock.getsockopt(zmq.FD)
+        self._fd = int(self.sock.getsockopt(zmq.FD))
         self.loop.add_reader(self._fd, self._drain)
         self._drain_scheduled = False
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -206,7 +206,7 @@ class BrokerLink:
         parts, self._outbox = self._outbox, []
         send_parts(self.sock, parts)
         # ZeroMQ's fd is edge-triggered: a send may have consumed the readiness edge.
-        if not self._drain_scheduled and _getsockopt(self.sock, _EVENTS) & _POLLIN:
+        if not self._drain_scheduled and int(_getsockopt(self.sock, _EVENTS)) & _POLLIN:
             self._drain_scheduled = True
             self.loop.call_soon(self._drain)
 
@@ -235,8 +235,7 @@ class BrokerLink:
             message, record, offset = read_record(parts[position])
             external = parts[position + 1:position + 1 + message.external]
             position += 1 + message.external
-            kind = type(message)
-            if kind is Response:
+            if isinstance(message, Response):
                 queue = self._streams.get(message.rid)
                 if queue is not None:
                     if message.final is not False:
@@ -244,18 +243,18 @@ class BrokerLink:
                     queue.put_nowait(Reply(message, record, offset, external))
                     continue
                 self._answered(Reply(message, record, offset, external))
-            elif kind is ControlReply:
+            elif isinstance(message, ControlReply):
                 self._answered(Reply(message, record, offset, external))
-            elif kind is Heartbeat:
+            elif isinstance(message, Heartbeat):
                 self._heard_broker(message)
-            elif kind is Models:
+            elif isinstance(message, Models):
                 self.models.update(message)
                 self.shared_memory.apply(message.shared_memory)
                 self.on_trace_settings(message.trace)
                 self._models_received.set()
-            elif kind is LogSettings:
+            elif isinstance(message, LogSettings):
                 logs.apply_wire(message.settings)
-            elif kind is Refused:
+            elif isinstance(message, Refused):
                 log.error("the broker refused this gateway: %s", message.reason)
 
     def _answered(self, reply: Reply) -> None:

@@ -27,7 +27,7 @@ def classification_count(owner: str, parameters: dict) -> int | None:
 
 def classify(output: OutputTensor, count: int, labels: tuple[str, ...], batched: bool) -> OutputTensor:
     dt = datatypes.from_name(output.datatype)
-    if dt is None or dt.is_bytes or dt.name == "BOOL":
+    if dt is None or dt.numpy is None or dt.is_bytes or dt.name == "BOOL":
         raise InvalidArgument(f"class result not available for output '{output.name}' due to unsupported "
                               f"type '{output.datatype}'")
     values = np.frombuffer(output.data, dtype=dt.numpy)

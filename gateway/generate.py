@@ -62,7 +62,7 @@ def _input(spec: ModelSpec, tensor: TensorSpec, value) -> InputTensor:
 
 
 def generate_response(result: InferResult) -> bytes:
-    document = {}
+    document: dict[str, object] = {}
     if result.id:
         document["id"] = result.id
     document["model_name"] = result.model

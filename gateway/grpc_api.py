@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
 
 import grpc
 import orjson
@@ -20,6 +21,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from tritium.gateway.grpc_codec import decode_infer_request, encode_infer_response
+from tritium.gateway.inference import InferResult
 from tritium.gateway.model_table import parse_version
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED
@@ -243,7 +245,8 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         result = await self.dataplane.infer(infer_request, GRPC_DECOUPLED)
         return encode_infer_response(result)
 
-    def infer_then(self, request, metadata, done: Callable[[object], None]) -> None:
+    def infer_then(self, request: Any, metadata: Sequence[tuple[bytes, bytes]],
+                   done: Callable[[service_pb2.ModelInferResponse | TritiumError], None]) -> None:
         """ModelInfer without a coroutine (gateway/grpc_server.py's hot path): ``done`` gets the
         ModelInferResponse or a TritiumError once; a request refused before it is sent raises here."""
         if self.restricted:
@@ -251,18 +254,21 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         if request is UNPARSABLE:
             raise _UNPARSABLE_ERROR
 
-        def answered(result) -> None:
-            if not isinstance(result, TritiumError):
+        def answered(result: InferResult | TritiumError) -> None:
+            answer: service_pb2.ModelInferResponse | TritiumError
+            if isinstance(result, TritiumError):
+                answer = result
+            else:
                 try:
-                    result = encode_infer_response(result)
+                    answer = encode_infer_response(result)
                 except TritiumError as exc:
-                    result = exc
+                    answer = exc
             trace = infer_request.trace
             if trace is None:
-                done(result)
+                done(answer)
                 return
             trace.stamp("GRPC_SEND_START")
-            done(result)
+            done(answer)
             trace.stamp("GRPC_SEND_END")
             trace.finish()
 
@@ -271,7 +277,8 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             infer_request.traceparent = _traceparent(metadata)
         self.dataplane.infer_then(infer_request, answered, GRPC_DECOUPLED)
 
-    async def ModelStreamInfer(self, request_iterator, context):
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any,
+                               ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
         """Answers leave as they come, whatever the order of the requests that asked."""
         metadata = context.invocation_metadata() or ()
         if self.restricted:  # the stream ends before its first request is read, as on Triton
@@ -380,7 +387,7 @@ def _handlers(servicer: GrpcInferenceService) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
 
 
-def _traceparent(metadata) -> str | None:
+def _traceparent(metadata: Sequence[tuple[bytes | str, bytes | str]]) -> str | None:
     """The W3C traceparent among a call's metadata (name, value pairs, bytes as HTTP/2 gives them or str)."""
     for name, value in metadata:
         if name in (b"traceparent", "traceparent"):

@@ -8,6 +8,7 @@ those).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, MutableMapping
 
 import numpy as np
 from tritonclient.grpc import service_pb2
@@ -30,12 +31,13 @@ _CONTENTS_FIELD = {
 }
 
 
-def parameter_value(parameter):
+def parameter_value(parameter: service_pb2.InferParameter) -> bool | int | float | str | None:
     choice = parameter.WhichOneof("parameter_choice")
     return getattr(parameter, choice) if choice else None
 
 
-def parameters_to_dict(parameters, reserved_check: bool = False, skip: tuple = ()) -> dict:
+def parameters_to_dict(parameters: Mapping[str, service_pb2.InferParameter], reserved_check: bool = False,
+                       skip: tuple = ()) -> dict:
     values = {}
     for key, parameter in parameters.items():
         if key in skip:
@@ -48,7 +50,7 @@ def parameters_to_dict(parameters, reserved_check: bool = False, skip: tuple = (
     return values
 
 
-def fill_parameters(target, values: dict) -> None:
+def fill_parameters(target: MutableMapping[str, service_pb2.InferParameter], values: dict) -> None:
     for key, value in values.items():
         parameter = target[key]
         if isinstance(value, bool):
@@ -61,7 +63,7 @@ def fill_parameters(target, values: dict) -> None:
             parameter.string_param = str(value)
 
 
-def decode_infer_request(message) -> InferRequest:
+def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest:
     model = message.model_name
     if message.parameters:   # (empty maps are skipped: this is every gRPC inference's path)
         check_parameter_kinds(message.parameters)
@@ -107,7 +109,7 @@ def decode_infer_request(message) -> InferRequest:
                         sequence_id=sequence_id, sequence_flags=sequence_flags)
 
 
-def _request_parameters(message_parameters) -> tuple[int | str, int, dict]:
+def _request_parameters(message_parameters: Mapping[str, service_pb2.InferParameter]) -> tuple[int | str, int, dict]:
     """The sequence id and flags, and the other parameters (kinds checked by check_parameter_kinds)."""
     if not message_parameters:
         return 0, 0, {}
@@ -127,7 +129,7 @@ _PARAMETER_KINDS = {
 }
 
 
-def check_parameter_kinds(parameters) -> None:
+def check_parameter_kinds(parameters: Mapping[str, service_pb2.InferParameter]) -> None:
     """Triton's INVALID_ARGUMENT for a reserved parameter of the wrong kind (a string priority,
     a NaN timeout); a negative priority is refused, a negative timeout wraps to uint64 as on Triton."""
     for key, kinds in _PARAMETER_KINDS.items():
@@ -140,7 +142,7 @@ def check_parameter_kinds(parameters) -> None:
             raise InvalidArgument("invalid value for 'priority', expected value >= 0.")
 
 
-def _sequence(parameters) -> tuple[int | str, int]:
+def _sequence(parameters: Mapping[str, service_pb2.InferParameter]) -> tuple[int | str, int]:
     """Triton's sequence parameters (their kinds checked by check_parameter_kinds)."""
     sequence_id, flags = 0, 0
     if "sequence_id" in parameters:
@@ -154,7 +156,7 @@ def _sequence(parameters) -> tuple[int | str, int]:
     return sequence_id, flags
 
 
-def contents_to_bytes(model: str, tensor) -> bytes:
+def contents_to_bytes(model: str, tensor: service_pb2.ModelInferRequest.InferInputTensor) -> bytes:
     dt = datatypes.from_name(tensor.datatype)
     if dt is None:
         raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has invalid datatype '{tensor.datatype}'")
@@ -168,7 +170,7 @@ def contents_to_bytes(model: str, tensor) -> bytes:
     return np.array(values, dtype=dt.numpy).tobytes()
 
 
-def encode_infer_response(result: InferResult, parameters: dict | None = None):
+def encode_infer_response(result: InferResult, parameters: dict | None = None) -> service_pb2.ModelInferResponse:
     response = service_pb2.ModelInferResponse(model_name=result.model, model_version=str(result.version),
                                               id=result.id)
     for output in result.outputs:  # data in raw_output_contents, never in the typed contents

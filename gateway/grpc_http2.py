@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import cast
 
 import hpack
 from hpack.exceptions import HPACKError
@@ -39,6 +40,8 @@ MAX_WINDOW = 2**31 - 1
 _HEAD = struct.Struct(">IBI")   # length << 8 | type, flags, stream id
 _CACHE_LIMIT = 64
 
+Headers = list[tuple[bytes, bytes]]   # a decoded header block: (name, value) pairs as they came
+
 
 class ConnectionFailure(Exception):
     """The connection cannot go on: a GOAWAY with ``code`` ends it."""
@@ -48,7 +51,7 @@ class ConnectionFailure(Exception):
         self.code = code
 
 
-def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+def frame(kind: int, flags: int, stream_id: int, payload: bytes | memoryview = b"") -> bytes:
     return _HEAD.pack(len(payload) << 8 | kind, flags, stream_id) + payload
 
 
@@ -68,7 +71,7 @@ def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
 
 def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
     """A header block of literals without indexing (``:status: 200`` as its static index)."""
-    out = []
+    out: list[bytes] = []
     for name, value in headers:
         if name == b":status" and value == b"200":
             out.append(b"\x88")
@@ -93,8 +96,9 @@ class Http2Connection:
     ``on_reset(stream_id)``, ``on_window(stream_id)`` (0: the connection's window grew),
     ``on_goaway()``."""
 
-    def __init__(self, on_headers: Callable, on_data: Callable, on_reset: Callable, on_window: Callable,
-                 on_goaway: Callable, window: int = DEFAULT_WINDOW, max_frame: int = DEFAULT_FRAME) -> None:
+    def __init__(self, on_headers: Callable[[int, Headers, bool], None], on_data: Callable[[int, bytes, bool], None],
+                 on_reset: Callable[[int], None], on_window: Callable[[int], None], on_goaway: Callable[[], None],
+                 window: int = DEFAULT_WINDOW, max_frame: int = DEFAULT_FRAME) -> None:
         self.on_headers, self.on_data, self.on_reset = on_headers, on_data, on_reset
         self.on_window, self.on_goaway = on_window, on_goaway
         self.window, self.max_frame = window, max_frame      # what we take
@@ -109,7 +113,7 @@ class Http2Connection:
         self._preface = False
         self._continuing: tuple[int, int, bytearray] | None = None   # stream, flags, header block so far
         self._decoder = hpack.Decoder()
-        self._decoded: dict[bytes, list] = {}
+        self._decoded: dict[bytes, Headers] = {}
         self._out: list[bytes] = []
 
     def start(self) -> None:
@@ -130,7 +134,7 @@ class Http2Connection:
         """Every complete frame in what has arrived; ConnectionFailure when the client broke the protocol."""
         if self._buffer:
             self._buffer += data
-            buffer = self._buffer
+            buffer: bytes | bytearray = self._buffer
         else:
             buffer = data
         position = 0
@@ -157,9 +161,9 @@ class Http2Connection:
             self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload)
         self._keep(buffer, position)
 
-    def _keep(self, buffer, position: int) -> None:
+    def _keep(self, buffer: bytes | bytearray, position: int) -> None:
         if buffer is self._buffer:
-            del buffer[:position]
+            del self._buffer[:position]
         elif position < len(buffer):
             self._buffer = bytearray(buffer[position:])
 
@@ -260,7 +264,7 @@ class Http2Connection:
         stream.remote_closed = end
         self.on_headers(stream_id, headers, end)
 
-    def _decode(self, block: bytes) -> list:
+    def _decode(self, block: bytes) -> Headers:
         """The block's headers; a repeated block that changed nothing in the table from the cache."""
         cached = self._decoded.get(block)
         if cached is not None:
@@ -268,7 +272,7 @@ class Http2Connection:
         entries = self._decoder.header_table.dynamic_entries
         before = (len(entries), entries[0] if entries else None)
         try:
-            headers = self._decoder.decode(block, raw=True)
+            headers = cast(Headers, self._decoder.decode(block, raw=True))   # raw=True: a list of bytes pairs
         except HPACKError as exc:
             raise ConnectionFailure(COMPRESSION_ERROR, f"a header block that cannot be decoded: {exc}") from None
         if before == (len(entries), entries[0] if entries else None):
@@ -361,7 +365,7 @@ class Http2Connection:
         if end_stream:
             self._end_local(stream_id)
 
-    def send_data(self, stream_id: int, data: bytes) -> None:
+    def send_data(self, stream_id: int, data: bytes | memoryview) -> None:
         """DATA within the windows: the caller asked ``window_for`` first."""
         stream = self.streams[stream_id]
         stream.send_window -= len(data)

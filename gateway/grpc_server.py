@@ -17,19 +17,26 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import socket
 from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, rpc_methods
-from tritium.gateway.grpc_http2 import (NO_ERROR, REFUSED_STREAM, ConnectionFailure, Http2Connection, encode_headers)
+from tritium.gateway.grpc_http2 import (NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers, Http2Connection,
+                                        encode_headers)
 from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader, frame,
                                parse_timeout, percent_encoded, too_large)
 from tritium.gateway.restricted import RestrictedApis
 from tritium.errors import TritiumError
 from tritium.ports import bound_socket
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.service_pb2 import ModelInferResponse
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +56,9 @@ _END = object()   # the client half-closed a streaming call
 class Rpc:
     name: str
     streaming: bool
-    parse: object        # bytes -> request message, or UNPARSABLE
-    serialize: object    # response message -> bytes
-    handler: object      # the servicer's coroutine function (async generator for streaming)
+    parse: Callable[[bytes], Any]        # bytes -> request message, or UNPARSABLE
+    serialize: Callable[[Any], bytes]    # response message -> bytes
+    handler: Callable[..., Any]          # the servicer's coroutine function (async generator for streaming)
 
 
 def status_of(error: TritiumError) -> GrpcFailure:
@@ -63,15 +70,15 @@ class CallContext:
 
     __slots__ = ("_headers",)
 
-    def __init__(self, headers: list) -> None:
+    def __init__(self, headers: Headers) -> None:
         self._headers = headers
 
-    def invocation_metadata(self) -> tuple:
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
         return tuple((name.decode("latin-1"),
                       base64.b64decode(value + b"==") if name.endswith(b"-bin") else value.decode("latin-1"))
                      for name, value in self._headers)
 
-    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: tuple = ()) -> None:
         raise GrpcFailure(code.value[0], details)
 
 
@@ -81,7 +88,7 @@ class _Call:
     __slots__ = ("id", "rpc", "headers", "reader", "messages", "requests", "task", "timer", "headers_sent",
                  "done", "remote_closed", "pending", "trailers")
 
-    def __init__(self, stream_id: int, rpc: Rpc | None, headers: list, reader: MessageReader) -> None:
+    def __init__(self, stream_id: int, rpc: Rpc, headers: Headers, reader: MessageReader) -> None:
         self.id, self.rpc, self.headers, self.reader = stream_id, rpc, headers, reader
         self.messages: list[bytes] = []
         self.requests: asyncio.Queue | None = None    # streaming calls: parsed requests, then _END
@@ -102,10 +109,10 @@ class _Requests:
     def __init__(self, queue: asyncio.Queue) -> None:
         self.queue = queue
 
-    def __aiter__(self):
+    def __aiter__(self) -> _Requests:
         return self
 
-    async def __anext__(self):
+    async def __anext__(self) -> Any:
         item = await self.queue.get()
         if item is _END:
             raise StopAsyncIteration
@@ -117,7 +124,7 @@ class _Shared:
     servicer: GrpcInferenceService
     rpcs: dict[bytes, Rpc]
     max_message_bytes: int
-    open: set = field(default_factory=set)
+    open: set[GrpcConnection] = field(default_factory=set)
     draining: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -125,9 +132,10 @@ class _Shared:
 class GrpcConnection(asyncio.Protocol):
     """One client connection: HTTP/2 frames in and out, each stream a call."""
 
+    transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
+
     def __init__(self, shared: _Shared, loop: asyncio.AbstractEventLoop) -> None:
         self.shared, self.loop = shared, loop
-        self.transport: asyncio.Transport | None = None
         self.http2 = Http2Connection(self._request, self._data, self._reset_by_client, self._window_grew,
                                      self._client_going_away, window=_WINDOW, max_frame=_MAX_FRAME)
         self.calls: dict[int, _Call] = {}      # streams not yet answered, or answered but still sending
@@ -136,13 +144,13 @@ class GrpcConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)   # a stream server's transports are Transports
         self.shared.open.add(self)
         self.http2.start()
         self._flush()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         for call in list(self.calls.values()):
             self._forget(call)
@@ -163,9 +171,11 @@ class GrpcConnection(asyncio.Protocol):
 
     # -- HTTP/2 callbacks ----------------------------------------------------------------
 
-    def _request(self, stream_id: int, headers: list, end_stream: bool) -> None:
-        path = content_type = encoding = timeout = None
-        metadata = []
+    def _request(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
+        path = b""
+        content_type = encoding = None
+        timeout: float | None = None
+        metadata: Headers = []
         for name, value in headers:
             if name[:1] == b":":
                 if name == b":path":
@@ -186,18 +196,21 @@ class GrpcConnection(asyncio.Protocol):
             if not end_stream:
                 self.http2.reset(stream_id, NO_ERROR)
             return
-        call = _Call(stream_id, self.shared.rpcs.get(path), metadata,
-                     MessageReader(self.shared.max_message_bytes, encoding))
+        rpc = self.shared.rpcs.get(path)
+        if rpc is None:   # trailers-only, as a call that failed before its first message
+            self.http2.send_headers(stream_id, _trailers(STATUS["UNIMPLEMENTED"], f"unknown RPC {path.decode('latin-1')}",
+                                                         headers_sent=False), end_stream=True)
+            if not end_stream:   # stop the client sending more of a call that is over
+                self.http2.reset(stream_id, NO_ERROR)
+            return
+        call = _Call(stream_id, rpc, metadata, MessageReader(self.shared.max_message_bytes, encoding))
         call.remote_closed = end_stream
         self.calls[stream_id] = call
-        if call.rpc is None:
-            self._fail(call, GrpcFailure(STATUS["UNIMPLEMENTED"], f"unknown RPC {(path or b'').decode('latin-1')}"))
-            return
         if timeout is not None:
             call.timer = self.loop.call_later(timeout, self._expire, call)
-        if call.rpc.streaming:
+        if rpc.streaming:
             call.requests = asyncio.Queue()
-            responses = call.rpc.handler(_Requests(call.requests), CallContext(call.headers))
+            responses = rpc.handler(_Requests(call.requests), CallContext(call.headers))
             call.task = self.loop.create_task(self._serve(call, responses))
         if end_stream:
             self._ended(call)
@@ -252,7 +265,7 @@ class GrpcConnection(asyncio.Protocol):
 
     # -- calls -------------------------------------------------------------------------
 
-    def _unary(self, call: _Call, request) -> None:
+    def _unary(self, call: _Call, request: Any) -> None:
         if call.rpc.name == "ModelInfer":
             try:
                 self.shared.servicer.infer_then(request, call.headers, lambda answer: self._answered(call, answer))
@@ -264,7 +277,7 @@ class GrpcConnection(asyncio.Protocol):
         responses = _one(call.rpc.handler, request, CallContext(call.headers))
         call.task = self.loop.create_task(self._serve(call, responses))
 
-    def _answered(self, call: _Call, answer) -> None:
+    def _answered(self, call: _Call, answer: ModelInferResponse | TritiumError) -> None:
         """ModelInfer's answer, from the broker link's callback."""
         if call.done:   # the client reset it, or its deadline passed
             return
@@ -280,7 +293,7 @@ class GrpcConnection(asyncio.Protocol):
             self._fail(call, _internal(call, exc))
         self._flush_soon()
 
-    async def _serve(self, call: _Call, responses) -> None:
+    async def _serve(self, call: _Call, responses: AsyncIterator[Any]) -> None:
         """A call the servicer answers as a coroutine: each response leaves as it comes."""
         try:
             async for response in responses:
@@ -344,13 +357,8 @@ class GrpcConnection(asyncio.Protocol):
         if code == OK and not message and call.headers_sent:
             call.trailers = _OK_BLOCK
         else:
-            trailers = [(b"grpc-status", b"%d" % code)]
-            if message:
-                trailers.append((b"grpc-message", percent_encoded(message)))
-            if not call.headers_sent:   # trailers-only: one HEADERS frame
-                call.headers_sent = True
-                trailers = _RESPONSE_HEADERS + trailers
-            call.trailers = encode_headers(trailers)
+            call.trailers = _trailers(code, message, call.headers_sent)
+            call.headers_sent = True
         self._send_pending(call)
 
     def _fail(self, call: _Call, failure: GrpcFailure) -> None:
@@ -397,13 +405,24 @@ class GrpcConnection(asyncio.Protocol):
             self.transport.close()
 
 
-async def _one(handler, request, context):
+async def _one(handler: Callable[..., Any], request: Any, context: CallContext) -> AsyncIterator[Any]:
     """A unary RPC's coroutine as the stream of its one response."""
     yield await handler(request, context)
 
 
+def _trailers(code: int, message: str, headers_sent: bool) -> bytes:
+    """The header block that ends a call with ``code`` and ``message``; trailers-only (one HEADERS
+    frame) when no response headers were sent."""
+    trailers = [(b"grpc-status", b"%d" % code)]
+    if message:
+        trailers.append((b"grpc-message", percent_encoded(message)))
+    if not headers_sent:
+        trailers = _RESPONSE_HEADERS + trailers
+    return encode_headers(trailers)
+
+
 def _internal(call: _Call, exc: Exception) -> GrpcFailure:
-    log.error("internal error in %s", call.rpc.name if call.rpc else "?", exc_info=exc)
+    log.error("internal error in %s", call.rpc.name, exc_info=exc)
     return GrpcFailure(INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
@@ -414,17 +433,18 @@ class GrpcServer:
         rpcs = {f"/{SERVICE.full_name}/{name}".encode(): Rpc(name, streaming, parse, serialize, getattr(servicer, name))
                 for name, streaming, parse, serialize in rpc_methods()}
         self.shared = _Shared(servicer, rpcs, max_message_bytes)
-        self._sock = None
+        self._sock: socket.socket | None = None
         self._server: asyncio.AbstractServer | None = None
 
     def bind(self, address: str, port: int, reuse_port: bool = False) -> int:
-        self._sock = bound_socket("GRPC", address, port, reuse_port)
-        self._sock.listen(2048)
-        self._sock.setblocking(False)
-        return self._sock.getsockname()[1]
+        self._sock = sock = bound_socket("GRPC", address, port, reuse_port)
+        sock.listen(2048)
+        sock.setblocking(False)
+        return sock.getsockname()[1]
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        assert self._sock is not None, "bind() comes first"   # as bind_grpc_tritium does
         self._server = await loop.create_server(lambda: GrpcConnection(self.shared, loop), sock=self._sock,
                                                 backlog=2048)
 

@@ -64,10 +64,11 @@ class MessageReader:
             self._buffer += data
             if len(self._buffer) < self._wanted:
                 return []
-            buffer = self._buffer
+            buffer: bytes | bytearray = self._buffer
         else:
             buffer = data
-        messages, position, size = [], 0, len(buffer)
+        messages: list[bytes] = []
+        position, size = 0, len(buffer)
         self._wanted = _PREFIX
         while size - position >= _PREFIX:
             flag, length = buffer[position], int.from_bytes(buffer[position + 1:position + _PREFIX], "big")
@@ -83,7 +84,7 @@ class MessageReader:
             position = end
             messages.append(self._decompressed(message) if flag else message)
         if buffer is self._buffer:
-            del buffer[:position]
+            del self._buffer[:position]
         elif position < size:
             self._buffer = bytearray(buffer[position:])
         return messages

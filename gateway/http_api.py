@@ -24,6 +24,7 @@ from tritium.gateway.http_codec import (
     parse_json_object,
 )
 from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
+from tritium.gateway.inference import InferResult
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED
 from tritium.gateway.tracing import traced_answer
@@ -58,7 +59,7 @@ _JSON = [(b"content-type", b"application/json")]
 _TEXT = [(b"content-type", b"text/plain")]
 
 
-def json_response(document, status: int = 200) -> HttpResponse:
+def json_response(document: object, status: int = 200) -> HttpResponse:
     return HttpResponse(status, _JSON, orjson.dumps(document))
 
 
@@ -145,20 +146,21 @@ class HttpApp:
         spec = self.dataplane.check_model(model, version)   # Triton looks the model up before the body
         headers = request.headers
         body = self._decompress(request.body, headers.get(b"content-encoding"))
-        header_length = headers.get(b"inference-header-content-length")
-        if header_length is not None:
+        header_length_text = headers.get(b"inference-header-content-length")
+        header_length = None
+        if header_length_text is not None:
             try:
-                header_length = int(header_length)
+                header_length = int(header_length_text)
             except ValueError:
-                raise InvalidArgument(
-                    f"invalid Inference-Header-Content-Length header: {header_length.decode(errors='replace')!r}") from None
+                raise InvalidArgument("invalid Inference-Header-Content-Length header: "
+                                      f"{header_length_text.decode(errors='replace')!r}") from None
         if header_length == 0:
             infer_request, binary_default = decode_raw_request(spec, version, body), True
         else:
             infer_request, binary_default = decode_infer_request(model, version, body, header_length)
         accept_encoding = headers.get(b"accept-encoding")
 
-        def done(result) -> None:
+        def done(result: InferResult | TritiumError) -> None:
             try:
                 if isinstance(result, TritiumError):
                     raise result
@@ -314,7 +316,8 @@ class HttpApp:
         return data
 
 
-def _compressed(headers: list, body: bytes, accept_encoding: bytes) -> tuple[list, bytes]:
+def _compressed(headers: list[tuple[bytes, bytes]], body: bytes, accept_encoding: bytes,
+                ) -> tuple[list[tuple[bytes, bytes]], bytes]:
     """The response in the encoding the client prefers; Inference-Header-Content-Length
     keeps the uncompressed header's length, as Triton sends it."""
     encoding = response_encoding(accept_encoding)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import orjson
@@ -32,7 +34,7 @@ _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _NO_ID = "[request id: <id_unknown>] "   # Triton's prefix for a request without an id (a raw one never has one)
 
 
-def parse_json_object(data: bytes, key_count=None) -> dict:
+def parse_json_object(data: bytes, key_count: Callable[[dict], int] | None = None) -> dict:
     """The JSON object in ``data``; a key given twice keeps its first value, as Triton reads it.
 
     Each key in the text is followed by one ':', so when the parsed objects hold as many
@@ -51,7 +53,7 @@ def parse_json_object(data: bytes, key_count=None) -> dict:
     return document
 
 
-def _key_count(value) -> int:
+def _key_count(value: dict | list) -> int:
     """Keys of the objects in ``value``, leaving lists of scalars (tensor data) unread."""
     if isinstance(value, dict):
         return len(value) + sum(_key_count(item) for item in value.values() if isinstance(item, (dict, list)))
@@ -74,8 +76,8 @@ def _infer_key_count(document: dict) -> int:
     return count
 
 
-def _first_value_wins(pairs: list) -> dict:
-    document = {}
+def _first_value_wins(pairs: list[tuple[str, Any]]) -> dict:
+    document: dict[str, Any] = {}
     for key, value in pairs:
         document.setdefault(key, value)
     return document
@@ -98,7 +100,7 @@ def decode_raw_request(spec: ModelSpec, version: str | None, body: bytes) -> Inf
         if dims != [1]:
             raise InvalidArgument(
                 f"{_NO_ID}For BYTE datatype raw input '{config.name}', the model must have input shape [1]")
-        data = datatypes.pack_bytes([bytes(body)])
+        data: bytes | memoryview = datatypes.pack_bytes([bytes(body)])
     else:
         variable = [i for i, d in enumerate(dims) if d == -1]
         if len(variable) > 1:
@@ -149,7 +151,7 @@ def _split_body(model: str, body: bytes, header_length: int | None) -> tuple[byt
     return body[:header_length], memoryview(body)[header_length:]   # the header is copied, it is small
 
 
-def _boolean_parameter(parameters, key: str) -> bool:
+def _boolean_parameter(parameters: object, key: str) -> bool:
     """A binary-data switch; anything but true or false fails as Triton's parser fails it (500)."""
     if not isinstance(parameters, dict) or key not in parameters:
         return False
@@ -159,7 +161,7 @@ def _boolean_parameter(parameters, key: str) -> bool:
     return value
 
 
-def _parameters(value, where: str, reserved_check: bool = False) -> dict:
+def _parameters(value: object, where: str, reserved_check: bool = False) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -193,10 +195,11 @@ def _sequence(parameters: dict) -> tuple[int | str, int]:
     return sequence_id, flags
 
 
-def _inputs(model: str, value, binary: memoryview, has_header_length: bool) -> list[InputTensor]:
+def _inputs(model: str, value: object, binary: memoryview, has_header_length: bool) -> list[InputTensor]:
     if not isinstance(value, list):
         raise InvalidArgument(f"the request for model '{model}' must have an 'inputs' list")
-    inputs, offset = [], 0
+    inputs: list[InputTensor] = []
+    offset = 0
     for item in value:
         if not isinstance(item, dict):
             raise InvalidArgument(f"every entry of 'inputs' for model '{model}' must be a JSON object")
@@ -210,6 +213,7 @@ def _inputs(model: str, value, binary: memoryview, has_header_length: bool) -> l
                 "'parameters', 'shared_memory_region' in 'parameters'. But "
                 + ("no field is set" if sources == 0 else "more than one field is set"))
         shared = shared_memory_ref(f"input '{name}'", parameters)
+        data: bytes | memoryview
         if shared is not None:
             data = b""
         elif size is not None:
@@ -249,12 +253,12 @@ def _tensor_header(model: str, item: dict) -> tuple[str, str, list[int]]:
     return name, datatype, shape
 
 
-def _outputs(value) -> list[RequestedOutput] | None:
+def _outputs(value: object) -> list[RequestedOutput] | None:
     if value is None or value == []:   # Triton reads an empty list as every output
         return None
     if not isinstance(value, list):
         raise InvalidArgument("'outputs' must be a list")
-    outputs = []
+    outputs: list[RequestedOutput] = []
     for item in value:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgument("every entry of 'outputs' must be a JSON object with a 'name'")
@@ -268,10 +272,10 @@ def _outputs(value) -> list[RequestedOutput] | None:
     return outputs
 
 
-def json_to_bytes(model: str, name: str, datatype: str, shape: list[int], data) -> bytes:
+def json_to_bytes(model: str, name: str, datatype: str, shape: list[int], data: object) -> bytes:
     """Serialize JSON tensor data (flat or nested, row-major) the way binary data would be."""
-    dt = datatypes.from_name(datatype)
-    if not dt.json_allowed:
+    dt = datatypes.BY_NAME[datatype]   # a name _tensor_header checked
+    if not dt.json_allowed or dt.numpy is None:   # (every datatype numpy lacks is one JSON cannot carry)
         raise InvalidArgument(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data "
             f"format for input {name}")
@@ -287,33 +291,33 @@ def json_to_bytes(model: str, name: str, datatype: str, shape: list[int], data) 
         if not all(isinstance(v, bool) for v in values):
             raise InvalidArgument(f"input '{name}' for model '{model}' is BOOL: 'data' must hold true or false")
         return np.array(values, dtype=np.bool_).tobytes()
-    return _numbers_to_bytes(model, name, dt, values)
+    return _numbers_to_bytes(model, name, dt.name, dt.numpy, values)
 
 
-def _numbers_to_bytes(model: str, name: str, dt, values: list) -> bytes:
-    integer = dt.numpy.kind in "iu"
+def _numbers_to_bytes(model: str, name: str, datatype: str, dtype: np.dtype, values: list) -> bytes:
+    integer = dtype.kind in "iu"
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
             kind = "integers" if integer else "numbers"
             raise InvalidArgument(
-                f"input '{name}' for model '{model}' is {dt.name}: 'data' must hold {kind}, got {v!r}")
+                f"input '{name}' for model '{model}' is {datatype}: 'data' must hold {kind}, got {v!r}")
     if integer and values:
-        info = np.iinfo(dt.numpy)
+        info = np.iinfo(dtype)
         low, high = min(values), max(values)
         if low < info.min or high > info.max:
             raise InvalidArgument(
-                f"input '{name}' for model '{model}' has a value out of range for {dt.name}")
-    return np.array(values, dtype=dt.numpy).tobytes()
+                f"input '{name}' for model '{model}' has a value out of range for {datatype}")
+    return np.array(values, dtype=dtype).tobytes()
 
 
-def _flatten(data, model: str, name: str) -> list:
+def _flatten(data: object, model: str, name: str) -> list:
     if not isinstance(data, list):
         return [data]
     if not data or not isinstance(data[0], list):
         if any(isinstance(v, list) for v in data):
             raise InvalidArgument(f"'data' of input '{name}' for model '{model}' is ragged")
         return data
-    flat = []
+    flat: list = []
     for item in data:
         if not isinstance(item, list):
             raise InvalidArgument(f"'data' of input '{name}' for model '{model}' is ragged")
@@ -324,24 +328,25 @@ def _flatten(data, model: str, name: str) -> list:
 # -- responses --------------------------------------------------------------------------
 
 def encode_infer_response(result: InferResult, requested: list[RequestedOutput] | None,
-                          binary_default: bool) -> tuple[list, bytes]:
+                          binary_default: bool) -> tuple[list[tuple[bytes, bytes]], bytes]:
     """(headers, body) of a successful inference response."""
     wanted = {o.name: o.parameters for o in requested} if requested else {}
-    outputs, chunks = [], []
+    outputs: list[dict[str, object]] = []
+    chunks: list[bytes | memoryview] = []
     for output in result.outputs:
         parameters = wanted.get(output.name, {})
-        entry = {"name": output.name, "datatype": output.datatype, "shape": output.shape}
+        entry: dict[str, object] = {"name": output.name, "datatype": output.datatype, "shape": output.shape}
         if output.in_shared_memory:  # name, datatype and shape only, as in Triton
             outputs.append(entry)
             continue
         if parameters.get("binary_data", binary_default):
-            data = output.data if isinstance(output.data, (bytes, memoryview)) else memoryview(output.data)
+            data = output.data
             entry["parameters"] = {"binary_data_size": len(data)}
             chunks.append(data)
         else:
             entry["data"] = output_to_json(output.name, output.datatype, output.data)
         outputs.append(entry)
-    document = {}
+    document: dict[str, object] = {}
     if result.id:
         document["id"] = result.id
     document["model_name"] = result.model
@@ -357,14 +362,14 @@ def encode_infer_response(result: InferResult, requested: list[RequestedOutput] 
             (b"inference-header-content-length", str(len(header)).encode())], body
 
 
-def output_to_json(name: str, datatype: str, data):
-    dt = datatypes.from_name(datatype)
-    if not dt.json_allowed:
+def output_to_json(name: str, datatype: str, data: bytes | memoryview) -> list[str] | np.ndarray:
+    dt = datatypes.BY_NAME[datatype]   # the worker's output names a datatype of the table
+    if not dt.json_allowed or dt.numpy is None:   # (every datatype numpy lacks is one JSON cannot carry)
         raise InvalidArgument(
             f"sending {datatype} data via JSON is not supported. Please use the binary data "
             f"format for output {name}")
     if dt.is_bytes:
-        items = []
+        items: list[str] = []
         view = memoryview(data)
         offset = 0
         while offset < len(view):

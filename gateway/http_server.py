@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Protocol, cast
 from urllib.parse import unquote
 
 import httptools
@@ -56,14 +58,20 @@ class HttpResponse:
 class Streaming:
     """A response sent in chunks as they come (server-sent events): head, then ``chunks``."""
 
-    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks) -> None:
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks: AsyncIterator[bytes]) -> None:
         self.status, self.headers, self.chunks = status, headers, chunks
 
 
 Answer = Callable[[HttpResponse | Streaming], None]
 
 
-def encode_head(status: int, headers: list, length: int | None, close: bool) -> bytes:
+class HttpApplication(Protocol):
+    """What the server hands each request to (gateway/http_api.py's HttpApp)."""
+
+    def handle(self, request: HttpRequest, answer: Answer) -> None: ...
+
+
+def encode_head(status: int, headers: list[tuple[bytes, bytes]], length: int | None, close: bool) -> bytes:
     lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
     for name, value in headers:
         lines.append(b"%s: %s\r\n" % (name, value))
@@ -85,7 +93,7 @@ class HttpLimits:
 class _Connections:
     """Every open connection, for the timeout sweep and the drain."""
 
-    open: set = field(default_factory=set)
+    open: set[HttpConnection] = field(default_factory=set)
     draining: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -97,9 +105,11 @@ class HttpConnection(asyncio.Protocol):
                  "last_active", "_url", "_headers", "_body", "_body_size", "_too_large", "_write_paused",
                  "_reading", "_begun")
 
-    def __init__(self, app, limits: HttpLimits, loop: asyncio.AbstractEventLoop, shared: _Connections) -> None:
+    transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
+
+    def __init__(self, app: HttpApplication, limits: HttpLimits, loop: asyncio.AbstractEventLoop,
+                 shared: _Connections) -> None:
         self.app, self.limits, self.loop, self.shared = app, limits, loop, shared
-        self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[tuple[HttpRequest, bool]] = deque()   # parsed, not yet answered (pipelining)
         self.busy = False              # a request is being answered
@@ -119,11 +129,11 @@ class HttpConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)   # a stream server's transports are Transports
         self.shared.open.add(self)
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.shared.open.discard(self)
         if self.shared.draining and not self.shared.open:
@@ -203,7 +213,11 @@ class HttpConnection(asyncio.Protocol):
         while self.queue and not self.busy and not self.closing:
             request, keep_alive = self.queue.popleft()
             self.busy = True
-            self.app.handle(request, lambda answer, k=keep_alive: self._answer(answer, k))
+
+            def answer(response: HttpResponse | Streaming, keep_alive: bool = keep_alive) -> None:
+                self._answer(response, keep_alive)
+
+            self.app.handle(request, answer)
 
     def _answer(self, answer: HttpResponse | Streaming, keep_alive: bool) -> None:
         if self.closing:
@@ -269,14 +283,14 @@ class HttpConnection(asyncio.Protocol):
 class HttpServer:
     """The listening socket(s), the connections, their timeouts, and the graceful drain."""
 
-    def __init__(self, app, limits: HttpLimits) -> None:
+    def __init__(self, app: HttpApplication, limits: HttpLimits) -> None:
         self.app = app
         self.limits = limits
         self.connections = _Connections()
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
-    async def start(self, sock) -> None:
+    async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: HttpConnection(self.app, self.limits, loop, self.connections), sock=sock, backlog=2048)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tritium.gateway.shared_memory import SharedMemoryRef
+
+if TYPE_CHECKING:
+    from tritium.gateway.tracing import RequestTrace
 
 
 @dataclass(slots=True)
@@ -34,8 +38,8 @@ class InferRequest:
     parameters: dict = field(default_factory=dict)
     sequence_id: int | str = 0      # Triton's correlation id (0 or "": not in a sequence)
     sequence_flags: int = 0         # Triton's request flags: 1 START, 2 END
-    traceparent: bytes | None = None   # the client's W3C trace context, read only while tracing is on
-    trace: object = None               # a RequestTrace (gateway/tracing.py) when this request is traced
+    traceparent: bytes | str | None = None   # the client's W3C trace context, read only while tracing is on
+    trace: RequestTrace | None = None        # set when this request is traced
 
 
 SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
@@ -48,7 +52,7 @@ class OutputTensor:
     name: str
     datatype: str
     shape: list[int]
-    data: object                  # a buffer: bytes, memoryview or zmq frame buffer
+    data: bytes | memoryview      # a view of the broker's reply (a zmq frame's buffer), or bytes made here
     in_shared_memory: bool = False  # written to the client's region; the response carries no data
 
 

@@ -100,8 +100,9 @@ async def serve(settings: GatewaySettings) -> None:
         loop.add_signal_handler(sig, on_signal)
     log.info("gateway waiting for the broker at %s", settings.broker)
     await link.start(settings.broker_timeout_s)
-    dataplane.tracer = GatewayTracer(link, settings.trace)
-    await dataplane.tracer.start()
+    tracer = GatewayTracer(link, settings.trace)
+    dataplane.tracer = tracer
+    await tracer.start()
     tune_for_serving()
     if grpc_server is not None:
         await grpc_server.start()
@@ -122,7 +123,7 @@ async def serve(settings: GatewaySettings) -> None:
         if grpc_stopping is not None:
             await grpc_stopping
     finally:
-        dataplane.tracer.close()
+        tracer.close()
         link.close()
         watchdog.cancel()
         log.info("gateway stopped")

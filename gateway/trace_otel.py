@@ -19,6 +19,11 @@ from __future__ import annotations
 
 import time
 
+from tritium.errors import Unsupported
+from tritium.tracing.settings import DEFAULT_OTEL_URL, OTEL_MISSING, TraceSettings
+
+# Imported by gateway/tracing.py only when a trace is exported this way: without the SDK,
+# that import fails with the error that says which extra to install.
 try:
     from opentelemetry import trace as otel_trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -28,11 +33,7 @@ try:
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 except ImportError:  # the [otel] extra is not installed
-    otel_trace = None
-    RandomIdGenerator = object
-
-from tritium.errors import Unsupported
-from tritium.tracing.settings import DEFAULT_OTEL_URL, OTEL_MISSING, TraceSettings
+    raise Unsupported(OTEL_MISSING) from None
 from tritium.tracing.stamps import (
     COMPUTE_END,
     COMPUTE_START,
@@ -42,11 +43,6 @@ from tritium.tracing.stamps import (
 )
 
 _MODEL_EVENTS = (REQUEST_START, QUEUE_START, REQUEST_END)
-
-
-def require_otel() -> None:
-    if otel_trace is None:
-        raise Unsupported(OTEL_MISSING)
 
 
 class _PresetIds(RandomIdGenerator):
@@ -78,7 +74,6 @@ def resource_attributes(items: tuple[str, ...]) -> dict[str, str]:
 
 class OtelExporter:
     def __init__(self, settings: TraceSettings, here: list) -> None:
-        require_otel()
         url = settings.url or DEFAULT_OTEL_URL
         self.ids = _PresetIds()
         self.provider = TracerProvider(resource=Resource.create(resource_attributes(settings.resource)),

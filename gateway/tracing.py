@@ -15,10 +15,15 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import TYPE_CHECKING, Protocol
 
 from tritium.protocol import Control, ControlOp, Response
 from tritium.tracing.settings import TraceSettings
 from tritium.tracing.stamps import INFER_RESPONSE_COMPLETE, REQUEST_END, place
+
+if TYPE_CHECKING:
+    from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
+    from tritium.gateway.trace_otel import OtelExporter
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +78,7 @@ class GatewayTracer:
         self._revision: int | None = None
         self._seen: dict[str | None, int] = {}
         self._left: dict[str | None, int] = {}
-        self._otel = None
+        self._otel: OtelExporter | None = None
         self._apply_settings(startup, {})
         link.on_trace_settings = self.apply
         if startup.mode == "opentelemetry":
@@ -98,7 +103,7 @@ class GatewayTracer:
         self._left.clear()
         self.on = settings.on or any(model.on for model in models.values())
 
-    def sample(self, model: str, version: int, traceparent: bytes | None = None) -> RequestTrace | None:
+    def sample(self, model: str, version: int, traceparent: bytes | str | None = None) -> RequestTrace | None:
         """A trace for this request, or None (Triton's rate: every rate-th request of the setting)."""
         settings = self._models.get(model)
         key = model if settings is not None else None
@@ -118,18 +123,18 @@ class GatewayTracer:
 
     def finished(self, trace: RequestTrace) -> None:
         """Export or hand over a finished trace; a failure costs the trace, never its request's answer."""
+        exported = trace.mode == "opentelemetry"
         try:
             tree = trace.tree()
-            if trace.mode == "opentelemetry":
+            if exported:
                 self._exporter().export(trace, tree)
-                tree = None
         except Exception:
             log.exception("trace of a request for model '%s' dropped", trace.model)
             return
-        args = {"model": trace.model, "tree": tree, "startup": self.startup.as_wire()}
+        args = {"model": trace.model, "tree": None if exported else tree, "startup": self.startup.as_wire()}
         self.link.request_then(Control(self.link.next_rid(), ControlOp.TRACE_DONE, args), (), (), _ignore)
 
-    def _exporter(self):
+    def _exporter(self) -> OtelExporter:
         if self._otel is None:
             from tritium.gateway.trace_otel import OtelExporter
 
@@ -173,22 +178,34 @@ def parse_traceparent(value: bytes | str | None) -> tuple[bytes, bytes, int] | N
     return trace_id, span_id, flags
 
 
+class Tracer(Protocol):
+    """What the data plane asks of its tracer (a GatewayTracer, or NO_TRACING)."""
+
+    on: bool
+    startup: TraceSettings
+
+    def sample(self, model: str, version: int, traceparent: bytes | str | None = None) -> RequestTrace | None: ...
+
+
 class _NoTracing:
     """The tracer of a data plane started without one: nothing is traced."""
 
     on = False
     startup = TraceSettings()
 
+    def sample(self, model: str, version: int, traceparent: bytes | str | None = None) -> None:
+        return None   # never asked: ``on`` is false
 
-NO_TRACING = _NoTracing()
+
+NO_TRACING: Tracer = _NoTracing()
 
 
-def traced_answer(trace: RequestTrace, request, answer):
+def traced_answer(trace: RequestTrace, request: HttpRequest, answer: Answer) -> Answer:
     """``answer`` for a traced HTTP request: the front end's stamps around the write, then the trace ends."""
     trace.stamp("HTTP_RECV_START", request.began_ns)
     trace.stamp("HTTP_RECV_END", request.received_ns)
 
-    def send(response) -> None:
+    def send(response: HttpResponse | Streaming) -> None:
         trace.stamp("HTTP_SEND_START")
         answer(response)
         trace.stamp("HTTP_SEND_END")
