@@ -26,7 +26,19 @@ from pathlib import Path
 import zmq
 
 from bench.harness import ROOT, cpu_seconds, free_port, save, table
-from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
+from tritium.protocol import (
+    PROTOCOL_VERSION,
+    Assign,
+    Batch,
+    BatchDone,
+    Heartbeat,
+    Hello,
+    Infer,
+    Placed,
+    Response,
+    Role,
+    read_record,
+)
 from tritium.zmqio import recv_parts, send_parts
 
 CONFIG = """
@@ -69,18 +81,17 @@ class Fleet:
 
     def hello(self) -> None:
         for index, agent in enumerate(self.agents):
-            send_parts(agent, [encode({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION, "host": f"host-{index}",
-                                       "gpus": [], "hb": 1.0})])
+            send_parts(agent, [Hello(Role.AGENT, PROTOCOL_VERSION, heartbeat_s=1.0, host=f"host-{index}", gpus=[]).encode()])
         for gateway in self.gateways:
-            send_parts(gateway, [encode({"k": Kind.HELLO, "role": "gateway", "pv": PROTOCOL_VERSION, "hb": 1.0})])
+            send_parts(gateway, [Hello(Role.GATEWAY, PROTOCOL_VERSION, heartbeat_s=1.0).encode()])
 
     def heartbeat(self) -> None:
         for agent in self.agents:
-            send_parts(agent, [encode({"k": Kind.HEARTBEAT, "role": "agent", "hb": 1.0})])
+            send_parts(agent, [Heartbeat(heartbeat_s=1.0, role=Role.AGENT).encode()])
         for sock, iid in self.instances.items():
-            send_parts(sock, [encode({"k": Kind.HEARTBEAT, "iid": iid, "joined": True, "hb": 1.0})])
+            send_parts(sock, [Heartbeat(heartbeat_s=1.0, iid=iid, joined=True).encode()])
         for gateway in self.gateways:
-            send_parts(gateway, [encode({"k": Kind.HEARTBEAT, "role": "gateway", "pv": PROTOCOL_VERSION, "hb": 1.0})])
+            send_parts(gateway, [Heartbeat(heartbeat_s=1.0, role=Role.GATEWAY, protocol_version=PROTOCOL_VERSION).encode()])
 
     def start_load(self) -> None:
         self.sending = True
@@ -89,8 +100,7 @@ class Fleet:
 
     def _infer(self) -> bytes:
         self._rid += 1
-        return encode({"k": Kind.INFER, "rid": self._rid, "m": "m", "v": 1, "bs": 1,
-                       "inputs": [["X", "FP32", [1, 4], 16, False]]}, [b"\0" * 16])
+        return Infer(self._rid, "m", [["X", "FP32", [1, 4], 16, False]], version=1, batch_size=1).encode([b"\0" * 16])
 
     def turn(self, timeout_ms: int) -> None:
         for sock, _ in self.poller.poll(timeout_ms):
@@ -102,44 +112,42 @@ class Fleet:
                 self._handle(sock, parts)
 
     def _handle(self, sock: zmq.Socket, parts: list) -> None:
-        header = decode(parts[0])[0]
-        kind = header["k"]
-        if kind == Kind.HEARTBEAT and self.boot is None:
-            self.boot = header.get("boot")
-        elif kind == Kind.ASSIGN:
-            self._place(sock, header["models"])
-        elif kind == Kind.BATCH:
-            self._execute(sock, header, parts[1:])
-        elif kind == Kind.RESPONSE:
+        message = read_record(parts[0])[0]
+        if isinstance(message, Heartbeat) and self.boot is None:
+            self.boot = message.boot
+        elif isinstance(message, Assign):
+            self._place(sock, message.models)
+        elif isinstance(message, Batch):
+            self._execute(sock, message, parts[1:])
+        elif isinstance(message, Response):
             self._answered(sock, parts)
 
-    def _place(self, agent: zmq.Socket, models: list) -> None:
+    def _place(self, agent: zmq.Socket, models: tuple) -> None:
         agent_id = agent.getsockopt(zmq.IDENTITY).decode()
         for model in models:
-            names = [f"{model['m']}_0_{j}" for j in range(self.instances_per_host)]
-            send_parts(agent, [encode({"k": Kind.PLACED, "m": model["m"], "v": model["v"], "e": model["e"],
-                                       "boot": self.boot, "instances": names})])
+            names = [f"{model.model}_0_{j}" for j in range(self.instances_per_host)]
+            send_parts(agent, [Placed(model.model, model.version, model.epoch, self.boot, instances=names).encode()])
             for name in names:
                 iid = f"{agent_id}/{name}"
                 sock = self._socket(self.backend, iid)
                 self.instances[sock] = iid
-                send_parts(sock, [encode({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION,
-                                          "agent": agent_id, "m": model["m"], "v": model["v"], "e": model["e"],
-                                          "name": name, "boot": self.boot, "credit": 2, "kind": "CPU", "hb": 1.0})])
+                send_parts(sock, [Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=1.0, agent=agent_id,
+                                        model=model.model, version=model.version, epoch=model.epoch, name=name,
+                                        boot=self.boot, credit=2, instance_kind="CPU").encode()])
 
-    def _execute(self, instance: zmq.Socket, batch: dict, records: list) -> None:
-        responses = [encode({"k": Kind.RESPONSE, "rid": decode(r)[0]["rid"],
-                             "outputs": [["Y", "FP32", [1, 4], 16, False]]}, [b"\0" * 16]) for r in records]
-        send_parts(instance, [encode({"k": Kind.BATCH_DONE, "b": batch["b"], "ok": [True] * len(responses),
-                                      "x": [0] * len(responses), "t": [0, 1000, 0]}), *responses])
+    def _execute(self, instance: zmq.Socket, batch: Batch, records: list) -> None:
+        responses = [Response(read_record(r)[0].rid, [["Y", "FP32", [1, 4], 16, False]]).encode([b"\0" * 16])
+                     for r in records]
+        done = BatchDone(batch.number, [True] * len(responses), [0] * len(responses), [0, 1000, 0])
+        send_parts(instance, [done.encode(), *responses])
 
     def _answered(self, gateway: zmq.Socket, parts: list) -> None:
         again = []
         for part in parts:
-            header = decode(part)[0]
-            if header["k"] != Kind.RESPONSE:
+            message = read_record(part)[0]
+            if not isinstance(message, Response):
                 continue
-            if "err" in header:
+            if message.error is not None:
                 self.errors += 1
             else:
                 self.answered += 1

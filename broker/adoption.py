@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from tritium.broker.registry import ModelVersion
+from tritium.protocol import Assignment, Reset, messages
 
 
 @dataclass(frozen=True)
@@ -36,10 +39,9 @@ class RunningInstance:
     scaled: bool      # started for an autoscaled model (SCALE), not from instance groups
 
     @classmethod
-    def from_wire(cls, agent: bytes, entry: dict) -> "RunningInstance":
-        return cls(str(entry["iid"]).encode(), agent, str(entry["m"]), int(entry["v"]), str(entry.get("id", "")),
-                   str(entry["key"]), str(entry.get("kind", "CPU")), int(entry.get("device", 0)),
-                   bool(entry.get("scaled")))
+    def announced(cls, agent: bytes, entry: messages.RunningInstance) -> "RunningInstance":
+        return cls(entry.iid.encode(), agent, entry.model, entry.version, entry.identity, entry.key,
+                   entry.instance_kind, entry.device, entry.scaled)
 
     def fits(self, version: ModelVersion) -> bool:
         return (self.model == version.name and self.version == version.version and bool(self.identity)
@@ -54,19 +56,19 @@ class Adoption:
         self._announced: dict[bytes, RunningInstance] = {}   # iid -> listed by its agent, not decided
         self._adopting: dict[bytes, tuple[bytes, ModelVersion]] = {}   # iid -> (agent, the load it joins)
 
-    def announce(self, agent: bytes, running: list) -> None:
+    def announce(self, agent: bytes, running: tuple[messages.RunningInstance, ...] | None) -> None:
         self.forget_agent(agent)
         for entry in running or ():
-            instance = RunningInstance.from_wire(agent, entry)
+            instance = RunningInstance.announced(agent, entry)
             self._announced[instance.iid] = instance
 
     def candidates(self, version: ModelVersion, agent: bytes) -> list[RunningInstance]:
         return [i for i in self._announced.values() if i.agent == agent and i.fits(version)]
 
-    def offer(self, assignment: dict, version: ModelVersion, agent: bytes) -> dict:
+    def offer(self, assignment: Assignment, version: ModelVersion, agent: bytes) -> Assignment:
         """``assignment`` with the running instances the agent may keep for it."""
-        offered = [i.iid.decode() for i in self.candidates(version, agent)]
-        return dict(assignment, adopt=offered) if offered else assignment
+        offered = tuple(i.iid.decode() for i in self.candidates(version, agent))
+        return msgspec.structs.replace(assignment, adopt=offered) if offered else assignment
 
     def placed(self, version: ModelVersion, adopted: dict) -> list[bytes]:
         """The agent kept these instances for ``version``: the iids to tell the new boot and epoch."""
@@ -78,10 +80,10 @@ class Adoption:
                 iids.append(iid)
         return iids
 
-    def rejoin_header(self, iid: bytes, boot: int) -> dict | None:
+    def rejoin(self, iid: bytes, boot: int) -> Reset | None:
         """The RESET that makes an adopted instance say HELLO again; None if it is not adopted."""
         adopting = self._adopting.get(iid)
-        return None if adopting is None else {"boot": boot, "e": adopting[1].epoch}
+        return None if adopting is None else Reset(boot, adopting[1].epoch)
 
     def pending(self, iid: bytes) -> bool:
         """Listed by its agent, adoption not decided yet: the instance must not be told to exit."""

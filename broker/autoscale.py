@@ -30,7 +30,7 @@ from tritium.broker.batcher import DynamicBatcher
 from tritium.broker.registry import AgentRecord, ModelVersion, Registry, VersionState
 from tritium.errors import Unavailable
 from tritium.repo.autoscale import AutoscalePolicy
-from tritium.protocol import Kind, encode
+from tritium.protocol import Scale
 
 log = logging.getLogger(__name__)
 
@@ -197,9 +197,8 @@ class Autoscaler:
         self._tell(instance.agent, version, stop=[instance.name])
 
     def _tell(self, agent: bytes, version: ModelVersion, stop: Sequence[str] = ()) -> None:
-        message = {"k": Kind.SCALE, "assignment": version.assignment(),
-                   "count": _state(version).targets.get(agent, 0), "stop": list(stop)}
-        self._send_backend([agent, encode(message)])
+        message = Scale(version.assignment(), _state(version).targets.get(agent, 0), tuple(stop))
+        self._send_backend([agent, message.encode()])
 
     def _roomiest_host(self, version: ModelVersion) -> AgentRecord | None:
         best, best_room = None, 0

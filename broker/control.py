@@ -15,7 +15,9 @@ from tritium.broker.tracing import BrokerTracing
 from tritium import logs
 from tritium.errors import AlreadyExists, InternalError, InvalidArgument, TritiumError
 from tritium.logs import LogSettings
-from tritium.protocol import Kind, encode
+from tritium.protocol import Control as ControlRequest
+from tritium.protocol import ControlOp, ControlReply, SharedMemoryRegion
+from tritium.protocol import LogSettings as LogSettingsMessage
 
 log = logging.getLogger(__name__)
 
@@ -35,52 +37,52 @@ class Control:
         self.log_settings = log_settings
         self.tracing = BrokerTracing()
 
-    def handle(self, peer: bytes, header: dict) -> None:
-        rid = header.get("rid", 0)
+    def handle(self, peer: bytes, request: ControlRequest) -> None:
+        rid = request.rid
 
         def reply(result) -> None:
             self._push_models_if_changed()  # a client told "loaded" must find the model at once
             if isinstance(result, TritiumError):
-                message = {"k": Kind.CONTROL_REPLY, "rid": rid, "err": result.to_wire()}
+                message = ControlReply(rid, error=result)
             else:
-                message = {"k": Kind.CONTROL_REPLY, "rid": rid, "ok": result}
-            self._send_frontend([peer, encode(message)])
+                message = ControlReply(rid, result)
+            self._send_frontend([peer, message.encode()])
 
-        op, args = header.get("op"), header.get("args") or {}
+        op, args = request.op, request.args or {}
         try:
-            if op == "load":  # answered when the load is done, which may take a while
+            if op is ControlOp.LOAD:  # answered when the load is done, which may take a while
                 self.lifecycle.load(_model_name(args), args.get("parameters") or {}, reply)
             else:
                 reply(self._control(op, args))
         except TritiumError as exc:
             reply(exc)
         except Exception as exc:   # an unexpected failure still answers the asker
-            log.exception("control operation %r failed", op)
-            reply(InternalError(f"control operation '{op}' failed: {exc}"))
+            log.exception("control operation %r failed", op.value)
+            reply(InternalError(f"control operation '{op.value}' failed: {exc}"))
 
-    def _control(self, op: str, args: dict):
-        if op == "models":
+    def _control(self, op: ControlOp, args: dict):
+        if op is ControlOp.MODELS:
             return self.registry.table()
-        if op == "stats":
+        if op is ControlOp.STATS:
             return self._stats(args.get("model"), args.get("version"))
-        if op == "status":
+        if op is ControlOp.STATUS:
             return {"loading_done": self.registry.loading_done(), "ready": self.registry.server_ready(),
                     "failures": self._failures(), "repository_errors": list(self.lifecycle.repository_errors)}
-        if op == "index":
+        if op is ControlOp.INDEX:
             return self.lifecycle.index(bool(args.get("ready")))
-        if op == "unload":
+        if op is ControlOp.UNLOAD:
             self.lifecycle.unload(_model_name(args), bool(args.get("unload_dependents")))
             return {}
-        if op == "log_settings":
+        if op is ControlOp.LOG_SETTINGS:
             return self._change_log_settings(args.get("changes") or {})
-        if op in ("trace_settings", "trace_done"):
+        if op is ControlOp.TRACE_SETTINGS or op is ControlOp.TRACE_DONE:
             return self._trace(op, args)
-        if op == "shm_register":
+        if op is ControlOp.SHM_REGISTER:
             return self._register_region(args)
-        if op == "shm_unregister":
+        if op is ControlOp.SHM_UNREGISTER:
             self._unregister_region(args.get("name"))
             return {}
-        raise InvalidArgument(f"unknown control operation '{op}'")
+        raise InvalidArgument(f"unknown control operation '{op.value}'")
 
     # -- log settings ---------------------------------------------------------------------
 
@@ -98,13 +100,13 @@ class Control:
         return settings.as_dict()
 
     def log_settings_message(self) -> bytes:
-        return encode({"k": Kind.LOG_SETTINGS, "settings": self.log_settings.as_dict()})
+        return LogSettingsMessage(self.log_settings.as_dict()).encode()
 
     # -- trace settings ---------------------------------------------------------------------
 
-    def _trace(self, op: str, args: dict):
+    def _trace(self, op: ControlOp, args: dict):
         """Triton's trace extension; gateways get changed settings with the model table."""
-        answer = self.tracing.settings(args) if op == "trace_settings" else self.tracing.done(args)
+        answer = self.tracing.settings(args) if op is ControlOp.TRACE_SETTINGS else self.tracing.done(args)
         if self.tracing.revision != (self.registry.trace_settings or {}).get("revision", -1):
             self.registry.trace_settings = self.tracing.as_wire()
             self.membership.changed()
@@ -119,8 +121,8 @@ class Control:
             raise InvalidArgument("a shared memory region needs a name")
         if name in self.registry.shared_memory:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
-        self.registry.shared_memory[name] = {"name": name, "key": str(args["key"]), "offset": int(args["offset"]),
-                                             "byte_size": int(args["byte_size"])}
+        self.registry.shared_memory[name] = SharedMemoryRegion(name, str(args["key"]), int(args["offset"]),
+                                                               int(args["byte_size"]))
         self.membership.changed()
         return {}
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from tritium.broker.registry import ModelVersion, Registry
 from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
-from tritium.protocol import Kind, ProtocolError, decode, encode, error_record, tensor_views
+from tritium.protocol import Infer, ProtocolError, Response, error_record, read_record, split_record, tensor_views
 from tritium.tracing.stamps import ensemble_record, step_context, step_record
 
 log = logging.getLogger(__name__)
@@ -172,24 +172,24 @@ class EnsembleRunner:
 
     # -- a request arrives -------------------------------------------------------------------
 
-    def submit(self, client: bytes, record, header: dict, external: list | None, from_backend: bool,
+    def submit(self, client: bytes, record, header: Infer, external: list | None, from_backend: bool,
                version: ModelVersion) -> None:
         now = self._clock()
         plan = self._plan(version)
-        requested = list(header.get("outputs") or plan.outputs)   # none named (or []): all, as Triton
+        requested = list(header.outputs or plan.outputs)   # none named (or []): all, as Triton
         steps, wants = plan.needed(requested)
-        batch_size = header.get("bs") or 1
-        request = EnsembleRequest(client, header["rid"], from_backend, version, plan, requested, steps, wants,
-                                  batch_size, now, header.get("id"), header.get("params"),
-                                  header.get("cid", 0), header.get("sf", 0), trace=header.get("tr"))
+        batch_size = header.batch_size or 1
+        request = EnsembleRequest(client, header.rid, from_backend, version, plan, requested, steps, wants,
+                                  batch_size, now, header.request_id, header.params,
+                                  header.sequence_id or 0, header.sequence_flags, trace=header.trace)
         unknown = [name for name in requested if name not in plan.outputs]
         if unknown:
             self._fail(request, InvalidArgument(f"unexpected inference output '{unknown[0]}' for model "
                                                 f"'{plan.name}'"))
             return
         try:
-            descriptors = header["inputs"]
-            _, view, offset = decode(record)
+            descriptors = header.inputs
+            view, offset = split_record(record)
             datas = _tensor_data(descriptors, view, offset, external or ())
         except ProtocolError as exc:
             self._fail(request, InvalidArgument(f"malformed inference request: {exc}"))
@@ -235,23 +235,18 @@ class EnsembleRunner:
         batching = model is not None and model.batching
         batch_size = inputs[0][2][0] if batching and inputs and inputs[0][2] else 1
         rid = next(self._rids)
-        header = {"k": Kind.INFER, "rid": rid, "m": step.model,
-                  "v": member.version if member is not None else step.version,
-                  "bs": batch_size, "inputs": inputs, "outputs": request.wants[step.index]}
-        if request.request_id:
-            header["id"] = request.request_id
-        if request.params:
-            header["params"] = request.params   # Triton passes the ensemble's parameters on
-        if request.correlation_id:
-            header["cid"], header["sf"] = request.correlation_id, request.flags
-        if frames:
-            header["x"] = len(frames)
-        if request.trace is not None:
-            header["tr"] = step_context(request.trace)
+        sequence = bool(request.correlation_id)
+        # Triton passes the ensemble's parameters on.
+        header = Infer(rid, step.model, inputs, version=member.version if member is not None else step.version,
+                       batch_size=batch_size, request_id=request.request_id or None,
+                       outputs=request.wants[step.index], params=request.params or None,
+                       sequence_id=request.correlation_id if sequence else None,
+                       sequence_flags=request.flags if sequence else 0, external=len(frames),
+                       trace=None if request.trace is None else step_context(request.trace))
         self._calls[rid] = StepCall(request, step, batch_size if batching else 0,
-                                   (header["tr"], header["v"]) if "tr" in header else None)
+                                   None if header.trace is None else (header.trace, header.version))
         request.calls.add(rid)
-        self._submit(STEP_CLIENT, encode(header, inline), header, frames or None, False)
+        self._submit(STEP_CLIENT, header.encode(inline), header, frames or None, False)
 
     # -- answers in --------------------------------------------------------------------------
 
@@ -264,34 +259,33 @@ class EnsembleRunner:
         position = 1
         while position < len(parts):
             try:
-                header, view, offset = decode(parts[position])
+                header, view, offset = read_record(parts[position])
             except ProtocolError as exc:
                 log.error("undecodable answer to an ensemble step dropped: %s", exc)
                 return
-            count = header.get("x", 0)
-            frames = parts[position + 1:position + 1 + count]
-            position += 1 + count
-            call = self._calls.pop(header.get("rid"), None)
+            frames = parts[position + 1:position + 1 + header.external]
+            position += 1 + header.external
+            call = self._calls.pop(header.rid, None)
             if call is None:
                 continue  # its request was answered already (another step failed)
-            call.request.calls.discard(header["rid"])
+            call.request.calls.discard(header.rid)
             self._step_done(call, header, view, offset, frames, timings)
 
-    def _step_done(self, call: StepCall, header: dict, view, offset: int, frames: list, timings: tuple) -> None:
+    def _step_done(self, call: StepCall, header: Response, view, offset: int, frames: list, timings: tuple) -> None:
         request, step = call.request, call.step
         if call.trace is not None:
-            request.traced_steps.append(step_record(step.model, call.trace, header.get("tr"), self._clock()))
-        if "err" in header:
-            error = TritiumError.from_wire(header["err"])
+            request.traced_steps.append(step_record(step.model, call.trace, header.trace, self._clock()))
+        if header.error is not None:
+            error = header.error
             log.info("ensemble %s: %s failed: %s", request.plan.name, step.label, error.message)
             self._fail(request, type(error)(f"in ensemble '{request.plan.name}', {error.message}"),
-                       model_error=bool(header.get("model_error")))
+                       model_error=header.model_error)
             return
-        if header.get("final") is False:
+        if header.final is False:
             self._fail(request, Unsupported(f"in ensemble '{request.plan.name}', model '{step.model}' answered "
                                             "with several responses; tritium runs no decoupled ensemble steps"))
             return
-        descriptors = header.get("outputs") or []
+        descriptors = header.outputs or []
         try:
             datas = _tensor_data(descriptors, view, offset, frames)
         except ProtocolError as exc:
@@ -325,26 +319,23 @@ class EnsembleRunner:
             shape = _reshaped(tensor.shape, tensor.batch_size, plan.batching, plan.outputs[name])
             descriptors.append([name, tensor.datatype, shape, tensor.nbytes, tensor.external])
             (frames if tensor.external else inline).append(tensor.data)
-        header = {"k": Kind.RESPONSE, "rid": request.rid, "outputs": descriptors,
-                  "params": _sequence_parameters(request)}
-        if frames:
-            header["x"] = len(frames)
         self._finish(request)
         now = self._clock()
-        if request.trace is not None:
-            header["tr"] = ensemble_record(request.arrival_ns, now, request.traced_steps)
+        trace = None if request.trace is None else ensemble_record(request.arrival_ns, now, request.traced_steps)
+        header = Response(request.rid, descriptors, params=_sequence_parameters(request), external=len(frames),
+                          trace=trace)
         compute = tuple(request.compute)
         stats = request.version.stats
         stats.record_success(now - request.arrival_ns, request.queue_ns, request.batch_size, compute)
         stats.record_execution(request.batch_size, compute)   # Triton counts an ensemble request as one execution
-        self._reply(request.from_backend, [request.client, encode(header, inline), *frames], compute)
+        self._reply(request.from_backend, [request.client, header.encode(inline), *frames], compute)
 
     def _fail(self, request: EnsembleRequest, error: TritiumError, model_error: bool = False) -> None:
         """Answer the ensemble's request with ``error``; a step model's own error keeps that mark,
         so that the gateway passes it on without the request id, as Triton does."""
         self._finish(request)
         request.version.stats.record_failure(self._clock() - request.arrival_ns, "OTHER")
-        self._reply(request.from_backend, [request.client, error_record(request.rid, error.to_wire(), model_error)],
+        self._reply(request.from_backend, [request.client, error_record(request.rid, error, model_error)],
                     NO_TIMINGS)
 
     def _finish(self, request: EnsembleRequest) -> None:

@@ -38,7 +38,7 @@ from tritium.repo.json_form import config_to_json_dict
 from tritium.repo.names import require_name
 from tritium.repo.repository import version_fingerprint
 from tritium.errors import InvalidArgument, TritiumError, Unavailable
-from tritium.protocol import Kind, encode
+from tritium.protocol import Assign, LoadRef, Placed, Unassign
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ class ModelLifecycle:
             return
         for agent in self.registry.agents.values():
             if agent.serves(record.name) and not agent.draining:
-                self._send_backend([agent.identity, encode({"k": Kind.ASSIGN, "models": [_assignment(version)]})])
+                self._send_backend([agent.identity, Assign((version.assignment(),)).encode()])
 
     def _finish_if_done(self, load: LoadInProgress, prefix: bool = True) -> None:
         if load.waiting:
@@ -401,8 +401,7 @@ class ModelLifecycle:
     def _unassign(self, version: ModelVersion) -> None:
         if version.ensemble:
             return  # no agent runs anything of it
-        message = encode({"k": Kind.UNASSIGN, "models": [{"m": version.name, "v": version.version,
-                                                           "e": version.epoch}]})
+        message = Unassign((LoadRef(version.name, version.version, version.epoch),)).encode()
         for agent in self.registry.agents.values():
             self._send_backend([agent.identity, message])
 
@@ -413,22 +412,22 @@ class ModelLifecycle:
         return [v for v in self.registry.epochs.values()
                 if v.state in (VersionState.LOADING, VersionState.READY) and agent.serves(v.name) and not v.ensemble]
 
-    def placed(self, header: dict, agent: bytes = b"") -> None:
-        version = self.registry.epochs.get(header.get("e"))
+    def placed(self, placed: Placed, agent: bytes = b"") -> None:
+        version = self.registry.epochs.get(placed.epoch)
         if version is None:
             return
-        if header.get("err"):
+        if placed.error is not None:
+            why = placed.error.message
             if version.autoscale is not None and self.autoscaler is not None:
-                self.autoscaler.placement_failed(version, agent, header["err"])   # it places elsewhere
+                self.autoscaler.placement_failed(version, agent, why)   # it places elsewhere
                 if version.state == VersionState.LOADING and version.scale.total == 0:
-                    self.version_failed(version, header["err"])
+                    self.version_failed(version, why)
             elif version.state == VersionState.LOADING:
-                self.version_failed(version, header["err"])
+                self.version_failed(version, why)
             else:  # another host cannot serve it; the hosts that do keep serving
-                log.error("model %s version %d cannot be placed on a host: %s", version.name, version.version,
-                          header["err"])
+                log.error("model %s version %d cannot be placed on a host: %s", version.name, version.version, why)
             return
-        for name in header.get("instances", ()):
+        for name in placed.instances or ():
             version.placed.add(name)
             version.placed_on[name] = agent
 
@@ -490,10 +489,6 @@ def _publish(record: ModelRecord, definition: ModelDefinition) -> None:
 
 def _version_error(number: int, reason: str) -> str:
     return f"version {number} is at UNAVAILABLE state: {reason};\n"   # Triton's wording
-
-
-def _assignment(version: ModelVersion) -> dict:
-    return version.assignment()
 
 
 def _version_files(model_dir: Path, number: int) -> tuple:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from tritium.broker.liveness import PeerLiveness
 from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion, Registry
 from tritium.broker.scheduler import Scheduler
+from tritium.protocol import HostMetrics
 
 
 class Membership:
@@ -61,7 +62,7 @@ class Membership:
             if instance.agent == agent.identity:
                 instance.draining = True
 
-    def record_host_metrics(self, host: str, metrics: dict) -> None:
+    def record_host_metrics(self, host: str, metrics: HostMetrics) -> None:
         self.registry.host_metrics[host] = metrics
 
     # -- instances ------------------------------------------------------------------------

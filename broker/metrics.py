@@ -174,7 +174,7 @@ class TritonCollector:
         for name, (documentation, key) in gauges.items():
             family = Metric(name, documentation, "gauge")
             for host, sample in hosts.items():
-                family.add_sample(name, {"host": host}, sample.get(key, 0))
+                family.add_sample(name, {"host": host}, getattr(sample, key))
             yield family
         gpu_gauges = {
             "nv_gpu_utilization": ("GPU utilization rate [0.0 - 1.0)", "utilization"),
@@ -186,7 +186,7 @@ class TritonCollector:
         for name, (documentation, key) in gpu_gauges.items():
             family = Metric(name, documentation, "gauge")
             for host, sample in hosts.items():
-                for gpu in sample.get("gpus", ()):
+                for gpu in sample.gpus:
                     family.add_sample(name, {"gpu_uuid": gpu["uuid"], "host": host}, gpu.get(key, 0))
             yield family
 

@@ -17,7 +17,20 @@ from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion, R
 from tritium.broker.scheduler import Scheduler
 from tritium.errors import ProtocolError
 from tritium.exit_codes import ExitCode
-from tritium.protocol import Kind, encode
+from tritium.protocol import (
+    Assign,
+    Drained,
+    Heartbeat,
+    Hello,
+    HostMetrics,
+    InstanceExited,
+    InstanceFailed,
+    InstanceHealth,
+    Placed,
+    Reset,
+    Role,
+    ScaledAssignment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,54 +58,52 @@ class Peers:
 
     # -- joining ------------------------------------------------------------------------
 
-    def gateway_hello(self, peer: bytes, header: dict) -> None:
-        self.liveness.beats_every(peer, header.get("hb", 0.0))
+    def gateway_hello(self, peer: bytes, hello: Hello | Heartbeat) -> None:
+        self.liveness.beats_every(peer, hello.heartbeat_s or 0.0)
         self.membership.add_gateway(peer)
         log.info("gateway %s connected", peer.decode(errors="replace"))
-        self._send_frontend([peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot,
-                                           "hb": self._heartbeat_interval_s})])
-        self._send_frontend([peer, encode({"k": Kind.MODELS, **self.registry.table()})])
+        self._send_frontend([peer, Heartbeat(self.boot, self._heartbeat_interval_s).encode()])
+        self._send_frontend([peer, self.registry.table().encode()])
         self._send_frontend([peer, self._log_settings_message()])
 
-    def backend_hello(self, peer: bytes, header: dict) -> None:
-        self.liveness.beats_every(peer, header.get("hb", 0.0))
-        role = header.get("role")
-        if role == "agent":
-            models = header.get("models")
-            agent = AgentRecord(peer, header.get("host", "?"), tuple(header.get("gpus") or ()),
-                                tuple(models) if models else None, cpu_slots=int(header.get("cpu_slots", 0)))
+    def backend_hello(self, peer: bytes, hello: Hello) -> None:
+        self.liveness.beats_every(peer, hello.heartbeat_s or 0.0)
+        if hello.role is Role.AGENT:
+            agent = AgentRecord(peer, hello.host or "?", tuple(hello.gpus or ()), hello.models or None,
+                                cpu_slots=hello.cpu_slots or 0)
             self.membership.add_agent(agent)
             self._reset_sent.pop(peer, None)
-            self.adoption.announce(peer, header.get("running"))
+            self.adoption.announce(peer, hello.running)
             log.info("host agent %s joined (host %s, gpus %s)", peer.decode(), agent.host, list(agent.gpus))
-            self._send_backend([peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot,
-                                              "hb": self._heartbeat_interval_s})])
+            self._send_backend([peer, Heartbeat(self.boot, self._heartbeat_interval_s).encode()])
             self._send_backend([peer, self._log_settings_message()])
             self._assign_on_join(agent)
-        elif role == "instance":
-            self._instance_hello(peer, header)
+        elif hello.role is Role.INSTANCE:
+            self._instance_hello(peer, hello)
         else:
-            raise ProtocolError(f"unknown role {role!r} in HELLO")
+            raise ProtocolError(f"a {hello.role.value} says HELLO on the backend")
 
-    def _instance_hello(self, peer: bytes, header: dict) -> None:
+    def _instance_hello(self, peer: bytes, hello: Hello) -> None:
         if peer in self.registry.instances:
             return   # an adopted instance told the new epoch twice (its RESET was sent again) says HELLO twice
-        version = self._epoch_of(header)
+        if hello.agent is None or hello.model is None or hello.version is None or hello.name is None:
+            raise ProtocolError("an instance's HELLO names its agent, model, version and key")
+        version = self._epoch_of(hello.epoch, hello.boot)
         # A draining version takes back a restarted instance: its queue still needs one.
         if version is None or version.state not in (VersionState.LOADING, VersionState.READY,
                                                      VersionState.UNLOADING):
             log.warning("instance %s of %s version %s (load %s) is not wanted; ignoring it",
-                        header.get("name"), header["m"], header["v"], header.get("e"))
+                        hello.name, hello.model, hello.version, hello.epoch)
             return
-        agent = self.registry.agents.get(header["agent"].encode())
+        agent = self.registry.agents.get(hello.agent.encode())
         if agent is None:   # its host must register first; it will start it again
-            self._send_backend([peer, encode({"k": Kind.RESET})])
+            self._send_backend([peer, Reset().encode()])
             return
-        version.awaited.pop(header["name"], None)
+        version.awaited.pop(hello.name, None)
         self.adoption.forget(peer)
-        instance = InstanceRecord(peer, header["agent"].encode(), header["m"], header["v"],
-                                  header["name"], int(header.get("credit", 1)), epoch=version.epoch,
-                                  draining=agent is None or agent.draining, kind=header.get("kind", "CPU"))
+        instance = InstanceRecord(peer, hello.agent.encode(), hello.model, hello.version, hello.name,
+                                  hello.credit or 1, epoch=version.epoch,
+                                  draining=agent is None or agent.draining, kind=hello.instance_kind or "CPU")
         self.membership.add_instance(instance, version)
         log.info("instance %s of model %s version %d is ready", instance.name, version.name, version.version)
         self.lifecycle.instance_joined(version, instance.name)
@@ -110,63 +121,61 @@ class Peers:
             running = len(self.adoption.candidates(version, agent.identity))
             count = self.autoscaler.adopt(version, agent.identity, running) if running else 0
             if count:
-                scaled.append({"assignment": assignment, "count": count})
+                scaled.append(ScaledAssignment(assignment, count))
         # "complete": after this, the agent stops whatever it runs that was not kept.
-        self._send_backend([agent.identity, encode({"k": Kind.ASSIGN, "models": models, "scale": scaled,
-                                                    "complete": True})])
+        self._send_backend([agent.identity, Assign(tuple(models), tuple(scaled), complete=True).encode()])
 
-    def placed(self, peer: bytes, header: dict) -> None:
-        if header.get("boot") == self.boot:   # not a late answer to a previous broker process
-            self.lifecycle.placed(header, peer)
-            self._tell_adopted(header)
+    def placed(self, peer: bytes, placed: Placed) -> None:
+        if placed.boot == self.boot:   # not a late answer to a previous broker process
+            self.lifecycle.placed(placed, peer)
+            self._tell_adopted(placed)
 
-    def _tell_adopted(self, header: dict) -> None:
+    def _tell_adopted(self, placed: Placed) -> None:
         """The agent kept these running instances for a load: they say HELLO again, as its instances."""
-        version = self.registry.epochs.get(header.get("e"))
-        if version is None or not header.get("adopted"):
+        version = self.registry.epochs.get(placed.epoch)
+        if version is None or not placed.adopted:
             return
-        for iid in self.adoption.placed(version, header["adopted"]):
+        for iid in self.adoption.placed(version, placed.adopted):
             log.info("adopting running instance %s of model %s version %d", iid.decode(errors="replace"),
                      version.name, version.version)
-            self._send_backend([iid, encode({"k": Kind.RESET, **self.adoption.rejoin_header(iid, self.boot)})])
+            self._send_backend([iid, self.adoption.rejoin(iid, self.boot).encode()])
 
     # -- living ---------------------------------------------------------------------------
 
-    def heartbeat(self, peer: bytes, header: dict, now: float) -> None:
-        iid = header.get("iid")
-        if iid is not None:  # an instance's heartbeat thread, beating for its data socket
-            iid = iid.encode()
+    def heartbeat(self, peer: bytes, beat: Heartbeat, now: float) -> None:
+        if beat.iid is not None:  # an instance's heartbeat thread, beating for its data socket
+            iid = beat.iid.encode()
             if iid in self.registry.instances:
                 self.liveness.heard(iid, now)
-                self.liveness.beats_every(iid, header.get("hb", 0.0))
-            elif header.get("joined"):
-                self._unknown_instance(iid, header)
-        elif header.get("role") == "agent" and peer not in self.registry.agents:
+                self.liveness.beats_every(iid, beat.heartbeat_s or 0.0)
+            elif beat.joined:
+                self._unknown_instance(iid, beat)
+        elif beat.role is Role.AGENT and peer not in self.registry.agents:
             # Heartbeats queued while the broker was away arrive together: ask once per interval.
             if now - self._reset_sent.get(peer, 0.0) >= self._heartbeat_interval_s:
                 self._reset_sent[peer] = now
                 log.info("unknown host agent %s heartbeating; asking it to register", peer.decode(errors="replace"))
-                self._send_backend([peer, encode({"k": Kind.RESET, "boot": self.boot})])
+                self._send_backend([peer, Reset(boot=self.boot).encode()])
 
-    def _unknown_instance(self, iid: bytes, header: dict) -> None:
+    def _unknown_instance(self, iid: bytes, beat: Heartbeat) -> None:
         """An instance this broker does not know (yet): adopted, about to be, or to exit and be restarted."""
-        rejoin = self.adoption.rejoin_header(iid, self.boot)
+        rejoin = self.adoption.rejoin(iid, self.boot)
         if rejoin is not None:   # the RESET sent on its adoption may not have reached it
-            self._send_backend([iid, encode({"k": Kind.RESET, **rejoin})])
+            self._send_backend([iid, rejoin.encode()])
             return
-        agent = str(header.get("agent") or iid.decode(errors="replace").split("/", 1)[0]).encode()
+        agent = (beat.agent or iid.decode(errors="replace").split("/", 1)[0]).encode()
         if agent not in self.registry.agents or self.adoption.pending(iid):
             return   # its agent has yet to register and list it, or adoption is being decided
-        self._send_backend([iid, encode({"k": Kind.RESET})])
+        self._send_backend([iid, Reset().encode()])
 
-    def host_metrics(self, peer: bytes, header: dict) -> None:
-        self.membership.record_host_metrics(header.get("host", peer.decode(errors="replace")), header)
+    def host_metrics(self, metrics: HostMetrics) -> None:
+        self.membership.record_host_metrics(metrics.host, metrics)
 
-    def instance_health(self, peer: bytes, header: dict) -> None:
+    def instance_health(self, peer: bytes, health: InstanceHealth) -> None:
         instance = self.registry.instances.get(peer)
-        if instance is None or instance.healthy == bool(header.get("ready")):
+        if instance is None or instance.healthy == health.ready:
             return
-        self.membership.set_health(instance, bool(header.get("ready")))
+        self.membership.set_health(instance, health.ready)
         log.info("instance %s of model %s version %d reports %s", instance.name, instance.model,
                  instance.version, "ready" if instance.healthy else "not ready (is_ready() returned False)")
 
@@ -175,7 +184,7 @@ class Peers:
     def drain(self, peer: bytes) -> None:
         agent = self.registry.agents.get(peer)
         if agent is None:   # nothing of this broker runs there
-            self._send_backend([peer, encode({"k": Kind.DRAINED})])
+            self._send_backend([peer, Drained().encode()])
             return
         self.lifecycle.host_gone(peer, f"host {agent.host} began draining while the model was loading")
         self.autoscaler.agent_draining(peer)
@@ -190,7 +199,7 @@ class Peers:
 
     def check_agent_drained(self, agent: AgentRecord) -> None:
         if not self.scheduler.holds_work(self.membership.instances_of(agent.identity)):
-            self._send_backend([agent.identity, encode({"k": Kind.DRAINED})])
+            self._send_backend([agent.identity, Drained().encode()])
 
     def drop_silent(self, peer: bytes) -> None:
         why = f"stopped answering heartbeats for {self.liveness.limit_for(peer):.0f} s"
@@ -203,7 +212,7 @@ class Peers:
                       instance.version, why)
             agent = self.registry.agents.get(instance.agent)
             self.membership.remove_instance(peer, why, restart_expected=agent is not None and not agent.draining)
-            self._send_backend([peer, encode({"k": Kind.RESET})])  # should it wake up: exit, be restarted
+            self._send_backend([peer, Reset().encode()])  # should it wake up: exit, be restarted
         elif peer in self.membership.gateways:
             log.warning("gateway %s %s; no longer pushing to it", peer.decode(errors="replace"), why)
             self.membership.remove_gateway(peer)
@@ -217,33 +226,32 @@ class Peers:
         self.membership.remove_instances_of(peer, f"was lost with its host {agent.host}")
         self.adoption.forget_agent(peer)
 
-    def _epoch_of(self, header: dict) -> ModelVersion | None:
+    def _epoch_of(self, epoch: int | None, boot: int | None) -> ModelVersion | None:
         """The load an instance message is about; none when a previous broker process placed it."""
-        return self.registry.epochs.get(header.get("e")) if header.get("boot") == self.boot else None
+        return self.registry.epochs.get(epoch) if boot == self.boot else None
 
-    def instance_failed(self, header: dict) -> None:
-        version = self._epoch_of(header)
-        message = header.get("err", "instance failed to initialize")
-        log.error("instance %s of model %s version %s failed: %s", header.get("name"),
-                  header["m"], header["v"], message)
+    def instance_failed(self, failed: InstanceFailed) -> None:
+        version = self._epoch_of(failed.epoch, failed.boot)
+        message = failed.error.message
+        log.error("instance %s of model %s version %s failed: %s", failed.name, failed.model, failed.version, message)
         if version is not None and version.state == VersionState.LOADING:
             self.lifecycle.version_failed(version, message)
         elif version is not None and version.autoscale is not None:
-            self.autoscaler.instance_failed(version, header.get("agent", "").encode(), message)
+            self.autoscaler.instance_failed(version, failed.agent.encode(), message)
 
-    def instance_exited(self, header: dict) -> None:
-        iid = header["iid"].encode() if isinstance(header["iid"], str) else header["iid"]
-        why = header.get("why", "exited")
+    def instance_exited(self, exited: InstanceExited) -> None:
+        iid = exited.iid.encode()
+        why = exited.why
         instance = self.registry.instances.get(iid)
         agent = self.registry.agents.get(instance.agent) if instance else None
         self.membership.remove_instance(iid, why, restart_expected=agent is not None and not agent.draining)
         self.liveness.forget(iid)
         self.adoption.forget(iid)
-        version = self._epoch_of(header)
-        name = header.get("name")
+        version = self._epoch_of(exited.epoch, exited.boot)
+        name = exited.name
         # An instance stopped on purpose, or one that reported its own init failure, fails no load
         # and is not coming back.
-        expected = header.get("stopped") or header.get("code") == ExitCode.INIT_FAILED
+        expected = exited.stopped or exited.code == ExitCode.INIT_FAILED
         if version is not None and expected:
             version.awaited.pop(name, None)
         if version is not None and version.state == VersionState.LOADING and name not in version.seen_ready \

@@ -19,6 +19,7 @@ from tritium.repo import ModelDefinition
 from tritium.repo.backends import ENSEMBLE_PLATFORM
 from tritium.repo.autoscale import AutoscalePolicy, autoscale_policy
 from tritium.repo.json_form import config_to_json_dict
+from tritium.protocol import Assignment, HostMetrics, ModelRow, Models, SharedMemoryRegion, VersionRow
 
 if TYPE_CHECKING:
     from tritium.broker.autoscale import ScaleState
@@ -140,15 +141,10 @@ class ModelVersion:
     def key(self) -> tuple[str, int]:
         return (self.name, self.version)
 
-    def assignment(self) -> dict:
+    def assignment(self) -> Assignment:
         """What a host agent needs to start instances of this load: its config and shipped files."""
-        assignment = {"m": self.name, "v": self.version, "e": self.epoch,
-                      "config": config_to_json_dict(self.definition.portable_config)}
-        if self.files:
-            assignment["files"] = self.files
-        if self.identity:
-            assignment["id"] = self.identity
-        return assignment
+        return Assignment(self.name, self.version, self.epoch, config_to_json_dict(self.definition.portable_config),
+                          self.files or None, self.identity or None)
 
     @property
     def healthy(self) -> bool:
@@ -225,8 +221,8 @@ class Registry:
         self.epochs: dict[int, ModelVersion] = {}                  # every live load: loading, serving, draining
         self.agents: dict[bytes, AgentRecord] = {}
         self.instances: dict[bytes, InstanceRecord] = {}
-        self.host_metrics: dict[str, dict] = {}   # host name -> the agent's last HOST_METRICS
-        self.shared_memory: dict[str, dict] = {}  # client shm regions, which every gateway maps
+        self.host_metrics: dict[str, HostMetrics] = {}   # host name -> the agent's last HOST_METRICS
+        self.shared_memory: dict[str, SharedMemoryRegion] = {}  # client shm regions, which every gateway maps
         self.trace_settings: dict | None = None   # Triton's trace settings, which every gateway samples with
         self.generation = 0  # what gateways see changed when it moves: only Membership.changed moves it
 
@@ -269,7 +265,7 @@ class Registry:
                 and self.loading_done()
                 and all(v.state == VersionState.READY and self.healthy(v) for v in self.versions.values()))
 
-    def table(self) -> dict:
+    def table(self) -> Models:
         """The model table gateways cache: states, reasons and configs.
 
         An unloaded model stays in it without a config, so that requests for it get
@@ -277,17 +273,17 @@ class Registry:
         """
         models = []
         for record in self.models.values():
-            entry = {"name": record.name, "error": None if record.unloaded else record.error, "versions": [],
-                     "config": None if record.unloaded else record.config_json,
-                     "labels": None if record.unloaded else record.labels}
-            rows = {number: [number, VersionState.UNAVAILABLE.value, "unloaded", False]
+            rows = {number: VersionRow(number, VersionState.UNAVAILABLE.value, "unloaded", False)
                     for number in record.unloaded_versions}
             if not record.unloaded:
                 for number, version in record.versions.items():
-                    rows[number] = [number, version.state.value, version.reason, self.healthy(version)]
+                    rows[number] = VersionRow(number, version.state.value, version.reason, self.healthy(version))
                 for number, error in record.version_errors.items():
-                    rows[number] = [number, VersionState.UNAVAILABLE.value, error, False]
-            entry["versions"] = [rows[number] for number in sorted(rows)]
-            models.append(entry)
-        return {"generation": self.generation, "shm": list(self.shared_memory.values()), "models": models,
-                "ready": self.server_ready(), "trace": self.trace_settings}
+                    rows[number] = VersionRow(number, VersionState.UNAVAILABLE.value, error, False)
+            versions = tuple(rows[number] for number in sorted(rows))
+            if record.unloaded:
+                models.append(ModelRow(record.name, None, versions, None, None))
+            else:
+                models.append(ModelRow(record.name, record.error, versions, record.config_json, record.labels))
+        return Models(self.generation, tuple(models), self.server_ready(), tuple(self.shared_memory.values()),
+                      self.trace_settings)

@@ -17,20 +17,21 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import msgpack
+import msgspec
 
-from tritium.protocol import decode, encode, record_body, tensor_views
+from tritium.protocol import Infer, Response, read_record, record_body, tensor_views
 
 
 @dataclass(frozen=True, slots=True)
 class CachedResponse:
-    header: dict            # the RESPONSE header, less its rid
+    header: Response        # the RESPONSE header, its rid the first asker's
     inline: bytes           # the record's inline tensor bytes
     external: tuple         # its external frames' bytes
     size: int
 
     def parts_for(self, rid: int) -> list:
         """The RESPONSE record(s) answering request ``rid``."""
-        return [encode({**self.header, "rid": rid}, [self.inline]), *self.external]
+        return [msgspec.structs.replace(self.header, rid=rid).encode([self.inline]), *self.external]
 
 
 def parse_cache_config(values: tuple[str, ...]) -> int:
@@ -47,20 +48,19 @@ def parse_cache_config(values: tuple[str, ...]) -> int:
     return size
 
 
-def request_key(model: str, version: int, header: dict, record, external) -> bytes:
+def request_key(model: str, version: int, header: Infer, record, external) -> bytes:
     """The cache key of an INFER record (header already decoded)."""
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(msgpack.packb([model, version, [d[:3] for d in header["inputs"]], header.get("outputs")]))
+    digest.update(msgpack.packb([model, version, [d[:3] for d in header.inputs], header.outputs]))
     view, offset = record_body(record)
-    for tensor in tensor_views(header["inputs"], view, offset, external or ()):
+    for tensor in tensor_views(header.inputs, view, offset, external or ()):
         digest.update(tensor)
     return digest.digest()
 
 
 def cached_response(frames: list) -> CachedResponse:
     """A copy of one RESPONSE record (and its external frames), kept after the frames are gone."""
-    header, view, offset = decode(frames[0])
-    header = {k: v for k, v in header.items() if k != "rid"}
+    header, view, offset = read_record(frames[0])
     inline = bytes(view[offset:])
     external = tuple(bytes(f.buffer if hasattr(f, "buffer") else f) for f in frames[1:])
     return CachedResponse(header, inline, external, len(inline) + sum(len(e) for e in external) + 256)

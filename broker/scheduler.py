@@ -25,7 +25,8 @@ from tritium.broker.registry import (
 from tritium.errors import NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
 from tritium.broker.streams import OpenStreams
-from tritium.protocol import Kind, encode, error_record
+from tritium.protocol import Batch as BatchHeader
+from tritium.protocol import BatchDone, Infer, error_record
 from tritium.tracing.stamps import batch_stamps
 
 log = logging.getLogger(__name__)
@@ -63,17 +64,17 @@ class Scheduler:
 
     # -- requests in --------------------------------------------------------------------
 
-    def submit(self, client: bytes, record, header: dict, external: list | None,
+    def submit(self, client: bytes, record, header: Infer, external: list | None,
                from_backend: bool = False) -> None:
-        """Queue one INFER; an unknown or unready model is answered at once."""
-        rid = header["rid"]
-        number = header.get("v", -1)
-        if number is None or number < 0:  # BLS asks for the latest version
-            version = self.registry.latest_ready(header["m"])
+        """Queue one INFER (``record``, whose header is ``header``); an unknown or unready model is answered at once."""
+        rid = header.rid
+        number = -1 if header.version is None else header.version
+        if number < 0:  # BLS asks for the latest version
+            version = self.registry.latest_ready(header.model)
         else:
-            version = self.registry.versions.get((header["m"], number))
+            version = self.registry.versions.get((header.model, number))
         if version is None or version.state != VersionState.READY:
-            self.reply_error(client, rid, _not_ready_error(header["m"], number, version), from_backend)
+            self.reply_error(client, rid, _not_ready_error(header.model, number, version), from_backend)
             return
         if version.ensemble:  # no queue of its own: its steps join their models' queues
             self.ensembles.submit(client, record, header, external, from_backend, version)
@@ -95,7 +96,7 @@ class Scheduler:
         batcher = version.batcher
         level = deadline = 0
         if not batcher.simple:
-            params = header.get("params")
+            params = header.params
             try:
                 level = batcher.queue_policy.level_of(params)
                 deadline = batcher.queue_policy.deadline_ns(level, now, params)
@@ -104,20 +105,20 @@ class Scheduler:
                 return
             if batcher.full(level):
                 self.reply_error(client, rid, Unavailable(
-                    f"[request id: {header.get('id') or '<id_unknown>'}] Exceeds maximum queue size"), from_backend)
+                    f"[request id: {header.request_id or '<id_unknown>'}] Exceeds maximum queue size"), from_backend)
                 version.stats.record_failure(0, "REJECTED")
                 return
         batching = version.definition.config.max_batch_size > 0
         shape_key = None
         if version.variable_shapes:
-            shape_key = tuple((d[0], tuple(d[2][1:] if batching else d[2])) for d in header["inputs"])
-        batch_size = header.get("bs")
+            shape_key = tuple((d[0], tuple(d[2][1:] if batching else d[2])) for d in header.inputs)
+        batch_size = header.batch_size
         if batch_size is None:  # BLS requests do not say; the gateway always does
-            batch_size = header["inputs"][0][2][0] if batching and header["inputs"] else 1
+            batch_size = header.inputs[0][2][0] if batching and header.inputs else 1
         request = PendingRequest(client, rid, record, external, batch_size, shape_key, now,
                                  from_backend=from_backend, level=level, deadline_ns=deadline,
-                                 cache_key=cache_key, correlation_id=header.get("cid", 0), flags=header.get("sf", 0),
-                                 traced="tr" in header)
+                                 cache_key=cache_key, correlation_id=header.sequence_id or 0,
+                                 flags=header.sequence_flags, traced=header.trace is not None)
         try:
             batcher.enqueue(request)
         except TritiumError as exc:  # the sequence batcher refuses what Triton's refuses (not counted, as there)
@@ -129,7 +130,7 @@ class Scheduler:
             self._timed.add(version)
         self.dispatch(version, now)
 
-    def _answer_from_cache(self, version: ModelVersion, client: bytes, rid: int, record, header: dict,
+    def _answer_from_cache(self, version: ModelVersion, client: bytes, rid: int, record, header: Infer,
                            external, from_backend: bool, now: int) -> bytes | None:
         """Answer a request from the response cache; on a miss, the key its response goes under."""
         key = request_key(version.name, version.epoch, header, record, external)   # a reload starts afresh
@@ -168,7 +169,7 @@ class Scheduler:
                 self.fail_queued(version, _no_instance_error(version))
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
-        self._reply(from_backend, [client, error_record(rid, error.to_wire())])
+        self._reply(from_backend, [client, error_record(rid, error)])
 
     def _reply(self, from_backend: bool, parts: list, timings: tuple = NO_TIMINGS) -> None:
         if parts[0] is STEP_CLIENT:  # an ensemble step's answer goes back to its ensemble
@@ -216,13 +217,7 @@ class Scheduler:
         instance.credit -= 1
         self._idle.busy(version, instance)   # until its batch is done
         batch_size = 0
-        header = {"k": Kind.BATCH, "b": number, "n": len(requests)}
-        if slots is not None:
-            header["sl"] = slots
-        traced = batch_stamps(requests)
-        if traced is not None:
-            header["tr"] = traced
-        parts = [instance.iid, encode(header)]
+        parts = [instance.iid, BatchHeader(number, len(requests), slots, batch_stamps(requests)).encode()]
         for request in requests:
             request.dispatch_ns = now
             batch_size += request.batch_size
@@ -264,7 +259,7 @@ class Scheduler:
 
     def _answer_error(self, version: ModelVersion, request: PendingRequest, error: TritiumError) -> None:
         """Answer a request that will not run, keeping its place when responses are ordered."""
-        parts = [request.client, error_record(request.rid, error.to_wire())]
+        parts = [request.client, error_record(request.rid, error)]
         if version.ordering is None:
             self._reply(request.from_backend, parts)
             return
@@ -273,27 +268,27 @@ class Scheduler:
 
     # -- results in ---------------------------------------------------------------------
 
-    def batch_done(self, iid: bytes, header: dict, frames: list) -> None:
+    def batch_done(self, iid: bytes, done: BatchDone, frames: list) -> None:
         """Route a batch's RESPONSE records (``frames``), one message per client."""
         instance = self.registry.instances.get(iid)
-        batch = instance.inflight.pop(header["b"], None) if instance else None
+        batch = instance.inflight.pop(done.number, None) if instance else None
         if batch is None:
-            log.warning("result for unknown batch %s from instance %r dropped", header.get("b"), iid)
+            log.warning("result for unknown batch %s from instance %r dropped", done.number, iid)
             return
         instance.credit += 1
         now = self._clock()
         version = batch.version
         self._idle.idle_again(version, instance)
-        batch.timings = timings = tuple(header.get("t") or (0, 0, 0))
+        batch.timings = timings = tuple(done.timings or (0, 0, 0))
         took = sum(timings)
         instance.execution_ns += _AVERAGE_WEIGHT * (took - instance.execution_ns) if instance.execution_ns else took
-        oks = header["ok"]
-        if "open" in header:
+        oks = done.ok
+        if done.still_open is not None:
             self.streams.executed(batch)
         else:
             if any(oks):
                 version.stats.record_execution(batch.batch_size, timings)
-            self._route_responses(batch, header["x"], oks, frames, now)
+            self._route_responses(batch, done.response_frames, oks, frames, now)
         if version.state in _DISPATCHING:  # a draining version still runs what it queued
             self.dispatch(version, now)
 

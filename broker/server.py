@@ -42,10 +42,28 @@ from tritium.ports import PortInUse
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     PROTOCOL_VERSION,
+    BatchDone,
+    Drain,
+    Drained,
+    Heartbeat,
+    Hello,
+    HostMetrics,
+    Infer,
+    InstanceExited,
+    InstanceFailed,
+    InstanceHealth,
     Kind,
+    LogSettings as LogSettingsMessage,
+    Message,
+    Models,
+    Placed,
+    Refused,
+    Reset,
+    ResponsePart,
     decode,
-    encode,
+    read_record,
 )
+from tritium.protocol import Control as ControlRequest
 from tritium.security import CurveKeys, secure_server
 from tritium.signals import SignalWaker
 from tritium.zmqio import recv_parts, send_parts
@@ -180,7 +198,7 @@ class Broker:
     def _push_models_if_changed(self) -> None:
         if self.registry.generation != self._pushed_generation:
             self._pushed_generation = self.registry.generation
-            message = encode({"k": Kind.MODELS, **self.registry.table()})
+            message = self.registry.table().encode()
             for gateway in list(self.membership.gateways):
                 self._send_frontend([gateway, message])
 
@@ -282,7 +300,7 @@ class Broker:
     def _heartbeat(self) -> None:
         """Tell gateways and agents the broker lives; drop the peers that went silent."""
         self._next_heartbeat = self._now + self.settings.heartbeat_interval_s
-        beat = encode({"k": Kind.HEARTBEAT, "boot": self.boot, "hb": self.settings.heartbeat_interval_s})
+        beat = Heartbeat(self.boot, self.settings.heartbeat_interval_s).encode()
         for gateway in list(self.membership.gateways):
             self._send_frontend([gateway, beat])
         for agent in list(self.registry.agents):
@@ -311,104 +329,115 @@ class Broker:
             position = 1
             while position < len(parts):
                 try:
-                    header, _, _ = decode(parts[position])
-                    external_count = header.get("x", 0)
-                    if not isinstance(external_count, int):
-                        external_count = 0  # a list: BATCH_DONE counts per response
-                    handle(peer, parts, position, header)
+                    message = read_record(parts[position])[0]
+                except ProtocolError as exc:
+                    self._malformed(sock, peer, parts[position], exc)
+                    break
+                try:
+                    handle(peer, parts, position, message)
                 except ProtocolError as exc:
                     log.warning("dropped a malformed message from %r: %s", peer, exc)
                     break
                 except Exception:   # one record's failure must not cost the records after it
                     log.exception("error handling a message from %r", peer)
-                if header["k"] in (Kind.BATCH_DONE, Kind.RESPONSE_PART):
+                if isinstance(message, (BatchDone, ResponsePart)):
                     break  # the records after it are its responses
-                position += 1 + external_count
+                position += 1 + message.external
+
+    def _malformed(self, sock: zmq.Socket, peer: bytes, record, exc: ProtocolError) -> None:
+        """A record that does not read as its kind: a peer of another protocol version is refused, a
+        malformed INFER answered with the error; the rest of the message is dropped."""
+        log.warning("dropped a malformed message from %r: %s", peer, exc)
+        try:
+            header, _, _ = decode(record)
+        except ProtocolError:
+            return
+        if header["k"] in (Kind.HELLO, Kind.HEARTBEAT) and "pv" in header:
+            self._protocol_ok(sock, peer, header["pv"], header.get("role"))
+        elif header["k"] == Kind.INFER and isinstance(header.get("rid"), int):
+            self.scheduler.reply_error(peer, header["rid"], InvalidArgument(f"malformed inference request: {exc}"),
+                                       sock is self.backend)
 
     # -- dispatch of message kinds ------------------------------------------------------
 
-    def _on_frontend(self, peer: bytes, parts: list, position: int, header: dict) -> None:
-        kind = header["k"]
-        if kind == Kind.INFER:
+    def _on_frontend(self, peer: bytes, parts: list, position: int, message: Message) -> None:
+        kind = type(message)
+        if kind is Infer:
             if self._stop_deadline is not None:
-                self.scheduler.reply_error(peer, header.get("rid", 0), Unavailable("the server is shutting down"))
+                self.scheduler.reply_error(peer, message.rid, Unavailable("the server is shutting down"))
                 return
-            external = parts[position + 1:position + 1 + header["x"]] if "x" in header else None
-            try:
-                self.scheduler.submit(peer, parts[position], header, external)
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
-                self.scheduler.reply_error(peer, header.get("rid", 0),
-                                           InvalidArgument(f"malformed inference request: {exc!r}"))
-        elif kind == Kind.CONTROL:
-            self.control.handle(peer, header)
-        elif kind == Kind.HELLO or (kind == Kind.HEARTBEAT and peer not in self.membership.gateways
-                                    and "pv" in header):
+            self._submit(peer, parts, position, message, False)
+        elif kind is ControlRequest:
+            self.control.handle(peer, message)
+        elif kind is Hello or (kind is Heartbeat and peer not in self.membership.gateways
+                               and message.protocol_version is not None):
             # A gateway of a previous broker process says hello again by heartbeating.
-            if self._protocol_ok(self.frontend, peer, header):
+            if self._protocol_ok(self.frontend, peer, message.protocol_version, message.role):
                 self._unreachable.discard(peer)
-                self.peers.gateway_hello(peer, header)
-        elif kind != Kind.HEARTBEAT:
-            raise ProtocolError(f"unexpected {Kind(kind).name} on the frontend")
+                self.peers.gateway_hello(peer, message)
+        elif kind is not Heartbeat:
+            raise ProtocolError(f"unexpected {message.kind.name} on the frontend")
 
-    def _on_backend(self, peer: bytes, parts: list, position: int, header: dict) -> None:
-        kind = header["k"]
-        if kind == Kind.BATCH_DONE:
-            self.scheduler.batch_done(peer, header, parts[position + 1:])
-        elif kind == Kind.RESPONSE_PART:
-            self.scheduler.streams.response_part(peer, header, parts[position + 1:])
-        elif kind == Kind.INFER:  # a model calling another model (BLS)
-            external = parts[position + 1:position + 1 + header["x"]] if "x" in header else None
-            try:
-                self.scheduler.submit(peer, parts[position], header, external, from_backend=True)
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
-                self.scheduler.reply_error(peer, header.get("rid", 0),
-                                           InvalidArgument(f"malformed inference request: {exc!r}"), True)
-        elif kind == Kind.HELLO:
-            if self._protocol_ok(self.backend, peer, header):
+    def _on_backend(self, peer: bytes, parts: list, position: int, message: Message) -> None:
+        kind = type(message)
+        if kind is BatchDone:
+            self.scheduler.batch_done(peer, message, parts[position + 1:])
+        elif kind is ResponsePart:
+            self.scheduler.streams.response_part(peer, message, parts[position + 1:])
+        elif kind is Infer:  # a model calling another model (BLS)
+            self._submit(peer, parts, position, message, True)
+        elif kind is Hello:
+            if self._protocol_ok(self.backend, peer, message.protocol_version, message.role):
                 self._unreachable.discard(peer)
-                self.peers.backend_hello(peer, header)
-        elif kind == Kind.PLACED:
-            self.peers.placed(peer, header)
-        elif kind == Kind.INSTANCE_FAILED:
-            self.peers.instance_failed(header)
-        elif kind == Kind.INSTANCE_EXITED:
-            self.peers.instance_exited(header)
-        elif kind == Kind.INSTANCE_HEALTH:
-            self.peers.instance_health(peer, header)
-        elif kind == Kind.HOST_METRICS:
-            self.peers.host_metrics(peer, header)
-        elif kind == Kind.HEARTBEAT:
-            self.peers.heartbeat(peer, header, self._now)
-        elif kind == Kind.DRAIN:
+                self.peers.backend_hello(peer, message)
+        elif kind is Placed:
+            self.peers.placed(peer, message)
+        elif kind is InstanceFailed:
+            self.peers.instance_failed(message)
+        elif kind is InstanceExited:
+            self.peers.instance_exited(message)
+        elif kind is InstanceHealth:
+            self.peers.instance_health(peer, message)
+        elif kind is HostMetrics:
+            self.peers.host_metrics(message)
+        elif kind is Heartbeat:
+            self.peers.heartbeat(peer, message, self._now)
+        elif kind is Drain:
             self.peers.drain(peer)
         else:
-            raise ProtocolError(f"unexpected {Kind(kind).name} on the backend")
+            raise ProtocolError(f"unexpected {message.kind.name} on the backend")
 
-    def _protocol_ok(self, sock: zmq.Socket, peer: bytes, header: dict) -> bool:
-        if header.get("pv") == PROTOCOL_VERSION:
+    def _submit(self, peer: bytes, parts: list, position: int, request: Infer, from_backend: bool) -> None:
+        external = parts[position + 1:position + 1 + request.external] if request.external else None
+        try:
+            self.scheduler.submit(peer, parts[position], request, external, from_backend)
+        except (TypeError, ValueError, IndexError) as exc:   # descriptors that do not describe tensors
+            self.scheduler.reply_error(peer, request.rid, InvalidArgument(f"malformed inference request: {exc!r}"),
+                                       from_backend)
+
+    def _protocol_ok(self, sock: zmq.Socket, peer: bytes, version, role) -> bool:
+        if version == PROTOCOL_VERSION:
             return True
-        reason = (f"protocol version {header.get('pv')} refused; this broker speaks "
-                  f"version {PROTOCOL_VERSION}")
-        log.error("peer %s (%s): %s", peer.decode(errors="replace"), header.get("role"), reason)
-        self._send(sock, [peer, encode({"k": Kind.REFUSED, "reason": reason})])
+        reason = f"protocol version {version} refused; this broker speaks version {PROTOCOL_VERSION}"
+        log.error("peer %s (%s): %s", peer.decode(errors="replace"), getattr(role, "value", role), reason)
+        self._send(sock, [peer, Refused(reason).encode()])
         return False
 
 
 # What the broker tells a peer unasked: losing these to a peer that left loses nothing.
-_NOTICES = frozenset({Kind.HEARTBEAT, Kind.MODELS, Kind.LOG_SETTINGS, Kind.RESET, Kind.DRAINED})
+_NOTICES = (Heartbeat, Models, LogSettingsMessage, Reset, Drained)
 
 
 def _only_notices(parts: list) -> bool:
     position = 1
     while position < len(parts):
         try:
-            header, _, _ = decode(parts[position])
+            message = read_record(parts[position])[0]
         except ProtocolError:
             return False
-        if header["k"] not in _NOTICES:
+        if not isinstance(message, _NOTICES):
             return False
-        external = header.get("x", 0)
-        position += 1 + (external if isinstance(external, int) else 0)
+        position += 1 + message.external
     return True
 
 

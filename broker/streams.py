@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 
 from tritium.broker.registry import Batch, ModelVersion, Registry
-from tritium.protocol import decode
+from tritium.protocol import ResponsePart, read_record
 
 log = logging.getLogger(__name__)
 
@@ -20,21 +20,21 @@ class OpenStreams:
         self._clock = clock
         self.batches: dict[int, Batch] = {}   # by batch number: done executing, not done answering
 
-    def response_part(self, iid: bytes, header: dict, frames: list) -> None:
+    def response_part(self, iid: bytes, part: ResponsePart, frames: list) -> None:
         """Forward one response of a decoupled model; a final one closes its request."""
         instance = self.registry.instances.get(iid)
-        number = header["b"]
+        number, index = part.batch, part.index
         batch = (instance.inflight.get(number) if instance else None) or self.batches.get(number)
-        if batch is None or not 0 <= header["i"] < len(batch.requests):
-            log.warning("response for unknown request %s/%s from instance %r dropped", number, header.get("i"), iid)
+        if batch is None or not 0 <= index < len(batch.requests):
+            log.warning("response for unknown request %s/%s from instance %r dropped", number, index, iid)
             return
-        request = batch.requests[header["i"]]
-        batch.answered.add(header["i"])
-        response, _, _ = decode(frames[0])
+        request = batch.requests[index]
+        batch.answered.add(index)
+        response, _, _ = read_record(frames[0])
         self._reply(request.from_backend, [request.client, *frames])
-        if response.get("final", True):
-            batch.finished.add(header["i"])
-            batch.record_outcome(request, "err" not in response, self._clock())
+        if response.final is not False:
+            batch.finished.add(index)
+            batch.record_outcome(request, response.error is None, self._clock())
             if number in self.batches and len(batch.finished) == len(batch.requests):
                 del self.batches[number]
 

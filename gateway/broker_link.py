@@ -29,9 +29,17 @@ from tritium.protocol import (
     PROTOCOL_VERSION,
     RECONNECT_IVL_MAX_MS,
     RECONNECT_IVL_MS,
-    Kind,
-    decode,
-    encode,
+    Control,
+    ControlReply,
+    Heartbeat,
+    Hello,
+    Infer,
+    LogSettings,
+    Models,
+    Refused,
+    Response,
+    Role,
+    read_record,
 )
 from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
@@ -44,7 +52,7 @@ _POLLIN = int(zmq.POLLIN)
 
 
 class Reply(NamedTuple):
-    header: dict
+    message: Response | ControlReply
     record: memoryview     # the whole record the header came in
     offset: int            # where its inline tensors start
     external: list         # its external frames
@@ -79,7 +87,7 @@ class BrokerLink:
         self.loop = loop or asyncio.get_running_loop()
         self.identity = f"gw-{host_name()}-{os.getpid()}"
         self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         secure_client(self.sock, curve, "gateway")
         self.sock.setsockopt(zmq.IDENTITY, self.identity.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -95,7 +103,7 @@ class BrokerLink:
         self._streams: dict[int, asyncio.Queue] = {}   # requests answered 0..N times (decoupled)
         self._rids = itertools.count(1)
         self._outbox: list = []
-        self._fd = self.sock.getsockopt(zmq.FD)
+        self._fd = int(self.sock.getsockopt(zmq.FD))
         self.loop.add_reader(self._fd, self._drain)
         self._drain_scheduled = False
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -107,8 +115,7 @@ class BrokerLink:
 
     async def start(self, timeout_s: float | None = None) -> None:
         """Say hello and wait for the first model table."""
-        self._post(encode({"k": Kind.HELLO, "role": "gateway", "pv": PROTOCOL_VERSION,
-                           "hb": self.heartbeat_interval_s}))
+        self._post(Hello(Role.GATEWAY, PROTOCOL_VERSION, heartbeat_s=self.heartbeat_interval_s).encode())
         await asyncio.wait_for(self._models_received.wait(), timeout_s)
 
     def close(self) -> None:
@@ -134,8 +141,8 @@ class BrokerLink:
 
     def _beat(self) -> None:
         self._beat_handle = self.loop.call_later(self.heartbeat_interval_s, self._beat)
-        self._post(encode({"k": Kind.HEARTBEAT, "role": "gateway", "pv": PROTOCOL_VERSION,
-                           "hb": self.heartbeat_interval_s}))
+        self._post(Heartbeat(heartbeat_s=self.heartbeat_interval_s, role=Role.GATEWAY,
+                             protocol_version=PROTOCOL_VERSION).encode())
         silent_s = self.loop.time() - self._last_heard
         if not self.broker_lost and silent_s > max(self.heartbeat_interval_s, self._broker_interval) * MISSED_HEARTBEATS:
             self.broker_lost = True
@@ -146,21 +153,25 @@ class BrokerLink:
     def lost_error(self) -> Unavailable:
         return Unavailable(f"lost contact with the broker at {self.address}; the request was not answered")
 
-    def _heard_broker(self, header: dict) -> None:
-        boot = header.get("boot")
+    def _heard_broker(self, beat: Heartbeat) -> None:
+        boot = beat.boot
         if self.broker_boot is not None and boot != self.broker_boot:
             log.warning("the broker restarted; failing %d request(s) the previous one held", self.waiting)
             self._fail_waiting(Unavailable(f"the broker at {self.address} restarted; the request was lost"))
         self.broker_boot = boot
-        self._broker_interval = header.get("hb", 0.0)
+        self._broker_interval = beat.heartbeat_s or 0.0
 
-    def request(self, header: dict, inline=(), external=()) -> asyncio.Future:
-        """Send INFER or CONTROL; the future resolves to the broker's Reply."""
+    def next_rid(self) -> int:
+        """The number of a new request (INFER or CONTROL): its answer comes back with it."""
+        return next(self._rids)
+
+    def request(self, request: Infer | Control, inline=(), external=()) -> asyncio.Future:
+        """Send INFER or CONTROL (numbered by ``next_rid``); the future resolves to the broker's Reply."""
         future = self.loop.create_future()
-        self.request_then(header, inline, external, partial(_settle, future))
+        self.request_then(request, inline, external, partial(_settle, future))
         return future
 
-    def request_then(self, header: dict, inline, external, deliver: Deliver) -> None:
+    def request_then(self, request: Infer | Control, inline, external, deliver: Deliver) -> None:
         """Send INFER or CONTROL; ``deliver`` is called once, with the Reply or an error.
 
         The inference hot path: no future and no task per request, the answer is handled
@@ -169,24 +180,21 @@ class BrokerLink:
         if self.broker_lost:
             deliver(self.lost_error())
             return
-        self._pending[self._send_request(header, inline, external)] = deliver
+        self._pending[self._send_request(request, inline, external)] = deliver
 
-    def request_stream(self, header: dict, inline=(), external=()) -> asyncio.Queue:
+    def request_stream(self, request: Infer, inline=(), external=()) -> asyncio.Queue:
         """Send an INFER whose answers (0..N, the last with ``final``) arrive on the queue."""
         answers: asyncio.Queue = asyncio.Queue()
         if self.broker_lost:
             answers.put_nowait(self.lost_error())
             return answers
-        self._streams[self._send_request(header, inline, external)] = answers
+        self._streams[self._send_request(request, inline, external)] = answers
         return answers
 
-    def _send_request(self, header: dict, inline, external) -> int:
-        """Number the request, queue it for this turn's send; return its rid."""
-        rid = header["rid"] = next(self._rids)
-        if external:
-            header["x"] = len(external)
-        self._post(encode(header, inline), external)
-        return rid
+    def _send_request(self, request: Infer | Control, inline, external) -> int:
+        """Queue the request for this turn's send; return its rid."""
+        self._post(request.encode(inline), external)
+        return request.rid
 
     def _post(self, record: bytes, external=()) -> None:
         if not self._outbox:
@@ -198,7 +206,7 @@ class BrokerLink:
         parts, self._outbox = self._outbox, []
         send_parts(self.sock, parts)
         # ZeroMQ's fd is edge-triggered: a send may have consumed the readiness edge.
-        if not self._drain_scheduled and _getsockopt(self.sock, _EVENTS) & _POLLIN:
+        if not self._drain_scheduled and int(_getsockopt(self.sock, _EVENTS)) & _POLLIN:
             self._drain_scheduled = True
             self.loop.call_soon(self._drain)
 
@@ -224,33 +232,35 @@ class BrokerLink:
     def _dispatch(self, parts: list) -> None:
         position = 0
         while position < len(parts):
-            header, record, offset = decode(parts[position])
-            external_count = header.get("x", 0)
-            external = parts[position + 1:position + 1 + external_count]
-            position += 1 + external_count
-            kind = header["k"]
-            if kind == Kind.RESPONSE or kind == Kind.CONTROL_REPLY:
-                rid = header.get("rid")
-                queue = self._streams.get(rid)
+            message, record, offset = read_record(parts[position])
+            external = parts[position + 1:position + 1 + message.external]
+            position += 1 + message.external
+            if isinstance(message, Response):
+                queue = self._streams.get(message.rid)
                 if queue is not None:
-                    if header.get("final", True):
-                        del self._streams[rid]
-                    queue.put_nowait(Reply(header, record, offset, external))
+                    if message.final is not False:
+                        del self._streams[message.rid]
+                    queue.put_nowait(Reply(message, record, offset, external))
                     continue
-                deliver = self._pending.pop(rid, None)
-                if deliver is not None:
-                    _call(deliver, Reply(header, record, offset, external))
-            elif kind == Kind.HEARTBEAT:
-                self._heard_broker(header)
-            elif kind == Kind.MODELS:
-                self.models.update(header)
-                self.shared_memory.apply(header.get("shm", ()))
-                self.on_trace_settings(header.get("trace"))
+                self._answered(Reply(message, record, offset, external))
+            elif isinstance(message, ControlReply):
+                self._answered(Reply(message, record, offset, external))
+            elif isinstance(message, Heartbeat):
+                self._heard_broker(message)
+            elif isinstance(message, Models):
+                self.models.update(message)
+                self.shared_memory.apply(message.shared_memory)
+                self.on_trace_settings(message.trace)
                 self._models_received.set()
-            elif kind == Kind.LOG_SETTINGS:
-                logs.apply_wire(header["settings"])
-            elif kind == Kind.REFUSED:
-                log.error("the broker refused this gateway: %s", header.get("reason"))
+            elif isinstance(message, LogSettings):
+                logs.apply_wire(message.settings)
+            elif isinstance(message, Refused):
+                log.error("the broker refused this gateway: %s", message.reason)
+
+    def _answered(self, reply: Reply) -> None:
+        deliver = self._pending.pop(reply.message.rid, None)
+        if deliver is not None:
+            _call(deliver, reply)
 
 
 def _call(deliver: Deliver, outcome: "Reply | TritiumError") -> None:

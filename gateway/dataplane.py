@@ -21,7 +21,7 @@ from tritium.gateway.validation import check_single_response, validate_request
 from tritium.repo.names import require_name
 from tritium import __version__
 from tritium.errors import InvalidArgument, TritiumError, Unavailable, Unsupported
-from tritium.protocol import Kind, split_tensors, tensor_views
+from tritium.protocol import Control, ControlOp, Infer, pack_tensors, tensor_views
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +97,12 @@ class DataPlane:
 
     async def statistics(self, name: str | None, version: str | None) -> dict:
         args = {"model": name, "version": parse_version(version) if version else None}
-        return {"model_stats": await self._control("stats", args)}
+        return {"model_stats": await self._control(ControlOp.STATS, args)}
 
     # -- the model repository extension ----------------------------------------------------
 
     async def repository_index(self, ready_only: bool) -> list[dict]:
-        return await self._control("index", {"ready": ready_only})
+        return await self._control(ControlOp.INDEX, {"ready": ready_only})
 
     async def load_model(self, name: str, parameters: dict) -> None:
         """Returns once the model is loaded (its table already here), or raises why it is not."""
@@ -112,22 +112,22 @@ class DataPlane:
                 raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON string")
             if key.startswith("file:") and not isinstance(value, (str, bytes)):
                 raise InvalidArgument(f"failed to load '{name}': '{key}' must be base64 text or bytes")
-        await self._control("load", {"model": name, "parameters": parameters})
+        await self._control(ControlOp.LOAD, {"model": name, "parameters": parameters})
 
     async def unload_model(self, name: str, unload_dependents: bool) -> None:
         require_name(name, "unload")
-        await self._control("unload", {"model": name, "unload_dependents": unload_dependents})
+        await self._control(ControlOp.UNLOAD, {"model": name, "unload_dependents": unload_dependents})
 
-    async def _control(self, op: str, args: dict):
-        log.debug("control request %s%s", op, f" for model {args['model']}" if args.get("model") else "")
+    async def _control(self, op: ControlOp, args: dict):
+        log.debug("control request %s%s", op.value, f" for model {args['model']}" if args.get("model") else "")
         self._controls_waiting += 1   # not inference: the in-flight limit does not count them
         try:
-            reply = (await self.link.request({"k": Kind.CONTROL, "op": op, "args": args})).header
+            reply = (await self.link.request(Control(self.link.next_rid(), op, args))).message
         finally:
             self._controls_waiting -= 1
-        if "err" in reply:
-            raise TritiumError.from_wire(reply["err"])
-        return reply["ok"]
+        if reply.error is not None:
+            raise reply.error
+        return reply.result
 
     # -- inference ----------------------------------------------------------------------
 
@@ -169,8 +169,8 @@ class DataPlane:
             if isinstance(reply, TritiumError):
                 yield reply, True
                 return
-            final = reply.header.get("final", True)
-            yield (None if reply.header.get("empty") else self._result(spec, version, request, reply)), final
+            final = reply.message.final is not False
+            yield (None if reply.message.empty else self._result(spec, version, request, reply)), final
             if final:
                 return
 
@@ -188,34 +188,24 @@ class DataPlane:
             batch_size = validate_request(spec, request)
         except TritiumError as exc:
             raise _with_request_id(exc, request.id) from None
-        external_flags, inline, external = split_tensors([t.data for t in request.inputs])
-        header = {"k": Kind.INFER, "m": spec.name, "v": version, "bs": batch_size,
-                  "inputs": [[t.name, t.datatype, t.shape, len(t.data), is_external]
-                             for t, is_external in zip(request.inputs, external_flags)]}
-        if request.id:
-            header["id"] = request.id
-        if request.outputs is not None:
-            header["outputs"] = [o.name for o in request.outputs]
-        if request.parameters:
-            header["params"] = request.parameters
-        if request.sequence_id:
-            header["cid"] = request.sequence_id
-        if request.sequence_flags:
-            header["sf"] = request.sequence_flags
+        descriptors, inline, external = pack_tensors((t.name, t.datatype, t.shape, t.data) for t in request.inputs)
         if self.tracer.on and single_response_only is not None:   # streamed requests are not traced
             request.trace = self.tracer.sample(spec.name, version, request.traceparent)
-            if request.trace is not None:
-                header["tr"] = request.trace.context
-        return spec, version, header, inline, external
+        message = Infer(self.link.next_rid(), spec.name, descriptors, version=version, batch_size=batch_size,
+                        request_id=request.id or None,
+                        outputs=None if request.outputs is None else [o.name for o in request.outputs],
+                        params=request.parameters or None, sequence_id=request.sequence_id or None,
+                        sequence_flags=request.sequence_flags, external=len(external),
+                        trace=None if request.trace is None else request.trace.context)
+        return spec, version, message, inline, external
 
     def _result(self, spec: ModelSpec, version: int, request: InferRequest, reply) -> InferResult | TritiumError:
-        answer = reply.header
+        answer = reply.message
         if request.trace is not None:
             request.trace.answered(answer)
-        if "err" in answer:
-            error = TritiumError.from_wire(answer["err"])
-            return error if answer.get("model_error") else _with_request_id(error, request.id)
-        descriptors = answer.get("outputs", [])
+        if answer.error is not None:
+            return answer.error if answer.model_error else _with_request_id(answer.error, request.id)
+        descriptors = answer.outputs or []
         views = tensor_views(descriptors, reply.record, reply.offset, reply.external)
         outputs = [OutputTensor(d[0], d[1], d[2], view) for d, view in zip(descriptors, views)]
         if request.outputs and any(o.classification or o.shared_memory for o in request.outputs):
@@ -224,7 +214,7 @@ class DataPlane:
                 self._write_shared_memory(request.outputs, outputs)
             except TritiumError as exc:
                 return exc
-        return InferResult(spec.name, version, request.id, outputs, answer.get("params") or {})
+        return InferResult(spec.name, version, request.id, outputs, answer.params or {})
 
     # -- generate ---------------------------------------------------------------------------
 
@@ -258,7 +248,7 @@ class DataPlane:
 
     async def log_settings(self, changes: dict | None = None) -> dict:
         """Triton's logging settings, after applying ``changes`` to every process."""
-        return await self._control("log_settings", {"changes": changes or {}})
+        return await self._control(ControlOp.LOG_SETTINGS, {"changes": changes or {}})
 
     # -- trace ----------------------------------------------------------------------------
 
@@ -269,7 +259,7 @@ class DataPlane:
                 self.link.models.resolve(model, None)
             except TritiumError:
                 raise InvalidArgument(f"Request for unknown model : {model}") from None
-        return await self._control("trace_settings", {"model": model, "changes": changes or {},
+        return await self._control(ControlOp.TRACE_SETTINGS, {"model": model, "changes": changes or {},
                                                       "startup": self.tracer.startup.as_wire()})
 
     # -- system shared memory ---------------------------------------------------------------
@@ -306,12 +296,12 @@ class DataPlane:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidArgument(f"Unable to parse '{field}': expected an unsigned integer")
         map_region(key, offset, byte_size).close()  # fails here, for this client, if it cannot be mapped
-        await self._control("shm_register", {"name": name, "key": key, "offset": offset, "byte_size": byte_size})
+        await self._control(ControlOp.SHM_REGISTER, {"name": name, "key": key, "offset": offset, "byte_size": byte_size})
 
     async def unregister_shared_memory(self, name: str | None) -> None:
         if not self.allow_client_shm:
             raise Unsupported(SHM_DISABLED)
-        await self._control("shm_unregister", {"name": name})
+        await self._control(ControlOp.SHM_UNREGISTER, {"name": name})
 
 
 def _classified(spec: ModelSpec, requested: list, outputs: list[OutputTensor]) -> list[OutputTensor]:

@@ -14,6 +14,7 @@ import orjson
 from tritium import datatypes
 from tritium.datatypes import DataType
 from tritium.errors import InvalidArgument, NotFound, Unavailable
+from tritium.protocol import Models
 
 READY = "READY"
 _LEADING_INTEGER = re.compile(r"\s*([+-]?[0-9]+)")
@@ -111,16 +112,15 @@ class ModelTable:
         self.server_ready = False
         self.received = False
 
-    def update(self, table: dict) -> None:
+    def update(self, table: Models) -> None:
         models = {}
-        for item in table["models"]:
-            config = item.get("config")
-            models[item["name"]] = ModelEntry.of(
-                item["name"], ModelSpec.from_config(config, item.get("labels")) if config else None, item.get("error"),
-                {int(v[0]): (v[1], v[2], v[3] if len(v) > 3 else True) for v in item["versions"]})
+        for row in table.models:
+            models[row.name] = ModelEntry.of(
+                row.name, ModelSpec.from_config(row.config, row.labels) if row.config else None, row.error,
+                {v.version: (v.state, v.reason, v.healthy) for v in row.versions})
         self.models = models
-        self.generation = table["generation"]
-        self.server_ready = bool(table["ready"])
+        self.generation = table.generation
+        self.server_ready = bool(table.ready)
         self.received = True
 
     def get(self, name: str) -> ModelEntry:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tritium.errors import InvalidArgument, NotFound
+from tritium.protocol import SharedMemoryRegion
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +70,12 @@ class SharedMemoryRegions:
     def __init__(self) -> None:
         self._regions: dict[str, Region] = {}
 
-    def apply(self, table: list[dict]) -> None:
+    def apply(self, table: Iterable[SharedMemoryRegion]) -> None:
         """Follow the broker's list: map new regions, unmap the ones that went away."""
-        wanted = {entry["name"]: entry for entry in table}
+        wanted = {entry.name: entry for entry in table}
         for name, region in list(self._regions.items()):
             entry = wanted.get(name)
-            if entry is None or (entry["key"], entry["offset"], entry["byte_size"]) != \
+            if entry is None or (entry.key, entry.offset, entry.byte_size) != \
                     (region.key, region.offset, region.byte_size):
                 del self._regions[name]
                 region.mapping.close()
@@ -81,11 +83,11 @@ class SharedMemoryRegions:
             if name in self._regions:
                 continue
             try:
-                mapping = map_region(entry["key"], entry["offset"], entry["byte_size"])
+                mapping = map_region(entry.key, entry.offset, entry.byte_size)
             except InvalidArgument as exc:  # gone since it was registered: requests naming it fail
                 log.warning("shared memory region '%s': %s", name, exc.message)
                 continue
-            self._regions[name] = Region(name, entry["key"], entry["offset"], entry["byte_size"], mapping)
+            self._regions[name] = Region(name, entry.key, entry.offset, entry.byte_size, mapping)
 
     def status(self, name: str | None) -> list[dict]:
         if name is None:

@@ -17,7 +17,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from tritium.protocol import Kind
+from tritium.protocol import Control, ControlOp, Response
 from tritium.tracing.settings import TraceSettings
 from tritium.tracing.stamps import INFER_RESPONSE_COMPLETE, REQUEST_END, place
 
@@ -46,10 +46,10 @@ class RequestTrace:
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append([name, ns or time.monotonic_ns(), "gateway"])
 
-    def answered(self, header: dict) -> None:
+    def answered(self, response: Response) -> None:
         """The RESPONSE arrived: keep the stamps it carries."""
         now = time.monotonic_ns()
-        self.remote = header.get("tr")
+        self.remote = response.trace
         self.stamps.append([INFER_RESPONSE_COMPLETE, now, "gateway"])
         if self.remote is None or not any(stamp[0] == REQUEST_END for stamp in self.remote["ts"]):
             self.stamps.append([REQUEST_END, now, "gateway"])
@@ -86,8 +86,8 @@ class GatewayTracer:
 
     async def start(self) -> None:
         """Seed the broker with this gateway's startup settings (the first gateway's stay)."""
-        await self.link.request({"k": Kind.CONTROL, "op": "trace_settings",
-                                 "args": {"startup": self.startup.as_wire()}})
+        await self.link.request(Control(self.link.next_rid(), ControlOp.TRACE_SETTINGS,
+                                        {"startup": self.startup.as_wire()}))
 
     def apply(self, wire: dict | None) -> None:
         """Settings pushed by the broker; the same revision again changes nothing."""
@@ -132,7 +132,7 @@ class GatewayTracer:
             log.exception("trace of a request for model '%s' dropped", trace.model)
             return
         args = {"model": trace.model, "tree": None if exported else tree, "startup": self.startup.as_wire()}
-        self.link.request_then({"k": Kind.CONTROL, "op": "trace_done", "args": args}, (), (), _ignore)
+        self.link.request_then(Control(self.link.next_rid(), ControlOp.TRACE_DONE, args), (), (), _ignore)
 
     def _exporter(self) -> OtelExporter:
         if self._otel is None:

@@ -3,7 +3,8 @@
 The test binds a ROUTER socket where the broker would be and plays the broker by hand:
 it reads what the part under test sends (HELLO, heartbeats, PLACED, INFER, ...) and
 answers, delays, drops or restarts as the scenario says, speaking the real wire
-protocol of tritium/protocol.py. Nothing of the data path is mocked.
+protocol: it sends the protocol's message types and keeps what it reads as the decoded
+header dicts, the wire as peers see it. Nothing of the data path is mocked.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import zmq
 
-from tritium.protocol import Kind, decode, encode
+from tritium.protocol import Heartbeat, Kind, Message, decode
 from tritium.zmqio import recv_parts, send_parts
 
 
@@ -55,7 +56,7 @@ class ScriptedBroker:
     def keep_beating(self, peer: bytes, boot: int, hb: float, every: float | None = None) -> None:
         """Heartbeat to ``peer`` now and then every ``every`` seconds (``hb``, what the beats
         announce, by default), from ``pump``: a broker that is alive, as ``boot``."""
-        self._beating[peer] = _Beating(encode({"k": Kind.HEARTBEAT, "boot": boot, "hb": hb}), every or hb)
+        self._beating[peer] = _Beating(Heartbeat(boot, hb).encode(), every or hb)
 
     def stop_beating(self) -> None:
         """Fall silent (what a hung or unreachable broker looks like)."""
@@ -80,8 +81,7 @@ class ScriptedBroker:
             while position < len(parts):   # a record, then its external frames
                 header = decode(parts[position])[0]
                 records.append(Received(peer, header, parts[position].bytes, now))
-                external = header.get("x", 0)   # BATCH_DONE's is a list: its responses are records of their own
-                position += 1 + (external if isinstance(external, int) else 0)
+                position += 1 + header.get("x", 0)
         self.received.extend(records)
         return records
 
@@ -92,9 +92,9 @@ class ScriptedBroker:
     def send(self, peer: bytes, *records: bytes) -> None:
         send_parts(self.sock, [peer, *records])
 
-    def tell(self, peer: bytes, header: dict) -> None:
-        """Send one record made of ``header`` alone."""
-        self.send(peer, encode(header))
+    def tell(self, peer: bytes, message: Message) -> None:
+        """Send one record made of ``message`` alone."""
+        self.send(peer, message.encode())
 
     def close(self) -> None:
         self.sock.close(0)

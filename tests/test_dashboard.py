@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from tritium.broker.metrics import MetricsSettings, TritonCollector, render
 from tritium.broker.registry import Registry
+from tritium.protocol import HostMetrics
 from deploy.grafana import preview
 from tests.servers import PROJECT_ROOT, TritiumServer
 
@@ -31,9 +32,8 @@ DASHBOARD = GRAFANA / "tritium-dashboard.json"
 SAMPLE = re.compile(r'^(\w+)(?:\{(.*)\})? (\S+)$')
 SCRAPE_LABELS = {"job", "instance"}     # Prometheus adds these when it scrapes
 GRAFANA_RANGE = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
-GPU_REPORT = {"cpu_utilization": 0.5, "memory_total": 2, "memory_used": 1,
-              "gpus": [{"uuid": "GPU-0", "utilization": 0.5, "memory_total": 2, "memory_used": 1,
-                        "power_usage": 100.0, "power_limit": 300.0}]}
+GPU_REPORT = HostMetrics("gpu-host", 0.5, 2, 1, [{"uuid": "GPU-0", "utilization": 0.5, "memory_total": 2,
+                                                  "memory_used": 1, "power_usage": 100.0, "power_limit": 300.0}])
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import zmq
 
 from tritium.exit_codes import ExitCode
 from tritium.ports import PortInUse, check_free
-from tritium.protocol import Kind, decode, encode
+from tritium.protocol import Control, ControlOp, ControlReply, read_record
 
 log = logging.getLogger(__name__)
 
@@ -158,11 +158,12 @@ class Supervisor:
         sock.connect(frontend)
         try:
             while not stop and self._dead_child() is None:
-                sock.send(encode({"k": Kind.CONTROL, "rid": 1, "op": "status"}))
+                sock.send(Control(1, ControlOp.STATUS).encode())
                 if sock.poll(1000):
-                    reply, _, _ = decode(sock.recv())
-                    if reply["k"] == Kind.CONTROL_REPLY and reply["ok"]["loading_done"]:
-                        return reply["ok"]
+                    reply, _, _ = read_record(sock.recv())
+                    status = reply.result if isinstance(reply, ControlReply) else None
+                    if status and status["loading_done"]:
+                        return status
                     time.sleep(0.05)
             return None
         finally:

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import zmq
@@ -31,6 +32,7 @@ from tritium.repo.names import name_problem, write_files
 from tritium import logs, notify
 from tritium.hostmetrics import HostSampler
 from tritium.hosts import host_name
+from tritium.errors import InternalError, Unavailable
 from tritium.exit_codes import ExitCode
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -38,9 +40,23 @@ from tritium.protocol import (
     PROTOCOL_VERSION,
     RECONNECT_IVL_MAX_MS,
     RECONNECT_IVL_MS,
-    Kind,
-    decode,
-    encode,
+    Assign,
+    Assignment,
+    Drain,
+    Drained,
+    Heartbeat,
+    Hello,
+    HostMetrics,
+    InstanceExited,
+    LogSettings,
+    Placed,
+    Refused,
+    Reset,
+    Role,
+    RunningInstance,
+    Scale,
+    Unassign,
+    read_record,
 )
 from tritium.security import CurveKeys, secure_client
 from tritium.signals import SignalWaker
@@ -91,11 +107,11 @@ class Child:
     identity: str = ""  # the load identity the broker gave (what the process runs), for adoption
     scaled: bool = False   # started by SCALE (an autoscaled model), not from instance groups
 
-    def running(self) -> dict:
+    def running(self) -> RunningInstance:
         """How the HELLO to a new broker describes this instance, so that it may keep it."""
-        return {"iid": self.iid, "m": self.model, "v": self.version, "id": self.identity, "key": self.plan.key,
-                "name": self.plan.name, "kind": self.plan.kind, "device": self.plan.device_id,
-                "credit": self.spec.get("credit", 1), "scaled": self.scaled, "pid": self.process.pid}
+        return RunningInstance(self.iid, self.model, self.version, self.identity, self.plan.key, self.plan.name,
+                               self.plan.kind, self.plan.device_id, self.spec.get("credit", 1), self.scaled,
+                               self.process.pid)
 
     def adopted(self, epoch: int, boot: int | None) -> None:
         """It now belongs to load ``epoch`` of broker ``boot``; a restart starts it as such."""
@@ -201,10 +217,10 @@ class HostAgent:
         return self._exit_code
 
     def _hello(self) -> None:
-        self._send({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION, "host": host_name(),
-                    "gpus": list(self.settings.gpus), "models": list(self.settings.models or []),
-                    "cpu_slots": self.settings.max_cpu_instances, "hb": self.settings.heartbeat_interval_s,
-                    "running": [child.running() for child in self._adoptable.values()]})
+        self._send(Hello(Role.AGENT, PROTOCOL_VERSION, heartbeat_s=self.settings.heartbeat_interval_s,
+                         host=host_name(), gpus=list(self.settings.gpus), models=list(self.settings.models or []),
+                         cpu_slots=self.settings.max_cpu_instances,
+                         running=[child.running() for child in self._adoptable.values()]))
 
     def _stop(self, signum, _frame) -> None:
         self._stop_signals += 1   # handled in the loop: a signal handler must not touch the socket
@@ -222,15 +238,15 @@ class HostAgent:
         notify.stopping()
         log.info("draining: the broker moves work away from this host before it stops")
         self._drain_deadline = time.monotonic() + self.settings.exit_timeout_s
-        self._send({"k": Kind.DRAIN})
+        self._send(Drain())
 
-    def _send(self, header: dict) -> None:
+    def _send(self, message) -> None:
         """Never blocks: while the broker is away, what does not fit in ZeroMQ's queue is dropped
         (heartbeats and metrics are worthless late; the broker learns the rest when it is back)."""
         try:
-            self.sock.send(encode(header), zmq.NOBLOCK)
+            self.sock.send(message.encode(), zmq.NOBLOCK)
         except zmq.Again:
-            log.debug("broker unreachable; dropped a %s", Kind(header["k"]).name)
+            log.debug("broker unreachable; dropped a %s", message.kind.name)
 
     def _keep_alive(self) -> None:
         """Heartbeat to the broker; notice when it has gone silent."""
@@ -239,7 +255,7 @@ class HostAgent:
             return
         interval = self.settings.heartbeat_interval_s
         self._next_heartbeat = now + interval
-        self._send({"k": Kind.HEARTBEAT, "role": "agent", "hb": interval})
+        self._send(Heartbeat(heartbeat_s=interval, role=Role.AGENT))
         if not self._broker_lost and now - self._last_heard > max(interval, self._broker_interval) * MISSED_HEARTBEATS:
             self._broker_lost = True
             log.warning("lost contact with the broker at %s; instances keep running while reconnecting",
@@ -258,48 +274,48 @@ class HostAgent:
         self._broker_boot = None   # until the broker's heartbeat answers this HELLO
         self._hello()
         if self._drain_deadline is not None:
-            self._send({"k": Kind.DRAIN})   # a new broker process must know this host is leaving
+            self._send(Drain())   # a new broker process must know this host is leaving
 
     def _drain(self) -> None:
         while True:
             try:
-                header, _, _ = decode(self.sock.recv(zmq.NOBLOCK))
+                message, _, _ = read_record(self.sock.recv(zmq.NOBLOCK))
             except zmq.Again:
                 return
             self._last_heard = time.monotonic()
             if self._broker_lost:
                 self._broker_lost = False
                 log.info("the broker at %s answers again", self.settings.broker)
-            kind = header["k"]
-            if kind == Kind.ASSIGN:
-                for assignment in header["models"]:
+            kind = type(message)
+            if kind is Assign:
+                for assignment in message.models:
                     self._assign(assignment)
-                for scaled in header.get("scale", ()):
-                    self._assign(scaled["assignment"], count=int(scaled["count"]))
-                if header.get("complete"):
+                for scaled in message.scale:
+                    self._assign(scaled.assignment, count=scaled.count)
+                if message.complete:
                     self._stop_unadopted()
-            elif kind == Kind.SCALE:
-                self._assign(header["assignment"], count=int(header["count"]), stop=tuple(header.get("stop", ())))
-            elif kind == Kind.UNASSIGN:
-                for item in header["models"]:
-                    self._unassign(item.get("e", 0))
-            elif kind == Kind.HEARTBEAT:
-                if self._broker_boot is not None and header.get("boot") != self._broker_boot:
+            elif kind is Scale:
+                self._assign(message.assignment, count=message.count, stop=message.stop)
+            elif kind is Unassign:
+                for load in message.models:
+                    self._unassign(load.epoch)
+            elif kind is Heartbeat:
+                if self._broker_boot is not None and message.boot != self._broker_boot:
                     self._register_again("the broker restarted")
-                self._broker_boot = header.get("boot")
-                self._broker_interval = header.get("hb", 0.0)
-            elif kind == Kind.RESET:
+                self._broker_boot = message.boot
+                self._broker_interval = message.heartbeat_s or 0.0
+            elif kind is Reset:
                 # RESETs queued before this host's last HELLO was answered are stale.
                 if self._broker_boot is not None:
                     self._register_again("the broker does not know this host")
-            elif kind == Kind.DRAINED:
+            elif kind is Drained:
                 log.info("the broker moved all work away from this host")
                 self._running = False
-            elif kind == Kind.LOG_SETTINGS:
-                logs.apply_wire(header["settings"])
-                self._log_settings = header["settings"]   # instances started from now on log so too
-            elif kind == Kind.REFUSED:
-                log.error("the broker refused this agent: %s", header.get("reason"))
+            elif kind is LogSettings:
+                self._log_settings = message.settings   # instances started from now on log so too
+                logs.apply_wire(self._log_settings)
+            elif kind is Refused:
+                log.error("the broker refused this agent: %s", message.reason)
                 self._running = False
                 self._exit_code = ExitCode.PROTOCOL_MISMATCH
                 return
@@ -309,25 +325,25 @@ class HostAgent:
         if now < self._next_metrics:
             return
         self._next_metrics = now + self.settings.metrics_interval_s
-        self._send({"k": Kind.HOST_METRICS, "host": host_name(), **self._sampler.sample()})
+        self._send(HostMetrics(host_name(), **self._sampler.sample()))
 
     # -- starting instances -------------------------------------------------------------
 
-    def _assign(self, assignment: dict, count: int | None = None, stop: tuple[str, ...] = ()) -> None:
+    def _assign(self, assignment: Assignment, count: int | None = None, stop: tuple[str, ...] = ()) -> None:
         """Start a model version's instances: its instance groups, or ``count`` when the broker scales it."""
-        model, version, epoch = assignment["m"], assignment["v"], assignment.get("e", 0)
-        placed = {"k": Kind.PLACED, "m": model, "v": version, "e": epoch, "boot": self._broker_boot}
+        model, version, epoch = assignment.model, assignment.version, assignment.epoch
+        placed = partial(Placed, model, version, epoch, self._broker_boot)
         running = [child for child in self.children
                    if child.epoch == epoch and child.wanted and child.iid not in self._adoptable]
         if running and count is None:
             return  # already serving this load (the broker re-sent its assignments)
         if self._drain_deadline is not None:
-            self._send({**placed, "err": f"host {host_name()} is draining"})
+            self._send(placed(error=Unavailable(f"host {host_name()} is draining")))
             return
         try:
-            model_dir = self._model_dir(model, epoch, assignment.get("files"))
+            model_dir = self._model_dir(model, epoch, assignment.files)
             config = ModelConfig()
-            json_format.ParseDict(assignment["config"], config)
+            json_format.ParseDict(assignment.config, config)
             resolve_instance_groups(config, self.settings.gpus)
             plans = plan_instances(config) if count is None else plan_scaled(config, count, self.settings.gpus)
             if not plans and count is None:
@@ -335,7 +351,7 @@ class HostAgent:
         except (ModelLoadError, json_format.ParseError, OSError) as exc:
             message = getattr(exc, "message", str(exc))
             log.error("cannot place model %s version %d: %s", model, version, message)
-            self._send({**placed, "err": message})
+            self._send(placed(error=InternalError(message)))
             return
         adopted = self._adopt(assignment, plans if count is None else None)
         if count is None:
@@ -345,28 +361,28 @@ class HostAgent:
             adopted = [c for c in adopted if c.wanted]
         config_json = config_to_json_dict(config)
         children = [Child(plan, model, version, epoch, self._spec(model, version, epoch, model_dir, config_json, plan),
-                          identity=assignment.get("id", ""), scaled=count is not None)
+                          identity=assignment.identity or "", scaled=count is not None)
                     for plan in new_plans]
-        self._send({**placed, "instances": [c.plan.key for c in [*adopted, *children]],
-                    "adopted": {c.plan.key: c.iid for c in adopted}})
+        self._send(placed(instances=[c.plan.key for c in [*adopted, *children]],
+                          adopted={c.plan.key: c.iid for c in adopted}))
         for child in children:
             self.children.append(child)
             self._start(child)
 
-    def _adopt(self, assignment: dict, plans: list[InstancePlan] | None) -> list[Child]:
+    def _adopt(self, assignment: Assignment, plans: list[InstancePlan] | None) -> list[Child]:
         """The running instances the broker offered for this load that its plan (when given) names."""
-        offered = set(assignment.get("adopt", ()))
+        offered = set(assignment.adopt)
         wanted = None if plans is None else {plan.key for plan in plans}
         adopted = []
         for iid in sorted(offered & set(self._adoptable)):
             child = self._adoptable[iid]
-            if child.identity != assignment.get("id") or child.model != assignment["m"] \
-                    or child.version != assignment["v"] or (wanted is not None and child.plan.key not in wanted):
+            if child.identity != assignment.identity or child.model != assignment.model \
+                    or child.version != assignment.version or (wanted is not None and child.plan.key not in wanted):
                 continue
             if wanted is not None:
                 wanted.discard(child.plan.key)   # one instance per plan
             del self._adoptable[iid]
-            child.adopted(assignment.get("e", 0), self._broker_boot)
+            child.adopted(assignment.epoch, self._broker_boot)
             adopted.append(child)
             log.info("kept running instance %s of %s version %d (pid %d) for the new broker", child.plan.key,
                      child.model, child.version, child.process.pid)
@@ -458,9 +474,8 @@ class HostAgent:
             why = f"exited with status {code}" if code >= 0 else f"was killed by signal {-code}"
             if self._adoptable.pop(child.iid, None) is not None:
                 child.wanted = False   # it belonged to the previous broker: the new one starts its own
-            self._send({"k": Kind.INSTANCE_EXITED, "iid": child.iid, "why": why, "code": code, "e": child.epoch,
-                        "name": child.plan.key, "stopped": not child.wanted,
-                        "boot": child.spec.get("boot")})
+            self._send(InstanceExited(child.iid, why, code, child.epoch, child.plan.key, not child.wanted,
+                                      child.spec.get("boot")))
             if not child.wanted or not self._running or self._drain_deadline is not None:
                 self.children.remove(child)
                 continue

@@ -19,7 +19,7 @@ import zmq
 
 from tritium.errors import ErrorCode
 from tritium.pb_utils import types as pb
-from tritium.protocol import Kind, decode, encode, split_tensors, tensor_views
+from tritium.protocol import Infer, Response, pack_tensors, read_record, tensor_views
 from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
 from tritium.workers.tensors import array_to_frame, frame_to_array
@@ -49,35 +49,23 @@ class BlsClient:
 
     def _send(self, request) -> int:
         rid = next(self._rids)
-        descriptors, buffers = [], []
-        for tensor in request.inputs():
-            datatype, shape, buffer = array_to_frame(np.asarray(tensor.as_numpy()), tensor.name())
-            descriptors.append([tensor.name(), datatype, shape, len(buffer)])
-            buffers.append(buffer)
-        flags, inline, external = split_tensors(buffers)
-        for descriptor, is_external in zip(descriptors, flags):
-            descriptor.append(is_external)
-        header = {"k": Kind.INFER, "rid": rid, "m": request.model_name(), "v": request.model_version(),
-                  "inputs": descriptors}
-        if request.requested_output_names():
-            header["outputs"] = sorted(request.requested_output_names())
-        if request.request_id():
-            header["id"] = request.request_id()
-        parameters = json.loads(request.parameters() or "{}")
-        if parameters:
-            header["params"] = parameters
-        if request.correlation_id():  # a model calling a stateful model runs a sequence of its own
-            header["cid"] = request.correlation_id()
-        if request.flags():
-            header["sf"] = request.flags()
-        if external:
-            header["x"] = len(external)
-        if request.trace() is not None:   # trace=request.trace(): a child of the caller's trace
-            header["tr"] = request.trace().call_context()
-            self._traced[rid] = (request.trace(), request.model_name(), request.model_version(), header["tr"])
+        descriptors, inline, external = pack_tensors(
+            (tensor.name(), *array_to_frame(np.asarray(tensor.as_numpy()), tensor.name())) for tensor in request.inputs())
+        # A model calling a stateful model runs a sequence of its own (cid, sf); with
+        # trace=request.trace(), its call is a child of the caller's trace.
+        trace = request.trace()
+        context = None if trace is None else trace.call_context()
+        infer = Infer(rid, request.model_name(), descriptors, version=request.model_version(),
+                      request_id=request.request_id() or None,
+                      outputs=sorted(request.requested_output_names()) or None,
+                      params=json.loads(request.parameters() or "{}") or None,
+                      sequence_id=request.correlation_id() or None, sequence_flags=request.flags() or 0,
+                      external=len(external), trace=context)
+        if trace is not None:
+            self._traced[rid] = (trace, request.model_name(), request.model_version(), context)
         self._replies[rid] = deque()
         with self._lock:
-            send_parts(self.sock, [encode(header, inline), *external])
+            send_parts(self.sock, [infer.encode(inline), *external])
         return rid
 
     # -- receiving ----------------------------------------------------------------------------
@@ -91,15 +79,14 @@ class BlsClient:
                 parts = recv_parts(self.sock)
             except zmq.Again:
                 return
-            header, record, offset = decode(parts[0])
-            external = parts[1:1 + header.get("x", 0)]
-            rid = header.get("rid")
+            response, record, offset = read_record(parts[0])
+            rid = response.rid
             if rid not in self._replies:
                 continue  # an answer nobody waits for any more
             traced = self._traced.pop(rid, None) if self._traced else None
             if traced is not None:
-                traced[0].call_done(*traced[1:], header.get("tr"))
-            self._replies[rid].append(_response(header, record, offset, external))
+                traced[0].call_done(*traced[1:], response.trace)
+            self._replies[rid].append(_response(response, record, offset, parts[1:1 + response.external]))
             waiter = self._waiters.get(rid)
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
@@ -175,17 +162,17 @@ class ResponseIterator:
         self._client._replies.pop(self._rid, None)
 
 
-def _response(header: dict, record, offset: int, external: list):
+def _response(response: Response, record, offset: int, external: list):
     """(final, pb_utils.InferenceResponse or None for an empty final one)."""
-    final = header.get("final", True)
-    if "err" in header:
-        code = _PB_CODES.get(header["err"].get("code"), pb.TritonError.INTERNAL)
-        return final, pb.InferenceResponse(error=pb.TritonError(header["err"].get("message", ""), code))
-    descriptors = header.get("outputs") or []
-    if not descriptors and header.get("empty"):
+    final = response.final is not False
+    if response.error is not None:
+        code = _PB_CODES.get(response.error.code, pb.TritonError.INTERNAL)
+        return final, pb.InferenceResponse(error=pb.TritonError(response.error.message, code))
+    descriptors = response.outputs or []
+    if not descriptors and response.empty:
         return final, None
     tensors = []
     for descriptor, view in zip(descriptors, tensor_views(descriptors, record, offset, external)):
         array = frame_to_array(view, descriptor[1], descriptor[2], descriptor[0])
         tensors.append(pb.Tensor(descriptor[0], array.copy() if array.dtype != np.object_ else array))
-    return final, pb.InferenceResponse(output_tensors=tensors, parameters=header.get("params"))
+    return final, pb.InferenceResponse(output_tensors=tensors, parameters=response.params)

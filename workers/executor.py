@@ -25,7 +25,7 @@ from tritonclient.grpc import model_config_pb2
 from tritium.repo import ModelConfig
 from tritium import datatypes
 from tritium.errors import InternalError, InvalidArgument, TritiumError
-from tritium.protocol import Kind, decode, encode, split_tensors, tensor_views
+from tritium.protocol import Batch, BatchDone, Infer, Response, ResponsePart, pack_tensors, read_record, tensor_views
 from tritium.tracing.stamps import CallTrace, stamped_responses
 from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
 from tritium.workers.sequence_state import SequenceInputs
@@ -43,7 +43,7 @@ class _Item:
     """One request of the batch, as it arrived."""
 
     rid: int
-    header: dict
+    infer: Infer
     views: list | None = None          # raw bytes of each input, in descriptor order
     error: TritiumError | None = None
     slot: int | None = None            # stateful models: the sequence slot it runs in
@@ -71,11 +71,11 @@ class BatchExecutor:
     def run(self, frames: list) -> list:
         """Execute the batch in ``frames`` (BATCH record first); return the BATCH_DONE parts."""
         t0 = time.monotonic_ns()
-        header, _, _ = decode(frames[0])
-        items = self._decode_all(frames, header["n"])
-        batch = items if self.sequences is None else self._with_sequences(header, items)
+        batch_header, _, _ = read_record(frames[0])
+        items = self._decode_all(frames, batch_header.count)
+        batch = items if self.sequences is None else self._with_sequences(batch_header, items)
         if self.decoupled:
-            return self._run_decoupled(header["b"], items, t0)
+            return self._run_decoupled(batch_header.number, items, t0)
         good = [item for item in batch if item.error is None]
         if self.stacks and self.batching:
             replies, t1, t2 = self._run_stacked(good)
@@ -93,42 +93,40 @@ class BatchExecutor:
             external_counts.append(len(encoded) - 1)
             oks.append(ok)
         t3 = time.monotonic_ns()
-        if "tr" in header:   # traced requests: their stamps go back on their RESPONSE headers
-            parts = stamped_responses(parts, external_counts, [item.header for item in items], header["tr"],
-                                      header["b"], (t1, t2, t3), self.model,
+        if batch_header.trace is not None:   # traced requests: their stamps go back on their RESPONSE headers
+            parts = stamped_responses(parts, external_counts, [item.infer for item in items], batch_header.trace,
+                                      batch_header.number, (t1, t2, t3), self.model,
                                       [item.trace and item.trace.calls for item in items])
-        done = {"k": Kind.BATCH_DONE, "b": header["b"], "x": external_counts, "ok": oks,
-                "t": [t1 - t0, t2 - t1, t3 - t2]}
-        return [encode(done), *parts]
+        done = BatchDone(batch_header.number, oks, external_counts, [t1 - t0, t2 - t1, t3 - t2])
+        return [done.encode(), *parts]
 
     # -- decoding -----------------------------------------------------------------------
 
     def _decode_all(self, frames: list, count: int) -> list[_Item]:
         items, position = [], 1
         for _ in range(count):
-            header, record, offset = decode(frames[position])
-            external_count = header.get("x", 0)
-            external = frames[position + 1:position + 1 + external_count]
-            position += 1 + external_count
-            item = _Item(header["rid"], header)
+            infer, record, offset = read_record(frames[position])
+            external = frames[position + 1:position + 1 + infer.external]
+            position += 1 + infer.external
+            item = _Item(infer.rid, infer)
             try:
-                item.views = tensor_views(header.get("inputs", []), record, offset, external)
-                for descriptor, view in zip(header.get("inputs", []), item.views):
+                item.views = tensor_views(infer.inputs, record, offset, external)
+                for descriptor, view in zip(infer.inputs, item.views):
                     check_tensor_size(descriptor[0], descriptor[1], descriptor[2], view)
             except TritiumError as exc:
                 item.error = exc
             items.append(item)
         return items
 
-    def _with_sequences(self, header: dict, items: list[_Item]) -> list[_Item]:
+    def _with_sequences(self, batch_header: Batch, items: list[_Item]) -> list[_Item]:
         """Each request with its control and state inputs; a direct batch with a not-ready request in
         each slot up to the highest one, as Triton pads it, so that a request's batch row is its slot."""
         sequences = self.sequences
-        slots = header.get("sl") or list(range(len(items)))
+        slots = batch_header.slots or list(range(len(items)))
         for item, slot in zip(items, slots):
             item.slot = slot
             if item.error is None:
-                sequences.add_inputs(item.header, item.views, slot)
+                sequences.add_inputs(item.infer, item.views, slot)
         template = next((item for item in items if item.error is None), None)
         if not sequences.pads or self.decoupled or template is None:
             return items
@@ -137,8 +135,8 @@ class BatchExecutor:
         for slot in range(max(slots) + 1):
             item = by_slot.get(slot)
             if item is None:
-                null_header, null_views = sequences.null_request(template.header, template.views)
-                item = _Item(-1 - slot, null_header, null_views, slot=slot, padding=True)
+                null_infer, null_views = sequences.null_request(template.infer, template.views)
+                item = _Item(-1 - slot, null_infer, null_views, slot=slot, padding=True)
             batch.append(item)
         return batch
 
@@ -153,7 +151,7 @@ class BatchExecutor:
 
     def _arrays(self, item: _Item, batch_size: int) -> dict[str, np.ndarray]:
         arrays = {}
-        for descriptor, view in zip(item.header["inputs"], item.views):
+        for descriptor, view in zip(item.infer.inputs, item.views):
             name = descriptor[0]
             array = frame_to_array(view, descriptor[1], descriptor[2], name)
             reshape = self.input_reshape.get(name)
@@ -167,7 +165,7 @@ class BatchExecutor:
         up (batching models, fixed-size inputs of the same shapes past the batch dimension); else None."""
         if not self.batching or len(items) < 2:
             return [None] * len(items)
-        descriptors = [item.header["inputs"] for item in items]
+        descriptors = [item.infer.inputs for item in items]
         first = [(d[0], d[1], d[2][1:]) for d in descriptors[0]]
         if any(d[1] == "BYTES" for d in descriptors[0]) or any(
                 inputs != descriptors[0] and [(d[0], d[1], d[2][1:]) for d in inputs] != first
@@ -186,19 +184,20 @@ class BatchExecutor:
         return arrays
 
     def _request(self, item: _Item, arrays: dict[str, np.ndarray] | None = None) -> InferenceRequest:
-        header = item.header
-        batch_size = header.get("bs", 1)
-        parameters = header.get("params") or {}
+        infer = item.infer
+        batch_size = infer.batch_size or 1
+        parameters = infer.params or {}
         if parameters and not _REQUEST_FIELDS.isdisjoint(parameters):
             parameters = {k: v for k, v in parameters.items() if k not in _REQUEST_FIELDS}
-        if "tr" in header:
-            item.trace = CallTrace(header["tr"])
+        if infer.trace is not None:
+            item.trace = CallTrace(infer.trace)
         if arrays is None:
             arrays = self._arrays(item, batch_size)
-        return InferenceRequest(request_id=header.get("id", ""), inputs=arrays,
-                                requested_outputs=header.get("outputs"),
+        return InferenceRequest(request_id=infer.request_id or "", inputs=arrays,
+                                requested_outputs=infer.outputs,
                                 parameters=parameters, batch_size=batch_size,
-                                correlation_id=header.get("cid", 0), flags=header.get("sf", 0), trace=item.trace)
+                                correlation_id=infer.sequence_id or 0, flags=infer.sequence_flags,
+                                trace=item.trace)
 
     # -- one request at a time (the model gets the list of requests) ---------------------
 
@@ -227,7 +226,7 @@ class BatchExecutor:
         t2 = time.monotonic_ns()
         for (item, request), response in zip(requests, responses):
             if self._keeps_state(item) and isinstance(response, InferenceResponse) and response.error is None:
-                self.sequences.keep(item.slot, item.header.get("sf", 0), response.outputs)
+                self.sequences.keep(item.slot, item.infer.sequence_flags, response.outputs)
             replies[item.rid] = self._encode_response(item.rid, request.requested_outputs, response)
         return replies, t1, t2
 
@@ -241,19 +240,17 @@ class BatchExecutor:
         names = [n for n in requested if n in response.outputs] if requested is not None else (
             [n for n in self.output_names if n in response.outputs]
             + [n for n in response.outputs if n not in self.output_names])
-        descriptors, buffers = [], []
+        tensors = []
         try:
             for name in names:
                 array = np.asarray(response.outputs[name])
                 dims = self.output_dims.get(name)
                 if dims is not None:
                     array = array.reshape(([array.shape[0]] if self.batching else []) + dims)
-                datatype, shape, buffer = array_to_frame(array, name)
-                descriptors.append([name, datatype, shape, len(buffer)])
-                buffers.append(buffer)
+                tensors.append((name, *array_to_frame(array, name)))
         except TritiumError as exc:
             return [_error_record(rid, exc, final)], False
-        return _response_record(rid, descriptors, buffers, response.parameters, final), True
+        return _response_record(rid, tensors, response.parameters, final), True
 
     # -- decoupled models: each request answered 0..N times, as the model sends -----------
 
@@ -282,16 +279,14 @@ class BatchExecutor:
                     still_open.discard(index)
                     self._send_part(batch, index, [_error_record(item.rid, error, final=True)])
         t2 = time.monotonic_ns()
-        done = {"k": Kind.BATCH_DONE, "b": batch, "x": [], "ok": [], "t": [t1 - t0, t2 - t1, 0],
-                "open": sorted(still_open)}
-        return [encode(done)]
+        return [BatchDone(batch, [], [], [t1 - t0, t2 - t1, 0], sorted(still_open)).encode()]
 
     def _sender(self, batch: int, index: int, item: _Item, still_open: set[int]):
-        requested = item.header.get("outputs")
+        requested = item.infer.outputs
 
         def send(response: InferenceResponse | None, final: bool) -> None:
             if response is None:
-                parts = [encode({"k": Kind.RESPONSE, "rid": item.rid, "final": final, "empty": True})]
+                parts = [Response(item.rid, final=final, empty=True).encode()]
             else:
                 parts, _ = self._encode_response(item.rid, requested, response, final)
             if final:
@@ -301,7 +296,7 @@ class BatchExecutor:
         return send
 
     def _send_part(self, batch: int, index: int, parts: list) -> None:
-        self.send([encode({"k": Kind.RESPONSE_PART, "b": batch, "i": index}), *parts])
+        self.send([ResponsePart(batch, index).encode(), *parts])
 
     # -- models without batching: one execute_batch per request -------------------------
 
@@ -315,11 +310,11 @@ class BatchExecutor:
                 outputs = self.instance.execute_batch(request.inputs, wanted)
                 infer_ns += time.monotonic_ns() - started
                 if self._keeps_state(item):
-                    self.sequences.keep(item.slot, item.header.get("sf", 0), outputs)
+                    self.sequences.keep(item.slot, item.infer.sequence_flags, outputs)
                 response = InferenceResponse(outputs=outputs)
             except Exception as exc:
                 response = InferenceResponse(error=self._execution_error(exc))
-            replies[item.rid] = self._encode_response(item.rid, item.header.get("outputs"), response)
+            replies[item.rid] = self._encode_response(item.rid, item.infer.outputs, response)
         return replies, t1, t1 + infer_ns
 
     # -- stacked along the batch dimension (the model gets one tensor per input) ---------
@@ -330,7 +325,7 @@ class BatchExecutor:
         if not items:
             now = time.monotonic_ns()
             return replies, now, now
-        sizes = [item.header.get("bs", 1) for item in items]
+        sizes = [(item.infer.batch_size or 1) for item in items]
         wanted = self._with_states(self._union_outputs(items))
         try:
             inputs = self._stack(items, sum(sizes))
@@ -338,7 +333,7 @@ class BatchExecutor:
             outputs = self.instance.execute_batch(inputs, wanted)
             t2 = time.monotonic_ns()
             if self.sequences is not None:
-                self.sequences.keep_rows([(item.slot, item.header.get("sf", 0)) if self._keeps_state(item) else None
+                self.sequences.keep_rows([(item.slot, item.infer.sequence_flags) if self._keeps_state(item) else None
                                           for item in items], outputs)
             replies.update(self._split(items, sizes, outputs))
         except Exception as exc:
@@ -350,10 +345,10 @@ class BatchExecutor:
 
     def _same_layout(self, items: list[_Item], replies: dict) -> list[_Item]:
         """Requests whose inputs line up with the first one's; the others fail alone."""
-        first = [(d[0], d[1], d[2][1:]) for d in items[0].header["inputs"]] if items else None
+        first = [(d[0], d[1], d[2][1:]) for d in items[0].infer.inputs] if items else None
         kept = []
         for item in items:
-            layout = [(d[0], d[1], d[2][1:]) for d in item.header["inputs"]]
+            layout = [(d[0], d[1], d[2][1:]) for d in item.infer.inputs]
             if layout == first:
                 kept.append(item)
             else:
@@ -364,7 +359,7 @@ class BatchExecutor:
 
     def _stack(self, items: list[_Item], total: int) -> dict[str, np.ndarray]:
         inputs = {}
-        for index, descriptor in enumerate(items[0].header["inputs"]):
+        for index, descriptor in enumerate(items[0].infer.inputs):
             name, datatype, shape = descriptor[0], descriptor[1], descriptor[2]
             views = [item.views[index] for item in items]
             blob = views[0] if len(views) == 1 else b"".join(views)
@@ -376,7 +371,7 @@ class BatchExecutor:
         return inputs
 
     def _union_outputs(self, items: list[_Item]) -> list[str]:
-        requested = [item.header.get("outputs") for item in items]
+        requested = [item.infer.outputs for item in items]
         if any(r is None for r in requested):
             return list(self.output_names)
         wanted = {name for names in requested for name in names}
@@ -395,8 +390,8 @@ class BatchExecutor:
             cut[name] = (datatype, shape[1:], buffer, array)
         replies, start = {}, 0
         for item, size in zip(items, sizes):
-            names = item.header.get("outputs") or self.output_names
-            descriptors, buffers = [], []
+            names = item.infer.outputs or self.output_names
+            tensors = []
             for name in names:
                 datatype, inner, buffer, array = cut[name]
                 if datatype == "BYTES":  # variable-size elements: cut by rows, then serialize
@@ -404,9 +399,8 @@ class BatchExecutor:
                 else:
                     row = len(buffer) // total if total else 0
                     piece = buffer[start * row:(start + size) * row]
-                descriptors.append([name, datatype, [size, *inner], len(piece)])
-                buffers.append(piece)
-            replies[item.rid] = (_response_record(item.rid, descriptors, buffers, None), True)
+                tensors.append((name, datatype, [size, *inner], piece))
+            replies[item.rid] = (_response_record(item.rid, tensors, None), True)
             start += size
         return replies
 
@@ -429,24 +423,13 @@ class BatchExecutor:
         return InternalError(f"model '{self.model}' failed to execute: {type(exc).__name__}: {exc}")
 
 
-def _response_record(rid: int, descriptors: list, buffers: list, parameters, final: bool | None = None) -> list:
-    flags, inline, external = split_tensors(buffers)
-    for descriptor, is_external in zip(descriptors, flags):
-        descriptor.append(is_external)
-    header = {"k": Kind.RESPONSE, "rid": rid, "outputs": descriptors}
-    if final is not None:
-        header["final"] = final
-    if external:
-        header["x"] = len(external)
-    if parameters:
-        header["params"] = parameters
-    return [encode(header, inline), *external]
+def _response_record(rid: int, tensors: list, parameters, final: bool | None = None) -> list:
+    descriptors, inline, external = pack_tensors(tensors)
+    response = Response(rid, descriptors, params=parameters or None, final=final, external=len(external))
+    return [response.encode(inline), *external]
 
 
 def _error_record(rid: int, error, final: bool | None = None) -> bytes:
-    wire = error.to_wire() if isinstance(error, TritiumError) else InvalidArgument(str(error)).to_wire()
+    error = error if isinstance(error, TritiumError) else InvalidArgument(str(error))
     # the gateway adds no request id to it: Triton passes a model's errors on as they are
-    header = {"k": Kind.RESPONSE, "rid": rid, "err": wire, "model_error": True}
-    if final is not None:
-        header["final"] = final
-    return encode(header)
+    return Response(rid, error=error, model_error=True, final=final).encode()

@@ -26,8 +26,21 @@ from google.protobuf import json_format
 from tritium.repo import ModelConfig
 from tritium import logs
 from tritium.gctune import tune_for_serving
+from tritium.errors import InternalError
 from tritium.exit_codes import ExitCode
-from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
+from tritium.protocol import (
+    PROTOCOL_VERSION,
+    Batch,
+    Heartbeat,
+    Hello,
+    InstanceFailed,
+    InstanceHealth,
+    LogSettings,
+    Refused,
+    Reset,
+    Role,
+    read_record,
+)
 from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
 from tritium.workers.backends import load_backend
@@ -104,8 +117,7 @@ class HeartbeatThread(threading.Thread):
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 4)   # beats that cannot leave are worthless later
         sock.connect(self.broker)
-        beat = encode({"k": Kind.HEARTBEAT, "iid": self.iid, "agent": self.agent, "joined": True,
-                       "hb": self.interval_s})
+        beat = Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True).encode()
         try:
             while not self.stopped.wait(self.interval_s):
                 try:
@@ -140,7 +152,7 @@ class HealthReporter:
             ready = False
         if ready != self.ready:
             self.ready = ready
-            self.outbox.send([encode({"k": Kind.INSTANCE_HEALTH, "ready": ready})])
+            self.outbox.send([InstanceHealth(ready).encode()])
 
 
 def build_executor(spec: dict, outbox: Outbox | None = None) -> tuple[BatchExecutor, list]:
@@ -179,16 +191,21 @@ def main() -> None:
     sock.setsockopt(zmq.IDENTITY, spec["iid"].encode())
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(spec["broker"])
-    about = {"m": spec["model"], "v": spec["version"], "e": spec.get("epoch", 0), "name": spec["key"],
-             "boot": spec.get("boot"), "agent": spec["agent"], "kind": spec.get("kind", "CPU"),
-             "hb": spec.get("heartbeat_interval_s", 1.0)}
+    # The load it serves, of which broker process: a new broker process that keeps it changes both.
+    load = {"epoch": spec.get("epoch", 0), "boot": spec.get("boot")}
+
+    def failed(why: str) -> bytes:
+        return InstanceFailed(spec["model"], spec["version"], load["epoch"], spec["key"], load["boot"], spec["agent"],
+                              spec.get("kind", "CPU"), spec.get("heartbeat_interval_s", 1.0),
+                              InternalError(why)).encode()
+
     outbox = Outbox(sock)
     try:
         executor, lifecycle = build_executor(spec, outbox)
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
         log.error("initialization failed: %s", message)
-        sock.send(encode({"k": Kind.INSTANCE_FAILED, **about, "err": message}))
+        sock.send(failed(message))
         sock.close()
         context.term()
         sys.exit(ExitCode.INIT_FAILED)
@@ -196,7 +213,7 @@ def main() -> None:
         warm_up(executor, executor.config, Path(spec["model_dir"]))
     except Exception as exc:   # a model that cannot run its warmup is not ready, as in Triton
         log.error("warmup failed: %s", exc)
-        sock.send(encode({"k": Kind.INSTANCE_FAILED, **about, "err": f"warmup failed: {exc}"}))
+        sock.send(failed(f"warmup failed: {exc}"))
         sock.close()
         context.term()
         sys.exit(ExitCode.INIT_FAILED)
@@ -204,15 +221,17 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
 
     def hello() -> None:
-        sock.send(encode({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION,
-                          "agent": spec["agent"], "credit": spec.get("credit", 2), **about}))
+        sock.send(Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=spec.get("heartbeat_interval_s", 1.0),
+                        agent=spec["agent"], model=spec["model"], version=spec["version"], epoch=load["epoch"],
+                        boot=load["boot"], name=spec["key"], instance_kind=spec.get("kind", "CPU"),
+                        credit=spec.get("credit", 2)).encode())
 
-    def rejoin(reset: dict) -> None:
+    def rejoin(reset: Reset) -> None:
         """A new broker process keeps this instance: what the old one bound to it is gone."""
-        about.update(boot=reset["boot"], e=reset["e"])
+        load.update(boot=reset.boot, epoch=reset.epoch)
         if executor.sequences is not None:   # its sequences' slots and implicit state
             executor.sequences = SequenceInputs(executor.config, Path(spec["model_dir"]))
-        log.info("kept by a new broker process (load %s); saying HELLO again", reset["e"])
+        log.info("kept by a new broker process (load %s); saying HELLO again", reset.epoch)
         hello()
 
     hello()
@@ -252,19 +271,21 @@ def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: 
                 frames = recv_parts(sock)
             except zmq.Again:
                 break
-            header, _, _ = decode(frames[0])
-            if header["k"] == Kind.BATCH:
+            message, _, _ = read_record(frames[0])
+            kind = type(message)
+            if kind is Batch:
                 send_parts(sock, executor.run(frames))
-            elif header["k"] == Kind.LOG_SETTINGS:
-                logs.apply_wire(header["settings"])
-            elif header["k"] == Kind.REFUSED:
-                log.error("broker refused this instance: %s", header.get("reason"))
+            elif kind is LogSettings:
+                logs.apply_wire(message.settings)
+            elif kind is Refused:
+                log.error("broker refused this instance: %s", message.reason)
                 sys.exit(ExitCode.PROTOCOL_MISMATCH)
-            elif header["k"] == Kind.RESET and "e" in header:
-                rejoin(header)
-            elif header["k"] == Kind.RESET:
-                log.error("the broker no longer knows this instance; exiting so that the agent restarts it")
-                sys.exit(ExitCode.ERROR)
+            elif kind is Reset:
+                reset = message
+                if reset.epoch is None:
+                    log.error("the broker no longer knows this instance; exiting so that the agent restarts it")
+                    sys.exit(ExitCode.ERROR)
+                rejoin(reset)
 
 
 if __name__ == "__main__":

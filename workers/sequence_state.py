@@ -29,11 +29,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
 from tritium.repo import ModelConfig
 from tritium import datatypes
+from tritium.protocol import Infer
 from tritium.workers.tensors import array_to_frame, deserialize_bytes, frame_to_array
 
 log = logging.getLogger(__name__)
@@ -129,37 +131,37 @@ class SequenceInputs:
 
     # -- inputs ---------------------------------------------------------------------------
 
-    def add_inputs(self, header: dict, views: list, slot: int) -> None:
+    def add_inputs(self, request: Infer, views: list, slot: int) -> None:
         """Append the control tensors and the slot's input states to one request's inputs."""
-        flags = header.get("sf", 0)
+        flags = request.sequence_flags
         if flags & START:
             self._slots.pop(slot, None)
-        for name, datatype, shape, data in [*self._control_tensors(flags, header.get("cid", 0), True),
+        for name, datatype, shape, data in [*self._control_tensors(flags, request.sequence_id or 0, True),
                                             *self._state_tensors(self._slots.get(slot, {}))]:
-            header["inputs"].append([name, datatype, shape, len(data), False])
+            request.inputs.append([name, datatype, shape, len(data), False])
             views.append(data)
 
-    def null_request(self, header: dict, views: list) -> tuple[dict, list]:
-        """A not-ready request shaped like ``header``'s (which ``add_inputs`` completed)."""
-        given = header["inputs"][:len(header["inputs"]) - self.added]
+    def null_request(self, request: Infer, views: list) -> tuple[Infer, list]:
+        """A not-ready request shaped like ``request`` (which ``add_inputs`` completed)."""
+        given = request.inputs[:len(request.inputs) - self.added]
         descriptors, data = [], []
         for descriptor in given:
             zero = _zero_bytes(descriptor[1], descriptor[2])
             descriptors.append([descriptor[0], descriptor[1], descriptor[2], len(zero), False])
             data.append(zero)
         # The state of the slot padded is the model's business no more than its inputs: zeros.
-        states = {s.input_name: np.zeros_like(self._as_array(views, header, s.input_name)) for s in self.states
+        states = {s.input_name: np.zeros_like(self._as_array(views, request, s.input_name)) for s in self.states
                   if not s.datatype.is_bytes}
         for name, datatype, shape, tensor in [*self._control_tensors(0, 0, False), *self._state_tensors(states)]:
             descriptors.append([name, datatype, shape, len(tensor), False])
             data.append(tensor)
-        null = {key: value for key, value in header.items() if key not in ("id", "outputs", "cid", "sf")}
-        null["inputs"] = descriptors
+        null = msgspec.structs.replace(request, inputs=descriptors, request_id=None, outputs=None, sequence_id=None,
+                                       sequence_flags=0)
         return null, data
 
     @staticmethod
-    def _as_array(views: list, header: dict, name: str) -> np.ndarray:
-        for descriptor, view in zip(header["inputs"], views):
+    def _as_array(views: list, request: Infer, name: str) -> np.ndarray:
+        for descriptor, view in zip(request.inputs, views):
             if descriptor[0] == name:
                 return frame_to_array(view, descriptor[1], descriptor[2], name)
         raise KeyError(name)

@@ -18,7 +18,7 @@ from tritonclient.grpc import model_config_pb2
 from tritium.repo import ModelConfig
 from tritium.datatypes import DataType, from_config_name, pack_bytes
 from tritium.errors import InternalError
-from tritium.protocol import Kind, decode, encode, split_tensors
+from tritium.protocol import Batch, Infer, pack_tensors, read_record
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,8 @@ def warm_up(executor, config: ModelConfig, model_dir: Path) -> int:
     for sample in config.model_warmup:
         frames = _sample_frames(config, model_dir, sample)
         for _ in range(max(1, sample.count)):
-            done, _, _ = decode(executor.run(list(frames))[0])
-            if not all(done["ok"]):
+            done, _, _ = read_record(executor.run(list(frames))[0])
+            if not all(done.ok):
                 raise InternalError(f"warmup sample '{sample.name}' of model '{config.name}' failed")
             executions += 1
         log.info("warmup sample '%s': %d execution(s) of batch size %d", sample.name, max(1, sample.count),
@@ -43,20 +43,14 @@ def warm_up(executor, config: ModelConfig, model_dir: Path) -> int:
 
 def _sample_frames(config: ModelConfig, model_dir: Path, sample) -> list:
     batch = max(1, sample.batch_size)
-    names, datatypes, shapes, datas = [], [], [], []
+    tensors = []
     for name, spec in sample.inputs.items():
         datatype = from_config_name(model_config_pb2.DataType.Name(spec.data_type))
         shape = ([batch] if config.max_batch_size > 0 else []) + list(spec.dims)
-        names.append(name)
-        datatypes.append(datatype.name)
-        shapes.append(shape)
-        datas.append(_input_bytes(spec, datatype, shape, model_dir / "warmup"))
-    flags, inline, external = split_tensors(datas)
-    header = {"k": Kind.INFER, "rid": 0, "m": config.name, "bs": batch,
-              "inputs": [[n, d, s, len(b), f] for n, d, s, b, f in zip(names, datatypes, shapes, datas, flags)]}
-    if external:
-        header["x"] = len(external)
-    return [encode({"k": Kind.BATCH, "b": 0, "n": 1}), encode(header, inline), *external]
+        tensors.append((name, datatype.name, shape, _input_bytes(spec, datatype, shape, model_dir / "warmup")))
+    descriptors, inline, external = pack_tensors(tensors)
+    infer = Infer(0, config.name, descriptors, batch_size=batch, external=len(external))
+    return [Batch(0, 1).encode(), infer.encode(inline), *external]
 
 
 def _input_bytes(spec, datatype: DataType, shape: list[int], folder: Path) -> bytes:

@@ -6,6 +6,7 @@ from tritium.broker.adoption import Adoption
 from tritium.broker.registry import ModelVersion, load_identity
 from tests.broker.test_autoscale import World
 from tests.broker.test_scheduler import CONFIG, definition
+from tritium.protocol import Assignment, Reset, RunningInstance
 
 
 def loaded(epoch: int = 4, config: str = CONFIG, identity: str = "abc") -> ModelVersion:
@@ -14,9 +15,9 @@ def loaded(epoch: int = 4, config: str = CONFIG, identity: str = "abc") -> Model
     return version
 
 
-def running(iid: str, identity: str = "abc", model: str = "m", version: int = 1, scaled: bool = False) -> dict:
-    return {"iid": iid, "m": model, "v": version, "id": identity, "key": iid.rsplit("/", 1)[-1], "name": "m_0",
-            "kind": "CPU", "device": 0, "scaled": scaled}
+def running(iid: str, identity: str = "abc", model: str = "m", version: int = 1,
+            scaled: bool = False) -> RunningInstance:
+    return RunningInstance(iid, model, version, identity, iid.rsplit("/", 1)[-1], "m_0", "CPU", 0, 1, scaled, 1)
 
 
 def test_only_instances_of_the_same_model_version_and_load_identity_are_offered():
@@ -24,21 +25,21 @@ def test_only_instances_of_the_same_model_version_and_load_identity_are_offered(
     adoption.announce(b"a", [running("a/m_0"), running("a/m_1", identity="changed"), running("a/x", model="x"),
                              running("a/v2", version=2), running("a/s", scaled=True)])
     adoption.announce(b"b", [running("b/m_0")])
-    offered = adoption.offer({"m": "m", "v": 1, "e": 4}, loaded(), b"a")
-    assert offered["adopt"] == ["a/m_0"]
-    assert "adopt" not in adoption.offer({"m": "m", "v": 1, "e": 4}, loaded(identity=""), b"a")
+    offered = adoption.offer(Assignment("m", 1, 4, {}), loaded(), b"a")
+    assert offered.adopt == ("a/m_0",)
+    assert adoption.offer(Assignment("m", 1, 4, {}), loaded(identity=""), b"a").adopt == ()
 
 
 def test_a_kept_instance_is_told_the_new_boot_and_epoch_until_it_says_hello():
     adoption = Adoption()
     adoption.announce(b"a", [running("a/m_0"), running("a/m_1")])
-    assert adoption.pending(b"a/m_0") and adoption.rejoin_header(b"a/m_0", 77) is None
+    assert adoption.pending(b"a/m_0") and adoption.rejoin(b"a/m_0", 77) is None
     version = loaded(epoch=9)
     assert adoption.placed(version, {"m_0": "a/m_0", "bogus": "a/unknown"}) == [b"a/m_0"]
-    assert adoption.rejoin_header(b"a/m_0", 77) == {"boot": 77, "e": 9}
+    assert adoption.rejoin(b"a/m_0", 77) == Reset(77, 9)
     assert not adoption.pending(b"a/m_0") and adoption.pending(b"a/m_1")
     adoption.forget(b"a/m_0")
-    assert adoption.rejoin_header(b"a/m_0", 77) is None
+    assert adoption.rejoin(b"a/m_0", 77) is None
 
 
 def test_an_agent_registering_again_or_lost_takes_its_offers_with_it():
@@ -46,7 +47,7 @@ def test_an_agent_registering_again_or_lost_takes_its_offers_with_it():
     adoption.announce(b"a", [running("a/m_0"), running("a/m_1")])
     adoption.placed(loaded(), {"m_0": "a/m_0"})
     adoption.announce(b"a", [])
-    assert not adoption.pending(b"a/m_1") and adoption.rejoin_header(b"a/m_0", 1) is None
+    assert not adoption.pending(b"a/m_1") and adoption.rejoin(b"a/m_0", 1) is None
 
 
 def test_shipped_files_are_never_adopted():

@@ -7,7 +7,7 @@ from tritium.broker.liveness import PeerLiveness
 from tritium.broker.membership import Membership
 from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion
 from tests.broker.test_scheduler import CONFIG, definition, lose, make_world, submit
-from tritium.protocol import Kind, decode
+from tritium.protocol import Scale, decode, read_record
 
 SCALED = CONFIG + ' parameters { key: "tritium.autoscale" value: { string_value: "%s" } }'
 
@@ -30,9 +30,9 @@ class World:
         """(host, count, stop) of every SCALE sent so far."""
         found = []
         for parts in self.to_instances:
-            header = decode(parts[1])[0]
-            if header["k"] == Kind.SCALE:
-                found.append((parts[0], header["count"], header["stop"]))
+            message = read_record(parts[1])[0]
+            if isinstance(message, Scale):
+                found.append((parts[0], message.count, list(message.stop)))
         return found
 
     def join(self, host: bytes, name: str) -> InstanceRecord:

@@ -16,7 +16,20 @@ import zmq
 from tritium.broker.server import Broker, BrokerSettings
 from tests.repo.helpers import PLAIN_PY_MODEL, write_model
 from tritium.logs import LogSettings
-from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
+from tritium.protocol import (
+    PROTOCOL_VERSION,
+    BatchDone,
+    Control,
+    ControlOp,
+    Heartbeat,
+    Hello,
+    Infer,
+    Kind,
+    Placed,
+    Response,
+    Role,
+    decode,
+)
 from tritium.zmqio import recv_parts, send_parts
 
 CONFIG = """
@@ -89,24 +102,22 @@ class World:
 
     def gateway(self, identity: bytes = b"gw-1") -> Peer:
         gateway = self.peer("front", identity)
-        gateway.send(encode({"k": Kind.HELLO, "role": "gateway", "pv": PROTOCOL_VERSION, "hb": 1.0}))
+        gateway.send(Hello(Role.GATEWAY, PROTOCOL_VERSION, heartbeat_s=1.0).encode())
         self.until(lambda: gateway.headers(Kind.MODELS))
         return gateway
 
     def serving_instance(self) -> tuple[Peer, Peer]:
         """An agent that places the model, and its instance, READY."""
         agent = self.peer("back", b"agent-1")
-        agent.send(encode({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION, "host": "h", "gpus": [],
-                           "hb": HEARTBEAT_S}))
+        agent.send(Hello(Role.AGENT, PROTOCOL_VERSION, heartbeat_s=HEARTBEAT_S, host="h", gpus=()).encode())
         self.until(lambda: agent.headers(Kind.ASSIGN))
         (assignment,) = agent.headers(Kind.ASSIGN)[0]["models"]
         boot = agent.headers(Kind.HEARTBEAT)[0]["boot"]
-        agent.send(encode({"k": Kind.PLACED, "m": "m", "v": 1, "e": assignment["e"], "boot": boot,
-                           "instances": ["m_0"]}))
+        agent.send(Placed("m", 1, assignment["e"], boot, instances=["m_0"]).encode())
         instance = self.peer("back", b"instance-1")
-        instance.send(encode({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION, "agent": "agent-1",
-                              "m": "m", "v": 1, "e": assignment["e"], "name": "m_0", "boot": boot, "credit": 2,
-                              "kind": "CPU", "hb": HEARTBEAT_S}))
+        instance.send(Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=HEARTBEAT_S, agent="agent-1", model="m",
+                            version=1, epoch=assignment["e"], name="m_0", boot=boot, credit=2,
+                            instance_kind="CPU").encode())
         self.until(lambda: self.broker.registry.versions[("m", 1)].state.value == "READY")
         return agent, instance
 
@@ -125,18 +136,18 @@ def world(tmp_path):
 
 
 def infer(gateway: Peer, rid: int, value: float = 1.0) -> bytes:
-    record = encode({"k": Kind.INFER, "rid": rid, "m": "m", "v": 1, "bs": 1,
-                     "inputs": [["X", "FP32", [1, 4], 16, False]]}, [bytes([int(value)]) * 16])
+    record = Infer(rid, "m", [["X", "FP32", [1, 4], 16, False]], version=1, batch_size=1).encode(
+        [bytes([int(value)]) * 16])
     gateway.send(record)
     return record
 
 
 def answer(instance: Peer, batch: dict, records: list[tuple[dict, bytes]]) -> None:
     """The instance's BATCH_DONE: each request's output is its input bytes."""
-    responses = [encode({"k": Kind.RESPONSE, "rid": header["rid"], "outputs": [["Y", "FP32", [1, 4], 16, False]]},
-                        [raw[-16:]]) for header, raw in records]
-    instance.send(encode({"k": Kind.BATCH_DONE, "b": batch["b"], "ok": [True] * len(responses),
-                          "x": [0] * len(responses), "t": [1_000, 2_000, 3_000]}), *responses)
+    responses = [Response(header["rid"], [["Y", "FP32", [1, 4], 16, False]]).encode([raw[-16:]])
+                 for header, raw in records]
+    done = BatchDone(batch["b"], [True] * len(responses), [0] * len(responses), [1_000, 2_000, 3_000])
+    instance.send(done.encode(), *responses)
 
 
 def test_a_gateway_that_says_hello_gets_the_boot_id_the_model_table_and_the_log_settings(world):
@@ -197,7 +208,7 @@ def test_a_host_that_falls_silent_is_dropped_and_the_request_it_held_is_answered
     world.serving_instance()
     infer(gateway, rid=5)
     world.until(lambda: world.broker.scheduler.holds_work(list(world.broker.registry.instances.values())))
-    keep_gateway_alive = encode({"k": Kind.HEARTBEAT, "role": "gateway", "pv": PROTOCOL_VERSION, "hb": 1.0})
+    keep_gateway_alive = Heartbeat(heartbeat_s=1.0, role=Role.GATEWAY, protocol_version=PROTOCOL_VERSION).encode()
 
     def silent_host_dropped() -> bool:
         gateway.send(keep_gateway_alive)
@@ -213,7 +224,7 @@ def test_a_host_that_falls_silent_is_dropped_and_the_request_it_held_is_answered
 def test_a_malformed_record_is_dropped_and_the_gateway_keeps_being_served(world):
     gateway = world.gateway()
     gateway.send(b"\x05\x00\x00\x00garbage-that-is-no-msgpack")
-    gateway.send(encode({"k": Kind.CONTROL, "rid": 9, "op": "index", "args": {"ready": False}}))
+    gateway.send(Control(9, ControlOp.INDEX, {"ready": False}).encode())
     world.until(lambda: gateway.headers(Kind.CONTROL_REPLY))
     (reply,) = gateway.headers(Kind.CONTROL_REPLY)
     assert reply["rid"] == 9 and [e["name"] for e in reply["ok"]] == ["m"]
@@ -221,7 +232,7 @@ def test_a_malformed_record_is_dropped_and_the_gateway_keeps_being_served(world)
 
 def test_a_peer_of_another_protocol_version_is_refused_with_the_reason(world):
     agent = world.peer("back", b"old-agent")
-    agent.send(encode({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION - 1, "host": "h", "gpus": []}))
+    agent.send(Hello(Role.AGENT, PROTOCOL_VERSION - 1, host="h", gpus=()).encode())
     world.until(lambda: agent.headers(Kind.REFUSED))
     (refused,) = agent.headers(Kind.REFUSED)
     assert refused["reason"] == (f"protocol version {PROTOCOL_VERSION - 1} refused; this broker speaks "

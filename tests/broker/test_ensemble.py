@@ -19,8 +19,18 @@ from tritium.broker.scheduler import Scheduler
 from tests.broker.test_scheduler import lose
 from tritium.repo.model import ModelDefinition
 from tritium.repo.normalize import normalize
-from tritium.errors import ErrorCode, Unavailable
-from tritium.protocol import INLINE_LIMIT, Kind, decode, encode, split_tensors, tensor_views
+from tritium.errors import ErrorCode, InvalidArgument, Unavailable
+from tritium.protocol import (
+    INLINE_LIMIT,
+    BatchDone,
+    Infer,
+    Kind,
+    Response,
+    decode,
+    pack_tensors,
+    read_record,
+    tensor_views,
+)
 
 GATEWAY = b"gw"
 
@@ -109,14 +119,10 @@ class World:
         return version
 
     def infer(self, name: str, tensors: dict[str, np.ndarray], rid: int = 1, outputs=None) -> None:
-        flags, inline, external = split_tensors([a.tobytes() for a in tensors.values()])
-        header = {"k": Kind.INFER, "rid": rid, "m": name, "v": 1, "bs": next(iter(tensors.values())).shape[0],
-                  "inputs": [[n, "FP32", list(a.shape), a.nbytes, flag] for (n, a), flag in zip(tensors.items(), flags)]}
-        if outputs is not None:
-            header["outputs"] = outputs
-        if external:
-            header["x"] = len(external)
-        self.scheduler.submit(GATEWAY, encode(header, inline), header, external or None)
+        descriptors, inline, external = pack_tensors((n, "FP32", list(a.shape), a.tobytes()) for n, a in tensors.items())
+        infer = Infer(rid, name, descriptors, version=1, batch_size=next(iter(tensors.values())).shape[0],
+                      outputs=outputs, external=len(external))
+        self.scheduler.submit(GATEWAY, infer.encode(inline), infer, external or None)
 
     def batches(self) -> list[tuple[bytes, int, list]]:
         """The BATCH messages sent since the last call: (instance, batch number, [(header, arrays, frames)])."""
@@ -152,25 +158,19 @@ class World:
                     reply = self.answer(name, header, arrays)
                     records.extend(reply)
                     counts.append(len(reply) - 1)
-                    oks.append("err" not in decode(reply[0])[0])
-                done = {"k": Kind.BATCH_DONE, "b": number, "ok": oks, "x": counts, "t": list(timings)}
-                self.scheduler.batch_done(iid, done, records)
+                    oks.append(read_record(reply[0])[0].error is None)
+                self.scheduler.batch_done(iid, BatchDone(number, oks, counts, list(timings)), records)
         if rounds is None:
             raise AssertionError("the ensemble kept sending batches")
 
     def answer(self, name: str, header: dict, arrays: dict) -> list:
         if name in self.failing:
-            return [encode({"k": Kind.RESPONSE, "rid": header["rid"],
-                            "err": {"code": int(ErrorCode.INVALID_ARG), "message": self.failing[name]}})]
+            return [Response(header["rid"], error=InvalidArgument(self.failing[name])).encode()]
         results = FUNCTIONS[name](arrays)
         wanted = header.get("outputs") or list(results)
-        buffers = [results[n].astype(np.float32).tobytes() for n in wanted]
-        flags, inline, external = split_tensors(buffers)
-        descriptors = [[n, "FP32", list(results[n].shape), len(b), f] for n, b, f in zip(wanted, buffers, flags)]
-        response = {"k": Kind.RESPONSE, "rid": header["rid"], "outputs": descriptors}
-        if external:
-            response["x"] = len(external)
-        return [encode(response, inline), *external]
+        descriptors, inline, external = pack_tensors(
+            (n, "FP32", list(results[n].shape), results[n].astype(np.float32).tobytes()) for n in wanted)
+        return [Response(header["rid"], descriptors, external=len(external)).encode(inline), *external]
 
     def answers(self) -> list[tuple[dict, dict]]:
         """What the gateway got: (header, outputs by name) per RESPONSE record."""
@@ -369,7 +369,7 @@ def _without_outputs(answer):
     def reply(name, header, arrays):
         if name != "silent":
             return answer(name, header, arrays)
-        return [encode({"k": Kind.RESPONSE, "rid": header["rid"], "outputs": []})]
+        return [Response(header["rid"], []).encode()]
     return reply
 
 
@@ -402,9 +402,8 @@ def test_shapes_between_batching_and_non_batching_models(shape, batch_size, batc
 def test_a_model_calling_an_ensemble_gets_the_answer_on_its_own_socket(world):
     """BLS: the request comes from an instance, and the answer goes back to it, not to a gateway."""
     array = values(1)
-    header = {"k": Kind.INFER, "rid": 9, "m": "pipeline", "v": -1, "inputs": [["IN", "FP32", [1, 4], 16, False]],
-              "outputs": ["SUM"]}
-    world.scheduler.submit(b"i-caller/bls", encode(header, [array.tobytes()]), header, None, from_backend=True)
+    infer = Infer(9, "pipeline", [["IN", "FP32", [1, 4], 16, False]], version=-1, outputs=["SUM"])
+    world.scheduler.submit(b"i-caller/bls", infer.encode([array.tobytes()]), infer, None, from_backend=True)
     world.run()
     (parts,) = world.to_callers
     assert world.to_gateways == [] and parts[0] == b"i-caller/bls"

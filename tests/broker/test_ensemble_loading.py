@@ -72,7 +72,7 @@ def test_an_explicit_load_loads_the_composing_model_first_and_answers_once(world
     assert world.replies == [{}]
     assert state(world, "ens") == VersionState.READY
     assert assigned(world) == {"m"}   # no agent is asked to start anything of the ensemble
-    assert world.registry.table()["ready"]
+    assert world.registry.table().ready
 
 
 def test_an_ensemble_whose_model_fails_to_start_fails_naming_the_step(world):
@@ -115,7 +115,7 @@ def test_unload_dependents_leaves_a_model_another_ensemble_uses(world):
     write_ensemble(world, "two", ["m"])
     for name in ("one", "two"):
         world.lifecycle.load(name, {}, world.replies.append)
-        pump(world, lambda: state(world, "m") is not None)
+        pump(world, lambda: state(world, "m") is not None and state(world, "n") is not None)
         for model in ("m", "n"):
             if state(world, model) == VersionState.LOADING:
                 world.instance_ready(world.loading(model))

@@ -18,8 +18,8 @@ from tritium.broker.registry import AgentRecord, InstanceRecord, Registry, Versi
 from tritium.broker.scheduler import Scheduler
 from tritium.repo import ModelRepository
 from tests.repo.helpers import PLAIN_PY_MODEL, write_model
-from tritium.errors import TritiumError
-from tritium.protocol import Kind, decode
+from tritium.errors import InvalidArgument, TritiumError
+from tritium.protocol import Kind, Placed, decode
 
 CONFIG = """
 backend: "python"
@@ -63,7 +63,7 @@ class World:
 
     def instance_ready(self, version) -> None:
         """What an agent and an instance say for one instance of ``version``."""
-        self.lifecycle.placed({"e": version.epoch, "instances": ["i0"]})
+        self.lifecycle.placed(Placed(version.name, version.version, version.epoch, None, instances=["i0"]))
         iid = f"i-{version.epoch}".encode()
         instance = InstanceRecord(iid, b"agent", version.name, version.version, "i0", 2, epoch=version.epoch)
         self.registry.instances[iid] = instance
@@ -71,7 +71,7 @@ class World:
         self.lifecycle.instance_joined(version, "i0")
 
     def table_config(self, name: str = "m") -> dict:
-        return next(m for m in self.registry.table()["models"] if m["name"] == name)["config"]
+        return next(m for m in self.registry.table().models if m.name == name).config
 
     def kinds(self) -> list[int]:
         return [message["k"] for message in self.sent]
@@ -130,7 +130,7 @@ def test_a_missing_model_file_on_reload_keeps_the_serving_version(world):
     assert isinstance(world.replies[-1], TritiumError)
     assert world.registry.versions[("m", 1)] is old and old.state == VersionState.READY
     assert world.registry.models["m"].version_errors == {}
-    assert world.registry.table()["ready"]          # gateways still see it ready
+    assert world.registry.table().ready          # gateways still see it ready
     assert [e["state"] for e in world.lifecycle.index(False) if e["name"] == "m"] == ["READY"]
 
 
@@ -151,7 +151,8 @@ def test_a_late_host_error_does_not_fail_a_serving_version(world):
     world.load()
     version = world.loading()
     world.instance_ready(version)
-    world.lifecycle.placed({"e": version.epoch, "err": "model 'm' is not in this host's model repositories"})
+    world.lifecycle.placed(Placed(version.name, version.version, version.epoch, None,
+                                  error=InvalidArgument("model 'm' is not in this host's model repositories")))
     assert version.state == VersionState.READY
     assert Kind.UNASSIGN not in world.kinds()
 

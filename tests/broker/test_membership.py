@@ -14,7 +14,7 @@ import pytest
 
 from tritium.broker.metrics import MetricsSettings, TritonCollector, render
 from tests.broker.test_broker_inprocess import HEARTBEAT_S, Peer, World, answer, infer
-from tritium.protocol import PROTOCOL_VERSION, Kind, encode
+from tritium.protocol import PROTOCOL_VERSION, Drain, Heartbeat, Hello, InstanceExited, InstanceHealth, Kind, Role
 
 
 @pytest.fixture
@@ -28,17 +28,17 @@ def second_instance(world: World, iid: bytes = b"instance-2", name: str = "m_1")
     """Another instance of the serving version, on the same host."""
     version = world.broker.registry.versions[("m", 1)]
     instance = world.peer("back", iid)
-    instance.send(encode({"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION, "agent": "agent-1",
-                          "m": "m", "v": 1, "e": version.epoch, "name": name, "boot": world.broker.boot,
-                          "credit": 2, "kind": "CPU", "hb": HEARTBEAT_S}))
+    instance.send(Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=HEARTBEAT_S, agent="agent-1", model="m",
+                        version=1, epoch=version.epoch, name=name, boot=world.broker.boot, credit=2,
+                        instance_kind="CPU").encode())
     world.until(lambda: iid in world.broker.registry.instances)
     return instance
 
 
 def exited(world: World, agent: Peer, iid: bytes, name: str) -> None:
     version = world.broker.registry.versions[("m", 1)]
-    agent.send(encode({"k": Kind.INSTANCE_EXITED, "iid": iid.decode(), "name": name, "m": "m", "v": 1,
-                       "e": version.epoch, "boot": world.broker.boot, "why": "exited with status 1"}))
+    agent.send(InstanceExited(iid.decode(), "exited with status 1", 1, version.epoch, name, False,
+                              world.broker.boot).encode())
     world.until(lambda: iid not in world.broker.registry.instances)
 
 
@@ -59,7 +59,7 @@ def test_the_generation_moves_once_per_change_gateways_see_and_the_instances_fol
     assert [i.iid for i in version.instances] == [b"instance-1", b"instance-2"] == list(registry.instances)
     assert instances_per_host(world) == {"h": 2.0}
 
-    health = encode({"k": Kind.INSTANCE_HEALTH, "ready": False})
+    health = InstanceHealth(False).encode()
     world.peers[-1].send(health)
     world.until(lambda: not registry.instances[b"instance-2"].healthy)
     assert registry.generation == ready + 1
@@ -90,7 +90,7 @@ def test_a_draining_host_s_instances_take_no_new_work_and_it_is_told_once_they_h
     world.until(lambda: instance.headers(Kind.BATCH) or world.peers[-1].headers(Kind.BATCH))
     busy = instance if instance.headers(Kind.BATCH) else world.peers[-1]
     generation = registry.generation
-    agent.send(encode({"k": Kind.DRAIN}))
+    agent.send(Drain().encode())
     world.until(lambda: registry.agents[b"agent-1"].draining)
     assert all(i.draining for i in registry.instances.values()) and len(registry.instances) == 2
     assert registry.generation == generation and not agent.headers(Kind.DRAINED)   # a batch still runs
@@ -105,7 +105,7 @@ def test_an_instance_that_stops_heartbeating_is_removed_and_awaited_back(world):
     agent, instance = world.serving_instance()
     registry, version = world.broker.registry, world.broker.registry.versions[("m", 1)]
     generation = registry.generation
-    agent_beat = encode({"k": Kind.HEARTBEAT, "role": "agent"})
+    agent_beat = Heartbeat(role=Role.AGENT).encode()
 
     def instance_dropped() -> bool:
         agent.send(agent_beat)   # its host lives: the instance is expected back

@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from tritium.broker.server import Broker, BrokerSettings
-from tritium.protocol import Kind, encode
+from tritium.protocol import ControlReply, Heartbeat
 
 
 @pytest.fixture
@@ -31,17 +31,17 @@ def test_a_gateway_that_left_is_forgotten_without_a_warning(broker, caplog):
     broker.gateways.add(b"gw-gone")
     with caplog.at_level(logging.INFO, logger="tritium.broker.server"):
         for _ in range(3):
-            broker._send(broker.frontend, [b"gw-gone", encode({"k": Kind.HEARTBEAT, "boot": "b", "hb": 1.0})])
+            broker._send(broker.frontend, [b"gw-gone", Heartbeat(7, 1.0).encode()])
     assert b"gw-gone" not in broker.gateways
     assert _warnings(caplog) == []
     assert [r.getMessage() for r in caplog.records] == ["gateway gw-gone disconnected"]
 
 
 def test_answers_lost_to_a_vanished_peer_are_warned_about_once(broker, caplog):
-    answer = encode({"k": Kind.CONTROL_REPLY, "rid": 1, "ok": {}})
+    answer = ControlReply(1, {}).encode()
     with caplog.at_level(logging.INFO, logger="tritium.broker.server"):
         for _ in range(3):
             broker._send(broker.frontend, [b"asker", answer])
-            broker._send(broker.frontend, [b"asker", encode({"k": Kind.HEARTBEAT}), answer])
+            broker._send(broker.frontend, [b"asker", Heartbeat().encode(), answer])
     warnings = _warnings(caplog)
     assert len(warnings) == 1 and warnings[0].startswith("cannot send to peer b'asker'")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.broker.test_scheduler import add_instance, done, lose, make_world, sent_batch
 from tritium.errors import ErrorCode
-from tritium.protocol import Kind, decode, encode
+from tritium.protocol import Infer, decode, read_record
 
 TWO_LEVELS = """dynamic_batching {
   priority_levels: 2 default_priority_level: 2
@@ -15,10 +15,9 @@ TWO_LEVELS = """dynamic_batching {
 
 
 def submit(scheduler, rid: int, **params) -> None:
-    header = {"k": Kind.INFER, "rid": rid, "m": "m", "v": 1, "bs": 1,
-              "inputs": [["IN", "FP32", [1, 4], 16, False]], "params": params}
-    record = encode(header, [b"\0" * 16])
-    scheduler.submit(b"gw", record, decode(record)[0], None)
+    record = Infer(rid, "m", [["IN", "FP32", [1, 4], 16, False]], version=1, batch_size=1,
+                   params=params).encode([b"\0" * 16])
+    scheduler.submit(b"gw", record, read_record(record)[0], None)
 
 
 def answers(to_gateways) -> list[tuple[int, str | None]]:
@@ -162,10 +161,9 @@ def test_a_cache_hit_keeps_its_place_when_responses_are_ordered():
     submit(scheduler, 1)
     header, responses = done(sent_batch(to_instances[0])[1]["b"], [1])
     scheduler.batch_done(instance.iid, header, responses)        # 1 runs, and is cached
-    header = {"k": Kind.INFER, "rid": 2, "m": "m", "v": 1, "bs": 1,
-              "inputs": [["IN", "FP32", [1, 4], 16, False]], "params": {}}
-    other = encode(header, [b"\1" * 16])
-    scheduler.submit(b"gw", other, decode(other)[0], None)      # 2 misses, and runs
+    other = Infer(2, "m", [["IN", "FP32", [1, 4], 16, False]], version=1, batch_size=1,
+                  params={}).encode([b"\1" * 16])
+    scheduler.submit(b"gw", other, read_record(other)[0], None)      # 2 misses, and runs
     submit(scheduler, 3)                                         # 3 hits 1's answer
     assert [rid for rid, _ in answers(to_gateways)] == [1]
     header, responses = done(sent_batch(to_instances[1])[1]["b"], [2])

@@ -14,7 +14,7 @@ from tritium.broker.registry import InstanceRecord, ModelRecord, ModelVersion, R
 from tritium.broker.scheduler import Scheduler
 from tritium.repo.model import ModelDefinition
 from tritium.errors import ErrorCode, Unavailable
-from tritium.protocol import Kind, decode, encode
+from tritium.protocol import BatchDone, Infer, Kind, Response, ResponsePart, decode, read_record
 
 
 class Clock:
@@ -70,20 +70,16 @@ def lose(scheduler, iid: bytes, why: str, restart_expected: bool = True) -> None
 
 
 def submit(scheduler, gateway: bytes, rid: int, batch_size: int = 1, model="m", version=1, request_id=""):
-    header = {"k": Kind.INFER, "rid": rid, "m": model, "v": version, "bs": batch_size,
-              "inputs": [["IN", "FP32", [batch_size, 4], 16 * batch_size, False]]}
-    if request_id:
-        header["id"] = request_id
-    record = encode(header, [b"\0" * 16 * batch_size])
-    scheduler.submit(gateway, record, decode(record)[0], None)
+    record = Infer(rid, model, [["IN", "FP32", [batch_size, 4], 16 * batch_size, False]], version=version,
+                   batch_size=batch_size, request_id=request_id or None).encode([b"\0" * 16 * batch_size])
+    scheduler.submit(gateway, record, read_record(record)[0], None)
     return record
 
 
 def done(batch_number: int, rids: list[int], oks=None, timings=(10, 20, 30)) -> tuple[dict, list]:
     oks = oks or [True] * len(rids)
-    responses = [encode({"k": Kind.RESPONSE, "rid": rid, "outputs": []}) for rid in rids]
-    header = {"k": Kind.BATCH_DONE, "b": batch_number, "x": [0] * len(rids), "ok": oks, "t": list(timings)}
-    return header, responses
+    responses = [Response(rid, []).encode() for rid in rids]
+    return BatchDone(batch_number, oks, [0] * len(rids), list(timings)), responses
 
 
 def sent_batch(parts: list) -> tuple[bytes, dict, list]:
@@ -227,8 +223,7 @@ def test_a_decoupled_request_that_already_answered_is_not_run_twice():
     add_instance(registry, version, "i1")
     submit(scheduler, b"gw", 1)
     number = sent_batch(to_instances[0])[1]["b"]
-    scheduler.streams.response_part(b"i0", {"k": Kind.RESPONSE_PART, "b": number, "i": 0},
-                            [encode({"k": Kind.RESPONSE, "rid": 1, "outputs": [], "final": False})])
+    scheduler.streams.response_part(b"i0", ResponsePart(number, 0), [Response(1, [], final=False).encode()])
     lose(scheduler, b"i0", "was killed by signal 9")
     assert len(to_instances) == 1
     assert [error_of(p)["code"] for p in to_gateways[1:]] == [ErrorCode.UNAVAILABLE]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tritium.broker.sequences import END, START
 from tests.broker.test_scheduler import add_instance, done, error_of, lose, make_world, sent_batch
 from tritium.errors import ErrorCode
-from tritium.protocol import Kind, decode, encode
+from tritium.protocol import Infer, decode, read_record
 
 MS = 1_000_000
 
@@ -18,14 +18,9 @@ def world(strategy: str = "direct { }", idle_us: int = 1_000_000):
 
 
 def submit(scheduler, rid: int, cid, flags: int = 0, batch_size: int = 1) -> None:
-    header = {"k": Kind.INFER, "rid": rid, "m": "m", "v": 1, "bs": batch_size,
-              "inputs": [["IN", "FP32", [batch_size, 4], 16 * batch_size, False]]}
-    if cid:
-        header["cid"] = cid
-    if flags:
-        header["sf"] = flags
-    record = encode(header, [b"\0" * 16 * batch_size])
-    scheduler.submit(b"gw", record, decode(record)[0], None)
+    record = Infer(rid, "m", [["IN", "FP32", [batch_size, 4], 16 * batch_size, False]], version=1,
+                   batch_size=batch_size, sequence_id=cid or None, sequence_flags=flags).encode([b"\0" * 16 * batch_size])
+    scheduler.submit(b"gw", record, read_record(record)[0], None)
 
 
 def test_each_batch_tells_the_instance_the_slot_of_each_request():

@@ -17,7 +17,21 @@ import pytest
 from tritium.gateway.broker_link import BrokerLink, Reply
 from tests.scripted_peers import ScriptedBroker, at_least, ipc_address
 from tritium.errors import NotFound, Unavailable
-from tritium.protocol import MISSED_HEARTBEATS, PROTOCOL_VERSION, Kind, encode
+from tritium.protocol import (
+    MISSED_HEARTBEATS,
+    PROTOCOL_VERSION,
+    Control,
+    ControlOp,
+    ControlReply,
+    Heartbeat,
+    Infer,
+    Kind,
+    ModelRow,
+    Models,
+    Reset,
+    Response,
+    VersionRow,
+)
 
 HEARTBEAT_S = 0.1
 CONFIG = {"name": "m", "backend": "python", "max_batch_size": 8,
@@ -25,11 +39,10 @@ CONFIG = {"name": "m", "backend": "python", "max_batch_size": 8,
           "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}]}
 
 
-def table(generation: int, *models: tuple[str, str]) -> dict:
+def table(generation: int, *models: tuple[str, str]) -> Models:
     """A MODELS push: each (name, state of its version 1)."""
-    return {"k": Kind.MODELS, "generation": generation, "ready": True, "shm": [],
-            "models": [{"name": name, "error": None, "config": dict(CONFIG, name=name), "labels": None,
-                        "versions": [[1, state, "", True]]} for name, state in models]}
+    return Models(generation, tuple(ModelRow(name, None, (VersionRow(1, state, "", True),), dict(CONFIG, name=name), None)
+                                    for name, state in models), True, ())
 
 
 class Gateway:
@@ -91,16 +104,14 @@ def gateway():
 
 
 def infer(link: BrokerLink, tag: str) -> asyncio.Future:
-    return link.request({"k": Kind.INFER, "m": "m", "v": 1, "bs": 1, "id": tag,
-                         "inputs": [["X", "FP32", [1, 4], 16, False]]}, [tag.encode().ljust(16, b".")])
+    return link.request(Infer(link.next_rid(), "m", [["X", "FP32", [1, 4], 16, False]], version=1, batch_size=1,
+                              request_id=tag), [tag.encode().ljust(16, b".")])
 
 
 def response(rid: int, tag: str, final: bool | None = None) -> bytes:
     """A RESPONSE whose parameter and output bytes name the request it answers."""
-    header = {"k": Kind.RESPONSE, "rid": rid, "params": {"for": tag}, "outputs": [["Y", "BYTES", [1], 16, False]]}
-    if final is not None:
-        header["final"] = final
-    return encode(header, [tag.encode().ljust(16, b"!")])
+    answer = Response(rid, [["Y", "BYTES", [1], 16, False]], params={"for": tag}, final=final)
+    return answer.encode([tag.encode().ljust(16, b"!")])
 
 
 def output_bytes(reply: Reply) -> bytes:
@@ -133,14 +144,14 @@ def test_answers_in_any_order_reach_the_request_they_answer(gateway):
         sent = await gateway.requests(len(tags))
         by_tag = {r.header["id"]: r.header["rid"] for r in sent}
         assert len(set(by_tag.values())) == len(tags)   # each request its own number
-        gateway.broker.send(gateway.peer, encode({"k": Kind.RESPONSE, "rid": 10_000, "params": {"for": "nobody"}}))
+        gateway.broker.send(gateway.peer, Response(10_000, params={"for": "nobody"}).encode())
         gateway.broker.send(gateway.peer, response(by_tag["d"], "d"), response(by_tag["a"], "a"))   # two in one
         for tag in ("e", "b", "c"):
             gateway.broker.send(gateway.peer, response(by_tag[tag], tag))
         return await asyncio.gather(*futures)
 
     replies = gateway.run(scenario())
-    assert [r.header["params"]["for"] for r in replies] == tags
+    assert [r.message.params["for"] for r in replies] == tags
     assert [output_bytes(r) for r in replies] == [tag.encode().ljust(16, b"!") for tag in tags]
     assert gateway.link.waiting == 0
 
@@ -148,28 +159,27 @@ def test_answers_in_any_order_reach_the_request_they_answer(gateway):
 def test_a_control_request_gets_its_reply(gateway):
     async def scenario():
         await gateway.started()
-        asked = gateway.link.request({"k": Kind.CONTROL, "op": "index", "args": {"ready": True}})
+        asked = gateway.link.request(Control(gateway.link.next_rid(), ControlOp.INDEX, {"ready": True}))
         (control,) = await gateway.until(lambda: [r for r in gateway.broker.received if r.kind == Kind.CONTROL])
-        gateway.broker.tell(gateway.peer, {"k": Kind.CONTROL_REPLY, "rid": control.header["rid"],
-                                           "ok": [{"name": "m", "version": "1", "state": "READY"}]})
+        gateway.broker.tell(gateway.peer, ControlReply(control.header["rid"],
+                                                       [{"name": "m", "version": "1", "state": "READY"}]))
         return control.header, await asked
 
     control, reply = gateway.run(scenario())
     assert (control["op"], control["args"]) == ("index", {"ready": True})
-    assert reply.header == {"k": Kind.CONTROL_REPLY, "rid": control["rid"],
-                            "ok": [{"name": "m", "version": "1", "state": "READY"}]}
+    assert reply.message == ControlReply(control["rid"], [{"name": "m", "version": "1", "state": "READY"}])
 
 
 def test_a_stream_gets_every_part_in_order_and_ends_with_the_final_one(gateway):
     async def scenario():
         await gateway.started()
-        answers = gateway.link.request_stream({"k": Kind.INFER, "m": "m", "v": 1, "bs": 1, "inputs": []})
+        answers = gateway.link.request_stream(Infer(gateway.link.next_rid(), "m", [], version=1, batch_size=1))
         (sent,) = await gateway.requests(1)
         rid = sent.header["rid"]
         gateway.broker.send(gateway.peer, response(rid, "one", final=False))
         gateway.broker.send(gateway.peer, response(rid, "two", final=False), response(rid, "end", final=True))
         gateway.broker.send(gateway.peer, response(rid, "late"))   # after the final one: nobody waits
-        return [(await answers.get()).header["params"]["for"] for _ in range(3)], answers
+        return [(await answers.get()).message.params["for"] for _ in range(3)], answers
 
     parts, answers = gateway.run(scenario())
     assert parts == ["one", "two", "end"]
@@ -183,10 +193,11 @@ def test_a_silent_broker_fails_each_request_once_and_new_ones_at_once_until_it_a
 
     async def scenario():
         await gateway.started()
-        gateway.link.request_then({"k": Kind.INFER, "m": "m", "v": 1, "bs": 1, "inputs": []}, (), (), outcomes.append)
+        gateway.link.request_then(Infer(gateway.link.next_rid(), "m", [], version=1, batch_size=1), (), (),
+                                  outcomes.append)
         (held,) = await gateway.requests(1)
         gateway.broker.stop_beating()
-        gateway.broker.tell(gateway.peer, {"k": Kind.HEARTBEAT, "boot": 1, "hb": HEARTBEAT_S})   # the last word
+        gateway.broker.tell(gateway.peer, Heartbeat(1, HEARTBEAT_S))   # the last word
         silent_since = time.monotonic()
         await gateway.until(lambda: outcomes, "the failure")
         noticed_after = time.monotonic() - silent_since
@@ -205,7 +216,7 @@ def test_a_silent_broker_fails_each_request_once_and_new_ones_at_once_until_it_a
     assert HEARTBEAT_S * MISSED_HEARTBEATS <= noticed_after <= HEARTBEAT_S * MISSED_HEARTBEATS + 1.0
     assert len(outcomes) == 1 and isinstance(outcomes[0], Unavailable) and outcomes[0].message == lost
     assert isinstance(refused, Unavailable) and refused.message == lost
-    assert served.header["params"]["for"] == "after"
+    assert served.message.params["for"] == "after"
 
 
 def test_the_link_reconnects_to_a_broker_restarted_at_its_address_and_registers_by_heartbeat(gateway):
@@ -230,7 +241,7 @@ def test_the_link_reconnects_to_a_broker_restarted_at_its_address_and_registers_
     assert beat == {"k": Kind.HEARTBEAT, "role": "gateway", "pv": PROTOCOL_VERSION, "hb": HEARTBEAT_S}
     assert isinstance(failure, Unavailable)
     assert failure.message == f"the broker at {gateway.address} restarted; the request was lost"
-    assert served.header["params"]["for"] == "new" and gateway.link.broker_boot == 2
+    assert served.message.params["for"] == "new" and gateway.link.broker_boot == 2
 
 
 def test_a_reset_from_the_broker_fails_nothing_and_the_heartbeats_register_the_gateway_again(gateway):
@@ -238,14 +249,14 @@ def test_a_reset_from_the_broker_fails_nothing_and_the_heartbeats_register_the_g
         await gateway.started()
         held = infer(gateway.link, "held")
         (sent,) = await gateway.requests(1)
-        gateway.broker.tell(gateway.peer, {"k": Kind.RESET})
+        gateway.broker.tell(gateway.peer, Reset())
         beats = len(gateway.broker.of(Kind.HEARTBEAT, gateway.peer))
         await gateway.until(lambda: len(gateway.broker.of(Kind.HEARTBEAT, gateway.peer)) > beats + 1, "heartbeats")
         assert not held.done()
         gateway.broker.send(gateway.peer, response(sent.header["rid"], "held"))
         return await held
 
-    assert gateway.run(scenario()).header["params"]["for"] == "held"
+    assert gateway.run(scenario()).message.params["for"] == "held"
     assert all(b["pv"] == PROTOCOL_VERSION and b["role"] == "gateway" for b in gateway.broker.of(Kind.HEARTBEAT))
 
 

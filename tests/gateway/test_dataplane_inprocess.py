@@ -20,7 +20,7 @@ from tritium.gateway.broker_link import BrokerLink
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.http_api import HttpApp
 from tritium.gateway.http_server import HttpRequest
-from tritium.protocol import Kind, decode, encode
+from tritium.protocol import Heartbeat, Hello, Infer, Message, ModelRow, Models, Response, VersionRow, read_record
 from tritium.zmqio import recv_parts, send_parts
 
 HEARTBEAT_S = 0.1
@@ -36,9 +36,9 @@ class ScriptedBroker:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(address)
         self.boot = boot
-        self.received: list[tuple[bytes, list[tuple[dict, bytes]]]] = []   # per message: peer, records
+        self.received: list[tuple[bytes, list[tuple[Message, bytes]]]] = []   # per message: peer, records
 
-    def pump(self) -> list[tuple[bytes, dict, bytes]]:
+    def pump(self) -> list[tuple[bytes, Message, bytes]]:
         """Read what arrived; answer hellos; return the (peer, header, record) of everything else."""
         records = []
         while True:
@@ -46,28 +46,26 @@ class ScriptedBroker:
                 parts = recv_parts(self.sock)
             except zmq.Again:
                 return records
-            peer, message = parts[0].bytes, [(decode(p)[0], p.bytes) for p in parts[1:]]
+            peer, message = parts[0].bytes, [(read_record(p)[0], p.bytes) for p in parts[1:]]
             self.received.append((peer, message))
             for header, raw in message:
-                if header["k"] == Kind.HELLO:
+                if isinstance(header, Hello):
                     self.hello(peer)
-                elif header["k"] != Kind.HEARTBEAT:
+                elif not isinstance(header, Heartbeat):
                     records.append((peer, header, raw))
 
     def hello(self, peer: bytes) -> None:
-        table = {"k": Kind.MODELS, "generation": 1, "ready": True, "shm": [],
-                 "models": [{"name": "m", "error": None, "config": CONFIG, "labels": None,
-                             "versions": [[1, "READY", "", True]]}]}
-        self.send(peer, encode({"k": Kind.HEARTBEAT, "boot": self.boot, "hb": HEARTBEAT_S}), encode(table))
+        table = Models(1, (ModelRow("m", None, (VersionRow(1, "READY", "", True),), CONFIG, None),), True, ())
+        self.send(peer, Heartbeat(self.boot, HEARTBEAT_S).encode(), table.encode())
 
     def send(self, peer: bytes, *records: bytes) -> None:
         send_parts(self.sock, [peer, *records])
 
-    def answer(self, peer: bytes, header: dict, raw: bytes, scale: float = 2.0) -> bytes:
+    def answer(self, peer: bytes, header: Infer, raw: bytes, scale: float = 2.0) -> bytes:
         """The RESPONSE record for an INFER: Y = X * scale."""
         x = np.frombuffer(raw[-16:], np.float32)
-        return encode({"k": Kind.RESPONSE, "rid": header["rid"], "outputs": [["Y", "FP32", [1, 4], 16, False]]},
-                      [(x * scale).astype(np.float32).tobytes()])
+        return Response(header.rid, [["Y", "FP32", [1, 4], 16, False]]).encode(
+            [(x * scale).astype(np.float32).tobytes()])
 
 
 @pytest.fixture
@@ -106,7 +104,7 @@ def http_infer(app: HttpApp, values: list[float], model: str = "m") -> asyncio.F
 async def serve_until(broker: ScriptedBroker, futures: list, answer=True) -> None:
     while not all(f.done() for f in futures):
         for peer, header, raw in broker.pump():
-            if answer and header["k"] == Kind.INFER:
+            if answer and isinstance(header, Infer):
                 broker.send(peer, broker.answer(peer, header, raw))
         await asyncio.sleep(0.002)
 
@@ -126,9 +124,9 @@ def test_requests_of_one_turn_leave_in_one_message_and_each_gets_its_own_answer(
 
     responses = loop.run_until_complete(scenario())
     assert [outputs(r) for r in responses] == [[2.0 * i] * 4 for i in range(5)]
-    infer_messages = [m for _, m in broker.received if any(h["k"] == Kind.INFER for h, _ in m)]
+    infer_messages = [m for _, m in broker.received if any(isinstance(h, Infer) for h, _ in m)]
     assert len(infer_messages) == 1 and len(infer_messages[0]) == 5
-    assert len({h["rid"] for h, _ in infer_messages[0]}) == 5
+    assert len({h.rid for h, _ in infer_messages[0]}) == 5
 
 
 def test_answers_out_of_order_reach_the_right_requests(gateway):
@@ -163,7 +161,7 @@ def test_a_bad_request_is_answered_by_the_gateway_without_reaching_the_broker(ga
     bad, unknown = loop.run_until_complete(scenario())
     assert (bad.status, json.loads(bad.body)["error"]) == (400, "unexpected inference input 'NOPE' for model 'm'")
     assert (unknown.status, json.loads(unknown.body)["error"]) == (404, "Request for unknown model: 'other' is not found")
-    assert not any(h["k"] == Kind.INFER for _, m in broker.received for h, _ in m)
+    assert not any(isinstance(h, Infer) for _, m in broker.received for h, _ in m)
 
 
 def test_a_broker_that_falls_silent_fails_the_waiting_requests_then_new_ones_at_once(gateway):
@@ -188,10 +186,10 @@ def test_a_restarted_broker_fails_what_the_old_one_held_and_serves_again(gateway
 
     async def scenario():
         held = http_infer(app, [1, 2, 3, 4])
-        while not any(h["k"] == Kind.INFER for _, h, _ in broker.pump()):
+        while not any(isinstance(h, Infer) for _, h, _ in broker.pump()):
             await asyncio.sleep(0.002)
         broker.boot = 2   # a new broker process: it says so in its next heartbeat
-        broker.send(link.identity.encode(), encode({"k": Kind.HEARTBEAT, "boot": 2, "hb": HEARTBEAT_S}))
+        broker.send(link.identity.encode(), Heartbeat(2, HEARTBEAT_S).encode())
         first = await asyncio.wait_for(held, 2)
         fresh = http_infer(app, [3, 3, 3, 3])
         await serve_until(broker, [fresh])

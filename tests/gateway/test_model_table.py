@@ -6,6 +6,7 @@ import pytest
 
 from tritium.gateway.model_table import ModelTable
 from tritium.errors import InvalidArgument, NotFound, TritiumError, Unavailable
+from tritium.protocol import ModelRow, Models, VersionRow
 
 CONFIG = {"name": "m", "platform": "onnxruntime_onnx", "max_batch_size": 8,
           "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [4]}],
@@ -14,13 +15,13 @@ CONFIG = {"name": "m", "platform": "onnxruntime_onnx", "max_batch_size": 8,
 
 def table(*models, ready=True) -> ModelTable:
     t = ModelTable()
-    t.update({"generation": 7, "ready": ready, "models": list(models)})
+    t.update(Models(7, models, ready, ()))
     return t
 
 
-def model(name="m", versions=((1, "READY", ""),), config=True, error=None) -> dict:
-    return {"name": name, "config": {**CONFIG, "name": name} if config else None, "error": error,
-            "versions": [list(v) for v in versions]}
+def model(name="m", versions=((1, "READY", ""),), config=True, error=None) -> ModelRow:
+    return ModelRow(name, error, tuple(VersionRow(*v, True) for v in versions),
+                    {**CONFIG, "name": name} if config else None, None)
 
 
 def error_of(t: ModelTable, name: str, version: str | None) -> TritiumError:
@@ -120,7 +121,7 @@ def test_models_are_told_apart_by_name():
 
 def test_an_update_replaces_the_whole_table():
     t = table(model("a"), model("b"))
-    t.update({"generation": 8, "ready": True, "models": [model("b")]})
+    t.update(Models(8, (model("b"),), True, ()))
     assert t.generation == 8
     assert isinstance(error_of(t, "a", None), NotFound)
     assert t.resolve("b", None)[1] == 1

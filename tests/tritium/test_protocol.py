@@ -12,7 +12,7 @@ from tritium.errors import (
     AlreadyExists, Cancelled, ErrorCode, InternalError, InvalidArgument, NotFound, ProtocolError,
     TritiumError, Unavailable, Unsupported, error_for_code,
 )
-from tritium.protocol import INLINE_LIMIT, Kind, decode, encode, error_record, split_tensors, tensor_views
+from tritium.protocol import INLINE_LIMIT, Kind, decode, encode, error_record, pack_tensors, tensor_views
 
 
 class Frame:
@@ -101,7 +101,7 @@ def test_protocol_error_is_an_internal_error():
 
 def test_error_record():
     error = NotFound("Request for unknown model: 'm' is not found")
-    header, _, offset = decode(error_record(42, error.to_wire()))
+    header, _, offset = decode(error_record(42, error))
     assert header == {"k": Kind.RESPONSE, "rid": 42,
                       "err": {"code": int(ErrorCode.NOT_FOUND),
                               "message": "Request for unknown model: 'm' is not found"}}
@@ -112,10 +112,12 @@ def test_error_record():
 
 # -- tensors inline and external ---------------------------------------------------------------
 
-def test_split_tensors_puts_small_buffers_inline_and_large_ones_external():
+def test_pack_tensors_puts_small_buffers_inline_and_large_ones_external():
     small, edge, large = b"a" * 10, b"b" * (INLINE_LIMIT - 1), bytearray(INLINE_LIMIT)
-    flags, inline, external = split_tensors([small, large, edge, b""])
-    assert flags == [False, True, False, False]
+    descriptors, inline, external = pack_tensors([("S", "UINT8", [10], small), ("L", "UINT8", [INLINE_LIMIT], large),
+                                                  ("E", "UINT8", [INLINE_LIMIT - 1], edge), ("Z", "UINT8", [0], b"")])
+    assert descriptors == [["S", "UINT8", [10], 10, False], ["L", "UINT8", [INLINE_LIMIT], INLINE_LIMIT, True],
+                           ["E", "UINT8", [INLINE_LIMIT - 1], INLINE_LIMIT - 1, False], ["Z", "UINT8", [0], 0, False]]
     assert inline == [small, edge, b""]
     assert len(external) == 1 and external[0] is large
 

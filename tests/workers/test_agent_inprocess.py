@@ -15,6 +15,7 @@ import shutil
 import signal
 import time
 
+import msgspec
 import pytest
 
 from tritium.repo.json_form import config_to_json_dict
@@ -22,7 +23,20 @@ from tests.repo.helpers import load, write_model
 from tests.scripted_peers import ScriptedBroker, at_least, eventually, ipc_address
 from tritium.exit_codes import ExitCode
 from tritium.hosts import host_name
-from tritium.protocol import PROTOCOL_VERSION, Kind, encode
+from tritium.protocol import (
+    PROTOCOL_VERSION,
+    Assign,
+    Assignment,
+    Batch,
+    Drained,
+    Infer,
+    Kind,
+    LoadRef,
+    Refused,
+    Reset,
+    Scale,
+    Unassign,
+)
 from tritium.workers.agent import HostAgent, WorkerSettings
 
 HEARTBEAT_S = 0.1
@@ -100,13 +114,11 @@ class Host:
         self.broker.keep_beating(self.peer, boot, HEARTBEAT_S)
         self.until(lambda: self.agent.broker_boot == boot, what="the heartbeat read")
 
-    def assignment(self, model: str, identity: str = "") -> dict:
+    def assignment(self, model: str, identity: str = "") -> Assignment:
         """What the broker sends for a load of ``model`` version 1 (its portable config)."""
         definition = load(self.repo, model)
-        assignment = {"m": model, "v": 1, "e": next(_epochs), "config": config_to_json_dict(definition.portable_config)}
-        if identity:
-            assignment["id"] = identity
-        return assignment
+        return Assignment(model, 1, next(_epochs), config_to_json_dict(definition.portable_config),
+                          identity=identity or None)
 
     def placed(self, epoch: int) -> dict:
         return self.until(lambda: [p for p in self.broker.of(Kind.PLACED) if p["e"] == epoch],
@@ -176,25 +188,25 @@ def test_hello_names_the_host_then_heartbeats_and_host_metrics_follow_at_their_i
 def test_assign_starts_each_instance_of_the_groups_answers_placed_and_unassign_stops_them(host):
     host.joined(boot=7)
     assignment = host.assignment("pair", identity="load-a")
-    host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [assignment]})
-    placed = host.placed(assignment["e"])
-    assert placed == {"k": Kind.PLACED, "m": "pair", "v": 1, "e": assignment["e"], "boot": 7,
+    host.broker.tell(host.peer, Assign((assignment,)))
+    placed = host.placed(assignment.epoch)
+    assert placed == {"k": Kind.PLACED, "m": "pair", "v": 1, "e": assignment.epoch, "boot": 7,
                       "instances": ["pair_0_0", "pair_0_1"], "adopted": {}}
-    hellos = host.instance_hellos(assignment["e"], 2)
+    hellos = host.instance_hellos(assignment.epoch, 2)
     assert sorted(h["name"] for _, h in hellos) == ["pair_0_0", "pair_0_1"]
     for identity, hello in hellos:
         assert (hello["m"], hello["v"], hello["boot"], hello["agent"], hello["pv"]) == ("pair", 1, 7, host.agent.identity,
                                                                                          PROTOCOL_VERSION)
-        assert identity.decode().startswith(f"{host.agent.identity}/pair/1/{assignment['e']}/{hello['name']}/")
+        assert identity.decode().startswith(f"{host.agent.identity}/pair/1/{assignment.epoch}/{hello['name']}/")
     pids = host.pids()
     assert set(pids) == {"pair_0_0", "pair_0_1"}
 
-    host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [assignment]})   # the broker says it again
+    host.broker.tell(host.peer, Assign((assignment,)))   # the broker says it again
     host.until(lambda: len(host.broker.of(Kind.HEARTBEAT, host.peer)) > 3)
     assert len(host.broker.of(Kind.PLACED)) == 1 and host.pids() == pids   # nothing more is started
 
-    host.broker.tell(host.peer, {"k": Kind.UNASSIGN, "models": [{"m": "pair", "v": 1, "e": assignment["e"]}]})
-    exits = host.exits(assignment["e"], 2)
+    host.broker.tell(host.peer, Unassign((LoadRef("pair", 1, assignment.epoch),)))
+    exits = host.exits(assignment.epoch, 2)
     assert sorted(e["name"] for e in exits) == ["pair_0_0", "pair_0_1"]
     assert {(e["code"], e["why"], e["stopped"], e["boot"]) for e in exits} == {(0, "exited with status 0", True, 7)}
     assert {e["iid"] for e in exits} == {identity.decode() for identity, _ in hellos}
@@ -207,13 +219,13 @@ def test_assign_starts_each_instance_of_the_groups_answers_placed_and_unassign_s
 def test_a_killed_instance_is_reported_with_its_signal_and_started_again(host):
     host.joined()
     assignment = host.assignment("echo")
-    host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [assignment]})
-    ((first, _),) = host.instance_hellos(assignment["e"], 1)
+    host.broker.tell(host.peer, Assign((assignment,)))
+    ((first, _),) = host.instance_hellos(assignment.epoch, 1)
     os.kill(host.pids()["echo_0_0"], signal.SIGKILL)
-    (exited,) = host.exits(assignment["e"], 1)
+    (exited,) = host.exits(assignment.epoch, 1)
     assert exited == {"k": Kind.INSTANCE_EXITED, "iid": first.decode(), "why": "was killed by signal 9", "code": -9,
-                      "e": assignment["e"], "name": "echo_0_0", "stopped": False, "boot": 1}
-    hellos = host.instance_hellos(assignment["e"], 2)   # after the first backoff (1 s)
+                      "e": assignment.epoch, "name": "echo_0_0", "stopped": False, "boot": 1}
+    hellos = host.instance_hellos(assignment.epoch, 2)   # after the first backoff (1 s)
     second = hellos[-1][0].decode()
     assert second != first.decode() and second.rsplit("/", 1)[0] == first.decode().rsplit("/", 1)[0]
     assert hellos[-1][1]["name"] == "echo_0_0"
@@ -222,22 +234,22 @@ def test_a_killed_instance_is_reported_with_its_signal_and_started_again(host):
 def test_an_instance_that_fails_to_initialize_says_why_exits_init_failed_and_is_not_restarted(host):
     host.joined()
     assignment = host.assignment("broken")
-    host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [assignment]})
-    assert host.placed(assignment["e"])["instances"] == ["broken_0_0"]
-    (exited,) = host.exits(assignment["e"], 1)
+    host.broker.tell(host.peer, Assign((assignment,)))
+    assert host.placed(assignment.epoch)["instances"] == ["broken_0_0"]
+    (exited,) = host.exits(assignment.epoch, 1)
     assert (exited["code"], exited["stopped"]) == (ExitCode.INIT_FAILED, False)
     (failed,) = host.broker.of(Kind.INSTANCE_FAILED)
     assert (failed["m"], failed["name"]) == ("broken", "broken_0_0")
-    assert "no weights here" in failed["err"]
+    assert "no weights here" in failed["err"]["message"]
     assert host.agent.children == []
 
 
 def test_an_assignment_it_cannot_place_is_answered_with_the_reason(host):
     host.joined()
-    assignment = dict(host.assignment("echo"), m="absent")
-    host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [assignment]})
-    placed = host.placed(assignment["e"])
-    assert placed["err"] == f"model 'absent' is not in this host's model repositories ({host.repo})"
+    assignment = msgspec.structs.replace(host.assignment("echo"), model="absent")
+    host.broker.tell(host.peer, Assign((assignment,)))
+    placed = host.placed(assignment.epoch)
+    assert placed["err"]["message"] == f"model 'absent' is not in this host's model repositories ({host.repo})"
     assert "instances" not in placed and host.agent.children == []
 
 
@@ -245,14 +257,13 @@ def test_an_instance_deaf_to_sigterm_is_killed_once_the_exit_timeout_passes(impa
     host = impatient_host
     host.joined()
     assignment = host.assignment("stuck")
-    host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [assignment]})
-    ((iid, _),) = host.instance_hellos(assignment["e"], 1)
-    host.broker.send(iid, encode({"k": Kind.BATCH, "b": 1, "n": 1}),   # it is stuck in the model from now on
-                     encode({"k": Kind.INFER, "rid": 1, "m": "stuck", "v": 1, "bs": 1,
-                             "inputs": [["X", "FP32", [1, 2], 8, False]]}, [bytes(8)]))
+    host.broker.tell(host.peer, Assign((assignment,)))
+    ((iid, _),) = host.instance_hellos(assignment.epoch, 1)
+    host.broker.send(iid, Batch(1, 1).encode(),   # it is stuck in the model from now on
+                     Infer(1, "stuck", [["X", "FP32", [1, 2], 8, False]], version=1, batch_size=1).encode([bytes(8)]))
     host.until(lambda: (host.repo / "stuck" / "1" / "executing").exists(), what="the batch in the model")
-    host.broker.tell(host.peer, {"k": Kind.UNASSIGN, "models": [{"m": "stuck", "v": 1, "e": assignment["e"]}]})
-    (exited,) = host.exits(assignment["e"], 1)
+    host.broker.tell(host.peer, Unassign((LoadRef("stuck", 1, assignment.epoch),)))
+    (exited,) = host.exits(assignment.epoch, 1)
     assert (exited["code"], exited["stopped"]) == (-signal.SIGKILL, True)
     assert host.agent.children == []
 
@@ -260,14 +271,14 @@ def test_an_instance_deaf_to_sigterm_is_killed_once_the_exit_timeout_passes(impa
 def test_scale_starts_the_count_asked_and_stops_the_instance_named(host):
     host.joined()
     assignment = host.assignment("echo")
-    host.broker.tell(host.peer, {"k": Kind.SCALE, "assignment": assignment, "count": 2, "stop": []})
-    assert host.placed(assignment["e"])["instances"] == ["echo_0_0", "echo_0_1"]
-    host.instance_hellos(assignment["e"], 2)
+    host.broker.tell(host.peer, Scale(assignment, 2))
+    assert host.placed(assignment.epoch)["instances"] == ["echo_0_0", "echo_0_1"]
+    host.instance_hellos(assignment.epoch, 2)
     kept = host.pids()["echo_0_1"]
     host.broker.received.clear()
-    host.broker.tell(host.peer, {"k": Kind.SCALE, "assignment": assignment, "count": 1, "stop": ["echo_0_0"]})
-    assert host.placed(assignment["e"])["instances"] == []   # what it started now: nothing
-    (exited,) = host.exits(assignment["e"], 1)
+    host.broker.tell(host.peer, Scale(assignment, 1, ("echo_0_0",)))
+    assert host.placed(assignment.epoch)["instances"] == []   # what it started now: nothing
+    (exited,) = host.exits(assignment.epoch, 1)
     assert (exited["name"], exited["stopped"]) == ("echo_0_0", True)
     assert host.pids() == {"echo_0_1": kept}
 
@@ -277,10 +288,10 @@ def test_a_stop_drains_first_and_the_agent_stops_when_the_broker_says_drained(ho
     host.agent.request_stop()
     host.until(lambda: host.broker.of(Kind.DRAIN))
     assignment = host.assignment("echo")
-    host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [assignment]})
-    assert host.placed(assignment["e"])["err"] == f"host {host_name()} is draining"
+    host.broker.tell(host.peer, Assign((assignment,)))
+    assert host.placed(assignment.epoch)["err"]["message"] == f"host {host_name()} is draining"
     assert host.agent.running and host.agent.children == []   # still up: the broker moves work away first
-    host.broker.tell(host.peer, {"k": Kind.DRAINED})
+    host.broker.tell(host.peer, Drained())
     host.until(lambda: not host.agent.running, what="the stop")
     assert host.agent.close() == ExitCode.OK
 
@@ -305,8 +316,8 @@ def test_a_second_stop_while_draining_stops_at_once_and_says_so_in_the_exit_code
 def test_a_silent_broker_is_noticed_and_its_successor_keeps_the_running_instance(host):
     host.joined(boot=1)
     assignment = host.assignment("echo", identity="load-a")
-    host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [assignment]})
-    ((iid, _),) = host.instance_hellos(assignment["e"], 1)
+    host.broker.tell(host.peer, Assign((assignment,)))
+    ((iid, _),) = host.instance_hellos(assignment.epoch, 1)
     pid = host.pids()["echo_0_0"]
     host.broker.stop_beating()
     host.until(lambda: host.agent.broker_lost, timeout_s=HEARTBEAT_S * 10, what="the broker noticed lost")
@@ -320,31 +331,31 @@ def test_a_silent_broker_is_noticed_and_its_successor_keeps_the_running_instance
     assert running == {"iid": iid.decode(), "m": "echo", "v": 1, "id": "load-a", "key": "echo_0_0", "name": "echo_0_0",
                        "kind": "CPU", "device": 0, "credit": 2, "scaled": False, "pid": pid}
 
-    kept = dict(host.assignment("echo", identity="load-a"), adopt=[iid.decode()])
-    host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [kept], "scale": [], "complete": True})
-    placed = host.placed(kept["e"])
+    kept = msgspec.structs.replace(host.assignment("echo", identity="load-a"), adopt=(iid.decode(),))
+    host.broker.tell(host.peer, Assign((kept,), complete=True))
+    placed = host.placed(kept.epoch)
     assert (placed["instances"], placed["adopted"], placed["boot"]) == (["echo_0_0"], {"echo_0_0": iid.decode()}, 2)
-    assert host.pids() == {"echo_0_0": pid} and host.agent.children[0].epoch == kept["e"]
+    assert host.pids() == {"echo_0_0": pid} and host.agent.children[0].epoch == kept.epoch
     assert not host.broker.of(Kind.INSTANCE_EXITED)
 
 
 def test_reset_makes_it_register_again_and_what_the_broker_does_not_keep_stops(host):
     host.agent.start()
     host.until(lambda: host.broker.of(Kind.HELLO, host.peer))
-    host.broker.tell(host.peer, {"k": Kind.RESET})   # queued before its HELLO was answered: stale, ignored
+    host.broker.tell(host.peer, Reset())   # queued before its HELLO was answered: stale, ignored
     host.until(lambda: len(host.broker.of(Kind.HEARTBEAT, host.peer)) >= 2)
     assert len(host.broker.of(Kind.HELLO, host.peer)) == 1
     host.beat(1)
     assignment = host.assignment("echo", identity="load-a")
-    host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [assignment]})
-    ((iid, _),) = host.instance_hellos(assignment["e"], 1)
+    host.broker.tell(host.peer, Assign((assignment,)))
+    ((iid, _),) = host.instance_hellos(assignment.epoch, 1)
 
-    host.broker.tell(host.peer, {"k": Kind.RESET, "boot": 1})   # the broker dropped this host
+    host.broker.tell(host.peer, Reset(boot=1))   # the broker dropped this host
     host.until(lambda: len(host.broker.of(Kind.HELLO, host.peer)) == 2, what="HELLO again")
     assert [r["iid"] for r in host.broker.of(Kind.HELLO, host.peer)[-1]["running"]] == [iid.decode()]
     host.beat(1)
-    host.broker.tell(host.peer, {"k": Kind.ASSIGN, "models": [], "scale": [], "complete": True})   # keeps nothing
-    (exited,) = host.exits(assignment["e"], 1)
+    host.broker.tell(host.peer, Assign((), complete=True))   # keeps nothing
+    (exited,) = host.exits(assignment.epoch, 1)
     assert (exited["iid"], exited["stopped"]) == (iid.decode(), True)
     assert host.agent.children == []
 
@@ -352,6 +363,6 @@ def test_reset_makes_it_register_again_and_what_the_broker_does_not_keep_stops(h
 def test_a_broker_that_refuses_the_agent_stops_it_with_the_protocol_exit_code(host):
     host.agent.start()
     host.until(lambda: host.broker.of(Kind.HELLO, host.peer))
-    host.broker.tell(host.peer, {"k": Kind.REFUSED, "reason": "protocol version 5 refused"})
+    host.broker.tell(host.peer, Refused("protocol version 5 refused"))
     host.until(lambda: not host.agent.running)
     assert host.agent.close() == ExitCode.PROTOCOL_MISMATCH

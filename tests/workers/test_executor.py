@@ -17,7 +17,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tritium.errors import ErrorCode, InvalidArgument
-from tritium.protocol import INLINE_LIMIT, Kind, decode, encode, split_tensors, tensor_views
+from tritium.protocol import INLINE_LIMIT, Batch, BatchDone, Infer, Response, pack_tensors, read_record, tensor_views
 from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
 from tritium.workers.executor import BatchExecutor
 
@@ -79,25 +79,16 @@ class ReturnsFloat64(Instance):
 def infer_record(rid, inputs, batch_size=1, outputs=None, request_id="", params=None,
                  model="m", version=1) -> list:
     """The INFER record and its external frames, as gateway/dataplane.py and broker_link encode them."""
-    flags, inline, external = split_tensors([data for _, _, _, data in inputs])
-    header = {"k": Kind.INFER, "m": model, "v": version, "bs": batch_size,
-              "inputs": [[name, datatype, list(shape), len(data), is_external]
-                         for (name, datatype, shape, data), is_external in zip(inputs, flags)]}
-    if request_id:
-        header["id"] = request_id
-    if outputs is not None:
-        header["outputs"] = outputs
-    if params:
-        header["params"] = params
-    header["rid"] = rid
-    if external:
-        header["x"] = len(external)
-    return [encode(header, inline), *external]
+    descriptors, inline, external = pack_tensors((name, datatype, list(shape), data)
+                                                 for name, datatype, shape, data in inputs)
+    infer = Infer(rid, model, descriptors, version=version, batch_size=batch_size, request_id=request_id or None,
+                  outputs=outputs, params=params or None, external=len(external))
+    return [infer.encode(inline), *external]
 
 
 def batch_frames(requests: list[dict], number: int = 17) -> list:
     """[BATCH record, (INFER record, external...) * n] as broker/scheduler.py _send_batch builds it."""
-    parts = [encode({"k": Kind.BATCH, "b": number, "n": len(requests)})]
+    parts = [Batch(number, len(requests)).encode()]
     for request in requests:
         parts.extend(infer_record(**request))
     return parts
@@ -113,15 +104,15 @@ def rows(batch_size, start=0.0):
 
 
 def parse_done(parts: list):
-    """(BATCH_DONE header, [(RESPONSE header, {name: array or BYTES bytes}) per request])."""
-    done, _, _ = decode(parts[0])
+    """(BatchDone, [(Response, {name: array or BYTES bytes}) per request])."""
+    done, _, _ = read_record(parts[0])
     responses, position = [], 1
-    for count in done["x"]:
-        header, record, offset = decode(parts[position])
-        assert header.get("x", 0) == count
+    for count in done.response_frames:
+        header, record, offset = read_record(parts[position])
+        assert header.external == count
         external = parts[position + 1:position + 1 + count]
         position += 1 + count
-        descriptors = header.get("outputs", [])
+        descriptors = header.outputs or []
         arrays = {}
         for descriptor, view in zip(descriptors, tensor_views(descriptors, record, offset, external)):
             name, datatype, shape = descriptor[0], descriptor[1], descriptor[2]
@@ -133,13 +124,13 @@ def parse_done(parts: list):
                 arrays[name] = np.frombuffer(bytes(view), dtype=dtype).reshape(shape)
         responses.append((header, arrays))
     assert position == len(parts)           # every frame accounted for
-    assert len(done["ok"]) == len(done["x"])
+    assert len(done.ok) == len(done.response_frames)
     return done, responses
 
 
 def outputs_of(header) -> list:
-    """[[name, datatype, shape], ...] of a RESPONSE header."""
-    return [list(d[:3]) for d in header.get("outputs", [])]
+    """[[name, datatype, shape], ...] of a RESPONSE."""
+    return [list(d[:3]) for d in header.outputs or []]
 
 
 def run(instance, requests, cfg=None, number=17):
@@ -163,15 +154,15 @@ def test_requests_are_stacked_along_dim_0_and_split_back():
     np.testing.assert_array_equal(stacked["IN"], np.concatenate(inputs))
     assert names == ["DOUBLE", "PLUS1"]
     # Each request gets its own rows back.
-    assert [h["rid"] for h, _ in responses] == [1, 2, 3]
+    assert [h.rid for h, _ in responses] == [1, 2, 3]
     for (header, arrays), x in zip(responses, inputs):
-        assert header["k"] == Kind.RESPONSE
-        assert "err" not in header
+        assert isinstance(header, Response)
+        assert header.error is None
         assert outputs_of(header) == [["DOUBLE", "FP32", list(x.shape)], ["PLUS1", "FP32", list(x.shape)]]
         np.testing.assert_array_equal(arrays["DOUBLE"], x * 2)
         np.testing.assert_array_equal(arrays["PLUS1"], x + 1)
-    assert done["ok"] == [True, True, True]
-    assert done["x"] == [0, 0, 0]                          # small outputs ride inline
+    assert done.ok == [True, True, True]
+    assert done.response_frames == [0, 0, 0]                          # small outputs ride inline
     assert [len(outputs_of(h)) for h, _ in responses] == [2, 2, 2]
 
 
@@ -211,8 +202,8 @@ def test_large_outputs_come_back_as_external_frames():
         {"rid": 1, "inputs": [fp32_input(big)], "batch_size": BIG_ROWS, "outputs": ["DOUBLE"]},
         {"rid": 2, "inputs": [fp32_input(rows(1))]},
     ], cfg=big_config())
-    assert done["x"] == [1, 0]
-    descriptor = responses[0][0]["outputs"][0]
+    assert done.response_frames == [1, 0]
+    descriptor = responses[0][0].outputs[0]
     assert descriptor[3] == big.nbytes and descriptor[4] is True
     np.testing.assert_array_equal(responses[0][1]["DOUBLE"], big * 2)
     np.testing.assert_array_equal(responses[1][1]["PLUS1"], rows(1) + 1)
@@ -226,7 +217,7 @@ def test_zmq_like_frames_with_a_buffer_attribute_are_read():
     x = rows(1)
     parts = [Frame(p) for p in batch_frames([{"rid": 9, "inputs": [fp32_input(x)]}], number=3)]
     done, responses = parse_done(BatchExecutor(Doubler(), config()).run(parts))
-    assert done["b"] == 3
+    assert done.number == 3
     np.testing.assert_array_equal(responses[0][1]["DOUBLE"], x * 2)
 
 
@@ -238,9 +229,9 @@ def test_each_request_gets_only_the_outputs_it_asked_for():
         {"rid": 3, "inputs": [fp32_input(rows(1, 20))], "outputs": ["PLUS1", "DOUBLE"]},
     ])
     assert instance.calls[0][1] == ["DOUBLE", "PLUS1"]   # the union, in config order
-    assert [o[0] for o in responses[0][0]["outputs"]] == ["PLUS1"]
-    assert [o[0] for o in responses[1][0]["outputs"]] == ["DOUBLE", "PLUS1"]
-    assert [o[0] for o in responses[2][0]["outputs"]] == ["PLUS1", "DOUBLE"]
+    assert [o[0] for o in responses[0][0].outputs] == ["PLUS1"]
+    assert [o[0] for o in responses[1][0].outputs] == ["DOUBLE", "PLUS1"]
+    assert [o[0] for o in responses[2][0].outputs] == ["PLUS1", "DOUBLE"]
     np.testing.assert_array_equal(responses[0][1]["PLUS1"], rows(1) + 1)
     np.testing.assert_array_equal(responses[2][1]["DOUBLE"], rows(1, 20) * 2)
     assert [len(outputs_of(h)) for h, _ in responses] == [1, 2, 2]
@@ -264,10 +255,10 @@ def test_a_requested_output_the_model_did_not_produce_is_an_error():
     ])
     # The model broke its contract for the execution; at least the request that asked for
     # the missing output fails, with an INTERNAL error naming the model and the output.
-    assert done["ok"][1] is False
-    error = responses[1][0]["err"]
-    assert error["code"] == ErrorCode.INTERNAL
-    assert "PLUS1" in error["message"] and "'m'" in error["message"]
+    assert done.ok[1] is False
+    error = responses[1][0].error
+    assert error.code == ErrorCode.INTERNAL
+    assert "PLUS1" in error.message and "'m'" in error.message
 
 
 # -- reshape ---------------------------------------------------------------------------------
@@ -314,7 +305,7 @@ def test_reshape_of_a_non_batching_model():
             return [InferenceResponse(outputs={"OUT": r.inputs["IN"].reshape(2, 2)}) for r in requests]
 
     done, responses = run(Model(), [{"rid": 1, "inputs": [fp32_input(rows(1))]}], cfg=config(text))
-    assert done["ok"] == [True]
+    assert done.ok == [True]
     assert seen == [(4,)]
     assert outputs_of(responses[0][0]) == [["OUT", "FP32", [1, 4]]]
     np.testing.assert_array_equal(responses[0][1]["OUT"], rows(1))
@@ -333,10 +324,10 @@ def test_a_request_with_other_non_batch_shapes_fails_alone():
         {"rid": 2, "inputs": [fp32_input(odd)]},
         {"rid": 3, "inputs": [fp32_input(rows(1, 5))]},
     ], cfg=config(text))
-    assert done["ok"] == [True, False, True]
+    assert done.ok == [True, False, True]
     assert instance.calls[0][0]["IN"].shape == (2, 4)
-    assert responses[1][0]["err"]["code"] == ErrorCode.INVALID_ARG
-    assert "'m'" in responses[1][0]["err"]["message"]
+    assert responses[1][0].error.code == ErrorCode.INVALID_ARG
+    assert "'m'" in responses[1][0].error.message
     np.testing.assert_array_equal(responses[2][1]["DOUBLE"], rows(1, 5) * 2)
 
 
@@ -347,10 +338,10 @@ def test_a_request_whose_record_is_cut_short_fails_alone():
                           {"rid": 3, "inputs": [fp32_input(rows(1, 5))]}])
     parts[2] = parts[2][:-4]                    # rid 2: its inline tensor overruns the record
     done, responses = parse_done(BatchExecutor(instance, config()).run(parts))
-    assert done["ok"] == [True, False, True]
+    assert done.ok == [True, False, True]
     assert instance.calls[0][0]["IN"].shape == (2, 4)
-    assert responses[1][0]["rid"] == 2
-    assert responses[1][0]["err"]["code"] == ErrorCode.INTERNAL
+    assert responses[1][0].rid == 2
+    assert responses[1][0].error.code == ErrorCode.INTERNAL
     np.testing.assert_array_equal(responses[2][1]["DOUBLE"], rows(1, 5) * 2)
 
 
@@ -362,13 +353,13 @@ def test_a_bad_request_fails_alone():
         {"rid": 2, "inputs": [bad]},
         {"rid": 3, "inputs": [fp32_input(rows(1, 5))]},
     ])
-    assert done["ok"] == [True, False, True]
+    assert done.ok == [True, False, True]
     assert [len(outputs_of(h)) for h, _ in responses] == [2, 0, 2]
     assert instance.calls[0][0]["IN"].shape == (2, 4)               # the two good ones only
     header = responses[1][0]
-    assert header["rid"] == 2
-    assert header["err"]["code"] == ErrorCode.INVALID_ARG
-    assert "'IN'" in header["err"]["message"]
+    assert header.rid == 2
+    assert header.error.code == ErrorCode.INVALID_ARG
+    assert "'IN'" in header.error.message
     np.testing.assert_array_equal(responses[2][1]["DOUBLE"], rows(1, 5) * 2)
 
 
@@ -391,10 +382,10 @@ def test_malformed_bytes_in_one_request_fail_it_alone():
         {"rid": 1, "inputs": [("S", "BYTES", [1, 1], good)]},
         {"rid": 2, "inputs": [("S", "BYTES", [1, 1], struct.pack("<I", 9) + b"x")]},
     ], cfg=config(text))
-    assert done["ok"] == [True, False]
+    assert done.ok == [True, False]
     assert seen == [[[b"\xffab"]]]
     assert responses[0][1]["LEN"].tolist() == [[3.0]]
-    assert responses[1][0]["err"]["code"] == ErrorCode.INVALID_ARG
+    assert responses[1][0].error.code == ErrorCode.INVALID_ARG
 
 
 def test_a_partial_element_frame_fails_alone():
@@ -402,8 +393,8 @@ def test_a_partial_element_frame_fails_alone():
         {"rid": 1, "inputs": [fp32_input(rows(1))]},
         {"rid": 2, "inputs": [("IN", "FP32", [1, 4], b"\x00" * 15)]},
     ])
-    assert done["ok"] == [True, False]
-    assert responses[1][0]["err"]["code"] == ErrorCode.INVALID_ARG
+    assert done.ok == [True, False]
+    assert responses[1][0].error.code == ErrorCode.INVALID_ARG
 
 
 def test_a_partial_element_frame_fails_alone_on_the_per_request_path():
@@ -412,8 +403,8 @@ def test_a_partial_element_frame_fails_alone_on_the_per_request_path():
         {"rid": 1, "inputs": [fp32_input(rows(1))]},
         {"rid": 2, "inputs": [("IN", "FP32", [1, 4], b"\x00" * 15)]},
     ])
-    assert done["ok"] == [True, False]
-    assert responses[1][0]["err"]["code"] == ErrorCode.INVALID_ARG
+    assert done.ok == [True, False]
+    assert responses[1][0].error.code == ErrorCode.INVALID_ARG
 
 
 def test_an_exception_in_the_model_fails_every_request_with_internal():
@@ -421,14 +412,14 @@ def test_an_exception_in_the_model_fails_every_request_with_internal():
         {"rid": 1, "inputs": [fp32_input(rows(1))]},
         {"rid": 2, "inputs": [fp32_input(rows(2))], "batch_size": 2},
     ])
-    assert done["ok"] == [False, False]
-    assert done["x"] == [0, 0]
+    assert done.ok == [False, False]
+    assert done.response_frames == [0, 0]
     for header, arrays in responses:
         assert arrays == {}
-        assert header["err"]["code"] == ErrorCode.INTERNAL
-        assert "model 'm'" in header["err"]["message"]
-        assert "boom" in header["err"]["message"]
-    assert all(t >= 0 for t in done["t"])
+        assert header.error.code == ErrorCode.INTERNAL
+        assert "model 'm'" in header.error.message
+        assert "boom" in header.error.message
+    assert all(t >= 0 for t in done.timings)
 
 
 def test_a_tritium_error_from_the_model_keeps_its_code():
@@ -437,8 +428,8 @@ def test_a_tritium_error_from_the_model_keeps_its_code():
             raise InvalidArgument("values must be positive")
 
     done, responses = run(Refuses(), [{"rid": 1, "inputs": [fp32_input(rows(1))]}])
-    assert responses[0][0]["err"] == {"code": int(ErrorCode.INVALID_ARG),
-                                      "message": "values must be positive"}
+    assert responses[0][0].error.to_wire() == {"code": int(ErrorCode.INVALID_ARG),
+                                               "message": "values must be positive"}
 
 
 def test_an_output_dtype_other_than_the_config_is_an_error():
@@ -446,10 +437,10 @@ def test_an_output_dtype_other_than_the_config_is_an_error():
         {"rid": 1, "inputs": [fp32_input(rows(1))]},
         {"rid": 2, "inputs": [fp32_input(rows(1))]},
     ])
-    assert done["ok"] == [False, False]
+    assert done.ok == [False, False]
     for header, _ in responses:
-        assert header["err"]["code"] == ErrorCode.INTERNAL
-        message = header["err"]["message"]
+        assert header.error.code == ErrorCode.INTERNAL
+        message = header.error.message
         assert "DOUBLE" in message and "'m'" in message and "FP64" in message and "TYPE_FP32" in message
 
 
@@ -463,10 +454,10 @@ def test_an_output_with_the_wrong_batch_dimension_is_an_error():
         {"rid": 1, "inputs": [fp32_input(rows(2))], "batch_size": 2},
         {"rid": 2, "inputs": [fp32_input(rows(2))], "batch_size": 2},
     ])
-    assert done["ok"] == [False, False]
+    assert done.ok == [False, False]
     for header, _ in responses:
-        assert header["err"]["code"] == ErrorCode.INTERNAL
-        assert "'DOUBLE'" in header["err"]["message"] and "'m'" in header["err"]["message"]
+        assert header.error.code == ErrorCode.INTERNAL
+        assert "'DOUBLE'" in header.error.message and "'m'" in header.error.message
 
 
 # -- BATCH_DONE ------------------------------------------------------------------------------
@@ -476,14 +467,14 @@ def test_batch_done_header():
         {"rid": 5, "inputs": [fp32_input(rows(1))], "outputs": ["DOUBLE"]},
         {"rid": 6, "inputs": [fp32_input(rows(1))]},
     ], number=99)
-    assert done["k"] == Kind.BATCH_DONE
-    assert done["b"] == 99
-    assert done["x"] == [0, 0]
+    assert isinstance(done, BatchDone)
+    assert done.number == 99
+    assert done.response_frames == [0, 0]
     assert [len(outputs_of(h)) for h, _ in responses] == [1, 2]
-    assert done["ok"] == [True, True]
-    assert len(done["t"]) == 3
-    assert all(isinstance(t, int) and t >= 0 for t in done["t"])
-    assert [h["rid"] for h, _ in responses] == [5, 6]
+    assert done.ok == [True, True]
+    assert len(done.timings) == 3
+    assert all(isinstance(t, int) and t >= 0 for t in done.timings)
+    assert [h.rid for h, _ in responses] == [5, 6]
 
 
 def test_batch_done_when_every_request_is_bad():
@@ -491,9 +482,9 @@ def test_batch_done_when_every_request_is_bad():
     instance = Doubler()
     done, responses = run(instance, [{"rid": 1, "inputs": [bad]}, {"rid": 2, "inputs": [bad]}])
     assert instance.calls == []
-    assert done["ok"] == [False, False]
-    assert done["x"] == [0, 0]
-    assert all(t >= 0 for t in done["t"])
+    assert done.ok == [False, False]
+    assert done.response_frames == [0, 0]
+    assert all(t >= 0 for t in done.timings)
 
 
 # -- execute(requests) instances ---------------------------------------------------------------
@@ -513,12 +504,12 @@ def test_execute_gets_separate_requests_with_their_metadata():
     assert requests[0].requested_outputs is None
     assert requests[1].requested_outputs == ["DOUBLE"]
     np.testing.assert_array_equal(requests[1].inputs["IN"], x2)
-    assert done["ok"] == [True, True]
+    assert done.ok == [True, True]
     assert [len(outputs_of(h)) for h, _ in responses] == [2, 1]
-    assert responses[0][0]["params"] == {"rid_seen": "first"}
+    assert responses[0][0].params == {"rid_seen": "first"}
     np.testing.assert_array_equal(responses[0][1]["PLUS1"], x1 + 1)
     np.testing.assert_array_equal(responses[1][1]["DOUBLE"], x2 * 2)
-    assert all(t >= 0 for t in done["t"])
+    assert all(t >= 0 for t in done.timings)
 
 
 def test_execute_gets_writable_inputs_of_its_own_that_change_nothing_else():
@@ -561,8 +552,8 @@ def test_execute_can_fail_one_request():
         {"rid": 1, "inputs": [fp32_input(rows(1))], "request_id": "bad"},
         {"rid": 2, "inputs": [fp32_input(rows(1))]},
     ])
-    assert done["ok"] == [False, True]
-    assert responses[0][0]["err"] == {"code": int(ErrorCode.INVALID_ARG), "message": "no"}
+    assert done.ok == [False, True]
+    assert responses[0][0].error.to_wire() == {"code": int(ErrorCode.INVALID_ARG), "message": "no"}
 
 
 def test_execute_returning_the_wrong_number_of_responses_fails_all():
@@ -570,10 +561,10 @@ def test_execute_returning_the_wrong_number_of_responses_fails_all():
         {"rid": 1, "inputs": [fp32_input(rows(1))]},
         {"rid": 2, "inputs": [fp32_input(rows(1))]},
     ])
-    assert done["ok"] == [False, False]
+    assert done.ok == [False, False]
     for header, _ in responses:
-        assert header["err"]["code"] == ErrorCode.INTERNAL
-        assert "'m'" in header["err"]["message"]
+        assert header.error.code == ErrorCode.INTERNAL
+        assert "'m'" in header.error.message
 
 
 def test_an_exception_in_execute_fails_every_request_with_internal():
@@ -584,10 +575,10 @@ def test_an_exception_in_execute_fails_every_request_with_internal():
         {"rid": 1, "inputs": [fp32_input(rows(1))]},
         {"rid": 2, "inputs": [fp32_input(rows(1))]},
     ])
-    assert done["ok"] == [False, False]
+    assert done.ok == [False, False]
     for header, _ in responses:
-        assert header["err"]["code"] == ErrorCode.INTERNAL
-        assert "model 'm'" in header["err"]["message"] and "bad state" in header["err"]["message"]
+        assert header.error.code == ErrorCode.INTERNAL
+        assert "model 'm'" in header.error.message and "bad state" in header.error.message
 
 
 def test_a_bad_request_is_not_passed_to_execute():
@@ -597,7 +588,7 @@ def test_a_bad_request_is_not_passed_to_execute():
         {"rid": 2, "inputs": [fp32_input(rows(1))]},
     ])
     assert len(instance.seen[0]) == 1
-    assert done["ok"] == [False, True]
+    assert done.ok == [False, True]
 
 
 # -- non-batching models and other datatypes ------------------------------------------------------
@@ -617,7 +608,7 @@ def test_a_non_batching_model_keeps_the_shape():
     x = np.arange(6, dtype="<i8").reshape(2, 3)
     done, responses = run(Neg(), [{"rid": 1, "inputs": [("IN", "INT64", [2, 3], x.tobytes())]}],
                           cfg=config(text))
-    assert done["ok"] == [True]
+    assert done.ok == [True]
     assert outputs_of(responses[0][0]) == [["OUT", "INT64", [2, 3]]]
     assert responses[0][1]["OUT"].tolist() == (-x).tolist()
 
@@ -639,7 +630,7 @@ def test_bytes_outputs_are_serialized():
         {"rid": 1, "inputs": [("S", "BYTES", [1, 1], frames[0])]},
         {"rid": 2, "inputs": [("S", "BYTES", [1, 1], frames[1])]},
     ], cfg=config(text))
-    assert done["ok"] == [True, True]
+    assert done.ok == [True, True]
     assert outputs_of(responses[0][0]) == [["UP", "BYTES", [1, 1]]]
     assert responses[0][1]["UP"] == struct.pack("<I", 2) + b"AB"
     assert responses[1][1]["UP"] == struct.pack("<I", 0)

@@ -26,7 +26,7 @@ from tests.repo.helpers import load, write_model
 from tests.scripted_peers import ScriptedBroker, at_least, eventually, ipc_address
 from tritium.errors import ErrorCode
 from tritium.exit_codes import ExitCode
-from tritium.protocol import PROTOCOL_VERSION, Kind, decode, encode
+from tritium.protocol import PROTOCOL_VERSION, Batch, Infer, Kind, Reset, decode
 
 HEARTBEAT_S = 0.1
 AGENT = "agent-test"
@@ -89,7 +89,7 @@ class Instance:
     def execute(self, *infers: bytes) -> tuple[dict, list]:
         """Send one BATCH of these INFER records; (its BATCH_DONE header, the RESPONSE records after it)."""
         batch = next(_batches)
-        self.broker.send(self.peer, encode({"k": Kind.BATCH, "b": batch, "n": len(infers)}), *infers)
+        self.broker.send(self.peer, Batch(batch, len(infers)).encode(), *infers)
         received = self.until(lambda: [i for i, r in enumerate(self.broker.received)
                                        if r.kind == Kind.BATCH_DONE and r.header["b"] == batch], f"batch {batch} done")
         start = received[0]
@@ -124,9 +124,9 @@ def infer(values: list[float], shape: list[int] | None = None) -> tuple[int, byt
     """(rid, an INFER record of X = values as a gateway makes it)."""
     rid = next(_rids)
     data = np.asarray(values, np.float32).tobytes()
-    header = {"k": Kind.INFER, "rid": rid, "m": "scaler", "v": 1, "bs": 1,
-              "inputs": [["X", "FP32", shape or [1, len(values)], len(data), False]]}
-    return rid, encode(header, [data])
+    request = Infer(rid, "scaler", [["X", "FP32", shape or [1, len(values)], len(data), False]], version=1,
+                    batch_size=1)
+    return rid, request.encode([data])
 
 
 def y_of(record) -> list[float]:
@@ -147,7 +147,7 @@ def test_it_says_hello_with_its_load_and_credit_then_heartbeats_on_a_socket_of_i
 def test_a_batch_is_answered_by_batch_done_then_one_response_per_request_in_request_order(instance):
     requests = [infer([i, i + 1, i + 2, i + 3]) for i in (1, 10, 20)]
     done, responses = instance.execute(*(record for _, record in requests))
-    assert (done["ok"], done["x"], len(done["t"])) == ([True] * 3, [0] * 3, 3)
+    assert (done["ok"], done["rx"], len(done["t"])) == ([True] * 3, [0] * 3, 3)
     assert all(isinstance(t, int) and t >= 0 for t in done["t"])
     assert [r.header["rid"] for r in responses] == [rid for rid, _ in requests]
     assert [y_of(r) for r in responses] == [[2.0 * (i + k) for k in range(4)] for i in (1, 10, 20)]
@@ -181,7 +181,7 @@ def test_a_malformed_request_fails_alone_and_the_rest_of_its_batch_is_served(ins
 
 def test_a_reset_from_a_new_broker_that_keeps_it_makes_it_say_hello_as_that_load_and_serve_on(instance):
     before = len(instance.broker.of(Kind.HELLO, instance.peer))
-    instance.broker.tell(instance.peer, {"k": Kind.RESET, "boot": 8, "e": 42})
+    instance.broker.tell(instance.peer, Reset(8, 42))
     hello = instance.hellos(before + 1)[-1]
     assert (hello["boot"], hello["e"], hello["name"], hello["m"]) == (8, 42, "scaler_0", "scaler")
     rid, record = infer([5, 5, 5, 5])
@@ -194,7 +194,7 @@ def test_a_reset_that_does_not_keep_it_exits_for_its_agent_to_restart_it_and_sig
     reset, terminated = two_instances
     reset.hellos()
     terminated.hellos()
-    reset.broker.tell(reset.peer, {"k": Kind.RESET})
+    reset.broker.tell(reset.peer, Reset())
     terminated.process.send_signal(signal.SIGTERM)
     assert reset.process.wait(10) == ExitCode.ERROR
     assert terminated.process.wait(10) == ExitCode.OK

@@ -15,7 +15,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tests.workers.test_executor import parse_done
-from tritium.protocol import Kind, encode
+from tritium.protocol import Batch, Infer
 from tritium.workers.backends.base import InferenceResponse, Instance
 from tritium.workers.executor import BatchExecutor
 
@@ -41,17 +41,13 @@ sequence_batching {{ {strategy} {CONTROLS % corrid} {state} }}
 
 def record(rid: int, value: float, cid=0, flags=0, batched=True) -> bytes:
     data = np.array([[value]] if batched else [value], dtype="<f4")
-    header = {"k": Kind.INFER, "m": "m", "v": 1, "bs": 1, "rid": rid,
-              "inputs": [["IN", "FP32", list(data.shape), data.nbytes, False]]}
-    if cid:
-        header["cid"] = cid
-    if flags:
-        header["sf"] = flags
-    return encode(header, [data.tobytes()])
+    infer = Infer(rid, "m", [["IN", "FP32", list(data.shape), data.nbytes, False]], version=1, batch_size=1,
+                  sequence_id=cid or None, sequence_flags=flags)
+    return infer.encode([data.tobytes()])
 
 
 def batch(records: list[bytes], slots: list[int], number: int = 1) -> list:
-    return [encode({"k": Kind.BATCH, "b": number, "n": len(records), "sl": slots}), *records]
+    return [Batch(number, len(records), slots).encode(), *records]
 
 
 class Echo(Instance):
@@ -123,8 +119,8 @@ def test_a_direct_batch_is_padded_with_not_ready_requests_up_to_its_highest_slot
     assert given[0].inputs["IN"].tolist() == [[0.0]]
     assert controls_of(given[0])["START"][2] == [0] and controls_of(given[0])["END"][2] == [0.5]
     # Only the real requests are answered, in their order.
-    assert done["ok"] == [True, True]
-    assert [h["rid"] for h, _ in responses] == [1, 2]
+    assert done.ok == [True, True]
+    assert [h.rid for h, _ in responses] == [1, 2]
     assert [a["OUT"].tolist() for _, a in responses] == [[[10.0]], [[20.0]]]
 
 
@@ -226,5 +222,5 @@ def test_a_failed_execution_leaves_the_state_as_it_was():
     executor = BatchExecutor(FailsOnce(), config(state=STATE % ""))
     parse_done(executor.run(batch([record(1, 2.0, 5, START)], [0])))
     done, _ = parse_done(executor.run(batch([record(2, -1.0, 5)], [0])))
-    assert done["ok"] == [False]
+    assert done.ok == [False]
     assert totals(parse_done(executor.run(batch([record(3, 3.0, 5)], [0])))[1]) == [5.0]

@@ -24,7 +24,9 @@ import os
 import socket
 import time
 
-from tritium.protocol import decode, encode
+import msgspec
+
+from tritium.protocol import Infer, read_record
 
 REQUEST_START = "REQUEST_START"
 QUEUE_START = "QUEUE_START"
@@ -114,7 +116,7 @@ class CallTrace:
         self.calls.append(step_record(model, (context, version), record, time.monotonic_ns(), "instance"))
 
 
-def stamped_responses(parts: list, external_counts: list, headers: list[dict], batch: dict, number: int,
+def stamped_responses(parts: list, external_counts: list, requests: list[Infer], batch: dict, number: int,
                       times: tuple[int, int, int], label: str, calls: list | None = None) -> list:
     """``parts`` (the RESPONSE records of a batch, each followed by its external frames) with
     the stamps of every traced request added to its RESPONSE header; the others untouched.
@@ -122,24 +124,24 @@ def stamped_responses(parts: list, external_counts: list, headers: list[dict], b
     here = _instance_place(label)
     input_end, output_start, end = times
     traced = {int(index): stamps for index, stamps in batch["r"].items()}
-    links = [headers[index]["tr"] for index in sorted(traced) if "tr" in headers[index]]
-    rows = sum(header.get("bs", 1) for header in headers)
+    links = [requests[index].trace for index in sorted(traced) if requests[index].trace is not None]
+    rows = sum(request.batch_size or 1 for request in requests)
     first = min(traced)
     parts = list(parts)
     position = 0
     for index, external_count in enumerate(external_counts):
         if index in traced:
             queued, dispatched = traced[index]
-            header, view, offset = decode(parts[position])
-            header["tr"] = {
+            response, view, offset = read_record(parts[position])
+            stamps = {
                 "at": {"broker": batch["at"], "instance": here},
                 "ts": [[REQUEST_START, queued, "broker"], [QUEUE_START, queued, "broker"],
                        [COMPUTE_START, dispatched, "broker"], [COMPUTE_INPUT_END, input_end, "instance"],
                        [COMPUTE_OUTPUT_START, output_start, "instance"], [COMPUTE_END, end, "instance"]],
-                "batch": {"id": number, "requests": len(headers), "size": rows,
+                "batch": {"id": number, "requests": len(requests), "size": rows,
                           "links": links if index == first else None}}
             if calls and calls[index]:
-                header["tr"]["steps"] = calls[index]
-            parts[position] = encode(header, (view[offset:],))
+                stamps["steps"] = calls[index]
+            parts[position] = msgspec.structs.replace(response, trace=stamps).encode((view[offset:],))
         position += 1 + external_count
     return parts

@@ -1,6 +1,5 @@
-"""The wire protocol between gateway, broker, host agents and instance processes.
+"""Records: how a message header and its tensors become ZeroMQ frames, and back.
 
-A message is a ZeroMQ multipart of *records* (a ROUTER adds the peer identity in front).
 A record is one frame::
 
     [u32 little-endian header length][msgpack header][inline tensor bytes...]
@@ -16,23 +15,6 @@ the frames it received.
 Tensor descriptors are ``[name, datatype, shape, nbytes, external]``; inline tensors lie
 back to back after the header in descriptor order, external ones are the following
 frames in descriptor order.
-
-The header's ``k`` is the message ``Kind``. Several records may share one multipart
-(a gateway sends every INFER of one event-loop turn together; the broker answers a
-gateway with every RESPONSE of a batch together).
-
-Hot path, per inference request::
-
-    gateway  --INFER record(s)-->                          broker
-    broker   --[BATCH record, INFER record(s) as received]--> instance
-    instance --[BATCH_DONE record, RESPONSE record(s)]-->   broker
-    broker   --RESPONSE record(s) as received-->           gateway
-
-A decoupled model answers each request 0..N times: every response travels as a
-RESPONSE_PART (then the RESPONSE record, with ``final`` on the last one), and its
-BATCH_DONE carries no responses, only the requests still open. Instances also send
-INFER to the broker themselves (BLS: a model calling another model), on a socket of
-their own; the broker answers them like a gateway.
 """
 
 from __future__ import annotations
@@ -40,13 +22,13 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Iterable, Sequence
-from typing import Any, TypedDict
+from typing import Any
 
 import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 INLINE_LIMIT = 64 * 1024
 _PREFIX = struct.Struct("<I")
 
@@ -116,74 +98,23 @@ RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 1000
 
 
-class InferHeader(TypedDict, total=False):
-    k: int
-    rid: int              # gateway-local request number; echoed in the RESPONSE
-    m: str                # model name
-    v: int                # concrete model version (the gateway resolves "latest")
-    id: str               # the client's request id, when it gave one
-    bs: int               # batch size of the request (1 for non-batching models)
-    inputs: list          # tensor descriptors
-    outputs: list | None  # requested output names; None means all of them
-    params: dict          # request parameters
-    cid: int | str        # sequence (correlation) id, when the request belongs to a sequence
-    sf: int               # sequence flags: 1 START, 2 END (Triton's request flags); absent = 0
-    tr: bytes             # traced requests only: trace id (16 bytes) + its model span id (8); tritium/tracing/stamps.py
-    x: int                # external frames that follow this record
-
-
-class ResponseHeader(TypedDict, total=False):
-    k: int
-    rid: int
-    outputs: list         # tensor descriptors
-    params: dict          # response parameters
-    err: dict             # {"code": ErrorCode, "message": str} instead of outputs
-    final: bool           # False while a decoupled model has more responses to send
-    tr: dict              # traced requests only: the broker's and instance's timestamps (tritium/tracing/stamps.py)
-    x: int
-
-
-class BatchHeader(TypedDict, total=False):
-    k: int
-    b: int                # batch number, echoed in BATCH_DONE
-    n: int                # number of INFER records that follow
-    sl: list              # stateful models: the sequence slot of each request, in order
-    tr: dict              # traced requests in the batch only: the broker's stamps per request index
-
-
-class BatchDoneHeader(TypedDict, total=False):
-    k: int
-    b: int
-    ok: list              # per response: True for a result, False for an error
-    x: list               # per response: its external frames
-    t: list               # [compute_input_ns, compute_infer_ns, compute_output_ns]
-    open: list            # decoupled batches: indexes of requests still without a final response
-
-
-class ResponsePartHeader(TypedDict):
-    k: int
-    b: int                # the batch the request came in
-    i: int                # the request's index in that batch; one RESPONSE record follows
-
-
 _packer = msgpack.Packer(use_bin_type=True)
 
 
 def encode(header: dict[str, Any], inline: Iterable = ()) -> bytes:
     """One record: the header, then the inline tensor bytes."""
-    packed = _packer.pack(header)
-    return b"".join([_PREFIX.pack(len(packed)), packed, *inline])
+    return frame_record(_packer.pack(header), inline)
+
+
+def frame_record(packed_header: bytes, inline: Iterable = ()) -> bytes:
+    """One record of a header already packed as msgpack, then the inline tensor bytes."""
+    return b"".join([_PREFIX.pack(len(packed_header)), packed_header, *inline])
 
 
 def decode(frame) -> tuple[dict[str, Any], memoryview, int]:
-    """(header, the record's bytes, offset of its first inline tensor); ProtocolError if malformed."""
-    view = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
-    if len(view) < 4:
-        raise ProtocolError("record shorter than its length prefix")
-    (length,) = _PREFIX.unpack_from(view, 0)
-    end = 4 + length
-    if end > len(view):
-        raise ProtocolError(f"record header of {length} bytes overruns the {len(view)}-byte frame")
+    """(header as a dict, the record's bytes, offset of its first inline tensor); ProtocolError if malformed.
+    Readers of one kind's fields use ``messages.read_record``, which gives the typed header."""
+    view, end = split_record(frame)
     try:
         header = msgpack.unpackb(view[4:end], raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
@@ -193,23 +124,37 @@ def decode(frame) -> tuple[dict[str, Any], memoryview, int]:
     return header, view, end
 
 
+def split_record(frame) -> tuple[memoryview, int]:
+    """(the record's bytes, where its header ends and its first inline tensor starts); ProtocolError
+    if the length prefix does not fit the frame."""
+    view = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
+    if len(view) < 4:
+        raise ProtocolError("record shorter than its length prefix")
+    (length,) = _PREFIX.unpack_from(view, 0)
+    end = 4 + length
+    if end > len(view):
+        raise ProtocolError(f"record header of {length} bytes overruns the {len(view)}-byte frame")
+    return view, end
+
+
 def record_body(frame) -> tuple[memoryview, int]:
     """(the record's bytes, offset of its first inline tensor) of a record already decoded once."""
     view = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
     return view, 4 + _PREFIX.unpack_from(view, 0)[0]
 
 
-def split_tensors(datas: Sequence) -> tuple[list[bool], list, list]:
-    """Decide per tensor buffer: (external flags, inline buffers, external buffers)."""
-    flags, inline, external = [], [], []
-    for data in datas:
-        if len(data) >= INLINE_LIMIT:
-            flags.append(True)
-            external.append(data)
-        else:
-            flags.append(False)
-            inline.append(data)
-    return flags, inline, external
+def pack_tensors(tensors: Iterable[tuple[str, str, list, Any]]) -> tuple[list, list, list]:
+    """(descriptors, inline buffers, external buffers) of ``(name, datatype, shape, bytes)`` tensors:
+    each rides inline or as an external frame by its size."""
+    descriptors: list[list] = []
+    inline: list = []
+    external: list = []
+    for name, datatype, shape, data in tensors:
+        nbytes = len(data)
+        is_external = nbytes >= INLINE_LIMIT
+        descriptors.append([name, datatype, shape, nbytes, is_external])
+        (external if is_external else inline).append(data)
+    return descriptors, inline, external
 
 
 def tensor_views(descriptors: Sequence, view: memoryview, offset: int, frames: Sequence) -> list[memoryview]:
@@ -229,11 +174,3 @@ def tensor_views(descriptors: Sequence, view: memoryview, offset: int, frames: S
             views.append(view[offset:end])
             offset = end
     return views
-
-
-def error_record(rid: int, error: dict, model_error: bool = False) -> bytes:
-    """The RESPONSE record that answers request ``rid`` with an error; ``model_error``: a model's
-    own error, which the gateway passes on without the request id, as Triton does."""
-    if model_error:
-        return encode({"k": Kind.RESPONSE, "rid": rid, "err": error, "model_error": True})
-    return encode({"k": Kind.RESPONSE, "rid": rid, "err": error})

@@ -1,0 +1,41 @@
+"""Records that do not read as their kind's type, through the broker's loop in-process: the asker of a
+malformed INFER gets the error, a peer of another protocol version is refused, and the broker keeps
+serving (the harness of test_broker_inprocess). The records are hand-built: no type builds them."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.broker.test_broker_inprocess import World
+from tritium.errors import ErrorCode
+from tritium.protocol import PROTOCOL_VERSION, Control, ControlOp, Kind, encode
+
+
+@pytest.fixture
+def world(tmp_path):
+    world = World(tmp_path)
+    yield world
+    world.close()
+
+
+def test_a_malformed_infer_is_answered_with_the_field_it_lacks(world):
+    gateway = world.gateway()
+    gateway.send(encode({"k": Kind.INFER, "rid": 4, "m": "m", "v": 1}))   # no inputs
+    world.until(lambda: gateway.headers(Kind.RESPONSE))
+    (response,) = gateway.headers(Kind.RESPONSE)
+    assert response["rid"] == 4 and response["err"]["code"] == ErrorCode.INVALID_ARG
+    assert response["err"]["message"] == ("malformed inference request: malformed record header: "
+                                          "Object missing required field `inputs`")
+    gateway.send(Control(9, ControlOp.STATUS).encode())
+    world.until(lambda: gateway.headers(Kind.CONTROL_REPLY))
+    assert gateway.headers(Kind.CONTROL_REPLY)[0]["rid"] == 9
+
+
+def test_a_hello_of_another_version_that_does_not_read_as_this_ones_is_refused(world):
+    agent = world.peer("back", b"newer-agent")
+    agent.send(encode({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION + 1, "host": ["a", "list"]}))
+    world.until(lambda: agent.headers(Kind.REFUSED))
+    (refused,) = agent.headers(Kind.REFUSED)
+    assert refused["reason"] == (f"protocol version {PROTOCOL_VERSION + 1} refused; this broker speaks "
+                                 f"version {PROTOCOL_VERSION}")
+    assert b"newer-agent" not in world.broker.registry.agents

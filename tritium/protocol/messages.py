@@ -1,0 +1,525 @@
+"""Every message kind of the wire protocol as a type: the one place a wire header is built or read.
+
+Each kind is a frozen ``msgspec.Struct`` whose fields name their short wire key
+(``field(name="m")``) and say what they are (``Meta(description=...)``, which the docs table
+shows). The header's ``k`` is the struct's tag. ``encode(inline)`` gives the record (msgspec packs
+the header: cheaper than building a dict for msgpack); ``read_record(frame)`` decodes a record's
+header straight into its type, validated (a malformed one raises ``ProtocolError`` naming the
+field). ``to_wire()`` / ``from_wire()`` give and read the header as the plain values msgpack
+carries. docs/architecture.md's protocol tables are generated from these types
+(``python -m tritium.protocol`` prints them), so the two cannot disagree.
+
+Adding an optional field to a kind is one line in its class, e.g. on ``Infer``::
+
+    trace: Annotated[int, doc("trace flags")] = field(default=0, name="tf")
+
+A field at its default is left off the wire (``omit_defaults``), so peers that do not know it
+never see it, and it reads back as the default when absent.
+"""
+
+from __future__ import annotations
+
+import enum
+import typing
+from collections.abc import Iterable
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, field
+
+from tritium.errors import ProtocolError, TritiumError
+from tritium.protocol.framing import Kind, frame_record, split_record
+
+__all__ = [
+    "MESSAGES", "read_record", "error_record", "Message", "ControlOp", "Role",
+    "RunningInstance", "Assignment", "ScaledAssignment", "LoadRef", "VersionRow", "ModelRow", "SharedMemoryRegion",
+    "Hello", "Refused", "Reset", "Heartbeat", "Infer", "Response", "Batch", "BatchDone", "ResponsePart",
+    "Control", "ControlReply", "Models", "LogSettings", "Assign", "Unassign", "Scale", "Placed",
+    "InstanceFailed", "InstanceExited", "InstanceHealth", "HostMetrics", "Drain", "Drained",
+]
+
+
+def doc(text: str) -> Meta:
+    """What a field is, for docs/architecture.md's protocol table."""
+    return Meta(description=text)
+
+
+# Errors cross processes in one shape everywhere: {code, message} (tritium/errors.py).
+def _encode_custom(value: Any) -> Any:
+    if isinstance(value, TritiumError):
+        return value.to_wire()
+    raise NotImplementedError(type(value))
+
+
+def _decode_custom(kind: type, value: Any) -> Any:
+    if kind is TritiumError and isinstance(value, dict):
+        return TritiumError.from_wire(value)
+    raise NotImplementedError(kind)
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_encode_custom)
+
+
+class Record(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+    """A record nested in messages (a table row, an assignment)."""
+
+    def to_wire(self) -> Any:
+        """What the receiving side decodes (the header of a message)."""
+        return msgspec.msgpack.decode(_encoder.encode(self))
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> Any:
+        try:
+            return msgspec.convert(wire, cls, dec_hook=_decode_custom)
+        except msgspec.ValidationError as exc:
+            raise ProtocolError(f"malformed {cls.__name__} record: {exc}") from None
+
+
+class Message(Record, frozen=True, omit_defaults=True, gc=False, tag_field="k"):
+    """A message kind; its tag is the header's ``k``."""
+
+    DIRECTION = ""   # who sends it to whom, for the docs table
+    FOLLOWS = ""     # the frames that follow its record
+    external = 0     # external frames after the record (INFER and RESPONSE say how many: their field x)
+
+    @property
+    def kind(self) -> Kind:
+        return Kind(_tag(type(self)))
+
+    def encode(self, inline: Iterable = ()) -> bytes:
+        """The record: this header, then the inline tensor bytes."""
+        return frame_record(_encoder.encode(self), inline)
+
+
+def read_record(frame) -> tuple[Message, memoryview, int]:
+    """(the typed header, the record's bytes, offset of its first inline tensor); ProtocolError if
+    malformed. msgspec decodes the header bytes straight into its type: no dict in between."""
+    view, end = split_record(frame)
+    try:
+        return _decoder.decode(view[4:end]), view, end
+    except msgspec.DecodeError as exc:   # ValidationError included
+        raise ProtocolError(f"malformed record header: {exc}") from None
+
+
+class ControlOp(str, enum.Enum):
+    """What a CONTROL asks of the broker."""
+
+    MODELS = "models"                  # the model table
+    STATS = "stats"                    # Triton's inference statistics (args: model, version)
+    STATUS = "status"                  # loading done, readiness, failures
+    INDEX = "index"                    # the repository index (args: ready)
+    LOAD = "load"                      # answered once loaded (args: model, parameters)
+    UNLOAD = "unload"                  # args: model, unload_dependents
+    LOG_SETTINGS = "log_settings"      # args: changes
+    SHM_REGISTER = "shm_register"      # args: name, key, offset, byte_size
+    SHM_UNREGISTER = "shm_unregister"  # args: name (absent: every region)
+    TRACE_SETTINGS = "trace_settings"  # Triton's trace settings (args: model, changes)
+    TRACE_DONE = "trace_done"          # a gateway wrote a trace (args: model), for trace_count
+
+
+class Role(str, enum.Enum):
+    GATEWAY = "gateway"
+    AGENT = "agent"
+    INSTANCE = "instance"
+
+
+# -- records inside messages ------------------------------------------------------------
+
+
+class RunningInstance(Record, frozen=True):
+    """An instance a registering agent still runs, which a restarted broker may keep."""
+
+    iid: Annotated[str, doc("instance id")]
+    model: Annotated[str, doc("model")] = field(name="m")
+    version: Annotated[int, doc("version")] = field(name="v")
+    identity: Annotated[str, doc("load identity")] = field(name="id")
+    key: Annotated[str, doc("instance key")]
+    name: Annotated[str, doc("instance name")]
+    instance_kind: Annotated[str, doc("CPU or GPU")] = field(name="kind")
+    device: Annotated[int, doc("device id")]
+    credit: Annotated[int, doc("batches it may hold")]
+    scaled: Annotated[bool, doc("started by autoscaling")]
+    pid: Annotated[int, doc("process id")]
+
+
+class Assignment(Record, frozen=True):
+    """One load a host agent is to run."""
+
+    model: Annotated[str, doc("model")] = field(name="m")
+    version: Annotated[int, doc("version")] = field(name="v")
+    epoch: Annotated[int, doc("the load's epoch")] = field(name="e")
+    config: Annotated[dict, doc("the host-independent config as Triton's JSON")]
+    files: Annotated[dict | None, doc("the load API's file overrides")] = None
+    identity: Annotated[str | None, doc("the load identity")] = field(default=None, name="id")
+    adopt: Annotated[tuple[str, ...], doc("running instances (iids) it may keep for this load")] = ()
+
+
+class ScaledAssignment(Record, frozen=True):
+    assignment: Annotated[Assignment, doc("the load")]
+    count: Annotated[int, doc("instances it keeps running")]
+
+
+class LoadRef(Record, frozen=True):
+    model: Annotated[str, doc("model")] = field(name="m")
+    version: Annotated[int, doc("version")] = field(name="v")
+    epoch: Annotated[int, doc("the load's epoch")] = field(name="e")
+
+
+class VersionRow(Record, frozen=True, array_like=True):
+    version: Annotated[int, doc("version")]
+    state: Annotated[str, doc("READY, LOADING, UNAVAILABLE, ...")]
+    reason: Annotated[str, doc("why it is in that state")]
+    healthy: Annotated[bool, doc("every instance's is_ready()")]
+
+
+class ModelRow(Record, frozen=True):
+    """One model of the table gateways keep (all its versions)."""
+
+    name: Annotated[str, doc("model name")]
+    error: Annotated[str | None, doc("why it failed to load")]
+    versions: Annotated[tuple[VersionRow, ...], doc("its versions")]
+    config: Annotated[dict | None, doc("its config as Triton's JSON (none once unloaded)")]
+    labels: Annotated[dict | None, doc("classification labels per output")]
+
+
+class SharedMemoryRegion(Record, frozen=True):
+    name: Annotated[str, doc("region name")]
+    key: Annotated[str, doc("shared memory key")]
+    offset: Annotated[int, doc("offset into it")]
+    byte_size: Annotated[int, doc("bytes")]
+
+
+# -- connecting -------------------------------------------------------------------------
+
+
+class Hello(Message, frozen=True, tag=int(Kind.HELLO)):
+    """First message of a peer: who it is."""
+
+    DIRECTION = "any peer -> broker"
+
+    role: Annotated[Role, doc("`gateway`, `agent` or `instance`")]
+    protocol_version: Annotated[int, doc("protocol version")] = field(name="pv")
+    heartbeat_s: Annotated[float | None, doc("its heartbeat interval")] = field(default=None, name="hb")
+    host: Annotated[str | None, doc("agent: host name")] = None
+    gpus: Annotated[tuple[int, ...] | None, doc("agent: its GPUs")] = None
+    models: Annotated[tuple[str, ...] | None, doc("agent: the models it serves (none: any)")] = None
+    cpu_slots: Annotated[int | None, doc("agent: CPU instances it runs at most")] = None
+    running: Annotated[tuple[RunningInstance, ...] | None,
+                       doc("agent: the instances it still runs, when registering with a restarted broker")] = None
+    agent: Annotated[str | None, doc("instance: its agent")] = None
+    model: Annotated[str | None, doc("instance: model")] = field(default=None, name="m")
+    version: Annotated[int | None, doc("instance: version")] = field(default=None, name="v")
+    epoch: Annotated[int | None, doc("instance: the load's epoch")] = field(default=None, name="e")
+    boot: Annotated[int | None, doc("instance: the broker process it was started for")] = None
+    name: Annotated[str | None, doc("instance: instance key")] = None
+    instance_kind: Annotated[str | None, doc("instance: CPU or GPU")] = field(default=None, name="kind")
+    credit: Annotated[int | None, doc("instance: batches it may hold at once")] = None
+
+
+class Refused(Message, frozen=True, tag=int(Kind.REFUSED)):
+    DIRECTION = "broker -> peer"
+
+    reason: Annotated[str, doc("why (wrong protocol version, unknown role)")]
+
+
+class Reset(Message, frozen=True, tag=int(Kind.RESET)):
+    """"I do not know you": say HELLO again (an instance without `e` exits instead)."""
+
+    DIRECTION = "broker -> agent, instance"
+
+    boot: Annotated[int | None, doc("agent: register again with this broker process")] = None
+    epoch: Annotated[int | None, doc("instance: the restarted broker keeps it, as this load's")] = field(
+        default=None, name="e")
+
+
+class Heartbeat(Message, frozen=True, tag=int(Kind.HEARTBEAT)):
+    """Every heartbeat interval; any message counts as a sign of life."""
+
+    DIRECTION = "both ways"
+
+    boot: Annotated[int | None, doc("broker: its process's id")] = None
+    heartbeat_s: Annotated[float | None, doc("the sender's interval")] = field(default=None, name="hb")
+    role: Annotated[Role | None, doc("gateway, agent")] = None
+    protocol_version: Annotated[int | None, doc("gateway: so that a new broker process can register it")] = field(
+        default=None, name="pv")
+    iid: Annotated[str | None, doc("an instance's heartbeat thread: its instance")] = None
+    agent: Annotated[str | None, doc("instance: its agent")] = None
+    joined: Annotated[bool, doc("instance: it has said HELLO")] = False
+
+
+# -- inference (the hot path) -----------------------------------------------------------
+
+
+class Infer(Message, frozen=True, tag=int(Kind.INFER)):
+    """One inference request (also from an instance: a model calling another model)."""
+
+    DIRECTION = "gateway -> broker -> instance"
+    FOLLOWS = "input tensors"
+
+    rid: Annotated[int, doc("request number of the sender; echoed in the RESPONSE")]
+    model: Annotated[str, doc("model")] = field(name="m")
+    inputs: Annotated[list, doc("tensor descriptors")]
+    version: Annotated[int | None, doc("concrete version (the gateway resolves latest)")] = field(
+        default=None, name="v")
+    batch_size: Annotated[int | None, doc("batch size of the request")] = field(default=None, name="bs")
+    request_id: Annotated[str | None, doc("the client's request id")] = field(default=None, name="id")
+    outputs: Annotated[list | None, doc("requested output names (absent: all)")] = None
+    params: Annotated[dict | None, doc("request parameters")] = None
+    sequence_id: Annotated[int | str | None, doc("sequence (correlation) id")] = field(default=None, name="cid")
+    sequence_flags: Annotated[int, doc("sequence flags: 1 START, 2 END")] = field(default=0, name="sf")
+    external: Annotated[int, doc("external frames that follow")] = field(default=0, name="x")
+    trace: Annotated[bytes | None, doc("traced requests: the trace id (16 bytes) and its model span's id (8)")] = field(
+        default=None, name="tr")
+
+
+class Response(Message, frozen=True, tag=int(Kind.RESPONSE)):
+    """The answer to one request: outputs, or an error."""
+
+    DIRECTION = "instance -> broker -> gateway"
+    FOLLOWS = "output tensors"
+
+    rid: Annotated[int, doc("the request's rid")]
+    outputs: Annotated[list | None, doc("tensor descriptors")] = None
+    params: Annotated[dict | None, doc("response parameters")] = None
+    error: Annotated[TritiumError | None, doc("instead of outputs")] = field(default=None, name="err")
+    model_error: Annotated[bool, doc("a model's own error: passed on without the request id")] = False
+    final: Annotated[bool | None, doc("decoupled models: false while more responses follow")] = None
+    empty: Annotated[bool, doc("a decoupled model's response without outputs")] = False
+    external: Annotated[int, doc("external frames that follow")] = field(default=0, name="x")
+    trace: Annotated[dict | None, doc("traced requests: every stamp made after the gateway, "
+                                      "{at, ts, batch, steps}")] = field(default=None, name="tr")
+
+
+class Batch(Message, frozen=True, tag=int(Kind.BATCH)):
+    DIRECTION = "broker -> instance"
+    FOLLOWS = "the INFER records, as received"
+
+    number: Annotated[int, doc("batch number, echoed in BATCH_DONE")] = field(name="b")
+    count: Annotated[int, doc("INFER records that follow")] = field(name="n")
+    slots: Annotated[list | None, doc("stateful models: the sequence slot of each request")] = field(
+        default=None, name="sl")
+    trace: Annotated[dict | None, doc("traced requests: the broker's stamps, {at, r: {index: [queue_start_ns, "
+                                      "compute_start_ns]}}")] = field(default=None, name="tr")
+
+
+class BatchDone(Message, frozen=True, tag=int(Kind.BATCH_DONE)):
+    DIRECTION = "instance -> broker"
+    FOLLOWS = "one RESPONSE record per request, in order"
+
+    number: Annotated[int, doc("the batch")] = field(name="b")
+    ok: Annotated[list, doc("per request: a result (true) or an error")]
+    response_frames: Annotated[list, doc("per response: its external frames")] = field(name="rx")
+    timings: Annotated[list, doc("[compute_input_ns, compute_infer_ns, compute_output_ns]")] = field(name="t")
+    still_open: Annotated[list | None, doc("decoupled batches (no responses follow): requests still open")] = field(
+        default=None, name="open")
+
+
+class ResponsePart(Message, frozen=True, tag=int(Kind.RESPONSE_PART)):
+    DIRECTION = "instance -> broker"
+    FOLLOWS = "one RESPONSE record (with `final`) of a decoupled model"
+
+    batch: Annotated[int, doc("the batch")] = field(name="b")
+    index: Annotated[int, doc("the request's index in it")] = field(name="i")
+
+
+# -- control plane ----------------------------------------------------------------------
+
+
+class Control(Message, frozen=True, tag=int(Kind.CONTROL)):
+    DIRECTION = "gateway / serve -> broker"
+
+    rid: Annotated[int, doc("request number")]
+    op: Annotated[ControlOp, doc("`" + "`, `".join(op.value for op in ControlOp) + "`")]
+    args: Annotated[dict | None, doc("its arguments")] = None
+
+
+class ControlReply(Message, frozen=True, tag=int(Kind.CONTROL_REPLY)):
+    """A `load` is answered when it is done, after the model table has been pushed."""
+
+    DIRECTION = "broker -> asker"
+
+    rid: Annotated[int, doc("the CONTROL's rid")]
+    result: Annotated[Any, doc("the result")] = field(default=None, name="ok")
+    error: Annotated[TritiumError | None, doc("instead of a result")] = field(default=None, name="err")
+
+
+class Models(Message, frozen=True, tag=int(Kind.MODELS)):
+    """The model table, pushed whenever it changes."""
+
+    DIRECTION = "broker -> gateways"
+
+    generation: Annotated[int, doc("increases with every change")]
+    models: Annotated[tuple[ModelRow, ...], doc("every model")]
+    ready: Annotated[bool, doc("strict server readiness")]
+    shared_memory: Annotated[tuple[SharedMemoryRegion, ...], doc("client shared memory regions")] = field(
+        name="shm")
+    trace: Annotated[dict | None, doc("Triton's trace settings, which every gateway samples with")] = None
+
+
+class LogSettings(Message, frozen=True, tag=int(Kind.LOG_SETTINGS)):
+    DIRECTION = "broker -> gateway, agent, instance"
+
+    settings: Annotated[dict, doc("Triton's logging keys")]
+
+
+# -- placing instances ------------------------------------------------------------------
+
+
+class Assign(Message, frozen=True, tag=int(Kind.ASSIGN)):
+    """Start instances of these loads."""
+
+    DIRECTION = "broker -> agent"
+
+    models: Annotated[tuple[Assignment, ...], doc("the loads")]
+    scale: Annotated[tuple[ScaledAssignment, ...], doc("answering a HELLO: autoscaled loads it keeps running")] = ()
+    complete: Annotated[bool, doc("answering a HELLO: stop whatever was not kept")] = False
+
+
+class Unassign(Message, frozen=True, tag=int(Kind.UNASSIGN)):
+    DIRECTION = "broker -> agent"
+
+    models: Annotated[tuple[LoadRef, ...], doc("stop these loads' instances")]
+
+
+class Scale(Message, frozen=True, tag=int(Kind.SCALE)):
+    """Run this many instances of an autoscaled load on this host."""
+
+    DIRECTION = "broker -> agent"
+
+    assignment: Annotated[Assignment, doc("the load")]
+    count: Annotated[int, doc("instances of it on this host")]
+    stop: Annotated[tuple[str, ...], doc("instance keys to stop first")] = ()
+
+
+class Placed(Message, frozen=True, tag=int(Kind.PLACED)):
+    """The instances an agent started for a load, or why it could not."""
+
+    DIRECTION = "agent -> broker"
+
+    model: Annotated[str, doc("model")] = field(name="m")
+    version: Annotated[int, doc("version")] = field(name="v")
+    epoch: Annotated[int, doc("the load's epoch")] = field(name="e")
+    boot: Annotated[int | None, doc("the broker process that assigned it")]
+    instances: Annotated[list | None, doc("instance keys")] = None
+    adopted: Annotated[dict | None, doc("{key: iid} the running instances it kept for this load")] = None
+    error: Annotated[TritiumError | None, doc("why it could not")] = field(default=None, name="err")
+
+
+class InstanceFailed(Message, frozen=True, tag=int(Kind.INSTANCE_FAILED)):
+    """Initialization failed; the process exits after sending this."""
+
+    DIRECTION = "instance -> broker"
+
+    model: Annotated[str, doc("model")] = field(name="m")
+    version: Annotated[int, doc("version")] = field(name="v")
+    epoch: Annotated[int, doc("the load's epoch")] = field(name="e")
+    name: Annotated[str, doc("instance key")]
+    boot: Annotated[int | None, doc("the broker process it was started for")]
+    agent: Annotated[str, doc("its agent")]
+    instance_kind: Annotated[str, doc("CPU or GPU")] = field(name="kind")
+    heartbeat_s: Annotated[float, doc("its heartbeat interval")] = field(name="hb")
+    error: Annotated[TritiumError, doc("why")] = field(name="err")
+
+
+class InstanceExited(Message, frozen=True, tag=int(Kind.INSTANCE_EXITED)):
+    """A load fails when one of its instances dies before it was ready."""
+
+    DIRECTION = "agent -> broker"
+
+    iid: Annotated[str, doc("instance id")]
+    why: Annotated[str, doc("how it ended")]
+    code: Annotated[int, doc("exit status")]
+    epoch: Annotated[int, doc("its load's epoch")] = field(name="e")
+    name: Annotated[str, doc("instance key")]
+    stopped: Annotated[bool, doc("stopped on purpose")]
+    boot: Annotated[int | None, doc("the broker process it was started for")]
+
+
+class InstanceHealth(Message, frozen=True, tag=int(Kind.INSTANCE_HEALTH)):
+    DIRECTION = "instance -> broker"
+
+    ready: Annotated[bool, doc("a Python model's is_ready() changed its answer")]
+
+
+class HostMetrics(Message, frozen=True, tag=int(Kind.HOST_METRICS)):
+    """Every metrics interval."""
+
+    DIRECTION = "agent -> broker"
+
+    host: Annotated[str, doc("host name")]
+    cpu_utilization: Annotated[float, doc("0..1")]
+    memory_total: Annotated[int, doc("bytes")]
+    memory_used: Annotated[int, doc("bytes")]
+    gpus: Annotated[list, doc("per GPU: uuid, utilization, memory_total, memory_used, power_usage, power_limit")]
+
+
+class Drain(Message, frozen=True, tag=int(Kind.DRAIN)):
+    """This host is stopping: its instances get no new batches."""
+
+    DIRECTION = "agent -> broker"
+
+
+class Drained(Message, frozen=True, tag=int(Kind.DRAINED)):
+    """The host's instances hold no more work."""
+
+    DIRECTION = "broker -> agent"
+
+
+def _tag(cls: type[Message]) -> int:
+    tag = cls.__struct_config__.tag
+    assert isinstance(tag, int), cls   # every kind is tagged with its Kind
+    return tag
+
+
+MESSAGES: dict[int, type[Message]] = {_tag(cls): cls for cls in Message.__subclasses__()}
+_decoder = msgspec.msgpack.Decoder(typing.Union[tuple(MESSAGES.values())], dec_hook=_decode_custom)
+
+
+def error_record(rid: int, error: TritiumError, model_error: bool = False) -> bytes:
+    """The RESPONSE record that answers request ``rid`` with an error; ``model_error``: a model's
+    own error, which the gateway passes on without the request id, as Triton does."""
+    return Response(rid, error=error, model_error=model_error).encode()
+
+
+# -- the docs tables --------------------------------------------------------------------
+
+_RECORDS = (RunningInstance, Assignment, ScaledAssignment, LoadRef, ModelRow, VersionRow, SharedMemoryRegion)
+
+
+def protocol_table() -> str:
+    """docs/architecture.md's tables of message kinds and of the records inside them, from the types above."""
+    rows = ["| kind | direction | header fields (besides `k`) | what follows |", "|---|---|---|---|"]
+    for kind in Kind:
+        cls = MESSAGES[int(kind)]
+        about = " ".join((cls.__doc__ or "").split())
+        text = " ".join(part for part in (about, _fields_text(cls)) if part)
+        rows.append(f"| {kind.name} ({int(kind)}) | {cls.DIRECTION} | {text} | {cls.FOLLOWS} |")
+    rows += ["", "| record | wire form | fields |", "|---|---|---|"]
+    for record in _RECORDS:
+        form = "list" if record.__struct_config__.array_like else "map"
+        rows.append(f"| {record.__name__} | {form} | {_fields_text(record)} |")
+    return "\n".join(rows) + "\n"
+
+
+def _fields_text(cls: type) -> str:
+    texts = []
+    for info in msgspec.structs.fields(cls):
+        shape = _shape(info.type)
+        meta = next(m for m in info.type.__metadata__ if isinstance(m, Meta))
+        texts.append(f"`{info.encode_name}`{' ' + shape if shape else ''} {meta.description}")
+    return "; ".join(texts)
+
+
+def _shape(annotation: Any) -> str:
+    """How a field's records look on the wire ({m, v, e}, [[v, state]]); "" for plain values."""
+    if typing.get_origin(annotation) is Annotated:
+        return _shape(typing.get_args(annotation)[0])
+    if annotation is TritiumError:
+        return "{code, message}"
+    if isinstance(annotation, type) and issubclass(annotation, Record):
+        keys = ", ".join(info.encode_name for info in msgspec.structs.fields(annotation))
+        return f"[{keys}]" if annotation.__struct_config__.array_like else f"{{{keys}}}"
+    for argument in typing.get_args(annotation):   # X | None, tuple[X, ...]
+        if argument is not type(None) and argument is not Ellipsis and _shape(argument):
+            return f"[{_shape(argument)}]" if typing.get_origin(annotation) is tuple else _shape(argument)
+    return ""
