@@ -70,6 +70,11 @@ def _settle(future: asyncio.Future, outcome: "Reply | TritiumError") -> None:
         future.set_result(outcome)
 
 
+class BrokerRefused(Exception):
+    """The broker will not serve this gateway (it speaks another protocol version): retrying
+    cannot help, so the gateway stops."""
+
+
 class BrokerLink:
     """The socket, the requests waiting for answers, and whether the broker still answers.
 
@@ -99,6 +104,8 @@ class BrokerLink:
         self.models = ModelTable()
         self.shared_memory = SharedMemoryRegions()   # follows the broker's list, like the model table
         self._models_received = asyncio.Event()
+        # the broker's reason, once it refuses this gateway (gateway/server.py stops on it)
+        self.refused: asyncio.Future[str] = self.loop.create_future()
         self._pending: dict[int, Deliver] = {}   # rid -> called once with the Reply or an error
         self._streams: dict[int, asyncio.Queue] = {}   # requests answered 0..N times (decoupled)
         self._rids = itertools.count(1)
@@ -114,9 +121,17 @@ class BrokerLink:
         self._beat_handle = self.loop.call_later(heartbeat_interval_s, self._beat)
 
     async def start(self, timeout_s: float | None = None) -> None:
-        """Say hello and wait for the first model table."""
+        """Say hello and wait for the first model table; BrokerRefused when the broker will not
+        serve this gateway, TimeoutError after ``timeout_s`` (None: wait for the broker as long as it takes)."""
         self._post(Hello(Role.GATEWAY, PROTOCOL_VERSION, heartbeat_s=self.heartbeat_interval_s).encode())
-        await asyncio.wait_for(self._models_received.wait(), timeout_s)
+        models = asyncio.ensure_future(self._models_received.wait())
+        await asyncio.wait({models, self.refused}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if self.refused.done():
+            models.cancel()
+            raise BrokerRefused(self.refused.result())
+        if not models.done():
+            models.cancel()
+            raise TimeoutError(f"no model table from the broker at {self.address} within {timeout_s} s")
 
     def close(self) -> None:
         self._beat_handle.cancel()
@@ -256,6 +271,8 @@ class BrokerLink:
                 logs.apply_wire(message.settings)
             elif isinstance(message, Refused):
                 log.error("the broker refused this gateway: %s", message.reason)
+                if not self.refused.done():
+                    self.refused.set_result(message.reason)
 
     def _answered(self, reply: Reply) -> None:
         deliver = self._pending.pop(reply.message.rid, None)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import uvloop
 
-from tritium.gateway.broker_link import BrokerLink
+from tritium.gateway.broker_link import BrokerLink, BrokerRefused
 from tritium.gateway.dataplane import DataPlane, ServerIdentity
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, bind_grpc
 from tritium.gateway.grpc_server import bind_grpc_tritium
@@ -67,9 +67,10 @@ def listening_socket(address: str, port: int, reuse_port: bool = False) -> socke
     return sock
 
 
-async def serve(settings: GatewaySettings) -> None:
+async def serve(settings: GatewaySettings) -> int:
     """Serve until a stop signal, then drain: readiness false at once, accepted requests
-    finished within ``--exit-timeout-secs`` (HTTP, then gRPC); a second signal exits at once."""
+    finished within ``--exit-timeout-secs`` (HTTP, then gRPC); a second signal exits at once.
+    The exit code: PROTOCOL_MISMATCH when a broker refused this gateway (BrokerRefused at startup)."""
     loop = asyncio.get_running_loop()
     link = BrokerLink(settings.broker, heartbeat_interval_s=settings.heartbeat_interval_s, curve=settings.curve)
     dataplane = DataPlane(link, ServerIdentity(name=settings.server_id),
@@ -98,6 +99,15 @@ async def serve(settings: GatewaySettings) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    exit_code = ExitCode.OK
+
+    def on_refused(_) -> None:   # a broker of another protocol version took over: stop as at startup
+        nonlocal exit_code
+        exit_code = ExitCode.PROTOCOL_MISMATCH
+        if not stop.is_set():
+            on_signal()
+
+    link.refused.add_done_callback(on_refused)
     log.info("gateway waiting for the broker at %s", settings.broker)
     await link.start(settings.broker_timeout_s)
     tracer = GatewayTracer(link, settings.trace)
@@ -127,6 +137,7 @@ async def serve(settings: GatewaySettings) -> None:
         link.close()
         watchdog.cancel()
         log.info("gateway stopped")
+    return exit_code
 
 
 async def _tick_watchdog(stop: asyncio.Event) -> None:
@@ -139,7 +150,10 @@ async def _tick_watchdog(stop: asyncio.Event) -> None:
 
 def run(settings: GatewaySettings) -> None:
     try:
-        uvloop.run(serve(settings))
+        code = uvloop.run(serve(settings))
     except PortInUse as exc:   # one line, as Triton says it, and the status systemd restarts after
         log.error("%s", exc)
         sys.exit(ExitCode.ERROR)
+    except BrokerRefused:   # the link has said why
+        sys.exit(ExitCode.PROTOCOL_MISMATCH)
+    sys.exit(code)

@@ -195,3 +195,27 @@ def test_allow_http_false_serves_grpc_only(repo):
         result = client.infer("good", inputs)
         assert result.as_numpy("OUTPUT0").tolist() == [[2.0 * i for i in range(16)]]
         client.close()
+
+
+def test_a_gateway_the_broker_refuses_exits_with_the_protocol_mismatch_code(tmp_path):
+    from tests.scripted_peers import ScriptedBroker
+    from tritium.exit_codes import ExitCode
+    from tritium.protocol import Kind, Refused
+
+    broker = ScriptedBroker(f"ipc://{tmp_path}/frontend")
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
+    gateway = subprocess.Popen([sys.executable, "-m", "tritium.cli", "gateway", "--broker", broker.address,
+                                "--http-address", "127.0.0.1", "--http-port", str(free_port()), "--allow-grpc", "false"],
+                               env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(r.header["k"] == Kind.HELLO for r in broker.pump()):
+            assert time.monotonic() < deadline, "the gateway never said HELLO"
+            time.sleep(0.02)
+        hello = next(r for r in broker.received if r.header["k"] == Kind.HELLO)
+        broker.tell(hello.peer, Refused("protocol version 6 is not this broker's 7"))
+        assert gateway.wait(timeout=30) == ExitCode.PROTOCOL_MISMATCH
+        assert "the broker refused this gateway: protocol version 6 is not this broker's 7" in gateway.stderr.read().decode()
+    finally:
+        gateway.kill()
+        broker.close()

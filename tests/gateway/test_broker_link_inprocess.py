@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tritium.gateway.broker_link import BrokerLink, Reply
+from tritium.gateway.broker_link import BrokerLink, BrokerRefused, Reply
 from tests.scripted_peers import ScriptedBroker, at_least, ipc_address
 from tritium.errors import NotFound, Unavailable
 from tritium.protocol import (
@@ -28,6 +28,7 @@ from tritium.protocol import (
     Kind,
     ModelRow,
     Models,
+    Refused,
     Reset,
     Response,
     VersionRow,
@@ -133,6 +134,31 @@ def test_start_says_hello_and_waits_for_the_first_model_table(gateway):
     assert not waited   # no table yet: start() still waits
     assert gateway.link.broker_boot == 4 and gateway.link.models.generation == 1
     assert gateway.link.models.get("m").ready_versions == (1,)
+
+
+def test_a_broker_that_refuses_the_gateway_ends_its_start_with_the_reason(gateway):
+    reason = "protocol version 6 is not this broker's 7"
+
+    async def scenario():
+        starting = asyncio.ensure_future(gateway.link.start(5))
+        await gateway.until(lambda: gateway.broker.of(Kind.HELLO, gateway.peer), "the HELLO")
+        gateway.broker.tell(gateway.peer, Refused(reason))
+        with pytest.raises(BrokerRefused, match=reason):
+            await starting
+        return gateway.link.refused.result()
+
+    assert gateway.run(scenario()) == reason
+
+
+def test_a_refusal_after_start_is_told_to_the_gateway_once(gateway):
+    async def scenario():
+        await gateway.started()
+        assert not gateway.link.refused.done()
+        gateway.broker.tell(gateway.peer, Refused("first"))
+        gateway.broker.tell(gateway.peer, Refused("second"))
+        return await asyncio.wait_for(asyncio.shield(gateway.link.refused), 5)
+
+    assert gateway.run(scenario()) == "first"
 
 
 def test_answers_in_any_order_reach_the_request_they_answer(gateway):

@@ -525,7 +525,7 @@ def test_execute_gets_writable_inputs_of_its_own_that_change_nothing_else():
                            {"rid": 3, "inputs": [fp32_input(x3)]}])
     received = [bytes(frame) for frame in frames]
     done, responses = parse_done(BatchExecutor(instance, config()).run(frames))
-    assert done["ok"] == [True, True, True]
+    assert done.ok == [True, True, True]
     for (_, arrays), x in zip(responses, (x1, x2, x3)):
         np.testing.assert_array_equal(arrays["DOUBLE"], x + 100)   # each request its own rows, once
     assert [bytes(frame) for frame in frames] == received          # the received messages are untouched
@@ -537,7 +537,7 @@ def test_requests_of_other_non_batch_shapes_each_get_their_inputs_on_the_per_req
     x1, x2 = rows(1), np.arange(6, dtype=np.float32).reshape(1, 6)
     done, responses = run(instance, [{"rid": 1, "inputs": [fp32_input(x1)]},
                                      {"rid": 2, "inputs": [fp32_input(x2)]}], cfg)
-    assert done["ok"] == [True, True]
+    assert done.ok == [True, True]
     np.testing.assert_array_equal(responses[0][1]["PLUS1"], x1 + 1)
     np.testing.assert_array_equal(responses[1][1]["PLUS1"], x2 + 1)
 
