@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import Callable
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import zmq
 
@@ -125,7 +125,8 @@ class BrokerLink:
         serve this gateway, TimeoutError after ``timeout_s`` (None: wait for the broker as long as it takes)."""
         self._post(Hello(Role.GATEWAY, PROTOCOL_VERSION, heartbeat_s=self.heartbeat_interval_s).encode())
         models = asyncio.ensure_future(self._models_received.wait())
-        await asyncio.wait({models, self.refused}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        either: set[asyncio.Future[Any]] = {models, self.refused}
+        await asyncio.wait(either, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         if self.refused.done():
             models.cancel()
             raise BrokerRefused(self.refused.result())

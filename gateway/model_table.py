@@ -13,7 +13,7 @@ import orjson
 
 from tritium import datatypes
 from tritium.datatypes import DataType
-from tritium.errors import InvalidArgument, NotFound, Unavailable
+from tritium.errors import InvalidArgument, NotFound, ProtocolError, Unavailable
 from tritium.protocol import Models
 
 READY = "READY"
@@ -78,6 +78,9 @@ class ModelSpec:
 
 def _tensor(entry: dict) -> TensorSpec:
     datatype = datatypes.from_config_name(entry.get("data_type", "TYPE_INVALID"))
+    if datatype is None:   # the broker sends only configs that loaded, whose types are known
+        raise ProtocolError(f"the model table's tensor '{entry['name']}' has no known data type "
+                            f"({entry.get('data_type')!r})")
     dims = tuple(int(d) for d in entry.get("dims", []))
     fixed = None
     if -1 not in dims:
@@ -115,9 +118,13 @@ class ModelTable:
     def update(self, table: Models) -> None:
         models = {}
         for row in table.models:
-            models[row.name] = ModelEntry.of(
-                row.name, ModelSpec.from_config(row.config, row.labels) if row.config else None, row.error,
-                {v.version: (v.state, v.reason, v.healthy) for v in row.versions})
+            spec, error = None, row.error
+            try:
+                spec = ModelSpec.from_config(row.config, row.labels) if row.config else None
+            except ProtocolError as exc:   # one unreadable config costs its model, not the whole table
+                error = str(exc)
+            models[row.name] = ModelEntry.of(row.name, spec, error,
+                                             {v.version: (v.state, v.reason, v.healthy) for v in row.versions})
         self.models = models
         self.generation = table.generation
         self.server_ready = bool(table.ready)

@@ -125,3 +125,13 @@ def test_an_update_replaces_the_whole_table():
     assert t.generation == 8
     assert isinstance(error_of(t, "a", None), NotFound)
     assert t.resolve("b", None)[1] == 1
+
+
+def test_a_config_with_an_unknown_data_type_costs_its_model_only():
+    unreadable = ModelRow("bad", None, (VersionRow(1, "READY", "", True),),
+                          {**CONFIG, "name": "bad", "input": [{"name": "A", "data_type": "TYPE_NOPE", "dims": [4]}]},
+                          None)
+    t = table(model("m"), unreadable)
+    assert t.get("bad").spec is None
+    assert t.get("bad").error == "the model table's tensor 'A' has no known data type ('TYPE_NOPE')"
+    assert t.get("m").spec is not None
