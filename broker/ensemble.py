@@ -37,7 +37,7 @@ STEP_CLIENT = b"\0ensemble-step"
 NO_TIMINGS = (0, 0, 0)
 _MEMO_LIMIT = 64   # requested-output combinations remembered per ensemble
 
-Submit = Callable[[bytes, object, dict, list | None, bool], None]
+Submit = Callable[[bytes, object, Infer, list | None, bool], None]
 Reply = Callable[[bool, list, tuple], None]
 
 
