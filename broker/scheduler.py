@@ -165,7 +165,9 @@ class Scheduler:
 
     def _remember(self, cache: ResponseCache, batch: Batch, key: bytes, frames: list) -> None:
         started = self._clock()
-        cache.insert(key, cached_response(frames))
+        response = cached_response(frames)
+        if response is not None:
+            cache.insert(key, response)
         batch.version.stats.cache_miss.ns += self._clock() - started
 
     def _instances_coming(self, version: ModelVersion, now: int) -> bool:

@@ -85,14 +85,14 @@ class SequencePolicy:
 
 
 # An instance, as the caller knows it: the batcher only keys its slots by it and hands it back.
-I = TypeVar("I", bound=Hashable)
+Inst = TypeVar("Inst", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
-class SequenceBatch(Generic[I]):
+class SequenceBatch(Generic[Inst]):
     """What to send one instance: requests in batch order, each one's slot, the batch size it runs at."""
 
-    instance: I
+    instance: Inst
     requests: list
     slots: list[int]
     size: int   # direct: up to the highest slot (the instance pads the gaps); oldest: the requests
@@ -103,7 +103,7 @@ class _Sequence:
     correlation_id: int | str
     idle_since_ns: int
     queue: deque = field(default_factory=deque)
-    instance: Any = None   # the SequenceBatcher's I it is bound to (None: not bound)
+    instance: Any = None   # the SequenceBatcher's Inst it is bound to (None: not bound)
     slot: int = -1
     ending: bool = False   # takes no more requests (END queued, or idle too long): unbind once drained
 
@@ -112,7 +112,7 @@ class _Sequence:
 class _Instance:
     """One instance's slots, its free slot numbers (a heap), and for ``oldest`` its dynamic batcher."""
 
-    instance: Any   # the SequenceBatcher's I
+    instance: Any   # the SequenceBatcher's Inst
     sequences: list
     free: list
     batcher: DynamicBatcher[SequenceRequest] | None = None
@@ -124,7 +124,7 @@ class _Instance:
         return len(self.sequences) - len(self.free)
 
 
-class SequenceBatcher(Generic[I]):
+class SequenceBatcher(Generic[Inst]):
     simple = True   # no priority levels or queue timeouts: the scheduler's plain path
 
     def __init__(self, policy: SequencePolicy) -> None:
@@ -132,7 +132,7 @@ class SequenceBatcher(Generic[I]):
         self._active: dict[int | str, _Sequence] = {}   # correlation id -> the sequence taking its requests
         self._aging: OrderedDict[int | str, _Sequence] = OrderedDict()   # bound active ones, least recent first
         self._backlog: deque[_Sequence] = deque()
-        self._instances: dict[I, _Instance] = {}
+        self._instances: dict[Inst, _Instance] = {}
         self._count = 0
         self._idle_ns = policy.max_idle_us * 1000
         self._delay_ns = policy.max_queue_delay_us * 1000
@@ -200,7 +200,7 @@ class SequenceBatcher(Generic[I]):
 
     # -- slots ------------------------------------------------------------------------------
 
-    def _bind_backlog(self, instances: Iterable[I], now_ns: int) -> None:
+    def _bind_backlog(self, instances: Iterable[Inst], now_ns: int) -> None:
         """Give free slots of ``instances`` to the backlog, oldest START first."""
         if not self._backlog:
             return
@@ -219,7 +219,7 @@ class SequenceBatcher(Generic[I]):
             if sequence.ending and not sequence.queue:
                 self._unbind(sequence)
 
-    def _slots_of(self, instance: I) -> _Instance:
+    def _slots_of(self, instance: Inst) -> _Instance:
         slots = self._instances.get(instance)
         if slots is None:
             count = self.policy.slots_per_instance
@@ -250,8 +250,8 @@ class SequenceBatcher(Generic[I]):
 
     # -- batches out --------------------------------------------------------------------------
 
-    def next_batch(self, now_ns: int, instances: Iterable[I],
-                   can_take: Callable[[I], bool]) -> SequenceBatch[I] | None:
+    def next_batch(self, now_ns: int, instances: Iterable[Inst],
+                   can_take: Callable[[Inst], bool]) -> SequenceBatch[Inst] | None:
         """The next batch for an instance that ``can_take`` one, or None (see ``deadline_ns``).
 
         ``instances`` are those that may take new sequences; an instance already holding
@@ -276,7 +276,7 @@ class SequenceBatcher(Generic[I]):
         """When the batcher next has something to do: a queue delay or an idle limit runs out."""
         return self._deadline_ns
 
-    def _direct(self, instance: I, slots: _Instance, now_ns: int) -> SequenceBatch[I] | int | None:
+    def _direct(self, instance: Inst, slots: _Instance, now_ns: int) -> SequenceBatch[Inst] | int | None:
         heads = [(index, sequence.queue[0]) for index, sequence in enumerate(slots.sequences)
                  if sequence is not None and sequence.queue]
         if not heads:
@@ -294,8 +294,8 @@ class SequenceBatcher(Generic[I]):
         return SequenceBatch(instance, [request for _, request in heads], [index for index, _ in heads],
                              heads[-1][0] + 1)
 
-    def _oldest(self, instance: I, batcher: DynamicBatcher[SequenceRequest], slots: _Instance,
-                now_ns: int) -> SequenceBatch[I] | int | None:
+    def _oldest(self, instance: Inst, batcher: DynamicBatcher[SequenceRequest], slots: _Instance,
+                now_ns: int) -> SequenceBatch[Inst] | int | None:
         requests = batcher.next_batch(now_ns)
         if requests is None:
             return batcher.deadline_ns()
@@ -315,7 +315,7 @@ class SequenceBatcher(Generic[I]):
 
     # -- the queue goes away ------------------------------------------------------------------
 
-    def instance_lost(self, instance: I) -> list:
+    def instance_lost(self, instance: Inst) -> list:
         """Forget the sequences bound to ``instance``; return their queued requests, to be failed."""
         slots = self._instances.pop(instance, None)
         if slots is None:
