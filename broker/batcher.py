@@ -30,6 +30,7 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Generic, Hashable, Protocol, TypeVar
 
 from tritium.broker.queue_policy import QueuePolicy
@@ -77,7 +78,7 @@ class RequestQueue(Generic[R]):
     def __len__(self) -> int:
         return self._size
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[R]:
         for part in self._parts:
             yield from part
 
@@ -138,7 +139,7 @@ class RequestQueue(Generic[R]):
         self._size -= 1
 
 
-class PlainQueue(deque):
+class PlainQueue(deque[R]):
     """The queue of a model with one level and no timeouts: a deque, with RequestQueue's extras.
 
     Most models are like that, and the hot path then runs on deque's C methods.
@@ -148,20 +149,20 @@ class PlainQueue(deque):
         super().__init__()
         self.level_sizes = (0,)   # no level is ever full: max_queue_size is a queue policy
 
-    def head(self):
+    def head(self) -> R:
         return self[0]
 
-    def requeue(self, requests) -> None:
+    def requeue(self, requests: list[R]) -> None:
         self.extendleft(reversed(requests))
 
-    def remove(self, request) -> bool:  # type: ignore[override]
+    def remove(self, request: R) -> bool:  # type: ignore[override]
         try:
             super().remove(request)
         except ValueError:
             return False
         return True
 
-    def drain(self) -> list:
+    def drain(self) -> list[R]:
         pending = list(self)
         self.clear()
         return pending
@@ -172,7 +173,8 @@ class DynamicBatcher(Generic[R]):
         self.policy = policy
         self.queue_policy = queue_policy
         self.simple = queue_policy.trivial   # one level, no timeout, no bound: the fast path
-        self._queue = PlainQueue() if self.simple else RequestQueue(len(queue_policy.levels))
+        self._queue: PlainQueue[R] | RequestQueue[R] = \
+            PlainQueue() if self.simple else RequestQueue(len(queue_policy.levels))
         self._preferred = frozenset(policy.preferred_batch_sizes)
         self._delay_ns = policy.max_queue_delay_us * 1000
         # Where a batch stops wanting to grow (Triton's max_preferred_batch_size_).
@@ -185,9 +187,10 @@ class DynamicBatcher(Generic[R]):
 
     def oldest_arrival_ns(self) -> int:
         """When the oldest queued request arrived (the queue must not be empty)."""
-        if self.simple:
-            return self._queue[0].arrival_ns
-        return min(request.arrival_ns for request in self._queue)
+        queue = self._queue
+        if isinstance(queue, PlainQueue):   # the simple case: arrival order
+            return queue[0].arrival_ns
+        return min(request.arrival_ns for request in queue)
 
     def full(self, level: int) -> bool:
         """Whether ``level``'s queue holds its policy's ``max_queue_size`` already."""
@@ -220,16 +223,19 @@ class DynamicBatcher(Generic[R]):
 
     def expire(self, now_ns: int) -> list[R]:
         """Apply the timeouts that ran out: DELAY requests move back, REJECT ones are returned."""
-        rejected = []
+        rejected: list[R] = []
+        queue = self._queue
+        if isinstance(queue, PlainQueue):   # a simple queue policy has no timeouts
+            return rejected
         timeouts = self._timeouts
         while timeouts and timeouts[0][0] <= now_ns:
             _, _, request = heapq.heappop(timeouts)
             if not request.queued or request.delayed:
                 continue
             if self.queue_policy.levels[request.level].delay_on_timeout:
-                self._queue.delay(request)
+                queue.delay(request)
             else:
-                self._queue.remove(request)
+                queue.remove(request)
                 rejected.append(request)
         return rejected
 

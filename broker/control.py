@@ -104,9 +104,13 @@ class Control:
 
     # -- trace settings ---------------------------------------------------------------------
 
-    def _trace(self, op: ControlOp, args: dict):
+    def _trace(self, op: ControlOp, args: dict) -> dict | None:
         """Triton's trace extension; gateways get changed settings with the model table."""
-        answer = self.tracing.settings(args) if op is ControlOp.TRACE_SETTINGS else self.tracing.done(args)
+        answer = None   # trace_done answers nothing
+        if op is ControlOp.TRACE_SETTINGS:
+            answer = self.tracing.settings(args)
+        else:
+            self.tracing.done(args)
         if self.tracing.revision != (self.registry.trace_settings or {}).get("revision", -1):
             self.registry.trace_settings = self.tracing.as_wire()
             self.membership.changed()

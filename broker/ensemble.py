@@ -37,7 +37,7 @@ STEP_CLIENT = b"\0ensemble-step"
 NO_TIMINGS = (0, 0, 0)
 _MEMO_LIMIT = 64   # requested-output combinations remembered per ensemble
 
-Submit = Callable[[bytes, object, dict, list | None, bool], None]
+Submit = Callable[[bytes, object, Infer, list | None, bool], None]
 Reply = Callable[[bool, list, tuple], None]
 
 
@@ -222,7 +222,9 @@ class EnsembleRunner:
         request.started.add(step.index)
         member = self.registry.resolve_step(step.model, step.version)
         model = self._step_model(member) if member is not None else None
-        inputs, inline, frames = [], [], []
+        inputs: list[list] = []
+        inline: list[object] = []
+        frames: list[object] = []
         for model_input, name in step.reads:
             tensor = request.tensors[name]
             if tensor is None:
@@ -262,6 +264,9 @@ class EnsembleRunner:
                 header, view, offset = read_record(parts[position])
             except ProtocolError as exc:
                 log.error("undecodable answer to an ensemble step dropped: %s", exc)
+                return
+            if not isinstance(header, Response):
+                log.error("a %s record instead of a RESPONSE answering an ensemble step dropped", header.kind.name)
                 return
             frames = parts[position + 1:position + 1 + header.external]
             position += 1 + header.external
@@ -311,7 +316,9 @@ class EnsembleRunner:
 
     def _answer(self, request: EnsembleRequest) -> None:
         plan = request.plan
-        descriptors, inline, frames = [], [], []
+        descriptors: list[list] = []
+        inline: list[object] = []
+        frames: list[object] = []
         for name in request.requested:
             tensor = request.tensors[name]
             if tensor is None:
@@ -324,7 +331,8 @@ class EnsembleRunner:
         trace = None if request.trace is None else ensemble_record(request.arrival_ns, now, request.traced_steps)
         header = Response(request.rid, descriptors, params=_sequence_parameters(request), external=len(frames),
                           trace=trace)
-        compute = tuple(request.compute)
+        queue_ns, compute_ns, output_ns = request.compute
+        compute = (queue_ns, compute_ns, output_ns)
         stats = request.version.stats
         stats.record_success(now - request.arrival_ns, request.queue_ns, request.batch_size, compute)
         stats.record_execution(request.batch_size, compute)   # Triton counts an ensemble request as one execution

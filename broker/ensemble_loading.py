@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 from tritium.broker.registry import ModelRecord, ModelVersion, Registry, VersionState
 from tritium.repo import ModelDefinition, ModelLoadError
@@ -23,7 +24,7 @@ from tritium.repo.ensembles import composing_models, validate_ensemble
 
 if TYPE_CHECKING:
     from tritium.broker.lifecycle import LoadInProgress, Reply
-    from tritium.broker.model_reads import ModelReader
+    from tritium.broker.model_reads import ModelRead, ModelReader
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class EnsembleLoader:
         """``name`` is not to be loaded again when its models are (unloaded on purpose, or loading now)."""
         self._dependents.pop(name, None)
 
-    def read_with_members(self, names) -> list[tuple[str, tuple]]:
+    def read_with_members(self, names: Iterable[str]) -> list[tuple[str, ModelRead]]:
         """Explicit mode's startup reads: the named models and the models of named ensembles, models first.
 
         Each ensemble then finds its composing models loading, and the broker does not
@@ -231,7 +232,7 @@ def _unavailable_reason(record: ModelRecord | None, number: int) -> str:
     return versions[max(versions)].reason if versions else ""
 
 
-def is_ensemble(definition: ModelDefinition | None) -> bool:
+def is_ensemble(definition: ModelDefinition | None) -> TypeGuard[ModelDefinition]:
     return definition is not None and definition.config.platform == ENSEMBLE_PLATFORM
 
 

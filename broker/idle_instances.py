@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import weakref
 
+from tritium.broker.batcher import DynamicBatcher
 from tritium.broker.registry import InstanceRecord, ModelVersion, Registry
 
 
@@ -37,7 +38,8 @@ class IdleInstances:
             return instance
         # A second batch only for a model that cannot batch, and never with a queue policy: a
         # request sent ahead to a busy instance could no longer be overtaken or time out.
-        if version.batcher.simple and not version.batcher.policy.enabled:
+        batcher = version.batcher
+        if isinstance(batcher, DynamicBatcher) and batcher.simple and not batcher.policy.enabled:
             return max((i for i in version.instances if not i.draining and i.credit > 0),
                        key=lambda i: i.credit, default=None)
         return None

@@ -205,6 +205,8 @@ class ModelLifecycle:
             self.membership.changed()
             self._finish_if_done(load)
             return
+        # Every read (ModelReader.read, a scan's ModelEntry) gives a definition or an error (returned above).
+        assert definition is not None
         was_unloaded, record.unloaded = record.unloaded, False
         serving = not was_unloaded and any(v.state == VersionState.READY for v in record.versions.values())
         record.error, record.last_error = None, None
@@ -271,7 +273,7 @@ class ModelLifecycle:
             return
         self._loads.pop(load.name, None)
         self._retire_dropped(load)
-        result = {}
+        result: dict | TritiumError = {}
         if load.errors:
             message = "".join(load.errors)
             result = InvalidArgument(f"load failed for model '{load.name}': {message}" if prefix else message)
@@ -420,7 +422,7 @@ class ModelLifecycle:
             why = placed.error.message
             if version.autoscale is not None and self.autoscaler is not None:
                 self.autoscaler.placement_failed(version, agent, why)   # it places elsewhere
-                if version.state == VersionState.LOADING and version.scale.total == 0:
+                if version.state == VersionState.LOADING and (version.scale is None or version.scale.total == 0):
                     self.version_failed(version, why)
             elif version.state == VersionState.LOADING:
                 self.version_failed(version, why)

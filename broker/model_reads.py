@@ -19,7 +19,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from tritium.repo import ModelConfig, ModelLoadError, ModelRepository
+from tritium.repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
 from tritium.repo.names import relative_file_problem, write_files
 from tritium.errors import InvalidArgument
 
@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 
 class MissingModel(str):
     """The error of a load asking for a model the repository does not have."""
+
+
+# What reading a model folder gives: (definition, error, fingerprint, the load API's files); a
+# MissingModel error for a name the repository does not have.
+ModelRead = tuple["ModelDefinition | None", "str | None", tuple, "dict | None"]
 
 
 class ModelReader:
@@ -44,7 +49,7 @@ class ModelReader:
         self._pool.shutdown(wait=False, cancel_futures=True)
         shutil.rmtree(self._overrides, ignore_errors=True)
 
-    def read_later(self, name: str, config, files, then: Callable[[tuple], None]) -> None:
+    def read_later(self, name: str, config, files, then: Callable[[ModelRead], None]) -> None:
         """``read`` on the pool; ``then(result)`` runs in the broker's loop."""
         future = self._pool.submit(self.read, name, config, files)
         future.add_done_callback(lambda f: self.post(lambda: then(f.result())))
@@ -72,7 +77,7 @@ class ModelReader:
             except Exception:  # the broker keeps serving whatever one load did
                 log.exception("applying a model load failed")
 
-    def read(self, name: str, config, files) -> tuple:
+    def read(self, name: str, config, files) -> ModelRead:
         """(definition, error, fingerprint, files): runs on the thread pool; never raises."""
         fingerprint = self.fingerprint(name)
         model_dir = None

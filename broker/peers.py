@@ -138,7 +138,9 @@ class Peers:
         for iid in self.adoption.placed(version, placed.adopted):
             log.info("adopting running instance %s of model %s version %d", iid.decode(errors="replace"),
                      version.name, version.version)
-            self._send_backend([iid, self.adoption.rejoin(iid, self.boot).encode()])
+            reset = self.adoption.rejoin(iid, self.boot)
+            assert reset is not None   # placed() just took it for adoption
+            self._send_backend([iid, reset.encode()])
 
     # -- living ---------------------------------------------------------------------------
 
@@ -228,7 +230,9 @@ class Peers:
 
     def _epoch_of(self, epoch: int | None, boot: int | None) -> ModelVersion | None:
         """The load an instance message is about; none when a previous broker process placed it."""
-        return self.registry.epochs.get(epoch) if boot == self.boot else None
+        if epoch is None or boot != self.boot:
+            return None
+        return self.registry.epochs.get(epoch)
 
     def instance_failed(self, failed: InstanceFailed) -> None:
         version = self._epoch_of(failed.epoch, failed.boot)

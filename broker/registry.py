@@ -39,7 +39,7 @@ class PendingRequest:
     client: bytes             # identity of the peer that asked: a gateway, or an instance (BLS)
     rid: int
     record: object            # the INFER record (a ZeroMQ frame), forwarded untouched
-    external: list            # its external tensor frames
+    external: list | None     # its external tensor frames (None: none)
     batch_size: int
     shape_key: object
     arrival_ns: int
@@ -115,7 +115,7 @@ class ModelVersion:
     seen_ready: set[str] = field(default_factory=set)   # instance names that said hello once
     load_started_ns: int = field(default_factory=time.monotonic_ns)
     load_seconds: float | None = None                   # how long it took to become READY
-    batcher: DynamicBatcher | SequenceBatcher = field(init=False)
+    batcher: DynamicBatcher[PendingRequest] | SequenceBatcher[InstanceRecord] = field(init=False)
     ordering: ResponseOrder | None = field(init=False)   # preserve_ordering: responses leave in order
     caches: bool = field(init=False)                     # response_cache { enable: true }
     autoscale: AutoscalePolicy | None = field(init=False)    # tritium.autoscale; None: fixed instances

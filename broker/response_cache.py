@@ -58,9 +58,12 @@ def request_key(model: str, version: int, header: Infer, record, external) -> by
     return digest.digest()
 
 
-def cached_response(frames: list) -> CachedResponse:
-    """A copy of one RESPONSE record (and its external frames), kept after the frames are gone."""
+def cached_response(frames: list) -> CachedResponse | None:
+    """A copy of one RESPONSE record (and its external frames), kept after the frames are gone;
+    None when the record is not a RESPONSE (nothing to cache)."""
     header, view, offset = read_record(frames[0])
+    if not isinstance(header, Response):
+        return None
     inline = bytes(view[offset:])
     external = tuple(bytes(f.buffer if hasattr(f, "buffer") else f) for f in frames[1:])
     return CachedResponse(header, inline, external, len(inline) + sum(len(e) for e in external) + 256)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from tritium.broker.batcher import DynamicBatcher
 from tritium.broker.ensemble import NO_TIMINGS, STEP_CLIENT, EnsembleRunner
 from tritium.broker.idle_instances import IdleInstances
 from tritium.broker.registry import (
@@ -24,10 +26,14 @@ from tritium.broker.registry import (
 )
 from tritium.errors import NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
+from tritium.broker.sequences import SequenceBatcher
 from tritium.broker.streams import OpenStreams
 from tritium.protocol import Batch as BatchHeader
 from tritium.protocol import BatchDone, Infer, error_record
 from tritium.tracing.stamps import batch_stamps
+
+if TYPE_CHECKING:
+    from tritium.broker.autoscale import Autoscaler
 
 log = logging.getLogger(__name__)
 
@@ -51,20 +57,21 @@ class Scheduler:
                  clock: Callable[[], int] = time.monotonic_ns, cache: ResponseCache | None = None) -> None:
         self.registry = registry
         self.cache = cache   # None: no --cache-config, so no model caches
-        self.autoscaler = None   # set by the broker: told of requests to autoscaled models
+        self.autoscaler: Autoscaler | None = None   # set by the broker: told of requests to autoscaled models
         self._send_to_instance = send_to_instance   # the backend socket
         self._send_to_gateway = send_to_gateway     # the frontend socket
         self._clock = clock
         self._batch_numbers = 0
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
-        self._timed: set[ModelVersion] = set()    # versions with queued requests that can time out
+        # Versions with queued requests that can time out, with their batcher (only a dynamic batcher has timeouts).
+        self._timed: dict[ModelVersion, DynamicBatcher[PendingRequest]] = {}
         self.streams = OpenStreams(registry, self._reply, clock)   # decoupled requests still answering
         self._idle = IdleInstances(registry)
         self.ensembles = EnsembleRunner(registry, self.submit, self._reply, clock)
 
     # -- requests in --------------------------------------------------------------------
 
-    def submit(self, client: bytes, record, header: Infer, external: list | None,
+    def submit(self, client: bytes, record: object, header: Infer, external: list | None,
                from_backend: bool = False) -> None:
         """Queue one INFER (``record``, whose header is ``header``); an unknown or unready model is answered at once."""
         rid = header.rid
@@ -82,7 +89,8 @@ class Scheduler:
         now = self._clock()
         cache_key = None
         if version.caches and self.cache is not None:   # a hit needs no instance at all
-            cache_key = self._answer_from_cache(version, client, rid, record, header, external, from_backend, now)
+            cache_key = self._answer_from_cache(self.cache, version, client, rid, record, header, external,
+                                                from_backend, now)
             if cache_key is None:
                 return
         if not version.instances and not self._instances_coming(version, now):
@@ -95,11 +103,15 @@ class Scheduler:
                 return
         batcher = version.batcher
         level = deadline = 0
-        if not batcher.simple:
+        timed: DynamicBatcher[PendingRequest] | None = None   # its batcher, when the request can time out
+        # A sequence batcher is always simple; the isinstance only tells the type checker so.
+        if not batcher.simple and isinstance(batcher, DynamicBatcher):
             params = header.params
             try:
                 level = batcher.queue_policy.level_of(params)
                 deadline = batcher.queue_policy.deadline_ns(level, now, params)
+                if deadline:
+                    timed = batcher
             except TritiumError as exc:
                 self.reply_error(client, rid, exc, from_backend)
                 return
@@ -126,15 +138,16 @@ class Scheduler:
             return
         if version.ordering is not None:
             request.order = version.ordering.number()
-        if deadline:
-            self._timed.add(version)
+        if timed is not None:
+            self._timed[version] = timed
         self.dispatch(version, now)
 
-    def _answer_from_cache(self, version: ModelVersion, client: bytes, rid: int, record, header: Infer,
-                           external, from_backend: bool, now: int) -> bytes | None:
+    def _answer_from_cache(self, cache: ResponseCache, version: ModelVersion, client: bytes, rid: int,
+                           record: object, header: Infer, external: list | None, from_backend: bool,
+                           now: int) -> bytes | None:
         """Answer a request from the response cache; on a miss, the key its response goes under."""
         key = request_key(version.name, version.epoch, header, record, external)   # a reload starts afresh
-        entry = self.cache.lookup(key)
+        entry = cache.lookup(key)
         took = self._clock() - now
         if entry is None:
             version.stats.cache_miss.add(took)
@@ -150,9 +163,11 @@ class Scheduler:
             version.scale.last_request_ns = now   # traffic, even if no instance saw it
         return None
 
-    def _remember(self, batch: Batch, request: PendingRequest, frames: list) -> None:
+    def _remember(self, cache: ResponseCache, batch: Batch, key: bytes, frames: list) -> None:
         started = self._clock()
-        self.cache.insert(request.cache_key, cached_response(frames))
+        response = cached_response(frames)
+        if response is not None:
+            cache.insert(key, response)
         batch.version.stats.cache_miss.ns += self._clock() - started
 
     def _instances_coming(self, version: ModelVersion, now: int) -> bool:
@@ -184,8 +199,8 @@ class Scheduler:
         batcher = version.batcher
         if now is None:
             now = self._clock()
-        if version.stateful:
-            self._dispatch_sequences(version, now)
+        if isinstance(batcher, SequenceBatcher):   # a stateful model's (see ModelVersion.__post_init__)
+            self._dispatch_sequences(version, batcher, now)
             return
         while len(batcher):
             instance = self._idle.pick(version)
@@ -198,9 +213,8 @@ class Scheduler:
             self._send_batch(version, instance, requests, now)
         self._waiting.discard(version)
 
-    def _dispatch_sequences(self, version: ModelVersion, now: int) -> None:
+    def _dispatch_sequences(self, version: ModelVersion, batcher: SequenceBatcher[InstanceRecord], now: int) -> None:
         """The sequence batcher picks the instance (the one holding each sequence) and the slots."""
-        batcher = version.batcher
         accepting = [instance for instance in version.instances if not instance.draining]
         while (batch := batcher.next_batch(now, accepting, _sequence_room)) is not None:
             self._send_batch(version, batch.instance, batch.requests, now, batch.slots, batch.size)
@@ -217,7 +231,7 @@ class Scheduler:
         instance.credit -= 1
         self._idle.busy(version, instance)   # until its batch is done
         batch_size = 0
-        parts = [instance.iid, BatchHeader(number, len(requests), slots, batch_stamps(requests)).encode()]
+        parts: list[object] = [instance.iid, BatchHeader(number, len(requests), slots, batch_stamps(requests)).encode()]
         for request in requests:
             request.dispatch_ns = now
             batch_size += request.batch_size
@@ -229,7 +243,7 @@ class Scheduler:
 
     def next_deadline_ns(self) -> int | None:
         deadlines = [d for v in self._waiting if (d := v.batcher.deadline_ns()) is not None]
-        deadlines += [d for v in self._timed if (d := v.batcher.next_timeout_ns()) is not None]
+        deadlines += [d for b in self._timed.values() if (d := b.next_timeout_ns()) is not None]
         return min(deadlines) if deadlines else None
 
     def run_due(self) -> None:
@@ -248,12 +262,12 @@ class Scheduler:
     def _expire_timeouts(self) -> None:
         """Enforced while requests wait, even behind a long execution, not only when dequeued."""
         now = self._clock()
-        for version in list(self._timed):
-            for request in version.batcher.expire(now):
+        for version, batcher in list(self._timed.items()):
+            for request in batcher.expire(now):
                 self._answer_error(version, request, Unavailable("Request timeout expired"))
                 version.stats.record_failure(now - request.arrival_ns, "REJECTED")
-            if version.batcher.next_timeout_ns() is None:
-                self._timed.discard(version)
+            if batcher.next_timeout_ns() is None:
+                del self._timed[version]
             if version.state in _DISPATCHING:
                 self.dispatch(version, now)   # a DELAY may have changed what leads the queue
 
@@ -271,8 +285,8 @@ class Scheduler:
     def batch_done(self, iid: bytes, done: BatchDone, frames: list) -> None:
         """Route a batch's RESPONSE records (``frames``), one message per client."""
         instance = self.registry.instances.get(iid)
-        batch = instance.inflight.pop(done.number, None) if instance else None
-        if batch is None:
+        batch = instance.inflight.pop(done.number, None) if instance is not None else None
+        if instance is None or batch is None:
             log.warning("result for unknown batch %s from instance %r dropped", done.number, iid)
             return
         instance.credit += 1
@@ -299,7 +313,7 @@ class Scheduler:
         for request, external_count, ok in zip(batch.requests, external_counts, oks):
             end = offset + 1 + external_count
             if request.cache_key is not None and ok and self.cache is not None:
-                self._remember(batch, request, frames[offset:end])
+                self._remember(self.cache, batch, request.cache_key, frames[offset:end])
             if ordering is None:   # the common case, kept free of per-request lists
                 key = (request.from_backend, request.client)
                 parts = outgoing.get(key)
@@ -381,13 +395,14 @@ class Scheduler:
         instance.inflight.clear()
         if version is None:
             return
-        if version.stateful:  # its sequences' queued requests cannot go elsewhere either
-            for request in version.batcher.instance_lost(instance):
+        batcher = version.batcher
+        if isinstance(batcher, SequenceBatcher):  # its sequences' queued requests cannot go elsewhere either
+            for request in batcher.instance_lost(instance):
                 self._fail_request(version, instance, request, why, now)
-        if retry:
+        elif retry:   # only requests of models without sequence state were kept to run again (above)
             log.warning("instance %s of model %s version %d %s; running its %d request(s) again elsewhere",
                         instance.name, version.name, version.version, why, len(retry))
-            version.batcher.requeue(sorted(retry, key=lambda r: r.arrival_ns))
+            batcher.requeue(sorted(retry, key=lambda r: r.arrival_ns))
         if not version.instances and not self._instances_coming(version, now):
             self.fail_queued(version, Unavailable(
                 f"no instance of model '{version.name}' version {version.version} is left: "
@@ -412,7 +427,7 @@ class Scheduler:
             self._answer_error(version, request, error)
             version.stats.record_failure(now - request.arrival_ns)
         self._waiting.discard(version)
-        self._timed.discard(version)
+        self._timed.pop(version, None)
 
 
 def _sequence_room(instance: InstanceRecord) -> bool:
@@ -425,7 +440,7 @@ def _no_instance_error(version: ModelVersion) -> Unavailable:
     return Unavailable(f"no instance of model '{version.name}' version {version.version} is running")
 
 
-def _not_ready_error(model: str, number, version: ModelVersion | None) -> TritiumError:
+def _not_ready_error(model: str, number: int | None, version: ModelVersion | None) -> TritiumError:
     if version is None:
         if number is None or number < 0:
             return NotFound(f"Request for unknown model: '{model}' has no available versions")

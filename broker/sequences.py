@@ -39,9 +39,9 @@ import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
-from tritium.broker.batcher import BatchingPolicy, DynamicBatcher
+from tritium.broker.batcher import Batchable, BatchingPolicy, DynamicBatcher
 from tritium.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -52,10 +52,7 @@ END = 2
 DEFAULT_IDLE_US = 1_000_000
 
 
-class SequenceRequest(Protocol):
-    batch_size: int
-    shape_key: Hashable
-    arrival_ns: int
+class SequenceRequest(Batchable, Protocol):   # batchable: the oldest strategy batches them
     correlation_id: int | str
     flags: int
 
@@ -87,11 +84,15 @@ class SequencePolicy:
                    int(direct.max_queue_delay_microseconds), float(direct.minimum_slot_utilization))
 
 
+# An instance, as the caller knows it: the batcher only keys its slots by it and hands it back.
+Inst = TypeVar("Inst", bound=Hashable)
+
+
 @dataclass(frozen=True, slots=True)
-class SequenceBatch:
+class SequenceBatch(Generic[Inst]):
     """What to send one instance: requests in batch order, each one's slot, the batch size it runs at."""
 
-    instance: object
+    instance: Inst
     requests: list
     slots: list[int]
     size: int   # direct: up to the highest slot (the instance pads the gaps); oldest: the requests
@@ -102,7 +103,7 @@ class _Sequence:
     correlation_id: int | str
     idle_since_ns: int
     queue: deque = field(default_factory=deque)
-    instance: object = None
+    instance: Any = None   # the SequenceBatcher's Inst it is bound to (None: not bound)
     slot: int = -1
     ending: bool = False   # takes no more requests (END queued, or idle too long): unbind once drained
 
@@ -111,10 +112,10 @@ class _Sequence:
 class _Instance:
     """One instance's slots, its free slot numbers (a heap), and for ``oldest`` its dynamic batcher."""
 
-    instance: object
+    instance: Any   # the SequenceBatcher's Inst
     sequences: list
     free: list
-    batcher: DynamicBatcher | None = None
+    batcher: DynamicBatcher[SequenceRequest] | None = None
     offered: dict = field(default_factory=dict)   # oldest: head request in the batcher -> its sequence
     queued: int = 0                               # requests waiting in its sequences
 
@@ -123,7 +124,7 @@ class _Instance:
         return len(self.sequences) - len(self.free)
 
 
-class SequenceBatcher:
+class SequenceBatcher(Generic[Inst]):
     simple = True   # no priority levels or queue timeouts: the scheduler's plain path
 
     def __init__(self, policy: SequencePolicy) -> None:
@@ -131,7 +132,7 @@ class SequenceBatcher:
         self._active: dict[int | str, _Sequence] = {}   # correlation id -> the sequence taking its requests
         self._aging: OrderedDict[int | str, _Sequence] = OrderedDict()   # bound active ones, least recent first
         self._backlog: deque[_Sequence] = deque()
-        self._instances: dict[object, _Instance] = {}
+        self._instances: dict[Inst, _Instance] = {}
         self._count = 0
         self._idle_ns = policy.max_idle_us * 1000
         self._delay_ns = policy.max_queue_delay_us * 1000
@@ -199,7 +200,7 @@ class SequenceBatcher:
 
     # -- slots ------------------------------------------------------------------------------
 
-    def _bind_backlog(self, instances: Iterable, now_ns: int) -> None:
+    def _bind_backlog(self, instances: Iterable[Inst], now_ns: int) -> None:
         """Give free slots of ``instances`` to the backlog, oldest START first."""
         if not self._backlog:
             return
@@ -218,11 +219,11 @@ class SequenceBatcher:
             if sequence.ending and not sequence.queue:
                 self._unbind(sequence)
 
-    def _slots_of(self, instance) -> _Instance:
+    def _slots_of(self, instance: Inst) -> _Instance:
         slots = self._instances.get(instance)
         if slots is None:
             count = self.policy.slots_per_instance
-            batcher = None
+            batcher: DynamicBatcher[SequenceRequest] | None = None
             if self.policy.oldest:
                 batcher = DynamicBatcher(BatchingPolicy(
                     enabled=self.policy.max_batch_size > 1, max_batch_size=self.policy.max_batch_size,
@@ -249,7 +250,8 @@ class SequenceBatcher:
 
     # -- batches out --------------------------------------------------------------------------
 
-    def next_batch(self, now_ns: int, instances: Iterable, can_take: Callable[[object], bool]) -> SequenceBatch | None:
+    def next_batch(self, now_ns: int, instances: Iterable[Inst],
+                   can_take: Callable[[Inst], bool]) -> SequenceBatch[Inst] | None:
         """The next batch for an instance that ``can_take`` one, or None (see ``deadline_ns``).
 
         ``instances`` are those that may take new sequences; an instance already holding
@@ -261,7 +263,7 @@ class SequenceBatcher:
         for instance, slots in self._instances.items():
             if not slots.queued or not can_take(instance):
                 continue
-            batch = self._oldest(instance, slots, now_ns) if slots.batcher is not None \
+            batch = self._oldest(instance, slots.batcher, slots, now_ns) if slots.batcher is not None \
                 else self._direct(instance, slots, now_ns)
             if isinstance(batch, SequenceBatch):
                 return batch
@@ -274,7 +276,7 @@ class SequenceBatcher:
         """When the batcher next has something to do: a queue delay or an idle limit runs out."""
         return self._deadline_ns
 
-    def _direct(self, instance, slots: _Instance, now_ns: int) -> SequenceBatch | int | None:
+    def _direct(self, instance: Inst, slots: _Instance, now_ns: int) -> SequenceBatch[Inst] | int | None:
         heads = [(index, sequence.queue[0]) for index, sequence in enumerate(slots.sequences)
                  if sequence is not None and sequence.queue]
         if not heads:
@@ -292,10 +294,11 @@ class SequenceBatcher:
         return SequenceBatch(instance, [request for _, request in heads], [index for index, _ in heads],
                              heads[-1][0] + 1)
 
-    def _oldest(self, instance, slots: _Instance, now_ns: int) -> SequenceBatch | int | None:
-        requests = slots.batcher.next_batch(now_ns)
+    def _oldest(self, instance: Inst, batcher: DynamicBatcher[SequenceRequest], slots: _Instance,
+                now_ns: int) -> SequenceBatch[Inst] | int | None:
+        requests = batcher.next_batch(now_ns)
         if requests is None:
-            return slots.batcher.deadline_ns()
+            return batcher.deadline_ns()
         sequences = [slots.offered.pop(request) for request in requests]
         numbers = [sequence.slot for sequence in sequences]
         for sequence in sequences:
@@ -312,7 +315,7 @@ class SequenceBatcher:
 
     # -- the queue goes away ------------------------------------------------------------------
 
-    def instance_lost(self, instance) -> list:
+    def instance_lost(self, instance: Inst) -> list:
         """Forget the sequences bound to ``instance``; return their queued requests, to be failed."""
         slots = self._instances.pop(instance, None)
         if slots is None:
@@ -323,9 +326,10 @@ class SequenceBatcher:
                 continue
             lost.extend(sequence.queue)
             sequence.queue.clear()
-            if self._active.get(sequence.correlation_id) is sequence:
-                del self._active[sequence.correlation_id]
-                self._aging.pop(sequence.correlation_id, None)
+            correlation_id = sequence.correlation_id
+            if self._active.get(correlation_id) is sequence:
+                del self._active[correlation_id]
+                self._aging.pop(correlation_id, None)
         self._count -= len(lost)
         return lost
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -72,6 +73,8 @@ log = logging.getLogger(__name__)
 
 # Each socket is drained of at most this many messages per turn, so that neither side starves.
 _DRAIN_LIMIT = 512
+# What handles one record of a socket's message: (peer, the message's parts, the record's position, its header).
+Handler = Callable[[bytes, list, int, Message], None]
 _NOBLOCK = int(zmq.NOBLOCK)
 _HWM = 100_000
 
@@ -263,7 +266,7 @@ class Broker:
             self._next_scaling = self._now + 0.25
             self.autoscaler.evaluate()
         if self._stop_deadline is not None:
-            self._check_stopped()
+            self._check_stopped(self._stop_deadline)
         self._flush_frontend()
         return events
 
@@ -279,7 +282,7 @@ class Broker:
         self.backend.close(linger=2000)
         return self.exit_code
 
-    def _stop(self, signum, _frame) -> None:
+    def _stop(self, signum: int, _frame: object) -> None:
         """First signal: finish what was accepted (new requests are refused); second: exit now."""
         if self._stop_deadline is not None:
             log.warning("second stop signal: exiting without waiting for requests in flight")
@@ -289,10 +292,10 @@ class Broker:
         self._stop_deadline = time.monotonic() + self.settings.exit_timeout_s
         notify.stopping()
 
-    def _check_stopped(self) -> None:
+    def _check_stopped(self, deadline: float) -> None:
         if self.scheduler.idle():
             self._running = False
-        elif self._now >= self._stop_deadline:
+        elif self._now >= deadline:
             log.warning("requests still in flight after %.0f s; answering them with errors",
                         self.settings.exit_timeout_s)
             self._running = False
@@ -318,7 +321,7 @@ class Broker:
             return longest
         return max(0, min(longest, -(-(deadline - time.monotonic_ns()) // 1_000_000)))
 
-    def _drain(self, sock: zmq.Socket, handle) -> None:
+    def _drain(self, sock: zmq.Socket, handle: Handler) -> None:
         for _ in range(_DRAIN_LIMIT):
             try:
                 parts = recv_parts(sock)
@@ -344,7 +347,7 @@ class Broker:
                     break  # the records after it are its responses
                 position += 1 + message.external
 
-    def _malformed(self, sock: zmq.Socket, peer: bytes, record, exc: ProtocolError) -> None:
+    def _malformed(self, sock: zmq.Socket, peer: bytes, record: object, exc: ProtocolError) -> None:
         """A record that does not read as its kind: a peer of another protocol version is refused, a
         malformed INFER answered with the error; the rest of the message is dropped."""
         log.warning("dropped a malformed message from %r: %s", peer, exc)
@@ -361,48 +364,46 @@ class Broker:
     # -- dispatch of message kinds ------------------------------------------------------
 
     def _on_frontend(self, peer: bytes, parts: list, position: int, message: Message) -> None:
-        kind = type(message)
-        if kind is Infer:
+        if type(message) is Infer:
             if self._stop_deadline is not None:
                 self.scheduler.reply_error(peer, message.rid, Unavailable("the server is shutting down"))
                 return
             self._submit(peer, parts, position, message, False)
-        elif kind is ControlRequest:
+        elif type(message) is ControlRequest:
             self.control.handle(peer, message)
-        elif kind is Hello or (kind is Heartbeat and peer not in self.membership.gateways
-                               and message.protocol_version is not None):
+        elif type(message) is Hello or (type(message) is Heartbeat and peer not in self.membership.gateways
+                                        and message.protocol_version is not None):
             # A gateway of a previous broker process says hello again by heartbeating.
             if self._protocol_ok(self.frontend, peer, message.protocol_version, message.role):
                 self._unreachable.discard(peer)
                 self.peers.gateway_hello(peer, message)
-        elif kind is not Heartbeat:
+        elif type(message) is not Heartbeat:
             raise ProtocolError(f"unexpected {message.kind.name} on the frontend")
 
     def _on_backend(self, peer: bytes, parts: list, position: int, message: Message) -> None:
-        kind = type(message)
-        if kind is BatchDone:
+        if type(message) is BatchDone:
             self.scheduler.batch_done(peer, message, parts[position + 1:])
-        elif kind is ResponsePart:
+        elif type(message) is ResponsePart:
             self.scheduler.streams.response_part(peer, message, parts[position + 1:])
-        elif kind is Infer:  # a model calling another model (BLS)
+        elif type(message) is Infer:  # a model calling another model (BLS)
             self._submit(peer, parts, position, message, True)
-        elif kind is Hello:
+        elif type(message) is Hello:
             if self._protocol_ok(self.backend, peer, message.protocol_version, message.role):
                 self._unreachable.discard(peer)
                 self.peers.backend_hello(peer, message)
-        elif kind is Placed:
+        elif type(message) is Placed:
             self.peers.placed(peer, message)
-        elif kind is InstanceFailed:
+        elif type(message) is InstanceFailed:
             self.peers.instance_failed(message)
-        elif kind is InstanceExited:
+        elif type(message) is InstanceExited:
             self.peers.instance_exited(message)
-        elif kind is InstanceHealth:
+        elif type(message) is InstanceHealth:
             self.peers.instance_health(peer, message)
-        elif kind is HostMetrics:
+        elif type(message) is HostMetrics:
             self.peers.host_metrics(message)
-        elif kind is Heartbeat:
+        elif type(message) is Heartbeat:
             self.peers.heartbeat(peer, message, self._now)
-        elif kind is Drain:
+        elif type(message) is Drain:
             self.peers.drain(peer)
         else:
             raise ProtocolError(f"unexpected {message.kind.name} on the backend")
@@ -415,7 +416,8 @@ class Broker:
             self.scheduler.reply_error(peer, request.rid, InvalidArgument(f"malformed inference request: {exc!r}"),
                                        from_backend)
 
-    def _protocol_ok(self, sock: zmq.Socket, peer: bytes, version, role) -> bool:
+    def _protocol_ok(self, sock: zmq.Socket, peer: bytes, version: object, role: object) -> bool:
+        """``version`` and ``role`` as the peer sent them: a malformed header's may be anything."""
         if version == PROTOCOL_VERSION:
             return True
         reason = f"protocol version {version} refused; this broker speaks version {PROTOCOL_VERSION}"

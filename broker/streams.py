@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 
 from tritium.broker.registry import Batch, ModelVersion, Registry
-from tritium.protocol import ResponsePart, read_record
+from tritium.protocol import Response, ResponsePart, read_record
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,10 @@ class OpenStreams:
         request = batch.requests[index]
         batch.answered.add(index)
         response, _, _ = read_record(frames[0])
+        if not isinstance(response, Response):
+            log.warning("a %s record instead of a RESPONSE for request %s/%s from instance %r dropped",
+                        response.kind.name, number, index, iid)
+            return
         self._reply(request.from_backend, [request.client, *frames])
         if response.final is not False:
             batch.finished.add(index)

@@ -24,32 +24,33 @@ class BrokerTracing:
     def settings(self, args: dict) -> dict:
         """CONTROL ``trace_settings``: seed (``startup``), change (``changes``) and read the
         settings of ``model`` (None: the global ones), answered as Triton writes them."""
-        self._seed(args)
+        store = self._seed(args)
         model = args.get("model")
         changes = args.get("changes")
         if changes:
-            before = self.store.effective(model)
-            settings = self.store.update(model, changes)
+            before = store.effective(model)
+            settings = store.update(model, changes)
             if settings.file != before.file or settings.log_frequency != before.log_frequency:
                 self.file.flush()
             log.info("trace settings%s changed: %s", f" of model '{model}'" if model else "", settings.as_triton())
-        return self.store.effective(model).as_triton()
+        return store.effective(model).as_triton()
 
     def done(self, args: dict) -> None:
         """CONTROL ``trace_done``: one trace was taken (and, in triton mode, its tree to write)."""
-        self._seed(args)
+        store = self._seed(args)
         model = args.get("model")
-        settings = self.store.effective(model)
+        settings = store.effective(model)
         if args.get("tree") is not None and settings.file:
             self.file.add(settings.file, settings.log_frequency, args["tree"])
-        if self.store.took_one(model):
+        if store.took_one(model):
             self.file.flush(indexed=True)   # the count ran out: what was taken is written, as Triton does
 
-    def _seed(self, args: dict) -> None:
-        """The first gateway to speak (to this broker process: a restarted one starts over) gives
-        the startup settings."""
+    def _seed(self, args: dict) -> TraceSettingsStore:
+        """The store; the first gateway to speak (to this broker process: a restarted one starts
+        over) gives the startup settings."""
         if self.store is None:
             self.store = TraceSettingsStore(TraceSettings.from_wire(args.get("startup") or {}))
+        return self.store
 
     @property
     def revision(self) -> int:

@@ -73,9 +73,13 @@ _FIELDS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count",
 
 # -- the extension: what a client asks to change ------------------------------------------------
 
-def changes_from_http(document: dict) -> dict:
+# {settings field: its new value, or None to clear it}
+Changes = dict[str, "tuple[str, ...] | int | None"]
+
+
+def changes_from_http(document: dict) -> Changes:
     """{field: value, or None to clear} from a POSTed JSON object, checked as Triton checks it."""
-    changes = {}
+    changes: Changes = {}
     for key, value in document.items():
         if key == "trace_file":
             raise Unsupported(FILE_NOT_SETTABLE)
@@ -97,9 +101,9 @@ def changes_from_http(document: dict) -> dict:
     return changes
 
 
-def changes_from_grpc(settings: dict[str, list[str]]) -> dict:
+def changes_from_grpc(settings: dict[str, list[str]]) -> Changes:
     """The same from gRPC's map of string lists: an empty list clears."""
-    changes = {}
+    changes: Changes = {}
     for key, values in settings.items():
         if key == "trace_file" and values:
             raise Unsupported(FILE_NOT_SETTABLE)
@@ -158,15 +162,14 @@ class TraceSettingsStore:
     """
 
     startup: TraceSettings
-    current: TraceSettings | None = None   # None: the startup settings
+    current: TraceSettings = field(init=False)   # the startup settings until a global change
     models: dict[str, dict] = field(default_factory=dict)
     # Told to gateways with the settings: changed by a client's update and when a count runs
     # out, never by one trace being counted (each gateway counts its own down meanwhile).
     revision: int = 0
 
     def __post_init__(self) -> None:
-        if self.current is None:
-            self.current = self.startup
+        self.current = self.startup
 
     def effective(self, model: str | None) -> TraceSettings:
         overrides = self.models.get(model) if model else None
@@ -189,9 +192,9 @@ class TraceSettingsStore:
                 del self.models[model]
         return self.effective(model)
 
-    def took_one(self, model: str) -> bool:
+    def took_one(self, model: str | None) -> bool:
         """One trace of ``model`` was taken: count it; True when that was the last one allowed."""
-        overrides = self.models.get(model)
+        overrides = self.models.get(model) if model is not None else None
         if overrides is not None and "count" in overrides:
             if overrides["count"] > 0:
                 overrides["count"] -= 1
