@@ -20,11 +20,12 @@ import logging
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
+from tritium.gateway.connections import OpenConnections
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, rpc_methods
 from tritium.gateway.grpc_http2 import (NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers, Http2Connection,
@@ -119,14 +120,12 @@ class _Requests:
         return item
 
 
-@dataclass(eq=False)
-class _Shared:
-    servicer: GrpcInferenceService
-    rpcs: dict[bytes, Rpc]
-    max_message_bytes: int
-    open: set[GrpcConnection] = field(default_factory=set)
-    draining: bool = False
-    drained: asyncio.Event = field(default_factory=asyncio.Event)
+class _Shared(OpenConnections["GrpcConnection"]):
+    """What every connection of one server shares: the RPCs, the limit, the open connections."""
+
+    def __init__(self, servicer: GrpcInferenceService, rpcs: dict[bytes, Rpc], max_message_bytes: int) -> None:
+        super().__init__()
+        self.servicer, self.rpcs, self.max_message_bytes = servicer, rpcs, max_message_bytes
 
 
 class GrpcConnection(asyncio.Protocol):
@@ -146,7 +145,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)   # a stream server's transports are Transports
-        self.shared.open.add(self)
+        self.shared.opened(self)
         self.http2.start()
         self._flush()
 
@@ -154,9 +153,7 @@ class GrpcConnection(asyncio.Protocol):
         self.closed = True
         for call in list(self.calls.values()):
             self._forget(call)
-        self.shared.open.discard(self)
-        if self.shared.draining and not self.shared.open:
-            self.shared.drained.set()
+        self.shared.lost(self)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -458,14 +455,7 @@ class GrpcServer:
         return asyncio.ensure_future(self._drained(grace_s))
 
     async def _drained(self, grace_s: float) -> None:
-        if self.shared.open:
-            try:
-                await asyncio.wait_for(self.shared.drained.wait(), grace_s)
-            except asyncio.TimeoutError:
-                log.warning("%d gRPC connection(s) still busy after %.0f s; closing them",
-                            len(self.shared.open), grace_s)
-        for connection in list(self.shared.open):
-            connection.close()
+        await self.shared.close_when_drained(grace_s, "gRPC")
 
 
 def bind_grpc_tritium(dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,

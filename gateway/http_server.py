@@ -19,12 +19,14 @@ import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Protocol, cast
 from urllib.parse import unquote
 
 import httptools
+
+from tritium.gateway.connections import OpenConnections
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +91,6 @@ class HttpLimits:
     stalled_request_timeout_s: float = STALLED_REQUEST_TIMEOUT_S
 
 
-@dataclass(eq=False)
-class _Connections:
-    """Every open connection, for the timeout sweep and the drain."""
-
-    open: set[HttpConnection] = field(default_factory=set)
-    draining: bool = False
-    drained: asyncio.Event = field(default_factory=asyncio.Event)
-
-
 class HttpConnection(asyncio.Protocol):
     """One client connection: parse, hand each request to the app, write answers in order."""
 
@@ -108,7 +101,7 @@ class HttpConnection(asyncio.Protocol):
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
 
     def __init__(self, app: HttpApplication, limits: HttpLimits, loop: asyncio.AbstractEventLoop,
-                 shared: _Connections) -> None:
+                 shared: OpenConnections[HttpConnection]) -> None:
         self.app, self.limits, self.loop, self.shared = app, limits, loop, shared
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[tuple[HttpRequest, bool]] = deque()   # parsed, not yet answered (pipelining)
@@ -131,13 +124,11 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)   # a stream server's transports are Transports
-        self.shared.open.add(self)
+        self.shared.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        self.shared.open.discard(self)
-        if self.shared.draining and not self.shared.open:
-            self.shared.drained.set()
+        self.shared.lost(self)
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
@@ -286,7 +277,7 @@ class HttpServer:
     def __init__(self, app: HttpApplication, limits: HttpLimits) -> None:
         self.app = app
         self.limits = limits
-        self.connections = _Connections()
+        self.connections: OpenConnections[HttpConnection] = OpenConnections()
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -320,13 +311,6 @@ class HttpServer:
         for connection in list(self.connections.open):
             if not connection.busy and not connection.queue:
                 connection.close()
-        if self.connections.open:
-            try:
-                await asyncio.wait_for(self.connections.drained.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                log.warning("%d HTTP connection(s) still busy after %.0f s; closing them",
-                            len(self.connections.open), timeout_s)
-        for connection in list(self.connections.open):
-            connection.close()
+        await self.connections.close_when_drained(timeout_s, "HTTP")
         if self._sweeper is not None:
             self._sweeper.cancel()
