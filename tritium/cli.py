@@ -14,6 +14,7 @@ import click
 import orjson
 
 from tritium import __version__, config_file
+from tritium.affinity import pin
 from tritium.options import BROKER, GATEWAY, REPO_CHECK, SERVE, WORKER, child_args, options_of
 from tritium.triton_flags import TritonCommand, ignored_flag_options, ignored_flags_given, trace_flags, trace_settings
 
@@ -222,6 +223,7 @@ def _warn_ignored(flags: list[str]) -> None:
 @options_of(BROKER)
 def broker(**o) -> None:
     """Run the broker: model registry, queues, dynamic batching, statistics, metrics."""
+    pin(o["broker_cpus"])   # before ZeroMQ starts its thread
     from tritium.broker.metrics import MetricsSettings
     from tritium.broker.server import Broker, BrokerSettings
 
@@ -248,6 +250,7 @@ def broker(**o) -> None:
 @options_of(GATEWAY)
 def gateway(**o) -> None:
     """Run one gateway process: the KServe v2 HTTP and gRPC front ends."""
+    pin(o["gateway_cpus"])   # before ZeroMQ starts its thread
     from tritium.gateway.server import GatewaySettings, run
 
     configure_logs("gateway", **_pick(o, _LOG_KEYS))
@@ -273,6 +276,7 @@ def gateway(**o) -> None:
 @options_of(WORKER)
 def worker(**o) -> None:
     """Run a host agent: starts and supervises this host's instance processes."""
+    pin(o["worker_cpus"])   # the instances it starts inherit the set
     from tritium.hosts import detect_gpus
     from tritium.workers.agent import HostAgent, WorkerSettings
 

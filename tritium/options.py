@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from tritium.affinity import CPU_LIST
 from tritium.triton_flags import BOOLEAN
 
 SERVE, BROKER, GATEWAY, WORKER, REPO_CHECK = "serve", "broker", "gateway", "worker", "repo check"
@@ -162,6 +163,13 @@ OPTIONS: tuple[Option, ...] = (
             help="Exit when a model fails to load at startup."),
     _option("--heartbeat-interval-secs", on=_ALL, to=_CHILDREN, default=1.0, type=click.FloatRange(min=0.05),
             help="Seconds between heartbeats to and from the broker; a peer silent for 3 intervals is dropped."),
+    # -- CPU placement (docs/deployment.md, "Pinning processes to CPUs")
+    _option("--gateway-cpus", on="serve, gateway", to="gateway", type=CPU_LIST, default=None,
+            help="CPUs the gateway processes run on, as taskset lists them (e.g. 0-1,4); default: any."),
+    _option("--broker-cpus", on="serve, broker", to="broker", type=CPU_LIST, default=None,
+            help="CPUs the broker runs on; default: any."),
+    _option("--worker-cpus", on="serve, worker", to="worker", type=CPU_LIST, default=None,
+            help="CPUs the host agent and the instances it starts run on; default: any."),
     # -- CURVE (docs/security.md)
     _option("--curve-secret-key", on="broker, gateway, worker", default=None,
             help="This process's CURVE secret key file (NAME.key_secret); see docs/security.md."),

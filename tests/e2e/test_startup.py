@@ -3,11 +3,13 @@ use; and a clean shutdown's log."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import onnx
 import pytest
@@ -16,6 +18,7 @@ from onnx import TensorProto, helper
 from tests.e2e.rawhttp import error_of, request
 from tests.models import add_sub_model, write_config
 from tests.servers import PROJECT_ROOT, TritiumServer, free_port, instance_processes, run_serve
+from tritium.affinity import parse_cpu_list
 
 BAD_ONNX_CONFIG = """
 max_batch_size: 4
@@ -219,3 +222,44 @@ def test_a_gateway_the_broker_refuses_exits_with_the_protocol_mismatch_code(tmp_
     finally:
         gateway.kill()
         broker.close()
+
+
+def _session_threads(session: int) -> dict[str, set[int]]:
+    """Each process role of a serve session ("gateway", "broker", "worker", "instance") and the
+    CPUs its threads may run on."""
+    roles = {b"gateway": "gateway", b"broker": "broker", b"worker": "worker", b"tritium.workers.instance": "instance"}
+    found: dict[str, set[int]] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3]) != session:
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            role = next((name for word, name in roles.items() if word in argv), None)
+            if role is None:
+                continue
+            for thread in (entry / "task").iterdir():
+                allowed = (thread / "status").read_text().split("Cpus_allowed_list:")[1].split()[0]
+                found.setdefault(role, set()).update(parse_cpu_list(allowed))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def test_each_part_runs_on_the_cpus_serve_was_given(repo):
+    last = max(os.sched_getaffinity(0))
+    with TritiumServer(repo, "--exit-on-error=false", "--gateway-cpus", "0", "--broker-cpus", str(last),
+                       "--worker-cpus", str(last)) as server:
+        status, _, body = request(server.url, "POST", "/v2/models/good/infer", {"inputs": [
+            {"name": name, "datatype": "FP32", "shape": [1, 16], "data": list(range(16))}
+            for name in ("INPUT0", "INPUT1")]})
+        assert status == 200, body
+        assert json.loads(body)["outputs"][0]["data"] == [2.0 * i for i in range(16)]
+        assert _session_threads(server.process.pid) == {
+            "gateway": {0}, "broker": {last}, "worker": {last}, "instance": {last}}
+
+
+def test_a_cpu_this_host_lacks_is_a_usage_error(repo):
+    missing = max(os.sched_getaffinity(0)) + 1
+    result = run_serve(repo, "--worker-cpus", f"0,{missing}", timeout_s=60)
+    assert result.returncode == 2
+    assert f"Invalid value for '--worker-cpus': CPU {missing} is not available here" in result.stderr.decode()
