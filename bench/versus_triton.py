@@ -7,8 +7,10 @@ then Triton then tritium then Triton..., so that the machine's drift falls on bo
 figures are each server's median round and the ratio of the medians. CPU per request of
 each process role is measured over the HTTP concurrency-64 rounds (CPU seconds divided by
 the requests the server counted). Writes ``bench/out/versus_triton.json`` and a plot.
+``--pinned`` adds a third server: tritium with its gateways on one half of the CPUs and its
+broker and instances on the other.
 
-    python -m bench.versus_triton [--rounds 3] [--window-ms 3000]
+    python -m bench.versus_triton [--rounds 3] [--window-ms 3000] [--pinned]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import subprocess
 import tempfile
 import urllib.request
 import json
+import os
 from pathlib import Path
 
 from bench.harness import ANCHORS, OUT, CpuMeter, TritonServer, TritiumServer, save, table
@@ -81,33 +84,47 @@ def measure(servers: dict, rounds: int, window_ms: int) -> dict:
                                                        for n, roles in cpu.items()}}
 
 
-def summary(results: dict) -> list[list]:
+def summary(results: dict, name: str = "tritium") -> list[list]:
+    """Per scenario: Triton's and ``name``'s median throughput and p50, and their ratios."""
     rows = []
     for protocol, concurrency in SCENARIOS:
         key = f"{protocol} c={concurrency}"
-        ours = statistics.median(r["throughput"] for r in results["rounds"]["tritium"][key])
+        ours = statistics.median(r["throughput"] for r in results["rounds"][name][key])
         theirs = statistics.median(r["throughput"] for r in results["rounds"]["triton"][key])
-        our_p50 = statistics.median(r["p50_us"] for r in results["rounds"]["tritium"][key])
+        our_p50 = statistics.median(r["p50_us"] for r in results["rounds"][name][key])
         their_p50 = statistics.median(r["p50_us"] for r in results["rounds"]["triton"][key])
         rows.append([key, round(theirs), round(ours), f"{ours / theirs:.2f}", round(their_p50), round(our_p50),
                      f"{our_p50 / their_p50:.2f}"])
     return rows
 
 
-def plot(rows: list[list], path: Path) -> None:
+def pinned_cpus() -> tuple[str, str]:
+    """``--pinned``: the gateways on the first half of this process's CPUs, the broker and the
+    instances on the rest (on two CPUs: 0 and 1)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cpus) // 2)
+    front, back = cpus[:half], cpus[half:] or cpus[:half]
+    return ",".join(map(str, front)), ",".join(map(str, back))
+
+
+def plot(tables: dict[str, list[list]], path: Path) -> None:
+    """``tables``: each tritium variant's summary rows (Triton's figures are in every one)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-    labels = [row[0] for row in rows]
-    positions = range(len(rows))
+    first = next(iter(tables.values()))
+    labels = [row[0] for row in first]
+    width = 0.8 / (len(tables) + 1)
     panels = ((1, 2, "infer/s (perf_analyzer)", "Throughput, same model and machine"),
               (4, 5, "p50 latency (us)", "Median latency"))
     for axis, (triton, ours, unit, title) in zip(axes, panels):
-        axis.bar([p - 0.2 for p in positions], [row[triton] for row in rows], 0.4, label="Triton 2.51")
-        axis.bar([p + 0.2 for p in positions], [row[ours] for row in rows], 0.4, label="tritium")
-        axis.set_xticks(list(positions), labels)
+        bars = [("Triton 2.51", [row[triton] for row in first])]
+        bars += [(name, [row[ours] for row in rows]) for name, rows in tables.items()]
+        for index, (label, values) in enumerate(bars):
+            axis.bar([p - 0.4 + width * (index + 0.5) for p in range(len(labels))], values, width, label=label)
+        axis.set_xticks(list(range(len(labels))), labels)
         axis.set_ylabel(unit)
         axis.set_title(title)
         axis.legend()
@@ -120,25 +137,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window-ms", type=int, default=3000)
     parser.add_argument("--plot", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "versus_triton.png")
+    parser.add_argument("--pinned", action="store_true",
+                        help="also measure tritium with its gateways on one half of the CPUs and the broker and "
+                             "instances on the other (--gateway-cpus, --broker-cpus, --worker-cpus)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         repo = python_repository(Path(folder))
-        tritium = TritiumServer(repo)
-        triton = TritonServer(repo)
+        servers = {"tritium": TritiumServer(repo), "triton": TritonServer(repo)}
+        if args.pinned:
+            front, back = pinned_cpus()
+            servers["tritium pinned"] = TritiumServer(repo, "--gateway-cpus", front, "--broker-cpus", back,
+                                                      "--worker-cpus", back)
         try:
-            results = measure({"tritium": (tritium.url, tritium.grpc_url, tritium.process.pid),
-                               "triton": (triton.url, triton.grpc_url, triton.process.pid)},
-                              args.rounds, args.window_ms)
+            results = measure({name: (server.url, server.grpc_url, server.process.pid)
+                               for name, server in servers.items()}, args.rounds, args.window_ms)
         finally:
-            tritium.stop()
-            triton.stop()
-    rows = summary(results)
-    results["summary"] = rows
+            for server in servers.values():
+                server.stop()
+    tables = {name: summary(results, name) for name in servers if name != "triton"}
+    results["summary"] = tables
     save("versus_triton", results)
-    print(table(["scenario", "Triton infer/s", "tritium infer/s", "ratio", "Triton p50 us", "tritium p50 us",
-                 "p50 ratio"], rows))
+    for name, rows in tables.items():
+        print(f"{name} against Triton:")
+        print(table(["scenario", "Triton infer/s", f"{name} infer/s", "ratio", "Triton p50 us", f"{name} p50 us",
+                     "p50 ratio"], rows))
     print("CPU us per request at HTTP c=64:", json.dumps(results["cpu_us_per_request"], indent=1))
-    plot(rows, args.plot)
+    plot(tables, args.plot)
     print(f"plot: {args.plot}; data: {OUT / 'versus_triton.json'}")
 
 

@@ -1,24 +1,36 @@
-"""The latency floor of one ZeroMQ hop between two processes on this machine.
+"""The latency floor of one ZeroMQ hop between two processes on this machine, by CPU placement.
 
 A DEALER in this process sends 100 bytes to a ROUTER in another process, which sends
 them back; the round trip is two hops. Each tritium request crosses four hops (gateway
 -> broker -> instance -> broker -> gateway), so four times half this round trip is the
 part of the latency at concurrency 1 that no code of tritium's can remove.
 
-    python bench/zmq_floor.py
+Each hop wakes three threads: the sender's ZeroMQ I/O thread, the receiver's, and the
+receiving process. What a wake-up costs depends on where the woken thread runs, so the
+round trip is measured with both processes (and their I/O threads) on one CPU, on two
+different CPUs, and free to run anywhere; a plain Unix socket (one wake-up per hop) is the
+reference. On a virtual machine without halt polling, waking a thread on an idle CPU costs
+tens of microseconds, which is what ``--gateway-cpus``, ``--broker-cpus`` and
+``--worker-cpus`` work around. Writes ``bench/out/zmq_floor.json`` and docs/zmq_floor.png.
+
+    python -m bench.zmq_floor
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import zmq
 
 from bench.harness import save, table
 
-ECHO = r'''
+ZMQ_ECHO = r'''
 import sys, zmq
 sock = zmq.Context().socket(zmq.ROUTER)
 sock.bind(sys.argv[1])
@@ -26,35 +38,98 @@ while True:
     sock.send_multipart(sock.recv_multipart())
 '''
 
+UNIX_ECHO = r'''
+import socket, sys
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(sys.argv[1])
+listener.listen()
+connection, _ = listener.accept()
+while data := connection.recv(4096):
+    connection.sendall(data)
+'''
 
-def main(samples: int = 5000) -> None:
-    address = f"ipc:///tmp/tritium-zmq-floor-{time.monotonic_ns()}"
-    echo = subprocess.Popen([sys.executable, "-c", ECHO, address])
+
+def _echo(kind: str, address: str, cpus: set[int]) -> subprocess.Popen:
+    code = ZMQ_ECHO if kind == "zmq" else UNIX_ECHO
+    return subprocess.Popen([sys.executable, "-c", code, address],
+                            preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+
+
+def round_trips(kind: str, mine: set[int], theirs: set[int], samples: int) -> list[int]:
+    """Nanoseconds per round trip, this process on ``mine`` and the echo on ``theirs``."""
+    folder = tempfile.mkdtemp(prefix="tritium-zmq-floor-")
+    path = os.path.join(folder, "echo")
+    saved = os.sched_getaffinity(0)
+    echo = _echo(kind, f"ipc://{path}" if kind == "zmq" else path, theirs)
     try:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.connect(address)
+        os.sched_setaffinity(0, mine)   # before the context: its I/O thread inherits the set
+        if kind == "zmq":
+            context = zmq.Context()
+            sock = context.socket(zmq.DEALER)
+            sock.connect(f"ipc://{path}")
+            send, receive = sock.send, sock.recv
+        else:
+            while not os.path.exists(path):
+                time.sleep(0.01)
+            unix = socket.socket(socket.AF_UNIX)
+            unix.connect(path)
+            send, receive = unix.sendall, (lambda: unix.recv(4096))
         payload = b"x" * 100
-        for _ in range(500):
-            sock.send(payload)
-            sock.recv()
         times = []
-        for _ in range(samples):
+        for index in range(500 + samples):
             start = time.perf_counter_ns()
-            sock.send(payload)
-            sock.recv()
-            times.append(time.perf_counter_ns() - start)
-        sock.close(0)
+            send(payload)
+            receive()
+            if index >= 500:   # after the warm-up
+                times.append(time.perf_counter_ns() - start)
+        if kind == "zmq":
+            sock.close(0)
+            context.term()
+        else:
+            unix.close()
+        return sorted(times)
     finally:
+        os.sched_setaffinity(0, saved)
         echo.terminate()
         echo.wait()
-    times.sort()
-    result = {"round_trip_p50_us": times[len(times) // 2] / 1000,
-              "round_trip_p99_us": times[int(len(times) * 0.99)] / 1000}
-    result["four_hops_us"] = 2 * result["round_trip_p50_us"]
+
+
+def main(samples: int = 5000) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    first, other = {cpus[0]}, {cpus[-1]}
+    placements = [("same CPU", first, first), ("different CPUs", first, other), ("any CPU", set(cpus), set(cpus))]
+    rows, result = [], {}
+    for kind, label in (("zmq", "ZeroMQ DEALER <-> ROUTER, ipc"), ("unix", "Unix socket (reference)")):
+        for placement, mine, theirs in placements:
+            times = round_trips(kind, mine, theirs, samples)
+            p50, p99 = times[len(times) // 2] / 1000, times[int(len(times) * 0.99)] / 1000
+            result[f"{kind} {placement}"] = {"round_trip_p50_us": p50, "round_trip_p99_us": p99}
+            rows.append([label, placement, round(p50), round(p99), round(2 * p50)])
+    result["four_hops_us"] = 2 * result["zmq any CPU"]["round_trip_p50_us"]
     save("zmq_floor", result)
-    print(table(["ZeroMQ ipc round trip (2 hops)", "p50 us", "p99 us", "4 hops (a tritium request) us"],
-                [["DEALER <-> ROUTER, 100 B", round(result["round_trip_p50_us"]),
-                  round(result["round_trip_p99_us"]), round(result["four_hops_us"])]]))
+    print(table(["round trip (2 hops), 100 B", "placement", "p50 us", "p99 us", "4 hops us"], rows))
+    plot(result, [placement for placement, _, _ in placements], PLOT)
+    print(f"plot: {PLOT}")
+
+
+PLOT = Path(__file__).resolve().parent.parent / "docs" / "zmq_floor.png"
+
+
+def plot(result: dict, placements: list[str], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 3.5))
+    for offset, (kind, label) in ((-0.2, ("zmq", "ZeroMQ ipc")), (0.2, ("unix", "Unix socket"))):
+        values = [result[f"{kind} {placement}"]["round_trip_p50_us"] for placement in placements]
+        axis.bar([index + offset for index in range(len(placements))], values, 0.4, label=label)
+    axis.set_xticks(list(range(len(placements))), placements)
+    axis.set_ylabel("round trip p50 (us)")
+    axis.set_title("Two hops between two processes, by CPU placement")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
