@@ -290,7 +290,7 @@ def worker(**o) -> None:
         exit_timeout_s=float(o["exit_timeout_secs"]), backend_directory=o["backend_directory"],
         backend_config=_backend_options(o["backend_config"]), metrics_interval_s=o["metrics_interval_ms"] / 1000,
         heartbeat_interval_s=o["heartbeat_interval_secs"], curve=curve,
-        max_cpu_instances=max_cpu_instances if max_cpu_instances is not None else (os.cpu_count() or 1))
+        max_cpu_instances=max_cpu_instances if max_cpu_instances is not None else len(os.sched_getaffinity(0)))
     sys.exit(HostAgent(settings).run())
 
 

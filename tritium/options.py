@@ -64,7 +64,7 @@ OPTIONS: tuple[Option, ...] = (
             help="The broker's endpoint: its --frontend for a gateway, its --backend for a worker."),
     _option("--models", on="worker", default=None, help="Comma-separated models this host serves (default: all)."),
     _option("--max-cpu-instances", on="worker", default=None, type=click.IntRange(min=0),
-            help="Autoscaled CPU instances this host may run, besides its fixed ones (default: one per core)."),
+            help="Autoscaled CPU instances this host may run, besides its fixed ones (default: one per CPU it may use)."),
     # -- where models come from
     _option("--model-repository", "--model-store", dest="model_repository", on="serve, broker, worker",
             to="broker, worker", multiple=True, required=True, help="A model repository folder (repeatable)."),
@@ -163,7 +163,7 @@ OPTIONS: tuple[Option, ...] = (
             help="Exit when a model fails to load at startup."),
     _option("--heartbeat-interval-secs", on=_ALL, to=_CHILDREN, default=1.0, type=click.FloatRange(min=0.05),
             help="Seconds between heartbeats to and from the broker; a peer silent for 3 intervals is dropped."),
-    # -- CPU placement (docs/deployment.md, "Pinning processes to CPUs")
+    # -- CPU placement (docs/deploy.md, "Pinning processes to CPUs")
     _option("--gateway-cpus", on="serve, gateway", to="gateway", type=CPU_LIST, default=None,
             help="CPUs the gateway processes run on, as taskset lists them (e.g. 0-1,4); default: any."),
     _option("--broker-cpus", on="serve, broker", to="broker", type=CPU_LIST, default=None,
