@@ -57,8 +57,11 @@ def _echo(kind: str, address: str, cpus: set[int]) -> subprocess.Popen:
 
 def round_trips(kind: str, mine: set[int], theirs: set[int], samples: int) -> list[int]:
     """Nanoseconds per round trip, this process on ``mine`` and the echo on ``theirs``."""
-    folder = tempfile.mkdtemp(prefix="tritium-zmq-floor-")
-    path = os.path.join(folder, "echo")
+    with tempfile.TemporaryDirectory(prefix="tritium-zmq-floor-") as folder:
+        return _round_trips(kind, os.path.join(folder, "echo"), mine, theirs, samples)
+
+
+def _round_trips(kind: str, path: str, mine: set[int], theirs: set[int], samples: int) -> list[int]:
     saved = os.sched_getaffinity(0)
     echo = _echo(kind, f"ipc://{path}" if kind == "zmq" else path, theirs)
     try:
