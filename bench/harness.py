@@ -97,6 +97,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def system_cpu_times() -> tuple[int, int]:
+    """(idle, all) clock ticks of every CPU since boot, from ``/proc/stat``."""
+    ticks = [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return ticks[3] + ticks[4], sum(ticks)
+
+
 @dataclass
 class CpuMeter:
     """CPU seconds used by each process role between start() and stop() (of the processes

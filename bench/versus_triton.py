@@ -5,8 +5,8 @@ Both serve the same Python-backend add_sub (FP32 [16] x2, ``max_batch_size: 64``
 concurrency 16 and 64, gRPC at 16, HTTP at 1 for latency) is measured in rounds, tritium
 then Triton then tritium then Triton..., so that the machine's drift falls on both; the
 figures are each server's median round and the ratio of the medians. CPU per request of
-each process role is measured over the HTTP concurrency-64 rounds (CPU seconds divided by
-the requests the server counted). Writes ``bench/out/versus_triton.json`` and a plot.
+each process role (CPU seconds divided by the requests the server counted) and the share of
+the machine's CPU time left idle are measured in every scenario. Writes ``bench/out/versus_triton.json`` and a plot.
 ``--pinned`` adds a third server: tritium with its gateways on one half of the CPUs and its
 broker and instances on the other.
 
@@ -26,7 +26,7 @@ import json
 import os
 from pathlib import Path
 
-from bench.harness import ANCHORS, OUT, CpuMeter, TritonServer, TritiumServer, save, table
+from bench.harness import ANCHORS, OUT, CpuMeter, TritonServer, TritiumServer, save, system_cpu_times, table
 from bench.serving_overhead import python_repository
 
 SCENARIOS = (("http", 16), ("http", 64), ("grpc", 16), ("http", 1))
@@ -55,33 +55,52 @@ def served(http_url: str) -> int:
 def metered_run(http_url: str, url: str, protocol: str, concurrency: int, window_ms: int, root: int,
                 extra: tuple = ()) -> tuple[dict, dict]:
     """One perf_analyzer run and the CPU of the server's own processes: (its figures, role ->
-    CPU us per request the server counted)."""
+    CPU us per request the server counted, plus ``idle %``: the machine's CPU time nobody used)."""
     meter = CpuMeter((root,))
     before = served(http_url)
+    idle_before, all_before = system_cpu_times()
     meter.start()
     figures = perf_analyzer(url, protocol, concurrency, window_ms, extra)
     used = meter.stop()
+    idle_after, all_after = system_cpu_times()
     count = max(1, served(http_url) - before)
-    return figures, {role: seconds / count * 1e6 for role, seconds in used.items()}
+    cpu = {role: seconds / count * 1e6 for role, seconds in used.items()}
+    cpu["idle %"] = 100 * (idle_after - idle_before) / max(1, all_after - all_before)
+    return figures, cpu
 
 
 def measure(servers: dict, rounds: int, window_ms: int) -> dict:
     """``servers``: name -> (HTTP url, gRPC url, root pid)."""
     results: dict = {name: {f"{p} c={c}": [] for p, c in SCENARIOS} for name in servers}
-    cpu: dict = {name: {} for name in servers}
+    cpu: dict = {name: {f"{p} c={c}": {} for p, c in SCENARIOS} for name in servers}
     for protocol, concurrency in SCENARIOS:
+        scenario = f"{protocol} c={concurrency}"
         for round_number in range(rounds):
             for name, (http_url, grpc_url, root) in servers.items():
                 url = http_url if protocol == "http" else grpc_url
                 figures, cpu_us = metered_run(http_url, url, protocol, concurrency, window_ms, root)
-                results[name][f"{protocol} c={concurrency}"].append(figures)
-                print(f"round {round_number + 1} {name:8s} {protocol} c={concurrency}: "
+                results[name][scenario].append(figures)
+                print(f"round {round_number + 1} {name:8s} {scenario}: "
                       f"{figures['throughput']:8.0f} infer/s, p50 {figures['p50_us']:6.0f} us", flush=True)
-                if (protocol, concurrency) == ("http", 64):
-                    for role, us in cpu_us.items():
-                        cpu[name].setdefault(role, []).append(us)
-    return {"rounds": results, "cpu_us_per_request": {n: {r: statistics.median(v) for r, v in roles.items()}
-                                                       for n, roles in cpu.items()}}
+                for role, us in cpu_us.items():
+                    cpu[name][scenario].setdefault(role, []).append(us)
+    return {"rounds": results,
+            "cpu_us_per_request": {name: {scenario: {role: statistics.median(values) for role, values in roles.items()}
+                                          for scenario, roles in scenarios.items()}
+                                   for name, scenarios in cpu.items()}}
+
+
+def cpu_table(results: dict) -> list[list]:
+    """Per scenario and server: each role's CPU us per request, their sum, and the idle share."""
+    rows = []
+    for protocol, concurrency in SCENARIOS:
+        scenario = f"{protocol} c={concurrency}"
+        for name, scenarios in results["cpu_us_per_request"].items():
+            roles = scenarios[scenario]
+            spent = {role: us for role, us in roles.items() if role != "idle %"}
+            rows.append([scenario, name, ", ".join(f"{role} {us:.0f}" for role, us in sorted(spent.items())),
+                         round(sum(spent.values())), f"{roles.get('idle %', 0):.0f}"])
+    return rows
 
 
 def summary(results: dict, name: str = "tritium") -> list[list]:
@@ -161,7 +180,8 @@ def main() -> None:
         print(f"{name} against Triton:")
         print(table(["scenario", "Triton infer/s", f"{name} infer/s", "ratio", "Triton p50 us", f"{name} p50 us",
                      "p50 ratio"], rows))
-    print("CPU us per request at HTTP c=64:", json.dumps(results["cpu_us_per_request"], indent=1))
+    print("CPU us per request of each process role, and the CPU time left idle:")
+    print(table(["scenario", "server", "us per request", "all", "idle %"], cpu_table(results)))
     plot(tables, args.plot)
     print(f"plot: {args.plot}; data: {OUT / 'versus_triton.json'}")
 
