@@ -21,6 +21,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from tritium.gateway.grpc_codec import decode_infer_request, encode_infer_response
+from tritium.gateway.grpc_keepalive import GrpcKeepalive
 from tritium.gateway.inference import InferResult
 from tritium.gateway.model_table import parse_version
 from tritium.gateway.restricted import RestrictedApis
@@ -350,15 +351,25 @@ def _parameters(parameters) -> dict:
 
 
 def bind_grpc(dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
-              restricted: RestrictedApis = RestrictedApis(), reuse_port: bool = False) -> tuple[grpc.aio.Server, int]:
+              restricted: RestrictedApis = RestrictedApis(), reuse_port: bool = False,
+              keepalive: GrpcKeepalive = GrpcKeepalive()) -> tuple[grpc.aio.Server, int]:
     """A server bound to ``address:port``, to be started; PortInUse if the port is taken (checked
     first, so that grpc's own bind failure, a multi-line log, is never reached)."""
     check_free("GRPC", address, port, reuse_port)
-    server = grpc.aio.server(options=[
+    options = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.so_reuseport", int(reuse_port)),
-    ])
+        ("grpc.keepalive_time_ms", keepalive.time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.timeout_ms),
+        ("grpc.keepalive_permit_without_calls", int(keepalive.permit_without_calls)),
+        ("grpc.http2.max_pings_without_data", keepalive.max_pings_without_data),
+    ]
+    if keepalive.max_age_ms:   # as Triton: set only when given
+        options.append(("grpc.max_connection_age_ms", keepalive.max_age_ms))
+    if keepalive.max_age_grace_ms:
+        options.append(("grpc.max_connection_age_grace_ms", keepalive.max_age_grace_ms))
+    server = grpc.aio.server(options=options)
     server.add_generic_rpc_handlers((_handlers(GrpcInferenceService(dataplane, restricted)),))
     try:
         bound = server.add_insecure_port(f"{address}:{port}")

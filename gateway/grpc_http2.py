@@ -115,6 +115,7 @@ class Http2Connection:
         self._decoder = hpack.Decoder()
         self._decoded: dict[bytes, Headers] = {}
         self._out: list[bytes] = []
+        self.pings_without_data = 0   # PINGs we sent since the last HEADERS or DATA we sent
 
     def start(self) -> None:
         """Our SETTINGS (the first frame a server sends) and the connection window."""
@@ -364,6 +365,7 @@ class Http2Connection:
                 self._out.append(frame(CONTINUATION, END_HEADERS if index == len(chunks) else 0, stream_id, chunk))
         if end_stream:
             self._end_local(stream_id)
+        self.pings_without_data = 0
 
     def send_data(self, stream_id: int, data: bytes | memoryview) -> None:
         """DATA within the windows: the caller asked ``window_for`` first."""
@@ -371,6 +373,12 @@ class Http2Connection:
         stream.send_window -= len(data)
         self.send_window -= len(data)
         self._out.append(frame(DATA, 0, stream_id, data))
+        self.pings_without_data = 0
+
+    def ping(self) -> None:
+        """A PING of our own (keepalive); the client's acknowledgement is just more bytes read."""
+        self._out.append(frame(PING, 0, 0, b"tritium\x00"))
+        self.pings_without_data += 1
 
     def reset(self, stream_id: int, code: int) -> None:
         self._out.append(frame(RST_STREAM, 0, stream_id, struct.pack(">I", code)))

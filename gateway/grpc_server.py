@@ -30,6 +30,7 @@ from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, rpc_methods
 from tritium.gateway.grpc_http2 import (NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers, Http2Connection,
                                         encode_headers)
+from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers
 from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader, frame,
                                parse_timeout, percent_encoded, too_large)
 from tritium.gateway.restricted import RestrictedApis
@@ -123,9 +124,11 @@ class _Requests:
 class _Shared(OpenConnections["GrpcConnection"]):
     """What every connection of one server shares: the RPCs, the limit, the open connections."""
 
-    def __init__(self, servicer: GrpcInferenceService, rpcs: dict[bytes, Rpc], max_message_bytes: int) -> None:
+    def __init__(self, servicer: GrpcInferenceService, rpcs: dict[bytes, Rpc], max_message_bytes: int,
+                 keepalive: GrpcKeepalive) -> None:
         super().__init__()
         self.servicer, self.rpcs, self.max_message_bytes = servicer, rpcs, max_message_bytes
+        self.keepalive = keepalive
 
 
 class GrpcConnection(asyncio.Protocol):
@@ -140,22 +143,32 @@ class GrpcConnection(asyncio.Protocol):
         self.calls: dict[int, _Call] = {}      # streams not yet answered, or answered but still sending
         self.flush_scheduled = False
         self.closed = False
+        self.aged = False        # past its maximum age: told GOAWAY, closes when its calls are done
+        self.timers: KeepaliveTimers | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)   # a stream server's transports are Transports
         self.shared.opened(self)
+        settings = self.shared.keepalive
+        if settings.time_ms > 0 or settings.max_age_ms > 0:
+            self.timers = KeepaliveTimers(settings, self.loop, busy=lambda: bool(self.calls), ping=self._keepalive_ping,
+                                          go_away=self._too_old, close=self._abandon)
         self.http2.start()
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.timers is not None:
+            self.timers.cancel()
         for call in list(self.calls.values()):
             self._forget(call)
         self.shared.lost(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.timers is not None:
+            self.timers.heard()
         try:
             self.http2.receive(data)
         except ConnectionFailure as failure:
@@ -185,7 +198,7 @@ class GrpcConnection(asyncio.Protocol):
                 timeout = parse_timeout(value)
             elif name not in _NOT_METADATA:
                 metadata.append((name, value))
-        if self.shared.draining:   # past our GOAWAY: the client may retry it elsewhere
+        if self.shared.draining or self.aged:   # past our GOAWAY: the client may retry it elsewhere
             self.http2.reset(stream_id, REFUSED_STREAM)
             return
         if content_type is None or not content_type.startswith(b"application/grpc"):
@@ -370,7 +383,7 @@ class GrpcConnection(asyncio.Protocol):
         if call.task is not None and not call.task.done() and call.task is not asyncio.current_task():
             call.task.cancel()
         self.calls.pop(call.id, None)
-        if (self.shared.draining or self.http2.going_away) and not self.calls:
+        if self._closing_when_idle() and not self.calls:
             self._flush_soon()
 
     def _flush_soon(self) -> None:
@@ -385,10 +398,38 @@ class GrpcConnection(asyncio.Protocol):
         data = self.http2.data_to_send()
         if data:
             self.transport.write(data)
-        if (self.shared.draining or self.http2.going_away) and not self.calls:
+        if self._closing_when_idle() and not self.calls:
             self.close()
 
+    # -- keepalive and age (gateway/grpc_keepalive.py) -----------------------------------
+
+    def _keepalive_ping(self) -> bool:
+        """Ping the client, unless the pings sent with no data since have reached the limit."""
+        limit = self.shared.keepalive.max_pings_without_data
+        if self.closed or (limit and self.http2.pings_without_data >= limit):
+            return False
+        self.http2.ping()
+        self._flush()
+        return True
+
+    def _too_old(self) -> None:
+        if not self.closed and not self.aged:
+            self.aged = True
+            self.http2.go_away()
+            self._flush()
+
+    def _abandon(self) -> None:
+        """Keepalive found the client gone, or the age's grace ran out: close without waiting
+        for what it has not read."""
+        if not self.closed:
+            log.debug("gRPC connection closed by %s", "its age" if self.aged else "keepalive")
+            self.closed = True
+            self.transport.abort()
+
     # -- closing -----------------------------------------------------------------------
+
+    def _closing_when_idle(self) -> bool:
+        return self.shared.draining or self.http2.going_away or self.aged
 
     def go_away(self) -> None:
         """Tell the client no new calls are taken here; close once those in flight are answered."""
@@ -426,10 +467,11 @@ def _internal(call: _Call, exc: Exception) -> GrpcFailure:
 class GrpcServer:
     """The listening socket, the connections, and the graceful drain; grpc.aio's start/stop shape."""
 
-    def __init__(self, servicer: GrpcInferenceService, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, servicer: GrpcInferenceService, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 keepalive: GrpcKeepalive = GrpcKeepalive()) -> None:
         rpcs = {f"/{SERVICE.full_name}/{name}".encode(): Rpc(name, streaming, parse, serialize, getattr(servicer, name))
                 for name, streaming, parse, serialize in rpc_methods()}
-        self.shared = _Shared(servicer, rpcs, max_message_bytes)
+        self.shared = _Shared(servicer, rpcs, max_message_bytes, keepalive)
         self._sock: socket.socket | None = None
         self._server: asyncio.AbstractServer | None = None
 
@@ -459,8 +501,8 @@ class GrpcServer:
 
 
 def bind_grpc_tritium(dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                      restricted: RestrictedApis = RestrictedApis(),
-                      reuse_port: bool = False) -> tuple[GrpcServer, int]:
+                      restricted: RestrictedApis = RestrictedApis(), reuse_port: bool = False,
+                      keepalive: GrpcKeepalive = GrpcKeepalive()) -> tuple[GrpcServer, int]:
     """``bind_grpc``'s counterpart: a server bound to ``address:port``, to be started."""
-    server = GrpcServer(GrpcInferenceService(dataplane, restricted), max_message_bytes)
+    server = GrpcServer(GrpcInferenceService(dataplane, restricted), max_message_bytes, keepalive)
     return server, server.bind(address, port, reuse_port)

@@ -20,6 +20,7 @@ import uvloop
 from tritium.gateway.broker_link import BrokerLink, BrokerRefused
 from tritium.gateway.dataplane import DataPlane, ServerIdentity
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, bind_grpc
+from tritium.gateway.grpc_keepalive import GrpcKeepalive
 from tritium.gateway.grpc_server import bind_grpc_tritium
 from tritium.gateway.http_api import HttpApp
 from tritium.gateway.http_server import HttpLimits, HttpServer
@@ -57,6 +58,7 @@ class GatewaySettings:
     grpc_restricted: RestrictedApis = RestrictedApis()   # Triton's --grpc-restricted-protocol
     reuse_port: bool = False    # share the ports with this deployment's other gateways (SO_REUSEPORT)
     grpc_server: str = "tritium"   # the gRPC transport: "tritium" (gateway/grpc_server.py) or "grpcio"
+    grpc_keepalive: GrpcKeepalive = GrpcKeepalive()   # Triton's --grpc-keepalive-* and --grpc-max-connection-age*
     trace: TraceSettings = TraceSettings()   # Triton's --trace-config, seeding the broker's copy
 
 
@@ -84,7 +86,8 @@ async def serve(settings: GatewaySettings) -> int:
     if settings.grpc_port is not None:   # bound now: a taken port stops startup before the broker is waited for
         bind = bind_grpc if settings.grpc_server == "grpcio" else bind_grpc_tritium
         grpc_server, grpc_port = bind(dataplane, settings.grpc_address, settings.grpc_port,
-                                      settings.grpc_max_message_bytes, settings.grpc_restricted, settings.reuse_port)
+                                      settings.grpc_max_message_bytes, settings.grpc_restricted, settings.reuse_port,
+                                      settings.grpc_keepalive)
     http = HttpServer(app, HttpLimits(max_body_bytes=settings.max_input_bytes + 1024 * 1024))
     stop = asyncio.Event()
 

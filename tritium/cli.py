@@ -246,6 +246,16 @@ def broker(**o) -> None:
     sys.exit(server.run())
 
 
+def grpc_keepalive(o: dict):
+    """The gRPC keepalive and connection-age settings from Triton's flags."""
+    from tritium.gateway.grpc_keepalive import GrpcKeepalive
+
+    return GrpcKeepalive(time_ms=o["grpc_keepalive_time"], timeout_ms=o["grpc_keepalive_timeout"],
+                         permit_without_calls=_bool(o["grpc_keepalive_permit_without_calls"]),
+                         max_pings_without_data=o["grpc_http2_max_pings_without_data"],
+                         max_age_ms=o["grpc_max_connection_age"], max_age_grace_ms=o["grpc_max_connection_age_grace"])
+
+
 @main.command(cls=config_file.SettingsCommand)
 @options_of(GATEWAY)
 def gateway(**o) -> None:
@@ -269,7 +279,8 @@ def gateway(**o) -> None:
                         heartbeat_interval_s=o["heartbeat_interval_secs"],
                         max_inflight_requests=o["max_inflight_requests"], curve=curve,
                         http_restricted=http_restricted, grpc_restricted=grpc_restricted,
-                        reuse_port=_bool(o["reuse_port"]), grpc_server=o["grpc_server"], trace=trace))
+                        reuse_port=_bool(o["reuse_port"]), grpc_server=o["grpc_server"],
+                        grpc_keepalive=grpc_keepalive(o), trace=trace))
 
 
 @main.command(cls=config_file.SettingsCommand)

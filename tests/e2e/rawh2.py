@@ -62,7 +62,9 @@ def grpc_message(payload: bytes, flag: int = 0) -> bytes:
 
 
 class RawH2:
-    def __init__(self, url: str, settings: dict[int, int] | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, settings: dict[int, int] | None = None, timeout_s: float = 10.0,
+                 answer_pings: bool = False) -> None:
+        self.answer_pings = answer_pings   # as real clients do; off: a client that went silent
         host, port = url.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
         self.encoder, self.decoder = hpack.Encoder(), hpack.Decoder()
@@ -122,6 +124,8 @@ class RawH2:
         self.frames.append((kind, flags, stream_id, payload))
         if kind == SETTINGS and not flags & ACK:
             self.send(SETTINGS, ACK, 0)
+        if kind == PING and not flags & ACK and self.answer_pings:
+            self.send(PING, ACK, 0, payload)
         if not stream_id:
             return
         answer = self.answers.setdefault(stream_id, Answer())
@@ -133,6 +137,20 @@ class RawH2:
             answer.reset = int.from_bytes(payload, "big")
         if kind in (HEADERS, DATA) and flags & END_STREAM:
             answer.ended = True
+
+    def read_until_closed(self, timeout_s: float) -> float | None:
+        """Read every frame until the server closes the connection: seconds from now until it
+        did, or None if it was still open after ``timeout_s``."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            self.sock.settimeout(max(0.01, timeout_s - (time.monotonic() - start)))
+            try:
+                self.read_some()
+            except (ConnectionError, OSError) as exc:
+                if isinstance(exc, TimeoutError):
+                    return None
+                return time.monotonic() - start
+        return None
 
     def close(self) -> None:
         self.sock.close()
