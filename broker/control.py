@@ -15,8 +15,10 @@ from tritium.broker.tracing import BrokerTracing
 from tritium import logs
 from tritium.errors import AlreadyExists, InternalError, InvalidArgument, TritiumError
 from tritium.logs import LogSettings
+from tritium.protocol import (ChangeLogSettings, ControlArgs, ControlReply, IndexQuery, LoadModel, ModelsQuery,
+                              RegisterRegion, SharedMemoryRegion, StatsQuery, StatusQuery, TraceDone,
+                              TraceSettingsQuery, UnloadModel, UnregisterRegion)
 from tritium.protocol import Control as ControlRequest
-from tritium.protocol import ControlOp, ControlReply, SharedMemoryRegion
 from tritium.protocol import LogSettings as LogSettingsMessage
 
 log = logging.getLogger(__name__)
@@ -48,41 +50,41 @@ class Control:
                 message = ControlReply(rid, result)
             self._send_frontend([peer, message.encode()])
 
-        op, args = request.op, request.args or {}
+        args = request.args
         try:
-            if op is ControlOp.LOAD:  # answered when the load is done, which may take a while
-                self.lifecycle.load(_model_name(args), args.get("parameters") or {}, reply)
+            if isinstance(args, LoadModel):  # answered when the load is done, which may take a while
+                self.lifecycle.load(_model_name(args.model), args.parameters, reply)
             else:
-                reply(self._control(op, args))
+                reply(self._control(args))
         except TritiumError as exc:
             reply(exc)
         except Exception as exc:   # an unexpected failure still answers the asker
-            log.exception("control operation %r failed", op.value)
-            reply(InternalError(f"control operation '{op.value}' failed: {exc}"))
+            log.exception("control operation %r failed", args.op.value)
+            reply(InternalError(f"control operation '{args.op.value}' failed: {exc}"))
 
-    def _control(self, op: ControlOp, args: dict):
-        if op is ControlOp.MODELS:
+    def _control(self, args: ControlArgs):
+        if isinstance(args, ModelsQuery):
             return self.registry.table()
-        if op is ControlOp.STATS:
-            return self._stats(args.get("model"), args.get("version"))
-        if op is ControlOp.STATUS:
+        if isinstance(args, StatsQuery):
+            return self._stats(args.model, args.version)
+        if isinstance(args, StatusQuery):
             return {"loading_done": self.registry.loading_done(), "ready": self.registry.server_ready(),
                     "failures": self._failures(), "repository_errors": list(self.lifecycle.repository_errors)}
-        if op is ControlOp.INDEX:
-            return self.lifecycle.index(bool(args.get("ready")))
-        if op is ControlOp.UNLOAD:
-            self.lifecycle.unload(_model_name(args), bool(args.get("unload_dependents")))
+        if isinstance(args, IndexQuery):
+            return self.lifecycle.index(args.ready)
+        if isinstance(args, UnloadModel):
+            self.lifecycle.unload(_model_name(args.model), args.unload_dependents)
             return {}
-        if op is ControlOp.LOG_SETTINGS:
-            return self._change_log_settings(args.get("changes") or {})
-        if op is ControlOp.TRACE_SETTINGS or op is ControlOp.TRACE_DONE:
-            return self._trace(op, args)
-        if op is ControlOp.SHM_REGISTER:
+        if isinstance(args, ChangeLogSettings):
+            return self._change_log_settings(args.changes)
+        if isinstance(args, (TraceSettingsQuery, TraceDone)):
+            return self._trace(args)
+        if isinstance(args, RegisterRegion):
             return self._register_region(args)
-        if op is ControlOp.SHM_UNREGISTER:
-            self._unregister_region(args.get("name"))
+        if isinstance(args, UnregisterRegion):
+            self._unregister_region(args.name)
             return {}
-        raise InvalidArgument(f"unknown control operation '{op.value}'")
+        raise InvalidArgument(f"unknown control operation '{args.op.value}'")
 
     # -- log settings ---------------------------------------------------------------------
 
@@ -104,10 +106,10 @@ class Control:
 
     # -- trace settings ---------------------------------------------------------------------
 
-    def _trace(self, op: ControlOp, args: dict) -> dict | None:
+    def _trace(self, args: TraceSettingsQuery | TraceDone) -> dict | None:
         """Triton's trace extension; gateways get changed settings with the model table."""
         answer = None   # trace_done answers nothing
-        if op is ControlOp.TRACE_SETTINGS:
+        if isinstance(args, TraceSettingsQuery):
             answer = self.tracing.settings(args)
         else:
             self.tracing.done(args)
@@ -118,15 +120,14 @@ class Control:
 
     # -- shared memory regions ------------------------------------------------------------
 
-    def _register_region(self, args: dict) -> dict:
+    def _register_region(self, args: RegisterRegion) -> dict:
         """Record a client's shared memory region (the gateway checked it maps)."""
-        name = args.get("name")
-        if not isinstance(name, str) or not name:
+        name = args.name
+        if not name:
             raise InvalidArgument("a shared memory region needs a name")
         if name in self.registry.shared_memory:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
-        self.registry.shared_memory[name] = SharedMemoryRegion(name, str(args["key"]), int(args["offset"]),
-                                                               int(args["byte_size"]))
+        self.registry.shared_memory[name] = SharedMemoryRegion(name, args.key, args.offset, args.byte_size)
         self.membership.changed()
         return {}
 
@@ -166,8 +167,7 @@ class Control:
         return [v.stats.as_dict(model, n) for n, v in sorted(ready.items())]
 
 
-def _model_name(args: dict) -> str:
-    name = args.get("model")
-    if not isinstance(name, str) or not name:
+def _model_name(name: str) -> str:
+    if not name:
         raise InvalidArgument("a model name is required")
     return name

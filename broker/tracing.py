@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from tritium.protocol import TraceDone, TraceSettingsQuery
 from tritium.tracing.settings import TraceSettings, TraceSettingsStore
 from tritium.tracing.triton_file import TraceFile
 
@@ -21,12 +22,11 @@ class BrokerTracing:
         self.store: TraceSettingsStore | None = None
         self.file = TraceFile()
 
-    def settings(self, args: dict) -> dict:
+    def settings(self, args: TraceSettingsQuery) -> dict:
         """CONTROL ``trace_settings``: seed (``startup``), change (``changes``) and read the
         settings of ``model`` (None: the global ones), answered as Triton writes them."""
-        store = self._seed(args)
-        model = args.get("model")
-        changes = args.get("changes")
+        store = self._seed(args.startup)
+        model, changes = args.model, args.changes
         if changes:
             before = store.effective(model)
             settings = store.update(model, changes)
@@ -35,21 +35,21 @@ class BrokerTracing:
             log.info("trace settings%s changed: %s", f" of model '{model}'" if model else "", settings.as_triton())
         return store.effective(model).as_triton()
 
-    def done(self, args: dict) -> None:
+    def done(self, args: TraceDone) -> None:
         """CONTROL ``trace_done``: one trace was taken (and, in triton mode, its tree to write)."""
-        store = self._seed(args)
-        model = args.get("model")
+        store = self._seed(args.startup)
+        model = args.model
         settings = store.effective(model)
-        if args.get("tree") is not None and settings.file:
-            self.file.add(settings.file, settings.log_frequency, args["tree"])
+        if args.tree is not None and settings.file:
+            self.file.add(settings.file, settings.log_frequency, args.tree)
         if store.took_one(model):
             self.file.flush(indexed=True)   # the count ran out: what was taken is written, as Triton does
 
-    def _seed(self, args: dict) -> TraceSettingsStore:
+    def _seed(self, startup: dict | None) -> TraceSettingsStore:
         """The store; the first gateway to speak (to this broker process: a restarted one starts
         over) gives the startup settings."""
         if self.store is None:
-            self.store = TraceSettingsStore(TraceSettings.from_wire(args.get("startup") or {}))
+            self.store = TraceSettingsStore(TraceSettings.from_wire(startup or {}))
         return self.store
 
     @property

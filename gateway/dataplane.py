@@ -21,7 +21,8 @@ from tritium.gateway.validation import check_single_response, validate_request
 from tritium.repo.names import require_name
 from tritium import __version__
 from tritium.errors import InvalidArgument, TritiumError, Unavailable, Unsupported
-from tritium.protocol import Control, ControlOp, Infer, pack_tensors, tensor_views
+from tritium.protocol import (ChangeLogSettings, Control, ControlArgsUnion, IndexQuery, Infer, LoadModel, RegisterRegion,
+                              StatsQuery, TraceSettingsQuery, UnloadModel, UnregisterRegion, pack_tensors, tensor_views)
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +97,13 @@ class DataPlane:
         return spec.config_json
 
     async def statistics(self, name: str | None, version: str | None) -> dict:
-        args = {"model": name, "version": parse_version(version) if version else None}
-        return {"model_stats": await self._control(ControlOp.STATS, args)}
+        query = StatsQuery(name, parse_version(version) if version else None)
+        return {"model_stats": await self._control(query)}
 
     # -- the model repository extension ----------------------------------------------------
 
     async def repository_index(self, ready_only: bool) -> list[dict]:
-        return await self._control(ControlOp.INDEX, {"ready": ready_only})
+        return await self._control(IndexQuery(ready_only))
 
     async def load_model(self, name: str, parameters: dict) -> None:
         """Returns once the model is loaded (its table already here), or raises why it is not."""
@@ -112,17 +113,18 @@ class DataPlane:
                 raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON string")
             if key.startswith("file:") and not isinstance(value, (str, bytes)):
                 raise InvalidArgument(f"failed to load '{name}': '{key}' must be base64 text or bytes")
-        await self._control(ControlOp.LOAD, {"model": name, "parameters": parameters})
+        await self._control(LoadModel(name, parameters))
 
     async def unload_model(self, name: str, unload_dependents: bool) -> None:
         require_name(name, "unload")
-        await self._control(ControlOp.UNLOAD, {"model": name, "unload_dependents": unload_dependents})
+        await self._control(UnloadModel(name, unload_dependents))
 
-    async def _control(self, op: ControlOp, args: dict):
-        log.debug("control request %s%s", op.value, f" for model {args['model']}" if args.get("model") else "")
+    async def _control(self, args: ControlArgsUnion):
+        model = getattr(args, "model", None)
+        log.debug("control request %s%s", args.op.value, f" for model {model}" if model else "")
         self._controls_waiting += 1   # not inference: the in-flight limit does not count them
         try:
-            reply = (await self.link.request(Control(self.link.next_rid(), op, args))).message
+            reply = (await self.link.request(Control(self.link.next_rid(), args))).message
         finally:
             self._controls_waiting -= 1
         if reply.error is not None:
@@ -248,7 +250,7 @@ class DataPlane:
 
     async def log_settings(self, changes: dict | None = None) -> dict:
         """Triton's logging settings, after applying ``changes`` to every process."""
-        return await self._control(ControlOp.LOG_SETTINGS, {"changes": changes or {}})
+        return await self._control(ChangeLogSettings(changes or {}))
 
     # -- trace ----------------------------------------------------------------------------
 
@@ -259,8 +261,7 @@ class DataPlane:
                 self.link.models.resolve(model, None)
             except TritiumError:
                 raise InvalidArgument(f"Request for unknown model : {model}") from None
-        return await self._control(ControlOp.TRACE_SETTINGS, {"model": model, "changes": changes or {},
-                                                      "startup": self.tracer.startup.as_wire()})
+        return await self._control(TraceSettingsQuery(model, changes or {}, self.tracer.startup.as_wire()))
 
     # -- system shared memory ---------------------------------------------------------------
 
@@ -296,12 +297,12 @@ class DataPlane:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidArgument(f"Unable to parse '{field}': expected an unsigned integer")
         map_region(key, offset, byte_size).close()  # fails here, for this client, if it cannot be mapped
-        await self._control(ControlOp.SHM_REGISTER, {"name": name, "key": key, "offset": offset, "byte_size": byte_size})
+        await self._control(RegisterRegion(name, key, offset, byte_size))
 
     async def unregister_shared_memory(self, name: str | None) -> None:
         if not self.allow_client_shm:
             raise Unsupported(SHM_DISABLED)
-        await self._control(ControlOp.SHM_UNREGISTER, {"name": name})
+        await self._control(UnregisterRegion(name))
 
 
 def _classified(spec: ModelSpec, requested: list, outputs: list[OutputTensor]) -> list[OutputTensor]:

@@ -17,7 +17,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from tritium.protocol import Control, ControlOp, Response
+from tritium.protocol import Control, Response, TraceDone, TraceSettingsQuery
 from tritium.tracing.settings import TraceSettings
 from tritium.tracing.stamps import INFER_RESPONSE_COMPLETE, REQUEST_END, place
 
@@ -86,8 +86,7 @@ class GatewayTracer:
 
     async def start(self) -> None:
         """Seed the broker with this gateway's startup settings (the first gateway's stay)."""
-        await self.link.request(Control(self.link.next_rid(), ControlOp.TRACE_SETTINGS,
-                                        {"startup": self.startup.as_wire()}))
+        await self.link.request(Control(self.link.next_rid(), TraceSettingsQuery(startup=self.startup.as_wire())))
 
     def apply(self, wire: dict | None) -> None:
         """Settings pushed by the broker; the same revision again changes nothing."""
@@ -131,8 +130,8 @@ class GatewayTracer:
         except Exception:
             log.exception("trace of a request for model '%s' dropped", trace.model)
             return
-        args = {"model": trace.model, "tree": None if exported else tree, "startup": self.startup.as_wire()}
-        self.link.request_then(Control(self.link.next_rid(), ControlOp.TRACE_DONE, args), (), (), _ignore)
+        done = TraceDone(trace.model, None if exported else tree, self.startup.as_wire())
+        self.link.request_then(Control(self.link.next_rid(), done), (), (), _ignore)
 
     def _exporter(self) -> OtelExporter:
         if self._otel is None:

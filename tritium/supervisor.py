@@ -26,7 +26,7 @@ import zmq
 
 from tritium.exit_codes import ExitCode
 from tritium.ports import PortInUse, check_free
-from tritium.protocol import Control, ControlOp, ControlReply, read_record
+from tritium.protocol import Control, ControlReply, StatusQuery, read_record
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class Supervisor:
         sock.connect(frontend)
         try:
             while not stop and self._dead_child() is None:
-                sock.send(Control(1, ControlOp.STATUS).encode())
+                sock.send(Control(1, StatusQuery()).encode())
                 if sock.poll(1000):
                     reply, _, _ = read_record(sock.recv())
                     status = reply.result if isinstance(reply, ControlReply) else None

@@ -20,9 +20,9 @@ from tritium.protocol import (
     PROTOCOL_VERSION,
     BatchDone,
     Control,
-    ControlOp,
     Heartbeat,
     Hello,
+    IndexQuery,
     Infer,
     Kind,
     Placed,
@@ -224,7 +224,7 @@ def test_a_host_that_falls_silent_is_dropped_and_the_request_it_held_is_answered
 def test_a_malformed_record_is_dropped_and_the_gateway_keeps_being_served(world):
     gateway = world.gateway()
     gateway.send(b"\x05\x00\x00\x00garbage-that-is-no-msgpack")
-    gateway.send(Control(9, ControlOp.INDEX, {"ready": False}).encode())
+    gateway.send(Control(9, IndexQuery(ready=False)).encode())
     world.until(lambda: gateway.headers(Kind.CONTROL_REPLY))
     (reply,) = gateway.headers(Kind.CONTROL_REPLY)
     assert reply["rid"] == 9 and [e["name"] for e in reply["ok"]] == ["m"]

@@ -8,7 +8,7 @@ import pytest
 
 from tests.broker.test_broker_inprocess import World
 from tritium.errors import ErrorCode
-from tritium.protocol import PROTOCOL_VERSION, Control, ControlOp, Kind, encode
+from tritium.protocol import PROTOCOL_VERSION, Control, Kind, StatusQuery, encode
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def test_a_malformed_infer_is_answered_with_the_field_it_lacks(world):
     assert response["rid"] == 4 and response["err"]["code"] == ErrorCode.INVALID_ARG
     assert response["err"]["message"] == ("malformed inference request: malformed record header: "
                                           "Object missing required field `inputs`")
-    gateway.send(Control(9, ControlOp.STATUS).encode())
+    gateway.send(Control(9, StatusQuery()).encode())
     world.until(lambda: gateway.headers(Kind.CONTROL_REPLY))
     assert gateway.headers(Kind.CONTROL_REPLY)[0]["rid"] == 9
 

@@ -21,9 +21,9 @@ from tritium.protocol import (
     MISSED_HEARTBEATS,
     PROTOCOL_VERSION,
     Control,
-    ControlOp,
     ControlReply,
     Heartbeat,
+    IndexQuery,
     Infer,
     Kind,
     ModelRow,
@@ -185,14 +185,14 @@ def test_answers_in_any_order_reach_the_request_they_answer(gateway):
 def test_a_control_request_gets_its_reply(gateway):
     async def scenario():
         await gateway.started()
-        asked = gateway.link.request(Control(gateway.link.next_rid(), ControlOp.INDEX, {"ready": True}))
+        asked = gateway.link.request(Control(gateway.link.next_rid(), IndexQuery(ready=True)))
         (control,) = await gateway.until(lambda: [r for r in gateway.broker.received if r.kind == Kind.CONTROL])
         gateway.broker.tell(gateway.peer, ControlReply(control.header["rid"],
                                                        [{"name": "m", "version": "1", "state": "READY"}]))
         return control.header, await asked
 
     control, reply = gateway.run(scenario())
-    assert (control["op"], control["args"]) == ("index", {"ready": True})
+    assert control["args"] == {"op": "index", "ready": True}
     assert reply.message == ControlReply(control["rid"], [{"name": "m", "version": "1", "state": "READY"}])
 
 

@@ -12,6 +12,8 @@ from tritium.protocol import (
     Assignment,
     Batch,
     BatchDone,
+    CONTROL_ARGS,
+    ChangeLogSettings,
     Control,
     ControlOp,
     ControlReply,
@@ -20,17 +22,21 @@ from tritium.protocol import (
     Heartbeat,
     Hello,
     HostMetrics,
+    IndexQuery,
     Infer,
     InstanceExited,
     InstanceFailed,
     InstanceHealth,
     Kind,
+    LoadModel,
     LoadRef,
     LogSettings,
     ModelRow,
     Models,
+    ModelsQuery,
     Placed,
     Refused,
+    RegisterRegion,
     Reset,
     Response,
     ResponsePart,
@@ -39,7 +45,13 @@ from tritium.protocol import (
     Scale,
     ScaledAssignment,
     SharedMemoryRegion,
+    StatsQuery,
+    StatusQuery,
+    TraceDone,
+    TraceSettingsQuery,
     Unassign,
+    UnloadModel,
+    UnregisterRegion,
     VersionRow,
     decode,
     read_record,
@@ -63,7 +75,7 @@ EXAMPLES = [
     Batch(5, 2, [0, 1]),
     BatchDone(5, [True, False], [1, 0], [1, 2, 3], [0]),
     ResponsePart(5, 1),
-    Control(9, ControlOp.LOAD, {"model": "m"}),
+    Control(9, LoadModel("m", {"config": "{}", "file:1/model.onnx": b"\x00\x01"})),
     ControlReply(9, {"loaded": True}, InvalidArgument("bad")),
     Models(4, (ModelRow("m", "failed", (VersionRow(1, "READY", "", True),), {"name": "m"}, {"Y": ["a"]}),), True,
            (SharedMemoryRegion("r", "/key", 0, 64),)),
@@ -128,15 +140,30 @@ def test_the_hot_kinds_keep_their_short_keys():
         "k": 11, "rid": 3, "err": {"code": 2, "message": "boom"}, "model_error": True, "final": True}
 
 
+def test_every_control_operation_has_one_record_and_crosses_whole():
+    assert sorted(args.__struct_config__.tag for args in CONTROL_ARGS) == sorted(op.value for op in ControlOp)
+    examples = [ModelsQuery(), StatsQuery("m", 2), StatusQuery(), IndexQuery(ready=True),
+                LoadModel("m", {"config": "{}"}), UnloadModel("m", unload_dependents=True),
+                ChangeLogSettings({"log_verbose_level": 1}), RegisterRegion("r", "/k", 8, 64), UnregisterRegion(),
+                TraceSettingsQuery("m", {"trace_rate": "5"}, {"mode": "triton"}),
+                TraceDone("m", [{"id": 1, "timestamps": []}], None)]
+    assert {type(args) for args in examples} == set(CONTROL_ARGS)
+    for number, args in enumerate(examples):
+        message, _, _ = read_record(Control(number, args).encode())
+        assert message == Control(number, args) and message.op is args.op
+
+
 def test_errors_cross_as_code_and_message():
     reply = ControlReply.from_wire({"k": 31, "rid": 1, "err": {"code": 3, "message": "gone"}})
     assert isinstance(reply.error, NotFound) and reply.error.message == "gone"
 
 
 def test_a_malformed_record_is_a_protocol_error_naming_the_field():
-    assert Control.from_wire({"k": 30, "rid": 1, "op": "status"}).op is ControlOp.STATUS
-    with pytest.raises(ProtocolError, match=r"malformed Control record: Invalid enum value 'reboot' - at `\$.op`"):
-        Control.from_wire({"k": 30, "rid": 1, "op": "reboot"})
+    assert Control.from_wire({"k": 30, "rid": 1, "args": {"op": "status"}}).op is ControlOp.STATUS
+    with pytest.raises(ProtocolError, match=r"malformed Control record: Invalid value 'reboot' - at `\$.args.op`"):
+        Control.from_wire({"k": 30, "rid": 1, "args": {"op": "reboot"}})
+    with pytest.raises(ProtocolError, match=r"Object missing required field `model` - at `\$.args`"):
+        Control.from_wire({"k": 30, "rid": 1, "args": {"op": "load"}})
     with pytest.raises(ProtocolError, match=r"Expected `int`, got `str` - at `\$.b`"):
         Batch.from_wire({"k": 20, "b": "one", "n": 1})
 

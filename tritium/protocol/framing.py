@@ -28,7 +28,7 @@ import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 INLINE_LIMIT = 64 * 1024
 _PREFIX = struct.Struct("<I")
 

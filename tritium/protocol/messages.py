@@ -34,7 +34,10 @@ __all__ = [
     "MESSAGES", "read_record", "error_record", "Message", "ControlOp", "Role",
     "RunningInstance", "Assignment", "ScaledAssignment", "LoadRef", "VersionRow", "ModelRow", "SharedMemoryRegion",
     "Hello", "Refused", "Reset", "Heartbeat", "Infer", "Response", "Batch", "BatchDone", "ResponsePart",
-    "Control", "ControlReply", "Models", "LogSettings", "Assign", "Unassign", "Scale", "Placed",
+    "Control", "ControlArgs", "ControlArgsUnion", "CONTROL_ARGS", "ModelsQuery", "StatsQuery", "StatusQuery",
+    "IndexQuery", "LoadModel", "UnloadModel", "ChangeLogSettings", "RegisterRegion", "UnregisterRegion",
+    "TraceSettingsQuery", "TraceDone",
+    "ControlReply", "Models", "LogSettings", "Assign", "Unassign", "Scale", "Placed",
     "InstanceFailed", "InstanceExited", "InstanceHealth", "HostMetrics", "Drain", "Drained",
 ]
 
@@ -325,12 +328,102 @@ class ResponsePart(Message, frozen=True, tag=int(Kind.RESPONSE_PART)):
 # -- control plane ----------------------------------------------------------------------
 
 
+class ControlArgs(Record, frozen=True, omit_defaults=True, gc=False, tag_field="op"):
+    """What a CONTROL asks: one record per operation, its tag (``op``) a ControlOp value."""
+
+    @property
+    def op(self) -> ControlOp:
+        return ControlOp(self.__struct_config__.tag)
+
+
+class ModelsQuery(ControlArgs, frozen=True, tag=ControlOp.MODELS.value):
+    """The model table."""
+
+
+class StatsQuery(ControlArgs, frozen=True, tag=ControlOp.STATS.value):
+    """Triton's inference statistics."""
+
+    model: Annotated[str | None, doc("one model (none: every ready version)")] = None
+    version: Annotated[int | None, doc("one version of it")] = None
+
+
+class StatusQuery(ControlArgs, frozen=True, tag=ControlOp.STATUS.value):
+    """Loading done, readiness, failures."""
+
+
+class IndexQuery(ControlArgs, frozen=True, tag=ControlOp.INDEX.value):
+    """The repository index."""
+
+    ready: Annotated[bool, doc("only ready models")] = False
+
+
+class LoadModel(ControlArgs, frozen=True, tag=ControlOp.LOAD.value):
+    """Load a model; answered when it is loaded."""
+
+    model: Annotated[str, doc("model name")]
+    parameters: Annotated[dict[str, Any], doc("the repository API's parameters (`config`, `file:...`)")] = \
+        field(default_factory=dict)
+
+
+class UnloadModel(ControlArgs, frozen=True, tag=ControlOp.UNLOAD.value):
+    """Unload a model."""
+
+    model: Annotated[str, doc("model name")]
+    unload_dependents: Annotated[bool, doc("the ensembles using it too")] = False
+
+
+class ChangeLogSettings(ControlArgs, frozen=True, tag=ControlOp.LOG_SETTINGS.value):
+    """Triton's log settings, after `changes`, in every process."""
+
+    changes: Annotated[dict[str, Any], doc("Triton's log settings to change (none: just read them)")] = \
+        field(default_factory=dict)
+
+
+class RegisterRegion(ControlArgs, frozen=True, tag=ControlOp.SHM_REGISTER.value):
+    """A client's system shared memory region (the gateway checked it maps)."""
+
+    name: Annotated[str, doc("region name")]
+    key: Annotated[str, doc("shared memory key")]
+    offset: Annotated[int, doc("byte offset")]
+    byte_size: Annotated[int, doc("bytes")]
+
+
+class UnregisterRegion(ControlArgs, frozen=True, tag=ControlOp.SHM_UNREGISTER.value):
+    """Forget a shared memory region."""
+
+    name: Annotated[str | None, doc("region name (none: every region)")] = None
+
+
+class TraceSettingsQuery(ControlArgs, frozen=True, tag=ControlOp.TRACE_SETTINGS.value):
+    """Triton's trace settings, global or a model's, after `changes`."""
+
+    model: Annotated[str | None, doc("model name (none: the global settings)")] = None
+    changes: Annotated[dict[str, Any], doc("settings to change")] = field(default_factory=dict)
+    startup: Annotated[dict[str, Any] | None, doc("the asking gateway's startup settings, seeding the broker's")] = None
+
+
+class TraceDone(ControlArgs, frozen=True, tag=ControlOp.TRACE_DONE.value):
+    """A gateway finished a trace (counted against `trace_count`; written to the trace file here)."""
+
+    model: Annotated[str, doc("model name")]
+    tree: Annotated[Any, doc("the trace, for the broker's trace file (none: exported by the gateway)")] = None
+    startup: Annotated[dict[str, Any] | None, doc("the gateway's startup settings")] = None
+
+
+ControlArgsUnion = (ModelsQuery | StatsQuery | StatusQuery | IndexQuery | LoadModel | UnloadModel | ChangeLogSettings
+                    | RegisterRegion | UnregisterRegion | TraceSettingsQuery | TraceDone)
+CONTROL_ARGS: tuple[type[ControlArgs], ...] = typing.get_args(ControlArgsUnion)
+
+
 class Control(Message, frozen=True, tag=int(Kind.CONTROL)):
     DIRECTION = "gateway / serve -> broker"
 
     rid: Annotated[int, doc("request number")]
-    op: Annotated[ControlOp, doc("`" + "`, `".join(op.value for op in ControlOp) + "`")]
-    args: Annotated[dict | None, doc("its arguments")] = None
+    args: Annotated[ControlArgsUnion, doc("the operation (`op`) and its arguments, one of the CONTROL records")]
+
+    @property
+    def op(self) -> ControlOp:
+        return self.args.op
 
 
 class ControlReply(Message, frozen=True, tag=int(Kind.CONTROL_REPLY)):
@@ -483,7 +576,8 @@ def error_record(rid: int, error: TritiumError, model_error: bool = False) -> by
 
 # -- the docs tables --------------------------------------------------------------------
 
-_RECORDS = (RunningInstance, Assignment, ScaledAssignment, LoadRef, ModelRow, VersionRow, SharedMemoryRegion)
+_RECORDS: tuple[type[Record], ...] = (RunningInstance, Assignment, ScaledAssignment, LoadRef, ModelRow, VersionRow,
+                                      SharedMemoryRegion, *CONTROL_ARGS)
 
 
 def protocol_table() -> str:
@@ -497,7 +591,11 @@ def protocol_table() -> str:
     rows += ["", "| record | wire form | fields |", "|---|---|---|"]
     for record in _RECORDS:
         form = "list" if record.__struct_config__.array_like else "map"
-        rows.append(f"| {record.__name__} | {form} | {_fields_text(record)} |")
+        tag = record.__struct_config__.tag
+        tagged = f"`op` `{tag}`" if isinstance(tag, str) else ""
+        fields = "; ".join(filter(None, (tagged, _fields_text(record))))
+        about = " ".join((record.__doc__ or "").split()) if issubclass(record, ControlArgs) else ""
+        rows.append(f"| {record.__name__} | {form} | {' '.join(filter(None, (about, fields)))} |")
     return "\n".join(rows) + "\n"
 
 
@@ -516,6 +614,8 @@ def _shape(annotation: Any) -> str:
         return _shape(typing.get_args(annotation)[0])
     if annotation is TritiumError:
         return "{code, message}"
+    if annotation is ControlArgsUnion:
+        return "{op, ...}"
     if isinstance(annotation, type) and issubclass(annotation, Record):
         keys = ", ".join(info.encode_name for info in msgspec.structs.fields(annotation))
         return f"[{keys}]" if annotation.__struct_config__.array_like else f"{{{keys}}}"
