@@ -36,7 +36,9 @@ class RestartRun:
     pids_before: set[int]
     pids_after: set[int]
     outcomes: list[Outcome] = field(repr=False)
-    back_at: float = 0.0           # monotonic time of that first result's request
+    # monotonic time that first result arrived: a request sent just before it may still meet the
+    # new broker's first model table (the version loading again, Triton's "not ready")
+    back_at: float = 0.0
 
     @property
     def restarted(self) -> int:
@@ -75,7 +77,7 @@ def restart_under_load(broker: cluster.Part, gateway: cluster.Part, workers: lis
                                    timeout_s=60, interval_s=0.01, what="the first answer from the new broker")
         time.sleep(1.5)
     return RestartRun("SIGTERM" if planned else "SIGKILL", first.ended - started_at, before,
-                      instance_pids_of(workers), list(load.outcomes), back_at=first.started)
+                      instance_pids_of(workers), list(load.outcomes), back_at=first.ended)
 
 
 def start_cluster() -> tuple[cluster.Part, list[cluster.Part], cluster.Part]:
