@@ -364,6 +364,8 @@ def bind_grpc(dataplane: DataPlane, address: str, port: int, max_message_bytes: 
         ("grpc.keepalive_timeout_ms", keepalive.timeout_ms),
         ("grpc.keepalive_permit_without_calls", int(keepalive.permit_without_calls)),
         ("grpc.http2.max_pings_without_data", keepalive.max_pings_without_data),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", keepalive.min_recv_ping_interval_ms),
+        ("grpc.http2.max_ping_strikes", keepalive.max_ping_strikes),
     ]
     if keepalive.max_age_ms:   # as Triton: set only when given
         options.append(("grpc.max_connection_age_ms", keepalive.max_age_ms))

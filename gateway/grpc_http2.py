@@ -30,6 +30,7 @@ PRIORITY_FLAG = 0x20
 # Error codes (RFC 9113 section 7).
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
 STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+ENHANCE_YOUR_CALM = 0xB
 
 # Settings identifiers.
 HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 1, 2, 3, 4, 5
@@ -94,7 +95,7 @@ class Http2Connection:
     """One connection's HTTP/2 state. The callbacks: ``on_headers(stream_id, headers, end_stream)``
     for a new stream's request headers, ``on_data(stream_id, data, end_stream)``,
     ``on_reset(stream_id)``, ``on_window(stream_id)`` (0: the connection's window grew),
-    ``on_goaway()``."""
+    ``on_goaway()``; ``on_ping`` after a client's PING is acknowledged."""
 
     def __init__(self, on_headers: Callable[[int, Headers, bool], None], on_data: Callable[[int, bytes, bool], None],
                  on_reset: Callable[[int], None], on_window: Callable[[int], None], on_goaway: Callable[[], None],
@@ -115,7 +116,12 @@ class Http2Connection:
         self._decoder = hpack.Decoder()
         self._decoded: dict[bytes, Headers] = {}
         self._out: list[bytes] = []
-        self.pings_without_data = 0   # PINGs we sent since the last HEADERS or DATA we sent
+        self.on_ping: Callable[[], None] = lambda: None
+        # since the last HEADERS or DATA we sent: our PINGs, and when the client's last came
+        # and how many came too soon (gateway/grpc_keepalive.py keeps the policy)
+        self.pings_without_data = 0
+        self.client_ping_at = float("-inf")
+        self.ping_strikes = 0
 
     def start(self) -> None:
         """Our SETTINGS (the first frame a server sends) and the connection window."""
@@ -186,6 +192,7 @@ class Http2Connection:
                 raise ConnectionFailure(FRAME_SIZE_ERROR if stream_id == 0 else PROTOCOL_ERROR, "a malformed PING")
             if not flags & ACK:
                 self._out.append(frame(PING, ACK, 0, payload))
+                self.on_ping()
         elif kind == RST_STREAM:
             if stream_id == 0 or len(payload) != 4:
                 raise ConnectionFailure(PROTOCOL_ERROR, "a malformed RST_STREAM")
@@ -365,7 +372,7 @@ class Http2Connection:
                 self._out.append(frame(CONTINUATION, END_HEADERS if index == len(chunks) else 0, stream_id, chunk))
         if end_stream:
             self._end_local(stream_id)
-        self.pings_without_data = 0
+        self._sent_data()
 
     def send_data(self, stream_id: int, data: bytes | memoryview) -> None:
         """DATA within the windows: the caller asked ``window_for`` first."""
@@ -373,7 +380,12 @@ class Http2Connection:
         stream.send_window -= len(data)
         self.send_window -= len(data)
         self._out.append(frame(DATA, 0, stream_id, data))
+        self._sent_data()
+
+    def _sent_data(self) -> None:
         self.pings_without_data = 0
+        self.client_ping_at = float("-inf")
+        self.ping_strikes = 0
 
     def ping(self) -> None:
         """A PING of our own (keepalive); the client's acknowledgement is just more bytes read."""

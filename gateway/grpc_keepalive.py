@@ -6,7 +6,10 @@ vanished without closing (a crashed host, a dropped NAT entry) stops holding its
 connection older than ``max_age_ms`` (give or take 10%, so that a fleet's connections do not
 all cycle at once) is told GOAWAY, which clients answer by opening a new connection, the way
 a load balancer in front of many servers gets to spread them again; it closes when its calls
-are done, or ``max_age_grace_ms`` after the GOAWAY.
+are done, or ``max_age_grace_ms`` after the GOAWAY. A client that pings more often than
+``min_recv_ping_interval_ms`` while the server sends it nothing (every two hours at most when
+it has no calls in flight, unless ``permit_without_calls``) gets a strike per ping; past
+``max_ping_strikes`` it is told GOAWAY ENHANCE_YOUR_CALM ("too_many_pings") and dropped.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tritium.gateway.grpc_http2 import Http2Connection
+
 _JITTER = 0.1
+_IDLE_PING_INTERVAL_S = 2 * 3600   # a connection without calls: TCP keepalive's pace
 
 
 @dataclass(frozen=True, slots=True)
 class GrpcKeepalive:
-    """Triton's flags and defaults (``--grpc-keepalive-*``, ``--grpc-http2-max-pings-without-data``,
+    """Triton's flags and defaults (``--grpc-keepalive-*``, ``--grpc-http2-*``,
     ``--grpc-max-connection-age*``), in milliseconds; 0 means off."""
 
     time_ms: int = 7_200_000
@@ -30,6 +36,21 @@ class GrpcKeepalive:
     max_pings_without_data: int = 2     # pings the server sends with no data or headers between them (0: any)
     max_age_ms: int = 0
     max_age_grace_ms: int = 0           # 0: a connection past its age waits for its calls however long
+    min_recv_ping_interval_ms: int = 300_000   # client pings sooner than this, with no data sent, are strikes
+    max_ping_strikes: int = 2           # strikes tolerated (0: any number)
+
+
+def too_many_pings(settings: GrpcKeepalive, http2: Http2Connection, now: float, has_calls: bool) -> bool:
+    """Count the client's PING that just came (``http2`` holds the count since we last sent
+    data); True once the client has pinged too soon more than ``max_ping_strikes`` times."""
+    idle = not has_calls and not settings.permit_without_calls
+    interval_s = _IDLE_PING_INTERVAL_S if idle else settings.min_recv_ping_interval_ms / 1000
+    too_soon = now < http2.client_ping_at + interval_s
+    http2.client_ping_at = now
+    if not too_soon:
+        return False
+    http2.ping_strikes += 1
+    return settings.max_ping_strikes != 0 and http2.ping_strikes > settings.max_ping_strikes
 
 
 class KeepaliveTimers:

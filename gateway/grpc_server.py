@@ -28,9 +28,9 @@ import grpc
 from tritium.gateway.connections import OpenConnections
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, rpc_methods
-from tritium.gateway.grpc_http2 import (NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers, Http2Connection,
-                                        encode_headers)
-from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers
+from tritium.gateway.grpc_http2 import (ENHANCE_YOUR_CALM, NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers,
+                                        Http2Connection, encode_headers)
+from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers, too_many_pings
 from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader, frame,
                                parse_timeout, percent_encoded, too_large)
 from tritium.gateway.restricted import RestrictedApis
@@ -140,6 +140,7 @@ class GrpcConnection(asyncio.Protocol):
         self.shared, self.loop = shared, loop
         self.http2 = Http2Connection(self._request, self._data, self._reset_by_client, self._window_grew,
                                      self._client_going_away, window=_WINDOW, max_frame=_MAX_FRAME)
+        self.http2.on_ping = self._client_pinged
         self.calls: dict[int, _Call] = {}      # streams not yet answered, or answered but still sending
         self.flush_scheduled = False
         self.closed = False
@@ -411,6 +412,10 @@ class GrpcConnection(asyncio.Protocol):
         self.http2.ping()
         self._flush()
         return True
+
+    def _client_pinged(self) -> None:
+        if too_many_pings(self.shared.keepalive, self.http2, self.loop.time(), bool(self.calls)):
+            raise ConnectionFailure(ENHANCE_YOUR_CALM, "too_many_pings")   # GOAWAY with it, then closed
 
     def _too_old(self) -> None:
         if not self.closed and not self.aged:

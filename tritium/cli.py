@@ -253,7 +253,9 @@ def grpc_keepalive(o: dict):
     return GrpcKeepalive(time_ms=o["grpc_keepalive_time"], timeout_ms=o["grpc_keepalive_timeout"],
                          permit_without_calls=_bool(o["grpc_keepalive_permit_without_calls"]),
                          max_pings_without_data=o["grpc_http2_max_pings_without_data"],
-                         max_age_ms=o["grpc_max_connection_age"], max_age_grace_ms=o["grpc_max_connection_age_grace"])
+                         max_age_ms=o["grpc_max_connection_age"], max_age_grace_ms=o["grpc_max_connection_age_grace"],
+                         min_recv_ping_interval_ms=o["grpc_http2_min_recv_ping_interval_without_data"],
+                         max_ping_strikes=o["grpc_http2_max_ping_strikes"])
 
 
 @main.command(cls=config_file.SettingsCommand)

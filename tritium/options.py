@@ -119,6 +119,12 @@ OPTIONS: tuple[Option, ...] = (
             default="false", help="Ping connections that have no calls in flight too."),
     _option("--grpc-http2-max-pings-without-data", on="serve, gateway", to="gateway", default=2,
             type=click.IntRange(min=0), help="Pings the server sends with no data sent between them (0: no limit)."),
+    _option("--grpc-http2-min-recv-ping-interval-without-data", on="serve, gateway", to="gateway", default=300_000,
+            type=click.IntRange(min=0),
+            help="Milliseconds a client should leave between pings while the server sends it nothing; "
+                 "a ping sooner is a strike."),
+    _option("--grpc-http2-max-ping-strikes", on="serve, gateway", to="gateway", default=2, type=click.IntRange(min=0),
+            help="Strikes tolerated before the connection is told GOAWAY (too_many_pings) and closed (0: any)."),
     _option("--grpc-max-connection-age", on="serve, gateway", to="gateway", default=0, type=click.IntRange(min=0),
             help="Milliseconds after which a gRPC connection is told GOAWAY, +-10% (0: never)."),
     _option("--grpc-max-connection-age-grace", on="serve, gateway", to="gateway", default=0,

@@ -49,7 +49,6 @@ class IgnoredFlag:
 
 _NO_GPU_MEMORY = "the backends allocate their own memory"
 _GRPC_TUNING = "gRPC keeps its own defaults"
-_CLIENT_PINGS = "every client ping is acknowledged, however often it comes"
 
 # Every tritonserver 2.5x flag that tritium accepts and ignores, in the order of Triton's usage.
 IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
@@ -64,8 +63,6 @@ IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
     IgnoredFlag("--grpc-header-forward-pattern", str, "headers are not forwarded to models"),
     IgnoredFlag("--grpc-infer-allocation-pool-size", int, _GRPC_TUNING),
     IgnoredFlag("--grpc-infer-response-compression-level", str, _GRPC_TUNING),
-    IgnoredFlag("--grpc-http2-min-recv-ping-interval-without-data", int, _CLIENT_PINGS),
-    IgnoredFlag("--grpc-http2-max-ping-strikes", int, _CLIENT_PINGS),
     IgnoredFlag("--sagemaker-port", int, "there is no SageMaker endpoint"),
     IgnoredFlag("--sagemaker-safe-port-range", str, "there is no SageMaker endpoint"),
     IgnoredFlag("--sagemaker-thread-count", int, "there is no SageMaker endpoint"),

@@ -1,6 +1,7 @@
-"""Triton's gRPC keepalive and connection-age flags on tritium's own gRPC server: a silent
-connection is pinged and closed when nothing answers, a live one stays; an old connection is
-told GOAWAY, keeps its calls for the grace period, and real clients carry on over a new one.
+"""Triton's gRPC keepalive, ping-policy and connection-age flags on tritium's own gRPC server:
+a silent connection is pinged and closed when nothing answers, a live one stays; a client
+that pings too often is told too_many_pings; an old connection is told GOAWAY, keeps its
+calls for the grace period, and real clients carry on over a new one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from click.testing import CliRunner
 from tritonclient.grpc import service_pb2
 
-from tests.e2e.rawh2 import DATA, END_STREAM, GOAWAY, PING, RawH2, grpc_message
+from tests.e2e.rawh2 import ACK, DATA, END_STREAM, GOAWAY, PING, RawH2, grpc_message
 from tests.e2e.test_grpc_server import add_sub_request, check_add_sub, whoami_request
 from tests.models import add_sub_model
 from tests.servers import TritiumServer
@@ -109,6 +110,45 @@ def test_tritonclient_calls_go_on_across_keepalive_pings(pinging):
         client.close()
 
 
+# -- clients that ping too often (Triton's defaults: 5 minutes with calls in flight, 2 hours
+# without, 2 strikes) ----------------------------------------------------------------------
+
+def ping_until_answered(raw: RawH2, count: int) -> None:
+    for number in range(count):
+        raw.send(PING, 0, 0, b"client%02d" % number)
+    deadline = time.monotonic() + 5
+    while len([f for f in raw.frames if f[0] == PING and f[1] == ACK]) < count and not goaways(raw):
+        assert time.monotonic() < deadline, raw.frames
+        raw.read_some()
+
+
+def test_a_client_pinging_too_often_is_told_too_many_pings_and_dropped(aging):
+    raw = RawH2(aging.grpc_url)
+    try:
+        ping_until_answered(raw, 3)           # the first is free; two strikes are tolerated
+        assert (0, 0xB) not in goaways(raw)
+        raw.send(PING, 0, 0, b"client03")     # the third strike
+        closed_after = raw.read_until_closed(timeout_s=5)
+    finally:
+        raw.close()
+    assert closed_after is not None
+    calm = [payload for kind, _, _, payload in raw.frames if kind == GOAWAY and payload[4:8] == b"\x00\x00\x00\x0b"]
+    assert calm == [b"\x00\x00\x00\x00\x00\x00\x00\x0btoo_many_pings"]   # ENHANCE_YOUR_CALM, no stream taken
+
+
+def test_data_sent_by_the_server_clears_the_strikes(pinging):
+    raw = RawH2(pinging.grpc_url, answer_pings=True)
+    try:
+        for round_number in range(3):
+            ping_until_answered(raw, 3)       # two strikes each round
+            request, a, b = add_sub_request(seed=round_number)
+            answer = raw.call("ModelInfer", request.SerializeToString())   # headers and data: strikes cleared
+            assert answer.status == 0
+        assert goaways(raw) == []
+    finally:
+        raw.close()
+
+
 # -- connection age ----------------------------------------------------------------------------
 
 def test_an_idle_connection_past_its_age_is_told_goaway_and_closed_and_never_pinged(aging):
@@ -166,6 +206,7 @@ def test_tritonclient_carries_on_over_a_new_connection(aging):
 def test_unset_flags_are_triton_s_defaults_and_bad_values_are_usage_errors(tmp_path):
     defaults = {option.key: option.settings.get("default") for option in OPTIONS}
     assert grpc_keepalive(defaults) == GrpcKeepalive(time_ms=7_200_000, timeout_ms=20_000, permit_without_calls=False,
-                                                     max_pings_without_data=2, max_age_ms=0, max_age_grace_ms=0)
+                                                     max_pings_without_data=2, max_age_ms=0, max_age_grace_ms=0,
+                                                     min_recv_ping_interval_ms=300_000, max_ping_strikes=2)
     result = CliRunner().invoke(gateway, ["--broker", "ipc:///nowhere", "--grpc-keepalive-time=-1"])
     assert result.exit_code == 2 and "--grpc-keepalive-time" in result.output
