@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import CpuMeter, TritiumServer, save, table
+from bench.harness import CpuMeter, TritiumServer, bar_chart, save, table
 from examples import models
 from tritium.perf.run import run
 from tritium.perf.workload import build_workload
@@ -50,12 +50,14 @@ def in_process_rows_per_s(model: Path, batch: int, seconds: float = 5.0) -> floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--plot", type=Path,
+                        default=Path(__file__).resolve().parent.parent / "docs" / "batching_efficiency.png")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         repo = Path(folder)
         model = models.mlp(repo / "mlp" / "1" / "model.onnx")
         (repo / "mlp" / "config.pbtxt").write_text(CONFIG)
-        results = {"in_process_rows_per_s": {b: in_process_rows_per_s(model, b) for b in (1, 8, 64)}}
+        results = {"in_process_rows_per_s": {b: in_process_rows_per_s(model, b) for b in (1, 8, 32, 64)}}
         with TritiumServer(repo, ready_timeout_s=180) as server:
             host, port = server.url.rsplit(":", 1)
             workload, _ = build_workload(host, int(port), "mlp")
@@ -71,12 +73,19 @@ def main() -> None:
     print(table(["", "rows/s"], [
         ["onnxruntime in-process, batch 1", round(in_process[1])],
         ["onnxruntime in-process, batch 8", round(in_process[8])],
+        ["onnxruntime in-process, batch 32", round(in_process[32])],
         ["onnxruntime in-process, batch 64", round(in_process[64])],
         [f"tritium served, concurrency 64 (avg batch {results['served']['server']['average_batch']:.1f})",
          round(served)],
     ]))
     print(f"served / in-process batch 64 = {results['ratio_to_in_process_batch64']:.2f}; "
           f"in-process batch 64 / batch 1 = {in_process[64] / in_process[1]:.1f}")
+    average_batch = results["served"]["server"]["average_batch"]
+    bar_chart(args.plot, ["in-process\nbatch 1", "in-process\nbatch 8", "in-process\nbatch 32", "in-process\nbatch 64",
+                          f"served, c=64\n(avg batch {average_batch:.0f})"],
+              {"rows/s": [in_process[1], in_process[8], in_process[32], in_process[64], served]},
+              "rows/s", "Compute-bound MLP: served against onnxruntime in-process")
+    print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

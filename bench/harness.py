@@ -124,6 +124,26 @@ class CpuMeter:
         return used
 
 
+def bar_chart(path: Path, labels: list[str], series: dict[str, list[float]], ylabel: str, title: str) -> None:
+    """A grouped bar chart (one group per label, one bar per series) written as PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(series)
+    for index, (name, values) in enumerate(series.items()):
+        axis.bar([p - 0.4 + width * (index + 0.5) for p in range(len(labels))], values, width, label=name)
+    axis.set_xticks(list(range(len(labels))), labels)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
+    if len(series) > 1:
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def save(name: str, data) -> Path:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"{name}.json"

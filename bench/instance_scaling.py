@@ -15,7 +15,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from bench.harness import TritiumServer, save, table
+from bench.harness import TritiumServer, bar_chart, save, table
 from bench.versus_triton import perf_analyzer
 
 MODEL = '''
@@ -52,6 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--counts", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--window-ms", type=int, default=3000)
+    parser.add_argument("--plot", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "instance_scaling.png")
     args = parser.parse_args()
     results = {}
     for count in args.counts:
@@ -64,6 +65,11 @@ def main() -> None:
             for count, r in results.items()]
     save("instance_scaling", results)
     print(table(["instances", "infer/s", "ratio to N x one", "p50 ms"], rows))
+    bar_chart(args.plot, [str(count) for count in results],
+              {"measured": [r["throughput"] for r in results.values()],
+               "N x one instance": [single * count for count in results]},
+              "infer/s (perf_analyzer, concurrency 2N)", "N instances of a 10 ms model")
+    print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":
