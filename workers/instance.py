@@ -273,8 +273,10 @@ def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: 
     health = HealthReporter(executor.instance, outbox)
     while not stopping:
         health.check()
+        if outbox.queue:   # a model's own threads queued answers: checked every turn, so a busy socket cannot starve them
+            outbox.flush()
         if not _getsockopt(sock, _EVENTS) & _POLLIN:
-            if any(fd == wake for fd, _ in waiter.poll(500)):   # a model's own thread queued a message
+            if any(fd == wake for fd, _ in waiter.poll(500)):   # also reads the wake-up, or the poll would spin on it
                 outbox.flush()
             continue
         frames = recv_parts(sock)

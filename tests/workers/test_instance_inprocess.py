@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from tests.repo.helpers import load, write_model
 from tests.scripted_peers import ScriptedBroker, at_least, eventually, ipc_address
 from tritium.errors import ErrorCode
 from tritium.exit_codes import ExitCode
-from tritium.protocol import PROTOCOL_VERSION, Batch, Infer, Kind, Reset, decode
+from tritium.protocol import PROTOCOL_VERSION, Batch, Infer, Kind, LogSettings, Reset, decode
 
 HEARTBEAT_S = 0.1
 AGENT = "agent-test"
@@ -59,8 +60,8 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 class Instance:
     """One instance process of model ``scaler`` and the scripted broker it joined."""
 
-    def __init__(self, root: Path) -> None:
-        model_dir = write_model(root / "repo", "scaler", CONFIG, {"1/model.py": MODEL})
+    def __init__(self, root: Path, config: str = CONFIG, model: str = MODEL) -> None:
+        model_dir = write_model(root / "repo", "scaler", config, {"1/model.py": model})
         self.address, self.folder = ipc_address("backend")
         self.broker = ScriptedBroker(self.address)
         self.iid = f"{AGENT}/scaler/1/5/scaler_0/{next(_iids)}"
@@ -198,3 +199,44 @@ def test_a_reset_that_does_not_keep_it_exits_for_its_agent_to_restart_it_and_sig
     terminated.process.send_signal(signal.SIGTERM)
     assert reset.process.wait(10) == ExitCode.ERROR
     assert terminated.process.wait(10) == ExitCode.OK
+
+
+DECOUPLED_CONFIG = CONFIG + """
+    model_transaction_policy { decoupled: true }
+"""
+LATE_ANSWER_MODEL = """
+    import threading
+    import time
+
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            def answer_later(sender, x):
+                time.sleep(0.2)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 2)]),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+                threading.Thread(target=answer_later, args=(request.get_response_sender(), x)).start()
+            return None
+"""
+
+
+def test_an_answer_from_a_model_s_own_thread_leaves_while_the_broker_keeps_the_socket_busy(tmp_path):
+    instance = Instance(tmp_path, DECOUPLED_CONFIG, LATE_ANSWER_MODEL)
+    try:
+        instance.hellos()
+        rid, record = infer([1.0, 2.0, 3.0, 4.0])
+        instance.broker.send(instance.peer, Batch(next(_batches), 1).encode(), record)
+        started = time.monotonic()
+        flood = LogSettings({}).encode()
+        while time.monotonic() - started < 5 and not instance.broker.of(Kind.RESPONSE_PART, instance.peer):
+            for _ in range(50):   # messages keep arriving faster than the instance reads them
+                instance.broker.send(instance.peer, flood)
+            instance._step()
+        answered_after = time.monotonic() - started
+    finally:
+        instance.close()
+    assert instance.broker.of(Kind.RESPONSE_PART, instance.peer), "the model's answer never left"
+    assert answered_after < 2.5, f"the answer waited {answered_after:.1f} s behind the broker's messages"
