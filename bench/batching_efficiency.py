@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import CpuMeter, TritiumServer, bar_chart, save, table
+from bench.harness import CpuMeter, TritiumServer, bar_charts, save, table
 from examples import models
 from tritium.perf.run import run
 from tritium.perf.workload import build_workload
@@ -81,10 +81,9 @@ def main() -> None:
     print(f"served / in-process batch 64 = {results['ratio_to_in_process_batch64']:.2f}; "
           f"in-process batch 64 / batch 1 = {in_process[64] / in_process[1]:.1f}")
     average_batch = results["served"]["server"]["average_batch"]
-    bar_chart(args.plot, ["in-process\nbatch 1", "in-process\nbatch 8", "in-process\nbatch 32", "in-process\nbatch 64",
-                          f"served, c=64\n(avg batch {average_batch:.0f})"],
-              {"rows/s": [in_process[1], in_process[8], in_process[32], in_process[64], served]},
-              "rows/s", "Compute-bound MLP: served against onnxruntime in-process")
+    labels = [f"in-process\nbatch {size}" for size in (1, 8, 32, 64)] + [f"served, c=64\n(avg batch {average_batch:.0f})"]
+    bar_charts(args.plot, [(labels, {"rows/s": [in_process[1], in_process[8], in_process[32], in_process[64], served]},
+                            "rows/s", "Compute-bound MLP: served against onnxruntime in-process")])
     print(f"plot: {args.plot}")
 
 

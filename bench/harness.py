@@ -124,13 +124,8 @@ class CpuMeter:
         return used
 
 
-def bar_chart(path: Path, labels: list[str], series: dict[str, list[float]], ylabel: str, title: str) -> None:
-    """A grouped bar chart (one group per label, one bar per series) written as PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4))
+def draw_bars(axis, labels: list[str], series: dict[str, list[float]], ylabel: str, title: str) -> None:
+    """Grouped bars on a matplotlib axis: one group per label, one bar per series."""
     width = 0.8 / len(series)
     for index, (name, values) in enumerate(series.items()):
         axis.bar([p - 0.4 + width * (index + 0.5) for p in range(len(labels))], values, width, label=name)
@@ -139,6 +134,18 @@ def bar_chart(path: Path, labels: list[str], series: dict[str, list[float]], yla
     axis.set_title(title)
     if len(series) > 1:
         axis.legend()
+
+
+def bar_charts(path: Path, panels: list[tuple[list[str], dict[str, list[float]], str, str]],
+               size: tuple[float, float] = (7, 4)) -> None:
+    """``panels`` side by side, each ``(labels, series, ylabel, title)`` as ``draw_bars`` takes, written as PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(panels), figsize=size, squeeze=False)
+    for axis, panel in zip(axes[0], panels):
+        draw_bars(axis, *panel)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

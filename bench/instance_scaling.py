@@ -15,7 +15,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from bench.harness import TritiumServer, bar_chart, save, table
+from bench.harness import TritiumServer, bar_charts, save, table
 from bench.versus_triton import perf_analyzer
 
 MODEL = '''
@@ -65,10 +65,10 @@ def main() -> None:
             for count, r in results.items()]
     save("instance_scaling", results)
     print(table(["instances", "infer/s", "ratio to N x one", "p50 ms"], rows))
-    bar_chart(args.plot, [str(count) for count in results],
-              {"measured": [r["throughput"] for r in results.values()],
-               "N x one instance": [single * count for count in results]},
-              "infer/s (perf_analyzer, concurrency 2N)", "N instances of a 10 ms model")
+    bar_charts(args.plot, [([str(count) for count in results],
+                            {"measured": [r["throughput"] for r in results.values()],
+                             "N x one instance": [single * count for count in results]},
+                            "infer/s (perf_analyzer, concurrency 2N)", "N instances of a 10 ms model")])
     print(f"plot: {args.plot}")
 
 

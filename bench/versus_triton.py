@@ -26,7 +26,8 @@ import json
 import os
 from pathlib import Path
 
-from bench.harness import ANCHORS, OUT, CpuMeter, TritonServer, TritiumServer, save, system_cpu_times, table
+from bench.harness import (ANCHORS, OUT, CpuMeter, TritonServer, TritiumServer, bar_charts, save, system_cpu_times,
+                           table)
 from bench.serving_overhead import python_repository
 
 SCENARIOS = (("http", 16), ("http", 64), ("grpc", 16), ("http", 1))
@@ -128,27 +129,15 @@ def pinned_cpus() -> tuple[str, str]:
 
 def plot(tables: dict[str, list[list]], path: Path) -> None:
     """``tables``: each tritium variant's summary rows (Triton's figures are in every one)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     first = next(iter(tables.values()))
     labels = [row[0] for row in first]
-    width = 0.8 / (len(tables) + 1)
-    panels = ((1, 2, "infer/s (perf_analyzer)", "Throughput, same model and machine"),
-              (4, 5, "p50 latency (us)", "Median latency"))
-    for axis, (triton, ours, unit, title) in zip(axes, panels):
-        bars = [("Triton 2.51", [row[triton] for row in first])]
-        bars += [(name, [row[ours] for row in rows]) for name, rows in tables.items()]
-        for index, (label, values) in enumerate(bars):
-            axis.bar([p - 0.4 + width * (index + 0.5) for p in range(len(labels))], values, width, label=label)
-        axis.set_xticks(list(range(len(labels))), labels)
-        axis.set_ylabel(unit)
-        axis.set_title(title)
-        axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    panels = []
+    for triton, ours, unit, title in ((1, 2, "infer/s (perf_analyzer)", "Throughput, same model and machine"),
+                                      (4, 5, "p50 latency (us)", "Median latency")):
+        series = {"Triton 2.51": [row[triton] for row in first]}
+        series.update({name: [row[ours] for row in rows] for name, rows in tables.items()})
+        panels.append((labels, series, unit, title))
+    bar_charts(path, panels, size=(10, 4))
 
 
 def main() -> None:

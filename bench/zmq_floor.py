@@ -28,7 +28,7 @@ from pathlib import Path
 
 import zmq
 
-from bench.harness import save, table
+from bench.harness import bar_charts, save, table
 
 ZMQ_ECHO = r'''
 import sys, zmq
@@ -119,20 +119,10 @@ PLOT = Path(__file__).resolve().parent.parent / "docs" / "zmq_floor.png"
 
 
 def plot(result: dict, placements: list[str], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 3.5))
-    for offset, (kind, label) in ((-0.2, ("zmq", "ZeroMQ ipc")), (0.2, ("unix", "Unix socket"))):
-        values = [result[f"{kind} {placement}"]["round_trip_p50_us"] for placement in placements]
-        axis.bar([index + offset for index in range(len(placements))], values, 0.4, label=label)
-    axis.set_xticks(list(range(len(placements))), placements)
-    axis.set_ylabel("round trip p50 (us)")
-    axis.set_title("Two hops between two processes, by CPU placement")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    series = {label: [result[f"{kind} {placement}"]["round_trip_p50_us"] for placement in placements]
+              for kind, label in (("zmq", "ZeroMQ ipc"), ("unix", "Unix socket"))}
+    bar_charts(path, [(placements, series, "round trip p50 (us)", "Two hops between two processes, by CPU placement")],
+               size=(7, 3.5))
 
 
 if __name__ == "__main__":
