@@ -44,6 +44,7 @@ from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     PROTOCOL_VERSION,
     BatchDone,
+    ControlReply,
     Drain,
     Drained,
     Heartbeat,
@@ -349,7 +350,7 @@ class Broker:
 
     def _malformed(self, sock: zmq.Socket, peer: bytes, record: object, exc: ProtocolError) -> None:
         """A record that does not read as its kind: a peer of another protocol version is refused, a
-        malformed INFER answered with the error; the rest of the message is dropped."""
+        malformed INFER or CONTROL answered with the error; the rest of the message is dropped."""
         log.warning("dropped a malformed message from %r: %s", peer, exc)
         try:
             header, _, _ = decode(record)
@@ -360,6 +361,9 @@ class Broker:
         elif header["k"] == Kind.INFER and isinstance(header.get("rid"), int):
             self.scheduler.reply_error(peer, header["rid"], InvalidArgument(f"malformed inference request: {exc}"),
                                        sock is self.backend)
+        elif header["k"] == Kind.CONTROL and isinstance(header.get("rid"), int) and sock is self.frontend:
+            error = InvalidArgument(f"malformed control request: {exc}")
+            self._send_frontend([peer, ControlReply(header["rid"], error=error).encode()])
 
     # -- dispatch of message kinds ------------------------------------------------------
 

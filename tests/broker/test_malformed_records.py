@@ -1,5 +1,5 @@
 """Records that do not read as their kind's type, through the broker's loop in-process: the asker of a
-malformed INFER gets the error, a peer of another protocol version is refused, and the broker keeps
+malformed INFER or CONTROL gets the error, a peer of another protocol version is refused, and the broker keeps
 serving (the harness of test_broker_inprocess). The records are hand-built: no type builds them."""
 
 from __future__ import annotations
@@ -29,6 +29,23 @@ def test_a_malformed_infer_is_answered_with_the_field_it_lacks(world):
     gateway.send(Control(9, StatusQuery()).encode())
     world.until(lambda: gateway.headers(Kind.CONTROL_REPLY))
     assert gateway.headers(Kind.CONTROL_REPLY)[0]["rid"] == 9
+
+
+def test_a_malformed_control_is_answered_and_the_next_one_served(world):
+    gateway = world.gateway()
+    gateway.send(encode({"k": Kind.CONTROL, "rid": 5, "args": {"op": "no-such-op"}}))
+    gateway.send(encode({"k": Kind.CONTROL, "rid": 6}))   # no operation at all
+    world.until(lambda: len(gateway.headers(Kind.CONTROL_REPLY)) == 2)
+    first, second = gateway.headers(Kind.CONTROL_REPLY)
+    assert (first["rid"], second["rid"]) == (5, 6)
+    for reply in (first, second):
+        assert reply["err"]["code"] == ErrorCode.INVALID_ARG
+        assert reply["err"]["message"].startswith("malformed control request: malformed record header: ")
+    assert "no-such-op" in first["err"]["message"]
+    gateway.send(Control(7, StatusQuery()).encode())
+    world.until(lambda: len(gateway.headers(Kind.CONTROL_REPLY)) == 3)
+    third = gateway.headers(Kind.CONTROL_REPLY)[2]
+    assert third["rid"] == 7 and "err" not in third and third["ok"]["ready"] in (True, False)
 
 
 def test_a_hello_of_another_version_that_does_not_read_as_this_ones_is_refused(world):
