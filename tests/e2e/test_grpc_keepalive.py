@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from tritonclient.grpc import service_pb2
 
 from tests.e2e.rawh2 import ACK, DATA, END_STREAM, GOAWAY, PING, RawH2, grpc_message
-from tests.e2e.test_grpc_server import add_sub_request, check_add_sub, whoami_request
+from tests.e2e.grpc_requests import add_sub_request, check_add_sub, whoami_request
 from tests.models import add_sub_model
 from tests.servers import TritiumServer
 from tritium.cli import gateway, grpc_keepalive

@@ -21,6 +21,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.grpc_requests import add_sub_request, check_add_sub, whoami_request
 from tests.e2e.rawh2 import (CANCEL_CODE, DATA, END_STREAM, GOAWAY, INITIAL_WINDOW_SIZE, PING, RST_STREAM, SETTINGS,
                              WINDOW_UPDATE, RawH2, grpc_message)
 from tests.models import add_sub_model
@@ -37,28 +38,6 @@ def server(tmp_path_factory):
     shutil.copytree(WHOAMI, repo / "whoami")
     with TritiumServer(repo, f"--grpc-max-message-size={LIMIT}") as running:
         yield running
-
-
-def add_sub_request(rows: int = 1, seed: int = 0) -> tuple[service_pb2.ModelInferRequest, np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    a, b = (rng.standard_normal((rows, 16)).astype(np.float32) for _ in range(2))
-    request = service_pb2.ModelInferRequest(model_name="add_sub", raw_input_contents=[a.tobytes(), b.tobytes()])
-    for name in ("INPUT0", "INPUT1"):
-        request.inputs.add(name=name, datatype="FP32", shape=[rows, 16])
-    return request, a, b
-
-
-def check_add_sub(response: service_pb2.ModelInferResponse, a: np.ndarray, b: np.ndarray) -> None:
-    out0, out1 = (np.frombuffer(raw, np.float32).reshape(a.shape) for raw in response.raw_output_contents)
-    np.testing.assert_allclose(out0, a + b, rtol=1e-6)
-    np.testing.assert_allclose(out1, a - b, rtol=1e-6)
-
-
-def whoami_request(delay_ms: float) -> bytes:
-    request = service_pb2.ModelInferRequest(model_name="whoami",
-                                            raw_input_contents=[np.array([[delay_ms]], np.float32).tobytes()])
-    request.inputs.add(name="DELAY_MS", datatype="FP32", shape=[1, 1])
-    return request.SerializeToString()
 
 
 @pytest.fixture

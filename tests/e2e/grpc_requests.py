@@ -1,0 +1,29 @@
+"""Serialized ModelInferRequests for the gRPC tests that speak raw HTTP/2 (tests/e2e/rawh2.py) or
+need the exact bytes, and the check of an add_sub answer."""
+
+from __future__ import annotations
+
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+
+def add_sub_request(rows: int = 1, seed: int = 0) -> tuple[service_pb2.ModelInferRequest, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal((rows, 16)).astype(np.float32) for _ in range(2))
+    request = service_pb2.ModelInferRequest(model_name="add_sub", raw_input_contents=[a.tobytes(), b.tobytes()])
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[rows, 16])
+    return request, a, b
+
+
+def check_add_sub(response: service_pb2.ModelInferResponse, a: np.ndarray, b: np.ndarray) -> None:
+    out0, out1 = (np.frombuffer(raw, np.float32).reshape(a.shape) for raw in response.raw_output_contents)
+    np.testing.assert_allclose(out0, a + b, rtol=1e-6)
+    np.testing.assert_allclose(out1, a - b, rtol=1e-6)
+
+
+def whoami_request(delay_ms: float) -> bytes:
+    request = service_pb2.ModelInferRequest(model_name="whoami",
+                                            raw_input_contents=[np.array([[delay_ms]], np.float32).tobytes()])
+    request.inputs.add(name="DELAY_MS", datatype="FP32", shape=[1, 1])
+    return request.SerializeToString()
