@@ -87,8 +87,9 @@ class BrokerLink:
 
     def __init__(self, address: str, loop: asyncio.AbstractEventLoop | None = None,
                  heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
-                 curve: CurveKeys | None = None) -> None:
+                 curve: CurveKeys | None = None, spin_s: float = 0.0) -> None:
         self.address = address
+        self.spin_s = spin_s
         self.loop = loop or asyncio.get_running_loop()
         self.identity = f"gw-{host_name()}-{os.getpid()}"
         self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
@@ -113,6 +114,8 @@ class BrokerLink:
         self._fd = int(self.sock.getsockopt(zmq.FD))
         self.loop.add_reader(self._fd, self._drain)
         self._drain_scheduled = False
+        self._spinning = False
+        self._spin_until = 0.0
         self.heartbeat_interval_s = heartbeat_interval_s
         self.broker_boot: int | None = None
         self.broker_lost = False
@@ -225,6 +228,29 @@ class BrokerLink:
         if not self._drain_scheduled and int(_getsockopt(self.sock, _EVENTS)) & _POLLIN:
             self._drain_scheduled = True
             self.loop.call_soon(self._drain)
+        elif self.spin_s and self._pending:
+            self._spin_until = self.loop.time() + self.spin_s
+            if not self._spinning:
+                self._spinning = True
+                self.loop.call_soon(self._spin)
+
+    def _spin(self) -> None:
+        """Poll for the answers to what was just sent, one check per event-loop turn.
+
+        While a callback is ready the event loop polls its descriptors without blocking, so
+        HTTP and gRPC connections are served between checks; ``sched_yield`` hands the CPU to
+        any other runnable thread. Sleeping instead would cost a wake-up when the answer comes.
+        """
+        if self._drain_scheduled:   # the socket's descriptor fired meanwhile: the drain reads it
+            self._spinning = False
+        elif int(_getsockopt(self.sock, _EVENTS)) & _POLLIN:
+            self._spinning = False
+            self._drain()
+        elif self._pending and self.loop.time() < self._spin_until:
+            os.sched_yield()
+            self.loop.call_soon(self._spin)
+        else:
+            self._spinning = False
 
     def _drain(self) -> None:
         self._drain_scheduled = False

@@ -60,6 +60,7 @@ class GatewaySettings:
     grpc_server: str = "tritium"   # the gRPC transport: "tritium" (gateway/grpc_server.py) or "grpcio"
     grpc_keepalive: GrpcKeepalive = GrpcKeepalive()   # Triton's --grpc-keepalive-* and --grpc-max-connection-age*
     trace: TraceSettings = TraceSettings()   # Triton's --trace-config, seeding the broker's copy
+    spin_s: float = 0.0   # --gateway-spin-us: how long to poll for answers before sleeping
 
 
 def listening_socket(address: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -74,7 +75,8 @@ async def serve(settings: GatewaySettings) -> int:
     finished within ``--exit-timeout-secs`` (HTTP, then gRPC); a second signal exits at once.
     The exit code: PROTOCOL_MISMATCH when a broker refused this gateway (BrokerRefused at startup)."""
     loop = asyncio.get_running_loop()
-    link = BrokerLink(settings.broker, heartbeat_interval_s=settings.heartbeat_interval_s, curve=settings.curve)
+    link = BrokerLink(settings.broker, heartbeat_interval_s=settings.heartbeat_interval_s, curve=settings.curve,
+                      spin_s=settings.spin_s)
     dataplane = DataPlane(link, ServerIdentity(name=settings.server_id),
                           strict_readiness=settings.strict_readiness, allow_client_shm=settings.allow_client_shm,
                           max_inflight_requests=settings.max_inflight_requests)

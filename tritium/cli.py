@@ -239,7 +239,7 @@ def broker(**o) -> None:
                               log_verbose=log_settings.log_verbose_level,
                               heartbeat_interval_s=o["heartbeat_interval_secs"],
                               exit_timeout_s=float(o["exit_timeout_secs"]), curve=curve,
-                              cache_bytes=_cache_bytes(o["cache_config"]))
+                              cache_bytes=_cache_bytes(o["cache_config"]), spin_s=o["broker_spin_us"] / 1e6)
     server = Broker(settings)
     server.log_settings = log_settings  # what it hands every gateway, agent and instance
     server.load_repository()
@@ -282,7 +282,7 @@ def gateway(**o) -> None:
                         max_inflight_requests=o["max_inflight_requests"], curve=curve,
                         http_restricted=http_restricted, grpc_restricted=grpc_restricted,
                         reuse_port=_bool(o["reuse_port"]), grpc_server=o["grpc_server"],
-                        grpc_keepalive=grpc_keepalive(o), trace=trace))
+                        grpc_keepalive=grpc_keepalive(o), trace=trace, spin_s=o["gateway_spin_us"] / 1e6))
 
 
 @main.command(cls=config_file.SettingsCommand)

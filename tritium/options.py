@@ -189,6 +189,13 @@ OPTIONS: tuple[Option, ...] = (
             help="CPUs the broker runs on; default: any."),
     _option("--worker-cpus", on="serve, worker", to="worker", type=CPU_LIST, default=None,
             help="CPUs the host agent and the instances it starts run on; default: any."),
+    # -- waiting without sleeping (docs/deploy.md, "Polling before sleeping")
+    _option("--broker-spin-us", on="serve, broker", to="broker", type=click.IntRange(min=0), default=300,
+            help="Microseconds the broker keeps polling for its next message, yielding the CPU to any other "
+                 "runnable thread, before it sleeps; 0: sleep at once."),
+    _option("--gateway-spin-us", on="serve, gateway", to="gateway", type=click.IntRange(min=0), default=1000,
+            help="Microseconds a gateway keeps polling for the broker's answers after sending requests, "
+                 "yielding the CPU to any other runnable thread, before it sleeps; 0: sleep at once."),
     # -- CURVE (docs/security.md)
     _option("--curve-secret-key", on="broker, gateway, worker", default=None,
             help="This process's CURVE secret key file (NAME.key_secret); see docs/security.md."),

@@ -14,8 +14,11 @@ from zmq.backend import Socket as _BaseSocket
 
 _SNDMORE = int(zmq.SNDMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 _send = _BaseSocket.send
 _recv = _BaseSocket.recv
+_getsockopt = _BaseSocket.get
 
 
 def send_parts(sock: zmq.Socket, parts: list, flags: int = 0) -> None:
@@ -37,3 +40,13 @@ def recv_parts(sock: zmq.Socket) -> list:
         frame = _recv(sock, _NOBLOCK, False, False)
         parts.append(frame)
     return parts
+
+
+def has_message(sock: zmq.Socket) -> bool:
+    """Whether a message is queued on ``sock`` (``EVENTS``, which also runs its pending commands).
+
+    ZeroMQ's descriptor (``zmq.FD``) is edge-triggered and any call on the socket, a send
+    included, can consume its edge: ask this before blocking on the descriptor, or a message
+    that arrived meanwhile waits for the next one.
+    """
+    return bool(int(_getsockopt(sock, _EVENTS)) & _POLLIN)

@@ -43,7 +43,7 @@ from tritium.protocol import (
     read_record,
 )
 from tritium.security import CurveKeys, secure_client
-from tritium.zmqio import recv_parts, send_parts
+from tritium.zmqio import has_message, recv_parts, send_parts
 from tritium.workers.backends import load_backend
 from tritium.workers.backends.base import BackendConfig, InstanceContext, ModelContext
 from tritium.workers.executor import BatchExecutor
@@ -51,10 +51,6 @@ from tritium.workers.sequence_state import SequenceInputs
 from tritium.workers.warmup import warm_up
 
 log = logging.getLogger(__name__)
-
-_getsockopt = zmq.backend.Socket.get   # pyzmq's compiled method, without enum conversions
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -275,7 +271,7 @@ def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: 
         health.check()
         if outbox.queue:   # a model's own threads queued answers: checked every turn, so a busy socket cannot starve them
             outbox.flush()
-        if not _getsockopt(sock, _EVENTS) & _POLLIN:
+        if not has_message(sock):
             if any(fd == wake for fd, _ in waiter.poll(500)):   # also reads the wake-up, or the poll would spin on it
                 outbox.flush()
             continue
