@@ -8,9 +8,9 @@ figures are each server's median round and the ratio of the medians. CPU per req
 each process role (CPU seconds divided by the requests the server counted) and the share of
 the machine's CPU time left idle are measured in every scenario. Writes ``bench/out/versus_triton.json`` and a plot.
 ``--pinned`` adds a third server: tritium with its gateways on one half of the CPUs and its
-broker and instances on the other.
+broker and instances on the other; ``--variant NAME=FLAGS`` adds tritium started with FLAGS.
 
-    python -m bench.versus_triton [--rounds 3] [--window-ms 3000] [--pinned]
+    python -m bench.versus_triton [--rounds 3] [--window-ms 3000] [--pinned] [--variant NAME=FLAGS]
 """
 
 from __future__ import annotations
@@ -148,6 +148,9 @@ def main() -> None:
     parser.add_argument("--pinned", action="store_true",
                         help="also measure tritium with its gateways on one half of the CPUs and the broker and "
                              "instances on the other (--gateway-cpus, --broker-cpus, --worker-cpus)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                        help="also measure tritium started with these flags, named NAME (repeatable), e.g. "
+                             "--variant 'no polling=--broker-spin-us=0 --gateway-spin-us=0'")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         repo = python_repository(Path(folder))
@@ -156,6 +159,9 @@ def main() -> None:
             front, back = pinned_cpus()
             servers["tritium pinned"] = TritiumServer(repo, "--gateway-cpus", front, "--broker-cpus", back,
                                                       "--worker-cpus", back)
+        for variant in args.variant:
+            name, _, flags = variant.partition("=")
+            servers[f"tritium {name}"] = TritiumServer(repo, *flags.split())
         try:
             results = measure({name: (server.url, server.grpc_url, server.process.pid)
                                for name, server in servers.items()}, args.rounds, args.window_ms)

@@ -62,6 +62,7 @@ class Scheduler:
         self._send_to_gateway = send_to_gateway     # the frontend socket
         self._clock = clock
         self._batch_numbers = 0
+        self.requests_running = 0   # in batches sent to instances and not done executing
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
         # Versions with queued requests that can time out, with their batcher (only a dynamic batcher has timeouts).
         self._timed: dict[ModelVersion, DynamicBatcher[PendingRequest]] = {}
@@ -239,6 +240,7 @@ class Scheduler:
             if request.external:
                 parts.extend(request.external)
         instance.inflight[number] = Batch(number, version, instance, requests, size or batch_size)
+        self.requests_running += len(requests)
         self._send_to_instance(parts)
 
     def next_deadline_ns(self) -> int | None:
@@ -289,6 +291,7 @@ class Scheduler:
         if instance is None or batch is None:
             log.warning("result for unknown batch %s from instance %r dropped", done.number, iid)
             return
+        self.requests_running -= len(batch.requests)
         instance.credit += 1
         now = self._clock()
         version = batch.version
@@ -360,6 +363,7 @@ class Scheduler:
                     self._answer_error(batch.version, request, error)
         for instance in self.registry.instances.values():
             instance.inflight.clear()
+        self.requests_running = 0
         self.streams.batches.clear()
         for version in self.registry.epochs.values():
             self.fail_queued(version, error)
@@ -378,6 +382,7 @@ class Scheduler:
         if version is not None and restart_expected:
             version.awaited[instance.name] = now + RESTART_WAIT_NS
         held = list(instance.inflight.values())
+        self.requests_running -= sum(len(batch.requests) for batch in held)
         held += [b for b in self.streams.batches.values() if b.instance is instance]
         retry = []
         for batch in held:

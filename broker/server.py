@@ -69,7 +69,7 @@ from tritium.protocol import (
 from tritium.protocol import Control as ControlRequest
 from tritium.security import CurveKeys, secure_server
 from tritium.signals import SignalWaker
-from tritium.zmqio import has_message, recv_parts, send_parts
+from tritium.zmqio import POLL_WHILE_AT_MOST, cpu_is_free, has_message, recv_parts, send_parts
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,6 @@ class Broker:
                            self.liveness, Adoption(), self._send_frontend, self._send_backend,
                            self.control.log_settings_message, self.boot, settings.heartbeat_interval_s)
         self._next_scaling = 0.0
-        self._heard = False   # the last turn read a message: the next may follow closely
         self._waiter = select.poll()
         self._socket_fds = [(sock, int(sock.getsockopt(zmq.FD))) for sock in (self.backend, self.frontend)]
         for fd in [fd for _, fd in self._socket_fds] + [self.lifecycle.reader.wake_read.fileno()]:
@@ -252,7 +251,6 @@ class Broker:
         """
         ready, fired = self._wait(timeout_ms)
         self._now = time.monotonic()
-        self._heard = bool(ready)
         if self.backend in ready:
             self._drain(self.backend, self._on_backend)
         if self.frontend in ready:
@@ -293,22 +291,22 @@ class Broker:
         return [sock for sock, fd in self._socket_fds if fd in fired], fired
 
     def _spin_for_message(self) -> list[zmq.Socket]:
-        """The sockets with a message queued, polled for up to ``spin_s`` (none: sleep).
+        """The sockets with a message queued, polled for up to ``spin_s`` while an instance runs
+        one or two requests (none: sleep).
 
         Waking a sleeping process costs tens of microseconds, and more when its CPU has gone
         idle (on a virtual machine, a trip through the hypervisor); the next message often
-        comes sooner than that. ``sched_yield`` between checks hands the CPU to any other
-        thread that can run, so the polling uses only time the CPU would have spent idle.
+        comes sooner than that. Between checks the CPU is yielded, and the polling stops as
+        soon as another thread takes it: it uses only time the CPU would have spent idle.
         """
         ready = [sock for sock, _ in self._socket_fds if has_message(sock)]
-        if ready or not self._heard or not self.settings.spin_s:   # a turn of timers only: nothing is on its way
-            return ready
+        if ready or not self.settings.spin_s or not 0 < self.scheduler.requests_running <= POLL_WHILE_AT_MOST:
+            return ready   # nothing is owed, or so much that messages come queued
         until = time.monotonic() + self.settings.spin_s
         deadline_ns = self.scheduler.next_deadline_ns()   # a batch's queue delay is not held up by polling
         if deadline_ns is not None:
             until = min(until, deadline_ns / 1e9)
-        while time.monotonic() < until:
-            os.sched_yield()
+        while time.monotonic() < until and cpu_is_free():
             ready = [sock for sock, _ in self._socket_fds if has_message(sock)]
             if ready:
                 return ready

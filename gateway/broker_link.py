@@ -42,7 +42,7 @@ from tritium.protocol import (
     read_record,
 )
 from tritium.security import CurveKeys, secure_client
-from tritium.zmqio import recv_parts, send_parts
+from tritium.zmqio import POLL_WHILE_AT_MOST, cpu_is_free, recv_parts, send_parts
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ class BrokerLink:
         if not self._drain_scheduled and int(_getsockopt(self.sock, _EVENTS)) & _POLLIN:
             self._drain_scheduled = True
             self.loop.call_soon(self._drain)
-        elif self.spin_s and self._pending:
+        elif self.spin_s and 0 < len(self._pending) <= POLL_WHILE_AT_MOST:
             self._spin_until = self.loop.time() + self.spin_s
             if not self._spinning:
                 self._spinning = True
@@ -238,16 +238,16 @@ class BrokerLink:
         """Poll for the answers to what was just sent, one check per event-loop turn.
 
         While a callback is ready the event loop polls its descriptors without blocking, so
-        HTTP and gRPC connections are served between checks; ``sched_yield`` hands the CPU to
-        any other runnable thread. Sleeping instead would cost a wake-up when the answer comes.
+        HTTP and gRPC connections are served between checks; the CPU is yielded between them,
+        and the polling stops as soon as another thread takes it. Sleeping instead would cost
+        a wake-up when the answer comes.
         """
         if self._drain_scheduled:   # the socket's descriptor fired meanwhile: the drain reads it
             self._spinning = False
         elif int(_getsockopt(self.sock, _EVENTS)) & _POLLIN:
             self._spinning = False
             self._drain()
-        elif self._pending and self.loop.time() < self._spin_until:
-            os.sched_yield()
+        elif 0 < len(self._pending) <= POLL_WHILE_AT_MOST and self.loop.time() < self._spin_until and cpu_is_free():
             self.loop.call_soon(self._spin)
         else:
             self._spinning = False

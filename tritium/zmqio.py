@@ -9,6 +9,9 @@ functions call pyzmq's compiled socket methods directly with integer flags and u
 
 from __future__ import annotations
 
+import os
+import time
+
 import zmq
 from zmq.backend import Socket as _BaseSocket
 
@@ -50,3 +53,24 @@ def has_message(sock: zmq.Socket) -> bool:
     that arrived meanwhile waits for the next one.
     """
     return bool(int(_getsockopt(sock, _EVENTS)) & _POLLIN)
+
+
+# A yield that comes back later than this ran another thread: the CPU has other work.
+_YIELDED_TO_ANOTHER_S = 20e-6
+
+# Polling for answers pays only while this few requests are out: with more, the next message is
+# usually queued before the process looks, and polling keeps other threads from the CPU (measured:
+# 2-5% less throughput at concurrency 16 when the broker and gateway polled at any load).
+POLL_WHILE_AT_MOST = 2
+
+
+def cpu_is_free() -> bool:
+    """Yield the CPU; whether it came straight back, no other thread having wanted it.
+
+    Polling is only worth it on a CPU nobody else needs: a poller that keeps a ready thread
+    waiting costs more than the wake-up it saves, so polling stops at the first yield that ran
+    another thread.
+    """
+    start = time.perf_counter()
+    os.sched_yield()
+    return time.perf_counter() - start < _YIELDED_TO_ANOTHER_S

@@ -73,13 +73,14 @@ class Peer:
 
 
 class World:
-    def __init__(self, root) -> None:
-        write_model(root / "repo", "m", CONFIG, {"1/model.py": PLAIN_PY_MODEL})
+    def __init__(self, root, config: str = CONFIG, spin_s: float = 0.0) -> None:
+        write_model(root / "repo", "m", config, {"1/model.py": PLAIN_PY_MODEL})
         self.context = zmq.Context()
         name = next(_names)
         self.broker = Broker(BrokerSettings(model_repositories=(str(root / "repo"),),
                                             frontend=f"inproc://front-{name}", backend=f"inproc://back-{name}",
-                                            metrics=None, heartbeat_interval_s=HEARTBEAT_S), self.context)
+                                            metrics=None, heartbeat_interval_s=HEARTBEAT_S, spin_s=spin_s),
+                             self.context)
         self.broker.load_repository()
         self.peers: list[Peer] = []
 
