@@ -291,8 +291,8 @@ class Broker:
         return [sock for sock, fd in self._socket_fds if fd in fired], fired
 
     def _spin_for_message(self) -> list[zmq.Socket]:
-        """The sockets with a message queued, polled for up to ``spin_s`` while an instance runs
-        one or two requests (none: sleep).
+        """The sockets with a message queued, polled for up to ``spin_s`` while instances run
+        one request (none: sleep).
 
         Waking a sleeping process costs tens of microseconds, and more when its CPU has gone
         idle (on a virtual machine, a trip through the hypervisor); the next message often

@@ -60,8 +60,9 @@ _YIELDED_TO_ANOTHER_S = 20e-6
 
 # Polling for answers pays only while this few requests are out: with more, the next message is
 # usually queued before the process looks, and polling keeps other threads from the CPU (measured:
-# 2-5% less throughput at concurrency 16 when the broker and gateway polled at any load).
-POLL_WHILE_AT_MOST = 2
+# 2-5% less throughput at concurrency 16 when the broker and gateway polled at any load, 1-4% while
+# they polled with two requests out).
+POLL_WHILE_AT_MOST = 1
 
 
 def cpu_is_free() -> bool:

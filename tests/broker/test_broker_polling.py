@@ -1,5 +1,5 @@
 """The broker's polling before it sleeps (--broker-spin-us), through its loop in-process with scripted
-peers (the harness of test_broker_inprocess): it polls only while an instance runs a request or two,
+peers (the harness of test_broker_inprocess): it polls only while instances run a single request,
 and never past a batching deadline."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Polling before sleeping (--broker-spin-us, --gateway-spin-us): answers come back right with the
 defaults and with long polling, and a server left idle does not poll (tests/broker/test_broker_polling.py
-has the broker's rules: only while an instance runs a request or two, never past a batching deadline)."""
+has the broker's rules: only while instances run a single request, never past a batching deadline)."""
 
 from __future__ import annotations
 
