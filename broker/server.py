@@ -283,14 +283,14 @@ class Broker:
         after a wait, a socket is drained if its descriptor fired, the drain's last receive
         clearing the edge.
         """
-        ready = self._spin_for_message()
+        ready = self._spin_for_message(timeout_ms)
         if ready:
             return ready, set()
         wait_ms = self._timeout_ms() if timeout_ms is None else min(timeout_ms, self._timeout_ms())
         fired = {fd for fd, _ in self._waiter.poll(wait_ms)}
         return [sock for sock, fd in self._socket_fds if fd in fired], fired
 
-    def _spin_for_message(self) -> list[zmq.Socket]:
+    def _spin_for_message(self, timeout_ms: int | None = None) -> list[zmq.Socket]:
         """The sockets with a message queued, polled for up to ``spin_s`` while instances run
         one request (none: sleep).
 
@@ -302,7 +302,8 @@ class Broker:
         ready = [sock for sock, _ in self._socket_fds if has_message(sock)]
         if ready or not self.settings.spin_s or not 0 < self.scheduler.requests_running <= POLL_WHILE_AT_MOST:
             return ready   # nothing is owed, or so much that messages come queued
-        until = time.monotonic() + self.settings.spin_s
+        spin_s = self.settings.spin_s if timeout_ms is None else min(self.settings.spin_s, timeout_ms / 1000)
+        until = time.monotonic() + spin_s
         deadline_ns = self.scheduler.next_deadline_ns()   # a batch's queue delay is not held up by polling
         if deadline_ns is not None:
             until = min(until, deadline_ns / 1e9)
@@ -376,8 +377,11 @@ class Broker:
                 try:
                     message = read_record(parts[position])[0]
                 except ProtocolError as exc:
-                    self._malformed(sock, peer, parts[position], exc)
-                    break
+                    external = self._malformed(sock, peer, parts[position], exc)
+                    if external is None:
+                        break
+                    position += 1 + external   # the records after it are other requests, answered as usual
+                    continue
                 try:
                     handle(peer, parts, position, message)
                 except ProtocolError as exc:
@@ -389,22 +393,29 @@ class Broker:
                     break  # the records after it are its responses
                 position += 1 + message.external
 
-    def _malformed(self, sock: zmq.Socket, peer: bytes, record: object, exc: ProtocolError) -> None:
+    def _malformed(self, sock: zmq.Socket, peer: bytes, record: object, exc: ProtocolError) -> int | None:
         """A record that does not read as its kind: a peer of another protocol version is refused, a
-        malformed INFER or CONTROL answered with the error; the rest of the message is dropped."""
+        malformed INFER or CONTROL answered with the error. Returns how many external frames follow
+        an answered record, when its header says, so that the records after it are read; None drops
+        the rest of the message."""
         log.warning("dropped a malformed message from %r: %s", peer, exc)
         try:
             header, _, _ = decode(record)
         except ProtocolError:
-            return
+            return None
         if header["k"] in (Kind.HELLO, Kind.HEARTBEAT) and "pv" in header:
             self._protocol_ok(sock, peer, header["pv"], header.get("role"))
-        elif header["k"] == Kind.INFER and isinstance(header.get("rid"), int):
+            return None
+        if header["k"] == Kind.INFER and isinstance(header.get("rid"), int):
             self.scheduler.reply_error(peer, header["rid"], InvalidArgument(f"malformed inference request: {exc}"),
                                        sock is self.backend)
         elif header["k"] == Kind.CONTROL and isinstance(header.get("rid"), int) and sock is self.frontend:
             error = InvalidArgument(f"malformed control request: {exc}")
             self._send_frontend([peer, ControlReply(header["rid"], error=error).encode()])
+        else:
+            return None
+        external = header.get("x", 0)   # a gateway's message holds its turn's requests: the others are served
+        return external if type(external) is int and external >= 0 else None
 
     # -- dispatch of message kinds ------------------------------------------------------
 

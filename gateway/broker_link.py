@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -228,11 +229,14 @@ class BrokerLink:
         if not self._drain_scheduled and int(_getsockopt(self.sock, _EVENTS)) & _POLLIN:
             self._drain_scheduled = True
             self.loop.call_soon(self._drain)
-        elif self.spin_s and 0 < len(self._pending) <= POLL_WHILE_AT_MOST:
-            self._spin_until = self.loop.time() + self.spin_s
+        elif self.spin_s and self._worth_polling():
+            self._spin_until = time.perf_counter() + self.spin_s   # loop.time() counts whole milliseconds
             if not self._spinning:
                 self._spinning = True
                 self.loop.call_soon(self._spin)
+
+    def _worth_polling(self) -> bool:
+        return 0 < self.waiting <= POLL_WHILE_AT_MOST
 
     def _spin(self) -> None:
         """Poll for the answers to what was just sent, one check per event-loop turn.
@@ -242,12 +246,9 @@ class BrokerLink:
         and the polling stops as soon as another thread takes it. Sleeping instead would cost
         a wake-up when the answer comes.
         """
-        if self._drain_scheduled:   # the socket's descriptor fired meanwhile: the drain reads it
-            self._spinning = False
-        elif int(_getsockopt(self.sock, _EVENTS)) & _POLLIN:
-            self._spinning = False
-            self._drain()
-        elif 0 < len(self._pending) <= POLL_WHILE_AT_MOST and self.loop.time() < self._spin_until and cpu_is_free():
+        if not self._drain_scheduled and int(_getsockopt(self.sock, _EVENTS)) & _POLLIN:
+            self._drain()   # perhaps a heartbeat, not the answer: then the polling goes on
+        if self._worth_polling() and time.perf_counter() < self._spin_until and cpu_is_free():
             self.loop.call_soon(self._spin)
         else:
             self._spinning = False

@@ -48,6 +48,18 @@ def test_a_malformed_control_is_answered_and_the_next_one_served(world):
     assert third["rid"] == 7 and "err" not in third and third["ok"]["ready"] in (True, False)
 
 
+def test_the_requests_after_a_malformed_one_in_the_same_message_are_served(world):
+    gateway = world.gateway()
+    gateway.send(encode({"k": Kind.CONTROL, "rid": 11}), Control(12, StatusQuery()).encode(),
+                 encode({"k": Kind.INFER, "rid": 13, "m": "m", "v": 1}), Control(14, StatusQuery()).encode())
+    world.until(lambda: len(gateway.headers(Kind.CONTROL_REPLY)) == 3 and gateway.headers(Kind.RESPONSE))
+    replies = {reply["rid"]: reply for reply in gateway.headers(Kind.CONTROL_REPLY)}
+    assert replies[11]["err"]["code"] == ErrorCode.INVALID_ARG
+    assert "err" not in replies[12] and "err" not in replies[14]
+    (response,) = gateway.headers(Kind.RESPONSE)
+    assert response["rid"] == 13 and response["err"]["code"] == ErrorCode.INVALID_ARG
+
+
 def test_a_hello_of_another_version_that_does_not_read_as_this_ones_is_refused(world):
     agent = world.peer("back", b"newer-agent")
     agent.send(encode({"k": Kind.HELLO, "role": "agent", "pv": PROTOCOL_VERSION + 1, "host": ["a", "list"]}))
