@@ -97,6 +97,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def time_slices(pid: int) -> int:
+    """How many times the kernel has put the process's threads on a CPU (each wake-up or
+    preemption starts one): the third field of every ``/proc/PID/task/*/schedstat``."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[2])
+        except (OSError, IndexError):
+            pass
+    return total
+
+
 def system_cpu_times() -> tuple[int, int]:
     """(idle, all) clock ticks of every CPU since boot, from ``/proc/stat``."""
     ticks = [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
@@ -113,12 +125,16 @@ class CpuMeter:
     def start(self) -> None:
         self.pids = role_pids(self.roots)
         self.before = {pid: cpu_seconds(pid) for pid in self.pids}
+        self.slices_before = {pid: time_slices(pid) for pid in self.pids}
 
     def stop(self) -> dict[str, float]:
+        """CPU seconds per role; ``self.slices`` gets the time slices of all the processes."""
         used: dict[str, float] = {}
+        self.slices = 0
         for pid, role in self.pids.items():
             try:
                 used[role] = used.get(role, 0.0) + cpu_seconds(pid) - self.before[pid]
+                self.slices += time_slices(pid) - self.slices_before[pid]
             except OSError:
                 pass
         return used

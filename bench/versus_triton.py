@@ -31,6 +31,7 @@ from bench.harness import (ANCHORS, OUT, CpuMeter, TritonServer, TritiumServer, 
 from bench.serving_overhead import python_repository
 
 SCENARIOS = (("http", 16), ("http", 64), ("grpc", 16), ("http", 1))
+SLICES = "slices per request"
 
 
 def perf_analyzer(url: str, protocol: str, concurrency: int, window_ms: int, extra: tuple = ()) -> dict:
@@ -56,7 +57,8 @@ def served(http_url: str) -> int:
 def metered_run(http_url: str, url: str, protocol: str, concurrency: int, window_ms: int, root: int,
                 extra: tuple = ()) -> tuple[dict, dict]:
     """One perf_analyzer run and the CPU of the server's own processes: (its figures, role ->
-    CPU us per request the server counted, plus ``idle %``: the machine's CPU time nobody used)."""
+    CPU us per request the server counted, plus ``idle %``: the machine's CPU time nobody used,
+    and the server's threads' time slices per request, each a wake-up or a preemption)."""
     meter = CpuMeter((root,))
     before = served(http_url)
     idle_before, all_before = system_cpu_times()
@@ -67,6 +69,7 @@ def metered_run(http_url: str, url: str, protocol: str, concurrency: int, window
     count = max(1, served(http_url) - before)
     cpu = {role: seconds / count * 1e6 for role, seconds in used.items()}
     cpu["idle %"] = 100 * (idle_after - idle_before) / max(1, all_after - all_before)
+    cpu[SLICES] = meter.slices / count
     return figures, cpu
 
 
@@ -92,15 +95,16 @@ def measure(servers: dict, rounds: int, window_ms: int) -> dict:
 
 
 def cpu_table(results: dict) -> list[list]:
-    """Per scenario and server: each role's CPU us per request, their sum, and the idle share."""
+    """Per scenario and server: each role's CPU us per request, their sum, the time slices per
+    request of all its threads, and the idle share."""
     rows = []
     for protocol, concurrency in SCENARIOS:
         scenario = f"{protocol} c={concurrency}"
         for name, scenarios in results["cpu_us_per_request"].items():
             roles = scenarios[scenario]
-            spent = {role: us for role, us in roles.items() if role != "idle %"}
+            spent = {role: us for role, us in roles.items() if role not in ("idle %", SLICES)}
             rows.append([scenario, name, ", ".join(f"{role} {us:.0f}" for role, us in sorted(spent.items())),
-                         round(sum(spent.values())), f"{roles.get('idle %', 0):.0f}"])
+                         round(sum(spent.values())), f"{roles.get(SLICES, 0):.1f}", f"{roles.get('idle %', 0):.0f}"])
     return rows
 
 
@@ -175,8 +179,8 @@ def main() -> None:
         print(f"{name} against Triton:")
         print(table(["scenario", "Triton infer/s", f"{name} infer/s", "ratio", "Triton p50 us", f"{name} p50 us",
                      "p50 ratio"], rows))
-    print("CPU us per request of each process role, and the CPU time left idle:")
-    print(table(["scenario", "server", "us per request", "all", "idle %"], cpu_table(results)))
+    print("CPU us per request of each process role, time slices per request, and the CPU time left idle:")
+    print(table(["scenario", "server", "us per request", "all", "slices per request", "idle %"], cpu_table(results)))
     plot(tables, args.plot)
     print(f"plot: {args.plot}; data: {OUT / 'versus_triton.json'}")
 
