@@ -283,35 +283,37 @@ class Broker:
         after a wait, a socket is drained if its descriptor fired, the drain's last receive
         clearing the edge.
         """
-        ready = self._spin_for_message(timeout_ms)
+        ready = self._spin_for_message(self._wait_ms(timeout_ms))
         if ready:
             return ready, set()
-        wait_ms = self._timeout_ms() if timeout_ms is None else min(timeout_ms, self._timeout_ms())
-        fired = {fd for fd, _ in self._waiter.poll(wait_ms)}
+        fired = {fd for fd, _ in self._waiter.poll(self._wait_ms(timeout_ms))}   # the polling took some of it
         return [sock for sock, fd in self._socket_fds if fd in fired], fired
 
-    def _spin_for_message(self, timeout_ms: int | None = None) -> list[zmq.Socket]:
+    def _wait_ms(self, timeout_ms: int | None) -> int:
+        return self._timeout_ms() if timeout_ms is None else min(timeout_ms, self._timeout_ms())
+
+    def _spin_for_message(self, wait_ms: int) -> list[zmq.Socket]:
         """The sockets with a message queued, polled for up to ``spin_s`` while instances run
-        one request (none: sleep).
+        one request, and never longer than the wait ahead (``wait_ms``: a batch's queue delay
+        and heartbeats are not held up); none: sleep.
 
         Waking a sleeping process costs tens of microseconds, and more when its CPU has gone
         idle (on a virtual machine, a trip through the hypervisor); the next message often
         comes sooner than that. Between checks the CPU is yielded, and the polling stops as
         soon as another thread takes it: it uses only time the CPU would have spent idle.
         """
-        ready = [sock for sock, _ in self._socket_fds if has_message(sock)]
+        ready = self._queued()
         if ready or not self.settings.spin_s or not 0 < self.scheduler.requests_running <= POLL_WHILE_AT_MOST:
             return ready   # nothing is owed, or so much that messages come queued
-        spin_s = self.settings.spin_s if timeout_ms is None else min(self.settings.spin_s, timeout_ms / 1000)
-        until = time.monotonic() + spin_s
-        deadline_ns = self.scheduler.next_deadline_ns()   # a batch's queue delay is not held up by polling
-        if deadline_ns is not None:
-            until = min(until, deadline_ns / 1e9)
+        until = time.monotonic() + min(self.settings.spin_s, wait_ms / 1000)
         while time.monotonic() < until and cpu_is_free():
-            ready = [sock for sock, _ in self._socket_fds if has_message(sock)]
+            ready = self._queued()
             if ready:
                 return ready
         return ready
+
+    def _queued(self) -> list[zmq.Socket]:
+        return [sock for sock, _ in self._socket_fds if has_message(sock)]
 
     def close(self) -> int:
         """Answer whatever is still held, let the answers leave, close; the exit code."""

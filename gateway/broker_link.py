@@ -43,13 +43,10 @@ from tritium.protocol import (
     read_record,
 )
 from tritium.security import CurveKeys, secure_client
-from tritium.zmqio import POLL_WHILE_AT_MOST, cpu_is_free, recv_parts, send_parts
+from tritium.zmqio import POLL_WHILE_AT_MOST, cpu_is_free, has_message, recv_parts, send_parts
 
 log = logging.getLogger(__name__)
 
-_getsockopt = zmq.backend.Socket.get  # pyzmq's compiled method, without enum conversions
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 
 
 class Reply(NamedTuple):
@@ -226,7 +223,7 @@ class BrokerLink:
         parts, self._outbox = self._outbox, []
         send_parts(self.sock, parts)
         # ZeroMQ's fd is edge-triggered: a send may have consumed the readiness edge.
-        if not self._drain_scheduled and int(_getsockopt(self.sock, _EVENTS)) & _POLLIN:
+        if not self._drain_scheduled and has_message(self.sock):
             self._drain_scheduled = True
             self.loop.call_soon(self._drain)
         elif self.spin_s and self._worth_polling():
@@ -246,7 +243,7 @@ class BrokerLink:
         and the polling stops as soon as another thread takes it. Sleeping instead would cost
         a wake-up when the answer comes.
         """
-        if not self._drain_scheduled and int(_getsockopt(self.sock, _EVENTS)) & _POLLIN:
+        if not self._drain_scheduled and has_message(self.sock):
             self._drain()   # perhaps a heartbeat, not the answer: then the polling goes on
         if self._worth_polling() and time.perf_counter() < self._spin_until and cpu_is_free():
             self.loop.call_soon(self._spin)

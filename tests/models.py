@@ -6,9 +6,18 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper, numpy_helper
 
 from examples import models
+
+
+def add_sub_inputs(a: np.ndarray, b: np.ndarray, module=grpcclient) -> list:
+    """add_sub's INPUT0 and INPUT1 as ``module``'s (tritonclient.grpc, .http or .grpc.aio) InferInputs."""
+    inputs = [module.InferInput("INPUT0", list(a.shape), "FP32"), module.InferInput("INPUT1", list(b.shape), "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
 
 
 def write_config(model_dir: Path, text: str) -> None:

@@ -15,7 +15,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.models import ALL_TYPES, add_sub_model, all_types_model
+from tests.models import ALL_TYPES, add_sub_inputs, add_sub_model, all_types_model
 from tests.servers import TritiumServer
 
 PYTHON_MODELS = Path(__file__).parent / "python_repo"
@@ -35,13 +35,6 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(server):
     return grpcclient.InferenceServerClient(server.grpc_url)
-
-
-def add_sub_inputs(a, b, module=grpcclient):
-    inputs = [module.InferInput("INPUT0", list(a.shape), "FP32"), module.InferInput("INPUT1", list(b.shape), "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs
 
 
 def test_health_and_metadata(client):

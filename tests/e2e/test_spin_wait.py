@@ -13,7 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.models import add_sub_model
+from tests.models import add_sub_inputs, add_sub_model
 from tests.servers import TritiumServer
 
 LONG_SPIN_US = 50_000
@@ -40,10 +40,7 @@ def long_spin_server(repo):
 
 def _inputs(module, seed: int):
     a, b = (np.random.default_rng(seed + i).standard_normal((1, 16)).astype(np.float32) for i in range(2))
-    inputs = [module.InferInput("INPUT0", [1, 16], "FP32"), module.InferInput("INPUT1", [1, 16], "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs, a, b
+    return add_sub_inputs(a, b, module), a, b
 
 
 @pytest.mark.parametrize("which", ["default_server", "long_spin_server"])
