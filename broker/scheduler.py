@@ -63,6 +63,9 @@ class Scheduler:
         self._clock = clock
         self._batch_numbers = 0
         self.requests_running = 0   # in batches sent to instances and not done executing
+        # When the last batch to leave the instances idle held a single request (monotonic ns): its
+        # client's next request is likely on its way (the broker polls for it, Broker._spin_for_message).
+        self.lone_request_done_ns = 0
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
         # Versions with queued requests that can time out, with their batcher (only a dynamic batcher has timeouts).
         self._timed: dict[ModelVersion, DynamicBatcher[PendingRequest]] = {}
@@ -294,6 +297,8 @@ class Scheduler:
         self.requests_running -= len(batch.requests)
         instance.credit += 1
         now = self._clock()
+        if not self.requests_running and len(batch.requests) == 1:
+            self.lone_request_done_ns = now
         version = batch.version
         self._idle.idle_again(version, instance)
         batch.timings = timings = tuple(done.timings or (0, 0, 0))

@@ -294,8 +294,9 @@ class Broker:
 
     def _spin_for_message(self, wait_ms: int) -> list[zmq.Socket]:
         """The sockets with a message queued, polled for up to ``spin_s`` while instances run
-        one request, and never longer than the wait ahead (``wait_ms``: a batch's queue delay
-        and heartbeats are not held up); none: sleep.
+        one request, or until ``spin_s`` after they answered a lone one (its client's next request
+        is likely on its way), and never longer than the wait ahead (``wait_ms``: a batch's queue
+        delay and heartbeats are not held up); none: sleep.
 
         Waking a sleeping process costs tens of microseconds, and more when its CPU has gone
         idle (on a virtual machine, a trip through the hypervisor); the next message often
@@ -303,14 +304,23 @@ class Broker:
         soon as another thread takes it: it uses only time the CPU would have spent idle.
         """
         ready = self._queued()
-        if ready or not self.settings.spin_s or not 0 < self.scheduler.requests_running <= POLL_WHILE_AT_MOST:
-            return ready   # nothing is owed, or so much that messages come queued
-        until = time.monotonic() + min(self.settings.spin_s, wait_ms / 1000)
-        while time.monotonic() < until and cpu_is_free():
+        until = None if ready or not self.settings.spin_s else self._polling_ends(wait_ms)
+        while until is not None and time.monotonic() < until and cpu_is_free():
             ready = self._queued()
             if ready:
                 return ready
         return ready
+
+    def _polling_ends(self, wait_ms: int) -> float | None:
+        """When polling should end (``time.monotonic``); None: not worth it, as nothing is owed
+        or so much that messages come queued."""
+        now = time.monotonic()
+        running = self.scheduler.requests_running
+        if 0 < running <= POLL_WHILE_AT_MOST:
+            return now + min(self.settings.spin_s, wait_ms / 1000)
+        if running == 0 and self.scheduler.lone_request_done_ns:   # the clock is time.monotonic_ns
+            return min(self.scheduler.lone_request_done_ns / 1e9 + self.settings.spin_s, now + wait_ms / 1000)
+        return None
 
     def _queued(self) -> list[zmq.Socket]:
         return [sock for sock, _ in self._socket_fds if has_message(sock)]

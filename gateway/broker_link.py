@@ -146,6 +146,12 @@ class BrokerLink:
         """Requests sent to the broker and not yet (finally) answered."""
         return len(self._pending) + len(self._streams)
 
+    @property
+    def polling(self) -> bool:
+        """Whether the link checks its socket on every event-loop turn now (``spin_s``) rather than
+        sleeping until the socket wakes the loop."""
+        return self._spinning
+
     def _fail_waiting(self, error: TritiumError) -> None:
         pending, self._pending = self._pending, {}
         streams, self._streams = self._streams, {}
@@ -226,17 +232,19 @@ class BrokerLink:
         if not self._drain_scheduled and has_message(self.sock):
             self._drain_scheduled = True
             self.loop.call_soon(self._drain)
-        elif self.spin_s and self._worth_polling():
-            self._spin_until = time.perf_counter() + self.spin_s   # loop.time() counts whole milliseconds
-            if not self._spinning:
-                self._spinning = True
-                self.loop.call_soon(self._spin)
+        elif self.spin_s and 0 < self.waiting <= POLL_WHILE_AT_MOST:
+            self._poll()
 
-    def _worth_polling(self) -> bool:
-        return 0 < self.waiting <= POLL_WHILE_AT_MOST
+    def _poll(self) -> None:
+        """Poll for ``spin_s`` from now (``_spin``)."""
+        self._spin_until = time.perf_counter() + self.spin_s   # loop.time() counts whole milliseconds
+        if not self._spinning:
+            self._spinning = True
+            self.loop.call_soon(self._spin)
 
     def _spin(self) -> None:
-        """Poll for the answers to what was just sent, one check per event-loop turn.
+        """Poll for the answers to what was just sent (or, after a lone answer, for the client's
+        next request), one check per event-loop turn.
 
         While a callback is ready the event loop polls its descriptors without blocking, so
         HTTP and gRPC connections are served between checks; the CPU is yielded between them,
@@ -245,7 +253,7 @@ class BrokerLink:
         """
         if not self._drain_scheduled and has_message(self.sock):
             self._drain()   # perhaps a heartbeat, not the answer: then the polling goes on
-        if self._worth_polling() and time.perf_counter() < self._spin_until and cpu_is_free():
+        if self.waiting <= POLL_WHILE_AT_MOST and time.perf_counter() < self._spin_until and cpu_is_free():
             self.loop.call_soon(self._spin)
         else:
             self._spinning = False
@@ -303,6 +311,10 @@ class BrokerLink:
         deliver = self._pending.pop(reply.message.rid, None)
         if deliver is not None:
             _call(deliver, reply)
+            if self.spin_s and not self.waiting:
+                # The one request out was answered: its client's next one is likely on its way,
+                # and while the loop polls, the connections are read without a wake-up.
+                self._poll()
 
 
 def _call(deliver: Deliver, outcome: "Reply | TritiumError") -> None:

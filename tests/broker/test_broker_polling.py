@@ -1,9 +1,10 @@
 """The broker's polling before it sleeps (--broker-spin-us), through its loop in-process with scripted
-peers (the harness of test_broker_inprocess): it polls only while instances run a single request,
-and never past a batching deadline."""
+peers (the harness of test_broker_inprocess): it polls only while instances run a single request or
+just after a lone request was answered, and never past a batching deadline."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -70,4 +71,60 @@ def test_a_turn_with_a_timeout_polls_no_longer_than_it(world, monkeypatch):
     world.broker.scheduler.requests_running = 1
     start = time.monotonic()
     world.broker.turn(5)
+    assert time.monotonic() - start < SPIN_S / 2
+
+
+@pytest.fixture
+def short_polling_world(tmp_path, monkeypatch):
+    monkeypatch.setattr("tritium.broker.server.cpu_is_free", lambda: True)
+    world = World(tmp_path, spin_s=0.3)   # no queue delay: each request is a batch of its own
+    yield world
+    world.close()
+
+
+def _answered(world: World, gateway, instance, *rids: int) -> None:
+    """Send the requests ``rids``, answer their batch (one) and wait for the answers."""
+    for rid in rids:
+        infer(gateway, rid=rid)
+    world.until(lambda: instance.headers(Kind.BATCH))
+    (batch,) = instance.headers(Kind.BATCH)
+    answer(instance, batch, instance.records(Kind.INFER))
+    world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == len(rids))
+
+
+def test_a_lone_request_answered_is_followed_by_polling_for_the_next(short_polling_world):
+    world = short_polling_world
+    gateway = world.gateway()
+    _, instance = world.serving_instance()
+    _answered(world, gateway, instance, 1)
+    assert world.broker.scheduler.requests_running == 0
+    start = time.monotonic()
+    assert world.broker._spin_for_message(10_000) == []   # nothing came: polled out the window
+    assert 0.1 <= time.monotonic() - start < 1.0
+    start = time.monotonic()
+    assert world.broker._spin_for_message(10_000) == []   # the window is over: no polling
+    assert time.monotonic() - start < 0.05
+
+
+def test_a_message_in_the_window_after_a_lone_answer_is_found_by_polling(short_polling_world):
+    world = short_polling_world
+    gateway = world.gateway()
+    _, instance = world.serving_instance()
+    _answered(world, gateway, instance, 1)
+    client = threading.Timer(0.05, infer, (gateway,), {"rid": 2})   # the client's next request, while the broker polls
+    client.start()
+    start = time.monotonic()
+    found = world.broker._spin_for_message(10_000)
+    client.join()
+    assert found == [world.broker.frontend]
+    assert time.monotonic() - start >= 0.04   # found by polling, not queued already
+
+
+def test_a_batch_of_two_answered_is_not_followed_by_polling(world, monkeypatch):
+    monkeypatch.setattr("tritium.broker.server.cpu_is_free", lambda: True)
+    gateway = world.gateway()
+    _, instance = world.serving_instance()
+    _answered(world, gateway, instance, 1, 2)   # one batch: the queue delay gathers both
+    start = time.monotonic()
+    assert world.broker._spin_for_message(10_000) == []
     assert time.monotonic() - start < SPIN_S / 2

@@ -49,11 +49,11 @@ def table(generation: int, *models: tuple[str, str]) -> Models:
 class Gateway:
     """A BrokerLink on its own event loop, and the scripted broker it talks to."""
 
-    def __init__(self) -> None:
+    def __init__(self, spin_s: float = 0.0, heartbeat_s: float = HEARTBEAT_S) -> None:
         self.address, self.folder = ipc_address("frontend")
         self.broker = ScriptedBroker(self.address)
         self.loop = asyncio.new_event_loop()
-        self.link = BrokerLink(self.address, self.loop, heartbeat_interval_s=HEARTBEAT_S)
+        self.link = BrokerLink(self.address, self.loop, heartbeat_interval_s=heartbeat_s, spin_s=spin_s)
         self.peer = self.link.identity.encode()
         self.broker_hb = HEARTBEAT_S        # the interval the broker's heartbeats announce
         self._answered: list = []   # the INFER records requests() returned already
@@ -299,3 +299,46 @@ def test_a_models_push_replaces_the_model_table(gateway):
     assert models.get("m").versions == {1: ("UNLOADING", "")} and models.get("m").ready_versions == ()
     with pytest.raises(NotFound):
         models.get("gone")
+
+
+@pytest.fixture
+def polling_gateway(monkeypatch):
+    # The polling also stops when another thread takes the CPU, which on a test machine may come at
+    # any time: a CPU that always comes straight back leaves the window as the only limit.
+    monkeypatch.setattr("tritium.gateway.broker_link.cpu_is_free", lambda: True)
+    gateway = Gateway(spin_s=0.3, heartbeat_s=10.0)   # no heartbeat of its own to send (and poll after) meanwhile
+    yield gateway
+    gateway.close()
+
+
+async def _answer_one(gateway: Gateway, tag: str, after_s: float = 0.0) -> Reply:
+    future = infer(gateway.link, tag)
+    (sent,) = await gateway.requests(1)
+    later = time.monotonic() + after_s
+    await gateway.until(lambda: time.monotonic() >= later, "the wait")   # the broker heartbeats meanwhile
+    gateway.broker.send(gateway.peer, response(sent.header["rid"], tag))
+    return await future
+
+
+def test_a_lone_answer_is_followed_by_polling_for_the_clients_next_request(polling_gateway):
+    async def scenario():
+        await polling_gateway.started()
+        reply = await _answer_one(polling_gateway, "a", after_s=0.4)   # after the polling for it ended
+        answered = time.perf_counter()
+        polling_after_answer = polling_gateway.link.polling
+        await polling_gateway.until(lambda: not polling_gateway.link.polling, "the end of the polling")
+        return reply, polling_after_answer, time.perf_counter() - answered
+
+    reply, polling_after_answer, lasted = polling_gateway.run(scenario())
+    assert output_bytes(reply) == b"a".ljust(16, b"!")
+    assert polling_after_answer   # nothing is out, yet the loop polls: the connections are read without a wake-up
+    assert 0.15 <= lasted < 2.0   # the 0.3 s window, then it sleeps
+
+
+def test_without_polling_a_link_sleeps_after_an_answer(gateway):
+    async def scenario():
+        await gateway.started()
+        await _answer_one(gateway, "a")
+        return gateway.link.polling
+
+    assert gateway.run(scenario()) is False
