@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +111,50 @@ output [ {tensors("OUT")} ]
 instance_group [ {{ kind: KIND_CPU, count: 1 }} ]
 """)
     return model_dir
+
+
+# Multiplies X by its config's "scale" parameter, so a test can tell which load answered.
+SCALED_MODEL = '''
+import json
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.scale = float(config["parameters"]["scale"]["string_value"])
+        if self.scale == 0:
+            raise ValueError("scale must not be 0")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * self.scale)]))
+        return responses
+'''
+
+
+SLOW_MODEL = SCALED_MODEL.replace("import json", "import json\nimport time").replace(
+    "        responses = []", "        time.sleep(1.0)\n        responses = []")
+
+
+def scaled_config(scale: float, name: str = "scaled") -> str:
+    return f'''
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "X", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+dynamic_batching {{ }}
+parameters {{ key: "scale" value {{ string_value: "{scale}" }} }}
+'''
+
+
+def scaled_config_json(scale: float, name: str = "scaled") -> str:
+    return json.dumps({
+        "name": name, "backend": "python", "max_batch_size": 8,
+        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}],
+        "parameters": {"scale": {"string_value": str(scale)}},
+    })

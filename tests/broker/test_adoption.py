@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tritium.broker.adoption import Adoption
 from tritium.broker.registry import ModelVersion, load_identity
-from tests.broker.test_autoscale import World
-from tests.broker.test_scheduler import CONFIG, definition
+from tests.broker.autoscale_world import World
+from tests.broker.scheduler_world import CONFIG, definition
 from tritium.protocol import Assignment, Reset, RunningInstance
 
 

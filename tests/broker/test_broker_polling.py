@@ -1,5 +1,5 @@
 """The broker's polling before it sleeps (--broker-spin-us), through its loop in-process with scripted
-peers (the harness of test_broker_inprocess): it polls only while instances run a single request or
+peers (tests/broker/inprocess_world.py): it polls only while instances run a single request or
 just after a lone request was answered, and never past a batching deadline."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.broker.test_broker_inprocess import CONFIG, World, answer, infer
+from tests.broker.inprocess_world import CONFIG, World, answer, infer
 from tritium.protocol import Kind
 
 DELAYED = CONFIG.replace("dynamic_batching { }",

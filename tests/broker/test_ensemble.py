@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2
 from tritium.broker.ensemble import _reshaped
 from tritium.broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
 from tritium.broker.scheduler import Scheduler
-from tests.broker.test_scheduler import lose
+from tests.broker.scheduler_world import lose
 from tritium.repo.model import ModelDefinition
 from tritium.repo.normalize import normalize
 from tritium.errors import ErrorCode, InvalidArgument, Unavailable

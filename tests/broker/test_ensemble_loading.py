@@ -8,7 +8,7 @@ import pytest
 
 from tritium.broker.lifecycle import ControlSettings, ModelLifecycle
 from tritium.broker.registry import VersionState
-from tests.broker.test_lifecycle import World
+from tests.broker.lifecycle_world import World
 from tests.repo.helpers import write_model
 from tritium.errors import TritiumError
 from tritium.protocol import Kind

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.broker.test_broker_inprocess import World
+from tests.broker.inprocess_world import World
 from tritium.errors import ErrorCode
 from tritium.protocol import PROTOCOL_VERSION, Control, Kind, StatusQuery, encode
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tritium.broker.metrics import MetricsSettings, TritonCollector, render
-from tests.broker.test_broker_inprocess import HEARTBEAT_S, Peer, World, answer, infer
+from tests.broker.inprocess_world import HEARTBEAT_S, Peer, World, answer, infer
 from tritium.protocol import PROTOCOL_VERSION, Drain, Heartbeat, Hello, InstanceExited, InstanceHealth, Kind, Role
 
 

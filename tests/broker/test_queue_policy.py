@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.broker.test_scheduler import add_instance, done, lose, make_world, sent_batch
+from tests.broker.scheduler_world import add_instance, done, lose, make_world, sent_batch
 from tritium.errors import ErrorCode
 from tritium.protocol import Infer, decode, read_record
 

@@ -6,7 +6,7 @@ A fake clock and recorded sends, as in test_scheduler.py; the model has ``sequen
 from __future__ import annotations
 
 from tritium.broker.sequences import END, START
-from tests.broker.test_scheduler import add_instance, done, error_of, lose, make_world, sent_batch
+from tests.broker.scheduler_world import add_instance, done, error_of, lose, make_world, sent_batch
 from tritium.errors import ErrorCode
 from tritium.protocol import Infer, decode, read_record
 

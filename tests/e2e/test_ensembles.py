@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_metrics import scrape, value
+from tests.e2e.metrics_text import scrape, value
 from tests.servers import TritiumServer
 
 MODELS = Path(__file__).parent / "ensemble_repo"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 import urllib.request
@@ -13,29 +12,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.metrics_text import scrape, value
 from tests.models import add_sub_model
 from tests.servers import TritiumServer
-
-SAMPLE = re.compile(r'^(\w+)(?:\{(.*)\})? (\S+)$')
-
-
-def scrape(server) -> tuple[str, dict]:
-    with urllib.request.urlopen(server.metrics_url) as response:
-        assert response.status == 200
-        assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
-        text = response.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        match = SAMPLE.match(line)
-        if match:
-            labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', match.group(2) or "")))
-            samples[(match.group(1), labels)] = float(match.group(3))
-    return text, samples
-
-
-def value(samples, name, **labels):
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.rawhttp import error_of, request
-from tests.e2e.test_model_control import SCALED_MODEL, scaled_config_json
+from tests.models import SCALED_MODEL, scaled_config_json
 from tests.servers import TritiumServer
 
 MODELS = Path(__file__).parent / "python_repo"

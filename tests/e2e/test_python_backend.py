@@ -95,7 +95,8 @@ def test_errors_from_the_model_get_their_status_and_the_model_keeps_serving(clie
 
 
 def own_client(server):
-    """A client per thread: tritonclient's HTTP client is not shared across threads."""
+    """A client per thread: tritonclient's HTTP client is not shared across threads. Close it in
+    the thread that made it (``with``): collected elsewhere, its gevent pool fails in ``__del__``."""
     return httpclient.InferenceServerClient(server.url, network_timeout=60)
 
 
@@ -107,7 +108,8 @@ def test_an_error_response_fails_only_its_own_request(server):
 
 def _outcome(server, code):
     try:
-        _code(own_client(server), code)
+        with own_client(server) as client:
+            _code(client, code)
         return "ok"
     except InferenceServerException as exc:
         return exc.status()
@@ -192,13 +194,18 @@ def test_http_infer_on_a_decoupled_model_is_501(server):
 def test_execute_batch_receives_stacked_inputs_under_concurrency(server, client):
     rows = [np.full((1, 3), i, dtype=np.float32) for i in range(12)]
     with ThreadPoolExecutor(12) as pool:
-        results = list(pool.map(lambda x: own_client(server).infer("py_batched", [tensor("X", x)]), rows))
+        results = list(pool.map(lambda x: _infer_alone(server, "py_batched", [tensor("X", x)]), rows))
     for x, result in zip(rows, results):
         np.testing.assert_array_equal(result.as_numpy("DOUBLE"), x * 2)
     batch_sizes = [int(r.as_numpy("BATCH")[0, 0]) for r in results]
     assert max(batch_sizes) > 1, batch_sizes
     stats = client.get_inference_statistics("py_batched")["model_stats"][0]
     assert stats["inference_count"] == 12 and stats["execution_count"] < 12
+
+
+def _infer_alone(server, model, inputs):
+    with own_client(server) as client:
+        return client.infer(model, inputs)
 
 
 def _wait_for(check, timeout_s=10.0):
@@ -261,13 +268,13 @@ def test_classification_through_tritonclient_http_and_grpc(server):
 
     x = np.array([[0.1, 0.7, 0.15, 0.05]], dtype=np.float32)
     http_input = tensor("X", x)
-    result = httpclient.InferenceServerClient(server.url).infer(
-        "py_classes", [http_input], outputs=[httpclient.InferRequestedOutput("PROBS", class_count=2)])
+    with httpclient.InferenceServerClient(server.url) as client:
+        result = client.infer("py_classes", [http_input], outputs=[httpclient.InferRequestedOutput("PROBS", class_count=2)])
     assert result.as_numpy("PROBS").tolist() == [[b"0.700000:1:dog", b"0.150000:2:bird"]]
     grpc_input = grpcclient.InferInput("X", [1, 4], "FP32")
     grpc_input.set_data_from_numpy(x)
-    result = grpcclient.InferenceServerClient(server.grpc_url).infer(
-        "py_classes", [grpc_input], outputs=[grpcclient.InferRequestedOutput("RAW", class_count=1)])
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        result = client.infer("py_classes", [grpc_input], outputs=[grpcclient.InferRequestedOutput("RAW", class_count=1)])
     assert result.as_numpy("RAW").tolist() == [[b"7:1"]]
 
 

@@ -17,9 +17,10 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tritium.errors import ErrorCode, InvalidArgument
-from tritium.protocol import INLINE_LIMIT, Batch, BatchDone, Infer, Response, pack_tensors, read_record, tensor_views
+from tritium.protocol import INLINE_LIMIT, Batch, BatchDone, Infer, Response, pack_tensors
 from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
 from tritium.workers.executor import BatchExecutor
+from tests.workers.batch_done import parse_done
 
 BATCHING_CONFIG = """
 name: "m"
@@ -101,31 +102,6 @@ def fp32_input(array, name="IN"):
 
 def rows(batch_size, start=0.0):
     return np.arange(batch_size * 4, dtype=np.float32).reshape(batch_size, 4) + start
-
-
-def parse_done(parts: list):
-    """(BatchDone, [(Response, {name: array or BYTES bytes}) per request])."""
-    done, _, _ = read_record(parts[0])
-    responses, position = [], 1
-    for count in done.response_frames:
-        header, record, offset = read_record(parts[position])
-        assert header.external == count
-        external = parts[position + 1:position + 1 + count]
-        position += 1 + count
-        descriptors = header.outputs or []
-        arrays = {}
-        for descriptor, view in zip(descriptors, tensor_views(descriptors, record, offset, external)):
-            name, datatype, shape = descriptor[0], descriptor[1], descriptor[2]
-            assert descriptor[3] == len(view)
-            if datatype == "BYTES":
-                arrays[name] = bytes(view)
-            else:
-                dtype = {"FP32": "<f4", "INT64": "<i8"}[datatype]
-                arrays[name] = np.frombuffer(bytes(view), dtype=dtype).reshape(shape)
-        responses.append((header, arrays))
-    assert position == len(parts)           # every frame accounted for
-    assert len(done.ok) == len(done.response_frames)
-    return done, responses
 
 
 def outputs_of(header) -> list:

@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tests.workers.test_executor import parse_done
+from tests.workers.batch_done import parse_done
 from tritium.protocol import Batch, Infer
 from tritium.workers.backends.base import InferenceResponse, Instance
 from tritium.workers.executor import BatchExecutor
