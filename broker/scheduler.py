@@ -31,6 +31,7 @@ from tritium.broker.streams import OpenStreams
 from tritium.protocol import Batch as BatchHeader
 from tritium.protocol import BatchDone, Infer, error_record
 from tritium.tracing.stamps import batch_stamps
+from tritium.zmqio import LONE_ANSWERS_BEFORE_POLLING
 
 if TYPE_CHECKING:
     from tritium.broker.autoscale import Autoscaler
@@ -63,9 +64,8 @@ class Scheduler:
         self._clock = clock
         self._batch_numbers = 0
         self.requests_running = 0   # in batches sent to instances and not done executing
-        # When the last batch to leave the instances idle held a single request (monotonic ns): its
-        # client's next request is likely on its way (the broker polls for it, Broker._spin_for_message).
-        self.lone_request_done_ns = 0
+        self.last_done_ns = 0   # when a batch was last done (monotonic ns)
+        self._lone_in_a_row = 0   # batches done in a row, each the only request in the instances
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
         # Versions with queued requests that can time out, with their batcher (only a dynamic batcher has timeouts).
         self._timed: dict[ModelVersion, DynamicBatcher[PendingRequest]] = {}
@@ -246,6 +246,12 @@ class Scheduler:
         self.requests_running += len(requests)
         self._send_to_instance(parts)
 
+    @property
+    def one_at_a_time(self) -> bool:
+        """Whether requests come one at a time: the last batches done each held the only request
+        running (the broker polls for messages then, Broker._spin_for_message)."""
+        return self._lone_in_a_row >= LONE_ANSWERS_BEFORE_POLLING
+
     def next_deadline_ns(self) -> int | None:
         deadlines = [d for v in self._waiting if (d := v.batcher.deadline_ns()) is not None]
         deadlines += [d for b in self._timed.values() if (d := b.next_timeout_ns()) is not None]
@@ -297,8 +303,8 @@ class Scheduler:
         self.requests_running -= len(batch.requests)
         instance.credit += 1
         now = self._clock()
-        if not self.requests_running and len(batch.requests) == 1:
-            self.lone_request_done_ns = now
+        self.last_done_ns = now
+        self._lone_in_a_row = 0 if self.requests_running or len(batch.requests) != 1 else self._lone_in_a_row + 1
         version = batch.version
         self._idle.idle_again(version, instance)
         batch.timings = timings = tuple(done.timings or (0, 0, 0))

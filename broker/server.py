@@ -293,10 +293,10 @@ class Broker:
         return self._timeout_ms() if timeout_ms is None else min(timeout_ms, self._timeout_ms())
 
     def _spin_for_message(self, wait_ms: int) -> list[zmq.Socket]:
-        """The sockets with a message queued, polled for up to ``spin_s`` while instances run
-        one request, or until ``spin_s`` after they answered a lone one (its client's next request
-        is likely on its way), and never longer than the wait ahead (``wait_ms``: a batch's queue
-        delay and heartbeats are not held up); none: sleep.
+        """The sockets with a message queued, polled while requests come one at a time: for up to
+        ``spin_s`` while instances run the one request, or until ``spin_s`` after its answer (its
+        client's next request is likely on its way), and never longer than the wait ahead
+        (``wait_ms``: a batch's queue delay and heartbeats are not held up); none: sleep.
 
         Waking a sleeping process costs tens of microseconds, and more when its CPU has gone
         idle (on a virtual machine, a trip through the hypervisor); the next message often
@@ -312,14 +312,16 @@ class Broker:
         return ready
 
     def _polling_ends(self, wait_ms: int) -> float | None:
-        """When polling should end (``time.monotonic``); None: not worth it, as nothing is owed
-        or so much that messages come queued."""
+        """When polling should end (``time.monotonic``); None: not worth it, as requests do not
+        come one at a time (under load the next message is usually queued before the broker looks)."""
+        if not self.scheduler.one_at_a_time:
+            return None
         now = time.monotonic()
         running = self.scheduler.requests_running
-        if 0 < running <= POLL_WHILE_AT_MOST:
+        if 0 < running <= POLL_WHILE_AT_MOST:   # for its answer
             return now + min(self.settings.spin_s, wait_ms / 1000)
-        if running == 0 and self.scheduler.lone_request_done_ns:   # the clock is time.monotonic_ns
-            return min(self.scheduler.lone_request_done_ns / 1e9 + self.settings.spin_s, now + wait_ms / 1000)
+        if running == 0:   # for its client's next request, after the answer (the clock is time.monotonic_ns)
+            return min(self.scheduler.last_done_ns / 1e9 + self.settings.spin_s, now + wait_ms / 1000)
         return None
 
     def _queued(self) -> list[zmq.Socket]:

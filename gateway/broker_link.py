@@ -43,7 +43,7 @@ from tritium.protocol import (
     read_record,
 )
 from tritium.security import CurveKeys, secure_client
-from tritium.zmqio import POLL_WHILE_AT_MOST, cpu_is_free, has_message, recv_parts, send_parts
+from tritium.zmqio import LONE_ANSWERS_BEFORE_POLLING, POLL_WHILE_AT_MOST, cpu_is_free, has_message, recv_parts, send_parts
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,7 @@ class BrokerLink:
         self._drain_scheduled = False
         self._spinning = False
         self._spin_until = 0.0
+        self._lone_in_a_row = 0   # answers in a row that left no request out
         self.heartbeat_interval_s = heartbeat_interval_s
         self.broker_boot: int | None = None
         self.broker_lost = False
@@ -232,8 +233,13 @@ class BrokerLink:
         if not self._drain_scheduled and has_message(self.sock):
             self._drain_scheduled = True
             self.loop.call_soon(self._drain)
-        elif self.spin_s and 0 < self.waiting <= POLL_WHILE_AT_MOST:
+        elif self.spin_s and 0 < self.waiting <= POLL_WHILE_AT_MOST and self._one_at_a_time():
             self._poll()
+
+    def _one_at_a_time(self) -> bool:
+        """Whether requests come one at a time (the last answers each left nothing out): polling
+        pays then; under load an answer is usually queued before the loop looks."""
+        return self._lone_in_a_row >= LONE_ANSWERS_BEFORE_POLLING
 
     def _poll(self) -> None:
         """Poll for ``spin_s`` from now (``_spin``)."""
@@ -309,12 +315,14 @@ class BrokerLink:
 
     def _answered(self, reply: Reply) -> None:
         deliver = self._pending.pop(reply.message.rid, None)
-        if deliver is not None:
-            _call(deliver, reply)
-            if self.spin_s and not self.waiting:
-                # The one request out was answered: its client's next one is likely on its way,
-                # and while the loop polls, the connections are read without a wake-up.
-                self._poll()
+        if deliver is None:
+            return
+        _call(deliver, reply)
+        self._lone_in_a_row = 0 if self.waiting else self._lone_in_a_row + 1
+        if self.spin_s and self._one_at_a_time():
+            # The client's next request is likely on its way, and while the loop polls, the
+            # connections are read without a wake-up.
+            self._poll()
 
 
 def _call(deliver: Deliver, outcome: "Reply | TritiumError") -> None:

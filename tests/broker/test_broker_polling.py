@@ -1,6 +1,6 @@
 """The broker's polling before it sleeps (--broker-spin-us), through its loop in-process with scripted
-peers (tests/broker/inprocess_world.py): it polls only while instances run a single request or
-just after a lone request was answered, and never past a batching deadline."""
+peers (tests/broker/inprocess_world.py): it polls only while requests come one at a time (for the
+answer while the one runs, and after it for the next), and never past a batching deadline."""
 
 from __future__ import annotations
 
@@ -17,6 +17,25 @@ DELAYED = CONFIG.replace("dynamic_batching { }",
 SPIN_S = 1.0
 
 
+def _answered(world: World, gateway, instance, *rids: int) -> None:
+    """Send the requests ``rids``, answer their batch (one) and wait for the answers."""
+    batches, records, responses = (len(instance.headers(Kind.BATCH)), len(instance.records(Kind.INFER)),
+                                   len(gateway.headers(Kind.RESPONSE)))
+    for rid in rids:
+        infer(gateway, rid=rid)
+    world.until(lambda: len(instance.headers(Kind.BATCH)) > batches)
+    (batch,) = instance.headers(Kind.BATCH)[batches:]
+    answer(instance, batch, instance.records(Kind.INFER)[records:])
+    world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == responses + len(rids))
+
+
+def _one_at_a_time(world: World, gateway, instance) -> None:
+    """Two requests, one after the other, each answered alone: requests come one at a time."""
+    _answered(world, gateway, instance, 1)
+    _answered(world, gateway, instance, 2)
+    assert world.broker.scheduler.one_at_a_time
+
+
 @pytest.fixture
 def world(tmp_path):
     world = World(tmp_path, DELAYED, spin_s=SPIN_S)
@@ -30,10 +49,10 @@ def test_polling_stops_at_a_batching_deadline(world, monkeypatch):
     monkeypatch.setattr("tritium.broker.server.cpu_is_free", lambda: True)
     gateway = world.gateway()
     _, instance = world.serving_instance()
-    world.broker.scheduler.requests_running = 1   # as if another instance ran a request: the broker polls
+    _one_at_a_time(world, gateway, instance)   # the broker polls (after an answer, for up to 1 s)
     start = time.monotonic()
-    infer(gateway, rid=1)
-    while not instance.headers(Kind.BATCH):   # turns of the broker's own loop: no cap on the wait but its own
+    infer(gateway, rid=3)
+    while len(instance.headers(Kind.BATCH)) < 3:   # turns of the broker's own loop: no cap on the wait but its own
         world.broker.turn()
         instance.collect()
         assert time.monotonic() - start < 2 * SPIN_S
@@ -66,9 +85,9 @@ def test_a_batch_sent_and_answered_counts_its_requests_running_then_not(world):
 
 def test_a_turn_with_a_timeout_polls_no_longer_than_it(world, monkeypatch):
     monkeypatch.setattr("tritium.broker.server.cpu_is_free", lambda: True)
-    world.gateway()
-    world.serving_instance()
-    world.broker.scheduler.requests_running = 1
+    gateway = world.gateway()
+    _, instance = world.serving_instance()
+    _one_at_a_time(world, gateway, instance)
     start = time.monotonic()
     world.broker.turn(5)
     assert time.monotonic() - start < SPIN_S / 2
@@ -82,21 +101,11 @@ def short_polling_world(tmp_path, monkeypatch):
     world.close()
 
 
-def _answered(world: World, gateway, instance, *rids: int) -> None:
-    """Send the requests ``rids``, answer their batch (one) and wait for the answers."""
-    for rid in rids:
-        infer(gateway, rid=rid)
-    world.until(lambda: instance.headers(Kind.BATCH))
-    (batch,) = instance.headers(Kind.BATCH)
-    answer(instance, batch, instance.records(Kind.INFER))
-    world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == len(rids))
-
-
 def test_a_lone_request_answered_is_followed_by_polling_for_the_next(short_polling_world):
     world = short_polling_world
     gateway = world.gateway()
     _, instance = world.serving_instance()
-    _answered(world, gateway, instance, 1)
+    _one_at_a_time(world, gateway, instance)
     assert world.broker.scheduler.requests_running == 0
     start = time.monotonic()
     assert world.broker._spin_for_message(10_000) == []   # nothing came: polled out the window
@@ -110,8 +119,8 @@ def test_a_message_in_the_window_after_a_lone_answer_is_found_by_polling(short_p
     world = short_polling_world
     gateway = world.gateway()
     _, instance = world.serving_instance()
-    _answered(world, gateway, instance, 1)
-    client = threading.Timer(0.05, infer, (gateway,), {"rid": 2})   # the client's next request, while the broker polls
+    _one_at_a_time(world, gateway, instance)
+    client = threading.Timer(0.05, infer, (gateway,), {"rid": 3})   # the client's next request, while the broker polls
     client.start()
     start = time.monotonic()
     found = world.broker._spin_for_message(10_000)
@@ -128,3 +137,13 @@ def test_a_batch_of_two_answered_is_not_followed_by_polling(world, monkeypatch):
     start = time.monotonic()
     assert world.broker._spin_for_message(10_000) == []
     assert time.monotonic() - start < SPIN_S / 2
+
+
+def test_a_single_lone_answer_is_not_followed_by_polling(short_polling_world):
+    world = short_polling_world
+    gateway = world.gateway()
+    _, instance = world.serving_instance()
+    _answered(world, gateway, instance, 1)   # the last of a burst, perhaps: not yet one at a time
+    start = time.monotonic()
+    assert world.broker._spin_for_message(10_000) == []
+    assert time.monotonic() - start < 0.05

@@ -323,22 +323,33 @@ async def _answer_one(gateway: Gateway, tag: str, after_s: float = 0.0) -> Reply
 def test_a_lone_answer_is_followed_by_polling_for_the_clients_next_request(polling_gateway):
     async def scenario():
         await polling_gateway.started()
-        reply = await _answer_one(polling_gateway, "a", after_s=0.4)   # after the polling for it ended
+        await _answer_one(polling_gateway, "a")
+        reply = await _answer_one(polling_gateway, "b", after_s=0.4)   # after the polling for it ended
         answered = time.perf_counter()
         polling_after_answer = polling_gateway.link.polling
         await polling_gateway.until(lambda: not polling_gateway.link.polling, "the end of the polling")
         return reply, polling_after_answer, time.perf_counter() - answered
 
     reply, polling_after_answer, lasted = polling_gateway.run(scenario())
-    assert output_bytes(reply) == b"a".ljust(16, b"!")
-    assert polling_after_answer   # nothing is out, yet the loop polls: the connections are read without a wake-up
+    assert output_bytes(reply) == b"b".ljust(16, b"!")
+    assert polling_after_answer   # two lone answers in a row and nothing out: the loop polls: the connections are read without a wake-up
     assert 0.15 <= lasted < 2.0   # the 0.3 s window, then it sleeps
+
+
+def test_a_single_lone_answer_is_not_followed_by_polling(polling_gateway):
+    async def scenario():
+        await polling_gateway.started()
+        await _answer_one(polling_gateway, "a", after_s=0.4)   # the last of a burst, perhaps
+        return polling_gateway.link.polling
+
+    assert polling_gateway.run(scenario()) is False
 
 
 def test_without_polling_a_link_sleeps_after_an_answer(gateway):
     async def scenario():
         await gateway.started()
         await _answer_one(gateway, "a")
+        await _answer_one(gateway, "b")
         return gateway.link.polling
 
     assert gateway.run(scenario()) is False
