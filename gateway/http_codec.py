@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 
 from tritium.gateway.classification import classification_count
+from tritium.gateway.http_fast_decode import decode_usual_request
 from tritium.gateway.inference import (SEQUENCE_FLAGS, SEQUENCE_PARAMETERS, InferRequest, InferResult, InputTensor,
                                RequestedOutput)
 from tritium.gateway.model_table import ModelSpec
@@ -126,6 +127,10 @@ def decode_infer_request(model: str, version: str | None, body: bytes, header_le
                          ) -> tuple[InferRequest, bool]:
     """Parse a body; return the request and whether outputs default to binary."""
     json_part, binary = _split_body(model, body, header_length)
+    if header_length is not None:
+        usual = decode_usual_request(model, version, json_part, binary)
+        if usual is not None:
+            return usual, False
     document = parse_json_object(json_part, _infer_key_count)
     request_id = document.get("id", "")
     if not isinstance(request_id, str):

@@ -1,0 +1,96 @@
+"""The usual inference body in one typed pass: binary inputs, outputs by name.
+
+Most requests (perf_analyzer's, tritonclient's with binary tensors) carry the same few keys:
+each input its name, shape, datatype and ``binary_data_size``, each output its name and
+perhaps ``binary_data``, and perhaps an ``id``. msgspec decodes exactly that shape into
+structs in about a microsecond, where reading a generic document and checking each value in
+Python costs ten (measured: 0.9 against 9.9 us for add_sub's two inputs and two outputs).
+
+Anything else, valid or not, is left to the general reader in ``http_codec``, which has every
+check and Triton's wording of every error: ``decode_usual_request`` returns None rather than
+raise, and what it does return is what the general reader would.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from tritium import datatypes
+from tritium.gateway.inference import InferRequest, InputTensor, RequestedOutput
+
+_Unsigned = Annotated[int, msgspec.Meta(ge=0)]
+_Name = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class _BinaryInput(msgspec.Struct, forbid_unknown_fields=True):
+    binary_data_size: _Unsigned
+
+
+class _Input(msgspec.Struct, forbid_unknown_fields=True):
+    name: _Name
+    shape: list[_Unsigned]
+    datatype: str
+    parameters: _BinaryInput
+
+
+class _OutputParameters(msgspec.Struct, forbid_unknown_fields=True):
+    binary_data: bool
+
+
+class _Output(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    parameters: _OutputParameters | msgspec.UnsetType = msgspec.UNSET
+
+
+class _Request(msgspec.Struct, forbid_unknown_fields=True):
+    inputs: list[_Input]
+    outputs: list[_Output] | msgspec.UnsetType = msgspec.UNSET
+    id: str | msgspec.UnsetType = msgspec.UNSET
+
+
+_DECODER = msgspec.json.Decoder(_Request)
+
+
+def decode_usual_request(model: str, version: str | None, header: bytes, binary: memoryview) -> InferRequest | None:
+    """The request in ``header`` (its JSON) and ``binary`` (the tensor bytes after it), or None
+    when it is not of the usual shape, or is wrong in any way (the general reader says how)."""
+    try:
+        document = _DECODER.decode(header)
+    except msgspec.ValidationError:
+        return None
+    except msgspec.DecodeError:
+        return None
+    if _keys(document) != header.count(b":"):   # a key given twice (Triton keeps the first), or a ':' in a string
+        return None
+    inputs = _inputs(document.inputs, binary)
+    if inputs is None:
+        return None
+    outputs = None
+    if document.outputs:   # an empty list asks for every output, as none does
+        outputs = [RequestedOutput(o.name, {} if o.parameters is msgspec.UNSET else {"binary_data": o.parameters.binary_data})
+                   for o in document.outputs]
+    return InferRequest(model=model, version=version, inputs=inputs, outputs=outputs,
+                        id="" if document.id is msgspec.UNSET else document.id)
+
+
+def _inputs(items: list[_Input], binary: memoryview) -> list[InputTensor] | None:
+    inputs = []
+    offset = 0
+    for item in items:
+        size = item.parameters.binary_data_size
+        if datatypes.from_name(item.datatype) is None or offset + size > len(binary):
+            return None
+        inputs.append(InputTensor(item.name, item.datatype, item.shape, binary[offset:offset + size]))
+        offset += size
+    return inputs if inputs and offset == len(binary) else None
+
+
+def _keys(document: _Request) -> int:
+    """The keys the document's text had: every object's own (each followed by one ':')."""
+    keys = 1 + (document.outputs is not msgspec.UNSET) + (document.id is not msgspec.UNSET)
+    keys += 5 * len(document.inputs)   # name, shape, datatype, parameters, binary_data_size
+    if document.outputs is not msgspec.UNSET:
+        keys += sum(1 if o.parameters is msgspec.UNSET else 3 for o in document.outputs)
+    return keys

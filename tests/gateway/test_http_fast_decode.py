@@ -1,0 +1,94 @@
+"""The typed fast path for the usual inference body (gateway/http_fast_decode.py) changes
+nothing: every body decodes to the same request, or fails with the same error, with it and
+without it (the general reader alone)."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from tritium.errors import TritiumError
+from tritium.gateway import http_codec
+from tritium.gateway.http_fast_decode import decode_usual_request
+
+X = np.arange(16, dtype=np.float32).tobytes()
+Y = np.arange(16, 32, dtype=np.float32).tobytes()
+
+
+def binary_input(name: str, size: int = 64, **extra) -> dict:
+    return {"name": name, "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": size}, **extra}
+
+
+PERF_ANALYZER = {"inputs": [binary_input("INPUT0"), binary_input("INPUT1")],
+                 "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}},
+                             {"name": "OUTPUT1", "parameters": {"binary_data": True}}]}
+
+USUAL = {
+    "perf_analyzer's": PERF_ANALYZER,
+    "with an id": {**PERF_ANALYZER, "id": "req-7"},
+    "outputs without parameters": {**PERF_ANALYZER, "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT1"}]},
+    "JSON outputs": {**PERF_ANALYZER, "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]},
+    "an empty output list": {**PERF_ANALYZER, "outputs": []},
+    "no outputs": {"inputs": PERF_ANALYZER["inputs"]},
+}
+
+OTHER = {
+    "an id with a colon": {**PERF_ANALYZER, "id": "a:b"},
+    "a request parameter": {**PERF_ANALYZER, "parameters": {"sequence_id": 3, "sequence_start": True}},
+    "binary outputs by default": {**PERF_ANALYZER, "parameters": {"binary_data_output": True}},
+    "a classification": {**PERF_ANALYZER, "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}}]},
+    "JSON data as well": {"inputs": [binary_input("INPUT0", data=[1.0] * 16), binary_input("INPUT1")]},
+    "a negative size": {"inputs": [binary_input("INPUT0", -64), binary_input("INPUT1")]},
+    "sizes past the bytes": {"inputs": [binary_input("INPUT0", 100), binary_input("INPUT1")]},
+    "bytes left over": {"inputs": [binary_input("INPUT0", 32), binary_input("INPUT1")]},
+    "a boolean in the shape": {"inputs": [{**binary_input("INPUT0"), "shape": [True, 16]}, binary_input("INPUT1")]},
+    "an unknown datatype": {"inputs": [{**binary_input("INPUT0"), "datatype": "FP8"}, binary_input("INPUT1")]},
+    "an empty name": {"inputs": [binary_input(""), binary_input("INPUT1")]},
+    "an id that is a number": {**PERF_ANALYZER, "id": 7},
+    "no inputs": {"inputs": [], "outputs": PERF_ANALYZER["outputs"]},
+    "a shared memory output": {**PERF_ANALYZER, "outputs": [{"name": "OUTPUT0", "parameters": {
+        "shared_memory_region": "r", "shared_memory_byte_size": 64}}]},
+}
+
+
+def body_of(document: dict | bytes) -> tuple[bytes, int]:
+    header = document if isinstance(document, bytes) else orjson.dumps(document)
+    return header + X + Y, len(header)
+
+
+def decoded(body: bytes, header_length: int):
+    try:
+        return http_codec.decode_infer_request("add_sub", None, body, header_length)
+    except TritiumError as exc:
+        return type(exc), exc.message
+
+
+@pytest.mark.parametrize("document", USUAL.values(), ids=USUAL.keys())
+def test_the_usual_body_takes_the_fast_path_and_decodes_as_the_general_reader_does(document, monkeypatch):
+    body, header_length = body_of(document)
+    assert decode_usual_request("add_sub", None, body[:header_length], memoryview(body)[header_length:]) is not None
+    fast = decoded(body, header_length)
+    monkeypatch.setattr(http_codec, "decode_usual_request", lambda *args: None)
+    assert fast == decoded(body, header_length)
+    request, binary_default = fast
+    assert [bytes(t.data) for t in request.inputs] == [X, Y][:len(request.inputs)]
+
+
+@pytest.mark.parametrize("document", OTHER.values(), ids=OTHER.keys())
+def test_any_other_body_is_left_to_the_general_reader(document, monkeypatch):
+    body, header_length = body_of(document)
+    assert decode_usual_request("add_sub", None, body[:header_length], memoryview(body)[header_length:]) is None
+    before = decoded(body, header_length)
+    monkeypatch.setattr(http_codec, "decode_usual_request", lambda *args: None)
+    assert before == decoded(body, header_length)
+
+
+def test_a_key_given_twice_keeps_its_first_value_as_triton_reads_it(monkeypatch):
+    first = orjson.dumps(binary_input("INPUT0")).decode()
+    header = ('{"inputs": [' + first + ', ' + orjson.dumps(binary_input("INPUT1")).decode() + '], '
+              '"id": "first", "id": "second"}').encode()
+    body, header_length = body_of(header)
+    assert decode_usual_request("add_sub", None, header, memoryview(body)[header_length:]) is None
+    request, _ = decoded(body, header_length)
+    assert request.id == "first"
