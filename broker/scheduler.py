@@ -65,7 +65,7 @@ class Scheduler:
         self._batch_numbers = 0
         self.requests_running = 0   # in batches sent to instances and not done executing
         self.last_done_ns = 0   # when a batch was last done (monotonic ns)
-        self._lone_in_a_row = 0   # batches done in a row, each the only request in the instances
+        self._lone_in_a_row = 0   # batches done in a row, each the only request running or queued
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
         # Versions with queued requests that can time out, with their batcher (only a dynamic batcher has timeouts).
         self._timed: dict[ModelVersion, DynamicBatcher[PendingRequest]] = {}
@@ -249,7 +249,7 @@ class Scheduler:
     @property
     def one_at_a_time(self) -> bool:
         """Whether requests come one at a time: the last batches done each held the only request
-        running (the broker polls for messages then, Broker._spin_for_message)."""
+        running or queued (the broker polls for messages then, Broker._spin_for_message)."""
         return self._lone_in_a_row >= LONE_ANSWERS_BEFORE_POLLING
 
     def next_deadline_ns(self) -> int | None:
@@ -304,7 +304,8 @@ class Scheduler:
         instance.credit += 1
         now = self._clock()
         self.last_done_ns = now
-        self._lone_in_a_row = 0 if self.requests_running or len(batch.requests) != 1 else self._lone_in_a_row + 1
+        alone = not self.requests_running and len(batch.requests) == 1 and not len(batch.version.batcher)
+        self._lone_in_a_row = self._lone_in_a_row + 1 if alone else 0
         version = batch.version
         self._idle.idle_again(version, instance)
         batch.timings = timings = tuple(done.timings or (0, 0, 0))
@@ -375,6 +376,7 @@ class Scheduler:
         for instance in self.registry.instances.values():
             instance.inflight.clear()
         self.requests_running = 0
+        self._lone_in_a_row = 0
         self.streams.batches.clear()
         for version in self.registry.epochs.values():
             self.fail_queued(version, error)

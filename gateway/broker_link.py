@@ -114,7 +114,8 @@ class BrokerLink:
         self._drain_scheduled = False
         self._spinning = False
         self._spin_until = 0.0
-        self._lone_in_a_row = 0   # answers in a row that left no request out
+        self._lone_in_a_row = 0   # answers in a row to requests that were out alone
+        self._alone_rid = 0       # the request out alone since it was sent, if any
         self.heartbeat_interval_s = heartbeat_interval_s
         self.broker_boot: int | None = None
         self.broker_lost = False
@@ -154,6 +155,7 @@ class BrokerLink:
         return self._spinning
 
     def _fail_waiting(self, error: TritiumError) -> None:
+        self._lone_in_a_row = 0
         pending, self._pending = self._pending, {}
         streams, self._streams = self._streams, {}
         for deliver in pending.values():
@@ -217,6 +219,7 @@ class BrokerLink:
 
     def _send_request(self, request: Infer | Control, inline, external) -> int:
         """Queue the request for this turn's send; return its rid."""
+        self._alone_rid = 0 if self.waiting else request.rid
         self._post(request.encode(inline), external)
         return request.rid
 
@@ -233,12 +236,14 @@ class BrokerLink:
         if not self._drain_scheduled and has_message(self.sock):
             self._drain_scheduled = True
             self.loop.call_soon(self._drain)
-        elif self.spin_s and 0 < self.waiting <= POLL_WHILE_AT_MOST and self._one_at_a_time():
+        elif self.spin_s and 0 < self.waiting <= POLL_WHILE_AT_MOST and self.one_at_a_time:
             self._poll()
 
-    def _one_at_a_time(self) -> bool:
-        """Whether requests come one at a time (the last answers each left nothing out): polling
-        pays then; under load an answer is usually queued before the loop looks."""
+    @property
+    def one_at_a_time(self) -> bool:
+        """Whether requests come one at a time (the last ones were each out alone, from their send
+        to their answer): polling pays then; under load an answer is usually queued before the
+        loop looks."""
         return self._lone_in_a_row >= LONE_ANSWERS_BEFORE_POLLING
 
     def _poll(self) -> None:
@@ -314,12 +319,15 @@ class BrokerLink:
                     self.refused.set_result(message.reason)
 
     def _answered(self, reply: Reply) -> None:
-        deliver = self._pending.pop(reply.message.rid, None)
+        rid = reply.message.rid
+        deliver = self._pending.pop(rid, None)
         if deliver is None:
             return
+        # Counted before the answer is delivered, which may send (a trace's TRACE_DONE).
+        alone = rid == self._alone_rid and not self.waiting
+        self._lone_in_a_row = self._lone_in_a_row + 1 if alone else 0
         _call(deliver, reply)
-        self._lone_in_a_row = 0 if self.waiting else self._lone_in_a_row + 1
-        if self.spin_s and self._one_at_a_time():
+        if self.spin_s and self.one_at_a_time:
             # The client's next request is likely on its way, and while the loop polls, the
             # connections are read without a wake-up.
             self._poll()

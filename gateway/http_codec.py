@@ -127,7 +127,7 @@ def decode_infer_request(model: str, version: str | None, body: bytes, header_le
                          ) -> tuple[InferRequest, bool]:
     """Parse a body; return the request and whether outputs default to binary."""
     json_part, binary = _split_body(model, body, header_length)
-    if header_length is not None:
+    if header_length is not None:   # without one, the tensors are JSON data: never the usual body
         usual = decode_usual_request(model, version, json_part, binary)
         if usual is not None:
             return usual, False

@@ -20,7 +20,9 @@ import msgspec
 from tritium import datatypes
 from tritium.gateway.inference import InferRequest, InputTensor, RequestedOutput
 
-_Unsigned = Annotated[int, msgspec.Meta(ge=0)]
+# orjson, under the general reader, reads integers past 64 bits as floats, which no size or dim may
+# be; msgspec bounds stop at 63 bits, and the few between go to the general reader too.
+_Unsigned = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 _Name = Annotated[str, msgspec.Meta(min_length=1)]
 
 
@@ -58,9 +60,7 @@ def decode_usual_request(model: str, version: str | None, header: bytes, binary:
     when it is not of the usual shape, or is wrong in any way (the general reader says how)."""
     try:
         document = _DECODER.decode(header)
-    except msgspec.ValidationError:
-        return None
-    except msgspec.DecodeError:
+    except msgspec.DecodeError:   # not JSON, or not of the usual shape (ValidationError)
         return None
     if _keys(document) != header.count(b":"):   # a key given twice (Triton keeps the first), or a ':' in a string
         return None
@@ -88,7 +88,11 @@ def _inputs(items: list[_Input], binary: memoryview) -> list[InputTensor] | None
 
 
 def _keys(document: _Request) -> int:
-    """The keys the document's text had: every object's own (each followed by one ':')."""
+    """The keys the document's text had: every object's own (each followed by one ':').
+
+    Counted from the structs above: a field added to one must be counted here (a miscount
+    only sends every body to the general reader).
+    """
     keys = 1 + (document.outputs is not msgspec.UNSET) + (document.id is not msgspec.UNSET)
     keys += 5 * len(document.inputs)   # name, shape, datatype, parameters, binary_data_size
     if document.outputs is not msgspec.UNSET:

@@ -64,11 +64,11 @@ _YIELDED_TO_ANOTHER_S = 20e-6
 # they polled with two requests out).
 POLL_WHILE_AT_MOST = 1
 
-# Polling pays when requests come one at a time: after this many answers in a row that each left
-# nothing out. Under load the one request out is the last of a burst, and polling for its answer or
-# for the next request after it costs CPU other threads need (measured at concurrency 16: 2-3%
-# less throughput, 5-7% more CPU per request than without polling, when it polled whenever one
-# request was out).
+# Polling pays when requests come one at a time: after this many requests in a row that were each
+# the only one out from their send to their answer (in the broker: the only one running or queued).
+# Under load the one request out is the last of a burst, and polling for its answer or for the next
+# request after it costs CPU other threads need (measured at concurrency 16: 2-3% less throughput,
+# 5-7% more CPU per request than without polling, when it polled whenever one request was out).
 LONE_ANSWERS_BEFORE_POLLING = 2
 
 

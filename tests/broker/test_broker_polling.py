@@ -115,28 +115,70 @@ def test_a_lone_request_answered_is_followed_by_polling_for_the_next(short_polli
     assert time.monotonic() - start < 0.05
 
 
-def test_a_message_in_the_window_after_a_lone_answer_is_found_by_polling(short_polling_world):
-    world = short_polling_world
+@pytest.fixture
+def polling_world(world, monkeypatch):
+    monkeypatch.setattr("tritium.broker.server.cpu_is_free", lambda: True)
+    return world
+
+
+def _one_running(world: World, gateway, instance) -> dict:
+    """After a run of lone requests, a third one, running in the instance: its BATCH header."""
+    _one_at_a_time(world, gateway, instance)
+    infer(gateway, rid=3)
+    world.until(lambda: len(instance.headers(Kind.BATCH)) == 3)
+    return instance.headers(Kind.BATCH)[-1]
+
+
+def _found_by_polling(world: World, send, *args) -> list:
+    """What the broker's polling finds while another thread calls ``send(*args)`` 50 ms in."""
+    sender = threading.Timer(0.05, send, args)
+    sender.start()
+    start = time.monotonic()
+    found = world.broker._spin_for_message(10_000)
+    sender.join()
+    assert time.monotonic() - start >= 0.04   # found by polling, not queued already
+    return found
+
+
+def test_a_message_in_the_window_after_a_lone_answer_is_found_by_polling(polling_world):
+    world = polling_world
     gateway = world.gateway()
     _, instance = world.serving_instance()
     _one_at_a_time(world, gateway, instance)
-    client = threading.Timer(0.05, infer, (gateway,), {"rid": 3})   # the client's next request, while the broker polls
-    client.start()
-    start = time.monotonic()
-    found = world.broker._spin_for_message(10_000)
-    client.join()
-    assert found == [world.broker.frontend]
-    assert time.monotonic() - start >= 0.04   # found by polling, not queued already
+    assert _found_by_polling(world, infer, gateway, 3) == [world.broker.frontend]   # the client's next request
 
 
-def test_a_batch_of_two_answered_is_not_followed_by_polling(world, monkeypatch):
-    monkeypatch.setattr("tritium.broker.server.cpu_is_free", lambda: True)
+def test_the_answer_of_the_one_request_running_is_found_by_polling(polling_world):
+    world = polling_world
     gateway = world.gateway()
     _, instance = world.serving_instance()
-    _answered(world, gateway, instance, 1, 2)   # one batch: the queue delay gathers both
+    batch = _one_running(world, gateway, instance)
+    assert world.broker.scheduler.requests_running == 1
+    assert _found_by_polling(world, answer, instance, batch, instance.records(Kind.INFER)[-1:]) == [world.broker.backend]
+
+
+def test_a_batch_of_two_answered_ends_the_polling(polling_world):
+    world = polling_world
+    gateway = world.gateway()
+    _, instance = world.serving_instance()
+    _one_at_a_time(world, gateway, instance)
+    _answered(world, gateway, instance, 3, 4)   # one batch: the queue delay gathers both
+    assert not world.broker.scheduler.one_at_a_time
     start = time.monotonic()
     assert world.broker._spin_for_message(10_000) == []
     assert time.monotonic() - start < SPIN_S / 2
+
+
+def test_a_lone_answer_with_a_request_queued_behind_it_ends_the_polling(polling_world):
+    world = polling_world
+    gateway = world.gateway()
+    _, instance = world.serving_instance()
+    _one_running(world, gateway, instance)
+    infer(gateway, rid=4)   # waits in the broker: the instance is busy
+    world.until(lambda: len(world.broker.registry.versions[("m", 1)].batcher) == 1)
+    answer(instance, instance.headers(Kind.BATCH)[-1], instance.records(Kind.INFER)[-1:])
+    world.until(lambda: len(instance.headers(Kind.BATCH)) == 4)   # the queued one leaves
+    assert not world.broker.scheduler.one_at_a_time
 
 
 def test_a_single_lone_answer_is_not_followed_by_polling(short_polling_world):

@@ -324,7 +324,8 @@ def test_a_lone_answer_is_followed_by_polling_for_the_clients_next_request(polli
     async def scenario():
         await polling_gateway.started()
         await _answer_one(polling_gateway, "a")
-        reply = await _answer_one(polling_gateway, "b", after_s=0.4)   # after the polling for it ended
+        # answered after the window of the polling for it, so that what follows is the polling after it
+        reply = await _answer_one(polling_gateway, "b", after_s=0.4)
         answered = time.perf_counter()
         polling_after_answer = polling_gateway.link.polling
         await polling_gateway.until(lambda: not polling_gateway.link.polling, "the end of the polling")
@@ -332,7 +333,7 @@ def test_a_lone_answer_is_followed_by_polling_for_the_clients_next_request(polli
 
     reply, polling_after_answer, lasted = polling_gateway.run(scenario())
     assert output_bytes(reply) == b"b".ljust(16, b"!")
-    assert polling_after_answer   # two lone answers in a row and nothing out: the loop polls: the connections are read without a wake-up
+    assert polling_after_answer   # two requests out alone in a row: the loop polls for the client's next one
     assert 0.15 <= lasted < 2.0   # the 0.3 s window, then it sleeps
 
 
@@ -343,6 +344,40 @@ def test_a_single_lone_answer_is_not_followed_by_polling(polling_gateway):
         return polling_gateway.link.polling
 
     assert polling_gateway.run(scenario()) is False
+
+
+def test_once_requests_come_one_at_a_time_the_link_polls_for_the_answer(polling_gateway):
+    async def scenario():
+        await polling_gateway.started()
+        await _answer_one(polling_gateway, "a")
+        await _answer_one(polling_gateway, "b")
+        later = time.monotonic() + 0.4
+        await polling_gateway.until(lambda: time.monotonic() >= later, "the end of the polling after b")
+        assert not polling_gateway.link.polling
+        future = infer(polling_gateway.link, "c")
+        await polling_gateway.until(lambda: polling_gateway.link.polling, "the polling for c's answer")
+        (sent,) = await polling_gateway.requests(1)
+        polling_gateway.broker.send(polling_gateway.peer, response(sent.header["rid"], "c"))
+        return await future
+
+    assert output_bytes(polling_gateway.run(scenario())) == b"c".ljust(16, b"!")
+
+
+def test_requests_out_together_are_not_one_at_a_time(polling_gateway):
+    async def scenario():
+        await polling_gateway.started()
+        await _answer_one(polling_gateway, "a")
+        await _answer_one(polling_gateway, "b")
+        assert polling_gateway.link.one_at_a_time
+        futures = [infer(polling_gateway.link, tag) for tag in ("c", "d")]
+        sent = await polling_gateway.requests(2)
+        polling_gateway.broker.send(polling_gateway.peer, *[response(r.header["rid"], r.header["id"]) for r in sent])
+        await asyncio.gather(*futures)
+        after_two = polling_gateway.link.one_at_a_time   # the last of them was answered with nothing else out
+        await _answer_one(polling_gateway, "e")
+        return after_two, polling_gateway.link.one_at_a_time
+
+    assert polling_gateway.run(scenario()) == (False, False)   # one request alone is not yet a run of them
 
 
 def test_without_polling_a_link_sleeps_after_an_answer(gateway):

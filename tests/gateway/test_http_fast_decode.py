@@ -4,6 +4,8 @@ without it (the general reader alone)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import orjson
 import pytest
@@ -45,6 +47,8 @@ OTHER = {
     "a boolean in the shape": {"inputs": [{**binary_input("INPUT0"), "shape": [True, 16]}, binary_input("INPUT1")]},
     "an unknown datatype": {"inputs": [{**binary_input("INPUT0"), "datatype": "FP8"}, binary_input("INPUT1")]},
     "an empty name": {"inputs": [binary_input(""), binary_input("INPUT1")]},
+    "a dim past 64 bits": json.dumps({"inputs": [{**binary_input("INPUT0"), "shape": [2**64, 16]},
+                                                 binary_input("INPUT1")]}).encode(),   # orjson cannot write it
     "an id that is a number": {**PERF_ANALYZER, "id": 7},
     "no inputs": {"inputs": [], "outputs": PERF_ANALYZER["outputs"]},
     "a shared memory output": {**PERF_ANALYZER, "outputs": [{"name": "OUTPUT0", "parameters": {
@@ -71,7 +75,7 @@ def test_the_usual_body_takes_the_fast_path_and_decodes_as_the_general_reader_do
     fast = decoded(body, header_length)
     monkeypatch.setattr(http_codec, "decode_usual_request", lambda *args: None)
     assert fast == decoded(body, header_length)
-    request, binary_default = fast
+    request, _ = fast
     assert [bytes(t.data) for t in request.inputs] == [X, Y][:len(request.inputs)]
 
 
