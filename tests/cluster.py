@@ -188,7 +188,11 @@ class Load:
             assert not worker.is_alive(), "a request was never answered"
 
     def _run(self) -> None:
-        client = httpclient.InferenceServerClient(self.url, network_timeout=30, connection_timeout=30)
+        # Closed in this thread: collected in another, the client's gevent pool fails in __del__.
+        with httpclient.InferenceServerClient(self.url, network_timeout=30, connection_timeout=30) as client:
+            self._send_until_stopped(client)
+
+    def _send_until_stopped(self, client: httpclient.InferenceServerClient) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
             try:
