@@ -303,10 +303,10 @@ class Scheduler:
         self.requests_running -= len(batch.requests)
         instance.credit += 1
         now = self._clock()
-        self.last_done_ns = now
-        alone = not self.requests_running and len(batch.requests) == 1 and not len(batch.version.batcher)
-        self._lone_in_a_row = self._lone_in_a_row + 1 if alone else 0
         version = batch.version
+        self.last_done_ns = now
+        alone = not self.requests_running and len(batch.requests) == 1 and not len(version.batcher)
+        self._lone_in_a_row = self._lone_in_a_row + 1 if alone else 0
         self._idle.idle_again(version, instance)
         batch.timings = timings = tuple(done.timings or (0, 0, 0))
         took = sum(timings)

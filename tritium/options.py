@@ -191,11 +191,13 @@ OPTIONS: tuple[Option, ...] = (
             help="CPUs the host agent and the instances it starts run on; default: any."),
     # -- waiting without sleeping (docs/deploy.md, "Polling before sleeping")
     _option("--broker-spin-us", on="serve, broker", to="broker", type=click.IntRange(min=0), default=300,
-            help="Microseconds the broker polls for an answer before it sleeps, while instances run one request"
-                 " (yielding the CPU, stopping when another thread takes it); 0: sleep at once."),
+            help="Microseconds the broker polls before it sleeps while requests come one at a time, for the "
+                 "answer of the one running and after it for the next (yielding the CPU, stopping when another "
+                 "thread takes it); 0: sleep at once."),
     _option("--gateway-spin-us", on="serve, gateway", to="gateway", type=click.IntRange(min=0), default=1000,
-            help="Microseconds a gateway polls for the broker's answers before it sleeps, while a single "
-                 "request is out (yielding the CPU, stopping when another thread takes it); 0: sleep at once."),
+            help="Microseconds a gateway polls before it sleeps while requests come one at a time, for the "
+                 "broker's answer and after it for the client's next request (yielding the CPU, stopping when "
+                 "another thread takes it); 0: sleep at once."),
     # -- CURVE (docs/security.md)
     _option("--curve-secret-key", on="broker, gateway, worker", default=None,
             help="This process's CURVE secret key file (NAME.key_secret); see docs/security.md."),

@@ -320,6 +320,13 @@ async def _answer_one(gateway: Gateway, tag: str, after_s: float = 0.0) -> Reply
     return await future
 
 
+async def _one_at_a_time(gateway: Gateway) -> None:
+    """Started, then two requests, one after the other, each answered alone."""
+    await gateway.started()
+    await _answer_one(gateway, "a")
+    await _answer_one(gateway, "b")
+
+
 def test_a_lone_answer_is_followed_by_polling_for_the_clients_next_request(polling_gateway):
     async def scenario():
         await polling_gateway.started()
@@ -348,9 +355,7 @@ def test_a_single_lone_answer_is_not_followed_by_polling(polling_gateway):
 
 def test_once_requests_come_one_at_a_time_the_link_polls_for_the_answer(polling_gateway):
     async def scenario():
-        await polling_gateway.started()
-        await _answer_one(polling_gateway, "a")
-        await _answer_one(polling_gateway, "b")
+        await _one_at_a_time(polling_gateway)
         later = time.monotonic() + 0.4
         await polling_gateway.until(lambda: time.monotonic() >= later, "the end of the polling after b")
         assert not polling_gateway.link.polling
@@ -365,9 +370,7 @@ def test_once_requests_come_one_at_a_time_the_link_polls_for_the_answer(polling_
 
 def test_requests_out_together_are_not_one_at_a_time(polling_gateway):
     async def scenario():
-        await polling_gateway.started()
-        await _answer_one(polling_gateway, "a")
-        await _answer_one(polling_gateway, "b")
+        await _one_at_a_time(polling_gateway)
         assert polling_gateway.link.one_at_a_time
         futures = [infer(polling_gateway.link, tag) for tag in ("c", "d")]
         sent = await polling_gateway.requests(2)
@@ -382,9 +385,7 @@ def test_requests_out_together_are_not_one_at_a_time(polling_gateway):
 
 def test_without_polling_a_link_sleeps_after_an_answer(gateway):
     async def scenario():
-        await gateway.started()
-        await _answer_one(gateway, "a")
-        await _answer_one(gateway, "b")
+        await _one_at_a_time(gateway)
         return gateway.link.polling
 
     assert gateway.run(scenario()) is False
