@@ -67,9 +67,10 @@ from tritium.protocol import (
     read_record,
 )
 from tritium.protocol import Control as ControlRequest
-from tritium.security import CurveKeys, secure_server
+from tritium.links import LinkSocket, bind_router
+from tritium.security import CurveKeys
 from tritium.signals import SignalWaker
-from tritium.zmqio import POLL_WHILE_AT_MOST, cpu_is_free, has_message, recv_parts, send_parts
+from tritium.zmqio import POLL_WHILE_AT_MOST, cpu_is_free
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +103,8 @@ class Broker:
         self.settings = settings
         self.context = context or zmq.Context.instance()
         self.registry = Registry()
-        self.frontend = self._bind(zmq.ROUTER, settings.frontend)
-        self.backend = self._bind(zmq.ROUTER, settings.backend)
+        self.frontend = self._bind(settings.frontend)
+        self.backend = self._bind(settings.backend)
         cache = ResponseCache(settings.cache_bytes) if settings.cache_bytes else None
         self.scheduler = Scheduler(self.registry, self._send_backend, self._send_frontend, cache=cache)
         self._to_gateways: dict[bytes, list] = {}   # this turn's messages, per gateway
@@ -133,7 +134,7 @@ class Broker:
                            self.control.log_settings_message, self.boot, settings.heartbeat_interval_s)
         self._next_scaling = 0.0
         self._waiter = select.poll()
-        self._socket_fds = [(sock, int(sock.getsockopt(zmq.FD))) for sock in (self.backend, self.frontend)]
+        self._socket_fds = [(sock, sock.fileno()) for sock in (self.backend, self.frontend)]
         for fd in [fd for _, fd in self._socket_fds] + [self.lifecycle.reader.wake_read.fileno()]:
             self._waiter.register(fd, select.POLLIN)
 
@@ -150,15 +151,8 @@ class Broker:
     def log_settings(self, settings: LogSettings) -> None:
         self.control.log_settings = settings
 
-    def _bind(self, kind: int, address: str) -> zmq.Socket:
-        sock = self.context.socket(kind)
-        secure_server(sock, self.settings.curve, address)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, _HWM)
-        sock.setsockopt(zmq.RCVHWM, _HWM)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer raises instead of dropping silently
-        sock.bind(address)
-        return sock
+    def _bind(self, address: str) -> LinkSocket:
+        return bind_router(address, self.settings.curve, _HWM, self.context)
 
     # -- sending ------------------------------------------------------------------------
 
@@ -180,11 +174,11 @@ class Broker:
     def _send_backend(self, parts: list) -> None:
         self._send(self.backend, parts)
 
-    def _send(self, sock: zmq.Socket, parts: list) -> None:
+    def _send(self, sock: LinkSocket, parts: list) -> None:
         """Never blocks the loop: a peer that stopped reading (paused, wedged) loses what does
         not fit in its queue, rather than every other peer losing the broker."""
         try:
-            send_parts(sock, parts, _NOBLOCK)
+            sock.send_parts(parts, _NOBLOCK)
         except zmq.Again:
             log.warning("peer %r is not reading (its queue is full); dropped a message to it", parts[0])
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer's connection is gone
@@ -274,7 +268,7 @@ class Broker:
         self._flush_frontend()
         return fired
 
-    def _wait(self, timeout_ms: int | None) -> tuple[list[zmq.Socket], set[int]]:
+    def _wait(self, timeout_ms: int | None) -> tuple[list[LinkSocket], set[int]]:
         """The sockets to drain and the descriptors that woke the wait.
 
         Blocks only when neither socket has a message queued, even after polling for
@@ -292,7 +286,7 @@ class Broker:
     def _wait_ms(self, timeout_ms: int | None) -> int:
         return self._timeout_ms() if timeout_ms is None else min(timeout_ms, self._timeout_ms())
 
-    def _spin_for_message(self, wait_ms: int) -> list[zmq.Socket]:
+    def _spin_for_message(self, wait_ms: int) -> list[LinkSocket]:
         """The sockets with a message queued, polled while requests come one at a time: for up to
         ``spin_s`` while instances run the one request, or until ``spin_s`` after its answer (its
         client's next request is likely on its way), and never longer than the wait ahead
@@ -324,8 +318,8 @@ class Broker:
             return min(self.scheduler.last_done_ns / 1e9 + self.settings.spin_s, now + wait_ms / 1000)
         return None
 
-    def _queued(self) -> list[zmq.Socket]:
-        return [sock for sock, _ in self._socket_fds if has_message(sock)]
+    def _queued(self) -> list[LinkSocket]:
+        return [sock for sock, _ in self._socket_fds if sock.has_message()]
 
     def close(self) -> int:
         """Answer whatever is still held, let the answers leave, close; the exit code."""
@@ -335,8 +329,8 @@ class Broker:
         self.lifecycle.close()
         self.control.tracing.close()
         # Linger: the last answers (results and errors) must leave before the sockets go.
-        self.frontend.close(linger=2000)
-        self.backend.close(linger=2000)
+        self.frontend.close(2.0)
+        self.backend.close(2.0)
         return self.exit_code
 
     def _stop(self, signum: int, _frame: object) -> None:
@@ -378,13 +372,13 @@ class Broker:
             return longest
         return max(0, min(longest, -(-(deadline - time.monotonic_ns()) // 1_000_000)))
 
-    def _drain(self, sock: zmq.Socket, handle: Handler) -> None:
+    def _drain(self, sock: LinkSocket, handle: Handler) -> None:
         for _ in range(_DRAIN_LIMIT):
             try:
-                parts = recv_parts(sock)
+                parts = sock.recv_parts()
             except zmq.Again:
                 return
-            peer = parts[0].bytes
+            peer = parts[0]
             self.liveness.heard(peer, self._now)
             position = 1
             while position < len(parts):
@@ -407,7 +401,7 @@ class Broker:
                     break  # the records after it are its responses
                 position += 1 + message.external
 
-    def _malformed(self, sock: zmq.Socket, peer: bytes, record: object, exc: ProtocolError) -> int | None:
+    def _malformed(self, sock: LinkSocket, peer: bytes, record: object, exc: ProtocolError) -> int | None:
         """A record that does not read as its kind: a peer of another protocol version is refused, a
         malformed INFER or CONTROL answered with the error. Returns how many external frames follow
         an answered record, when its header says, so that the records after it are read; None drops
@@ -486,7 +480,7 @@ class Broker:
             self.scheduler.reply_error(peer, request.rid, InvalidArgument(f"malformed inference request: {exc!r}"),
                                        from_backend)
 
-    def _protocol_ok(self, sock: zmq.Socket, peer: bytes, version: object, role: object) -> bool:
+    def _protocol_ok(self, sock: LinkSocket, peer: bytes, version: object, role: object) -> bool:
         """``version`` and ``role`` as the peer sent them: a malformed header's may be anything."""
         if version == PROTOCOL_VERSION:
             return True

@@ -28,8 +28,6 @@ from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     MISSED_HEARTBEATS,
     PROTOCOL_VERSION,
-    RECONNECT_IVL_MAX_MS,
-    RECONNECT_IVL_MS,
     Control,
     ControlReply,
     Heartbeat,
@@ -42,8 +40,9 @@ from tritium.protocol import (
     Role,
     read_record,
 )
-from tritium.security import CurveKeys, secure_client
-from tritium.zmqio import LONE_ANSWERS_BEFORE_POLLING, POLL_WHILE_AT_MOST, cpu_is_free, has_message, recv_parts, send_parts
+from tritium.links import LinkSocket, connect_dealer
+from tritium.security import CurveKeys
+from tritium.zmqio import LONE_ANSWERS_BEFORE_POLLING, POLL_WHILE_AT_MOST, cpu_is_free
 
 log = logging.getLogger(__name__)
 
@@ -91,15 +90,7 @@ class BrokerLink:
         self.loop = loop or asyncio.get_running_loop()
         self.identity = f"gw-{host_name()}-{os.getpid()}"
         self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
-        self.sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
-        secure_client(self.sock, curve, "gateway")
-        self.sock.setsockopt(zmq.IDENTITY, self.identity.encode())
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.SNDHWM, 100_000)
-        self.sock.setsockopt(zmq.RCVHWM, 100_000)
-        self.sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
-        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-        self.sock.connect(address)
+        self.sock: LinkSocket = connect_dealer(address, self.identity, curve, "gateway")
         self.models = ModelTable()
         self.shared_memory = SharedMemoryRegions()   # follows the broker's list, like the model table
         self._models_received = asyncio.Event()
@@ -109,7 +100,7 @@ class BrokerLink:
         self._streams: dict[int, asyncio.Queue] = {}   # requests answered 0..N times (decoupled)
         self._rids = itertools.count(1)
         self._outbox: list = []
-        self._fd = int(self.sock.getsockopt(zmq.FD))
+        self._fd = self.sock.fileno()
         self.loop.add_reader(self._fd, self._drain)
         self._drain_scheduled = False
         self._spinning = False
@@ -141,7 +132,7 @@ class BrokerLink:
         self._beat_handle.cancel()
         self.loop.remove_reader(self._fd)
         self._fail_waiting(Unavailable("the gateway is shutting down"))
-        self.sock.close(0)
+        self.sock.close()
 
     @property
     def waiting(self) -> int:
@@ -231,9 +222,9 @@ class BrokerLink:
 
     def _flush(self) -> None:
         parts, self._outbox = self._outbox, []
-        send_parts(self.sock, parts)
-        # ZeroMQ's fd is edge-triggered: a send may have consumed the readiness edge.
-        if not self._drain_scheduled and has_message(self.sock):
+        self.sock.send_parts(parts)
+        # libzmq's fd is edge-triggered: a send may have consumed the readiness edge.
+        if not self._drain_scheduled and self.sock.edge_triggered and self.sock.has_message():
             self._drain_scheduled = True
             self.loop.call_soon(self._drain)
         elif self.spin_s and 0 < self.waiting <= POLL_WHILE_AT_MOST and self.one_at_a_time:
@@ -262,7 +253,7 @@ class BrokerLink:
         and the polling stops as soon as another thread takes it. Sleeping instead would cost
         a wake-up when the answer comes.
         """
-        if not self._drain_scheduled and has_message(self.sock):
+        if not self._drain_scheduled and self.sock.has_message():
             self._drain()   # perhaps a heartbeat, not the answer: then the polling goes on
         if self.waiting <= POLL_WHILE_AT_MOST and time.perf_counter() < self._spin_until and cpu_is_free():
             self.loop.call_soon(self._spin)
@@ -274,7 +265,7 @@ class BrokerLink:
         sock = self.sock
         while True:
             try:
-                parts = recv_parts(sock)
+                parts = sock.recv_parts()
             except zmq.Again:
                 return
             self._last_heard = self.loop.time()

@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import zmq
 import zmq.auth
@@ -312,6 +313,36 @@ class _ClientEvents:
             return (f"the CURVE handshake with the broker at {endpoint} failed (is --curve-server-key "
                     "the broker's public key?); retrying")
         return f"the handshake with the broker at {endpoint} failed; retrying"
+
+
+def broker_refusals(who: str) -> Callable[[str, Exception], None]:
+    """What a DEALER that speaks ZMTP itself (tritium/zmtp.py) calls when the broker refuses
+    its handshake: the same log lines as a libzmq socket's monitor gives, as often."""
+    events = _ClientEvents(who, curve=False)
+
+    def report(endpoint: str, exc: Exception) -> None:
+        if getattr(exc, "mechanism", "") == "CURVE":
+            events(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, _MECHANISM_MISMATCH, endpoint)
+            return
+        why = (f"the handshake with the broker at {endpoint} failed: {exc} (if it does, start this {who} "
+               "with --curve-secret-key and --curve-server-key); retrying")
+        if events.throttle.due(why):
+            log.error("%s", why)
+
+    return report
+
+
+def client_refusals(address: str) -> Callable[[str, Exception], None]:
+    """What a ROUTER that speaks ZMTP itself calls when it refuses a client's handshake."""
+    throttle = _Throttle()
+
+    def report(endpoint: str, exc: Exception) -> None:
+        why = ("it uses CURVE, which this broker does not (start the broker with --curve-secret-key)"
+               if getattr(exc, "mechanism", "") == "CURVE" else str(exc))
+        if throttle.due(why):
+            log.warning("refused a client on %s: %s", address, why)
+
+    return report
 
 
 def _watch(sock: zmq.Socket, handle) -> None:

@@ -42,8 +42,8 @@ from tritium.protocol import (
     Role,
     read_record,
 )
+from tritium.links import LinkSocket, connect_dealer
 from tritium.security import CurveKeys, secure_client
-from tritium.zmqio import has_message, recv_parts, send_parts
 from tritium.workers.backends import load_backend
 from tritium.workers.backends.base import BackendConfig, InstanceContext, ModelContext
 from tritium.workers.executor import BatchExecutor
@@ -53,6 +53,7 @@ from tritium.workers.warmup import warm_up
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_LINGER_S = 2.0   # how long a failing instance tries to deliver the message that says why
 
 
 def _die_with_parent() -> None:
@@ -70,7 +71,7 @@ class Outbox:
     the main loop, woken through a socket pair, sends them.
     """
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: LinkSocket) -> None:
         self.sock = sock
         self.main_thread = threading.get_ident()
         self.queue: deque[list] = deque()
@@ -80,7 +81,7 @@ class Outbox:
 
     def send(self, parts: list) -> None:
         if threading.get_ident() == self.main_thread:
-            send_parts(self.sock, parts)
+            self.sock.send_parts(parts)
             return
         self.queue.append(parts)
         try:
@@ -94,7 +95,7 @@ class Outbox:
         except BlockingIOError:
             pass
         while self.queue:
-            send_parts(self.sock, self.queue.popleft())
+            self.sock.send_parts(self.queue.popleft())
 
 
 class HeartbeatThread(threading.Thread):
@@ -187,11 +188,7 @@ def main() -> None:
         logs.apply_wire(spec["log_settings"])
     curve = CurveKeys.from_spec(spec.get("curve"))
     context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    secure_client(sock, curve, "instance")
-    sock.setsockopt(zmq.IDENTITY, spec["iid"].encode())
-    sock.setsockopt(zmq.LINGER, 2000)
-    sock.connect(spec["broker"])
+    sock = connect_dealer(spec["broker"], spec["iid"], curve, "instance", context=context)
     # The load it serves, of which broker process: a new broker process that keeps it changes both.
     load = {"epoch": spec.get("epoch", 0), "boot": spec.get("boot")}
 
@@ -206,26 +203,26 @@ def main() -> None:
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
         log.error("initialization failed: %s", message)
-        sock.send(failed(message))
-        sock.close()
+        sock.send_parts([failed(message)])
+        sock.close(_LINGER_S)
         context.term()
         sys.exit(ExitCode.INIT_FAILED)
     try:
         warm_up(executor, executor.config, Path(spec["model_dir"]))
     except Exception as exc:   # a model that cannot run its warmup is not ready, as in Triton
         log.error("warmup failed: %s", exc)
-        sock.send(failed(f"warmup failed: {exc}"))
-        sock.close()
+        sock.send_parts([failed(f"warmup failed: {exc}")])
+        sock.close(_LINGER_S)
         context.term()
         sys.exit(ExitCode.INIT_FAILED)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
 
     def hello() -> None:
-        sock.send(Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=spec.get("heartbeat_interval_s", 1.0),
+        sock.send_parts([Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=spec.get("heartbeat_interval_s", 1.0),
                         agent=spec["agent"], model=spec["model"], version=spec["version"], epoch=load["epoch"],
                         boot=load["boot"], name=spec["key"], instance_kind=spec.get("kind", "CPU"),
-                        credit=spec.get("credit", 2)).encode())
+                        credit=spec.get("credit", 2)).encode()])
 
     def rejoin(reset: Reset) -> None:
         """A new broker process keeps this instance: what the old one bound to it is gone."""
@@ -250,20 +247,20 @@ def main() -> None:
                 part.finalize()
             except Exception:
                 log.exception("finalize of %s failed", type(part).__name__)
-        sock.close(0)
+        sock.close()
         context.term()
 
 
-def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: list, rejoin) -> None:
+def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: list, rejoin) -> None:
     """Read and answer the broker's messages until stopped.
 
-    ZeroMQ's descriptor is edge-triggered, so the loop asks the socket whether a message is
-    queued (``EVENTS``) and blocks on the descriptor only when none is: a batch costs one
-    wait, one receive and one send, without the zero-timeout poll and the failed receive
-    that ``zmq.Poller`` and draining until ``zmq.Again`` add to every batch.
+    libzmq's descriptor is edge-triggered, so the loop asks the socket whether a message is
+    queued and blocks on the descriptor only when none is: a batch costs one wait, one
+    receive and one send, without the zero-timeout poll and the failed receive that
+    ``zmq.Poller`` and draining until ``zmq.Again`` add to every batch.
     """
     waiter = select.poll()
-    waiter.register(int(sock.getsockopt(zmq.FD)), select.POLLIN)
+    waiter.register(sock.fileno(), select.POLLIN)
     wake = outbox.wake_read.fileno()
     waiter.register(wake, select.POLLIN)
     health = HealthReporter(executor.instance, outbox)
@@ -271,15 +268,15 @@ def _serve(sock: zmq.Socket, executor: BatchExecutor, outbox: Outbox, stopping: 
         health.check()
         if outbox.queue:   # a model's own threads queued answers: checked every turn, so a busy socket cannot starve them
             outbox.flush()
-        if not has_message(sock):
+        if not sock.has_message():
             if any(fd == wake for fd, _ in waiter.poll(500)):   # also reads the wake-up, or the poll would spin on it
                 outbox.flush()
             continue
-        frames = recv_parts(sock)
+        frames = sock.recv_parts()
         message, _, _ = read_record(frames[0])
         kind = type(message)
         if kind is Batch:
-            send_parts(sock, executor.run(frames))
+            sock.send_parts(executor.run(frames))
         elif kind is LogSettings:
             logs.apply_wire(message.settings)
         elif kind is Refused:

@@ -1,0 +1,268 @@
+"""The ZMTP DEALER and ROUTER (tritium/zmtp.py) against libzmq's and each other, over real Unix sockets."""
+
+from __future__ import annotations
+
+import os
+import random
+import select
+import socket
+import time
+
+import pytest
+import zmq
+
+from tritium.zmtp import _NULL_GREETING, ZmtpDealer, ZmtpError, ZmtpRouter, _command, _Reader, encode
+
+
+@pytest.fixture
+def path(tmp_path):
+    return str(tmp_path / "link")
+
+
+@pytest.fixture
+def context():
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def receive(sock, others=(), timeout_s: float = 5.0) -> list:
+    """The next message of a ZMTP socket (or a libzmq one), serving ``others`` meanwhile
+    (the raw sockets of the other end, which only move when called)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for other in others:
+            other.has_message()
+        if isinstance(sock, zmq.Socket):
+            if sock.poll(10):
+                return sock.recv_multipart()
+            continue
+        try:
+            return [bytes(part) for part in sock.recv_parts()]
+        except zmq.Again:
+            select.select([sock.fileno()], [], [], 0.01)
+    raise TimeoutError("no message")
+
+
+def libzmq_router(context, path):
+    sock = context.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.bind(f"ipc://{path}")
+    return sock
+
+
+def libzmq_dealer(context, path, identity=b""):
+    sock = context.socket(zmq.DEALER)
+    if identity:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    sock.connect(f"ipc://{path}")
+    return sock
+
+
+def test_a_dealer_talks_to_a_libzmq_router(path, context):
+    router = libzmq_router(context, path)
+    dealer = ZmtpDealer(path, b"gw-1")
+    try:
+        big = os.urandom(3_000_000)
+        dealer.send_parts([b"record", big, memoryview(bytearray(b"tail"))])
+        assert receive(router, [dealer]) == [b"gw-1", b"record", big, b"tail"]
+        router.send_multipart([b"gw-1", b"answer", big])
+        assert receive(dealer) == [b"answer", big]
+        for number in range(300):
+            dealer.send_parts([str(number).encode()])
+        assert [int(receive(router, [dealer])[1]) for _ in range(300)] == list(range(300))
+    finally:
+        dealer.close()
+
+
+def test_a_libzmq_dealer_talks_to_a_router(path, context):
+    router = ZmtpRouter(path)
+    named, anonymous = libzmq_dealer(context, path, b"in-7"), libzmq_dealer(context, path)
+    try:
+        big = os.urandom(2_000_000)
+        named.send_multipart([b"hello", big])
+        assert receive(router) == [b"in-7", b"hello", big]
+        anonymous.send_multipart([b"who?"])
+        identity, body = receive(router)
+        assert body == b"who?" and identity not in (b"", b"in-7")
+        router.send_parts([identity, b"you"])
+        router.send_parts([b"in-7", b"back", big])
+        assert receive(anonymous, [router]) == [b"you"]
+        assert receive(named, [router]) == [b"back", big]
+        with pytest.raises(zmq.ZMQError) as error:
+            router.send_parts([b"nobody", b"x"])
+        assert error.value.errno == zmq.EHOSTUNREACH
+    finally:
+        router.close()
+
+
+def test_a_dealer_and_a_router_talk_without_libzmq(path):
+    router = ZmtpRouter(path)
+    dealer = ZmtpDealer(path, b"gw-2")
+    try:
+        big = os.urandom(5_000_000)
+        dealer.send_parts([b"a", big])
+        assert receive(router, [dealer]) == [b"gw-2", b"a", big]
+        for number in range(500):
+            router.send_parts([b"gw-2", str(number).encode(), b"x" * (number * 300)])
+        got = [receive(dealer, [router]) for _ in range(500)]
+        assert [int(m[0]) for m in got] == list(range(500))
+        assert [len(m[1]) for m in got] == [n * 300 for n in range(500)]
+    finally:
+        dealer.close()
+        router.close()
+    assert not os.path.exists(path)   # the socket file goes with the ROUTER, as libzmq's
+
+
+def test_messages_sent_before_the_router_binds_arrive_when_it_does(path, context):
+    dealer = ZmtpDealer(path, b"early", reconnect_ivl_s=0.02, reconnect_ivl_max_s=0.05)
+    try:
+        dealer.send_parts([b"first"])
+        dealer.send_parts([b"second"])
+        time.sleep(0.1)
+        router = libzmq_router(context, path)
+        assert receive(router, [dealer]) == [b"early", b"first"]
+        assert receive(router, [dealer]) == [b"early", b"second"]
+    finally:
+        dealer.close()
+
+
+def test_the_dealer_reconnects_to_a_restarted_router(path):
+    router = ZmtpRouter(path)
+    dealer = ZmtpDealer(path, b"gw-3", reconnect_ivl_s=0.02, reconnect_ivl_max_s=0.05)
+    try:
+        dealer.send_parts([b"one"])
+        assert receive(router, [dealer]) == [b"gw-3", b"one"]
+        router.close()
+        router = ZmtpRouter(path)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            dealer.has_message()   # sees the old connection end, reconnects when its timer says
+            router.has_message()
+            try:
+                router.send_parts([b"gw-3", b"welcome back"])
+                break
+            except zmq.ZMQError:
+                time.sleep(0.01)
+        assert receive(dealer, [router]) == [b"welcome back"]
+    finally:
+        dealer.close()
+        router.close()
+
+
+def test_a_newer_connection_with_the_same_identity_takes_over(path, context):
+    router = ZmtpRouter(path)
+    old = libzmq_dealer(context, path, b"same")
+    try:
+        old.send_multipart([b"old"])
+        assert receive(router) == [b"same", b"old"]
+        new = libzmq_dealer(context, path, b"same")
+        new.send_multipart([b"new"])
+        assert receive(router) == [b"same", b"new"]
+        router.send_parts([b"same", b"to the newer"])
+        assert receive(new, [router]) == [b"to the newer"]
+        assert not old.poll(200)
+    finally:
+        router.close()
+
+
+def test_a_curve_broker_is_reported_and_retried(path, context):
+    router = context.socket(zmq.ROUTER)
+    router.curve_server = True
+    router.curve_publickey, router.curve_secretkey = zmq.curve_keypair()
+    router.bind(f"ipc://{path}")
+    refusals = []
+    dealer = ZmtpDealer(path, b"gw", reconnect_ivl_s=0.02, reconnect_ivl_max_s=0.05,
+                        on_refused=lambda endpoint, exc: refusals.append((endpoint, exc)))
+    try:
+        deadline = time.monotonic() + 5
+        while dealer._cut_short < 4 and time.monotonic() < deadline:
+            dealer.has_message()
+            select.select([dealer.fileno()], [], [], 0.01)
+        assert len(refusals) == 1   # reported once it is no accident, and tried again since
+        endpoint, error = refusals[0]
+        assert endpoint == f"ipc://{path}" and isinstance(error, ZmtpError) and "requires CURVE" in str(error)
+    finally:
+        dealer.close()
+
+
+def test_the_router_drops_a_client_that_is_not_zeromq_and_goes_on(path, context):
+    refused = []
+    router = ZmtpRouter(path, on_refused=lambda endpoint, exc: refused.append(str(exc)))
+    stranger = socket.socket(socket.AF_UNIX)
+    stranger.connect(path)
+    try:
+        stranger.sendall(b"GET / HTTP/1.1\r\n\r\n" + bytes(64))
+        dealer = libzmq_dealer(context, path, b"ok")
+        dealer.send_multipart([b"still serving"])
+        assert receive(router) == [b"ok", b"still serving"]
+        assert refused == ["the peer is not a ZeroMQ socket"]
+        stranger.settimeout(2)
+        assert stranger.recv(4096)[:1] == b"\xff"   # our greeting, then the end
+        assert stranger.recv(4096) == b""
+    finally:
+        stranger.close()
+        router.close()
+
+
+def test_a_peer_that_does_not_read_never_blocks_the_router(path):
+    router = ZmtpRouter(path, hwm=50)
+    sleeper = socket.socket(socket.AF_UNIX)   # says hello by hand, then never reads
+    sleeper.connect(path)
+    try:
+        sleeper.sendall(_NULL_GREETING + _command(b"READY", {b"Socket-Type": b"DEALER", b"Identity": b"sleeper"})
+                        + b"".join(bytes(segment) for segment in encode([b"hi"])))
+        assert receive(router) == [b"sleeper", b"hi"]
+        chunk = bytes(1_000_000)
+        started, sent = time.monotonic(), 0
+        with pytest.raises(zmq.Again):
+            for _ in range(1000):
+                router.send_parts([b"sleeper", chunk])
+                sent += 1
+        assert time.monotonic() - started < 2   # queued, then refused: never blocked
+        assert 50 <= sent < 60   # the kernel's buffers took a few, the router held 50
+    finally:
+        sleeper.close()
+        router.close()
+
+
+def test_the_descriptor_is_readable_while_a_message_waits(path, context):
+    router = libzmq_router(context, path)
+    dealer = ZmtpDealer(path, b"gw")
+    try:
+        dealer.send_parts([b"hello"])
+        assert receive(router, [dealer]) == [b"gw", b"hello"]
+        poller = select.poll()
+        poller.register(dealer.fileno(), select.POLLIN)
+        assert poller.poll(0) == []
+        router.send_multipart([b"gw", b"one"])
+        router.send_multipart([b"gw", b"two"])
+        assert poller.poll(2000) != []
+        assert [bytes(p) for p in dealer.recv_parts()] == [b"one"]
+        assert dealer.has_message()   # read already, so no longer on the descriptor
+        assert [bytes(p) for p in dealer.recv_parts()] == [b"two"]
+        with pytest.raises(zmq.Again):
+            dealer.recv_parts()
+    finally:
+        dealer.close()
+
+
+def test_the_reader_finds_the_same_messages_however_the_bytes_arrive():
+    messages = [[b"a"], [b"", b"b" * 255, b"c" * 256], [os.urandom(200_000), b"end"], [b"x" * 70_000]]
+    stream = _NULL_GREETING + _command(b"READY", {b"Socket-Type": b"ROUTER"})
+    stream += b"".join(bytes(segment) for m in messages for segment in encode(m))
+    rng = random.Random(7)
+    for cut in ("bytes", "random"):
+        reader, position = _Reader(), 0
+        while position < len(stream):
+            size = 1 if cut == "bytes" and position < 2000 else rng.randint(1, 90_000)
+            room = reader.big_room()
+            if room is not None:   # as the sockets do: a large frame is read in place
+                size = min(size, len(room), len(stream) - position)
+                room[:size] = stream[position:position + size]
+                reader.big_read(size)
+            else:
+                reader.feed(stream[position:position + size])
+            position += size
+        assert reader.ready and reader.properties == {b"Socket-Type": b"ROUTER"}
+        assert [[bytes(p) for p in m] for m in reader.messages] == messages

@@ -1,0 +1,610 @@
+"""DEALER and ROUTER sockets that speak ZeroMQ's wire protocol themselves, on local (``ipc://``) links.
+
+libzmq moves every message through an I/O thread of its own: a send wakes the sender's
+I/O thread, which writes the socket; the receiver's I/O thread reads it and wakes the
+receiving thread. On a machine where a wake-up costs tens of microseconds, those two
+extra wake-ups per hop are most of a hop's cost (docs/performance.md, "One ZeroMQ hop").
+``ZmtpDealer`` and ``ZmtpRouter`` write and read their Unix sockets from the calling
+thread instead, speaking ZMTP 3.0 with the NULL mechanism, so a libzmq peer sees an
+ordinary DEALER or ROUTER. They are used on the local links of a broker and its gateways
+and instances without CURVE (``tritium serve``); links over TCP, and CURVE links, keep
+libzmq.
+
+Like libzmq sockets they belong to one thread and never block the caller on a slow
+reader: what a socket cannot take now waits and leaves when it drains (up to ``hwm``
+messages, then zmq.Again). The DEALER reconnects by itself (backing off from
+``reconnect_ivl_s`` to ``reconnect_ivl_max_s``) and keeps the messages sent while
+disconnected until it connects; the ROUTER routes by the identity a peer gives in its
+READY (a newer connection with the same identity takes over) and, like a libzmq ROUTER with
+ROUTER_MANDATORY, raises EHOSTUNREACH for a peer it does not have. Their descriptor
+(``fileno``) is level-triggered: readable while a message can be read, queued output can be
+written, a peer is connecting or a reconnection is due; the owner then calls
+``has_message``/``recv_parts``, which do that work first.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import itertools
+import logging
+import os
+import select
+import socket
+import stat
+import threading
+import time
+from typing import Callable
+
+import zmq
+
+log = logging.getLogger(__name__)
+
+_SIGNATURE_END = 0x7F
+_GREETING_SIZE = 64
+_NULL_GREETING = (b"\xff" + bytes(8) + b"\x7f"   # signature
+                  + b"\x03\x00"                  # version 3.0
+                  + b"NULL".ljust(20, b"\0")     # mechanism
+                  + b"\x00" + bytes(31))         # as-server, filler
+_MORE, _LONG, _COMMAND = 1, 2, 4
+_SMALL_PART = 64 * 1024      # parts below this are copied into one buffer; larger ones are sent in place
+_CHUNK = 256 * 1024          # bytes read at a time
+_IOV_MAX = 512               # buffers per sendmsg (the kernel allows 1024)
+_SEND_BUFFER = 4 * 1024 * 1024
+
+
+def _command(name: bytes, properties: dict[bytes, bytes]) -> bytes:
+    body = bytearray([len(name)]) + name
+    for key, value in properties.items():
+        body += bytes([len(key)]) + key + len(value).to_bytes(4, "big") + value
+    return bytes(_frame_header(_COMMAND, len(body)) + body)
+
+
+def _frame_header(flags: int, size: int) -> bytes:
+    if size < 256:
+        return bytes((flags, size))
+    return bytes((flags | _LONG,)) + size.to_bytes(8, "big")
+
+
+def _nbytes(part) -> memoryview | bytes:
+    """The part as something ``len`` measures in bytes."""
+    if type(part) is bytes:
+        return part
+    view = memoryview(part)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def encode(parts: list) -> list:
+    """One multipart message as ZMTP frames: small parts copied into shared buffers, large ones by reference."""
+    segments: list = []
+    small = bytearray()
+    last = len(parts) - 1
+    for index, part in enumerate(parts):
+        data = _nbytes(part)
+        small += _frame_header(_MORE if index < last else 0, len(data))
+        if len(data) < _SMALL_PART:
+            small += data
+        else:
+            segments.append(small)
+            segments.append(data)
+            small = bytearray()
+    if small:
+        segments.append(small)
+    return segments
+
+
+class ZmtpError(Exception):
+    """The peer does not speak ZMTP 3 with the NULL mechanism (a CURVE broker, or not ZeroMQ at all)."""
+
+    def __init__(self, why: str, mechanism: str = "") -> None:
+        super().__init__(why)
+        self.mechanism = mechanism   # the one the peer asked for, when that was the trouble
+
+
+class _Reader:
+    """Parses the peer's greeting, commands and frames from the bytes read; whole messages out."""
+
+    def __init__(self) -> None:
+        self.greeted = False
+        self.ready = False
+        self.properties: dict[bytes, bytes] = {}   # the peer's READY metadata (Socket-Type, Identity)
+        self.messages: collections.deque[list] = collections.deque()
+        self._parts: list = []
+        self._tail = b""                     # the start of a frame not yet read whole
+        self._big: bytearray | None = None   # a large frame being read in place
+        self._big_filled = 0
+        self._big_flags = 0
+
+    def big_room(self) -> memoryview | None:
+        """Where the next bytes of a large frame go, read straight into it."""
+        return None if self._big is None else memoryview(self._big)[self._big_filled:]
+
+    def big_read(self, count: int) -> None:
+        self._big_filled += count
+        if self._big is not None and self._big_filled == len(self._big):
+            big, self._big = self._big, None
+            self._frame(self._big_flags, big)
+
+    def feed(self, data: bytes) -> None:
+        if self._tail:
+            data, self._tail = self._tail + data, b""
+        position = 0
+        if not self.greeted:
+            if len(data) < _GREETING_SIZE:
+                self._tail = data
+                return
+            _check_greeting(data[:_GREETING_SIZE])
+            self.greeted = True
+            position = _GREETING_SIZE
+        view = memoryview(data)
+        end_of_data = len(data)
+        while position < end_of_data:
+            flags = data[position]
+            if flags & _LONG:
+                if position + 9 > end_of_data:
+                    break
+                size = int.from_bytes(data[position + 1:position + 9], "big")
+                start = position + 9
+            else:
+                if position + 2 > end_of_data:
+                    break
+                size = data[position + 1]
+                start = position + 2
+            end = start + size
+            if end > end_of_data:
+                if size >= _SMALL_PART:   # read the rest straight into the frame's own buffer
+                    self._big = bytearray(size)
+                    self._big[:end_of_data - start] = view[start:]
+                    self._big_filled, self._big_flags = end_of_data - start, flags
+                    position = end_of_data
+                break
+            self._frame(flags, view[start:end])
+            position = end
+        if position < end_of_data:
+            self._tail = bytes(view[position:])
+
+    def _frame(self, flags: int, body) -> None:
+        if flags & _COMMAND:
+            name = bytes(body[1:1 + body[0]])
+            if name == b"READY":
+                self.properties = _properties(bytes(body[1 + body[0]:]))
+                self.ready = True
+            elif name == b"ERROR":
+                reason = bytes(body[2 + body[0]:]).decode(errors="replace")
+                raise ZmtpError(f"the peer closed the connection: {reason}")
+            return   # PING and the like: this DEALER asks for no heartbeats, and any other command is advisory
+        self._parts.append(body)
+        if not flags & _MORE:
+            self.messages.append(self._parts)
+            self._parts = []
+
+
+def _properties(data: bytes) -> dict[bytes, bytes]:
+    found, position = {}, 0
+    while position < len(data):
+        end = position + 1 + data[position]
+        size = int.from_bytes(data[end:end + 4], "big")
+        found[data[position + 1:end]] = data[end + 4:end + 4 + size]
+        position = end + 4 + size
+    return found
+
+
+def _check_greeting(greeting: bytes) -> None:
+    if greeting[0] != 0xFF or greeting[9] & 1 != 1:
+        raise ZmtpError("the peer is not a ZeroMQ socket")
+    if greeting[10] < 3:
+        raise ZmtpError(f"the peer speaks ZMTP {greeting[10]}, not 3")
+    mechanism = greeting[12:32].rstrip(b"\0")
+    if mechanism != b"NULL":
+        name = mechanism.decode(errors="replace")
+        raise ZmtpError(f"the peer requires the {name} mechanism", name)
+
+
+class _Connection:
+    """One Unix socket's ZMTP traffic: the greeting and READY sent first, then whole messages
+    from ``out``, written as far as the socket takes them; what is read parsed by a _Reader."""
+
+    def __init__(self, sock: socket.socket, poller: select.epoll, socket_type: bytes, identity: bytes = b"") -> None:
+        sock.setblocking(False)
+        self.sock, self.poller = sock, poller
+        self.fd = sock.fileno()
+        self.reader = _Reader()
+        properties = {b"Socket-Type": socket_type}
+        if identity:
+            properties[b"Identity"] = identity
+        self.greeting = [_NULL_GREETING + _command(b"READY", properties)]
+        self.out: collections.deque[list] = collections.deque([self.greeting])   # each a message's buffers
+        self.head_started = False   # out[0] is partly written
+        self.writing = False        # EPOLLOUT is asked for
+        self.broken = False
+        poller.register(self.fd, select.EPOLLIN)
+
+    def queue(self, segments: list) -> None:
+        self.out.append(segments)
+        if len(self.out) == 1 and not self.writing and self.reader.ready:
+            self.write()
+
+    def write(self) -> None:
+        out = self.out
+        while out:
+            buffers = out[0]
+            try:
+                sent = self.sock.sendmsg(buffers[:_IOV_MAX])
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                self.broken = True
+                return
+            while sent and buffers:
+                size = len(buffers[0])
+                if sent >= size:
+                    sent -= size
+                    buffers.pop(0)
+                else:
+                    buffers[0] = memoryview(buffers[0])[sent:]
+                    sent = 0
+            if buffers:   # the socket is full: wait until it drains
+                self.head_started = True
+                self._want_write(True)
+                return
+            out.popleft()
+            self.head_started = False
+            if not self.reader.ready:
+                break   # messages wait for the peer's READY (libzmq takes none before it has answered)
+        self._want_write(False)
+
+    def read(self) -> None:
+        """Read what has arrived (``broken`` when the peer closed); ZmtpError for a peer that is not ours."""
+        sock, reader = self.sock, self.reader
+        was_ready = reader.ready
+        while True:
+            try:
+                room = reader.big_room()
+                if room is not None:
+                    count = sock.recv_into(room)
+                    if count:
+                        reader.big_read(count)
+                        continue
+                else:
+                    data = sock.recv(_CHUNK)
+                    count = len(data)
+                    if count:
+                        reader.feed(data)
+                        if count < _CHUNK:
+                            break
+                        continue
+            except BlockingIOError:
+                break
+            except OSError:
+                pass
+            self.broken = True   # the peer closed the connection (or it broke)
+            return
+        if not was_ready and reader.ready and len(self.out) and not self.writing:
+            self.write()   # what waited for the handshake
+
+    def unsent(self) -> list[list]:
+        """The messages not yet begun, for a new connection."""
+        return [m for index, m in enumerate(self.out) if m is not self.greeting and not (index == 0 and self.head_started)]
+
+    def close(self) -> None:
+        try:
+            self.poller.unregister(self.fd)
+        except (OSError, ValueError):
+            pass
+        self.sock.close()
+
+    def _want_write(self, writing: bool) -> None:
+        if writing != self.writing:
+            self.writing = writing
+            self.poller.modify(self.fd, select.EPOLLIN | (select.EPOLLOUT if writing else 0))
+
+
+def _flush_before_closing(connections: list[_Connection], linger_s: float) -> None:
+    """Try for ``linger_s`` to write what waits (and read what the handshakes need)."""
+    deadline = time.monotonic() + linger_s
+    while time.monotonic() < deadline:
+        waiting = [c for c in connections if c.out and not c.broken]
+        if not waiting:
+            return
+        for connection in waiting:
+            try:
+                connection.read()
+            except ZmtpError:
+                connection.broken = True
+            if connection.reader.ready and not connection.broken:
+                connection.write()
+        select.select([c.sock for c in waiting], [c.sock for c in waiting if c.writing], [],
+                      max(0.0, min(0.05, deadline - time.monotonic())))
+
+
+class ZmtpDealer:
+    edge_triggered = False
+
+    def __init__(self, path: str, identity: bytes = b"", hwm: int = 100_000,
+                 reconnect_ivl_s: float = 0.1, reconnect_ivl_max_s: float = 1.0,
+                 on_refused: Callable[[str, ZmtpError], None] | None = None) -> None:
+        self.path = path
+        self.identity = identity
+        self.hwm = hwm
+        self.reconnect_ivl_s, self.reconnect_ivl_max_s = reconnect_ivl_s, reconnect_ivl_max_s
+        # Told (endpoint, error) of a peer that is not a NULL ZMTP ROUTER; the DEALER retries.
+        self.on_refused = on_refused or (lambda endpoint, exc: log.error("%s: %s", endpoint, exc))
+        self._poller = select.epoll()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._poller.register(self._wake_read.fileno(), select.EPOLLIN)
+        self._connection: _Connection | None = None
+        self._unsent: collections.deque[list] = collections.deque()   # sent while disconnected
+        self._backoff = reconnect_ivl_s
+        self._cut_short = 0   # connections in a row that the peer closed before its greeting
+        self._retry_at = 0.0
+        self._timer: threading.Timer | None = None
+        self._closed = False
+        self._connect()
+
+    def fileno(self) -> int:
+        return self._poller.fileno()
+
+    def send_parts(self, parts: list, flags: int = 0) -> None:
+        """Send one multipart message; zmq.Again when ``hwm`` messages already wait (``flags`` is
+        accepted for libzmq's signature: this never blocks)."""
+        connection = self._connection
+        if connection is None:
+            if len(self._unsent) >= self.hwm:
+                raise zmq.Again()
+            self._unsent.append(encode(parts))
+            self._reconnect_if_due()
+            return
+        if len(connection.out) >= self.hwm:
+            raise zmq.Again()
+        connection.queue(encode(parts))
+        if connection.broken:
+            self._lost()
+
+    def has_message(self) -> bool:
+        """Whether a message can be read now (after flushing what waits, reading what arrived)."""
+        if self._connection is not None and self._connection.reader.messages:
+            return True
+        self._service()
+        return self._connection is not None and bool(self._connection.reader.messages)
+
+    def recv_parts(self) -> list:
+        """One multipart message, without blocking (zmq.Again when none has arrived whole)."""
+        if not self.has_message():
+            raise zmq.Again()
+        assert self._connection is not None
+        return self._connection.reader.messages.popleft()
+
+    def close(self, linger_s: float = 0.0) -> None:
+        """Close, after trying for ``linger_s`` to write what waits."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._connection is not None:
+            _flush_before_closing([self._connection], linger_s)
+            self._connection.close()
+            self._connection = None
+        self._poller.close()
+        self._wake_read.close()
+        self._wake_write.close()
+
+    def _service(self) -> None:
+        connection = self._connection
+        if connection is None:
+            self._reconnect_if_due()
+            return
+        try:
+            if connection.writing:
+                connection.write()
+            if not connection.broken:
+                connection.read()
+        except ZmtpError as exc:
+            self.on_refused(f"ipc://{self.path}", exc)
+            connection.broken = True
+        if connection.broken:
+            self._lost()
+
+    def _connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
+            sock.connect(_unix_address(self.path))
+        except OSError as exc:
+            sock.close()
+            if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN):
+                log.debug("connecting to ipc://%s: %s", self.path, exc)
+            self._retry_later()
+            return
+        self._connection = connection = _Connection(sock, self._poller, b"DEALER", self.identity)
+        connection.out.extend(self._unsent)
+        self._unsent.clear()
+        connection.write()
+        if connection.broken:
+            self._lost()
+
+    def _lost(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._unsent.extend(connection.unsent())
+            connection.close()
+            if connection.reader.greeted:
+                self._backoff = self.reconnect_ivl_s
+                self._cut_short = 0
+            else:
+                # libzmq closes at once, without a word, on a peer whose mechanism is not its
+                # own; twice in a row is no accident of a restart.
+                self._cut_short += 1
+                if self._cut_short == 2:
+                    self.on_refused(f"ipc://{self.path}", ZmtpError(
+                        "it closes the connection before its greeting, as a broker that requires CURVE does"))
+        self._retry_later()
+
+    def _retry_later(self) -> None:
+        """Reconnect after the backoff; the timer makes the descriptor readable, so the owner calls in."""
+        if self._closed:
+            return
+        self._retry_at = time.monotonic() + self._backoff
+        delay, self._backoff = self._backoff, min(self._backoff * 2, self.reconnect_ivl_max_s)
+        self._timer = threading.Timer(delay, self._wake)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_write.send(b"\0")
+        except OSError:
+            pass   # closed meanwhile
+
+    def _reconnect_if_due(self) -> None:
+        woken = False
+        try:
+            while self._wake_read.recv(64):
+                woken = True
+        except (BlockingIOError, OSError):
+            pass
+        if self._connection is None and not self._closed and (woken or time.monotonic() >= self._retry_at):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._connect()
+
+
+class ZmtpRouter:
+    edge_triggered = False
+
+    def __init__(self, path: str, hwm: int = 100_000,
+                 on_refused: Callable[[str, ZmtpError], None] | None = None) -> None:
+        self.path = path
+        self.hwm = hwm
+        # Told (endpoint, error) of a peer that is not a NULL ZMTP DEALER; its connection is closed.
+        self.on_refused = on_refused or (lambda endpoint, exc: log.warning("refused a client on %s: %s", endpoint, exc))
+        self._poller = select.epoll()
+        self._listener = _listen(path)
+        self._poller.register(self._listener.fileno(), select.EPOLLIN)
+        self._connections: dict[int, _Connection] = {}     # by descriptor
+        self._by_identity: dict[bytes, _Connection] = {}   # those past their READY
+        self._identities: dict[int, bytes] = {}
+        self._messages: collections.deque[list] = collections.deque()   # [identity, parts...]
+        self._anonymous = itertools.count(1)
+
+    def fileno(self) -> int:
+        return self._poller.fileno()
+
+    def send_parts(self, parts: list, flags: int = 0) -> None:
+        """Send ``parts[1:]`` to the peer named ``parts[0]``: EHOSTUNREACH when there is none,
+        zmq.Again when ``hwm`` messages already wait for it (``flags``: libzmq's signature)."""
+        connection = self._by_identity.get(bytes(parts[0]))
+        if connection is None or connection.broken:
+            raise zmq.ZMQError(errno.EHOSTUNREACH)
+        if len(connection.out) >= self.hwm:
+            raise zmq.Again()
+        connection.queue(encode(parts[1:]))
+        if connection.broken:
+            self._drop(connection)
+
+    def has_message(self) -> bool:
+        if self._messages:
+            return True
+        self._service()
+        return bool(self._messages)
+
+    def recv_parts(self) -> list:
+        """One multipart message, its sender's identity first, without blocking (zmq.Again)."""
+        if not self._messages:
+            self._service()
+            if not self._messages:
+                raise zmq.Again()
+        return self._messages.popleft()
+
+    def close(self, linger_s: float = 0.0) -> None:
+        _flush_before_closing(list(self._connections.values()), linger_s)
+        for connection in list(self._connections.values()):
+            connection.close()
+        self._connections.clear()
+        self._by_identity.clear()
+        self._poller.close()
+        self._listener.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    def _service(self) -> None:
+        for fd, events in self._poller.poll(0):
+            if fd == self._listener.fileno():
+                self._accept()
+                continue
+            connection = self._connections.get(fd)
+            if connection is None:
+                continue
+            try:
+                if events & select.EPOLLOUT:
+                    connection.write()
+                if not connection.broken and events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+                    was_ready = connection.reader.ready
+                    connection.read()
+                    if not was_ready and connection.reader.ready:
+                        self._named(connection)
+                    self._take_messages(connection)
+            except ZmtpError as exc:
+                self.on_refused(f"ipc://{self.path}", exc)
+                connection.broken = True
+            if connection.broken:
+                self._drop(connection)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:   # out of descriptors, say: the peer retries
+                log.warning("accepting a connection on ipc://%s: %s", self.path, exc)
+                return
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
+            connection = _Connection(sock, self._poller, b"ROUTER")
+            self._connections[connection.fd] = connection
+            connection.write()
+
+    def _named(self, connection: _Connection) -> None:
+        identity = connection.reader.properties.get(b"Identity") or b"\0" + next(self._anonymous).to_bytes(4, "big")
+        previous = self._by_identity.get(identity)
+        if previous is not None and previous is not connection:
+            self._drop(previous)   # the peer reconnected before its old connection was seen closing
+        self._by_identity[identity] = connection
+        self._identities[connection.fd] = identity
+
+    def _take_messages(self, connection: _Connection) -> None:
+        messages = connection.reader.messages
+        if messages:
+            identity = self._identities[connection.fd]
+            while messages:
+                parts = messages.popleft()
+                parts.insert(0, identity)
+                self._messages.append(parts)
+
+    def _drop(self, connection: _Connection) -> None:
+        self._connections.pop(connection.fd, None)
+        identity = self._identities.pop(connection.fd, None)
+        if identity is not None and self._by_identity.get(identity) is connection:
+            del self._by_identity[identity]
+        connection.broken = True
+        connection.close()
+
+
+def _unix_address(path: str) -> str:
+    return "\0" + path[1:] if path.startswith("@") else path   # @: Linux's abstract names
+
+
+def _listen(path: str) -> socket.socket:
+    """A listening Unix socket at ``path``, replacing a socket file left by a process that is gone (as libzmq does)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if not path.startswith("@"):
+        try:
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+    sock.bind(_unix_address(path))
+    sock.listen(256)
+    sock.setblocking(False)
+    return sock
