@@ -8,7 +8,8 @@ figures are each server's median round and the ratio of the medians. CPU per req
 each process role (CPU seconds divided by the requests the server counted) and the share of
 the machine's CPU time left idle are measured in every scenario. Writes ``bench/out/versus_triton.json`` and a plot.
 ``--pinned`` adds a third server: tritium with its gateways on one half of the CPUs and its
-broker and instances on the other; ``--variant NAME=FLAGS`` adds tritium started with FLAGS.
+broker and instances on the other; ``--variant NAME=FLAGS`` adds tritium started with FLAGS (``VARIABLE=value`` words
+among them go to its environment, e.g. ``--variant libzmq=TRITIUM_LIBZMQ_LINKS=1``).
 
     python -m bench.versus_triton [--rounds 3] [--window-ms 3000] [--pinned] [--variant NAME=FLAGS]
 """
@@ -24,6 +25,7 @@ import tempfile
 import urllib.request
 import json
 import os
+import re
 from pathlib import Path
 
 from bench.harness import (ANCHORS, OUT, CpuMeter, TritonServer, TritiumServer, bar_charts, save, system_cpu_times,
@@ -31,6 +33,7 @@ from bench.harness import (ANCHORS, OUT, CpuMeter, TritonServer, TritiumServer, 
 from bench.serving_overhead import python_repository
 
 SCENARIOS = (("http", 16), ("http", 64), ("grpc", 16), ("http", 1))
+_ENVIRONMENT = re.compile(r"[A-Z_][A-Z0-9_]*=")   # a variant's word that sets a variable
 SLICES = "slices per request"
 
 
@@ -153,7 +156,8 @@ def main() -> None:
                         help="also measure tritium with its gateways on one half of the CPUs and the broker and "
                              "instances on the other (--gateway-cpus, --broker-cpus, --worker-cpus)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
-                        help="also measure tritium started with these flags, named NAME (repeatable), e.g. "
+                        help="also measure tritium started with these flags (and VARIABLE=value words as its "
+                             "environment), named NAME (repeatable), e.g. "
                              "--variant 'no polling=--broker-spin-us=0 --gateway-spin-us=0'")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
@@ -165,7 +169,9 @@ def main() -> None:
                                                       "--worker-cpus", back)
         for variant in args.variant:
             name, _, flags = variant.partition("=")
-            servers[f"tritium {name}"] = TritiumServer(repo, *flags.split())
+            words = flags.split()
+            env = dict(word.split("=", 1) for word in words if _ENVIRONMENT.match(word))
+            servers[f"tritium {name}"] = TritiumServer(repo, *[w for w in words if not _ENVIRONMENT.match(w)], env=env)
         try:
             results = measure({name: (server.url, server.grpc_url, server.process.pid)
                                for name, server in servers.items()}, args.rounds, args.window_ms)
