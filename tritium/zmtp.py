@@ -51,6 +51,7 @@ _SMALL_PART = 64 * 1024      # parts below this are copied into one buffer; larg
 _CHUNK = 256 * 1024          # bytes read at a time
 _IOV_MAX = 512               # buffers per sendmsg (the kernel allows 1024)
 _SEND_BUFFER = 4 * 1024 * 1024
+_LARGEST_FRAME = 1 << 40     # more is no tensor: a peer that is not ours
 
 
 def _command(name: bytes, properties: dict[bytes, bytes]) -> bytes:
@@ -126,6 +127,14 @@ class _Reader:
             self._frame(self._big_flags, big)
 
     def feed(self, data: bytes) -> None:
+        try:
+            self._feed(data)
+        except ZmtpError:
+            raise
+        except (IndexError, ValueError, MemoryError, OverflowError) as exc:   # a peer that is not ours
+            raise ZmtpError(f"malformed ZMTP from the peer ({type(exc).__name__}: {exc})") from None
+
+    def _feed(self, data: bytes) -> None:
         if self._tail:
             data, self._tail = self._tail + data, b""
         position = 0
@@ -151,6 +160,8 @@ class _Reader:
                 size = data[position + 1]
                 start = position + 2
             end = start + size
+            if size > _LARGEST_FRAME:
+                raise ZmtpError(f"a frame of {size} bytes")
             if end > end_of_data:
                 if size >= _SMALL_PART:   # read the rest straight into the frame's own buffer
                     self._big = bytearray(size)
@@ -165,6 +176,8 @@ class _Reader:
 
     def _frame(self, flags: int, body) -> None:
         if flags & _COMMAND:
+            if not body or len(body) < 1 + body[0]:
+                raise ZmtpError("a malformed command")
             name = bytes(body[1:1 + body[0]])
             if name == b"READY":
                 self.properties = _properties(bytes(body[1 + body[0]:]))
@@ -184,6 +197,8 @@ def _properties(data: bytes) -> dict[bytes, bytes]:
     while position < len(data):
         end = position + 1 + data[position]
         size = int.from_bytes(data[end:end + 4], "big")
+        if end + 4 + size > len(data):
+            raise ZmtpError("a malformed READY")
         found[data[position + 1:end]] = data[end + 4:end + 4 + size]
         position = end + 4 + size
     return found

@@ -205,6 +205,24 @@ def test_the_router_drops_a_client_that_is_not_zeromq_and_goes_on(path, context)
         router.close()
 
 
+@pytest.mark.parametrize("garbage", [b"\x04\x00", b"\x04\x01\x09", b"\x06" + (1 << 62).to_bytes(8, "big"),
+                                     b"\x04\x08\x05READY\x0bS"])
+def test_a_malformed_peer_is_dropped_and_the_router_goes_on(path, context, garbage):
+    refused = []
+    router = ZmtpRouter(path, on_refused=lambda endpoint, exc: refused.append(str(exc)))
+    bad = socket.socket(socket.AF_UNIX)
+    bad.connect(path)
+    try:
+        bad.sendall(_NULL_GREETING + garbage)
+        good = libzmq_dealer(context, path, b"good")
+        good.send_multipart([b"fine"])
+        assert receive(router) == [b"good", b"fine"]
+        assert len(refused) == 1 and ("malformed" in refused[0] or "a frame of" in refused[0])
+    finally:
+        bad.close()
+        router.close()
+
+
 def test_a_peer_that_does_not_read_never_blocks_the_router(path):
     router = ZmtpRouter(path, hwm=50)
     sleeper = socket.socket(socket.AF_UNIX)   # says hello by hand, then never reads
