@@ -1,7 +1,8 @@
 """Soak: closed-loop load for minutes while a worker host is killed every minute.
 
 Broker, two worker hosts and a gateway run as separate processes (tests/cluster.py,
-over tcp://). ``--concurrency`` connections send whoami requests (tests/e2e/cluster_repo)
+over tcp://, or with ``--links ipc`` over Unix sockets, where the broker, gateway and
+instances speak ZMTP themselves). ``--concurrency`` connections send whoami requests (tests/e2e/cluster_repo)
 for ``--duration`` seconds; every ``--kill-every`` seconds one worker host is killed
 (SIGKILL to the agent and its instances) and started again ``--down-for`` seconds later.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -116,10 +118,16 @@ def main() -> None:
     parser.add_argument("--down-for", type=float, default=5)
     parser.add_argument("--request-timeout", type=float, default=30)
     parser.add_argument("--warmup", type=float, default=20)
+    parser.add_argument("--links", choices=("tcp", "ipc"), default="tcp",
+                        help="how the parts reach the broker: libzmq over TCP, or tritium's ZMTP over Unix sockets")
     args = parser.parse_args()
 
     beat = ("--heartbeat-interval-secs", "1")
-    broker = cluster.broker(REPO, *beat)
+    if args.links == "ipc":
+        folder = tempfile.mkdtemp(prefix="tritium-soak-")
+        broker = cluster.broker(REPO, *beat, frontend=f"ipc://{folder}/frontend", backend=f"ipc://{folder}/backend")
+    else:
+        broker = cluster.broker(REPO, *beat)
     broker.wait_ready()
     workers = [cluster.worker(broker.backend, REPO, *beat, "--models", "whoami") for _ in range(2)]
     gateway = cluster.gateway(broker.frontend, *beat)
