@@ -121,9 +121,11 @@ class ModelVersion:
     autoscale: AutoscalePolicy | None = field(init=False)    # tritium.autoscale; None: fixed instances
     scale: ScaleState | None = None                    # the autoscaler's targets, once it started
     variable_shapes: bool = field(init=False)
+    stateful: bool = field(init=False)   # its requests form sequences bound to instance slots (sequence_batching)
 
     def __post_init__(self) -> None:
         config = self.definition.config
+        self.stateful = config.HasField("sequence_batching")   # asked for every batch: read once
         queue_policy = QueuePolicy.from_config(config)
         self.batcher = SequenceBatcher(SequencePolicy.from_config(config)) if self.stateful \
             else DynamicBatcher(BatchingPolicy.from_config(config), queue_policy)
@@ -156,10 +158,6 @@ class ModelVersion:
             return self.autoscale is not None and self.autoscale.min_instances == 0   # scaled to zero on purpose
         return all(instance.healthy for instance in self.instances)
 
-    @property
-    def stateful(self) -> bool:
-        """Its requests form sequences bound to instance slots (``sequence_batching``)."""
-        return self.definition.config.HasField("sequence_batching")
 
     @property
     def decoupled(self) -> bool:
