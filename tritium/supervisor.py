@@ -20,11 +20,13 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import zmq
 
 from tritium.exit_codes import ExitCode
+from tritium.lifetime import die_with_parent
 from tritium.ports import PortInUse, check_free
 from tritium.protocol import Control, ControlReply, StatusQuery, read_record
 
@@ -108,7 +110,9 @@ class Supervisor:
     def _spawn(self, role: str, args: list[str], env: dict) -> None:
         command = [sys.executable, "-m", "tritium.cli", role, *args]
         log.debug("starting %s", " ".join(command))
-        self.children.append(ChildProcess(role, subprocess.Popen(command, env=env)))
+        # A serve killed outright takes its children with it (tritium/lifetime.py).
+        process = subprocess.Popen(command, env=env, preexec_fn=partial(die_with_parent, os.getpid()))
+        self.children.append(ChildProcess(role, process))
 
     def _start_and_wait(self, env, frontend, backend, notify_sock, stop) -> int | None:
         s = self.settings

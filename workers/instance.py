@@ -8,7 +8,6 @@ BATCH it receives. If initialization fails it reports INSTANCE_FAILED and exits 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ from tritium.protocol import (
     Role,
     read_record,
 )
+from tritium.lifetime import die_with_parent
 from tritium.links import LinkSocket, connect_dealer
 from tritium.security import CurveKeys, secure_client
 from tritium.workers.backends import load_backend
@@ -52,16 +52,7 @@ from tritium.workers.warmup import warm_up
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 _LINGER_S = 2.0   # how long a failing instance tries to deliver the message that says why
-
-
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this process when the agent that started it dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 class Outbox:
@@ -179,10 +170,7 @@ def build_executor(spec: dict, outbox: Outbox | None = None) -> tuple[BatchExecu
 
 def main() -> None:
     spec = json.loads(sys.stdin.read())
-    parent = os.getppid()
-    _die_with_parent()
-    if os.getppid() != parent:
-        sys.exit(ExitCode.ERROR)
+    die_with_parent(os.getppid())   # the agent's: if it is gone already, this exits
     logs.configure(f"instance:{spec['model']}:{spec['key']}", spec.get("log_verbose", 0))
     if spec.get("log_settings"):
         logs.apply_wire(spec["log_settings"])

@@ -74,3 +74,59 @@ def test_gateway_and_broker_never_import_onnxruntime(module):
     code = f"import sys, {module}; print('onnxruntime' in sys.modules, 'torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=PROJECT_ROOT, timeout=60)
     assert result.stdout.decode().split() == ["False", "False"], result.stderr.decode()
+
+
+def _descendants(root: int) -> set[int]:
+    from pathlib import Path
+
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        children = {child for child, parent in parents.items() if parent == pid}
+        found |= children
+        todo.extend(children)
+    return found
+
+
+def _running(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_serve_killed_outright_takes_its_processes_with_it(tmp_path):
+    import os
+    import signal
+    import socket
+    import time
+
+    add_sub_model(tmp_path, "add_sub", max_batch_size=8)
+    running = TritiumServer(tmp_path)
+    children: set[int] = set()
+    try:
+        children = _descendants(running.process.pid)
+        assert len(children) >= 4   # broker, agent, gateway, instance
+        os.kill(running.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(_running(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in children if _running(pid)], running.logs()
+        with socket.socket() as probe:   # the HTTP port is free for the next start
+            probe.bind(("127.0.0.1", running.port))
+    finally:
+        running.stop()
+        for pid in children:   # should this fail, no orphan outlives the test
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

@@ -1,0 +1,33 @@
+"""A child process that must not outlive the process that started it.
+
+``tritium serve`` starts the broker, the host agent and the gateways, and the agent starts
+the instances. If the parent is killed outright (SIGKILL, the OOM killer), nothing of it
+runs to stop them: orphaned, they would keep the ports and the GPUs, and the next start
+would find them taken. The kernel's parent-death signal stops them instead: Triton is one
+process, and a killed tritium goes away as wholly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+_PR_SET_PDEATHSIG = 1
+try:   # looked up here, in the parent: a child between fork and exec only calls it
+    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+except OSError:   # not Linux: no such signal
+    _prctl = None
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel send this process SIGTERM when ``parent`` dies; exit now if it already has.
+
+    Called in the child before anything else (as ``preexec_fn``, or first thing): the parent
+    may die before the call, which the kernel then never reports.
+    """
+    if _prctl is None:
+        return
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(1)
