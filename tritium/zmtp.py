@@ -383,6 +383,9 @@ class ZmtpDealer:
         self._poller = select.epoll()
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
+        # Watched only while disconnected: a timer that fires late (after a send reconnected)
+        # must not leave the descriptor readable for good, the owner's loop spinning on it.
+        self._wake_watched = True
         self._poller.register(self._wake_read.fileno(), select.EPOLLIN)
         self._connection: _Connection | None = None
         self._unsent: collections.deque[list] = collections.deque()   # sent while disconnected
@@ -466,6 +469,7 @@ class ZmtpDealer:
                 log.debug("connecting to ipc://%s: %s", self.path, exc)
             self._retry_later()
             return
+        self._watch_wake(False)
         self._connection = connection = _Connection(sock, self._poller, b"DEALER", self.identity)
         connection.out.extend(self._unsent)
         self._unsent.clear()
@@ -488,7 +492,17 @@ class ZmtpDealer:
                 if self._cut_short == 2:
                     self.on_refused(f"ipc://{self.path}", ZmtpError(
                         "it closes the connection before its greeting, as a broker that requires CURVE does"))
+        self._watch_wake(True)
         self._retry_later()
+
+    def _watch_wake(self, watched: bool) -> None:
+        if watched == self._wake_watched or self._closed:
+            return
+        self._wake_watched = watched
+        if watched:
+            self._poller.register(self._wake_read.fileno(), select.EPOLLIN)
+        else:
+            self._poller.unregister(self._wake_read.fileno())
 
     def _retry_later(self) -> None:
         """Reconnect after the backoff; the timer makes the descriptor readable, so the owner calls in."""

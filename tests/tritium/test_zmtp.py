@@ -284,3 +284,20 @@ def test_the_reader_finds_the_same_messages_however_the_bytes_arrive():
             position += size
         assert reader.ready and reader.properties == {b"Socket-Type": b"ROUTER"}
         assert [[bytes(p) for p in m] for m in reader.messages] == messages
+
+
+def test_a_reconnection_timer_that_fires_late_leaves_the_descriptor_quiet(path):
+    router = ZmtpRouter(path)
+    dealer = ZmtpDealer(path, b"gw")
+    try:
+        dealer.send_parts([b"hello"])
+        assert receive(router, [dealer]) == [b"gw", b"hello"]
+        dealer._wake()   # as a timer does that fires after a send has reconnected already
+        poller = select.poll()
+        poller.register(dealer.fileno(), select.POLLIN)
+        assert poller.poll(100) == []   # nothing to do: an owner's loop would sleep, not spin
+        router.send_parts([b"gw", b"still here"])
+        assert receive(dealer, [router]) == [b"still here"]
+    finally:
+        dealer.close()
+        router.close()
