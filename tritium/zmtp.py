@@ -267,6 +267,7 @@ class _Connection:
         self.out: collections.deque[list] = collections.deque([self.greeting])   # each a message's buffers
         self.head_started = False   # out[0] is partly written
         self.writing = False        # EPOLLOUT is asked for
+        self.write_failed = False   # the peer closed its end: what it sent before is still read
         self.broken = False
         poller.register(self.fd, select.EPOLLIN)
 
@@ -277,15 +278,18 @@ class _Connection:
 
     def write(self) -> None:
         out = self.out
-        while out:
+        while out and not self.write_failed:
             buffers = out[0]
             try:
                 sent = self.sock.sendmsg(buffers[:_IOV_MAX])
             except BlockingIOError:
                 sent = 0
-            except OSError:
-                self.broken = True
+            except OSError:   # as libzmq, read on: the peer's last messages may still be there
+                self.write_failed = True
+                self._want_write(False)
                 return
+            if sent:
+                self.head_started = True
             while sent and buffers:
                 size = len(buffers[0])
                 if sent >= size:
@@ -295,7 +299,6 @@ class _Connection:
                     buffers[0] = memoryview(buffers[0])[sent:]
                     sent = 0
             if buffers:   # the socket is full: wait until it drains
-                self.head_started = True
                 self._want_write(True)
                 return
             out.popleft()
@@ -354,7 +357,7 @@ def _flush_before_closing(connections: list[_Connection], linger_s: float) -> No
     """Try for ``linger_s`` to write what waits (and read what the handshakes need)."""
     deadline = time.monotonic() + linger_s
     while time.monotonic() < deadline:
-        waiting = [c for c in connections if c.out and not c.broken]
+        waiting = [c for c in connections if c.out and not c.broken and not c.write_failed]
         if not waiting:
             return
         for connection in waiting:
@@ -364,8 +367,10 @@ def _flush_before_closing(connections: list[_Connection], linger_s: float) -> No
                 connection.broken = True
             if connection.reader.ready and not connection.broken:
                 connection.write()
-        select.select([c.sock for c in waiting], [c.sock for c in waiting if c.writing], [],
-                      max(0.0, min(0.05, deadline - time.monotonic())))
+        waiter = select.poll()   # not select(): descriptors past 1023
+        for connection in waiting:
+            waiter.register(connection.fd, select.POLLIN | (select.POLLOUT if connection.writing else 0))
+        waiter.poll(max(0.0, min(0.05, deadline - time.monotonic())) * 1000)
 
 
 class ZmtpDealer:
@@ -389,6 +394,7 @@ class ZmtpDealer:
         self._poller.register(self._wake_read.fileno(), select.EPOLLIN)
         self._connection: _Connection | None = None
         self._unsent: collections.deque[list] = collections.deque()   # sent while disconnected
+        self._inbox: collections.deque[list] = collections.deque()    # read from a connection that ended since
         self._backoff = reconnect_ivl_s
         self._cut_short = 0   # connections in a row that the peer closed before its greeting
         self._retry_at = 0.0
@@ -412,30 +418,35 @@ class ZmtpDealer:
         if len(connection.out) >= self.hwm:
             raise zmq.Again()
         connection.queue(encode(parts))
-        if connection.broken:
-            self._lost()
 
     def has_message(self) -> bool:
         """Whether a message can be read now (after flushing what waits, reading what arrived)."""
-        if self._connection is not None and self._connection.reader.messages:
+        if self._inbox or (self._connection is not None and self._connection.reader.messages):
             return True
         self._service()
-        return self._connection is not None and bool(self._connection.reader.messages)
+        return bool(self._inbox) or (self._connection is not None and bool(self._connection.reader.messages))
 
     def recv_parts(self) -> list:
         """One multipart message, without blocking (zmq.Again when none has arrived whole)."""
         if not self.has_message():
             raise NothingToRead()
+        if self._inbox:
+            return self._inbox.popleft()
         assert self._connection is not None
         return self._connection.reader.messages.popleft()
 
     def close(self, linger_s: float = 0.0) -> None:
-        """Close, after trying for ``linger_s`` to write what waits."""
+        """Close, after trying for ``linger_s`` to write what waits (connecting meanwhile, as libzmq)."""
+        deadline = time.monotonic() + linger_s
+        while self._connection is None and self._unsent and time.monotonic() < deadline:
+            self._connect()
+            if self._connection is None:
+                time.sleep(min(self.reconnect_ivl_s, max(0.0, deadline - time.monotonic())))
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
         if self._connection is not None:
-            _flush_before_closing([self._connection], linger_s)
+            _flush_before_closing([self._connection], max(0.0, deadline - time.monotonic()))
             self._connection.close()
             self._connection = None
         self._poller.close()
@@ -450,8 +461,7 @@ class ZmtpDealer:
         try:
             if connection.writing:
                 connection.write()
-            if not connection.broken:
-                connection.read()
+            connection.read()
         except ZmtpError as exc:
             self.on_refused(f"ipc://{self.path}", exc)
             connection.broken = True
@@ -460,6 +470,7 @@ class ZmtpDealer:
 
     def _connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)   # a full backlog answers EAGAIN (retried) instead of blocking the owner
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
             sock.connect(_unix_address(self.path))
@@ -474,12 +485,11 @@ class ZmtpDealer:
         connection.out.extend(self._unsent)
         self._unsent.clear()
         connection.write()
-        if connection.broken:
-            self._lost()
 
     def _lost(self) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
+            self._inbox.extend(connection.reader.messages)   # read before the end: still the owner's
             self._unsent.extend(connection.unsent())
             connection.close()
             if connection.reader.greeted:
@@ -544,6 +554,7 @@ class ZmtpRouter:
         self.on_refused = on_refused or (lambda endpoint, exc: log.warning("refused a client on %s: %s", endpoint, exc))
         self._poller = select.epoll()
         self._listener = _listen(path)
+        self._inode = None if path.startswith("@") else os.stat(path).st_ino
         self._poller.register(self._listener.fileno(), select.EPOLLIN)
         self._connections: dict[int, _Connection] = {}     # by descriptor
         self._by_identity: dict[bytes, _Connection] = {}   # those past their READY
@@ -558,13 +569,11 @@ class ZmtpRouter:
         """Send ``parts[1:]`` to the peer named ``parts[0]``: EHOSTUNREACH when there is none,
         zmq.Again when ``hwm`` messages already wait for it (``flags``: libzmq's signature)."""
         connection = self._by_identity.get(bytes(parts[0]))
-        if connection is None or connection.broken:
+        if connection is None or connection.broken or connection.write_failed:
             raise zmq.ZMQError(errno.EHOSTUNREACH)
         if len(connection.out) >= self.hwm:
             raise zmq.Again()
-        connection.queue(encode(parts[1:]))
-        if connection.broken:
-            self._drop(connection)
+        connection.queue(encode(parts[1:]))   # a failed write leaves it to be read to its end
 
     def has_message(self) -> bool:
         if self._messages:
@@ -589,7 +598,8 @@ class ZmtpRouter:
         self._poller.close()
         self._listener.close()
         try:
-            os.unlink(self.path)
+            if os.stat(self.path).st_ino == self._inode:   # not a newer router's socket at the same path
+                os.unlink(self.path)
         except OSError:
             pass
 
@@ -604,7 +614,7 @@ class ZmtpRouter:
             try:
                 if events & select.EPOLLOUT:
                     connection.write()
-                if not connection.broken and events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+                if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
                     was_ready = connection.reader.ready
                     connection.read()
                     if not was_ready and connection.reader.ready:
@@ -631,17 +641,32 @@ class ZmtpRouter:
             connection.write()
 
     def _named(self, connection: _Connection) -> None:
-        identity = connection.reader.properties.get(b"Identity") or b"\0" + next(self._anonymous).to_bytes(4, "big")
+        """Route to ``connection`` by the identity of its READY. As libzmq's ROUTER, an identity
+        that a live peer holds is refused; one whose connection has ended (the peer reconnected
+        before its old connection was seen closing) passes to the new connection."""
+        identity = connection.reader.properties.get(b"Identity")
+        if identity and identity[0] == 0:
+            raise ZmtpError("an identity starting with a zero byte (reserved for anonymous peers)")
+        identity = identity or b"\0" + next(self._anonymous).to_bytes(4, "big")
         previous = self._by_identity.get(identity)
-        if previous is not None and previous is not connection:
-            self._drop(previous)   # the peer reconnected before its old connection was seen closing
+        if previous is not None:
+            try:
+                previous.read()
+            except ZmtpError:
+                previous.broken = True
+            self._take_messages(previous)
+            if not previous.broken:
+                raise ZmtpError(f"the identity {identity!r} is another live peer's")
+            self._drop(previous)
         self._by_identity[identity] = connection
         self._identities[connection.fd] = identity
 
     def _take_messages(self, connection: _Connection) -> None:
         messages = connection.reader.messages
         if messages:
-            identity = self._identities[connection.fd]
+            identity = self._identities.get(connection.fd)
+            if identity is None:
+                raise ZmtpError("a message before its READY")
             while messages:
                 parts = messages.popleft()
                 parts.insert(0, identity)
