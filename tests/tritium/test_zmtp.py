@@ -175,12 +175,18 @@ def test_an_identity_held_by_a_live_peer_is_refused_and_passes_on_when_it_ends(p
         router.close()
 
 
-def test_what_arrived_before_the_peer_closed_is_still_read(path):
+def said_hello(path) -> tuple[ZmtpRouter, ZmtpDealer]:
+    """A ZMTP ROUTER and a DEALER named gw, connected: the router has had the dealer's first message."""
     router = ZmtpRouter(path)
     dealer = ZmtpDealer(path, b"gw")
+    dealer.send_parts([b"hello"])
+    assert receive(router, [dealer]) == [b"gw", b"hello"]
+    return router, dealer
+
+
+def test_what_arrived_before_the_peer_closed_is_still_read(path):
+    router, dealer = said_hello(path)
     try:
-        dealer.send_parts([b"hello"])
-        assert receive(router, [dealer]) == [b"gw", b"hello"]
         last = [os.urandom(70_000), os.urandom(100_000)]
         router.send_parts([b"gw", last[0]])
         router.send_parts([b"gw", last[1]])
@@ -312,11 +318,8 @@ def test_the_reader_finds_the_same_messages_however_the_bytes_arrive():
 
 
 def test_a_reconnection_timer_that_fires_late_leaves_the_descriptor_quiet(path):
-    router = ZmtpRouter(path)
-    dealer = ZmtpDealer(path, b"gw")
+    router, dealer = said_hello(path)
     try:
-        dealer.send_parts([b"hello"])
-        assert receive(router, [dealer]) == [b"gw", b"hello"]
         dealer._wake()   # as a timer does that fires after a send has reconnected already
         poller = select.poll()
         poller.register(dealer.fileno(), select.POLLIN)
