@@ -12,8 +12,10 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from typing import Callable
 
 _PR_SET_PDEATHSIG = 1
+_prctl: Callable[..., int] | None
 try:   # looked up here, in the parent: a child between fork and exec only calls it
     _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
 except OSError:   # not Linux: no such signal

@@ -15,8 +15,9 @@ reader: what a socket cannot take now waits and leaves when it drains (up to ``h
 messages, then zmq.Again). The DEALER reconnects by itself (backing off from
 ``reconnect_ivl_s`` to ``reconnect_ivl_max_s``) and keeps the messages sent while
 disconnected until it connects; the ROUTER routes by the identity a peer gives in its
-READY (a newer connection with the same identity takes over) and, like a libzmq ROUTER with
-ROUTER_MANDATORY, raises EHOSTUNREACH for a peer it does not have. Their descriptor
+READY (one a live peer holds is refused, as libzmq does; it passes on once that connection
+has ended) and, like a libzmq ROUTER with ROUTER_MANDATORY, raises EHOSTUNREACH for a peer
+it does not have. A peer's last messages are read even after writing to it failed. Their descriptor
 (``fileno``) is level-triggered: readable while a message can be read, queued output can be
 written, a peer is connecting or a reconnection is due; the owner then calls
 ``has_message``/``recv_parts``, which do that work first.
