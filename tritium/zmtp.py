@@ -41,7 +41,6 @@ import zmq
 
 log = logging.getLogger(__name__)
 
-_SIGNATURE_END = 0x7F
 _GREETING_SIZE = 64
 _NULL_GREETING = (b"\xff" + bytes(8) + b"\x7f"   # signature
                   + b"\x03\x00"                  # version 3.0
@@ -87,7 +86,7 @@ def encode(parts: list) -> list:
             part = _nbytes(part)
         size = len(part)
         more = index < last
-        pieces.append(_SHORT_HEADERS[more][size] if size < 256 else _long_header(more, size))
+        pieces.append(_SHORT_HEADERS[more][size] if size < 256 else _frame_header(more, size))
         if size < _SMALL_PART:
             pieces.append(part)
         else:
@@ -97,10 +96,6 @@ def encode(parts: list) -> list:
     if pieces:
         segments.append(b"".join(pieces))
     return segments
-
-
-def _long_header(more: bool, size: int) -> bytes:
-    return (b"\x03" if more else b"\x02") + size.to_bytes(8, "big")
 
 
 # Every short frame's header, by MORE flag and size (building them was half of encode's time).
@@ -521,6 +516,8 @@ class ZmtpDealer:
             return
         self._retry_at = time.monotonic() + self._backoff
         delay, self._backoff = self._backoff, min(self._backoff * 2, self.reconnect_ivl_max_s)
+        if self._timer is not None:
+            self._timer.cancel()   # one timer at a time, however often a connect fails
         self._timer = threading.Timer(delay, self._wake)
         self._timer.daemon = True
         self._timer.start()
