@@ -17,9 +17,10 @@ messages, then zmq.Again). The DEALER reconnects by itself (backing off from
 disconnected until it connects; the ROUTER routes by the identity a peer gives in its
 READY (one a live peer holds is refused, as libzmq does; it passes on once that connection
 has ended) and, like a libzmq ROUTER with ROUTER_MANDATORY, raises EHOSTUNREACH for a peer
-it does not have. A peer's last messages are read even after writing to it failed. Their descriptor
+it does not have. A peer's last messages are read even after writing to it failed. A connection
+whose handshake is not over within ``handshake_s`` is dropped (libzmq's HANDSHAKE_IVL). Their descriptor
 (``fileno``) is level-triggered: readable while a message can be read, queued output can be
-written, a peer is connecting or a reconnection is due; the owner then calls
+written, a peer is connecting, a reconnection or a handshake's deadline is due; the owner then calls
 ``has_message``/``recv_parts``, which do that work first.
 """
 
@@ -52,6 +53,7 @@ _CHUNK = 64 * 1024           # bytes read at a time: a larger buffer is a fresh 
 _IOV_MAX = 512               # buffers per sendmsg (the kernel allows 1024)
 _SEND_BUFFER = 4 * 1024 * 1024
 _LARGEST_FRAME = 1 << 40     # more is no tensor: a peer that is not ours
+_HANDSHAKE_S = 30.0          # a connection that has not finished its handshake by then is dropped (libzmq's HANDSHAKE_IVL)
 
 
 def _command(name: bytes, properties: dict[bytes, bytes]) -> bytes:
@@ -369,32 +371,82 @@ def _flush_before_closing(connections: list[_Connection], linger_s: float) -> No
         waiter.poll(max(0.0, min(0.05, deadline - time.monotonic())) * 1000)
 
 
+class _Alarm:
+    """A descriptor in a socket's poller that turns readable when a timer fires: how a socket that
+    its owner only polls gets called in at a given time. Watched only while needed: a timer that
+    fires late must not leave the poller readable for good, the owner's loop spinning on it."""
+
+    def __init__(self, poller: select.epoll) -> None:
+        self._poller = poller
+        self._read, self._write = socket.socketpair()
+        self._read.setblocking(False)
+        self._watched = False
+        self._timer: threading.Timer | None = None
+
+    def watch(self, watched: bool) -> None:
+        if watched != self._watched:
+            self._watched = watched
+            if watched:
+                self._poller.register(self._read.fileno(), select.EPOLLIN)
+            else:
+                self._poller.unregister(self._read.fileno())
+
+    def ring_in(self, delay_s: float) -> None:
+        """Turn readable after ``delay_s`` (one timer at a time: this replaces the last)."""
+        self.cancel()
+        self._timer = threading.Timer(delay_s, self._ring)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def rang(self) -> bool:
+        """Whether it rang since last asked (read off, so that it is no longer readable)."""
+        rang = False
+        try:
+            while self._read.recv(64):
+                rang = True
+        except OSError:   # BlockingIOError: nothing more
+            pass
+        return rang
+
+    def close(self) -> None:
+        self.cancel()
+        self._read.close()
+        self._write.close()
+
+    def _ring(self) -> None:
+        try:
+            self._write.send(b"\0")
+        except OSError:
+            pass   # closed meanwhile
+
+
 class ZmtpDealer:
     edge_triggered = False
 
     def __init__(self, path: str, identity: bytes = b"", hwm: int = 100_000,
                  reconnect_ivl_s: float = 0.1, reconnect_ivl_max_s: float = 1.0,
-                 on_refused: Callable[[str, ZmtpError], None] | None = None) -> None:
+                 on_refused: Callable[[str, ZmtpError], None] | None = None, handshake_s: float = _HANDSHAKE_S) -> None:
         self.path = path
         self.identity = identity
         self.hwm = hwm
         self.reconnect_ivl_s, self.reconnect_ivl_max_s = reconnect_ivl_s, reconnect_ivl_max_s
+        self.handshake_s = handshake_s
         # Told (endpoint, error) of a peer that is not a NULL ZMTP ROUTER; the DEALER retries.
         self.on_refused = on_refused or (lambda endpoint, exc: log.error("%s: %s", endpoint, exc))
         self._poller = select.epoll()
-        self._wake_read, self._wake_write = socket.socketpair()
-        self._wake_read.setblocking(False)
-        # Watched only while disconnected: a timer that fires late (after a send reconnected)
-        # must not leave the descriptor readable for good, the owner's loop spinning on it.
-        self._wake_watched = True
-        self._poller.register(self._wake_read.fileno(), select.EPOLLIN)
+        self._alarm = _Alarm(self._poller)   # watched while disconnected or in a handshake
+        self._alarm.watch(True)
         self._connection: _Connection | None = None
         self._unsent: collections.deque[list] = collections.deque()   # sent while disconnected
         self._inbox: collections.deque[list] = collections.deque()    # read from a connection that ended since
         self._backoff = reconnect_ivl_s
         self._cut_short = 0   # connections in a row that the peer closed before its greeting
         self._retry_at = 0.0
-        self._timer: threading.Timer | None = None
+        self._handshake_by = 0.0
         self._closed = False
         self._connect()
 
@@ -439,15 +491,13 @@ class ZmtpDealer:
             if self._connection is None:
                 time.sleep(min(self.reconnect_ivl_s, max(0.0, deadline - time.monotonic())))
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
+        self._alarm.cancel()
         if self._connection is not None:
             _flush_before_closing([self._connection], max(0.0, deadline - time.monotonic()))
             self._connection.close()
             self._connection = None
         self._poller.close()
-        self._wake_read.close()
-        self._wake_write.close()
+        self._alarm.close()
 
     def _service(self) -> None:
         connection = self._connection
@@ -463,6 +513,15 @@ class ZmtpDealer:
             connection.broken = True
         if connection.broken:
             self._lost()
+        elif not connection.reader.ready:
+            self._alarm.rang()
+            if time.monotonic() >= self._handshake_by:
+                log.warning("ipc://%s: no handshake from the peer within %g s; reconnecting", self.path, self.handshake_s)
+                self._lost(refused=False)
+        elif self._handshake_by:   # the handshake just ended
+            self._handshake_by = 0.0
+            self._alarm.cancel()
+            self._watch_wake(False)
 
     def _connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -476,19 +535,22 @@ class ZmtpDealer:
                 log.debug("connecting to ipc://%s: %s", self.path, exc)
             self._retry_later()
             return
-        self._watch_wake(False)
         self._connection = connection = _Connection(sock, self._poller, b"DEALER", self.identity)
         connection.out.extend(self._unsent)
         self._unsent.clear()
         connection.write()
+        self._handshake_by = time.monotonic() + self.handshake_s   # the alarm stays watched until the peer's READY
+        self._alarm.ring_in(self.handshake_s)
 
-    def _lost(self) -> None:
+    def _lost(self, refused: bool = True) -> None:
+        """The connection ended (``refused``: by the peer, not by our handshake deadline)."""
         connection, self._connection = self._connection, None
+        self._handshake_by = 0.0
         if connection is not None:
             self._inbox.extend(connection.reader.messages)   # read before the end: still the owner's
             self._unsent.extend(connection.unsent())
             connection.close()
-            if connection.reader.greeted:
+            if connection.reader.greeted or not refused:
                 self._backoff = self.reconnect_ivl_s
                 self._cut_short = 0
             else:
@@ -502,13 +564,8 @@ class ZmtpDealer:
         self._retry_later()
 
     def _watch_wake(self, watched: bool) -> None:
-        if watched == self._wake_watched or self._closed:
-            return
-        self._wake_watched = watched
-        if watched:
-            self._poller.register(self._wake_read.fileno(), select.EPOLLIN)
-        else:
-            self._poller.unregister(self._wake_read.fileno())
+        if not self._closed:
+            self._alarm.watch(watched)
 
     def _retry_later(self) -> None:
         """Reconnect after the backoff; the timer makes the descriptor readable, so the owner calls in."""
@@ -516,28 +573,12 @@ class ZmtpDealer:
             return
         self._retry_at = time.monotonic() + self._backoff
         delay, self._backoff = self._backoff, min(self._backoff * 2, self.reconnect_ivl_max_s)
-        if self._timer is not None:
-            self._timer.cancel()   # one timer at a time, however often a connect fails
-        self._timer = threading.Timer(delay, self._wake)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _wake(self) -> None:
-        try:
-            self._wake_write.send(b"\0")
-        except OSError:
-            pass   # closed meanwhile
+        self._alarm.ring_in(delay)
 
     def _reconnect_if_due(self) -> None:
-        woken = False
-        try:
-            while self._wake_read.recv(64):
-                woken = True
-        except (BlockingIOError, OSError):
-            pass
+        woken = self._alarm.rang()
         if self._connection is None and not self._closed and (woken or time.monotonic() >= self._retry_at):
-            if self._timer is not None:
-                self._timer.cancel()
+            self._alarm.cancel()
             self._connect()
 
 
@@ -545,9 +586,10 @@ class ZmtpRouter:
     edge_triggered = False
 
     def __init__(self, path: str, hwm: int = 100_000,
-                 on_refused: Callable[[str, ZmtpError], None] | None = None) -> None:
+                 on_refused: Callable[[str, ZmtpError], None] | None = None, handshake_s: float = _HANDSHAKE_S) -> None:
         self.path = path
         self.hwm = hwm
+        self.handshake_s = handshake_s
         # Told (endpoint, error) of a peer that is not a NULL ZMTP DEALER; its connection is closed.
         self.on_refused = on_refused or (lambda endpoint, exc: log.warning("refused a client on %s: %s", endpoint, exc))
         self._poller = select.epoll()
@@ -559,6 +601,8 @@ class ZmtpRouter:
         self._identities: dict[int, bytes] = {}
         self._messages: collections.deque[list] = collections.deque()   # [identity, parts...]
         self._anonymous = itertools.count(1)
+        self._handshakes: dict[_Connection, float] = {}   # connections before their READY, by deadline
+        self._alarm = _Alarm(self._poller)                 # watched while there are any
 
     def fileno(self) -> int:
         return self._poller.fileno()
@@ -593,7 +637,9 @@ class ZmtpRouter:
             connection.close()
         self._connections.clear()
         self._by_identity.clear()
+        self._handshakes.clear()
         self._poller.close()
+        self._alarm.close()
         self._listener.close()
         try:
             if os.stat(self.path).st_ino == self._inode:   # not a newer router's socket at the same path
@@ -623,6 +669,24 @@ class ZmtpRouter:
                 connection.broken = True
             if connection.broken:
                 self._drop(connection)
+        if self._handshakes:
+            self._end_overdue_handshakes()
+
+    def _end_overdue_handshakes(self) -> None:
+        rang = self._alarm.rang()
+        now = time.monotonic()
+        for connection, deadline in list(self._handshakes.items()):
+            if connection.reader.ready or connection.broken:
+                del self._handshakes[connection]
+            elif now >= deadline:
+                log.warning("ipc://%s: dropped a client that had not finished its handshake within %g s",
+                            self.path, self.handshake_s)
+                self._drop(connection)
+        if not self._handshakes:
+            self._alarm.cancel()
+            self._alarm.watch(False)
+        elif rang:   # it rang for the earliest deadline: now the next one's
+            self._alarm.ring_in(max(0.0, min(self._handshakes.values()) - now))
 
     def _accept(self) -> None:
         while True:
@@ -637,6 +701,10 @@ class ZmtpRouter:
             connection = _Connection(sock, self._poller, b"ROUTER")
             self._connections[connection.fd] = connection
             connection.write()
+            if not self._handshakes:
+                self._alarm.ring_in(self.handshake_s)
+                self._alarm.watch(True)
+            self._handshakes[connection] = time.monotonic() + self.handshake_s
 
     def _named(self, connection: _Connection) -> None:
         """Route to ``connection`` by the identity of its READY. As libzmq's ROUTER, an identity
@@ -672,6 +740,7 @@ class ZmtpRouter:
 
     def _drop(self, connection: _Connection) -> None:
         self._connections.pop(connection.fd, None)
+        self._handshakes.pop(connection, None)
         identity = self._identities.pop(connection.fd, None)
         if identity is not None and self._by_identity.get(identity) is connection:
             del self._by_identity[identity]

@@ -320,7 +320,7 @@ def test_the_reader_finds_the_same_messages_however_the_bytes_arrive():
 def test_a_reconnection_timer_that_fires_late_leaves_the_descriptor_quiet(path):
     router, dealer = said_hello(path)
     try:
-        dealer._wake()   # as a timer does that fires after a send has reconnected already
+        dealer._alarm._ring()   # as a timer does that fires after a send has reconnected already
         poller = select.poll()
         poller.register(dealer.fileno(), select.POLLIN)
         assert poller.poll(100) == []   # nothing to do: an owner's loop would sleep, not spin
@@ -329,3 +329,61 @@ def test_a_reconnection_timer_that_fires_late_leaves_the_descriptor_quiet(path):
     finally:
         dealer.close()
         router.close()
+
+
+@pytest.mark.parametrize("said", [b"", _NULL_GREETING], ids=["nothing", "a greeting without READY"])
+def test_the_router_drops_a_client_that_never_finishes_its_handshake(path, context, said):
+    router = ZmtpRouter(path, handshake_s=0.2)
+    silent = socket.socket(socket.AF_UNIX)
+    silent.connect(path)
+    try:
+        silent.sendall(said)
+        started = time.monotonic()
+        while router._connections or time.monotonic() - started < 0.05:   # as an owner: called in only when readable
+            assert time.monotonic() - started < 3, "the router's descriptor never woke its owner"
+            if select.select([router.fileno()], [], [], 0.5)[0]:
+                router.has_message()
+        assert time.monotonic() - started >= 0.15
+        silent.settimeout(2)
+        assert silent.recv(4096)[:1] == b"\xff"   # our greeting, then the end
+        assert silent.recv(4096) == b""
+        poller = select.poll()
+        poller.register(router.fileno(), select.POLLIN)
+        assert poller.poll(300) == []   # no handshake left to time: quiet again
+        good = libzmq_dealer(context, path, b"good")
+        good.send_multipart([b"fine"])
+        assert receive(router) == [b"good", b"fine"]
+    finally:
+        silent.close()
+        router.close()
+
+
+def test_the_dealer_reconnects_when_the_peer_never_greets(path):
+    mute = socket.socket(socket.AF_UNIX)   # accepts, says nothing
+    mute.bind(path)
+    mute.listen(8)
+    refused = []
+    dealer = ZmtpDealer(path, b"gw", reconnect_ivl_s=0.02, reconnect_ivl_max_s=0.05, handshake_s=0.2,
+                        on_refused=lambda endpoint, exc: refused.append(exc))
+    accepted = []
+    try:
+        dealer.send_parts([b"waits"])
+        deadline = time.monotonic() + 3
+        mute.settimeout(0.01)
+        while len(accepted) < 3 and time.monotonic() < deadline:
+            if select.select([dealer.fileno()], [], [], 0.05)[0]:
+                dealer.has_message()
+            try:
+                accepted.append(mute.accept()[0])
+            except TimeoutError:
+                pass
+        assert len(accepted) >= 3   # dropped after 0.2 s each time, and connected again
+        assert refused == []        # a peer that is slow to greet is no refusal (as a CURVE broker's close is)
+        connection = dealer._connection
+        waiting = list(dealer._unsent) + ([m for m in connection.out if m is not connection.greeting] if connection else [])
+        assert waiting, "the message waiting for a handshake was lost"
+    finally:
+        for sock in accepted:
+            sock.close()
+        dealer.close()
+        mute.close()
