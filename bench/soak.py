@@ -123,11 +123,16 @@ def main() -> None:
     args = parser.parse_args()
 
     beat = ("--heartbeat-interval-secs", "1")
-    if args.links == "ipc":
-        folder = tempfile.mkdtemp(prefix="tritium-soak-")
-        broker = cluster.broker(REPO, *beat, frontend=f"ipc://{folder}/frontend", backend=f"ipc://{folder}/backend")
-    else:
-        broker = cluster.broker(REPO, *beat)
+    with tempfile.TemporaryDirectory(prefix="tritium-soak-") as folder:   # the Unix sockets of --links ipc
+        links = {"frontend": f"ipc://{folder}/frontend", "backend": f"ipc://{folder}/backend"} if args.links == "ipc" else {}
+        report = run_soak(args, cluster.broker(REPO, *beat, **links), beat)
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+def run_soak(args: argparse.Namespace, broker, beat: tuple) -> dict:
+    """Start the workers and the gateway on ``broker``, warm up, soak; the report."""
     broker.wait_ready()
     workers = [cluster.worker(broker.backend, REPO, *beat, "--models", "whoami") for _ in range(2)]
     gateway = cluster.gateway(broker.frontend, *beat)
@@ -150,7 +155,7 @@ def main() -> None:
         for part in reversed(parts):
             part.stop(timeout_s=20)
     near_kill = sum(1 for t in tally.error_times if any(0 <= t - k <= args.down_for + 10 for k in kills))
-    report = {
+    return {
         "duration_s": round(elapsed, 1), "concurrency": args.concurrency, "kills": len(kills),
         "answered_ok": tally.ok, "throughput_per_s": round(tally.ok / elapsed, 1),
         "errors": dict(tally.errors), "errors_within_15_s_of_a_kill": near_kill,
@@ -158,9 +163,6 @@ def main() -> None:
         "rss_kib_after_warmup": rss_start, "rss_kib_at_end": rss_end,
         "rss_growth_pct": {k: round(100 * (rss_end[k] - rss_start[k]) / rss_start[k], 1) for k in rss_start},
     }
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

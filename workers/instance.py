@@ -242,10 +242,11 @@ def main() -> None:
 def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: list, rejoin) -> None:
     """Read and answer the broker's messages until stopped.
 
-    libzmq's descriptor is edge-triggered, so the loop asks the socket whether a message is
-    queued and blocks on the descriptor only when none is: a batch costs one wait, one
-    receive and one send, without the zero-timeout poll and the failed receive that
-    ``zmq.Poller`` and draining until ``zmq.Again`` add to every batch.
+    The loop asks the socket whether a message is queued and blocks on its descriptor only
+    when none is (right for both kinds of link: a libzmq socket's descriptor is edge-triggered,
+    a ZMTP socket's level-triggered): a batch costs one wait, one receive and one send, without
+    the zero-timeout poll and the failed receive that ``zmq.Poller`` and draining until
+    ``zmq.Again`` add to every batch.
     """
     waiter = select.poll()
     waiter.register(sock.fileno(), select.POLLIN)

@@ -34,14 +34,15 @@ def server(tmp_path_factory):
 
 
 def _infer(url, model, a, b=None):
-    client = httpclient.InferenceServerClient(url, network_timeout=120)
     names = ["INPUT0"] if b is None else ["INPUT0", "INPUT1"]
     inputs = []
     for name, array in zip(names, [a] if b is None else [a, b]):
         tensor = httpclient.InferInput(name, list(array.shape), "FP32")
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
-    return client.infer(model, inputs)
+    # Closed in the thread that made it: the HTTP client's gevent pool cannot be joined from another.
+    with httpclient.InferenceServerClient(url, network_timeout=120) as client:
+        return client.infer(model, inputs)
 
 
 def test_concurrent_requests_are_batched_and_answered_each_with_its_own_result(server):

@@ -178,11 +178,14 @@ def test_reload_under_load_drops_no_request(server, client, repo):
 
     def keep_asking():
         own = httpclient.InferenceServerClient(server.url, network_timeout=60)
-        while not stop.is_set():
-            try:
-                answers.append(float(scaled_infer(own)[0]))
-            except Exception as exc:  # noqa: BLE001 - every failure is the finding
-                failures.append(repr(exc))
+        try:
+            while not stop.is_set():
+                try:
+                    answers.append(float(scaled_infer(own)[0]))
+                except Exception as exc:  # noqa: BLE001 - every failure is the finding
+                    failures.append(repr(exc))
+        finally:
+            own.close()   # in its own thread: gevent's pool cannot be joined from another (at collection)
 
     workers = [threading.Thread(target=keep_asking) for _ in range(3)] + [threading.Thread(target=keep_probing)]
     for worker in workers:

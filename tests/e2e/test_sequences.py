@@ -141,10 +141,13 @@ def run_sequences(model: str, count: int, length: int, make_client, first_id=1, 
         sequence_id = first_id + index if isinstance(first_id, int) else f"{first_id}{index}"
         values = [float(index * 100 + k) for k in range(length)]
         totals, echoes = [], []
-        for k, value in enumerate(values):
-            result = step(client, model, value, sequence_id, start=k == 0, end=k == length - 1, batched=batched)
-            totals.append(total(result))
-            echoes.append(echo(result) if result.get_output("CONTROLS") is not None else None)
+        try:
+            for k, value in enumerate(values):
+                result = step(client, model, value, sequence_id, start=k == 0, end=k == length - 1, batched=batched)
+                totals.append(total(result))
+                echoes.append(echo(result) if result.get_output("CONTROLS") is not None else None)
+        finally:
+            client.close()   # in the thread that made it (the HTTP client's gevent pool is per thread)
         return values, totals, echoes
 
     with ThreadPoolExecutor(count) as pool:
