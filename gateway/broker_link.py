@@ -84,13 +84,14 @@ class BrokerLink:
 
     def __init__(self, address: str, loop: asyncio.AbstractEventLoop | None = None,
                  heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
-                 curve: CurveKeys | None = None, spin_s: float = 0.0) -> None:
+                 curve: CurveKeys | None = None, spin_s: float = 0.0, hwm: int = 100_000) -> None:
         self.address = address
+        self.hwm = hwm   # turns' messages the link holds while the broker does not read them
         self.spin_s = spin_s
         self.loop = loop or asyncio.get_running_loop()
         self.identity = f"gw-{host_name()}-{os.getpid()}"
         self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
-        self.sock: LinkSocket = connect_dealer(address, self.identity, curve, "gateway")
+        self.sock: LinkSocket = connect_dealer(address, self.identity, curve, "gateway", hwm)
         self.models = ModelTable()
         self.shared_memory = SharedMemoryRegions()   # follows the broker's list, like the model table
         self._models_received = asyncio.Event()
@@ -100,6 +101,7 @@ class BrokerLink:
         self._streams: dict[int, asyncio.Queue] = {}   # requests answered 0..N times (decoupled)
         self._rids = itertools.count(1)
         self._outbox: list = []
+        self._outbox_rids: list[int] = []   # the requests in this turn's message
         self._fd = self.sock.fileno()
         self.loop.add_reader(self._fd, self._drain)
         self._drain_scheduled = False
@@ -144,6 +146,17 @@ class BrokerLink:
         """Whether the link checks its socket on every event-loop turn now (``spin_s``) rather than
         sleeping until the socket wakes the loop."""
         return self._spinning
+
+    def _fail_unsent(self, rids: list[int]) -> None:
+        error = Unavailable(f"the link to the broker at {self.address} already holds {self.hwm} messages the broker "
+                            "has not read; the request was not sent")
+        log.warning("%s", error)
+        for rid in rids:
+            deliver = self._pending.pop(rid, None)
+            if deliver is not None:
+                _call(deliver, error)
+            elif (queue := self._streams.pop(rid, None)) is not None:
+                queue.put_nowait(error)
 
     def _fail_waiting(self, error: TritiumError) -> None:
         self._lone_in_a_row = 0
@@ -212,6 +225,7 @@ class BrokerLink:
         """Queue the request for this turn's send; return its rid."""
         self._alone_rid = 0 if self.waiting else request.rid
         self._post(request.encode(inline), external)
+        self._outbox_rids.append(request.rid)
         return request.rid
 
     def _post(self, record: bytes, external=()) -> None:
@@ -222,7 +236,12 @@ class BrokerLink:
 
     def _flush(self) -> None:
         parts, self._outbox = self._outbox, []
-        self.sock.send_parts(parts)
+        rids, self._outbox_rids = self._outbox_rids, []
+        try:
+            self.sock.send_parts(parts)
+        except zmq.Again:   # the broker out of reach, not yet declared lost, and hwm turns queued for it
+            self._fail_unsent(rids)
+            return
         # libzmq's fd is edge-triggered: a send may have consumed the readiness edge.
         if not self._drain_scheduled and self.sock.edge_triggered and self.sock.has_message():
             self._drain_scheduled = True

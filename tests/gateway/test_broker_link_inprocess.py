@@ -49,11 +49,11 @@ def table(generation: int, *models: tuple[str, str]) -> Models:
 class Gateway:
     """A BrokerLink on its own event loop, and the scripted broker it talks to."""
 
-    def __init__(self, spin_s: float = 0.0, heartbeat_s: float = HEARTBEAT_S) -> None:
+    def __init__(self, spin_s: float = 0.0, heartbeat_s: float = HEARTBEAT_S, hwm: int = 100_000) -> None:
         self.address, self.folder = ipc_address("frontend")
         self.broker = ScriptedBroker(self.address)
         self.loop = asyncio.new_event_loop()
-        self.link = BrokerLink(self.address, self.loop, heartbeat_interval_s=heartbeat_s, spin_s=spin_s)
+        self.link = BrokerLink(self.address, self.loop, heartbeat_interval_s=heartbeat_s, spin_s=spin_s, hwm=hwm)
         self.peer = self.link.identity.encode()
         self.broker_hb = HEARTBEAT_S        # the interval the broker's heartbeats announce
         self._answered: list = []   # the INFER records requests() returned already
@@ -243,6 +243,35 @@ def test_a_silent_broker_fails_each_request_once_and_new_ones_at_once_until_it_a
     assert len(outcomes) == 1 and isinstance(outcomes[0], Unavailable) and outcomes[0].message == lost
     assert isinstance(refused, Unavailable) and refused.message == lost
     assert served.message.params["for"] == "after"
+
+
+def test_requests_the_link_cannot_queue_for_an_unreachable_broker_fail_at_once():
+    gateway = Gateway(heartbeat_s=10.0, hwm=4)   # no heartbeats of its own meanwhile
+    gateway.broker_hb = 10.0                     # and a broker that is not called lost for 30 s
+    queued: list[asyncio.Future] = []
+
+    async def scenario():
+        await gateway.started()
+        gateway.broker.close()   # gone, nobody at the address: what the link sends waits for it
+        for turn in range(8):    # one message per event-loop turn
+            queued.append(infer(gateway.link, f"turn-{turn}"))
+            await asyncio.sleep(0.01)
+        return [future.done() for future in queued], gateway.link.waiting
+
+    try:
+        done, waiting = gateway.run(scenario())
+        # the first turns' messages wait for the broker (4 of them; one more may have gone into
+        # the dying connection); every later one fails at once, with the reason
+        assert done == sorted(done) and 4 <= done.count(False) <= 5 and waiting == done.count(False)
+        refused = [future.exception() for future in queued if future.done()]
+        assert {type(error) for error in refused} == {Unavailable}
+        assert {error.message for error in refused} == {
+            f"the link to the broker at {gateway.address} already holds 4 messages the broker has not read; "
+            "the request was not sent"}
+    finally:
+        gateway.close()
+        for future in queued:   # those still waiting fail as the gateway shuts down
+            future.exception()
 
 
 def test_the_link_reconnects_to_a_broker_restarted_at_its_address_and_registers_by_heartbeat(gateway):
