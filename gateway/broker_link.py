@@ -238,7 +238,7 @@ class BrokerLink:
         parts, self._outbox = self._outbox, []
         rids, self._outbox_rids = self._outbox_rids, []
         try:
-            self.sock.send_parts(parts)
+            self.sock.send_parts(parts, zmq.NOBLOCK)   # a libzmq socket would block the event loop at its high-water mark
         except zmq.Again:   # the broker out of reach, not yet declared lost, and hwm turns queued for it
             self._fail_unsent(rids)
             return

@@ -402,6 +402,12 @@ class _Alarm:
         if self._timer is not None:
             self._timer.cancel()
 
+    def stop(self) -> None:
+        """No longer needed: cancelled, read off and unwatched."""
+        self.cancel()
+        self.rang()
+        self.watch(False)
+
     def rang(self) -> bool:
         """Whether it rang since last asked (read off, so that it is no longer readable)."""
         rang = False
@@ -514,14 +520,15 @@ class ZmtpDealer:
         if connection.broken:
             self._lost()
         elif not connection.reader.ready:
-            self._alarm.rang()
-            if time.monotonic() >= self._handshake_by:
+            rang, now = self._alarm.rang(), time.monotonic()
+            if now >= self._handshake_by:
                 log.warning("ipc://%s: no handshake from the peer within %g s; reconnecting", self.path, self.handshake_s)
                 self._lost(refused=False)
+            elif rang:   # early (a timer is no exact clock): ring again at the deadline
+                self._alarm.ring_in(self._handshake_by - now)
         elif self._handshake_by:   # the handshake just ended
             self._handshake_by = 0.0
-            self._alarm.cancel()
-            self._watch_wake(False)
+            self._alarm.stop()
 
     def _connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -683,8 +690,7 @@ class ZmtpRouter:
                             self.path, self.handshake_s)
                 self._drop(connection)
         if not self._handshakes:
-            self._alarm.cancel()
-            self._alarm.watch(False)
+            self._alarm.stop()
         elif rang:   # it rang for the earliest deadline: now the next one's
             self._alarm.ring_in(max(0.0, min(self._handshakes.values()) - now))
 
@@ -740,7 +746,8 @@ class ZmtpRouter:
 
     def _drop(self, connection: _Connection) -> None:
         self._connections.pop(connection.fd, None)
-        self._handshakes.pop(connection, None)
+        if self._handshakes.pop(connection, None) is not None and not self._handshakes:
+            self._alarm.stop()   # the last handshake ended with its connection: nothing left to time
         identity = self._identities.pop(connection.fd, None)
         if identity is not None and self._by_identity.get(identity) is connection:
             del self._by_identity[identity]

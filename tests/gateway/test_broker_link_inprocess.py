@@ -245,7 +245,10 @@ def test_a_silent_broker_fails_each_request_once_and_new_ones_at_once_until_it_a
     assert served.message.params["for"] == "after"
 
 
-def test_requests_the_link_cannot_queue_for_an_unreachable_broker_fail_at_once():
+@pytest.mark.parametrize("links", ["zmtp", "libzmq"])
+def test_requests_the_link_cannot_queue_for_an_unreachable_broker_fail_at_once(links, monkeypatch):
+    if links == "libzmq":
+        monkeypatch.setenv("TRITIUM_LIBZMQ_LINKS", "1")
     gateway = Gateway(heartbeat_s=10.0, hwm=4)   # no heartbeats of its own meanwhile
     gateway.broker_hb = 10.0                     # and a broker that is not called lost for 30 s
     queued: list[asyncio.Future] = []
@@ -253,16 +256,19 @@ def test_requests_the_link_cannot_queue_for_an_unreachable_broker_fail_at_once()
     async def scenario():
         await gateway.started()
         gateway.broker.close()   # gone, nobody at the address: what the link sends waits for it
-        for turn in range(8):    # one message per event-loop turn
+        await asyncio.sleep(0.05)
+        for turn in range(12):   # one message per event-loop turn
             queued.append(infer(gateway.link, f"turn-{turn}"))
             await asyncio.sleep(0.01)
         return [future.done() for future in queued], gateway.link.waiting
 
     try:
         done, waiting = gateway.run(scenario())
-        # the first turns' messages wait for the broker (4 of them; one more may have gone into
-        # the dying connection); every later one fails at once, with the reason
-        assert done == sorted(done) and 4 <= done.count(False) <= 5 and waiting == done.count(False)
+        # the first turns' messages wait for the broker (the high-water mark's 4 on tritium's own
+        # link, a message or two more gone into the dying connection; libzmq counts its own way);
+        # every later one fails at once, with the reason, and the event loop never blocks on the link
+        fewest = 4 if links == "zmtp" else 1
+        assert done == sorted(done) and fewest <= done.count(False) <= 6 and waiting == done.count(False)
         refused = [future.exception() for future in queued if future.done()]
         assert {type(error) for error in refused} == {Unavailable}
         assert {error.message for error in refused} == {

@@ -387,3 +387,23 @@ def test_the_dealer_reconnects_when_the_peer_never_greets(path):
             sock.close()
         dealer.close()
         mute.close()
+
+
+def test_a_client_that_leaves_before_its_handshake_leaves_the_router_quiet(path):
+    router = ZmtpRouter(path, handshake_s=0.1)
+    brief = socket.socket(socket.AF_UNIX)
+    brief.connect(path)
+    try:
+        router.has_message()   # accepts it: a handshake to time
+        brief.close()
+        deadline = time.monotonic() + 2
+        while router._connections and time.monotonic() < deadline:
+            if select.select([router.fileno()], [], [], 0.05)[0]:
+                router.has_message()   # sees it gone
+        assert not router._connections
+        time.sleep(0.2)   # past the deadline its timer was set for
+        poller = select.poll()
+        poller.register(router.fileno(), select.POLLIN)
+        assert poller.poll(100) == []   # nothing left to time: an owner's loop would sleep, not spin
+    finally:
+        router.close()
