@@ -9,7 +9,10 @@ of requests outstanding, and everyone heartbeats every second. Two phases:
 * load: the broker's request rate and CPU per request; since the simulated peers do no
   work, the broker (or the simulator, on a 2-core machine) is the limit.
 
-    python -m bench.broker_capacity [--hosts 100] [--instances 4] [--gateways 16] [--window 16]
+With ``--links ipc`` the peers reach the broker over Unix sockets, where the broker's ROUTERs
+are tritium's own ZMTP sockets (as under ``tritium serve``); the default is TCP (libzmq).
+
+    python -m bench.broker_capacity [--hosts 100] [--instances 4] [--gateways 16] [--window 16] [--links tcp|ipc]
 """
 
 from __future__ import annotations
@@ -174,13 +177,18 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=16, help="requests outstanding per gateway")
     parser.add_argument("--idle", type=float, default=6.0)
     parser.add_argument("--load", type=float, default=8.0)
+    parser.add_argument("--links", choices=("tcp", "ipc"), default="tcp",
+                        help="TCP (libzmq ROUTERs in the broker) or Unix sockets (its own ZMTP ROUTERs)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as sockets:
         model = Path(folder) / "m"
         (model / "1").mkdir(parents=True)
         (model / "1" / "model.py").write_text(MODEL_PY)
         (model / "config.pbtxt").write_text(CONFIG % args.instances)
-        frontend, backend = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+        if args.links == "ipc":
+            frontend, backend = f"ipc://{sockets}/frontend", f"ipc://{sockets}/backend"
+        else:
+            frontend, backend = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
         broker = subprocess.Popen([sys.executable, "-m", "tritium.cli", "broker", "--model-repository", folder,
                                    "--frontend", frontend, "--backend", backend, "--allow-metrics", "false",
                                    "--heartbeat-interval-secs", "1"], cwd=ROOT, stderr=subprocess.DEVNULL,
@@ -204,7 +212,7 @@ def main() -> None:
         finally:
             os.killpg(broker.pid, signal.SIGKILL)
             broker.wait()
-    results = {"hosts": args.hosts, "instances": joined, "gateways": args.gateways,
+    results = {"links": args.links, "hosts": args.hosts, "instances": joined, "gateways": args.gateways,
                "idle_broker_cpu_share": idle_share, "requests_per_s": served / elapsed,
                "broker_cpu_share_under_load": used / elapsed, "broker_cpu_us_per_request": used / max(1, served) * 1e6,
                "errors": fleet.errors}
