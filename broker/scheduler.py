@@ -67,6 +67,7 @@ class Scheduler:
         self.last_done_ns = 0   # when a batch was last done (monotonic ns)
         self._lone_in_a_row = 0   # batches done in a row, each the only request running or queued
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
+        self._submitted: set[ModelVersion] = set()   # versions given requests by this turn's messages (submit(defer=True))
         # Versions with queued requests that can time out, with their batcher (only a dynamic batcher has timeouts).
         self._timed: dict[ModelVersion, DynamicBatcher[PendingRequest]] = {}
         self.streams = OpenStreams(registry, self._reply, clock)   # decoupled requests still answering
@@ -76,8 +77,12 @@ class Scheduler:
     # -- requests in --------------------------------------------------------------------
 
     def submit(self, client: bytes, record: object, header: Infer, external: list | None,
-               from_backend: bool = False) -> None:
-        """Queue one INFER (``record``, whose header is ``header``); an unknown or unready model is answered at once."""
+               from_backend: bool = False, defer: bool = False) -> None:
+        """Queue one INFER (``record``, whose header is ``header``); an unknown or unready model is answered at once.
+
+        Batches go out at once, or with ``defer`` at ``dispatch_submitted``, once the turn's
+        messages are all queued.
+        """
         rid = header.rid
         number = -1 if header.version is None else header.version
         if number < 0:  # BLS asks for the latest version
@@ -144,7 +149,21 @@ class Scheduler:
             request.order = version.ordering.number()
         if timed is not None:
             self._timed[version] = timed
-        self.dispatch(version, now)
+        if defer:
+            self._submitted.add(version)
+        else:
+            self.dispatch(version, now)
+
+    def dispatch_submitted(self) -> None:
+        """Dispatch what this turn's messages queued (``submit(defer=True)``): a message of N
+        requests for an idle instance makes one batch of N, as Triton's batcher finds its queue
+        when it wakes, not a batch of the first request alone and the rest after it."""
+        if self._submitted:
+            submitted, self._submitted = self._submitted, set()
+            now = self._clock()
+            for version in submitted:
+                if version.state in _DISPATCHING:
+                    self.dispatch(version, now)
 
     def _answer_from_cache(self, cache: ResponseCache, version: ModelVersion, client: bytes, rid: int,
                            record: object, header: Infer, external: list | None, from_backend: bool,

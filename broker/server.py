@@ -249,6 +249,7 @@ class Broker:
             self._drain(self.backend, self._on_backend)
         if self.frontend in ready:
             self._drain(self.frontend, self._on_frontend)
+        self.scheduler.dispatch_submitted()
         reader = self.lifecycle.reader
         if not reader.completed.empty() or reader.wake_read.fileno() in fired:
             reader.run_completed()
@@ -475,7 +476,7 @@ class Broker:
     def _submit(self, peer: bytes, parts: list, position: int, request: Infer, from_backend: bool) -> None:
         external = parts[position + 1:position + 1 + request.external] if request.external else None
         try:
-            self.scheduler.submit(peer, parts[position], request, external, from_backend)
+            self.scheduler.submit(peer, parts[position], request, external, from_backend, defer=True)
         except (TypeError, ValueError, IndexError) as exc:   # descriptors that do not describe tensors
             self.scheduler.reply_error(peer, request.rid, InvalidArgument(f"malformed inference request: {exc!r}"),
                                        from_backend)

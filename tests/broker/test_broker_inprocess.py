@@ -11,7 +11,7 @@ import pytest
 
 from tests.broker.inprocess_world import HEARTBEAT_S, World, answer, infer
 from tritium.logs import LogSettings
-from tritium.protocol import PROTOCOL_VERSION, Control, Heartbeat, Hello, IndexQuery, Kind, Role
+from tritium.protocol import PROTOCOL_VERSION, Control, Heartbeat, Hello, IndexQuery, Infer, Kind, Role
 
 
 @pytest.fixture
@@ -72,6 +72,22 @@ def test_requests_wait_for_a_busy_instance_and_leave_together_each_gateway_answe
     world.until(lambda: first.headers(Kind.RESPONSE) and second.headers(Kind.RESPONSE))
     assert [[h["rid"] for h, _ in m if h["k"] == Kind.RESPONSE] for m in first.messages] == [[2, 4]]  # one message
     assert [h["rid"] for h in second.headers(Kind.RESPONSE)] == [3]
+
+
+def test_the_requests_of_one_message_leave_for_an_idle_instance_as_one_batch(world):
+    gateway = world.gateway()
+    _, instance = world.serving_instance()   # idle, and taking two batches at a time
+    records = [Infer(rid, "m", [["X", "FP32", [1, 4], 16, False]], version=1, batch_size=1).encode([bytes([rid]) * 16])
+               for rid in (1, 2, 3)]
+    gateway.send(*records)   # one message, as a gateway sends the requests of one of its turns
+    world.until(lambda: instance.headers(Kind.BATCH))
+    for _ in range(5):
+        world.broker.turn(2)
+    instance.collect()
+    # one batch of the three (as Triton's batcher finds them queued), not the first alone and the
+    # second alone on the instance's second credit, the third after them
+    assert [[h["rid"] for h, _ in message[1:]] for message in instance.messages if message[0][0]["k"] == Kind.BATCH] \
+        == [[1, 2, 3]]
 
 
 def test_a_host_that_falls_silent_is_dropped_and_the_request_it_held_is_answered_503(world):
