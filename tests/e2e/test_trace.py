@@ -113,7 +113,10 @@ def new_trace(trace_dir, known: int) -> list[dict]:
     while time.monotonic() < deadline:
         files = trace_files(trace_dir)
         if len(files) > known:
-            return json.loads(files[known].read_bytes())
+            try:
+                return json.loads(files[known].read_bytes())
+            except ValueError:   # created, and still being written
+                pass
         time.sleep(0.05)
     raise AssertionError(f"no trace file after {known} in {trace_dir}")
 
