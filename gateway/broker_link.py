@@ -101,7 +101,6 @@ class BrokerLink:
         self._streams: dict[int, asyncio.Queue] = {}   # requests answered 0..N times (decoupled)
         self._rids = itertools.count(1)
         self._outbox: list = []
-        self._outbox_rids: list[int] = []   # the requests in this turn's message
         self._fd = self.sock.fileno()
         self.loop.add_reader(self._fd, self._drain)
         self._drain_scheduled = False
@@ -147,11 +146,19 @@ class BrokerLink:
         sleeping until the socket wakes the loop."""
         return self._spinning
 
-    def _fail_unsent(self, rids: list[int]) -> None:
+    def _fail_unsent(self, parts: list) -> None:
+        """Answer the requests of a turn's message the link could not take (their rids read back
+        from its records: this path is rare, the request path keeps no list of its own)."""
         error = Unavailable(f"the link to the broker at {self.address} already holds {self.hwm} messages the broker "
                             "has not read; the request was not sent")
         log.warning("%s", error)
-        for rid in rids:
+        position = 0
+        while position < len(parts):
+            message = read_record(parts[position])[0]
+            position += 1 + message.external
+            if not isinstance(message, (Infer, Control)):   # a HEARTBEAT or HELLO: nobody waits on it
+                continue
+            rid = message.rid
             deliver = self._pending.pop(rid, None)
             if deliver is not None:
                 _call(deliver, error)
@@ -225,7 +232,6 @@ class BrokerLink:
         """Queue the request for this turn's send; return its rid."""
         self._alone_rid = 0 if self.waiting else request.rid
         self._post(request.encode(inline), external)
-        self._outbox_rids.append(request.rid)
         return request.rid
 
     def _post(self, record: bytes, external=()) -> None:
@@ -236,11 +242,10 @@ class BrokerLink:
 
     def _flush(self) -> None:
         parts, self._outbox = self._outbox, []
-        rids, self._outbox_rids = self._outbox_rids, []
         try:
             self.sock.send_parts(parts, zmq.NOBLOCK)   # a libzmq socket would block the event loop at its high-water mark
         except zmq.Again:   # the broker out of reach, not yet declared lost, and hwm turns queued for it
-            self._fail_unsent(rids)
+            self._fail_unsent(parts)
             return
         # libzmq's fd is edge-triggered: a send may have consumed the readiness edge.
         if not self._drain_scheduled and self.sock.edge_triggered and self.sock.has_message():
