@@ -10,8 +10,10 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +117,58 @@ def test_csv_has_perf_analyzers_columns_and_the_plot_is_drawn(server, tmp_path):
     from matplotlib.image import imread
 
     assert imread(str(plot)).shape[:2] == (450, 1200)
+
+
+class RecordingProxy:
+    """A TCP relay to the server that keeps every byte each way, to see what the tool sends."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.sent, self.received = bytearray(), bytearray()
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            threading.Thread(target=self._relay, args=(client, upstream, self.sent), daemon=True).start()
+            threading.Thread(target=self._relay, args=(upstream, client, self.received), daemon=True).start()
+
+    def _relay(self, source: socket.socket, sink: socket.socket, record: bytearray) -> None:
+        with source, sink:
+            try:
+                while chunk := source.recv(65536):
+                    with self._lock:
+                        record.extend(chunk)
+                    sink.sendall(chunk)
+                sink.shutdown(socket.SHUT_WR)
+            except OSError:   # the other direction closed both ends first
+                pass
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def test_http_requests_ask_for_uncompressed_answers_as_perf_analyzer_does(server):
+    # aiohttp, under tritonclient, would offer gzip; the server then compresses every answer
+    # and the run measures compression nobody asked for.
+    proxy = RecordingProxy(server.url)
+    try:
+        result = perf("-m", "add_sub", "-u", proxy.url, "--concurrency-range", "2", "-q", *FAST)
+    finally:
+        proxy.close()
+    assert result.returncode == 0, result.stderr
+    requests = [head for head in bytes(proxy.sent).lower().split(b"\r\n\r\n") if b"/infer http/1.1" in head]
+    assert len(requests) > 10
+    assert all(b"\r\naccept-encoding: identity\r\n" in head + b"\r\n" for head in requests)
+    assert b"content-encoding:" not in bytes(proxy.received).lower()
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

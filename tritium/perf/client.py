@@ -154,7 +154,14 @@ class Session:
                     end: bool = False) -> None:
         await self.client.infer(self.settings.model, list(request.inputs), model_version=self.settings.version,
                                 outputs=list(request.outputs), sequence_id=sequence_id,
-                                sequence_start=start, sequence_end=end)
+                                sequence_start=start, sequence_end=end, headers=self._headers)
+
+    @property
+    def _headers(self) -> dict | None:
+        # aiohttp offers "gzip, deflate" on every request unless told otherwise, and the server
+        # would then compress each answer; perf_analyzer asks for none, and neither does this.
+        # A new dict each time: tritonclient writes the request's header lengths into it.
+        return {"Accept-Encoding": "identity"} if self.settings.protocol == "http" else None
 
     async def statistics(self) -> dict | None:
         """This model's entry of the statistics extension, counts as integers (None if not offered)."""
