@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from tritium.broker.batcher import DynamicBatcher
@@ -67,7 +68,8 @@ class Scheduler:
         self.last_done_ns = 0   # when a batch was last done (monotonic ns)
         self._lone_in_a_row = 0   # batches done in a row, each the only request running or queued
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
-        self._submitted: set[ModelVersion] = set()   # versions given requests by this turn's messages (submit(defer=True))
+        self._in_turn = False   # inside turn(): submitted requests wait for its end
+        self._submitted: set[ModelVersion] = set()   # versions given requests inside turn()
         # Versions with queued requests that can time out, with their batcher (only a dynamic batcher has timeouts).
         self._timed: dict[ModelVersion, DynamicBatcher[PendingRequest]] = {}
         self.streams = OpenStreams(registry, self._reply, clock)   # decoupled requests still answering
@@ -77,11 +79,10 @@ class Scheduler:
     # -- requests in --------------------------------------------------------------------
 
     def submit(self, client: bytes, record: object, header: Infer, external: list | None,
-               from_backend: bool = False, defer: bool = False) -> None:
+               from_backend: bool = False) -> None:
         """Queue one INFER (``record``, whose header is ``header``); an unknown or unready model is answered at once.
 
-        Batches go out at once, or with ``defer`` at ``dispatch_submitted``, once the turn's
-        messages are all queued.
+        Batches go out at once, or inside ``turn`` at its end.
         """
         rid = header.rid
         number = -1 if header.version is None else header.version
@@ -149,15 +150,25 @@ class Scheduler:
             request.order = version.ordering.number()
         if timed is not None:
             self._timed[version] = timed
-        if defer:
+        if self._in_turn:
             self._submitted.add(version)
         else:
             self.dispatch(version, now)
 
-    def dispatch_submitted(self) -> None:
-        """Dispatch what this turn's messages queued (``submit(defer=True)``): a message of N
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """Requests submitted inside (a turn's messages, and the ensemble steps they and the
+        turn's answers start) are queued, and dispatched together at the end: a message of N
         requests for an idle instance makes one batch of N, as Triton's batcher finds its queue
         when it wakes, not a batch of the first request alone and the rest after it."""
+        self._in_turn = True
+        try:
+            yield
+        finally:
+            self._in_turn = False
+            self._dispatch_submitted()
+
+    def _dispatch_submitted(self) -> None:
         if self._submitted:
             submitted, self._submitted = self._submitted, set()
             now = self._clock()

@@ -245,11 +245,11 @@ class Broker:
         """
         ready, fired = self._wait(timeout_ms)
         self._now = time.monotonic()
-        if self.backend in ready:
-            self._drain(self.backend, self._on_backend)
-        if self.frontend in ready:
-            self._drain(self.frontend, self._on_frontend)
-        self.scheduler.dispatch_submitted()
+        with self.scheduler.turn():
+            if self.backend in ready:
+                self._drain(self.backend, self._on_backend)
+            if self.frontend in ready:
+                self._drain(self.frontend, self._on_frontend)
         reader = self.lifecycle.reader
         if not reader.completed.empty() or reader.wake_read.fileno() in fired:
             reader.run_completed()
@@ -476,7 +476,7 @@ class Broker:
     def _submit(self, peer: bytes, parts: list, position: int, request: Infer, from_backend: bool) -> None:
         external = parts[position + 1:position + 1 + request.external] if request.external else None
         try:
-            self.scheduler.submit(peer, parts[position], request, external, from_backend, defer=True)
+            self.scheduler.submit(peer, parts[position], request, external, from_backend)
         except (TypeError, ValueError, IndexError) as exc:   # descriptors that do not describe tensors
             self.scheduler.reply_error(peer, request.rid, InvalidArgument(f"malformed inference request: {exc!r}"),
                                        from_backend)

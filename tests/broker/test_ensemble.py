@@ -6,6 +6,7 @@ step model would answer, and hands the RESPONSE records back through ``batch_don
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -144,24 +145,31 @@ class World:
             batches.append((parts[0], batch["b"], requests))
         return batches
 
-    def run(self, rounds: int | None = None, timings=(1, 2, 3)) -> None:
-        """Answer every batch sent, and what that sends, until nothing is left (or for ``rounds``)."""
+    def run(self, rounds: int | None = None, timings=(1, 2, 3), in_turns: bool = False) -> None:
+        """Answer every batch sent, and what that sends, until nothing is left (or for ``rounds``).
+
+        ``in_turns``: each round's answers inside one ``Scheduler.turn``, as the broker reads them.
+        """
         for _ in range(rounds or 10):
             batches = self.batches()
             if not batches:
                 return
-            for iid, number, requests in batches:
-                name = self.registry.instances[iid].model
-                self.executed.append((name, sum(h["bs"] for h, _, _ in requests)))
-                records, counts, oks = [], [], []
-                for header, arrays, _ in requests:
-                    reply = self.answer(name, header, arrays)
-                    records.extend(reply)
-                    counts.append(len(reply) - 1)
-                    oks.append(read_record(reply[0])[0].error is None)
-                self.scheduler.batch_done(iid, BatchDone(number, oks, counts, list(timings)), records)
+            with self.scheduler.turn() if in_turns else contextlib.nullcontext():
+                self._answer_all(batches, timings)
         if rounds is None:
             raise AssertionError("the ensemble kept sending batches")
+
+    def _answer_all(self, batches: list, timings) -> None:
+        for iid, number, requests in batches:
+            name = self.registry.instances[iid].model
+            self.executed.append((name, sum(h["bs"] for h, _, _ in requests)))
+            records, counts, oks = [], [], []
+            for header, arrays, _ in requests:
+                reply = self.answer(name, header, arrays)
+                records.extend(reply)
+                counts.append(len(reply) - 1)
+                oks.append(read_record(reply[0])[0].error is None)
+            self.scheduler.batch_done(iid, BatchDone(number, oks, counts, list(timings)), records)
 
     def answer(self, name: str, header: dict, arrays: dict) -> list:
         if name in self.failing:
@@ -205,6 +213,35 @@ def test_steps_start_when_their_inputs_exist_and_the_answer_has_every_output(wor
     np.testing.assert_array_equal(outputs["X"], values() + 1)
     assert header["params"] == {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
     assert not world.scheduler.ensembles.busy and world.scheduler.idle()
+
+
+def test_the_ensemble_requests_of_one_turn_run_each_step_as_one_batch():
+    # The broker reads a gateway's message of three requests in one turn, and the answers of
+    # a step's batch in one turn: each dynamically batching step model gets one batch of
+    # three, not one alone (its instance idle) and the others after it.
+    batching = "dynamic_batching { }"
+    world = World([model("pre", "IN", "X", extra=batching), model("double", "X", "Y", extra=batching),
+                   model("triple", "X", "Z", extra=batching), model("combine", "Y Z", "SUM DIFF", extra=batching),
+                   PIPELINE])
+    with world.scheduler.turn():
+        for rid in (1, 2, 3):
+            world.infer("pipeline", {"IN": values(1) + rid}, rid=rid)
+        assert world.to_instances == []   # nothing leaves before the turn ends
+    world.run(in_turns=True)
+    assert world.executed == [("pre", 3), ("double", 3), ("triple", 3), ("combine", 3)]
+    answers = {header["rid"]: outputs for header, outputs in world.answers()}
+    for rid in (1, 2, 3):
+        np.testing.assert_array_equal(answers[rid]["SUM"], 5 * (values(1) + rid + 1))
+
+
+def test_outside_a_turn_each_request_leaves_at_once():
+    world = World([model("pre", "IN", "X", extra="dynamic_batching { }"), model("double", "X", "Y"),
+                   model("triple", "X", "Z"), model("combine", "Y Z", "SUM DIFF"), PIPELINE])
+    for rid in (1, 2, 3):
+        world.infer("pipeline", {"IN": values(1)}, rid=rid)
+    world.run()
+    # the first alone, to the idle instance; the two that queued behind it together
+    assert [size for name, size in world.executed if name == "pre"] == [1, 2]
 
 
 def test_only_the_steps_the_requested_outputs_need_run(world):
