@@ -113,10 +113,7 @@ def new_trace(trace_dir, known: int) -> list[dict]:
     while time.monotonic() < deadline:
         files = trace_files(trace_dir)
         if len(files) > known:
-            try:
-                return json.loads(files[known].read_bytes())
-            except ValueError:   # created, and still being written
-                pass
+            return json.loads(files[known].read_bytes())   # written whole: never seen half-written
         time.sleep(0.05)
     raise AssertionError(f"no trace file after {known} in {trace_dir}")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from pathlib import Path
 
 import orjson
@@ -63,7 +64,19 @@ class TraceFile:
         if indexed:
             self._index += 1
         try:
-            Path(target).write_bytes(orjson.dumps(self._pending))
+            _write_whole(Path(target), orjson.dumps(self._pending))
         except OSError as exc:
             log.error("cannot write the trace file %s: %s", target, exc)
         self._pending, self._traces = [], 0
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """A reader sees the whole file or none of it: written beside it under a hidden name, then
+    renamed over it."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise

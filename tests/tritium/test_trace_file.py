@@ -1,0 +1,45 @@
+"""Triton's trace file as tritium writes it: the records of each trace, and files written whole."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from tritium.tracing.triton_file import TraceFile
+
+
+def tree(model: str, start_ns: int) -> dict:
+    return {"m": model, "v": 1, "ts": [["HTTP_RECV_START", start_ns], ["REQUEST_START", start_ns + 5],
+                                       ["HTTP_SEND_END", start_ns + 9]]}
+
+
+def test_every_n_traces_go_to_the_next_numbered_file_whole_and_nothing_else_is_left(tmp_path):
+    traces = TraceFile()
+    path = str(tmp_path / "trace.json")
+    for number in range(4):
+        traces.add(path, 2, tree(f"m{number}", 100 * number))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.0", "trace.json.1"]
+    first = json.loads((tmp_path / "trace.json.0").read_bytes())
+    assert [r.get("model_name") for r in first if "model_name" in r] == ["m0", "m1"]
+    assert [r["id"] for r in first] == [1, 1, 1, 1, 2, 2, 2, 2]
+    assert first[1] == {"id": 1, "model_name": "m0", "model_version": 1}   # after the front end's receive stamp
+
+
+def test_tracing_stopped_writes_the_rest_to_the_file_itself(tmp_path):
+    traces = TraceFile()
+    path = str(tmp_path / "trace.json")
+    traces.add(path, 0, tree("m", 1))
+    assert list(tmp_path.iterdir()) == []
+    traces.flush()
+    assert [r["id"] for r in json.loads((tmp_path / "trace.json").read_bytes())] == [1, 1, 1, 1]
+    assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]
+
+
+def test_a_file_that_cannot_be_written_is_logged_and_leaves_no_partial_file(tmp_path, caplog):
+    (tmp_path / "trace.json").mkdir()   # a folder where the file should go: the rename fails
+    traces = TraceFile()
+    traces.add(str(tmp_path / "trace.json"), 0, tree("m", 1))
+    with caplog.at_level(logging.ERROR):
+        traces.flush()
+    assert "cannot write the trace file" in caplog.text
+    assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]
