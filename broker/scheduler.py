@@ -69,7 +69,8 @@ class Scheduler:
         self._lone_in_a_row = 0   # batches done in a row, each the only request running or queued
         self._waiting: set[ModelVersion] = set()  # versions holding requests back for a delay
         self._in_turn = False   # inside turn(): submitted requests wait for its end
-        self._submitted: set[ModelVersion] = set()   # versions given requests inside turn()
+        # versions given requests inside turn(), in the order they were given them (dispatched so)
+        self._submitted: dict[ModelVersion, None] = {}
         # Versions with queued requests that can time out, with their batcher (only a dynamic batcher has timeouts).
         self._timed: dict[ModelVersion, DynamicBatcher[PendingRequest]] = {}
         self.streams = OpenStreams(registry, self._reply, clock)   # decoupled requests still answering
@@ -151,7 +152,7 @@ class Scheduler:
         if timed is not None:
             self._timed[version] = timed
         if self._in_turn:
-            self._submitted.add(version)
+            self._submitted[version] = None
         else:
             self.dispatch(version, now)
 
@@ -170,7 +171,7 @@ class Scheduler:
 
     def _dispatch_submitted(self) -> None:
         if self._submitted:
-            submitted, self._submitted = self._submitted, set()
+            submitted, self._submitted = self._submitted, {}
             now = self._clock()
             for version in submitted:
                 if version.state in _DISPATCHING:
