@@ -162,12 +162,14 @@ class Scheduler:
         turn's answers start) are queued, and dispatched together at the end: a message of N
         requests for an idle instance makes one batch of N, as Triton's batcher finds its queue
         when it wakes, not a batch of the first request alone and the rest after it."""
+        outer = self._in_turn   # a turn inside a turn leaves the dispatching to the outer one
         self._in_turn = True
         try:
             yield
         finally:
-            self._in_turn = False
-            self._dispatch_submitted()
+            self._in_turn = outer
+            if not outer:
+                self._dispatch_submitted()
 
     def _dispatch_submitted(self) -> None:
         if self._submitted:

@@ -234,6 +234,19 @@ def test_the_ensemble_requests_of_one_turn_run_each_step_as_one_batch():
         np.testing.assert_array_equal(answers[rid]["SUM"], 5 * (values(1) + rid + 1))
 
 
+def test_a_turn_inside_a_turn_leaves_the_dispatching_to_the_outer_one():
+    world = World([model("pre", "IN", "X", extra="dynamic_batching { }"), model("double", "X", "Y"),
+                   model("triple", "X", "Z"), model("combine", "Y Z", "SUM DIFF"), PIPELINE])
+    with world.scheduler.turn():
+        world.infer("pipeline", {"IN": values(1)}, rid=1)
+        with world.scheduler.turn():
+            world.infer("pipeline", {"IN": values(1)}, rid=2)
+        assert world.to_instances == []
+        world.infer("pipeline", {"IN": values(1)}, rid=3)
+    world.run(rounds=1)
+    assert world.executed == [("pre", 3)]
+
+
 def test_outside_a_turn_each_request_leaves_at_once():
     world = World([model("pre", "IN", "X", extra="dynamic_batching { }"), model("double", "X", "Y"),
                    model("triple", "X", "Z"), model("combine", "Y Z", "SUM DIFF"), PIPELINE])

@@ -125,7 +125,8 @@ class RecordingProxy:
     def __init__(self, target: str) -> None:
         host, port = target.rsplit(":", 1)
         self.target = (host, int(port))
-        self.sent, self.received = bytearray(), bytearray()
+        self.sent: list[bytearray] = []       # per connection, what the tool sent
+        self.received: list[bytearray] = []   # per connection, what the server answered
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"127.0.0.1:{self._listener.getsockname()[1]}"
@@ -138,8 +139,12 @@ class RecordingProxy:
             except OSError:
                 return
             upstream = socket.create_connection(self.target)
-            threading.Thread(target=self._relay, args=(client, upstream, self.sent), daemon=True).start()
-            threading.Thread(target=self._relay, args=(upstream, client, self.received), daemon=True).start()
+            sent, received = bytearray(), bytearray()
+            with self._lock:
+                self.sent.append(sent)
+                self.received.append(received)
+            threading.Thread(target=self._relay, args=(client, upstream, sent), daemon=True).start()
+            threading.Thread(target=self._relay, args=(upstream, client, received), daemon=True).start()
 
     def _relay(self, source: socket.socket, sink: socket.socket, record: bytearray) -> None:
         with source, sink:
@@ -165,10 +170,13 @@ def test_http_requests_ask_for_uncompressed_answers_as_perf_analyzer_does(server
     finally:
         proxy.close()
     assert result.returncode == 0, result.stderr
-    requests = [head for head in bytes(proxy.sent).lower().split(b"\r\n\r\n") if b"/infer http/1.1" in head]
+    with proxy._lock:
+        sent = [bytes(data).lower() for data in proxy.sent]
+        received = [bytes(data).lower() for data in proxy.received]
+    requests = [head for data in sent for head in data.split(b"\r\n\r\n") if b"/infer http/1.1" in head]
     assert len(requests) > 10
     assert all(b"\r\naccept-encoding: identity\r\n" in head + b"\r\n" for head in requests)
-    assert b"content-encoding:" not in bytes(proxy.received).lower()
+    assert not any(b"content-encoding:" in data for data in received)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

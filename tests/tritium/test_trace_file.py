@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
+import threading
 
 from tritium.tracing.triton_file import TraceFile
 
@@ -43,3 +46,29 @@ def test_a_file_that_cannot_be_written_is_logged_and_leaves_no_partial_file(tmp_
         traces.flush()
     assert "cannot write the trace file" in caplog.text
     assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]
+
+
+def test_a_link_to_the_trace_file_stays_a_link_and_the_file_it_names_gets_the_traces(tmp_path):
+    real = tmp_path / "real" / "trace.json"
+    real.parent.mkdir()
+    (tmp_path / "trace.json").symlink_to(real)
+    traces = TraceFile()
+    traces.add(str(tmp_path / "trace.json"), 0, tree("m", 1))
+    traces.flush()
+    assert (tmp_path / "trace.json").is_symlink()
+    assert [r["id"] for r in json.loads(real.read_bytes())] == [1, 1, 1, 1]
+    assert sorted(p.name for p in real.parent.iterdir()) == ["trace.json"]
+
+
+def test_a_pipe_as_the_trace_file_is_written_into_not_replaced(tmp_path):
+    pipe = tmp_path / "trace.json"
+    os.mkfifo(pipe)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(pipe.read_bytes()), daemon=True)
+    reader.start()
+    traces = TraceFile()
+    traces.add(str(pipe), 0, tree("m", 1))
+    traces.flush()
+    reader.join(timeout=10)
+    assert stat.S_ISFIFO(pipe.stat().st_mode)
+    assert [r["id"] for r in json.loads(received[0])] == [1, 1, 1, 1]

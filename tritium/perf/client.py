@@ -159,7 +159,7 @@ class Session:
     @property
     def _headers(self) -> dict | None:
         # aiohttp offers "gzip, deflate" on every request unless told otherwise, and the server
-        # would then compress each answer; perf_analyzer asks for none, and neither does this.
+        # would then compress each answer; perf_analyzer offers no encoding, so neither does this.
         # A new dict each time: tritonclient writes the request's header lengths into it.
         return {"Accept-Encoding": "identity"} if self.settings.protocol == "http" else None
 

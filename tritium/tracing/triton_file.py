@@ -71,12 +71,17 @@ class TraceFile:
 
 
 def _write_whole(path: Path, data: bytes) -> None:
-    """A reader sees the whole file or none of it: written beside it under a hidden name, then
-    renamed over it."""
-    partial = path.with_name(f".{path.name}.partial")
+    """A reader sees the whole file or none of it: written beside the file under a hidden name,
+    then renamed over it. Where that cannot be (a pipe or a device, a folder this process may not
+    write, a file mounted on its own), written in place, as before."""
+    target = Path(os.path.realpath(path))   # a link keeps pointing where it did
+    if target.exists() and not target.is_file():
+        target.write_bytes(data)
+        return
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
     try:
         partial.write_bytes(data)
-        os.replace(partial, path)
+        os.replace(partial, target)
     except OSError:
         partial.unlink(missing_ok=True)
-        raise
+        target.write_bytes(data)
