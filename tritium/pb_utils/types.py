@@ -199,8 +199,9 @@ class InferenceRequest:
 
     @classmethod
     def _received(cls, request_id: str, correlation_id, flags: int, inputs: list, requested_output_names: set,
-                  model_name: str, model_version: int, parameters: str, trace) -> InferenceRequest:
-        """A request given to ``execute``: built from what tritium already checked, once per request."""
+                  model_name: str, model_version: int, parameters: dict, trace) -> InferenceRequest:
+        """A request given to ``execute``: built from what tritium already checked, once per request
+        (its parameters as the gateway checked them, made JSON text only if the model asks)."""
         request = cls.__new__(cls)
         request._request_id = request_id
         request._correlation_id = correlation_id
@@ -234,6 +235,8 @@ class InferenceRequest:
         return self._timeout
 
     def parameters(self):
+        if not isinstance(self._parameters, str):   # a received request's, as checked by the gateway
+            self._parameters = json.dumps(self._parameters) if self._parameters else "{}"
         return self._parameters
 
     def requested_output_names(self):

@@ -151,7 +151,7 @@ class PythonInstance(Instance):
             # A set, as in Triton, holding every output when the client named none.
             set(request.requested_outputs if request.requested_outputs is not None else self.output_names),
             model.name, model.version,
-            json.dumps(request.parameters) if request.parameters else "{}",  # checked by the gateway
+            request.parameters,
             request.trace)
         if request.response_sender is not None:
             send = request.response_sender
