@@ -15,7 +15,8 @@ import orjson
 
 from tritium import __version__, config_file
 from tritium.affinity import pin
-from tritium.options import BROKER, GATEWAY, REPO_CHECK, SERVE, WORKER, child_args, options_of
+from tritium.options import (BROKER, BROKER_SPIN_US, GATEWAY, GATEWAY_SPIN_US, REPO_CHECK, SERVE, WORKER,
+                             child_args, options_of)
 from tritium.triton_flags import TritonCommand, ignored_flag_options, ignored_flags_given, trace_flags, trace_settings
 
 
@@ -217,6 +218,23 @@ def _warn_ignored(flags: list[str]) -> None:
             "these Triton flags have no effect in tritium and are ignored: %s", ", ".join(flags))
 
 
+def polling_s(given_us: int | None, default_us: int, flag: str) -> float:
+    """How long to poll before sleeping: as given, else the default, or none under a CPU quota,
+    where every microsecond polled counts against the container's limit."""
+    if given_us is not None:
+        return given_us / 1e6
+    from tritium.cpu_quota import cpu_quota
+
+    quota = cpu_quota()
+    if quota is not None:
+        import logging
+
+        logging.getLogger("tritium.cli").info(
+            "a CPU quota of %g CPUs: no polling before sleeping (%s sets it anyway)", quota, flag)
+        return 0.0
+    return default_us / 1e6
+
+
 # -- the parts ------------------------------------------------------------------------------
 
 @main.command(cls=config_file.SettingsCommand)
@@ -239,7 +257,8 @@ def broker(**o) -> None:
                               log_verbose=log_settings.log_verbose_level,
                               heartbeat_interval_s=o["heartbeat_interval_secs"],
                               exit_timeout_s=float(o["exit_timeout_secs"]), curve=curve,
-                              cache_bytes=_cache_bytes(o["cache_config"]), spin_s=o["broker_spin_us"] / 1e6)
+                              cache_bytes=_cache_bytes(o["cache_config"]),
+                              spin_s=polling_s(o["broker_spin_us"], BROKER_SPIN_US, "--broker-spin-us"))
     server = Broker(settings)
     server.log_settings = log_settings  # what it hands every gateway, agent and instance
     server.load_repository()
@@ -282,7 +301,8 @@ def gateway(**o) -> None:
                         max_inflight_requests=o["max_inflight_requests"], curve=curve,
                         http_restricted=http_restricted, grpc_restricted=grpc_restricted,
                         reuse_port=_bool(o["reuse_port"]), grpc_server=o["grpc_server"],
-                        grpc_keepalive=grpc_keepalive(o), trace=trace, spin_s=o["gateway_spin_us"] / 1e6))
+                        grpc_keepalive=grpc_keepalive(o), trace=trace,
+                        spin_s=polling_s(o["gateway_spin_us"], GATEWAY_SPIN_US, "--gateway-spin-us")))
 
 
 @main.command(cls=config_file.SettingsCommand)

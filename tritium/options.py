@@ -52,6 +52,9 @@ def _option(*names: str, on: str, to: str = "", dest: str | None = None, **setti
 
 
 _ALL = "serve, broker, gateway, worker"
+# How long the broker and a gateway poll before sleeping, unless told or under a CPU quota.
+BROKER_SPIN_US = 300
+GATEWAY_SPIN_US = 1000
 _CHILDREN = "broker, gateway, worker"
 
 OPTIONS: tuple[Option, ...] = (
@@ -190,14 +193,16 @@ OPTIONS: tuple[Option, ...] = (
     _option("--worker-cpus", on="serve, worker", to="worker", type=CPU_LIST, default=None,
             help="CPUs the host agent and the instances it starts run on; default: any."),
     # -- waiting without sleeping (docs/deploy.md, "Polling before sleeping")
-    _option("--broker-spin-us", on="serve, broker", to="broker", type=click.IntRange(min=0), default=300,
+    _option("--broker-spin-us", on="serve, broker", to="broker", type=click.IntRange(min=0), default=None,
             help="Microseconds the broker polls before it sleeps while requests come one at a time, for the "
                  "answer of the one running and after it for the next (yielding the CPU, stopping when another "
-                 "thread takes it); 0: sleep at once."),
-    _option("--gateway-spin-us", on="serve, gateway", to="gateway", type=click.IntRange(min=0), default=1000,
+                 f"thread takes it); 0: sleep at once. Default: {BROKER_SPIN_US}, or 0 under a CPU quota "
+                 "(a container's CPU limit, where polling would spend it)."),
+    _option("--gateway-spin-us", on="serve, gateway", to="gateway", type=click.IntRange(min=0), default=None,
             help="Microseconds a gateway polls before it sleeps while requests come one at a time, for the "
                  "broker's answer and after it for the client's next request (yielding the CPU, stopping when "
-                 "another thread takes it); 0: sleep at once."),
+                 f"another thread takes it); 0: sleep at once. Default: {GATEWAY_SPIN_US}, or 0 under a CPU "
+                 "quota (a container's CPU limit, where polling would spend it)."),
     # -- CURVE (docs/security.md)
     _option("--curve-secret-key", on="broker, gateway, worker", default=None,
             help="This process's CURVE secret key file (NAME.key_secret); see docs/security.md."),
