@@ -10,6 +10,8 @@ cgroup above it, since a limit anywhere above applies.
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 
 PROC_CGROUP = Path("/proc/self/cgroup")
@@ -33,6 +35,18 @@ def cpu_quota(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> floa
             mount = root / "cpu" if (root / "cpu").is_dir() else root / controllers
             limits += (limit for folder in _folders(mount, path) if (limit := _v1_limit(folder)) is not None)
     return min(limits, default=None)
+
+
+def threads_within_quota() -> int | None:
+    """How many threads a compute library (onnxruntime, torch) should start when its model does
+    not say: the quota rounded up, never more than the CPUs this process may run on; None when
+    there is no quota (the library's own default, one per core, is right then). Its default
+    counts the machine's cores, not the container's limit, and threads past the limit only
+    queue for it (onnxruntime's spin while they wait)."""
+    quota = cpu_quota()
+    if quota is None:
+        return None
+    return max(1, min(math.ceil(quota), len(os.sched_getaffinity(0))))
 
 
 def _folders(mount: Path, path: str) -> list[Path]:

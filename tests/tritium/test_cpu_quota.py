@@ -68,3 +68,37 @@ def test_polling_is_off_by_default_under_a_quota_and_as_given_when_given(monkeyp
     monkeypatch.setattr(tritium.cpu_quota, "cpu_quota", lambda: None)
     assert polling_s(None, 1000, "--gateway-spin-us") == pytest.approx(1e-3)
     assert polling_s(0, 1000, "--gateway-spin-us") == 0.0
+
+
+def onnx_context(tmp_path, parameters: str = ""):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from tritium.workers.backends.base import ModelContext
+
+    config = text_format.Parse(f'name: "m" platform: "onnxruntime_onnx" {parameters}', model_config_pb2.ModelConfig())
+    return ModelContext("m", 1, tmp_path, config, {})
+
+
+def test_onnxruntime_starts_the_quotas_threads_unless_the_model_says(monkeypatch, tmp_path):
+    import tritium.cpu_quota
+    from tritium.workers.backends.onnxruntime import session_options
+
+    monkeypatch.setattr(tritium.cpu_quota, "cpu_quota", lambda: 0.5)
+    assert session_options(onnx_context(tmp_path)).intra_op_num_threads == 1
+    given = 'parameters { key: "intra_op_thread_count" value: { string_value: "3" } }'
+    assert session_options(onnx_context(tmp_path, given)).intra_op_num_threads == 3
+    monkeypatch.setattr(tritium.cpu_quota, "cpu_quota", lambda: None)
+    assert session_options(onnx_context(tmp_path)).intra_op_num_threads == 0   # onnxruntime's own default
+
+
+def test_threads_within_a_quota_never_outnumber_the_cpus_this_process_may_use(monkeypatch):
+    import os
+
+    import tritium.cpu_quota
+    from tritium.cpu_quota import threads_within_quota
+
+    monkeypatch.setattr(tritium.cpu_quota, "cpu_quota", lambda: 1000.0)
+    assert threads_within_quota() == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(tritium.cpu_quota, "cpu_quota", lambda: 1.2)
+    assert threads_within_quota() == min(2, len(os.sched_getaffinity(0)))

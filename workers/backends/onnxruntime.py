@@ -15,6 +15,7 @@ import logging
 
 import numpy as np
 
+from tritium.cpu_quota import threads_within_quota
 from tritium.repo.config_file import ModelConfig
 from tritium.repo.model_files import onnx_problem
 from tritium.repo.onnx_autocomplete import OnnxSignature, OnnxTensorInfo
@@ -62,6 +63,10 @@ def session_options(context: ModelContext):
     inter = _int_parameter(parameters, "inter_op_thread_count", 0)
     if intra > 0:
         options.intra_op_num_threads = intra
+    elif (within := threads_within_quota()) is not None:
+        options.intra_op_num_threads = within
+        log.info("model '%s': intra-op threads %d, for this process's CPU quota (intra_op_thread_count "
+                 "sets them)", context.name, within)
     if inter > 0:
         options.inter_op_num_threads = inter
     if _int_parameter(parameters, "execution_mode", 0) == 1:

@@ -17,6 +17,7 @@ import warnings
 
 import numpy as np
 
+from tritium.cpu_quota import threads_within_quota
 from tritium.repo.model_files import forward_arguments, torchscript_problem
 from tritium.errors import InternalError, InvalidArgument
 from tritium.workers.backends.base import Backend, Instance, InstanceContext, Model, ModelContext
@@ -74,6 +75,10 @@ class PyTorchModel(Model):
         intra, inter = _count(parameters, "INTRA_OP_THREAD_COUNT"), _count(parameters, "INTER_OP_THREAD_COUNT")
         if intra > 0:
             torch.set_num_threads(intra)
+        elif (within := threads_within_quota()) is not None:
+            torch.set_num_threads(within)
+            log.info("model '%s': intra-op threads %d, for this process's CPU quota (INTRA_OP_THREAD_COUNT "
+                     "sets them)", context.name, within)
         if inter > 0:
             torch.set_num_interop_threads(inter)
         if _flag(parameters, "DISABLE_OPTIMIZED_EXECUTION", False):
