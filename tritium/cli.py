@@ -7,7 +7,6 @@ Flags use Triton's names where Triton has one (``--model-repository``, ``--http-
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 
 import click
@@ -15,6 +14,7 @@ import orjson
 
 from tritium import __version__, config_file
 from tritium.affinity import pin
+from tritium.cpu_quota import usable_cpus
 from tritium.options import (BROKER, BROKER_SPIN_US, GATEWAY, GATEWAY_SPIN_US, REPO_CHECK, SERVE, WORKER,
                              child_args, options_of)
 from tritium.triton_flags import TritonCommand, ignored_flag_options, ignored_flags_given, trace_flags, trace_settings
@@ -186,7 +186,7 @@ def serve(ctx, **o) -> None:
         grpc_address=o["grpc_address"],
         grpc_port=o["grpc_port"], grpc_enabled=_bool(o["allow_grpc"]), metrics_port=o["metrics_port"],
         metrics_address=o["metrics_address"], metrics_enabled=_bool(o["allow_metrics"]),
-        http_workers=o["http_workers"] or max(1, (os.cpu_count() or 2) // 2),
+        http_workers=o["http_workers"] or max(1, usable_cpus() // 2),
         exit_timeout_s=float(o["exit_timeout_secs"]), exit_on_error=_bool(o["exit_on_error"]),
         broker_args=child_args(o, BROKER), worker_args=child_args(o, WORKER),
         # serve's own gateways share the ports; serve checks they are free
@@ -323,7 +323,7 @@ def worker(**o) -> None:
         exit_timeout_s=float(o["exit_timeout_secs"]), backend_directory=o["backend_directory"],
         backend_config=_backend_options(o["backend_config"]), metrics_interval_s=o["metrics_interval_ms"] / 1000,
         heartbeat_interval_s=o["heartbeat_interval_secs"], curve=curve,
-        max_cpu_instances=max_cpu_instances if max_cpu_instances is not None else len(os.sched_getaffinity(0)))
+        max_cpu_instances=max_cpu_instances if max_cpu_instances is not None else usable_cpus())
     sys.exit(HostAgent(settings).run())
 
 

@@ -37,16 +37,21 @@ def cpu_quota(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> floa
     return min(limits, default=None)
 
 
+def usable_cpus() -> int:
+    """The CPUs' worth of time this process can have: the CPUs it may run on (its affinity),
+    fewer under a CPU quota (rounded up). What the defaults that scale with the machine (gateway
+    processes, autoscaled instances, a library's threads) should count, not the machine's cores."""
+    cpus = len(os.sched_getaffinity(0))
+    quota = cpu_quota()
+    return cpus if quota is None else max(1, min(math.ceil(quota), cpus))
+
+
 def threads_within_quota() -> int | None:
     """How many threads a compute library (onnxruntime, torch) should start when its model does
-    not say: the quota rounded up, never more than the CPUs this process may run on; None when
-    there is no quota (the library's own default, one per core, is right then). Its default
-    counts the machine's cores, not the container's limit, and threads past the limit only
-    queue for it (onnxruntime's spin while they wait)."""
-    quota = cpu_quota()
-    if quota is None:
-        return None
-    return max(1, min(math.ceil(quota), len(os.sched_getaffinity(0))))
+    not say: ``usable_cpus`` under a CPU quota; None when there is none (the library's own
+    default, one per core, is right then). Its default counts the machine's cores, not the
+    container's limit, and threads past the limit only queue for it."""
+    return None if cpu_quota() is None else usable_cpus()
 
 
 def _folders(mount: Path, path: str) -> list[Path]:

@@ -67,7 +67,8 @@ OPTIONS: tuple[Option, ...] = (
             help="The broker's endpoint: its --frontend for a gateway, its --backend for a worker."),
     _option("--models", on="worker", default=None, help="Comma-separated models this host serves (default: all)."),
     _option("--max-cpu-instances", on="worker", default=None, type=click.IntRange(min=0),
-            help="Autoscaled CPU instances this host may run, besides its fixed ones (default: one per CPU it may use)."),
+            help="Autoscaled CPU instances this host may run, besides its fixed ones (default: one per CPU it may "
+                 "use, its CPU quota counted)."),
     # -- where models come from
     _option("--model-repository", "--model-store", dest="model_repository", on="serve, broker, worker",
             to="broker, worker", multiple=True, required=True, help="A model repository folder (repeatable)."),
@@ -106,7 +107,8 @@ OPTIONS: tuple[Option, ...] = (
             type=click.Choice(["tritium", "grpcio"]),
             help="The gRPC server: tritium (on the gateway's event loop) or grpcio (grpc.aio, kept for one release)."),
     _option("--http-workers", on="serve", default=None, type=click.IntRange(min=1),
-            help="Gateway processes sharing the HTTP and gRPC ports (default: one per 2 cores)."),
+            help="Gateway processes sharing the HTTP and gRPC ports (default: one per 2 CPUs this process may "
+                 "use, its CPU quota counted)."),
     _option("--reuse-port", on="gateway", type=BOOLEAN, default="false",
             help="Share the HTTP and gRPC ports with this deployment's other gateways (SO_REUSEPORT); "
                  "false: a port in use stops startup."),

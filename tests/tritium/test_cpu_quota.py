@@ -102,3 +102,16 @@ def test_threads_within_a_quota_never_outnumber_the_cpus_this_process_may_use(mo
     assert threads_within_quota() == len(os.sched_getaffinity(0))
     monkeypatch.setattr(tritium.cpu_quota, "cpu_quota", lambda: 1.2)
     assert threads_within_quota() == min(2, len(os.sched_getaffinity(0)))
+
+
+def test_usable_cpus_are_the_affinity_fewer_under_a_quota(monkeypatch):
+    import os
+
+    import tritium.cpu_quota
+    from tritium.cpu_quota import usable_cpus
+
+    allowed = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(tritium.cpu_quota, "cpu_quota", lambda: None)
+    assert usable_cpus() == allowed
+    monkeypatch.setattr(tritium.cpu_quota, "cpu_quota", lambda: 0.25)
+    assert usable_cpus() == 1
