@@ -14,7 +14,7 @@ import orjson
 
 from tritium import __version__, config_file
 from tritium.affinity import pin
-from tritium.cpu_quota import usable_cpus
+from tritium.cpu_quota import cpu_quota, usable_cpus
 from tritium.options import (BROKER, BROKER_SPIN_US, GATEWAY, GATEWAY_SPIN_US, REPO_CHECK, SERVE, WORKER,
                              child_args, options_of)
 from tritium.triton_flags import TritonCommand, ignored_flag_options, ignored_flags_given, trace_flags, trace_settings
@@ -223,8 +223,6 @@ def polling_s(given_us: int | None, default_us: int, flag: str) -> float:
     where every microsecond polled counts against the container's limit."""
     if given_us is not None:
         return given_us / 1e6
-    from tritium.cpu_quota import cpu_quota
-
     quota = cpu_quota()
     if quota is not None:
         import logging

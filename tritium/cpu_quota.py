@@ -41,9 +41,7 @@ def usable_cpus() -> int:
     """The CPUs' worth of time this process can have: the CPUs it may run on (its affinity),
     fewer under a CPU quota (rounded up). What the defaults that scale with the machine (gateway
     processes, autoscaled instances, a library's threads) should count, not the machine's cores."""
-    cpus = len(os.sched_getaffinity(0))
-    quota = cpu_quota()
-    return cpus if quota is None else max(1, min(math.ceil(quota), cpus))
+    return _within(cpu_quota())
 
 
 def threads_within_quota() -> int | None:
@@ -51,7 +49,13 @@ def threads_within_quota() -> int | None:
     not say: ``usable_cpus`` under a CPU quota; None when there is none (the library's own
     default, one per core, is right then). Its default counts the machine's cores, not the
     container's limit, and threads past the limit only queue for it."""
-    return None if cpu_quota() is None else usable_cpus()
+    quota = cpu_quota()
+    return None if quota is None else _within(quota)
+
+
+def _within(quota: float | None) -> int:
+    cpus = len(os.sched_getaffinity(0))
+    return cpus if quota is None else max(1, min(math.ceil(quota), cpus))
 
 
 def _folders(mount: Path, path: str) -> list[Path]:

@@ -52,10 +52,10 @@ def _option(*names: str, on: str, to: str = "", dest: str | None = None, **setti
 
 
 _ALL = "serve, broker, gateway, worker"
+_CHILDREN = "broker, gateway, worker"
 # How long the broker and a gateway poll before sleeping, unless told or under a CPU quota.
 BROKER_SPIN_US = 300
 GATEWAY_SPIN_US = 1000
-_CHILDREN = "broker, gateway, worker"
 
 OPTIONS: tuple[Option, ...] = (
     # -- the parts of a deployment: where they meet, what each runs

@@ -58,14 +58,14 @@ def test_nothing_readable_is_none(tmp_path):
 
 
 def test_polling_is_off_by_default_under_a_quota_and_as_given_when_given(monkeypatch, caplog):
-    import tritium.cpu_quota
+    import tritium.cli
 
-    monkeypatch.setattr(tritium.cpu_quota, "cpu_quota", lambda: 1.5)
+    monkeypatch.setattr(tritium.cli, "cpu_quota", lambda: 1.5)
     with caplog.at_level(logging.INFO, logger="tritium.cli"):
         assert polling_s(None, 300, "--broker-spin-us") == 0.0
     assert "a CPU quota of 1.5 CPUs: no polling before sleeping (--broker-spin-us sets it anyway)" in caplog.text
     assert polling_s(250, 300, "--broker-spin-us") == pytest.approx(250e-6)
-    monkeypatch.setattr(tritium.cpu_quota, "cpu_quota", lambda: None)
+    monkeypatch.setattr(tritium.cli, "cpu_quota", lambda: None)
     assert polling_s(None, 1000, "--gateway-spin-us") == pytest.approx(1e-3)
     assert polling_s(0, 1000, "--gateway-spin-us") == 0.0
 
