@@ -46,7 +46,7 @@ def _cache_bytes(values) -> int:
 
 
 # The options each settings helper below takes.
-_LOG_KEYS = ("log_verbose", "log_info", "log_warning", "log_error", "log_format")
+_LOG_KEYS = ("log_verbose", "log_info", "log_warning", "log_error", "log_format", "log_file")
 _CONTROL_KEYS = ("model_control_mode", "load_model", "repository_poll_secs", "model_load_thread_count")
 _REPOSITORY_KEYS = ("model_config_name", "disable_auto_complete_config", "strict_model_config", "backend_config")
 
@@ -55,16 +55,17 @@ def _pick(o: dict, keys: tuple[str, ...]) -> dict:
     return {key: o[key] for key in keys}
 
 
-def configure_logs(role: str, log_verbose, log_info, log_warning, log_error, log_format):
-    """Log as the flags say from the start; the settings, for the broker to hand on."""
+def configure_logs(role: str, log_verbose, log_info, log_warning, log_error, log_format, log_file):
+    """Log as the flags say from the start; the settings, for the broker to hand on (``log_file``:
+    the file this process logs to, "" when it could not open the one it was given)."""
     from tritium import logs
 
     settings = logs.LogSettings(log_info=_bool(log_info), log_warning=_bool(log_warning),
                                 log_error=_bool(log_error), log_verbose_level=_log_verbose(log_verbose),
                                 log_format=log_format)
-    logs.configure(role, settings.log_verbose_level)
+    log_file = logs.configure(role, settings.log_verbose_level, log_file)
     logs.apply(settings)
-    return settings
+    return dataclasses.replace(settings, log_file=log_file)
 
 
 def control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count):
@@ -318,6 +319,7 @@ def worker(**o) -> None:
     settings = WorkerSettings(
         broker=o["broker_address"], model_repositories=tuple(o["model_repository"]), gpus=detect_gpus(),
         models=tuple(m for m in models.split(",") if m) if models else None, log_verbose=logged.log_verbose_level,
+        log_file=logged.log_file,
         exit_timeout_s=float(o["exit_timeout_secs"]), backend_directory=o["backend_directory"],
         backend_config=_backend_options(o["backend_config"]), metrics_interval_s=o["metrics_interval_ms"] / 1000,
         heartbeat_interval_s=o["heartbeat_interval_secs"], curve=curve,

@@ -1,5 +1,8 @@
 """Logging for every tritium process: one line per event, with the process role and pid.
 
+Lines go to standard error, or with ``--log-file`` appended to that file, each process
+opening it for itself (one ``write`` per line, so lines of different processes do not mix).
+
 ``LogSettings`` are Triton's logging extension settings. The broker owns them and sends
 them to every gateway, agent and instance when they change (``Kind.LOG_SETTINGS``), so
 that ``POST /v2/logging`` changes what every process logs.
@@ -79,14 +82,29 @@ class _SettingsFilter(logging.Filter):
         return s.log_verbose_level > 0
 
 
-def configure(role: str, verbose: int = 0) -> None:
-    """Send logs to stderr, tagged with ``role``; ``verbose`` > 0 turns on debug lines."""
+def configure(role: str, verbose: int = 0, log_file: str | None = None) -> str:
+    """Send logs to ``log_file`` (appended to) or stderr, tagged with ``role``; ``verbose`` > 0
+    turns on debug lines. Returns the file logged to: "" for stderr, also when ``log_file``
+    cannot be opened (as Triton, which then logs to the console; here with a warning saying why)."""
     global _role, _handler
     _role = role
-    _handler = logging.StreamHandler(sys.stderr)
-    root = logging.getLogger()
-    root.handlers[:] = [_handler]
+    handler: logging.Handler | None = None
+    problem = None
+    if log_file:
+        try:
+            handler = logging.FileHandler(log_file, encoding="utf-8")
+        except OSError as exc:
+            problem = exc.strerror or str(exc)
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
+    _handler = handler
+    logging.getLogger().handlers[:] = [handler]
     apply(LogSettings(log_verbose_level=verbose))
+    if problem is not None:
+        logging.getLogger(__name__).warning("cannot write the log file %s (%s): logging to standard error",
+                                            log_file, problem)
+        return ""
+    return log_file or ""
 
 
 def apply(settings: LogSettings) -> None:

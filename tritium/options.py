@@ -171,6 +171,9 @@ OPTIONS: tuple[Option, ...] = (
     _option("--log-error", on=_ALL, to=_CHILDREN, type=BOOLEAN, default="true", help="Log error-level lines."),
     _option("--log-format", on=_ALL, to=_CHILDREN, type=click.Choice(["default", "ISO8601"]), default="default",
             help="Timestamp layout of log lines."),
+    _option("--log-file", on=_ALL, to=_CHILDREN, default=None,
+            help="Append log lines to this file instead of writing them to standard error (every process "
+                 "of this command writes its own lines to it)."),
     # -- tracing (Triton's trace extension; serve hands its gateways the settings it read)
     _option("--trace-config", on="serve, gateway", multiple=True,
             help="[MODE,]KEY=VALUE: Triton's trace settings (docs/observability.md)."),

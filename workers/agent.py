@@ -78,6 +78,7 @@ class WorkerSettings:
     models: tuple[str, ...] | None = None
     credit: int = 2
     log_verbose: int = 0
+    log_file: str = ""   # where this agent and its instances log ("": standard error)
     exit_timeout_s: float = 30.0
     backend_directory: str | None = None
     backend_config: dict = field(default_factory=dict)   # backend name -> {key: value}
@@ -416,6 +417,7 @@ class HostAgent:
                 "name": plan.name, "key": plan.key, "kind": plan.kind,
                 "device_id": plan.device_id, "credit": self.settings.credit,
                 "log_verbose": self.settings.log_verbose,
+                "log_file": self.settings.log_file,
                 "heartbeat_interval_s": self.settings.heartbeat_interval_s,
                 "boot": self._broker_boot,
                 "backend_directory": self.settings.backend_directory,

@@ -171,7 +171,7 @@ def build_executor(spec: dict, outbox: Outbox | None = None) -> tuple[BatchExecu
 def main() -> None:
     spec = json.loads(sys.stdin.read())
     die_with_parent(os.getppid())   # the agent's: if it is gone already, this exits
-    logs.configure(f"instance:{spec['model']}:{spec['key']}", spec.get("log_verbose", 0))
+    logs.configure(f"instance:{spec['model']}:{spec['key']}", spec.get("log_verbose", 0), spec.get("log_file"))
     if spec.get("log_settings"):
         logs.apply_wire(spec["log_settings"])
     curve = CurveKeys.from_spec(spec.get("curve"))
