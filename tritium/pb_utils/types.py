@@ -236,7 +236,9 @@ class InferenceRequest:
 
     def parameters(self):
         if not isinstance(self._parameters, str):   # a received request's, as checked by the gateway
-            self._parameters = json.dumps(self._parameters) if self._parameters else "{}"
+            # Compact and unescaped, as Triton's backend writes them (a model's own are json.dumps's).
+            self._parameters = json.dumps(self._parameters, separators=(",", ":"), ensure_ascii=False) \
+                if self._parameters else "{}"
         return self._parameters
 
     def requested_output_names(self):

@@ -54,6 +54,16 @@ def test_response_with_error_and_parameters():
         pb_utils.InferenceResponse(parameters={"f": 0.5})
 
 
+def test_a_received_request_gives_its_parameters_as_tritons_backend_writes_them():
+    """Compact, non-ASCII unescaped (Triton's JSON writer); a model's own request keeps json.dumps's spacing."""
+    received = pb_utils.InferenceRequest._received("id", 0, 0, [], set(), "m", 1,
+                                                   {"name": "é", "f": 1.5, "b": True, "n": -3}, None)
+    assert received.parameters() == '{"name":"é","f":1.5,"b":true,"n":-3}'
+    assert pb_utils.InferenceRequest._received("id", 0, 0, [], set(), "m", 1, {}, None).parameters() == "{}"
+    own = pb_utils.InferenceRequest(model_name="m", inputs=[], parameters={"a": 1, "b": "x"})
+    assert own.parameters() == '{"a": 1, "b": "x"}'
+
+
 def test_lookups_by_name():
     tensor = pb_utils.Tensor("OUT", np.ones(2, np.float32))
     response = pb_utils.InferenceResponse([tensor])
