@@ -45,7 +45,7 @@ async def asgi(scope, receive, send):
 
 if kind == "tritium":
     import socket
-    from tritium.gateway.http_server import HttpLimits, HttpResponse, HttpServer
+    from tritium.gateway.http_server import HttpSettings, HttpResponse, HttpServer
 
     class App:
         def handle(self, request, answer):
@@ -56,7 +56,7 @@ if kind == "tritium":
         sock.bind(("127.0.0.1", port))
         sock.listen(2048)
         sock.setblocking(False)
-        await HttpServer(App(), HttpLimits(max_body_bytes=1 << 26)).start(sock)
+        await HttpServer(App(), HttpSettings(max_body_bytes=1 << 26)).start(sock)
         await asyncio.Event().wait()
 
     uvloop.run(main())

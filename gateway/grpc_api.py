@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
@@ -22,7 +23,8 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from tritium.gateway.grpc_codec import decode_infer_request, encode_infer_response
 from tritium.gateway.grpc_keepalive import GrpcKeepalive
-from tritium.gateway.inference import InferResult
+from tritium.gateway.header_forwarding import forwarded_headers, grpc_metadata_text
+from tritium.gateway.inference import InferRequest, InferResult
 from tritium.gateway.model_table import parse_version
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED
@@ -95,9 +97,19 @@ def _rpc(method):
 
 
 class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane, restricted: RestrictedApis = RestrictedApis()) -> None:
+    def __init__(self, dataplane: DataPlane, restricted: RestrictedApis = RestrictedApis(),
+                 header_forward: re.Pattern[str] | None = None) -> None:
         self.dataplane = dataplane
         self.restricted = restricted
+        self.header_forward = header_forward   # --grpc-header-forward-pattern
+
+    def _decode(self, message: Any, metadata: Sequence[tuple[bytes | str, bytes | str]]) -> InferRequest:
+        """The InferRequest ``message`` asks for, with the call's forwarded headers among its parameters."""
+        request = decode_infer_request(message)
+        if self.header_forward is not None:
+            request.parameters = {**request.parameters,
+                                  **forwarded_headers(self.header_forward, grpc_metadata_text(metadata))}
+        return request
 
     # -- health and metadata ------------------------------------------------------------
 
@@ -240,7 +252,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelInfer(self, request, context):
-        infer_request = decode_infer_request(request)
+        infer_request = self._decode(request, context.invocation_metadata() or ())
         if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
             infer_request.traceparent = dict(context.invocation_metadata() or ()).get("traceparent")
         result = await self.dataplane.infer(infer_request, GRPC_DECOUPLED)
@@ -273,7 +285,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             trace.stamp("GRPC_SEND_END")
             trace.finish()
 
-        infer_request = decode_infer_request(request)
+        infer_request = self._decode(request, metadata)
         if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
             infer_request.traceparent = _traceparent(metadata)
         self.dataplane.infer_then(infer_request, answered, GRPC_DECOUPLED)
@@ -296,7 +308,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if message is UNPARSABLE:
                     outgoing.put_nowait(_UNPARSABLE_ERROR)
                     continue
-                task = asyncio.ensure_future(self._stream_one(message, outgoing))
+                task = asyncio.ensure_future(self._stream_one(message, metadata, outgoing))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
@@ -317,9 +329,9 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in list(tasks):
                 task.cancel()
 
-    async def _stream_one(self, message, outgoing: asyncio.Queue) -> None:
+    async def _stream_one(self, message, metadata: Sequence[tuple[str, str | bytes]], outgoing: asyncio.Queue) -> None:
         try:
-            request = decode_infer_request(message)
+            request = self._decode(message, metadata)
             empty_final = bool(request.parameters.pop("triton_enable_empty_final_response", False))
             async for answer, final in self.dataplane.infer_stream(request):
                 if isinstance(answer, TritiumError):
@@ -350,9 +362,8 @@ def _parameters(parameters) -> dict:
             for key, value in parameters.items() if value.WhichOneof("parameter_choice")}
 
 
-def bind_grpc(dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
-              restricted: RestrictedApis = RestrictedApis(), reuse_port: bool = False,
-              keepalive: GrpcKeepalive = GrpcKeepalive()) -> tuple[grpc.aio.Server, int]:
+def bind_grpc(service: GrpcInferenceService, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
+              reuse_port: bool = False, keepalive: GrpcKeepalive = GrpcKeepalive()) -> tuple[grpc.aio.Server, int]:
     """A server bound to ``address:port``, to be started; PortInUse if the port is taken (checked
     first, so that grpc's own bind failure, a multi-line log, is never reached)."""
     check_free("GRPC", address, port, reuse_port)
@@ -372,7 +383,7 @@ def bind_grpc(dataplane: DataPlane, address: str, port: int, max_message_bytes: 
     if keepalive.max_age_grace_ms:
         options.append(("grpc.max_connection_age_grace_ms", keepalive.max_age_grace_ms))
     server = grpc.aio.server(options=options)
-    server.add_generic_rpc_handlers((_handlers(GrpcInferenceService(dataplane, restricted)),))
+    server.add_generic_rpc_handlers((_handlers(service),))
     try:
         bound = server.add_insecure_port(f"{address}:{port}")
     except RuntimeError:   # taken between the check and here

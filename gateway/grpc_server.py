@@ -26,14 +26,12 @@ from typing import TYPE_CHECKING, Any, cast
 import grpc
 
 from tritium.gateway.connections import OpenConnections
-from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, rpc_methods
 from tritium.gateway.grpc_http2 import (ENHANCE_YOUR_CALM, NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers,
                                         Http2Connection, encode_headers)
 from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers, too_many_pings
 from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader, frame,
                                parse_timeout, percent_encoded, too_large)
-from tritium.gateway.restricted import RestrictedApis
 from tritium.errors import TritiumError
 from tritium.ports import bound_socket
 
@@ -505,9 +503,9 @@ class GrpcServer:
         await self.shared.close_when_drained(grace_s, "gRPC")
 
 
-def bind_grpc_tritium(dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                      restricted: RestrictedApis = RestrictedApis(), reuse_port: bool = False,
+def bind_grpc_tritium(service: GrpcInferenceService, address: str, port: int,
+                      max_message_bytes: int = MAX_MESSAGE_BYTES, reuse_port: bool = False,
                       keepalive: GrpcKeepalive = GrpcKeepalive()) -> tuple[GrpcServer, int]:
     """``bind_grpc``'s counterpart: a server bound to ``address:port``, to be started."""
-    server = GrpcServer(GrpcInferenceService(dataplane, restricted), max_message_bytes, keepalive)
+    server = GrpcServer(service, max_message_bytes, keepalive)
     return server, server.bind(address, port, reuse_port)

@@ -17,6 +17,7 @@ import orjson
 
 from tritium.gateway.compression import compress, response_encoding
 from tritium.gateway.dataplane import DataPlane
+from tritium.gateway.header_forwarding import forwarded_headers, http_header_text
 from tritium.gateway.http_codec import (
     decode_infer_request,
     decode_raw_request,
@@ -105,10 +106,11 @@ def _event(event: bytes | TritiumError) -> bytes:
 
 class HttpApp:
     def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 1024 * 1024 + 1024 * 1024,
-                 restricted: RestrictedApis = RestrictedApis()) -> None:
+                 restricted: RestrictedApis = RestrictedApis(), header_forward: re.Pattern[str] | None = None) -> None:
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
         self.restricted = restricted
+        self.header_forward = header_forward   # --http-header-forward-pattern (the server keeps header lines then)
 
     def handle(self, request: HttpRequest, answer: Answer) -> None:
         """Answer ``request`` through ``answer``, exactly once, whatever happens."""
@@ -158,6 +160,9 @@ class HttpApp:
             infer_request, binary_default = decode_raw_request(spec, version, body), True
         else:
             infer_request, binary_default = decode_infer_request(model, version, body, header_length)
+        if self.header_forward is not None and request.header_lines:
+            infer_request.parameters = {**infer_request.parameters, **forwarded_headers(
+                self.header_forward, http_header_text(request.header_lines))}
         accept_encoding = headers.get(b"accept-encoding")
 
         def done(result: InferResult | TritiumError) -> None:

@@ -47,6 +47,7 @@ class HttpRequest:
     too_large: int = 0                      # the body's size when it passed the limit (not kept)
     began_ns: int = 0                       # monotonic: its first byte was parsed (trace HTTP_RECV_START)
     received_ns: int = 0                    # monotonic: its last byte was parsed (trace HTTP_RECV_END)
+    header_lines: list[tuple[bytes, bytes]] | None = None   # as sent, names' case kept: only when asked for
 
 
 @dataclass(slots=True)
@@ -85,24 +86,27 @@ def encode_head(status: int, headers: list[tuple[bytes, bytes]], length: int | N
 
 
 @dataclass
-class HttpLimits:
+class HttpSettings:
+    """The server's limits, and what it keeps of each request."""
+
     max_body_bytes: int
     keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S
     stalled_request_timeout_s: float = STALLED_REQUEST_TIMEOUT_S
+    keep_header_lines: bool = False   # every request's headers as sent too (header forwarding reads them)
 
 
 class HttpConnection(asyncio.Protocol):
     """One client connection: parse, hand each request to the app, write answers in order."""
 
-    __slots__ = ("app", "limits", "loop", "shared", "transport", "parser", "queue", "busy", "closing",
+    __slots__ = ("app", "settings", "loop", "shared", "transport", "parser", "queue", "busy", "closing",
                  "last_active", "_url", "_headers", "_body", "_body_size", "_too_large", "_write_paused",
-                 "_reading", "_begun")
+                 "_reading", "_begun", "_header_lines")
 
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
 
-    def __init__(self, app: HttpApplication, limits: HttpLimits, loop: asyncio.AbstractEventLoop,
+    def __init__(self, app: HttpApplication, settings: HttpSettings, loop: asyncio.AbstractEventLoop,
                  shared: OpenConnections[HttpConnection]) -> None:
-        self.app, self.limits, self.loop, self.shared = app, limits, loop, shared
+        self.app, self.settings, self.loop, self.shared = app, settings, loop, shared
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[tuple[HttpRequest, bool]] = deque()   # parsed, not yet answered (pipelining)
         self.busy = False              # a request is being answered
@@ -115,6 +119,7 @@ class HttpConnection(asyncio.Protocol):
     def _reset(self) -> None:
         self._url = b""
         self._headers: dict[bytes, bytes] = {}
+        self._header_lines: list[tuple[bytes, bytes]] | None = [] if self.settings.keep_header_lines else None
         self._body: list[bytes] = []
         self._body_size = 0
         self._too_large = 0
@@ -168,10 +173,12 @@ class HttpConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
+        if self._header_lines is not None:
+            self._header_lines.append((name, value))
 
     def on_headers_complete(self) -> None:
         declared = self._headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limits.max_body_bytes:
+        if declared is not None and declared.isdigit() and int(declared) > self.settings.max_body_bytes:
             self._too_large = int(declared)
         elif self._headers.get(b"expect", b"").lower() == b"100-continue":
             self.transport.write(_CONTINUE)
@@ -180,7 +187,7 @@ class HttpConnection(asyncio.Protocol):
         if self._too_large:
             return
         self._body_size += len(chunk)
-        if self._body_size > self.limits.max_body_bytes:
+        if self._body_size > self.settings.max_body_bytes:
             self._too_large, self._body = self._body_size, []
             return
         self._body.append(chunk)
@@ -189,7 +196,8 @@ class HttpConnection(asyncio.Protocol):
         url = httptools.parse_url(self._url)
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = HttpRequest(self.parser.get_method().decode(), unquote(url.path.decode("latin-1")),
-                              self._headers, body, self._too_large, self._begun, time.monotonic_ns())
+                              self._headers, body, self._too_large, self._begun, time.monotonic_ns(),
+                              self._header_lines)
         keep_alive = self.parser.should_keep_alive()
         self._reset()
         self.queue.append((request, keep_alive))
@@ -274,9 +282,9 @@ class HttpConnection(asyncio.Protocol):
 class HttpServer:
     """The listening socket(s), the connections, their timeouts, and the graceful drain."""
 
-    def __init__(self, app: HttpApplication, limits: HttpLimits) -> None:
+    def __init__(self, app: HttpApplication, settings: HttpSettings) -> None:
         self.app = app
-        self.limits = limits
+        self.settings = settings
         self.connections: OpenConnections[HttpConnection] = OpenConnections()
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -284,7 +292,7 @@ class HttpServer:
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: HttpConnection(self.app, self.limits, loop, self.connections), sock=sock, backlog=2048)
+            lambda: HttpConnection(self.app, self.settings, loop, self.connections), sock=sock, backlog=2048)
         self._sweeper = loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
 
     def _sweep(self) -> None:
@@ -295,7 +303,7 @@ class HttpServer:
                 continue
             idle = connection.idle_for(now)
             stalled = connection.reading_a_request()
-            if idle > (self.limits.stalled_request_timeout_s if stalled else self.limits.keep_alive_timeout_s):
+            if idle > (self.settings.stalled_request_timeout_s if stalled else self.settings.keep_alive_timeout_s):
                 connection.close()
         self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_INTERVAL_S, self._sweep)
 

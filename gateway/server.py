@@ -19,11 +19,12 @@ import uvloop
 
 from tritium.gateway.broker_link import BrokerLink, BrokerRefused
 from tritium.gateway.dataplane import DataPlane, ServerIdentity
-from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, bind_grpc
+from tritium.gateway.header_forwarding import compile_pattern
+from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, GrpcInferenceService, bind_grpc
 from tritium.gateway.grpc_keepalive import GrpcKeepalive
 from tritium.gateway.grpc_server import bind_grpc_tritium
 from tritium.gateway.http_api import HttpApp
-from tritium.gateway.http_server import HttpLimits, HttpServer
+from tritium.gateway.http_server import HttpSettings, HttpServer
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.tracing import GatewayTracer
 from tritium import notify
@@ -60,6 +61,8 @@ class GatewaySettings:
     grpc_server: str = "tritium"   # the gRPC transport: "tritium" (gateway/grpc_server.py) or "grpcio"
     grpc_keepalive: GrpcKeepalive = GrpcKeepalive()   # Triton's --grpc-keepalive-* and --grpc-max-connection-age*
     trace: TraceSettings = TraceSettings()   # Triton's --trace-config, seeding the broker's copy
+    http_header_forward_pattern: str | None = None   # Triton's: matching headers become request parameters
+    grpc_header_forward_pattern: str | None = None   # the same for gRPC metadata
     spin_s: float = 0.0   # --gateway-spin-us: how long to poll for answers before sleeping
 
 
@@ -80,17 +83,20 @@ async def serve(settings: GatewaySettings) -> int:
     dataplane = DataPlane(link, ServerIdentity(name=settings.server_id),
                           strict_readiness=settings.strict_readiness, allow_client_shm=settings.allow_client_shm,
                           max_inflight_requests=settings.max_inflight_requests)
+    http_forward = compile_pattern(settings.http_header_forward_pattern)
     app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes + 1024 * 1024,
-                  restricted=settings.http_restricted)
+                  restricted=settings.http_restricted, header_forward=http_forward)
     sock = listening_socket(settings.http_address, settings.http_port, settings.reuse_port) \
         if settings.http_port is not None else None
     grpc_server = None
     if settings.grpc_port is not None:   # bound now: a taken port stops startup before the broker is waited for
         bind = bind_grpc if settings.grpc_server == "grpcio" else bind_grpc_tritium
-        grpc_server, grpc_port = bind(dataplane, settings.grpc_address, settings.grpc_port,
-                                      settings.grpc_max_message_bytes, settings.grpc_restricted, settings.reuse_port,
-                                      settings.grpc_keepalive)
-    http = HttpServer(app, HttpLimits(max_body_bytes=settings.max_input_bytes + 1024 * 1024))
+        service = GrpcInferenceService(dataplane, settings.grpc_restricted,
+                                       compile_pattern(settings.grpc_header_forward_pattern))
+        grpc_server, grpc_port = bind(service, settings.grpc_address, settings.grpc_port,
+                                      settings.grpc_max_message_bytes, settings.reuse_port, settings.grpc_keepalive)
+    http = HttpServer(app, HttpSettings(max_body_bytes=settings.max_input_bytes + 1024 * 1024,
+                                        keep_header_lines=http_forward is not None))
     stop = asyncio.Event()
 
     def on_signal() -> None:

@@ -26,6 +26,14 @@ def write_config(model_dir: Path, text: str) -> None:
     (model_dir / "config.pbtxt").write_text(text)
 
 
+def python_model(repo: Path, name: str, source: str, config: str) -> Path:
+    """A Python-backend model ``name`` in ``repo``: version 1's model.py and the config."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(source)
+    write_config(repo / name, config)
+    return repo / name
+
+
 def add_sub_model(repo: Path, name: str = "add_sub", max_batch_size: int = 8, extra: str = "",
                   instances: int = 1) -> Path:
     model_dir = repo / name

@@ -301,6 +301,8 @@ def gateway(**o) -> None:
                         http_restricted=http_restricted, grpc_restricted=grpc_restricted,
                         reuse_port=_bool(o["reuse_port"]), grpc_server=o["grpc_server"],
                         grpc_keepalive=grpc_keepalive(o), trace=trace,
+                        http_header_forward_pattern=o["http_header_forward_pattern"],
+                        grpc_header_forward_pattern=o["grpc_header_forward_pattern"],
                         spin_s=polling_s(o["gateway_spin_us"], GATEWAY_SPIN_US, "--gateway-spin-us")))
 
 

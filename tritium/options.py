@@ -10,6 +10,7 @@ have no ``to``. Flag names are Triton's where Triton has one.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,20 @@ def _option(*names: str, on: str, to: str = "", dest: str | None = None, **setti
     return Option(names, roles(on), roles(to), dest, settings)
 
 
+class Regex(click.ParamType):
+    """A regular expression, checked when the command line is read; kept as the text given."""
+
+    name = "REGEX"
+
+    def convert(self, value, param, ctx) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            self.fail(f"{value!r} is not a regular expression: {exc}", param, ctx)
+        return value
+
+
+REGEX = Regex()
 _ALL = "serve, broker, gateway, worker"
 _CHILDREN = "broker, gateway, worker"
 # How long the broker and a gateway poll before sleeping, unless told or under a CPU quota.
@@ -148,6 +163,11 @@ OPTIONS: tuple[Option, ...] = (
     _option("--grpc-restricted-protocol", on="serve, gateway", to="gateway", multiple=True,
             help="PROTOCOL,...:KEY=VALUE: those gRPC calls need the metadata "
                  "triton-grpc-protocol-KEY: VALUE (repeatable)."),
+    _option("--http-header-forward-pattern", on="serve, gateway", to="gateway", type=REGEX, default=None,
+            help="HTTP headers of an inference request whose names match this regular expression (anywhere "
+                 "in the name, case ignored) reach the model as request parameters."),
+    _option("--grpc-header-forward-pattern", on="serve, gateway", to="gateway", type=REGEX, default=None,
+            help="The same for the metadata of a gRPC inference call."),
     # -- metrics
     _option("--allow-metrics", on="serve, broker", to="broker", type=BOOLEAN, default="true",
             help="Serve Prometheus metrics."),

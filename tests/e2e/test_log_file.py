@@ -11,6 +11,7 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
+from tests.models import python_model
 from tests.servers import TritiumServer
 
 MODEL = '''
@@ -40,9 +41,7 @@ instance_group [ { kind: KIND_CPU, count: 1 } ]
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
-    (repo / "talker" / "1").mkdir(parents=True)
-    (repo / "talker" / "1" / "model.py").write_text(MODEL)
-    (repo / "talker" / "config.pbtxt").write_text(CONFIG)
+    python_model(repo, "talker", MODEL, CONFIG)
     log_file = tmp_path_factory.mktemp("logs") / "tritium.log"
     log_file.write_text("a line from before\n")
     with TritiumServer(repo, "--log-file", str(log_file)) as server:

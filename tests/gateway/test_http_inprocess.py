@@ -21,7 +21,7 @@ import pytest
 from tritium.gateway.broker_link import BrokerLink
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.http_api import HttpApp
-from tritium.gateway.http_server import HttpLimits, HttpServer
+from tritium.gateway.http_server import HttpSettings, HttpServer
 from tests.scripted_peers import Received, ScriptedBroker
 from tritium.errors import ErrorCode, InvalidArgument
 from tritium.protocol import Kind, ModelRow, Models, Response, VersionRow, encode, error_record
@@ -87,7 +87,7 @@ class Front:
             self.broker.pump()
             await asyncio.sleep(0.002)
         await starting
-        server = HttpServer(HttpApp(DataPlane(link)), HttpLimits(max_body_bytes=1 << 20))
+        server = HttpServer(HttpApp(DataPlane(link)), HttpSettings(max_body_bytes=1 << 20))
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(16)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tritium.gateway.http_server import HttpLimits, HttpRequest, HttpResponse, HttpServer, Streaming
+from tritium.gateway.http_server import HttpSettings, HttpRequest, HttpResponse, HttpServer, Streaming
 
 
 class ScriptedApp:
@@ -41,7 +41,7 @@ async def _chunks():
 
 
 class Running:
-    def __init__(self, limits: HttpLimits) -> None:
+    def __init__(self, limits: HttpSettings) -> None:
         self.app = ScriptedApp()
         self.loop = asyncio.new_event_loop()
         self.server = HttpServer(self.app, limits)
@@ -68,7 +68,7 @@ class Running:
 
 @pytest.fixture
 def running():
-    server = Running(HttpLimits(max_body_bytes=1000, keep_alive_timeout_s=0.5, stalled_request_timeout_s=0.5))
+    server = Running(HttpSettings(max_body_bytes=1000, keep_alive_timeout_s=0.5, stalled_request_timeout_s=0.5))
     yield server
     server.stop()
 
