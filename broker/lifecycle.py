@@ -47,12 +47,16 @@ Reply = Callable[[object], None]   # called once with the result, or with a Trit
 POLLING_ENABLED = "explicit model load / unload is not allowed if polling is enabled"
 
 
+UNLOADED_WHILE_LOADING = "unloaded while loading"
+
+
 @dataclass(frozen=True)
 class ControlSettings:
     mode: str = "none"                       # none | poll | explicit
     load_models: tuple[str, ...] = ()        # explicit mode: loaded at startup ("*": all)
     poll_seconds: float = 15.0
     load_threads: int = 4
+    load_retries: int = 0                    # Triton's --model-load-retry-count: a failed load is tried again
 
 
 @dataclass(eq=False)
@@ -239,9 +243,9 @@ class ModelLifecycle:
         self._finish_if_done(load)
 
     def _start_version(self, record: ModelRecord, number: int, definition: ModelDefinition, files,
-                       current: ModelVersion | None, load: LoadInProgress) -> None:
+                       current: ModelVersion | None, load: LoadInProgress, attempt: int = 0) -> None:
         version = ModelVersion(record.name, number, definition, epoch=next(self._epochs),
-                               replaces=current, files=files)
+                               replaces=current, files=files, load_attempt=attempt)
         self._version_files[version.epoch] = _version_files(definition.path, number)
         version.identity = load_identity(config_to_json_dict(definition.portable_config), files,
                                          self._version_files[version.epoch])
@@ -321,10 +325,12 @@ class ModelLifecycle:
 
     def version_failed(self, version: ModelVersion, message: str) -> None:
         record = self.registry.models.get(version.name)
-        log.error("model %s version %d failed to load: %s", version.name, version.version, message)
         self._unassign(version)
         self.registry.epochs.pop(version.epoch, None)
         self._version_files.pop(version.epoch, None)
+        if record is not None and self._load_again(record, version, message):
+            return
+        log.error("model %s version %d failed to load: %s", version.name, version.version, message)
         if version.replaces is not None and record is not None:  # the old epoch keeps serving
             record.last_error = f"reload failed, the previous load keeps serving: {message}"
             self.membership.changed()
@@ -335,6 +341,21 @@ class ModelLifecycle:
         self._progress(version, message)
         if self.ensembles.waiting:
             self.ensembles.check()
+
+    def _load_again(self, record: ModelRecord, version: ModelVersion, message: str) -> bool:
+        """Triton's --model-load-retry-count: a version that failed to load (its instances already
+        stopped) starts again at once, as a new epoch of the same files, while tries are left."""
+        load = self._loads.get(version.name)
+        if version.load_attempt >= self.settings.load_retries or message == UNLOADED_WHILE_LOADING \
+                or load is None or version.epoch not in load.waiting:
+            return False
+        attempt = version.load_attempt + 1
+        log.warning("model %s version %d failed to load, trying again (retry %d of %d): %s", version.name,
+                    version.version, attempt, self.settings.load_retries, message)
+        load.waiting.discard(version.epoch)
+        self._start_version(record, version.version, version.definition, version.files, version.replaces, load,
+                            attempt)
+        return True
 
     def _set_state(self, version: ModelVersion, state: VersionState, reason: str = "") -> None:
         self.registry.set_state(version, state, reason)
@@ -357,7 +378,7 @@ class ModelLifecycle:
         record.unloaded = True
         for epoch_version in list(self.registry.epochs.values()):  # first, so that their load is answered
             if epoch_version.name == name and epoch_version.state == VersionState.LOADING:
-                self.version_failed(epoch_version, "unloaded while loading")
+                self.version_failed(epoch_version, UNLOADED_WHILE_LOADING)
         for version in list(record.versions.values()):
             record.unloaded_versions.add(version.version)
             self._retire(version, unload=True)

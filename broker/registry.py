@@ -115,6 +115,7 @@ class ModelVersion:
     seen_ready: set[str] = field(default_factory=set)   # instance names that said hello once
     load_started_ns: int = field(default_factory=time.monotonic_ns)
     load_seconds: float | None = None                   # how long it took to become READY
+    load_attempt: int = 0                               # loads of this version tried before it (--model-load-retry-count)
     batcher: DynamicBatcher[PendingRequest] | SequenceBatcher[InstanceRecord] = field(init=False)
     ordering: ResponseOrder | None = field(init=False)   # preserve_ordering: responses leave in order
     caches: bool = field(init=False)                     # response_cache { enable: true }

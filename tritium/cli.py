@@ -47,7 +47,8 @@ def _cache_bytes(values) -> int:
 
 # The options each settings helper below takes.
 _LOG_KEYS = ("log_verbose", "log_info", "log_warning", "log_error", "log_format", "log_file")
-_CONTROL_KEYS = ("model_control_mode", "load_model", "repository_poll_secs", "model_load_thread_count")
+_CONTROL_KEYS = ("model_control_mode", "load_model", "repository_poll_secs", "model_load_thread_count",
+                 "model_load_retry_count")
 _REPOSITORY_KEYS = ("model_config_name", "disable_auto_complete_config", "strict_model_config", "backend_config")
 
 
@@ -68,7 +69,8 @@ def configure_logs(role: str, log_verbose, log_info, log_warning, log_error, log
     return dataclasses.replace(settings, log_file=log_file)
 
 
-def control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count):
+def control_settings(model_control_mode, load_model, repository_poll_secs, model_load_thread_count,
+                     model_load_retry_count):
     from tritium.broker.lifecycle import ControlSettings
 
     if load_model and model_control_mode != "explicit":
@@ -78,7 +80,7 @@ def control_settings(model_control_mode, load_model, repository_poll_secs, model
     if repository_poll_secs <= 0 or model_load_thread_count <= 0:
         raise click.BadParameter("--repository-poll-secs and --model-load-thread-count must be positive")
     return ControlSettings(model_control_mode, tuple(load_model), float(repository_poll_secs),
-                           model_load_thread_count)
+                           model_load_thread_count, model_load_retry_count)
 
 
 def repository_settings(model_config_name, disable_auto_complete_config, strict_model_config,

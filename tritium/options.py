@@ -109,6 +109,8 @@ OPTIONS: tuple[Option, ...] = (
             help="Poll mode: seconds between repository scans."),
     _option("--model-load-thread-count", on="serve, broker", to="broker", default=4, type=int,
             help="Models read from disk in parallel."),
+    _option("--model-load-retry-count", on="serve, broker", to="broker", default=0, type=click.IntRange(min=0),
+            help="How many more times a model version that fails to load is loaded again, at once."),
     # -- the front ends
     _option("--allow-http", on="serve, gateway", to="gateway", type=BOOLEAN, default="true", help="Serve HTTP."),
     _option("--http-address", on="serve, gateway", to="gateway", default="0.0.0.0",

@@ -52,7 +52,6 @@ _GRPC_TUNING = "gRPC keeps its own defaults"
 
 # Every tritonserver 2.5x flag that tritium accepts and ignores, in the order of Triton's usage.
 IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
-    IgnoredFlag("--model-load-retry-count", int, "a failed load is not retried"),
     IgnoredFlag("--model-namespacing", BOOLEAN, "model names are global across repositories"),
     IgnoredFlag("--enable-peer-access", BOOLEAN, _NO_GPU_MEMORY),
     IgnoredFlag("--reuse-http-port", BOOLEAN, "the gateways always share the HTTP port"),

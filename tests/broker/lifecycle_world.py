@@ -24,7 +24,7 @@ output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 4 ] }} ]
 
 
 class World:
-    def __init__(self, root) -> None:
+    def __init__(self, root, load_retries: int = 0) -> None:
         self.root = root
         self.sent: list[dict] = []
         self.registry = Registry()
@@ -32,7 +32,8 @@ class World:
         scheduler = Scheduler(self.registry, self._record, self._record)
         self.membership = Membership(self.registry, scheduler, PeerLiveness(1.0))
         self.lifecycle = ModelLifecycle(self.registry, ModelRepository([root]), scheduler, self._record,
-                                        ControlSettings(mode="explicit"), self.membership)
+                                        ControlSettings(mode="explicit", load_retries=load_retries),
+                                        self.membership)
         self.replies: list = []
 
     def _record(self, parts: list) -> None:

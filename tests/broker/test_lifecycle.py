@@ -61,6 +61,61 @@ def test_a_failed_reload_keeps_the_old_config_and_version(world):
     assert world.registry.versions[("m", 1)] is old and old.state == VersionState.READY
 
 
+@pytest.fixture
+def retrying(tmp_path):
+    """A lifecycle with --model-load-retry-count 2."""
+    made = World(tmp_path, load_retries=2)
+    yield made
+    made.lifecycle.close()
+
+
+def sent_of(world, kind: Kind) -> list[int]:
+    """The epochs of the ASSIGN or UNASSIGN messages sent to agents, in order."""
+    return [load["e"] for message in world.sent if message["k"] == kind for load in message["models"]]
+
+
+def test_a_failed_load_is_loaded_again_until_a_try_succeeds(retrying):
+    world = retrying
+    world.write()
+    world.load()
+    first = world.loading()
+    world.lifecycle.version_failed(first, "boom 1")
+    second = world.loading()
+    world.lifecycle.version_failed(second, "boom 2")
+    third = world.loading()
+    assert [first.load_attempt, second.load_attempt, third.load_attempt] == [0, 1, 2]
+    assert len({first.epoch, second.epoch, third.epoch}) == 3
+    assert sent_of(world, Kind.ASSIGN) == [first.epoch, second.epoch, third.epoch]
+    assert sent_of(world, Kind.UNASSIGN) == [first.epoch, second.epoch]   # a failed try's instances stop
+    assert world.replies == []   # the load is answered once, by the try that settles it
+    world.instance_ready(third)
+    assert world.replies == [{}]
+    assert world.registry.versions[("m", 1)] is third and third.state == VersionState.READY
+
+
+def test_a_load_that_fails_every_try_fails_with_the_last_error(retrying):
+    world = retrying
+    world.write()
+    world.load()
+    for attempt in range(3):
+        world.lifecycle.version_failed(world.loading(), f"boom {attempt}")
+    (reply,) = world.replies
+    assert isinstance(reply, InvalidArgument)
+    assert reply.message == "load failed for model 'm': version 1 is at UNAVAILABLE state: boom 2;\n"
+    version = world.registry.versions[("m", 1)]
+    assert (version.state, version.reason) == (VersionState.UNAVAILABLE, "boom 2")
+    assert not any(v.state == VersionState.LOADING for v in world.registry.epochs.values())
+
+
+def test_a_load_unloaded_while_loading_is_not_tried_again(retrying):
+    world = retrying
+    world.write()
+    world.load()
+    world.lifecycle.unload_now("m")
+    assert isinstance(world.replies[-1], InvalidArgument) and "unloaded while loading" in world.replies[-1].message
+    assert not any(v.state == VersionState.LOADING for v in world.registry.epochs.values())
+
+
 def test_a_missing_model_file_on_reload_keeps_the_serving_version(world):
     world.write()
     world.load()
