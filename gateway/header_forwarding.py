@@ -43,6 +43,7 @@ def forwarded_headers(pattern: re.Pattern[str], headers: Iterable[tuple[str, str
 
 
 def http_header_text(lines: Iterable[tuple[bytes, bytes]]) -> Iterable[tuple[str, str]]:
+    """HTTP header lines as text (values read as UTF-8)."""
     for name, value in lines:
         yield name.decode("latin-1"), value.decode("utf-8", "replace")
 

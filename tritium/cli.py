@@ -190,6 +190,7 @@ def serve(ctx, **o) -> None:
         grpc_port=o["grpc_port"], grpc_enabled=_bool(o["allow_grpc"]), metrics_port=o["metrics_port"],
         metrics_address=o["metrics_address"], metrics_enabled=_bool(o["allow_metrics"]),
         http_workers=o["http_workers"] or max(1, usable_cpus() // 2),
+        reuse_http_port=_bool(o["reuse_http_port"]), reuse_grpc_port=_bool(o["reuse_grpc_port"]),
         exit_timeout_s=float(o["exit_timeout_secs"]), exit_on_error=_bool(o["exit_on_error"]),
         broker_args=child_args(o, BROKER), worker_args=child_args(o, WORKER),
         # serve's own gateways share the ports; serve checks they are free

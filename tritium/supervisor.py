@@ -45,6 +45,8 @@ class ServeSettings:
     metrics_enabled: bool = True
     metrics_port: int = 8002
     http_workers: int = 1
+    reuse_http_port: bool = False   # Triton's --reuse-http-port: other servers may share the port
+    reuse_grpc_port: bool = False
     exit_timeout_s: float = 30.0
     exit_on_error: bool = True
     # each child's flags, from the options table (tritium/options.py)
@@ -98,12 +100,13 @@ class Supervisor:
 
     def _check_ports(self) -> None:
         """A port in use by any other program stops serve before anything starts (its own
-        gateways then share theirs with --reuse-port), in Triton's order and words."""
+        gateways then share theirs with --reuse-port), in Triton's order and words; with
+        --reuse-http-port / --reuse-grpc-port, one that other servers share the same way does not."""
         s = self.settings
         if s.grpc_enabled:
-            check_free("GRPC", s.grpc_address, s.grpc_port)
+            check_free("GRPC", s.grpc_address, s.grpc_port, s.reuse_grpc_port)
         if s.http_enabled:
-            check_free("HTTP", s.http_address, s.http_port)
+            check_free("HTTP", s.http_address, s.http_port, s.reuse_http_port)
         if s.metrics_enabled:
             check_free("Metrics", s.metrics_address, s.metrics_port)
 

@@ -54,9 +54,7 @@ _GRPC_TUNING = "gRPC keeps its own defaults"
 IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
     IgnoredFlag("--model-namespacing", BOOLEAN, "model names are global across repositories"),
     IgnoredFlag("--enable-peer-access", BOOLEAN, _NO_GPU_MEMORY),
-    IgnoredFlag("--reuse-http-port", BOOLEAN, "the gateways always share the HTTP port"),
     IgnoredFlag("--http-thread-count", int, "--http-workers sets the gateway processes"),
-    IgnoredFlag("--reuse-grpc-port", BOOLEAN, "the gateways always share the gRPC port"),
     IgnoredFlag("--grpc-infer-allocation-pool-size", int, _GRPC_TUNING),
     IgnoredFlag("--grpc-infer-response-compression-level", str, _GRPC_TUNING),
     IgnoredFlag("--sagemaker-port", int, "there is no SageMaker endpoint"),

@@ -142,6 +142,16 @@ def test_a_second_serve_on_the_ports_of_a_running_one_stops_and_the_first_keeps_
         assert request(first.url, "GET", "/v2/health/live")[0] == 200
 
 
+def test_two_serves_that_ask_for_it_share_the_http_port(repo):
+    """Triton's --reuse-http-port: the kernel spreads the port's connections over both servers."""
+    with TritiumServer(repo, "--exit-on-error=false", "--reuse-http-port=true", "--id", "first") as first:
+        with TritiumServer(repo, "--exit-on-error=false", "--reuse-http-port=true", "--id", "second",
+                           "--http-port", str(first.port)):
+            names = {json.loads(request(first.url, "GET", "/v2")[2])["name"] for _ in range(24)}
+            assert names == {"first", "second"}
+        assert request(first.url, "GET", "/v2/health/live")[0] == 200
+
+
 def _run_part(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
     return subprocess.run([sys.executable, "-m", "tritium.cli", *args], capture_output=True, timeout=60, env=env)
