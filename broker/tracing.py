@@ -16,6 +16,8 @@ from tritium.tracing.triton_file import TraceFile
 
 log = logging.getLogger(__name__)
 
+CLOSE_TIMEOUT_S = 10.0   # how long the broker's exit waits for the last trace file
+
 
 class BrokerTracing:
     def __init__(self) -> None:
@@ -60,4 +62,8 @@ class BrokerTracing:
         return None if self.store is None else self.store.as_wire()
 
     def close(self) -> None:
+        """Write what is left; a file that cannot be written in CLOSE_TIMEOUT_S (a pipe nobody
+        reads) does not hold up the broker's exit."""
         self.file.flush()
+        if not self.file.wait(CLOSE_TIMEOUT_S):
+            log.warning("the trace file is still being written after %.0f s; stopping without it", CLOSE_TIMEOUT_S)

@@ -1,4 +1,5 @@
-"""Triton's trace file as tritium writes it: the records of each trace, and files written whole."""
+"""Triton's trace file as tritium writes it: the records of each trace, files written whole, and
+written by a thread of their own (``wait`` before reading them)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import logging
 import os
 import stat
 import threading
+import time
 
+from tritium.broker import tracing
+from tritium.broker.tracing import BrokerTracing
 from tritium.tracing.triton_file import TraceFile
 
 
@@ -21,6 +25,7 @@ def test_every_n_traces_go_to_the_next_numbered_file_whole_and_nothing_else_is_l
     path = str(tmp_path / "trace.json")
     for number in range(4):
         traces.add(path, 2, tree(f"m{number}", 100 * number))
+    assert traces.wait(10)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.0", "trace.json.1"]
     first = json.loads((tmp_path / "trace.json.0").read_bytes())
     assert [r.get("model_name") for r in first if "model_name" in r] == ["m0", "m1"]
@@ -34,6 +39,7 @@ def test_tracing_stopped_writes_the_rest_to_the_file_itself(tmp_path):
     traces.add(path, 0, tree("m", 1))
     assert list(tmp_path.iterdir()) == []
     traces.flush()
+    assert traces.wait(10)
     assert [r["id"] for r in json.loads((tmp_path / "trace.json").read_bytes())] == [1, 1, 1, 1]
     assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]
 
@@ -44,6 +50,7 @@ def test_a_file_that_cannot_be_written_is_logged_and_leaves_no_partial_file(tmp_
     traces.add(str(tmp_path / "trace.json"), 0, tree("m", 1))
     with caplog.at_level(logging.ERROR):
         traces.flush()
+        assert traces.wait(10)
     assert "cannot write the trace file" in caplog.text
     assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]
 
@@ -55,6 +62,7 @@ def test_a_link_to_the_trace_file_stays_a_link_and_the_file_it_names_gets_the_tr
     traces = TraceFile()
     traces.add(str(tmp_path / "trace.json"), 0, tree("m", 1))
     traces.flush()
+    assert traces.wait(10)
     assert (tmp_path / "trace.json").is_symlink()
     assert [r["id"] for r in json.loads(real.read_bytes())] == [1, 1, 1, 1]
     assert sorted(p.name for p in real.parent.iterdir()) == ["trace.json"]
@@ -72,3 +80,33 @@ def test_a_pipe_as_the_trace_file_is_written_into_not_replaced(tmp_path):
     reader.join(timeout=10)
     assert stat.S_ISFIFO(pipe.stat().st_mode)
     assert [r["id"] for r in json.loads(received[0])] == [1, 1, 1, 1]
+
+
+def test_a_pipe_nobody_reads_holds_up_only_the_writer_and_files_leave_in_order(tmp_path):
+    pipe, after = tmp_path / "trace.json", tmp_path / "later.json"
+    os.mkfifo(pipe)
+    traces = TraceFile()
+    started = time.monotonic()
+    traces.add(str(pipe), 0, tree("first", 1))
+    traces.add(str(after), 0, tree("second", 2))   # another file: the pipe's traces are flushed
+    traces.flush()
+    assert time.monotonic() - started < 1.0   # the caller goes on while the writer waits for a reader
+    assert not traces.wait(0.2) and not after.exists()   # the second file waits for the first
+    first = json.loads(pipe.read_bytes())
+    assert traces.wait(10)
+    assert [r["model_name"] for r in first if "model_name" in r] == ["first"]
+    assert [r["model_name"] for r in json.loads(after.read_bytes()) if "model_name" in r] == ["second"]
+
+
+def test_the_broker_stops_without_waiting_for_ever_on_a_trace_file(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(tracing, "CLOSE_TIMEOUT_S", 0.2)
+    pipe = tmp_path / "trace.json"
+    os.mkfifo(pipe)
+    broker = BrokerTracing()
+    broker.file.add(str(pipe), 0, tree("m", 1))
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        broker.close()
+    assert 0.2 <= time.monotonic() - started < 2.0
+    assert "the trace file is still being written after 0 s; stopping without it" in caplog.text
+    assert [r["id"] for r in json.loads(pipe.read_bytes())] == [1, 1, 1, 1]   # a late reader still gets it

@@ -5,6 +5,9 @@ numbered when they are written, so that traces from several gateways share one c
 a request's id, then its steps' ids, each step with ``parent_id``. A step's records come
 before its parent's, as a step ends first. With ``log_frequency`` N, every N traces go to
 ``FILE.<index>``; with 0, everything goes to ``FILE`` when tracing stops.
+
+Files are written by a thread of their own, in the order they were made: a slow disk, or a
+pipe nobody reads, holds up that thread, never the broker's loop that serves requests.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import queue
+import threading
 from pathlib import Path
 
 import orjson
@@ -44,6 +49,7 @@ class TraceFile:
         self._traces = 0          # traces in _pending
         self._index = 0
         self._path = ""
+        self._writer = _Writer()
 
     def add(self, path: str, log_frequency: int, tree: dict) -> None:
         if path != self._path:
@@ -63,11 +69,45 @@ class TraceFile:
         target = f"{self._path}.{self._index}" if indexed else self._path
         if indexed:
             self._index += 1
-        try:
-            _write_whole(Path(target), orjson.dumps(self._pending))
-        except OSError as exc:
-            log.error("cannot write the trace file %s: %s", target, exc)
+        self._writer.write(target, self._pending)
         self._pending, self._traces = [], 0
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether every file flushed so far is written, waiting up to ``timeout_s`` for it."""
+        return self._writer.wait(timeout_s)
+
+
+class _Writer:
+    """One thread that writes the files it is given, in order; started with the first."""
+
+    def __init__(self) -> None:
+        self._files: queue.SimpleQueue[tuple[str, list[dict]]] = queue.SimpleQueue()
+        self._unwritten = 0
+        self._written = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def write(self, target: str, records: list[dict]) -> None:
+        with self._written:
+            self._unwritten += 1
+        self._files.put((target, records))
+        if self._thread is None:   # a daemon: one stuck on a pipe does not keep the process alive
+            self._thread = threading.Thread(target=self._run, name="trace-file", daemon=True)
+            self._thread.start()
+
+    def wait(self, timeout_s: float) -> bool:
+        with self._written:
+            return self._written.wait_for(lambda: self._unwritten == 0, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            target, records = self._files.get()
+            try:
+                _write_whole(Path(target), orjson.dumps(records))
+            except OSError as exc:
+                log.error("cannot write the trace file %s: %s", target, exc)
+            with self._written:
+                self._unwritten -= 1
+                self._written.notify_all()
 
 
 def _write_whole(path: Path, data: bytes) -> None:
