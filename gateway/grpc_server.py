@@ -30,8 +30,9 @@ from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceSe
 from tritium.gateway.grpc_http2 import (ENHANCE_YOUR_CALM, NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers,
                                         Http2Connection, encode_headers)
 from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers, too_many_pings
-from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader, frame,
-                               parse_timeout, percent_encoded, too_large)
+from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader,
+                                      compressed_frame, frame, parse_timeout, percent_encoded, response_encoding,
+                                      too_large)
 from tritium.errors import TritiumError
 from tritium.ports import bound_socket
 
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 _RESPONSE_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc"),
                      (b"grpc-accept-encoding", ACCEPTED_ENCODINGS)]
 _RESPONSE_BLOCK = encode_headers(_RESPONSE_HEADERS)
+_COMPRESSED_BLOCKS = {encoding: encode_headers([*_RESPONSE_HEADERS, (b"grpc-encoding", encoding)])
+                      for encoding in (b"gzip", b"deflate")}
+_INFERENCE = frozenset(("ModelInfer", "ModelStreamInfer"))   # the responses Triton's level compresses
 _OK_BLOCK = encode_headers([(b"grpc-status", b"0")])
 _NOT_GRPC_BLOCK = encode_headers([(b":status", b"415"), (b"content-type", b"text/plain")])
 _WINDOW = 16 * 1024 * 1024         # what a client may send ahead of our acknowledgements
@@ -86,10 +90,12 @@ class _Call:
     """One stream: its request bytes, the work answering it, and what waits on the send window."""
 
     __slots__ = ("id", "rpc", "headers", "reader", "messages", "requests", "task", "timer", "headers_sent",
-                 "done", "remote_closed", "pending", "trailers")
+                 "done", "remote_closed", "pending", "trailers", "encoding")
 
-    def __init__(self, stream_id: int, rpc: Rpc, headers: Headers, reader: MessageReader) -> None:
+    def __init__(self, stream_id: int, rpc: Rpc, headers: Headers, reader: MessageReader,
+                 encoding: bytes | None = None) -> None:
         self.id, self.rpc, self.headers, self.reader = stream_id, rpc, headers, reader
+        self.encoding = encoding   # what its responses are compressed with (None: they are not)
         self.messages: list[bytes] = []
         self.requests: asyncio.Queue | None = None    # streaming calls: parsed requests, then _END
         self.task: asyncio.Task | None = None
@@ -123,10 +129,11 @@ class _Shared(OpenConnections["GrpcConnection"]):
     """What every connection of one server shares: the RPCs, the limit, the open connections."""
 
     def __init__(self, servicer: GrpcInferenceService, rpcs: dict[bytes, Rpc], max_message_bytes: int,
-                 keepalive: GrpcKeepalive) -> None:
+                 keepalive: GrpcKeepalive, compression_level: str) -> None:
         super().__init__()
         self.servicer, self.rpcs, self.max_message_bytes = servicer, rpcs, max_message_bytes
         self.keepalive = keepalive
+        self.compression_level = compression_level   # Triton's, for inference responses
 
 
 class GrpcConnection(asyncio.Protocol):
@@ -182,7 +189,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def _request(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
         path = b""
-        content_type = encoding = None
+        content_type = encoding = accepted = None
         timeout: float | None = None
         metadata: Headers = []
         for name, value in headers:
@@ -195,6 +202,8 @@ class GrpcConnection(asyncio.Protocol):
                 encoding = value
             elif name == b"grpc-timeout":
                 timeout = parse_timeout(value)
+            elif name == b"grpc-accept-encoding":
+                accepted = value
             elif name not in _NOT_METADATA:
                 metadata.append((name, value))
         if self.shared.draining or self.aged:   # past our GOAWAY: the client may retry it elsewhere
@@ -212,7 +221,8 @@ class GrpcConnection(asyncio.Protocol):
             if not end_stream:   # stop the client sending more of a call that is over
                 self.http2.reset(stream_id, NO_ERROR)
             return
-        call = _Call(stream_id, rpc, metadata, MessageReader(self.shared.max_message_bytes, encoding))
+        compressed = response_encoding(self.shared.compression_level, accepted) if rpc.name in _INFERENCE else None
+        call = _Call(stream_id, rpc, metadata, MessageReader(self.shared.max_message_bytes, encoding), compressed)
         call.remote_closed = end_stream
         self.calls[stream_id] = call
         if timeout is not None:
@@ -334,8 +344,9 @@ class GrpcConnection(asyncio.Protocol):
             raise too_large("Sent", len(payload), self.shared.max_message_bytes)
         if not call.headers_sent:
             call.headers_sent = True
-            self.http2.send_headers(call.id, _RESPONSE_BLOCK)
-        call.pending.append(memoryview(frame(payload)))   # sliced into DATA frames without copies
+            self.http2.send_headers(call.id, _RESPONSE_BLOCK if call.encoding is None else _COMPRESSED_BLOCKS[call.encoding])
+        message = frame(payload) if call.encoding is None else compressed_frame(payload, call.encoding)
+        call.pending.append(memoryview(message))   # sliced into DATA frames without copies
         self._send_pending(call)
 
     def _send_pending(self, call: _Call) -> None:
@@ -471,10 +482,10 @@ class GrpcServer:
     """The listening socket, the connections, and the graceful drain; grpc.aio's start/stop shape."""
 
     def __init__(self, servicer: GrpcInferenceService, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 keepalive: GrpcKeepalive = GrpcKeepalive()) -> None:
+                 keepalive: GrpcKeepalive = GrpcKeepalive(), compression_level: str = "none") -> None:
         rpcs = {f"/{SERVICE.full_name}/{name}".encode(): Rpc(name, streaming, parse, serialize, getattr(servicer, name))
                 for name, streaming, parse, serialize in rpc_methods()}
-        self.shared = _Shared(servicer, rpcs, max_message_bytes, keepalive)
+        self.shared = _Shared(servicer, rpcs, max_message_bytes, keepalive, compression_level)
         self._sock: socket.socket | None = None
         self._server: asyncio.AbstractServer | None = None
 
@@ -505,7 +516,8 @@ class GrpcServer:
 
 def bind_grpc_tritium(service: GrpcInferenceService, address: str, port: int,
                       max_message_bytes: int = MAX_MESSAGE_BYTES, reuse_port: bool = False,
-                      keepalive: GrpcKeepalive = GrpcKeepalive()) -> tuple[GrpcServer, int]:
+                      keepalive: GrpcKeepalive = GrpcKeepalive(), compression_level: str = "none",
+                      ) -> tuple[GrpcServer, int]:
     """``bind_grpc``'s counterpart: a server bound to ``address:port``, to be started."""
-    server = GrpcServer(service, max_message_bytes, keepalive)
+    server = GrpcServer(service, max_message_bytes, keepalive, compression_level)
     return server, server.bind(address, port, reuse_port)

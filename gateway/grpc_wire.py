@@ -40,6 +40,29 @@ def frame(message: bytes) -> bytes:
     return b"\0" + len(message).to_bytes(4, "big") + message
 
 
+def compressed_frame(message: bytes, encoding: bytes) -> bytes:
+    """One message compressed with ``encoding`` (gzip or deflate), with its prefix."""
+    deflater = zlib.compressobj(wbits=_WBITS[encoding])
+    packed = deflater.compress(message) + deflater.flush()
+    return b"\1" + len(packed).to_bytes(4, "big") + packed
+
+
+# Triton's --grpc-infer-response-compression-level: gRPC picks, among the encodings the client
+# accepts, the first of the level's order (low: the lighter gzip framing first).
+_LEVEL_ORDER = {"low": (b"gzip", b"deflate"), "medium": (b"deflate", b"gzip"), "high": (b"deflate", b"gzip")}
+COMPRESSION_LEVELS = ("none", *_LEVEL_ORDER)
+
+
+def response_encoding(level: str, accepted: bytes | None) -> bytes | None:
+    """The encoding an inference response goes out in, given the client's grpc-accept-encoding;
+    None: uncompressed (level none, or the client accepts neither)."""
+    order = _LEVEL_ORDER.get(level)
+    if order is None or not accepted:
+        return None
+    offered = {name.strip() for name in accepted.split(b",")}
+    return next((encoding for encoding in order if encoding in offered), None)
+
+
 class MessageReader:
     """Cuts a request stream's bytes into messages, refusing one over ``limit`` from its prefix
     (before its bytes are held) and decompressing those flagged compressed. A message split

@@ -63,6 +63,7 @@ class GatewaySettings:
     trace: TraceSettings = TraceSettings()   # Triton's --trace-config, seeding the broker's copy
     http_header_forward_pattern: str | None = None   # Triton's: matching headers become request parameters
     grpc_header_forward_pattern: str | None = None   # the same for gRPC metadata
+    grpc_compression_level: str = "none"   # Triton's --grpc-infer-response-compression-level
     spin_s: float = 0.0   # --gateway-spin-us: how long to poll for answers before sleeping
 
 
@@ -90,11 +91,17 @@ async def serve(settings: GatewaySettings) -> int:
         if settings.http_port is not None else None
     grpc_server = None
     if settings.grpc_port is not None:   # bound now: a taken port stops startup before the broker is waited for
-        bind = bind_grpc if settings.grpc_server == "grpcio" else bind_grpc_tritium
         service = GrpcInferenceService(dataplane, settings.grpc_restricted,
                                        compile_pattern(settings.grpc_header_forward_pattern))
-        grpc_server, grpc_port = bind(service, settings.grpc_address, settings.grpc_port,
-                                      settings.grpc_max_message_bytes, settings.reuse_port, settings.grpc_keepalive)
+        where = (settings.grpc_address, settings.grpc_port, settings.grpc_max_message_bytes, settings.reuse_port,
+                 settings.grpc_keepalive)
+        if settings.grpc_server == "grpcio":
+            if settings.grpc_compression_level != "none":
+                log.warning("--grpc-infer-response-compression-level applies to tritium's gRPC server only, "
+                            "not to --grpc-server=grpcio: responses go out uncompressed")
+            grpc_server, grpc_port = bind_grpc(service, *where)
+        else:
+            grpc_server, grpc_port = bind_grpc_tritium(service, *where, settings.grpc_compression_level)
     http = HttpServer(app, HttpSettings(max_body_bytes=settings.max_input_bytes + 1024 * 1024,
                                         keep_header_lines=http_forward is not None))
     stop = asyncio.Event()

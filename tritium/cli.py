@@ -306,6 +306,7 @@ def gateway(**o) -> None:
                         grpc_keepalive=grpc_keepalive(o), trace=trace,
                         http_header_forward_pattern=o["http_header_forward_pattern"],
                         grpc_header_forward_pattern=o["grpc_header_forward_pattern"],
+                        grpc_compression_level=o["grpc_infer_response_compression_level"],
                         spin_s=polling_s(o["gateway_spin_us"], GATEWAY_SPIN_US, "--gateway-spin-us")))
 
 

@@ -170,6 +170,10 @@ OPTIONS: tuple[Option, ...] = (
     _option("--grpc-restricted-protocol", on="serve, gateway", to="gateway", multiple=True,
             help="PROTOCOL,...:KEY=VALUE: those gRPC calls need the metadata "
                  "triton-grpc-protocol-KEY: VALUE (repeatable)."),
+    _option("--grpc-infer-response-compression-level", on="serve, gateway", to="gateway", default="none",
+            type=click.Choice(["none", "low", "medium", "high"]),
+            help="Compress gRPC inference responses for clients that accept it: low prefers gzip, medium and "
+                 "high deflate (tritium's gRPC server)."),
     _option("--http-header-forward-pattern", on="serve, gateway", to="gateway", type=REGEX, default=None,
             help="HTTP headers of an inference request whose names match this regular expression (anywhere "
                  "in the name, case ignored) reach the model as request parameters."),

@@ -56,7 +56,6 @@ IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
     IgnoredFlag("--enable-peer-access", BOOLEAN, _NO_GPU_MEMORY),
     IgnoredFlag("--http-thread-count", int, "--http-workers sets the gateway processes"),
     IgnoredFlag("--grpc-infer-allocation-pool-size", int, _GRPC_TUNING),
-    IgnoredFlag("--grpc-infer-response-compression-level", str, _GRPC_TUNING),
     IgnoredFlag("--sagemaker-port", int, "there is no SageMaker endpoint"),
     IgnoredFlag("--sagemaker-safe-port-range", str, "there is no SageMaker endpoint"),
     IgnoredFlag("--sagemaker-thread-count", int, "there is no SageMaker endpoint"),

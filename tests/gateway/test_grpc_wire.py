@@ -11,7 +11,8 @@ import hpack
 import pytest
 
 from tritium.gateway.grpc_http2 import encode_headers
-from tritium.gateway.grpc_wire import GrpcFailure, MessageReader, frame, parse_timeout, percent_encoded
+from tritium.gateway.grpc_wire import (GrpcFailure, MessageReader, compressed_frame, frame, parse_timeout,
+                                      percent_encoded, response_encoding)
 
 MESSAGES = [b"", b"x", os.urandom(100), os.urandom(70_000), os.urandom(3_000_000)]
 WIRE = b"".join(frame(m) for m in MESSAGES)
@@ -42,6 +43,26 @@ def test_compressed_messages_are_read_and_a_bomb_is_refused(encoding, compress):
     with pytest.raises(GrpcFailure) as failure:
         MessageReader(10**6, encoding).feed(b"\1" + len(bomb).to_bytes(4, "big") + bomb)
     assert failure.value.code == 8 and failure.value.message.startswith("Received message larger than max (")
+
+
+@pytest.mark.parametrize("encoding, decompress", [(b"gzip", gzip.decompress), (b"deflate", zlib.decompress)])
+def test_compressed_responses_are_flagged_and_read_back(encoding, decompress):
+    message = b"tensor bytes " * 100
+    wire = compressed_frame(message, encoding)
+    assert wire[0] == 1 and int.from_bytes(wire[1:5], "big") == len(wire) - 5 < len(message)
+    assert decompress(wire[5:]) == message
+    assert MessageReader(10**6, encoding).feed(wire) == [message]
+
+
+@pytest.mark.parametrize("level, accepted, chosen", [
+    ("none", b"identity,deflate,gzip", None),
+    ("low", b"identity,deflate,gzip", b"gzip"), ("low", b"identity, deflate", b"deflate"),
+    ("medium", b"identity,deflate,gzip", b"deflate"), ("high", b"identity, deflate, gzip", b"deflate"),
+    ("high", b"identity,gzip", b"gzip"), ("high", b"identity", None), ("high", None, None),
+])
+def test_the_response_encoding_is_the_levels_first_choice_the_client_accepts(level, accepted, chosen):
+    """As Triton 2.51 answers: low prefers gzip, medium and high deflate; nothing the client lacks."""
+    assert response_encoding(level, accepted) == chosen
 
 
 def test_a_compressed_message_without_a_known_encoding_is_refused():
