@@ -344,10 +344,15 @@ class ModelLifecycle:
 
     def _load_again(self, record: ModelRecord, version: ModelVersion, message: str) -> bool:
         """Triton's --model-load-retry-count: a version that failed to load (its instances already
-        stopped) starts again at once, as a new epoch of the same files, while tries are left."""
+        stopped) starts again at once, as a new epoch of the same files, while tries are left and
+        a host can take it (one lost or draining while it loaded leaves none: the load fails, as
+        without retries, rather than waiting for a host to join)."""
         load = self._loads.get(version.name)
         if version.load_attempt >= self.settings.load_retries or message == UNLOADED_WHILE_LOADING \
                 or load is None or version.epoch not in load.waiting:
+            return False
+        if not version.ensemble and not any(agent.serves(version.name) and not agent.draining
+                                            for agent in self.registry.agents.values()):
             return False
         attempt = version.load_attempt + 1
         log.warning("model %s version %d failed to load, trying again (retry %d of %d): %s", version.name,

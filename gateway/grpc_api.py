@@ -23,7 +23,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from tritium.gateway.grpc_codec import decode_infer_request, encode_infer_response
 from tritium.gateway.grpc_keepalive import GrpcKeepalive
-from tritium.gateway.header_forwarding import forwarded_headers, grpc_metadata_text
+from tritium.gateway.header_forwarding import forwarded_grpc_metadata
 from tritium.gateway.inference import InferRequest, InferResult
 from tritium.gateway.model_table import parse_version
 from tritium.gateway.restricted import RestrictedApis
@@ -107,8 +107,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         """The InferRequest ``message`` asks for, with the call's forwarded headers among its parameters."""
         request = decode_infer_request(message)
         if self.header_forward is not None:
-            request.parameters = {**request.parameters,
-                                  **forwarded_headers(self.header_forward, grpc_metadata_text(metadata))}
+            request.parameters = {**request.parameters, **forwarded_grpc_metadata(self.header_forward, metadata)}
         return request
 
     # -- health and metadata ------------------------------------------------------------
@@ -252,9 +251,11 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelInfer(self, request, context):
-        infer_request = self._decode(request, context.invocation_metadata() or ())
+        wanted = self.header_forward is not None or self.dataplane.tracer.on   # reading it costs: only when used
+        metadata = (context.invocation_metadata() or ()) if wanted else ()
+        infer_request = self._decode(request, metadata)
         if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
-            infer_request.traceparent = dict(context.invocation_metadata() or ()).get("traceparent")
+            infer_request.traceparent = dict(metadata).get("traceparent")
         result = await self.dataplane.infer(infer_request, GRPC_DECOUPLED)
         return encode_infer_response(result)
 

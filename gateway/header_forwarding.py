@@ -14,6 +14,7 @@ both, the header's last).
 from __future__ import annotations
 
 import base64
+import binascii
 import re
 from collections.abc import Iterable
 
@@ -26,34 +27,52 @@ RESERVED = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority
 
 def compile_pattern(pattern: str | None) -> re.Pattern[str] | None:
     """The flag's pattern, ready to match header names; None when forwarding is off. re.error
-    for a pattern that is not a regular expression."""
-    return re.compile(pattern, re.IGNORECASE) if pattern else None
+    for a pattern that is not a regular expression. Triton's own tests turn the case back on
+    with a leading ``(?-i)``, which RE2 takes after Triton's ``(?i)`` and Python's ``re`` does
+    not take at all: such a pattern is matched as it is, case included."""
+    if not pattern:
+        return None
+    if pattern.startswith(_CASE_SENSITIVE):
+        return re.compile(pattern[len(_CASE_SENSITIVE):])
+    return re.compile(pattern, re.IGNORECASE)
 
 
-def forwarded_headers(pattern: re.Pattern[str], headers: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """The parameters ``headers`` (name, value) give the request; InvalidArgument for a reserved name."""
+_CASE_SENSITIVE = "(?-i)"
+
+
+def forwarded_http_headers(pattern: re.Pattern[str], lines: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The parameters a request's header lines give it (values read as UTF-8)."""
     found = {}
-    for name, value in headers:
-        if pattern.search(name) is None:
-            continue
-        if name in RESERVED or name.startswith("triton_"):
-            raise InvalidArgument(f"Header '{name}' is reserved for Triton usage and cannot be forwarded.")
-        found[name] = value
+    for raw_name, value in lines:
+        name = raw_name.decode("latin-1")
+        if _forwards(pattern, name):
+            found[name] = value.decode("utf-8", "replace")
     return found
 
 
-def http_header_text(lines: Iterable[tuple[bytes, bytes]]) -> Iterable[tuple[str, str]]:
-    """HTTP header lines as text (values read as UTF-8)."""
-    for name, value in lines:
-        yield name.decode("latin-1"), value.decode("utf-8", "replace")
-
-
-def grpc_metadata_text(metadata: Iterable[tuple[bytes | str, bytes | str]]) -> Iterable[tuple[str, str]]:
-    """gRPC metadata as text, a ``-bin`` value base64-decoded as gRPC hands it to Triton: pairs
-    of bytes as tritium's server reads them, or grpc.aio's (str, str or decoded bytes)."""
-    for name, value in metadata:
-        if isinstance(name, bytes):
-            name = name.decode("latin-1")
-            if name.endswith("-bin") and isinstance(value, bytes):
+def forwarded_grpc_metadata(pattern: re.Pattern[str],
+                            metadata: Iterable[tuple[bytes | str, bytes | str]]) -> dict[str, str]:
+    """The parameters a call's metadata gives it, a ``-bin`` value base64-decoded as gRPC hands it
+    to Triton: pairs of bytes as tritium's server reads them (a ``-bin`` value still in base64),
+    or grpc.aio's (str, and str or the decoded bytes)."""
+    found = {}
+    for raw_name, value in metadata:
+        name = raw_name.decode("latin-1") if isinstance(raw_name, bytes) else raw_name
+        if not _forwards(pattern, name):
+            continue
+        if isinstance(raw_name, bytes) and name.endswith("-bin") and isinstance(value, bytes):
+            try:
                 value = base64.b64decode(value + b"==")
-        yield name, value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+            except binascii.Error:
+                raise InvalidArgument(f"metadata '{name}' is not valid base64") from None
+        found[name] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return found
+
+
+def _forwards(pattern: re.Pattern[str], name: str) -> bool:
+    """Whether the header ``name`` becomes a parameter; InvalidArgument for a reserved name."""
+    if pattern.search(name) is None:
+        return False
+    if name in RESERVED or name.startswith("triton_"):
+        raise InvalidArgument(f"Header '{name}' is reserved for Triton usage and cannot be forwarded.")
+    return True

@@ -17,7 +17,7 @@ import orjson
 
 from tritium.gateway.compression import compress, response_encoding
 from tritium.gateway.dataplane import DataPlane
-from tritium.gateway.header_forwarding import forwarded_headers, http_header_text
+from tritium.gateway.header_forwarding import forwarded_http_headers
 from tritium.gateway.http_codec import (
     decode_infer_request,
     decode_raw_request,
@@ -161,8 +161,8 @@ class HttpApp:
         else:
             infer_request, binary_default = decode_infer_request(model, version, body, header_length)
         if self.header_forward is not None and request.header_lines:
-            infer_request.parameters = {**infer_request.parameters, **forwarded_headers(
-                self.header_forward, http_header_text(request.header_lines))}
+            infer_request.parameters = {**infer_request.parameters,
+                                        **forwarded_http_headers(self.header_forward, request.header_lines)}
         accept_encoding = headers.get(b"accept-encoding")
 
         def done(result: InferResult | TritiumError) -> None:

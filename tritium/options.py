@@ -52,20 +52,22 @@ def _option(*names: str, on: str, to: str = "", dest: str | None = None, **setti
     return Option(names, roles(on), roles(to), dest, settings)
 
 
-class Regex(click.ParamType):
-    """A regular expression, checked when the command line is read; kept as the text given."""
+class HeaderPattern(click.ParamType):
+    """A header forwarding pattern, checked when the command line is read; kept as the text given."""
 
     name = "REGEX"
 
     def convert(self, value, param, ctx) -> str:
+        from tritium.gateway.header_forwarding import compile_pattern
+
         try:
-            re.compile(value)
+            compile_pattern(value)
         except re.error as exc:
             self.fail(f"{value!r} is not a regular expression: {exc}", param, ctx)
         return value
 
 
-REGEX = Regex()
+HEADER_PATTERN = HeaderPattern()
 _ALL = "serve, broker, gateway, worker"
 _CHILDREN = "broker, gateway, worker"
 # How long the broker and a gateway poll before sleeping, unless told or under a CPU quota.
@@ -174,10 +176,10 @@ OPTIONS: tuple[Option, ...] = (
             type=click.Choice(["none", "low", "medium", "high"]),
             help="Compress gRPC inference responses for clients that accept it: low prefers gzip, medium and "
                  "high deflate (tritium's gRPC server)."),
-    _option("--http-header-forward-pattern", on="serve, gateway", to="gateway", type=REGEX, default=None,
+    _option("--http-header-forward-pattern", on="serve, gateway", to="gateway", type=HEADER_PATTERN, default=None,
             help="HTTP headers of an inference request whose names match this regular expression (anywhere "
                  "in the name, case ignored) reach the model as request parameters."),
-    _option("--grpc-header-forward-pattern", on="serve, gateway", to="gateway", type=REGEX, default=None,
+    _option("--grpc-header-forward-pattern", on="serve, gateway", to="gateway", type=HEADER_PATTERN, default=None,
             help="The same for the metadata of a gRPC inference call."),
     # -- metrics
     _option("--allow-metrics", on="serve, broker", to="broker", type=BOOLEAN, default="true",

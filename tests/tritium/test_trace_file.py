@@ -12,6 +12,7 @@ import time
 
 from tritium.broker import tracing
 from tritium.broker.tracing import BrokerTracing
+from tritium.tracing import triton_file
 from tritium.tracing.triton_file import TraceFile
 
 
@@ -110,3 +111,17 @@ def test_the_broker_stops_without_waiting_for_ever_on_a_trace_file(tmp_path, mon
     assert 0.2 <= time.monotonic() - started < 2.0
     assert "the trace file is still being written after 0 s; stopping without it" in caplog.text
     assert [r["id"] for r in json.loads(pipe.read_bytes())] == [1, 1, 1, 1]   # a late reader still gets it
+
+
+def test_files_beyond_what_a_stuck_writer_holds_are_dropped_with_an_error(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(triton_file, "MAX_UNWRITTEN", 2)
+    pipe = tmp_path / "trace.json.0"   # the first of the numbered files: a pipe nobody reads yet
+    os.mkfifo(pipe)
+    traces = TraceFile()
+    with caplog.at_level(logging.ERROR):
+        for number in range(4):   # a file per trace: the first waits on the pipe, the second behind it
+            traces.add(str(tmp_path / "trace.json"), 1, tree(f"m{number}", number))
+    assert caplog.text.count("the trace file writer is 2 files behind") == 2
+    assert [r["model_name"] for r in json.loads(pipe.read_bytes()) if "model_name" in r] == ["m0"]
+    assert traces.wait(10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.0", "trace.json.1"]   # .2 and .3 dropped

@@ -24,6 +24,7 @@ import orjson
 log = logging.getLogger(__name__)
 
 _FRONT_END = ("HTTP_", "GRPC_")
+MAX_UNWRITTEN = 64   # files waiting for the writer thread before new ones are dropped
 
 
 def trace_records(tree: dict, ids, parent_id: int | None = None) -> list[dict]:
@@ -88,6 +89,9 @@ class _Writer:
 
     def write(self, target: str, records: list[dict]) -> None:
         with self._written:
+            if self._unwritten >= MAX_UNWRITTEN:   # the thread is stuck: keep the broker's memory bounded
+                log.error("the trace file writer is %d files behind; %s is dropped", self._unwritten, target)
+                return
             self._unwritten += 1
         self._files.put((target, records))
         if self._thread is None:   # a daemon: one stuck on a pipe does not keep the process alive
