@@ -68,6 +68,8 @@ class MetricsSettings:
     address: str = "0.0.0.0"
     port: int = 8002
     histogram_latencies: bool = False
+    cpu: bool = True   # Triton's --allow-cpu-metrics: the hosts' nv_cpu_* families
+    gpu: bool = True   # Triton's --allow-gpu-metrics: the hosts' nv_gpu_* families
 
 
 def version_labels(version) -> dict[str, str]:
@@ -171,7 +173,7 @@ class TritonCollector:
             "nv_cpu_memory_total_bytes": ("CPU total memory (RAM), in bytes", "memory_total"),
             "nv_cpu_memory_used_bytes": ("CPU used memory (RAM), in bytes", "memory_used"),
         }
-        for name, (documentation, key) in gauges.items():
+        for name, (documentation, key) in gauges.items() if self.settings.cpu else ():
             family = Metric(name, documentation, "gauge")
             for host, sample in hosts.items():
                 family.add_sample(name, {"host": host}, getattr(sample, key))
@@ -183,7 +185,7 @@ class TritonCollector:
             "nv_gpu_power_usage": ("GPU power usage in watts", "power_usage"),
             "nv_gpu_power_limit": ("GPU power management limit in watts", "power_limit"),
         }
-        for name, (documentation, key) in gpu_gauges.items():
+        for name, (documentation, key) in gpu_gauges.items() if self.settings.gpu else ():
             family = Metric(name, documentation, "gauge")
             for host, sample in hosts.items():
                 for gpu in sample.gpus:

@@ -250,7 +250,8 @@ def broker(**o) -> None:
     log_settings = configure_logs("broker", **_pick(o, _LOG_KEYS))
     metrics_options = dict(item.partition("=")[::2] for item in o["metrics_config"])
     metrics = MetricsSettings(o["metrics_address"], o["metrics_port"],
-                              _bool(metrics_options.get("histogram_latencies", "false"))) \
+                              _bool(metrics_options.get("histogram_latencies", "false")),
+                              cpu=_bool(o["allow_cpu_metrics"]), gpu=_bool(o["allow_gpu_metrics"])) \
         if _bool(o["allow_metrics"]) else None
     curve = curve_keys(o["curve_secret_key"], "--curve-authorized-keys", o["curve_authorized_keys"], server=True)
     settings = BrokerSettings(tuple(o["model_repository"]), o["frontend"], o["backend"],

@@ -62,8 +62,6 @@ IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
     IgnoredFlag("--vertex-ai-port", int, "there is no Vertex AI endpoint"),
     IgnoredFlag("--vertex-ai-thread-count", int, "there is no Vertex AI endpoint"),
     IgnoredFlag("--vertex-ai-default-model", str, "there is no Vertex AI endpoint"),
-    IgnoredFlag("--allow-gpu-metrics", BOOLEAN, "host metrics follow --allow-metrics"),
-    IgnoredFlag("--allow-cpu-metrics", BOOLEAN, "host metrics follow --allow-metrics"),
     IgnoredFlag("--repoagent-directory", str, "repository agents are not supported"),
     IgnoredFlag("--cache-directory", str, "the response cache is built in"),
     IgnoredFlag("--rate-limit", str, "the broker's credits limit what runs at once"),

@@ -122,3 +122,14 @@ def test_an_autoscaled_model_scaled_to_zero_keeps_its_instances_series_at_zero(s
         _, samples = scrape(server)
     assert list(instances(samples, "lazy").values()) == [0], "scaled back to zero, its series still there"
     assert list(instances(samples, "add_sub").values()) == [1]
+
+
+def test_host_families_can_be_turned_off_as_in_triton(tmp_path):
+    """--allow-cpu-metrics=false and --allow-gpu-metrics=false drop the nv_cpu_* and nv_gpu_* families."""
+    add_sub_model(tmp_path, "add_sub", max_batch_size=8)
+    with TritiumServer(tmp_path, "--allow-cpu-metrics=false", "--allow-gpu-metrics=false",
+                       "--metrics-interval-ms", "200") as quiet:
+        time.sleep(0.5)   # a host report has come in by now
+        text, _ = scrape(quiet)
+    assert "# TYPE nv_inference_count counter\n" in text
+    assert "nv_cpu_" not in text and "nv_gpu_" not in text
