@@ -188,9 +188,9 @@ class Peers:
         if agent is None:   # nothing of this broker runs there
             self._send_backend([peer, Drained().encode()])
             return
+        self.membership.drain_agent(agent)   # first: a load that fails now is not retried on this host
         self.lifecycle.host_gone(peer, f"host {agent.host} began draining while the model was loading")
         self.autoscaler.agent_draining(peer)
-        self.membership.drain_agent(agent)
         log.info("host agent %s (host %s) is draining: its instances get no new batches", peer.decode(),
                  agent.host)
         self.check_agent_drained(agent)

@@ -41,9 +41,12 @@ def frame(message: bytes) -> bytes:
 
 
 def compressed_frame(message: bytes, encoding: bytes) -> bytes:
-    """One message compressed with ``encoding`` (gzip or deflate), with its prefix."""
+    """One message compressed with ``encoding`` (gzip or deflate), with its prefix; as gRPC does,
+    one that compression would not make smaller goes as it is (flag 0, the call's encoding aside)."""
     deflater = zlib.compressobj(wbits=_WBITS[encoding])
     packed = deflater.compress(message) + deflater.flush()
+    if len(packed) >= len(message):
+        return frame(message)
     return b"\1" + len(packed).to_bytes(4, "big") + packed
 
 

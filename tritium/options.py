@@ -173,7 +173,7 @@ OPTIONS: tuple[Option, ...] = (
             help="PROTOCOL,...:KEY=VALUE: those gRPC calls need the metadata "
                  "triton-grpc-protocol-KEY: VALUE (repeatable)."),
     _option("--grpc-infer-response-compression-level", on="serve, gateway", to="gateway", default="none",
-            type=click.Choice(["none", "low", "medium", "high"]),
+            type=click.Choice(["none", "low", "medium", "high"], case_sensitive=False),   # Triton lowercases it
             help="Compress gRPC inference responses for clients that accept it: low prefers gzip, medium and "
                  "high deflate (tritium's gRPC server)."),
     _option("--http-header-forward-pattern", on="serve, gateway", to="gateway", type=HEADER_PATTERN, default=None,

@@ -107,16 +107,20 @@ def test_a_load_that_fails_every_try_fails_with_the_last_error(retrying):
     assert not any(v.state == VersionState.LOADING for v in world.registry.epochs.values())
 
 
-def test_a_load_whose_only_host_went_away_fails_at_once_instead_of_waiting_for_a_host(retrying):
+@pytest.mark.parametrize("how", ["lost", "draining"])
+def test_a_load_whose_only_host_went_away_fails_at_once_instead_of_waiting_for_a_host(retrying, how):
     world = retrying
     world.write()
     world.load()
     version = world.loading()
     world.lifecycle.placed(Placed("m", 1, version.epoch, None, instances=["i0"]), b"agent")
-    del world.registry.agents[b"agent"]   # as the broker drops a lost host, before telling the lifecycle
-    world.lifecycle.host_gone(b"agent", "host host lost while the model was loading")
+    if how == "lost":
+        del world.registry.agents[b"agent"]   # as the broker drops a lost host, before telling the lifecycle
+    else:
+        world.membership.drain_agent(world.registry.agents[b"agent"])   # as Peers.drain does, first
+    world.lifecycle.host_gone(b"agent", f"host host {how} while the model was loading")
     (reply,) = world.replies
-    assert isinstance(reply, InvalidArgument) and "lost while the model was loading" in reply.message
+    assert isinstance(reply, InvalidArgument) and f"{how} while the model was loading" in reply.message
     assert not any(v.state == VersionState.LOADING for v in world.registry.epochs.values())
 
 

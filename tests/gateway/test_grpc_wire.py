@@ -54,6 +54,10 @@ def test_compressed_responses_are_flagged_and_read_back(encoding, decompress):
     assert MessageReader(10**6, encoding).feed(wire) == [message]
 
 
+def test_a_response_compression_would_not_shrink_goes_uncompressed():
+    assert compressed_frame(b"ab", b"gzip") == frame(b"ab")
+
+
 @pytest.mark.parametrize("level, accepted, chosen", [
     ("none", b"identity,deflate,gzip", None),
     ("low", b"identity,deflate,gzip", b"gzip"), ("low", b"identity, deflate", b"deflate"),
