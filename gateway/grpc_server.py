@@ -27,7 +27,7 @@ import grpc
 
 from tritium.gateway.connections import OpenConnections
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, rpc_methods
-from tritium.gateway.grpc_http2 import (ENHANCE_YOUR_CALM, NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers,
+from tritium.gateway.grpc_http2 import (CANCEL, ENHANCE_YOUR_CALM, NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers,
                                         Http2Connection, encode_headers)
 from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers, too_many_pings
 from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader,
@@ -90,12 +90,13 @@ class _Call:
     """One stream: its request bytes, the work answering it, and what waits on the send window."""
 
     __slots__ = ("id", "rpc", "headers", "reader", "messages", "requests", "task", "timer", "headers_sent",
-                 "done", "remote_closed", "pending", "trailers", "encoding")
+                 "done", "remote_closed", "pending", "trailers", "encoding", "cut")
 
     def __init__(self, stream_id: int, rpc: Rpc, headers: Headers, reader: MessageReader,
                  encoding: bytes | None = None) -> None:
         self.id, self.rpc, self.headers, self.reader = stream_id, rpc, headers, reader
         self.encoding = encoding   # what its responses are compressed with (None: they are not)
+        self.cut = False           # part of a message is sent and the rest waits for the client's window
         self.messages: list[bytes] = []
         self.requests: asyncio.Queue | None = None    # streaming calls: parsed requests, then _END
         self.task: asyncio.Task | None = None
@@ -335,7 +336,13 @@ class GrpcConnection(asyncio.Protocol):
             if call.task is not None:
                 call.task.cancel()
             self._fail(call, _DEADLINE_EXCEEDED)
-            self._flush_soon()
+        elif call.cut:   # answered, but the client's window held the answer back past the deadline
+            self._cancel(call)
+        elif call.pending:
+            call.pending.clear()
+            call.trailers = _trailers(_DEADLINE_EXCEEDED.code, _DEADLINE_EXCEEDED.message, headers_sent=True)
+            self._send_pending(call)
+        self._flush_soon()
 
     # -- sending -----------------------------------------------------------------------
 
@@ -359,7 +366,8 @@ class GrpcConnection(asyncio.Protocol):
                     self._forget(call)
                 return
             data = call.pending.popleft()
-            if len(data) > room:
+            call.cut = len(data) > room
+            if call.cut:
                 call.pending.appendleft(data[room:])
                 data = data[:room]
             http2.send_data(call.id, data)
@@ -382,8 +390,17 @@ class GrpcConnection(asyncio.Protocol):
         self._send_pending(call)
 
     def _fail(self, call: _Call, failure: GrpcFailure) -> None:
+        if call.cut:   # trailers now would end a message midway
+            self._cancel(call)
+            return
         call.pending.clear()   # a failed call's unsent data is dropped, not waited for
         self._finish(call, failure.code, failure.message)
+
+    def _cancel(self, call: _Call) -> None:
+        """End a call whose message is partly sent: its stream is reset (CANCEL) and forgotten."""
+        self.http2.reset(call.id, CANCEL)
+        self._forget(call)
+        self._flush_soon()
 
     def _forget(self, call: _Call) -> None:
         call.done = True

@@ -177,6 +177,22 @@ def test_a_call_reset_in_mid_request_leaves_the_connection_serving(raw, server):
     assert "Traceback" not in server.logs()
 
 
+def test_a_deadline_passing_while_a_response_is_half_sent_cancels_the_stream(server):
+    """Trailers after part of a message would end it midway: the stream is reset, the connection goes on."""
+    raw = RawH2(server.grpc_url, settings={INITIAL_WINDOW_SIZE: 1000})
+    try:
+        request, _, _ = add_sub_request(rows=2048)   # 256 KiB of outputs, 1,000 bytes of window
+        stream_id = raw.start_call("ModelInfer", (("grpc-timeout", "300m"),))
+        raw.send(DATA, END_STREAM, stream_id, grpc_message(request.SerializeToString()))
+        answer = raw.wait(stream_id)
+        assert answer.reset == CANCEL_CODE
+        assert sum(len(f[3]) for f in raw.frames if f[0] == DATA and f[2] == stream_id) == 1000
+        assert [block for block in answer.headers if any(name == b"grpc-status" for name, _ in block)] == []
+        assert raw.call("ServerLive", b"").status == 0
+    finally:
+        raw.close()
+
+
 def test_a_response_waits_for_the_client_s_window(server):
     raw = RawH2(server.grpc_url, settings={INITIAL_WINDOW_SIZE: 1000})
     try:
