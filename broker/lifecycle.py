@@ -47,9 +47,6 @@ Reply = Callable[[object], None]   # called once with the result, or with a Trit
 POLLING_ENABLED = "explicit model load / unload is not allowed if polling is enabled"
 
 
-UNLOADED_WHILE_LOADING = "unloaded while loading"
-
-
 @dataclass(frozen=True)
 class ControlSettings:
     mode: str = "none"                       # none | poll | explicit
@@ -344,11 +341,11 @@ class ModelLifecycle:
 
     def _load_again(self, record: ModelRecord, version: ModelVersion, message: str) -> bool:
         """Triton's --model-load-retry-count: a version that failed to load (its instances already
-        stopped) starts again at once, as a new epoch of the same files, while tries are left and
-        a host can take it (one lost or draining while it loaded leaves none: the load fails, as
-        without retries, rather than waiting for a host to join)."""
+        stopped) starts again at once, as a new epoch of the same files, while tries are left, the
+        model is not being unloaded, and a host can take it (one lost or draining while it loaded
+        leaves none: the load fails, as without retries, rather than waiting for a host to join)."""
         load = self._loads.get(version.name)
-        if version.load_attempt >= self.settings.load_retries or message == UNLOADED_WHILE_LOADING \
+        if version.load_attempt >= self.settings.load_retries or record.unloaded \
                 or load is None or version.epoch not in load.waiting:
             return False
         if not version.ensemble and not any(agent.serves(version.name) and not agent.draining
@@ -383,7 +380,7 @@ class ModelLifecycle:
         record.unloaded = True
         for epoch_version in list(self.registry.epochs.values()):  # first, so that their load is answered
             if epoch_version.name == name and epoch_version.state == VersionState.LOADING:
-                self.version_failed(epoch_version, UNLOADED_WHILE_LOADING)
+                self.version_failed(epoch_version, "unloaded while loading")
         for version in list(record.versions.values()):
             record.unloaded_versions.add(version.version)
             self._retire(version, unload=True)

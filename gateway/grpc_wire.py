@@ -53,7 +53,6 @@ def compressed_frame(message: bytes, encoding: bytes) -> bytes:
 # Triton's --grpc-infer-response-compression-level: gRPC picks, among the encodings the client
 # accepts, the first of the level's order (low: the lighter gzip framing first).
 _LEVEL_ORDER = {"low": (b"gzip", b"deflate"), "medium": (b"deflate", b"gzip"), "high": (b"deflate", b"gzip")}
-COMPRESSION_LEVELS = ("none", *_LEVEL_ORDER)
 
 
 def response_encoding(level: str, accepted: bytes | None) -> bytes | None:
