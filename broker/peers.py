@@ -15,7 +15,7 @@ from tritium.broker.liveness import PeerLiveness
 from tritium.broker.membership import Membership
 from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion, Registry, VersionState
 from tritium.broker.scheduler import Scheduler
-from tritium.errors import ProtocolError
+from tritium.errors import InvalidArgument, ProtocolError
 from tritium.exit_codes import ExitCode
 from tritium.protocol import (
     Assign,
@@ -103,12 +103,31 @@ class Peers:
         self.adoption.forget(peer)
         instance = InstanceRecord(peer, hello.agent.encode(), hello.model, hello.version, hello.name,
                                   hello.credit or 1, epoch=version.epoch,
-                                  draining=agent is None or agent.draining, kind=hello.instance_kind or "CPU")
+                                  draining=agent is None or agent.draining, kind=hello.instance_kind or "CPU",
+                                  device=hello.device or 0, group=hello.group or 0)
+        if not self._rate_limited(instance, version):
+            return
         self.membership.add_instance(instance, version)
         log.info("instance %s of model %s version %d is ready", instance.name, version.name, version.version)
         self.lifecycle.instance_joined(version, instance.name)
         self.autoscaler.instance_joined(version)
         self.scheduler.instance_ready(instance)
+
+    def _rate_limited(self, instance: InstanceRecord, version: ModelVersion) -> bool:
+        """Whether the rate limiter (when on) takes the instance; when it cannot, as Triton fails
+        the instance's creation, a loading version fails with the reason."""
+        limiter = self.scheduler.rate_limiter
+        if limiter is None:
+            return True
+        try:
+            limiter.register_from_config(instance, version.definition.config)
+        except InvalidArgument as exc:
+            message = f"Invalid argument: {exc.message}"
+            log.error("instance %s of model %s version %d: %s", instance.name, version.name, version.version, message)
+            if version.state == VersionState.LOADING:
+                self.lifecycle.version_failed(version, message)
+            return False
+        return True
 
     def _assign_on_join(self, agent: AgentRecord) -> None:
         """Every load this host should run; the instances it still runs are offered to their loads."""

@@ -71,6 +71,8 @@ class InstanceRecord:
     epoch: int = 0              # the load (ModelVersion.epoch) it serves
     draining: bool = False      # its host is stopping: it finishes what it holds and gets nothing new
     kind: str = "CPU"           # CPU, GPU or MODEL: which capacity of its host it takes
+    device: int = 0             # its GPU on its host (0 for CPU instances): where its rate-limiter resources count
+    group: int = 0              # the index of its instance group in the config
 
 
 @dataclass(eq=False, slots=True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from tritium.broker.batcher import DynamicBatcher
 from tritium.broker.ensemble import NO_TIMINGS, STEP_CLIENT, EnsembleRunner
 from tritium.broker.idle_instances import IdleInstances
+from tritium.broker.rate_limiter import RateLimiter
 from tritium.broker.registry import (
     Batch,
     InstanceRecord,
@@ -52,13 +53,18 @@ _AVERAGE_WEIGHT = 0.2
 # tops out at 32 s); after that, or when nothing is coming back, they get a 503.
 RESTART_WAIT_NS = 40_000_000_000
 _DISPATCHING = (VersionState.READY, VersionState.UNLOADING)
+# The rank a stateful version waits with under the rate limiter: it holds back no other version
+# (its sequences are bound to their instances), and is tried again whenever resources free up.
+_SEQUENCES_WAIT_RANK = 1 << 62
 
 
 class Scheduler:
     def __init__(self, registry: Registry, send_to_instance: Send, send_to_gateway: Send,
-                 clock: Callable[[], int] = time.monotonic_ns, cache: ResponseCache | None = None) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns, cache: ResponseCache | None = None,
+                 rate_limiter: RateLimiter | None = None) -> None:
         self.registry = registry
         self.cache = cache   # None: no --cache-config, so no model caches
+        self.rate_limiter = rate_limiter   # None: --rate-limit=off, instances run whenever they have credit
         self.autoscaler: Autoscaler | None = None   # set by the broker: told of requests to autoscaled models
         self._send_to_instance = send_to_instance   # the backend socket
         self._send_to_gateway = send_to_gateway     # the frontend socket
@@ -239,8 +245,9 @@ class Scheduler:
         if isinstance(batcher, SequenceBatcher):   # a stateful model's (see ModelVersion.__post_init__)
             self._dispatch_sequences(version, batcher, now)
             return
+        limiter = self.rate_limiter
         while len(batcher):
-            instance = self._idle.pick(version)
+            instance = self._idle.pick(version) if limiter is None else self._pick_limited(version, limiter)
             if instance is None:
                 return
             requests = batcher.next_batch(now)
@@ -249,12 +256,46 @@ class Scheduler:
                 return
             self._send_batch(version, instance, requests, now)
         self._waiting.discard(version)
+        if limiter is not None:
+            limiter.blocked.pop(version, None)
+
+    def _pick_limited(self, version: ModelVersion, limiter: RateLimiter) -> InstanceRecord | None:
+        """Under the rate limiter: the version's idle instance of best rank, when it may start a
+        batch now; otherwise the version waits for resources (``limiter.blocked``). An instance
+        runs one batch at a time then, as its resources are held per execution."""
+        idle = [i for i in version.instances if not i.draining and not i.inflight and i.credit > 0]
+        if not idle:
+            return None
+        instance = min(idle, key=limiter.rank)
+        if limiter.may_start(instance, version):
+            limiter.blocked.pop(version, None)
+            return instance
+        limiter.blocked[version] = limiter.rank(instance)
+        return None
+
+    def _wake_blocked(self, limiter: RateLimiter) -> None:
+        """Resources were freed: versions waiting for them try again, best rank first, until one
+        still has to wait (those after it wait behind it, so it is not starved)."""
+        for version in sorted(limiter.blocked, key=limiter.blocked.__getitem__):
+            if limiter.blocked.pop(version, None) is None:
+                continue
+            if version.state in _DISPATCHING:
+                self.dispatch(version)
+            if version in limiter.blocked and not version.stateful:
+                return
 
     def _dispatch_sequences(self, version: ModelVersion, batcher: SequenceBatcher[InstanceRecord], now: int) -> None:
         """The sequence batcher picks the instance (the one holding each sequence) and the slots."""
         accepting = [instance for instance in version.instances if not instance.draining]
-        while (batch := batcher.next_batch(now, accepting, _sequence_room)) is not None:
+        limiter = self.rate_limiter
+        room = _sequence_room if limiter is None else limiter.sequence_room
+        while (batch := batcher.next_batch(now, accepting, room)) is not None:
             self._send_batch(version, batch.instance, batch.requests, now, batch.slots, batch.size)
+        if limiter is not None:
+            if len(batcher):
+                limiter.blocked[version] = _SEQUENCES_WAIT_RANK
+            else:
+                limiter.blocked.pop(version, None)
         if batcher.deadline_ns() is None:
             self._waiting.discard(version)
         else:
@@ -267,6 +308,8 @@ class Scheduler:
         number = self._batch_numbers
         instance.credit -= 1
         self._idle.busy(version, instance)   # until its batch is done
+        if self.rate_limiter is not None:
+            self.rate_limiter.acquire(instance)
         batch_size = 0
         parts: list[object] = [instance.iid, BatchHeader(number, len(requests), slots, batch_stamps(requests)).encode()]
         for request in requests:
@@ -335,6 +378,8 @@ class Scheduler:
             return
         self.requests_running -= len(batch.requests)
         instance.credit += 1
+        if self.rate_limiter is not None:
+            self.rate_limiter.release(instance)
         now = self._clock()
         version = batch.version
         self.last_done_ns = now
@@ -353,6 +398,8 @@ class Scheduler:
             self._route_responses(batch, done.response_frames, oks, frames, now)
         if version.state in _DISPATCHING:  # a draining version still runs what it queued
             self.dispatch(version, now)
+        if self.rate_limiter is not None and self.rate_limiter.blocked:
+            self._wake_blocked(self.rate_limiter)
 
     def _route_responses(self, batch: Batch, external_counts: list, oks: list, frames: list, now: int) -> None:
         offset = 0
@@ -427,6 +474,8 @@ class Scheduler:
         now = self._clock()
         if version is not None and restart_expected:
             version.awaited[instance.name] = now + RESTART_WAIT_NS
+        if self.rate_limiter is not None:   # what it held is free, and it no longer counts in the limits
+            self.rate_limiter.forget(instance)
         held = list(instance.inflight.values())
         self.requests_running -= sum(len(batch.requests) for batch in held)
         held += [b for b in self.streams.batches.values() if b.instance is instance]
@@ -444,8 +493,14 @@ class Scheduler:
                 else:
                     self._fail_request(batch.version, instance, request, why, now)
         instance.inflight.clear()
-        if version is None:
-            return
+        if version is not None:
+            self._requeue_or_fail(version, instance, retry, why, now)
+        if self.rate_limiter is not None and self.rate_limiter.blocked:
+            self._wake_blocked(self.rate_limiter)
+
+    def _requeue_or_fail(self, version: ModelVersion, instance: InstanceRecord, retry: list[PendingRequest],
+                         why: str, now: int) -> None:
+        """The lost instance's version: its requests run again, or fail when nothing is left to run them."""
         batcher = version.batcher
         if isinstance(batcher, SequenceBatcher):  # its sequences' queued requests cannot go elsewhere either
             for request in batcher.instance_lost(instance):
@@ -479,6 +534,8 @@ class Scheduler:
             version.stats.record_failure(now - request.arrival_ns)
         self._waiting.discard(version)
         self._timed.pop(version, None)
+        if self.rate_limiter is not None:
+            self.rate_limiter.blocked.pop(version, None)
 
 
 def _sequence_room(instance: InstanceRecord) -> bool:

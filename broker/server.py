@@ -25,6 +25,7 @@ from tritium.broker.lifecycle import ControlSettings, ModelLifecycle
 from tritium.broker.liveness import PeerLiveness
 from tritium.broker.membership import Membership
 from tritium.broker.peers import Peers
+from tritium.broker.rate_limiter import RateLimiter, ResourceFlag
 from tritium.broker.response_cache import ResponseCache
 from tritium.broker.metrics import (
     DEFAULT_HISTOGRAM_BUCKETS_MS,
@@ -96,6 +97,8 @@ class BrokerSettings:
     cache_bytes: int = 0             # --cache-config local,size=N; 0: no response cache
     curve: CurveKeys | None = None   # None: no CURVE (the ipc:// default of tritium serve)
     spin_s: float = 0.0              # --broker-spin-us: how long to poll for the next message before sleeping
+    # --rate-limit=execution_count: the --rate-limit-resource counts; None: --rate-limit=off
+    rate_limit_resources: tuple[ResourceFlag, ...] | None = None
 
 
 class Broker:
@@ -106,7 +109,9 @@ class Broker:
         self.frontend = self._bind(settings.frontend)
         self.backend = self._bind(settings.backend)
         cache = ResponseCache(settings.cache_bytes) if settings.cache_bytes else None
-        self.scheduler = Scheduler(self.registry, self._send_backend, self._send_frontend, cache=cache)
+        limiter = None if settings.rate_limit_resources is None else RateLimiter(settings.rate_limit_resources)
+        self.scheduler = Scheduler(self.registry, self._send_backend, self._send_frontend, cache=cache,
+                                   rate_limiter=limiter)
         self._to_gateways: dict[bytes, list] = {}   # this turn's messages, per gateway
         self._unreachable: set[bytes] = set()       # peers already warned about (see _peer_gone)
         self._pushed_generation = -1

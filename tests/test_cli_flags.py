@@ -58,6 +58,9 @@ def test_unknown_flag_is_answered_as_tritonserver_does():
     ("--grpc-use-ssl=true", "--grpc-use-ssl=true is not supported"),
     ("--allow-sagemaker=1", "--allow-sagemaker=true is not supported"),
     ("--allow-grpc=maybe", "expected true or false, got 'maybe'"),
+    ("--rate-limit=sometimes", "'sometimes' is not one of 'off', 'execution_count'"),
+    ("--rate-limit-resource=R:2:0:1", "--rate-limit-resource option format is '<resource_name>:<count>:<device>' "
+                                      "or '<resource_name>:<count>'. Got R:2:0:1"),
 ])
 def test_flags_that_cannot_apply_are_refused(tmp_path, flag, message):
     result = CliRunner().invoke(serve, ["--model-repository", str(tmp_path), *flag.split()], prog_name="tritonserver")

@@ -105,6 +105,15 @@ def repository_settings(model_config_name, disable_auto_complete_config, strict_
     )
 
 
+def rate_limit_resources(mode: str, resources):
+    """The rate limiter's resource counts, or None when it is off (Triton then ignores them)."""
+    from tritium.broker.rate_limiter import ResourceFlag
+
+    if mode.lower() == "off":
+        return None
+    return tuple(ResourceFlag.parse(text) for text in resources)
+
+
 def curve_keys(secret_key: str | None, peer_option: str, peer: str | None, *, server: bool):
     """The CURVE settings of the flags (None: no CURVE); both flags or neither, files that load."""
     from tritium.errors import InvalidArgument
@@ -261,7 +270,8 @@ def broker(**o) -> None:
                               heartbeat_interval_s=o["heartbeat_interval_secs"],
                               exit_timeout_s=float(o["exit_timeout_secs"]), curve=curve,
                               cache_bytes=_cache_bytes(o["cache_config"]),
-                              spin_s=polling_s(o["broker_spin_us"], BROKER_SPIN_US, "--broker-spin-us"))
+                              spin_s=polling_s(o["broker_spin_us"], BROKER_SPIN_US, "--broker-spin-us"),
+                              rate_limit_resources=rate_limit_resources(o["rate_limit"], o["rate_limit_resource"]))
     server = Broker(settings)
     server.log_settings = log_settings  # what it hands every gateway, agent and instance
     server.load_repository()

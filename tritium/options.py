@@ -68,6 +68,24 @@ class HeaderPattern(click.ParamType):
 
 
 HEADER_PATTERN = HeaderPattern()
+
+
+class RateLimitResource(click.ParamType):
+    """A --rate-limit-resource, checked when the command line is read; kept as the text given."""
+
+    name = "NAME:COUNT[:DEVICE]"
+
+    def convert(self, value, param, ctx) -> str:
+        from tritium.broker.rate_limiter import ResourceFlag
+
+        try:
+            ResourceFlag.parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        return value
+
+
+RATE_LIMIT_RESOURCE = RateLimitResource()
 _ALL = "serve, broker, gateway, worker"
 _CHILDREN = "broker, gateway, worker"
 # How long the broker and a gateway poll before sleeping, unless told or under a CPU quota.
@@ -113,6 +131,15 @@ OPTIONS: tuple[Option, ...] = (
             help="Models read from disk in parallel."),
     _option("--model-load-retry-count", on="serve, broker", to="broker", default=0, type=click.IntRange(min=0),
             help="How many more times a model version that fails to load is loaded again, at once."),
+    # -- the rate limiter
+    _option("--rate-limit", on="serve, broker", to="broker", default="off",
+            type=click.Choice(["off", "execution_count"], case_sensitive=False),
+            help="execution_count: an instance runs a batch only when the resources its instance group's "
+                 "rate_limiter names are free, instances taking turns by executions and priority; off: "
+                 "rate_limiter settings are ignored."),
+    _option("--rate-limit-resource", on="serve, broker", to="broker", multiple=True, type=RATE_LIMIT_RESOURCE,
+            help="How many of a resource there are, on DEVICE or on each device (repeatable; default: the most "
+                 "any instance asks for)."),
     # -- the front ends
     _option("--allow-http", on="serve, gateway", to="gateway", type=BOOLEAN, default="true", help="Serve HTTP."),
     _option("--http-address", on="serve, gateway", to="gateway", default="0.0.0.0",

@@ -64,8 +64,6 @@ IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
     IgnoredFlag("--vertex-ai-default-model", str, "there is no Vertex AI endpoint"),
     IgnoredFlag("--repoagent-directory", str, "repository agents are not supported"),
     IgnoredFlag("--cache-directory", str, "the response cache is built in"),
-    IgnoredFlag("--rate-limit", str, "the broker's credits limit what runs at once"),
-    IgnoredFlag("--rate-limit-resource", str, "the broker's credits limit what runs at once", multiple=True),
     IgnoredFlag("--pinned-memory-pool-byte-size", int, _NO_GPU_MEMORY),
     IgnoredFlag("--cuda-memory-pool-byte-size", str, _NO_GPU_MEMORY, multiple=True),
     IgnoredFlag("--cuda-virtual-address-size", str, _NO_GPU_MEMORY, multiple=True),

@@ -415,7 +415,7 @@ class HostAgent:
         return {"broker": self.settings.broker, "agent": self.identity, "model": model,
                 "version": version, "epoch": epoch, "model_dir": str(model_dir), "config": config_json,
                 "name": plan.name, "key": plan.key, "kind": plan.kind,
-                "device_id": plan.device_id, "credit": self.settings.credit,
+                "device_id": plan.device_id, "group": plan.group, "credit": self.settings.credit,
                 "log_verbose": self.settings.log_verbose,
                 "log_file": self.settings.log_file,
                 "heartbeat_interval_s": self.settings.heartbeat_interval_s,

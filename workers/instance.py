@@ -210,7 +210,8 @@ def main() -> None:
         sock.send_parts([Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=spec.get("heartbeat_interval_s", 1.0),
                         agent=spec["agent"], model=spec["model"], version=spec["version"], epoch=load["epoch"],
                         boot=load["boot"], name=spec["key"], instance_kind=spec.get("kind", "CPU"),
-                        credit=spec.get("credit", 2)).encode()])
+                        credit=spec.get("credit", 2), device=spec.get("device_id", 0),
+                        group=spec.get("group", 0)).encode()])
 
     def rejoin(reset: Reset) -> None:
         """A new broker process keeps this instance: what the old one bound to it is gone."""

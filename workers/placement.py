@@ -15,12 +15,13 @@ class InstancePlan:
     kind: str              # "CPU", "GPU" or "MODEL"
     device_id: int         # GPU id on this host; 0 for CPU instances
     gpu: int | None        # the GPU the process is pinned to (CUDA_VISIBLE_DEVICES), if any
+    group: int = 0         # the index of its instance group in the config
 
 
 def plan_instances(config: ModelConfig) -> list[InstancePlan]:
     """One plan per instance: ``count`` per listed GPU for GPU groups, ``count`` for others."""
     plans = []
-    for group in config.instance_group:
+    for group_index, group in enumerate(config.instance_group):
         if group.passive:
             continue  # passive instances take no traffic from the scheduler
         kind = instance_kind_name(group)
@@ -28,9 +29,9 @@ def plan_instances(config: ModelConfig) -> list[InstancePlan]:
             name = f"{group.name}_{index}"  # Triton's: the group's name and the index, always
             if kind == "GPU":
                 for gpu in group.gpus:
-                    plans.append(InstancePlan(name, f"{name}@gpu{gpu}", kind, gpu, gpu))
+                    plans.append(InstancePlan(name, f"{name}@gpu{gpu}", kind, gpu, gpu, group_index))
             else:
-                plans.append(InstancePlan(name, name, kind, 0, None))
+                plans.append(InstancePlan(name, name, kind, 0, None, group_index))
     return plans
 
 

@@ -63,9 +63,11 @@ def lose(scheduler, iid: bytes, why: str, restart_expected: bool = True) -> None
     Membership(scheduler.registry, scheduler, PeerLiveness(1.0)).remove_instance(iid, why, restart_expected)
 
 
-def submit(scheduler, gateway: bytes, rid: int, batch_size: int = 1, model="m", version=1, request_id=""):
+def submit(scheduler, gateway: bytes, rid: int, batch_size: int = 1, model="m", version=1, request_id="",
+           sequence_id=None, sequence_flags=0):
     record = Infer(rid, model, [["IN", "FP32", [batch_size, 4], 16 * batch_size, False]], version=version,
-                   batch_size=batch_size, request_id=request_id or None).encode([b"\0" * 16 * batch_size])
+                   batch_size=batch_size, request_id=request_id or None, sequence_id=sequence_id,
+                   sequence_flags=sequence_flags).encode([b"\0" * 16 * batch_size])
     scheduler.submit(gateway, record, read_record(record)[0], None)
     return record
 

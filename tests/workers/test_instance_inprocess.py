@@ -139,7 +139,8 @@ def y_of(record) -> list[float]:
 def test_it_says_hello_with_its_load_and_credit_then_heartbeats_on_a_socket_of_its_own(instance):
     (hello,) = instance.hellos()
     assert hello == {"k": Kind.HELLO, "role": "instance", "pv": PROTOCOL_VERSION, "agent": AGENT, "credit": 2,
-                     "m": "scaler", "v": 1, "e": 5, "name": "scaler_0", "boot": 3, "kind": "CPU", "hb": HEARTBEAT_S}
+                     "m": "scaler", "v": 1, "e": 5, "name": "scaler_0", "boot": 3, "kind": "CPU", "hb": HEARTBEAT_S,
+                     "dev": 0, "group": 0}
     beats = instance.until(lambda: at_least(2, instance.broker.of(Kind.HEARTBEAT, f"{instance.iid}/hb".encode())),
                            "two heartbeats")
     assert beats[0] == {"k": Kind.HEARTBEAT, "iid": instance.iid, "agent": AGENT, "joined": True, "hb": HEARTBEAT_S}

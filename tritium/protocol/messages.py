@@ -217,6 +217,9 @@ class Hello(Message, frozen=True, tag=int(Kind.HELLO)):
     name: Annotated[str | None, doc("instance: instance key")] = None
     instance_kind: Annotated[str | None, doc("instance: CPU or GPU")] = field(default=None, name="kind")
     credit: Annotated[int | None, doc("instance: batches it may hold at once")] = None
+    device: Annotated[int | None, doc("instance: its GPU on its host (0 for CPU instances)")] = field(
+        default=None, name="dev")
+    group: Annotated[int | None, doc("instance: the index of its instance group in the config")] = None
 
 
 class Refused(Message, frozen=True, tag=int(Kind.REFUSED)):
