@@ -185,7 +185,9 @@ class TritonCollector:
             "nv_gpu_power_usage": ("GPU power usage in watts", "power_usage"),
             "nv_gpu_power_limit": ("GPU power management limit in watts", "power_limit"),
         }
-        for name, (documentation, key) in gpu_gauges.items() if self.settings.gpu else ():
+        # Like Triton, no GPU families at all where no host has a GPU (not families without samples).
+        with_gpus = self.settings.gpu and any(sample.gpus for sample in hosts.values())
+        for name, (documentation, key) in gpu_gauges.items() if with_gpus else ():
             family = Metric(name, documentation, "gauge")
             for host, sample in hosts.items():
                 for gpu in sample.gpus:
