@@ -95,6 +95,7 @@ class Membership:
         """A drained version's instances were told to stop; none of them holds work."""
         for instance in version.instances:
             self.registry.instances.pop(instance.iid, None)
+        self.scheduler.instances_stopped(version.instances)
         version.instances.clear()
 
     def set_health(self, instance: InstanceRecord, healthy: bool) -> None:

@@ -498,6 +498,12 @@ class Scheduler:
         if self.rate_limiter is not None and self.rate_limiter.blocked:
             self._wake_blocked(self.rate_limiter)
 
+    def instances_stopped(self, instances: list[InstanceRecord]) -> None:
+        """A drained version's instances stopped, holding no work: the rate limiter forgets them."""
+        if self.rate_limiter is not None:
+            for instance in instances:
+                self.rate_limiter.forget(instance)
+
     def _requeue_or_fail(self, version: ModelVersion, instance: InstanceRecord, retry: list[PendingRequest],
                          why: str, now: int) -> None:
         """The lost instance's version: its requests run again, or fail when nothing is left to run them."""

@@ -5,6 +5,8 @@ back those ranked after it."""
 from __future__ import annotations
 
 from tests.broker.scheduler_world import CONFIG, Clock, definition, done, lose, sent_batch, submit
+from tritium.broker.liveness import PeerLiveness
+from tritium.broker.membership import Membership
 from tritium.broker.rate_limiter import RateLimiter, ResourceFlag
 from tritium.broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
 from tritium.broker.scheduler import Scheduler
@@ -147,6 +149,22 @@ def test_a_lost_instance_frees_what_it_held():
     lose(world.scheduler, b"a0", "exited", restart_expected=True)
     assert world.started() == [(b"a0", [1]), (b"b0", [2])]
     assert world.limiter.in_use("R") == 1
+
+
+def test_a_stopped_version_no_longer_counts_in_the_limits():
+    world = World()
+    world.serve("big", f"instance_group [ {group(resource('R', 2))} ]", "big0")
+    world.serve("small", f"instance_group [ {group(resource('R', 1), count=2)} ]", "s0", "s1")
+    world.submit("small", 1)
+    world.submit("small", 2)
+    assert world.started() == [(b"s0", [1]), (b"s1", [2])]   # R: 2, the most big asks for
+    for index in (0, 1):
+        world.finish(index)
+    big = world.registry.versions[("big", 1)]
+    Membership(world.registry, world.scheduler, PeerLiveness(1.0)).remove_stopped(big)   # big was unloaded
+    world.submit("small", 3)
+    world.submit("small", 4)
+    assert world.started()[2:] == [(b"s0", [3])]   # R: 1 now
 
 
 def test_a_stateful_model_waits_for_its_instances_resources_without_holding_back_others():
