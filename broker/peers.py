@@ -27,6 +27,7 @@ from tritium.protocol import (
     InstanceFailed,
     InstanceHealth,
     Placed,
+    Refused,
     Reset,
     Role,
     ScaledAssignment,
@@ -114,8 +115,10 @@ class Peers:
         self.scheduler.instance_ready(instance)
 
     def _rate_limited(self, instance: InstanceRecord, version: ModelVersion) -> bool:
-        """Whether the rate limiter (when on) takes the instance; when it cannot, as Triton fails
-        the instance's creation, a loading version fails with the reason."""
+        """Whether the rate limiter (when on) takes the instance. When it cannot, the instance
+        failed to be created, as in Triton: a loading version fails with the reason; otherwise
+        (an instance restarted or added later, on a device the flags give less) the instance is
+        refused, and exits without being restarted."""
         limiter = self.scheduler.rate_limiter
         if limiter is None:
             return True
@@ -126,6 +129,9 @@ class Peers:
             log.error("instance %s of model %s version %d: %s", instance.name, version.name, version.version, message)
             if version.state == VersionState.LOADING:
                 self.lifecycle.version_failed(version, message)
+            else:
+                self._send_backend([instance.iid, Refused(message).encode()])
+                self.autoscaler.instance_failed(version, instance.agent, message)
             return False
         return True
 

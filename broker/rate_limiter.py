@@ -6,10 +6,12 @@ free; instances that wait go in the order of their executions times their priori
 of 2 gets half the chances of 1), and one that waits holds back those ranked after it, so a
 model that needs many resources is not starved by models that need few.
 
-Resources count per device (the instance's GPU; 0 for CPU instances) unless marked ``global``.
-How many there are: the ``--rate-limit-resource`` given for the name, or, when none is given at
-all, the most any loaded instance asks for (every instance can then run alone). The scheduler
-owns when batches start (``Scheduler.dispatch``); this module owns the counts.
+Resources count per device of each host (the instance's GPU; 0 for CPU instances) unless
+marked ``global``, shared by the devices of the host: each host has its own, as each machine
+running Triton does. How many there are: the ``--rate-limit-resource`` given for the name, or,
+when none is given at all, the most any instance on the host asks for (every instance can then
+run alone). The scheduler owns when batches start (``Scheduler.dispatch``); this module owns
+the counts.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ EVERY_DEVICE = -1    # a --rate-limit-resource without a device: the count of ea
 FORMAT_ERROR = ("--rate-limit-resource option format is '<resource_name>:<count>:<device>' "
                 "or '<resource_name>:<count>'. Got {}")
 
-Key = tuple[int, str]   # (device, or GLOBAL_DEVICE; resource name)
+Key = tuple[int, str, bytes]   # (device, or GLOBAL_DEVICE; resource name; the host's agent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,15 +43,16 @@ class ResourceFlag:
 
     @classmethod
     def parse(cls, text: str) -> ResourceFlag:
-        """``NAME:COUNT`` or ``NAME:COUNT:DEVICE``; ValueError with Triton's text otherwise."""
+        """``NAME:COUNT`` or ``NAME:COUNT:DEVICE``; ValueError with Triton's texts otherwise."""
         parts = text.split(":")
         if len(parts) not in (2, 3):
             raise ValueError(FORMAT_ERROR.format(text))
-        try:
-            numbers = [int(part) for part in parts[1:]]
-        except ValueError:
-            raise ValueError(FORMAT_ERROR.format(text)) from None
-        if numbers[0] < 0:
+        numbers = []
+        for part in parts[1:]:
+            if not part.lstrip("-").isdigit():
+                raise ValueError(f"Invalid option value. Got {part}")
+            numbers.append(int(part))
+        if numbers[0] < 0:   # Triton takes it as a count past any limit
             raise ValueError(f"--rate-limit-resource count must not be negative. Got {text}")
         return cls(parts[0], *numbers)
 
@@ -66,7 +69,7 @@ class _Holder:
 
 class RateLimiter:
     def __init__(self, flags: Iterable[ResourceFlag] = ()) -> None:
-        self._given: dict[Key, int] = {}
+        self._given: dict[tuple[int, str], int] = {}   # (device or EVERY_DEVICE, name) -> count
         for flag in flags:   # a name given twice for one device: the smaller count, as Triton
             key = (flag.device, flag.name)
             self._given[key] = min(flag.count, self._given.get(key, flag.count))
@@ -90,10 +93,10 @@ class RateLimiter:
 
     def register(self, instance: InstanceRecord, resources: Iterable[tuple[str, bool, int]], priority: int) -> None:
         """``resources``: (name, global, count) as its group's ``rate_limiter`` lists them, counted on
-        the instance's device; InvalidArgument (Triton's text) when the counts the flags give could
+        the instance's device of its host; InvalidArgument (Triton's text) when the counts the flags give could
         never let it run, or a name is both global and per device."""
-        device = instance.device
-        needs = {(GLOBAL_DEVICE if is_global else device, name): count for name, is_global, count in resources}
+        device, host = instance.device, instance.agent
+        needs = {(GLOBAL_DEVICE if is_global else device, name, host): count for name, is_global, count in resources}
         self._holders[instance] = _Holder(needs, max(priority, 1))
         try:
             self._limits = self._compute_limits()
@@ -114,26 +117,29 @@ class RateLimiter:
             pass
 
     def _compute_limits(self) -> dict[Key, int]:
-        """Per resource, the most any instance needs, or what the flags give (checked against it)."""
+        """Per resource, the most any instance needs, or what the flags give (checked against it
+        first, then that no name is both global and per device: Triton's order, global resources
+        first, then by device and name)."""
         most: dict[Key, int] = {}
         for holder in self._holders.values():
             for key, count in holder.needs.items():
                 most[key] = max(count, most.get(key, 0))
-        shared = {name for device, name in most if device == GLOBAL_DEVICE}
-        for device, name in most:
+        most = dict(sorted(most.items()))
+        limits = most
+        if self._given:
+            limits = {}
+            for (device, name, host), needed in most.items():
+                given = self._given_count(device, name)
+                if given < needed:
+                    raise InvalidArgument(f'Resource count for "{name}" is limited to {given} which will prevent '
+                                          "scheduling of one or more model instances, the minimum required count "
+                                          f"is {needed}")
+                limits[(device, name, host)] = given
+        shared = {name for device, name, _ in most if device == GLOBAL_DEVICE}
+        for device, name, _ in most:
             if device != GLOBAL_DEVICE and name in shared:
                 raise InvalidArgument(f'Resource "{name}" is present as both global and device-specific '
                                       "resource in the model configuration.")
-        if not self._given:
-            return most
-        limits = {}
-        for (device, name), needed in most.items():
-            given = self._given_count(device, name)
-            if given < needed:
-                raise InvalidArgument(f'Resource count for "{name}" is limited to {given} which will prevent '
-                                      "scheduling of one or more model instances, the minimum required count "
-                                      f"is {needed}")
-            limits[(device, name)] = given
         return limits
 
     def _given_count(self, device: int, name: str) -> int:
@@ -164,11 +170,6 @@ class RateLimiter:
             return True
         return all(self._in_use[key] + count <= self._limits.get(key, count) for key, count in holder.needs.items())
 
-    def sequence_room(self, instance: InstanceRecord) -> bool:
-        """Whether a stateful model's instance may take its sequences' next batch: one at a time,
-        with its resources free (the instance is bound, so ranks do not apply)."""
-        return instance.credit > 0 and not instance.inflight and self.free(instance)
-
     def acquire(self, instance: InstanceRecord) -> None:
         holder = self._holders.get(instance)
         if holder is not None and not holder.holding:
@@ -183,6 +184,6 @@ class RateLimiter:
             holder.executions += 1
             self._in_use.subtract(holder.needs)
 
-    def in_use(self, name: str, device: int = 0) -> int:
-        """How many of a resource running batches hold (for tests and logs)."""
-        return self._in_use[(device, name)] + self._in_use[(GLOBAL_DEVICE, name)]
+    def in_use(self, name: str) -> int:
+        """How many of a resource running batches hold, on every device of every host (for tests)."""
+        return sum(count for (_, held, _), count in self._in_use.items() if held == name)

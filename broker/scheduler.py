@@ -53,9 +53,6 @@ _AVERAGE_WEIGHT = 0.2
 # tops out at 32 s); after that, or when nothing is coming back, they get a 503.
 RESTART_WAIT_NS = 40_000_000_000
 _DISPATCHING = (VersionState.READY, VersionState.UNLOADING)
-# The rank a stateful version waits with under the rate limiter: it holds back no other version
-# (its sequences are bound to their instances), and is tried again whenever resources free up.
-_SEQUENCES_WAIT_RANK = 1 << 62
 
 
 class Scheduler:
@@ -275,31 +272,55 @@ class Scheduler:
 
     def _wake_blocked(self, limiter: RateLimiter) -> None:
         """Resources were freed: versions waiting for them try again, best rank first, until one
-        still has to wait (those after it wait behind it, so it is not starved)."""
-        for version in sorted(limiter.blocked, key=limiter.blocked.__getitem__):
-            if limiter.blocked.pop(version, None) is None:
-                continue
+        still waits for resources with nobody ahead of it (those after it wait behind it, so it is
+        not starved). One that now waits with a worse rank than before (its best instance began
+        draining, say) lets the loop go on to those now ahead of it."""
+        tried: set[ModelVersion] = set()
+        while waiting := [v for v in limiter.blocked if v not in tried]:
+            version = min(waiting, key=limiter.blocked.__getitem__)
+            tried.add(version)
+            del limiter.blocked[version]
             if version.state in _DISPATCHING:
                 self.dispatch(version)
-            if version in limiter.blocked and not version.stateful:
+            rank = limiter.blocked.get(version)
+            if rank is not None and rank <= min(limiter.blocked.values()):
                 return
 
     def _dispatch_sequences(self, version: ModelVersion, batcher: SequenceBatcher[InstanceRecord], now: int) -> None:
         """The sequence batcher picks the instance (the one holding each sequence) and the slots."""
         accepting = [instance for instance in version.instances if not instance.draining]
         limiter = self.rate_limiter
-        room = _sequence_room if limiter is None else limiter.sequence_room
-        while (batch := batcher.next_batch(now, accepting, room)) is not None:
-            self._send_batch(version, batch.instance, batch.requests, now, batch.slots, batch.size)
-        if limiter is not None:
-            if len(batcher):
-                limiter.blocked[version] = _SEQUENCES_WAIT_RANK
-            else:
-                limiter.blocked.pop(version, None)
+        if limiter is None:
+            while (batch := batcher.next_batch(now, accepting, _sequence_room)) is not None:
+                self._send_batch(version, batch.instance, batch.requests, now, batch.slots, batch.size)
+        else:
+            self._dispatch_sequences_limited(version, batcher, accepting, limiter, now)
         if batcher.deadline_ns() is None:
             self._waiting.discard(version)
         else:
             self._waiting.add(version)
+
+    def _dispatch_sequences_limited(self, version: ModelVersion, batcher: SequenceBatcher[InstanceRecord],
+                                    accepting: list[InstanceRecord], limiter: RateLimiter, now: int) -> None:
+        """Under the rate limiter an instance bound to sequences takes their next batch as any
+        instance starts one: idle, its resources free, no version waiting with a better rank;
+        when one of them must wait, the version waits with that instance's rank."""
+        refused: list[InstanceRecord] = []
+
+        def room(instance: InstanceRecord) -> bool:   # asked only of instances with requests queued
+            if instance.credit <= 0 or instance.inflight:
+                return False
+            if limiter.may_start(instance, version):
+                return True
+            refused.append(instance)
+            return False
+
+        while (batch := batcher.next_batch(now, accepting, room)) is not None:
+            self._send_batch(version, batch.instance, batch.requests, now, batch.slots, batch.size)
+        if refused:
+            limiter.blocked[version] = min(limiter.rank(instance) for instance in refused)
+        else:
+            limiter.blocked.pop(version, None)
 
     def _send_batch(self, version: ModelVersion, instance: InstanceRecord, requests: list[PendingRequest],
                     now: int, slots: list[int] | None = None, size: int | None = None) -> None:

@@ -68,6 +68,9 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _BACKOFF_START_S = 1.0
 _BACKOFF_MAX_S = 32.0
 _HEALTHY_AFTER_S = 60.0  # a process that ran this long starts its next backoff from the beginning
+# Instances that would fail the same way again: their exit status, and what it says.
+_NOT_RESTARTED = {ExitCode.INIT_FAILED: "failed to initialize",
+                  ExitCode.PROTOCOL_MISMATCH: "was refused by the broker"}
 
 
 @dataclass(frozen=True)
@@ -481,8 +484,9 @@ class HostAgent:
             if not child.wanted or not self._running or self._drain_deadline is not None:
                 self.children.remove(child)
                 continue
-            if code == ExitCode.INIT_FAILED:
-                log.error("instance %s of %s failed to initialize; not restarting it", child.plan.key, child.model)
+            if code in _NOT_RESTARTED:
+                log.error("instance %s of %s %s; not restarting it", child.plan.key, child.model,
+                          _NOT_RESTARTED[code])
                 self.children.remove(child)
                 continue
             if time.monotonic() - child.started_at >= _HEALTHY_AFTER_S:

@@ -269,7 +269,7 @@ def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: 
             sock.send_parts(executor.run(frames))
         elif kind is LogSettings:
             logs.apply_wire(message.settings)
-        elif kind is Refused:
+        elif kind is Refused:   # its agent does not restart it: it would be refused again
             log.error("broker refused this instance: %s", message.reason)
             sys.exit(ExitCode.PROTOCOL_MISMATCH)
         elif kind is Reset:

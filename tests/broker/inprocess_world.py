@@ -66,13 +66,14 @@ class Peer:
 
 
 class World:
-    def __init__(self, root, config: str = CONFIG, spin_s: float = 0.0) -> None:
+    def __init__(self, root, config: str = CONFIG, spin_s: float = 0.0, rate_limit_resources=None) -> None:
         write_model(root / "repo", "m", config, {"1/model.py": PLAIN_PY_MODEL})
         self.context = zmq.Context()
         name = next(_names)
         self.broker = Broker(BrokerSettings(model_repositories=(str(root / "repo"),),
                                             frontend=f"inproc://front-{name}", backend=f"inproc://back-{name}",
-                                            metrics=None, heartbeat_interval_s=HEARTBEAT_S, spin_s=spin_s),
+                                            metrics=None, heartbeat_interval_s=HEARTBEAT_S, spin_s=spin_s,
+                                            rate_limit_resources=rate_limit_resources),
                              self.context)
         self.broker.load_repository()
         self.peers: list[Peer] = []

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.broker.inprocess_world import HEARTBEAT_S, World, answer, infer
+from tests.broker.inprocess_world import CONFIG, HEARTBEAT_S, World, answer, infer
+from tritium.broker.rate_limiter import ResourceFlag
 from tritium.logs import LogSettings
 from tritium.protocol import PROTOCOL_VERSION, Control, Heartbeat, Hello, IndexQuery, Infer, Kind, Role
 
@@ -131,3 +132,23 @@ def test_the_log_settings_the_broker_is_started_with_reach_a_gateway_that_says_h
     world.broker.log_settings = LogSettings(log_verbose_level=2)   # as tritium broker hands them on
     gateway = world.gateway()
     assert gateway.headers(Kind.LOG_SETTINGS)[-1]["settings"]["log_verbose_level"] == 2
+
+
+def test_an_instance_the_rate_limiter_cannot_take_after_the_load_is_refused_and_the_model_serves_on(tmp_path):
+    """A resource given for device 0 only: an instance joining later on GPU 1 could never run."""
+    limited = CONFIG + 'instance_group [ { kind: KIND_CPU rate_limiter { resources [ { name: "R" count: 1 } ] } } ]'
+    world = World(tmp_path, limited, rate_limit_resources=(ResourceFlag("R", 1, 0),))
+    try:
+        agent, _ = world.serving_instance()
+        version = world.broker.registry.versions[("m", 1)]
+        late = world.peer("back", b"instance-2")
+        late.send(Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=HEARTBEAT_S, agent="agent-1", model="m",
+                        version=1, epoch=version.epoch, name="m_0@gpu1", boot=world.broker.boot, credit=2,
+                        instance_kind="GPU", device=1).encode())
+        world.until(lambda: late.headers(Kind.REFUSED))
+        assert late.headers(Kind.REFUSED)[0]["reason"] == (
+            'Invalid argument: Resource count for "R" is limited to 0 which will prevent scheduling of one or more '
+            "model instances, the minimum required count is 1")
+        assert [i.iid for i in version.instances] == [b"instance-1"] and version.state.value == "READY"
+    finally:
+        world.close()

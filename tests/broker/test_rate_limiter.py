@@ -128,9 +128,33 @@ def test_the_flag_reads_name_count_and_an_optional_device(text, flag):
     assert ResourceFlag.parse(text) == flag
 
 
-@pytest.mark.parametrize("text", ["R", "R:2:1:0", "R:x", "R:2:gpu", ""])
+@pytest.mark.parametrize("text", ["R", "R:2:1:0", ""])
 def test_a_malformed_flag_gets_tritons_format_error(text):
     with pytest.raises(ValueError) as refused:
         ResourceFlag.parse(text)
     assert str(refused.value) == ("--rate-limit-resource option format is '<resource_name>:<count>:<device>' "
                                   f"or '<resource_name>:<count>'. Got {text}")
+
+
+@pytest.mark.parametrize("text, value", [("R:x", "x"), ("R:2:gpu", "gpu"), ("R:5:", ""), ("R:5_0", "5_0")])
+def test_a_count_or_device_that_is_no_integer_gets_tritons_value_error(text, value):
+    with pytest.raises(ValueError) as refused:
+        ResourceFlag.parse(text)
+    assert str(refused.value) == f"Invalid option value. Got {value}"
+
+
+def test_the_count_check_comes_before_the_global_check_and_global_resources_first():
+    limiter = RateLimiter([ResourceFlag("R", 1), ResourceFlag("A", 1)])
+    limiter.register(instance("a"), [("R", True, 1)], 1)
+    with pytest.raises(InvalidArgument, match='"R" is limited to 1 .* required count is 2$'):
+        limiter.register(instance("b"), [("R", False, 2)], 1)
+    with pytest.raises(InvalidArgument, match='"A" is limited to 1 .* required count is 3$'):
+        limiter.register(instance("c"), [("R", False, 2), ("A", True, 3)], 1)
+
+
+def test_each_host_has_its_own_devices_and_global_resources():
+    limiter = RateLimiter([ResourceFlag("R", 1)])
+    here, there = instance("here"), InstanceRecord(b"there", b"agent-2", "m", 1, "there", 1)
+    limiter.register(here, [("R", False, 1)], 1)
+    limiter.register(there, [("R", False, 1)], 1)
+    assert running_together(limiter, here, there)

@@ -167,7 +167,55 @@ def test_a_stopped_version_no_longer_counts_in_the_limits():
     assert world.started()[2:] == [(b"s0", [3])]   # R: 1 now
 
 
-def test_a_stateful_model_waits_for_its_instances_resources_without_holding_back_others():
+def test_a_version_whose_best_instance_began_draining_lets_those_now_ahead_of_it_run():
+    world = World(ResourceFlag("R", 1))
+    y = world.model("y", f"instance_group [ {group(resource('R', 1), priority=1)}, "
+                         f"{group(resource('R', 1), priority=10)} ]")
+    y0 = world.instance(y, "y0", group=0)
+    world.instance(y, "y1", group=1)
+    world.serve("z", f"instance_group [ {group(resource('R', 1), priority=3)} ]", "z0")
+    world.serve("x", f"instance_group [ {group(resource('R', 1))} ]", "x0")
+    for index, (model, rid) in enumerate((("y", 1), ("y", 2), ("z", 3))):   # ranks: y0 1, y1 10, z0 3
+        world.submit(model, rid)
+        world.finish(index)
+    world.submit("x", 10)      # x0 (rank 0) holds R
+    world.submit("y", 11)      # y waits with y0's rank, 1
+    world.submit("z", 12)      # z waits behind it, with 3
+    y0.draining = True         # y0's host begins draining: y's best is now y1, ranked 10
+    world.finish(3)
+    assert world.started()[4:] == [(b"z0", [12])]
+    world.finish(4)
+    assert world.started()[5:] == [(b"y1", [11])]
+
+
+def test_a_stateful_model_takes_its_turn_under_steady_traffic_to_another():
+    world = World()
+    world.serve("other", f"instance_group [ {group(resource('R', 1))} ]", "o0")
+    world.serve("seq", f"instance_group [ {group(resource('R', 1))} ]", "q0", sequence=True)
+    world.submit("other", 1)
+    world.submit("other", 2)
+    world.submit("seq", 100, sequence_id=7, sequence_flags=1)
+    for index in range(4):     # one request always queued for "other"
+        world.finish(index)
+        world.submit("other", 3 + index)
+    assert [iid for iid, _ in world.started()][:4] == [b"o0", b"q0", b"o0", b"o0"]
+
+
+def test_sequences_always_queued_do_not_starve_a_model_that_needs_more():
+    world = World()
+    world.serve("big", f"instance_group [ {group(resource('R', 2))} ]", "big0")
+    world.serve("seq", f"instance_group [ {group(resource('R', 1), count=2)} ]", "q0", "q1", sequence=True)
+    world.submit("seq", 1, sequence_id=1, sequence_flags=1)
+    world.submit("seq", 2, sequence_id=2, sequence_flags=1)
+    world.submit("big", 3)     # needs both units of R: waits
+    for index in range(4):     # each sequence has its next request queued whenever it runs
+        iid, _ = world.started()[index]
+        world.submit("seq", 10 + index, sequence_id=1 if iid == b"q0" else 2)
+        world.finish(index)
+    assert (b"big0", [3]) in world.started()[:4]
+
+
+def test_a_stateful_model_waits_for_its_instances_resources():
     world = World()
     world.serve("other", f"instance_group [ {group(resource('R', 1))} ]", "o0")
     world.serve("seq", f"instance_group [ {group(resource('R', 1))} ]", "q0", sequence=True)

@@ -244,6 +244,17 @@ def test_an_instance_that_fails_to_initialize_says_why_exits_init_failed_and_is_
     assert host.agent.children == []
 
 
+def test_an_instance_the_broker_refuses_exits_and_is_not_restarted(host):
+    host.joined()
+    assignment = host.assignment("echo")
+    host.broker.tell(host.peer, Assign((assignment,)))
+    ((iid, _),) = host.instance_hellos(assignment.epoch, 1)
+    host.broker.tell(iid, Refused('Invalid argument: Resource count for "R" is limited to 0 ...'))
+    (exited,) = host.exits(assignment.epoch, 1)
+    assert (exited["code"], exited["stopped"]) == (ExitCode.PROTOCOL_MISMATCH, False)
+    assert host.agent.children == []
+
+
 def test_an_assignment_it_cannot_place_is_answered_with_the_reason(host):
     host.joined()
     assignment = msgspec.structs.replace(host.assignment("echo"), model="absent")
