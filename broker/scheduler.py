@@ -456,6 +456,8 @@ class Scheduler:
             self._idle.idle_again(version, instance)
         if version is not None and version.state in _DISPATCHING:
             self.dispatch(version)
+        if self.rate_limiter is not None and self.rate_limiter.blocked:   # it may have raised a default count
+            self._wake_blocked(self.rate_limiter)
 
     def holds_work(self, instances: list[InstanceRecord]) -> bool:
         """Whether any of ``instances`` runs a batch or has a decoupled request still answering."""

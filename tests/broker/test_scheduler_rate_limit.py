@@ -151,6 +151,14 @@ def test_a_lost_instance_frees_what_it_held():
     assert world.limiter.in_use("R") == 1
 
 
+def test_an_instance_that_raises_a_default_count_lets_those_waiting_start():
+    world = World()
+    two_models_sharing_one_resource(world)   # R: 1, the most a or b asks for; b waits
+    big = world.model("big", f"instance_group [ {group(resource('R', 2))} ]")
+    world.scheduler.instance_ready(world.instance(big, "big0"))   # R: 2 now
+    assert world.started() == [(b"a0", [1]), (b"b0", [2])]
+
+
 def test_a_stopped_version_no_longer_counts_in_the_limits():
     world = World()
     world.serve("big", f"instance_group [ {group(resource('R', 2))} ]", "big0")
