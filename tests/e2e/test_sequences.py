@@ -96,12 +96,14 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def http(server):
-    return httpclient.InferenceServerClient(server.url, network_timeout=60, concurrency=8)
+    with httpclient.InferenceServerClient(server.url, network_timeout=60, concurrency=8) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
 def grpc_client(server):
-    return grpcclient.InferenceServerClient(server.grpc_url)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        yield client
 
 
 def client_for(server, protocol: str):
@@ -318,7 +320,8 @@ def test_implicit_state_of_a_python_model_is_kept_by_the_server(server):
     outcomes = run_sequences("py_state", 3, 5, lambda: client_for(server, "http"), 4000)
     for values, totals, _ in outcomes:
         assert totals == running_sums(values)
-    result = step(client_for(server, "http"), "py_state", 1.0, 4100, start=True, end=True)
+    with client_for(server, "http") as client:
+        result = step(client, "py_state", 1.0, 4100, start=True, end=True)
     assert result.get_output("OUTPUT_STATE") is None   # not a declared output: the client never sees it
 
 
@@ -339,7 +342,8 @@ def test_a_lost_instance_fails_its_sequences_with_503_and_forgets_them(server, h
 
     def slow_step():   # the model sleeps 30 s in this request
         try:
-            step(client_for(server, "http"), "py_crash", -30.0, 31)
+            with client_for(server, "http") as client:   # closed in the thread that made it
+                step(client, "py_crash", -30.0, 31)
         except InferenceServerException as exc:
             outcome["error"] = exc
 
