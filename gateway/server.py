@@ -1,6 +1,6 @@
 """The gateway process: uvloop, a broker link, the data plane, the HTTP and gRPC servers.
 
-Several gateway processes of one deployment can serve the same port (``reuse_port``):
+Several gateway processes of one deployment can serve the same port (``reuse_http_port``, ``reuse_grpc_port``):
 each binds its own listening socket with SO_REUSEPORT and the kernel spreads connections
 over them. Without it a port in use stops startup (tritium/ports.py).
 """
@@ -57,7 +57,8 @@ class GatewaySettings:
     curve: CurveKeys | None = None          # None: no CURVE on the broker link
     http_restricted: RestrictedApis = RestrictedApis()   # Triton's --http-restricted-api
     grpc_restricted: RestrictedApis = RestrictedApis()   # Triton's --grpc-restricted-protocol
-    reuse_port: bool = False    # share the ports with this deployment's other gateways (SO_REUSEPORT)
+    reuse_http_port: bool = False   # share the port with this deployment's other gateways or servers (SO_REUSEPORT)
+    reuse_grpc_port: bool = False
     grpc_server: str = "tritium"   # the gRPC transport: "tritium" (gateway/grpc_server.py) or "grpcio"
     grpc_keepalive: GrpcKeepalive = GrpcKeepalive()   # Triton's --grpc-keepalive-* and --grpc-max-connection-age*
     trace: TraceSettings = TraceSettings()   # Triton's --trace-config, seeding the broker's copy
@@ -87,13 +88,13 @@ async def serve(settings: GatewaySettings) -> int:
     http_forward = compile_pattern(settings.http_header_forward_pattern)
     app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes + 1024 * 1024,
                   restricted=settings.http_restricted, header_forward=http_forward)
-    sock = listening_socket(settings.http_address, settings.http_port, settings.reuse_port) \
+    sock = listening_socket(settings.http_address, settings.http_port, settings.reuse_http_port) \
         if settings.http_port is not None else None
     grpc_server = None
     if settings.grpc_port is not None:   # bound now: a taken port stops startup before the broker is waited for
         service = GrpcInferenceService(dataplane, settings.grpc_restricted,
                                        compile_pattern(settings.grpc_header_forward_pattern))
-        where = (settings.grpc_address, settings.grpc_port, settings.grpc_max_message_bytes, settings.reuse_port,
+        where = (settings.grpc_address, settings.grpc_port, settings.grpc_max_message_bytes, settings.reuse_grpc_port,
                  settings.grpc_keepalive)
         if settings.grpc_server == "grpcio":
             if settings.grpc_compression_level != "none":

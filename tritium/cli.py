@@ -193,20 +193,30 @@ def serve(ctx, **o) -> None:
     _cache_bytes(o["cache_config"])
     control_settings(**_pick(o, _CONTROL_KEYS))
     restricted_apis(o["http_restricted_api"], o["grpc_restricted_protocol"])
+    http_workers = o["http_workers"] or max(1, usable_cpus() // 2)
     settings = ServeSettings(
         http_address=o["http_address"], http_port=o["http_port"], http_enabled=_bool(o["allow_http"]),
         grpc_address=o["grpc_address"],
         grpc_port=o["grpc_port"], grpc_enabled=_bool(o["allow_grpc"]), metrics_port=o["metrics_port"],
         metrics_address=o["metrics_address"], metrics_enabled=_bool(o["allow_metrics"]),
-        http_workers=o["http_workers"] or max(1, usable_cpus() // 2),
+        http_workers=http_workers,
         reuse_http_port=_bool(o["reuse_http_port"]), reuse_grpc_port=_bool(o["reuse_grpc_port"]),
         exit_timeout_s=float(o["exit_timeout_secs"]), exit_on_error=_bool(o["exit_on_error"]),
         broker_args=child_args(o, BROKER), worker_args=child_args(o, WORKER),
         # serve's own gateways share the ports; serve checks they are free
-        gateway_args=(*child_args(o, GATEWAY), *trace_flags(trace), "--reuse-port", "true"),
+        gateway_args=(*child_args(o, GATEWAY), *trace_flags(trace), *_gateway_port_sharing(o, http_workers)),
         resolved_env=config_file.variables(ctx.command),
     )
     sys.exit(Supervisor(settings).run())
+
+
+def _gateway_port_sharing(o: dict, http_workers: int) -> tuple[str, ...]:
+    """Serve's gateways share the ports among themselves when there are several; a lone gateway
+    shares them only as --reuse-http-port / --reuse-grpc-port say, so that another server can
+    share a port only with a server that agreed to it, as in Triton."""
+    if http_workers > 1:
+        return ("--reuse-port", "true")
+    return ("--reuse-http-port", o["reuse_http_port"], "--reuse-grpc-port", o["reuse_grpc_port"])
 
 
 def tritonserver() -> None:
@@ -313,7 +323,9 @@ def gateway(**o) -> None:
                         heartbeat_interval_s=o["heartbeat_interval_secs"],
                         max_inflight_requests=o["max_inflight_requests"], curve=curve,
                         http_restricted=http_restricted, grpc_restricted=grpc_restricted,
-                        reuse_port=_bool(o["reuse_port"]), grpc_server=o["grpc_server"],
+                        reuse_http_port=_bool(o["reuse_port"]) or _bool(o["reuse_http_port"]),
+                        reuse_grpc_port=_bool(o["reuse_port"]) or _bool(o["reuse_grpc_port"]),
+                        grpc_server=o["grpc_server"],
                         grpc_keepalive=grpc_keepalive(o), trace=trace,
                         http_header_forward_pattern=o["http_header_forward_pattern"],
                         grpc_header_forward_pattern=o["grpc_header_forward_pattern"],

@@ -155,10 +155,10 @@ OPTIONS: tuple[Option, ...] = (
     _option("--http-workers", on="serve", default=None, type=click.IntRange(min=1),
             help="Gateway processes sharing the HTTP and gRPC ports (default: one per 2 CPUs this process may "
                  "use, its CPU quota counted)."),
-    _option("--reuse-http-port", on="serve", type=BOOLEAN, default="false",
+    _option("--reuse-http-port", on="serve, gateway", type=BOOLEAN, default="false",
             help="Share the HTTP port with other servers that ask the same (SO_REUSEPORT); false: a port in use "
-                 "stops startup. This server's own gateways share it either way."),
-    _option("--reuse-grpc-port", on="serve", type=BOOLEAN, default="false",
+                 "stops startup. The gateways of one serve (--http-workers above 1) share it either way."),
+    _option("--reuse-grpc-port", on="serve, gateway", type=BOOLEAN, default="false",
             help="The same for the gRPC port."),
     _option("--reuse-port", on="gateway", type=BOOLEAN, default="false",
             help="Share the HTTP and gRPC ports with this deployment's other gateways (SO_REUSEPORT); "

@@ -152,6 +152,19 @@ def test_two_serves_that_ask_for_it_share_the_http_port(repo):
         assert request(first.url, "GET", "/v2/health/live")[0] == 200
 
 
+def test_a_serve_that_did_not_ask_to_share_its_port_keeps_it_from_one_that_asks(repo):
+    """As in Triton, a server started with --reuse-http-port cannot join the port of one started
+    without it (here with one gateway; serve's gateways share their ports with each other when
+    --http-workers is above 1)."""
+    with TritiumServer(repo, "--exit-on-error=false") as first:
+        result = run_serve(repo, "--reuse-http-port=true", "--http-port", str(first.port))
+        assert result.returncode == 1
+        [line] = _error_lines(result.stderr)
+        assert line.endswith(f"failed to start HTTP service: Unavailable - Socket '127.0.0.1:{first.port}' "
+                             "already in use")
+        assert request(first.url, "GET", "/v2/health/live")[0] == 200
+
+
 def _run_part(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
     return subprocess.run([sys.executable, "-m", "tritium.cli", *args], capture_output=True, timeout=60, env=env)
