@@ -203,7 +203,7 @@ def serve(ctx, **o) -> None:
         reuse_http_port=_bool(o["reuse_http_port"]), reuse_grpc_port=_bool(o["reuse_grpc_port"]),
         exit_timeout_s=float(o["exit_timeout_secs"]), exit_on_error=_bool(o["exit_on_error"]),
         broker_args=child_args(o, BROKER), worker_args=child_args(o, WORKER),
-        # serve's own gateways share the ports; serve checks they are free
+        # serve checks the ports are free (or shared as asked) before starting its gateways
         gateway_args=(*child_args(o, GATEWAY), *trace_flags(trace), *_gateway_port_sharing(o, http_workers)),
         resolved_env=config_file.variables(ctx.command),
     )
