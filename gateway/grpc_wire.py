@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from tritium.gateway.compression import compress
+
 # Status numbers by name, as grpc.StatusCode holds them (OK=0 ... UNAUTHENTICATED=16).
 STATUS = {code.name: code.value[0] for code in grpc.StatusCode}
 OK = STATUS["OK"]
@@ -43,8 +45,7 @@ def frame(message: bytes) -> bytes:
 def compressed_frame(message: bytes, encoding: bytes) -> bytes:
     """One message compressed with ``encoding`` (gzip or deflate), with its prefix; as gRPC does,
     one that compression would not make smaller goes as it is (flag 0, the call's encoding aside)."""
-    deflater = zlib.compressobj(wbits=_WBITS[encoding])
-    packed = deflater.compress(message) + deflater.flush()
+    packed = compress(message, encoding)
     if len(packed) >= len(message):
         return frame(message)
     return b"\1" + len(packed).to_bytes(4, "big") + packed

@@ -25,6 +25,9 @@ RESERVED = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority
                       "binary_data_output"))
 
 
+_CASE_SENSITIVE = "(?-i)"
+
+
 def compile_pattern(pattern: str | None) -> re.Pattern[str] | None:
     """The flag's pattern, ready to match header names; None when forwarding is off. re.error
     for a pattern that is not a regular expression. Triton's own tests turn the case back on
@@ -35,9 +38,6 @@ def compile_pattern(pattern: str | None) -> re.Pattern[str] | None:
     if pattern.startswith(_CASE_SENSITIVE):
         return re.compile(pattern[len(_CASE_SENSITIVE):])
     return re.compile(pattern, re.IGNORECASE)
-
-
-_CASE_SENSITIVE = "(?-i)"
 
 
 def forwarded_http_headers(pattern: re.Pattern[str], lines: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
