@@ -294,12 +294,12 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any,
                                ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
         """Answers leave as they come, whatever the order of the requests that asked."""
-        metadata = context.invocation_metadata() or ()
-        if self.restricted:  # the stream ends before its first request is read, as on Triton
-            try:
+        try:   # the stream ends before its first request is read, as on Triton
+            metadata = context.invocation_metadata() or ()
+            if self.restricted:
                 self.restricted.check(RPC_CATEGORIES["ModelStreamInfer"], metadata)
-            except TritiumError as exc:
-                await _abort(context, exc)
+        except TritiumError as exc:
+            await _abort(context, exc)
         strict = any(key == "triton_grpc_error" and value == "true" for key, value in metadata)
         outgoing: asyncio.Queue = asyncio.Queue()
         tasks: set[asyncio.Task] = set()

@@ -15,7 +15,6 @@ graceful drain (GOAWAY, calls in flight finished, then the connections closed).
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import socket
 from collections import deque
@@ -33,6 +32,7 @@ from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers, too_m
 from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader,
                                       compressed_frame, frame, parse_timeout, percent_encoded, response_encoding,
                                       too_large)
+from tritium.gateway.header_forwarding import binary_metadata_value
 from tritium.errors import TritiumError
 from tritium.ports import bound_socket
 
@@ -78,9 +78,13 @@ class CallContext:
         self._headers = headers
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return tuple((name.decode("latin-1"),
-                      base64.b64decode(value + b"==") if name.endswith(b"-bin") else value.decode("latin-1"))
-                     for name, value in self._headers)
+        """Names as text and ``-bin`` values decoded, as grpc.aio gives them; InvalidArgument for a
+        ``-bin`` value that is not base64."""
+        pairs: list[tuple[str, str | bytes]] = []
+        for raw_name, value in self._headers:
+            name = raw_name.decode("latin-1")
+            pairs.append((name, binary_metadata_value(name, value) if name.endswith("-bin") else value.decode("latin-1")))
+        return tuple(pairs)
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: tuple = ()) -> None:
         raise GrpcFailure(code.value[0], details)

@@ -50,6 +50,15 @@ def forwarded_http_headers(pattern: re.Pattern[str], lines: Iterable[tuple[bytes
     return found
 
 
+def binary_metadata_value(name: str, value: bytes) -> bytes:
+    """A ``-bin`` metadata value as sent (base64, its padding optional) decoded; InvalidArgument
+    when it is not base64, a client's mistake."""
+    try:
+        return base64.b64decode(value + b"==")
+    except binascii.Error:
+        raise InvalidArgument(f"metadata '{name}' is not valid base64") from None
+
+
 def forwarded_grpc_metadata(pattern: re.Pattern[str],
                             metadata: Iterable[tuple[bytes | str, bytes | str]]) -> dict[str, str]:
     """The parameters a call's metadata gives it, a ``-bin`` value base64-decoded as gRPC hands it
@@ -61,10 +70,7 @@ def forwarded_grpc_metadata(pattern: re.Pattern[str],
         if not _forwards(pattern, name):
             continue
         if isinstance(raw_name, bytes) and name.endswith("-bin") and isinstance(value, bytes):
-            try:
-                value = base64.b64decode(value + b"==")
-            except binascii.Error:
-                raise InvalidArgument(f"metadata '{name}' is not valid base64") from None
+            value = binary_metadata_value(name, value)
         found[name] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
     return found
 

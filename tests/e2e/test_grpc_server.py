@@ -240,6 +240,17 @@ def test_a_client_that_speaks_no_http2_gets_a_goaway_and_the_server_goes_on(serv
     assert grpcclient.InferenceServerClient(server.grpc_url).is_server_live()
 
 
+def test_binary_metadata_that_is_not_base64_is_a_client_error_on_a_stream(raw):
+    request, a, b = add_sub_request()
+    answer = raw.call("ModelStreamInfer", request.SerializeToString(), extra_headers=(("x-key-bin", "a"),))
+    assert (answer.status, answer.message) == (grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                                               "metadata 'x-key-bin' is not valid base64")
+    good = raw.call("ModelStreamInfer", request.SerializeToString(), extra_headers=(("x-key-bin", "YWI"),))
+    assert good.status == 0
+    (message,) = good.messages
+    check_add_sub(service_pb2.ModelStreamInferResponse.FromString(message).infer_response, a, b)
+
+
 def test_an_unknown_method_is_unimplemented(raw):
     answer = raw.call("NoSuchMethod", b"")
     assert answer.status == grpc.StatusCode.UNIMPLEMENTED.value[0]
