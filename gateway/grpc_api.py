@@ -23,6 +23,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from tritium.gateway.grpc_codec import decode_infer_request, encode_infer_response
 from tritium.gateway.grpc_keepalive import GrpcKeepalive
+from tritium.gateway.grpc_tls import GrpcTls
 from tritium.gateway.header_forwarding import forwarded_grpc_metadata
 from tritium.gateway.inference import InferRequest, InferResult
 from tritium.gateway.model_table import parse_version
@@ -364,7 +365,8 @@ def _parameters(parameters) -> dict:
 
 
 def bind_grpc(service: GrpcInferenceService, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,
-              reuse_port: bool = False, keepalive: GrpcKeepalive = GrpcKeepalive()) -> tuple[grpc.aio.Server, int]:
+              reuse_port: bool = False, keepalive: GrpcKeepalive = GrpcKeepalive(),
+              tls: GrpcTls | None = None) -> tuple[grpc.aio.Server, int]:
     """A server bound to ``address:port``, to be started; PortInUse if the port is taken (checked
     first, so that grpc's own bind failure, a multi-line log, is never reached)."""
     check_free("GRPC", address, port, reuse_port)
@@ -386,7 +388,10 @@ def bind_grpc(service: GrpcInferenceService, address: str, port: int, max_messag
     server = grpc.aio.server(options=options)
     server.add_generic_rpc_handlers((_handlers(service),))
     try:
-        bound = server.add_insecure_port(f"{address}:{port}")
+        if tls is None:
+            bound = server.add_insecure_port(f"{address}:{port}")
+        else:
+            bound = server.add_secure_port(f"{address}:{port}", tls.grpcio_credentials())
     except RuntimeError:   # taken between the check and here
         raise PortInUse("GRPC", address, port) from None
     return server, bound

@@ -29,6 +29,7 @@ from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceSe
 from tritium.gateway.grpc_http2 import (CANCEL, ENHANCE_YOUR_CALM, NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers,
                                         Http2Connection, encode_headers)
 from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers, too_many_pings
+from tritium.gateway.grpc_tls import GrpcTls
 from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader,
                                       compressed_frame, frame, parse_timeout, percent_encoded, response_encoding,
                                       too_large)
@@ -503,12 +504,14 @@ class GrpcServer:
     """The listening socket, the connections, and the graceful drain; grpc.aio's start/stop shape."""
 
     def __init__(self, servicer: GrpcInferenceService, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 keepalive: GrpcKeepalive = GrpcKeepalive(), compression_level: str = "none") -> None:
+                 keepalive: GrpcKeepalive = GrpcKeepalive(), compression_level: str = "none",
+                 tls: GrpcTls | None = None) -> None:
         rpcs = {f"/{SERVICE.full_name}/{name}".encode(): Rpc(name, streaming, parse, serialize, getattr(servicer, name))
                 for name, streaming, parse, serialize in rpc_methods()}
         self.shared = _Shared(servicer, rpcs, max_message_bytes, keepalive, compression_level)
         self._sock: socket.socket | None = None
         self._server: asyncio.AbstractServer | None = None
+        self._tls = tls
 
     def bind(self, address: str, port: int, reuse_port: bool = False) -> int:
         self._sock = sock = bound_socket("GRPC", address, port, reuse_port)
@@ -520,7 +523,8 @@ class GrpcServer:
         loop = asyncio.get_running_loop()
         assert self._sock is not None, "bind() comes first"   # as bind_grpc_tritium does
         self._server = await loop.create_server(lambda: GrpcConnection(self.shared, loop), sock=self._sock,
-                                                backlog=2048)
+                                                backlog=2048,
+                                                ssl=self._tls.server_context() if self._tls is not None else None)
 
     def stop(self, grace_s: float) -> asyncio.Task:
         """Begin the drain now (GOAWAY on every connection); the task ends when it is done."""
@@ -537,8 +541,8 @@ class GrpcServer:
 
 def bind_grpc_tritium(service: GrpcInferenceService, address: str, port: int,
                       max_message_bytes: int = MAX_MESSAGE_BYTES, reuse_port: bool = False,
-                      keepalive: GrpcKeepalive = GrpcKeepalive(), compression_level: str = "none",
-                      ) -> tuple[GrpcServer, int]:
+                      keepalive: GrpcKeepalive = GrpcKeepalive(), tls: GrpcTls | None = None,
+                      compression_level: str = "none") -> tuple[GrpcServer, int]:
     """``bind_grpc``'s counterpart: a server bound to ``address:port``, to be started."""
-    server = GrpcServer(service, max_message_bytes, keepalive, compression_level)
+    server = GrpcServer(service, max_message_bytes, keepalive, compression_level, tls)
     return server, server.bind(address, port, reuse_port)

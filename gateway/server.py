@@ -23,6 +23,7 @@ from tritium.gateway.header_forwarding import compile_pattern
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, GrpcInferenceService, bind_grpc
 from tritium.gateway.grpc_keepalive import GrpcKeepalive
 from tritium.gateway.grpc_server import bind_grpc_tritium
+from tritium.gateway.grpc_tls import GrpcTls
 from tritium.gateway.http_api import HttpApp
 from tritium.gateway.http_server import HttpSettings, HttpServer
 from tritium.gateway.restricted import RestrictedApis
@@ -65,6 +66,7 @@ class GatewaySettings:
     http_header_forward_pattern: str | None = None   # Triton's: matching headers become request parameters
     grpc_header_forward_pattern: str | None = None   # the same for gRPC metadata
     grpc_compression_level: str = "none"   # Triton's --grpc-infer-response-compression-level
+    grpc_tls: GrpcTls | None = None        # Triton's --grpc-use-ssl and its files (None: plain HTTP/2)
     spin_s: float = 0.0   # --gateway-spin-us: how long to poll for answers before sleeping
 
 
@@ -95,7 +97,7 @@ async def serve(settings: GatewaySettings) -> int:
         service = GrpcInferenceService(dataplane, settings.grpc_restricted,
                                        compile_pattern(settings.grpc_header_forward_pattern))
         where = (settings.grpc_address, settings.grpc_port, settings.grpc_max_message_bytes, settings.reuse_grpc_port,
-                 settings.grpc_keepalive)
+                 settings.grpc_keepalive, settings.grpc_tls)
         if settings.grpc_server == "grpcio":
             if settings.grpc_compression_level != "none":
                 log.warning("--grpc-infer-response-compression-level applies to tritium's gRPC server only, "
@@ -135,7 +137,9 @@ async def serve(settings: GatewaySettings) -> int:
     tune_for_serving()
     if grpc_server is not None:
         await grpc_server.start()
-        log.info("gateway serving gRPC on %s:%d", settings.grpc_address, grpc_port)
+        tls = settings.grpc_tls
+        log.info("gateway serving gRPC on %s:%d%s", settings.grpc_address, grpc_port,
+                 "" if tls is None else " over TLS, client certificates required" if tls.mutual else " over TLS")
     served = [f"grpc={settings.grpc_address}:{grpc_port}"] if grpc_server is not None else []
     if sock is not None:
         await http.start(sock)

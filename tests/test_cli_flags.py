@@ -55,7 +55,9 @@ def test_unknown_flag_is_answered_as_tritonserver_does():
 
 @pytest.mark.parametrize("flag, message", [
     ("--allow-http=false --allow-grpc=0", "leave nothing to serve"),
-    ("--grpc-use-ssl=true", "--grpc-use-ssl=true is not supported"),
+    ("--grpc-use-ssl=true", "gRPC over TLS (--grpc-use-ssl) needs --grpc-server-cert and --grpc-server-key"),
+    ("--grpc-use-ssl-mutual=false --grpc-server-cert=/nowhere.pem --grpc-server-key=/nowhere.key",
+     "--grpc-server-cert '/nowhere.pem' cannot be read: No such file or directory"),
     ("--allow-sagemaker=1", "--allow-sagemaker=true is not supported"),
     ("--allow-grpc=maybe", "expected true or false, got 'maybe'"),
     ("--rate-limit=sometimes", "'sometimes' is not one of 'off', 'execution_count'"),

@@ -193,6 +193,7 @@ def serve(ctx, **o) -> None:
     _cache_bytes(o["cache_config"])
     control_settings(**_pick(o, _CONTROL_KEYS))
     restricted_apis(o["http_restricted_api"], o["grpc_restricted_protocol"])
+    grpc_tls(o)
     http_workers = o["http_workers"] or max(1, usable_cpus() // 2)
     settings = ServeSettings(
         http_address=o["http_address"], http_port=o["http_port"], http_enabled=_bool(o["allow_http"]),
@@ -288,6 +289,21 @@ def broker(**o) -> None:
     sys.exit(server.run())
 
 
+def grpc_tls(o: dict):
+    """TLS for the gRPC port from Triton's flags (None: plain HTTP/2, or no gRPC at all); a usage
+    error naming the flag and the file that cannot serve."""
+    from tritium.errors import InvalidArgument
+    from tritium.gateway.grpc_tls import tls_from_flags
+
+    if not _bool(o["allow_grpc"]):
+        return None
+    try:
+        return tls_from_flags(o["grpc_use_ssl"], o["grpc_use_ssl_mutual"], o["grpc_server_cert"],
+                              o["grpc_server_key"], o["grpc_root_cert"])
+    except InvalidArgument as exc:
+        raise click.UsageError(exc.message) from None
+
+
 def grpc_keepalive(o: dict):
     """The gRPC keepalive and connection-age settings from Triton's flags."""
     from tritium.gateway.grpc_keepalive import GrpcKeepalive
@@ -329,7 +345,7 @@ def gateway(**o) -> None:
                         grpc_keepalive=grpc_keepalive(o), trace=trace,
                         http_header_forward_pattern=o["http_header_forward_pattern"],
                         grpc_header_forward_pattern=o["grpc_header_forward_pattern"],
-                        grpc_compression_level=o["grpc_infer_response_compression_level"],
+                        grpc_compression_level=o["grpc_infer_response_compression_level"], grpc_tls=grpc_tls(o),
                         spin_s=polling_s(o["gateway_spin_us"], GATEWAY_SPIN_US, "--gateway-spin-us")))
 
 

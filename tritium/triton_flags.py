@@ -75,12 +75,9 @@ IGNORED_FLAGS: tuple[IgnoredFlag, ...] = (
 
 # Flags whose Triton default is off and which tritium cannot turn on: "true" is a usage error.
 UNSUPPORTED_WHEN_TRUE: dict[str, str] = {
-    "--grpc-use-ssl": "TLS is not supported; put a TLS-terminating proxy in front of the gRPC port",
-    "--grpc-use-ssl-mutual": "TLS is not supported; put a TLS-terminating proxy in front of the gRPC port",
     "--allow-sagemaker": "there is no SageMaker endpoint",
     "--allow-vertex-ai": "there is no Vertex AI endpoint",
 }
-UNSUPPORTED_FILES = ("--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert")
 
 
 # The trace options of the options table (tritium/options.py), read together into one TraceSettings.
@@ -135,16 +132,13 @@ def ignored_flag_options(command):
     for flag, why in UNSUPPORTED_WHEN_TRUE.items():
         command = click.option(flag, _param_name(flag), type=BOOLEAN, default="false", show_default=True,
                                help=f"Triton flag; only false is accepted: {why}.")(command)
-    for flag in UNSUPPORTED_FILES:
-        command = click.option(flag, _param_name(flag), default=None, metavar="FILE",
-                               help="Triton flag, accepted and ignored: TLS is not supported.")(command)
     return command
 
 
 def ignored_flags_given(params: dict) -> list[str]:
     """The ignored flags that the command line (or a config file) set, and drop them from ``params``."""
     given = []
-    for flag in [item.flag for item in IGNORED_FLAGS] + list(UNSUPPORTED_FILES):
+    for flag in [item.flag for item in IGNORED_FLAGS]:
         value = params.pop(_param_name(flag))
         if value not in (None, ()):
             given.append(flag)

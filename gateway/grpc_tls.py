@@ -1,0 +1,85 @@
+"""TLS on the gRPC port, as Triton's ``--grpc-use-ssl`` flags ask for it: the server's
+certificate and key, and with mutual authentication the root certificate that clients'
+certificates must chain to. Both gRPC servers take it: tritium's own (an ``ssl.SSLContext``
+under its asyncio transports) and grpc.aio (grpc's server credentials).
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from tritium.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class GrpcTls:
+    cert_file: str
+    key_file: str
+    root_file: str | None = None   # the certificates clients' certificates are checked against
+    mutual: bool = False           # every client must present a certificate that chains to root_file
+
+    def server_context(self) -> ssl.SSLContext:
+        """For tritium's own server. gRPC clients require TLS 1.2 or later and ALPN's ``h2``, and
+        HTTP/2 forbids renegotiation (RFC 9113, section 9.2.1)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.options |= ssl.OP_NO_RENEGOTIATION
+        context.set_alpn_protocols(["h2"])
+        context.load_cert_chain(self.cert_file, self.key_file)
+        if self.root_file:
+            context.load_verify_locations(self.root_file)
+        if self.mutual:
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def grpcio_credentials(self) -> grpc.ServerCredentials:
+        """The same for grpc.aio (``--grpc-server=grpcio``)."""
+        root = Path(self.root_file).read_bytes() if self.root_file else None
+        pair = (Path(self.key_file).read_bytes(), Path(self.cert_file).read_bytes())
+        return grpc.ssl_server_credentials([pair], root_certificates=root, require_client_auth=self.mutual)
+
+
+def tls_from_flags(use_ssl: str | None, use_ssl_mutual: str | None, server_cert: str | None,
+                   server_key: str | None, root_cert: str | None) -> GrpcTls | None:
+    """Triton's five flags read as Triton reads them (``--grpc-use-ssl-mutual``, true or false,
+    turns TLS on unless ``--grpc-use-ssl=false`` is given too; the files are read only when TLS is
+    on), then checked: InvalidArgument naming the flag and the file that cannot serve."""
+    on = use_ssl == "true" or (use_ssl_mutual is not None and use_ssl != "false")
+    if not on:
+        return None
+    mutual = use_ssl_mutual == "true"
+    if not server_cert or not server_key:
+        raise InvalidArgument("gRPC over TLS (--grpc-use-ssl) needs --grpc-server-cert and --grpc-server-key")
+    if mutual and not root_cert:
+        raise InvalidArgument("--grpc-use-ssl-mutual needs --grpc-root-cert, the certificate that clients' "
+                              "certificates must chain to")
+    for flag, path in (("--grpc-server-cert", server_cert), ("--grpc-server-key", server_key),
+                       ("--grpc-root-cert", root_cert)):
+        if path:
+            _check_readable(flag, path)
+    tls = GrpcTls(server_cert, server_key, root_cert or None, mutual)
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(server_cert, server_key)
+    except ssl.SSLError as exc:
+        raise InvalidArgument(f"--grpc-server-cert '{server_cert}' and --grpc-server-key '{server_key}' are not a "
+                              f"PEM certificate and its private key: {exc.reason or exc}") from None
+    if root_cert:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(root_cert)
+        except ssl.SSLError as exc:
+            raise InvalidArgument(f"--grpc-root-cert '{root_cert}' is not a PEM certificate: "
+                                  f"{exc.reason or exc}") from None
+    return tls
+
+
+def _check_readable(flag: str, path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise InvalidArgument(f"{flag} '{path}' cannot be read: {exc.strerror or exc}") from None
+
