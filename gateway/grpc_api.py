@@ -385,15 +385,20 @@ def bind_grpc(service: GrpcInferenceService, address: str, port: int, max_messag
         options.append(("grpc.max_connection_age_ms", keepalive.max_age_ms))
     if keepalive.max_age_grace_ms:
         options.append(("grpc.max_connection_age_grace_ms", keepalive.max_age_grace_ms))
+    credentials = tls.grpcio_credentials() if tls is not None else None
     server = grpc.aio.server(options=options)
     server.add_generic_rpc_handlers((_handlers(service),))
     try:
-        if tls is None:
+        if credentials is None:
             bound = server.add_insecure_port(f"{address}:{port}")
         else:
-            bound = server.add_secure_port(f"{address}:{port}", tls.grpcio_credentials())
-    except RuntimeError:   # taken between the check and here
-        raise PortInUse("GRPC", address, port) from None
+            bound = server.add_secure_port(f"{address}:{port}", credentials)
+    except RuntimeError:   # taken between the check and here, or (TLS) credentials grpc cannot use
+        check_free("GRPC", address, port, reuse_port)
+        if tls is None:
+            raise PortInUse("GRPC", address, port) from None
+        raise PortInUse("GRPC", address, port, f"cannot serve TLS: grpc refused --grpc-server-cert "
+                                               f"'{tls.cert_file}' or --grpc-server-key '{tls.key_file}'") from None
     return server, bound
 
 

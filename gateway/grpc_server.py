@@ -168,6 +168,8 @@ class GrpcConnection(asyncio.Protocol):
             self.timers = KeepaliveTimers(settings, self.loop, busy=lambda: bool(self.calls), ping=self._keepalive_ping,
                                           go_away=self._too_old, close=self._abandon)
         self.http2.start()
+        if self.shared.draining:   # a TLS handshake that ended after the drain began: no calls here
+            self.http2.go_away()
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -15,6 +15,11 @@ import grpc
 from tritium.errors import InvalidArgument
 
 
+def _no_passphrase() -> bytes:
+    """An encrypted key fails to load instead of OpenSSL asking for its passphrase on the terminal."""
+    return b""
+
+
 @dataclass(frozen=True)
 class GrpcTls:
     cert_file: str
@@ -29,7 +34,7 @@ class GrpcTls:
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.options |= ssl.OP_NO_RENEGOTIATION
         context.set_alpn_protocols(["h2"])
-        context.load_cert_chain(self.cert_file, self.key_file)
+        context.load_cert_chain(self.cert_file, self.key_file, password=_no_passphrase)
         if self.root_file:
             context.load_verify_locations(self.root_file)
         if self.mutual:
@@ -46,10 +51,14 @@ class GrpcTls:
 def tls_from_flags(use_ssl: str | None, use_ssl_mutual: str | None, server_cert: str | None,
                    server_key: str | None, root_cert: str | None) -> GrpcTls | None:
     """Triton's five flags read as Triton reads them (``--grpc-use-ssl-mutual``, true or false,
-    turns TLS on unless ``--grpc-use-ssl=false`` is given too; the files are read only when TLS is
-    on), then checked: InvalidArgument naming the flag and the file that cannot serve."""
-    on = use_ssl == "true" or (use_ssl_mutual is not None and use_ssl != "false")
-    if not on:
+    turns TLS on; the files are read only when TLS is on), then checked: InvalidArgument naming
+    the flag and the file that cannot serve."""
+    if use_ssl == "false" and use_ssl_mutual is not None:
+        # Triton applies the later of the two; a command line read by click (or a settings file)
+        # has no order, and guessing could serve in clear what was meant to be encrypted.
+        raise InvalidArgument(f"--grpc-use-ssl=false and --grpc-use-ssl-mutual={use_ssl_mutual} disagree (Triton "
+                              "applies whichever comes last): give only the one you mean")
+    if use_ssl != "true" and use_ssl_mutual is None:
         return None
     mutual = use_ssl_mutual == "true"
     if not server_cert or not server_key:
@@ -63,10 +72,11 @@ def tls_from_flags(use_ssl: str | None, use_ssl_mutual: str | None, server_cert:
             _check_readable(flag, path)
     tls = GrpcTls(server_cert, server_key, root_cert or None, mutual)
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(server_cert, server_key)
-    except ssl.SSLError as exc:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(server_cert, server_key, password=_no_passphrase)
+    except (ssl.SSLError, OSError) as exc:   # an encrypted key: OSError without a terminal to ask on
+        reason = getattr(exc, "reason", None) or exc
         raise InvalidArgument(f"--grpc-server-cert '{server_cert}' and --grpc-server-key '{server_key}' are not a "
-                              f"PEM certificate and its private key: {exc.reason or exc}") from None
+                              f"PEM certificate and its unencrypted private key: {reason}") from None
     if root_cert:
         try:
             ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(root_cert)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed448
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
@@ -24,7 +24,8 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _write(folder: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Pem:
+def _write(folder: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey | ed448.Ed448PrivateKey,
+           ) -> Pem:
     pem = Pem(folder / f"{stem}.pem", folder / f"{stem}.key")
     pem.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     pem.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -68,3 +69,14 @@ class CertificateAuthority:
                 .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
                 .sign(self._key, hashes.SHA256()))
         return _write(self.folder, stem, cert, key)
+
+
+def ed448_self_signed(folder: Path) -> Pem:
+    """A certificate OpenSSL loads and gRPC's own TLS library (BoringSSL) refuses: its key is Ed448."""
+    key = ed448.Ed448PrivateKey.generate()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(_name("localhost")).issuer_name(_name("localhost"))
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .sign(key, None))
+    return _write(folder, "ed448", cert, key)

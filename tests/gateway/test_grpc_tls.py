@@ -23,7 +23,6 @@ def ca(tmp_path_factory):
     ("true", "true", True, True),
     (None, "true", True, True),
     (None, "false", True, False),     # Triton: the mutual flag, true or false, sets use_ssl
-    ("false", "true", False, False),  # Triton takes the later of the two; tritium lets false win
 ])
 def test_which_flags_turn_tls_on(ca, use_ssl, mutual_flag, on, mutual):
     pem = ca.server()
@@ -50,3 +49,27 @@ def test_the_context_offers_h2_and_asks_for_client_certificates_only_when_mutual
     mutual = GrpcTls(str(pem.cert), str(pem.key), str(ca.root.cert), mutual=True).server_context()
     assert (plain.verify_mode, mutual.verify_mode) == (ssl.CERT_NONE, ssl.CERT_REQUIRED)
     assert plain.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert plain.options & ssl.OP_NO_RENEGOTIATION
+
+
+@pytest.mark.parametrize("mutual_flag", ["true", "false"])
+def test_use_ssl_false_with_the_mutual_flag_is_refused_as_their_order_decides_in_triton(ca, mutual_flag):
+    pem = ca.server()
+    with pytest.raises(InvalidArgument) as refused:
+        tls_from_flags("false", mutual_flag, str(pem.cert), str(pem.key), str(ca.root.cert))
+    assert refused.value.message == (f"--grpc-use-ssl=false and --grpc-use-ssl-mutual={mutual_flag} disagree "
+                                     "(Triton applies whichever comes last): give only the one you mean")
+
+
+def test_an_encrypted_key_is_refused_without_asking_for_its_passphrase(ca, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+
+    pem = ca.server()
+    key = serialization.load_pem_private_key(pem.key.read_bytes(), None)
+    locked = tmp_path / "locked.key"
+    locked.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.BestAvailableEncryption(b"secret")))
+    with pytest.raises(InvalidArgument) as refused:
+        tls_from_flags("true", None, str(pem.cert), str(locked), None)
+    assert refused.value.message.startswith(f"--grpc-server-cert '{pem.cert}' and --grpc-server-key '{locked}' are "
+                                            "not a PEM certificate and its unencrypted private key: ")
