@@ -387,6 +387,8 @@ class ModelLifecycle:
         self.membership.changed()
         log.info("model %s unloaded; its in-flight requests finish", name)
         for dependent in self.ensembles.using(name):  # as Triton: an ensemble goes with its models
+            if self.registry.models[dependent].unloaded:
+                continue  # gone already with another of its models (it uses a nested ensemble that used this)
             log.info("unloading ensemble %s, which uses model %s", dependent, name)
             self.ensembles.note_dependent(dependent, members_of(self.registry.models[dependent]))
             self.unload_now(dependent)

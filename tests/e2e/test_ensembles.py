@@ -302,6 +302,11 @@ def test_unloading_a_composing_model_unloads_the_ensembles_using_it(explicit):
     with pytest.raises(InferenceServerException) as caught:
         explicit.infer("pipeline", inputs(httpclient, values(1)))
     assert caught.value.message() == "Request for unknown model: 'pipeline' has no available versions"
+    # outer uses double directly and through pipeline: both come back with it, as in Triton
+    explicit.load_model("double")
+    wait_for_states(explicit, dict.fromkeys(["double", "pipeline", "outer"], "READY"))
+    result = explicit.infer("outer", inputs(httpclient, values(1), "VALUES"))
+    np.testing.assert_array_equal(result.as_numpy("OUT"), 10 * (values(1) + 1))
 
 
 def test_an_ensemble_with_a_missing_model_fails_to_load_naming_the_step(explicit):
