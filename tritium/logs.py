@@ -48,7 +48,8 @@ class LogSettings:
             if key == "log_file":
                 raise Unsupported("log file location can not be updated through network protocol")
             if key == "log_verbose_level":
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                # unsigned 32 bits: gRPC's LogSettings carries it as uint32 (Triton wraps larger values)
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
                     raise InvalidArgument("log_verbose_level must be an unsigned integer")
             elif key == "log_format":
                 if not isinstance(value, str):

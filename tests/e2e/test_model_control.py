@@ -400,6 +400,8 @@ def test_log_settings_reach_every_process(server, repo):
     ({"log_file": "/tmp/x.log"}, 501, "log file location can not be updated through network protocol"),
     ({"log_info": "yes"}, 400, "log_info must be a boolean"),
     ({"log_verbose_level": -1}, 400, "log_verbose_level must be an unsigned integer"),
+    # gRPC's LogSettings carries the level as uint32: a larger one stored would fail every later call
+    ({"log_verbose_level": 2**32}, 400, "log_verbose_level must be an unsigned integer"),
     ({"log_format": "xml"}, 400, "invalid argument for --log_format, got: xml"),
 ])
 def test_bad_log_settings(server, changes, status, message):
