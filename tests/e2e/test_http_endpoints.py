@@ -140,3 +140,14 @@ def test_a_version_beyond_int64_is_refused_as_triton_refuses_it(server, suffix):
     status, _, body = request(server.url, "GET", f"/v2/models/add_sub/versions/{huge}{suffix}")
     assert (status, error_of(body)) == (400, f"failed to get model version from specified version string "
                                              f"'{huge}' (details: stol), version should be an integral value > 0")
+
+
+@pytest.mark.parametrize("path", ["/v2/trace/setting", "/v2/models/add_sub/trace/setting"])
+def test_tracing_cannot_be_turned_on_without_a_trace_file_as_in_triton(server, path):
+    """This server was started with no --trace-config: no file to write traces to."""
+    status, _, data = request(server.url, "POST", path, {"trace_level": ["TIMESTAMPS"]})
+    assert (status, error_of(data)) == (400, "Attempting to set invalid trace setting :trace file name is not given")
+    assert json.loads(request(server.url, "GET", path)[2])["trace_level"] == ["OFF"]
+    status, _, data = request(server.url, "POST", path, {"trace_level": ["OFF"], "trace_rate": "0"})
+    assert status == 200 and json.loads(data)["trace_rate"] == "0"   # tracing stays off: any settings go
+    assert request(server.url, "POST", path, {"trace_rate": None})[0] == 200

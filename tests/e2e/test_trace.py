@@ -138,6 +138,8 @@ def test_defaults_as_triton_writes_them(server, trace_dir):
     ({"trace_file": "/tmp/elsewhere.json"}, 501, "trace file location can not be updated through network protocol"),
     ({"trace_rate": 5}, 400, "attempt to access JSON non-string as string"),
     ({"trace_level": "TIMESTAMPS"}, 400, "attempt to access JSON non-array as array"),
+    ({"trace_level": ["TIMESTAMPS"], "trace_rate": "0"}, 400,
+     "Attempting to set invalid trace setting :sample rate must be non-zero"),
 ])
 def test_http_update_refused_with_tritons_words(settings, body, status, message):
     before = get(settings)

@@ -77,6 +77,20 @@ _FIELDS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count",
 Changes = dict[str, "tuple[str, ...] | int | None"]
 
 
+def _check_can_trace(settings: TraceSettings) -> None:
+    """Triton takes any settings that leave tracing off, and refuses those that would trace
+    nothing or nowhere (its words)."""
+    if not settings.level:
+        return
+    if settings.rate == 0:
+        reason = "sample rate must be non-zero"
+    elif settings.mode == "triton" and not settings.file:
+        reason = "trace file name is not given"
+    else:
+        return
+    raise InvalidArgument(f"Attempting to set invalid trace setting :{reason}")
+
+
 def changes_from_http(document: dict) -> Changes:
     """{field: value, or None to clear} from a POSTed JSON object, checked as Triton checks it."""
     changes: Changes = {}
@@ -176,20 +190,27 @@ class TraceSettingsStore:
         return dataclasses.replace(self.current, **overrides) if overrides else self.current
 
     def update(self, model: str | None, changes: dict) -> TraceSettings:
-        self.revision += 1
+        """Apply a client's changes; InvalidArgument, nothing changed, when they would turn
+        tracing on in a way Triton refuses."""
         if model is None:
             values = {name: getattr(self.startup, name) if value is None else value
                       for name, value in changes.items()}
-            self.current = dataclasses.replace(self.current, **values)
+            current = dataclasses.replace(self.current, **values)
+            _check_can_trace(current)
+            self.current = current
         else:
-            overrides = self.models.setdefault(model, {})
+            overrides = dict(self.models.get(model, {}))
             for name, value in changes.items():
                 if value is None:
                     overrides.pop(name, None)
                 else:
                     overrides[name] = value
-            if not overrides:
-                del self.models[model]
+            _check_can_trace(dataclasses.replace(self.current, **overrides))
+            if overrides:
+                self.models[model] = overrides
+            else:
+                self.models.pop(model, None)
+        self.revision += 1
         return self.effective(model)
 
     def took_one(self, model: str | None) -> bool:
