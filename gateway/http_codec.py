@@ -140,6 +140,7 @@ def decode_infer_request(model: str, version: str | None, body: bytes, header_le
     parameters = _parameters(raw_parameters, "request", reserved_check=True)
     parameters.pop("binary_data_output", None)
     sequence_id, sequence_flags = _sequence(parameters)
+    _check_unsigned(parameters, ("priority", "timeout"))
     inputs = _inputs(model, document.get("inputs"), binary, header_length is not None)
     outputs = _outputs(document.get("outputs"))
     request = InferRequest(model=model, version=version, inputs=inputs, outputs=outputs, id=request_id,
@@ -180,6 +181,16 @@ def _parameters(value: object, where: str, reserved_check: bool = False) -> dict
             raise InvalidArgument(
                 f"parameter '{key}' has invalid type; parameters must be strings, numbers or booleans")
     return dict(value)
+
+
+def _check_unsigned(parameters: dict, keys: tuple[str, ...]) -> None:
+    """Triton reads these as unsigned 64-bit integers; anything else, as its JSON parser words it (a 500)."""
+    for key in keys:
+        if key in parameters:
+            value = parameters[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+                raise InternalError(f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as "
+                                    "unsigned-integer")
 
 
 def _sequence(parameters: dict) -> tuple[int | str, int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-from tritium.gateway.inference import InferRequest
+from tritium.gateway.inference import InferRequest, RequestedOutput
 from tritium.gateway.model_table import ModelSpec, TensorSpec
 from tritium.errors import InvalidArgument, Unsupported
 
@@ -45,13 +45,19 @@ def validate_request(spec: ModelSpec, request: InferRequest) -> int:
                 raise InvalidArgument(
                     f"input '{tensor.name}' batch size does not match other inputs for '{model}'")
         _check_data_size(model, config, tensor.name, tensor.shape, tensor.data)
+    if spec.max_batch_size > 0 and batch_size == 0:   # Triton refuses it too (as a byte size mismatch)
+        raise InvalidArgument(f"inference request batch-size must be >= 1 for '{model}'")
     if spec.max_batch_size > 0 and batch_size > spec.max_batch_size:
         raise InvalidArgument(
             f"inference request batch-size must be <= {spec.max_batch_size} for '{model}'")
     if request.outputs is not None:
+        named: dict[str, RequestedOutput] = {}
         for output in request.outputs:
             if output.name not in spec.outputs:
                 raise InvalidArgument(f"unexpected inference output '{output.name}' for model '{model}'")
+            named.setdefault(output.name, output)
+        if len(named) < len(request.outputs):   # an output named twice is answered once, as by Triton
+            request.outputs = list(named.values())
     return batch_size
 
 

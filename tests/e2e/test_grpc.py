@@ -364,3 +364,22 @@ def test_a_log_format_triton_does_not_know_is_refused_with_triton_s_grpc_text(cl
         client.update_log_settings({"log_format": "bogus"})
     assert (failure.value.status(), failure.value.message()) == (
         "StatusCode.INVALID_ARGUMENT", "invalid argument for log_format, got: bogus")
+
+
+@pytest.mark.parametrize("kind", ["uint64_param", None])
+def test_a_model_parameter_of_a_kind_triton_does_not_pass_on_is_refused(server, kind):
+    message = service_pb2.ModelInferRequest(model_name="add_sub")
+    for name in ("INPUT0", "INPUT1"):
+        message.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+        message.raw_input_contents.append(np.ones(16, np.float32).tobytes())
+    parameter = message.parameters["p"]
+    if kind is not None:
+        setattr(parameter, kind, 3)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.ModelInfer(message, timeout=10)
+    assert (refused.value.code(), refused.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "invalid value type for 'p' parameter, expected int64_param, bool_param, or string_param.")
+    message.parameters["p"].double_param = 0.5   # Triton passes a double on too
+    assert len(stub.ModelInfer(message, timeout=10).raw_output_contents) == 2

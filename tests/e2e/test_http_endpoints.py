@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.e2e.rawhttp import error_of, request
@@ -151,3 +152,41 @@ def test_tracing_cannot_be_turned_on_without_a_trace_file_as_in_triton(server, p
     status, _, data = request(server.url, "POST", path, {"trace_level": ["OFF"], "trace_rate": "0"})
     assert status == 200 and json.loads(data)["trace_rate"] == "0"   # tracing stays off: any settings go
     assert request(server.url, "POST", path, {"trace_rate": None})[0] == 200
+
+
+def _add_sub_body(rows: int = 1, **extra) -> dict:
+    data = [1.0] * (16 * rows)
+    return {"inputs": [{"name": name, "datatype": "FP32", "shape": [rows, 16], "data": data}
+                       for name in ("INPUT0", "INPUT1")], **extra}
+
+
+@pytest.mark.parametrize("key, value", [("priority", -1), ("priority", "1"), ("priority", 1.5), ("priority", True),
+                                        ("timeout", -1), ("timeout", "5"), ("timeout", True)])
+def test_priority_and_timeout_must_be_unsigned_integers_as_triton_reads_them(server, key, value):
+    status, _, data = request(server.url, "POST", "/v2/models/add_sub/infer",
+                              _add_sub_body(parameters={key: value}))
+    assert (status, error_of(data)) == (
+        500, f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as unsigned-integer")
+    status, _, _ = request(server.url, "POST", "/v2/models/add_sub/infer", _add_sub_body(parameters={key: 3}))
+    assert status == 200
+
+
+def test_an_output_named_twice_is_answered_once(server):
+    body = _add_sub_body(outputs=[{"name": "OUTPUT0"}, {"name": "OUTPUT0"}])
+    status, _, data = request(server.url, "POST", "/v2/models/add_sub/infer", body)
+    assert status == 200
+    assert [output["name"] for output in json.loads(data)["outputs"]] == ["OUTPUT0"]
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = [grpcclient.InferInput(name, [1, 16], "FP32") for name in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+    outputs = [grpcclient.InferRequestedOutput("OUTPUT1"), grpcclient.InferRequestedOutput("OUTPUT1")]
+    response = client.infer("add_sub", inputs, outputs=outputs).get_response()
+    assert [output.name for output in response.outputs] == ["OUTPUT1"]
+    assert len(response.raw_output_contents) == 1
+    client.close()
+
+
+def test_a_batch_of_zero_is_refused(server):
+    status, _, data = request(server.url, "POST", "/v2/models/add_sub/infer", _add_sub_body(rows=0))
+    assert (status, error_of(data)) == (400, "inference request batch-size must be >= 1 for 'add_sub'")
