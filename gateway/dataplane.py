@@ -113,6 +113,8 @@ class DataPlane:
                 raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON string")
             if key.startswith("file:") and not isinstance(value, (str, bytes)):
                 raise InvalidArgument(f"failed to load '{name}': '{key}' must be base64 text or bytes")
+            if key != "config" and not key.startswith("file:"):   # Triton refuses them too
+                raise InvalidArgument(f"unrecognized load parameter '{key}'.")
         await self._control(LoadModel(name, parameters))
 
     async def unload_model(self, name: str, unload_dependents: bool) -> None:

@@ -255,7 +255,7 @@ class HttpApp:
         return json_response(await self.dataplane.trace_settings(model, changes))
 
     async def _repository_route(self, request: HttpRequest, repository, _action, model, operation) -> HttpResponse:
-        if repository is not None:
+        if repository is not None and model is not None:   # Triton's index ignores the name; gRPC's refuses it
             raise Unsupported("'repository_name' specification is not supported")
         document = self._optional_json_body(request)
         if model is None:  # index

@@ -250,6 +250,7 @@ def test_config_override_and_shipped_files(server, client):
     ("/v2/repository/models/scaled/unload", {"parameters": {"unload_dependents": "yes"}}, 400,
      "Unable to parse 'unload_dependents', expect bool"),
     ("/v2/repository/r1/models/scaled/load", None, 501, "'repository_name' specification is not supported"),
+    ("/v2/repository/models/scaled/load", {"parameters": {"foo": "bar"}}, 400, "unrecognized load parameter 'foo'."),
 ])
 def test_bad_repository_requests(server, client, path, body, status, message):
     got, _, data = request(server.url, "POST", path, body)
@@ -421,3 +422,9 @@ def test_grpc_log_settings_round_trip(server):
         assert log_settings(server)["log_warning"] is False   # one set of settings, seen over HTTP too
     finally:
         client.update_log_settings({"log_warning": True})
+
+
+def test_the_http_index_ignores_a_repository_name_as_triton_does(server):
+    status, _, data = request(server.url, "POST", "/v2/repository/any-name/index", {})
+    assert status == 200
+    assert {(e["name"], e.get("version")): e for e in json.loads(data)} == index(server)
