@@ -64,6 +64,7 @@ class LoadInProgress:
     replies: list[Reply] = field(default_factory=list)
     retiring: list[ModelVersion] = field(default_factory=list)  # versions the policy no longer selects
     members: set[str] = field(default_factory=set)   # an ensemble's composing models it waits to see loaded
+    override: tuple | None = None   # the load API's (config, files) this load applies, if any
 
 
 class ModelLifecycle:
@@ -124,6 +125,10 @@ class ModelLifecycle:
         except TritiumError as exc:
             reply(exc)
             return
+        record = self.registry.models.get(name)
+        if config is None and not files and record is not None and record.override is not None \
+                and not record.unloaded and record.fingerprint == self.reader.fingerprint(name):
+            config, files = record.override   # as Triton: nothing changed on disk, so the override stays
         self.schedule_read(name, config, files, reply)
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
@@ -162,7 +167,8 @@ class ModelLifecycle:
             self._queued.setdefault(name, []).append(
                 lambda: self.schedule_read(name, config, files, reply, restoring))
             return
-        self._loads[name] = LoadInProgress(name, replies=[reply] if reply else [])
+        self._loads[name] = LoadInProgress(name, replies=[reply] if reply else [],
+                                           override=(config, files) if config is not None or files else None)
         self.reader.read_later(name, config, files,
                                lambda result: self.begin(name, *result, reply=None, restoring=restoring))
 
@@ -208,6 +214,7 @@ class ModelLifecycle:
             return
         # Every read (ModelReader.read, a scan's ModelEntry) gives a definition or an error (returned above).
         assert definition is not None
+        record.override = load.override
         was_unloaded, record.unloaded = record.unloaded, False
         serving = not was_unloaded and any(v.state == VersionState.READY for v in record.versions.values())
         record.error, record.last_error = None, None

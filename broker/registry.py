@@ -193,7 +193,8 @@ class ModelRecord:
     unloaded: bool = False              # unloaded through the API: unknown to clients, kept for the index
     unloaded_versions: set[int] = field(default_factory=set)
     last_error: str | None = None       # a reload that failed while the old versions kept serving
-    fingerprint: tuple | None = None    # the repository files this load read (poll mode)
+    fingerprint: tuple | None = None    # the repository files this load read (poll mode, and a plain load)
+    override: tuple | None = None       # the load API's (config, files) it was loaded with: a plain load keeps them
 
 
 @dataclass(eq=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import threading
 import time
@@ -68,6 +69,13 @@ def scaled_infer(client, model: str = "scaled") -> np.ndarray:
     tensor = httpclient.InferInput("X", [1, 4], "FP32")
     tensor.set_data_from_numpy(x)
     return client.infer(model, [tensor]).as_numpy("Y")[0]
+
+
+def touch_config(repo: Path, name: str) -> None:
+    """The model's config.pbtxt seen as changed (a second later), its text the same."""
+    path = repo / name / "config.pbtxt"
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
 
 
 def index(server, ready: bool | None = None) -> dict:
@@ -206,7 +214,7 @@ def test_reload_under_load_drops_no_request(server, client, repo):
     assert set(answers) <= {1.0, 2.0} and answers[-1] == 2.0
     assert answers.count(1.0) > 0 and answers.count(2.0) > 0
     np.testing.assert_array_equal(scaled_infer(client), [2, 4, 6, 8])  # after the load returned: the new one
-    # Loading again with nothing changed on disk reloads the files; the result is the same model.
+    # The config went back to scale 1 on disk (above): loading again reads it.
     assert load(server, "scaled")[0] == 200
     np.testing.assert_array_equal(scaled_infer(client), [1, 2, 3, 4])
 
@@ -221,7 +229,7 @@ def test_failed_reload_keeps_the_old_model_serving(server, client):
     assert request(server.url, "GET", "/v2/models/scaled/ready")[0] == 200
 
 
-def test_config_override_and_shipped_files(server, client):
+def test_config_override_and_shipped_files(server, client, repo):
     # A config given with the request replaces config.pbtxt...
     assert load(server, "scaled", {"config": scaled_config_json(5)}) == (200, b"")
     np.testing.assert_array_equal(scaled_infer(client), [5, 10, 15, 20])
@@ -232,7 +240,10 @@ def test_config_override_and_shipped_files(server, client):
              "file:1/model.py": base64.b64encode(SCALED_MODEL.encode()).decode()}
     assert load(server, "shipped", files) == (200, b"")
     np.testing.assert_array_equal(scaled_infer(client, "shipped"), [7, 14, 21, 28])
-    assert load(server, "scaled") == (200, b"")  # back to the files on disk
+    assert load(server, "scaled") == (200, b"")  # nothing changed on disk: the override stays
+    np.testing.assert_array_equal(scaled_infer(client), [5, 10, 15, 20])
+    touch_config(repo, "scaled")
+    assert load(server, "scaled") == (200, b"")  # the folder changed: back to the files on disk
     np.testing.assert_array_equal(scaled_infer(client), [1, 2, 3, 4])
 
 
