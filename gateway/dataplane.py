@@ -17,7 +17,7 @@ from tritium.gateway.inference import InferRequest, InferResult, OutputTensor
 from tritium.gateway.model_table import ModelSpec, parse_version
 from tritium.gateway.shared_memory import SHM_DISABLED, map_region
 from tritium.gateway.tracing import NO_TRACING
-from tritium.gateway.validation import check_single_response, validate_request
+from tritium.gateway.validation import check_requested_outputs, check_single_response, validate_inputs
 from tritium.repo.names import require_name
 from tritium import __version__
 from tritium.errors import InvalidArgument, TritiumError, Unavailable, Unsupported
@@ -186,12 +186,13 @@ class DataPlane:
                                   f"gateway, its limit (--max-inflight-requests); try again later")
         spec, version = self.link.models.resolve(request.model, request.version)
         self._read_shared_memory(request)
+        if single_response_only is not None:   # the front end's refusal, not the core's: no request id
+            check_single_response(spec, single_response_only)
         try:
-            if single_response_only is not None:
-                check_single_response(spec, single_response_only)
-            batch_size = validate_request(spec, request)
-        except TritiumError as exc:
-            raise _with_request_id(exc, request.id) from None
+            batch_size = validate_inputs(spec, request)
+        except TritiumError as exc:   # Triton's core finds these, and names even a request without an id
+            raise _with_request_id(exc, request.id or "<id_unknown>") from None
+        check_requested_outputs(spec, request)
         descriptors, inline, external = pack_tensors((t.name, t.datatype, t.shape, t.data) for t in request.inputs)
         if self.tracer.on and single_response_only is not None:   # streamed requests are not traced
             request.trace = self.tracer.sample(spec.name, version, request.traceparent)
@@ -316,8 +317,8 @@ def _classified(spec: ModelSpec, requested: list, outputs: list[OutputTensor]) -
 
 
 def _with_request_id(error: TritiumError, request_id: str) -> TritiumError:
-    """Triton prefixes the errors its core finds in a request that has an id with that id
-    (not the model's own errors, which come back as the model words them)."""
+    """Triton prefixes the errors its core finds in a request with the request's id (not the
+    model's own errors, which come back as the model words them)."""
     if not request_id or error.message.startswith("[request id: "):
         return error
     return type(error)(f"[request id: {request_id}] {error.message}")

@@ -17,6 +17,13 @@ _LENGTH = struct.Struct("<I")
 
 def validate_request(spec: ModelSpec, request: InferRequest) -> int:
     """Raise InvalidArgument for anything the model cannot take; return the batch size."""
+    batch_size = validate_inputs(spec, request)
+    check_requested_outputs(spec, request)
+    return batch_size
+
+
+def validate_inputs(spec: ModelSpec, request: InferRequest) -> int:
+    """The inputs, as Triton's core checks them (its errors name the request); the batch size."""
     model = spec.name
     required = spec.required_inputs
     if not len(required) <= len(request.inputs) <= len(spec.inputs):
@@ -50,15 +57,21 @@ def validate_request(spec: ModelSpec, request: InferRequest) -> int:
     if spec.max_batch_size > 0 and batch_size > spec.max_batch_size:
         raise InvalidArgument(
             f"inference request batch-size must be <= {spec.max_batch_size} for '{model}'")
-    if request.outputs is not None:
-        named: dict[str, RequestedOutput] = {}
-        for output in request.outputs:
-            if output.name not in spec.outputs:
-                raise InvalidArgument(f"unexpected inference output '{output.name}' for model '{model}'")
-            named.setdefault(output.name, output)
-        if len(named) < len(request.outputs):   # an output named twice is answered once, as by Triton
-            request.outputs = list(named.values())
     return batch_size
+
+
+def check_requested_outputs(spec: ModelSpec, request: InferRequest) -> None:
+    """The outputs asked for exist (Triton's error does not name the request); one named twice
+    is answered once, as by Triton."""
+    if request.outputs is None:
+        return
+    named: dict[str, RequestedOutput] = {}
+    for output in request.outputs:
+        if output.name not in spec.outputs:
+            raise InvalidArgument(f"unexpected inference output '{output.name}' for model '{spec.name}'")
+        named.setdefault(output.name, output)
+    if len(named) < len(request.outputs):
+        request.outputs = list(named.values())
 
 
 def check_single_response(spec: ModelSpec, front_end_message: str) -> None:

@@ -230,7 +230,7 @@ def test_metadata_config_and_readiness_of_an_ensemble(http, grpc):
 def test_requests_the_gateway_refuses_for_an_ensemble(http):
     with pytest.raises(InferenceServerException) as caught:
         http.infer("pipeline", inputs(httpclient, values(9)))
-    assert caught.value.message() == "inference request batch-size must be <= 8 for 'pipeline'"
+    assert caught.value.message() == "[request id: <id_unknown>] inference request batch-size must be <= 8 for 'pipeline'"
     with pytest.raises(InferenceServerException) as caught:
         http.infer("pipeline", inputs(httpclient, values(1)), outputs=[httpclient.InferRequestedOutput("X")])
     assert caught.value.message() == "unexpected inference output 'X' for model 'pipeline'"

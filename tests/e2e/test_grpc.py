@@ -293,7 +293,7 @@ def test_a_stream_message_that_is_no_protobuf_gets_an_error_and_the_stream_goes_
         answers = list(stream(iter([b"\xff\xff\xff\xff\x0f", good.SerializeToString()]), timeout=10))
     unparsable, missing = sorted(a.error_message for a in answers)
     assert unparsable == "Unable to parse request"
-    assert missing.startswith("expected 2 inputs but got 0 inputs for model 'add_sub'")
+    assert missing.startswith("[request id: <id_unknown>] expected 2 inputs but got 0 inputs for model 'add_sub'")
 
 
 def _add_sub_request(**parameters):

@@ -189,4 +189,4 @@ def test_an_output_named_twice_is_answered_once(server):
 
 def test_a_batch_of_zero_is_refused(server):
     status, _, data = request(server.url, "POST", "/v2/models/add_sub/infer", _add_sub_body(rows=0))
-    assert (status, error_of(data)) == (400, "inference request batch-size must be >= 1 for 'add_sub'")
+    assert (status, error_of(data)) == (400, "[request id: <id_unknown>] inference request batch-size must be >= 1 for 'add_sub'")

@@ -125,7 +125,8 @@ def test_binary_size_not_matching_shape(server):
     body, headers = binary_request(binary_header([60, 64]), b"\0" * 124)
     status, _, reply = request(server.url, "POST", "/v2/models/add_sub/infer", body=body, headers=headers)
     assert status == 400
-    assert error_of(reply) == "input byte size mismatch for input 'INPUT0' for model 'add_sub'. Expected 64, got 60"
+    assert error_of(reply) == ("[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model 'add_sub'. "
+                                "Expected 64, got 60")
     assert_still_serving(server)
 
 

@@ -88,7 +88,8 @@ def test_rejected_requests_are_exit_5_with_the_servers_message(server, protocol)
     assert result.returncode == 5
     line = one_line_error(result)
     assert line.startswith("error: concurrency 1: ")
-    assert line.endswith("the server said: inference request batch-size must be <= 8 for 'add_sub'")
+    assert line.endswith("the server said: [request id: <id_unknown>] inference request batch-size must be <= 8 "
+                         "for 'add_sub'")
 
 
 def test_a_level_that_does_not_settle_is_exit_6(server):

@@ -159,7 +159,7 @@ def test_a_bad_request_is_answered_by_the_gateway_without_reaching_the_broker(ga
         return await future, await unknown
 
     bad, unknown = loop.run_until_complete(scenario())
-    assert (bad.status, json.loads(bad.body)["error"]) == (400, "unexpected inference input 'NOPE' for model 'm'")
+    assert (bad.status, json.loads(bad.body)["error"]) == (400, "[request id: <id_unknown>] unexpected inference input 'NOPE' for model 'm'")
     assert (unknown.status, json.loads(unknown.body)["error"]) == (404, "Request for unknown model: 'other' is not found")
     assert not any(isinstance(h, Infer) for _, m in broker.received for h, _ in m)
 
