@@ -439,3 +439,11 @@ def test_the_http_index_ignores_a_repository_name_as_triton_does(server):
     status, _, data = request(server.url, "POST", "/v2/repository/any-name/index", {})
     assert status == 200
     assert {(e["name"], e.get("version")): e for e in json.loads(data)} == index(server)
+
+
+def test_statistics_list_the_models_by_name_then_version_as_triton_does(server, client):
+    """After this module's reloads, the order the models loaded in is not their names' order."""
+    stats = json.loads(request(server.url, "GET", "/v2/models/stats")[2])["model_stats"]
+    keys = [(entry["name"], int(entry["version"])) for entry in stats]
+    assert len(keys) > 2 and keys == sorted(keys)
+    assert [(s["name"], int(s["version"])) for s in client.get_inference_statistics()["model_stats"]] == keys
