@@ -154,9 +154,9 @@ class Control:
 
     def _stats(self, model: str | None, version: int | None) -> list[dict]:
         if model is None:   # by name, then version, as Triton lists them
-            ready = sorted((v for v in self.registry.versions.values() if v.state == VersionState.READY),
-                           key=lambda v: (v.name, v.version))
-            return [v.stats.as_dict(v.name, v.version) for v in ready]
+            serving = sorted((v for v in self.registry.versions.values() if v.state == VersionState.READY),
+                             key=lambda v: (v.name, v.version))
+            return [v.stats.as_dict(v.name, v.version) for v in serving]
         record = self.registry.models.get(model)
         ready = {n: v for n, v in (record.versions.items() if record else []) if v.state == VersionState.READY}
         if not ready:
