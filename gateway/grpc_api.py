@@ -28,8 +28,8 @@ from tritium.gateway.header_forwarding import forwarded_grpc_metadata
 from tritium.gateway.inference import InferRequest, InferResult
 from tritium.gateway.model_table import parse_version
 from tritium.gateway.restricted import RestrictedApis
-from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED
-from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
+from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED, unknown_cuda_region
+from tritium.errors import InternalError, InvalidArgument, NotFound, TritiumError, Unsupported
 from tritium.tracing.settings import changes_from_grpc
 from tritium.ports import PortInUse, check_free
 
@@ -212,6 +212,8 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def CudaSharedMemoryStatus(self, request, context):
+        if request.name:
+            raise NotFound(unknown_cuda_region(request.name))
         return service_pb2.CudaSharedMemoryStatusResponse()
 
     @_rpc

@@ -27,9 +27,9 @@ from tritium.gateway.http_codec import (
 from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
 from tritium.gateway.inference import InferResult
 from tritium.gateway.restricted import RestrictedApis
-from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED
+from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED, unknown_cuda_region
 from tritium.gateway.tracing import traced_answer
-from tritium.errors import InvalidArgument, TritiumError, Unsupported
+from tritium.errors import InvalidArgument, NotFound, TritiumError, Unsupported
 from tritium.tracing.settings import changes_from_http
 
 log = logging.getLogger(__name__)
@@ -281,6 +281,8 @@ class HttpApp:
         if kind == "cudasharedmemory":  # no CUDA in the gateway: nothing is ever registered
             if action == "register":
                 raise Unsupported(CUDA_SHM_UNSUPPORTED)
+            if action == "status" and region is not None:
+                raise NotFound(unknown_cuda_region(region))
             return json_response([]) if action == "status" else _EMPTY_OK_JSON
         if action == "status":
             return json_response(self.dataplane.shared_memory_status(region))

@@ -160,6 +160,15 @@ def test_bad_regions_and_references_are_clear_errors(server, regions):
     assert got == 200
     assert request(server.url, "GET", "/v2/systemsharedmemory/region/nope/status")[0] == 404
     assert request(server.url, "GET", "/v2/cudasharedmemory/status")[2] == b"[]"
+    status, _, data = request(server.url, "GET", "/v2/cudasharedmemory/region/x/status")   # none can exist
+    assert (status, error_of(data)) == (404, "Unable to find cuda shared memory region: 'x'")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as missing:
+        client.get_cuda_shared_memory_status("x")
+    assert (missing.value.status(), missing.value.message()) == (
+        "StatusCode.NOT_FOUND", "Unable to find cuda shared memory region: 'x'")
+    assert client.get_cuda_shared_memory_status(as_json=True) == {}
+    client.close()
 
 
 def test_client_shared_memory_is_off_by_default(tmp_path_factory):
