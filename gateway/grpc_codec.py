@@ -136,19 +136,17 @@ _MODEL_PARAMETER_KINDS = ("int64_param", "bool_param", "string_param", "double_p
 def check_parameter_kinds(parameters: Mapping[str, service_pb2.InferParameter]) -> None:
     """Triton's INVALID_ARGUMENT for a reserved parameter of the wrong kind (a string priority,
     a NaN timeout); a negative priority is refused, a negative timeout wraps to uint64 as on Triton."""
-    for key, kinds in _PARAMETER_KINDS.items():
-        if key not in parameters:
-            continue
-        parameter = parameters[key]
-        if parameter.WhichOneof("parameter_choice") not in kinds:
+    for key, parameter in parameters.items():
+        kind = parameter.WhichOneof("parameter_choice")
+        kinds = _PARAMETER_KINDS.get(key)
+        if kinds is None:   # the model's own (the triton_ ones are checked where they are read)
+            if kind not in _MODEL_PARAMETER_KINDS and not key.startswith("triton_"):
+                raise InvalidArgument(f"invalid value type for '{key}' parameter, expected int64_param, "
+                                      "bool_param, or string_param.")
+        elif kind not in kinds:
             raise InvalidArgument(f"invalid value type for '{key}' parameter, expected {' or '.join(kinds)}.")
-        if key == "priority" and parameter.HasField("int64_param") and parameter.int64_param < 0:
+        elif key == "priority" and kind == "int64_param" and parameter.int64_param < 0:
             raise InvalidArgument("invalid value for 'priority', expected value >= 0.")
-    for key, parameter in parameters.items():   # the model's own parameters
-        if key not in _PARAMETER_KINDS and not key.startswith("triton_") \
-                and parameter.WhichOneof("parameter_choice") not in _MODEL_PARAMETER_KINDS:
-            raise InvalidArgument(f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
-                                  "or string_param.")
 
 
 def _sequence(parameters: Mapping[str, service_pb2.InferParameter]) -> tuple[int | str, int]:

@@ -22,12 +22,12 @@ log = logging.getLogger(__name__)
 
 _SHM_ROOT = "/dev/shm"
 CUDA_SHM_UNSUPPORTED = "CUDA shared memory is not supported by tritium; use system shared memory"
+SHM_DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 
 
 def unknown_cuda_region(name: str) -> str:
     """Triton's text for the status of a CUDA region it does not have (here: any)."""
     return f"Unable to find cuda shared memory region: '{name}'"
-SHM_DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 
 
 @dataclass(frozen=True, slots=True)
