@@ -98,7 +98,7 @@ class BrokerLink:
         # the broker's reason, once it refuses this gateway (gateway/server.py stops on it)
         self.refused: asyncio.Future[str] = self.loop.create_future()
         self._pending: dict[int, Deliver] = {}   # rid -> called once with the Reply or an error
-        self._streams: dict[int, asyncio.Queue] = {}   # requests answered 0..N times (decoupled)
+        self._streams: dict[int, Deliver] = {}   # rid -> called with each of 0..N answers (decoupled), the last final
         self._rids = itertools.count(1)
         self._outbox: list = []
         self._fd = self.sock.fileno()
@@ -162,17 +162,15 @@ class BrokerLink:
             deliver = self._pending.pop(rid, None)
             if deliver is not None:
                 _call(deliver, error)
-            elif (queue := self._streams.pop(rid, None)) is not None:
-                queue.put_nowait(error)
+            elif (deliver := self._streams.pop(rid, None)) is not None:
+                _call(deliver, error)
 
     def _fail_waiting(self, error: TritiumError) -> None:
         self._lone_in_a_row = 0
         pending, self._pending = self._pending, {}
         streams, self._streams = self._streams, {}
-        for deliver in pending.values():
+        for deliver in [*pending.values(), *streams.values()]:
             _call(deliver, error)
-        for queue in streams.values():
-            queue.put_nowait(error)
 
     # -- liveness -----------------------------------------------------------------------
 
@@ -219,14 +217,13 @@ class BrokerLink:
             return
         self._pending[self._send_request(request, inline, external)] = deliver
 
-    def request_stream(self, request: Infer, inline=(), external=()) -> asyncio.Queue:
-        """Send an INFER whose answers (0..N, the last with ``final``) arrive on the queue."""
-        answers: asyncio.Queue = asyncio.Queue()
+    def request_stream_then(self, request: Infer, inline, external, deliver: Deliver) -> None:
+        """Send an INFER answered 0..N times: ``deliver`` gets each Reply as it comes, the last one
+        ``final``, or one error that ends it."""
         if self.broker_lost:
-            answers.put_nowait(self.lost_error())
-            return answers
-        self._streams[self._send_request(request, inline, external)] = answers
-        return answers
+            deliver(self.lost_error())
+            return
+        self._streams[self._send_request(request, inline, external)] = deliver
 
     def _send_request(self, request: Infer | Control, inline, external) -> int:
         """Queue the request for this turn's send; return its rid."""
@@ -310,11 +307,11 @@ class BrokerLink:
             external = parts[position + 1:position + 1 + message.external]
             position += 1 + message.external
             if isinstance(message, Response):
-                queue = self._streams.get(message.rid)
-                if queue is not None:
+                streamed = self._streams.get(message.rid)
+                if streamed is not None:
                     if message.final is not False:
                         del self._streams[message.rid]
-                    queue.put_nowait(Reply(message, record, offset, external))
+                    _call(streamed, Reply(message, record, offset, external))
                     continue
                 self._answered(Reply(message, record, offset, external))
             elif isinstance(message, ControlReply):

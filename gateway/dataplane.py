@@ -6,6 +6,7 @@ validates inference requests against the model's config, and forwards them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -164,17 +165,28 @@ class DataPlane:
         looks before parsing)."""
         return self.link.models.resolve(name, version)[0]
 
-    async def infer_stream(self, request: InferRequest) -> AsyncIterator[tuple[InferResult | TritiumError | None, bool]]:
-        """Every answer to one request as it comes: (result, error, or None for an empty one; final)."""
+    def infer_stream_then(self, request: InferRequest,
+                          deliver: Callable[[InferResult | TritiumError | None, bool], None]) -> None:
+        """Every answer to one request as it comes, to ``deliver``: (result, error, or None for an
+        empty one; whether it is the last). A request refused before it is sent raises here."""
         spec, version, header, inline, external = self._prepare(request, None)
-        queue = self.link.request_stream(header, inline, external)
-        while True:
-            reply = await queue.get()
+
+        def answered(reply) -> None:
             if isinstance(reply, TritiumError):
-                yield reply, True
+                deliver(reply, True)
                 return
-            final = reply.message.final is not False
-            yield (None if reply.message.empty else self._result(spec, version, request, reply)), final
+            answer = reply.message
+            deliver(None if answer.empty else self._result(spec, version, request, reply), answer.final is not False)
+
+        self.link.request_stream_then(header, inline, external, answered)
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[tuple[InferResult | TritiumError | None, bool]]:
+        """``infer_stream_then`` as an async iterator."""
+        answers: asyncio.Queue = asyncio.Queue()
+        self.infer_stream_then(request, lambda answer, final: answers.put_nowait((answer, final)))
+        while True:
+            answer, final = await answers.get()
+            yield answer, final
             if final:
                 return
 

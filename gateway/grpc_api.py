@@ -294,65 +294,134 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             infer_request.traceparent = _traceparent(metadata)
         self.dataplane.infer_then(infer_request, answered, GRPC_DECOUPLED)
 
+    def open_stream(self, metadata: Sequence[tuple[str, str | bytes]], send: Callable[[Any], None],
+                    fail: Callable[[TritiumError], None], finish: Callable[[], None]) -> InferStream:
+        """A ModelStreamInfer call (see InferStream); a call refused before its first request is
+        read (the restricted APIs, as on Triton) raises here."""
+        if self.restricted:
+            self.restricted.check(RPC_CATEGORIES["ModelStreamInfer"], metadata)
+        return InferStream(self, metadata, send, fail, finish)
+
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any,
                                ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
-        """Answers leave as they come, whatever the order of the requests that asked."""
-        try:   # the stream ends before its first request is read, as on Triton
-            metadata = context.invocation_metadata() or ()
-            if self.restricted:
-                self.restricted.check(RPC_CATEGORIES["ModelStreamInfer"], metadata)
+        """grpc.aio's shape of ``open_stream``: answers leave as they come, whatever the order of
+        the requests that asked."""
+        outgoing: asyncio.Queue = asyncio.Queue()
+        try:
+            stream = self.open_stream(context.invocation_metadata() or (), outgoing.put_nowait, outgoing.put_nowait,
+                                      lambda: outgoing.put_nowait(None))
         except TritiumError as exc:
             await _abort(context, exc)
-        strict = any(key == "triton_grpc_error" and value == "true" for key, value in metadata)
-        outgoing: asyncio.Queue = asyncio.Queue()
-        tasks: set[asyncio.Task] = set()
 
         async def read() -> None:
             async for message in request_iterator:
-                if message is UNPARSABLE:
-                    outgoing.put_nowait(_UNPARSABLE_ERROR)
-                    continue
-                task = asyncio.ensure_future(self._stream_one(message, metadata, outgoing))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
-            outgoing.put_nowait(None)
+                stream.request(message)
+            stream.client_done()
 
         reader = asyncio.ensure_future(read())
         try:
             while (item := await outgoing.get()) is not None:
                 if isinstance(item, TritiumError):
-                    if strict:  # the client asked for errors as gRPC statuses, ending the stream
-                        await _abort(context, item)
-                    yield service_pb2.ModelStreamInferResponse(error_message=item.message)
-                    continue
-                yield service_pb2.ModelStreamInferResponse(infer_response=item)
+                    await _abort(context, item)
+                yield item
         finally:
             reader.cancel()
-            for task in list(tasks):
-                task.cancel()
+            stream.over = True
 
-    async def _stream_one(self, message, metadata: Sequence[tuple[str, str | bytes]], outgoing: asyncio.Queue) -> None:
+    def stream_one(self, message: Any, metadata: Sequence[tuple[str, str | bytes]],
+                   deliver: Callable[[service_pb2.ModelInferResponse | TritiumError | None, bool], None]) -> None:
+        """One request of a stream: ``deliver`` gets each of its answers as it comes (None for a
+        flags-only final response nobody asked to see) and whether it is the request's last."""
         try:
+            if message is UNPARSABLE:
+                raise _UNPARSABLE_ERROR
             request = self._decode(message, metadata)
             empty_final = bool(request.parameters.pop("triton_enable_empty_final_response", False))
-            async for answer, final in self.dataplane.infer_stream(request):
-                if isinstance(answer, TritiumError):
-                    outgoing.put_nowait(answer)
-                elif answer is None:  # a decoupled model's flags-only final response
-                    if empty_final:
-                        response = service_pb2.ModelInferResponse(
-                            model_name=message.model_name, model_version=message.model_version, id=message.id)
-                        response.parameters[_FINAL].bool_param = True
-                        outgoing.put_nowait(response)
-                else:
-                    outgoing.put_nowait(encode_infer_response(answer, {_FINAL: final}))
+
+            def answered(answer: InferResult | TritiumError | None, final: bool) -> None:
+                try:
+                    if answer is None:   # a decoupled model's flags-only final response
+                        deliver(_empty_final(message) if empty_final else None, final)
+                    elif isinstance(answer, TritiumError):
+                        deliver(answer, final)
+                    else:
+                        deliver(encode_infer_response(answer, {_FINAL: final}), final)
+                except TritiumError as exc:
+                    deliver(exc, final)
+                except Exception as exc:
+                    log.exception("internal error answering a stream request")
+                    deliver(TritiumError(f"internal error: {type(exc).__name__}: {exc}"), final)
+
+            self.dataplane.infer_stream_then(request, answered)
         except TritiumError as exc:
-            outgoing.put_nowait(exc)
+            deliver(exc, True)
+
+
+class InferStream:
+    """One ModelStreamInfer call, whichever server carries it.
+
+    Each request is sent as it is read; each answer leaves through ``send`` as a
+    ModelStreamInferResponse as soon as it comes, whatever the order of the requests. An
+    error is sent as the response's ``error_message``, unless the client asked with
+    ``triton_grpc_error: true`` for errors as gRPC statuses: then the first one ends the call
+    through ``fail``. ``finish`` ends the call once the client has sent all its requests and
+    each has had its last answer. Answers after the end (``over``) are dropped.
+    """
+
+    __slots__ = ("service", "metadata", "send", "fail", "finish", "strict", "unanswered", "reading", "over")
+
+    def __init__(self, service: GrpcInferenceService, metadata: Sequence[tuple[str, str | bytes]],
+                 send: Callable[[service_pb2.ModelStreamInferResponse], None],
+                 fail: Callable[[TritiumError], None], finish: Callable[[], None]) -> None:
+        self.service, self.metadata = service, metadata
+        self.send, self.fail, self.finish = send, fail, finish
+        self.strict = any(key == "triton_grpc_error" and value == "true" for key, value in metadata)
+        self.unanswered = 0     # requests read whose last answer has not come
+        self.reading = True     # the client may send more requests
+        self.over = False
+
+    def request(self, message: Any) -> None:
+        if self.over:
+            return
+        self.unanswered += 1   # first: an answer may come before stream_one returns
+        try:
+            self.service.stream_one(message, self.metadata, self._answered)
         except Exception as exc:
             log.exception("internal error in a stream request")
-            outgoing.put_nowait(TritiumError(f"internal error: {type(exc).__name__}: {exc}"))
+            self._answered(TritiumError(f"internal error: {type(exc).__name__}: {exc}"), True)
+
+    def client_done(self) -> None:
+        self.reading = False
+        self._end_if_answered()
+
+    def _answered(self, answer: service_pb2.ModelInferResponse | TritiumError | None, last: bool) -> None:
+        if self.over:
+            return
+        if last:
+            self.unanswered -= 1
+        if isinstance(answer, TritiumError):
+            if self.strict:   # the client asked for errors as gRPC statuses, ending the stream
+                self.over = True
+                self.fail(answer)
+                return
+            self.send(service_pb2.ModelStreamInferResponse(error_message=answer.message))
+        elif answer is not None:
+            self.send(service_pb2.ModelStreamInferResponse(infer_response=answer))
+        if last:
+            self._end_if_answered()
+
+    def _end_if_answered(self) -> None:
+        if not self.reading and not self.unanswered and not self.over:
+            self.over = True
+            self.finish()
+
+
+def _empty_final(message: Any) -> service_pb2.ModelInferResponse:
+    """The flags-only final response a client asked to see (triton_enable_empty_final_response)."""
+    response = service_pb2.ModelInferResponse(model_name=message.model_name, model_version=message.model_version,
+                                              id=message.id)
+    response.parameters[_FINAL].bool_param = True
+    return response
 
 
 def _no_repository_name(name: str) -> None:

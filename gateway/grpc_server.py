@@ -4,8 +4,8 @@ gateway/grpc_http2.py, as gateway/http_server.py serves HTTP/1.1 on httptools.
 Each HTTP/2 stream is one call, dispatched by ``:path`` to the servicer in
 gateway/grpc_api.py. ModelInfer takes the callback path (``infer_then``: no task, no
 future; the answer is written in the event-loop turn that reads the broker's reply);
-the other unary RPCs run the servicer's coroutine in a task; ModelStreamInfer runs its
-async generator over a queue of the stream's requests. What a gRPC server owes its
+the other unary RPCs run the servicer's coroutine in a task; ModelStreamInfer sends each
+request as it is read and each answer as it comes, from callbacks too (``open_stream``). What a gRPC server owes its
 clients is kept: message size limits checked from the length prefix, gzip/deflate
 request messages, ``grpc-timeout`` deadlines, flow control both ways (received data
 acknowledged as it is taken; responses wait for the client's window), PING acks, and a
@@ -20,12 +20,13 @@ import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
 from tritium.gateway.connections import OpenConnections
-from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, rpc_methods
+from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, InferStream, rpc_methods
 from tritium.gateway.grpc_http2 import (CANCEL, ENHANCE_YOUR_CALM, NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers,
                                         Http2Connection, encode_headers)
 from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers, too_many_pings
@@ -54,7 +55,6 @@ _WINDOW = 16 * 1024 * 1024         # what a client may send ahead of our acknowl
 _MAX_FRAME = 1024 * 1024           # the largest DATA frame we take (fewer frames for big tensors)
 _NOT_METADATA = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 _DEADLINE_EXCEEDED = GrpcFailure(STATUS["DEADLINE_EXCEEDED"], "Deadline Exceeded")
-_END = object()   # the client half-closed a streaming call
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Rpc:
     streaming: bool
     parse: Callable[[bytes], Any]        # bytes -> request message, or UNPARSABLE
     serialize: Callable[[Any], bytes]    # response message -> bytes
-    handler: Callable[..., Any]          # the servicer's coroutine function (async generator for streaming)
+    handler: Callable[..., Any]          # the servicer's coroutine function (unary calls)
 
 
 def status_of(error: TritiumError) -> GrpcFailure:
@@ -94,7 +94,7 @@ class CallContext:
 class _Call:
     """One stream: its request bytes, the work answering it, and what waits on the send window."""
 
-    __slots__ = ("id", "rpc", "headers", "reader", "messages", "requests", "task", "timer", "headers_sent",
+    __slots__ = ("id", "rpc", "headers", "reader", "messages", "stream", "task", "timer", "headers_sent",
                  "done", "remote_closed", "pending", "trailers", "encoding", "cut")
 
     def __init__(self, stream_id: int, rpc: Rpc, headers: Headers, reader: MessageReader,
@@ -103,7 +103,7 @@ class _Call:
         self.encoding = encoding   # what its responses are compressed with (None: they are not)
         self.cut = False           # part of a message is sent and the rest waits for the client's window
         self.messages: list[bytes] = []
-        self.requests: asyncio.Queue | None = None    # streaming calls: parsed requests, then _END
+        self.stream: InferStream | None = None    # a streaming call's requests and answers
         self.task: asyncio.Task | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.headers_sent = False
@@ -111,24 +111,6 @@ class _Call:
         self.remote_closed = False
         self.pending: deque[memoryview] = deque()   # what the client's window has no room for yet
         self.trailers: bytes | None = None     # the trailers' header block, sent after ``pending``
-
-
-class _Requests:
-    """A streaming call's requests as the async iterator grpc.aio hands its servicers."""
-
-    __slots__ = ("queue",)
-
-    def __init__(self, queue: asyncio.Queue) -> None:
-        self.queue = queue
-
-    def __aiter__(self) -> _Requests:
-        return self
-
-    async def __anext__(self) -> Any:
-        item = await self.queue.get()
-        if item is _END:
-            raise StopAsyncIteration
-        return item
 
 
 class _Shared(OpenConnections["GrpcConnection"]):
@@ -236,9 +218,13 @@ class GrpcConnection(asyncio.Protocol):
         if timeout is not None:
             call.timer = self.loop.call_later(timeout, self._expire, call)
         if rpc.streaming:
-            call.requests = asyncio.Queue()
-            responses = rpc.handler(_Requests(call.requests), CallContext(call.headers))
-            call.task = self.loop.create_task(self._serve(call, responses))
+            try:
+                call.stream = self.shared.servicer.open_stream(
+                    CallContext(metadata).invocation_metadata(), partial(self._stream_send, call),
+                    partial(self._stream_fail, call), partial(self._stream_finish, call))
+            except TritiumError as exc:   # the call ends before its first request is read
+                self._fail(call, status_of(exc))
+                return
         if end_stream:
             self._ended(call)
 
@@ -252,11 +238,11 @@ class GrpcConnection(asyncio.Protocol):
             except GrpcFailure as failure:
                 self._fail(call, failure)
                 return
-            if call.requests is None:
+            if call.stream is None:
                 call.messages += messages
             else:
                 for message in messages:
-                    call.requests.put_nowait(call.rpc.parse(message))
+                    call.stream.request(call.rpc.parse(message))
         if end_stream:
             call.remote_closed = True
             self._ended(call)
@@ -265,8 +251,8 @@ class GrpcConnection(asyncio.Protocol):
         """The client has sent all of the call's requests."""
         if call.reader.partial:
             self._fail(call, GrpcFailure(INTERNAL, "the request stream ended inside a message"))
-        elif call.requests is not None:
-            call.requests.put_nowait(_END)
+        elif call.stream is not None:
+            call.stream.client_done()
         elif len(call.messages) != 1:
             self._fail(call, GrpcFailure(INTERNAL, f"a unary call needs one request message, got {len(call.messages)}"))
         else:
@@ -319,6 +305,26 @@ class GrpcConnection(asyncio.Protocol):
         except Exception as exc:
             self._fail(call, _internal(call, exc))
         self._flush_soon()
+
+    def _stream_send(self, call: _Call, response: Any) -> None:
+        """One answer of a ModelStreamInfer call (gateway/grpc_api.InferStream)."""
+        if call.done:   # the client reset it, or its deadline passed
+            return
+        try:
+            self._send_message(call, response.SerializeToString())
+        except GrpcFailure as failure:
+            self._fail(call, failure)
+        self._flush_soon()
+
+    def _stream_fail(self, call: _Call, error: TritiumError) -> None:
+        if not call.done:
+            self._fail(call, status_of(error))
+            self._flush_soon()
+
+    def _stream_finish(self, call: _Call) -> None:
+        if not call.done:
+            self._finish(call, OK, "")
+            self._flush_soon()
 
     async def _serve(self, call: _Call, responses: AsyncIterator[Any]) -> None:
         """A call the servicer answers as a coroutine: each response leaves as it comes."""

@@ -286,3 +286,22 @@ def test_grpcio_stays_selectable(tmp_path):
         check_add_sub(stub.ModelInfer(request, timeout=10), a, b)
         (streamed,) = list(stub.ModelStreamInfer(iter([request]), timeout=10))
         check_add_sub(streamed.infer_response, a, b)
+        _check_stream_errors(stub, request, a, b)
+
+
+def test_a_stream_error_is_a_response_or_with_triton_grpc_error_the_call_s_status(server):
+    request, a, b = add_sub_request(rows=2)
+    _check_stream_errors(service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url)), request, a, b)
+
+
+def _check_stream_errors(stub, request, a, b) -> None:
+    unknown = service_pb2.ModelInferRequest(model_name="nope")
+    answers = list(stub.ModelStreamInfer(iter([request, unknown, request]), timeout=10))
+    assert len(answers) == 3
+    (error,) = [answer.error_message for answer in answers if answer.error_message]
+    assert "nope" in error
+    for answer in [answer for answer in answers if not answer.error_message]:
+        check_add_sub(answer.infer_response, a, b)
+    with pytest.raises(grpc.RpcError) as failure:
+        list(stub.ModelStreamInfer(iter([unknown, request]), timeout=10, metadata=[("triton_grpc_error", "true")]))
+    assert failure.value.code() != grpc.StatusCode.OK and "nope" in failure.value.details()

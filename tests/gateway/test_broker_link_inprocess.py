@@ -199,18 +199,20 @@ def test_a_control_request_gets_its_reply(gateway):
 def test_a_stream_gets_every_part_in_order_and_ends_with_the_final_one(gateway):
     async def scenario():
         await gateway.started()
-        answers = gateway.link.request_stream(Infer(gateway.link.next_rid(), "m", [], version=1, batch_size=1))
+        gateway.link.request_stream_then(Infer(gateway.link.next_rid(), "m", [], version=1, batch_size=1), (), (),
+                                         answers.append)
         (sent,) = await gateway.requests(1)
         rid = sent.header["rid"]
         gateway.broker.send(gateway.peer, response(rid, "one", final=False))
         gateway.broker.send(gateway.peer, response(rid, "two", final=False), response(rid, "end", final=True))
         gateway.broker.send(gateway.peer, response(rid, "late"))   # after the final one: nobody waits
-        return [(await answers.get()).message.params["for"] for _ in range(3)], answers
+        await gateway.until(lambda: len(answers) == 3, "three answers")
 
-    parts, answers = gateway.run(scenario())
-    assert parts == ["one", "two", "end"]
+    answers: list = []
+    gateway.run(scenario())
     gateway.run(gateway.until(lambda: gateway.broker.of(Kind.HEARTBEAT, gateway.peer)))
-    assert answers.empty() and gateway.link.waiting == 0
+    assert [answer.message.params["for"] for answer in answers] == ["one", "two", "end"]
+    assert gateway.link.waiting == 0
 
 
 def test_a_silent_broker_fails_each_request_once_and_new_ones_at_once_until_it_answers_again(gateway):
