@@ -236,10 +236,9 @@ class BatchExecutor:
             response = InferenceResponse(error=InternalError(f"model '{self.model}' gave no response"))
         if response.error is not None:
             return [_error_record(rid, response.error, final)], False
-        # A requested output the model did not produce is left out of the response, as Triton does.
-        names = [n for n in requested if n in response.outputs] if requested is not None else (
-            [n for n in self.output_names if n in response.outputs]
-            + [n for n in response.outputs if n not in self.output_names])
+        # In the order the model gave them, whatever the request's, and a requested output the
+        # model did not produce left out: as Triton does.
+        names = list(response.outputs) if requested is None else [n for n in response.outputs if n in requested]
         tensors = []
         try:
             for name in names:

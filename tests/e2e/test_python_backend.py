@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -331,25 +332,35 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+        responses = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT2", x * 2), pb_utils.Tensor("OUTPUT0", x)]))
+        return responses
 """
 PARTIAL_CONFIG = """
 backend: "python"
 max_batch_size: 8
 input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
-output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] }, { name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] }, { name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 4 ] },
+         { name: "OUTPUT2", data_type: TYPE_FP32, dims: [ 4 ] } ]
 """
 
 
-def test_a_requested_output_the_model_did_not_produce_is_left_out_as_triton_does(tmp_path):
+def test_outputs_come_in_the_model_s_order_and_one_it_did_not_produce_is_left_out_as_triton_does(tmp_path):
     (tmp_path / "partial" / "1").mkdir(parents=True)
     (tmp_path / "partial" / "1" / "model.py").write_text(PARTIAL_MODEL)
     (tmp_path / "partial" / "config.pbtxt").write_text(PARTIAL_CONFIG)
     body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
     with TritiumServer(tmp_path) as server:
-        for outputs, produced in ((["OUTPUT1"], []), (["OUTPUT0", "OUTPUT1"], ["OUTPUT0"])):
-            status, _, reply = request(server.url, "POST", "/v2/models/partial/infer",
-                                       {**body, "outputs": [{"name": n} for n in outputs]})
+        for outputs, produced in ((["OUTPUT1"], []), (["OUTPUT0", "OUTPUT1", "OUTPUT2"], ["OUTPUT2", "OUTPUT0"]),
+                                  (None, ["OUTPUT2", "OUTPUT0"])):
+            asked = body if outputs is None else {**body, "outputs": [{"name": n} for n in outputs]}
+            status, _, reply = request(server.url, "POST", "/v2/models/partial/infer", asked)
             assert status == 200, reply
             assert [o["name"] for o in json.loads(reply)["outputs"]] == produced
+        x = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        x.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
+        result = grpcclient.InferenceServerClient(server.grpc_url).infer(
+            "partial", [x], outputs=[grpcclient.InferRequestedOutput("OUTPUT0"), grpcclient.InferRequestedOutput("OUTPUT2")])
+        assert [o.name for o in result.get_response().outputs] == ["OUTPUT2", "OUTPUT0"]
