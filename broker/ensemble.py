@@ -283,8 +283,7 @@ class EnsembleRunner:
         if header.error is not None:
             error = header.error
             log.info("ensemble %s: %s failed: %s", request.plan.name, step.label, error.message)
-            self._fail(request, type(error)(f"in ensemble '{request.plan.name}', {error.message}"),
-                       model_error=header.model_error)
+            self._fail(request, type(error)(f"in ensemble '{request.plan.name}', {error.message}"))
             return
         if header.final is False:
             self._fail(request, Unsupported(f"in ensemble '{request.plan.name}', model '{step.model}' answered "
@@ -338,12 +337,11 @@ class EnsembleRunner:
         stats.record_execution(request.batch_size, compute)   # Triton counts an ensemble request as one execution
         self._reply(request.from_backend, [request.client, header.encode(inline), *frames], compute)
 
-    def _fail(self, request: EnsembleRequest, error: TritiumError, model_error: bool = False) -> None:
-        """Answer the ensemble's request with ``error``; a step model's own error keeps that mark,
-        so that the gateway passes it on without the request id, as Triton does."""
+    def _fail(self, request: EnsembleRequest, error: TritiumError) -> None:
+        """Answer the ensemble's request with ``error``."""
         self._finish(request)
         request.version.stats.record_failure(self._clock() - request.arrival_ns, "OTHER")
-        self._reply(request.from_backend, [request.client, error_record(request.rid, error, model_error)],
+        self._reply(request.from_backend, [request.client, error_record(request.rid, error)],
                     NO_TIMINGS)
 
     def _finish(self, request: EnsembleRequest) -> None:

@@ -221,7 +221,7 @@ class DataPlane:
         if request.trace is not None:
             request.trace.answered(answer)
         if answer.error is not None:
-            return answer.error if answer.model_error else _with_request_id(answer.error, request.id)
+            return answer.error   # the scheduler's and the model's errors: Triton adds no request id to them
         descriptors = answer.outputs or []
         views = tensor_views(descriptors, reply.record, reply.offset, reply.external)
         outputs = [OutputTensor(d[0], d[1], d[2], view) for d, view in zip(descriptors, views)]

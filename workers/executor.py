@@ -430,5 +430,4 @@ def _response_record(rid: int, tensors: list, parameters, final: bool | None = N
 
 def _error_record(rid: int, error, final: bool | None = None) -> bytes:
     error = error if isinstance(error, TritiumError) else InvalidArgument(str(error))
-    # the gateway adds no request id to it: Triton passes a model's errors on as they are
-    return Response(rid, error=error, model_error=True, final=final).encode()
+    return Response(rid, error=error, final=final).encode()

@@ -96,7 +96,8 @@ def test_a_queue_timeout_is_enforced_while_the_request_waits_behind_a_long_execu
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     started = time.monotonic()
     with pytest.raises(InferenceServerException) as refused:
-        client.infer("deadline", delay_input(httpclient, 0), timeout=200_000)   # lowers 5 s to 200 ms
+        # lowers 5 s to 200 ms; the scheduler's error carries no request id, as in Triton
+        client.infer("deadline", delay_input(httpclient, 0), timeout=200_000, request_id="late-1")
     waited = time.monotonic() - started
     blocker.join(30)
     assert refused.value.status() == "503" and refused.value.message() == "Request timeout expired"

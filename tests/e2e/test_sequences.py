@@ -277,7 +277,8 @@ def test_requests_the_sequence_batcher_refuses_get_tritons_errors(http, grpc_cli
                                "non-empty correlation ID")
     pair = httpclient.InferInput("INPUT", [2, 1], "FP32")
     pair.set_data_from_numpy(np.ones((2, 1), dtype=np.float32))
-    error = refused(lambda: http.infer("py_accumulator", [pair], sequence_id=5, sequence_start=True))
+    # with a request id too: Triton adds none to the sequence batcher's errors
+    error = refused(lambda: http.infer("py_accumulator", [pair], sequence_id=5, sequence_start=True, request_id="r-7"))
     assert (error.status(), error.message()) == (
         "400", "inference request to model 'py_accumulator' must specify batch-size 1 due to requirements of "
         "sequence batcher")

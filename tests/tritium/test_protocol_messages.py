@@ -70,7 +70,7 @@ EXAMPLES = [
     Heartbeat(99, 1.0, Role.GATEWAY, PROTOCOL_VERSION, "h/m_0", "agent-1", True),
     Infer(3, "m", [DESCRIPTOR], version=1, batch_size=2, request_id="r", outputs=["Y"], params={"p": 1},
           sequence_id="s", sequence_flags=1, external=1),
-    Response(3, [DESCRIPTOR], params={"p": 1}, error=NotFound("no such model"), model_error=True, final=False,
+    Response(3, [DESCRIPTOR], params={"p": 1}, error=NotFound("no such model"), final=False,
              empty=True, external=2),
     Batch(5, 2, [0, 1]),
     BatchDone(5, [True, False], [1, 0], [1, 2, 3], [0]),
@@ -136,8 +136,8 @@ def test_the_hot_kinds_keep_their_short_keys():
     assert BatchDone(5, [True], [0], [1, 2, 3]).to_wire() == {"k": 21, "b": 5, "ok": [True], "rx": [0], "t": [1, 2, 3]}
     assert ResponsePart(5, 1).to_wire() == {"k": 22, "b": 5, "i": 1}
     assert Response(3, [DESCRIPTOR], external=1).to_wire() == {"k": 11, "rid": 3, "outputs": [DESCRIPTOR], "x": 1}
-    assert Response(3, error=InternalError("boom"), model_error=True, final=True).to_wire() == {
-        "k": 11, "rid": 3, "err": {"code": 2, "message": "boom"}, "model_error": True, "final": True}
+    assert Response(3, error=InternalError("boom"), final=True).to_wire() == {
+        "k": 11, "rid": 3, "err": {"code": 2, "message": "boom"}, "final": True}
 
 
 def test_every_control_operation_has_one_record_and_crosses_whole():

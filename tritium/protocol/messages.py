@@ -288,7 +288,6 @@ class Response(Message, frozen=True, tag=int(Kind.RESPONSE)):
     outputs: Annotated[list | None, doc("tensor descriptors")] = None
     params: Annotated[dict | None, doc("response parameters")] = None
     error: Annotated[TritiumError | None, doc("instead of outputs")] = field(default=None, name="err")
-    model_error: Annotated[bool, doc("a model's own error: passed on without the request id")] = False
     final: Annotated[bool | None, doc("decoupled models: false while more responses follow")] = None
     empty: Annotated[bool, doc("a decoupled model's response without outputs")] = False
     external: Annotated[int, doc("external frames that follow")] = field(default=0, name="x")
@@ -571,10 +570,9 @@ MESSAGES: dict[int, type[Message]] = {_tag(cls): cls for cls in Message.__subcla
 _decoder = msgspec.msgpack.Decoder(typing.Union[tuple(MESSAGES.values())], dec_hook=_decode_custom)
 
 
-def error_record(rid: int, error: TritiumError, model_error: bool = False) -> bytes:
-    """The RESPONSE record that answers request ``rid`` with an error; ``model_error``: a model's
-    own error, which the gateway passes on without the request id, as Triton does."""
-    return Response(rid, error=error, model_error=model_error).encode()
+def error_record(rid: int, error: TritiumError) -> bytes:
+    """The RESPONSE record that answers request ``rid`` with an error."""
+    return Response(rid, error=error).encode()
 
 
 # -- the docs tables --------------------------------------------------------------------
