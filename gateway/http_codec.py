@@ -26,10 +26,6 @@ from tritium.gateway.validation import element_count
 from tritium import datatypes
 from tritium.errors import InternalError, InvalidArgument
 
-# Keys Triton reserves in request parameters (kReservedParameterKeys).
-RESERVED_PARAMETERS = frozenset(
-    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
-     "binary_data_output"})
 _LENGTH = struct.Struct("<I")
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _NO_ID = "[request id: <id_unknown>] "   # Triton's prefix for a request without an id (a raw one never has one)

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 # Request parameters that are fields of the request in Triton (the scheduler's), not
 # parameters a model sees through request.parameters().
-_REQUEST_FIELDS = frozenset({"priority", "timeout", "headers"})
+_REQUEST_FIELDS = frozenset({"priority", "timeout"})
 
 
 @dataclass(slots=True)

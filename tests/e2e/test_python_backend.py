@@ -155,6 +155,16 @@ def test_priority_and_timeout_are_request_fields_not_parameters_the_model_sees(c
     assert json.loads(result.as_numpy("ENV")[0])["parameters"] == {"mode": "fast"}
 
 
+def test_a_headers_parameter_reaches_the_model_as_in_triton(server):
+    # tritonclient refuses to send it (its name is reserved for forwarded headers); Triton's server takes it
+    body = {"inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [1]}],
+            "parameters": {"headers": "h", "mode": "slow"}}
+    status, _, reply = request(server.url, "POST", "/v2/models/py_args/infer", body)
+    assert status == 200, reply
+    (env,) = [output["data"][0] for output in json.loads(reply)["outputs"] if output["name"] == "ENV"]
+    assert json.loads(env)["parameters"] == {"headers": "h", "mode": "slow"}
+
+
 @pytest.mark.parametrize("target", ["onnx_add_sub", "py_add_sub"])
 def test_bls_calls_an_onnx_and_a_python_model(client, target):
     a = np.arange(16, dtype=np.float32).reshape(1, 16)
