@@ -287,14 +287,17 @@ def _outputs(value: object) -> list[RequestedOutput] | None:
 def json_to_bytes(model: str, name: str, datatype: str, shape: list[int], data: object) -> bytes:
     """Serialize JSON tensor data (flat or nested, row-major) the way binary data would be."""
     dt = datatypes.BY_NAME[datatype]   # a name _tensor_header checked
-    if not dt.json_allowed or dt.numpy is None:   # (every datatype numpy lacks is one JSON cannot carry)
+    values = _flatten(data, model, name)
+    # (every datatype numpy lacks is one JSON cannot carry); Triton refuses each element, so
+    # a tensor with none passes
+    if values and (not dt.json_allowed or dt.numpy is None):
         raise InvalidArgument(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data "
             f"format for input {name}")
-    expected = element_count(shape)
-    values = _flatten(data, model, name)
-    if len(values) != expected:
+    if len(values) != element_count(shape):
         raise InvalidArgument("Unable to parse 'data': Shape does not match true shape of 'data' field")
+    if not values or dt.numpy is None:   # (no elements: the type is not refused)
+        return b""
     if dt.is_bytes:
         if not all(isinstance(v, str) for v in values):
             raise InvalidArgument(f"input '{name}' for model '{model}' is BYTES: 'data' must hold strings")

@@ -179,6 +179,7 @@ def test_fp16_and_bf16_are_refused_over_json(datatype):
     assert isinstance(error, InvalidArgument)
     assert error.message == (f"receiving {datatype} data via JSON is not supported. Please use the "
                              "binary data format for input A")
+    assert json_bytes(datatype, [0], []) == b""   # Triton refuses each element: a tensor with none passes
 
 
 def test_bytes_json_strings_are_length_prefixed_utf8():
