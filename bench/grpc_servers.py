@@ -6,9 +6,10 @@ dynamic batching, two CPU instances). Each scenario (unary ModelInfer and ``--st
 concurrency 16) is measured in rounds, one server after the other, so that the machine's
 drift falls on all three; the figures are each server's median round, its ratio to Triton,
 and the CPU each process role spent per request (for tritium the gateway's is the one the
-gRPC server decides). Writes ``bench/out/grpc_servers.json``.
+gRPC server decides). Writes ``bench/out/grpc_servers.json`` and the plot
+(docs/grpc_servers.png).
 
-    python -m bench.grpc_servers [--rounds 3] [--window-ms 3000] [--concurrency 16]
+    python -m bench.grpc_servers [--rounds 3] [--window-ms 3000] [--concurrency 16] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.harness import TritonServer, TritiumServer, save, table
+from bench.harness import TritonServer, TritiumServer, bar_charts, save, table
 from bench.serving_overhead import python_repository
 from bench.versus_triton import metered_run
 
@@ -52,11 +53,30 @@ def summary(results: dict) -> list[list]:
     return rows
 
 
+def plot(results: dict, path: Path) -> None:
+    """Each server's median throughput per scenario, and its gateway's (Triton: its server's) CPU per request."""
+    scenarios = list(results)
+    servers = list(results[scenarios[0]])
+
+    def median(scenario: str, server: str, figure) -> float:
+        return statistics.median(figure(r) for r in results[scenario][server])
+
+    def front_cpu(r: dict) -> float:
+        cpu = r["cpu_us_per_request"]
+        return cpu.get("gateway", cpu.get("triton", 0.0))
+
+    throughput = {s: [median(c, s, lambda r: r["throughput"]) for c in scenarios] for s in servers}
+    cpu = {s: [median(c, s, front_cpu) for c in scenarios] for s in servers}
+    bar_charts(path, [(scenarios, throughput, "infer/s", "gRPC, concurrency 16"),
+                      (scenarios, cpu, "CPU us per request", "gateway (Triton: its server)")], size=(10, 4))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window-ms", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--plot", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "grpc_servers.png")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         repo = python_repository(Path(folder))
@@ -70,6 +90,7 @@ def main() -> None:
                 server.stop()
     rows = summary(results)
     save("grpc_servers", {"rounds": results, "summary": rows})
+    plot(results, args.plot)
     print(table(["scenario", "server", "infer/s", "ratio to Triton", "CPU us per request"], rows))
 
 
