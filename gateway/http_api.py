@@ -22,6 +22,7 @@ from tritium.gateway.http_codec import (
     decode_infer_request,
     decode_raw_request,
     encode_infer_response,
+    inference_header_length,
     parse_json_object,
 )
 from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
@@ -149,13 +150,7 @@ class HttpApp:
         headers = request.headers
         body = self._decompress(request.body, headers.get(b"content-encoding"))
         header_length_text = headers.get(b"inference-header-content-length")
-        header_length = None
-        if header_length_text is not None:
-            try:
-                header_length = int(header_length_text)
-            except ValueError:
-                raise InvalidArgument("invalid Inference-Header-Content-Length header: "
-                                      f"{header_length_text.decode(errors='replace')!r}") from None
+        header_length = None if header_length_text is None else inference_header_length(header_length_text)
         if header_length == 0:
             infer_request, binary_default = decode_raw_request(spec, version, body), True
         else:

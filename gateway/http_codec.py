@@ -144,6 +144,18 @@ def decode_infer_request(model: str, version: str | None, body: bytes, header_le
     return request, binary_default
 
 
+def inference_header_length(text: bytes) -> int:
+    """The ``Inference-Header-Content-Length`` header's value, read as Triton reads it (a C int)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(f"Unable to parse Inference-Header-Content-Length, got: {text.decode('latin-1')}") from None
+    if not -2**31 <= value < 2**31:
+        raise InvalidArgument("Unable to parse Inference-Header-Content-Length, value is out of range "
+                              f"[ {-2**31}, {2**31 - 1} ], got: {text.decode('latin-1')}")
+    return value
+
+
 def _split_body(model: str, body: bytes, header_length: int | None) -> tuple[bytes, memoryview]:
     if header_length is None:
         return body, memoryview(b"")

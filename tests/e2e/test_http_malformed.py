@@ -91,7 +91,10 @@ CASES = {
                                      "must specify valid 'Infer-Header-Content-Length'"),
     "unsupported compression": (good_body(), {"Content-Encoding": "br"}, 501, "Unsupported compression type"),
     "header length not a number": (good_body(), {"Inference-Header-Content-Length": "ten"}, 400,
-                                   "invalid Inference-Header-Content-Length"),
+                                   "Unable to parse Inference-Header-Content-Length, got: ten"),
+    "header length past a C int": (good_body(), {"Inference-Header-Content-Length": "2147483648"}, 400,
+                                   "Unable to parse Inference-Header-Content-Length, value is out of range "
+                                   "[ -2147483648, 2147483647 ], got: 2147483648"),
 }
 
 
