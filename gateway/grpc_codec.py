@@ -68,29 +68,27 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
     if message.parameters:   # (empty maps are skipped: this is every gRPC inference's path)
         check_parameter_kinds(message.parameters)
     raw = message.raw_input_contents
-    # Inputs in shared memory have no raw_input_contents entry (tritonclient sends none).
-    shared = [shared_memory_ref(f"input '{t.name}'", parameters_to_dict(t.parameters)) if t.parameters else None
-              for t in message.inputs]
-    expected = sum(ref is None for ref in shared)
-    if raw and len(raw) != expected:
-        raise InvalidArgument(
-            f"expected {expected} raw_input_contents for model '{model}', got {len(raw)}")
     inputs, position = [], 0
-    for tensor, ref in zip(message.inputs, shared, strict=True):
+    for tensor in message.inputs:
         shape = list(tensor.shape)
         if shape and min(shape) < 0:
             raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has a negative dimension")
+        # An input in shared memory has no raw_input_contents entry (tritonclient sends none);
+        # the others take theirs in order, and entries left over are ignored, as by Triton.
+        ref = shared_memory_ref(f"input '{tensor.name}'", parameters_to_dict(tensor.parameters)) if tensor.parameters else None
         if ref is not None:
             data = b""
-        elif raw:
-            if tensor.HasField("contents") and tensor.contents.ByteSize():
+        elif tensor.HasField("contents"):
+            if raw:
                 raise InvalidArgument(
                     f"contents field must not be specified when using raw_input_contents for "
                     f"'{tensor.name}' for model '{model}'")
+            data = contents_to_bytes(model, tensor)
+        elif position < len(raw):
             data = raw[position]
             position += 1
         else:
-            data = contents_to_bytes(model, tensor)
+            raise InvalidArgument(f"unable to find data for input tensor '{tensor.name}' for model '{model}' in request.")
         inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data, ref))
     outputs = None
     if len(message.outputs):

@@ -141,6 +141,24 @@ def test_typed_contents_are_accepted_and_mixing_them_with_raw_is_refused(server)
         channel.close()
 
 
+def test_raw_input_contents_left_over_are_ignored_and_one_missing_is_named(server):
+    channel, stub = _stub(server)
+    try:
+        request = service_pb2.ModelInferRequest(model_name="add_sub")
+        for name in ("INPUT0", "INPUT1"):
+            request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+        request.raw_input_contents.extend([np.full(16, 2, np.float32).tobytes()])
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ModelInfer(request)
+        assert (error.value.code(), error.value.details()) == (
+            grpc.StatusCode.INVALID_ARGUMENT, "unable to find data for input tensor 'INPUT1' for model 'add_sub' in request.")
+        request.raw_input_contents.extend([np.ones(16, np.float32).tobytes(), b"left over"])   # as Triton: ignored
+        response = stub.ModelInfer(request)
+        np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.float32), [3.0] * 16)
+    finally:
+        channel.close()
+
+
 def _stream(client, requests, expect, headers=None):
     """The answers on one stream: ``expect`` of them, then a short wait to see none more come."""
     answers: queue.Queue = queue.Queue()
