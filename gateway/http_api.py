@@ -151,7 +151,7 @@ class HttpApp:
         body = self._decompress(request.body, headers.get(b"content-encoding"))
         header_length_text = headers.get(b"inference-header-content-length")
         header_length = None if header_length_text is None else inference_header_length(header_length_text)
-        if header_length == 0:
+        if header_length == 0 or (header_length is None and not body):   # Triton's default: the body's length
             infer_request, binary_default = decode_raw_request(spec, version, body), True
         else:
             infer_request, binary_default = decode_infer_request(model, version, body, header_length)

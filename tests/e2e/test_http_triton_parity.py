@@ -194,11 +194,18 @@ def test_a_binary_data_switch_must_be_a_boolean(server, parameters, key):
     assert (status, error_of(data)) == (500, f"Unable to parse '{key}': attempt to access JSON non-boolean as boolean")
 
 
-def test_only_empty_binary_outputs_answer_plain_json(server):
-    status, headers, data = request(server.url, "POST", "/v2/models/var/infer", b"", RAW)
+@pytest.mark.parametrize("sent", [RAW, {}])   # an empty body without the header: raw, as in Triton
+def test_only_empty_binary_outputs_answer_plain_json(server, sent):
+    status, headers, data = request(server.url, "POST", "/v2/models/var/infer", b"", sent)
     assert (status, headers["content-type"], "inference-header-content-length" in headers) == \
         (200, "application/json", False)
     assert json.loads(data)["outputs"][0]["parameters"] == {"binary_data_size": 0}
+
+
+def test_an_empty_body_without_the_header_is_a_raw_request(server):
+    status, _, data = request(server.url, "POST", "/v2/models/py_add_sub/infer", b"")
+    assert (status, error_of(data)) == (400, "[request id: <id_unknown>] Raw request must only have 1 input (found 1) "
+                                             "to be deduced but got 2 inputs in 'py_add_sub' model configuration")
 
 
 # -- error texts ------------------------------------------------------------------------------------
