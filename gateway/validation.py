@@ -15,13 +15,6 @@ from tritium.errors import InvalidArgument, Unsupported
 _LENGTH = struct.Struct("<I")
 
 
-def validate_request(spec: ModelSpec, request: InferRequest) -> int:
-    """Raise InvalidArgument for anything the model cannot take; return the batch size."""
-    batch_size = validate_inputs(spec, request)
-    check_requested_outputs(spec, request)
-    return batch_size
-
-
 def validate_inputs(spec: ModelSpec, request: InferRequest) -> int:
     """The inputs, as Triton's core checks them (its errors name the request); the batch size."""
     model = spec.name

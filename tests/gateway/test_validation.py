@@ -1,4 +1,4 @@
-"""validate_request against ModelSpec.from_config, with Triton's messages (reference 1.4, 2.12)."""
+"""A request's inputs and outputs against ModelSpec.from_config, with Triton's messages (reference 1.4, 2.12)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,15 @@ import pytest
 
 from tritium.gateway.inference import InferRequest, InputTensor, RequestedOutput
 from tritium.gateway.model_table import ModelSpec
-from tritium.gateway.validation import count_bytes_elements, element_count, validate_request
+from tritium.gateway.validation import check_requested_outputs, count_bytes_elements, element_count, validate_inputs
 from tritium.errors import ErrorCode, InvalidArgument, TritiumError, Unsupported
+
+
+def validate_request(model: ModelSpec, request: InferRequest) -> int:
+    """The inputs, then the requested outputs, as the data plane checks them; the batch size."""
+    batch_size = validate_inputs(model, request)
+    check_requested_outputs(model, request)
+    return batch_size
 
 
 def tensor_config(name, data_type="TYPE_FP32", dims=(16,), optional=False):
