@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -35,8 +36,8 @@ from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS,
                                       compressed_frame, frame, parse_timeout, percent_encoded, response_encoding,
                                       too_large)
 from tritium.gateway.header_forwarding import binary_metadata_value
-from tritium.errors import TritiumError
-from tritium.ports import bound_socket
+from tritium.errors import InvalidArgument, TritiumError
+from tritium.ports import PortInUse, bound_socket
 
 if TYPE_CHECKING:
     from tritonclient.grpc.service_pb2 import ModelInferResponse
@@ -513,13 +514,13 @@ class GrpcServer:
 
     def __init__(self, servicer: GrpcInferenceService, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  keepalive: GrpcKeepalive = GrpcKeepalive(), compression_level: str = "none",
-                 tls: GrpcTls | None = None) -> None:
+                 tls: ssl.SSLContext | None = None) -> None:
         rpcs = {f"/{SERVICE.full_name}/{name}".encode(): Rpc(name, streaming, parse, serialize, getattr(servicer, name))
                 for name, streaming, parse, serialize in rpc_methods()}
         self.shared = _Shared(servicer, rpcs, max_message_bytes, keepalive, compression_level)
         self._sock: socket.socket | None = None
         self._server: asyncio.AbstractServer | None = None
-        self._tls = tls
+        self._tls = tls   # the server's TLS context (None: plain HTTP/2)
 
     def bind(self, address: str, port: int, reuse_port: bool = False) -> int:
         self._sock = sock = bound_socket("GRPC", address, port, reuse_port)
@@ -532,7 +533,7 @@ class GrpcServer:
         assert self._sock is not None, "bind() comes first"   # as bind_grpc_tritium does
         self._server = await loop.create_server(lambda: GrpcConnection(self.shared, loop), sock=self._sock,
                                                 backlog=2048,
-                                                ssl=self._tls.server_context() if self._tls is not None else None)
+                                                ssl=self._tls)
 
     def stop(self, grace_s: float) -> asyncio.Task:
         """Begin the drain now (GOAWAY on every connection); the task ends when it is done."""
@@ -552,5 +553,11 @@ def bind_grpc_tritium(service: GrpcInferenceService, address: str, port: int,
                       keepalive: GrpcKeepalive = GrpcKeepalive(), tls: GrpcTls | None = None,
                       compression_level: str = "none") -> tuple[GrpcServer, int]:
     """``bind_grpc``'s counterpart: a server bound to ``address:port``, to be started."""
-    server = GrpcServer(service, max_message_bytes, keepalive, compression_level, tls)
+    context = None
+    if tls is not None:   # loaded now: files that cannot serve stop startup with one line, as a taken port does
+        try:
+            context = tls.server_context()
+        except InvalidArgument as exc:
+            raise PortInUse("GRPC", address, port, f"cannot serve TLS: {exc.message}") from None
+    server = GrpcServer(service, max_message_bytes, keepalive, compression_level, context)
     return server, server.bind(address, port, reuse_port)

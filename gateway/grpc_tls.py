@@ -28,15 +28,24 @@ class GrpcTls:
     mutual: bool = False           # every client must present a certificate that chains to root_file
 
     def server_context(self) -> ssl.SSLContext:
-        """For tritium's own server. gRPC clients require TLS 1.2 or later and ALPN's ``h2``, and
-        HTTP/2 forbids renegotiation (RFC 9113, section 9.2.1)."""
+        """For tritium's own server; InvalidArgument naming the flag whose file cannot serve. gRPC
+        clients require TLS 1.2 or later and ALPN's ``h2``, and HTTP/2 forbids renegotiation
+        (RFC 9113, section 9.2.1)."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.options |= ssl.OP_NO_RENEGOTIATION
         context.set_alpn_protocols(["h2"])
-        context.load_cert_chain(self.cert_file, self.key_file, password=_no_passphrase)
+        try:
+            context.load_cert_chain(self.cert_file, self.key_file, password=_no_passphrase)
+        except (ssl.SSLError, OSError) as exc:   # an encrypted key: OSError without a terminal to ask on
+            raise InvalidArgument(f"--grpc-server-cert '{self.cert_file}' and --grpc-server-key '{self.key_file}' "
+                                  f"are not a PEM certificate and its unencrypted private key: {_reason(exc)}") from None
         if self.root_file:
-            context.load_verify_locations(self.root_file)
+            try:
+                context.load_verify_locations(self.root_file)
+            except (ssl.SSLError, OSError) as exc:
+                raise InvalidArgument(f"--grpc-root-cert '{self.root_file}' is not a PEM certificate: "
+                                      f"{_reason(exc)}") from None
         if self.mutual:
             context.verify_mode = ssl.CERT_REQUIRED
         return context
@@ -71,19 +80,12 @@ def tls_from_flags(use_ssl: str | None, use_ssl_mutual: str | None, server_cert:
         if path:
             _check_readable(flag, path)
     tls = GrpcTls(server_cert, server_key, root_cert or None, mutual)
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(server_cert, server_key, password=_no_passphrase)
-    except (ssl.SSLError, OSError) as exc:   # an encrypted key: OSError without a terminal to ask on
-        reason = getattr(exc, "reason", None) or exc
-        raise InvalidArgument(f"--grpc-server-cert '{server_cert}' and --grpc-server-key '{server_key}' are not a "
-                              f"PEM certificate and its unencrypted private key: {reason}") from None
-    if root_cert:
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(root_cert)
-        except ssl.SSLError as exc:
-            raise InvalidArgument(f"--grpc-root-cert '{root_cert}' is not a PEM certificate: "
-                                  f"{exc.reason or exc}") from None
+    tls.server_context()   # the files as the server will load them
     return tls
+
+
+def _reason(exc: ssl.SSLError | OSError) -> object:
+    return getattr(exc, "reason", None) or exc.strerror or exc
 
 
 def _check_readable(flag: str, path: str) -> None:

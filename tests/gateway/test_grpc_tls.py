@@ -73,3 +73,17 @@ def test_an_encrypted_key_is_refused_without_asking_for_its_passphrase(ca, tmp_p
         tls_from_flags("true", None, str(pem.cert), str(locked), None)
     assert refused.value.message.startswith(f"--grpc-server-cert '{pem.cert}' and --grpc-server-key '{locked}' are "
                                             "not a PEM certificate and its unencrypted private key: ")
+
+
+def test_files_gone_by_the_time_the_gateway_binds_stop_it_with_one_line(ca, tmp_path):
+    from tritium.gateway.grpc_api import GrpcInferenceService
+    from tritium.gateway.grpc_server import bind_grpc_tritium
+    from tritium.ports import PortInUse
+
+    pem = ca.server()
+    root = tmp_path / "root.pem"
+    root.write_text("not a certificate")   # checked when the flags were read, replaced since
+    with pytest.raises(PortInUse) as refused:
+        bind_grpc_tritium(GrpcInferenceService(None), "127.0.0.1", 0, tls=GrpcTls(str(pem.cert), str(pem.key), str(root)))
+    assert str(refused.value).startswith(f"failed to start GRPC service: Unavailable - Socket '127.0.0.1:0' cannot serve "
+                                         f"TLS: --grpc-root-cert '{root}' is not a PEM certificate: ")
