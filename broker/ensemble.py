@@ -14,6 +14,12 @@ Only the steps that lead to the outputs the client asked for run, and only those
 outputs are returned. The first failing step answers the request with Triton's text,
 ``in ensemble 'E', <the step's message>``, and the results of its other steps are
 dropped: every request gets exactly one answer.
+
+An ensemble with a decoupled step is decoupled (repo/ensembles.py). Each response of a
+decoupled step is an iteration of its own: the steps that read it run once for it, and
+the ensemble answers each time the requested outputs of one iteration are complete; its
+final response (flags only, unless the last answer can carry it) follows once no step is
+running. Tensors are kept per (name, iteration); the ensemble's inputs are iteration 0.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tritium.broker.registry import ModelVersion, Registry
-from tritium.errors import InternalError, InvalidArgument, TritiumError, Unsupported
+from tritium.errors import InternalError, InvalidArgument, TritiumError
 from tritium.protocol import Infer, ProtocolError, Response, error_record, read_record, split_record, tensor_views
 from tritium.tracing.stamps import ensemble_record, step_context, step_record
 
@@ -60,6 +66,7 @@ class Plan:
     def __init__(self, config) -> None:
         self.name = config.name
         self.batching = config.max_batch_size > 0
+        self.decoupled = config.model_transaction_policy.decoupled   # set at load when a step is
         # Config order: the order of the outputs when the client names none.
         self.outputs = {t.name: list(t.reshape.shape if t.HasField("reshape") else t.dims) for t in config.output}
         self.optional = tuple(t.name for t in config.input if t.optional)
@@ -102,11 +109,13 @@ class StepModel:
 
     batching: bool
     dims: dict[str, list[int]]   # input name -> configured dims
+    decoupled: bool
 
     @classmethod
     def of(cls, version: ModelVersion) -> "StepModel":
         config = version.definition.config
-        return cls(config.max_batch_size > 0, {t.name: list(t.dims) for t in config.input})
+        return cls(config.max_batch_size > 0, {t.name: list(t.dims) for t in config.input},
+                   config.model_transaction_policy.decoupled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +144,10 @@ class EnsembleRequest:
     params: dict | None
     correlation_id: int | str = 0      # the request's sequence, passed to every step as Triton does
     flags: int = 0                     # sequence START (1) / END (2)
-    tensors: dict[str, Tensor | None] = field(default_factory=dict)   # None: an optional input left out
-    started: set[int] = field(default_factory=set)
+    # (name, iteration) -> the tensor; None: an optional input left out
+    tensors: dict[tuple[str, int], Tensor | None] = field(default_factory=dict)
+    started: set[tuple[int, int]] = field(default_factory=set)   # (step index, iteration)
+    iterations: dict[int, int] = field(default_factory=dict)     # decoupled step -> its responses with outputs
     calls: set[int] = field(default_factory=set)    # step requests not answered yet
     compute: list[int] = field(default_factory=lambda: [0, 0, 0])
     queue_ns: int = 0
@@ -150,6 +161,8 @@ class StepCall:
     request: EnsembleRequest
     step: Step
     batch_size: int   # of the step request; 0 when its model does not batch
+    iteration: int    # of the tensors it reads
+    decoupled: bool   # its model answers 0..N times
     trace: tuple | None = None   # the step request's (trace context, model version), when traced
 
 
@@ -196,37 +209,46 @@ class EnsembleRunner:
             return
         tensor_batch = batch_size if plan.batching else 0
         for descriptor, data in zip(descriptors, datas):
-            request.tensors[descriptor[0]] = Tensor(descriptor[1], list(descriptor[2]), descriptor[3], data,
-                                                    bool(descriptor[4]), tensor_batch)
+            request.tensors[descriptor[0], 0] = Tensor(descriptor[1], list(descriptor[2]), descriptor[3], data,
+                                                       bool(descriptor[4]), tensor_batch)
         for name in plan.optional:
-            request.tensors.setdefault(name, None)
+            request.tensors.setdefault((name, 0), None)
         request.queue_ns = self._clock() - now
-        self._start_ready(request, [plan.steps[i] for i in sorted(steps)])
+        self._start_ready(request, [plan.steps[i] for i in sorted(steps)], 0)
+        self._end_if_done(request)
 
     # -- steps out ---------------------------------------------------------------------------
 
-    def _start_ready(self, request: EnsembleRequest, candidates: Sequence[Step]) -> None:
+    def _start_ready(self, request: EnsembleRequest, candidates: Sequence[Step], iteration: int) -> None:
         for step in candidates:
             if request.finished:
                 return  # a step failed at once (its model is not ready, say)
-            if step.index in request.started or step.index not in request.steps:
+            if (step.index, iteration) in request.started or step.index not in request.steps:
                 continue
-            if all(tensor in request.tensors for _, tensor in step.reads):
-                self._start(request, step)
-        if not request.finished and not request.calls:
+            if all((tensor, iteration) in request.tensors for _, tensor in step.reads):
+                self._start(request, step, iteration)
+
+    def _end_if_done(self, request: EnsembleRequest) -> None:
+        """With no step running and none to start, the request is over: a decoupled ensemble sends
+        its final flag; any other has not answered, so its outputs can never be complete."""
+        if request.finished or request.calls:
+            return
+        if request.plan.decoupled:
+            self._send(request, [], [], [], final=True, empty=True)
+        else:
             self._fail(request, InvalidArgument(
                 f"in ensemble '{request.plan.name}', unexpected deadlock, at least one output is not set "
                 "while no more ensemble steps can be made"))
 
-    def _start(self, request: EnsembleRequest, step: Step) -> None:
-        request.started.add(step.index)
+    def _start(self, request: EnsembleRequest, step: Step, iteration: int) -> None:
+        request.started.add((step.index, iteration))
         member = self.registry.resolve_step(step.model, step.version)
         model = self._step_model(member) if member is not None else None
         inputs: list[list] = []
         inline: list[object] = []
         frames: list[object] = []
         for model_input, name in step.reads:
-            tensor = request.tensors[name]
+            tensor = request.tensors[name, iteration]
             if tensor is None:
                 continue  # an optional ensemble input the client left out
             shape = tensor.shape
@@ -245,7 +267,8 @@ class EnsembleRunner:
                        sequence_id=request.correlation_id if sequence else None,
                        sequence_flags=request.flags if sequence else 0, external=len(frames),
                        trace=None if request.trace is None else step_context(request.trace))
-        self._calls[rid] = StepCall(request, step, batch_size if batching else 0,
+        self._calls[rid] = StepCall(request, step, batch_size if batching else 0, iteration,
+                                   model is not None and model.decoupled,
                                    None if header.trace is None else (header.trace, header.version))
         request.calls.add(rid)
         self._submit(STEP_CLIENT, header.encode(inline), header, frames or None, False)
@@ -270,10 +293,12 @@ class EnsembleRunner:
                 return
             frames = parts[position + 1:position + 1 + header.external]
             position += 1 + header.external
-            call = self._calls.pop(header.rid, None)
+            call = self._calls.get(header.rid)
             if call is None:
                 continue  # its request was answered already (another step failed)
-            call.request.calls.discard(header.rid)
+            if header.final is not False:   # a decoupled step's call stays open until its final response
+                del self._calls[header.rid]
+                call.request.calls.discard(header.rid)
             self._step_done(call, header, view, offset, frames, timings)
 
     def _step_done(self, call: StepCall, header: Response, view, offset: int, frames: list, timings: tuple) -> None:
@@ -285,9 +310,9 @@ class EnsembleRunner:
             log.info("ensemble %s: %s failed: %s", request.plan.name, step.label, error.message)
             self._fail(request, type(error)(f"in ensemble '{request.plan.name}', {error.message}"))
             return
-        if header.final is False:
-            self._fail(request, Unsupported(f"in ensemble '{request.plan.name}', model '{step.model}' answered "
-                                            "with several responses; tritium runs no decoupled ensemble steps"))
+        if header.final is False and not call.decoupled:
+            self._fail(request, InternalError(f"in ensemble '{request.plan.name}', {step.label} answered with "
+                                              "several responses, but its model is not decoupled"))
             return
         descriptors = header.outputs or []
         try:
@@ -298,38 +323,55 @@ class EnsembleRunner:
             return
         for index, value in enumerate(timings):
             request.compute[index] += value
+        iteration = call.iteration
+        if call.decoupled and descriptors:   # each response with outputs is an iteration of its own
+            iteration = request.iterations.get(step.index, 0)
+            request.iterations[step.index] = iteration + 1
         produced = []
         for descriptor, data in zip(descriptors, datas):
             name = step.writes.get(descriptor[0])
-            if name is not None and name not in request.tensors:
-                request.tensors[name] = Tensor(descriptor[1], list(descriptor[2]), descriptor[3], data,
-                                               bool(descriptor[4]), call.batch_size)
+            if name is not None and (name, iteration) not in request.tensors:
+                request.tensors[name, iteration] = Tensor(descriptor[1], list(descriptor[2]), descriptor[3], data,
+                                                          bool(descriptor[4]), call.batch_size)
                 produced.append(name)
-        if all(name in request.tensors for name in request.requested):
-            self._answer(request)
-            return
         readers = {s.index: s for name in produced for s in request.plan.readers.get(name, ())}
-        self._start_ready(request, [readers[i] for i in sorted(readers)])
+        self._start_ready(request, [readers[i] for i in sorted(readers)], iteration)
+        complete = produced and all((name, iteration) in request.tensors for name in request.requested)
+        if complete and not request.finished:
+            self._answer(request, iteration)
+        self._end_if_done(request)
 
     # -- the one answer ----------------------------------------------------------------------
 
-    def _answer(self, request: EnsembleRequest) -> None:
+    def _answer(self, request: EnsembleRequest, iteration: int) -> None:
+        """The requested outputs of one iteration: the one answer, or one of a decoupled
+        ensemble's, final when no step is left running."""
         plan = request.plan
         descriptors: list[list] = []
         inline: list[object] = []
         frames: list[object] = []
         for name in request.requested:
-            tensor = request.tensors[name]
+            tensor = request.tensors[name, iteration]
             if tensor is None:
                 continue
             shape = _reshaped(tensor.shape, tensor.batch_size, plan.batching, plan.outputs[name])
             descriptors.append([name, tensor.datatype, shape, tensor.nbytes, tensor.external])
             (frames if tensor.external else inline).append(tensor.data)
+        if plan.decoupled and request.calls:   # more may come: not the last response
+            header = Response(request.rid, descriptors, params=_sequence_parameters(request), final=False,
+                              external=len(frames))
+            self._reply(request.from_backend, [request.client, header.encode(inline), *frames], NO_TIMINGS)
+        else:
+            self._send(request, descriptors, inline, frames, final=True if plan.decoupled else None)
+
+    def _send(self, request: EnsembleRequest, descriptors: list, inline: list, frames: list,
+              final: bool | None, empty: bool = False) -> None:
+        """The request's last response: it is over, and counted in the ensemble's statistics."""
         self._finish(request)
         now = self._clock()
         trace = None if request.trace is None else ensemble_record(request.arrival_ns, now, request.traced_steps)
-        header = Response(request.rid, descriptors, params=_sequence_parameters(request), external=len(frames),
-                          trace=trace)
+        header = Response(request.rid, descriptors or None, params=None if empty else _sequence_parameters(request),
+                          final=final, empty=empty, external=len(frames), trace=trace)
         queue_ns, compute_ns, output_ns = request.compute
         compute = (queue_ns, compute_ns, output_ns)
         stats = request.version.stats

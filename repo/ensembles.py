@@ -38,8 +38,6 @@ def validate_ensemble(config: ModelConfig, configs: Mapping[str, ModelConfig],
         if 0 < member.max_batch_size < config.max_batch_size:
             _fail(name, f"allows max_batch_size {config.max_batch_size}, but {label} only "
                   f"allows {member.max_batch_size}")
-        if member.model_transaction_policy.decoupled:
-            _fail(name, f"{label} is decoupled; tritium does not run decoupled models as ensemble steps")
         for model_output, tensor in step.output_map.items():
             if tensor in producers:
                 _fail(name, f"ensemble tensor '{tensor}' is produced by {producers[tensor][0]} "
@@ -48,6 +46,8 @@ def validate_ensemble(config: ModelConfig, configs: Mapping[str, ModelConfig],
     _check_consumers(config, steps, configs, producers)
     _check_no_step_cycle(config, steps)
     _check_no_nested_cycle(config, configs)
+    # As Triton: an ensemble with a decoupled step (or nested ensemble) is decoupled itself.
+    config.model_transaction_policy.decoupled = _check_decoupled_flow(config, steps, configs)
 
 
 def _member_config(name, label, model, configs, failures) -> ModelConfig:
@@ -158,6 +158,38 @@ def _check_no_step_cycle(config, steps) -> None:
     for index in edges:
         if index not in state:
             visit(index, [index])
+
+
+def _check_decoupled_flow(config, steps, configs) -> bool:
+    """Whether a step is decoupled; a step whose inputs come from different decoupled steps (or
+    from one and the ensemble's inputs) is refused, as Triton refuses it: their responses do
+    not pair up. Steps are acyclic here."""
+    origin = {t.name: -1 for t in config.input}   # tensor -> the decoupled step it flows from (-1: none)
+    pending = list(enumerate(steps))
+    while pending:
+        waiting = []
+        for index, step in pending:
+            if any(tensor not in origin for tensor in step.input_map.values()):   # not produced yet
+                waiting.append((index, step))
+                continue
+            sources = {origin[tensor] for tensor in step.input_map.values()}
+            if len(sources) > 1:
+                _fail(config.name, f"step {index} (model '{step.model_name}') receives inputs originated from "
+                      "different decoupled models")
+            source = index if _is_decoupled(configs[step.model_name], configs) else next(iter(sources), -1)
+            for tensor in step.output_map.values():
+                origin[tensor] = source
+        if len(waiting) == len(pending):
+            break   # steps reading tensors nobody produces were refused before; none are left
+        pending = waiting
+    return any(_is_decoupled(configs[step.model_name], configs) for step in steps)
+
+
+def _is_decoupled(member, configs) -> bool:
+    """A model's own policy; a nested ensemble's from its steps (its config may not be checked yet)."""
+    if member.platform != ENSEMBLE_PLATFORM:
+        return member.model_transaction_policy.decoupled
+    return any(_is_decoupled(configs[child], configs) for child in composing_models(member) if child in configs)
 
 
 def _check_no_nested_cycle(config, configs) -> None:

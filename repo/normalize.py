@@ -29,7 +29,7 @@ def normalize(config: ModelConfig) -> None:
             if len(oldest.preferred_batch_size) == 0 and config.max_batch_size > 0:
                 oldest.preferred_batch_size.append(config.max_batch_size)
     if config.platform == ENSEMBLE_PLATFORM:
-        # Triton marks an ensemble decoupled when a step is; tritium runs none, so never.
+        # Decoupled when a step is: validation sets it once the steps' configs are known.
         config.model_transaction_policy.SetInParent()
     else:
         optimization = config.optimization

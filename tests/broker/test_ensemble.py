@@ -27,6 +27,7 @@ from tritium.protocol import (
     Infer,
     Kind,
     Response,
+    ResponsePart,
     decode,
     pack_tensors,
     read_record,
@@ -459,3 +460,38 @@ def test_a_model_calling_an_ensemble_gets_the_answer_on_its_own_socket(world):
     assert world.to_gateways == [] and parts[0] == b"i-caller/bls"
     answer, _, _ = decode(parts[1])
     assert (answer["k"], answer["rid"], [d[0] for d in answer["outputs"]]) == (Kind.RESPONSE, 9, ["SUM"])
+
+
+def test_a_decoupled_step_runs_the_steps_after_it_once_per_response_and_pairs_their_outputs():
+    """split answers twice (S = IN, then IN + 1); double and triple run for each answer and are
+    answered out of order; combine must pair the Y and Z of the same answer (SUM = 5 S, DIFF = S)."""
+    split = model("split", "IN", "S", extra="model_transaction_policy { decoupled: true }")
+    fanned = ensemble("fanned", "IN", "SUM DIFF", [
+        step("split", {"IN": "IN"}, {"S": "s"}), step("double", {"X": "s"}, {"Y": "y"}),
+        step("triple", {"X": "s"}, {"Z": "z"}), step("combine", {"Y": "y", "Z": "z"}, {"SUM": "SUM", "DIFF": "DIFF"}),
+    ]).replace('platform: "ensemble"', 'platform: "ensemble" model_transaction_policy { decoupled: true }')
+    world = World([*MODELS, split, fanned])
+    given = values(1)
+    world.infer("fanned", {"IN": given})
+    ((iid, number, [(header, _, _)]),) = world.batches()
+    for i in range(2):
+        descriptors, inline, _ = pack_tensors([("S", "FP32", [1, 4], (given + i).tobytes())])
+        world.scheduler.streams.response_part(iid, ResponsePart(number, 0),
+                                              [Response(header["rid"], descriptors, final=False).encode(inline)])
+    world.scheduler.streams.response_part(iid, ResponsePart(number, 0),
+                                          [Response(header["rid"], final=True, empty=True).encode()])
+    world.scheduler.batch_done(iid, BatchDone(number, [True], [], [1, 2, 3], still_open=[]), [])
+    steps = world.batches()
+    assert sorted(world.registry.instances[i].model for i, _, _ in steps) == ["double", "double", "triple", "triple"]
+    def order(batch) -> tuple:   # double for the first answer, triple for the second, then the others
+        name, i = world.registry.instances[batch[0]].model, int(batch[2][0][1]["X"][0, 0] - given[0, 0])
+        return (0, 1) if (name, i) == ("double", 0) else (1, 0) if (name, i) == ("triple", 1) else (2, name)
+    world._answer_all(sorted(steps, key=order), (1, 2, 3))
+    world.run()
+    answers = world.answers()
+    assert [header.get("final") for header, _ in answers] == [False, True]
+    sums = sorted(outputs["SUM"].tolist() for _, outputs in answers)
+    assert sums == [(5 * (given + i)).tolist() for i in range(2)]
+    for _, outputs in answers:
+        np.testing.assert_array_equal(outputs["SUM"], 5 * outputs["DIFF"])
+    assert not world.scheduler.ensembles.busy

@@ -10,6 +10,7 @@ same repository.
 
 from __future__ import annotations
 
+import queue
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -234,6 +235,46 @@ def test_requests_the_gateway_refuses_for_an_ensemble(http):
     with pytest.raises(InferenceServerException) as caught:
         http.infer("pipeline", inputs(httpclient, values(1)), outputs=[httpclient.InferRequestedOutput("X")])
     assert caught.value.message() == "unexpected inference output 'X' for model 'pipeline'"
+
+
+# -- a decoupled step ------------------------------------------------------------------------
+# ``streamed`` = pre -> repeat -> double: repeat (decoupled) answers X[0, 0] times, Y = X + i.
+
+def stream_answers(grpc, model: str, given: np.ndarray, **kwargs) -> list:
+    """Every response of one streamed request, up to and with the final flag."""
+    answers: queue.Queue = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        grpc.async_stream_infer(model, inputs(grpcclient, given), enable_empty_final_response=True, **kwargs)
+        collected = []
+        while not collected or not collected[-1][0].get_response().parameters["triton_final_response"].bool_param:
+            result, error = answers.get(timeout=30)
+            assert error is None, str(error)
+            collected.append((result, error))
+        return [result for result, _ in collected]
+    finally:
+        grpc.stop_stream()
+
+
+def test_a_decoupled_step_makes_the_ensemble_answer_once_per_response_then_the_final_flag(grpc):
+    given = np.array([[2.0, 5.0]], np.float32)   # repeat sees [[3, 6]]: three responses
+    results = stream_answers(grpc, "streamed", given, request_id="s-1")
+    # The last answer carries the final flag, with outputs when no step was still running (as in Triton).
+    data = [result for result in results if result.get_response().outputs]
+    assert sorted(result.as_numpy("OUT").tolist() for result in data) == [[[6.0 + 2 * i, 12.0 + 2 * i]] for i in range(3)]
+    assert [r.get_response().parameters["triton_final_response"].bool_param for r in results] == \
+        [False] * (len(results) - 1) + [True]
+    assert {r.get_response().id for r in results} == {"s-1"} and {r.get_response().model_name for r in results} == {"streamed"}
+    (nothing,) = stream_answers(grpc, "streamed", np.array([[-1.0]], np.float32))   # repeat answers 0 times
+    assert len(nothing.get_response().outputs) == 0
+
+
+def test_an_ensemble_with_a_decoupled_step_is_decoupled(http, grpc):
+    assert http.get_model_config("streamed")["model_transaction_policy"] == {"decoupled": True}
+    assert http.get_model_config("pipeline")["model_transaction_policy"] == {"decoupled": False}
+    with pytest.raises(InferenceServerException) as caught:   # one response per request only: refused, as from Triton
+        grpc.infer("streamed", inputs(grpcclient, np.array([[1.0]], np.float32)))
+    assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in caught.value.message()
 
 
 # -- explicit model control ------------------------------------------------------------------

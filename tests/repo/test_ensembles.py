@@ -257,11 +257,23 @@ def test_a_model_that_does_not_batch_still_needs_a_matching_shape(root):
                               "input 'X' of step 1 (model 'whole') expects shape [-1, 8]")
 
 
-def test_decoupled_steps_are_refused(root):
+def test_a_decoupled_step_makes_the_ensemble_decoupled_as_in_triton(root):
     write_python_model(root, "stream", 4, "[ 16 ]", "model_transaction_policy { decoupled: true }")
-    write_ensemble(root, "ens", ensemble([step("stream", {"X": "A"}, {"Y": "SUM"})], inputs=("A",)))
-    assert error_of(root) == ("step 0 (model 'stream') is decoupled; tritium does not run decoupled models "
-                              "as ensemble steps")
+    write_ensemble(root, "ens", ensemble([step("stream", {"X": "A"}, {"Y": "MID"}),
+                                          step("add_sub", {"INPUT0": "MID", "INPUT1": "MID"}, {"OUTPUT0": "SUM"})],
+                                         inputs=("A",)))
+    write_ensemble(root, "outer", ensemble([step("ens", {"A": "X"}, {"SUM": "SUM"})], inputs=("X",)))
+    models = scan(root)
+    assert models["ens"].ok and models["outer"].ok, (models["ens"].error, models["outer"].error)
+    for name in ("ens", "outer"):   # a nested decoupled ensemble makes its parent decoupled too
+        assert models[name].definition.config_json()["model_transaction_policy"] == {"decoupled": True}
+
+
+def test_a_step_reading_responses_of_different_decoupled_models_is_refused(root):
+    write_python_model(root, "stream", 4, "[ 16 ]", "model_transaction_policy { decoupled: true }")
+    write_ensemble(root, "ens", ensemble([step("stream", {"X": "A"}, {"Y": "MID"}),
+                                          step("add_sub", {"INPUT0": "MID", "INPUT1": "B"}, {"OUTPUT0": "SUM"})]))
+    assert error_of(root) == ("step 1 (model 'add_sub') receives inputs originated from different decoupled models")
 
 
 def test_an_ensemble_input_is_checked_with_its_reshape(root):
