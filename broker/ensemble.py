@@ -336,7 +336,10 @@ class EnsembleRunner:
                 produced.append(name)
         readers = {s.index: s for name in produced for s in request.plan.readers.get(name, ())}
         self._start_ready(request, [readers[i] for i in sorted(readers)], iteration)
-        complete = produced and all((name, iteration) in request.tensors for name in request.requested)
+        # Only a requested output's arrival completes an iteration (each is produced once per
+        # iteration): another tensor of a complete iteration must not answer it again.
+        complete = any(name in request.requested for name in produced) and all(
+            (name, iteration) in request.tensors for name in request.requested)
         if complete and not request.finished:
             self._answer(request, iteration)
         self._end_if_done(request)
