@@ -66,7 +66,7 @@ class Plan:
     def __init__(self, config) -> None:
         self.name = config.name
         self.batching = config.max_batch_size > 0
-        self.decoupled = config.model_transaction_policy.decoupled   # set at load when a step is
+        self._policy = config.model_transaction_policy
         # Config order: the order of the outputs when the client names none.
         self.outputs = {t.name: list(t.reshape.shape if t.HasField("reshape") else t.dims) for t in config.output}
         self.optional = tuple(t.name for t in config.input if t.optional)
@@ -79,6 +79,12 @@ class Plan:
             for _, tensor in step.reads:
                 self.readers.setdefault(tensor, []).append(step)
         self._needed: dict[frozenset, tuple[frozenset[int], dict[int, list[str]]]] = {}
+
+    @property
+    def decoupled(self) -> bool:
+        """Set at load when a step is decoupled, and again when a step's model is reloaded (read
+        live: a reload keeps this plan)."""
+        return self._policy.decoupled
 
     def needed(self, requested: Sequence[str]) -> tuple[frozenset[int], dict[int, list[str]]]:
         """The steps that lead to ``requested``, and per step the outputs to ask of it."""
