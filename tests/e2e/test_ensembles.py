@@ -275,6 +275,10 @@ def test_an_ensemble_with_a_decoupled_step_is_decoupled(http, grpc):
     with pytest.raises(InferenceServerException) as caught:   # one response per request only: refused, as from Triton
         grpc.infer("streamed", inputs(grpcclient, np.array([[1.0]], np.float32)))
     assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in caught.value.message()
+    with pytest.raises(InferenceServerException) as caught:
+        http.infer("streamed", inputs(httpclient, np.array([[1.0]], np.float32)))
+    assert (caught.value.status(), caught.value.message()) == (
+        "501", "HTTP end point doesn't support models with decoupled transaction policy")
 
 
 # -- explicit model control ------------------------------------------------------------------
