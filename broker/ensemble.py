@@ -154,6 +154,7 @@ class EnsembleRequest:
     tensors: dict[tuple[str, int], Tensor | None] = field(default_factory=dict)
     started: set[tuple[int, int]] = field(default_factory=set)   # (step index, iteration)
     iterations: dict[int, int] = field(default_factory=dict)     # decoupled step -> its responses with outputs
+    answered: set[int] = field(default_factory=set)              # iterations answered (decoupled ensembles)
     calls: set[int] = field(default_factory=set)    # step requests not answered yet
     compute: list[int] = field(default_factory=lambda: [0, 0, 0])
     queue_ns: int = 0
@@ -346,7 +347,9 @@ class EnsembleRunner:
         # iteration): another tensor of a complete iteration must not answer it again.
         complete = any(name in request.requested for name in produced) and all(
             (name, iteration) in request.tensors for name in request.requested)
-        if complete and not request.finished:
+        # (a step started above may have answered already, from the response cache, and with it
+        # this iteration)
+        if complete and not request.finished and iteration not in request.answered:
             self._answer(request, iteration)
         self._end_if_done(request)
 
@@ -366,6 +369,7 @@ class EnsembleRunner:
             shape = _reshaped(tensor.shape, tensor.batch_size, plan.batching, plan.outputs[name])
             descriptors.append([name, tensor.datatype, shape, tensor.nbytes, tensor.external])
             (frames if tensor.external else inline).append(tensor.data)
+        request.answered.add(iteration)
         if plan.decoupled and request.calls:   # more may come: not the last response
             header = Response(request.rid, descriptors, params=_sequence_parameters(request), final=False,
                               external=len(frames))

@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritium.broker.ensemble import _reshaped
+from tritium.broker.ensemble import STEP_CLIENT, _reshaped
 from tritium.broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
 from tritium.broker.scheduler import Scheduler
 from tests.broker.scheduler_world import lose
@@ -495,3 +495,31 @@ def test_a_decoupled_step_runs_the_steps_after_it_once_per_response_and_pairs_th
     for _, outputs in answers:
         np.testing.assert_array_equal(outputs["SUM"], 5 * outputs["DIFF"])
     assert not world.scheduler.ensembles.busy
+
+
+def test_an_iteration_completed_by_a_step_answered_at_once_is_answered_once():
+    """A step answered inside its submit (a response-cache hit) completes the iteration before
+    the step that started it has finished its own bookkeeping: one answer, not two."""
+    split = model("split", "IN", "S", extra="model_transaction_policy { decoupled: true }")
+    fanned = ensemble("pair", "IN", "X Y", [
+        step("split", {"IN": "IN"}, {"S": "s"}), step("pre", {"IN": "s"}, {"X": "X"}), step("double", {"X": "X"}, {"Y": "Y"}),
+    ]).replace('platform: "ensemble"', 'platform: "ensemble" model_transaction_policy { decoupled: true }')
+    world = World([*MODELS, split, fanned])
+    runner = world.scheduler.ensembles
+    submit = runner._submit
+
+    def cached_double(client, record, header, frames, from_backend):   # double answers from the cache
+        if header.model != "double":
+            return submit(client, record, header, frames, from_backend)
+        descriptors, inline, _ = pack_tensors([("Y", "FP32", [1, 4], np.zeros((1, 4), np.float32).tobytes())])
+        runner.answered([STEP_CLIENT, Response(header.rid, descriptors).encode(inline)])
+
+    runner._submit = cached_double
+    given = values(1)
+    world.infer("pair", {"IN": given})
+    ((iid, number, [(header, _, _)]),) = world.batches()
+    descriptors, inline, _ = pack_tensors([("S", "FP32", [1, 4], given.tobytes())])
+    world.scheduler.streams.response_part(iid, ResponsePart(number, 0),
+                                          [Response(header["rid"], descriptors, final=False).encode(inline)])
+    world.run()
+    assert [sorted(outputs) for _, outputs in world.answers()] == [["X", "Y"]]
