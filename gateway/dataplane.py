@@ -21,7 +21,7 @@ from tritium.gateway.tracing import NO_TRACING
 from tritium.gateway.validation import check_requested_outputs, check_single_response, validate_inputs
 from tritium.repo.names import require_name
 from tritium import __version__
-from tritium.errors import InvalidArgument, TritiumError, Unavailable, Unsupported
+from tritium.errors import InternalError, InvalidArgument, TritiumError, Unavailable, Unsupported
 from tritium.protocol import (ChangeLogSettings, Control, ControlArgsUnion, IndexQuery, Infer, LoadModel, RegisterRegion,
                               StatsQuery, TraceSettingsQuery, UnloadModel, UnregisterRegion, pack_tensors, tensor_views)
 
@@ -217,6 +217,18 @@ class DataPlane:
         return spec, version, message, inline, external
 
     def _result(self, spec: ModelSpec, version: int, request: InferRequest, reply) -> InferResult | TritiumError:
+        """The request's result or error; never raises, since it runs in the broker link's callback,
+        where an exception would leave the request without an answer."""
+        try:
+            return self._read_answer(spec, version, request, reply)
+        except TritiumError as exc:
+            return exc
+        except Exception as exc:
+            log.exception("reading an answer of model %s", spec.name)
+            return InternalError(f"internal error reading the answer of model '{spec.name}': "
+                                 f"{type(exc).__name__}: {exc}")
+
+    def _read_answer(self, spec: ModelSpec, version: int, request: InferRequest, reply) -> InferResult | TritiumError:
         answer = reply.message
         if request.trace is not None:
             request.trace.answered(answer)

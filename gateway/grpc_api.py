@@ -57,7 +57,12 @@ RPC_CATEGORIES = {
 # with Triton's INTERNAL "Unable to parse request" by the method, not by grpc's own handler
 # (which would log a traceback and answer UNKNOWN).
 UNPARSABLE = object()
-_UNPARSABLE_ERROR = InternalError("Unable to parse request")
+
+
+def _unparsable() -> InternalError:
+    """A new error each time: raising one shared exception object would grow its traceback
+    (and the frames it holds) with every bad message."""
+    return InternalError("Unable to parse request")
 
 
 def _lenient(parse):
@@ -82,7 +87,7 @@ def _rpc(method):
             if self.restricted:
                 self.restricted.check(category, context.invocation_metadata() or ())
             if request is UNPARSABLE:
-                raise _UNPARSABLE_ERROR
+                raise _unparsable()
             return await method(self, request, context)
         except TritiumError as exc:
             await _abort(context, exc)
@@ -269,7 +274,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         if self.restricted:
             self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
         if request is UNPARSABLE:
-            raise _UNPARSABLE_ERROR
+            raise _unparsable()
 
         def answered(result: InferResult | TritiumError) -> None:
             answer: service_pb2.ModelInferResponse | TritiumError
@@ -334,23 +339,25 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         flags-only final response nobody asked to see) and whether it is the request's last."""
         try:
             if message is UNPARSABLE:
-                raise _UNPARSABLE_ERROR
+                raise _unparsable()
             request = self._decode(message, metadata)
             empty_final = bool(request.parameters.pop("triton_enable_empty_final_response", False))
 
             def answered(answer: InferResult | TritiumError | None, final: bool) -> None:
+                encoded: service_pb2.ModelInferResponse | TritiumError | None
                 try:
                     if answer is None:   # a decoupled model's flags-only final response
-                        deliver(_empty_final(message) if empty_final else None, final)
+                        encoded = _empty_final(message) if empty_final else None
                     elif isinstance(answer, TritiumError):
-                        deliver(answer, final)
+                        encoded = answer
                     else:
-                        deliver(encode_infer_response(answer, {_FINAL: final}), final)
+                        encoded = encode_infer_response(answer, {_FINAL: final})
                 except TritiumError as exc:
-                    deliver(exc, final)
+                    encoded = exc
                 except Exception as exc:
                     log.exception("internal error answering a stream request")
-                    deliver(TritiumError(f"internal error: {type(exc).__name__}: {exc}"), final)
+                    encoded = TritiumError(f"internal error: {type(exc).__name__}: {exc}")
+                deliver(encoded, final)   # once per answer: the stream counts the last ones
 
             self.dataplane.infer_stream_then(request, answered)
         except TritiumError as exc:
@@ -399,14 +406,17 @@ class InferStream:
             return
         if last:
             self.unanswered -= 1
-        if isinstance(answer, TritiumError):
-            if self.strict:   # the client asked for errors as gRPC statuses, ending the stream
-                self.over = True
-                self.fail(answer)
-                return
-            self.send(service_pb2.ModelStreamInferResponse(error_message=answer.message))
-        elif answer is not None:
-            self.send(service_pb2.ModelStreamInferResponse(infer_response=answer))
+        try:   # the server's failure to send is its own: this answer is still counted once
+            if isinstance(answer, TritiumError):
+                if self.strict:   # the client asked for errors as gRPC statuses, ending the stream
+                    self.over = True
+                    self.fail(answer)
+                    return
+                self.send(service_pb2.ModelStreamInferResponse(error_message=answer.message))
+            elif answer is not None:
+                self.send(service_pb2.ModelStreamInferResponse(infer_response=answer))
+        except Exception:
+            log.exception("internal error sending a stream answer")
         if last:
             self._end_if_answered()
 

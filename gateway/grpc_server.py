@@ -233,6 +233,8 @@ class GrpcConnection(asyncio.Protocol):
         call = self.calls.get(stream_id)
         if call is None or call.done:
             return
+        if end_stream:   # first: a stream's call may end while its last messages are handled
+            call.remote_closed = True
         if data:
             try:
                 messages = call.reader.feed(data)
@@ -244,8 +246,7 @@ class GrpcConnection(asyncio.Protocol):
             else:
                 for message in messages:
                     call.stream.request(call.rpc.parse(message))
-        if end_stream:
-            call.remote_closed = True
+        if end_stream and not call.done:
             self._ended(call)
 
     def _ended(self, call: _Call) -> None:
@@ -315,6 +316,8 @@ class GrpcConnection(asyncio.Protocol):
             self._send_message(call, response.SerializeToString())
         except GrpcFailure as failure:
             self._fail(call, failure)
+        except Exception as exc:   # never back into InferStream, which counts each answer once
+            self._fail(call, _internal(call, exc))
         self._flush_soon()
 
     def _stream_fail(self, call: _Call, error: TritiumError) -> None:
@@ -396,6 +399,8 @@ class GrpcConnection(asyncio.Protocol):
         if call.done:
             return
         call.done = True
+        if call.stream is not None:   # its later answers are dropped before they are encoded
+            call.stream.over = True
         if code == OK and not message and call.headers_sent:
             call.trailers = _OK_BLOCK
         else:
@@ -418,6 +423,8 @@ class GrpcConnection(asyncio.Protocol):
 
     def _forget(self, call: _Call) -> None:
         call.done = True
+        if call.stream is not None:
+            call.stream.over = True
         call.pending.clear()
         if call.timer is not None:
             call.timer.cancel()

@@ -199,3 +199,34 @@ def test_a_restarted_broker_fails_what_the_old_one_held_and_serves_again(gateway
     assert (first.status, json.loads(first.body)["error"]) == (
         503, f"the broker at {link.address} restarted; the request was lost")
     assert outputs(fresh) == [6.0] * 4 and link.broker_boot == 2
+
+
+def test_a_stream_answers_every_request_once_and_ends_when_the_last_is_answered(gateway):
+    from tritonclient.grpc import service_pb2
+
+    from tritium.gateway.grpc_api import UNPARSABLE, GrpcInferenceService
+
+    loop, broker, link, _ = gateway
+    sent: list = []
+    ended: list = []
+    good = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[np.ones(4, np.float32).tobytes()])
+    good.inputs.add(name="X", datatype="FP32", shape=[1, 4])
+
+    async def scenario():
+        stream = GrpcInferenceService(DataPlane(link)).open_stream((), sent.append, ended.append,
+                                                                   lambda: ended.append("finished"))
+        stream.request(good)
+        for _ in range(3):
+            stream.request(UNPARSABLE)
+        stream.client_done()
+        assert ended == []   # the good request is still out
+        while not ended:
+            for peer, header, raw in broker.pump():
+                if isinstance(header, Infer):
+                    broker.send(peer, broker.answer(peer, header, raw))
+            await asyncio.sleep(0.002)
+
+    loop.run_until_complete(scenario())
+    assert [r.error_message for r in sent[:3]] == ["Unable to parse request"] * 3
+    assert np.frombuffer(sent[3].infer_response.raw_output_contents[0], np.float32).tolist() == [2.0] * 4
+    assert ended == ["finished"] and len(sent) == 4
