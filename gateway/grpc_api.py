@@ -337,9 +337,10 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                    deliver: Callable[[service_pb2.ModelInferResponse | TritiumError | None, bool], None]) -> None:
         """One request of a stream: ``deliver`` gets each of its answers as it comes (None for a
         flags-only final response nobody asked to see) and whether it is the request's last."""
+        if message is UNPARSABLE:
+            deliver(_unparsable(), True)
+            return
         try:
-            if message is UNPARSABLE:
-                raise _unparsable()
             request = self._decode(message, metadata)
             empty_final = bool(request.parameters.pop("triton_enable_empty_final_response", False))
 

@@ -164,6 +164,7 @@ def _check_decoupled_flow(config, steps, configs) -> bool:
     """Whether a step is decoupled; a step whose inputs come from different decoupled steps (or
     from one and the ensemble's inputs) is refused, as Triton refuses it: their responses do
     not pair up. Steps are acyclic here."""
+    decoupled = {index for index, step in enumerate(steps) if _is_decoupled(configs[step.model_name], configs)}
     origin = {t.name: -1 for t in config.input}   # tensor -> the decoupled step it flows from (-1: none)
     pending = list(enumerate(steps))
     while pending:
@@ -176,13 +177,13 @@ def _check_decoupled_flow(config, steps, configs) -> bool:
             if len(sources) > 1:
                 _fail(config.name, f"step {index} (model '{step.model_name}') receives inputs originated from "
                       "different decoupled models")
-            source = index if _is_decoupled(configs[step.model_name], configs) else next(iter(sources), -1)
+            source = index if index in decoupled else next(iter(sources), -1)
             for tensor in step.output_map.values():
                 origin[tensor] = source
         if len(waiting) == len(pending):
             break   # steps reading tensors nobody produces were refused before; none are left
         pending = waiting
-    return any(_is_decoupled(configs[step.model_name], configs) for step in steps)
+    return bool(decoupled)
 
 
 def _is_decoupled(member, configs) -> bool:
