@@ -116,12 +116,13 @@ class StepModel:
     batching: bool
     dims: dict[str, list[int]]   # input name -> configured dims
     decoupled: bool
+    ensemble: bool               # run here, not in an instance's batch
 
     @classmethod
     def of(cls, version: ModelVersion) -> "StepModel":
         config = version.definition.config
         return cls(config.max_batch_size > 0, {t.name: list(t.dims) for t in config.input},
-                   config.model_transaction_policy.decoupled)
+                   config.model_transaction_policy.decoupled, version.ensemble)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +157,15 @@ class EnsembleRequest:
     iterations: dict[int, int] = field(default_factory=dict)     # decoupled step -> its responses with outputs
     answered: set[int] = field(default_factory=set)              # iterations answered (decoupled ensembles)
     calls: set[int] = field(default_factory=set)    # step requests not answered yet
+    # Decoupled step requests whose batch has not reported its compute times: they answer
+    # while they execute, so the times come after the answers, and the ensemble's
+    # statistics wait for them (Triton counts an ensemble request once every step request
+    # is released).
+    unexecuted: set[int] = field(default_factory=set)
     compute: list[int] = field(default_factory=lambda: [0, 0, 0])
     queue_ns: int = 0
     finished: bool = False
+    stats_due: bool = False            # answered; its statistics wait for ``unexecuted``
     trace: bytes | None = None         # its trace context, when traced
     traced_steps: list = field(default_factory=list)   # the finished steps' trace records
 
@@ -183,6 +190,7 @@ class EnsembleRunner:
         self._clock = clock
         self._rids = itertools.count(1)
         self._calls: dict[int, StepCall] = {}
+        self._executing: dict[int, EnsembleRequest] = {}   # decoupled step rid -> its request, until executed
         self._plans: weakref.WeakKeyDictionary[ModelVersion, Plan] = weakref.WeakKeyDictionary()
         self._models: weakref.WeakKeyDictionary[ModelVersion, StepModel] = weakref.WeakKeyDictionary()
 
@@ -274,10 +282,14 @@ class EnsembleRunner:
                        sequence_id=request.correlation_id if sequence else None,
                        sequence_flags=request.flags if sequence else 0, external=len(frames),
                        trace=None if request.trace is None else step_context(request.trace))
-        self._calls[rid] = StepCall(request, step, batch_size if batching else 0, iteration,
-                                   model is not None and model.decoupled,
+        decoupled = model is not None and model.decoupled
+        in_a_batch = model is not None and not model.ensemble   # a nested ensemble reports no execution
+        self._calls[rid] = StepCall(request, step, batch_size if batching else 0, iteration, decoupled,
                                    None if header.trace is None else (header.trace, header.version))
         request.calls.add(rid)
+        if decoupled and in_a_batch:
+            request.unexecuted.add(rid)
+            self._executing[rid] = request
         self._submit(STEP_CLIENT, header.encode(inline), header, frames or None, False)
 
     # -- answers in --------------------------------------------------------------------------
@@ -307,6 +319,18 @@ class EnsembleRunner:
                 del self._calls[header.rid]
                 call.request.calls.discard(header.rid)
             self._step_done(call, header, view, offset, frames, timings)
+
+    def step_executed(self, rid: int, timings: tuple) -> None:
+        """A decoupled step request's batch is done executing: its compute times join its
+        ensemble request's, whose statistics may have been waiting for them."""
+        request = self._executing.pop(rid, None)
+        if request is None:
+            return   # its ensemble request failed
+        request.unexecuted.discard(rid)
+        for index, value in enumerate(timings):
+            request.compute[index] += value
+        if request.stats_due and not request.unexecuted:
+            self._record_success(request, self._clock())
 
     def _step_done(self, call: StepCall, header: Response, view, offset: int, frames: list, timings: tuple) -> None:
         request, step = call.request, call.step
@@ -385,16 +409,26 @@ class EnsembleRunner:
         trace = None if request.trace is None else ensemble_record(request.arrival_ns, now, request.traced_steps)
         header = Response(request.rid, descriptors or None, params=None if empty else _sequence_parameters(request),
                           final=final, empty=empty, external=len(frames), trace=trace)
+        compute = tuple(request.compute)
+        if request.unexecuted:
+            request.stats_due = True
+        else:
+            self._record_success(request, now)
+        self._reply(request.from_backend, [request.client, header.encode(inline), *frames], compute)
+
+    def _record_success(self, request: EnsembleRequest, now: int) -> None:
+        stats = request.version.stats
         queue_ns, compute_ns, output_ns = request.compute
         compute = (queue_ns, compute_ns, output_ns)
-        stats = request.version.stats
         stats.record_success(now - request.arrival_ns, request.queue_ns, request.batch_size, compute)
         stats.record_execution(request.batch_size, compute)   # Triton counts an ensemble request as one execution
-        self._reply(request.from_backend, [request.client, header.encode(inline), *frames], compute)
 
     def _fail(self, request: EnsembleRequest, error: TritiumError) -> None:
         """Answer the ensemble's request with ``error``."""
         self._finish(request)
+        for rid in request.unexecuted:   # a failure is counted without compute times
+            self._executing.pop(rid, None)
+        request.unexecuted.clear()
         request.version.stats.record_failure(self._clock() - request.arrival_ns, "OTHER")
         self._reply(request.from_backend, [request.client, error_record(request.rid, error)],
                     NO_TIMINGS)

@@ -413,6 +413,7 @@ class Scheduler:
         oks = done.ok
         if done.still_open is not None:
             self.streams.executed(batch)
+            self._steps_executed(batch, timings)
         else:
             if any(oks):
                 version.stats.record_execution(batch.batch_size, timings)
@@ -421,6 +422,12 @@ class Scheduler:
             self.dispatch(version, now)
         if self.rate_limiter is not None and self.rate_limiter.blocked:
             self._wake_blocked(self.rate_limiter)
+
+    def _steps_executed(self, batch: Batch, timings: tuple) -> None:
+        """A decoupled batch's ensemble step requests: their compute times go to their ensembles."""
+        for request in batch.requests:
+            if request.client is STEP_CLIENT:
+                self.ensembles.step_executed(request.rid, timings)
 
     def _route_responses(self, batch: Batch, external_counts: list, oks: list, frames: list, now: int) -> None:
         offset = 0
@@ -507,6 +514,8 @@ class Scheduler:
             self.streams.batches.pop(batch.number, None)
             for index, request in enumerate(batch.requests):
                 if index in batch.finished:
+                    if request.client is STEP_CLIENT:   # its batch's compute times will never come
+                        self.ensembles.step_executed(request.rid, NO_TIMINGS)
                     continue
                 if not request.retried and index not in batch.answered and batch.version.state in _DISPATCHING \
                         and not batch.version.stateful:  # a sequence's state died with its instance

@@ -523,3 +523,64 @@ def test_an_iteration_completed_by_a_step_answered_at_once_is_answered_once():
                                           [Response(header["rid"], descriptors, final=False).encode(inline)])
     world.run()
     assert [sorted(outputs) for _, outputs in world.answers()] == [["X", "Y"]]
+
+
+def _chain_world() -> World:
+    """The ensemble ``chain``: split (decoupled) -> double."""
+    split = model("split", "IN", "S", extra="model_transaction_policy { decoupled: true }")
+    chain = ensemble("chain", "IN", "OUT", [step("split", {"IN": "IN"}, {"S": "s"}),
+                                           step("double", {"X": "s"}, {"Y": "OUT"})]).replace(
+        'platform: "ensemble"', 'platform: "ensemble" model_transaction_policy { decoupled: true }')
+    return World([*MODELS, split, chain])
+
+
+def _decoupled_chain() -> tuple[World, bytes, int]:
+    """``chain`` after split has sent one answer and its final flag, its batch still executing:
+    (world, split's instance, its batch number)."""
+    world = _chain_world()
+    given = values(1)
+    world.infer("chain", {"IN": given})
+    ((iid, number, [(header, _, _)]),) = world.batches()
+    descriptors, inline, _ = pack_tensors([("S", "FP32", [1, 4], given.tobytes())])
+    for response in (Response(header["rid"], descriptors, final=False).encode(inline),
+                     Response(header["rid"], final=True, empty=True).encode()):
+        world.scheduler.streams.response_part(iid, ResponsePart(number, 0), [response])
+    world.run()   # double runs with timings (1, 2, 3), and the ensemble answers
+    return world, iid, number
+
+
+def _compute_ns(world: World, name: str) -> tuple[int, list[int]]:
+    stats = world.versions[name].stats.as_dict(name, 1)["inference_stats"]
+    return stats["success"]["count"], [stats[k]["ns"] for k in ("compute_input", "compute_infer", "compute_output")]
+
+
+def test_a_decoupled_steps_compute_times_count_in_its_ensemble_once_its_batch_is_done():
+    """A decoupled step answers while it executes, so its compute times come after its answers
+    (with BATCH_DONE); the ensemble's statistics wait for them, as Triton counts an ensemble
+    request once every step request is released."""
+    world, iid, number = _decoupled_chain()
+    (header, outputs), = world.answers()
+    assert header.get("final") is True and list(outputs) == ["OUT"]
+    assert _compute_ns(world, "chain") == (0, [0, 0, 0])
+    world.scheduler.batch_done(iid, BatchDone(number, [True], [], [10, 20, 30], still_open=[]), [])
+    assert _compute_ns(world, "chain") == (1, [11, 22, 33])
+    assert world.scheduler.ensembles._executing == {}
+
+
+def test_a_decoupled_step_lost_after_its_final_answer_still_lets_its_ensemble_be_counted():
+    world, iid, _ = _decoupled_chain()
+    lose(world.scheduler, iid, "exited")
+    assert _compute_ns(world, "chain") == (1, [1, 2, 3])   # double's times only
+    assert world.scheduler.ensembles._executing == {}
+
+
+def test_an_ensemble_failing_while_its_decoupled_step_executes_is_counted_once_as_a_failure():
+    world = _chain_world()
+    world.infer("chain", {"IN": values(1)})
+    ((iid, number, [(header, _, _)]),) = world.batches()
+    world.scheduler.streams.response_part(iid, ResponsePart(number, 0), [
+        Response(header["rid"], error=InvalidArgument("no"), final=True).encode()])
+    world.scheduler.batch_done(iid, BatchDone(number, [False], [], [10, 20, 30], still_open=[]), [])
+    stats = world.versions["chain"].stats.as_dict("chain", 1)["inference_stats"]
+    assert (stats["success"]["count"], stats["fail"]["count"], stats["compute_infer"]["ns"]) == (0, 1, 0)
+    assert world.scheduler.ensembles._executing == {}
