@@ -13,7 +13,9 @@ requests cheap.
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,7 +84,9 @@ class BatchExecutor:
         elif self.stacks:
             replies, t1, t2 = self._run_unbatched(good)
         else:
-            replies, t1, t2 = self._run_separately(good)
+            replies, t1, t2 = self._run_separately(good, items, batch_header.number)
+            if _LATER in replies.values():
+                return self._answered_later(batch_header.number, items, replies, [t1 - t0, t2 - t1, 0])
         parts, external_counts, oks = [], [], []
         for item in items:
             encoded, ok = replies.get(item.rid) if item.error is None else (None, False)
@@ -201,15 +205,21 @@ class BatchExecutor:
 
     # -- one request at a time (the model gets the list of requests) ---------------------
 
-    def _run_separately(self, items: list[_Item]):
+    def _run_separately(self, items: list[_Item], received: list[_Item], number: int):
+        """``replies`` by rid: (the encoded response, ok), or _LATER for a request the model
+        answers through its response sender after its execute returned."""
         t1 = time.monotonic_ns()
-        replies = {}
+        replies: dict = {}
         requests = []
+        sent = _SentAnswers(self, received, number)
         for item, arrays in zip(items, self._rows(items)):
             try:
-                requests.append((item, self._request(item, arrays)))
+                request = self._request(item, arrays)
             except Exception as exc:  # a request that cannot be decoded fails alone
                 replies[item.rid] = ([_error_record(item.rid, self._execution_error(exc))], False)
+                continue
+            request.response_sender = functools.partial(sent.send, item.rid)
+            requests.append((item, request))
         if not requests:
             now = time.monotonic_ns()
             return replies, now, now
@@ -224,11 +234,29 @@ class BatchExecutor:
             error = self._execution_error(exc)
             responses = [InferenceResponse(error=error)] * len(requests)
         t2 = time.monotonic_ns()
+        responses = sent.merged([item.rid for item, _ in requests], responses)
         for (item, request), response in zip(requests, responses):
+            if response is _LATER:
+                replies[item.rid] = _LATER
+                continue
             if self._keeps_state(item) and isinstance(response, InferenceResponse) and response.error is None:
                 self.sequences.keep(item.slot, item.infer.sequence_flags, response.outputs)
             replies[item.rid] = self._encode_response(item.rid, request.requested_outputs, response)
         return replies, t1, t2
+
+    def _answered_later(self, number: int, items: list[_Item], replies: dict, timings: list[int]) -> list:
+        """A batch some of whose requests the model answers later, through their response
+        senders: the others are answered now, and the batch ends as a decoupled one does."""
+        later = []
+        for index, item in enumerate(items):
+            reply = replies.get(item.rid) if item.error is None else None
+            if reply is _LATER:
+                later.append(index)
+                continue
+            encoded = reply[0] if reply is not None else [_error_record(item.rid, item.error or InternalError(
+                f"model '{self.model}' gave no response"))]
+            self._send_part(number, index, encoded)
+        return [BatchDone(number, [], [], timings, later).encode()]
 
     def _encode_response(self, rid: int, requested: list[str] | None, response,
                          final: bool | None = None) -> tuple[list, bool]:
@@ -420,6 +448,54 @@ class BatchExecutor:
             return exc
         log.warning("model %s failed to execute: %r", self.model, exc)
         return InternalError(f"model '{self.model}' failed to execute: {type(exc).__name__}: {exc}")
+
+
+_LATER = object()   # a reply the model will send through the request's response sender
+
+
+class _SentAnswers:
+    """The answers a model that is not decoupled sends through its requests' response senders
+    (Triton 24.06 and later): kept while its execute runs; a request it has not answered when
+    execute returns is answered when the model sends (from a thread of its own), each answer
+    sent on at once, as a decoupled model's."""
+
+    def __init__(self, executor: BatchExecutor, received: list[_Item], number: int) -> None:
+        self._executor = executor
+        self._received = received    # the batch's requests as they came: a request's index is its place
+        self._number = number
+        self._lock = threading.Lock()
+        self._running = True
+        self._sent: dict[int, InferenceResponse] = {}   # rid -> sent while execute ran
+        self._later: set[int] = set()                   # rids to answer when the model sends
+
+    def send(self, rid: int, response: InferenceResponse | None, final: bool) -> None:
+        if response is None:
+            return   # the FINAL flag after the one response: nothing more goes out
+        with self._lock:
+            if self._running:
+                self._sent[rid] = response
+                return
+            later = rid in self._later
+            self._later.discard(rid)
+        if later:
+            index = next(i for i, item in enumerate(self._received) if item.rid == rid)
+            executor = self._executor
+            requested = self._received[index].infer.outputs
+            executor._send_part(self._number, index, executor._encode_response(rid, requested, response)[0])
+
+    def merged(self, rids: list[int], returned: list) -> list:
+        """Each request's answer: returned, else sent, else _LATER (a model answering from a
+        thread; with nowhere to send it, an error now)."""
+        with self._lock:
+            self._running = False
+            if not self._sent and None not in returned:
+                return returned
+            merged = [response if response is not None else self._sent.get(rid, _LATER)
+                      for rid, response in zip(rids, returned)]
+            if self._executor.send is None:
+                return [None if response is _LATER else response for response in merged]
+            self._later = {rid for rid, response in zip(rids, merged) if response is _LATER}
+        return merged
 
 
 def _response_record(rid: int, tensors: list, parameters, final: bool | None = None) -> list:

@@ -202,6 +202,49 @@ def test_http_infer_on_a_decoupled_model_is_501(server):
     assert error_of(reply) == "HTTP end point doesn't support models with decoupled transaction policy"
 
 
+# -- a model that is not decoupled answering through its response sender (Triton 24.06+) ---------
+
+def _sender_mode(server, mode: int) -> tuple[int, str]:
+    body = {"inputs": [{"name": "MODE", "datatype": "INT32", "shape": [1], "data": [mode]}]}
+    status, _, reply = request(server.url, "POST", "/v2/models/py_sender/infer", body=body)
+    return status, reply
+
+
+@pytest.mark.parametrize("mode, value", [(0, 10), (1, 11), (4, 14), (6, 16), (7, 17), (5, 15)],
+                         ids=["send-final", "send-from-a-thread-later", "send-then-return-none-entry",
+                              "send-then-final-alone", "return-only", "send-and-return-keeps-the-sent"])
+def test_a_model_that_is_not_decoupled_may_answer_through_its_response_sender(server, mode, value):
+    status, reply = _sender_mode(server, mode)
+    assert status == 200, reply
+    assert json.loads(reply)["outputs"][0]["data"] == [value]
+
+
+@pytest.mark.parametrize("mode, problem", [
+    (2, "Unable to send response. Non-decoupled model cannot send more than one response."),
+    (3, "Unable to send response. Non-decoupled model cannot send complete final before sending a response."),
+])
+def test_a_sender_misused_by_a_model_that_is_not_decoupled_fails_with_triton_s_text(server, mode, problem):
+    status, reply = _sender_mode(server, mode)
+    assert status == 500
+    assert error_of(reply).startswith("Failed to process the request(s) for model 'py_sender_0_0', message: "
+                                      f"TritonModelException: {problem}\n\nAt:\n  ")
+    assert "pb_utils" not in error_of(reply)   # only the model's own frames, as Triton's
+    status, reply = _sender_mode(server, 0)   # and it keeps serving
+    assert (status, json.loads(reply)["outputs"][0]["data"]) == (200, [10])
+
+
+def test_answers_sent_from_threads_after_execute_each_reach_their_request_and_are_counted(server, client):
+    before = client.get_inference_statistics("py_sender")["model_stats"][0]["inference_stats"]["success"]["count"]
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda mode: _sender_mode(server, mode), [1, 0, 1, 1, 0, 1]))
+    assert [json.loads(reply)["outputs"][0]["data"] for _, reply in replies] == [[11], [10], [11], [11], [10], [11]]
+    after = client.get_inference_statistics("py_sender")["model_stats"][0]["inference_stats"]["success"]["count"]
+    assert after - before == 6
+    x = grpcclient.InferInput("MODE", [1], "INT32")
+    x.set_data_from_numpy(np.array([1], np.int32))
+    assert grpcclient.InferenceServerClient(server.grpc_url).infer("py_sender", [x]).as_numpy("OUT").tolist() == [11]
+
+
 def test_execute_batch_receives_stacked_inputs_under_concurrency(server, client):
     rows = [np.full((1, 3), i, dtype=np.float32) for i in range(12)]
     with ThreadPoolExecutor(12) as pool:

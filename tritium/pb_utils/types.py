@@ -150,24 +150,38 @@ def _parameters_json(parameters) -> str:
 
 
 class InferenceResponseSender:
-    """Sends the responses of one request of a decoupled model (0..N, then FINAL)."""
+    """Sends the responses of one request: a decoupled model's 0..N, then FINAL; any other
+    model's one response, with FINAL or followed by it (Triton 24.06 and later)."""
 
-    def __init__(self, send, cancelled=lambda: False):
+    def __init__(self, send, cancelled=lambda: False, decoupled=True):
         self._send = send
         self._cancelled = cancelled
+        self._decoupled = decoupled
         self._closed = False
+        self._sent = 0   # responses sent
 
     def send(self, response=None, flags=0):
-        if self._closed:
-            raise TritonModelException("the response sender is closed: the FINAL flag was already sent")
         if response is not None and not isinstance(response, InferenceResponse):
             raise TritonModelException("send() takes a pb_utils.InferenceResponse or None")
         final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if response is None and not final:
             raise TritonModelException("send() without a response must carry the FINAL flag")
+        if not self._decoupled:   # Triton's checks and texts
+            if response is not None and self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one response.")
+            if response is None and not self._sent:
+                raise TritonModelException("Unable to send response. Non-decoupled model cannot send "
+                                           "complete final before sending a response.")
+        if self._closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
         self._send(response, final)
+        self._sent += response is not None
         if final:
             self._closed = True
+
+    def _has_sent(self) -> bool:
+        return self._sent > 0
 
     def is_cancelled(self):
         return self._cancelled()
@@ -252,8 +266,9 @@ class InferenceRequest:
 
     def get_response_sender(self):
         if self._sender is None:
-            raise TritonModelException(
-                "get_response_sender() is only available to models with a decoupled transaction policy")
+            raise TritonModelException("get_response_sender() is only available to requests given to execute")
+        if not isinstance(self._sender, InferenceResponseSender):   # made on first use: most models never ask
+            self._sender = self._sender()
         return self._sender
 
     def is_cancelled(self):

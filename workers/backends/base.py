@@ -74,7 +74,8 @@ class InferenceRequest:
     batch_size: int
     correlation_id: int | str = 0
     flags: int = 0                        # sequence START (1) / END (2), as Triton's request flags
-    # Decoupled models only: send(response or None, final) answers this request, 0..N times.
+    # send(response or None, final) answers this request: a decoupled model's 0..N times, any other's
+    # once (a model may answer so instead of returning the response).
     response_sender: Callable[[Optional["InferenceResponse"], bool], None] | None = None
     trace: object = None                  # traced: a CallTrace (tritium/tracing/stamps.py), request.trace() in Python models
 

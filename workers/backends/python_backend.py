@@ -115,7 +115,9 @@ class PythonInstance(Instance):
 
     # -- Triton's interface: the separate requests ----------------------------------------
 
-    def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse]:
+    def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse | None]:
+        """One response per request; None where the model answers through the request's
+        response sender instead (Triton 24.06 and later let any model do so)."""
         pb_requests = [self._pb_request(r) for r in requests]
         try:
             result = self.model.execute(pb_requests)
@@ -123,20 +125,39 @@ class PythonInstance(Instance):
                 result = self.loop.run_until_complete(result)
         except Exception as exc:
             raise self._failure(exc) from exc
+        if result is None:
+            return [None] * len(requests)
         if self.decoupled:
-            return []  # decoupled models answer through their response senders
-        if not isinstance(result, (list, tuple)) or len(result) != len(requests):
-            got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
-            raise InternalError(
-                f"model '{self.context.model.name}' returned {got} responses for {len(requests)} "
-                "requests; execute must return one InferenceResponse per request")
-        return [self._response(r) for r in result]
+            raise self._misuse(f"Python model '{self.context.name}' is using the decoupled mode and the "
+                               "execute function must return None.")
+        if not isinstance(result, list):
+            raise self._misuse(f"Expected a list in the execute return, found type '{type(result)}'.")
+        if len(result) != len(requests):
+            raise self._misuse(
+                "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+                f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n")
+        return [self._returned(pb_request, response) for pb_request, response in zip(pb_requests, result)]
+
+    def _misuse(self, message: str) -> InternalError:
+        """Triton's message for an execute that returned what it must not."""
+        return InternalError(f"Failed to process the request(s) for model '{self.context.name}', message: {message}")
+
+    def _returned(self, pb_request: PbRequest, response) -> InferenceResponse | None:
+        sender = pb_request._sender
+        if response is not None and isinstance(sender, self.pb.InferenceResponseSender) and sender._has_sent():
+            # Triton logs this, and the client keeps the response that was sent.
+            log.error("Failed to process the request(s) for model '%s', message: Unable to send response. "
+                      "Non-decoupled model cannot send more than one response.", self.context.name)
+            return None
+        return None if response is None else self._response(response)
 
     def _failure(self, exc: Exception) -> InternalError:
         """Triton's message for an exception out of the model, with the model's frames."""
         frames = traceback.extract_tb(exc.__traceback__)
         while frames and frames[0].filename == __file__:
             frames.pop(0)
+        while frames and frames[-1].filename.startswith(MODULE_DIR):   # raised in pb_utils: Triton's is C++
+            frames.pop()
         where = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
         return InternalError(f"Failed to process the request(s) for model '{self.context.name}', "
                              f"message: {type(exc).__name__}: {exc}" + (f"\n\nAt:\n{where}" if where else ""))
@@ -155,8 +176,9 @@ class PythonInstance(Instance):
             request.trace)
         if request.response_sender is not None:
             send = request.response_sender
-            pb_request._sender = self.pb.InferenceResponseSender(
-                lambda response, final: send(None if response is None else self._response(response), final))
+            pb_request._sender = lambda: self.pb.InferenceResponseSender(   # made when the model asks for it
+                lambda response, final: send(None if response is None else self._response(response), final),
+                decoupled=self.decoupled)
         return pb_request
 
     def _response(self, response) -> InferenceResponse:

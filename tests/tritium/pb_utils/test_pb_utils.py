@@ -89,9 +89,26 @@ def test_response_sender_closes_after_the_final_flag():
         pb_utils.InferenceResponseSender(lambda *a: None).send()
 
 
-def test_a_request_without_a_decoupled_policy_has_no_sender_and_bls_needs_an_instance():
+def test_a_non_decoupled_sender_sends_one_response_then_closes_with_triton_s_texts():
+    sent = []
+    sender = pb_utils.InferenceResponseSender(lambda response, final: sent.append((response, final)), decoupled=False)
+    with pytest.raises(pb_utils.TritonModelException, match="^Unable to send response. Non-decoupled model cannot "
+                                                            "send complete final before sending a response.$"):
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    response = pb_utils.InferenceResponse([pb_utils.Tensor("O", np.ones(1))])
+    sender.send(response)
+    with pytest.raises(pb_utils.TritonModelException, match="^Unable to send response. Non-decoupled model cannot "
+                                                            "send more than one response.$"):
+        sender.send(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert sent == [(response, False), (None, True)]
+    with pytest.raises(pb_utils.TritonModelException, match="has been closed"):
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def test_a_request_a_model_builds_has_no_sender_and_bls_needs_an_instance():
     request = pb_utils.InferenceRequest(model_name="m")
-    with pytest.raises(pb_utils.TritonModelException, match="decoupled"):
+    with pytest.raises(pb_utils.TritonModelException, match="only available to requests given to execute"):
         request.get_response_sender()
     with pytest.raises(pb_utils.TritonModelException, match="while the model executes"):
         request.exec()

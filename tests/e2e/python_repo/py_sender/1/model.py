@@ -1,0 +1,49 @@
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def response(value):
+    return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([value], np.int32))])
+
+
+class TritonPythonModel:
+    """Not decoupled, answering through its response sender (Triton 24.06+).
+    MODE: 0 send with FINAL, return None; 1 send from a thread later; 2 send twice;
+    3 FINAL alone; 4 send, return [None]; 5 send, return a response too; 6 send, then FINAL
+    alone; 7 return [response] (no sender)."""
+
+    def execute(self, requests):
+        returned = []
+        for request in requests:
+            mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
+            sender = request.get_response_sender()
+            returned.append(None)
+            if mode == 0:
+                sender.send(response(10), FINAL)
+            elif mode == 1:
+                def later(sender=sender):
+                    time.sleep(0.3)
+                    sender.send(response(11), FINAL)
+                threading.Thread(target=later).start()
+            elif mode == 2:
+                sender.send(response(12))
+                sender.send(response(12), FINAL)
+            elif mode == 3:
+                sender.send(flags=FINAL)
+            elif mode == 4:
+                sender.send(response(14), FINAL)
+                return [None for _ in requests]
+            elif mode == 5:
+                sender.send(response(15), FINAL)
+                return [response(55) for _ in requests]
+            elif mode == 6:
+                sender.send(response(16))
+                sender.send(flags=FINAL)
+            elif mode == 7:
+                return [response(17) for _ in requests]
+        return None
