@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -220,17 +221,35 @@ def test_a_model_that_is_not_decoupled_may_answer_through_its_response_sender(se
 
 
 @pytest.mark.parametrize("mode, problem", [
-    (2, "Unable to send response. Non-decoupled model cannot send more than one response."),
-    (3, "Unable to send response. Non-decoupled model cannot send complete final before sending a response."),
+    (2, "TritonModelException: Unable to send response. Non-decoupled model cannot send more than one response."
+        "\n\nAt:\n  "),
+    (3, "TritonModelException: Unable to send response. Non-decoupled model cannot send complete final before "
+        "sending a response.\n\nAt:\n  "),
+    (8, "Expected a list in the execute return, found type '<class 'int'>'."),
+    (9, "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+        "InferenceRequest(s) size is:1, and InferenceResponse(s) size is:2\n"),
 ])
-def test_a_sender_misused_by_a_model_that_is_not_decoupled_fails_with_triton_s_text(server, mode, problem):
+def test_a_sender_or_return_misused_by_a_model_that_is_not_decoupled_fails_with_triton_s_text(server, mode, problem):
     status, reply = _sender_mode(server, mode)
     assert status == 500
-    assert error_of(reply).startswith("Failed to process the request(s) for model 'py_sender_0_0', message: "
-                                      f"TritonModelException: {problem}\n\nAt:\n  ")
+    assert error_of(reply).startswith(f"Failed to process the request(s) for model 'py_sender_0_0', message: {problem}")
     assert "pb_utils" not in error_of(reply)   # only the model's own frames, as Triton's
     status, reply = _sender_mode(server, 0)   # and it keeps serving
     assert (status, json.loads(reply)["outputs"][0]["data"]) == (200, [10])
+
+
+def test_a_decoupled_model_returning_a_list_ends_its_open_request_with_triton_s_error(server):
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    count = grpcclient.InferInput("COUNT", [1], "INT32")
+    count.set_data_from_numpy(np.array([-1], np.int32))
+    client.async_stream_infer("py_decoupled", [count])
+    (first, no_error), (_, error) = answers.get(timeout=30), answers.get(timeout=30)
+    client.stop_stream()
+    assert no_error is None and first.as_numpy("INDEX").tolist() == [0]
+    assert error.message() == ("Failed to process the request(s) for model 'py_decoupled_0', message: Python model "
+                               "'py_decoupled_0' is using the decoupled mode and the execute function must return None.")
 
 
 def test_answers_sent_from_threads_after_execute_each_reach_their_request_and_are_counted(server, client):

@@ -15,7 +15,7 @@ class TritonPythonModel:
     """Not decoupled, answering through its response sender (Triton 24.06+).
     MODE: 0 send with FINAL, return None; 1 send from a thread later; 2 send twice;
     3 FINAL alone; 4 send, return [None]; 5 send, return a response too; 6 send, then FINAL
-    alone; 7 return [response] (no sender)."""
+    alone; 7 return [response] (no sender); 8 return 5; 9 return two responses."""
 
     def execute(self, requests):
         returned = []
@@ -46,4 +46,8 @@ class TritonPythonModel:
                 sender.send(flags=FINAL)
             elif mode == 7:
                 return [response(17) for _ in requests]
+            elif mode == 8:
+                return 5
+            elif mode == 9:
+                return [response(19), response(19)]
         return None
