@@ -318,6 +318,13 @@ class Process:
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def notified(self, key: str, count: int = 1, timeout_s: float = 30.0) -> list[dict[str, str]]:
+        """``NotifySocket.wait_for``, failing with this process's log."""
+        try:
+            return self.notify.wait_for(key, count, timeout_s)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- {self.log_path.name} ---\n{self.logs()}") from None
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
@@ -356,7 +363,7 @@ def _broker(runtime, name: str, **env: str) -> Process:
 def broker(runtime):
     """A broker for the gateway and the worker to join; the broker's own test starts another."""
     process = _broker(runtime, "shared")
-    process.notify.wait_for("READY")
+    process.notified("READY")
     return process
 
 
@@ -377,11 +384,11 @@ def test_process_reports_ready_pings_the_watchdog_and_says_stopping(runtime, bro
         process = _broker(runtime, "own", **watched)
     else:
         process = _start(runtime, role, _arguments(role, runtime), **watched)
-    ready = process.notify.wait_for("READY")[0]
+    ready = process.notified("READY")[0]
     assert int(ready["MAINPID"]) == process.process.pid, process.logs()
     assert ready["STATUS"].startswith({"broker": "broker", "worker": "worker agent", "gateway": "gateway"}[role])
     pinged_before = sum(m.get("WATCHDOG") == "1" for m in process.notify.received)
-    process.notify.wait_for("WATCHDOG", count=pinged_before + 2, timeout_s=15)
+    process.notified("WATCHDOG", count=pinged_before + 2, timeout_s=15)
     process.process.send_signal(signal.SIGTERM)
-    process.notify.wait_for("STOPPING", timeout_s=30)
+    process.notified("STOPPING", timeout_s=30)
     assert process.process.wait(timeout=60) == 0, process.logs()
