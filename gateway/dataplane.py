@@ -340,9 +340,13 @@ def _classified(spec: ModelSpec, requested: list, outputs: list[OutputTensor]) -
             if o.name in counts else o for o in outputs]
 
 
+# Found by Triton's model object rather than its request checks: said without the request.
+_WITHOUT_REQUEST_ID = ("unexpected inference input '",)
+
+
 def _with_request_id(error: TritiumError, request_id: str) -> TritiumError:
     """Triton prefixes the errors its core finds in a request with the request's id (not the
     model's own errors, which come back as the model words them)."""
-    if not request_id or error.message.startswith("[request id: "):
+    if not request_id or error.message.startswith(("[request id: ", *_WITHOUT_REQUEST_ID)):
         return error
     return type(error)(f"[request id: {request_id}] {error.message}")

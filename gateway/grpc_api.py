@@ -12,7 +12,7 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import orjson
@@ -57,6 +57,26 @@ RPC_CATEGORIES = {
 # with Triton's INTERNAL "Unable to parse request" by the method, not by grpc's own handler
 # (which would log a traceback and answer UNKNOWN).
 UNPARSABLE = object()
+
+
+class StreamError(NamedTuple):
+    """An error answering one request of a stream, with the response shell Triton sends it in:
+    the request's id, and for a failure after the request started its model, name, version
+    and final flag as well, so that the client knows which request failed."""
+
+    error: TritiumError
+    response: service_pb2.ModelInferResponse
+
+    @classmethod
+    def before_start(cls, error: TritiumError, message: Any) -> "StreamError":
+        return cls(error, service_pb2.ModelInferResponse(id=message.id))
+
+    @classmethod
+    def answered(cls, error: TritiumError, message: Any, final: bool) -> "StreamError":
+        response = service_pb2.ModelInferResponse(id=message.id, model_name=message.model_name,
+                                                  model_version=message.model_version)
+        response.parameters[_FINAL].bool_param = final
+        return cls(error, response)
 
 
 def _unparsable() -> InternalError:
@@ -334,7 +354,8 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             stream.over = True
 
     def stream_one(self, message: Any, metadata: Sequence[tuple[str, str | bytes]],
-                   deliver: Callable[[service_pb2.ModelInferResponse | TritiumError | None, bool], None]) -> None:
+                   deliver: Callable[[service_pb2.ModelInferResponse | StreamError | TritiumError | None, bool],
+                                     None]) -> None:
         """One request of a stream: ``deliver`` gets each of its answers as it comes (None for a
         flags-only final response nobody asked to see) and whether it is the request's last."""
         if message is UNPARSABLE:
@@ -345,24 +366,25 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             empty_final = bool(request.parameters.pop("triton_enable_empty_final_response", False))
 
             def answered(answer: InferResult | TritiumError | None, final: bool) -> None:
-                encoded: service_pb2.ModelInferResponse | TritiumError | None
+                encoded: service_pb2.ModelInferResponse | StreamError | None
                 try:
                     if answer is None:   # a decoupled model's flags-only final response
                         encoded = _empty_final(message) if empty_final else None
                     elif isinstance(answer, TritiumError):
-                        encoded = answer
+                        encoded = StreamError.answered(answer, message, final)
                     else:
                         encoded = encode_infer_response(answer, {_FINAL: final})
                 except TritiumError as exc:
-                    encoded = exc
+                    encoded = StreamError.answered(exc, message, final)
                 except Exception as exc:
                     log.exception("internal error answering a stream request")
-                    encoded = TritiumError(f"internal error: {type(exc).__name__}: {exc}")
+                    encoded = StreamError.answered(TritiumError(f"internal error: {type(exc).__name__}: {exc}"),
+                                                   message, final)
                 deliver(encoded, final)   # once per answer: the stream counts the last ones
 
             self.dataplane.infer_stream_then(request, answered)
         except TritiumError as exc:
-            deliver(exc, True)
+            deliver(StreamError.before_start(exc, message), True)
 
 
 class InferStream:
@@ -402,18 +424,22 @@ class InferStream:
         self.reading = False
         self._end_if_answered()
 
-    def _answered(self, answer: service_pb2.ModelInferResponse | TritiumError | None, last: bool) -> None:
+    def _answered(self, answer: service_pb2.ModelInferResponse | StreamError | TritiumError | None,
+                  last: bool) -> None:
         if self.over:
             return
         if last:
             self.unanswered -= 1
         try:   # the server's failure to send is its own: this answer is still counted once
-            if isinstance(answer, TritiumError):
+            if isinstance(answer, TritiumError):   # a message that could not be read: no request to name
+                answer = StreamError(answer, service_pb2.ModelInferResponse())
+            if isinstance(answer, StreamError):
                 if self.strict:   # the client asked for errors as gRPC statuses, ending the stream
                     self.over = True
-                    self.fail(answer)
+                    self.fail(answer.error)
                     return
-                self.send(service_pb2.ModelStreamInferResponse(error_message=answer.message))
+                self.send(service_pb2.ModelStreamInferResponse(error_message=answer.error.message,
+                                                               infer_response=answer.response))
             elif answer is not None:
                 self.send(service_pb2.ModelStreamInferResponse(infer_response=answer))
         except Exception:

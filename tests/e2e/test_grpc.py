@@ -198,6 +198,28 @@ def test_empty_final_response_only_when_asked(client):
     assert len(responses[-1].outputs) == 0 and responses[-1].model_name == "py_decoupled"
 
 
+def test_a_stream_error_names_its_request_as_triton_s_do(server):
+    """Refused before it starts: the request's id alone; failed by its model: its id, model,
+    version as asked and the final flag (what Triton 2.51 sends, side by side)."""
+    def request(model: str, id: str, name: str = "CODE", value: int = 0, version: str = ""):
+        message = service_pb2.ModelInferRequest(model_name=model, id=id, model_version=version)
+        message.inputs.add(name=name, datatype="INT32", shape=[1])
+        message.raw_input_contents.append(np.array([value], np.int32).tobytes())
+        return message
+
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+    refused = [request("nope", "u1"), request("py_errors", "u2", name="WRONG"), request("py_errors", "u4", version="7")]
+    answers = [next(iter(stub.ModelStreamInfer(iter([message]), timeout=30))) for message in refused]
+    assert [(a.error_message, a.infer_response) for a in answers] == [
+        ("Request for unknown model: 'nope' is not found", service_pb2.ModelInferResponse(id="u1")),
+        ("unexpected inference input 'WRONG' for model 'py_errors'", service_pb2.ModelInferResponse(id="u2")),
+        ("Request for unknown model: 'py_errors' version 7 is not found", service_pb2.ModelInferResponse(id="u4"))]
+    (failed,) = stub.ModelStreamInfer(iter([request("py_errors", "u3", value=1)]), timeout=30)
+    expected = service_pb2.ModelInferResponse(id="u3", model_name="py_errors")
+    expected.parameters["triton_final_response"].bool_param = True
+    assert (failed.error_message, failed.infer_response) == ("failed with code 1", expected)
+
+
 def test_stream_errors_arrive_in_the_stream_which_stays_open(client):
     code = grpcclient.InferInput("CODE", [1], "INT32")
     code.set_data_from_numpy(np.array([1], dtype=np.int32))

@@ -159,7 +159,7 @@ def test_a_bad_request_is_answered_by_the_gateway_without_reaching_the_broker(ga
         return await future, await unknown
 
     bad, unknown = loop.run_until_complete(scenario())
-    assert (bad.status, json.loads(bad.body)["error"]) == (400, "[request id: <id_unknown>] unexpected inference input 'NOPE' for model 'm'")
+    assert (bad.status, json.loads(bad.body)["error"]) == (400, "unexpected inference input 'NOPE' for model 'm'")
     assert (unknown.status, json.loads(unknown.body)["error"]) == (404, "Request for unknown model: 'other' is not found")
     assert not any(isinstance(h, Infer) for _, m in broker.received for h, _ in m)
 
@@ -230,3 +230,32 @@ def test_a_stream_answers_every_request_once_and_ends_when_the_last_is_answered(
     assert [r.error_message for r in sent[:3]] == ["Unable to parse request"] * 3
     assert np.frombuffer(sent[3].infer_response.raw_output_contents[0], np.float32).tolist() == [2.0] * 4
     assert ended == ["finished"] and len(sent) == 4
+
+
+def test_a_stream_half_closed_by_its_client_ends_with_an_error_answer_when_the_broker_falls_silent(gateway):
+    from tritonclient.grpc import service_pb2
+
+    from tritium.gateway.grpc_api import GrpcInferenceService
+
+    loop, broker, link, _ = gateway
+    sent: list = []
+    ended: list = []
+    request = service_pb2.ModelInferRequest(model_name="m", id="held",
+                                            raw_input_contents=[np.ones(4, np.float32).tobytes()])
+    request.inputs.add(name="X", datatype="FP32", shape=[1, 4])
+
+    async def scenario():
+        stream = GrpcInferenceService(DataPlane(link)).open_stream((), sent.append, ended.append,
+                                                                   lambda: ended.append("finished"))
+        stream.request(request)
+        stream.client_done()   # the client sends nothing more; its request is still out
+        while not any(isinstance(h, Infer) for _, h, _ in broker.pump()):
+            await asyncio.sleep(0.002)
+        deadline = loop.time() + HEARTBEAT_S * 3 * 4   # then the broker never answers again
+        while not ended and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
+    loop.run_until_complete(scenario())
+    assert ended == ["finished"] and len(sent) == 1
+    assert sent[0].error_message == f"lost contact with the broker at {link.address}; the request was not answered"
+    assert sent[0].infer_response.id == "held"
