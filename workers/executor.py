@@ -191,7 +191,10 @@ class BatchExecutor:
         infer = item.infer
         batch_size = infer.batch_size or 1
         parameters = infer.params or {}
+        timeout_us = 0
         if parameters and not _REQUEST_FIELDS.isdisjoint(parameters):
+            timeout = parameters.get("timeout", 0)
+            timeout_us = timeout if isinstance(timeout, int) and not isinstance(timeout, bool) else 0
             parameters = {k: v for k, v in parameters.items() if k not in _REQUEST_FIELDS}
         if infer.trace is not None:
             item.trace = CallTrace(infer.trace)
@@ -201,7 +204,7 @@ class BatchExecutor:
                                 requested_outputs=infer.outputs,
                                 parameters=parameters, batch_size=batch_size,
                                 correlation_id=infer.sequence_id or 0, flags=infer.sequence_flags,
-                                trace=item.trace)
+                                timeout_us=timeout_us, trace=item.trace)
 
     # -- one request at a time (the model gets the list of requests) ---------------------
 

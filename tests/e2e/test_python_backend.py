@@ -148,12 +148,14 @@ def test_initialize_gets_triton_args_and_requests_their_id_and_parameters(client
     assert seen["request_id"] == "r-9"
     assert seen["parameters"] == {"temperature": 0.5, "mode": "fast"}
     assert sorted(seen["requested"]) == ["ARGS", "ENV"]
+    assert seen["timeout"] == 0
 
 
 def test_priority_and_timeout_are_request_fields_not_parameters_the_model_sees(client):
     result = client.infer("py_args", [tensor("X", np.array([1], dtype=np.int32))], priority=1, timeout=1000,
                           parameters={"mode": "fast"})
-    assert json.loads(result.as_numpy("ENV")[0])["parameters"] == {"mode": "fast"}
+    seen = json.loads(result.as_numpy("ENV")[0])
+    assert (seen["parameters"], seen["timeout"]) == ({"mode": "fast"}, 1000)   # request.timeout(), as Triton's
 
 
 def test_a_headers_parameter_reaches_the_model_as_in_triton(server):

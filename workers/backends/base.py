@@ -74,6 +74,7 @@ class InferenceRequest:
     batch_size: int
     correlation_id: int | str = 0
     flags: int = 0                        # sequence START (1) / END (2), as Triton's request flags
+    timeout_us: int = 0                   # the request's `timeout` parameter (0: none), as Triton's request.timeout()
     # send(response or None, final) answers this request: a decoupled model's 0..N times, any other's
     # once (a model may answer so instead of returning the response).
     response_sender: Callable[[Optional["InferenceResponse"], bool], None] | None = None

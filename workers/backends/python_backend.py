@@ -174,6 +174,7 @@ class PythonInstance(Instance):
             model.name, model.version,
             request.parameters,
             request.trace)
+        pb_request._timeout = request.timeout_us
         if request.response_sender is not None:
             send = request.response_sender
             pb_request._sender = lambda: self.pb.InferenceResponseSender(   # made when the model asks for it

@@ -7,7 +7,7 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
-    """Answers with the args initialize received and the request's id and parameters."""
+    """Answers with the args initialize received and the request's id, parameters and timeout."""
 
     def initialize(self, args):
         self.args = dict(args)
@@ -16,7 +16,8 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             seen = {"request_id": request.request_id(), "parameters": json.loads(request.parameters()),
-                    "requested": sorted(request.requested_output_names()), "pid": os.getpid()}
+                    "requested": sorted(request.requested_output_names()), "pid": os.getpid(),
+                    "timeout": request.timeout()}
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("ARGS", np.array([json.dumps(self.args).encode()], dtype=np.object_)),
                 pb_utils.Tensor("ENV", np.array([json.dumps(seen).encode()], dtype=np.object_))]))
