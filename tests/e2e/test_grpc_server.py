@@ -6,6 +6,7 @@ raw HTTP/2 client produces (tests/e2e/rawh2.py). grpc.aio stays selectable with 
 from __future__ import annotations
 
 import asyncio
+import queue
 import shutil
 import signal
 import socket
@@ -276,6 +277,24 @@ def test_sigterm_finishes_calls_in_flight_then_refuses(tmp_path):
         with pytest.raises(InferenceServerException) as failure:
             grpcclient.InferenceServerClient(running.grpc_url).is_server_live()
         assert failure.value.status() == "StatusCode.UNAVAILABLE"
+
+
+def test_sigterm_answers_a_stream_s_request_in_flight_then_ends_the_stream(tmp_path):
+    shutil.copytree(WHOAMI, tmp_path / "whoami")
+    with TritiumServer(tmp_path) as running:
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        delay = grpcclient.InferInput("DELAY_MS", [1, 1], "FP32")
+        delay.set_data_from_numpy(np.array([[1000]], np.float32))
+        client.async_stream_infer("whoami", [delay], request_id="in-flight")
+        time.sleep(0.3)
+        running.process.send_signal(signal.SIGTERM)
+        result, error = answers.get(timeout=10)
+        assert error is None and result.get_response().id == "in-flight"
+        assert result.as_numpy("PID").shape == (1, 1)
+        client.stop_stream()   # the client ends its side; the server, drained, exits
+        assert running.process.wait(timeout=30) == 0
 
 
 def test_grpcio_stays_selectable(tmp_path):
