@@ -125,10 +125,14 @@ class ModelVersion:
     scale: ScaleState | None = None                    # the autoscaler's targets, once it started
     variable_shapes: bool = field(init=False)
     stateful: bool = field(init=False)   # its requests form sequences bound to instance slots (sequence_batching)
+    # Triton's Python backend counts every execution in the statistics; its other backends only
+    # those with a request that succeeded.
+    counts_failed_executions: bool = field(init=False)
 
     def __post_init__(self) -> None:
         config = self.definition.config
         self.stateful = config.HasField("sequence_batching")   # asked for every batch: read once
+        self.counts_failed_executions = config.backend == "python"
         queue_policy = QueuePolicy.from_config(config)
         self.batcher = SequenceBatcher(SequencePolicy.from_config(config)) if self.stateful \
             else DynamicBatcher(BatchingPolicy.from_config(config), queue_policy)

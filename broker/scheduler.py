@@ -415,7 +415,7 @@ class Scheduler:
             self.streams.executed(batch)
             self._steps_executed(batch, timings)
         else:
-            if any(oks):
+            if version.counts_failed_executions or any(oks):
                 version.stats.record_execution(batch.batch_size, timings)
             self._route_responses(batch, done.response_frames, oks, frames, now)
         if version.state in _DISPATCHING:  # a draining version still runs what it queued

@@ -102,6 +102,19 @@ def own_client(server):
     return httpclient.InferenceServerClient(server.url, network_timeout=60)
 
 
+def test_an_execution_that_fails_counts_as_an_execution_as_triton_s_python_backend_counts_it(client):
+    def counts():
+        stats = client.get_inference_statistics("py_errors")["model_stats"][0]
+        sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+        return (stats["execution_count"], stats["inference_stats"]["fail"]["count"],
+                stats["inference_stats"]["success"]["count"], sizes.get(1, 0))
+    before = counts()
+    with pytest.raises(InferenceServerException):
+        _code(client, 4)   # execute raises
+    after = counts()
+    assert [a - b for a, b in zip(after, before)] == [1, 1, 0, 1]
+
+
 def test_an_error_response_fails_only_its_own_request(server):
     with ThreadPoolExecutor(6) as pool:
         outcomes = list(pool.map(lambda c: _outcome(server, c), [0, 1, 0, 2, 0, 0]))
