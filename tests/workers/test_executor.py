@@ -610,3 +610,36 @@ def test_bytes_outputs_are_serialized():
     assert outputs_of(responses[0][0]) == [["UP", "BYTES", [1, 1]]]
     assert responses[0][1]["UP"] == struct.pack("<I", 2) + b"AB"
     assert responses[1][1]["UP"] == struct.pack("<I", 0)
+
+
+# -- a model that is not decoupled answering through its response senders ------------------------
+
+def test_a_batch_answered_partly_through_senders_and_partly_later_reaches_each_request_by_its_place():
+    """rid 1 returned, rid 2 sent during execute, rid 3 sent after execute returned: the first
+    two leave at once as RESPONSE_PARTs, the batch ends as a decoupled one with rid 3 open."""
+    from tritium.protocol import ResponsePart, read_record
+
+    kept = []
+
+    def respond(requests):
+        requests[1].response_sender(InferenceResponse(outputs={"DOUBLE": requests[1].inputs["IN"] * 2}), True)
+        kept.append(requests[2].response_sender)
+        return [InferenceResponse(outputs={"DOUBLE": requests[0].inputs["IN"] * 2}), None, None]
+
+    sent: list[list] = []
+    executor = BatchExecutor(PerRequest(respond), config(), send=sent.append)
+    frames = batch_frames([{"rid": rid, "inputs": [fp32_input(rows(1, 10 * rid))], "outputs": ["DOUBLE"]}
+                           for rid in (1, 2, 3)], number=5)
+    (done_record,) = executor.run(frames)
+    done = read_record(done_record)[0]
+    assert (done.number, done.still_open) == (5, [2])
+
+    def parts_of(message):
+        part, response = read_record(message[0])[0], read_record(message[1])
+        return part.batch, part.index, response[0].rid, np.frombuffer(response[1][response[2]:], np.float32).tolist()
+
+    assert [parts_of(m) for m in sent] == [(5, 0, 1, (rows(1, 10) * 2).ravel().tolist()),
+                                           (5, 1, 2, (rows(1, 20) * 2).ravel().tolist())]
+    kept[0](InferenceResponse(outputs={"DOUBLE": rows(1, 30) * 2}), True)   # later, from the model's thread
+    assert parts_of(sent[2]) == (5, 2, 3, (rows(1, 30) * 2).ravel().tolist())
+    assert isinstance(read_record(sent[2][0])[0], ResponsePart)
