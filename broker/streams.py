@@ -1,5 +1,7 @@
 """Decoupled models' open streams: batches done executing whose requests are still sending
 responses (0..N per request); forwards each response, and closes a request on its final one.
+A model that is not decoupled ends a batch this way when it answers a request through its
+response sender after its execute returned.
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ class OpenStreams:
             log.warning("a %s record instead of a RESPONSE for request %s/%s from instance %r dropped",
                         response.kind.name, number, index, iid)
             return
-        self._reply(request.from_backend, [request.client, *frames])
+        ordering = batch.version.ordering   # set only for models that are not decoupled (their one answer,
+        # sent after execute returned: workers/executor.py _answered_later)
+        if ordering is None or response.final is False:
+            self._reply(request.from_backend, [request.client, *frames])
+        else:
+            for from_backend, ready in ordering.release(request.order, (request.from_backend,
+                                                                         [request.client, *frames])):
+                self._reply(from_backend, ready)
         if response.final is not False:
             batch.finished.add(index)
             batch.record_outcome(request, response.error is None, self._clock())

@@ -133,6 +133,26 @@ def test_preserve_ordering_releases_what_waits_behind_a_failed_request():
     assert [rid for rid, _ in answers(to_gateways)] == [1, 2]
 
 
+def test_preserve_ordering_keeps_its_order_when_a_request_is_answered_after_its_batch_ended():
+    """A model answering through its response sender after execute returned ends its batch as a
+    decoupled one does (RESPONSE_PART, then BATCH_DONE with the request open); the answer still
+    takes its place, and what waits behind it is released."""
+    from tritium.protocol import BatchDone, Response, ResponsePart
+
+    scheduler, to_instances, to_gateways, first, second, batches = two_requests_on_two_instances()
+    header, responses = done(batches[second.iid], [2])
+    scheduler.batch_done(second.iid, header, responses)
+    scheduler.batch_done(first.iid, BatchDone(batches[first.iid], [], [], [1, 2, 0], [0]), [])
+    assert to_gateways == []
+    scheduler.streams.response_part(first.iid, ResponsePart(batches[first.iid], 0), [Response(1, []).encode()])
+    assert [rid for rid, _ in answers(to_gateways)] == [1, 2]
+    submit(scheduler, 3)   # the order goes on
+    iid, batch, _ = sent_batch(to_instances[-1])
+    header, responses = done(batch["b"], [3])
+    scheduler.batch_done(iid, header, responses)
+    assert [rid for rid, _ in answers(to_gateways)] == [1, 2, 3]
+
+
 def test_a_model_without_instances_and_none_coming_answers_at_once():
     registry, version, scheduler, _, to_gateways, clock = make_world(TWO_LEVELS % "REJECT")
     submit(scheduler, 1)
