@@ -513,17 +513,16 @@ class Scheduler:
         for batch in held:
             self.streams.batches.pop(batch.number, None)
             for index, request in enumerate(batch.requests):
-                if index in batch.finished:
-                    if request.client is STEP_CLIENT:   # its batch's compute times will never come
-                        self.ensembles.step_executed(request.rid, NO_TIMINGS)
-                    continue
-                if not request.retried and index not in batch.answered and batch.version.state in _DISPATCHING \
-                        and not batch.version.stateful:  # a sequence's state died with its instance
-                    request.retried = True
-                    request.deadline_ns = 0   # a retried request is not timed out again: it already waited
-                    retry.append(request)
-                else:
+                if index not in batch.finished:
+                    if not request.retried and index not in batch.answered and batch.version.state in _DISPATCHING \
+                            and not batch.version.stateful:  # a sequence's state died with its instance
+                        request.retried = True
+                        request.deadline_ns = 0   # a retried request is not timed out again: it already waited
+                        retry.append(request)
+                        continue
                     self._fail_request(batch.version, instance, request, why, now)
+                if request.client is STEP_CLIENT:   # its batch's compute times will never come
+                    self.ensembles.step_executed(request.rid, NO_TIMINGS)
         instance.inflight.clear()
         if version is not None:
             self._requeue_or_fail(version, instance, retry, why, now)

@@ -584,3 +584,27 @@ def test_an_ensemble_failing_while_its_decoupled_step_executes_is_counted_once_a
     stats = world.versions["chain"].stats.as_dict("chain", 1)["inference_stats"]
     assert (stats["success"]["count"], stats["fail"]["count"], stats["compute_infer"]["ns"]) == (0, 1, 0)
     assert world.scheduler.ensembles._executing == {}
+
+
+def test_a_decoupled_step_lost_before_its_final_flag_still_lets_its_answered_ensemble_be_counted():
+    """An ensemble that is not decoupled is answered by its decoupled step's first response; the
+    step's instance is lost before the step's final flag and BATCH_DONE: the answered ensemble
+    still counts as a success (without the lost step's times), and nothing waits for them."""
+    split = model("split", "IN", "S", extra="model_transaction_policy { decoupled: true }")
+    chain = ensemble("chain", "IN", "OUT", [step("split", {"IN": "IN"}, {"S": "s"}),
+                                           step("double", {"X": "s"}, {"Y": "OUT"})])
+    world = World([*MODELS, split, chain])
+    given = values(1)
+    world.infer("chain", {"IN": given})
+    ((iid, number, [(header, _, _)]),) = world.batches()
+    descriptors, inline, _ = pack_tensors([("S", "FP32", [1, 4], given.tobytes())])
+    world.scheduler.streams.response_part(iid, ResponsePart(number, 0),
+                                          [Response(header["rid"], descriptors, final=False).encode(inline)])
+    world.run()   # double runs with timings (1, 2, 3), and the ensemble answers
+    (answer, outputs), = world.answers()
+    assert answer.get("error") is None and list(outputs) == ["OUT"]
+    assert _compute_ns(world, "chain") == (0, [0, 0, 0])
+    lose(world.scheduler, iid, "exited")
+    assert _compute_ns(world, "chain") == (1, [1, 2, 3])
+    assert world.scheduler.ensembles._executing == {}
+    assert len(world.answers()) == 1   # the step's loss answers nobody again
