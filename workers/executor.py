@@ -233,18 +233,20 @@ class BatchExecutor:
                 got = len(responses) if isinstance(responses, list) else type(responses).__name__
                 raise InternalError(f"model '{self.model}' returned {got} responses for "
                                     f"{len(requests)} requests")
+            failed = False
         except Exception as exc:
             error = self._execution_error(exc)
-            responses = [InferenceResponse(error=error)] * len(requests)
+            responses, failed = [InferenceResponse(error=error)] * len(requests), True
         t2 = time.monotonic_ns()
-        responses = sent.merged([item.rid for item, _ in requests], responses)
+        responses = sent.merged([item.rid for item, _ in requests], responses, failed)
         for (item, request), response in zip(requests, responses):
             if response is _LATER:
                 replies[item.rid] = _LATER
                 continue
             if self._keeps_state(item) and isinstance(response, InferenceResponse) and response.error is None:
                 self.sequences.keep(item.slot, item.infer.sequence_flags, response.outputs)
-            replies[item.rid] = self._encode_response(item.rid, request.requested_outputs, response)
+            encoded, ok = self._encode_response(item.rid, request.requested_outputs, response)
+            replies[item.rid] = encoded, ok and not failed   # Triton counts a sent answer of a failed execution as a failure
         return replies, t1, t2
 
     def _answered_later(self, number: int, items: list[_Item], replies: dict, timings: list[int]) -> list:
@@ -469,36 +471,50 @@ class _SentAnswers:
         self._lock = threading.Lock()
         self._running = True
         self._sent: dict[int, InferenceResponse] = {}   # rid -> sent while execute ran
-        self._later: set[int] = set()                   # rids to answer when the model sends
+        self._later: dict[int, int] = {}                # rid -> its index: requests to answer when the model sends
 
     def send(self, rid: int, response: InferenceResponse | None, final: bool) -> None:
         if response is None:
             return   # the FINAL flag after the one response: nothing more goes out
         with self._lock:
             if self._running:
-                self._sent[rid] = response
+                self._sent.setdefault(rid, response)
                 return
-            later = rid in self._later
-            self._later.discard(rid)
-        if later:
-            index = next(i for i, item in enumerate(self._received) if item.rid == rid)
+            index = self._later.pop(rid, None)
+        if index is not None:   # else its request was answered already, or is a sequence batch's padding
             executor = self._executor
             requested = self._received[index].infer.outputs
             executor._send_part(self._number, index, executor._encode_response(rid, requested, response)[0])
 
-    def merged(self, rids: list[int], returned: list) -> list:
+    def merged(self, rids: list[int], returned: list, failed: bool) -> list:
         """Each request's answer: returned, else sent, else _LATER (a model answering from a
-        thread; with nowhere to send it, an error now)."""
+        thread). A response sent before execute failed stands, as it reached its client in Triton."""
         with self._lock:
             self._running = False
-            if not self._sent and None not in returned:
+            if not self._sent and (failed or None not in returned):
                 return returned
-            merged = [response if response is not None else self._sent.get(rid, _LATER)
+            if failed:
+                log.error("model %s failed after answering through a response sender: %s",
+                          self._executor.model, returned[0].error.message)
+                return [self._sent.get(rid, response) for rid, response in zip(rids, returned)]
+            places = {item.rid: index for index, item in enumerate(self._received)}
+            merged = [response if response is not None else self._sent.get(rid) or self._unanswered(places, rid)
                       for rid, response in zip(rids, returned)]
-            if self._executor.send is None:
-                return [None if response is _LATER else response for response in merged]
-            self._later = {rid for rid, response in zip(rids, merged) if response is _LATER}
+            self._later = {rid: places[rid] for rid, response in zip(rids, merged) if response is _LATER}
         return merged
+
+    def _unanswered(self, places: dict[int, int], rid: int):
+        """_LATER, or the error of a request that cannot be answered later."""
+        executor = self._executor
+        if rid not in places:   # a sequence batch's padding: nobody waits for its answer
+            return None
+        if executor.send is None:
+            return None
+        if executor.sequences is not None and executor.sequences.states:
+            return InferenceResponse(error=InternalError(
+                f"model '{executor.model}' keeps implicit sequence state, so it must answer each request "
+                "before its execute returns, by returning or sending its response"))
+        return _LATER
 
 
 def _response_record(rid: int, tensors: list, parameters, final: bool | None = None) -> list:

@@ -226,9 +226,10 @@ def _sender_mode(server, mode: int) -> tuple[int, str]:
     return status, reply
 
 
-@pytest.mark.parametrize("mode, value", [(0, 10), (1, 11), (4, 14), (6, 16), (7, 17), (5, 15)],
+@pytest.mark.parametrize("mode, value", [(0, 10), (1, 11), (4, 14), (6, 16), (7, 17), (5, 15), (2, 12)],
                          ids=["send-final", "send-from-a-thread-later", "send-then-return-none-entry",
-                              "send-then-final-alone", "return-only", "send-and-return-keeps-the-sent"])
+                              "send-then-final-alone", "return-only", "send-and-return-keeps-the-sent",
+                              "a-second-send-raises-and-the-first-stands"])
 def test_a_model_that_is_not_decoupled_may_answer_through_its_response_sender(server, mode, value):
     status, reply = _sender_mode(server, mode)
     assert status == 200, reply
@@ -236,8 +237,6 @@ def test_a_model_that_is_not_decoupled_may_answer_through_its_response_sender(se
 
 
 @pytest.mark.parametrize("mode, problem", [
-    (2, "TritonModelException: Unable to send response. Non-decoupled model cannot send more than one response."
-        "\n\nAt:\n  "),
     (3, "TritonModelException: Unable to send response. Non-decoupled model cannot send complete final before "
         "sending a response.\n\nAt:\n  "),
     (8, "Expected a list in the execute return, found type '<class 'int'>'."),
@@ -253,18 +252,50 @@ def test_a_sender_or_return_misused_by_a_model_that_is_not_decoupled_fails_with_
     assert (status, json.loads(reply)["outputs"][0]["data"]) == (200, [10])
 
 
-def test_a_decoupled_model_returning_a_list_ends_its_open_request_with_triton_s_error(server):
+@pytest.mark.parametrize("mode, problem", [
+    (10, "model 'py_sender' released a request without answering it: execute returned None in its place and "
+         "its response sender sent no response"),
+    (11, "model 'py_sender' released a request without answering it: execute returned None in its place and "
+         "its response sender sent no response"),
+], ids=["sender-never-asked-for", "sender-dropped-unused"])
+def test_a_request_its_model_lets_go_of_unanswered_gets_an_error(server, mode, problem):
+    """Triton 2.51 leaves such a request without an answer for good; tritium answers it."""
+    status, reply = _sender_mode(server, mode)
+    assert (status, error_of(reply)) == (500, problem)
+    status, reply = _sender_mode(server, 0)   # and it keeps serving
+    assert (status, json.loads(reply)["outputs"][0]["data"]) == (200, [10])
+
+
+def test_a_response_sent_before_execute_raises_reaches_its_client_and_counts_as_a_failure(server, client):
+    """As Triton 2.51: the client has the sent response; the statistics count a failure."""
+    def counts():
+        stats = client.get_inference_statistics("py_sender")["model_stats"][0]["inference_stats"]
+        return int(stats["success"]["count"]), int(stats["fail"]["count"])
+
+    before = counts()
+    status, reply = _sender_mode(server, 12)
+    assert (status, json.loads(reply)["outputs"][0]["data"]) == (200, [22])
+    after = counts()
+    assert (after[0] - before[0], after[1] - before[1]) == (0, 1)
+
+
+@pytest.mark.parametrize("count, problem", [
+    (-1, "Failed to process the request(s) for model 'py_decoupled_0', message: Python model 'py_decoupled_0' is "
+         "using the decoupled mode and the execute function must return None."),   # Triton's text
+    (-2, "model 'py_decoupled' released a request without its final response: its response sender was never "
+         "given the TRITONSERVER_RESPONSE_COMPLETE_FINAL flag"),   # Triton never answers
+], ids=["returning-a-list", "released-without-the-final-flag"])
+def test_a_decoupled_request_left_open_by_its_model_ends_with_an_error_after_its_response(server, count, problem):
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
-    count = grpcclient.InferInput("COUNT", [1], "INT32")
-    count.set_data_from_numpy(np.array([-1], np.int32))
-    client.async_stream_infer("py_decoupled", [count])
+    tensor = grpcclient.InferInput("COUNT", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([count], np.int32))
+    client.async_stream_infer("py_decoupled", [tensor])
     (first, no_error), (_, error) = answers.get(timeout=30), answers.get(timeout=30)
     client.stop_stream()
     assert no_error is None and first.as_numpy("INDEX").tolist() == [0]
-    assert error.message() == ("Failed to process the request(s) for model 'py_decoupled_0', message: Python model "
-                               "'py_decoupled_0' is using the decoupled mode and the execute function must return None.")
+    assert error.message() == problem
 
 
 def test_answers_sent_from_threads_after_execute_each_reach_their_request_and_are_counted(server, client):

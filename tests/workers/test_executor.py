@@ -643,3 +643,15 @@ def test_a_batch_answered_partly_through_senders_and_partly_later_reaches_each_r
     kept[0](InferenceResponse(outputs={"DOUBLE": rows(1, 30) * 2}), True)   # later, from the model's thread
     assert parts_of(sent[2]) == (5, 2, 3, (rows(1, 30) * 2).ravel().tolist())
     assert isinstance(read_record(sent[2][0])[0], ResponsePart)
+
+
+def test_a_response_sent_before_execute_fails_stands_and_the_others_get_the_error():
+    def respond(requests):
+        requests[0].response_sender(InferenceResponse(outputs={"DOUBLE": requests[0].inputs["IN"] * 2}), True)
+        raise RuntimeError("boom after sending")
+
+    done, responses = run(PerRequest(respond), [{"rid": rid, "inputs": [fp32_input(rows(1, rid))],
+                                                 "outputs": ["DOUBLE"]} for rid in (1, 2)])
+    assert done.ok == [False, False]   # both count as failures, as in Triton
+    assert responses[0][1]["DOUBLE"].tolist() == (rows(1, 1) * 2).tolist()
+    assert "boom after sending" in responses[1][0].error.message

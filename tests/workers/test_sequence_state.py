@@ -224,3 +224,43 @@ def test_a_failed_execution_leaves_the_state_as_it_was():
     done, _ = parse_done(executor.run(batch([record(2, -1.0, 5)], [0])))
     assert done.ok == [False]
     assert totals(parse_done(executor.run(batch([record(3, 3.0, 5)], [0])))[1]) == [5.0]
+
+
+# -- answers sent through response senders ----------------------------------------------------
+
+class AnswersLater(Instance):
+    """Python-backend style, not decoupled: returns None for every request and keeps its
+    response sender, to answer from a thread of its own."""
+
+    def __init__(self) -> None:
+        self.kept = []
+
+    def execute(self, requests):
+        self.kept = [(r, r.response_sender) for r in requests]
+        return [None] * len(requests)
+
+
+def test_a_direct_batchs_padding_may_be_answered_later_and_its_answer_goes_nowhere():
+    from tritium.protocol import ResponsePart, read_record
+
+    model, sent = AnswersLater(), []
+    executor = BatchExecutor(model, config(), send=sent.append)
+    (done_record,) = executor.run(batch([record(1, 10.0, cid=5)], [1], number=4))
+    assert read_record(done_record)[0].still_open == [0]   # the real request only: the padding is nobody's
+    for request, send in model.kept:   # the padding (slot 0) first
+        send(InferenceResponse(outputs={"OUT": request.inputs["IN"] + 1}), True)
+    assert len(sent) == 1
+    part, (response, view, offset) = read_record(sent[0][0])[0], read_record(sent[0][1])
+    assert (part, response.rid) == (ResponsePart(4, 0), 1)
+    assert np.frombuffer(view[offset:], "<f4").tolist() == [11.0]
+
+
+def test_a_model_with_implicit_state_may_not_answer_after_its_execute_returns():
+    model, sent = AnswersLater(), []
+    executor = BatchExecutor(model, config(state=STATE % ""), send=sent.append)
+    done, responses = parse_done(executor.run(batch([record(1, 1.0, 5, START)], [0])))
+    assert done.ok == [False] and not done.still_open
+    assert "model 'm' keeps implicit sequence state" in responses[0][0].error.message
+    request, send = model.kept[0]
+    send(InferenceResponse(outputs={"OUT": request.inputs["IN"], "STATE_OUT": request.inputs["IN"]}), True)
+    assert sent == []   # answered already

@@ -18,7 +18,9 @@ import inspect
 import json
 import logging
 import sys
+import threading
 import traceback
+import weakref
 
 import numpy as np
 
@@ -119,37 +121,58 @@ class PythonInstance(Instance):
         """One response per request; None where the model answers through the request's
         response sender instead (Triton 24.06 and later let any model do so)."""
         pb_requests = [self._pb_request(r) for r in requests]
+        slots = [pb_request._sender for pb_request in pb_requests]
+        try:
+            returned = self._checked(self._run_execute(pb_requests), len(requests))
+        except InternalError:
+            for slot in slots:   # as in Triton, the model can send nothing more for these requests
+                if slot is not None:
+                    slot.close()
+            raise
+        answers = []
+        for pb_request, slot, response in zip(pb_requests, slots, returned):
+            answers.append(self._returned(slot, response))
+            if answers[-1] is None and slot is not None:
+                slot.watch(pb_request)
+        return answers
+
+    def _run_execute(self, pb_requests: list[PbRequest]):
         try:
             result = self.model.execute(pb_requests)
             if not isinstance(result, list) and inspect.isawaitable(result):
                 result = self.loop.run_until_complete(result)
+            return result
         except Exception as exc:
             raise self._failure(exc) from exc
+
+    def _checked(self, result, count: int) -> list:
+        """What ``execute`` returned, one entry per request, or Triton's error for what it must not return."""
         if result is None:
-            return [None] * len(requests)
+            return [None] * count
         if self.decoupled:
             raise self._misuse(f"Python model '{self.context.name}' is using the decoupled mode and the "
                                "execute function must return None.")
         if not isinstance(result, list):
             raise self._misuse(f"Expected a list in the execute return, found type '{type(result)}'.")
-        if len(result) != len(requests):
+        if len(result) != count:
             raise self._misuse(
                 "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
-                f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n")
-        return [self._returned(pb_request, response) for pb_request, response in zip(pb_requests, result)]
+                f"InferenceRequest(s) size is:{count}, and InferenceResponse(s) size is:{len(result)}\n")
+        return result
 
     def _misuse(self, message: str) -> InternalError:
         """Triton's message for an execute that returned what it must not."""
         return InternalError(f"Failed to process the request(s) for model '{self.context.name}', message: {message}")
 
-    def _returned(self, pb_request: PbRequest, response) -> InferenceResponse | None:
-        sender = pb_request._sender
-        if response is not None and isinstance(sender, self.pb.InferenceResponseSender) and sender._has_sent():
+    def _returned(self, slot: _SenderSlot | None, response) -> InferenceResponse | None:
+        if response is None:
+            return None
+        if slot is not None and slot.returned():
             # Triton logs this, and the client keeps the response that was sent.
             log.error("Failed to process the request(s) for model '%s', message: Unable to send response. "
                       "Non-decoupled model cannot send more than one response.", self.context.name)
             return None
-        return None if response is None else self._response(response)
+        return self._response(response)
 
     def _failure(self, exc: Exception) -> InternalError:
         """Triton's message for an exception out of the model, with the model's frames."""
@@ -176,10 +199,7 @@ class PythonInstance(Instance):
             request.trace)
         pb_request._timeout = request.timeout_us
         if request.response_sender is not None:
-            send = request.response_sender
-            pb_request._sender = lambda: self.pb.InferenceResponseSender(   # made when the model asks for it
-                lambda response, final: send(None if response is None else self._response(response), final),
-                decoupled=self.decoupled)
+            pb_request._sender = _SenderSlot(self, request.response_sender)
         return pb_request
 
     def _response(self, response) -> InferenceResponse:
@@ -229,3 +249,81 @@ class PythonInstance(Instance):
             result = finalize()
             if inspect.isawaitable(result):
                 self.loop.run_until_complete(result)
+
+
+class _SenderSlot:
+    """Where a request's response sender comes from: made when the model first asks for it
+    (most models never do), closed once the request is answered.
+
+    A request is answered with an error once the model has let go of both it and its sender
+    without its final answer, as nothing could answer it any more (Triton leaves such a
+    request without an answer).
+    """
+
+    __slots__ = ("_instance", "_send", "_sender", "_answered", "_alive", "_lock")
+
+    def __init__(self, instance: PythonInstance, send) -> None:
+        self._instance = instance
+        self._send = send          # the executor's: (InferenceResponse | None, final)
+        self._sender = None        # a weak reference to the model's InferenceResponseSender, once made
+        self._answered = False     # its final answer went out, or it can have none (its execution failed)
+        self._alive = 0            # once watched: how many of the request and its sender the model holds
+        self._lock = None
+
+    def __call__(self):
+        """pb_utils.InferenceRequest.get_response_sender's factory."""
+        sender = self._instance.pb.InferenceResponseSender(self._forward, decoupled=self._instance.decoupled)
+        if self._answered:
+            sender._sent, sender._closed = 1, True
+        self._sender = weakref.ref(sender)
+        if self._lock is not None:
+            with self._lock:
+                self._alive += 1
+            weakref.finalize(sender, self._let_go).atexit = False
+        return sender
+
+    def _forward(self, response, final: bool) -> None:
+        if final or (response is not None and not self._instance.decoupled):
+            self._answered = True
+        self._send(None if response is None else self._instance._response(response), final)
+
+    def _made(self):
+        return None if self._sender is None else self._sender()
+
+    def returned(self) -> bool:
+        """The model returned this request's response: it counts as sent with FINAL, as in Triton.
+        True when its sender had sent one already."""
+        sent, self._answered = self._answered, True
+        sender = self._made()
+        if sender is not None:
+            sender._sent, sender._closed = sender._sent + 1, True
+        return sent
+
+    def close(self) -> None:
+        self._answered = True
+        sender = self._made()
+        if sender is not None:
+            sender._closed = True
+
+    def watch(self, pb_request: PbRequest) -> None:
+        """Answer the request with an error once the model holds neither it nor its sender unanswered."""
+        held = [pb_request] + [sender for sender in (self._made(),) if sender is not None]
+        self._lock, self._alive = threading.Lock(), len(held)
+        for thing in held:
+            weakref.finalize(thing, self._let_go).atexit = False
+
+    def _let_go(self) -> None:
+        with self._lock:
+            self._alive -= 1
+            if self._alive or self._answered:
+                return
+            self._answered = True
+        name = self._instance.context.model.name
+        if self._instance.decoupled:
+            message = (f"model '{name}' released a request without its final response: its response sender "
+                       "was never given the TRITONSERVER_RESPONSE_COMPLETE_FINAL flag")
+        else:
+            message = (f"model '{name}' released a request without answering it: execute returned None in its "
+                       "place and its response sender sent no response")
+        log.error("%s", message)
+        self._send(InferenceResponse(error=InternalError(message)), True)

@@ -7,7 +7,8 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     """Sends COUNT responses (INDEX 0..COUNT-1) then the final flag; odd counts from a thread.
-    A negative COUNT: one response, then execute returns [] (a decoupled model must return None)."""
+    COUNT -1: one response, then execute returns [] (a decoupled model must return None);
+    COUNT -2: one response, then execute returns None without the final flag."""
 
     def execute(self, requests):
         for request in requests:
@@ -15,7 +16,7 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             if count < 0:
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("INDEX", np.array([0], np.int32))]))
-                return []
+                return [] if count == -1 else None
             if count % 2:
                 threading.Thread(target=self._answer, args=(sender, count)).start()
             else:

@@ -15,14 +15,18 @@ class TritonPythonModel:
     """Not decoupled, answering through its response sender (Triton 24.06+).
     MODE: 0 send with FINAL, return None; 1 send from a thread later; 2 send twice;
     3 FINAL alone; 4 send, return [None]; 5 send, return a response too; 6 send, then FINAL
-    alone; 7 return [response] (no sender); 8 return 5; 9 return two responses."""
+    alone; 7 return [response] (no sender); 8 return 5; 9 return two responses; 10 return None,
+    never asking for the sender; 11 ask for the sender, send nothing, return None; 12 send, then
+    raise."""
 
     def execute(self, requests):
         returned = []
         for request in requests:
             mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
-            sender = request.get_response_sender()
             returned.append(None)
+            if mode == 10:
+                continue
+            sender = request.get_response_sender()
             if mode == 0:
                 sender.send(response(10), FINAL)
             elif mode == 1:
@@ -48,6 +52,9 @@ class TritonPythonModel:
                 return [response(17) for _ in requests]
             elif mode == 8:
                 return 5
+            elif mode == 12:
+                sender.send(response(22), FINAL)
+                raise ValueError("after sending")
             elif mode == 9:
                 return [response(19), response(19)]
         return None
