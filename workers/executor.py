@@ -306,6 +306,8 @@ class BatchExecutor:
                 self.instance.execute([request for _, _, request in requests])
         except Exception as exc:
             error = self._execution_error(exc)
+            if not still_open and error is exc:   # no client gets it, and it was not logged yet
+                log.error("%s", error.message)
             for index, item, _ in requests:
                 if index in still_open:
                     still_open.discard(index)

@@ -16,7 +16,7 @@ import numpy as np
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritium.errors import ErrorCode, InvalidArgument
+from tritium.errors import ErrorCode, InternalError, InvalidArgument
 from tritium.protocol import INLINE_LIMIT, Batch, BatchDone, Infer, Response, pack_tensors
 from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
 from tritium.workers.executor import BatchExecutor
@@ -655,3 +655,17 @@ def test_a_response_sent_before_execute_fails_stands_and_the_others_get_the_erro
     assert done.ok == [False, False]   # both count as failures, as in Triton
     assert responses[0][1]["DOUBLE"].tolist() == (rows(1, 1) * 2).tolist()
     assert "boom after sending" in responses[1][0].error.message
+
+
+def test_a_decoupled_models_failure_after_every_request_was_answered_is_logged(caplog):
+    def respond(requests):
+        requests[0].response_sender(None, True)
+        raise InternalError("returned a list")
+
+    sent: list[list] = []
+    cfg = config(BATCHING_CONFIG + "model_transaction_policy { decoupled: true }")
+    executor = BatchExecutor(PerRequest(respond), cfg, send=sent.append)
+    with caplog.at_level("ERROR", logger="tritium.workers.executor"):
+        executor.run(batch_frames([{"rid": 1, "inputs": [fp32_input(rows(1))]}]))
+    assert len(sent) == 1   # the final flag only: the error has no request left to go to
+    assert [r.getMessage() for r in caplog.records] == ["returned a list"]
