@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import queue
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -264,6 +265,22 @@ def test_a_request_its_model_lets_go_of_unanswered_gets_an_error(server, mode, p
     assert (status, error_of(reply)) == (500, problem)
     status, reply = _sender_mode(server, 0)   # and it keeps serving
     assert (status, json.loads(reply)["outputs"][0]["data"]) == (200, [10])
+
+
+def test_a_request_left_in_a_reference_cycle_is_answered_when_the_garbage_collector_frees_it(server, client):
+    def executions() -> int:
+        return int(client.get_inference_statistics("py_sender")["model_stats"][0]["execution_count"])
+
+    before = executions()
+    with ThreadPoolExecutor(1) as pool:
+        cycled = pool.submit(_sender_mode, server, 13)
+        deadline = time.monotonic() + 30
+        while executions() == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status, reply = _sender_mode(server, 14)   # its model collects garbage (if none ran yet), then answers
+        assert (status, json.loads(reply)["outputs"][0]["data"]) == (200, [24])
+        status, reply = cycled.result(timeout=30)
+    assert status == 500 and "released a request without answering it" in error_of(reply)
 
 
 def test_a_response_sent_before_execute_raises_reaches_its_client_and_counts_as_a_failure(server, client):

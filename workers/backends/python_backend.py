@@ -326,4 +326,10 @@ class _SenderSlot:
             message = (f"model '{name}' released a request without answering it: execute returned None in its "
                        "place and its response sender sent no response")
         log.error("%s", message)
-        self._send(InferenceResponse(error=InternalError(message)), True)
+        # Sent from a thread of its own: a finalizer may run inside a garbage collection
+        # anywhere, even in the middle of a send or under a lock that sending takes.
+        answer = InferenceResponse(error=InternalError(message))
+        try:
+            threading.Thread(target=self._send, args=(answer, True), name="released-request", daemon=True).start()
+        except RuntimeError:   # the interpreter is shutting down: nobody is left to answer
+            pass

@@ -1,3 +1,4 @@
+import gc
 import threading
 import time
 
@@ -17,7 +18,8 @@ class TritonPythonModel:
     3 FINAL alone; 4 send, return [None]; 5 send, return a response too; 6 send, then FINAL
     alone; 7 return [response] (no sender); 8 return 5; 9 return two responses; 10 return None,
     never asking for the sender; 11 ask for the sender, send nothing, return None; 12 send, then
-    raise."""
+    raise; 13 return None, the request kept only by a reference cycle; 14 collect garbage,
+    return a response."""
 
     def execute(self, requests):
         returned = []
@@ -26,6 +28,13 @@ class TritonPythonModel:
             returned.append(None)
             if mode == 10:
                 continue
+            if mode == 13:
+                cycle = [request]
+                cycle.append(cycle)
+                continue
+            if mode == 14:
+                gc.collect()
+                return [response(24) for _ in requests]
             sender = request.get_response_sender()
             if mode == 0:
                 sender.send(response(10), FINAL)
