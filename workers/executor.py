@@ -238,7 +238,7 @@ class BatchExecutor:
             error = self._execution_error(exc)
             responses, failed = [InferenceResponse(error=error)] * len(requests), True
         t2 = time.monotonic_ns()
-        responses = sent.merged([item.rid for item, _ in requests], responses, failed)
+        responses, overruled = sent.merged([item.rid for item, _ in requests], responses, failed)
         for (item, request), response in zip(requests, responses):
             if response is _LATER:
                 replies[item.rid] = _LATER
@@ -246,7 +246,7 @@ class BatchExecutor:
             if self._keeps_state(item) and isinstance(response, InferenceResponse) and response.error is None:
                 self.sequences.keep(item.slot, item.infer.sequence_flags, response.outputs)
             encoded, ok = self._encode_response(item.rid, request.requested_outputs, response)
-            replies[item.rid] = encoded, ok and not failed   # Triton counts a sent answer of a failed execution as a failure
+            replies[item.rid] = encoded, ok and not failed and item.rid not in overruled
         return replies, t1, t2
 
     def _answered_later(self, number: int, items: list[_Item], replies: dict, timings: list[int]) -> list:
@@ -488,22 +488,24 @@ class _SentAnswers:
             requested = self._received[index].infer.outputs
             executor._send_part(self._number, index, executor._encode_response(rid, requested, response)[0])
 
-    def merged(self, rids: list[int], returned: list, failed: bool) -> list:
-        """Each request's answer: returned, else sent, else _LATER (a model answering from a
-        thread). A response sent before execute failed stands, as it reached its client in Triton."""
+    def merged(self, rids: list[int], returned: list, failed: bool) -> tuple[list, set[int] | frozenset[int]]:
+        """Each request's answer: sent, else returned, else _LATER (a model answering from a
+        thread); and the requests whose sent answer stands though their execution failed or
+        returned one too: in Triton the sent answer reached the client first, and the request
+        counts as a failure."""
         with self._lock:
             self._running = False
-            if not self._sent and (failed or None not in returned):
-                return returned
+            sent = self._sent
+            if not sent and (failed or None not in returned):
+                return returned, frozenset()
             if failed:
                 log.error("model %s failed after answering through a response sender: %s",
                           self._executor.model, returned[0].error.message)
-                return [self._sent.get(rid, response) for rid, response in zip(rids, returned)]
             places = {item.rid: index for index, item in enumerate(self._received)}
-            merged = [response if response is not None else self._sent.get(rid) or self._unanswered(places, rid)
+            merged = [sent[rid] if rid in sent else response if response is not None else self._unanswered(places, rid)
                       for rid, response in zip(rids, returned)]
             self._later = {rid: places[rid] for rid, response in zip(rids, merged) if response is _LATER}
-        return merged
+        return merged, {rid for rid, response in zip(rids, returned) if response is not None and rid in sent}
 
     def _unanswered(self, places: dict[int, int], rid: int):
         """_LATER, or the error of a request that cannot be answered later."""

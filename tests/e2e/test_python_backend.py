@@ -283,15 +283,17 @@ def test_a_request_left_in_a_reference_cycle_is_answered_when_the_garbage_collec
     assert status == 500 and "released a request without answering it" in error_of(reply)
 
 
-def test_a_response_sent_before_execute_raises_reaches_its_client_and_counts_as_a_failure(server, client):
+@pytest.mark.parametrize("mode, value", [(12, 22), (5, 15)], ids=["then-raised", "and-returned-one-too"])
+def test_a_response_sent_by_an_execution_that_failed_reaches_its_client_and_counts_as_a_failure(
+        server, client, mode, value):
     """As Triton 2.51: the client has the sent response; the statistics count a failure."""
     def counts():
         stats = client.get_inference_statistics("py_sender")["model_stats"][0]["inference_stats"]
         return int(stats["success"]["count"]), int(stats["fail"]["count"])
 
     before = counts()
-    status, reply = _sender_mode(server, 12)
-    assert (status, json.loads(reply)["outputs"][0]["data"]) == (200, [22])
+    status, reply = _sender_mode(server, mode)
+    assert (status, json.loads(reply)["outputs"][0]["data"]) == (200, [value])
     after = counts()
     assert (after[0] - before[0], after[1] - before[1]) == (0, 1)
 

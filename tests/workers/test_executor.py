@@ -669,3 +669,14 @@ def test_a_decoupled_models_failure_after_every_request_was_answered_is_logged(c
         executor.run(batch_frames([{"rid": 1, "inputs": [fp32_input(rows(1))]}]))
     assert len(sent) == 1   # the final flag only: the error has no request left to go to
     assert [r.getMessage() for r in caplog.records] == ["returned a list"]
+
+
+def test_a_response_both_sent_and_returned_is_answered_by_the_sent_one_and_counts_as_a_failure():
+    def respond(requests):
+        requests[0].response_sender(InferenceResponse(outputs={"DOUBLE": requests[0].inputs["IN"] * 2}), True)
+        return [InferenceResponse(outputs={"DOUBLE": r.inputs["IN"] * 3}) for r in requests]
+
+    done, responses = run(PerRequest(respond), [{"rid": rid, "inputs": [fp32_input(rows(1, rid))],
+                                                 "outputs": ["DOUBLE"]} for rid in (1, 2)])
+    assert done.ok == [False, True]   # as Triton counts them
+    assert [r[1]["DOUBLE"].tolist() for r in responses] == [(rows(1, 1) * 2).tolist(), (rows(1, 2) * 3).tolist()]

@@ -168,10 +168,10 @@ class PythonInstance(Instance):
         if response is None:
             return None
         if slot is not None and slot.returned():
-            # Triton logs this, and the client keeps the response that was sent.
+            # Triton logs this; the client keeps the response that was sent, and the request
+            # counts as a failure (the executor sees a response both sent and returned).
             log.error("Failed to process the request(s) for model '%s', message: Unable to send response. "
                       "Non-decoupled model cannot send more than one response.", self.context.name)
-            return None
         return self._response(response)
 
     def _failure(self, exc: Exception) -> InternalError:
