@@ -150,3 +150,29 @@ def test_set_messages_with_default_values_are_printed():
     ours = config_to_json_dict(config)
     assert ours["model_transaction_policy"] == {"decoupled": False}
     assert ours["response_cache"] == {"enable": False}
+
+
+def test_64_bit_fields_triton_does_not_fix_stay_strings_as_triton_2_51_prints_them():
+    """Seen side by side with Triton 2.51: an initial state's dims print as strings (Triton's fix
+    looks for initial_state in the wrong object); so would a secondary device's id."""
+    config = parse_config_text("m", """
+        max_batch_size: 2
+        sequence_batching {
+          state [ { input_name: "I" output_name: "O" data_type: TYPE_FP32 dims: [ 1 ]
+                    initial_state { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "zeros" } } ]
+        }
+        instance_group [ { kind: KIND_CPU secondary_devices [ { kind: KIND_NVDLA device_id: 3 } ] } ]
+    """)
+    ours = config_to_json_dict(config)
+    state = ours["sequence_batching"]["state"][0]
+    assert state["dims"] == [1]
+    assert state["initial_state"][0]["dims"] == ["1"]
+    assert ours["instance_group"][0]["secondary_devices"][0]["device_id"] == "3"
+
+
+def test_an_ensemble_shows_no_field_triton_2_51_does_not_know():
+    config = parse_config_text("e", """
+        platform: "ensemble" max_batch_size: 8
+        ensemble_scheduling { step [ { model_name: "a" model_version: -1 input_map { key: "IN" value: "X" } } ] }
+    """)
+    assert list(config_to_json_dict(config)["ensemble_scheduling"]) == ["step"]
