@@ -200,7 +200,7 @@ class HttpApp:
                 return json_response(await self.dataplane.log_settings())
             if method != "POST":
                 return _NOT_ALLOWED
-            return json_response(await self.dataplane.log_settings(self._optional_json_body(request)))
+            return json_response(await self.dataplane.log_settings(parse_json_object(self._body(request))))
         if path == "/v2/trace/setting":
             return await self._trace_route(request, method, None)
         match = _SHARED_MEMORY.fullmatch(path)
@@ -246,7 +246,7 @@ class HttpApp:
             return json_response(await self.dataplane.trace_settings(model))
         if method != "POST":
             return _NOT_ALLOWED
-        changes = changes_from_http(self._optional_json_body(request))
+        changes = changes_from_http(parse_json_object(self._body(request)))   # an empty body too is not JSON, as in Triton
         return json_response(await self.dataplane.trace_settings(model, changes))
 
     async def _repository_route(self, request: HttpRequest, repository, _action, model, operation) -> HttpResponse:

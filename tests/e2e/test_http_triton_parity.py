@@ -232,6 +232,16 @@ def test_a_decoupled_models_error_event_is_the_models_text(server):
                                              "stream for model that generates various number of responses")
 
 
+@pytest.mark.parametrize("path", ["/v2/logging", "/v2/trace/setting", "/v2/models/py_add_sub/trace/setting"])
+def test_a_settings_post_without_a_body_is_refused_as_json_that_does_not_parse(server, path):
+    """Triton 2.51: 500 "failed to parse the request JSON buffer: The document is empty. at 0"
+    (tritium answers a body that does not parse with 400 and the same start)."""
+    status, _, data = request(server.url, "POST", path)
+    assert status == 400
+    assert error_of(data).startswith("failed to parse the request JSON buffer: ")
+    assert request(server.url, "POST", path, {})[0] == 200
+
+
 @pytest.mark.parametrize("value", [["default"], {"a": 1}])
 def test_a_log_format_that_is_not_a_string_is_a_400(server, value):
     status, _, data = request(server.url, "POST", "/v2/logging", {"log_format": value})
