@@ -37,6 +37,8 @@ from tritium.broker.queue_policy import QueuePolicy
 
 
 class Batchable(Protocol):
+    client: bytes       # who asked, and its number for the request
+    rid: int
     batch_size: int
     shape_key: Hashable
     arrival_ns: int
@@ -213,6 +215,15 @@ class DynamicBatcher(Generic[R]):
 
     def remove(self, request: R) -> bool:
         return self._queue.remove(request)
+
+    def take(self, client: bytes, rid: int) -> R | None:
+        """Remove and return the queued request ``rid`` of ``client`` (its client gave up on it);
+        None when it is not queued. A walk of the queue: cancelling is rare, queueing is not."""
+        for request in self._queue:
+            if request.rid == rid and request.client == client:
+                self._queue.remove(request)
+                return request
+        return None
 
     def next_timeout_ns(self) -> int | None:
         """When the next queued request's timeout runs out (None: no request has one)."""

@@ -26,12 +26,12 @@ from tritium.broker.registry import (
     Registry,
     VersionState,
 )
-from tritium.errors import NotFound, TritiumError, Unavailable
+from tritium.errors import Cancelled, NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
 from tritium.broker.sequences import SequenceBatcher
 from tritium.broker.streams import OpenStreams
 from tritium.protocol import Batch as BatchHeader
-from tritium.protocol import BatchDone, Infer, error_record
+from tritium.protocol import BatchDone, Cancel, Infer, error_record
 from tritium.tracing.stamps import batch_stamps
 from tritium.zmqio import LONE_ANSWERS_BEFORE_POLLING
 
@@ -222,6 +222,18 @@ class Scheduler:
         for version in self.registry.versions.values():
             if len(version.batcher) and not version.instances and not self._instances_coming(version, now):
                 self.fail_queued(version, _no_instance_error(version))
+
+    def cancel(self, client: bytes, cancel: Cancel) -> None:
+        """The client of request ``cancel.rid`` gave up on it. Still queued, it leaves its queue and
+        is answered CANCELLED (Triton's dynamic batcher does so when it next forms a batch); running,
+        it runs to its end. The requests of a sequence batcher, and an ensemble's steps, run on."""
+        version = self.registry.versions.get((cancel.model, cancel.version))
+        if version is None or not isinstance(version.batcher, DynamicBatcher):
+            return
+        request = version.batcher.take(client, cancel.rid)
+        if request is not None:
+            self._answer_error(version, request, Cancelled("the client cancelled the request"))
+            version.stats.record_failure(self._clock() - request.arrival_ns, "CANCELED")
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
         self._reply(from_backend, [client, error_record(rid, error)])

@@ -46,6 +46,7 @@ from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     PROTOCOL_VERSION,
     BatchDone,
+    Cancel,
     ControlReply,
     Drain,
     Drained,
@@ -439,6 +440,8 @@ class Broker:
                 self.scheduler.reply_error(peer, message.rid, Unavailable("the server is shutting down"))
                 return
             self._submit(peer, parts, position, message, False)
+        elif type(message) is Cancel:
+            self.scheduler.cancel(peer, message)
         elif type(message) is ControlRequest:
             self.control.handle(peer, message)
         elif type(message) is Hello or (type(message) is Heartbeat and peer not in self.membership.gateways

@@ -12,7 +12,8 @@ import pytest
 from tests.broker.inprocess_world import CONFIG, HEARTBEAT_S, World, answer, infer
 from tritium.broker.rate_limiter import ResourceFlag
 from tritium.logs import LogSettings
-from tritium.protocol import PROTOCOL_VERSION, Control, Heartbeat, Hello, IndexQuery, Infer, Kind, Role
+from tritium.errors import ErrorCode
+from tritium.protocol import PROTOCOL_VERSION, Cancel, Control, Heartbeat, Hello, IndexQuery, Infer, Kind, Role
 
 
 @pytest.fixture
@@ -152,3 +153,28 @@ def test_an_instance_the_rate_limiter_cannot_take_after_the_load_is_refused_and_
         assert [i.iid for i in version.instances] == [b"instance-1"] and version.state.value == "READY"
     finally:
         world.close()
+
+
+def test_a_cancelled_request_leaves_its_queue_answered_cancelled_and_a_running_one_runs_on(world):
+    gateway = world.gateway()
+    _, instance = world.serving_instance()
+    infer(gateway, rid=1)
+    world.until(lambda: len(instance.headers(Kind.BATCH)) == 1)
+    infer(gateway, rid=2)
+    infer(gateway, rid=3)
+    for _ in range(20):    # 2 and 3 wait in the broker for the busy instance
+        world.broker.turn(2)
+    gateway.send(Cancel(2, "m", 1).encode(), Cancel(1, "m", 1).encode(), Cancel(3, "m", 7).encode())
+    world.until(lambda: gateway.headers(Kind.RESPONSE))
+    ((cancelled, _),) = gateway.records(Kind.RESPONSE)
+    assert cancelled["rid"] == 2
+    assert cancelled["err"] == {"code": ErrorCode.CANCELLED.value, "message": "the client cancelled the request"}
+    stats = world.broker.registry.versions[("m", 1)].stats
+    assert stats.as_dict("m", 1)["inference_stats"]["fail"]["count"] == 1
+    assert stats.failures == {"CANCELED": 1}
+    batch_one = instance.messages[-1]
+    answer(instance, batch_one[0][0], batch_one[1:])
+    world.until(lambda: len(instance.headers(Kind.BATCH)) == 2)
+    assert [h["rid"] for h, _ in instance.messages[-1][1:]] == [3]   # the cancelled request is gone
+    world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == 2)
+    assert [h["rid"] for h in gateway.headers(Kind.RESPONSE)] == [2, 1]   # the running one was answered

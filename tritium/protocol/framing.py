@@ -28,7 +28,7 @@ import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 INLINE_LIMIT = 64 * 1024
 _PREFIX = struct.Struct("<I")
 
@@ -46,6 +46,8 @@ class Kind(enum.IntEnum):
     INFER = 10
     # instance -> broker -> gateway: the answer to one request; tensors = outputs
     RESPONSE = 11
+    # gateway -> broker: the client of a request gave up on it (a queued one leaves its queue)
+    CANCEL = 12
     # broker -> instance: requests to execute together (the INFER records follow)
     BATCH = 20
     # instance -> broker: the RESPONSE records of one batch follow, in request order

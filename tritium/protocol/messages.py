@@ -33,7 +33,7 @@ from tritium.protocol.framing import Kind, frame_record, split_record
 __all__ = [
     "MESSAGES", "read_record", "error_record", "Message", "ControlOp", "Role",
     "RunningInstance", "Assignment", "ScaledAssignment", "LoadRef", "VersionRow", "ModelRow", "SharedMemoryRegion",
-    "Hello", "Refused", "Reset", "Heartbeat", "Infer", "Response", "Batch", "BatchDone", "ResponsePart",
+    "Hello", "Refused", "Reset", "Heartbeat", "Infer", "Response", "Cancel", "Batch", "BatchDone", "ResponsePart",
     "Control", "ControlArgs", "ControlArgsUnion", "CONTROL_ARGS", "ModelsQuery", "StatsQuery", "StatusQuery",
     "IndexQuery", "LoadModel", "UnloadModel", "ChangeLogSettings", "RegisterRegion", "UnregisterRegion",
     "TraceSettingsQuery", "TraceDone",
@@ -293,6 +293,18 @@ class Response(Message, frozen=True, tag=int(Kind.RESPONSE)):
     external: Annotated[int, doc("external frames that follow")] = field(default=0, name="x")
     trace: Annotated[dict | None, doc("traced requests: every stamp made after the gateway, "
                                       "{at, ts, batch, steps}")] = field(default=None, name="tr")
+
+
+class Cancel(Message, frozen=True, tag=int(Kind.CANCEL)):
+    """The client of a request gave up on it: its gRPC call was cancelled or ran past its
+    deadline, or its HTTP connection closed. A request still queued leaves its queue, answered
+    CANCELLED; one already running runs to its end."""
+
+    DIRECTION = "gateway -> broker"
+
+    rid: Annotated[int, doc("the request's rid")]
+    model: Annotated[str, doc("its model")] = field(name="m")
+    version: Annotated[int, doc("its concrete version, as its INFER said")] = field(name="v")
 
 
 class Batch(Message, frozen=True, tag=int(Kind.BATCH)):
