@@ -28,6 +28,7 @@ from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     MISSED_HEARTBEATS,
     PROTOCOL_VERSION,
+    Cancel,
     Control,
     ControlReply,
     Heartbeat,
@@ -224,6 +225,12 @@ class BrokerLink:
             deliver(self.lost_error())
             return
         self._streams[self._send_request(request, inline, external)] = deliver
+
+    def cancel(self, rid: int, model: str, version: int) -> None:
+        """Tell the broker the client of request ``rid`` gave up on it. Its answer still comes
+        (CANCELLED, or its result if it was running) and is delivered as any other."""
+        if rid in self._pending or rid in self._streams:
+            self._post(Cancel(rid, model, version).encode())
 
     def _send_request(self, request: Infer | Control, inline, external) -> int:
         """Queue the request for this turn's send; return its rid."""

@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 
 from tritium.gateway.broker_link import BrokerLink
 from tritium.gateway.classification import classify
@@ -148,8 +149,9 @@ class DataPlane:
         return result
 
     def infer_then(self, request: InferRequest, done: Callable[[InferResult | TritiumError], None],
-                   single_response_only: str = HTTP_DECOUPLED) -> None:
-        """``infer`` without a coroutine: ``done`` gets the result or the error once.
+                   single_response_only: str = HTTP_DECOUPLED) -> Callable[[], None]:
+        """``infer`` without a coroutine: ``done`` gets the result or the error once. Returns what
+        to call when the client gives up on the request (a queued one is then cancelled).
 
         A request refused before it is sent raises here, in the caller's frame.
         """
@@ -159,6 +161,7 @@ class DataPlane:
             done(reply if isinstance(reply, TritiumError) else self._result(spec, version, request, reply))
 
         self.link.request_then(header, inline, external, answered)
+        return partial(self.link.cancel, header.rid, spec.name, version)
 
     def check_model(self, name: str, version: str | None) -> ModelSpec:
         """The model's spec; NotFound for a model or version the table does not have (Triton

@@ -288,9 +288,10 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return encode_infer_response(result)
 
     def infer_then(self, request: Any, metadata: Sequence[tuple[bytes, bytes]],
-                   done: Callable[[service_pb2.ModelInferResponse | TritiumError], None]) -> None:
+                   done: Callable[[service_pb2.ModelInferResponse | TritiumError], None]) -> Callable[[], None]:
         """ModelInfer without a coroutine (gateway/grpc_server.py's hot path): ``done`` gets the
-        ModelInferResponse or a TritiumError once; a request refused before it is sent raises here."""
+        ModelInferResponse or a TritiumError once; a request refused before it is sent raises here.
+        Returns what to call when the client gives up on the call."""
         if self.restricted:
             self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
         if request is UNPARSABLE:
@@ -317,7 +318,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         infer_request = self._decode(request, metadata)
         if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
             infer_request.traceparent = _traceparent(metadata)
-        self.dataplane.infer_then(infer_request, answered, GRPC_DECOUPLED)
+        return self.dataplane.infer_then(infer_request, answered, GRPC_DECOUPLED)
 
     def open_stream(self, metadata: Sequence[tuple[str, str | bytes]], send: Callable[[Any], None],
                     fail: Callable[[TritiumError], None], finish: Callable[[], None]) -> InferStream:

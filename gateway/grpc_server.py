@@ -96,7 +96,7 @@ class _Call:
     """One stream: its request bytes, the work answering it, and what waits on the send window."""
 
     __slots__ = ("id", "rpc", "headers", "reader", "messages", "stream", "task", "timer", "headers_sent",
-                 "done", "remote_closed", "pending", "trailers", "encoding", "cut")
+                 "done", "remote_closed", "pending", "trailers", "encoding", "cut", "give_up")
 
     def __init__(self, stream_id: int, rpc: Rpc, headers: Headers, reader: MessageReader,
                  encoding: bytes | None = None) -> None:
@@ -112,6 +112,12 @@ class _Call:
         self.remote_closed = False
         self.pending: deque[memoryview] = deque()   # what the client's window has no room for yet
         self.trailers: bytes | None = None     # the trailers' header block, sent after ``pending``
+        self.give_up: Callable[[], None] | None = None   # cancels its request, should the call end unanswered
+
+    def abandon(self) -> None:
+        """The client left the call (reset, deadline, connection lost) before its answer."""
+        if not self.done and self.give_up is not None:
+            self.give_up()
 
 
 class _Shared(OpenConnections["GrpcConnection"]):
@@ -160,6 +166,7 @@ class GrpcConnection(asyncio.Protocol):
         if self.timers is not None:
             self.timers.cancel()
         for call in list(self.calls.values()):
+            call.abandon()
             self._forget(call)
         self.shared.lost(self)
 
@@ -263,6 +270,7 @@ class GrpcConnection(asyncio.Protocol):
     def _reset_by_client(self, stream_id: int) -> None:
         call = self.calls.get(stream_id)
         if call is not None:
+            call.abandon()
             self._forget(call)
 
     def _window_grew(self, stream_id: int) -> None:
@@ -283,7 +291,8 @@ class GrpcConnection(asyncio.Protocol):
     def _unary(self, call: _Call, request: Any) -> None:
         if call.rpc.name == "ModelInfer":
             try:
-                self.shared.servicer.infer_then(request, call.headers, lambda answer: self._answered(call, answer))
+                call.give_up = self.shared.servicer.infer_then(request, call.headers,
+                                                               lambda answer: self._answered(call, answer))
             except TritiumError as exc:
                 self._fail(call, status_of(exc))
             except Exception as exc:
@@ -350,6 +359,7 @@ class GrpcConnection(asyncio.Protocol):
     def _expire(self, call: _Call) -> None:
         call.timer = None
         if not call.done:
+            call.abandon()
             if call.task is not None:
                 call.task.cancel()
             self._fail(call, _DEADLINE_EXCEEDED)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import re
 import zlib
+from collections.abc import Callable
 
 import orjson
 
@@ -113,8 +114,9 @@ class HttpApp:
         self.restricted = restricted
         self.header_forward = header_forward   # --http-header-forward-pattern (the server keeps header lines then)
 
-    def handle(self, request: HttpRequest, answer: Answer) -> None:
-        """Answer ``request`` through ``answer``, exactly once, whatever happens."""
+    def handle(self, request: HttpRequest, answer: Answer) -> Callable[[], None] | None:
+        """Answer ``request`` through ``answer``, exactly once, whatever happens; return what cancels
+        an inference request should its client leave before the answer."""
         try:
             if self.restricted:  # before anything else, as Triton checks it first in every handler
                 self.restricted.check(route_category(request.path), request.headers.items())
@@ -124,15 +126,15 @@ class HttpApp:
                     f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
             match = _MODEL.fullmatch(request.path)
             if match is not None and match["action"] == "infer" and request.method == "POST":
-                self._infer(request, match.group(1), match.group(2), answer)
-                return
+                return self._infer(request, match.group(1), match.group(2), answer)
         except TritiumError as exc:
             answer(error_response(exc.http_status, exc.message))
-            return
+            return None
         except Exception as exc:  # a bug must cost one request, never the process
             answer(_internal_error(request, exc))
-            return
+            return None
         asyncio.get_running_loop().create_task(self._answer_slowly(request, answer))
+        return None
 
     async def _answer_slowly(self, request: HttpRequest, answer: Answer) -> None:
         try:
@@ -145,7 +147,7 @@ class HttpApp:
 
     # -- inference: callbacks, no task ------------------------------------------------------
 
-    def _infer(self, request: HttpRequest, model: str, version: str | None, answer: Answer) -> None:
+    def _infer(self, request: HttpRequest, model: str, version: str | None, answer: Answer) -> Callable[[], None]:
         spec = self.dataplane.check_model(model, version)   # Triton looks the model up before the body
         headers = request.headers
         body = self._decompress(request.body, headers.get(b"content-encoding"))
@@ -175,9 +177,10 @@ class HttpApp:
 
         if self.dataplane.tracer.on:
             infer_request.traceparent = headers.get(b"traceparent")
-        self.dataplane.infer_then(infer_request, done)
+        give_up = self.dataplane.infer_then(infer_request, done)
         if infer_request.trace is not None:   # sampled: done() answers through the trace from now on
             answer = traced_answer(infer_request.trace, request, answer)
+        return give_up
 
     # -- everything else --------------------------------------------------------------------
 

@@ -71,7 +71,9 @@ Answer = Callable[[HttpResponse | Streaming], None]
 class HttpApplication(Protocol):
     """What the server hands each request to (gateway/http_api.py's HttpApp)."""
 
-    def handle(self, request: HttpRequest, answer: Answer) -> None: ...
+    def handle(self, request: HttpRequest, answer: Answer) -> Callable[[], None] | None:
+        """Answer ``request`` through ``answer``, now or later; return what to call should the
+        client leave before its answer (an inference request is then cancelled), if anything."""
 
 
 def encode_head(status: int, headers: list[tuple[bytes, bytes]], length: int | None, close: bool) -> bytes:
@@ -100,7 +102,7 @@ class HttpConnection(asyncio.Protocol):
 
     __slots__ = ("app", "settings", "loop", "shared", "transport", "parser", "queue", "busy", "closing",
                  "last_active", "_url", "_headers", "_body", "_body_size", "_too_large", "_write_paused",
-                 "_reading", "_begun", "_header_lines")
+                 "_reading", "_begun", "_header_lines", "_give_up")
 
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
 
@@ -114,6 +116,7 @@ class HttpConnection(asyncio.Protocol):
         self.last_active = time.monotonic()
         self._write_paused = False
         self._reading = True
+        self._give_up: Callable[[], None] | None = None   # cancels the request being answered
         self._reset()
 
     def _reset(self) -> None:
@@ -133,6 +136,8 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        if self.busy and self._give_up is not None:   # as Triton: a client that left cancels its request
+            self._give_up()
         self.shared.lost(self)
 
     def data_received(self, data: bytes) -> None:
@@ -216,7 +221,9 @@ class HttpConnection(asyncio.Protocol):
             def answer(response: HttpResponse | Streaming, keep_alive: bool = keep_alive) -> None:
                 self._answer(response, keep_alive)
 
-            self.app.handle(request, answer)
+            give_up = self.app.handle(request, answer)
+            if self.busy:   # not answered at once
+                self._give_up = give_up
 
     def _answer(self, answer: HttpResponse | Streaming, keep_alive: bool) -> None:
         if self.closing:
@@ -249,6 +256,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _done(self, close: bool) -> None:
         self.busy = False
+        self._give_up = None
         self.last_active = time.monotonic()
         if close:
             self.close()

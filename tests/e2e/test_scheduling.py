@@ -6,6 +6,9 @@ one request per execution, so that queues build up behind a single instance.
 
 from __future__ import annotations
 
+import json
+import socket
+import struct
 import threading
 import time
 import urllib.request
@@ -17,6 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.metrics_text import scrape, value
 from tests.servers import TritiumServer
 
 REPO = Path(__file__).parent / "scheduling_repo"
@@ -126,6 +130,56 @@ def test_a_request_past_a_delay_timeout_runs_after_the_requests_still_in_time(se
         thread.join(30)
     assert set(finished) == {"blocker", "late", "timely"}, "DELAY never rejects"
     assert finished["timely"] < finished["late"]
+
+
+def _give_up(server, how: str) -> None:
+    """A request to ``plain`` whose client leaves it while it waits behind a running one."""
+    if how == "http-reset":   # the connection torn down (RST), as by a client process that died
+        body = json.dumps({"inputs": [{"name": "DELAY_MS", "datatype": "FP32", "shape": [1, 1], "data": [0]}]})
+        host, port = server.url.split(":")
+        with socket.create_connection((host, int(port))) as connection:
+            connection.sendall(b"POST /v2/models/plain/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                               % (len(body), body.encode()))
+            time.sleep(0.2)
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        return
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    if how == "grpc-deadline":
+        with pytest.raises(InferenceServerException, match="Deadline Exceeded"):
+            client.infer("plain", delay_input(grpcclient, 0), client_timeout=0.2)
+    else:
+        call = client.async_infer("plain", delay_input(grpcclient, 0), callback=lambda result, error: None)
+        time.sleep(0.2)
+        call.cancel()
+
+
+@pytest.mark.parametrize("how", ["grpc-deadline", "grpc-cancel", "http-reset"])
+def test_a_queued_request_its_client_gave_up_on_leaves_the_queue_counted_as_cancelled(server, how):
+    """Triton 2.51 runs such a request anyway (seen side by side); tritium does no work nobody waits for."""
+    http = httpclient.InferenceServerClient(server.url)
+
+    def counts() -> tuple[int, int, int, float]:
+        stats = http.get_inference_statistics("plain")["model_stats"][0]
+        inference = stats["inference_stats"]
+        cancelled = value(scrape(server)[1], "nv_inference_request_failure", model="plain", reason="CANCELED",
+                          version="1")
+        return int(inference["success"]["count"]), int(inference["fail"]["count"]), int(stats["execution_count"]), \
+            cancelled
+
+    before = counts()
+    answered = []
+    running = threading.Thread(target=lambda: answered.append(
+        httpclient.InferenceServerClient(server.url).infer("plain", delay_input(httpclient, 800)).as_numpy("WAITED_MS")))
+    running.start()
+    time.sleep(0.2)   # the one instance is busy: the next request waits in the queue
+    _give_up(server, how)
+    running.join()
+    assert len(answered) == 1
+    deadline = time.monotonic() + 10
+    while counts()[:3] == (before[0] + 1, before[1], before[2] + 1) and time.monotonic() < deadline:
+        time.sleep(0.05)   # the running request's answer may come before the cancellation is counted
+    after = counts()
+    assert [a - b for a, b in zip(after, before)] == [1, 1, 1, 1.0]   # success, fail, executions, CANCELED
 
 
 def test_identical_requests_are_answered_from_the_cache_on_http_and_grpc(server):

@@ -16,7 +16,7 @@ import pytest
 
 from tritium.gateway.broker_link import BrokerLink, BrokerRefused, Reply
 from tests.scripted_peers import ScriptedBroker, at_least, ipc_address
-from tritium.errors import NotFound, Unavailable
+from tritium.errors import Cancelled, NotFound, Unavailable
 from tritium.protocol import (
     MISSED_HEARTBEATS,
     PROTOCOL_VERSION,
@@ -180,6 +180,26 @@ def test_answers_in_any_order_reach_the_request_they_answer(gateway):
     assert [r.message.params["for"] for r in replies] == tags
     assert [output_bytes(r) for r in replies] == [tag.encode().ljust(16, b"!") for tag in tags]
     assert gateway.link.waiting == 0
+
+
+def test_a_request_given_up_on_is_cancelled_once_and_still_gets_its_answer(gateway):
+    async def scenario():
+        await gateway.started()
+        asked = infer(gateway.link, "a")
+        (sent,) = await gateway.requests(1)
+        rid = sent.header["rid"]
+        gateway.link.cancel(rid, "m", 1)
+        (cancel,) = await gateway.until(lambda: [r for r in gateway.broker.received if r.kind == Kind.CANCEL])
+        gateway.broker.tell(gateway.peer, Response(rid, error=Cancelled("the client cancelled the request")))
+        reply = await asked
+        gateway.link.cancel(rid, "m", 1)   # answered already: nothing to tell the broker
+        await asyncio.sleep(0.05)
+        return cancel.header, reply, [r for r in gateway.broker.received if r.kind == Kind.CANCEL]
+
+    cancel, reply, cancels = gateway.run(scenario())
+    assert cancel == {"k": Kind.CANCEL, "rid": reply.message.rid, "m": "m", "v": 1}
+    assert reply.message.error.message == "the client cancelled the request"
+    assert len(cancels) == 1 and gateway.link.waiting == 0
 
 
 def test_a_control_request_gets_its_reply(gateway):
