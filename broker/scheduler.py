@@ -31,7 +31,7 @@ from tritium.broker.response_cache import ResponseCache, cached_response, reques
 from tritium.broker.sequences import SequenceBatcher
 from tritium.broker.streams import OpenStreams
 from tritium.protocol import Batch as BatchHeader
-from tritium.protocol import BatchDone, Cancel, Infer, error_record
+from tritium.protocol import BatchDone, Cancel, CancelRunning, Infer, error_record
 from tritium.tracing.stamps import batch_stamps
 from tritium.zmqio import LONE_ANSWERS_BEFORE_POLLING
 
@@ -234,6 +234,19 @@ class Scheduler:
         if request is not None:
             self._answer_error(version, request, Cancelled("the client cancelled the request"))
             version.stats.record_failure(self._clock() - request.arrival_ns, "CANCELED")
+        else:
+            self._cancel_running(version, client, cancel.rid)
+
+    def _cancel_running(self, version: ModelVersion, client: bytes, rid: int) -> None:
+        """Tell the instance running request ``rid`` that its client left: a decoupled model
+        streaming to nobody may stop (it sees ``is_cancelled()``)."""
+        running = [b for instance in version.instances for b in instance.inflight.values()]
+        running += [b for b in self.streams.batches.values() if b.version is version]
+        for batch in running:
+            for index, request in enumerate(batch.requests):
+                if request.rid == rid and request.client == client and index not in batch.finished:
+                    self._send_to_instance([batch.instance.iid, CancelRunning(batch.number, index).encode()])
+                    return
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
         self._reply(from_backend, [client, error_record(rid, error)])

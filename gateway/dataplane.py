@@ -169,9 +169,10 @@ class DataPlane:
         return self.link.models.resolve(name, version)[0]
 
     def infer_stream_then(self, request: InferRequest,
-                          deliver: Callable[[InferResult | TritiumError | None, bool], None]) -> None:
+                          deliver: Callable[[InferResult | TritiumError | None, bool], None]) -> Callable[[], None]:
         """Every answer to one request as it comes, to ``deliver``: (result, error, or None for an
-        empty one; whether it is the last). A request refused before it is sent raises here."""
+        empty one; whether it is the last). A request refused before it is sent raises here.
+        Returns what to call when the client gives up on the request."""
         spec, version, header, inline, external = self._prepare(request, None)
 
         def answered(reply) -> None:
@@ -182,6 +183,7 @@ class DataPlane:
             deliver(None if answer.empty else self._result(spec, version, request, reply), answer.final is not False)
 
         self.link.request_stream_then(header, inline, external, answered)
+        return partial(self.link.cancel, header.rid, spec.name, version)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[tuple[InferResult | TritiumError | None, bool]]:
         """``infer_stream_then`` as an async iterator."""

@@ -9,6 +9,7 @@ so messages are exactly Triton's. Errors become the gRPC status Triton gives the
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -356,12 +357,13 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def stream_one(self, message: Any, metadata: Sequence[tuple[str, str | bytes]],
                    deliver: Callable[[service_pb2.ModelInferResponse | StreamError | TritiumError | None, bool],
-                                     None]) -> None:
+                                     None]) -> Callable[[], None] | None:
         """One request of a stream: ``deliver`` gets each of its answers as it comes (None for a
-        flags-only final response nobody asked to see) and whether it is the request's last."""
+        flags-only final response nobody asked to see) and whether it is the request's last.
+        Returns what cancels the request, once sent."""
         if message is UNPARSABLE:
             deliver(_unparsable(), True)
-            return
+            return None
         try:
             request = self._decode(message, metadata)
             empty_final = bool(request.parameters.pop("triton_enable_empty_final_response", False))
@@ -383,9 +385,10 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                                                    message, final)
                 deliver(encoded, final)   # once per answer: the stream counts the last ones
 
-            self.dataplane.infer_stream_then(request, answered)
+            return self.dataplane.infer_stream_then(request, answered)
         except TritiumError as exc:
             deliver(StreamError.before_start(exc, message), True)
+            return None
 
 
 class InferStream:
@@ -399,7 +402,8 @@ class InferStream:
     each has had its last answer. Answers after the end (``over``) are dropped.
     """
 
-    __slots__ = ("service", "metadata", "send", "fail", "finish", "strict", "unanswered", "reading", "over")
+    __slots__ = ("service", "metadata", "send", "fail", "finish", "strict", "unanswered", "reading", "over", "open",
+                 "_numbers")
 
     def __init__(self, service: GrpcInferenceService, metadata: Sequence[tuple[str, str | bytes]],
                  send: Callable[[service_pb2.ModelStreamInferResponse], None],
@@ -410,16 +414,37 @@ class InferStream:
         self.unanswered = 0     # requests read whose last answer has not come
         self.reading = True     # the client may send more requests
         self.over = False
+        self.open: dict[int, Callable[[], None] | None] = {}   # what cancels each request still answering
+        self._numbers = itertools.count()
 
     def request(self, message: Any) -> None:
         if self.over:
             return
         self.unanswered += 1   # first: an answer may come before stream_one returns
+        number = next(self._numbers)
+        answered = self._answered
+
+        def deliver(answer, last: bool) -> None:
+            if last:
+                self.open.pop(number, None)
+            answered(answer, last)
+
+        self.open[number] = None   # until stream_one returns; its last answer may come before
         try:
-            self.service.stream_one(message, self.metadata, self._answered)
+            give_up = self.service.stream_one(message, self.metadata, deliver)
         except Exception as exc:
             log.exception("internal error in a stream request")
-            self._answered(TritiumError(f"internal error: {type(exc).__name__}: {exc}"), True)
+            deliver(TritiumError(f"internal error: {type(exc).__name__}: {exc}"), True)
+            return
+        if number in self.open:   # still answering
+            self.open[number] = give_up
+
+    def abandon(self) -> None:
+        """The client left the stream: its requests still answering are cancelled."""
+        open_requests, self.open = self.open, {}
+        for give_up in open_requests.values():
+            if give_up is not None:
+                give_up()
 
     def client_done(self) -> None:
         self.reading = False

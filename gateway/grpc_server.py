@@ -115,9 +115,14 @@ class _Call:
         self.give_up: Callable[[], None] | None = None   # cancels its request, should the call end unanswered
 
     def abandon(self) -> None:
-        """The client left the call (reset, deadline, connection lost) before its answer."""
-        if not self.done and self.give_up is not None:
+        """The client left the call (reset, deadline, connection lost) before its answers: its
+        requests still waiting or running are cancelled."""
+        if self.done:
+            return
+        if self.give_up is not None:
             self.give_up()
+        if self.stream is not None:
+            self.stream.abandon()
 
 
 class _Shared(OpenConnections["GrpcConnection"]):

@@ -69,6 +69,8 @@ class BatchExecutor:
         self.output_dims = {o.name: list(o.dims) for o in config.output if o.HasField("reshape")}
         self.stacks = instance.stacks_batches
         self.sequences = SequenceInputs(config, model_dir) if config.HasField("sequence_batching") else None
+        # A decoupled model's requests still answering, by (batch, index): their clients may cancel them.
+        self._answering: dict[tuple[int, int], InferenceRequest] = {}
 
     def run(self, frames: list) -> list:
         """Execute the batch in ``frames`` (BATCH record first); return the BATCH_DONE parts."""
@@ -299,6 +301,7 @@ class BatchExecutor:
                 continue
             request.response_sender = self._sender(batch, index, item, still_open)
             still_open.add(index)
+            self._answering[batch, index] = request
             requests.append((index, item, request))
         t1 = time.monotonic_ns()
         try:
@@ -311,6 +314,7 @@ class BatchExecutor:
             for index, item, _ in requests:
                 if index in still_open:
                     still_open.discard(index)
+                    self._answering.pop((batch, index), None)
                     self._send_part(batch, index, [_error_record(item.rid, error, final=True)])
         t2 = time.monotonic_ns()
         return [BatchDone(batch, [], [], [t1 - t0, t2 - t1, 0], sorted(still_open)).encode()]
@@ -325,9 +329,16 @@ class BatchExecutor:
                 parts, _ = self._encode_response(item.rid, requested, response, final)
             if final:
                 still_open.discard(index)
+                self._answering.pop((batch, index), None)
             self._send_part(batch, index, parts)
 
         return send
+
+    def cancel(self, batch: int, index: int) -> None:
+        """The client of request ``index`` of ``batch`` gave up on it: its model may see it and stop."""
+        request = self._answering.get((batch, index))
+        if request is not None:
+            request.cancelled = True
 
     def _send_part(self, batch: int, index: int, parts: list) -> None:
         self.send([ResponsePart(batch, index).encode(), *parts])

@@ -31,6 +31,7 @@ from tritium.exit_codes import ExitCode
 from tritium.protocol import (
     PROTOCOL_VERSION,
     Batch,
+    CancelRunning,
     Heartbeat,
     Hello,
     InstanceFailed,
@@ -267,6 +268,8 @@ def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: 
         kind = type(message)
         if kind is Batch:
             sock.send_parts(executor.run(frames))
+        elif kind is CancelRunning:
+            executor.cancel(message.batch, message.index)
         elif kind is LogSettings:
             logs.apply_wire(message.settings)
         elif kind is Refused:   # its agent does not restart it: it would be refused again

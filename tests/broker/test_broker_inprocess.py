@@ -155,7 +155,7 @@ def test_an_instance_the_rate_limiter_cannot_take_after_the_load_is_refused_and_
         world.close()
 
 
-def test_a_cancelled_request_leaves_its_queue_answered_cancelled_and_a_running_one_runs_on(world):
+def test_a_cancelled_request_leaves_its_queue_answered_cancelled_and_a_running_ones_instance_is_told(world):
     gateway = world.gateway()
     _, instance = world.serving_instance()
     infer(gateway, rid=1)
@@ -172,7 +172,9 @@ def test_a_cancelled_request_leaves_its_queue_answered_cancelled_and_a_running_o
     stats = world.broker.registry.versions[("m", 1)].stats
     assert stats.as_dict("m", 1)["inference_stats"]["fail"]["count"] == 1
     assert stats.failures == {"CANCELED": 1}
-    batch_one = instance.messages[-1]
+    world.until(lambda: instance.headers(Kind.CANCEL_RUNNING))   # the running one: its instance is told
+    (batch_one,) = [m for m in instance.messages if m[0][0]["k"] == Kind.BATCH]
+    assert instance.headers(Kind.CANCEL_RUNNING) == [{"k": Kind.CANCEL_RUNNING, "b": batch_one[0][0]["b"], "i": 0}]
     answer(instance, batch_one[0][0], batch_one[1:])
     world.until(lambda: len(instance.headers(Kind.BATCH)) == 2)
     assert [h["rid"] for h, _ in instance.messages[-1][1:]] == [3]   # the cancelled request is gone

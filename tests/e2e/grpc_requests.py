@@ -27,3 +27,21 @@ def whoami_request(delay_ms: float) -> bytes:
                                             raw_input_contents=[np.array([[delay_ms]], np.float32).tobytes()])
     request.inputs.add(name="DELAY_MS", datatype="FP32", shape=[1, 1])
     return request.SerializeToString()
+
+
+def stream_count(url: str, model: str, count: int, answers: int, cancel: bool = False) -> list[tuple]:
+    """A ModelStreamInfer of one request with input COUNT (INT32 [1]): its first ``answers``
+    (result, error) pairs; then the stream ends, cancelling the request if ``cancel``."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    tensor = grpcclient.InferInput("COUNT", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([count], np.int32))
+    client.async_stream_infer(model, [tensor])
+    received = [got.get(timeout=30) for _ in range(answers)]
+    client.stop_stream(cancel_requests=cancel)
+    return received

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import shutil
+import time
 from pathlib import Path
 
 import grpc
@@ -15,6 +16,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.grpc_requests import stream_count
 from tests.models import ALL_TYPES, add_sub_inputs, add_sub_model, all_types_model
 from tests.servers import TritiumServer
 
@@ -26,7 +28,7 @@ def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     add_sub_model(repo, "add_sub", max_batch_size=8)
     all_types_model(repo)
-    for name in ("py_decoupled", "py_errors"):
+    for name in ("py_decoupled", "py_errors", "py_cancellable"):
         shutil.copytree(PYTHON_MODELS / name, repo / name)
     with TritiumServer(repo) as running:
         yield running
@@ -423,3 +425,18 @@ def test_a_model_parameter_of_a_kind_triton_does_not_pass_on_is_refused(server, 
         "invalid value type for 'p' parameter, expected int64_param, bool_param, or string_param.")
     message.parameters["p"].double_param = 0.5   # Triton passes a double on too
     assert len(stub.ModelInfer(message, timeout=10).raw_output_contents) == 2
+
+
+def test_a_decoupled_model_sees_its_stream_cancelled_and_stops(server):
+    """As with Triton 2.51: stop_stream(cancel_requests=True) reaches the model's running request
+    (request.is_cancelled() and response_sender.is_cancelled()), which stops streaming."""
+    def stream_of(count: int, cancel_after: int | None = None) -> list:
+        got = stream_count(server.grpc_url, "py_cancellable", count, cancel_after or 1, cancel=cancel_after is not None)
+        return [result.as_numpy("INDEX").tolist() for result, _ in got]
+
+    assert stream_of(0) == [[-1]]
+    assert stream_of(200, cancel_after=3) == [[0], [1], [2]]
+    deadline = time.monotonic() + 10
+    while (stopped := stream_of(0)) == [[-1]] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert 3 <= stopped[0][0] < 200   # it stopped soon after, not at the end

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import queue
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.grpc_requests import stream_count
 from tests.e2e.rawhttp import error_of, request
 from tests.models import add_sub_model
 from tests.servers import TritiumServer
@@ -305,14 +305,7 @@ def test_a_response_sent_by_an_execution_that_failed_reaches_its_client_and_coun
          "given the TRITONSERVER_RESPONSE_COMPLETE_FINAL flag"),   # Triton never answers
 ], ids=["returning-a-list", "released-without-the-final-flag"])
 def test_a_decoupled_request_left_open_by_its_model_ends_with_an_error_after_its_response(server, count, problem):
-    answers: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
-    tensor = grpcclient.InferInput("COUNT", [1], "INT32")
-    tensor.set_data_from_numpy(np.array([count], np.int32))
-    client.async_stream_infer("py_decoupled", [tensor])
-    (first, no_error), (_, error) = answers.get(timeout=30), answers.get(timeout=30)
-    client.stop_stream()
+    (first, no_error), (_, error) = stream_count(server.grpc_url, "py_decoupled", count, 2)
     assert no_error is None and first.as_numpy("INDEX").tolist() == [0]
     assert error.message() == problem
 

@@ -7,6 +7,7 @@ import pytest
 from tritium.errors import InternalError, InvalidArgument, NotFound, ProtocolError, Unavailable
 from tritium.protocol import (
     Cancel,
+    CancelRunning,
     MESSAGES,
     PROTOCOL_VERSION,
     Assign,
@@ -74,6 +75,7 @@ EXAMPLES = [
     Response(3, [DESCRIPTOR], params={"p": 1}, error=NotFound("no such model"), final=False,
              empty=True, external=2),
     Cancel(3, "m", 2),
+    CancelRunning(5, 1),
     Batch(5, 2, [0, 1]),
     BatchDone(5, [True, False], [1, 0], [1, 2, 3], [0]),
     ResponsePart(5, 1),

@@ -209,6 +209,7 @@ class InferenceRequest:
         self._timeout = timeout
         self._parameters = _parameters_json(parameters)
         self._sender = None
+        self._origin = None   # a request given to execute: the instance's request (its client may cancel it)
         self._trace = trace   # a traced request's CallTrace; passed on, a BLS call joins its trace
 
     @classmethod
@@ -227,6 +228,7 @@ class InferenceRequest:
         request._timeout = 0
         request._parameters = parameters
         request._sender = None
+        request._origin = None
         request._trace = trace
         return request
 
@@ -272,7 +274,8 @@ class InferenceRequest:
         return self._sender
 
     def is_cancelled(self):
-        return False
+        """Whether the client gave up on this request (a request built for BLS never is)."""
+        return self._origin is not None and self._origin.cancelled
 
     def set_release_flags(self, flags):
         self._release_flags = flags

@@ -54,6 +54,8 @@ class Kind(enum.IntEnum):
     BATCH_DONE = 21
     # instance -> broker: one response of a decoupled model, while its batch is open
     RESPONSE_PART = 22
+    # broker -> instance: the client of a request it runs gave up on it (the model may see it)
+    CANCEL_RUNNING = 23
     # gateway/serve -> broker: a control-plane question (models, stats, status)
     CONTROL = 30
     # broker -> asker: the answer to a CONTROL

@@ -34,6 +34,7 @@ __all__ = [
     "MESSAGES", "read_record", "error_record", "Message", "ControlOp", "Role",
     "RunningInstance", "Assignment", "ScaledAssignment", "LoadRef", "VersionRow", "ModelRow", "SharedMemoryRegion",
     "Hello", "Refused", "Reset", "Heartbeat", "Infer", "Response", "Cancel", "Batch", "BatchDone", "ResponsePart",
+    "CancelRunning",
     "Control", "ControlArgs", "ControlArgsUnion", "CONTROL_ARGS", "ModelsQuery", "StatsQuery", "StatusQuery",
     "IndexQuery", "LoadModel", "UnloadModel", "ChangeLogSettings", "RegisterRegion", "UnregisterRegion",
     "TraceSettingsQuery", "TraceDone",
@@ -334,6 +335,16 @@ class BatchDone(Message, frozen=True, tag=int(Kind.BATCH_DONE)):
 class ResponsePart(Message, frozen=True, tag=int(Kind.RESPONSE_PART)):
     DIRECTION = "instance -> broker"
     FOLLOWS = "one RESPONSE record (with `final`) of a decoupled model"
+
+    batch: Annotated[int, doc("the batch")] = field(name="b")
+    index: Annotated[int, doc("the request's index in it")] = field(name="i")
+
+
+class CancelRunning(Message, frozen=True, tag=int(Kind.CANCEL_RUNNING)):
+    """The client of a request the instance runs gave up on it (CANCEL): a Python model sees it
+    through `request.is_cancelled()` and `response_sender.is_cancelled()`."""
+
+    DIRECTION = "broker -> instance"
 
     batch: Annotated[int, doc("the batch")] = field(name="b")
     index: Annotated[int, doc("the request's index in it")] = field(name="i")

@@ -79,6 +79,7 @@ class InferenceRequest:
     # once (a model may answer so instead of returning the response).
     response_sender: Callable[[Optional["InferenceResponse"], bool], None] | None = None
     trace: object = None                  # traced: a CallTrace (tritium/tracing/stamps.py), request.trace() in Python models
+    cancelled: bool = False               # its client gave up on it (request.is_cancelled() in Python models)
 
 
 @dataclass

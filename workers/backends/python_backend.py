@@ -198,8 +198,9 @@ class PythonInstance(Instance):
             request.parameters,
             request.trace)
         pb_request._timeout = request.timeout_us
+        pb_request._origin = request
         if request.response_sender is not None:
-            pb_request._sender = _SenderSlot(self, request.response_sender)
+            pb_request._sender = _SenderSlot(self, request)
         return pb_request
 
     def _response(self, response) -> InferenceResponse:
@@ -260,11 +261,12 @@ class _SenderSlot:
     request without an answer).
     """
 
-    __slots__ = ("_instance", "_send", "_sender", "_answered", "_alive", "_lock")
+    __slots__ = ("_instance", "_request", "_send", "_sender", "_answered", "_alive", "_lock")
 
-    def __init__(self, instance: PythonInstance, send) -> None:
+    def __init__(self, instance: PythonInstance, request: InferenceRequest) -> None:
         self._instance = instance
-        self._send = send          # the executor's: (InferenceResponse | None, final)
+        self._request = request
+        self._send = request.response_sender   # the executor's: (InferenceResponse | None, final)
         self._sender = None        # a weak reference to the model's InferenceResponseSender, once made
         self._answered = False     # its final answer went out, or it can have none (its execution failed)
         self._alive = 0            # once watched: how many of the request and its sender the model holds
@@ -272,7 +274,8 @@ class _SenderSlot:
 
     def __call__(self):
         """pb_utils.InferenceRequest.get_response_sender's factory."""
-        sender = self._instance.pb.InferenceResponseSender(self._forward, decoupled=self._instance.decoupled)
+        sender = self._instance.pb.InferenceResponseSender(self._forward, self._cancelled,
+                                                           decoupled=self._instance.decoupled)
         if self._answered:
             sender._sent, sender._closed = 1, True
         self._sender = weakref.ref(sender)
@@ -281,6 +284,9 @@ class _SenderSlot:
                 self._alive += 1
             weakref.finalize(sender, self._let_go).atexit = False
         return sender
+
+    def _cancelled(self) -> bool:
+        return self._request.cancelled
 
     def _forward(self, response, final: bool) -> None:
         if final or (response is not None and not self._instance.decoupled):
