@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import threading
 import time
 
@@ -19,8 +20,9 @@ class ScriptedApp:
 
     def __init__(self) -> None:
         self.seen: list[HttpRequest] = []
+        self.given_up: list[str] = []   # paths of requests whose client left before their answer
 
-    def handle(self, request: HttpRequest, answer) -> None:
+    def handle(self, request: HttpRequest, answer):
         self.seen.append(request)
         loop = asyncio.get_running_loop()
         body = b"%s %s %d" % (request.method.encode(), request.path.encode(), len(request.body))
@@ -28,10 +30,12 @@ class ScriptedApp:
             answer(HttpResponse(400, [(b"content-type", b"text/plain")], b"too large %d" % request.too_large))
         elif request.path == "/slow":
             loop.call_later(0.3, answer, HttpResponse(200, [], body))
+            return lambda: self.given_up.append(request.path)
         elif request.path == "/stream":
             answer(Streaming(200, [(b"content-type", b"text/event-stream")], _chunks()))
         else:
             loop.call_soon(answer, HttpResponse(200, [(b"content-type", b"text/plain")], body))
+        return None
 
 
 async def _chunks():
@@ -231,3 +235,19 @@ def test_a_client_that_pipelines_without_end_is_read_again_once_answered(running
     bodies = [body for _, _, body in read_responses(client, count + 1)]
     assert bodies == [b"GET /slow 0"] + [b"GET /p 0"] * (2 * module.MAX_PIPELINED) + \
         [b"GET /q 0"] * (3 * module.MAX_PIPELINED)
+
+
+def test_a_client_that_resets_its_connection_before_the_answer_gives_its_request_up(running):
+    reset = running.connect()
+    reset.sendall(b"GET /slow HTTP/1.1\r\n\r\n")
+    time.sleep(0.05)
+    reset.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    reset.close()   # RST
+    answered = running.connect()
+    answered.sendall(b"GET /slow HTTP/1.1\r\n\r\n")
+    assert read_responses(answered, 1)[0][2] == b"GET /slow 0"
+    half_closed = running.connect()   # a FIN after the request: still answered, nothing given up
+    half_closed.sendall(b"GET /slow HTTP/1.1\r\n\r\n")
+    half_closed.shutdown(socket.SHUT_WR)
+    assert read_responses(half_closed, 1)[0][2] == b"GET /slow 0"
+    assert running.app.given_up == ["/slow"]
