@@ -136,7 +136,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        if self.busy and self._give_up is not None:   # as Triton: a client that left cancels its request
+        if self.busy and self._give_up is not None:   # a client that left cancels its request (Triton documents it)
             self._give_up()
         self.shared.lost(self)
 
