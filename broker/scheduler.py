@@ -227,7 +227,10 @@ class Scheduler:
         """The client of request ``cancel.rid`` gave up on it. Still queued, it leaves its queue and
         is answered CANCELLED (Triton's dynamic batcher does so when it next forms a batch); running,
         it runs to its end. The requests of a sequence batcher, and an ensemble's steps, run on."""
-        version = self.registry.versions.get((cancel.model, cancel.version))
+        if cancel.version < 0:   # a model's BLS request for the latest version
+            version = self.registry.latest_ready(cancel.model)
+        else:
+            version = self.registry.versions.get((cancel.model, cancel.version))
         if version is None or not isinstance(version.batcher, DynamicBatcher):
             return
         request = version.batcher.take(client, cancel.rid)

@@ -460,6 +460,8 @@ class Broker:
             self.scheduler.streams.response_part(peer, message, parts[position + 1:])
         elif type(message) is Infer:  # a model calling another model (BLS)
             self._submit(peer, parts, position, message, True)
+        elif type(message) is Cancel:  # a model giving up on its BLS request
+            self.scheduler.cancel(peer, message)
         elif type(message) is Hello:
             if self._protocol_ok(self.backend, peer, message.protocol_version, message.role):
                 self._unreachable.discard(peer)

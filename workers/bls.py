@@ -19,7 +19,7 @@ import zmq
 
 from tritium.errors import ErrorCode
 from tritium.pb_utils import types as pb
-from tritium.protocol import Infer, Response, pack_tensors, read_record, tensor_views
+from tritium.protocol import Cancel, Infer, Response, pack_tensors, read_record, tensor_views
 from tritium.security import CurveKeys, secure_client
 from tritium.zmqio import recv_parts, send_parts
 from tritium.workers.tensors import array_to_frame, frame_to_array
@@ -68,6 +68,11 @@ class BlsClient:
             send_parts(self.sock, [infer.encode(inline), *external])
         return rid
 
+    def _cancel(self, rid: int, model: str, version: int) -> None:
+        """Tell the broker this model gave up on its request ``rid`` (a decoupled one)."""
+        with self._lock:
+            send_parts(self.sock, [Cancel(rid, model, version).encode()])
+
     # -- receiving ----------------------------------------------------------------------------
 
     def _pump(self, timeout_ms: int) -> None:
@@ -101,7 +106,7 @@ class BlsClient:
     def execute(self, request, decoupled: bool = False):
         rid = self._send(request)
         if decoupled:
-            return ResponseIterator(self, rid)
+            return ResponseIterator(self, rid, request)
         last = None
         while True:
             final, response = self._next(rid)
@@ -117,7 +122,7 @@ class BlsClient:
             loop.add_reader(self.sock.getsockopt(zmq.FD), self._pump, 0)
             self._reading_loop = loop
         if decoupled:
-            return ResponseIterator(self, rid)
+            return ResponseIterator(self, rid, request)
         last = None
         while True:
             self._pump(0)  # ZeroMQ's descriptor is edge-triggered: look before waiting
@@ -139,9 +144,10 @@ class BlsClient:
 class ResponseIterator:
     """The responses of a decoupled model to one BLS request, until its final one."""
 
-    def __init__(self, client: BlsClient, rid: int) -> None:
+    def __init__(self, client: BlsClient, rid: int, request) -> None:
         self._client = client
         self._rid = rid
+        self._called = (request.model_name(), request.model_version())   # what a cancel names
         self._done = False
 
     def __iter__(self):
@@ -158,6 +164,9 @@ class ResponseIterator:
         raise StopIteration
 
     def cancel(self) -> None:
+        """Stop reading; the called model's request is cancelled (it sees ``is_cancelled()``)."""
+        if not self._done:
+            self._client._cancel(self._rid, *self._called)
         self._done = True
         self._client._replies.pop(self._rid, None)
 

@@ -28,7 +28,7 @@ def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     add_sub_model(repo, "add_sub", max_batch_size=8)
     all_types_model(repo)
-    for name in ("py_decoupled", "py_errors", "py_cancellable"):
+    for name in ("py_decoupled", "py_errors", "py_cancellable", "bls_cancel"):
         shutil.copytree(PYTHON_MODELS / name, repo / name)
     with TritiumServer(repo) as running:
         yield running
@@ -427,16 +427,31 @@ def test_a_model_parameter_of_a_kind_triton_does_not_pass_on_is_refused(server, 
     assert len(stub.ModelInfer(message, timeout=10).raw_output_contents) == 2
 
 
+def _stopped_streams(server) -> int:
+    """How many of py_cancellable's streams stopped early, once their client cancelled."""
+    ((result, _),) = stream_count(server.grpc_url, "py_cancellable", 0, 1)
+    return int(result.as_numpy("INDEX")[0])
+
+
+def _until_stopped(server, before: int) -> int:
+    deadline = time.monotonic() + 10
+    while (stopped := _stopped_streams(server)) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return stopped
+
+
 def test_a_decoupled_model_sees_its_stream_cancelled_and_stops(server):
     """As with Triton 2.51: stop_stream(cancel_requests=True) reaches the model's running request
     (request.is_cancelled() and response_sender.is_cancelled()), which stops streaming."""
-    def stream_of(count: int, cancel_after: int | None = None) -> list:
-        got = stream_count(server.grpc_url, "py_cancellable", count, cancel_after or 1, cancel=cancel_after is not None)
-        return [result.as_numpy("INDEX").tolist() for result, _ in got]
+    before = _stopped_streams(server)
+    got = stream_count(server.grpc_url, "py_cancellable", 200, 3, cancel=True)
+    assert [result.as_numpy("INDEX").tolist() for result, _ in got] == [[0], [1], [2]]
+    assert _until_stopped(server, before) == before + 1   # long before its 200 responses (10 s)
 
-    assert stream_of(0) == [[-1]]
-    assert stream_of(200, cancel_after=3) == [[0], [1], [2]]
-    deadline = time.monotonic() + 10
-    while (stopped := stream_of(0)) == [[-1]] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert 3 <= stopped[0][0] < 200   # it stopped soon after, not at the end
+
+def test_a_model_cancelling_its_bls_response_iterator_stops_the_called_model(server, client):
+    before = _stopped_streams(server)
+    count = grpcclient.InferInput("COUNT", [1], "INT32")
+    count.set_data_from_numpy(np.array([2], np.int32))
+    assert client.infer("bls_cancel", [count]).as_numpy("SEEN").tolist() == [0, 1]
+    assert _until_stopped(server, before) == before + 1

@@ -46,7 +46,7 @@ class Kind(enum.IntEnum):
     INFER = 10
     # instance -> broker -> gateway: the answer to one request; tensors = outputs
     RESPONSE = 11
-    # gateway -> broker: the client of a request gave up on it (a queued one leaves its queue)
+    # gateway or instance (BLS) -> broker: the client of a request gave up on it (a queued one leaves its queue)
     CANCEL = 12
     # broker -> instance: requests to execute together (the INFER records follow)
     BATCH = 20

@@ -298,14 +298,15 @@ class Response(Message, frozen=True, tag=int(Kind.RESPONSE)):
 
 class Cancel(Message, frozen=True, tag=int(Kind.CANCEL)):
     """The client of a request gave up on it: its gRPC call was cancelled or ran past its
-    deadline, or its HTTP connection closed. A request still queued leaves its queue, answered
-    CANCELLED; one already running runs to its end."""
+    deadline, its HTTP connection was reset, or a model cancelled its BLS response iterator. A
+    request still queued leaves its queue, answered CANCELLED; one already running runs to its
+    end, its instance told (CANCEL_RUNNING)."""
 
-    DIRECTION = "gateway -> broker"
+    DIRECTION = "gateway or instance (BLS) -> broker"
 
     rid: Annotated[int, doc("the request's rid")]
     model: Annotated[str, doc("its model")] = field(name="m")
-    version: Annotated[int, doc("its concrete version, as its INFER said")] = field(name="v")
+    version: Annotated[int, doc("its version, as its INFER said (-1: a BLS request's latest)")] = field(name="v")
 
 
 class Batch(Message, frozen=True, tag=int(Kind.BATCH)):
