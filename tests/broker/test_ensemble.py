@@ -525,12 +525,13 @@ def test_an_iteration_completed_by_a_step_answered_at_once_is_answered_once():
     assert [sorted(outputs) for _, outputs in world.answers()] == [["X", "Y"]]
 
 
-def _chain_world() -> World:
-    """The ensemble ``chain``: split (decoupled) -> double."""
+def _chain_world(decoupled: bool = True) -> World:
+    """The ensemble ``chain``: split (decoupled) -> double; the ensemble decoupled too, or not."""
     split = model("split", "IN", "S", extra="model_transaction_policy { decoupled: true }")
     chain = ensemble("chain", "IN", "OUT", [step("split", {"IN": "IN"}, {"S": "s"}),
-                                           step("double", {"X": "s"}, {"Y": "OUT"})]).replace(
-        'platform: "ensemble"', 'platform: "ensemble" model_transaction_policy { decoupled: true }')
+                                           step("double", {"X": "s"}, {"Y": "OUT"})])
+    if decoupled:
+        chain = chain.replace('platform: "ensemble"', 'platform: "ensemble" model_transaction_policy { decoupled: true }')
     return World([*MODELS, split, chain])
 
 
@@ -590,10 +591,7 @@ def test_a_decoupled_step_lost_before_its_final_flag_still_lets_its_answered_ens
     """An ensemble that is not decoupled is answered by its decoupled step's first response; the
     step's instance is lost before the step's final flag and BATCH_DONE: the answered ensemble
     still counts as a success (without the lost step's times), and nothing waits for them."""
-    split = model("split", "IN", "S", extra="model_transaction_policy { decoupled: true }")
-    chain = ensemble("chain", "IN", "OUT", [step("split", {"IN": "IN"}, {"S": "s"}),
-                                           step("double", {"X": "s"}, {"Y": "OUT"})])
-    world = World([*MODELS, split, chain])
+    world = _chain_world(decoupled=False)
     given = values(1)
     world.infer("chain", {"IN": given})
     ((iid, number, [(header, _, _)]),) = world.batches()

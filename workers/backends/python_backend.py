@@ -313,6 +313,8 @@ class _SenderSlot:
 
     def watch(self, pb_request: PbRequest) -> None:
         """Answer the request with an error once the model holds neither it nor its sender unanswered."""
+        if self._answered:   # answered during execute (most decoupled models): nothing to watch
+            return
         held = [pb_request] + [sender for sender in (self._made(),) if sender is not None]
         self._lock, self._alive = threading.Lock(), len(held)
         for thing in held:
