@@ -31,7 +31,7 @@ from tritium.broker.response_cache import ResponseCache, cached_response, reques
 from tritium.broker.sequences import SequenceBatcher
 from tritium.broker.streams import OpenStreams
 from tritium.protocol import Batch as BatchHeader
-from tritium.protocol import BatchDone, Cancel, CancelRunning, Infer, error_record
+from tritium.protocol import HEARTBEAT_SUFFIX, BatchDone, Cancel, CancelRunning, Infer, error_record
 from tritium.tracing.stamps import batch_stamps
 from tritium.zmqio import LONE_ANSWERS_BEFORE_POLLING
 
@@ -248,7 +248,11 @@ class Scheduler:
         for batch in running:
             for index, request in enumerate(batch.requests):
                 if request.rid == rid and request.client == client and index not in batch.finished:
-                    self._send_to_instance([batch.instance.iid, CancelRunning(batch.number, index).encode()])
+                    # Its heartbeat socket's thread marks it at once, even inside a long execute;
+                    # the data socket's copy arrives after the batch, however the two race.
+                    cancel = CancelRunning(batch.number, index).encode()
+                    self._send_to_instance([batch.instance.iid + HEARTBEAT_SUFFIX, cancel])
+                    self._send_to_instance([batch.instance.iid, cancel])
                     return
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:

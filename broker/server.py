@@ -47,6 +47,7 @@ from tritium.protocol import (
     PROTOCOL_VERSION,
     BatchDone,
     Cancel,
+    CancelRunning,
     ControlReply,
     Drain,
     Drained,
@@ -502,7 +503,7 @@ class Broker:
 
 
 # What the broker tells a peer unasked: losing these to a peer that left loses nothing.
-_NOTICES = (Heartbeat, Models, LogSettingsMessage, Reset, Drained)
+_NOTICES = (Heartbeat, Models, LogSettingsMessage, Reset, Drained, CancelRunning)
 
 
 def _only_notices(parts: list) -> bool:

@@ -51,6 +51,7 @@ class _Item:
     slot: int | None = None            # stateful models: the sequence slot it runs in
     padding: bool = False              # a not-ready request filling a slot of a direct batch
     trace: CallTrace | None = None     # traced: what its model's BLS calls add to its trace
+    request: InferenceRequest | None = None   # what its model was given (the per-request path)
 
 
 class BatchExecutor:
@@ -69,8 +70,12 @@ class BatchExecutor:
         self.output_dims = {o.name: list(o.dims) for o in config.output if o.HasField("reshape")}
         self.stacks = instance.stacks_batches
         self.sequences = SequenceInputs(config, model_dir) if config.HasField("sequence_batching") else None
-        # A decoupled model's requests still answering, by (batch, index): their clients may cancel them.
+        # Requests answered through their response senders (a decoupled model's, or one that answers
+        # after execute returned) still answering, by (batch, index): their clients may cancel them.
         self._answering: dict[tuple[int, int], InferenceRequest] = {}
+        # The batch number and requests (as received) of the per-request execute now running:
+        # read by the heartbeat thread, which marks a cancelled one while execute runs.
+        self._executing: tuple[int, list[_Item]] | None = None
 
     def run(self, frames: list) -> list:
         """Execute the batch in ``frames`` (BATCH record first); return the BATCH_DONE parts."""
@@ -224,11 +229,13 @@ class BatchExecutor:
                 replies[item.rid] = ([_error_record(item.rid, self._execution_error(exc))], False)
                 continue
             request.response_sender = functools.partial(sent.send, item.rid)
+            item.request = request
             requests.append((item, request))
         if not requests:
             now = time.monotonic_ns()
             return replies, now, now
         t1 = time.monotonic_ns()
+        self._executing = number, received
         try:
             responses = self.instance.execute([request for _, request in requests])
             if not isinstance(responses, list) or len(responses) != len(requests):
@@ -239,6 +246,7 @@ class BatchExecutor:
         except Exception as exc:
             error = self._execution_error(exc)
             responses, failed = [InferenceResponse(error=error)] * len(requests), True
+        self._executing = None
         t2 = time.monotonic_ns()
         responses, overruled = sent.merged([item.rid for item, _ in requests], responses, failed)
         for (item, request), response in zip(requests, responses):
@@ -259,6 +267,7 @@ class BatchExecutor:
             reply = replies.get(item.rid) if item.error is None else None
             if reply is _LATER:
                 later.append(index)
+                self._answering[number, index] = item.request
                 continue
             encoded = reply[0] if reply is not None else [_error_record(item.rid, item.error or InternalError(
                 f"model '{self.model}' gave no response"))]
@@ -335,8 +344,15 @@ class BatchExecutor:
         return send
 
     def cancel(self, batch: int, index: int) -> None:
-        """The client of request ``index`` of ``batch`` gave up on it: its model may see it and stop."""
+        """The client of request ``index`` of ``batch`` gave up on it: its model may see it and stop.
+
+        Called by the main loop between executions and by the heartbeat thread while one runs
+        (the broker tells both): setting a flag is all it does, safe from either thread.
+        """
         request = self._answering.get((batch, index))
+        executing = self._executing
+        if request is None and executing is not None and executing[0] == batch and index < len(executing[1]):
+            request = executing[1][index].request
         if request is not None:
             request.cancelled = True
 
@@ -496,6 +512,7 @@ class _SentAnswers:
             index = self._later.pop(rid, None)
         if index is not None:   # else its request was answered already, or is a sequence batch's padding
             executor = self._executor
+            executor._answering.pop((self._number, index), None)
             requested = self._received[index].infer.outputs
             executor._send_part(self._number, index, executor._encode_response(rid, requested, response)[0])
 

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -29,6 +30,7 @@ from tritium.gctune import tune_for_serving
 from tritium.errors import InternalError
 from tritium.exit_codes import ExitCode
 from tritium.protocol import (
+    HEARTBEAT_SUFFIX,
     PROTOCOL_VERSION,
     Batch,
     CancelRunning,
@@ -39,6 +41,7 @@ from tritium.protocol import (
     LogSettings,
     Refused,
     Reset,
+    ProtocolError,
     Role,
     read_record,
 )
@@ -54,6 +57,7 @@ from tritium.workers.warmup import warm_up
 log = logging.getLogger(__name__)
 
 _LINGER_S = 2.0   # how long a failing instance tries to deliver the message that says why
+_STOP_CHECK_S = 0.25   # how soon the heartbeat thread notices it is to stop
 
 
 class Outbox:
@@ -91,29 +95,41 @@ class Outbox:
 
 
 class HeartbeatThread(threading.Thread):
-    """Tells the broker this instance lives, on a socket of its own, even while a batch runs.
+    """Tells the broker this instance lives, on a socket of its own, even while a batch runs;
+    and hears on it which running requests their clients cancelled.
 
     The main thread owns the data socket and blocks in ``execute``; this thread needs the
-    GIL only for a moment each interval (backends release it while computing).
+    GIL only for a moment each interval (backends release it while computing). The broker
+    sends each CANCEL_RUNNING here as well as on the data socket, so that a model streaming
+    from inside its execute sees ``is_cancelled()`` at once; one that overtakes its batch
+    finds nothing here and is applied by the main loop, which reads it after the batch.
     """
 
     def __init__(self, broker: str, iid: str, interval_s: float, curve: CurveKeys | None = None,
-                 agent: str = "") -> None:
+                 agent: str = "", on_cancel: Callable[[int, int], None] | None = None) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.broker, self.iid, self.interval_s, self.curve, self.agent = broker, iid, interval_s, curve, agent
+        self.on_cancel = on_cancel
         self.stopped = threading.Event()
 
     def run(self) -> None:
         context = zmq.Context()
         sock = context.socket(zmq.DEALER)
         secure_client(sock, self.curve, "instance")
-        sock.setsockopt(zmq.IDENTITY, f"{self.iid}/hb".encode())
+        sock.setsockopt(zmq.IDENTITY, self.iid.encode() + HEARTBEAT_SUFFIX)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 4)   # beats that cannot leave are worthless later
         sock.connect(self.broker)
         beat = Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True).encode()
+        next_beat = time.monotonic() + self.interval_s
         try:
-            while not self.stopped.wait(self.interval_s):
+            while not self.stopped.is_set():
+                wait_s = next_beat - time.monotonic()
+                if wait_s > 0:
+                    if sock.poll(int(min(wait_s, _STOP_CHECK_S) * 1000) + 1, zmq.POLLIN):
+                        self._read(sock)
+                    continue
+                next_beat += self.interval_s
                 try:
                     sock.send(beat, zmq.NOBLOCK)
                 except zmq.Again:
@@ -121,6 +137,20 @@ class HeartbeatThread(threading.Thread):
         finally:
             sock.close(0)
             context.term()
+
+    def _read(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                message = read_record(frames[0])[0]
+            except ProtocolError as exc:
+                log.warning("unreadable message on the heartbeat socket: %s", exc)
+                continue
+            if type(message) is CancelRunning and self.on_cancel is not None:
+                self.on_cancel(message.batch, message.index)
 
 
 class HealthReporter:
@@ -225,7 +255,7 @@ def main() -> None:
     hello()
     log.info("serving model %s version %d as %s", spec["model"], spec["version"], spec["key"])
     heartbeat = HeartbeatThread(spec["broker"], spec["iid"], spec.get("heartbeat_interval_s", 1.0), curve,
-                                spec["agent"])
+                                spec["agent"], executor.cancel)
     heartbeat.start()
     tune_for_serving()
     try:

@@ -158,6 +158,8 @@ def test_an_instance_the_rate_limiter_cannot_take_after_the_load_is_refused_and_
 def test_a_cancelled_request_leaves_its_queue_answered_cancelled_and_a_running_ones_instance_is_told(world):
     gateway = world.gateway()
     _, instance = world.serving_instance()
+    beats = world.peer("back", b"instance-1/hb")   # the instance's heartbeat thread
+    beats.send(Heartbeat(heartbeat_s=HEARTBEAT_S, iid="instance-1", agent="agent-1", joined=True).encode())
     infer(gateway, rid=1)
     world.until(lambda: len(instance.headers(Kind.BATCH)) == 1)
     infer(gateway, rid=2)
@@ -172,9 +174,11 @@ def test_a_cancelled_request_leaves_its_queue_answered_cancelled_and_a_running_o
     stats = world.broker.registry.versions[("m", 1)].stats
     assert stats.as_dict("m", 1)["inference_stats"]["fail"]["count"] == 1
     assert stats.failures == {"CANCELED": 1}
-    world.until(lambda: instance.headers(Kind.CANCEL_RUNNING))   # the running one: its instance is told
+    # The running one: its instance is told on both sockets (the heartbeat thread's sees it during execute).
+    world.until(lambda: instance.headers(Kind.CANCEL_RUNNING) and beats.headers(Kind.CANCEL_RUNNING))
     (batch_one,) = [m for m in instance.messages if m[0][0]["k"] == Kind.BATCH]
-    assert instance.headers(Kind.CANCEL_RUNNING) == [{"k": Kind.CANCEL_RUNNING, "b": batch_one[0][0]["b"], "i": 0}]
+    told = [{"k": Kind.CANCEL_RUNNING, "b": batch_one[0][0]["b"], "i": 0}]
+    assert instance.headers(Kind.CANCEL_RUNNING) == told and beats.headers(Kind.CANCEL_RUNNING) == told
     answer(instance, batch_one[0][0], batch_one[1:])
     world.until(lambda: len(instance.headers(Kind.BATCH)) == 2)
     assert [h["rid"] for h, _ in instance.messages[-1][1:]] == [3]   # the cancelled request is gone

@@ -28,7 +28,7 @@ def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     add_sub_model(repo, "add_sub", max_batch_size=8)
     all_types_model(repo)
-    for name in ("py_decoupled", "py_errors", "py_cancellable", "bls_cancel"):
+    for name in ("py_decoupled", "py_errors", "py_cancellable", "bls_cancel", "py_cancel_polling"):
         shutil.copytree(PYTHON_MODELS / name, repo / name)
     with TritiumServer(repo) as running:
         yield running
@@ -447,6 +447,38 @@ def test_a_decoupled_model_sees_its_stream_cancelled_and_stops(server):
     got = stream_count(server.grpc_url, "py_cancellable", 200, 3, cancel=True)
     assert [result.as_numpy("INDEX").tolist() for result, _ in got] == [[0], [1], [2]]
     assert _until_stopped(server, before) == before + 1   # long before its 200 responses (10 s)
+
+
+def test_a_decoupled_model_streaming_inside_execute_sees_its_stream_cancelled(server):
+    """The model's one instance is busy in execute: the cancel reaches it there (the instance's
+    heartbeat thread marks the request), as Triton's stub lets a model poll is_cancelled()."""
+    before = _stopped_streams(server)
+    got = stream_count(server.grpc_url, "py_cancellable", -200, 3, cancel=True)
+    assert [result.as_numpy("INDEX").tolist() for result, _ in got] == [[0], [1], [2]]
+    started = time.monotonic()
+    assert _until_stopped(server, before) == before + 1
+    assert time.monotonic() - started < 5   # its 200 responses would take 10 s
+
+
+def test_a_model_polling_during_a_long_execute_sees_its_client_give_up(server):
+    """A ModelInfer past its deadline while its (not decoupled) model works inside execute: the
+    model sees request.is_cancelled() and returns early."""
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+
+    def call(count: int, timeout: float):
+        message = service_pb2.ModelInferRequest(model_name="py_cancel_polling")
+        tensor = message.inputs.add(name="COUNT", datatype="INT32", shape=[1])
+        tensor.contents.int_contents.append(count)
+        reply = stub.ModelInfer(message, timeout=timeout)
+        return np.frombuffer(reply.raw_output_contents[0], np.int32)[0]
+
+    before = call(0, 10)
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as gave_up:
+        call(1000, 0.3)   # 10 s of work
+    assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert call(0, 10) == before + 1   # waits for the instance: it stopped early
+    assert time.monotonic() - started < 5
 
 
 def test_a_model_cancelling_its_bls_response_iterator_stops_the_called_model(server, client):

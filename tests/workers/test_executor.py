@@ -645,6 +645,31 @@ def test_a_batch_answered_partly_through_senders_and_partly_later_reaches_each_r
     assert isinstance(read_record(sent[2][0])[0], ResponsePart)
 
 
+def test_a_request_is_cancellable_while_its_execute_runs_and_while_it_is_answered_later():
+    """cancel(batch, index) marks the request of that place: during execute (the heartbeat
+    thread's call), and after it for a request its model answers later; other batches and
+    answered requests are left alone."""
+    seen, kept = [], []
+    executor = None
+
+    def respond(requests):
+        executor.cancel(4, 1)       # another batch: nothing
+        executor.cancel(5, 1)       # as the heartbeat thread does while execute runs
+        seen.append([request.cancelled for request in requests])
+        kept.append(requests[2])
+        return [InferenceResponse(outputs={"DOUBLE": r.inputs["IN"]}) for r in requests[:2]] + [None]
+
+    executor = BatchExecutor(PerRequest(respond), config(), send=lambda parts: None)
+    frames = batch_frames([{"rid": rid, "inputs": [fp32_input(rows(1, rid))], "outputs": ["DOUBLE"]}
+                           for rid in (1, 2, 3)], number=5)
+    executor.run(frames)
+    assert seen == [[False, True, False]]
+    executor.cancel(5, 2)           # answered later: still cancellable
+    assert kept[0].cancelled
+    kept[0].response_sender(InferenceResponse(outputs={"DOUBLE": rows(1, 3)}), True)
+    assert executor._answering == {} and executor._executing is None
+
+
 def test_a_response_sent_before_execute_fails_stands_and_the_others_get_the_error():
     def respond(requests):
         requests[0].response_sender(InferenceResponse(outputs={"DOUBLE": requests[0].inputs["IN"] * 2}), True)

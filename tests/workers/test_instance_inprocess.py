@@ -27,7 +27,7 @@ from tests.repo.helpers import load, write_model
 from tests.scripted_peers import ScriptedBroker, at_least, eventually, ipc_address
 from tritium.errors import ErrorCode
 from tritium.exit_codes import ExitCode
-from tritium.protocol import PROTOCOL_VERSION, Batch, Infer, Kind, LogSettings, Reset, decode
+from tritium.protocol import PROTOCOL_VERSION, Batch, CancelRunning, Infer, Kind, LogSettings, Reset, decode
 
 HEARTBEAT_S = 0.1
 AGENT = "agent-test"
@@ -241,3 +241,40 @@ def test_an_answer_from_a_model_s_own_thread_leaves_while_the_broker_keeps_the_s
         instance.close()
     assert instance.broker.of(Kind.RESPONSE_PART, instance.peer), "the model's answer never left"
     assert answered_after < 2.5, f"the answer waited {answered_after:.1f} s behind the broker's messages"
+
+
+POLLING_MODEL = """
+    import time
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            deadline = time.monotonic() + 5
+            while not requests[0].is_cancelled() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            seen = np.full((1, 4), float(requests[0].is_cancelled()), np.float32)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", seen)]) for _ in requests]
+"""
+
+
+def test_a_cancel_on_the_heartbeat_socket_reaches_a_request_inside_its_execute(tmp_path):
+    """The main thread is in execute; the heartbeat thread reads CANCEL_RUNNING and marks the request."""
+    instance = Instance(tmp_path, CONFIG, POLLING_MODEL)
+    try:
+        instance.hellos()
+        beats = f"{instance.iid}/hb".encode()
+        instance.until(lambda: instance.broker.of(Kind.HEARTBEAT, beats), "a heartbeat")
+        batch = next(_batches)
+        _, record = infer([1.0, 2.0, 3.0, 4.0])
+        started = time.monotonic()
+        instance.broker.send(instance.peer, Batch(batch, 1).encode(), record)
+        time.sleep(0.2)   # execute is running
+        instance.broker.send(beats, CancelRunning(batch, 0).encode())
+        done = instance.until(lambda: [r for r in instance.broker.received if r.kind == Kind.RESPONSE], "its answer")
+        took = time.monotonic() - started
+    finally:
+        instance.close()
+    assert y_of(done[0]) == [1.0] * 4   # the model saw is_cancelled() turn True
+    assert took < 3, f"execute ran {took:.1f} s: it did not see the cancel"

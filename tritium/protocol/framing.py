@@ -28,7 +28,7 @@ import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 INLINE_LIMIT = 64 * 1024
 _PREFIX = struct.Struct("<I")
 
@@ -93,6 +93,9 @@ _KINDS = frozenset(int(k) for k in Kind)
 # A peer silent for this many heartbeat intervals is gone: the broker drops it, and a
 # gateway or agent that stops hearing the broker fails what it sent and waits for it.
 MISSED_HEARTBEATS = 3
+# An instance's heartbeat socket is named its iid followed by this: the broker reaches the
+# thread that owns it (CANCEL_RUNNING during a long execute) while the main thread computes.
+HEARTBEAT_SUFFIX = b"/hb"
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 
 # Gateways and agents reconnect to a lost broker after 100 ms, backing off to one attempt a

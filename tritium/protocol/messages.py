@@ -343,7 +343,8 @@ class ResponsePart(Message, frozen=True, tag=int(Kind.RESPONSE_PART)):
 
 class CancelRunning(Message, frozen=True, tag=int(Kind.CANCEL_RUNNING)):
     """The client of a request the instance runs gave up on it (CANCEL): a Python model sees it
-    through `request.is_cancelled()` and `response_sender.is_cancelled()`."""
+    through `request.is_cancelled()` and `response_sender.is_cancelled()`. Sent to the
+    instance's heartbeat socket (seen even during an execute) and to its data socket."""
 
     DIRECTION = "broker -> instance"
 

@@ -7,7 +7,8 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     """Streams INDEX 0..COUNT-1 from a thread, one every 50 ms, stopping early once its client
-    cancels (``is_cancelled()``). COUNT 0 answers, once, with how many streams stopped early."""
+    cancels (``is_cancelled()``); a negative COUNT streams -COUNT from inside execute. COUNT 0
+    answers, once, with how many streams stopped early."""
 
     def initialize(self, args):
         self.stopped = 0
@@ -18,6 +19,8 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             if count == 0:
                 sender.send(self._response(self.stopped), pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            elif count < 0:
+                self._stream(request, sender, -count)
             else:
                 threading.Thread(target=self._stream, args=(request, sender, count)).start()
         return None
