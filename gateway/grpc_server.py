@@ -147,6 +147,9 @@ class GrpcConnection(asyncio.Protocol):
                                      self._client_going_away, window=_WINDOW, max_frame=_MAX_FRAME)
         self.http2.on_ping = self._client_pinged
         self.calls: dict[int, _Call] = {}      # streams not yet answered, or answered but still sending
+        # The calls whose data waits for the client's window: a connection WINDOW_UPDATE (one
+        # per answer read, from most clients) wakes these, not every call on the connection.
+        self.blocked: dict[int, _Call] = {}
         self.flush_scheduled = False
         self.closed = False
         self.aged = False        # past its maximum age: told GOAWAY, closes when its calls are done
@@ -284,7 +287,7 @@ class GrpcConnection(asyncio.Protocol):
             if call is not None and call.pending:
                 self._send_pending(call)
         else:
-            for call in [c for c in self.calls.values() if c.pending]:
+            for call in list(self.blocked.values()):
                 self._send_pending(call)
 
     def _client_going_away(self) -> None:
@@ -394,7 +397,9 @@ class GrpcConnection(asyncio.Protocol):
         while call.pending:
             room = http2.window_for(call.id)
             if room <= 0:
-                if not http2.is_open(call.id):
+                if http2.is_open(call.id):
+                    self.blocked[call.id] = call
+                else:
                     self._forget(call)
                 return
             data = call.pending.popleft()
@@ -403,6 +408,8 @@ class GrpcConnection(asyncio.Protocol):
                 call.pending.appendleft(data[room:])
                 data = data[:room]
             http2.send_data(call.id, data)
+        if self.blocked:
+            self.blocked.pop(call.id, None)
         if call.trailers is not None:
             if http2.is_open(call.id):
                 http2.send_headers(call.id, call.trailers, end_stream=True)
@@ -441,6 +448,7 @@ class GrpcConnection(asyncio.Protocol):
         if call.stream is not None:
             call.stream.over = True
         call.pending.clear()
+        self.blocked.pop(call.id, None)
         if call.timer is not None:
             call.timer.cancel()
         if call.task is not None and not call.task.done() and call.task is not asyncio.current_task():

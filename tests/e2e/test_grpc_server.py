@@ -194,27 +194,53 @@ def test_a_deadline_passing_while_a_response_is_half_sent_cancels_the_stream(ser
         raw.close()
 
 
+def _data_sent_within(raw: RawH2, window: int) -> int:
+    """The DATA bytes the server sends once ``window`` have arrived and it had time for more."""
+    while sum(len(f[3]) for f in raw.frames if f[0] == DATA) < window:
+        raw.read_some()
+    time.sleep(0.3)
+    raw.sock.setblocking(False)
+    try:
+        raw.read_some()
+    except BlockingIOError:
+        pass
+    raw.sock.settimeout(10)
+    return sum(len(f[3]) for f in raw.frames if f[0] == DATA)
+
+
 def test_a_response_waits_for_the_client_s_window(server):
     raw = RawH2(server.grpc_url, settings={INITIAL_WINDOW_SIZE: 1000})
     try:
         request, a, b = add_sub_request(rows=2048)   # 256 KiB of outputs
         stream_id = raw.start_call("ModelInfer")
         raw.send(DATA, END_STREAM, stream_id, grpc_message(request.SerializeToString()))
-        while sum(len(f[3]) for f in raw.frames if f[0] == DATA) < 1000:
-            raw.read_some()
-        time.sleep(0.3)
-        raw.sock.setblocking(False)
-        try:
-            raw.read_some()
-        except BlockingIOError:
-            pass
-        raw.sock.setblocking(True)
-        assert sum(len(f[3]) for f in raw.frames if f[0] == DATA) == 1000   # no more than the window
+        assert _data_sent_within(raw, 1000) == 1000   # no more than the window
         for target in (0, stream_id):
             raw.send(WINDOW_UPDATE, 0, target, (1 << 24).to_bytes(4, "big"))
         answer = raw.wait(stream_id)
         assert answer.status == 0
         check_add_sub(service_pb2.ModelInferResponse.FromString(answer.messages[0]), a, b)
+    finally:
+        raw.close()
+
+
+def test_calls_waiting_on_the_connection_window_all_resume_when_it_grows(server):
+    """Two answers larger than the connection's window (65,535 bytes, the streams' own windows
+    wide): the first fills it, and one connection WINDOW_UPDATE lets both finish."""
+    raw = RawH2(server.grpc_url, settings={INITIAL_WINDOW_SIZE: 1 << 24})
+    try:
+        calls = []
+        for _ in range(2):
+            request, a, b = add_sub_request(rows=2048)   # 256 KiB of outputs each
+            stream_id = raw.start_call("ModelInfer")
+            raw.send(DATA, END_STREAM, stream_id, grpc_message(request.SerializeToString()))
+            calls.append((stream_id, a, b))
+        assert _data_sent_within(raw, 65535) == 65535   # no more than the window
+        raw.send(WINDOW_UPDATE, 0, 0, (1 << 24).to_bytes(4, "big"))
+        for stream_id, a, b in calls:
+            answer = raw.wait(stream_id)
+            assert answer.status == 0
+            check_add_sub(service_pb2.ModelInferResponse.FromString(answer.messages[0]), a, b)
     finally:
         raw.close()
 
