@@ -28,7 +28,7 @@ from tritium.broker.registry import (
 )
 from tritium.errors import Cancelled, NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
-from tritium.broker.sequences import SequenceBatcher
+from tritium.broker.sequences import END as SEQUENCE_END, SequenceBatcher
 from tritium.broker.streams import OpenStreams
 from tritium.protocol import Batch as BatchHeader
 from tritium.protocol import HEARTBEAT_SUFFIX, BatchDone, Cancel, CancelRunning, Infer, error_record
@@ -225,24 +225,40 @@ class Scheduler:
 
     def cancel(self, client: bytes, cancel: Cancel) -> None:
         """The client of request ``cancel.rid`` gave up on it. Still queued, it leaves its queue and
-        is answered CANCELLED (Triton's dynamic batcher does so when it next forms a batch); running,
-        it runs to its end. The requests of a sequence batcher, and an ensemble's steps, run on."""
+        is answered CANCELLED (Triton's dynamic batcher does so when it next forms a batch), with the
+        rest of its sequence for a sequence batcher's; running, it runs to its end, its instance
+        told. An ensemble's steps run on."""
         if cancel.version < 0:   # a model's BLS request for the latest version
             version = self.registry.latest_ready(cancel.model)
         else:
             version = self.registry.versions.get((cancel.model, cancel.version))
-        if version is None or not isinstance(version.batcher, DynamicBatcher):
+        if version is None:
             return
-        request = version.batcher.take(client, cancel.rid)
-        if request is not None:
-            self._answer_error(version, request, Cancelled("the client cancelled the request"))
-            version.stats.record_failure(self._clock() - request.arrival_ns, "CANCELED")
+        batcher = version.batcher
+        if isinstance(batcher, DynamicBatcher):
+            request = batcher.take(client, cancel.rid)
+            cancelled = [request] if request is not None else []
+        elif isinstance(batcher, SequenceBatcher):   # the rest of its sequence goes with it
+            cancelled = batcher.cancel(client, cancel.rid)
         else:
-            self._cancel_running(version, client, cancel.rid)
+            return
+        if not cancelled:
+            running = self._cancel_running(version, client, cancel.rid)
+            if running is None or not isinstance(batcher, SequenceBatcher) or running.flags & SEQUENCE_END:
+                return   # (after its END, the correlation id may name a new sequence)
+            # Sent on to its instance already (a sequence's requests follow each other there):
+            # it runs, and its sequence ends with it.
+            cancelled = batcher.end(running.correlation_id)
+        now = self._clock()
+        for request in cancelled:
+            self._answer_error(version, request, Cancelled("the client cancelled the request"))
+            version.stats.record_failure(now - request.arrival_ns, "CANCELED")
+        if isinstance(batcher, SequenceBatcher):   # a freed slot may take a sequence of the backlog
+            self.dispatch(version, now)
 
-    def _cancel_running(self, version: ModelVersion, client: bytes, rid: int) -> None:
-        """Tell the instance running request ``rid`` that its client left: a decoupled model
-        streaming to nobody may stop (it sees ``is_cancelled()``)."""
+    def _cancel_running(self, version: ModelVersion, client: bytes, rid: int) -> PendingRequest | None:
+        """Tell the instance running request ``rid`` that its client left: a Python model may see
+        it (``is_cancelled()``) and stop. Returns the request, None when none runs."""
         running = [b for instance in version.instances for b in instance.inflight.values()]
         running += [b for b in self.streams.batches.values() if b.version is version]
         for batch in running:
@@ -253,7 +269,8 @@ class Scheduler:
                     cancel = CancelRunning(batch.number, index).encode()
                     self._send_to_instance([batch.instance.iid + HEARTBEAT_SUFFIX, cancel])
                     self._send_to_instance([batch.instance.iid, cancel])
-                    return
+                    return request
+        return None
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
         self._reply(from_backend, [client, error_record(rid, error)])

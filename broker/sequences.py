@@ -23,6 +23,9 @@ so tests drive it with a fake clock. The rules follow Triton's ``SequenceBatchSc
   ``max_queue_delay_microseconds`` and ``minimum_slot_utilization`` are set, in which case
   it waits until the ready slots reach that fraction of the slots or the oldest head has
   waited the delay. Heads whose shapes differ from the first one's wait for a later batch;
+* a request whose client gives up while it is queued ends its sequence: every request of
+  the sequence still queued is answered CANCELLED, the slot frees and the correlation id is
+  forgotten (Triton releases a slot whose head request is cancelled the same way);
 * ``oldest``: ``max_candidate_sequences`` slots per instance (or ``max(1, max_batch_size)``);
   each instance has a dynamic batcher (``preferred_batch_size``,
   ``max_queue_delay_microseconds``) holding the head request of each of its sequences, so
@@ -312,6 +315,48 @@ class SequenceBatcher(Generic[Inst]):
         self._count -= 1
         if sequence.ending and not sequence.queue:
             self._unbind(sequence)
+
+    # -- a client gives up ---------------------------------------------------------------------
+
+    def cancel(self, client: bytes, rid: int) -> list:
+        """Request ``rid`` of ``client`` gave up while queued: its sequence is over, as in Triton.
+        Returns the sequence's queued requests, that one among them, to be answered CANCELLED
+        (none when it is not queued here). The slot frees at once and the correlation id is
+        forgotten: a later request of the sequence without START is refused."""
+        for sequence in self._queued_sequences():
+            if any(request.rid == rid and request.client == client for request in sequence.queue):
+                return self._end_cancelled(sequence)
+        return []
+
+    def end(self, correlation_id: int | str) -> list:
+        """A running request of sequence ``correlation_id`` was cancelled: the sequence ends as in
+        ``cancel``; returns its queued requests (none when it is not active)."""
+        sequence = self._active.get(correlation_id)
+        return self._end_cancelled(sequence) if sequence is not None else []
+
+    def _queued_sequences(self) -> Iterable[_Sequence]:
+        yield from self._backlog
+        for slots in self._instances.values():
+            yield from (sequence for sequence in slots.sequences if sequence is not None and sequence.queue)
+
+    def _end_cancelled(self, sequence: _Sequence) -> list:
+        cancelled = list(sequence.queue)
+        sequence.queue.clear()
+        self._count -= len(cancelled)
+        slots = self._instances.get(sequence.instance) if sequence.instance is not None else None
+        if slots is None:
+            if sequence in self._backlog:
+                self._backlog.remove(sequence)
+        elif cancelled:
+            slots.queued -= len(cancelled)
+            head = cancelled[0]
+            if slots.offered.pop(head, None) is not None:
+                assert slots.batcher is not None
+                slots.batcher.take(head.client, head.rid)
+        log.info("sequence %s of model '%s' cancelled; %d queued request(s) of it cancelled",
+                 sequence.correlation_id, self.policy.model, len(cancelled))
+        self._stop_taking(sequence)   # unbinds it, its queue being empty
+        return cancelled
 
     # -- the queue goes away ------------------------------------------------------------------
 

@@ -28,6 +28,8 @@ class Req:
     arrival_ns: int = 0
     batch_size: int = 1
     shape_key: object = None
+    rid: int = 0
+    client: bytes = b"gw"
 
     def __repr__(self) -> str:
         return self.name
@@ -309,3 +311,47 @@ def test_drain_returns_every_queued_request_in_arrival_order_and_forgets_every_s
     assert [r.name for r in b.drain()] == ["a1", "b1", "a2"]
     assert len(b) == 0
     assert refusal(b, Req("x", 1)).startswith("inference request for sequence 1 ")
+
+
+# -- a client gives up ------------------------------------------------------------------------
+
+def test_a_cancelled_request_ends_its_sequence_its_queued_requests_cancelled_and_its_slot_freed():
+    """As in Triton: the slot of a sequence whose request is cancelled is released, the rest of
+    its queue cancelled, and the backlog's next sequence takes the slot."""
+    b, i0 = direct(slots=1), Instance("i0")
+    b.enqueue(Req("a1", 1, START, rid=1))
+    assert batches(b, 0, [i0]) == [("i0", ["a1"], [0], 1)]
+    for name, rid in (("a2", 2), ("a3", 3)):
+        b.enqueue(Req(name, 1, rid=rid))
+    b.enqueue(Req("b1", 2, START, rid=4))
+    assert [r.name for r in b.cancel(b"gw", 3)] == ["a2", "a3"]
+    assert len(b) == 1
+    assert refusal(b, Req("a4", 1, rid=5)).startswith("inference request for sequence 1 ")
+    assert batches(b, 0, [i0]) == [("i0", ["b1"], [0], 1)]
+    assert b.cancel(b"gw", 3) == [] and b.cancel(b"other", 4) == []
+
+
+def test_a_cancelled_sequence_in_the_backlog_leaves_it():
+    b, i0 = direct(slots=1), Instance("i0")
+    b.enqueue(Req("a1", 1, START, rid=1))
+    b.enqueue(Req("b1", 2, START, rid=2))
+    b.enqueue(Req("b2", 2, END, rid=3))
+    b.enqueue(Req("c1", 3, START | END, rid=4))
+    assert [r.name for r in b.cancel(b"gw", 2)] == ["b1", "b2"]
+    assert batches(b, 0, [i0]) == [("i0", ["a1"], [0], 1)]
+    b.enqueue(Req("a2", 1, END, rid=5))
+    assert batches(b, 0, [i0]) == [("i0", ["a2"], [0], 1), ("i0", ["c1"], [0], 1)]
+    assert len(b) == 0
+
+
+def test_oldest_a_cancelled_head_leaves_its_instance_s_batcher():
+    b, i0 = oldest(), Instance("i0")
+    b.enqueue(Req("a1", 1, START, rid=1))
+    b.enqueue(Req("a2", 1, rid=2))
+    b.enqueue(Req("b1", 2, START, rid=3))
+    i0.room = False
+    assert batches(b, 0, [i0]) == []   # both bound, their heads in i0's batcher
+    assert [r.name for r in b.cancel(b"gw", 1)] == ["a1", "a2"]
+    i0.room = True
+    assert batches(b, 0, [i0]) == [("i0", ["b1"], [1], 1)]
+    assert len(b) == 0

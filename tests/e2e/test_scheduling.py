@@ -182,6 +182,43 @@ def test_a_queued_request_its_client_gave_up_on_leaves_the_queue_counted_as_canc
     assert [a - b for a, b in zip(after, before)] == [1, 1, 1, 1.0]   # success, fail, executions, CANCELED
 
 
+@pytest.mark.parametrize("where", ["at-its-instance", "in-the-broker"])
+def test_a_cancelled_request_of_a_sequence_ends_the_sequence_and_frees_its_slot(server, where):
+    """As in Triton: the sequence's queued requests are cancelled, its correlation id forgotten (a
+    request without START is refused) and its slot goes to the sequence waiting in the backlog,
+    without waiting for the idle limit (5 s). A sequence's requests follow each other to its
+    instance while it has credit (two batches): the second is sent on behind the busy first and,
+    cancelled there, runs (its answer dropped) and ends the sequence; a third waits in the
+    broker's queue and leaves it when cancelled."""
+    def infer(delay_ms: float, sequence_id: int, start: bool = False, end: bool = False):
+        client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+        return client.infer("sequence", delay_input(httpclient, delay_ms), sequence_id=sequence_id,
+                            sequence_start=start, sequence_end=end).as_numpy("WAITED_MS").tolist()
+
+    answered: dict[str, list] = {}
+    threads = [threading.Thread(target=lambda: answered.update(first=infer(800, 7, start=True)))]
+    threads[0].start()
+    time.sleep(0.2)   # sequence 7 holds the one slot; sequence 8 waits in the backlog
+    if where == "in-the-broker":
+        threads.append(threading.Thread(target=lambda: answered.update(second=infer(0, 7))))
+        threads[-1].start()
+        time.sleep(0.1)
+    waiting = threading.Thread(target=lambda: answered.update(waiting=infer(1, 8, start=True, end=True)))
+    waiting.start()
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match="Deadline Exceeded"):
+        grpc.infer("sequence", delay_input(grpcclient, 0), sequence_id=7, client_timeout=0.2)
+    for thread in threads:
+        thread.join()
+    started = time.monotonic()
+    waiting.join()
+    expected = {"first": [[800.0]], "waiting": [[1.0]]}
+    assert answered == (expected if where == "at-its-instance" else {**expected, "second": [[0.0]]})
+    assert time.monotonic() - started < 2
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        infer(0, 7)
+
+
 def test_identical_requests_are_answered_from_the_cache_on_http_and_grpc(server):
     http = httpclient.InferenceServerClient(server.url)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
