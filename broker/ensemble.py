@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tritium.broker.registry import ModelVersion, Registry
-from tritium.errors import InternalError, InvalidArgument, TritiumError
+from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumError
 from tritium.protocol import Infer, ProtocolError, Response, error_record, read_record, split_record, tensor_views
 from tritium.tracing.stamps import ensemble_record, step_context, step_record
 
@@ -177,6 +177,7 @@ class StepCall:
     batch_size: int   # of the step request; 0 when its model does not batch
     iteration: int    # of the tensors it reads
     decoupled: bool   # its model answers 0..N times
+    version: int      # of its model, as its INFER names it
     trace: tuple | None = None   # the step request's (trace context, model version), when traced
 
 
@@ -276,7 +277,8 @@ class EnsembleRunner:
         rid = next(self._rids)
         sequence = bool(request.correlation_id)
         # Triton passes the ensemble's parameters on.
-        header = Infer(rid, step.model, inputs, version=member.version if member is not None else step.version,
+        number = member.version if member is not None else step.version
+        header = Infer(rid, step.model, inputs, version=number,
                        batch_size=batch_size, request_id=request.request_id or None,
                        outputs=request.wants[step.index], params=request.params or None,
                        sequence_id=request.correlation_id if sequence else None,
@@ -285,7 +287,7 @@ class EnsembleRunner:
         decoupled = model is not None and model.decoupled
         in_a_batch = model is not None and not model.ensemble   # a nested ensemble reports no execution
         self._calls[rid] = StepCall(request, step, batch_size if batching else 0, iteration, decoupled,
-                                   None if header.trace is None else (header.trace, header.version))
+                                   number, None if header.trace is None else (header.trace, header.version))
         request.calls.add(rid)
         if decoupled and in_a_batch:
             request.unexecuted.add(rid)
@@ -423,13 +425,29 @@ class EnsembleRunner:
         stats.record_success(now - request.arrival_ns, request.queue_ns, request.batch_size, compute)
         stats.record_execution(request.batch_size, compute)   # Triton counts an ensemble request as one execution
 
-    def _fail(self, request: EnsembleRequest, error: TritiumError) -> None:
+    # -- a client gives up ---------------------------------------------------------------------
+
+    def cancel(self, client: bytes, rid: int) -> list[tuple[int, str, int]]:
+        """The client of ensemble request ``rid`` gave up on it: it is answered CANCELLED now, and
+        its step requests still out are returned, (rid, model, version) each, for the scheduler
+        to cancel as it does any request (their answers, when they come, are dropped). None
+        when the request is not in flight."""
+        request = next((call.request for call in self._calls.values()
+                        if call.request.rid == rid and call.request.client == client), None)
+        if request is None:
+            return []
+        steps = [(step_rid, call.step.model, call.version) for step_rid in request.calls
+                 if (call := self._calls.get(step_rid)) is not None]
+        self._fail(request, Cancelled("the client cancelled the request"), "CANCELED")
+        return steps
+
+    def _fail(self, request: EnsembleRequest, error: TritiumError, reason: str = "OTHER") -> None:
         """Answer the ensemble's request with ``error``."""
         self._finish(request)
         for rid in request.unexecuted:   # a failure is counted without compute times
             self._executing.pop(rid, None)
         request.unexecuted.clear()
-        request.version.stats.record_failure(self._clock() - request.arrival_ns, "OTHER")
+        request.version.stats.record_failure(self._clock() - request.arrival_ns, reason)
         self._reply(request.from_backend, [request.client, error_record(request.rid, error)],
                     NO_TIMINGS)
 

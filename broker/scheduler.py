@@ -227,12 +227,16 @@ class Scheduler:
         """The client of request ``cancel.rid`` gave up on it. Still queued, it leaves its queue and
         is answered CANCELLED (Triton's dynamic batcher does so when it next forms a batch), with the
         rest of its sequence for a sequence batcher's; running, it runs to its end, its instance
-        told. An ensemble's steps run on."""
+        told. An ensemble's request is answered at once, and its steps still out cancelled."""
         if cancel.version < 0:   # a model's BLS request for the latest version
             version = self.registry.latest_ready(cancel.model)
         else:
             version = self.registry.versions.get((cancel.model, cancel.version))
         if version is None:
+            return
+        if version.ensemble:   # answered now; its steps still out are cancelled in turn
+            for step_rid, model, number in self.ensembles.cancel(client, cancel.rid):
+                self.cancel(STEP_CLIENT, Cancel(step_rid, model, number))
             return
         batcher = version.batcher
         if isinstance(batcher, DynamicBatcher):

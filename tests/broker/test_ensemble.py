@@ -24,6 +24,7 @@ from tritium.errors import ErrorCode, InvalidArgument, Unavailable
 from tritium.protocol import (
     INLINE_LIMIT,
     BatchDone,
+    Cancel,
     Infer,
     Kind,
     Response,
@@ -606,3 +607,39 @@ def test_a_decoupled_step_lost_before_its_final_flag_still_lets_its_answered_ens
     assert _compute_ns(world, "chain") == (1, [1, 2, 3])
     assert world.scheduler.ensembles._executing == {}
     assert len(world.answers()) == 1   # the step's loss answers nobody again
+
+
+# -- a client gives up ----------------------------------------------------------------------------
+
+def _cancelled_at_once(world: World, rid: int) -> None:
+    world.scheduler.cancel(GATEWAY, Cancel(rid, "pipeline", 1))
+    (header, _), = world.answers()
+    assert (header["rid"], header["err"]) == (rid, {"code": int(ErrorCode.CANCELLED),
+                                                    "message": "the client cancelled the request"})
+    assert world.versions["pipeline"].stats.failures == {"CANCELED": 1}
+
+
+def test_a_cancelled_ensemble_request_is_answered_at_once_and_its_running_step_s_instance_told(world):
+    world.infer("pipeline", {"IN": values()}, rid=41)
+    (step_batch,) = [parts for parts in world.to_instances]
+    _cancelled_at_once(world, 41)
+    told = [parts for parts in world.to_instances if decode(parts[1])[0]["k"] == Kind.CANCEL_RUNNING]
+    assert [parts[0] for parts in told] == [b"i-pre/hb", b"i-pre"]
+    assert decode(told[0][1])[0]["b"] == decode(step_batch[1])[0]["b"]
+    world.run()
+    assert [name for name, _ in world.executed] == ["pre"]   # its answer is dropped: no step follows
+    assert len(world.to_gateways) == 1 and not world.scheduler.ensembles.busy and world.scheduler.idle()
+
+
+def test_a_cancelled_ensemble_request_s_queued_step_leaves_its_model_s_queue():
+    world = World([model("pre", "IN", "X", extra="dynamic_batching { }"), *MODELS[1:]])
+    world.infer("pre", {"IN": values()}, rid=7)        # the one instance of pre is busy with it
+    world.infer("pipeline", {"IN": values()}, rid=41)   # its first step waits in pre's queue
+    assert len(world.scheduler.registry.versions[("pre", 1)].batcher) == 1
+    world.to_gateways.clear()
+    _cancelled_at_once(world, 41)
+    assert len(world.scheduler.registry.versions[("pre", 1)].batcher) == 0
+    assert world.versions["pre"].stats.failures == {"CANCELED": 1}
+    world.run()
+    assert world.executed == [("pre", len(values()))]   # only the request that was running
+    assert world.scheduler.idle()

@@ -219,6 +219,33 @@ def test_a_cancelled_request_of_a_sequence_ends_the_sequence_and_frees_its_slot(
         infer(0, 7)
 
 
+def test_a_cancelled_ensemble_request_takes_its_queued_step_out_of_the_step_model_s_queue(server):
+    """The ensemble's request is answered at once; its step, queued behind a busy instance of
+    plain, leaves the queue and never runs."""
+    http = httpclient.InferenceServerClient(server.url)
+
+    def counts(model: str) -> tuple[int, int, int]:
+        stats = http.get_inference_statistics(model)["model_stats"][0]
+        return (int(stats["inference_stats"]["success"]["count"]), int(stats["inference_stats"]["fail"]["count"]),
+                int(stats["execution_count"]))
+
+    before = counts("plain"), counts("through_ensemble")
+    running = threading.Thread(target=lambda: httpclient.InferenceServerClient(server.url).infer(
+        "plain", delay_input(httpclient, 800)))
+    running.start()
+    time.sleep(0.2)   # the one instance of plain is busy: the ensemble's step waits in its queue
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match="Deadline Exceeded"):
+        grpc.infer("through_ensemble", delay_input(grpcclient, 0), client_timeout=0.2)
+    running.join()
+    time.sleep(0.3)
+    after = counts("plain"), counts("through_ensemble")
+    assert [a - b for a, b in zip(after[0], before[0])] == [1, 1, 1]   # the step failed, never executed
+    assert [a - b for a, b in zip(after[1], before[1])] == [0, 1, 0]
+    assert value(scrape(server)[1], "nv_inference_request_failure", model="through_ensemble", reason="CANCELED",
+                 version="1") == 1.0
+
+
 def test_identical_requests_are_answered_from_the_cache_on_http_and_grpc(server):
     http = httpclient.InferenceServerClient(server.url)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
