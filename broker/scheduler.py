@@ -247,11 +247,12 @@ class Scheduler:
         else:
             return
         if not cancelled:
-            running = self._cancel_running(version, client, cancel.rid)
-            if running is None or not isinstance(batcher, SequenceBatcher) or running.flags & SEQUENCE_END:
+            running, waiting = self._cancel_running(version, client, cancel.rid)
+            if running is None or not waiting or not isinstance(batcher, SequenceBatcher) \
+                    or running.flags & SEQUENCE_END:
                 return   # (after its END, the correlation id may name a new sequence)
-            # Sent on to its instance already (a sequence's requests follow each other there):
-            # it runs, and its sequence ends with it.
+            # Sent on to its instance behind a batch still running there (a sequence's requests
+            # follow each other): queued, for Triton. It runs, and its sequence ends with it.
             cancelled = batcher.end(running.correlation_id)
         now = self._clock()
         for request in cancelled:
@@ -260,9 +261,10 @@ class Scheduler:
         if isinstance(batcher, SequenceBatcher):   # a freed slot may take a sequence of the backlog
             self.dispatch(version, now)
 
-    def _cancel_running(self, version: ModelVersion, client: bytes, rid: int) -> PendingRequest | None:
+    def _cancel_running(self, version: ModelVersion, client: bytes, rid: int) -> tuple[PendingRequest | None, bool]:
         """Tell the instance running request ``rid`` that its client left: a Python model may see
-        it (``is_cancelled()``) and stop. Returns the request, None when none runs."""
+        it (``is_cancelled()``) and stop. Returns the request (None when none runs) and whether
+        its batch waits at the instance behind an earlier one (instances run theirs in order)."""
         running = [b for instance in version.instances for b in instance.inflight.values()]
         running += [b for b in self.streams.batches.values() if b.version is version]
         for batch in running:
@@ -273,8 +275,8 @@ class Scheduler:
                     cancel = CancelRunning(batch.number, index).encode()
                     self._send_to_instance([batch.instance.iid + HEARTBEAT_SUFFIX, cancel])
                     self._send_to_instance([batch.instance.iid, cancel])
-                    return request
-        return None
+                    return request, next(iter(batch.instance.inflight), batch.number) != batch.number
+        return None, False
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
         self._reply(from_backend, [client, error_record(rid, error)])

@@ -219,6 +219,16 @@ def test_a_cancelled_request_of_a_sequence_ends_the_sequence_and_frees_its_slot(
         infer(0, 7)
 
 
+def test_a_running_request_s_cancellation_leaves_its_sequence_running(server):
+    """As in Triton, which checks only the requests waiting in a slot's queue."""
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match="Deadline Exceeded"):
+        grpc.infer("sequence", delay_input(grpcclient, 500), sequence_id=9, sequence_start=True, client_timeout=0.2)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+    later = client.infer("sequence", delay_input(httpclient, 2), sequence_id=9, sequence_end=True)
+    assert later.as_numpy("WAITED_MS").tolist() == [[2.0]]
+
+
 def test_a_cancelled_ensemble_request_takes_its_queued_step_out_of_the_step_model_s_queue(server):
     """The ensemble's request is answered at once; its step, queued behind a busy instance of
     plain, leaves the queue and never runs."""
