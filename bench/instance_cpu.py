@@ -22,7 +22,7 @@ import numpy as np
 from google.protobuf import json_format, text_format
 
 from bench.serving_overhead import python_repository
-from tritium.protocol import Kind, encode, split_tensors
+from tritium.protocol import Batch, Infer, pack_tensors
 from tritium.repo import ModelConfig
 from tritium.workers.instance import build_executor
 
@@ -38,15 +38,14 @@ def executor_for(repository: Path):
 
 def batch_frames(batch: int) -> list:
     """A BATCH of ``batch`` requests of batch size 1, each naming its outputs, as perf_analyzer sends them."""
-    frames = [encode({"k": Kind.BATCH, "b": 1, "n": batch})]
+    frames: list = [Batch(1, batch).encode()]
     rng = np.random.default_rng(0)
     for rid in range(batch):
-        datas = [rng.random(16, dtype=np.float32).reshape(1, 16).tobytes() for _ in range(2)]
-        flags, inline, _ = split_tensors(datas)
-        header = {"k": Kind.INFER, "rid": rid, "m": "add_sub", "v": 1, "bs": 1, "outputs": ["OUTPUT0", "OUTPUT1"],
-                  "inputs": [[name, "FP32", [1, 16], len(data), flag]
-                             for name, data, flag in zip(("INPUT0", "INPUT1"), datas, flags)]}
-        frames.append(encode(header, inline))
+        descriptors, inline, external = pack_tensors(
+            (name, "FP32", [1, 16], rng.random(16, dtype=np.float32).tobytes()) for name in ("INPUT0", "INPUT1"))
+        request = Infer(rid, "add_sub", descriptors, version=1, batch_size=1, outputs=["OUTPUT0", "OUTPUT1"],
+                        external=len(external))
+        frames += [request.encode(inline), *external]
     return frames
 
 
