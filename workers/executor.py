@@ -51,7 +51,6 @@ class _Item:
     slot: int | None = None            # stateful models: the sequence slot it runs in
     padding: bool = False              # a not-ready request filling a slot of a direct batch
     trace: CallTrace | None = None     # traced: what its model's BLS calls add to its trace
-    request: InferenceRequest | None = None   # what its model was given (the per-request path)
 
 
 class BatchExecutor:
@@ -73,9 +72,11 @@ class BatchExecutor:
         # Requests answered through their response senders (a decoupled model's, or one that answers
         # after execute returned) still answering, by (batch, index): their clients may cancel them.
         self._answering: dict[tuple[int, int], InferenceRequest] = {}
-        # The batch number and requests (as received) of the per-request execute now running:
-        # read by the heartbeat thread, which marks a cancelled one while execute runs.
-        self._executing: tuple[int, list[_Item]] | None = None
+        # The per-request execute now running: its batch number, its requests as received and
+        # what each was given to the model as; read by the heartbeat thread, which marks a
+        # cancelled one while execute runs. (Kept apart from the items: an item holding its
+        # InferenceRequest would close a reference cycle through the request's response sender.)
+        self._executing: tuple[int, list[_Item], list[tuple[_Item, InferenceRequest]]] | None = None
 
     def run(self, frames: list) -> list:
         """Execute the batch in ``frames`` (BATCH record first); return the BATCH_DONE parts."""
@@ -229,13 +230,12 @@ class BatchExecutor:
                 replies[item.rid] = ([_error_record(item.rid, self._execution_error(exc))], False)
                 continue
             request.response_sender = functools.partial(sent.send, item.rid)
-            item.request = request
             requests.append((item, request))
         if not requests:
             now = time.monotonic_ns()
             return replies, now, now
         t1 = time.monotonic_ns()
-        self._executing = number, received
+        self._executing = number, received, requests
         try:
             responses = self.instance.execute([request for _, request in requests])
             if not isinstance(responses, list) or len(responses) != len(requests):
@@ -250,8 +250,9 @@ class BatchExecutor:
         t2 = time.monotonic_ns()
         responses, overruled = sent.merged([item.rid for item, _ in requests], responses, failed)
         for (item, request), response in zip(requests, responses):
-            if response is _LATER:
+            if response is _LATER:   # its client may cancel it until it is answered
                 replies[item.rid] = _LATER
+                self._answering[number, received.index(item)] = request
                 continue
             if self._keeps_state(item) and isinstance(response, InferenceResponse) and response.error is None:
                 self.sequences.keep(item.slot, item.infer.sequence_flags, response.outputs)
@@ -267,7 +268,6 @@ class BatchExecutor:
             reply = replies.get(item.rid) if item.error is None else None
             if reply is _LATER:
                 later.append(index)
-                self._answering[number, index] = item.request
                 continue
             encoded = reply[0] if reply is not None else [_error_record(item.rid, item.error or InternalError(
                 f"model '{self.model}' gave no response"))]
@@ -352,7 +352,8 @@ class BatchExecutor:
         request = self._answering.get((batch, index))
         executing = self._executing
         if request is None and executing is not None and executing[0] == batch and index < len(executing[1]):
-            request = executing[1][index].request
+            item = executing[1][index]
+            request = next((given for received, given in executing[2] if received is item), None)
         if request is not None:
             request.cancelled = True
 
