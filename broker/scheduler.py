@@ -275,7 +275,10 @@ class Scheduler:
                     cancel = CancelRunning(batch.number, index).encode()
                     self._send_to_instance([batch.instance.iid + HEARTBEAT_SUFFIX, cancel])
                     self._send_to_instance([batch.instance.iid, cancel])
-                    return request, next(iter(batch.instance.inflight), batch.number) != batch.number
+                    # Waiting: still held by its instance behind an earlier batch (a decoupled
+                    # batch that has executed and still answers has left ``inflight``).
+                    inflight = batch.instance.inflight
+                    return request, batch.number in inflight and next(iter(inflight)) != batch.number
         return None, False
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tritium.broker.sequences import END, START
 from tests.broker.scheduler_world import add_instance, done, error_of, lose, make_world, sent_batch
 from tritium.errors import ErrorCode
-from tritium.protocol import Infer, decode, read_record
+from tritium.protocol import BatchDone, Cancel, Infer, Kind, decode, read_record
 
 MS = 1_000_000
 
@@ -84,3 +84,21 @@ def test_a_lost_instance_fails_its_sequences_requests_and_they_are_not_run_elsew
     assert error_of(to_gateways[-1])["message"].startswith("inference request for sequence 10 ")
     submit(scheduler, 4, 10, START)
     assert sent_batch(to_instances[-1])[0] == b"i1"
+
+
+def test_cancelling_a_decoupled_request_still_answering_leaves_its_sequence_running():
+    """Its batch executed and left the instance's in-flight batches (it answers from the model's
+    threads): it is neither queued nor waiting behind another batch, so its sequence goes on."""
+    registry, version, scheduler, to_instances, to_gateways, clock = world(
+        "direct { } } model_transaction_policy { decoupled: true")
+    add_instance(registry, version, "i0", credit=2)
+    submit(scheduler, 1, 10, START)
+    submit(scheduler, 2, 20, START)
+    (_, first, _), (_, second, _) = (sent_batch(parts) for parts in to_instances[:2])
+    scheduler.batch_done(b"i0", BatchDone(first["b"], [], [], [1, 2, 3], [0]), [])   # still answering
+    scheduler.cancel(b"gw", Cancel(1, "m", 1))
+    told = [decode(parts[1])[0] for parts in to_instances[2:]]
+    assert [(t["k"], t["b"], t["i"]) for t in told] == [(Kind.CANCEL_RUNNING, first["b"], 0)] * 2
+    submit(scheduler, 3, 10)   # no START: the sequence still runs
+    assert to_gateways == [] and version.stats.failures == {}
+    assert sent_batch(to_instances[-1])[2] == [3]
