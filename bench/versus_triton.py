@@ -37,10 +37,11 @@ _ENVIRONMENT = re.compile(r"[A-Z_][A-Z0-9_]*=")   # a variant's word that sets a
 SLICES = "slices per request"
 
 
-def perf_analyzer(url: str, protocol: str, concurrency: int, window_ms: int, extra: tuple = ()) -> dict:
+def perf_analyzer(url: str, protocol: str, concurrency: int, window_ms: int, extra: tuple = (),
+                  model: str = "add_sub") -> dict:
     """One perf_analyzer run (``extra``: more of its flags); its CSV row (throughput, latency percentiles in us)."""
     with tempfile.NamedTemporaryFile(suffix=".csv") as out:
-        command = [str(ANCHORS / "perf_analyzer.sh"), "-m", "add_sub", "-u", url, "-i", protocol,
+        command = [str(ANCHORS / "perf_analyzer.sh"), "-m", model, "-u", url, "-i", protocol,
                    "--concurrency-range", str(concurrency), "-p", str(window_ms), "-f", out.name,
                    "-s", "100", *extra]  # a shared 2-core machine never holds 10%: rounds and medians do the averaging
         run = subprocess.run(command, capture_output=True, text=True, timeout=300)
