@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -13,6 +14,16 @@ import time
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl   # looked up here: the child after fork only calls it
+
+
+def exit_with_test_run() -> None:
+    """``preexec_fn`` for the servers tests start: the kernel sends the child SIGTERM when the
+    test run that started it dies, even by SIGKILL (a run stopped by ``timeout``), where no
+    fixture's teardown runs. The server then stops as it does on any SIGTERM, children and all."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -44,7 +55,7 @@ class TritiumServer:
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), child_env.get("PYTHONPATH")]))
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log, env=child_env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=exit_with_test_run)
         self._wait_ready(ready_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:

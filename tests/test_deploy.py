@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import PROJECT_ROOT
+from tests.servers import PROJECT_ROOT, exit_with_test_run
 from tritium import notify
 from tritium.cli import main as cli
 from tritium.exit_codes import ExitCode
@@ -313,7 +313,8 @@ class Process:
         child_env.pop("WATCHDOG_PID", None)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "tritium.cli", role, *args], env=child_env,
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                            preexec_fn=exit_with_test_run)
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")
