@@ -9,12 +9,22 @@ are compressed.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 _WEIGHT = re.compile(rb"\s*[+-]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)", re.IGNORECASE)
 _CHOICES = (b"identity", b"deflate", b"gzip")
+
+# A body this large or larger is compressed or inflated on a thread, zlib releasing the GIL
+# while it works: gzip takes about 28 ms a megabyte on a 2-core machine, and the event loop
+# serves every other client and the broker's heartbeats meanwhile. Below it, handing the work
+# over costs more than doing it.
+OFF_LOOP_BYTES = 128 * 1024
+_zlib_threads: ThreadPoolExecutor | None = None
 _WBITS = {b"deflate": zlib.MAX_WBITS, b"gzip": 16 + zlib.MAX_WBITS}
 
 
@@ -38,3 +48,29 @@ def response_encoding(accept_encoding: bytes) -> bytes | None:
 def compress(body: bytes, encoding: bytes) -> bytes:
     compressor = zlib.compressobj(wbits=_WBITS[encoding])
     return compressor.compress(body) + compressor.flush()
+
+
+def in_thread(work: Callable[..., bytes], *args) -> asyncio.Future[bytes]:
+    """``work(*args)`` on one of the gateway's zlib threads (created on first use)."""
+    global _zlib_threads
+    if _zlib_threads is None:
+        _zlib_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tritium-zlib")
+    return asyncio.get_running_loop().run_in_executor(_zlib_threads, work, *args)
+
+
+def compress_then(body: bytes, encoding: bytes, deliver: Callable[[bytes], None],
+                  fail: Callable[[Exception], None]) -> None:
+    """``deliver`` the compressed body: at once for a small one, from a thread for a large one."""
+    if len(body) < OFF_LOOP_BYTES:
+        deliver(compress(body, encoding))
+        return
+
+    def compressed(done: asyncio.Future[bytes]) -> None:
+        try:
+            packed = done.result()
+        except Exception as exc:
+            fail(exc)
+            return
+        deliver(packed)
+
+    in_thread(compress, body, encoding).add_done_callback(compressed)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
+from tritium.gateway.compression import OFF_LOOP_BYTES, in_thread
 from tritium.gateway.connections import OpenConnections
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, InferStream, rpc_methods
 from tritium.gateway.grpc_http2 import (CANCEL, ENHANCE_YOUR_CALM, NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers,
@@ -110,7 +111,8 @@ class _Call:
         self.headers_sent = False
         self.done = False               # its status is decided (sent, or waiting behind data)
         self.remote_closed = False
-        self.pending: deque[memoryview] = deque()   # what the client's window has no room for yet
+        # what the client's window has no room for yet; a future: a large message still being compressed
+        self.pending: deque[memoryview | asyncio.Future[bytes]] = deque()
         self.trailers: bytes | None = None     # the trailers' header block, sent after ``pending``
         self.give_up: Callable[[], None] | None = None   # cancels its request, should the call end unanswered
 
@@ -387,14 +389,39 @@ class GrpcConnection(asyncio.Protocol):
         if not call.headers_sent:
             call.headers_sent = True
             self.http2.send_headers(call.id, _RESPONSE_BLOCK if call.encoding is None else _COMPRESSED_BLOCKS[call.encoding])
+        if call.encoding is not None and len(payload) >= OFF_LOOP_BYTES:
+            self._compress_in_thread(call, payload, call.encoding)
+            return
         message = frame(payload) if call.encoding is None else compressed_frame(payload, call.encoding)
         call.pending.append(memoryview(message))   # sliced into DATA frames without copies
         self._send_pending(call)
+
+    def _compress_in_thread(self, call: _Call, payload: bytes, encoding: bytes) -> None:
+        """The message waits in ``pending`` as a future, holding back what follows it (later
+        messages, the trailers) until it is compressed."""
+        compressing = in_thread(compressed_frame, payload, encoding)
+        call.pending.append(compressing)
+
+        def compressed(done: asyncio.Future[bytes]) -> None:
+            if compressing not in call.pending:   # the call failed, was reset or expired meanwhile
+                return
+            try:
+                message = done.result()
+            except Exception as exc:
+                self._fail(call, _internal(call, exc))
+            else:
+                call.pending[call.pending.index(compressing)] = memoryview(message)
+                self._send_pending(call)
+            self._flush_soon()
+
+        compressing.add_done_callback(compressed)
 
     def _send_pending(self, call: _Call) -> None:
         """As much of what waits as the client's windows take; then the trailers, if decided."""
         http2 = self.http2
         while call.pending:
+            if isinstance(call.pending[0], asyncio.Future):   # still being compressed
+                return
             room = http2.window_for(call.id)
             if room <= 0:
                 if http2.is_open(call.id):
@@ -402,7 +429,7 @@ class GrpcConnection(asyncio.Protocol):
                 else:
                     self._forget(call)
                 return
-            data = call.pending.popleft()
+            data = cast(memoryview, call.pending.popleft())   # a future stops the loop above
             call.cut = len(data) > room
             if call.cut:
                 call.pending.appendleft(data[room:])

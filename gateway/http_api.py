@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import orjson
 
-from tritium.gateway.compression import compress, response_encoding
+from tritium.gateway.compression import OFF_LOOP_BYTES, compress_then, in_thread, response_encoding
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.header_forwarding import forwarded_http_headers
 from tritium.gateway.http_codec import (
@@ -28,6 +28,7 @@ from tritium.gateway.http_codec import (
 )
 from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
 from tritium.gateway.inference import InferResult
+from tritium.gateway.model_table import ModelSpec
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED, unknown_cuda_region
 from tritium.gateway.tracing import traced_answer
@@ -149,8 +150,39 @@ class HttpApp:
 
     def _infer(self, request: HttpRequest, model: str, version: str | None, answer: Answer) -> Callable[[], None]:
         spec = self.dataplane.check_model(model, version)   # Triton looks the model up before the body
+        encoding = request.headers.get(b"content-encoding")
+        if encoding is not None and len(request.body) >= OFF_LOOP_BYTES and encoding.lower() in (b"gzip", b"deflate"):
+            return self._infer_inflated(request, model, version, spec, answer)
+        body = self._decompress(request.body, encoding)
+        return self._infer_body(request, model, version, spec, body, answer)
+
+    def _infer_inflated(self, request: HttpRequest, model: str, version: str | None, spec: ModelSpec,
+                        answer: Answer) -> Callable[[], None]:
+        """A large compressed body is inflated on a thread; the request goes on from there."""
+        inflating = in_thread(self._decompress, request.body, request.headers.get(b"content-encoding"))
+        gave_up: list[Callable[[], None]] = []
+
+        def inflated(done: asyncio.Future[bytes]) -> None:
+            if done.cancelled():   # the client left meanwhile
+                return
+            try:
+                gave_up.append(self._infer_body(request, model, version, spec, done.result(), answer))
+            except TritiumError as exc:
+                answer(error_response(exc.http_status, exc.message))
+            except Exception as exc:
+                answer(_internal_error(request, exc))
+
+        def give_up() -> None:
+            inflating.cancel()
+            for cancel in gave_up:
+                cancel()
+
+        inflating.add_done_callback(inflated)
+        return give_up
+
+    def _infer_body(self, request: HttpRequest, model: str, version: str | None, spec: ModelSpec, body: bytes,
+                    answer: Answer) -> Callable[[], None]:
         headers = request.headers
-        body = self._decompress(request.body, headers.get(b"content-encoding"))
         header_length_text = headers.get(b"inference-header-content-length")
         header_length = None if header_length_text is None else inference_header_length(header_length_text)
         if header_length == 0 or (header_length is None and not body):   # Triton's default: the body's length
@@ -161,19 +193,26 @@ class HttpApp:
             infer_request.parameters = {**infer_request.parameters,
                                         **forwarded_http_headers(self.header_forward, request.header_lines)}
         accept_encoding = headers.get(b"accept-encoding")
+        encoding = None if accept_encoding is None else response_encoding(accept_encoding)
+
+        def failed(exc: Exception) -> None:
+            answer(error_response(exc.http_status, exc.message) if isinstance(exc, TritiumError)
+                   else _internal_error(request, exc))
 
         def done(result: InferResult | TritiumError) -> None:
             try:
                 if isinstance(result, TritiumError):
                     raise result
                 response_headers, response_body = encode_infer_response(result, infer_request.outputs, binary_default)
-                if accept_encoding is not None:
-                    response_headers, response_body = _compressed(response_headers, response_body, accept_encoding)
-                answer(HttpResponse(200, response_headers, response_body))
-            except TritiumError as exc:
-                answer(error_response(exc.http_status, exc.message))
+                if encoding is None:
+                    answer(HttpResponse(200, response_headers, response_body))
+                    return
+                # Inference-Header-Content-Length keeps the uncompressed header's length, as Triton sends it
+                response_headers = [*response_headers, (b"content-encoding", encoding)]
+                compress_then(response_body, encoding,
+                              lambda packed: answer(HttpResponse(200, response_headers, packed)), failed)
             except Exception as exc:
-                answer(_internal_error(request, exc))
+                failed(exc)
 
         if self.dataplane.tracer.on:
             infer_request.traceparent = headers.get(b"traceparent")
@@ -319,16 +358,6 @@ class HttpApp:
                 f"decompressed request body exceeds the maximum allowed value of "
                 f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
         return data
-
-
-def _compressed(headers: list[tuple[bytes, bytes]], body: bytes, accept_encoding: bytes,
-                ) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """The response in the encoding the client prefers; Inference-Header-Content-Length
-    keeps the uncompressed header's length, as Triton sends it."""
-    encoding = response_encoding(accept_encoding)
-    if encoding is None:
-        return headers, body
-    return [*headers, (b"content-encoding", encoding)], compress(body, encoding)
 
 
 def _internal_error(request: HttpRequest, exc: Exception) -> HttpResponse:

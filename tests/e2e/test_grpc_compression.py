@@ -14,17 +14,30 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 
 from tests.e2e.grpc_requests import check_add_sub
-from tests.e2e.rawh2 import DATA, END_STREAM, RawH2, grpc_message
-from tests.models import add_sub_inputs, add_sub_model
+from tests.e2e.rawh2 import DATA, END_STREAM, INITIAL_WINDOW_SIZE, WINDOW_UPDATE, RawH2, grpc_message
+from tests.models import add_sub_inputs, add_sub_model, python_model
 from tests.servers import TritiumServer
 
 DECOMPRESS = {b"gzip": gzip.decompress, b"deflate": zlib.decompress}
+IDENTITY = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+                for r in requests]
+"""
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     add_sub_model(repo, "add_sub")
+    python_model(repo, "identity", IDENTITY, """backend: "python"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]
+""")
     with TritiumServer(repo, "--grpc-infer-response-compression-level=high") as running:
         yield running
 
@@ -99,3 +112,56 @@ def test_tritonclient_reads_compressed_answers(server):
         client.stop_stream()
     assert error is None
     np.testing.assert_array_equal(streamed.as_numpy("OUTPUT1"), a - b)
+
+
+def large(seed: int) -> np.ndarray:
+    """800 KB that compresses: above the size the gateway compresses on its zlib threads."""
+    return np.tile(np.arange(1000, dtype=np.float32) + seed, 200)
+
+
+def identity_request(values: np.ndarray) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name="identity", raw_input_contents=[values.tobytes()])
+    request.inputs.add(name="IN", datatype="FP32", shape=[len(values)])
+    return request
+
+
+def test_large_answers_are_compressed_whole_and_keep_their_order_on_a_stream(server):
+    sent = [large(1), np.full(256, 5, np.float32), large(2)]   # the small one on the event loop
+    raw = RawH2(server.grpc_url, settings={INITIAL_WINDOW_SIZE: 1 << 24})
+    try:
+        raw.send(WINDOW_UPDATE, 0, 0, (1 << 24).to_bytes(4, "big"))
+        stream = raw.start_call("ModelStreamInfer", (("grpc-accept-encoding", "identity,deflate,gzip"),))
+        send_in_frames(raw, stream, b"".join(grpc_message(identity_request(v).SerializeToString()) for v in sent))
+        streamed = raw.wait(stream)
+        call = raw.start_call("ModelInfer", (("grpc-accept-encoding", "identity,gzip"),))
+        send_in_frames(raw, call, grpc_message(identity_request(large(3)).SerializeToString()))
+        unary = raw.wait(call)
+    finally:
+        raw.close()
+    assert streamed.status == 0 and encoding_of(streamed) == b"deflate"
+    frames = framed_messages(streamed.data)
+    assert [flag for flag, _ in frames] == [1, 1, 1]
+    for (_, payload), values in zip(frames, sent):
+        message = service_pb2.ModelStreamInferResponse()
+        message.ParseFromString(zlib.decompress(payload))
+        assert message.error_message == ""
+        np.testing.assert_array_equal(np.frombuffer(message.infer_response.raw_output_contents[0], np.float32), values)
+    assert unary.status == 0 and encoding_of(unary) == b"gzip"
+    response = response_of(unary, b"gzip")
+    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.float32), large(3))
+
+
+def send_in_frames(raw: RawH2, stream: int, data: bytes, size: int = 16384) -> None:
+    """``data`` in DATA frames of HTTP/2's default largest size, the last ending the stream."""
+    for start in range(0, len(data), size):
+        raw.send(DATA, END_STREAM if start + size >= len(data) else 0, stream, data[start:start + size])
+
+
+def framed_messages(data: bytes) -> list[tuple[int, bytes]]:
+    """(compressed flag, payload) of each gRPC message in ``data``."""
+    out = []
+    while data:
+        length = int.from_bytes(data[1:5], "big")
+        out.append((data[0], data[5:5 + length]))
+        data = data[5 + length:]
+    return out

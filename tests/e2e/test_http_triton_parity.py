@@ -151,6 +151,39 @@ def test_a_compressed_binary_response_gives_the_uncompressed_header_length(serve
     assert header["outputs"][0]["parameters"] == {"binary_data_size": 12} and data == floats([1, 2, 3])
 
 
+# 800 KB of floats that barely compress: above the size the gateway compresses and inflates on
+# its zlib threads rather than on its event loop
+LARGE = np.random.default_rng(7).standard_normal(200_000).astype(np.float32).tobytes()
+
+
+@pytest.mark.parametrize("accept, decompress", [("gzip", gzip.decompress), ("deflate", zlib.decompress)])
+def test_a_large_response_is_compressed_whole(server, accept, decompress):
+    status, headers, body = request(server.url, "POST", "/v2/models/var/infer", LARGE,
+                                    {**RAW, "Accept-Encoding": accept})
+    assert (status, headers["content-encoding"], int(headers["content-length"])) == (200, accept, len(body))
+    header, data = split(headers, decompress(body))
+    assert header["outputs"][0]["shape"] == [200_000] and data == LARGE
+
+
+def test_a_large_compressed_request_is_inflated_and_answered(server):
+    packed = gzip.compress(LARGE)
+    assert len(packed) > 128 * 1024
+    status, headers, body = request(server.url, "POST", "/v2/models/var/infer", packed,
+                                    {**RAW, "Content-Encoding": "gzip", "Accept-Encoding": "gzip"})
+    assert status == 200 and split(headers, gzip.decompress(body))[1] == LARGE
+
+
+def test_a_large_request_that_does_not_inflate_is_a_400_and_the_next_is_served(server):
+    packed = bytearray(gzip.compress(LARGE))
+    packed[10:] = np.random.default_rng(8).integers(0, 256, len(packed) - 10, dtype=np.uint8).tobytes()
+    status, _, body = request(server.url, "POST", "/v2/models/var/infer", bytes(packed),
+                              {**RAW, "Content-Encoding": "gzip"})
+    assert status == 400 and error_of(body).startswith("cannot decompress the gzip request body: ")
+    status, headers, body = request(server.url, "POST", "/v2/models/var/infer", gzip.compress(floats([4])),
+                                    {**RAW, "Content-Encoding": "gzip"})
+    assert status == 200 and split(headers, body)[1] == floats([4])
+
+
 def test_tritonclient_asks_for_and_reads_a_compressed_response(server):
     client = httpclient.InferenceServerClient(server.url)
     tensor = httpclient.InferInput("IN", [4], "FP32")
