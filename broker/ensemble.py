@@ -438,7 +438,7 @@ class EnsembleRunner:
             return []
         steps = [(step_rid, call.step.model, call.version) for step_rid in request.calls
                  if (call := self._calls.get(step_rid)) is not None]
-        self._fail(request, Cancelled("the client cancelled the request"), "CANCELED")
+        self._fail(request, Cancelled.by_client(), "CANCELED")
         return steps
 
     def _fail(self, request: EnsembleRequest, error: TritiumError, reason: str = "OTHER") -> None:

@@ -256,7 +256,7 @@ class Scheduler:
             cancelled = batcher.end(running.correlation_id)
         now = self._clock()
         for request in cancelled:
-            self._answer_error(version, request, Cancelled("the client cancelled the request"))
+            self._answer_error(version, request, Cancelled.by_client())
             version.stats.record_failure(now - request.arrival_ns, "CANCELED")
         if isinstance(batcher, SequenceBatcher):   # a freed slot may take a sequence of the backlog
             self.dispatch(version, now)

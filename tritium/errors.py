@@ -111,6 +111,11 @@ class AlreadyExists(TritiumError):
 class Cancelled(TritiumError):
     code = ErrorCode.CANCELLED
 
+    @classmethod
+    def by_client(cls) -> Cancelled:
+        """What a request the client cancelled (or whose deadline passed) is answered with."""
+        return cls("the client cancelled the request")
+
 
 class Restricted(Unavailable):
     """A call to an API restricted by --http-restricted-api or --grpc-restricted-protocol,
