@@ -33,7 +33,7 @@ from tritium.gateway.grpc_http2 import (CANCEL, ENHANCE_YOUR_CALM, NO_ERROR, REF
                                         Http2Connection, encode_headers)
 from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers, too_many_pings
 from tritium.gateway.grpc_tls import GrpcTls
-from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, GrpcFailure, MessageReader,
+from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, Compressed, GrpcFailure, MessageReader,
                                       compressed_frame, frame, parse_timeout, percent_encoded, response_encoding,
                                       too_large)
 from tritium.gateway.header_forwarding import binary_metadata_value
@@ -97,7 +97,7 @@ class _Call:
     """One stream: its request bytes, the work answering it, and what waits on the send window."""
 
     __slots__ = ("id", "rpc", "headers", "reader", "messages", "stream", "task", "timer", "headers_sent",
-                 "done", "remote_closed", "pending", "trailers", "encoding", "cut", "give_up")
+                 "done", "remote_closed", "pending", "trailers", "encoding", "cut", "give_up", "inflating")
 
     def __init__(self, stream_id: int, rpc: Rpc, headers: Headers, reader: MessageReader,
                  encoding: bytes | None = None) -> None:
@@ -115,6 +115,8 @@ class _Call:
         self.pending: deque[memoryview | asyncio.Future[bytes]] = deque()
         self.trailers: bytes | None = None     # the trailers' header block, sent after ``pending``
         self.give_up: Callable[[], None] | None = None   # cancels its request, should the call end unanswered
+        # requests read but not yet taken, in order, once one is being inflated on a thread
+        self.inflating: deque[bytes | asyncio.Future[bytes]] = deque()
 
     def abandon(self) -> None:
         """The client left the call (reset, deadline, connection lost) before its answers: its
@@ -258,13 +260,54 @@ class GrpcConnection(asyncio.Protocol):
             except GrpcFailure as failure:
                 self._fail(call, failure)
                 return
-            if call.stream is None:
-                call.messages += messages
+            if call.inflating or any(isinstance(message, Compressed) for message in messages):
+                self._inflate(call, messages)
             else:
-                for message in messages:
-                    call.stream.request(call.rpc.parse(message))
-        if end_stream and not call.done:
+                self._take(call, cast(list[bytes], messages))
+        if end_stream and not call.done and not call.inflating:
             self._ended(call)
+
+    def _take(self, call: _Call, messages: list[bytes]) -> None:
+        if call.stream is None:
+            call.messages += messages
+        else:
+            for message in messages:
+                call.stream.request(call.rpc.parse(message))
+
+    def _inflate(self, call: _Call, messages: list[bytes | Compressed]) -> None:
+        """Large compressed requests are inflated on a thread; the call's requests after one wait
+        behind it, so that they are taken in order (and the call's end after them)."""
+        for message in messages:
+            if isinstance(message, Compressed):
+                inflating = in_thread(call.reader.inflate, message.data)
+                inflating.add_done_callback(partial(self._inflated, call))
+                call.inflating.append(inflating)
+            else:
+                call.inflating.append(message)
+
+    def _inflated(self, call: _Call, _: asyncio.Future | None = None) -> None:
+        """Take the call's requests that are ready, up to the first still being inflated."""
+        while call.inflating and not call.done:
+            head = call.inflating[0]
+            if isinstance(head, asyncio.Future):
+                if not head.done():
+                    return
+                try:
+                    message = head.result()
+                except GrpcFailure as failure:
+                    self._fail(call, failure)
+                    break
+                except Exception as exc:
+                    self._fail(call, _internal(call, exc))
+                    break
+            else:
+                message = head
+            call.inflating.popleft()
+            self._take(call, [message])
+        else:
+            if call.remote_closed and not call.done:
+                self._ended(call)
+        self._flush_soon()
 
     def _ended(self, call: _Call) -> None:
         """The client has sent all of the call's requests."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from tritium.gateway.compression import compress
+from tritium.gateway.compression import OFF_LOOP_BYTES, compress
 
 # Status numbers by name, as grpc.StatusCode holds them (OK=0 ... UNAUTHENTICATED=16).
 STATUS = {code.name: code.value[0] for code in grpc.StatusCode}
@@ -66,6 +66,13 @@ def response_encoding(level: str, accepted: bytes | None) -> bytes | None:
     return next((encoding for encoding in order if encoding in offered), None)
 
 
+@dataclass(frozen=True, slots=True)
+class Compressed:
+    """A compressed message large enough to be inflated off the event loop (``MessageReader.inflate``)."""
+
+    data: bytes
+
+
 class MessageReader:
     """Cuts a request stream's bytes into messages, refusing one over ``limit`` from its prefix
     (before its bytes are held) and decompressing those flagged compressed. A message split
@@ -84,8 +91,9 @@ class MessageReader:
         """Bytes of an unfinished message are held."""
         return bool(self._buffer)
 
-    def feed(self, data: bytes) -> list[bytes]:
-        """The messages ``data`` completes; GrpcFailure for one the call cannot take."""
+    def feed(self, data: bytes) -> list[bytes | Compressed]:
+        """The messages ``data`` completes, a large compressed one left for ``inflate``;
+        GrpcFailure for one the call cannot take."""
         if self._buffer:
             self._buffer += data
             if len(self._buffer) < self._wanted:
@@ -93,7 +101,7 @@ class MessageReader:
             buffer: bytes | bytearray = self._buffer
         else:
             buffer = data
-        messages: list[bytes] = []
+        messages: list[bytes | Compressed] = []
         position, size = 0, len(buffer)
         self._wanted = _PREFIX
         while size - position >= _PREFIX:
@@ -108,14 +116,20 @@ class MessageReader:
                 break
             message = bytes(buffer[position + _PREFIX:end])
             position = end
-            messages.append(self._decompressed(message) if flag else message)
+            if not flag:
+                messages.append(message)
+            elif length >= OFF_LOOP_BYTES and self.encoding in _WBITS:
+                messages.append(Compressed(message))
+            else:
+                messages.append(self.inflate(message))
         if buffer is self._buffer:
             del self._buffer[:position]
         elif position < size:
             self._buffer = bytearray(buffer[position:])
         return messages
 
-    def _decompressed(self, message: bytes) -> bytes:
+    def inflate(self, message: bytes) -> bytes:
+        """A compressed message's bytes (safe on any thread: it reads only the call's settings)."""
         wbits = _WBITS.get(self.encoding or b"identity")
         if wbits is None:
             name = (self.encoding or b"identity").decode("latin-1")

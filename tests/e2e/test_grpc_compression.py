@@ -151,6 +151,47 @@ def test_large_answers_are_compressed_whole_and_keep_their_order_on_a_stream(ser
     np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.float32), large(3))
 
 
+def compressed_message(payload: bytes) -> bytes:
+    return grpc_message(gzip.compress(payload), flag=1)
+
+
+def test_large_compressed_requests_are_inflated_and_taken_in_order(server):
+    """A stream's requests: a large compressed one (inflated on a thread), a plain one behind
+    it, another large one; then a unary call with a large compressed request, and one whose
+    bytes do not inflate, after which the connection still serves."""
+    sent = [np.random.default_rng(5).standard_normal(200_000).astype(np.float32), np.full(4, 3, np.float32),
+            np.random.default_rng(6).standard_normal(200_000).astype(np.float32)]
+    raw = RawH2(server.grpc_url, settings={INITIAL_WINDOW_SIZE: 1 << 24})
+    try:
+        raw.send(WINDOW_UPDATE, 0, 0, (1 << 24).to_bytes(4, "big"))
+        stream = raw.start_call("ModelStreamInfer", (("grpc-encoding", "gzip"),))
+        wires = [identity_request(v).SerializeToString() for v in sent]
+        send_in_frames(raw, stream, compressed_message(wires[0]) + grpc_message(wires[1]) + compressed_message(wires[2]))
+        streamed = raw.wait(stream)
+        call = raw.start_call("ModelInfer", (("grpc-encoding", "gzip"),))
+        send_in_frames(raw, call, compressed_message(wires[2]))
+        unary = raw.wait(call)
+        corrupt = bytearray(compressed_message(wires[0]))
+        corrupt[20:] = np.random.default_rng(9).integers(0, 256, len(corrupt) - 20, dtype=np.uint8).tobytes()
+        bad = raw.start_call("ModelInfer", (("grpc-encoding", "gzip"),))
+        send_in_frames(raw, bad, bytes(corrupt))
+        refused = raw.wait(bad)
+        live = raw.call("ServerLive", b"")
+    finally:
+        raw.close()
+    assert streamed.status == 0
+    for payload, values in zip(streamed.messages, sent, strict=True):
+        message = service_pb2.ModelStreamInferResponse()
+        message.ParseFromString(payload)
+        assert message.error_message == ""
+        np.testing.assert_array_equal(np.frombuffer(message.infer_response.raw_output_contents[0], np.float32), values)
+    assert unary.status == 0
+    response = response_of(unary, None)
+    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.float32), sent[2])
+    assert refused.status == 13 and refused.message.startswith("the message cannot be decompressed: ")
+    assert live.status == 0
+
+
 def send_in_frames(raw: RawH2, stream: int, data: bytes, size: int = 16384) -> None:
     """``data`` in DATA frames of HTTP/2's default largest size, the last ending the stream."""
     for start in range(0, len(data), size):

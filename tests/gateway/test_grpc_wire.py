@@ -8,10 +8,11 @@ import os
 import zlib
 
 import hpack
+import numpy as np
 import pytest
 
 from tritium.gateway.grpc_http2 import encode_headers
-from tritium.gateway.grpc_wire import (GrpcFailure, MessageReader, compressed_frame, frame, parse_timeout,
+from tritium.gateway.grpc_wire import (Compressed, GrpcFailure, MessageReader, compressed_frame, frame, parse_timeout,
                                       percent_encoded, response_encoding)
 
 MESSAGES = [b"", b"x", os.urandom(100), os.urandom(70_000), os.urandom(3_000_000)]
@@ -42,6 +43,22 @@ def test_compressed_messages_are_read_and_a_bomb_is_refused(encoding, compress):
     bomb = compress(b"\0" * 10**7)
     with pytest.raises(GrpcFailure) as failure:
         MessageReader(10**6, encoding).feed(b"\1" + len(bomb).to_bytes(4, "big") + bomb)
+    assert failure.value.code == 8 and failure.value.message.startswith("Received message larger than max (")
+
+
+def test_a_large_compressed_message_is_left_to_inflate_and_a_large_bomb_fails_there():
+    """At 128 KiB compressed and more, ``feed`` leaves the work to ``inflate`` (which the gateway
+    runs on a thread); smaller ones come inflated."""
+    message = np.random.default_rng(3).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    packed = gzip.compress(message)
+    reader = MessageReader(10**6, b"gzip")
+    small = gzip.compress(b"x" * 100)
+    got = reader.feed(b"\1" + len(packed).to_bytes(4, "big") + packed + b"\1" + len(small).to_bytes(4, "big") + small)
+    assert got == [Compressed(packed), b"x" * 100]
+    assert reader.inflate(packed) == message
+    bomb = gzip.compress(np.random.default_rng(4).integers(0, 256, 2 * 10**6, dtype=np.uint8).tobytes())
+    with pytest.raises(GrpcFailure) as failure:
+        reader.inflate(bomb)
     assert failure.value.code == 8 and failure.value.message.startswith("Received message larger than max (")
 
 
