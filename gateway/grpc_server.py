@@ -451,7 +451,7 @@ class GrpcConnection(asyncio.Protocol):
             try:
                 message = done.result()
             except Exception as exc:
-                self._fail(call, _internal(call, exc))
+                self._fail_compressing(call, compressing, _internal(call, exc))
             else:
                 call.pending[call.pending.index(compressing)] = memoryview(message)
                 self._send_pending(call)
@@ -504,8 +504,25 @@ class GrpcConnection(asyncio.Protocol):
         if call.cut:   # trailers now would end a message midway
             self._cancel(call)
             return
-        call.pending.clear()   # a failed call's unsent data is dropped, not waited for
+        # A failed call's data waiting for the client's window is dropped, not waited for; but
+        # answers still being compressed were sent before the failure, and go first (with what
+        # is ahead of them, to keep the order).
+        last = max((i for i, item in enumerate(call.pending) if isinstance(item, asyncio.Future)), default=-1)
+        while len(call.pending) > last + 1:
+            call.pending.pop()
         self._finish(call, failure.code, failure.message)
+
+    def _fail_compressing(self, call: _Call, compressing: asyncio.Future[bytes], failure: GrpcFailure) -> None:
+        """A message that could not be compressed: the call ends with ``failure`` in its place
+        (in place of its OK trailers too, when its end was already decided)."""
+        while call.pending and call.pending[-1] is not compressing:
+            call.pending.pop()
+        call.pending.pop()
+        if not call.done:
+            self._fail(call, failure)
+        else:   # what is ahead of it ends with whole messages: a message being compressed is never cut
+            call.trailers = _trailers(failure.code, failure.message, headers_sent=True)
+            self._send_pending(call)
 
     def _cancel(self, call: _Call) -> None:
         """End a call whose message is partly sent: its stream is reset (CANCEL) and forgotten."""

@@ -161,9 +161,10 @@ class HttpApp:
         """A large compressed body is inflated on a thread; the request goes on from there."""
         inflating = in_thread(self._decompress, request.body, request.headers.get(b"content-encoding"))
         gave_up: list[Callable[[], None]] = []
+        client_left = False
 
         def inflated(done: asyncio.Future[bytes]) -> None:
-            if done.cancelled():   # the client left meanwhile
+            if client_left:
                 return
             try:
                 gave_up.append(self._infer_body(request, model, version, spec, done.result(), answer))
@@ -173,6 +174,8 @@ class HttpApp:
                 answer(_internal_error(request, exc))
 
         def give_up() -> None:
+            nonlocal client_left
+            client_left = True
             inflating.cancel()
             for cancel in gave_up:
                 cancel()

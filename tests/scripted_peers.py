@@ -9,6 +9,7 @@ header dicts, the wire as peers see it. Nothing of the data path is mocked.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import zmq
 
-from tritium.protocol import Heartbeat, Kind, Message, decode
+from tritium.gateway.broker_link import BrokerLink
+from tritium.protocol import Heartbeat, Kind, Message, Models, decode
 from tritium.zmqio import recv_parts, send_parts
 
 
@@ -98,6 +100,23 @@ class ScriptedBroker:
 
     def close(self) -> None:
         self.sock.close(0)
+
+
+async def attached_gateway_link(broker: ScriptedBroker, table: Models, heartbeat_s: float) -> BrokerLink:
+    """A gateway's BrokerLink on the running loop, connected to ``broker``, which beats to it
+    and has told it ``table``: what a gateway holds once its broker has taken it in."""
+    link = BrokerLink(broker.address, asyncio.get_running_loop(), heartbeat_interval_s=heartbeat_s)
+    starting = asyncio.ensure_future(link.start(5))
+    while not broker.pump():
+        await asyncio.sleep(0.002)
+    peer = link.identity.encode()
+    broker.keep_beating(peer, 1, heartbeat_s)
+    broker.tell(peer, table)
+    while not starting.done():
+        broker.pump()
+        await asyncio.sleep(0.002)
+    await starting
+    return link
 
 
 def eventually(condition: Callable[[], object], step: Callable[[], None], timeout_s: float = 5.0,

@@ -18,11 +18,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from tritium.gateway.broker_link import BrokerLink
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.http_api import HttpApp
 from tritium.gateway.http_server import HttpSettings, HttpServer
-from tests.scripted_peers import Received, ScriptedBroker
+from tests.scripted_peers import Received, ScriptedBroker, attached_gateway_link
 from tritium.errors import ErrorCode, InvalidArgument
 from tritium.protocol import Kind, ModelRow, Models, Response, VersionRow, encode, error_record
 
@@ -76,17 +75,7 @@ class Front:
         self._pumping = self.loop.create_task(self._pump())
 
     async def _start(self):
-        link = BrokerLink(self.broker.address, self.loop, heartbeat_interval_s=HEARTBEAT_S)
-        starting = asyncio.ensure_future(link.start(5))
-        while not self.broker.pump():
-            await asyncio.sleep(0.002)
-        peer = link.identity.encode()
-        self.broker.keep_beating(peer, 1, HEARTBEAT_S)
-        self.broker.tell(peer, TABLE)
-        while not starting.done():
-            self.broker.pump()
-            await asyncio.sleep(0.002)
-        await starting
+        link = await attached_gateway_link(self.broker, TABLE, HEARTBEAT_S)
         server = HttpServer(HttpApp(DataPlane(link)), HttpSettings(max_body_bytes=1 << 20))
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))

@@ -1,0 +1,159 @@
+"""The gRPC front end whole, in-process: GrpcServer + GrpcInferenceService + DataPlane +
+BrokerLink on an event loop of their own thread, a real TCP port, and a scripted broker
+behind them. The client speaks raw HTTP/2; the scripted broker holds the INFERs it reads and
+answers them when and how the test says, so that what a client gets when answers and
+failures meet inside the gateway is asserted on its bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+
+from tests.e2e.rawh2 import DATA, END_STREAM, INITIAL_WINDOW_SIZE, WINDOW_UPDATE, RawH2, grpc_message
+from tests.scripted_peers import Received, ScriptedBroker, attached_gateway_link
+from tritium.errors import InvalidArgument
+from tritium.gateway.dataplane import DataPlane
+from tritium.gateway.grpc_api import GrpcInferenceService
+from tritium.gateway.grpc_server import bind_grpc_tritium
+from tritium.protocol import Kind, ModelRow, Models, Response, VersionRow, error_record
+
+HEARTBEAT_S = 0.1
+CONFIG = {"name": "m", "backend": "python", "max_batch_size": 0,
+          "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [-1]}],
+          "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [-1]}]}
+TABLE = Models(1, (ModelRow("m", None, (VersionRow(1, "READY", "", True),), CONFIG, None),), True, ())
+_names = itertools.count()
+
+
+class GrpcFront:
+    """The gateway's gRPC side (responses compressed at level ``high``) on a loop in a thread;
+    ``on_infers`` sees every INFER read so far and returns the broker messages to send now."""
+
+    def __init__(self, on_infers: Callable[[list[Received]], list[tuple[bytes, list[bytes]]]]) -> None:
+        self.on_infers = on_infers
+        self.infers: list[Received] = []
+        self.broker = ScriptedBroker(f"inproc://grpc-front-{next(_names)}")
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
+        self.thread.start()
+        assert started.wait(10), "the gRPC front did not start"
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.link, self.server, self.port = self.loop.run_until_complete(self._start())
+        self._pumping = self.loop.create_task(self._pump())
+        started.set()
+        self.loop.run_forever()
+
+    async def _start(self):
+        link = await attached_gateway_link(self.broker, TABLE, HEARTBEAT_S)
+        server, port = bind_grpc_tritium(GrpcInferenceService(DataPlane(link)), "127.0.0.1", 0,
+                                         compression_level="high")
+        await server.start()
+        return link, server, port
+
+    async def _pump(self) -> None:
+        while True:
+            read = [r for r in self.broker.pump() if r.kind == Kind.INFER]
+            if read:
+                self.infers += read
+                for peer, records in self.on_infers(self.infers):
+                    self.broker.send(peer, *records)   # one message: the gateway reads them in one turn
+            await asyncio.sleep(0.002)
+
+    def close(self) -> None:
+        async def stop():
+            self._pumping.cancel()
+            await self.server.stop(1)
+            self.link.close()
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.broker.close()
+
+
+def answer(request: Received, values: np.ndarray) -> bytes:
+    return Response(request.header["rid"], [["Y", "FP32", [len(values)], values.nbytes, False]]).encode(
+        [values.tobytes()])
+
+
+def infer(values: np.ndarray, request_id: str) -> bytes:
+    request = service_pb2.ModelInferRequest(model_name="m", id=request_id, raw_input_contents=[values.tobytes()])
+    request.inputs.add(name="X", datatype="FP32", shape=[len(values)])
+    return grpc_message(request.SerializeToString())
+
+
+LARGE = np.tile(np.arange(1000, dtype=np.float32), 200)   # 800 KB that compresses: on the zlib threads
+
+
+def test_an_answer_being_compressed_when_its_stream_fails_goes_out_before_the_error():
+    """Two requests on a ModelStreamInfer call with triton_grpc_error: the broker answers the
+    first with a large tensor and the second with an error in one message, so the error ends
+    the call while the answer is still being compressed: the client gets the answer, then the
+    error's status."""
+    def both_at_once(infers: list[Received]) -> list[tuple[bytes, list[bytes]]]:
+        if len(infers) < 2:
+            return []
+        first, second = infers
+        return [(first.peer, [answer(first, LARGE), error_record(second.header["rid"], InvalidArgument("no"))])]
+
+    front = GrpcFront(both_at_once)
+    raw = RawH2(f"127.0.0.1:{front.port}", settings={INITIAL_WINDOW_SIZE: 1 << 24})
+    try:
+        raw.send(WINDOW_UPDATE, 0, 0, (1 << 24).to_bytes(4, "big"))
+        stream = raw.start_call("ModelStreamInfer", (("grpc-accept-encoding", "identity,deflate,gzip"),
+                                                     ("triton_grpc_error", "true")))
+        raw.send(DATA, 0, stream, infer(np.ones(2, np.float32), "big"))
+        raw.send(DATA, END_STREAM, stream, infer(np.ones(2, np.float32), "fails"))
+        got = raw.wait(stream)
+    finally:
+        raw.close()
+        front.close()
+    assert (got.status, got.message) == (3, "no")
+    (payload,) = got.messages
+    message = service_pb2.ModelStreamInferResponse()
+    message.ParseFromString(zlib.decompress(payload))
+    assert message.infer_response.id == "big"
+    np.testing.assert_array_equal(np.frombuffer(message.infer_response.raw_output_contents[0], np.float32), LARGE)
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_answers_compressed_on_threads_keep_their_order(count):
+    """Large and small answers of one stream, all in one broker message: the small ones wait
+    behind the large ones being compressed."""
+    values = [LARGE + i if i % 2 == 0 else np.full(256, i, np.float32) for i in range(2 * count)]
+
+    def all_at_once(infers: list[Received]) -> list[tuple[bytes, list[bytes]]]:
+        if len(infers) < len(values):
+            return []
+        return [(infers[0].peer, [answer(r, v) for r, v in zip(infers, values)])]
+
+    front = GrpcFront(all_at_once)
+    raw = RawH2(f"127.0.0.1:{front.port}", settings={INITIAL_WINDOW_SIZE: 1 << 24})
+    try:
+        raw.send(WINDOW_UPDATE, 0, 0, (1 << 24).to_bytes(4, "big"))
+        stream = raw.start_call("ModelStreamInfer", (("grpc-accept-encoding", "identity,deflate,gzip"),))
+        for i in range(len(values)):
+            raw.send(DATA, END_STREAM if i == len(values) - 1 else 0, stream, infer(np.ones(1, np.float32), str(i)))
+        got = raw.wait(stream)
+    finally:
+        raw.close()
+        front.close()
+    assert got.status == 0
+    ids = []
+    for payload, expected in zip(got.messages, values, strict=True):
+        message = service_pb2.ModelStreamInferResponse()
+        message.ParseFromString(zlib.decompress(payload))
+        ids.append(message.infer_response.id)
+        np.testing.assert_array_equal(np.frombuffer(message.infer_response.raw_output_contents[0], np.float32),
+                                      expected)
+    assert ids == [str(i) for i in range(len(values))]
