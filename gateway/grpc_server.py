@@ -287,6 +287,8 @@ class GrpcConnection(asyncio.Protocol):
 
     def _inflated(self, call: _Call, _: asyncio.Future | None = None) -> None:
         """Take the call's requests that are ready, up to the first still being inflated."""
+        if not call.inflating:   # taken already, by the callback of a message that finished before
+            return
         while call.inflating and not call.done:
             head = call.inflating[0]
             if isinstance(head, asyncio.Future):
@@ -415,11 +417,13 @@ class GrpcConnection(asyncio.Protocol):
             call.abandon()
             if call.task is not None:
                 call.task.cancel()
+            if not call.cut:   # past the deadline nothing more goes out, compressed or not
+                _drop(call.pending)
             self._fail(call, _DEADLINE_EXCEEDED)
         elif call.cut:   # answered, but the client's window held the answer back past the deadline
             self._cancel(call)
         elif call.pending:
-            call.pending.clear()
+            _drop(call.pending)
             call.trailers = _trailers(_DEADLINE_EXCEEDED.code, _DEADLINE_EXCEEDED.message, headers_sent=True)
             self._send_pending(call)
         self._flush_soon()
@@ -521,7 +525,8 @@ class GrpcConnection(asyncio.Protocol):
         if not call.done:
             self._fail(call, failure)
         else:   # what is ahead of it ends with whole messages: a message being compressed is never cut
-            call.trailers = _trailers(failure.code, failure.message, headers_sent=True)
+            if call.trailers is _OK_BLOCK:   # a failure decided earlier keeps its own status
+                call.trailers = _trailers(failure.code, failure.message, headers_sent=True)
             self._send_pending(call)
 
     def _cancel(self, call: _Call) -> None:
@@ -534,7 +539,8 @@ class GrpcConnection(asyncio.Protocol):
         call.done = True
         if call.stream is not None:
             call.stream.over = True
-        call.pending.clear()
+        _drop(call.pending)
+        _drop(call.inflating)
         self.blocked.pop(call.id, None)
         if call.timer is not None:
             call.timer.cancel()
@@ -619,6 +625,14 @@ def _trailers(code: int, message: str, headers_sent: bool) -> bytes:
     if not headers_sent:
         trailers = _RESPONSE_HEADERS + trailers
     return encode_headers(trailers)
+
+
+def _drop(waiting: deque) -> None:
+    """Empty a call's queue, stopping the zlib work of its futures that has not begun."""
+    for item in waiting:
+        if isinstance(item, asyncio.Future):
+            item.cancel()
+    waiting.clear()
 
 
 def _internal(call: _Call, exc: Exception) -> GrpcFailure:

@@ -75,10 +75,13 @@ class GrpcFront:
             self._pumping.cancel()
             await self.server.stop(1)
             self.link.close()
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.broker.close()
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
+            self.broker.close()
 
 
 def answer(request: Received, values: np.ndarray) -> bytes:
@@ -157,3 +160,21 @@ def test_answers_compressed_on_threads_keep_their_order(count):
         np.testing.assert_array_equal(np.frombuffer(message.infer_response.raw_output_contents[0], np.float32),
                                       expected)
     assert ids == [str(i) for i in range(len(values))]
+
+
+def test_a_deadline_passing_while_an_answer_is_compressed_sends_nothing_more():
+    """The broker answers at once with 16 MB that take far longer to compress than the call's
+    200 ms deadline: the client gets DEADLINE_EXCEEDED and no message after it."""
+    big = np.random.default_rng(1).standard_normal(4_000_000).astype(np.float32)
+    front = GrpcFront(lambda infers: [(r.peer, [answer(r, big)]) for r in infers[-1:]])
+    raw = RawH2(f"127.0.0.1:{front.port}", settings={INITIAL_WINDOW_SIZE: 1 << 30})
+    try:
+        raw.send(WINDOW_UPDATE, 0, 0, (1 << 30).to_bytes(4, "big"))
+        stream = raw.start_call("ModelStreamInfer", (("grpc-accept-encoding", "identity,deflate,gzip"),
+                                                     ("grpc-timeout", "200m")))
+        raw.send(DATA, 0, stream, infer(np.ones(2, np.float32), "late"))
+        got = raw.wait(stream)
+    finally:
+        raw.close()
+        front.close()
+    assert (got.status, got.messages) == (4, [])
