@@ -95,6 +95,14 @@ def infer(values: np.ndarray, request_id: str) -> bytes:
     return grpc_message(request.SerializeToString())
 
 
+def wide_open_client(front: GrpcFront) -> RawH2:
+    """A raw HTTP/2 client whose windows take answers of any size used here at once."""
+    raw = RawH2(f"127.0.0.1:{front.port}", settings={INITIAL_WINDOW_SIZE: 1 << 30})
+    raw.send(WINDOW_UPDATE, 0, 0, (1 << 30).to_bytes(4, "big"))
+    return raw
+
+
+STREAM_COMPRESSED = ("grpc-accept-encoding", "identity,deflate,gzip")
 LARGE = np.tile(np.arange(1000, dtype=np.float32), 200)   # 800 KB that compresses: on the zlib threads
 
 
@@ -110,11 +118,9 @@ def test_an_answer_being_compressed_when_its_stream_fails_goes_out_before_the_er
         return [(first.peer, [answer(first, LARGE), error_record(second.header["rid"], InvalidArgument("no"))])]
 
     front = GrpcFront(both_at_once)
-    raw = RawH2(f"127.0.0.1:{front.port}", settings={INITIAL_WINDOW_SIZE: 1 << 24})
+    raw = wide_open_client(front)
     try:
-        raw.send(WINDOW_UPDATE, 0, 0, (1 << 24).to_bytes(4, "big"))
-        stream = raw.start_call("ModelStreamInfer", (("grpc-accept-encoding", "identity,deflate,gzip"),
-                                                     ("triton_grpc_error", "true")))
+        stream = raw.start_call("ModelStreamInfer", (STREAM_COMPRESSED, ("triton_grpc_error", "true")))
         raw.send(DATA, 0, stream, infer(np.ones(2, np.float32), "big"))
         raw.send(DATA, END_STREAM, stream, infer(np.ones(2, np.float32), "fails"))
         got = raw.wait(stream)
@@ -141,10 +147,9 @@ def test_answers_compressed_on_threads_keep_their_order(count):
         return [(infers[0].peer, [answer(r, v) for r, v in zip(infers, values)])]
 
     front = GrpcFront(all_at_once)
-    raw = RawH2(f"127.0.0.1:{front.port}", settings={INITIAL_WINDOW_SIZE: 1 << 24})
+    raw = wide_open_client(front)
     try:
-        raw.send(WINDOW_UPDATE, 0, 0, (1 << 24).to_bytes(4, "big"))
-        stream = raw.start_call("ModelStreamInfer", (("grpc-accept-encoding", "identity,deflate,gzip"),))
+        stream = raw.start_call("ModelStreamInfer", (STREAM_COMPRESSED,))
         for i in range(len(values)):
             raw.send(DATA, END_STREAM if i == len(values) - 1 else 0, stream, infer(np.ones(1, np.float32), str(i)))
         got = raw.wait(stream)
@@ -167,11 +172,9 @@ def test_a_deadline_passing_while_an_answer_is_compressed_sends_nothing_more():
     200 ms deadline: the client gets DEADLINE_EXCEEDED and no message after it."""
     big = np.random.default_rng(1).standard_normal(4_000_000).astype(np.float32)
     front = GrpcFront(lambda infers: [(r.peer, [answer(r, big)]) for r in infers[-1:]])
-    raw = RawH2(f"127.0.0.1:{front.port}", settings={INITIAL_WINDOW_SIZE: 1 << 30})
+    raw = wide_open_client(front)
     try:
-        raw.send(WINDOW_UPDATE, 0, 0, (1 << 30).to_bytes(4, "big"))
-        stream = raw.start_call("ModelStreamInfer", (("grpc-accept-encoding", "identity,deflate,gzip"),
-                                                     ("grpc-timeout", "200m")))
+        stream = raw.start_call("ModelStreamInfer", (STREAM_COMPRESSED, ("grpc-timeout", "200m")))
         raw.send(DATA, 0, stream, infer(np.ones(2, np.float32), "late"))
         got = raw.wait(stream)
     finally:
