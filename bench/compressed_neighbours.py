@@ -22,16 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import TritiumServer, save, table
+from tests.models import PYTHON_IDENTITY
 
-IDENTITY = '''\
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
-                for r in requests]
-'''
 CONFIG = '''\
 backend: "python"
 max_batch_size: 0
@@ -43,7 +35,7 @@ instance_group [ { count: 2 kind: KIND_CPU } ]
 
 def repository(root: Path) -> Path:
     (root / "identity" / "1").mkdir(parents=True)
-    (root / "identity" / "1" / "model.py").write_text(IDENTITY)
+    (root / "identity" / "1" / "model.py").write_text(PYTHON_IDENTITY)
     (root / "identity" / "config.pbtxt").write_text(CONFIG)
     return root
 

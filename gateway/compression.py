@@ -25,7 +25,8 @@ _CHOICES = (b"identity", b"deflate", b"gzip")
 # over costs more than doing it.
 OFF_LOOP_BYTES = 128 * 1024
 _zlib_threads: ThreadPoolExecutor | None = None
-_WBITS = {b"deflate": zlib.MAX_WBITS, b"gzip": 16 + zlib.MAX_WBITS}
+# zlib's window bits for each encoding, in HTTP's Content-Encoding as in gRPC's grpc-encoding
+WBITS = {b"deflate": zlib.MAX_WBITS, b"gzip": 16 + zlib.MAX_WBITS}
 
 
 @functools.lru_cache(maxsize=64)
@@ -46,7 +47,7 @@ def response_encoding(accept_encoding: bytes) -> bytes | None:
 
 
 def compress(body: bytes, encoding: bytes) -> bytes:
-    compressor = zlib.compressobj(wbits=_WBITS[encoding])
+    compressor = zlib.compressobj(wbits=WBITS[encoding])
     return compressor.compress(body) + compressor.flush()
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from tritium.gateway.compression import OFF_LOOP_BYTES, compress
+from tritium.gateway.compression import OFF_LOOP_BYTES, WBITS, compress
 
 # Status numbers by name, as grpc.StatusCode holds them (OK=0 ... UNAUTHENTICATED=16).
 STATUS = {code.name: code.value[0] for code in grpc.StatusCode}
@@ -19,8 +19,6 @@ OK = STATUS["OK"]
 INTERNAL = STATUS["INTERNAL"]
 
 _PREFIX = 5   # compressed flag (1 byte) + big-endian length (4 bytes)
-# zlib's window bits for each grpc-encoding a client may send.
-_WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 ACCEPTED_ENCODINGS = b"identity,deflate,gzip"
 
@@ -118,7 +116,7 @@ class MessageReader:
             position = end
             if not flag:
                 messages.append(message)
-            elif length >= OFF_LOOP_BYTES and self.encoding in _WBITS:
+            elif length >= OFF_LOOP_BYTES and self.encoding in WBITS:
                 messages.append(Compressed(message))
             else:
                 messages.append(self.inflate(message))
@@ -130,7 +128,7 @@ class MessageReader:
 
     def inflate(self, message: bytes) -> bytes:
         """A compressed message's bytes (safe on any thread: it reads only the call's settings)."""
-        wbits = _WBITS.get(self.encoding or b"identity")
+        wbits = WBITS.get(self.encoding or b"identity")
         if wbits is None:
             name = (self.encoding or b"identity").decode("latin-1")
             raise GrpcFailure(STATUS["UNIMPLEMENTED"] if self.encoding else INTERNAL,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import orjson
 
-from tritium.gateway.compression import OFF_LOOP_BYTES, compress_then, in_thread, response_encoding
+from tritium.gateway.compression import OFF_LOOP_BYTES, WBITS, compress_then, in_thread, response_encoding
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.header_forwarding import forwarded_http_headers
 from tritium.gateway.http_codec import (
@@ -151,15 +151,15 @@ class HttpApp:
     def _infer(self, request: HttpRequest, model: str, version: str | None, answer: Answer) -> Callable[[], None]:
         spec = self.dataplane.check_model(model, version)   # Triton looks the model up before the body
         encoding = request.headers.get(b"content-encoding")
-        if encoding is not None and len(request.body) >= OFF_LOOP_BYTES and encoding.lower() in (b"gzip", b"deflate"):
-            return self._infer_inflated(request, model, version, spec, answer)
+        if encoding is not None and len(request.body) >= OFF_LOOP_BYTES and encoding.lower() in WBITS:
+            return self._infer_inflated(request, model, version, spec, encoding, answer)
         body = self._decompress(request.body, encoding)
         return self._infer_body(request, model, version, spec, body, answer)
 
     def _infer_inflated(self, request: HttpRequest, model: str, version: str | None, spec: ModelSpec,
-                        answer: Answer) -> Callable[[], None]:
+                        encoding: bytes, answer: Answer) -> Callable[[], None]:
         """A large compressed body is inflated on a thread; the request goes on from there."""
-        inflating = in_thread(self._decompress, request.body, request.headers.get(b"content-encoding"))
+        inflating = in_thread(self._decompress, request.body, encoding)
         gave_up: list[Callable[[], None]] = []
         client_left = False
 
@@ -168,10 +168,8 @@ class HttpApp:
                 return
             try:
                 gave_up.append(self._infer_body(request, model, version, spec, done.result(), answer))
-            except TritiumError as exc:
-                answer(error_response(exc.http_status, exc.message))
             except Exception as exc:
-                answer(_internal_error(request, exc))
+                answer(_failure(request, exc))
 
         def give_up() -> None:
             nonlocal client_left
@@ -198,10 +196,6 @@ class HttpApp:
         accept_encoding = headers.get(b"accept-encoding")
         encoding = None if accept_encoding is None else response_encoding(accept_encoding)
 
-        def failed(exc: Exception) -> None:
-            answer(error_response(exc.http_status, exc.message) if isinstance(exc, TritiumError)
-                   else _internal_error(request, exc))
-
         def done(result: InferResult | TritiumError) -> None:
             try:
                 if isinstance(result, TritiumError):
@@ -212,10 +206,10 @@ class HttpApp:
                     return
                 # Inference-Header-Content-Length keeps the uncompressed header's length, as Triton sends it
                 response_headers = [*response_headers, (b"content-encoding", encoding)]
-                compress_then(response_body, encoding,
-                              lambda packed: answer(HttpResponse(200, response_headers, packed)), failed)
+                compress_then(response_body, encoding, lambda packed: answer(HttpResponse(200, response_headers, packed)),
+                              lambda exc: answer(_failure(request, exc)))
             except Exception as exc:
-                failed(exc)
+                answer(_failure(request, exc))
 
         if self.dataplane.tracer.on:
             infer_request.traceparent = headers.get(b"traceparent")
@@ -348,10 +342,9 @@ class HttpApp:
         if encoding is None or encoding.lower() == b"identity":
             return body
         kind = encoding.lower()
-        if kind not in (b"gzip", b"deflate"):
+        if kind not in WBITS:
             raise Unsupported("Unsupported compression type")
-        wbits = 16 + zlib.MAX_WBITS if kind == b"gzip" else zlib.MAX_WBITS
-        decompressor = zlib.decompressobj(wbits)
+        decompressor = zlib.decompressobj(WBITS[kind])
         try:
             data = decompressor.decompress(body, self.max_body_bytes + 1)
         except zlib.error as exc:
@@ -361,6 +354,13 @@ class HttpApp:
                 f"decompressed request body exceeds the maximum allowed value of "
                 f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
         return data
+
+
+def _failure(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """The answer to an inference request that failed with ``exc``."""
+    if isinstance(exc, TritiumError):
+        return error_response(exc.http_status, exc.message)
+    return _internal_error(request, exc)
 
 
 def _internal_error(request: HttpRequest, exc: Exception) -> HttpResponse:

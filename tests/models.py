@@ -12,6 +12,16 @@ from onnx import TensorProto, helper, numpy_helper
 
 from examples import models
 
+# A Python model answering its input IN as its output OUT.
+PYTHON_IDENTITY = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+                for r in requests]
+"""
+
 
 def add_sub_inputs(a: np.ndarray, b: np.ndarray, module=grpcclient) -> list:
     """add_sub's INPUT0 and INPUT1 as ``module``'s (tritonclient.grpc, .http or .grpc.aio) InferInputs."""

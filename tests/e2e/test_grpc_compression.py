@@ -15,25 +15,17 @@ from tritonclient.grpc import service_pb2
 
 from tests.e2e.grpc_requests import check_add_sub
 from tests.e2e.rawh2 import DATA, END_STREAM, INITIAL_WINDOW_SIZE, WINDOW_UPDATE, RawH2, grpc_message
-from tests.models import add_sub_inputs, add_sub_model, python_model
+from tests.models import PYTHON_IDENTITY, add_sub_inputs, add_sub_model, python_model
 from tests.servers import TritiumServer
 
 DECOMPRESS = {b"gzip": gzip.decompress, b"deflate": zlib.decompress}
-IDENTITY = """import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
-                for r in requests]
-"""
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     add_sub_model(repo, "add_sub")
-    python_model(repo, "identity", IDENTITY, """backend: "python"
+    python_model(repo, "identity", PYTHON_IDENTITY, """backend: "python"
 max_batch_size: 0
 input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
 output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]

@@ -18,19 +18,11 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.e2e.rawhttp import error_of, request
-from tests.models import write_config
+from tests.models import PYTHON_IDENTITY as IDENTITY, write_config
 from tests.servers import TritiumServer
 
 PYTHON_MODELS = Path(__file__).parent / "python_repo"
 RAW = {"Inference-Header-Content-Length": "0"}
-IDENTITY = """import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
-                for r in requests]
-"""
 DECOUPLED_FAILURE = """import numpy as np
 import triton_python_backend_utils as pb_utils
 
