@@ -55,6 +55,7 @@ class PendingRequest:
     correlation_id: int | str = 0   # the sequence it belongs to (0: none)
     flags: int = 0                  # sequence START (1) / END (2)
     traced: bool = False            # its INFER has a trace context: its batch carries its stamps
+    cancelled: bool = False         # cancelled while waiting at its instance: a failure counts as CANCELED
 
 
 @dataclass(eq=False, slots=True)
@@ -93,7 +94,7 @@ class Batch:
             stats.record_success(now - request.arrival_ns, request.dispatch_ns - request.arrival_ns,
                                  request.batch_size, self.timings)
         else:
-            stats.record_failure(now - request.arrival_ns, "BACKEND")
+            stats.record_failure(now - request.arrival_ns, "CANCELED" if request.cancelled else "BACKEND")
 
 
 @dataclass(eq=False)

@@ -227,7 +227,9 @@ class Scheduler:
         """The client of request ``cancel.rid`` gave up on it. Still queued, it leaves its queue and
         is answered CANCELLED (Triton's dynamic batcher does so when it next forms a batch), with the
         rest of its sequence for a sequence batcher's; running, it runs to its end, its instance
-        told. An ensemble's request is answered at once, and its steps still out cancelled."""
+        told; sent to its instance but waiting there behind another batch, the instance answers
+        it CANCELLED without running it. An ensemble's request is answered at once, and its
+        steps still out cancelled."""
         if cancel.version < 0:   # a model's BLS request for the latest version
             version = self.registry.latest_ready(cancel.model)
         else:
@@ -248,6 +250,8 @@ class Scheduler:
             return
         if not cancelled:
             running, waiting = self._cancel_running(version, client, cancel.rid)
+            if running is not None and waiting and not version.stateful:
+                running.cancelled = True   # its instance drops it before it starts, as Triton's queue would
             if running is None or not waiting or not isinstance(batcher, SequenceBatcher) \
                     or running.flags & SEQUENCE_END:
                 return   # (after its END, the correlation id may name a new sequence)
@@ -473,7 +477,8 @@ class Scheduler:
             self.streams.executed(batch)
             self._steps_executed(batch, timings)
         else:
-            if version.counts_failed_executions or any(oks):
+            # (A batch whose every request its instance dropped, cancelled while it waited there, never ran.)
+            if any(oks) or (version.counts_failed_executions and not all(r.cancelled for r in batch.requests)):
                 version.stats.record_execution(batch.batch_size, timings)
             self._route_responses(batch, done.response_frames, oks, frames, now)
         if version.state in _DISPATCHING:  # a draining version still runs what it queued

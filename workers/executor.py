@@ -26,7 +26,7 @@ from tritonclient.grpc import model_config_pb2
 
 from tritium.repo import ModelConfig
 from tritium import datatypes
-from tritium.errors import InternalError, InvalidArgument, TritiumError
+from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumError
 from tritium.protocol import Batch, BatchDone, Infer, Response, ResponsePart, pack_tensors, read_record, tensor_views
 from tritium.tracing.stamps import CallTrace, stamped_responses
 from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
@@ -77,12 +77,20 @@ class BatchExecutor:
         # cancelled one while execute runs. (Kept apart from the items: an item holding its
         # InferenceRequest would close a reference cycle through the request's response sender.)
         self._executing: tuple[int, list[_Item], list[tuple[_Item, InferenceRequest]]] | None = None
+        # Requests cancelled while their batch waited here behind another (an instance takes a
+        # second batch while one runs), by (batch, index); the heartbeat thread adds to it.
+        self._cancelled_ahead: set[tuple[int, int]] = set()
+        self._ahead_lock = threading.Lock()
+        self._started = 0   # the number of the batch started last
 
     def run(self, frames: list) -> list:
         """Execute the batch in ``frames`` (BATCH record first); return the BATCH_DONE parts."""
         t0 = time.monotonic_ns()
         batch_header, _, _ = read_record(frames[0])
+        self._started = batch_header.number
         items = self._decode_all(frames, batch_header.count)
+        if self._cancelled_ahead:
+            self._drop_cancelled(batch_header.number, items)
         batch = items if self.sequences is None else self._with_sequences(batch_header, items)
         if self.decoupled:
             return self._run_decoupled(batch_header.number, items, t0)
@@ -356,6 +364,28 @@ class BatchExecutor:
             request = next((given for received, given in executing[2] if received is item), None)
         if request is not None:
             request.cancelled = True
+        elif batch > self._started and self.sequences is None:
+            # Not started yet: it is dropped when its batch comes up. (A sequence's request runs:
+            # the broker ends its sequence with it.)
+            with self._ahead_lock:
+                self._cancelled_ahead.add((batch, index))
+
+    def numbered_anew(self) -> None:
+        """A new broker process numbers its batches from 1 again."""
+        with self._ahead_lock:
+            self._started = 0
+            self._cancelled_ahead.clear()
+
+    def _drop_cancelled(self, number: int, items: list[_Item]) -> None:
+        """Answer CANCELLED, without running them, the requests of this batch whose clients gave
+        up while it waited: Triton's scheduler drops a cancelled request it still holds."""
+        with self._ahead_lock:
+            ahead, self._cancelled_ahead = self._cancelled_ahead, set()
+            for batch, index in ahead:
+                if batch == number and index < len(items) and items[index].error is None:
+                    items[index].error = Cancelled.by_client()
+                elif batch > number:   # (a batch the broker numbered after this one)
+                    self._cancelled_ahead.add((batch, index))
 
     def _send_part(self, batch: int, index: int, parts: list) -> None:
         self.send([ResponsePart(batch, index).encode(), *parts])

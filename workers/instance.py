@@ -247,6 +247,7 @@ def main() -> None:
     def rejoin(reset: Reset) -> None:
         """A new broker process keeps this instance: what the old one bound to it is gone."""
         load.update(boot=reset.boot, epoch=reset.epoch)
+        executor.numbered_anew()
         if executor.sequences is not None:   # its sequences' slots and implicit state
             executor.sequences = SequenceInputs(executor.config, Path(spec["model_dir"]))
         log.info("kept by a new broker process (load %s); saying HELLO again", reset.epoch)

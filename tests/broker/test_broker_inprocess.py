@@ -12,8 +12,9 @@ import pytest
 from tests.broker.inprocess_world import CONFIG, HEARTBEAT_S, World, answer, infer
 from tritium.broker.rate_limiter import ResourceFlag
 from tritium.logs import LogSettings
-from tritium.errors import ErrorCode
-from tritium.protocol import PROTOCOL_VERSION, Cancel, Control, Heartbeat, Hello, IndexQuery, Infer, Kind, Role
+from tritium.errors import Cancelled, ErrorCode
+from tritium.protocol import (PROTOCOL_VERSION, BatchDone, Cancel, Control, Heartbeat, Hello, IndexQuery, Infer, Kind, Role,
+                              error_record)
 
 
 @pytest.fixture
@@ -184,3 +185,33 @@ def test_a_cancelled_request_leaves_its_queue_answered_cancelled_and_a_running_o
     assert [h["rid"] for h, _ in instance.messages[-1][1:]] == [3]   # the cancelled request is gone
     world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == 2)
     assert [h["rid"] for h in gateway.headers(Kind.RESPONSE)] == [2, 1]   # the running one was answered
+
+
+def test_a_request_cancelled_while_it_waits_at_its_instance_counts_as_canceled_when_dropped_there(tmp_path):
+    """A model without batching: the instance holds a second request on its second credit while
+    the first runs. Its cancel goes to the instance (which drops it unrun, answering CANCELLED);
+    the broker counts that failure as CANCELED, as Triton counts a request dropped from its queue."""
+    world = World(tmp_path, CONFIG.replace("max_batch_size: 8", "max_batch_size: 0").replace("dynamic_batching { }", ""))
+    try:
+        gateway = world.gateway()
+        _, instance = world.serving_instance()
+        infer(gateway, rid=1)
+        infer(gateway, rid=2)
+        world.until(lambda: len(instance.headers(Kind.BATCH)) == 2)
+        gateway.send(Cancel(2, "m", 1).encode())
+        world.until(lambda: instance.headers(Kind.CANCEL_RUNNING))
+        first, second = [m for m in instance.messages if m[0][0]["k"] == Kind.BATCH]
+        assert instance.headers(Kind.CANCEL_RUNNING) == [{"k": Kind.CANCEL_RUNNING, "b": second[0][0]["b"], "i": 0}]
+        assert not gateway.headers(Kind.RESPONSE)   # the instance answers it
+        answer(instance, first[0][0], first[1:])
+        instance.send(BatchDone(second[0][0]["b"], [False], [0], [0, 0, 0]).encode(),
+                      error_record(2, Cancelled.by_client()))
+        world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == 2)
+    finally:
+        world.close()
+    assert [(h["rid"], (h.get("err") or {}).get("code")) for h in gateway.headers(Kind.RESPONSE)] == [
+        (1, None), (2, ErrorCode.CANCELLED.value)]
+    stats = world.broker.registry.versions[("m", 1)].stats
+    assert stats.failures == {"CANCELED": 1}
+    assert stats.as_dict("m", 1)["inference_stats"]["success"]["count"] == 1
+    assert stats.execution_count == 1   # the dropped request's batch never ran

@@ -481,6 +481,37 @@ def test_a_model_polling_during_a_long_execute_sees_its_client_give_up(server):
     assert time.monotonic() - started < 5
 
 
+def test_a_request_given_up_while_it_waits_at_its_busy_instance_never_runs(server, client):
+    """A model without batching takes a second request while one runs (it waits at the
+    instance): given up there (its deadline), it is dropped unrun, as Triton drops a cancelled
+    request from its queue, and counted as a CANCELED failure, not executed."""
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+
+    def call(count: int, timeout: float):
+        message = service_pb2.ModelInferRequest(model_name="py_cancel_polling")
+        tensor = message.inputs.add(name="COUNT", datatype="INT32", shape=[1])
+        tensor.contents.int_contents.append(count)
+        return stub.ModelInfer.future(message, timeout=timeout)
+
+    def statistics() -> tuple[int, int, int]:
+        stats = client.get_inference_statistics("py_cancel_polling", as_json=True)["model_stats"][0]
+        inference = stats["inference_stats"]
+        return (int(stats.get("execution_count", 0)), int(inference["success"].get("count", 0)),
+                int(inference["fail"].get("count", 0)))
+
+    executions, successes, failures = statistics()
+    running = call(50, 10)   # half a second of work
+    time.sleep(0.15)
+    with pytest.raises(grpc.RpcError) as gave_up:
+        call(50, 0.2).result()   # sent to the instance, where it waits behind the first
+    assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert np.frombuffer(running.result().raw_output_contents[0], np.int32)[0] == 50
+    deadline = time.monotonic() + 5
+    while statistics()[2] == failures and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert statistics() == (executions + 1, successes + 1, failures + 1)
+
+
 def test_a_model_cancelling_its_bls_response_iterator_stops_the_called_model(server, client):
     before = _stopped_streams(server)
     count = grpcclient.InferInput("COUNT", [1], "INT32")

@@ -694,6 +694,36 @@ def test_a_request_is_cancellable_while_its_execute_runs_and_while_it_is_answere
     assert executor._answering == {} and executor._executing is None
 
 
+def test_a_request_cancelled_while_its_batch_waits_is_answered_cancelled_without_running():
+    """The heartbeat thread's cancel for a batch not started yet (it waits behind the one
+    running) is kept until that batch comes up: its request is answered CANCELLED and the
+    model never sees it, as Triton drops a cancelled request it still holds. A cancel for a
+    batch already run (the data socket's copy, read after it) leaves nothing behind."""
+    model = PerRequest()
+    executor = BatchExecutor(model, config(), send=lambda parts: None)
+    requests = [{"rid": rid, "inputs": [fp32_input(rows(1, rid))], "outputs": ["DOUBLE"]} for rid in (1, 2, 3)]
+    executor.run(batch_frames(requests[:1], number=5))
+    executor.cancel(6, 1)   # batch 6 is not here yet
+    executor.cancel(5, 0)   # batch 5 ran: nothing to keep
+    done, responses = parse_done(executor.run(batch_frames(requests, number=6)))
+    assert done.ok == [True, False, True]
+    assert [r.rid for r, _ in responses] == [1, 2, 3]
+    assert (responses[1][0].error.code, responses[1][0].error.message) == (
+        ErrorCode.CANCELLED, "the client cancelled the request")
+    assert [[r.request_id for r in seen] for seen in model.seen] == [[""], ["", ""]]
+    assert [len(seen) for seen in model.seen] == [1, 2]
+    assert executor._cancelled_ahead == set()
+    done, _ = parse_done(executor.run(batch_frames(requests, number=7)))
+    assert done.ok == [True, True, True]
+
+
+def test_a_sequence_request_cancelled_while_its_batch_waits_still_runs():
+    """The broker ends a sequence with its cancelled request: the instance runs it."""
+    executor = BatchExecutor(PerRequest(), config(BATCHING_CONFIG + "sequence_batching { }"), send=lambda parts: None)
+    executor.cancel(6, 0)
+    assert executor._cancelled_ahead == set()
+
+
 def test_a_response_sent_before_execute_fails_stands_and_the_others_get_the_error():
     def respond(requests):
         requests[0].response_sender(InferenceResponse(outputs={"DOUBLE": requests[0].inputs["IN"] * 2}), True)

@@ -278,3 +278,53 @@ def test_a_cancel_on_the_heartbeat_socket_reaches_a_request_inside_its_execute(t
         instance.close()
     assert y_of(done[0]) == [1.0] * 4   # the model saw is_cancelled() turn True
     assert took < 3, f"execute ran {took:.1f} s: it did not see the cancel"
+
+
+WAIT_FOR_CANCEL_MODEL = """
+    import time
+
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+                deadline = time.monotonic() + 5
+                while (x < 0).any() and not request.is_cancelled() and time.monotonic() < deadline:
+                    time.sleep(0.005)   # a negative input holds the instance until its client leaves
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 2)]))
+            return responses
+"""
+
+
+def test_a_request_cancelled_while_its_batch_waits_behind_another_is_answered_cancelled_unrun(tmp_path):
+    """The instance holds a second batch while the first runs (its credit of 2); the broker tells
+    both sockets that a request of the waiting batch was cancelled, as it does for any request it
+    sent: that request is answered CANCELLED and its model never runs it, the other runs."""
+    instance = Instance(tmp_path, CONFIG.replace("max_batch_size: 8", "max_batch_size: 0"), WAIT_FOR_CANCEL_MODEL)
+    try:
+        instance.hellos()
+        beats = f"{instance.iid}/hb".encode()
+        instance.until(lambda: instance.broker.of(Kind.HEARTBEAT, beats), "a heartbeat")
+        running, waiting = next(_batches), next(_batches)
+        instance.broker.send(instance.peer, Batch(running, 1).encode(), infer([-1.0, 0.0, 0.0, 0.0], [4])[1])
+        time.sleep(0.2)   # the first batch is in execute
+        kept, dropped = infer([1.0, 2.0, 3.0, 4.0], [4]), infer([-1.0, -1.0, -1.0, -1.0], [4])
+        instance.broker.send(instance.peer, Batch(waiting, 2).encode(), kept[1], dropped[1])
+        cancel = CancelRunning(waiting, 1).encode()
+        instance.broker.send(beats, cancel)
+        instance.broker.send(instance.peer, cancel)
+        time.sleep(0.2)
+        instance.broker.send(beats, CancelRunning(running, 0).encode())   # the first batch ends
+        done = instance.until(lambda: [r for r in instance.broker.received
+                                       if r.kind == Kind.BATCH_DONE and r.header["b"] == waiting], "the second batch")
+        start = instance.broker.received.index(done[0])
+        answers = instance.broker.received[start + 1:start + 3]
+    finally:
+        instance.close()
+    assert done[0].header["ok"] == [True, False]
+    assert [a.header["rid"] for a in answers] == [kept[0], dropped[0]]
+    assert answers[1].header["err"] == {"code": ErrorCode.CANCELLED, "message": "the client cancelled the request"}
+    header, view, offset = decode(answers[0].record)
+    assert np.frombuffer(view[offset:offset + 16], np.float32).tolist() == [2.0, 4.0, 6.0, 8.0]
