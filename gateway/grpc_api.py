@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
-from tritium.gateway.grpc_codec import decode_infer_request, encode_infer_response
+from tritium.gateway.grpc_codec import InferRequestReader, decode_infer_request, encode_infer_response
 from tritium.gateway.grpc_keepalive import GrpcKeepalive
 from tritium.gateway.grpc_tls import GrpcTls
 from tritium.gateway.header_forwarding import forwarded_grpc_metadata
@@ -129,10 +129,18 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.dataplane = dataplane
         self.restricted = restricted
         self.header_forward = header_forward   # --grpc-header-forward-pattern
+        self._reader = InferRequestReader()
 
     def _decode(self, message: Any, metadata: Sequence[tuple[bytes | str, bytes | str]]) -> InferRequest:
-        """The InferRequest ``message`` asks for, with the call's forwarded headers among its parameters."""
-        request = decode_infer_request(message)
+        """The InferRequest ``message`` asks for (a ModelInferRequest, or ModelInfer's bytes),
+        with the call's forwarded headers among its parameters."""
+        if isinstance(message, bytes):
+            try:
+                request = self._reader.read(message)
+            except DecodeError:
+                raise _unparsable() from None
+        else:
+            request = decode_infer_request(message)
         if self.header_forward is not None:
             request.parameters = {**request.parameters, **forwarded_grpc_metadata(self.header_forward, metadata)}
         return request
@@ -545,7 +553,10 @@ def rpc_methods() -> Iterator[tuple[str, bool, Callable, Callable]]:
     for method in SERVICE.methods:
         request_type = getattr(service_pb2, method.input_type.name)
         response_type = getattr(service_pb2, method.output_type.name)
-        yield method.name, method.client_streaming, _lenient(request_type.FromString), response_type.SerializeToString
+        # ModelInfer's bytes are read by the service (InferRequestReader), which knows the
+        # metadata it has seen; every other request is parsed here.
+        parse = bytes if method.name == "ModelInfer" else _lenient(request_type.FromString)
+        yield method.name, method.client_streaming, parse, response_type.SerializeToString
 
 
 def _handlers(servicer: GrpcInferenceService) -> grpc.GenericRpcHandler:

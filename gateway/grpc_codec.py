@@ -107,6 +107,124 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
                         sequence_id=sequence_id, sequence_flags=sequence_flags)
 
 
+class InferRequestReader:
+    """ModelInferRequest bytes -> InferRequest, reading with protobuf only what it has not seen.
+
+    A client sends the same request metadata each time (the model, the inputs' names,
+    datatypes and shapes, the outputs, the parameters) with new tensor contents; reading that
+    metadata through protobuf's message objects is most of a request's decoding. So the
+    metadata's bytes (the message less its id and its raw_input_contents) key what protobuf
+    read from them the first time, and a message whose metadata was seen before takes only
+    its id and its contents from its own bytes. Messages of any other shape (typed contents,
+    shared memory, parameters on a tensor, fields out of field-number order) are read by
+    protobuf alone, every time.
+    """
+
+    LIMIT = 256   # kinds of metadata kept (a client sending ever new ones clears it now and then)
+
+    def __init__(self) -> None:
+        self._seen: dict[bytes, _Metadata] = {}
+
+    def read(self, data: bytes) -> InferRequest:
+        """The request; InvalidArgument as ``decode_infer_request`` raises it, DecodeError for
+        bytes protobuf cannot parse."""
+        parts = _plain_parts(data)
+        if parts is not None:
+            metadata = self._seen.get(parts[0])
+            if metadata is not None:
+                return metadata.request(parts[1], parts[2])
+        message = service_pb2.ModelInferRequest.FromString(data)
+        request = decode_infer_request(message)
+        if parts is not None and _plain(message):
+            if len(self._seen) >= self.LIMIT:
+                self._seen.clear()
+            self._seen[parts[0]] = _Metadata(request)
+        return request
+
+
+class _Metadata:
+    """What a request's metadata says, read once: a new InferRequest of it for each message."""
+
+    __slots__ = ("model", "version", "inputs", "outputs", "parameters", "sequence_id", "sequence_flags")
+
+    def __init__(self, request: InferRequest) -> None:
+        self.model, self.version = request.model, request.version
+        self.inputs = [(tensor.name, tensor.datatype, tuple(tensor.shape)) for tensor in request.inputs]
+        self.outputs = None if request.outputs is None else [output.name for output in request.outputs]
+        self.parameters = dict(request.parameters)
+        self.sequence_id, self.sequence_flags = request.sequence_id, request.sequence_flags
+
+    def request(self, request_id: str, raw: list[bytes]) -> InferRequest:
+        if len(raw) < len(self.inputs):
+            name = self.inputs[len(raw)][0]
+            raise InvalidArgument(f"unable to find data for input tensor '{name}' for model '{self.model}' in request.")
+        inputs = [InputTensor(name, datatype, list(shape), data) for (name, datatype, shape), data in zip(self.inputs, raw)]
+        outputs = None if self.outputs is None else [RequestedOutput(name, {}, None, None) for name in self.outputs]
+        return InferRequest(self.model, self.version, inputs, outputs, request_id, dict(self.parameters),
+                            self.sequence_id, self.sequence_flags)
+
+
+_RAW_INPUT_CONTENTS = 7 << 3 | 2   # the tags (field number, wire type 2) ModelInferRequest's fields start with
+_ID = 3 << 3 | 2
+
+
+def _plain_parts(data: bytes) -> tuple[bytes, str, list[bytes]] | None:
+    """(the metadata's bytes, the id, the raw contents) of a message whose fields come in
+    field-number order, as protobuf writes them; None for any other."""
+    raw: list[bytes] = []
+    first_raw = id_start = id_value = id_end = -1
+    position, end = 0, len(data)
+    try:
+        while position < end:
+            tag = data[position]
+            if tag & 0x87 != 2:   # every field of the message is length-delimited, numbered under 16
+                return None
+            start = position
+            length = data[position + 1]
+            position += 2
+            if length & 0x80:
+                length, position = _varint(data, position - 1)
+            stop = position + length
+            if stop > end:
+                return None
+            if tag == _RAW_INPUT_CONTENTS:
+                if first_raw < 0:
+                    first_raw = start
+                raw.append(data[position:stop])
+            elif first_raw >= 0:
+                return None
+            elif tag == _ID:
+                id_start, id_value, id_end = start, position, stop
+            position = stop
+        metadata_end = end if first_raw < 0 else first_raw
+        if id_start < 0:
+            return data[:metadata_end], "", raw
+        return data[:id_start] + data[id_end:metadata_end], data[id_value:id_end].decode(), raw
+    except (IndexError, UnicodeDecodeError):
+        return None
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    """The varint at ``position`` and the position after it (IndexError past the end)."""
+    value = shift = 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
+        if shift > 63:
+            raise IndexError("a varint over 10 bytes")
+
+
+def _plain(message: service_pb2.ModelInferRequest) -> bool:
+    """Whether every input takes its data from raw_input_contents, in order (no typed contents,
+    no shared memory), and no output has parameters: what ``_Metadata`` can stand for."""
+    return all(not tensor.parameters and not tensor.HasField("contents") for tensor in message.inputs) \
+        and all(not output.parameters for output in message.outputs)
+
+
 def _request_parameters(message_parameters: Mapping[str, service_pb2.InferParameter]) -> tuple[int | str, int, dict]:
     """The sequence id and flags, and the other parameters (kinds checked by check_parameter_kinds)."""
     if not message_parameters:

@@ -1,0 +1,140 @@
+"""ModelInfer's reader (gateway/grpc_codec.InferRequestReader) changes nothing: every message
+reads to the same request, or fails with the same error, the first time (through protobuf)
+and every time after (its metadata remembered), as protobuf alone reads it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2
+
+from tritium.errors import InvalidArgument
+from tritium.gateway.grpc_codec import InferRequestReader, decode_infer_request
+
+
+def add_sub(request_id: str = "", seed: int = 0, **fields) -> service_pb2.ModelInferRequest:
+    """A request as perf_analyzer sends add_sub's."""
+    message = service_pb2.ModelInferRequest(model_name="add_sub", id=request_id, **fields)
+    message.parameters["triton_enable_empty_final_response"].bool_param = True
+    for name in ("INPUT0", "INPUT1"):
+        message.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+        message.raw_input_contents.append(np.arange(seed, seed + 16, dtype=np.float32).tobytes())
+    for name in ("OUTPUT0", "OUTPUT1"):
+        message.outputs.add(name=name)
+    return message
+
+
+def protobuf_alone(data: bytes):
+    return decode_infer_request(service_pb2.ModelInferRequest.FromString(data))
+
+
+def test_a_message_reads_the_same_the_first_time_and_after_its_metadata_is_remembered():
+    reader = InferRequestReader()
+    messages = [add_sub(), add_sub("req-1", seed=5), add_sub("", seed=9), add_sub("é-2", seed=3)]
+    for message in messages:
+        data = message.SerializeToString()
+        assert reader.read(data) == protobuf_alone(data)
+    assert len(reader._seen) == 1   # one metadata: the ids and the contents are not part of it
+
+
+def test_requests_read_from_remembered_metadata_share_nothing_a_caller_may_change():
+    reader = InferRequestReader()
+    data = add_sub("a").SerializeToString()
+    first = reader.read(data)
+    first.parameters["changed"] = 1
+    first.inputs[0].shape.append(7)
+    first.outputs.pop()
+    assert reader.read(data) == protobuf_alone(data)
+
+
+@pytest.mark.parametrize("raw_entries", [0, 1])
+def test_missing_contents_fail_with_protobufs_error_also_from_remembered_metadata(raw_entries):
+    reader = InferRequestReader()
+    reader.read(add_sub().SerializeToString())
+    short = add_sub()
+    del short.raw_input_contents[raw_entries:]
+    data = short.SerializeToString()
+    with pytest.raises(InvalidArgument) as expected:
+        protobuf_alone(data)
+    with pytest.raises(InvalidArgument) as got:
+        reader.read(data)
+    assert got.value.message == expected.value.message == (
+        f"unable to find data for input tensor 'INPUT{raw_entries}' for model 'add_sub' in request.")
+
+
+def test_contents_beyond_the_inputs_are_ignored_as_by_protobufs_reading():
+    reader = InferRequestReader()
+    reader.read(add_sub().SerializeToString())
+    extra = add_sub(seed=4)
+    extra.raw_input_contents.append(b"left over")
+    data = extra.SerializeToString()
+    assert reader.read(data) == protobuf_alone(data)
+
+
+def typed_contents() -> service_pb2.ModelInferRequest:
+    message = service_pb2.ModelInferRequest(model_name="add_sub")
+    tensor = message.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 2])
+    tensor.contents.fp32_contents.extend([1.0, 2.0])
+    return message
+
+
+def shared_memory_input() -> service_pb2.ModelInferRequest:
+    message = add_sub()
+    parameters = message.inputs[0].parameters
+    parameters["shared_memory_region"].string_param = "region"
+    parameters["shared_memory_byte_size"].int64_param = 64
+    del message.raw_input_contents[0]
+    return message
+
+
+def classified_output() -> service_pb2.ModelInferRequest:
+    message = add_sub()
+    message.outputs[0].parameters["classification"].int64_param = 2
+    return message
+
+
+@pytest.mark.parametrize("make", [typed_contents, shared_memory_input, classified_output])
+def test_other_shapes_of_request_are_read_by_protobuf_every_time(make):
+    reader = InferRequestReader()
+    data = make().SerializeToString()
+    assert reader.read(data) == protobuf_alone(data)
+    assert reader.read(data) == protobuf_alone(data)
+    assert reader._seen == {}
+
+
+def test_fields_out_of_field_number_order_are_read_by_protobuf():
+    """Contents before the inputs (protobuf writes them after): the same request."""
+    reader = InferRequestReader()
+    message = add_sub()
+    contents = service_pb2.ModelInferRequest(raw_input_contents=message.raw_input_contents).SerializeToString()
+    metadata = service_pb2.ModelInferRequest()
+    metadata.CopyFrom(message)
+    del metadata.raw_input_contents[:]
+    data = contents + metadata.SerializeToString()
+    reader.read(message.SerializeToString())
+    assert reader.read(data) == protobuf_alone(data)
+    assert reader.read(data).inputs[1].data == message.raw_input_contents[1]
+
+
+def test_unparsable_bytes_fail_as_protobuf_fails_also_when_their_metadata_is_known():
+    reader = InferRequestReader()
+    good = add_sub("id").SerializeToString()
+    reader.read(good)
+    bad_id = good.replace(b"\x1a\x02id", b"\x1a\x02\xff\xfe")   # the id no UTF-8
+    truncated = good[:-5]
+    for data in (bad_id, truncated, b"\x0a\x7f"):
+        with pytest.raises(DecodeError):
+            service_pb2.ModelInferRequest.FromString(data)
+        with pytest.raises(DecodeError):
+            reader.read(data)
+
+
+def test_a_client_sending_ever_new_metadata_keeps_the_reader_bounded():
+    reader = InferRequestReader()
+    for number in range(InferRequestReader.LIMIT + 10):
+        message = add_sub()
+        message.parameters["sequence_id"].int64_param = number + 1
+        data = message.SerializeToString()
+        assert reader.read(data).sequence_id == number + 1
+    assert len(reader._seen) <= InferRequestReader.LIMIT
