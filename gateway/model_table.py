@@ -7,7 +7,7 @@ answers metadata, config and readiness from it without a round trip.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -54,6 +54,8 @@ class ModelSpec:
     decoupled: bool
     config_json: bytes
     labels: dict[str, tuple[str, ...]]   # classification labels per output
+    # inputs found valid: (name, datatype, shape, size) of each -> the batch size (gateway/validation.py)
+    valid_inputs: dict[tuple, int] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, config: dict, labels: dict | None = None) -> "ModelSpec":

@@ -331,3 +331,24 @@ def test_model_spec_from_config():
     assert s.outputs["O"].fixed_elements == 6
     assert s.required_inputs == ["A"]
     assert s.metadata_shape(s.inputs["A"]) == [-1, -1, 3]
+
+
+def test_inputs_found_valid_are_remembered_and_what_differs_is_checked_again():
+    """The model remembers valid inputs by their names, datatypes, shapes and sizes: the same
+    again is valid at once, with its batch size; a size, shape or order it has not seen is
+    checked (and refused) as the first time; BYTES inputs are always counted."""
+    model = spec()
+    assert validate_request(model, request(fp32("A", [3, 16]), fp32("B", [3, 16]))) == 3
+    assert validate_request(model, request(fp32("A", [3, 16]), fp32("B", [3, 16]))) == 3
+    assert len(model.valid_inputs) == 1
+    short = fp32("B", [3, 16])
+    short.data = short.data[:-4]
+    assert error_of(model, request(fp32("A", [3, 16]), short)).message.startswith("input byte size mismatch")
+    assert "does not match" in error_of(model, request(fp32("A", [3, 16]), fp32("B", [2, 16]))).message
+    assert validate_request(model, request(fp32("B", [2, 16]), fp32("A", [2, 16]))) == 2
+    texts = spec(inputs=[tensor_config("T", "TYPE_STRING", (2,))])
+    assert validate_request(texts, request(bytes_tensor("T", [1, 2], [b"ab", b"c"]))) == 1
+    one_in_the_same_bytes = bytes_tensor("T", [1, 2], [b"abcdefg"])
+    assert len(one_in_the_same_bytes.data) == len(bytes_tensor("T", [1, 2], [b"ab", b"c"]).data)
+    assert "expected 2 string elements" in error_of(texts, request(one_in_the_same_bytes)).message
+    assert texts.valid_inputs == {}
