@@ -22,7 +22,8 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
-from tritium.gateway.grpc_codec import InferRequestReader, decode_infer_request, encode_infer_response
+from tritium.gateway.grpc_codec import (InferRequestReader, InferResponseWriter, decode_infer_request,
+                                       encode_infer_response)
 from tritium.gateway.grpc_keepalive import GrpcKeepalive
 from tritium.gateway.grpc_tls import GrpcTls
 from tritium.gateway.header_forwarding import forwarded_grpc_metadata
@@ -130,6 +131,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.restricted = restricted
         self.header_forward = header_forward   # --grpc-header-forward-pattern
         self._reader = InferRequestReader()
+        self._writer = InferResponseWriter()
 
     def _decode(self, message: Any, metadata: Sequence[tuple[bytes | str, bytes | str]]) -> InferRequest:
         """The InferRequest ``message`` asks for (a ModelInferRequest, or ModelInfer's bytes),
@@ -297,9 +299,9 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return encode_infer_response(result)
 
     def infer_then(self, request: Any, metadata: Sequence[tuple[bytes, bytes]],
-                   done: Callable[[service_pb2.ModelInferResponse | TritiumError], None]) -> Callable[[], None]:
+                   done: Callable[[bytes | TritiumError], None]) -> Callable[[], None]:
         """ModelInfer without a coroutine (gateway/grpc_server.py's hot path): ``done`` gets the
-        ModelInferResponse or a TritiumError once; a request refused before it is sent raises here.
+        ModelInferResponse's bytes or a TritiumError once; a request refused before it is sent raises here.
         Returns what to call when the client gives up on the call."""
         if self.restricted:
             self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
@@ -307,12 +309,12 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise _unparsable()
 
         def answered(result: InferResult | TritiumError) -> None:
-            answer: service_pb2.ModelInferResponse | TritiumError
+            answer: bytes | TritiumError
             if isinstance(result, TritiumError):
                 answer = result
             else:
                 try:
-                    answer = encode_infer_response(result)
+                    answer = self._writer.write(result)
                 except TritiumError as exc:
                     answer = exc
             trace = infer_request.trace

@@ -302,3 +302,67 @@ def encode_infer_response(result: InferResult, parameters: dict | None = None) -
         response.raw_output_contents.append(b"" if output.in_shared_memory else bytes(output.data))
     fill_parameters(response.parameters, {**result.parameters, **(parameters or {})})
     return response
+
+
+class InferResponseWriter:
+    """InferResult -> ModelInferResponse bytes, written directly: the message a result without
+    parameters makes (model, version, id, the outputs' descriptions, raw_output_contents) is a
+    few length-prefixed fields, and the parts that repeat from answer to answer (the model and
+    version, each output's description) are kept, encoded. The bytes are those protobuf writes;
+    a result with parameters is written by protobuf."""
+
+    LIMIT = 1024   # descriptions kept (a model with ever new output shapes clears them now and then)
+
+    def __init__(self) -> None:
+        self._encoded: dict[tuple, bytes] = {}
+
+    def write(self, result: InferResult) -> bytes:
+        if result.parameters:
+            return encode_infer_response(result).SerializeToString()
+        encoded = self._encoded
+        if len(encoded) >= self.LIMIT:
+            encoded.clear()
+        head = encoded.get((result.model, result.version))
+        if head is None:
+            head = encoded[(result.model, result.version)] = \
+                _field(1, result.model.encode()) + _field(2, str(result.version).encode())
+        parts: list[bytes | memoryview] = [head]
+        if result.id:
+            parts.append(_field(3, result.id.encode()))
+        contents: list[bytes | memoryview] = []
+        for output in result.outputs:
+            shape = tuple(output.shape)
+            description = encoded.get((output.name, output.datatype, shape))
+            if description is None:
+                description = encoded[(output.name, output.datatype, shape)] = _output_description(output)
+            parts.append(description)
+            data = b"" if output.in_shared_memory else output.data
+            contents += (b"\x32", _varint_bytes(len(data)), data)
+        parts += contents
+        return b"".join(parts)
+
+
+def _output_description(output) -> bytes:
+    """Field 5 of ModelInferResponse: one InferOutputTensor (name, datatype, packed shape)."""
+    body = _field(1, output.name.encode()) + _field(2, output.datatype.encode())
+    if output.shape:
+        body += _field(3, b"".join(_varint_bytes(dim & 0xFFFFFFFFFFFFFFFF) for dim in output.shape))
+    return b"\x2a" + _varint_bytes(len(body)) + body   # (written even when empty, as any element of a repeated field)
+
+
+def _field(number: int, value: bytes) -> bytes:
+    """A length-delimited field; protobuf leaves an empty string or message out."""
+    if not value:
+        return b""
+    return bytes((number << 3 | 2,)) + _varint_bytes(len(value)) + value
+
+
+def _varint_bytes(value: int) -> bytes:
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import grpc
 
@@ -39,9 +39,6 @@ from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS,
 from tritium.gateway.header_forwarding import binary_metadata_value
 from tritium.errors import InvalidArgument, TritiumError
 from tritium.ports import PortInUse, bound_socket
-
-if TYPE_CHECKING:
-    from tritonclient.grpc.service_pb2 import ModelInferResponse
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +353,7 @@ class GrpcConnection(asyncio.Protocol):
         responses = _one(call.rpc.handler, request, CallContext(call.headers))
         call.task = self.loop.create_task(self._serve(call, responses))
 
-    def _answered(self, call: _Call, answer: ModelInferResponse | TritiumError) -> None:
+    def _answered(self, call: _Call, answer: bytes | TritiumError) -> None:
         """ModelInfer's answer, from the broker link's callback."""
         if call.done:   # the client reset it, or its deadline passed
             return
@@ -364,7 +361,7 @@ class GrpcConnection(asyncio.Protocol):
             if isinstance(answer, TritiumError):
                 self._fail(call, status_of(answer))
             else:
-                self._send_message(call, answer.SerializeToString())
+                self._send_message(call, answer)
                 self._finish(call, OK, "")
         except GrpcFailure as failure:
             self._fail(call, failure)

@@ -1,6 +1,7 @@
-"""ModelInfer's reader (gateway/grpc_codec.InferRequestReader) changes nothing: every message
-reads to the same request, or fails with the same error, the first time (through protobuf)
-and every time after (its metadata remembered), as protobuf alone reads it."""
+"""ModelInfer's reader and writer (gateway/grpc_codec.py) change nothing. Every message reads
+to the same request, or fails with the same error, the first time (through protobuf) and
+every time after (its metadata remembered), as protobuf alone reads it; every result is
+written to the very bytes protobuf writes for it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from tritium.errors import InvalidArgument
-from tritium.gateway.grpc_codec import InferRequestReader, decode_infer_request
+from tritium.gateway.grpc_codec import InferRequestReader, InferResponseWriter, decode_infer_request, encode_infer_response
+from tritium.gateway.inference import InferResult, OutputTensor
 
 
 def add_sub(request_id: str = "", seed: int = 0, **fields) -> service_pb2.ModelInferRequest:
@@ -138,3 +140,40 @@ def test_a_client_sending_ever_new_metadata_keeps_the_reader_bounded():
         data = message.SerializeToString()
         assert reader.read(data).sequence_id == number + 1
     assert len(reader._seen) <= InferRequestReader.LIMIT
+
+
+def result(request_id: str = "", shape=(1, 16), data: bytes = bytes(range(64)), **extra) -> InferResult:
+    outputs = [OutputTensor("OUTPUT0", "FP32", list(shape), memoryview(data)),
+               OutputTensor("OUTPUT1", "FP32", list(shape), data)]
+    return InferResult("add_sub", 1, request_id, outputs, **extra)
+
+
+WRITTEN = {
+    "add_sub's": result(),
+    "with an id": result("req-7"),
+    "a non-ASCII id": result("é-1"),
+    "a scalar output": result(shape=(), data=bytes(4)),
+    "an empty output": result(shape=(0, 16), data=b""),
+    "large dims": result(shape=(1, 300, 2**40), data=b"x"),
+    "large contents": result(data=bytes(70_000)),
+    "parameters": result(parameters={"sequence_id": 5, "note": "n", "flag": True, "x": 1.5}),
+    "an output in shared memory": InferResult("m", 3, "", [OutputTensor("Y", "INT64", [2], b"", in_shared_memory=True),
+                                                           OutputTensor("Z", "BYTES", [1], b"\x01\x00\x00\x00a")]),
+    "no outputs": InferResult("m", 12, "id", []),
+}
+
+
+@pytest.mark.parametrize("name", WRITTEN)
+def test_a_result_is_written_to_the_bytes_protobuf_writes(name):
+    writer = InferResponseWriter()
+    expected = encode_infer_response(WRITTEN[name]).SerializeToString()
+    assert writer.write(WRITTEN[name]) == expected
+    assert writer.write(WRITTEN[name]) == expected   # from what it kept
+
+
+def test_the_writer_keeps_a_bounded_number_of_descriptions():
+    writer = InferResponseWriter()
+    for rows in range(InferResponseWriter.LIMIT + 10):
+        written = result(shape=(rows, 16))
+        assert writer.write(written) == encode_infer_response(written).SerializeToString()
+    assert len(writer._encoded) <= InferResponseWriter.LIMIT
