@@ -374,6 +374,26 @@ class Http2Connection:
             self._end_local(stream_id)
         self._sent_data()
 
+    def send_whole_answer(self, stream_id: int, headers: bytes, message: bytes, trailers: bytes) -> bool:
+        """A call's response headers, its one DATA frame and its trailers (END_STREAM), in one go,
+        when the windows and the client's frame size take them as they are; False (nothing sent)
+        when not."""
+        stream = self.streams.get(stream_id)
+        size = len(message)
+        limit = self.peer_max_frame
+        if stream is None or size > stream.send_window or size > self.send_window or size > limit \
+                or len(headers) > limit or len(trailers) > limit:
+            return False
+        stream.send_window -= size
+        self.send_window -= size
+        self._out.append(b"".join((_HEAD.pack(len(headers) << 8 | HEADERS, END_HEADERS, stream_id), headers,
+                                   _HEAD.pack(size << 8 | DATA, 0, stream_id), message,
+                                   _HEAD.pack(len(trailers) << 8 | HEADERS, END_HEADERS | END_STREAM, stream_id),
+                                   trailers)))
+        self._end_local(stream_id)
+        self._sent_data()
+        return True
+
     def send_data(self, stream_id: int, data: bytes | memoryview) -> None:
         """DATA within the windows: the caller asked ``window_for`` first."""
         stream = self.streams[stream_id]

@@ -360,7 +360,7 @@ class GrpcConnection(asyncio.Protocol):
         try:
             if isinstance(answer, TritiumError):
                 self._fail(call, status_of(answer))
-            else:
+            elif not self._answer_at_once(call, answer):
                 self._send_message(call, answer)
                 self._finish(call, OK, "")
         except GrpcFailure as failure:
@@ -368,6 +368,18 @@ class GrpcConnection(asyncio.Protocol):
         except Exception as exc:
             self._fail(call, _internal(call, exc))
         self._flush_soon()
+
+    def _answer_at_once(self, call: _Call, payload: bytes) -> bool:
+        """The usual unary answer (uncompressed, nothing sent before it, room in the client's
+        windows): headers, message and OK trailers as one piece; False when it is not that."""
+        if call.encoding is not None or call.headers_sent or len(payload) > self.shared.max_message_bytes \
+                or not self.http2.send_whole_answer(call.id, _RESPONSE_BLOCK, frame(payload), _OK_BLOCK):
+            return False
+        call.done = call.headers_sent = True
+        if not call.remote_closed:   # stop the client sending more of a call that is over
+            self.http2.reset(call.id, NO_ERROR)
+        self._forget(call)
+        return True
 
     def _stream_send(self, call: _Call, response: Any) -> None:
         """One answer of a ModelStreamInfer call (gateway/grpc_api.InferStream)."""
