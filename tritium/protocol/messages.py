@@ -300,7 +300,8 @@ class Cancel(Message, frozen=True, tag=int(Kind.CANCEL)):
     """The client of a request gave up on it: its gRPC call was cancelled or ran past its
     deadline, its HTTP connection was reset, or a model cancelled its BLS response iterator. A
     request still queued leaves its queue, answered CANCELLED; one already running runs to its
-    end, its instance told (CANCEL_RUNNING)."""
+    end, its instance told (CANCEL_RUNNING); one sent to its instance but waiting there behind
+    another batch is answered CANCELLED by the instance, unrun."""
 
     DIRECTION = "gateway or instance (BLS) -> broker"
 
@@ -342,9 +343,11 @@ class ResponsePart(Message, frozen=True, tag=int(Kind.RESPONSE_PART)):
 
 
 class CancelRunning(Message, frozen=True, tag=int(Kind.CANCEL_RUNNING)):
-    """The client of a request the instance runs gave up on it (CANCEL): a Python model sees it
-    through `request.is_cancelled()` and `response_sender.is_cancelled()`. Sent to the
-    instance's heartbeat socket (seen even during an execute) and to its data socket."""
+    """The client of a request the instance runs or holds gave up on it (CANCEL): a Python model
+    sees it through `request.is_cancelled()` and `response_sender.is_cancelled()`; a request
+    of a batch not started yet is answered CANCELLED when its batch comes up, without running
+    (not a sequence's). Sent to the instance's heartbeat socket (seen even during an execute)
+    and to its data socket."""
 
     DIRECTION = "broker -> instance"
 
