@@ -55,7 +55,7 @@ class PendingRequest:
     correlation_id: int | str = 0   # the sequence it belongs to (0: none)
     flags: int = 0                  # sequence START (1) / END (2)
     traced: bool = False            # its INFER has a trace context: its batch carries its stamps
-    cancelled: bool = False         # cancelled while waiting at its instance: a failure counts as CANCELED
+    cancelled: bool = False         # its client gave up while its instance held it (told CANCEL_RUNNING)
 
 
 @dataclass(eq=False, slots=True)
@@ -87,14 +87,15 @@ class Batch:
     answered: set[int] = field(default_factory=set)  # decoupled: requests that had any response
     timings: tuple = (0, 0, 0)
 
-    def record_outcome(self, request: PendingRequest, ok: bool, now: int) -> None:
-        """A request of this batch had its (final) answer: its version's statistics count it."""
+    def record_outcome(self, request: PendingRequest, ok: bool, now: int, cancelled: bool = False) -> None:
+        """A request of this batch had its (final) answer: its version's statistics count it
+        (``cancelled``: a failure that is its client's cancellation, answered CANCELLED)."""
         stats = self.version.stats
         if ok:
             stats.record_success(now - request.arrival_ns, request.dispatch_ns - request.arrival_ns,
                                  request.batch_size, self.timings)
         else:
-            stats.record_failure(now - request.arrival_ns, "CANCELED" if request.cancelled else "BACKEND")
+            stats.record_failure(now - request.arrival_ns, "CANCELED" if cancelled else "BACKEND")
 
 
 @dataclass(eq=False)

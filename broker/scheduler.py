@@ -26,12 +26,12 @@ from tritium.broker.registry import (
     Registry,
     VersionState,
 )
-from tritium.errors import Cancelled, NotFound, TritiumError, Unavailable
+from tritium.errors import Cancelled, ErrorCode, NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
 from tritium.broker.sequences import END as SEQUENCE_END, SequenceBatcher
 from tritium.broker.streams import OpenStreams
 from tritium.protocol import Batch as BatchHeader
-from tritium.protocol import HEARTBEAT_SUFFIX, BatchDone, Cancel, CancelRunning, Infer, error_record
+from tritium.protocol import HEARTBEAT_SUFFIX, BatchDone, Cancel, CancelRunning, Infer, Response, error_record, read_record
 from tritium.tracing.stamps import batch_stamps
 from tritium.zmqio import LONE_ANSWERS_BEFORE_POLLING
 
@@ -250,8 +250,8 @@ class Scheduler:
             return
         if not cancelled:
             running, waiting = self._cancel_running(version, client, cancel.rid)
-            if running is not None and waiting and not version.stateful:
-                running.cancelled = True   # its instance drops it before it starts, as Triton's queue would
+            if running is not None:   # answered CANCELLED by its instance, its failure counts as CANCELED
+                running.cancelled = True
             if running is None or not waiting or not isinstance(batcher, SequenceBatcher) \
                     or running.flags & SEQUENCE_END:
                 return   # (after its END, the correlation id may name a new sequence)
@@ -474,11 +474,11 @@ class Scheduler:
         instance.execution_ns += _AVERAGE_WEIGHT * (took - instance.execution_ns) if instance.execution_ns else took
         oks = done.ok
         if done.still_open is not None:
-            self.streams.executed(batch)
+            if done.ran:
+                self.streams.executed(batch)
             self._steps_executed(batch, timings)
         else:
-            # (A batch whose every request its instance dropped, cancelled while it waited there, never ran.)
-            if any(oks) or (version.counts_failed_executions and not all(r.cancelled for r in batch.requests)):
+            if done.ran and (any(oks) or version.counts_failed_executions):
                 version.stats.record_execution(batch.batch_size, timings)
             self._route_responses(batch, done.response_frames, oks, frames, now)
         if version.state in _DISPATCHING:  # a draining version still runs what it queued
@@ -513,8 +513,8 @@ class Scheduler:
                     if parts is None:
                         parts = outgoing[(from_backend, client)] = [client]
                     parts.extend(records)
+            batch.record_outcome(request, ok, now, not ok and request.cancelled and _cancelled_answer(frames[offset]))
             offset = end
-            batch.record_outcome(request, ok, now)
         for (from_backend, _), parts in outgoing.items():
             self._reply(from_backend, parts, batch.timings)
 
@@ -636,6 +636,12 @@ class Scheduler:
         self._timed.pop(version, None)
         if self.rate_limiter is not None:
             self.rate_limiter.blocked.pop(version, None)
+
+
+def _cancelled_answer(record) -> bool:
+    """Whether a failed request's RESPONSE says CANCELLED (read only for requests whose client gave up)."""
+    response = read_record(record)[0]
+    return isinstance(response, Response) and response.error is not None and response.error.code is ErrorCode.CANCELLED
 
 
 def _sequence_room(instance: InstanceRecord) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from tritium.errors import ErrorCode
 from tritium.broker.registry import Batch, ModelVersion, Registry
 from tritium.protocol import Response, ResponsePart, read_record
 
@@ -47,7 +48,9 @@ class OpenStreams:
                 self._reply(from_backend, ready)
         if response.final is not False:
             batch.finished.add(index)
-            batch.record_outcome(request, response.error is None, self._clock())
+            error = response.error
+            batch.record_outcome(request, error is None, self._clock(),
+                                 request.cancelled and error is not None and error.code is ErrorCode.CANCELLED)
             if number in self.batches and len(batch.finished) == len(batch.requests):
                 del self.batches[number]
 

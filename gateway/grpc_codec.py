@@ -132,7 +132,7 @@ class InferRequestReader:
         if parts is not None:
             metadata = self._seen.get(parts[0])
             if metadata is not None:
-                return metadata.request(parts[1], parts[2])
+                return metadata.request(parts[1], [data[start:stop] for start, stop in parts[2]])
         message = service_pb2.ModelInferRequest.FromString(data)
         request = decode_infer_request(message)
         if parts is not None and _plain(message):
@@ -166,16 +166,24 @@ class _Metadata:
 
 _RAW_INPUT_CONTENTS = 7 << 3 | 2   # the tags (field number, wire type 2) ModelInferRequest's fields start with
 _ID = 3 << 3 | 2
+# Metadata larger, or messages of more fields, are left to protobuf: a key that size is not kept,
+# and walking that many fields in Python would cost the event loop more than protobuf does.
+_METADATA_BYTES = 16 * 1024
+_FIELDS = 256
 
 
-def _plain_parts(data: bytes) -> tuple[bytes, str, list[bytes]] | None:
-    """(the metadata's bytes, the id, the raw contents) of a message whose fields come in
-    field-number order, as protobuf writes them; None for any other."""
-    raw: list[bytes] = []
+def _plain_parts(data: bytes) -> tuple[bytes, str, list[tuple[int, int]]] | None:
+    """(the metadata's bytes, the id, where each raw content is) of a message whose fields come
+    in field-number order, as protobuf writes them; None for any other."""
+    raw: list[tuple[int, int]] = []
     first_raw = id_start = id_value = id_end = -1
     position, end = 0, len(data)
+    fields = 0
     try:
         while position < end:
+            fields += 1
+            if fields > _FIELDS:
+                return None
             tag = data[position]
             if tag & 0x87 != 2:   # every field of the message is length-delimited, numbered under 16
                 return None
@@ -190,8 +198,8 @@ def _plain_parts(data: bytes) -> tuple[bytes, str, list[bytes]] | None:
             if tag == _RAW_INPUT_CONTENTS:
                 if first_raw < 0:
                     first_raw = start
-                raw.append(data[position:stop])
-            elif first_raw >= 0:
+                raw.append((position, stop))
+            elif first_raw >= 0 or stop > _METADATA_BYTES:
                 return None
             elif tag == _ID:
                 id_start, id_value, id_end = start, position, stop

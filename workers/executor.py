@@ -87,13 +87,11 @@ class BatchExecutor:
         """Execute the batch in ``frames`` (BATCH record first); return the BATCH_DONE parts."""
         t0 = time.monotonic_ns()
         batch_header, _, _ = read_record(frames[0])
-        self._started = batch_header.number
         items = self._decode_all(frames, batch_header.count)
-        if self._cancelled_ahead:
-            self._drop_cancelled(batch_header.number, items)
+        ran = self._start(batch_header.number, items) < len(items)
         batch = items if self.sequences is None else self._with_sequences(batch_header, items)
         if self.decoupled:
-            return self._run_decoupled(batch_header.number, items, t0)
+            return self._run_decoupled(batch_header.number, items, t0, ran)
         good = [item for item in batch if item.error is None]
         if self.stacks and self.batching:
             replies, t1, t2 = self._run_stacked(good)
@@ -117,7 +115,7 @@ class BatchExecutor:
             parts = stamped_responses(parts, external_counts, [item.infer for item in items], batch_header.trace,
                                       batch_header.number, (t1, t2, t3), self.model,
                                       [item.trace and item.trace.calls for item in items])
-        done = BatchDone(batch_header.number, oks, external_counts, [t1 - t0, t2 - t1, t3 - t2])
+        done = BatchDone(batch_header.number, oks, external_counts, [t1 - t0, t2 - t1, t3 - t2], ran=ran)
         return [done.encode(), *parts]
 
     # -- decoding -----------------------------------------------------------------------
@@ -305,7 +303,7 @@ class BatchExecutor:
 
     # -- decoupled models: each request answered 0..N times, as the model sends -----------
 
-    def _run_decoupled(self, batch: int, items: list[_Item], t0: int) -> list:
+    def _run_decoupled(self, batch: int, items: list[_Item], t0: int, ran: bool) -> list:
         still_open: set[int] = set()
         requests = []
         for index, item in enumerate(items):
@@ -334,7 +332,7 @@ class BatchExecutor:
                     self._answering.pop((batch, index), None)
                     self._send_part(batch, index, [_error_record(item.rid, error, final=True)])
         t2 = time.monotonic_ns()
-        return [BatchDone(batch, [], [], [t1 - t0, t2 - t1, 0], sorted(still_open)).encode()]
+        return [BatchDone(batch, [], [], [t1 - t0, t2 - t1, 0], sorted(still_open), ran=ran).encode()]
 
     def _sender(self, batch: int, index: int, item: _Item, still_open: set[int]):
         requested = item.infer.outputs
@@ -364,11 +362,10 @@ class BatchExecutor:
             request = next((given for received, given in executing[2] if received is item), None)
         if request is not None:
             request.cancelled = True
-        elif batch > self._started and self.sequences is None:
-            # Not started yet: it is dropped when its batch comes up. (A sequence's request runs:
-            # the broker ends its sequence with it.)
-            with self._ahead_lock:
-                self._cancelled_ahead.add((batch, index))
+        elif self.sequences is None:   # (a sequence's request runs: the broker ends its sequence with it)
+            with self._ahead_lock:   # against _start: a batch starting now takes this cancel, or it is not kept
+                if batch > self._started:   # not started yet: it is dropped when its batch comes up
+                    self._cancelled_ahead.add((batch, index))
 
     def numbered_anew(self) -> None:
         """A new broker process numbers its batches from 1 again."""
@@ -376,16 +373,22 @@ class BatchExecutor:
             self._started = 0
             self._cancelled_ahead.clear()
 
-    def _drop_cancelled(self, number: int, items: list[_Item]) -> None:
-        """Answer CANCELLED, without running them, the requests of this batch whose clients gave
-        up while it waited: Triton's scheduler drops a cancelled request it still holds."""
+    def _start(self, number: int, items: list[_Item]) -> int:
+        """Batch ``number`` starts: its requests whose clients gave up while it waited here are
+        answered CANCELLED without running, as Triton's scheduler drops a cancelled request it
+        still holds. Returns how many."""
         with self._ahead_lock:
-            ahead, self._cancelled_ahead = self._cancelled_ahead, set()
-            for batch, index in ahead:
-                if batch == number and index < len(items) and items[index].error is None:
-                    items[index].error = Cancelled.by_client()
-                elif batch > number:   # (a batch the broker numbered after this one)
-                    self._cancelled_ahead.add((batch, index))
+            self._started = number
+            if not self._cancelled_ahead:
+                return 0
+            ahead = self._cancelled_ahead
+            self._cancelled_ahead = {key for key in ahead if key[0] > number}   # batches numbered after this one
+        dropped = 0
+        for batch, index in ahead:
+            if batch == number and index < len(items) and items[index].error is None:
+                items[index].error = Cancelled.by_client()
+                dropped += 1
+        return dropped
 
     def _send_part(self, batch: int, index: int, parts: list) -> None:
         self.send([ResponsePart(batch, index).encode(), *parts])

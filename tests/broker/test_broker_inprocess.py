@@ -12,7 +12,7 @@ import pytest
 from tests.broker.inprocess_world import CONFIG, HEARTBEAT_S, World, answer, infer
 from tritium.broker.rate_limiter import ResourceFlag
 from tritium.logs import LogSettings
-from tritium.errors import Cancelled, ErrorCode
+from tritium.errors import Cancelled, ErrorCode, InternalError
 from tritium.protocol import (PROTOCOL_VERSION, BatchDone, Cancel, Control, Heartbeat, Hello, IndexQuery, Infer, Kind, Role,
                               error_record)
 
@@ -204,7 +204,7 @@ def test_a_request_cancelled_while_it_waits_at_its_instance_counts_as_canceled_w
         assert instance.headers(Kind.CANCEL_RUNNING) == [{"k": Kind.CANCEL_RUNNING, "b": second[0][0]["b"], "i": 0}]
         assert not gateway.headers(Kind.RESPONSE)   # the instance answers it
         answer(instance, first[0][0], first[1:])
-        instance.send(BatchDone(second[0][0]["b"], [False], [0], [0, 0, 0]).encode(),
+        instance.send(BatchDone(second[0][0]["b"], [False], [0], [0, 0, 0], ran=False).encode(),
                       error_record(2, Cancelled.by_client()))
         world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == 2)
     finally:
@@ -215,3 +215,21 @@ def test_a_request_cancelled_while_it_waits_at_its_instance_counts_as_canceled_w
     assert stats.failures == {"CANCELED": 1}
     assert stats.as_dict("m", 1)["inference_stats"]["success"]["count"] == 1
     assert stats.execution_count == 1   # the dropped request's batch never ran
+
+
+def test_a_cancelled_running_request_that_fails_otherwise_counts_as_a_backend_failure(world):
+    """The client gave up on a running request, and the model failed it for its own reason:
+    that failure is the backend's. One that ran and was answered CANCELLED counts CANCELED."""
+    gateway = world.gateway()
+    _, instance = world.serving_instance()
+    for rid, error in ((1, InternalError("the model failed")), (2, Cancelled.by_client())):
+        infer(gateway, rid=rid)
+        world.until(lambda: len(instance.headers(Kind.BATCH)) == rid)
+        gateway.send(Cancel(rid, "m", 1).encode())
+        world.until(lambda: len(instance.headers(Kind.CANCEL_RUNNING)) == rid)
+        batch = instance.headers(Kind.BATCH)[-1]
+        instance.send(BatchDone(batch["b"], [False], [0], [0, 0, 0]).encode(), error_record(rid, error))
+        world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == rid)
+    stats = world.broker.registry.versions[("m", 1)].stats
+    assert stats.failures == {"BACKEND": 1, "CANCELED": 1}
+    assert stats.execution_count == 2   # a Python model's failed executions count, as in Triton

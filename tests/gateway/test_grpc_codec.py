@@ -177,3 +177,18 @@ def test_the_writer_keeps_a_bounded_number_of_descriptions():
         written = result(shape=(rows, 16))
         assert writer.write(written) == encode_infer_response(written).SerializeToString()
     assert len(writer._encoded) <= InferResponseWriter.LIMIT
+
+
+def test_large_metadata_and_many_fields_are_read_by_protobuf_and_not_kept():
+    """A key the size of a large parameter is not kept, and a message of very many fields is
+    not walked in Python: both are read by protobuf, each time, to the same request."""
+    reader = InferRequestReader()
+    large = add_sub()
+    large.parameters["note"].string_param = "x" * 20_000
+    many = add_sub()
+    many.raw_input_contents.extend([b"left over"] * 300)
+    for message in (large, many):
+        data = message.SerializeToString()
+        assert reader.read(data) == protobuf_alone(data)
+        assert reader.read(data) == protobuf_alone(data)
+    assert reader._seen == {}

@@ -17,7 +17,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tritium.errors import ErrorCode, InternalError, InvalidArgument
-from tritium.protocol import INLINE_LIMIT, Batch, BatchDone, Infer, Response, pack_tensors
+from tritium.protocol import INLINE_LIMIT, Batch, BatchDone, Infer, Response, pack_tensors, read_record
 from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
 from tritium.workers.executor import BatchExecutor
 from tests.workers.batch_done import parse_done
@@ -706,7 +706,7 @@ def test_a_request_cancelled_while_its_batch_waits_is_answered_cancelled_without
     executor.cancel(6, 1)   # batch 6 is not here yet
     executor.cancel(5, 0)   # batch 5 ran: nothing to keep
     done, responses = parse_done(executor.run(batch_frames(requests, number=6)))
-    assert done.ok == [True, False, True]
+    assert done.ok == [True, False, True] and done.ran
     assert [r.rid for r, _ in responses] == [1, 2, 3]
     assert (responses[1][0].error.code, responses[1][0].error.message) == (
         ErrorCode.CANCELLED, "the client cancelled the request")
@@ -715,6 +715,22 @@ def test_a_request_cancelled_while_its_batch_waits_is_answered_cancelled_without
     assert executor._cancelled_ahead == set()
     done, _ = parse_done(executor.run(batch_frames(requests, number=7)))
     assert done.ok == [True, True, True]
+    executor.cancel(8, 0)
+    done, responses = parse_done(executor.run(batch_frames(requests[:1], number=8)))
+    assert (done.ok, done.ran, responses[0][0].error.code) == ([False], False, ErrorCode.CANCELLED)
+    assert len(model.seen) == 3   # a batch all of whose requests were dropped never reaches the model
+
+
+def test_a_decoupled_batch_whose_requests_were_all_cancelled_while_it_waited_says_it_did_not_run():
+    sent = []
+    model = PerRequest()
+    executor = BatchExecutor(model, config(BATCHING_CONFIG + "model_transaction_policy { decoupled: true }"),
+                             send=sent.append)
+    executor.cancel(3, 0)
+    done = read_record(executor.run(batch_frames([{"rid": 1, "inputs": [fp32_input(rows(1, 1))]}], number=3))[0])[0]
+    assert (done.ran, done.still_open, model.seen) == (False, [], [])
+    ((part, record),) = [(read_record(parts[0])[0], read_record(parts[1])[0]) for parts in sent]
+    assert (part.batch, part.index, record.error.code, record.final) == (3, 0, ErrorCode.CANCELLED, True)
 
 
 def test_a_sequence_request_cancelled_while_its_batch_waits_still_runs():

@@ -332,6 +332,8 @@ class BatchDone(Message, frozen=True, tag=int(Kind.BATCH_DONE)):
     timings: Annotated[list, doc("[compute_input_ns, compute_infer_ns, compute_output_ns]")] = field(name="t")
     still_open: Annotated[list | None, doc("decoupled batches (no responses follow): requests still open")] = field(
         default=None, name="open")
+    ran: Annotated[bool, doc("false: none of its requests ran (each was cancelled while the batch waited at "
+                             "the instance): no execution to count")] = True
 
 
 class ResponsePart(Message, frozen=True, tag=int(Kind.RESPONSE_PART)):
