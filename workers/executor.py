@@ -88,7 +88,8 @@ class BatchExecutor:
         t0 = time.monotonic_ns()
         batch_header, _, _ = read_record(frames[0])
         items = self._decode_all(frames, batch_header.count)
-        ran = self._start(batch_header.number, items) < len(items)
+        dropped = self._start(batch_header.number, items)
+        ran = not dropped or dropped < len(items)
         batch = items if self.sequences is None else self._with_sequences(batch_header, items)
         if self.decoupled:
             return self._run_decoupled(batch_header.number, items, t0, ran)
