@@ -132,7 +132,8 @@ class InferRequestReader:
         if parts is not None:
             metadata = self._seen.get(parts[0])
             if metadata is not None:
-                return metadata.request(parts[1], [data[start:stop] for start, stop in parts[2]])
+                view = memoryview(data)   # the contents as views of the message, never copied
+                return metadata.request(parts[1], [view[start:stop] for start, stop in parts[2]])
         message = service_pb2.ModelInferRequest.FromString(data)
         request = decode_infer_request(message)
         if parts is not None and _plain(message):
@@ -154,7 +155,7 @@ class _Metadata:
         self.parameters = dict(request.parameters)
         self.sequence_id, self.sequence_flags = request.sequence_id, request.sequence_flags
 
-    def request(self, request_id: str, raw: list[bytes]) -> InferRequest:
+    def request(self, request_id: str, raw: list[memoryview]) -> InferRequest:
         if len(raw) < len(self.inputs):
             name = self.inputs[len(raw)][0]
             raise InvalidArgument(f"unable to find data for input tensor '{name}' for model '{self.model}' in request.")
