@@ -4,7 +4,8 @@ The gateway's front end (tritium's HTTP server or gRPC server, the service, the 
 a BrokerLink) runs on an event loop in this process. Sixteen clients' requests, made as
 perf_analyzer makes add_sub's (FP32 [1,16] x2 in binary, both outputs named), are handed to
 the connections' ``data_received`` in turns of sixteen (HTTP: one per connection; gRPC: four
-calls on each of four connections); the requests the link sends are taken
+calls on each of four connections; gRPC streaming: one request on each of sixteen
+ModelStreamInfer calls, four calls on each of four connections); the requests the link sends are taken
 from it and answered at once with RESPONSE records, which the link dispatches as it does the
 broker's; the answers are written to transports that only count. What is measured is the
 process's CPU time for everything the gateway does per request (parsing, decoding,
@@ -105,14 +106,29 @@ class GrpcClient:
     def preface(self) -> bytes:
         return b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + self.frame(4, 0, 0, b"")
 
+    def headers(self, rpc: str) -> bytes:
+        return self.encoder.encode([(":method", "POST"), (":scheme", "http"), (":authority", "localhost:8001"),
+                                    (":path", f"/inference.GRPCInferenceService/{rpc}"), ("te", "trailers"),
+                                    ("content-type", "application/grpc"),
+                                    ("grpc-accept-encoding", "identity,deflate,gzip")])
+
     def call(self) -> bytes:
         self.stream_id += 2
-        headers = self.encoder.encode([(":method", "POST"), (":scheme", "http"), (":authority", "localhost:8001"),
-                                       (":path", "/inference.GRPCInferenceService/ModelInfer"), ("te", "trailers"),
-                                       ("content-type", "application/grpc"),
-                                       ("grpc-accept-encoding", "identity,deflate,gzip")])
-        return (self.frame(1, 4, self.stream_id, headers) + self.frame(0, 1, self.stream_id, self.message)
+        return (self.frame(1, 4, self.stream_id, self.headers("ModelInfer"))
+                + self.frame(0, 1, self.stream_id, self.message)
                 + self.frame(8, 0, 0, (1 << 16).to_bytes(4, "big")))   # the client returning its window
+
+    def open_streams(self, count: int) -> tuple[bytes, list[int]]:
+        """``count`` ModelStreamInfer calls opened (their HEADERS), and their stream ids."""
+        ids = [self.stream_id + 2 * (i + 1) for i in range(count)]
+        self.stream_id = ids[-1]
+        return b"".join(self.frame(1, 4, stream_id, self.headers("ModelStreamInfer")) for stream_id in ids), ids
+
+    def stream_requests(self, ids: list[int]) -> bytes:
+        """One request on each of the streams ``ids``, and the windows returned."""
+        return (b"".join(self.frame(0, 0, stream_id, self.message) for stream_id in ids)
+                + b"".join(self.frame(8, 0, stream_id, len(self.message).to_bytes(4, "big")) for stream_id in ids)
+                + self.frame(8, 0, 0, (len(self.message) * len(ids)).to_bytes(4, "big")))
 
 
 async def measure(protocol: str, turns: int) -> float:
@@ -137,7 +153,12 @@ async def measure(protocol: str, turns: int) -> float:
             grpc.connection_made(CountingTransport())
             grpc.data_received(client.preface())
             calls = CLIENTS // GRPC_CONNECTIONS   # made ahead: the clients' work is not the gateway's
-            chunks = iter([b"".join(client.call() for _ in range(calls)) for _ in range(WARM_TURNS + turns)])
+            if protocol == "grpc-stream":   # a stream per client, one request on each per turn
+                opening, ids = client.open_streams(calls)
+                grpc.data_received(opening)
+                chunks = iter([client.stream_requests(ids)] * (WARM_TURNS + turns))
+            else:
+                chunks = iter([b"".join(client.call() for _ in range(calls)) for _ in range(WARM_TURNS + turns)])
             feed.append(lambda grpc=grpc, chunks=chunks: grpc.data_received(next(chunks)))
     answering = 0.0
 
@@ -173,9 +194,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     uvloop.install()
-    for protocol in ("http", "grpc"):
+    for protocol in ("http", "grpc", "grpc-stream"):
         rounds = [asyncio.run(measure(protocol, args.turns)) for _ in range(args.rounds)]
-        print(f"{protocol:5} {min(rounds):5.1f} us per request (best of {args.rounds}; "
+        print(f"{protocol:11} {min(rounds):5.1f} us per request (best of {args.rounds}; "
               f"rounds {', '.join(f'{r:.1f}' for r in rounds)})")
 
 

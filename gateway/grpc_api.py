@@ -22,8 +22,8 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
-from tritium.gateway.grpc_codec import (InferRequestReader, InferResponseWriter, decode_infer_request,
-                                       encode_infer_response)
+from tritium.gateway.grpc_codec import (FINAL_RESPONSE, InferRequestReader, InferResponseWriter,
+                                       decode_infer_request, encode_infer_response, stream_answer)
 from tritium.gateway.grpc_keepalive import GrpcKeepalive
 from tritium.gateway.grpc_tls import GrpcTls
 from tritium.gateway.header_forwarding import forwarded_grpc_metadata
@@ -38,7 +38,6 @@ from tritium.ports import PortInUse, check_free
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 2**31 - 1   # Triton's default: INT32_MAX both ways
-_FINAL = "triton_final_response"
 
 # The API category of each RPC, as --grpc-restricted-protocol names them.
 RPC_CATEGORIES = {
@@ -70,15 +69,20 @@ class StreamError(NamedTuple):
     response: service_pb2.ModelInferResponse
 
     @classmethod
-    def before_start(cls, error: TritiumError, message: Any) -> "StreamError":
-        return cls(error, service_pb2.ModelInferResponse(id=message.id))
+    def before_start(cls, error: TritiumError, request_id: str) -> "StreamError":
+        return cls(error, service_pb2.ModelInferResponse(id=request_id))
 
     @classmethod
-    def answered(cls, error: TritiumError, message: Any, final: bool) -> "StreamError":
-        response = service_pb2.ModelInferResponse(id=message.id, model_name=message.model_name,
-                                                  model_version=message.model_version)
-        response.parameters[_FINAL].bool_param = final
+    def answered(cls, error: TritiumError, request: InferRequest, final: bool) -> "StreamError":
+        response = service_pb2.ModelInferResponse(id=request.id, model_name=request.model,
+                                                  model_version=request.version or "")
+        response.parameters[FINAL_RESPONSE].bool_param = final
         return cls(error, response)
+
+    def encode(self) -> bytes:
+        """The ModelStreamInferResponse that carries it."""
+        return service_pb2.ModelStreamInferResponse(error_message=self.error.message,
+                                                    infer_response=self.response).SerializeToString()
 
 
 def _unparsable() -> InternalError:
@@ -339,8 +343,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             self.restricted.check(RPC_CATEGORIES["ModelStreamInfer"], metadata)
         return InferStream(self, metadata, send, fail, finish)
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any,
-                               ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[bytes]:
         """grpc.aio's shape of ``open_stream``: answers leave as they come, whatever the order of
         the requests that asked."""
         outgoing: asyncio.Queue = asyncio.Queue()
@@ -366,38 +369,43 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             stream.over = True
 
     def stream_one(self, message: Any, metadata: Sequence[tuple[str, str | bytes]],
-                   deliver: Callable[[service_pb2.ModelInferResponse | StreamError | TritiumError | None, bool],
-                                     None]) -> Callable[[], None] | None:
-        """One request of a stream: ``deliver`` gets each of its answers as it comes (None for a
-        flags-only final response nobody asked to see) and whether it is the request's last.
-        Returns what cancels the request, once sent."""
+                   deliver: Callable[[bytes | StreamError | TritiumError | None, bool], None]) -> Callable[[], None] | None:
+        """One request of a stream (ModelInferRequest bytes, or the parsed message): ``deliver``
+        gets each of its answers as it comes (ModelInferResponse bytes; None for a flags-only
+        final response nobody asked to see) and whether it is the request's last. Returns what
+        cancels the request, once sent."""
         if message is UNPARSABLE:
             deliver(_unparsable(), True)
             return None
         try:
             request = self._decode(message, metadata)
-            empty_final = bool(request.parameters.pop("triton_enable_empty_final_response", False))
+        except TritiumError as exc:
+            deliver(StreamError.before_start(exc, _request_id(message)), True)
+            return None
+        empty_final = bool(request.parameters.pop("triton_enable_empty_final_response", False))
+        writer = self._writer
 
-            def answered(answer: InferResult | TritiumError | None, final: bool) -> None:
-                encoded: service_pb2.ModelInferResponse | StreamError | None
-                try:
-                    if answer is None:   # a decoupled model's flags-only final response
-                        encoded = _empty_final(message) if empty_final else None
-                    elif isinstance(answer, TritiumError):
-                        encoded = StreamError.answered(answer, message, final)
-                    else:
-                        encoded = encode_infer_response(answer, {_FINAL: final})
-                except TritiumError as exc:
-                    encoded = StreamError.answered(exc, message, final)
-                except Exception as exc:
-                    log.exception("internal error answering a stream request")
-                    encoded = StreamError.answered(TritiumError(f"internal error: {type(exc).__name__}: {exc}"),
-                                                   message, final)
-                deliver(encoded, final)   # once per answer: the stream counts the last ones
+        def answered(answer: InferResult | TritiumError | None, final: bool) -> None:
+            encoded: bytes | StreamError | None
+            try:
+                if answer is None:   # a decoupled model's flags-only final response
+                    encoded = _empty_final(request) if empty_final else None
+                elif isinstance(answer, TritiumError):
+                    encoded = StreamError.answered(answer, request, final)
+                else:
+                    encoded = writer.write(answer, final)
+            except TritiumError as exc:
+                encoded = StreamError.answered(exc, request, final)
+            except Exception as exc:
+                log.exception("internal error answering a stream request")
+                encoded = StreamError.answered(TritiumError(f"internal error: {type(exc).__name__}: {exc}"),
+                                               request, final)
+            deliver(encoded, final)   # once per answer: the stream counts the last ones
 
+        try:
             return self.dataplane.infer_stream_then(request, answered)
         except TritiumError as exc:
-            deliver(StreamError.before_start(exc, message), True)
+            deliver(StreamError.before_start(exc, request.id), True)
             return None
 
 
@@ -405,7 +413,7 @@ class InferStream:
     """One ModelStreamInfer call, whichever server carries it.
 
     Each request is sent as it is read; each answer leaves through ``send`` as a
-    ModelStreamInferResponse as soon as it comes, whatever the order of the requests. An
+    ModelStreamInferResponse's bytes as soon as it comes, whatever the order of the requests. An
     error is sent as the response's ``error_message``, unless the client asked with
     ``triton_grpc_error: true`` for errors as gRPC statuses: then the first one ends the call
     through ``fail``. ``finish`` ends the call once the client has sent all its requests and
@@ -416,7 +424,7 @@ class InferStream:
                  "_numbers")
 
     def __init__(self, service: GrpcInferenceService, metadata: Sequence[tuple[str, str | bytes]],
-                 send: Callable[[service_pb2.ModelStreamInferResponse], None],
+                 send: Callable[[bytes], None],
                  fail: Callable[[TritiumError], None], finish: Callable[[], None]) -> None:
         self.service, self.metadata = service, metadata
         self.send, self.fail, self.finish = send, fail, finish
@@ -460,8 +468,7 @@ class InferStream:
         self.reading = False
         self._end_if_answered()
 
-    def _answered(self, answer: service_pb2.ModelInferResponse | StreamError | TritiumError | None,
-                  last: bool) -> None:
+    def _answered(self, answer: bytes | StreamError | TritiumError | None, last: bool) -> None:
         if self.over:
             return
         if last:
@@ -474,10 +481,9 @@ class InferStream:
                     self.over = True
                     self.fail(answer.error)
                     return
-                self.send(service_pb2.ModelStreamInferResponse(error_message=answer.error.message,
-                                                               infer_response=answer.response))
+                self.send(answer.encode())
             elif answer is not None:
-                self.send(service_pb2.ModelStreamInferResponse(infer_response=answer))
+                self.send(stream_answer(answer))
         except Exception:
             log.exception("internal error sending a stream answer")
         if last:
@@ -489,12 +495,23 @@ class InferStream:
             self.finish()
 
 
-def _empty_final(message: Any) -> service_pb2.ModelInferResponse:
+def _empty_final(request: InferRequest) -> bytes:
     """The flags-only final response a client asked to see (triton_enable_empty_final_response)."""
-    response = service_pb2.ModelInferResponse(model_name=message.model_name, model_version=message.model_version,
-                                              id=message.id)
-    response.parameters[_FINAL].bool_param = True
-    return response
+    response = service_pb2.ModelInferResponse(model_name=request.model, model_version=request.version or "",
+                                              id=request.id)
+    response.parameters[FINAL_RESPONSE].bool_param = True
+    return response.SerializeToString()
+
+
+def _request_id(message: Any) -> str:
+    """The id of a stream request that could not be read into an InferRequest ("" if even
+    protobuf cannot read it), for the error answering it."""
+    if not isinstance(message, bytes):
+        return message.id
+    try:
+        return service_pb2.ModelInferRequest.FromString(message).id
+    except DecodeError:
+        return ""
 
 
 def _no_repository_name(name: str) -> None:
@@ -555,10 +572,19 @@ def rpc_methods() -> Iterator[tuple[str, bool, Callable, Callable]]:
     for method in SERVICE.methods:
         request_type = getattr(service_pb2, method.input_type.name)
         response_type = getattr(service_pb2, method.output_type.name)
-        # ModelInfer's bytes are read by the service (InferRequestReader), which knows the
-        # metadata it has seen; every other request is parsed here.
-        parse = bytes if method.name == "ModelInfer" else _lenient(request_type.FromString)
-        yield method.name, method.client_streaming, parse, response_type.SerializeToString
+        # Inference requests' bytes are read by the service (InferRequestReader), which knows
+        # the metadata it has seen, and its stream answers are bytes already; every other
+        # request is parsed here.
+        if request_type is service_pb2.ModelInferRequest:
+            yield method.name, method.client_streaming, bytes, _as_bytes
+        else:
+            yield method.name, method.client_streaming, _lenient(request_type.FromString), response_type.SerializeToString
+
+
+def _as_bytes(answer: Any) -> bytes:
+    """An inference answer as the wire takes it: bytes pass as they are (ModelStreamInfer's),
+    a message is serialized (grpc.aio's ModelInfer returns one)."""
+    return answer if isinstance(answer, bytes) else answer.SerializeToString()
 
 
 def _handlers(servicer: GrpcInferenceService) -> grpc.GenericRpcHandler:

@@ -22,6 +22,7 @@ from tritium.errors import InvalidArgument
 
 # Request parameters with the triton_ prefix that gRPC clients may send (Triton's rule).
 _ALLOWED_TRITON_PARAMETERS = {"triton_enable_empty_final_response"}
+FINAL_RESPONSE = "triton_final_response"   # the parameter that marks a stream's last answer to a request
 # Which typed contents field holds each datatype.
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
@@ -325,9 +326,12 @@ class InferResponseWriter:
     def __init__(self) -> None:
         self._encoded: dict[tuple, bytes] = {}
 
-    def write(self, result: InferResult) -> bytes:
+    def write(self, result: InferResult, final: bool | None = None) -> bytes:
+        """The response's bytes; with ``final`` (a stream's answers), its parameter
+        ``triton_final_response`` too."""
         if result.parameters:
-            return encode_infer_response(result).SerializeToString()
+            extra = None if final is None else {FINAL_RESPONSE: final}
+            return encode_infer_response(result, extra).SerializeToString()
         encoded = self._encoded
         if len(encoded) >= self.LIMIT:
             encoded.clear()
@@ -338,6 +342,8 @@ class InferResponseWriter:
         parts: list[bytes | memoryview] = [head]
         if result.id:
             parts.append(_field(3, result.id.encode()))
+        if final is not None:
+            parts.append(_FINAL_TRUE if final else _FINAL_FALSE)
         contents: list[bytes | memoryview] = []
         for output in result.outputs:
             shape = tuple(output.shape)
@@ -349,6 +355,19 @@ class InferResponseWriter:
             contents += (b"\x32", _varint_bytes(len(data)), data)
         parts += contents
         return b"".join(parts)
+
+
+def stream_answer(response: bytes) -> bytes:
+    """A ModelStreamInferResponse holding the ModelInferResponse ``response`` (field 2), as
+    protobuf writes it."""
+    return b"\x12" + _varint_bytes(len(response)) + response
+
+
+def _final_entry(final: bool) -> bytes:
+    """Field 4 of ModelInferResponse: the parameters map's entry triton_final_response."""
+    value = b"\x08\x01" if final else b"\x08\x00"   # bool_param, written even when false (a oneof member)
+    entry = _field(1, FINAL_RESPONSE.encode()) + b"\x12" + _varint_bytes(len(value)) + value
+    return b"\x22" + _varint_bytes(len(entry)) + entry
 
 
 def _output_description(output) -> bytes:
@@ -375,3 +394,6 @@ def _varint_bytes(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+_FINAL_TRUE, _FINAL_FALSE = _final_entry(True), _final_entry(False)

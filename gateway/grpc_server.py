@@ -381,12 +381,12 @@ class GrpcConnection(asyncio.Protocol):
         self._forget(call)
         return True
 
-    def _stream_send(self, call: _Call, response: Any) -> None:
-        """One answer of a ModelStreamInfer call (gateway/grpc_api.InferStream)."""
+    def _stream_send(self, call: _Call, response: bytes) -> None:
+        """One answer of a ModelStreamInfer call, its bytes (gateway/grpc_api.InferStream)."""
         if call.done:   # the client reset it, or its deadline passed
             return
         try:
-            self._send_message(call, response.SerializeToString())
+            self._send_message(call, response)
         except GrpcFailure as failure:
             self._fail(call, failure)
         except Exception as exc:   # never back into InferStream, which counts each answer once

@@ -210,12 +210,17 @@ def test_a_stream_error_names_its_request_as_triton_s_do(server):
         return message
 
     stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
-    refused = [request("nope", "u1"), request("py_errors", "u2", name="WRONG"), request("py_errors", "u4", version="7")]
+    no_contents = request("py_errors", "u5")
+    del no_contents.raw_input_contents[:]
+    refused = [request("nope", "u1"), request("py_errors", "u2", name="WRONG"), request("py_errors", "u4", version="7"),
+               no_contents]
     answers = [next(iter(stub.ModelStreamInfer(iter([message]), timeout=30))) for message in refused]
     assert [(a.error_message, a.infer_response) for a in answers] == [
         ("Request for unknown model: 'nope' is not found", service_pb2.ModelInferResponse(id="u1")),
         ("unexpected inference input 'WRONG' for model 'py_errors'", service_pb2.ModelInferResponse(id="u2")),
-        ("Request for unknown model: 'py_errors' version 7 is not found", service_pb2.ModelInferResponse(id="u4"))]
+        ("Request for unknown model: 'py_errors' version 7 is not found", service_pb2.ModelInferResponse(id="u4")),
+        ("unable to find data for input tensor 'CODE' for model 'py_errors' in request.",
+         service_pb2.ModelInferResponse(id="u5"))]
     (failed,) = stub.ModelStreamInfer(iter([request("py_errors", "u3", value=1)]), timeout=30)
     expected = service_pb2.ModelInferResponse(id="u3", model_name="py_errors")
     expected.parameters["triton_final_response"].bool_param = True

@@ -227,6 +227,7 @@ def test_a_stream_answers_every_request_once_and_ends_when_the_last_is_answered(
             await asyncio.sleep(0.002)
 
     loop.run_until_complete(scenario())
+    sent = [service_pb2.ModelStreamInferResponse.FromString(answer) for answer in sent]   # the stream's bytes
     assert [r.error_message for r in sent[:3]] == ["Unable to parse request"] * 3
     assert np.frombuffer(sent[3].infer_response.raw_output_contents[0], np.float32).tolist() == [2.0] * 4
     assert ended == ["finished"] and len(sent) == 4
@@ -257,5 +258,6 @@ def test_a_stream_half_closed_by_its_client_ends_with_an_error_answer_when_the_b
 
     loop.run_until_complete(scenario())
     assert ended == ["finished"] and len(sent) == 1
+    sent = [service_pb2.ModelStreamInferResponse.FromString(answer) for answer in sent]   # the stream's bytes
     assert sent[0].error_message == f"lost contact with the broker at {link.address}; the request was not answered"
     assert sent[0].infer_response.id == "held"

@@ -11,7 +11,8 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from tritium.errors import InvalidArgument
-from tritium.gateway.grpc_codec import InferRequestReader, InferResponseWriter, decode_infer_request, encode_infer_response
+from tritium.gateway.grpc_codec import (FINAL_RESPONSE, InferRequestReader, InferResponseWriter, decode_infer_request,
+                                       encode_infer_response, stream_answer)
 from tritium.gateway.inference import InferResult, OutputTensor
 
 
@@ -169,6 +170,20 @@ def test_a_result_is_written_to_the_bytes_protobuf_writes(name):
     expected = encode_infer_response(WRITTEN[name]).SerializeToString()
     assert writer.write(WRITTEN[name]) == expected
     assert writer.write(WRITTEN[name]) == expected   # from what it kept
+
+
+@pytest.mark.parametrize("final", [True, False])
+@pytest.mark.parametrize("name", WRITTEN)
+def test_a_stream_answer_is_written_to_the_bytes_protobuf_writes(name, final):
+    """A stream's answers carry triton_final_response, and travel in a ModelStreamInferResponse."""
+    written = InferResponseWriter().write(WRITTEN[name], final)
+    expected = encode_infer_response(WRITTEN[name], {FINAL_RESPONSE: final})
+    assert written == expected.SerializeToString()
+    assert service_pb2.ModelInferResponse.FromString(written).parameters[FINAL_RESPONSE].bool_param is final
+    wrapped = service_pb2.ModelStreamInferResponse(infer_response=expected)
+    assert service_pb2.ModelStreamInferResponse.FromString(stream_answer(written)) == wrapped
+    if not WRITTEN[name].parameters:   # (protobuf's order of several map entries differs between writes)
+        assert stream_answer(written) == wrapped.SerializeToString()
 
 
 def test_the_writer_keeps_a_bounded_number_of_descriptions():
