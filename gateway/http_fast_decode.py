@@ -9,11 +9,16 @@ Python costs ten (measured: 0.9 against 9.9 us for add_sub's two inputs and two 
 Anything else, valid or not, is left to the general reader in ``http_codec``, which has every
 check and Triton's wording of every error: ``decode_usual_request`` returns None rather than
 raise, and what it does return is what the general reader would.
+
+A client sends the same header with every request (only the tensor bytes after it change), so
+what a header says is remembered by its bytes (``_read``, the last 256 headers of up to
+16 KiB): a header seen before costs a dictionary lookup instead of a decoding.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import functools
+from typing import Annotated, NamedTuple
 
 import msgspec
 
@@ -55,36 +60,59 @@ class _Request(msgspec.Struct, forbid_unknown_fields=True):
 _DECODER = msgspec.json.Decoder(_Request)
 
 
+# Headers longer than this are decoded each time, never kept.
+_KEPT_BYTES = 16 * 1024
+
+
+class _UsualHeader(NamedTuple):
+    """What a usual header says, read once."""
+
+    inputs: tuple[tuple[str, str, tuple[int, ...], int, int], ...]   # name, datatype, shape, its bytes' span
+    size: int   # the binary bytes its inputs take, all of them
+    outputs: tuple[tuple[str, bool | None], ...] | None   # name, binary_data (None: not given)
+    id: str
+
+    def request(self, model: str, version: str | None, binary: memoryview) -> InferRequest:
+        """A new request of this header's (nothing shared that a caller may change)."""
+        inputs = [InputTensor(name, datatype, list(shape), binary[start:stop])
+                  for name, datatype, shape, start, stop in self.inputs]
+        outputs = None if self.outputs is None else [
+            RequestedOutput(name, {} if binary_data is None else {"binary_data": binary_data})
+            for name, binary_data in self.outputs]
+        return InferRequest(model=model, version=version, inputs=inputs, outputs=outputs, id=self.id)
+
+
 def decode_usual_request(model: str, version: str | None, header: bytes, binary: memoryview) -> InferRequest | None:
     """The request in ``header`` (its JSON) and ``binary`` (the tensor bytes after it), or None
     when it is not of the usual shape, or is wrong in any way (the general reader says how)."""
+    usual = _read(header) if len(header) <= _KEPT_BYTES else _read.__wrapped__(header)
+    if usual is None or usual.size != len(binary):   # sizes past the bytes, or bytes left over
+        return None
+    return usual.request(model, version, binary)
+
+
+@functools.lru_cache(maxsize=256)
+def _read(header: bytes) -> _UsualHeader | None:
     try:
         document = _DECODER.decode(header)
     except msgspec.DecodeError:   # not JSON, or not of the usual shape (ValidationError)
         return None
     if _keys(document) != header.count(b":"):   # a key given twice (Triton keeps the first), or a ':' in a string
         return None
-    inputs = _inputs(document.inputs, binary)
-    if inputs is None:
+    inputs, offset = [], 0
+    for item in document.inputs:
+        if datatypes.from_name(item.datatype) is None:
+            return None
+        size = item.parameters.binary_data_size
+        inputs.append((item.name, item.datatype, tuple(item.shape), offset, offset + size))
+        offset += size
+    if not inputs:
         return None
     outputs = None
     if document.outputs:   # an empty list asks for every output, as none does
-        outputs = [RequestedOutput(o.name, {} if o.parameters is msgspec.UNSET else {"binary_data": o.parameters.binary_data})
-                   for o in document.outputs]
-    return InferRequest(model=model, version=version, inputs=inputs, outputs=outputs,
-                        id="" if document.id is msgspec.UNSET else document.id)
-
-
-def _inputs(items: list[_Input], binary: memoryview) -> list[InputTensor] | None:
-    inputs = []
-    offset = 0
-    for item in items:
-        size = item.parameters.binary_data_size
-        if datatypes.from_name(item.datatype) is None or offset + size > len(binary):
-            return None
-        inputs.append(InputTensor(item.name, item.datatype, item.shape, binary[offset:offset + size]))
-        offset += size
-    return inputs if inputs and offset == len(binary) else None
+        outputs = tuple((o.name, None if o.parameters is msgspec.UNSET else o.parameters.binary_data)
+                        for o in document.outputs)
+    return _UsualHeader(tuple(inputs), offset, outputs, "" if document.id is msgspec.UNSET else document.id)
 
 
 def _keys(document: _Request) -> int:

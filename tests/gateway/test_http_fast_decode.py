@@ -96,3 +96,31 @@ def test_a_key_given_twice_keeps_its_first_value_as_triton_reads_it(monkeypatch)
     assert decode_usual_request("add_sub", None, header, memoryview(body)[header_length:]) is None
     request, _ = decoded(body, header_length)
     assert request.id == "first"
+
+
+def test_a_header_seen_before_reads_as_it_did_and_shares_nothing_a_caller_may_change():
+    header = orjson.dumps({**PERF_ANALYZER, "id": "again"})
+    first = decode_usual_request("add_sub", None, header, memoryview(X + Y))
+    first.inputs[0].shape.append(99)
+    first.outputs[0].parameters["binary_data"] = False
+    second = decode_usual_request("m", "2", header, memoryview(Y + X))
+    assert (second.model, second.version, second.id) == ("m", "2", "again")
+    assert [(t.name, t.shape, bytes(t.data)) for t in second.inputs] == [("INPUT0", [1, 16], Y), ("INPUT1", [1, 16], X)]
+    assert [(o.name, o.parameters) for o in second.outputs] == [("OUTPUT0", {"binary_data": True}),
+                                                                ("OUTPUT1", {"binary_data": True})]
+
+
+@pytest.mark.parametrize("binary", [X + Y + b"\x00", X], ids=["bytes left over", "sizes past the bytes"])
+def test_a_header_seen_before_with_other_bytes_after_it_is_left_to_the_general_reader(binary):
+    header = orjson.dumps(PERF_ANALYZER)
+    assert decode_usual_request("add_sub", None, header, memoryview(X + Y)) is not None
+    assert decode_usual_request("add_sub", None, header, memoryview(binary)) is None
+
+
+def test_headers_past_16_kib_are_read_each_time_and_not_kept():
+    from tritium.gateway.http_fast_decode import _read
+    header = orjson.dumps({**PERF_ANALYZER, "id": "x" * 17_000})
+    kept = _read.cache_info().currsize
+    request = decode_usual_request("add_sub", None, header, memoryview(X + Y))
+    assert request is not None and request.id == "x" * 17_000
+    assert _read.cache_info().currsize == kept
