@@ -119,29 +119,55 @@ class InferRequestReader:
     its id and its contents from its own bytes. Messages of any other shape (typed contents,
     shared memory, parameters on a tensor, fields out of field-number order) are read by
     protobuf alone, every time.
+
+    Metadata that changes with every request (a sequence's id among the parameters, say)
+    would make the walk over the message's fields a cost with no return: metadata is kept only
+    the second time it is seen, and after MISSES_BEFORE_RESTING walks in a row that found
+    nothing kept, the next RESTING messages go straight to protobuf.
     """
 
-    LIMIT = 256   # kinds of metadata kept (a client sending ever new ones clears it now and then)
+    LIMIT = 256   # kinds of metadata kept, and seen once (a client sending ever new ones clears them now and then)
+    MISSES_BEFORE_RESTING = 32
+    RESTING = 256
 
     def __init__(self) -> None:
         self._seen: dict[bytes, _Metadata] = {}
+        self._seen_once: set[bytes] = set()
+        self._misses = 0    # walks in a row that found no metadata kept
+        self._resting = 0   # messages still to read without walking them
 
     def read(self, data: bytes) -> InferRequest:
         """The request; InvalidArgument as ``decode_infer_request`` raises it, DecodeError for
         bytes protobuf cannot parse."""
+        if self._resting:
+            self._resting -= 1
+            return decode_infer_request(service_pb2.ModelInferRequest.FromString(data))
         parts = _plain_parts(data)
         if parts is not None:
             metadata = self._seen.get(parts[0])
             if metadata is not None:
+                self._misses = 0
                 view = memoryview(data)   # the contents as views of the message, never copied
                 return metadata.request(parts[1], [view[start:stop] for start, stop in parts[2]])
+        self._misses += 1
+        if self._misses >= self.MISSES_BEFORE_RESTING:
+            self._misses, self._resting = 0, self.RESTING
         message = service_pb2.ModelInferRequest.FromString(data)
         request = decode_infer_request(message)
         if parts is not None and _plain(message):
-            if len(self._seen) >= self.LIMIT:
-                self._seen.clear()
-            self._seen[parts[0]] = _Metadata(request)
+            self._remember(parts[0], request)
         return request
+
+    def _remember(self, key: bytes, request: InferRequest) -> None:
+        once = self._seen_once
+        if key not in once:
+            if len(once) >= self.LIMIT:
+                once.clear()
+            once.add(key)
+            return
+        if len(self._seen) >= self.LIMIT:
+            self._seen.clear()
+        self._seen[key] = _Metadata(request)
 
 
 class _Metadata:
@@ -374,7 +400,7 @@ def _output_description(output) -> bytes:
     """Field 5 of ModelInferResponse: one InferOutputTensor (name, datatype, packed shape)."""
     body = _field(1, output.name.encode()) + _field(2, output.datatype.encode())
     if output.shape:
-        body += _field(3, b"".join(_varint_bytes(dim & 0xFFFFFFFFFFFFFFFF) for dim in output.shape))
+        body += _field(3, b"".join(_varint_bytes(int(dim) & 0xFFFFFFFFFFFFFFFF) for dim in output.shape))
     return b"\x2a" + _varint_bytes(len(body)) + body   # (written even when empty, as any element of a repeated field)
 
 

@@ -32,6 +32,15 @@ def protobuf_alone(data: bytes):
     return decode_infer_request(service_pb2.ModelInferRequest.FromString(data))
 
 
+def primed(data: bytes) -> InferRequestReader:
+    """A reader that keeps ``data``'s metadata (it keeps what it has seen twice)."""
+    reader = InferRequestReader()
+    reader.read(data)
+    reader.read(data)
+    assert len(reader._seen) == 1
+    return reader
+
+
 def test_a_message_reads_the_same_the_first_time_and_after_its_metadata_is_remembered():
     reader = InferRequestReader()
     messages = [add_sub(), add_sub("req-1", seed=5), add_sub("", seed=9), add_sub("é-2", seed=3)]
@@ -42,8 +51,8 @@ def test_a_message_reads_the_same_the_first_time_and_after_its_metadata_is_remem
 
 
 def test_requests_read_from_remembered_metadata_share_nothing_a_caller_may_change():
-    reader = InferRequestReader()
     data = add_sub("a").SerializeToString()
+    reader = primed(data)
     first = reader.read(data)
     first.parameters["changed"] = 1
     first.inputs[0].shape.append(7)
@@ -53,8 +62,7 @@ def test_requests_read_from_remembered_metadata_share_nothing_a_caller_may_chang
 
 @pytest.mark.parametrize("raw_entries", [0, 1])
 def test_missing_contents_fail_with_protobufs_error_also_from_remembered_metadata(raw_entries):
-    reader = InferRequestReader()
-    reader.read(add_sub().SerializeToString())
+    reader = primed(add_sub().SerializeToString())
     short = add_sub()
     del short.raw_input_contents[raw_entries:]
     data = short.SerializeToString()
@@ -67,8 +75,7 @@ def test_missing_contents_fail_with_protobufs_error_also_from_remembered_metadat
 
 
 def test_contents_beyond_the_inputs_are_ignored_as_by_protobufs_reading():
-    reader = InferRequestReader()
-    reader.read(add_sub().SerializeToString())
+    reader = primed(add_sub().SerializeToString())
     extra = add_sub(seed=4)
     extra.raw_input_contents.append(b"left over")
     data = extra.SerializeToString()
@@ -108,22 +115,20 @@ def test_other_shapes_of_request_are_read_by_protobuf_every_time(make):
 
 def test_fields_out_of_field_number_order_are_read_by_protobuf():
     """Contents before the inputs (protobuf writes them after): the same request."""
-    reader = InferRequestReader()
     message = add_sub()
+    reader = primed(message.SerializeToString())
     contents = service_pb2.ModelInferRequest(raw_input_contents=message.raw_input_contents).SerializeToString()
     metadata = service_pb2.ModelInferRequest()
     metadata.CopyFrom(message)
     del metadata.raw_input_contents[:]
     data = contents + metadata.SerializeToString()
-    reader.read(message.SerializeToString())
     assert reader.read(data) == protobuf_alone(data)
     assert reader.read(data).inputs[1].data == message.raw_input_contents[1]
 
 
 def test_unparsable_bytes_fail_as_protobuf_fails_also_when_their_metadata_is_known():
-    reader = InferRequestReader()
     good = add_sub("id").SerializeToString()
-    reader.read(good)
+    reader = primed(good)
     bad_id = good.replace(b"\x1a\x02id", b"\x1a\x02\xff\xfe")   # the id no UTF-8
     truncated = good[:-5]
     for data in (bad_id, truncated, b"\x0a\x7f"):
@@ -133,14 +138,45 @@ def test_unparsable_bytes_fail_as_protobuf_fails_also_when_their_metadata_is_kno
             reader.read(data)
 
 
+def test_metadata_is_kept_the_second_time_it_is_seen():
+    reader = InferRequestReader()
+    data = add_sub().SerializeToString()
+    assert reader.read(data) == protobuf_alone(data) and reader._seen == {}
+    assert reader.read(data) == protobuf_alone(data) and len(reader._seen) == 1
+
+
+def test_metadata_that_never_repeats_sends_messages_straight_to_protobuf_for_a_while():
+    """A sequence id that changes with every request: the walk over the fields rests, then tries again."""
+    reader = InferRequestReader()
+
+    def sequence_request(number: int) -> bytes:
+        message = add_sub(seed=number)
+        message.parameters["sequence_id"].int64_param = number
+        return message.SerializeToString()
+
+    for number in range(1, InferRequestReader.MISSES_BEFORE_RESTING + 1):
+        data = sequence_request(number)
+        assert reader.read(data) == protobuf_alone(data)
+    assert reader._resting == InferRequestReader.RESTING and reader._seen == {}
+    plain = add_sub().SerializeToString()
+    for _ in range(InferRequestReader.RESTING):   # read right, but not walked: nothing kept
+        assert reader.read(plain) == protobuf_alone(plain)
+    assert reader._resting == 0 and reader._seen == {}
+    reader.read(plain)
+    reader.read(plain)
+    assert len(reader._seen) == 1   # walking again
+
+
 def test_a_client_sending_ever_new_metadata_keeps_the_reader_bounded():
     reader = InferRequestReader()
+    reader.MISSES_BEFORE_RESTING = 10**9   # walking every message
     for number in range(InferRequestReader.LIMIT + 10):
         message = add_sub()
         message.parameters["sequence_id"].int64_param = number + 1
         data = message.SerializeToString()
-        assert reader.read(data).sequence_id == number + 1
-    assert len(reader._seen) <= InferRequestReader.LIMIT
+        assert [reader.read(data).sequence_id for _ in range(3)] == [number + 1] * 3
+    assert 0 < len(reader._seen) <= InferRequestReader.LIMIT
+    assert 0 < len(reader._seen_once) <= InferRequestReader.LIMIT
 
 
 def result(request_id: str = "", shape=(1, 16), data: bytes = bytes(range(64)), **extra) -> InferResult:
@@ -161,6 +197,7 @@ WRITTEN = {
     "an output in shared memory": InferResult("m", 3, "", [OutputTensor("Y", "INT64", [2], b"", in_shared_memory=True),
                                                            OutputTensor("Z", "BYTES", [1], b"\x01\x00\x00\x00a")]),
     "no outputs": InferResult("m", 12, "id", []),
+    "numpy dims": InferResult("m", 1, "", [OutputTensor("Y", "FP32", [np.int64(2), np.int64(3)], bytes(24))]),
 }
 
 
