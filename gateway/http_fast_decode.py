@@ -12,12 +12,15 @@ raise, and what it does return is what the general reader would.
 
 A client sends the same header with every request (only the tensor bytes after it change), so
 what a header says is remembered by its bytes (``_read``, the last 256 headers of up to
-16 KiB): a header seen before costs a dictionary lookup instead of a decoding.
+16 KiB): a header seen before costs a dictionary lookup instead of a decoding. A request id
+that leads the header (tritonclient writes it first) is left out of those bytes, so that a
+client numbering its requests is remembered too.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from typing import Annotated, NamedTuple
 
 import msgspec
@@ -62,6 +65,9 @@ _DECODER = msgspec.json.Decoder(_Request)
 
 # Headers longer than this are decoded each time, never kept.
 _KEPT_BYTES = 16 * 1024
+# A leading id that JSON reads as its bytes (no escapes, no control characters; no ':', which
+# the count of keys would see): {"id": "...", then the rest of the header.
+_LEADING_ID = re.compile(rb'\{"id":[ ]?"([^"\\\x00-\x1f:]*)",[ ]?')
 
 
 class _UsualHeader(NamedTuple):
@@ -70,25 +76,38 @@ class _UsualHeader(NamedTuple):
     inputs: tuple[tuple[str, str, tuple[int, ...], int, int], ...]   # name, datatype, shape, its bytes' span
     size: int   # the binary bytes its inputs take, all of them
     outputs: tuple[tuple[str, bool | None], ...] | None   # name, binary_data (None: not given)
-    id: str
+    id: str | None   # None: not given
 
-    def request(self, model: str, version: str | None, binary: memoryview) -> InferRequest:
-        """A new request of this header's (nothing shared that a caller may change)."""
+    def request(self, model: str, version: str | None, binary: memoryview, request_id: str | None = None
+                ) -> InferRequest:
+        """A new request of this header's, with ``request_id`` if given (nothing shared that a
+        caller may change)."""
         inputs = [InputTensor(name, datatype, list(shape), binary[start:stop])
                   for name, datatype, shape, start, stop in self.inputs]
         outputs = None if self.outputs is None else [
             RequestedOutput(name, {} if binary_data is None else {"binary_data": binary_data})
             for name, binary_data in self.outputs]
-        return InferRequest(model=model, version=version, inputs=inputs, outputs=outputs, id=self.id)
+        return InferRequest(model=model, version=version, inputs=inputs, outputs=outputs,
+                            id=request_id if request_id is not None else self.id or "")
 
 
 def decode_usual_request(model: str, version: str | None, header: bytes, binary: memoryview) -> InferRequest | None:
     """The request in ``header`` (its JSON) and ``binary`` (the tensor bytes after it), or None
     when it is not of the usual shape, or is wrong in any way (the general reader says how)."""
-    usual = _read(header) if len(header) <= _KEPT_BYTES else _read.__wrapped__(header)
+    leading_id = _LEADING_ID.match(header)
+    key = header if leading_id is None else b"{" + header[leading_id.end():]
+    usual = _read(key) if len(key) <= _KEPT_BYTES else _read.__wrapped__(key)
     if usual is None or usual.size != len(binary):   # sizes past the bytes, or bytes left over
         return None
-    return usual.request(model, version, binary)
+    if leading_id is None:
+        return usual.request(model, version, binary)
+    if usual.id is not None:   # an id given twice: Triton keeps the first (the general reader knows)
+        return None
+    try:
+        request_id = leading_id.group(1).decode()
+    except UnicodeDecodeError:
+        return None
+    return usual.request(model, version, binary, request_id)
 
 
 @functools.lru_cache(maxsize=256)
@@ -112,7 +131,7 @@ def _read(header: bytes) -> _UsualHeader | None:
     if document.outputs:   # an empty list asks for every output, as none does
         outputs = tuple((o.name, None if o.parameters is msgspec.UNSET else o.parameters.binary_data)
                         for o in document.outputs)
-    return _UsualHeader(tuple(inputs), offset, outputs, "" if document.id is msgspec.UNSET else document.id)
+    return _UsualHeader(tuple(inputs), offset, outputs, None if document.id is msgspec.UNSET else document.id)
 
 
 def _keys(document: _Request) -> int:

@@ -33,10 +33,18 @@ USUAL = {
     "JSON outputs": {**PERF_ANALYZER, "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]},
     "an empty output list": {**PERF_ANALYZER, "outputs": []},
     "no outputs": {"inputs": PERF_ANALYZER["inputs"]},
+    "a leading id, as tritonclient writes it": json.dumps({"id": "req-9", **PERF_ANALYZER}).encode(),
+    "a leading id, compact": orjson.dumps({"id": "é-1", **PERF_ANALYZER}),
+    "an empty leading id": orjson.dumps({"id": "", **PERF_ANALYZER}),
+    "a leading id with an escape (decoded whole)": b'{"id":"a\\"b",' + orjson.dumps(PERF_ANALYZER)[1:],
 }
 
 OTHER = {
     "an id with a colon": {**PERF_ANALYZER, "id": "a:b"},
+    "a leading id with a colon": orjson.dumps({"id": "a:b", **PERF_ANALYZER}),
+    "a leading id given twice": orjson.dumps({"id": "first", **PERF_ANALYZER, "id2": 0}).replace(b'"id2":0', b'"id":"second"'),
+    "a leading id that is no UTF-8": b'{"id":"\xff",' + orjson.dumps(PERF_ANALYZER)[1:],
+    "a leading id and nothing else": b'{"id":"x",}',
     "a request parameter": {**PERF_ANALYZER, "parameters": {"sequence_id": 3, "sequence_start": True}},
     "binary outputs by default": {**PERF_ANALYZER, "parameters": {"binary_data_output": True}},
     "a classification": {**PERF_ANALYZER, "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}}]},
@@ -123,4 +131,14 @@ def test_headers_past_16_kib_are_read_each_time_and_not_kept():
     kept = _read.cache_info().currsize
     request = decode_usual_request("add_sub", None, header, memoryview(X + Y))
     assert request is not None and request.id == "x" * 17_000
+    assert _read.cache_info().currsize == kept
+
+
+def test_a_client_numbering_its_requests_is_remembered_once_for_all_its_ids():
+    from tritium.gateway.http_fast_decode import _read
+    decode_usual_request("add_sub", None, json.dumps({"id": "n-0", **PERF_ANALYZER}).encode(), memoryview(X + Y))
+    kept = _read.cache_info().currsize
+    for number in range(1, 50):
+        header = json.dumps({"id": f"n-{number}", **PERF_ANALYZER}).encode()
+        assert decode_usual_request("add_sub", None, header, memoryview(X + Y)).id == f"n-{number}"
     assert _read.cache_info().currsize == kept
