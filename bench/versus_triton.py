@@ -48,8 +48,11 @@ def perf_analyzer(url: str, protocol: str, concurrency: int, window_ms: int, ext
         if run.returncode != 0:
             raise RuntimeError(f"perf_analyzer failed on {url}: {run.stdout[-500:]} {run.stderr[-500:]}")
         row = next(csv.DictReader(io.StringIO(Path(out.name).read_text())))
-    return {"throughput": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"]),
-            "p99_us": float(row["p99 latency"])}
+    figures = {"throughput": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"]),
+               "p99_us": float(row["p99 latency"])}
+    if row.get("Response Throughput"):   # a decoupled model's: its answers per second
+        figures["responses_per_s"] = float(row["Response Throughput"])
+    return figures
 
 
 def served(http_url: str) -> int:
