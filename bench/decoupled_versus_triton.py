@@ -23,12 +23,13 @@ import queue
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from bench.harness import ROOT, TritonServer, TritiumServer, bar_charts, save, table
+from bench.harness import ROOT, alternating_rounds, bar_charts, compared, save, table, tritium_and_triton
 from bench.versus_triton import perf_analyzer
 
 MODEL = "tokens"
@@ -97,34 +98,22 @@ def main() -> None:
     parser.add_argument("--responses", type=int, default=32, help="responses the model sends per request")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "decoupled_versus_triton.png")
     args = parser.parse_args()
-    rounds: dict[str, dict[str, list[dict]]] = {"tritium": {}, "triton": {}}
     with tempfile.TemporaryDirectory() as folder:
         repo = repository(Path(folder) / "repo")
         data = Path(folder) / "count.json"
         data.write_text(json.dumps({"data": [{"COUNT": [args.responses]}]}))
-        servers = {"tritium": TritiumServer(repo), "triton": TritonServer(repo)}
-        try:
-            for concurrency in CONCURRENCIES:
-                scenario = f"grpc stream c={concurrency}"
-                for number in range(args.rounds):
-                    for name, server in servers.items():
-                        figures = perf_analyzer(server.grpc_url, "grpc", concurrency, args.window_ms,
-                                                ("--streaming", "--input-data", str(data)), model=MODEL)
-                        rounds[name].setdefault(scenario, []).append(figures)
-                        print(f"round {number + 1} {name:8s} {scenario}: {figures['responses_per_s']:7.0f} responses/s, "
-                              f"{figures['throughput']:6.0f} requests/s, p50 {figures['p50_us']:6.0f} us", flush=True)
+        stream = ("--streaming", "--input-data", str(data))
+        with tritium_and_triton(repo) as servers:
+            rounds = alternating_rounds(
+                servers, {f"grpc stream c={c}": partial(lambda server, c: perf_analyzer(
+                    server.grpc_url, "grpc", c, args.window_ms, stream, model=MODEL), c=c) for c in CONCURRENCIES},
+                args.rounds, lambda f: f"{f['responses_per_s']:7.0f} responses/s, {f['throughput']:6.0f} requests/s, "
+                                       f"p50 {f['p50_us']:6.0f} us")
             timings = {name: response_times(server.grpc_url, args.responses) for name, server in servers.items()}
-        finally:
-            for server in servers.values():
-                server.stop()
-    rows = []
-    for scenario in rounds["tritium"]:
-        medians = {name: {key: statistics.median(f[key] for f in rounds[name][scenario])
-                          for key in ("responses_per_s", "throughput", "p50_us")} for name in rounds}
-        ours, theirs = medians["tritium"], medians["triton"]
-        rows.append([scenario, round(theirs["responses_per_s"]), round(ours["responses_per_s"]),
-                     f"{ours['responses_per_s'] / theirs['responses_per_s']:.2f}",
-                     round(theirs["p50_us"]), round(ours["p50_us"]), f"{ours['p50_us'] / theirs['p50_us']:.2f}"])
+    rows = [[scenario, round(theirs["responses_per_s"]), round(ours["responses_per_s"]),
+             f"{ours['responses_per_s'] / theirs['responses_per_s']:.2f}",
+             round(theirs["p50_us"]), round(ours["p50_us"]), f"{ours['p50_us'] / theirs['p50_us']:.2f}"]
+            for scenario, ours, theirs in compared(rounds, ("responses_per_s", "throughput", "p50_us"))]
     save("decoupled_versus_triton", {"responses_per_request": args.responses, "rounds": rounds, "rows": rows,
                                      "first_and_last_response_us": timings})
     print(table(["scenario", "Triton responses/s", "tritium responses/s", "ratio", "Triton p50 us",

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import urllib.request
+from functools import partial
 from pathlib import Path
 
-from bench.harness import ROOT, TritonServer, TritiumServer, bar_charts, save, table
+from bench.harness import ROOT, alternating_rounds, bar_charts, compared, save, table, tritium_and_triton
 from bench.serving_overhead import PYTHON_ADD_SUB
 from bench.versus_triton import perf_analyzer
 
@@ -75,31 +75,18 @@ def main() -> None:
     parser.add_argument("--window-ms", type=int, default=3000)
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "ensemble_versus_triton.png")
     args = parser.parse_args()
-    rounds: dict[str, dict[str, list[dict]]] = {"tritium": {}, "triton": {}}
     with tempfile.TemporaryDirectory() as folder:
         repo = repository(Path(folder))
-        servers = {"tritium": TritiumServer(repo), "triton": TritonServer(repo)}
-        try:
-            for concurrency in CONCURRENCIES:
-                scenario = f"http c={concurrency}"
-                for number in range(args.rounds):
-                    for name, server in servers.items():
-                        figures = measured_round(server.url, concurrency, args.window_ms)
-                        rounds[name].setdefault(scenario, []).append(figures)
-                        print(f"round {number + 1} {name:8s} {scenario}: {figures['throughput']:6.0f} infer/s, "
-                              f"p50 {figures['p50_us']:6.0f} us, first step's batch {figures['first_step_batch']:.1f}",
-                              flush=True)
-        finally:
-            for server in servers.values():
-                server.stop()
-    rows = []
-    for scenario in rounds["tritium"]:
-        medians = {name: {key: statistics.median(f[key] for f in rounds[name][scenario])
-                          for key in ("throughput", "p50_us", "first_step_batch")} for name in rounds}
-        ours, theirs = medians["tritium"], medians["triton"]
-        rows.append([scenario, round(theirs["throughput"]), round(ours["throughput"]),
-                     f"{ours['throughput'] / theirs['throughput']:.2f}", round(theirs["p50_us"]), round(ours["p50_us"]),
-                     f"{theirs['first_step_batch']:.1f}", f"{ours['first_step_batch']:.1f}"])
+        with tritium_and_triton(repo) as servers:
+            rounds = alternating_rounds(
+                servers, {f"http c={c}": partial(lambda server, c: measured_round(server.url, c, args.window_ms), c=c)
+                          for c in CONCURRENCIES}, args.rounds,
+                lambda f: f"{f['throughput']:6.0f} infer/s, p50 {f['p50_us']:6.0f} us, "
+                          f"first step's batch {f['first_step_batch']:.1f}")
+    rows = [[scenario, round(theirs["throughput"]), round(ours["throughput"]),
+             f"{ours['throughput'] / theirs['throughput']:.2f}", round(theirs["p50_us"]), round(ours["p50_us"]),
+             f"{theirs['first_step_batch']:.1f}", f"{ours['first_step_batch']:.1f}"]
+            for scenario, ours, theirs in compared(rounds, ("throughput", "p50_us", "first_step_batch"))]
     save("ensemble_versus_triton", {"rounds": rounds, "rows": rows})
     print(table(["scenario", "Triton infer/s", "tritium infer/s", "ratio", "Triton p50 us", "tritium p50 us",
                  "Triton first step's batch", "tritium first step's batch"], rows))

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -165,6 +169,39 @@ def bar_charts(path: Path, panels: list[tuple[list[str], dict[str, list[float]],
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def alternating_rounds(servers: dict, scenarios: dict[str, Callable[[Any], dict]], rounds: int,
+                       describe: Callable[[dict], str]) -> dict[str, dict[str, list[dict]]]:
+    """Each scenario measured ``rounds`` times on every server in turn (A B A B), so that the
+    machine's drift falls on all of them: per server, per scenario, the figures of its rounds."""
+    results: dict[str, dict[str, list[dict]]] = {name: {} for name in servers}
+    for scenario, measure in scenarios.items():
+        for number in range(rounds):
+            for name, server in servers.items():
+                figures = measure(server)
+                results[name].setdefault(scenario, []).append(figures)
+                print(f"round {number + 1} {name:8s} {scenario}: {describe(figures)}", flush=True)
+    return results
+
+
+def compared(results: dict[str, dict[str, list[dict]]], keys: tuple[str, ...]) -> Iterator[tuple[str, dict, dict]]:
+    """Per scenario of ``alternating_rounds``: (scenario, tritium's medians, Triton's medians) of ``keys``."""
+    for scenario in results["tritium"]:
+        yield scenario, *({key: statistics.median(f[key] for f in results[name][scenario]) for key in keys}
+                          for name in ("tritium", "triton"))
+
+
+@contextmanager
+def tritium_and_triton(repository: Path) -> Iterator[dict]:
+    """tritium and real Triton serving ``repository`` (``{"tritium": ..., "triton": ...}``), stopped on leaving."""
+    servers = {"tritium": TritiumServer(repository)}
+    try:
+        servers["triton"] = TritonServer(repository)
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
 
 
 def save(name: str, data) -> Path:
