@@ -56,7 +56,8 @@ RPC_CATEGORIES = {
 
 # What a request's bytes become when they are no protobuf message of its type: answered
 # with Triton's INTERNAL "Unable to parse request" by the method, not by grpc's own handler
-# (which would log a traceback and answer UNKNOWN).
+# (which would log a traceback and answer UNKNOWN). Inference requests stay bytes, and the
+# service's reader fails them the same way.
 UNPARSABLE = object()
 
 
@@ -309,8 +310,6 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         Returns what to call when the client gives up on the call."""
         if self.restricted:
             self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
-        if request is UNPARSABLE:
-            raise _unparsable()
 
         def answered(result: InferResult | TritiumError) -> None:
             answer: bytes | TritiumError
@@ -374,9 +373,6 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         gets each of its answers as it comes (ModelInferResponse bytes; None for a flags-only
         final response nobody asked to see) and whether it is the request's last. Returns what
         cancels the request, once sent."""
-        if message is UNPARSABLE:
-            deliver(_unparsable(), True)
-            return None
         try:
             request = self._decode(message, metadata)
         except TritiumError as exc:
