@@ -9,7 +9,7 @@ import pytest
 
 from tests.servers import PROJECT_ROOT
 
-LIBRARIES = {"__init__", "harness"}   # shared code of the benchmarks, not one of them
+LIBRARIES = {"__init__", "harness", "simulated_peers"}   # shared code of the benchmarks, not one of them
 BENCHMARKS = sorted(path.stem for path in (PROJECT_ROOT / "bench").glob("*.py") if path.stem not in LIBRARIES)
 
 
@@ -21,3 +21,20 @@ def test_there_are_benchmarks():
 def test_the_benchmark_imports(name):
     module = importlib.import_module(f"bench.{name}")
     assert callable(getattr(module, "main", None)), f"bench/{name}.py has no main()"
+
+
+def test_the_broker_cpu_benchmark_serves_both_scenarios(tmp_path):
+    """bench/broker_cpu.py's scripted peers really drive a broker: every request of either
+    scenario (a plain model, a two-step ensemble) is answered, none fails."""
+    from bench.broker_cpu import SCENARIOS, Bench, prepared_repository
+
+    bench = Bench(prepared_repository(tmp_path / "repo"), tmp_path)
+    try:
+        bench.ready()
+        for model in SCENARIOS:
+            answered = bench.peers.answered
+            assert bench.measure(model, 0.3) > 0
+            assert bench.peers.answered - answered > 16, model
+        assert bench.peers.errors == 0
+    finally:
+        bench.close()
