@@ -54,6 +54,7 @@ class Step:
     version: int                           # -1: the latest ready version
     reads: tuple[tuple[str, str], ...]     # (model input, ensemble tensor)
     writes: dict[str, str]                 # model output -> ensemble tensor
+    sources: tuple[str, ...] = ()          # the ensemble tensors it reads (those of ``reads``)
 
     @property
     def label(self) -> str:
@@ -71,14 +72,18 @@ class Plan:
         self.outputs = {t.name: list(t.reshape.shape if t.HasField("reshape") else t.dims) for t in config.output}
         self.optional = tuple(t.name for t in config.input if t.optional)
         self.steps = tuple(
-            Step(index, s.model_name, s.model_version, tuple(sorted(s.input_map.items())), dict(s.output_map))
+            Step(index, s.model_name, s.model_version, reads := tuple(sorted(s.input_map.items())),
+                 dict(s.output_map), tuple(tensor for _, tensor in reads))
             for index, s in enumerate(config.ensemble_scheduling.step))
         self.producer = {tensor: step for step in self.steps for tensor in step.writes.values()}
-        self.readers: dict[str, list[Step]] = {}
+        readers: dict[str, set[int]] = {}
         for step in self.steps:
-            for _, tensor in step.reads:
-                self.readers.setdefault(tensor, []).append(step)
-        self._needed: dict[frozenset, tuple[frozenset[int], dict[int, list[str]]]] = {}
+            for tensor in step.sources:
+                readers.setdefault(tensor, set()).add(step.index)
+        # Per step, in step order, the steps that read what it writes: those its answer may start.
+        self.downstream = {step.index: tuple(self.steps[i] for i in sorted(
+            {i for tensor in step.writes.values() for i in readers.get(tensor, ())})) for step in self.steps}
+        self._needed: dict[frozenset, Needs] = {}
 
     @property
     def decoupled(self) -> bool:
@@ -86,7 +91,7 @@ class Plan:
         live: a reload keeps this plan)."""
         return self._policy.decoupled
 
-    def needed(self, requested: Sequence[str]) -> tuple[frozenset[int], dict[int, list[str]]]:
+    def needed(self, requested: Sequence[str]) -> "Needs":
         """The steps that lead to ``requested``, and per step the outputs to ask of it."""
         key = frozenset(requested)
         memo = self._needed.get(key)
@@ -103,10 +108,21 @@ class Plan:
                     tensors.add(tensor)
                     pending.append(tensor)
         wants = {i: [out for out, tensor in self.steps[i].writes.items() if tensor in tensors] for i in steps}
-        memo = (frozenset(steps), wants)
+        unknown = next((name for name in requested if name not in self.outputs), None)
+        memo = Needs(frozenset(steps), tuple(self.steps[i] for i in sorted(steps)), wants, unknown)
         if len(self._needed) < _MEMO_LIMIT:
             self._needed[key] = memo
         return memo
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What a request for some of an ensemble's outputs runs (``Plan.needed``)."""
+
+    steps: frozenset[int]          # the steps that lead to the outputs
+    ordered: tuple[Step, ...]      # those steps, in step order
+    wants: dict[int, list[str]]    # per step: the outputs to ask of it
+    unknown: str | None            # the first requested output the ensemble does not have
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +141,9 @@ class StepModel:
                    config.model_transaction_policy.decoupled, version.ensemble)
 
 
-@dataclass(frozen=True, slots=True)
+# Tensor and StepCall are made per request and never changed; not frozen, since a frozen
+# dataclass takes four times as long to make.
+@dataclass(slots=True)
 class Tensor:
     datatype: str
     shape: list
@@ -170,7 +188,7 @@ class EnsembleRequest:
     traced_steps: list = field(default_factory=list)   # the finished steps' trace records
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepCall:
     request: EnsembleRequest
     step: Step
@@ -206,14 +224,13 @@ class EnsembleRunner:
         now = self._clock()
         plan = self._plan(version)
         requested = list(header.outputs or plan.outputs)   # none named (or []): all, as Triton
-        steps, wants = plan.needed(requested)
+        needs = plan.needed(requested)
         batch_size = header.batch_size or 1
-        request = EnsembleRequest(client, header.rid, from_backend, version, plan, requested, steps, wants,
-                                  batch_size, now, header.request_id, header.params,
+        request = EnsembleRequest(client, header.rid, from_backend, version, plan, requested, needs.steps,
+                                  needs.wants, batch_size, now, header.request_id, header.params,
                                   header.sequence_id or 0, header.sequence_flags, trace=header.trace)
-        unknown = [name for name in requested if name not in plan.outputs]
-        if unknown:
-            self._fail(request, InvalidArgument(f"unexpected inference output '{unknown[0]}' for model "
+        if needs.unknown is not None:
+            self._fail(request, InvalidArgument(f"unexpected inference output '{needs.unknown}' for model "
                                                 f"'{plan.name}'"))
             return
         try:
@@ -224,24 +241,29 @@ class EnsembleRunner:
             self._fail(request, InvalidArgument(f"malformed inference request: {exc}"))
             return
         tensor_batch = batch_size if plan.batching else 0
-        for descriptor, data in zip(descriptors, datas):
-            request.tensors[descriptor[0], 0] = Tensor(descriptor[1], list(descriptor[2]), descriptor[3], data,
-                                                       bool(descriptor[4]), tensor_batch)
+        tensors = request.tensors
+        for descriptor, data in zip(descriptors, datas):   # a decoded header: its shapes are its own
+            tensors[descriptor[0], 0] = Tensor(descriptor[1], descriptor[2], descriptor[3], data, descriptor[4],
+                                               tensor_batch)
         for name in plan.optional:
-            request.tensors.setdefault((name, 0), None)
+            tensors.setdefault((name, 0), None)
         request.queue_ns = self._clock() - now
-        self._start_ready(request, [plan.steps[i] for i in sorted(steps)], 0)
+        self._start_ready(request, needs.ordered, 0)
         self._end_if_done(request)
 
     # -- steps out ---------------------------------------------------------------------------
 
     def _start_ready(self, request: EnsembleRequest, candidates: Sequence[Step], iteration: int) -> None:
+        started, needed, tensors = request.started, request.steps, request.tensors
         for step in candidates:
             if request.finished:
                 return  # a step failed at once (its model is not ready, say)
-            if (step.index, iteration) in request.started or step.index not in request.steps:
+            if step.index not in needed or (step.index, iteration) in started:
                 continue
-            if all((tensor, iteration) in request.tensors for _, tensor in step.reads):
+            for tensor in step.sources:
+                if (tensor, iteration) not in tensors:
+                    break
+            else:
                 self._start(request, step, iteration)
 
     def _end_if_done(self, request: EnsembleRequest) -> None:
@@ -354,28 +376,31 @@ class EnsembleRunner:
             self._fail(request, InternalError(f"in ensemble '{request.plan.name}', {step.label} answered "
                                               f"with a malformed response: {exc}"))
             return
-        for index, value in enumerate(timings):
-            request.compute[index] += value
+        compute = request.compute
+        compute[0] += timings[0]
+        compute[1] += timings[1]
+        compute[2] += timings[2]
         iteration = call.iteration
         if call.decoupled and descriptors:   # each response with outputs is an iteration of its own
             iteration = request.iterations.get(step.index, 0)
             request.iterations[step.index] = iteration + 1
-        produced = []
-        for descriptor, data in zip(descriptors, datas):
-            name = step.writes.get(descriptor[0])
-            if name is not None and (name, iteration) not in request.tensors:
-                request.tensors[name, iteration] = Tensor(descriptor[1], list(descriptor[2]), descriptor[3], data,
-                                                          bool(descriptor[4]), call.batch_size)
-                produced.append(name)
-        readers = {s.index: s for name in produced for s in request.plan.readers.get(name, ())}
-        self._start_ready(request, [readers[i] for i in sorted(readers)], iteration)
+        produced = False   # a requested output arrived
+        tensors, writes, requested = request.tensors, step.writes, request.requested
+        for descriptor, data in zip(descriptors, datas):   # a decoded header: its shapes are its own
+            name = writes.get(descriptor[0])
+            if name is not None and (name, iteration) not in tensors:
+                tensors[name, iteration] = Tensor(descriptor[1], descriptor[2], descriptor[3], data, descriptor[4],
+                                                  call.batch_size)
+                produced = produced or name in requested
+        if descriptors:
+            # Readers of a tensor that was not produced now are not ready, or were started already.
+            self._start_ready(request, request.plan.downstream[step.index], iteration)
         # Only a requested output's arrival completes an iteration (each is produced once per
-        # iteration): another tensor of a complete iteration must not answer it again.
-        complete = any(name in request.requested for name in produced) and all(
-            (name, iteration) in request.tensors for name in request.requested)
-        # (a step started above may have answered already, from the response cache, and with it
-        # this iteration)
-        if complete and not request.finished and iteration not in request.answered:
+        # iteration): another tensor of a complete iteration must not answer it again. (A step
+        # started above may have answered already, from the response cache, and with it this
+        # iteration.)
+        if produced and not request.finished and iteration not in request.answered and \
+                _complete(tensors, requested, iteration):
             self._answer(request, iteration)
         self._end_if_done(request)
 
@@ -472,9 +497,18 @@ class EnsembleRunner:
         return model
 
 
+def _complete(tensors: dict, requested: list[str], iteration: int) -> bool:
+    for name in requested:
+        if (name, iteration) not in tensors:
+            return False
+    return True
+
+
 def _tensor_data(descriptors: Sequence, view: memoryview, offset: int, frames: Sequence) -> list:
     """Per described tensor: its inline bytes (a view), or its external frame itself."""
     views = tensor_views(descriptors, view, offset, frames)   # checks bounds and frame counts
+    if not frames:
+        return views
     external = iter(frames)
     return [next(external) if descriptor[4] else data for descriptor, data in zip(descriptors, views)]
 

@@ -243,8 +243,11 @@ class Registry:
         record = self.models.get(model)
         if record is None:
             return None
-        ready = [v for n, v in sorted(record.versions.items()) if v.state == VersionState.READY]
-        return ready[-1] if ready else None
+        latest, latest_number = None, -1
+        for number, version in record.versions.items():   # asked per request: no sorting
+            if number > latest_number and version.state is VersionState.READY:
+                latest, latest_number = version, number
+        return latest
 
     def resolve_step(self, model: str, number: int) -> ModelVersion | None:
         """The version an ensemble step goes to: ``number``, or for -1 the latest ready one."""
