@@ -84,17 +84,27 @@ class BlsClient:
                 parts = recv_parts(self.sock)
             except zmq.Again:
                 return
-            response, record, offset = read_record(parts[0])
-            rid = response.rid
-            if rid not in self._replies:
-                continue  # an answer nobody waits for any more
-            traced = self._traced.pop(rid, None) if self._traced else None
-            if traced is not None:
-                traced[0].call_done(*traced[1:], response.trace)
-            self._replies[rid].append(_response(response, record, offset, parts[1:1 + response.external]))
-            waiter = self._waiters.get(rid)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+            # One message holds every answer of one batch to this socket (several requests of an
+            # async execute, several responses of a decoupled model), each record followed by
+            # its external frames.
+            position = 0
+            while position < len(parts):
+                response, record, offset = read_record(parts[position])
+                external = parts[position + 1:position + 1 + response.external]
+                position += 1 + response.external
+                self._file(response, record, offset, external)
+
+    def _file(self, response: Response, record, offset: int, external: list) -> None:
+        rid = response.rid
+        if rid not in self._replies:
+            return  # an answer nobody waits for any more
+        traced = self._traced.pop(rid, None) if self._traced else None
+        if traced is not None:
+            traced[0].call_done(*traced[1:], response.trace)
+        self._replies[rid].append(_response(response, record, offset, external))
+        waiter = self._waiters.get(rid)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _next(self, rid: int):
         """The next response to request ``rid``, waiting for it."""

@@ -206,6 +206,22 @@ def test_async_execute_with_async_exec_calls_two_models_at_once(client):
     np.testing.assert_array_equal(result.as_numpy("FROM_PYTHON"), 2 * a)
 
 
+def test_async_exec_calls_to_one_model_answered_in_one_batch_each_get_their_answer(server):
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    quick = httpclient.InferenceServerClient(server.url, network_timeout=20)   # a lost answer: no reply at all
+
+    def counts():
+        stats = quick.get_inference_statistics("py_add_sub")["model_stats"][0]
+        return int(stats["inference_count"]), int(stats["execution_count"])
+
+    before = counts()
+    for _ in range(3):
+        sums = quick.infer("bls_gather", [tensor("A", a)]).as_numpy("SUMS")
+        np.testing.assert_array_equal(sums, np.concatenate([a * k + a for k in range(6)]))
+    inferences, executions = (after - first for after, first in zip(counts(), before))
+    assert inferences == 18 and executions < 18, "the calls never shared a batch"
+
+
 @pytest.mark.parametrize("count", [0, 1, 4, 7])
 def test_a_decoupled_model_sends_several_responses_seen_through_bls(client, count):
     result = client.infer("bls_decoupled", [tensor("COUNT", np.array([count], dtype=np.int32))])

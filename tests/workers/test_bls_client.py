@@ -1,0 +1,93 @@
+"""The BLS client against a scripted broker: a ROUTER over ``inproc://`` that reads the client's
+INFER records and answers as the broker does, every answer of one batch to the same socket in
+one message."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+from tritium.pb_utils import types as pb
+from tritium.pb_utils.triton_python_backend_utils import get_output_tensor_by_name
+from tritium.protocol import Infer, Response, read_record, tensor_views
+from tritium.workers.bls import BlsClient
+from tritium.zmqio import recv_parts, send_parts
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def broker_and_client():
+    address = f"inproc://bls-broker-{next(_names)}"
+    router = zmq.Context.instance().socket(zmq.ROUTER)   # inproc: the client's context
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(address)
+    client = BlsClient(address, "instance-1/bls")
+    yield router, client
+    client.sock.close(0)
+    router.close(0)
+
+
+def received(router: zmq.Socket, count: int) -> tuple[bytes, list[tuple[int, np.ndarray]]]:
+    """The client's identity and ``count`` INFERs' (rid, first input) as they arrive."""
+    requests = []
+    identity = b""
+    while len(requests) < count:
+        assert router.poll(5000), "the client sent nothing"
+        identity, *records = recv_parts(router)
+        for part in records:
+            header, view, offset = read_record(part)
+            assert isinstance(header, Infer)
+            (data, *_) = tensor_views(header.inputs, view, offset, [])
+            requests.append((header.rid, np.frombuffer(data, dtype=np.float32)))
+    return identity, requests
+
+
+def answer(rid: int, values: np.ndarray, final: bool | None = None) -> bytes:
+    return Response(rid, [["Y", "FP32", [len(values)], values.nbytes, False]], final=final).encode(
+        [values.tobytes()])
+
+
+def request_for(values: np.ndarray) -> pb.InferenceRequest:
+    return pb.InferenceRequest(model_name="m", requested_output_names=["Y"], inputs=[pb.Tensor("X", values)])
+
+
+def test_async_calls_answered_together_in_one_message_each_get_their_answer(broker_and_client):
+    router, client = broker_and_client
+    inputs = [np.full(4, k, dtype=np.float32) for k in range(1, 4)]
+
+    async def calls():
+        return await asyncio.gather(*(client.execute_async(request_for(values)) for values in inputs))
+
+    async def broker_then_calls():
+        task = asyncio.ensure_future(calls())
+        await asyncio.sleep(0)   # the three INFERs go out
+        identity, requests = await asyncio.get_running_loop().run_in_executor(None, received, router, 3)
+        # As Scheduler._route_responses does: one message, each answer its request's input doubled.
+        send_parts(router, [identity, *(answer(rid, 2 * values) for rid, values in requests)])
+        return await asyncio.wait_for(task, 5)
+
+    answers = asyncio.run(broker_then_calls())
+    for values, response in zip(inputs, answers):
+        assert not response.has_error()
+        np.testing.assert_array_equal(get_output_tensor_by_name(response, "Y").as_numpy(), 2 * values)
+
+
+def test_a_decoupled_models_responses_in_one_message_are_all_seen(broker_and_client):
+    router, client = broker_and_client
+    responses = client.execute(request_for(np.zeros(2, dtype=np.float32)), decoupled=True)
+    identity, [(rid, _)] = received(router, 1)
+    send_parts(router, [identity, *(answer(rid, np.full(2, i, dtype=np.float32), final=False) for i in range(3)),
+                        Response(rid, final=True, empty=True).encode()])
+    seen: list[float] = []
+    # A lost response would leave the reading blocked: it runs in a thread the test does not wait for.
+    reader = threading.Thread(target=lambda: seen.extend(
+        get_output_tensor_by_name(response, "Y").as_numpy()[0] for response in responses), daemon=True)
+    reader.start()
+    reader.join(5)
+    assert seen == [0.0, 1.0, 2.0]
