@@ -20,7 +20,17 @@ import urllib.request
 from functools import partial
 from pathlib import Path
 
-from bench.harness import ROOT, alternating_rounds, bar_charts, compared, save, table, tritium_and_triton
+from bench.harness import (
+    ROOT,
+    VERSUS_HEADERS,
+    alternating_rounds,
+    compared,
+    save,
+    table,
+    tritium_and_triton,
+    versus_plot,
+    versus_row,
+)
 from bench.serving_overhead import PYTHON_ADD_SUB
 from bench.versus_triton import perf_analyzer
 
@@ -83,18 +93,12 @@ def main() -> None:
                           for c in CONCURRENCIES}, args.rounds,
                 lambda f: f"{f['throughput']:6.0f} infer/s, p50 {f['p50_us']:6.0f} us, "
                           f"first step's batch {f['first_step_batch']:.1f}")
-    rows = [[scenario, round(theirs["throughput"]), round(ours["throughput"]),
-             f"{ours['throughput'] / theirs['throughput']:.2f}", round(theirs["p50_us"]), round(ours["p50_us"]),
-             f"{theirs['first_step_batch']:.1f}", f"{ours['first_step_batch']:.1f}"]
+    rows = [versus_row(scenario, ours, theirs) + [f"{theirs['first_step_batch']:.1f}",
+                                                   f"{ours['first_step_batch']:.1f}"]
             for scenario, ours, theirs in compared(rounds, ("throughput", "p50_us", "first_step_batch"))]
     save("ensemble_versus_triton", {"rounds": rounds, "rows": rows})
-    print(table(["scenario", "Triton infer/s", "tritium infer/s", "ratio", "Triton p50 us", "tritium p50 us",
-                 "Triton first step's batch", "tritium first step's batch"], rows))
-    labels = [row[0] for row in rows]
-    bar_charts(args.plot, [
-        (labels, {"Triton": [row[1] for row in rows], "tritium": [row[2] for row in rows]}, "infer/s", "ensemble pair"),
-        (labels, {"Triton": [row[4] for row in rows], "tritium": [row[5] for row in rows]}, "us", "p50 latency"),
-    ], size=(9, 4))
+    print(table(["scenario", *VERSUS_HEADERS, "Triton first step's batch", "tritium first step's batch"], rows))
+    versus_plot(args.plot, rows, "ensemble pair")
     print(f"plot: {args.plot}")
 
 

@@ -192,6 +192,24 @@ def compared(results: dict[str, dict[str, list[dict]]], keys: tuple[str, ...]) -
                           for name in ("tritium", "triton"))
 
 
+VERSUS_HEADERS = ["Triton infer/s", "tritium infer/s", "ratio", "Triton p50 us", "tritium p50 us"]
+
+
+def versus_row(scenario: str, ours: dict, theirs: dict) -> list:
+    """A scenario's row of medians (``compared``): Triton's and tritium's throughput, the ratio, their p50s."""
+    return [scenario, round(theirs["throughput"]), round(ours["throughput"]),
+            f"{ours['throughput'] / theirs['throughput']:.2f}", round(theirs["p50_us"]), round(ours["p50_us"])]
+
+
+def versus_plot(path: Path, rows: list[list], title: str) -> None:
+    """Throughput and p50 latency of ``versus_row`` rows, Triton's bars beside tritium's."""
+    labels = [row[0] for row in rows]
+    bar_charts(path, [
+        (labels, {"Triton": [row[1] for row in rows], "tritium": [row[2] for row in rows]}, "infer/s", title),
+        (labels, {"Triton": [row[4] for row in rows], "tritium": [row[5] for row in rows]}, "us", "p50 latency"),
+    ], size=(9, 4))
+
+
 @contextmanager
 def tritium_and_triton(repository: Path) -> Iterator[dict]:
     """tritium and real Triton serving ``repository`` (``{"tritium": ..., "triton": ...}``), stopped on leaving."""

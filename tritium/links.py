@@ -5,7 +5,7 @@ On a local link without CURVE (``ipc://``, what ``tritium serve`` runs) they are
 thread, without libzmq's I/O thread and the two wake-ups per message it costs
 (tritium/zmtp.py). Over TCP, or with CURVE, they are libzmq sockets. Both kinds have the
 same few calls and speak the same protocol, so either end of a link can be of either kind
-(agents, the instances' heartbeats and the models' BLS calls keep libzmq DEALERs).
+(agents and the instances' heartbeats keep libzmq DEALERs).
 ``TRITIUM_LIBZMQ_LINKS=1`` in the environment makes every one of them a libzmq socket
 (for comparison, or should a local link misbehave).
 """

@@ -4,6 +4,8 @@ Each instance process that needs it gets a DEALER socket of its own to the broke
 backend (identity ``<instance id>/bls``); the broker answers requests on it exactly as
 it answers a gateway. ``execute`` blocks until the answer; ``execute_async`` is its
 awaitable form for ``async def execute`` models, and several may be in flight at once.
+On a local link the DEALER is tritium's own ZMTP socket (tritium/links.py), written and read
+by the calling thread: a call's round trip wakes no I/O thread in this process.
 """
 
 from __future__ import annotations
@@ -11,17 +13,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import select
 import threading
 from collections import deque
 
 import numpy as np
-import zmq
 
 from tritium.errors import ErrorCode
 from tritium.pb_utils import types as pb
 from tritium.protocol import Cancel, Infer, Response, pack_tensors, read_record, tensor_views
-from tritium.security import CurveKeys, secure_client
-from tritium.zmqio import recv_parts, send_parts
+from tritium.links import connect_dealer
+from tritium.security import CurveKeys
 from tritium.workers.tensors import array_to_frame, frame_to_array
 
 # tritium error codes -> pb_utils.TritonError codes
@@ -33,15 +35,11 @@ _PB_CODES = {ErrorCode.UNKNOWN: pb.TritonError.UNKNOWN, ErrorCode.INTERNAL: pb.T
 
 class BlsClient:
     def __init__(self, broker: str, identity: str, curve: CurveKeys | None = None) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        secure_client(self.sock, curve, "instance")
-        self.sock.setsockopt(zmq.IDENTITY, identity.encode())
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(broker)
+        self.sock = connect_dealer(broker, identity, curve, "instance")
         self._rids = itertools.count(1)
         self._replies: dict[int, deque] = {}
         self._waiters: dict[int, asyncio.Future] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()   # the socket's: the model's threads may call at once
         self._reading_loop: asyncio.AbstractEventLoop | None = None
         self._traced: dict[int, tuple] = {}   # rid -> (caller's CallTrace, model, version, context)
 
@@ -65,25 +63,25 @@ class BlsClient:
             self._traced[rid] = (trace, request.model_name(), request.model_version(), context)
         self._replies[rid] = deque()
         with self._lock:
-            send_parts(self.sock, [infer.encode(inline), *external])
+            self.sock.send_parts([infer.encode(inline), *external])
         return rid
 
     def _cancel(self, rid: int, model: str, version: int) -> None:
         """Tell the broker this model gave up on its request ``rid`` (a decoupled one)."""
         with self._lock:
-            send_parts(self.sock, [Cancel(rid, model, version).encode()])
+            self.sock.send_parts([Cancel(rid, model, version).encode()])
 
     # -- receiving ----------------------------------------------------------------------------
 
     def _pump(self, timeout_ms: int) -> None:
         """Read what the broker sent and file each reply under its request."""
-        if timeout_ms and not self.sock.poll(timeout_ms):
+        if timeout_ms and not self._wait(timeout_ms):
             return
         while True:
-            try:
-                parts = recv_parts(self.sock)
-            except zmq.Again:
-                return
+            with self._lock:
+                if not self.sock.has_message():
+                    return
+                parts = self.sock.recv_parts()
             # One message holds every answer of one batch to this socket (several requests of an
             # async execute, several responses of a decoupled model), each record followed by
             # its external frames.
@@ -93,6 +91,16 @@ class BlsClient:
                 external = parts[position + 1:position + 1 + response.external]
                 position += 1 + response.external
                 self._file(response, record, offset, external)
+
+    def _wait(self, timeout_ms: int) -> bool:
+        """Whether a message may have come within ``timeout_ms``. The socket is asked first: a
+        libzmq descriptor signals an arrival once, and a ZMTP socket may hold a message read."""
+        with self._lock:
+            if self.sock.has_message():
+                return True
+        waiter = select.poll()
+        waiter.register(self.sock.fileno(), select.POLLIN)
+        return bool(waiter.poll(timeout_ms))
 
     def _file(self, response: Response, record, offset: int, external: list) -> None:
         rid = response.rid
@@ -129,13 +137,13 @@ class BlsClient:
         rid = self._send(request)
         loop = asyncio.get_running_loop()
         if self._reading_loop is not loop:
-            loop.add_reader(self.sock.getsockopt(zmq.FD), self._pump, 0)
+            loop.add_reader(self.sock.fileno(), self._pump, 0)
             self._reading_loop = loop
         if decoupled:
             return ResponseIterator(self, rid, request)
         last = None
         while True:
-            self._pump(0)  # ZeroMQ's descriptor is edge-triggered: look before waiting
+            self._pump(0)  # a libzmq descriptor is edge-triggered: look before waiting
             queue = self._replies[rid]
             while queue:
                 final, response = queue.popleft()

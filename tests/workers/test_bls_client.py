@@ -1,4 +1,4 @@
-"""The BLS client against a scripted broker: a ROUTER over ``inproc://`` that reads the client's
+"""The BLS client against a scripted broker: a ROUTER that reads the client's
 INFER records and answers as the broker does, every answer of one batch to the same socket in
 one message."""
 
@@ -21,9 +21,11 @@ from tritium.zmqio import recv_parts, send_parts
 _names = itertools.count()
 
 
-@pytest.fixture
-def broker_and_client():
-    address = f"inproc://bls-broker-{next(_names)}"
+@pytest.fixture(params=["inproc", "ipc"])
+def broker_and_client(request, tmp_path):
+    """Over inproc the client's DEALER is a libzmq socket; over ipc, tritium's own ZMTP socket."""
+    name = f"bls-broker-{next(_names)}"
+    address = f"inproc://{name}" if request.param == "inproc" else f"ipc://{tmp_path}/{name}"
     router = zmq.Context.instance().socket(zmq.ROUTER)   # inproc: the client's context
     router.setsockopt(zmq.LINGER, 0)
     router.bind(address)
@@ -81,13 +83,14 @@ def test_async_calls_answered_together_in_one_message_each_get_their_answer(brok
 def test_a_decoupled_models_responses_in_one_message_are_all_seen(broker_and_client):
     router, client = broker_and_client
     responses = client.execute(request_for(np.zeros(2, dtype=np.float32)), decoupled=True)
-    identity, [(rid, _)] = received(router, 1)
-    send_parts(router, [identity, *(answer(rid, np.full(2, i, dtype=np.float32), final=False) for i in range(3)),
-                        Response(rid, final=True, empty=True).encode()])
     seen: list[float] = []
-    # A lost response would leave the reading blocked: it runs in a thread the test does not wait for.
+    # The model reads its responses at once, as models do. A lost response would leave the
+    # reading blocked: it runs in a thread the test does not wait for.
     reader = threading.Thread(target=lambda: seen.extend(
         get_output_tensor_by_name(response, "Y").as_numpy()[0] for response in responses), daemon=True)
     reader.start()
+    identity, [(rid, _)] = received(router, 1)
+    send_parts(router, [identity, *(answer(rid, np.full(2, i, dtype=np.float32), final=False) for i in range(3)),
+                        Response(rid, final=True, empty=True).encode()])
     reader.join(5)
     assert seen == [0.0, 1.0, 2.0]
