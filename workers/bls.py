@@ -172,14 +172,15 @@ class ResponseIterator:
         return self
 
     def __next__(self):
-        while not self._done:
-            final, response = self._client._next(self._rid)
-            if final:
-                self._done = True
-                self._client._replies.pop(self._rid, None)
-            if response is not None:
-                return response
-        raise StopIteration
+        if self._done:
+            raise StopIteration
+        final, response = self._client._next(self._rid)
+        if final:
+            self._done = True
+            self._client._replies.pop(self._rid, None)
+        # A flags-only final response is yielded too, without outputs, as Triton's iterator does
+        # (models written for Triton check for it: ``len(response.output_tensors()) > 0``).
+        return response if response is not None else pb.InferenceResponse()
 
     def cancel(self) -> None:
         """Stop reading; the called model's request is cancelled (it sees ``is_cancelled()``)."""

@@ -226,6 +226,9 @@ def test_async_exec_calls_to_one_model_answered_in_one_batch_each_get_their_answ
 def test_a_decoupled_model_sends_several_responses_seen_through_bls(client, count):
     result = client.infer("bls_decoupled", [tensor("COUNT", np.array([count], dtype=np.int32))])
     assert result.as_numpy("SEEN").tolist() == list(range(count))
+    # The model's final flag, sent alone, reaches the caller as a last response without outputs
+    # (as from Triton 2.51: [0] for 0 responses, [1, 0] for 1, [1, 1, 1, 0] for 3).
+    assert result.as_numpy("OUTPUTS").tolist() == [1] * count + [0]
 
 
 def test_http_infer_on_a_decoupled_model_is_501(server):
