@@ -108,8 +108,8 @@ class Plan:
                     tensors.add(tensor)
                     pending.append(tensor)
         wants = {i: [out for out, tensor in self.steps[i].writes.items() if tensor in tensors] for i in steps}
-        unknown = next((name for name in requested if name not in self.outputs), None)
-        memo = Needs(frozenset(steps), tuple(self.steps[i] for i in sorted(steps)), wants, unknown)
+        known = all(name in self.outputs for name in key)
+        memo = Needs(frozenset(steps), tuple(self.steps[i] for i in sorted(steps)), wants, known)
         if len(self._needed) < _MEMO_LIMIT:
             self._needed[key] = memo
         return memo
@@ -122,7 +122,7 @@ class Needs:
     steps: frozenset[int]          # the steps that lead to the outputs
     ordered: tuple[Step, ...]      # those steps, in step order
     wants: dict[int, list[str]]    # per step: the outputs to ask of it
-    unknown: str | None            # the first requested output the ensemble does not have
+    known: bool                    # every requested output is one of the ensemble's
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,8 +229,9 @@ class EnsembleRunner:
         request = EnsembleRequest(client, header.rid, from_backend, version, plan, requested, needs.steps,
                                   needs.wants, batch_size, now, header.request_id, header.params,
                                   header.sequence_id or 0, header.sequence_flags, trace=header.trace)
-        if needs.unknown is not None:
-            self._fail(request, InvalidArgument(f"unexpected inference output '{needs.unknown}' for model "
+        if not needs.known:
+            unknown = next(name for name in requested if name not in plan.outputs)   # the first the client named
+            self._fail(request, InvalidArgument(f"unexpected inference output '{unknown}' for model "
                                                 f"'{plan.name}'"))
             return
         try:

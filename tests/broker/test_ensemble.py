@@ -431,6 +431,16 @@ def test_an_unknown_requested_output_is_refused(world):
     assert header["err"]["message"] == "unexpected inference output 'NOPE' for model 'pipeline'"
 
 
+def test_the_first_unknown_output_the_request_names_is_the_one_refused(world):
+    """What a request set of outputs needs is remembered per set: the error still follows each
+    request's own order."""
+    world.infer("pipeline", {"IN": values()}, outputs=["NOPE", "NADA"])
+    world.infer("pipeline", {"IN": values()}, outputs=["NADA", "NOPE"])
+    messages = [header["err"]["message"] for header, _ in world.answers()]
+    assert messages == ["unexpected inference output 'NOPE' for model 'pipeline'",
+                        "unexpected inference output 'NADA' for model 'pipeline'"]
+
+
 def test_ensemble_health_follows_its_models(world):
     assert world.registry.healthy(world.versions["outer"])
     world.versions["triple"].instances[0].healthy = False
