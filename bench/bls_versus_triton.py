@@ -13,14 +13,10 @@ Writes ``bench/out/bls_versus_triton.json`` and the plot (docs/bls_versus_triton
 
 from __future__ import annotations
 
-import argparse
-import tempfile
-from functools import partial
 from pathlib import Path
 
-from bench import harness
 from bench.serving_overhead import CONFIG, python_repository
-from bench.versus_triton import perf_analyzer
+from bench.versus_triton import models_versus_triton
 
 MODELS = ("caller", "caller_async")
 CONCURRENCY = 16
@@ -63,24 +59,7 @@ def repository(root: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--window-ms", type=int, default=3000)
-    parser.add_argument("--plot", type=Path, default=harness.ROOT / "docs" / "bls_versus_triton.png")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        repo = repository(Path(folder))
-        with harness.tritium_and_triton(repo) as servers:
-            rounds = harness.alternating_rounds(
-                servers, {model: partial(lambda server, model: perf_analyzer(
-                    server.url, "http", CONCURRENCY, args.window_ms, model=model), model=model) for model in MODELS},
-                args.rounds, lambda f: f"{f['throughput']:6.0f} infer/s, p50 {f['p50_us']:6.0f} us")
-    rows = [harness.versus_row(scenario, ours, theirs)
-            for scenario, ours, theirs in harness.compared(rounds, ("throughput", "p50_us"))]
-    harness.save("bls_versus_triton", {"rounds": rounds, "rows": rows})
-    print(harness.table(["model (HTTP, concurrency 16)", *harness.VERSUS_HEADERS], rows))
-    harness.versus_plot(args.plot, rows, "BLS")
-    print(f"plot: {args.plot}")
+    models_versus_triton("bls_versus_triton", __doc__, repository, MODELS, "http", CONCURRENCY, "BLS")
 
 
 if __name__ == "__main__":

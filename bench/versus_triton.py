@@ -26,10 +26,13 @@ import urllib.request
 import json
 import os
 import re
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
-from bench.harness import (ANCHORS, OUT, CpuMeter, TritonServer, TritiumServer, bar_charts, save, system_cpu_times,
-                           table)
+from bench.harness import (ANCHORS, OUT, ROOT, VERSUS_HEADERS, CpuMeter, TritonServer, TritiumServer,
+                           alternating_rounds, bar_charts, compared, save, system_cpu_times, table,
+                           tritium_and_triton, versus_plot, versus_row)
 from bench.serving_overhead import python_repository
 
 SCENARIOS = (("http", 16), ("http", 64), ("grpc", 16), ("http", 1))
@@ -53,6 +56,29 @@ def perf_analyzer(url: str, protocol: str, concurrency: int, window_ms: int, ext
     if row.get("Response Throughput"):   # a decoupled model's: its answers per second
         figures["responses_per_s"] = float(row["Response Throughput"])
     return figures
+
+
+def models_versus_triton(name: str, doc: str, repository: Callable[[Path], Path], models: tuple[str, ...],
+                         protocol: str, concurrency: int, title: str) -> None:
+    """The command of a script that has perf_analyzer drive each of ``models`` on both servers, the
+    servers alternating round by round: its table, ``bench/out/NAME.json`` and ``docs/NAME.png``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--window-ms", type=int, default=3000)
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / f"{name}.png")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        with tritium_and_triton(repository(Path(folder))) as servers:
+            rounds = alternating_rounds(
+                servers, {model: partial(lambda server, model: perf_analyzer(
+                    server.url if protocol == "http" else server.grpc_url, protocol, concurrency, args.window_ms,
+                    model=model), model=model) for model in models},
+                args.rounds, lambda f: f"{f['throughput']:6.0f} infer/s, p50 {f['p50_us']:6.0f} us")
+    rows = [versus_row(scenario, ours, theirs) for scenario, ours, theirs in compared(rounds, ("throughput", "p50_us"))]
+    save(name, {"rounds": rounds, "rows": rows})
+    print(table([f"model ({protocol}, concurrency {concurrency})", *VERSUS_HEADERS], rows))
+    versus_plot(args.plot, rows, title)
+    print(f"plot: {args.plot}")
 
 
 def served(http_url: str) -> int:
