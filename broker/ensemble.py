@@ -183,6 +183,7 @@ class EnsembleRequest:
     compute: list[int] = field(default_factory=lambda: [0, 0, 0])
     queue_ns: int = 0
     finished: bool = False
+    starting: bool = False             # inside _start_ready: a step answered at once must not end it
     stats_due: bool = False            # answered; its statistics wait for ``unexecuted``
     trace: bytes | None = None         # its trace context, when traced
     traced_steps: list = field(default_factory=list)   # the finished steps' trace records
@@ -255,22 +256,29 @@ class EnsembleRunner:
     # -- steps out ---------------------------------------------------------------------------
 
     def _start_ready(self, request: EnsembleRequest, candidates: Sequence[Step], iteration: int) -> None:
+        """Start the candidates whose inputs all exist. A step may answer inside its start (from
+        the response cache): the request then has no step running for a moment, but its later
+        candidates are still to start, so it is not over (``_end_if_done`` waits for the end)."""
         started, needed, tensors = request.started, request.steps, request.tensors
-        for step in candidates:
-            if request.finished:
-                return  # a step failed at once (its model is not ready, say)
-            if step.index not in needed or (step.index, iteration) in started:
-                continue
-            for tensor in step.sources:
-                if (tensor, iteration) not in tensors:
-                    break
-            else:
-                self._start(request, step, iteration)
+        outer, request.starting = request.starting, True
+        try:
+            for step in candidates:
+                if request.finished:
+                    return  # a step failed at once (its model is not ready, say)
+                if step.index not in needed or (step.index, iteration) in started:
+                    continue
+                for tensor in step.sources:
+                    if (tensor, iteration) not in tensors:
+                        break
+                else:
+                    self._start(request, step, iteration)
+        finally:
+            request.starting = outer
 
     def _end_if_done(self, request: EnsembleRequest) -> None:
         """With no step running and none to start, the request is over: a decoupled ensemble sends
         its final flag; any other has not answered, so its outputs can never be complete."""
-        if request.finished or request.calls:
+        if request.finished or request.calls or request.starting:
             return
         if request.plan.decoupled:
             self._send(request, [], [], [], final=True, empty=True)

@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritium.broker.ensemble import STEP_CLIENT, _reshaped
+from tritium.broker.ensemble import STEP_CLIENT, EnsembleRunner, _reshaped
 from tritium.broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
 from tritium.broker.scheduler import Scheduler
 from tests.broker.scheduler_world import lose
@@ -508,6 +508,22 @@ def test_a_decoupled_step_runs_the_steps_after_it_once_per_response_and_pairs_th
     assert not world.scheduler.ensembles.busy
 
 
+def _double_answered_at_once(world: World) -> EnsembleRunner:
+    """The world's ensemble runner, its steps on ``double`` answered inside their submit, as a
+    response-cache hit answers them."""
+    runner = world.scheduler.ensembles
+    submit = runner._submit
+
+    def cached_double(client, record, header, frames, from_backend):
+        if header.model != "double":
+            return submit(client, record, header, frames, from_backend)
+        descriptors, inline, _ = pack_tensors([("Y", "FP32", [1, 4], np.zeros((1, 4), np.float32).tobytes())])
+        runner.answered([STEP_CLIENT, Response(header.rid, descriptors).encode(inline)])
+
+    runner._submit = cached_double
+    return runner
+
+
 def test_an_iteration_completed_by_a_step_answered_at_once_is_answered_once():
     """A step answered inside its submit (a response-cache hit) completes the iteration before
     the step that started it has finished its own bookkeeping: one answer, not two."""
@@ -516,16 +532,7 @@ def test_an_iteration_completed_by_a_step_answered_at_once_is_answered_once():
         step("split", {"IN": "IN"}, {"S": "s"}), step("pre", {"IN": "s"}, {"X": "X"}), step("double", {"X": "X"}, {"Y": "Y"}),
     ]).replace('platform: "ensemble"', 'platform: "ensemble" model_transaction_policy { decoupled: true }')
     world = World([*MODELS, split, fanned])
-    runner = world.scheduler.ensembles
-    submit = runner._submit
-
-    def cached_double(client, record, header, frames, from_backend):   # double answers from the cache
-        if header.model != "double":
-            return submit(client, record, header, frames, from_backend)
-        descriptors, inline, _ = pack_tensors([("Y", "FP32", [1, 4], np.zeros((1, 4), np.float32).tobytes())])
-        runner.answered([STEP_CLIENT, Response(header.rid, descriptors).encode(inline)])
-
-    runner._submit = cached_double
+    _double_answered_at_once(world)
     given = values(1)
     world.infer("pair", {"IN": given})
     ((iid, number, [(header, _, _)]),) = world.batches()
@@ -534,6 +541,27 @@ def test_an_iteration_completed_by_a_step_answered_at_once_is_answered_once():
                                           [Response(header["rid"], descriptors, final=False).encode(inline)])
     world.run()
     assert [sorted(outputs) for _, outputs in world.answers()] == [["X", "Y"]]
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_a_step_answered_at_once_does_not_end_the_request_before_its_sibling_starts(decoupled):
+    """Two steps read the ensemble's input; the first answers inside its submit (a response-cache
+    hit) while the second is not started yet: the request is not over, and both outputs come."""
+    parallel = ensemble("par", "IN", "Y Z", [step("double", {"X": "IN"}, {"Y": "Y"}),
+                                             step("triple", {"X": "IN"}, {"Z": "Z"})])
+    if decoupled:
+        parallel = parallel.replace('platform: "ensemble"',
+                                    'platform: "ensemble" model_transaction_policy { decoupled: true }')
+    world = World([*MODELS, parallel])
+    runner = _double_answered_at_once(world)
+    given = values(1)
+    world.infer("par", {"IN": given})
+    world.run()
+    answers = [(header, outputs) for header, outputs in world.answers() if outputs]
+    assert [sorted(outputs) for _, outputs in answers] == [["Y", "Z"]]
+    np.testing.assert_array_equal(answers[0][1]["Z"], 3 * given)
+    assert all("err" not in header for header, _ in world.answers())
+    assert not runner.busy
 
 
 def _chain_world(decoupled: bool = True) -> World:
