@@ -15,6 +15,7 @@ import itertools
 import json
 import select
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -33,13 +34,22 @@ _PB_CODES = {ErrorCode.UNKNOWN: pb.TritonError.UNKNOWN, ErrorCode.INTERNAL: pb.T
              ErrorCode.ALREADY_EXISTS: pb.TritonError.ALREADY_EXISTS, ErrorCode.CANCELLED: pb.TritonError.CANCELLED}
 
 
+_EDGE_RECHECK_MS = 10
+
+
 class BlsClient:
     def __init__(self, broker: str, identity: str, curve: CurveKeys | None = None) -> None:
         self.sock = connect_dealer(broker, identity, curve, "instance")
         self._rids = itertools.count(1)
         self._replies: dict[int, deque] = {}
         self._waiters: dict[int, asyncio.Future] = {}
-        self._lock = threading.Lock()   # the socket's: the model's threads may call at once
+        # The model's threads may call at once. One thread at a time watches the socket and files
+        # what arrives, in order (a decoupled call's responses stay in sequence); the others wait
+        # to be told that answers were filed.
+        self._lock = threading.Lock()       # the socket's
+        self._filing = threading.Lock()     # held while reading and filing
+        self._arrived = threading.Condition()
+        self._watching = False              # a thread is waiting on the socket
         self._reading_loop: asyncio.AbstractEventLoop | None = None
         self._traced: dict[int, tuple] = {}   # rid -> (caller's CallTrace, model, version, context)
 
@@ -77,30 +87,45 @@ class BlsClient:
         """Read what the broker sent and file each reply under its request."""
         if timeout_ms and not self._wait(timeout_ms):
             return
-        while True:
-            with self._lock:
-                if not self.sock.has_message():
-                    return
-                parts = self.sock.recv_parts()
-            # One message holds every answer of one batch to this socket (several requests of an
-            # async execute, several responses of a decoupled model), each record followed by
-            # its external frames.
-            position = 0
-            while position < len(parts):
-                response, record, offset = read_record(parts[position])
-                external = parts[position + 1:position + 1 + response.external]
-                position += 1 + response.external
-                self._file(response, record, offset, external)
+        filed = False
+        with self._filing:
+            while True:
+                with self._lock:
+                    if not self.sock.has_message():
+                        break
+                    parts = self.sock.recv_parts()
+                # One message holds every answer of one batch to this socket (several requests of
+                # an async execute, several responses of a decoupled model), each record followed
+                # by its external frames.
+                position = 0
+                while position < len(parts):
+                    response, record, offset = read_record(parts[position])
+                    external = parts[position + 1:position + 1 + response.external]
+                    position += 1 + response.external
+                    self._file(response, record, offset, external)
+                    filed = True
+        if filed:
+            with self._arrived:
+                self._arrived.notify_all()
 
     def _wait(self, timeout_ms: int) -> bool:
         """Whether a message may have come within ``timeout_ms``. The socket is asked first: a
-        libzmq descriptor signals an arrival once, and a ZMTP socket may hold a message read."""
-        with self._lock:
-            if self.sock.has_message():
-                return True
+        libzmq descriptor signals an arrival once, and a ZMTP socket may hold a message read.
+        A libzmq socket is asked again every few milliseconds: another thread's send on it may
+        take the signal of an arrival."""
         waiter = select.poll()
         waiter.register(self.sock.fileno(), select.POLLIN)
-        return bool(waiter.poll(timeout_ms))
+        step_ms = _EDGE_RECHECK_MS if self.sock.edge_triggered else timeout_ms
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            with self._lock:
+                if self.sock.has_message():
+                    return True
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return False
+            if waiter.poll(min(step_ms, left_ms)):
+                return True
 
     def _file(self, response: Response, record, offset: int, external: list) -> None:
         rid = response.rid
@@ -115,10 +140,23 @@ class BlsClient:
             waiter.set_result(None)
 
     def _next(self, rid: int):
-        """The next response to request ``rid``, waiting for it."""
+        """The next response to request ``rid``, waiting for it: on the socket, or for the thread
+        that waits on the socket to file it."""
         queue = self._replies[rid]
         while not queue:
-            self._pump(1000)
+            with self._arrived:
+                if queue:
+                    break
+                if self._watching:
+                    self._arrived.wait(1.0)
+                    continue
+                self._watching = True
+            try:
+                self._pump(1000)
+            finally:
+                with self._arrived:
+                    self._watching = False
+                    self._arrived.notify_all()
         return queue.popleft()
 
     def execute(self, request, decoupled: bool = False):

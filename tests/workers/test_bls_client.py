@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -95,3 +96,65 @@ def test_a_decoupled_models_responses_in_one_message_are_all_seen(broker_and_cli
     # The flags-only final response is the last one, without outputs, as from Triton.
     assert [len(response.output_tensors()) for response in seen] == [1, 1, 1, 0]
     assert [get_output_tensor_by_name(response, "Y").as_numpy()[0] for response in seen[:3]] == [0.0, 1.0, 2.0]
+
+
+class ScriptedBroker:
+    """A thread answering every INFER as it comes: ``stream`` with ``responses`` RESPONSE
+    messages and a flags-only final one, any other model with one answer."""
+
+    def __init__(self, router: zmq.Socket, responses: int) -> None:
+        self.router = router
+        self.responses = responses
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            if not self.router.poll(20):
+                continue
+            identity, *records = recv_parts(self.router)
+            for part in records:
+                header = read_record(part)[0]
+                if header.model != "stream":
+                    send_parts(self.router, [identity, answer(header.rid, np.zeros(2, dtype=np.float32))])
+                    continue
+                for index in range(self.responses):   # each its own message, as a decoupled model's
+                    send_parts(self.router, [identity, answer(header.rid, np.full(2, index, dtype=np.float32),
+                                                                final=False)])
+                send_parts(self.router, [identity, Response(header.rid, final=True, empty=True).encode()])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def test_threads_calling_at_once_each_get_their_answers_in_order_and_at_once(broker_and_client):
+    """One thread reads a decoupled call's 50 responses while three others make calls of their
+    own: the responses arrive complete and in order, and no call waits on an answer another
+    thread already read."""
+    router, client = broker_and_client
+    broker = ScriptedBroker(router, responses=50)
+    slowest: list[float] = []
+
+    def caller():
+        for _ in range(40):
+            started = time.monotonic()
+            client.execute(request_for(np.zeros(2, dtype=np.float32)))
+            slowest.append(time.monotonic() - started)
+
+    callers = [threading.Thread(target=caller, daemon=True) for _ in range(3)]
+    for thread in callers:
+        thread.start()
+    try:
+        for _ in range(5):
+            stream = client.execute(pb.InferenceRequest(model_name="stream", requested_output_names=["Y"],
+                                                        inputs=[pb.Tensor("X", np.zeros(2, dtype=np.float32))]),
+                                    decoupled=True)
+            seen = [get_output_tensor_by_name(r, "Y").as_numpy()[0] if r.output_tensors() else -1 for r in stream]
+            assert seen == [*range(50), -1]
+    finally:
+        for thread in callers:
+            thread.join(20)
+        broker.close()
+    assert len(slowest) == 120 and max(slowest) < 0.5, f"{len(slowest)} calls, the slowest {max(slowest):.2f} s"
