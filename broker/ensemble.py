@@ -244,7 +244,7 @@ class EnsembleRunner:
             return
         tensor_batch = batch_size if plan.batching else 0
         tensors = request.tensors
-        for descriptor, data in zip(descriptors, datas):   # a decoded header: its shapes are its own
+        for descriptor, data in zip(descriptors, datas):   # shapes are shared, never changed (nothing writes to one)
             tensors[descriptor[0], 0] = Tensor(descriptor[1], descriptor[2], descriptor[3], data, descriptor[4],
                                                tensor_batch)
         for name in plan.optional:
@@ -395,7 +395,7 @@ class EnsembleRunner:
             request.iterations[step.index] = iteration + 1
         produced = False   # a requested output arrived
         tensors, writes, requested = request.tensors, step.writes, request.requested
-        for descriptor, data in zip(descriptors, datas):   # a decoded header: its shapes are its own
+        for descriptor, data in zip(descriptors, datas):   # shapes are shared, never changed (nothing writes to one)
             name = writes.get(descriptor[0])
             if name is not None and (name, iteration) not in tensors:
                 tensors[name, iteration] = Tensor(descriptor[1], descriptor[2], descriptor[3], data, descriptor[4],
