@@ -34,7 +34,7 @@ _PB_CODES = {ErrorCode.UNKNOWN: pb.TritonError.UNKNOWN, ErrorCode.INTERNAL: pb.T
              ErrorCode.ALREADY_EXISTS: pb.TritonError.ALREADY_EXISTS, ErrorCode.CANCELLED: pb.TritonError.CANCELLED}
 
 
-_EDGE_RECHECK_MS = 10
+_RECHECK_MS = 10
 
 
 class BlsClient:
@@ -111,11 +111,13 @@ class BlsClient:
     def _wait(self, timeout_ms: int) -> bool:
         """Whether a message may have come within ``timeout_ms``. The socket is asked first: a
         libzmq descriptor signals an arrival once, and a ZMTP socket may hold a message read.
-        A libzmq socket is asked again every few milliseconds: another thread's send on it may
-        take the signal of an arrival."""
+        The socket is asked again every few milliseconds when another thread may read it
+        meanwhile: a libzmq socket's descriptor signal may be taken by another thread's send, and
+        an event loop's reader (``execute_async``) may read this thread's answer."""
         waiter = select.poll()
         waiter.register(self.sock.fileno(), select.POLLIN)
-        step_ms = _EDGE_RECHECK_MS if self.sock.edge_triggered else timeout_ms
+        shared = self.sock.edge_triggered or self._reading_loop is not None
+        step_ms = _RECHECK_MS if shared else timeout_ms
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             with self._lock:
@@ -136,8 +138,11 @@ class BlsClient:
             traced[0].call_done(*traced[1:], response.trace)
         self._replies[rid].append(_response(response, record, offset, external))
         waiter = self._waiters.get(rid)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None:
+            if _running_loop() is waiter.get_loop():
+                _wake(waiter)
+            else:   # filed by a thread calling exec beside the loop: the loop is told
+                waiter.get_loop().call_soon_threadsafe(_wake, waiter)
 
     def _next(self, rid: int):
         """The next response to request ``rid``, waiting for it: on the socket, or for the thread
@@ -195,6 +200,18 @@ class BlsClient:
                 await future
             finally:
                 self._waiters.pop(rid, None)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class ResponseIterator:

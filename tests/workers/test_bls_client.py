@@ -158,3 +158,33 @@ def test_threads_calling_at_once_each_get_their_answers_in_order_and_at_once(bro
             thread.join(20)
         broker.close()
     assert len(slowest) == 120 and max(slowest) < 0.5, f"{len(slowest)} calls, the slowest {max(slowest):.2f} s"
+
+
+def test_a_thread_calling_beside_an_async_execute_is_not_kept_waiting(broker_and_client):
+    """An event loop's reader (``execute_async``) and a thread calling ``exec`` may each read the
+    other's answer: both still get theirs at once."""
+    router, client = broker_and_client
+    broker = ScriptedBroker(router, responses=0)
+    done = threading.Event()
+    async_answers = []
+
+    async def async_calls():
+        while not done.is_set():
+            async_answers.append(await client.execute_async(request_for(np.zeros(2, dtype=np.float32))))
+
+    looping = threading.Thread(target=lambda: asyncio.run(async_calls()), daemon=True)
+    looping.start()
+    slowest = 0.0
+    try:
+        time.sleep(0.05)   # the loop's reader is registered
+        for _ in range(60):
+            started = time.monotonic()
+            client.execute(request_for(np.zeros(2, dtype=np.float32)))
+            slowest = max(slowest, time.monotonic() - started)
+    finally:
+        done.set()
+        looping.join(5)
+        broker.close()
+    assert slowest < 0.5, f"a call waited {slowest:.2f} s"
+    assert not looping.is_alive(), "an async call never got its answer"
+    assert len(async_answers) > 10
