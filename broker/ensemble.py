@@ -54,7 +54,7 @@ class Step:
     version: int                           # -1: the latest ready version
     reads: tuple[tuple[str, str], ...]     # (model input, ensemble tensor)
     writes: dict[str, str]                 # model output -> ensemble tensor
-    sources: tuple[str, ...] = ()          # the ensemble tensors it reads (those of ``reads``)
+    sources: tuple[str, ...]               # the ensemble tensors it reads (those of ``reads``, kept for speed)
 
     @property
     def label(self) -> str:

@@ -40,6 +40,8 @@ _RECHECK_MS = 10
 class BlsClient:
     def __init__(self, broker: str, identity: str, curve: CurveKeys | None = None) -> None:
         self.sock = connect_dealer(broker, identity, curve, "instance")
+        self._readable = select.poll()   # polled by the one thread watching the socket
+        self._readable.register(self.sock.fileno(), select.POLLIN)
         self._rids = itertools.count(1)
         self._replies: dict[int, deque] = {}
         self._waiters: dict[int, asyncio.Future] = {}
@@ -114,8 +116,6 @@ class BlsClient:
         The socket is asked again every few milliseconds when another thread may read it
         meanwhile: a libzmq socket's descriptor signal may be taken by another thread's send, and
         an event loop's reader (``execute_async``) may read this thread's answer."""
-        waiter = select.poll()
-        waiter.register(self.sock.fileno(), select.POLLIN)
         shared = self.sock.edge_triggered or self._reading_loop is not None
         step_ms = _RECHECK_MS if shared else timeout_ms
         deadline = time.monotonic() + timeout_ms / 1000
@@ -126,7 +126,7 @@ class BlsClient:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 return False
-            if waiter.poll(min(step_ms, left_ms)):
+            if self._readable.poll(min(step_ms, left_ms)):
                 return True
 
     def _file(self, response: Response, record, offset: int, external: list) -> None:
