@@ -26,7 +26,7 @@ from tritium.broker.registry import (
     Registry,
     VersionState,
 )
-from tritium.errors import Cancelled, ErrorCode, NotFound, TritiumError, Unavailable
+from tritium.errors import Cancelled, ErrorCode, InternalError, NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
 from tritium.broker.sequences import END as SEQUENCE_END, SequenceBatcher
 from tritium.broker.streams import OpenStreams
@@ -454,22 +454,12 @@ class Scheduler:
 
     def batch_done(self, iid: bytes, done: BatchDone, frames: list) -> None:
         """Route a batch's RESPONSE records (``frames``), one message per client."""
-        instance = self.registry.instances.get(iid)
-        batch = instance.inflight.pop(done.number, None) if instance is not None else None
-        if instance is None or batch is None:
-            log.warning("result for unknown batch %s from instance %r dropped", done.number, iid)
+        batch = self._batch_ended(iid, done.number)
+        if batch is None:
             return
-        self.requests_running -= len(batch.requests)
-        instance.credit += 1
-        if self.rate_limiter is not None:
-            self.rate_limiter.release(instance)
-        now = self._clock()
-        version = batch.version
-        self.last_done_ns = now
-        alone = not self.requests_running and len(batch.requests) == 1 and not len(version.batcher)
-        self._lone_in_a_row = self._lone_in_a_row + 1 if alone else 0
-        self._idle.idle_again(version, instance)
-        batch.timings = timings = tuple(done.timings or (0, 0, 0))
+        now = self.last_done_ns
+        version, instance = batch.version, batch.instance
+        batch.timings = timings = done.timings
         took = sum(timings)
         instance.execution_ns += _AVERAGE_WEIGHT * (took - instance.execution_ns) if instance.execution_ns else took
         oks = done.ok
@@ -477,14 +467,56 @@ class Scheduler:
             if done.ran:
                 self.streams.executed(batch)
             self._steps_executed(batch, timings)
+        elif not _answers_every_request(done, len(batch.requests), len(frames)):
+            self._fail_batch(batch, f"answered batch {done.number} of {len(batch.requests)} request(s) with "
+                             f"{len(oks)} result(s) and {len(frames)} frame(s)", now)
         else:
             if done.ran and (any(oks) or version.counts_failed_executions):
                 version.stats.record_execution(batch.batch_size, timings)
             self._route_responses(batch, done.response_frames, oks, frames, now)
+        self._dispatch_after(version, now)
+
+    def batch_unreadable(self, iid: bytes, number: int, why: str) -> None:
+        """An instance's BATCH_DONE that does not decode: its batch's requests are answered with
+        the error rather than left waiting, and the instance takes work again."""
+        batch = self._batch_ended(iid, number)
+        if batch is not None:
+            self._fail_batch(batch, f"answered batch {number} with a malformed result: {why}", self.last_done_ns)
+            self._dispatch_after(batch.version, self.last_done_ns)
+
+    def _batch_ended(self, iid: bytes, number: int) -> Batch | None:
+        """The instance is done with batch ``number``: it leaves the instance, which takes work again."""
+        instance = self.registry.instances.get(iid)
+        batch = instance.inflight.pop(number, None) if instance is not None else None
+        if instance is None or batch is None:
+            log.warning("result for unknown batch %s from instance %r dropped", number, iid)
+            return None
+        self.requests_running -= len(batch.requests)
+        instance.credit += 1
+        if self.rate_limiter is not None:
+            self.rate_limiter.release(instance)
+        self.last_done_ns = self._clock()
+        version = batch.version
+        alone = not self.requests_running and len(batch.requests) == 1 and not len(version.batcher)
+        self._lone_in_a_row = self._lone_in_a_row + 1 if alone else 0
+        self._idle.idle_again(version, instance)
+        return batch
+
+    def _dispatch_after(self, version: ModelVersion, now: int) -> None:
         if version.state in _DISPATCHING:  # a draining version still runs what it queued
             self.dispatch(version, now)
         if self.rate_limiter is not None and self.rate_limiter.blocked:
             self._wake_blocked(self.rate_limiter)
+
+    def _fail_batch(self, batch: Batch, why: str, now: int) -> None:
+        version, instance = batch.version, batch.instance
+        log.error("instance '%s' of model '%s' version %d %s", instance.name, version.name, version.version, why)
+        error = InternalError(f"instance '{instance.name}' of model '{version.name}' version {version.version} {why}")
+        for index, request in enumerate(batch.requests):
+            if index not in batch.finished:
+                batch.finished.add(index)
+                self._answer_error(version, request, error)
+                batch.record_outcome(request, False, now)
 
     def _steps_executed(self, batch: Batch, timings: tuple) -> None:
         """A decoupled batch's ensemble step requests: their compute times go to their ensembles."""
@@ -636,6 +668,12 @@ class Scheduler:
         self._timed.pop(version, None)
         if self.rate_limiter is not None:
             self.rate_limiter.blocked.pop(version, None)
+
+
+def _answers_every_request(done: BatchDone, requests: int, frames: int) -> bool:
+    """Whether a BATCH_DONE holds one result and one RESPONSE record (with its frames) per request."""
+    counts = done.response_frames
+    return len(done.ok) == requests == len(counts) and frames == requests + sum(counts)
 
 
 def _cancelled_answer(record) -> bool:

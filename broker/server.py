@@ -425,6 +425,9 @@ class Broker:
         if header["k"] == Kind.INFER and isinstance(header.get("rid"), int):
             self.scheduler.reply_error(peer, header["rid"], InvalidArgument(f"malformed inference request: {exc}"),
                                        sock is self.backend)
+        elif header["k"] == Kind.BATCH_DONE and isinstance(header.get("b"), int) and sock is self.backend:
+            self.scheduler.batch_unreadable(peer, header["b"], str(exc))
+            return None   # the records after it are its responses
         elif header["k"] == Kind.CONTROL and isinstance(header.get("rid"), int) and sock is self.frontend:
             error = InvalidArgument(f"malformed control request: {exc}")
             self._send_frontend([peer, ControlReply(header["rid"], error=error).encode()])

@@ -101,7 +101,7 @@ class BatchExecutor:
         else:
             replies, t1, t2 = self._run_separately(good, items, batch_header.number)
             if _LATER in replies.values():
-                return self._answered_later(batch_header.number, items, replies, [t1 - t0, t2 - t1, 0])
+                return self._answered_later(batch_header.number, items, replies, (t1 - t0, t2 - t1, 0))
         parts, external_counts, oks = [], [], []
         for item in items:
             encoded, ok = replies.get(item.rid) if item.error is None else (None, False)
@@ -116,7 +116,7 @@ class BatchExecutor:
             parts = stamped_responses(parts, external_counts, [item.infer for item in items], batch_header.trace,
                                       batch_header.number, (t1, t2, t3), self.model,
                                       [item.trace and item.trace.calls for item in items])
-        done = BatchDone(batch_header.number, oks, external_counts, [t1 - t0, t2 - t1, t3 - t2], ran=ran)
+        done = BatchDone(batch_header.number, oks, external_counts, (t1 - t0, t2 - t1, t3 - t2), ran=ran)
         return [done.encode(), *parts]
 
     # -- decoding -----------------------------------------------------------------------
@@ -267,7 +267,7 @@ class BatchExecutor:
             replies[item.rid] = encoded, ok and not failed and item.rid not in overruled
         return replies, t1, t2
 
-    def _answered_later(self, number: int, items: list[_Item], replies: dict, timings: list[int]) -> list:
+    def _answered_later(self, number: int, items: list[_Item], replies: dict, timings: tuple[int, int, int]) -> list:
         """A batch some of whose requests the model answers later, through their response
         senders: the others are answered now, and the batch ends as a decoupled one does."""
         later = []
@@ -333,7 +333,7 @@ class BatchExecutor:
                     self._answering.pop((batch, index), None)
                     self._send_part(batch, index, [_error_record(item.rid, error, final=True)])
         t2 = time.monotonic_ns()
-        return [BatchDone(batch, [], [], [t1 - t0, t2 - t1, 0], sorted(still_open), ran=ran).encode()]
+        return [BatchDone(batch, [], [], (t1 - t0, t2 - t1, 0), sorted(still_open), ran=ran).encode()]
 
     def _sender(self, batch: int, index: int, item: _Item, still_open: set[int]):
         requested = item.infer.outputs

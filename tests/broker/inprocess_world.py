@@ -134,5 +134,5 @@ def answer(instance: Peer, batch: dict, records: list[tuple[dict, bytes]]) -> No
     """The instance's BATCH_DONE: each request's output is its input bytes."""
     responses = [Response(header["rid"], [["Y", "FP32", [1, 4], 16, False]]).encode([raw[-16:]])
                  for header, raw in records]
-    done = BatchDone(batch["b"], [True] * len(responses), [0] * len(responses), [1_000, 2_000, 3_000])
+    done = BatchDone(batch["b"], [True] * len(responses), [0] * len(responses), (1_000, 2_000, 3_000))
     instance.send(done.encode(), *responses)

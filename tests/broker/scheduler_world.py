@@ -75,7 +75,7 @@ def submit(scheduler, gateway: bytes, rid: int, batch_size: int = 1, model="m", 
 def done(batch_number: int, rids: list[int], oks=None, timings=(10, 20, 30)) -> tuple[dict, list]:
     oks = oks or [True] * len(rids)
     responses = [Response(rid, []).encode() for rid in rids]
-    return BatchDone(batch_number, oks, [0] * len(rids), list(timings)), responses
+    return BatchDone(batch_number, oks, [0] * len(rids), tuple(timings)), responses
 
 
 def sent_batch(parts: list) -> tuple[bytes, dict, list]:

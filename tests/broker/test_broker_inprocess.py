@@ -13,8 +13,8 @@ from tests.broker.inprocess_world import CONFIG, HEARTBEAT_S, World, answer, inf
 from tritium.broker.rate_limiter import ResourceFlag
 from tritium.logs import LogSettings
 from tritium.errors import Cancelled, ErrorCode, InternalError
-from tritium.protocol import (PROTOCOL_VERSION, BatchDone, Cancel, Control, Heartbeat, Hello, IndexQuery, Infer, Kind, Role,
-                              error_record)
+from tritium.protocol import (PROTOCOL_VERSION, BatchDone, Cancel, Control, Heartbeat, Hello, IndexQuery, Infer, Kind,
+                              Response, Role, encode, error_record)
 
 
 @pytest.fixture
@@ -204,7 +204,7 @@ def test_a_request_cancelled_while_it_waits_at_its_instance_counts_as_canceled_w
         assert instance.headers(Kind.CANCEL_RUNNING) == [{"k": Kind.CANCEL_RUNNING, "b": second[0][0]["b"], "i": 0}]
         assert not gateway.headers(Kind.RESPONSE)   # the instance answers it
         answer(instance, first[0][0], first[1:])
-        instance.send(BatchDone(second[0][0]["b"], [False], [0], [0, 0, 0], ran=False).encode(),
+        instance.send(BatchDone(second[0][0]["b"], [False], [0], (0, 0, 0), ran=False).encode(),
                       error_record(2, Cancelled.by_client()))
         world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == 2)
     finally:
@@ -228,8 +228,40 @@ def test_a_cancelled_running_request_that_fails_otherwise_counts_as_a_backend_fa
         gateway.send(Cancel(rid, "m", 1).encode())
         world.until(lambda: len(instance.headers(Kind.CANCEL_RUNNING)) == rid)
         batch = instance.headers(Kind.BATCH)[-1]
-        instance.send(BatchDone(batch["b"], [False], [0], [0, 0, 0]).encode(), error_record(rid, error))
+        instance.send(BatchDone(batch["b"], [False], [0], (0, 0, 0)).encode(), error_record(rid, error))
         world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == rid)
     stats = world.broker.registry.versions[("m", 1)].stats
     assert stats.failures == {"BACKEND": 1, "CANCELED": 1}
     assert stats.execution_count == 2   # a Python model's failed executions count, as in Triton
+
+
+@pytest.mark.parametrize("done_header, responses", [
+    ({"t": [1, 2]}, 1),                                  # does not decode: two timings, not three
+    ({"ok": [True, True], "rx": [0, 0]}, 1),             # decodes, but two results for one request
+    ({}, 0),                                             # its RESPONSE record is missing
+], ids=["two-timings", "two-results", "no-response"])
+def test_an_instance_answer_that_does_not_match_its_batch_fails_its_requests_and_the_instance_serves_on(
+        world, done_header, responses):
+    """Nothing an instance sends leaves a request unanswered: a BATCH_DONE that does not decode, or
+    does not hold one result per request, answers the batch's requests with an internal error
+    naming the instance and model, and the instance gets the next batch."""
+    gateway = world.gateway()
+    _, instance = world.serving_instance()
+    infer(gateway, rid=1, value=5)
+    world.until(lambda: instance.headers(Kind.BATCH))
+    ((batch, _), (header, raw)) = instance.messages[-1]
+    response = Response(1, [["Y", "FP32", [1, 4], 16, False]]).encode([raw[-16:]])
+    instance.send(encode({"k": Kind.BATCH_DONE, "b": batch["b"], "ok": [True], "rx": [0], "t": [1, 2, 3],
+                          **done_header}), *[response][:responses])
+    world.until(lambda: gateway.headers(Kind.RESPONSE))
+    ((failed, _),) = gateway.records(Kind.RESPONSE)
+    assert failed["rid"] == 1 and failed["err"]["code"] == ErrorCode.INTERNAL.value
+    assert failed["err"]["message"].startswith(f"instance 'm_0' of model 'm' version 1 answered batch {batch['b']} ")
+    assert world.broker.registry.versions[("m", 1)].stats.failures == {"BACKEND": 1}
+    infer(gateway, rid=2, value=7)
+    world.until(lambda: len(instance.headers(Kind.BATCH)) == 2)
+    ((batch, _), *records) = instance.messages[-1]
+    answer(instance, batch, records)
+    world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == 2)
+    served = gateway.records(Kind.RESPONSE)[-1]
+    assert served[0]["rid"] == 2 and "err" not in served[0] and served[1].endswith(bytes([7]) * 16)

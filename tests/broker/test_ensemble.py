@@ -171,7 +171,7 @@ class World:
                 records.extend(reply)
                 counts.append(len(reply) - 1)
                 oks.append(read_record(reply[0])[0].error is None)
-            self.scheduler.batch_done(iid, BatchDone(number, oks, counts, list(timings)), records)
+            self.scheduler.batch_done(iid, BatchDone(number, oks, counts, tuple(timings)), records)
 
     def answer(self, name: str, header: dict, arrays: dict) -> list:
         if name in self.failing:
@@ -491,7 +491,7 @@ def test_a_decoupled_step_runs_the_steps_after_it_once_per_response_and_pairs_th
                                               [Response(header["rid"], descriptors, final=False).encode(inline)])
     world.scheduler.streams.response_part(iid, ResponsePart(number, 0),
                                           [Response(header["rid"], final=True, empty=True).encode()])
-    world.scheduler.batch_done(iid, BatchDone(number, [True], [], [1, 2, 3], still_open=[]), [])
+    world.scheduler.batch_done(iid, BatchDone(number, [True], [], (1, 2, 3), still_open=[]), [])
     steps = world.batches()
     assert sorted(world.registry.instances[i].model for i, _, _ in steps) == ["double", "double", "triple", "triple"]
     def order(batch) -> tuple:   # double for the first answer, triple for the second, then the others
@@ -602,7 +602,7 @@ def test_a_decoupled_steps_compute_times_count_in_its_ensemble_once_its_batch_is
     (header, outputs), = world.answers()
     assert header.get("final") is True and list(outputs) == ["OUT"]
     assert _compute_ns(world, "chain") == (0, [0, 0, 0])
-    world.scheduler.batch_done(iid, BatchDone(number, [True], [], [10, 20, 30], still_open=[]), [])
+    world.scheduler.batch_done(iid, BatchDone(number, [True], [], (10, 20, 30), still_open=[]), [])
     assert _compute_ns(world, "chain") == (1, [11, 22, 33])
     assert world.scheduler.ensembles._executing == {}
 
@@ -620,7 +620,7 @@ def test_an_ensemble_failing_while_its_decoupled_step_executes_is_counted_once_a
     ((iid, number, [(header, _, _)]),) = world.batches()
     world.scheduler.streams.response_part(iid, ResponsePart(number, 0), [
         Response(header["rid"], error=InvalidArgument("no"), final=True).encode()])
-    world.scheduler.batch_done(iid, BatchDone(number, [False], [], [10, 20, 30], still_open=[]), [])
+    world.scheduler.batch_done(iid, BatchDone(number, [False], [], (10, 20, 30), still_open=[]), [])
     stats = world.versions["chain"].stats.as_dict("chain", 1)["inference_stats"]
     assert (stats["success"]["count"], stats["fail"]["count"], stats["compute_infer"]["ns"]) == (0, 1, 0)
     assert world.scheduler.ensembles._executing == {}

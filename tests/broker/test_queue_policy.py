@@ -142,7 +142,7 @@ def test_preserve_ordering_keeps_its_order_when_a_request_is_answered_after_its_
     scheduler, to_instances, to_gateways, first, second, batches = two_requests_on_two_instances()
     header, responses = done(batches[second.iid], [2])
     scheduler.batch_done(second.iid, header, responses)
-    scheduler.batch_done(first.iid, BatchDone(batches[first.iid], [], [], [1, 2, 0], [0]), [])
+    scheduler.batch_done(first.iid, BatchDone(batches[first.iid], [], [], (1, 2, 0), [0]), [])
     assert to_gateways == []
     scheduler.streams.response_part(first.iid, ResponsePart(batches[first.iid], 0), [Response(1, []).encode()])
     assert [rid for rid, _ in answers(to_gateways)] == [1, 2]

@@ -95,7 +95,7 @@ def test_cancelling_a_decoupled_request_still_answering_leaves_its_sequence_runn
     submit(scheduler, 1, 10, START)
     submit(scheduler, 2, 20, START)
     (_, first, _), (_, second, _) = (sent_batch(parts) for parts in to_instances[:2])
-    scheduler.batch_done(b"i0", BatchDone(first["b"], [], [], [1, 2, 3], [0]), [])   # still answering
+    scheduler.batch_done(b"i0", BatchDone(first["b"], [], [], (1, 2, 3), [0]), [])   # still answering
     scheduler.cancel(b"gw", Cancel(1, "m", 1))
     told = [decode(parts[1])[0] for parts in to_instances[2:]]
     assert [(t["k"], t["b"], t["i"]) for t in told] == [(Kind.CANCEL_RUNNING, first["b"], 0)] * 2

@@ -77,7 +77,7 @@ EXAMPLES = [
     Cancel(3, "m", 2),
     CancelRunning(5, 1),
     Batch(5, 2, [0, 1]),
-    BatchDone(5, [True, False], [1, 0], [1, 2, 3], [0]),
+    BatchDone(5, [True, False], [1, 0], (1, 2, 3), [0]),
     ResponsePart(5, 1),
     Control(9, LoadModel("m", {"config": "{}", "file:1/model.onnx": b"\x00\x01"})),
     ControlReply(9, {"loaded": True}, InvalidArgument("bad")),
@@ -137,7 +137,7 @@ def test_the_hot_kinds_keep_their_short_keys():
     assert infer.to_wire() == {"k": 10, "rid": 3, "m": "m", "v": 1, "bs": 2, "id": "r", "outputs": ["Y"],
                                "params": {"p": 1}, "cid": 5, "sf": 3, "x": 1, "inputs": [DESCRIPTOR]}
     assert Batch(5, 2).to_wire() == {"k": 20, "b": 5, "n": 2}
-    assert BatchDone(5, [True], [0], [1, 2, 3]).to_wire() == {"k": 21, "b": 5, "ok": [True], "rx": [0], "t": [1, 2, 3]}
+    assert BatchDone(5, [True], [0], (1, 2, 3)).to_wire() == {"k": 21, "b": 5, "ok": [True], "rx": [0], "t": [1, 2, 3]}
     assert ResponsePart(5, 1).to_wire() == {"k": 22, "b": 5, "i": 1}
     assert Response(3, [DESCRIPTOR], external=1).to_wire() == {"k": 11, "rid": 3, "outputs": [DESCRIPTOR], "x": 1}
     assert Response(3, error=InternalError("boom"), final=True).to_wire() == {

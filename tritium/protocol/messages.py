@@ -327,10 +327,11 @@ class BatchDone(Message, frozen=True, tag=int(Kind.BATCH_DONE)):
     FOLLOWS = "one RESPONSE record per request, in order"
 
     number: Annotated[int, doc("the batch")] = field(name="b")
-    ok: Annotated[list, doc("per request: a result (true) or an error")]
-    response_frames: Annotated[list, doc("per response: its external frames")] = field(name="rx")
-    timings: Annotated[list, doc("[compute_input_ns, compute_infer_ns, compute_output_ns]")] = field(name="t")
-    still_open: Annotated[list | None, doc("decoupled batches (no responses follow): requests still open")] = field(
+    ok: Annotated[list[bool], doc("per request: a result (true) or an error")]
+    response_frames: Annotated[list[int], doc("per response: its external frames")] = field(name="rx")
+    timings: Annotated[tuple[int, int, int], doc("[compute_input_ns, compute_infer_ns, compute_output_ns]")] = \
+        field(name="t")
+    still_open: Annotated[list[int] | None, doc("decoupled batches (no responses follow): requests still open")] = field(
         default=None, name="open")
     ran: Annotated[bool, doc("false: none of its requests ran (each was cancelled while the batch waited at "
                              "the instance): no execution to count")] = True
