@@ -59,7 +59,7 @@ def repository(root: Path) -> Path:
 
 
 def main() -> None:
-    models_versus_triton("bls_versus_triton", __doc__, repository, MODELS, "http", CONCURRENCY, "BLS")
+    models_versus_triton("bls_versus_triton", __doc__, repository, MODELS, ("http",), CONCURRENCY, "BLS")
 
 
 if __name__ == "__main__":

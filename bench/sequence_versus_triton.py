@@ -31,7 +31,7 @@ def repository(root: Path) -> Path:
 
 
 def main() -> None:
-    models_versus_triton("sequence_versus_triton", __doc__, repository, MODELS, "grpc", CONCURRENCY, "sequences")
+    models_versus_triton("sequence_versus_triton", __doc__, repository, MODELS, ("grpc",), CONCURRENCY, "sequences")
 
 
 if __name__ == "__main__":

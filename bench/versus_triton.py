@@ -59,24 +59,29 @@ def perf_analyzer(url: str, protocol: str, concurrency: int, window_ms: int, ext
 
 
 def models_versus_triton(name: str, doc: str, repository: Callable[[Path], Path], models: tuple[str, ...],
-                         protocol: str, concurrency: int, title: str) -> None:
-    """The command of a script that has perf_analyzer drive each of ``models`` on both servers, the
-    servers alternating round by round: its table, ``bench/out/NAME.json`` and ``docs/NAME.png``."""
+                         protocols: tuple[str, ...], concurrency: int, title: str) -> None:
+    """The command of a script that has perf_analyzer drive each of ``models`` over each of
+    ``protocols`` on both servers, the servers alternating round by round: its table,
+    ``bench/out/NAME.json`` and ``docs/NAME.png``."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window-ms", type=int, default=3000)
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / f"{name}.png")
     args = parser.parse_args()
+
+    def measure(server, model: str, protocol: str) -> dict:
+        url = server.url if protocol == "http" else server.grpc_url
+        return perf_analyzer(url, protocol, concurrency, args.window_ms, model=model)
+
+    scenarios = {model if len(protocols) == 1 else f"{model} {protocol}": partial(measure, model=model, protocol=protocol)
+                 for model in models for protocol in protocols}
     with tempfile.TemporaryDirectory() as folder:
         with tritium_and_triton(repository(Path(folder))) as servers:
-            rounds = alternating_rounds(
-                servers, {model: partial(lambda server, model: perf_analyzer(
-                    server.url if protocol == "http" else server.grpc_url, protocol, concurrency, args.window_ms,
-                    model=model), model=model) for model in models},
-                args.rounds, lambda f: f"{f['throughput']:6.0f} infer/s, p50 {f['p50_us']:6.0f} us")
+            rounds = alternating_rounds(servers, scenarios, args.rounds,
+                                        lambda f: f"{f['throughput']:6.0f} infer/s, p50 {f['p50_us']:6.0f} us")
     rows = [versus_row(scenario, ours, theirs) for scenario, ours, theirs in compared(rounds, ("throughput", "p50_us"))]
     save(name, {"rounds": rounds, "rows": rows})
-    print(table([f"model ({protocol}, concurrency {concurrency})", *VERSUS_HEADERS], rows))
+    print(table([f"model ({', '.join(protocols)}, concurrency {concurrency})", *VERSUS_HEADERS], rows))
     versus_plot(args.plot, rows, title)
     print(f"plot: {args.plot}")
 
