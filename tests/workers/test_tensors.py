@@ -171,6 +171,18 @@ def test_writable_rows_cut_one_writable_copy_by_first_dimension():
     assert bytes(buffers[0])[:4] == b"\0\0\0\0"   # the received bytes are untouched
 
 
+def test_writable_rows_use_writable_buffers_in_place():
+    """A large tensor arrives in a bytearray of its own: its rows are that memory, not a copy."""
+    buffers = [bytearray(np.arange(n * 3, dtype=np.int32).tobytes()) for n in (1, 2)]
+    first, second = writable_rows([memoryview(b) for b in buffers], "INT32", [[1, 3], [2, 3]], "x")
+    assert first.tolist() == [[0, 1, 2]] and second.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert np.shares_memory(first, buffers[0]) and np.shares_memory(second, buffers[1])
+    second[1, 2] = 9
+    assert second[1, 2] == 9 and first.tolist() == [[0, 1, 2]]
+    with pytest.raises(ValueError):   # the caller then checks each request alone
+        writable_rows([memoryview(bytearray(10))], "INT32", [[1, 3]], "x")
+
+
 def test_array_to_frame_bf16():
     array = np.array([1.0, -2.5], dtype=ml_dtypes.bfloat16)
     name, shape, frame = array_to_frame(array, "o")
