@@ -36,6 +36,7 @@ ENHANCE_YOUR_CALM = 0xB
 HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 1, 2, 3, 4, 5
 
 DEFAULT_WINDOW = 65535
+_LARGE_SEGMENT = 64 * 1024   # what data_to_send leaves unjoined
 DEFAULT_FRAME = 16384
 MAX_WINDOW = 2**31 - 1
 _HEAD = struct.Struct(">IBI")   # length << 8 | type, flags, stream id
@@ -115,7 +116,8 @@ class Http2Connection:
         self._continuing: tuple[int, int, bytearray] | None = None   # stream, flags, header block so far
         self._decoder = hpack.Decoder()
         self._decoded: dict[bytes, Headers] = {}
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []
+        self._large_out = False   # _out holds a segment data_to_send leaves unjoined
         self.on_ping: Callable[[], None] = lambda: None
         # since the last HEADERS or DATA we sent: our PINGs, and when the client's last came
         # and how many came too soon (gateway/grpc_keepalive.py keeps the policy)
@@ -131,9 +133,28 @@ class Http2Connection:
         if self.window > DEFAULT_WINDOW:
             self._out.append(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.window - DEFAULT_WINDOW)))
 
-    def data_to_send(self) -> bytes:
+    def data_to_send(self) -> list[bytes | memoryview]:
+        """What to write, in order: runs of small frames joined, a large message's bytes as they
+        are (joining them would copy a 600 KB tensor once more)."""
         out, self._out = self._out, []
-        return out[0] if len(out) == 1 else b"".join(out)
+        if len(out) < 2:
+            return out
+        if not self._large_out:
+            return [b"".join(out)]
+        self._large_out = False
+        segments: list[bytes | memoryview] = []
+        run: list[bytes | memoryview] = []
+        for segment in out:
+            if len(segment) < _LARGE_SEGMENT:
+                run.append(segment)
+                continue
+            if run:
+                segments.append(b"".join(run))
+                run = []
+            segments.append(segment)
+        if run:
+            segments.append(b"".join(run))
+        return segments
 
     # -- receiving -----------------------------------------------------------------------
 
@@ -374,22 +395,27 @@ class Http2Connection:
             self._end_local(stream_id)
         self._sent_data()
 
-    def send_whole_answer(self, stream_id: int, headers: bytes, message: bytes, trailers: bytes) -> bool:
-        """A call's response headers, its one DATA frame and its trailers (END_STREAM), in one go,
-        when the windows and the client's frame size take them as they are; False (nothing sent)
-        when not."""
+    def send_whole_answer(self, stream_id: int, headers: bytes, message: tuple[bytes, bytes | memoryview],
+                          trailers: bytes) -> bool:
+        """A call's response headers, its one DATA frame (``message``: its pieces, written one
+        after the other) and its trailers (END_STREAM), in one go, when the windows and the
+        client's frame size take them as they are; False (nothing sent) when not."""
         stream = self.streams.get(stream_id)
-        size = len(message)
+        size = sum(len(piece) for piece in message)
         limit = self.peer_max_frame
         if stream is None or size > stream.send_window or size > self.send_window or size > limit \
                 or len(headers) > limit or len(trailers) > limit:
             return False
         stream.send_window -= size
         self.send_window -= size
-        self._out.append(b"".join((_HEAD.pack(len(headers) << 8 | HEADERS, END_HEADERS, stream_id), headers,
-                                   _HEAD.pack(size << 8 | DATA, 0, stream_id), message,
-                                   _HEAD.pack(len(trailers) << 8 | HEADERS, END_HEADERS | END_STREAM, stream_id),
-                                   trailers)))
+        pieces = (_HEAD.pack(len(headers) << 8 | HEADERS, END_HEADERS, stream_id), headers,
+                  _HEAD.pack(size << 8 | DATA, 0, stream_id), *message,
+                  _HEAD.pack(len(trailers) << 8 | HEADERS, END_HEADERS | END_STREAM, stream_id), trailers)
+        if size < _LARGE_SEGMENT:
+            self._out.append(b"".join(pieces))
+        else:
+            self._out += pieces
+            self._large_out = True
         self._end_local(stream_id)
         self._sent_data()
         return True
@@ -399,7 +425,11 @@ class Http2Connection:
         stream = self.streams[stream_id]
         stream.send_window -= len(data)
         self.send_window -= len(data)
-        self._out.append(frame(DATA, 0, stream_id, data))
+        if len(data) < _LARGE_SEGMENT:
+            self._out.append(_HEAD.pack(len(data) << 8 | DATA, 0, stream_id) + data)
+        else:
+            self._out += (_HEAD.pack(len(data) << 8 | DATA, 0, stream_id), data)
+            self._large_out = True
         self._sent_data()
 
     def _sent_data(self) -> None:

@@ -34,7 +34,7 @@ from tritium.gateway.grpc_http2 import (CANCEL, ENHANCE_YOUR_CALM, NO_ERROR, REF
 from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers, too_many_pings
 from tritium.gateway.grpc_tls import GrpcTls
 from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, Compressed, GrpcFailure, MessageReader,
-                                      compressed_frame, frame, parse_timeout, percent_encoded, response_encoding,
+                                      compressed_frame, frame, parse_timeout, prefix, percent_encoded, response_encoding,
                                       too_large)
 from tritium.gateway.header_forwarding import binary_metadata_value
 from tritium.errors import InvalidArgument, TritiumError
@@ -52,6 +52,7 @@ _OK_BLOCK = encode_headers([(b"grpc-status", b"0")])
 _NOT_GRPC_BLOCK = encode_headers([(b":status", b"415"), (b"content-type", b"text/plain")])
 _WINDOW = 16 * 1024 * 1024         # what a client may send ahead of our acknowledgements
 _MAX_FRAME = 1024 * 1024           # the largest DATA frame we take (fewer frames for big tensors)
+_JOINED_BELOW = 64 * 1024          # a smaller answer is copied behind its prefix: one piece is cheaper to send
 _NOT_METADATA = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 _DEADLINE_EXCEEDED = GrpcFailure(STATUS["DEADLINE_EXCEEDED"], "Deadline Exceeded")
 
@@ -373,7 +374,7 @@ class GrpcConnection(asyncio.Protocol):
         """The usual unary answer (uncompressed, nothing sent before it, room in the client's
         windows): headers, message and OK trailers as one piece; False when it is not that."""
         if call.encoding is not None or call.headers_sent or len(payload) > self.shared.max_message_bytes \
-                or not self.http2.send_whole_answer(call.id, _RESPONSE_BLOCK, frame(payload), _OK_BLOCK):
+                or not self.http2.send_whole_answer(call.id, _RESPONSE_BLOCK, (prefix(payload), payload), _OK_BLOCK):
             return False
         call.done = call.headers_sent = True
         if not call.remote_closed:   # stop the client sending more of a call that is over
@@ -448,8 +449,12 @@ class GrpcConnection(asyncio.Protocol):
         if call.encoding is not None and len(payload) >= OFF_LOOP_BYTES:
             self._compress_in_thread(call, payload, call.encoding)
             return
-        message = frame(payload) if call.encoding is None else compressed_frame(payload, call.encoding)
-        call.pending.append(memoryview(message))   # sliced into DATA frames without copies
+        if call.encoding is not None:
+            call.pending.append(memoryview(compressed_frame(payload, call.encoding)))
+        elif len(payload) < _JOINED_BELOW:
+            call.pending.append(memoryview(frame(payload)))   # sliced into DATA frames without copies
+        else:   # a large answer's bytes are not copied behind its prefix
+            call.pending += (memoryview(prefix(payload)), memoryview(payload))
         self._send_pending(call)
 
     def _compress_in_thread(self, call: _Call, payload: bytes, encoding: bytes) -> None:
@@ -568,9 +573,11 @@ class GrpcConnection(asyncio.Protocol):
         self.flush_scheduled = False
         if self.closed:
             return
-        data = self.http2.data_to_send()
-        if data:
-            self.transport.write(data)
+        segments = self.http2.data_to_send()
+        if len(segments) == 1:
+            self.transport.write(segments[0])
+        elif segments:
+            self.transport.writelines(segments)
         if self._closing_when_idle() and not self.calls:
             self.close()
 

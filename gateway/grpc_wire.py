@@ -37,7 +37,12 @@ def too_large(direction: str, size: int, limit: int) -> GrpcFailure:
 
 def frame(message: bytes) -> bytes:
     """One uncompressed message with its prefix."""
-    return b"\0" + len(message).to_bytes(4, "big") + message
+    return prefix(message) + message
+
+
+def prefix(message: bytes | memoryview) -> bytes:
+    """An uncompressed message's prefix (flag 0, its length), to be sent before it."""
+    return b"\0" + len(message).to_bytes(4, "big")
 
 
 def compressed_frame(message: bytes, encoding: bytes) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 import zlib
 from collections.abc import Callable
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from tests.e2e.rawh2 import DATA, END_STREAM, INITIAL_WINDOW_SIZE, WINDOW_UPDATE, RawH2, grpc_message
+from tests.e2e.rawh2 import DATA, END_STREAM, INITIAL_WINDOW_SIZE, WINDOW_UPDATE, Answer, RawH2, grpc_message
 from tests.scripted_peers import Received, ScriptedBroker, attached_gateway_link
 from tritium.errors import InvalidArgument
 from tritium.gateway.dataplane import DataPlane
@@ -102,6 +103,7 @@ def wide_open_client(front: GrpcFront) -> RawH2:
     return raw
 
 
+MAX_FRAME_SIZE = 5   # the HTTP/2 setting
 STREAM_COMPRESSED = ("grpc-accept-encoding", "identity,deflate,gzip")
 LARGE = np.tile(np.arange(1000, dtype=np.float32), 200)   # 800 KB that compresses: on the zlib threads
 
@@ -181,3 +183,37 @@ def test_a_deadline_passing_while_an_answer_is_compressed_sends_nothing_more():
         raw.close()
         front.close()
     assert (got.status, got.messages) == (4, [])
+
+
+@pytest.mark.parametrize("max_frame", [None, (1 << 24) - 1], ids=["client-frames-16k", "client-frames-16m"])
+@pytest.mark.parametrize("method", ["ModelInfer", "ModelStreamInfer"])
+def test_a_large_answer_arrives_whole_in_frames_the_client_takes(method, max_frame):
+    """An 800 KB answer is written without being copied behind its headers and prefix: it must
+    still arrive byte for byte, in DATA frames no larger than the client's frame size, the
+    unary call's in one piece when the client takes frames that large."""
+    values = np.random.default_rng(5).standard_normal(200_000).astype(np.float32)
+    front = GrpcFront(lambda infers: [(r.peer, [answer(r, values)]) for r in infers[-1:]])
+    settings = {INITIAL_WINDOW_SIZE: 1 << 30} | ({MAX_FRAME_SIZE: max_frame} if max_frame else {})
+    raw = RawH2(f"127.0.0.1:{front.port}", settings=settings)
+    raw.send(WINDOW_UPDATE, 0, 0, (1 << 30).to_bytes(4, "big"))
+    try:
+        stream = raw.start_call(method)
+        raw.send(DATA, END_STREAM if method == "ModelInfer" else 0, stream, infer(np.ones(2, np.float32), "big"))
+        if method == "ModelInfer":
+            got = raw.wait(stream)
+        else:
+            deadline = time.monotonic() + 10
+            while len(raw.answers.get(stream, Answer()).data) < values.nbytes and time.monotonic() < deadline:
+                raw.read_some()
+            got = raw.answers[stream]
+    finally:
+        raw.close()
+        front.close()
+    (message,) = got.messages
+    response = service_pb2.ModelInferResponse.FromString(message) if method == "ModelInfer" else \
+        service_pb2.ModelStreamInferResponse.FromString(message).infer_response
+    assert np.array_equal(np.frombuffer(response.raw_output_contents[0], np.float32), values)
+    sizes = [len(payload) for kind, _, sid, payload in raw.frames if kind == DATA and sid == stream]
+    assert max(sizes) <= (max_frame or 16384)
+    if method == "ModelInfer" and max_frame:
+        assert len(sizes) == 1
