@@ -93,7 +93,7 @@ def _unparsable() -> InternalError:
 
 
 def _lenient(parse):
-    def parse_or_mark(data: bytes):
+    def parse_or_mark(data: bytes | memoryview):
         try:
             return parse(data)
         except DecodeError:

@@ -136,7 +136,7 @@ class InferRequestReader:
         self._misses = 0    # walks in a row that found no metadata kept
         self._resting = 0   # messages still to read without walking them
 
-    def read(self, data: bytes) -> InferRequest:
+    def read(self, data: bytes | memoryview) -> InferRequest:
         """The request; InvalidArgument as ``decode_infer_request`` raises it, DecodeError for
         bytes protobuf cannot parse."""
         if self._resting:
@@ -200,9 +200,10 @@ _METADATA_BYTES = 16 * 1024
 _FIELDS = 256
 
 
-def _plain_parts(data: bytes) -> tuple[bytes, str, list[tuple[int, int]]] | None:
+def _plain_parts(data: bytes | memoryview) -> tuple[bytes, str, list[tuple[int, int]]] | None:
     """(the metadata's bytes, the id, where each raw content is) of a message whose fields come
-    in field-number order, as protobuf writes them; None for any other."""
+    in field-number order, as protobuf writes them; None for any other. The metadata is bytes
+    (a key) even when the message is a view (a large one's)."""
     raw: list[tuple[int, int]] = []
     first_raw = id_start = id_value = id_end = -1
     position, end = 0, len(data)
@@ -234,13 +235,13 @@ def _plain_parts(data: bytes) -> tuple[bytes, str, list[tuple[int, int]]] | None
             position = stop
         metadata_end = end if first_raw < 0 else first_raw
         if id_start < 0:
-            return data[:metadata_end], "", raw
-        return data[:id_start] + data[id_end:metadata_end], data[id_value:id_end].decode(), raw
+            return bytes(data[:metadata_end]), "", raw
+        return bytes(data[:id_start]) + data[id_end:metadata_end], bytes(data[id_value:id_end]).decode(), raw
     except (IndexError, UnicodeDecodeError):
         return None
 
 
-def _varint(data: bytes, position: int) -> tuple[int, int]:
+def _varint(data: bytes | memoryview, position: int) -> tuple[int, int]:
     """The varint at ``position`` and the position after it (IndexError past the end)."""
     value = shift = 0
     while True:

@@ -61,7 +61,7 @@ _DEADLINE_EXCEEDED = GrpcFailure(STATUS["DEADLINE_EXCEEDED"], "Deadline Exceeded
 class Rpc:
     name: str
     streaming: bool
-    parse: Callable[[bytes], Any]        # bytes -> request message, or UNPARSABLE
+    parse: Callable[[bytes | memoryview], Any]   # bytes -> request message, or UNPARSABLE
     serialize: Callable[[Any], bytes]    # response message -> bytes
     handler: Callable[..., Any]          # the servicer's coroutine function (unary calls)
 
@@ -102,7 +102,7 @@ class _Call:
         self.id, self.rpc, self.headers, self.reader = stream_id, rpc, headers, reader
         self.encoding = encoding   # what its responses are compressed with (None: they are not)
         self.cut = False           # part of a message is sent and the rest waits for the client's window
-        self.messages: list[bytes] = []
+        self.messages: list[bytes | memoryview] = []
         self.stream: InferStream | None = None    # a streaming call's requests and answers
         self.task: asyncio.Task | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -114,7 +114,7 @@ class _Call:
         self.trailers: bytes | None = None     # the trailers' header block, sent after ``pending``
         self.give_up: Callable[[], None] | None = None   # cancels its request, should the call end unanswered
         # requests read but not yet taken, in order, once one is being inflated on a thread
-        self.inflating: deque[bytes | asyncio.Future[bytes]] = deque()
+        self.inflating: deque[bytes | memoryview | asyncio.Future[bytes]] = deque()
 
     def abandon(self) -> None:
         """The client left the call (reset, deadline, connection lost) before its answers: its
@@ -261,18 +261,18 @@ class GrpcConnection(asyncio.Protocol):
             if call.inflating or any(isinstance(message, Compressed) for message in messages):
                 self._inflate(call, messages)
             else:
-                self._take(call, cast(list[bytes], messages))
+                self._take(call, cast(list[bytes | memoryview], messages))
         if end_stream and not call.done and not call.inflating:
             self._ended(call)
 
-    def _take(self, call: _Call, messages: list[bytes]) -> None:
+    def _take(self, call: _Call, messages: list[bytes | memoryview]) -> None:
         if call.stream is None:
             call.messages += messages
         else:
             for message in messages:
                 call.stream.request(call.rpc.parse(message))
 
-    def _inflate(self, call: _Call, messages: list[bytes | Compressed]) -> None:
+    def _inflate(self, call: _Call, messages: list[bytes | memoryview | Compressed]) -> None:
         """Large compressed requests are inflated on a thread; the call's requests after one wait
         behind it, so that they are taken in order (and the call's end after them)."""
         for message in messages:
@@ -289,6 +289,7 @@ class GrpcConnection(asyncio.Protocol):
             return
         while call.inflating and not call.done:
             head = call.inflating[0]
+            message: bytes | memoryview
             if isinstance(head, asyncio.Future):
                 if not head.done():
                     return

@@ -50,6 +50,15 @@ def test_a_message_reads_the_same_the_first_time_and_after_its_metadata_is_remem
     assert len(reader._seen) == 1   # one metadata: the ids and the contents are not part of it
 
 
+def test_a_message_handed_on_as_a_view_reads_the_same():
+    """A large message comes from the HTTP/2 reader as a view of its buffer (grpc_wire.MessageReader)."""
+    reader = InferRequestReader()
+    for message in [add_sub("req-1"), add_sub("req-2", seed=5), add_sub("", seed=9), add_sub("é-3", seed=3)]:
+        data = message.SerializeToString()
+        assert reader.read(memoryview(bytearray(data))) == protobuf_alone(data)
+    assert len(reader._seen) == 1
+
+
 def test_requests_read_from_remembered_metadata_share_nothing_a_caller_may_change():
     data = add_sub("a").SerializeToString()
     reader = primed(data)

@@ -108,3 +108,16 @@ def test_grpc_message_is_percent_encoded_utf8():
 def test_header_blocks_decode_to_what_was_encoded():
     headers = [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-message", b"x" * 300)]
     assert hpack.Decoder().decode(encode_headers(headers), raw=True) == headers
+
+
+def test_a_large_message_gathered_over_frames_is_handed_on_as_a_view_not_a_copy():
+    message = os.urandom(300_000)
+    end = 5 + len(message)
+    reader = MessageReader(10**6, None)
+    got = []
+    for start in range(0, end, 16384):   # DATA frames of 16 KB
+        got += reader.feed(frame(message)[start:min(start + 16384, end)])
+    (whole,) = got
+    assert isinstance(whole, memoryview) and whole == message and not reader.partial
+    assert reader.feed(frame(b"next")) == [b"next"]   # the buffer starts afresh
+    assert whole == message   # and the view still holds the message
