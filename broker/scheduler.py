@@ -517,6 +517,8 @@ class Scheduler:
                 batch.finished.add(index)
                 self._answer_error(version, request, error)
                 batch.record_outcome(request, False, now)
+            if request.client is STEP_CLIENT:   # as when its instance is lost: no compute times will come
+                self.ensembles.step_executed(request.rid, NO_TIMINGS)
 
     def _steps_executed(self, batch: Batch, timings: tuple) -> None:
         """A decoupled batch's ensemble step requests: their compute times go to their ensembles."""
