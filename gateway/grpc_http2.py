@@ -36,7 +36,9 @@ ENHANCE_YOUR_CALM = 0xB
 HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 1, 2, 3, 4, 5
 
 DEFAULT_WINDOW = 65535
-_LARGE_SEGMENT = 64 * 1024   # what data_to_send leaves unjoined
+# A piece at least this large is written as it is (data_to_send); a smaller one is cheaper copied
+# into one buffer with its neighbours than written as a segment of its own.
+LARGE_SEGMENT = 64 * 1024
 DEFAULT_FRAME = 16384
 MAX_WINDOW = 2**31 - 1
 _HEAD = struct.Struct(">IBI")   # length << 8 | type, flags, stream id
@@ -145,7 +147,7 @@ class Http2Connection:
         segments: list[bytes | memoryview] = []
         run: list[bytes | memoryview] = []
         for segment in out:
-            if len(segment) < _LARGE_SEGMENT:
+            if len(segment) < LARGE_SEGMENT:
                 run.append(segment)
                 continue
             if run:
@@ -401,7 +403,7 @@ class Http2Connection:
         after the other) and its trailers (END_STREAM), in one go, when the windows and the
         client's frame size take them as they are; False (nothing sent) when not."""
         stream = self.streams.get(stream_id)
-        size = sum(len(piece) for piece in message)
+        size = len(message[0]) + len(message[1])
         limit = self.peer_max_frame
         if stream is None or size > stream.send_window or size > self.send_window or size > limit \
                 or len(headers) > limit or len(trailers) > limit:
@@ -411,7 +413,7 @@ class Http2Connection:
         pieces = (_HEAD.pack(len(headers) << 8 | HEADERS, END_HEADERS, stream_id), headers,
                   _HEAD.pack(size << 8 | DATA, 0, stream_id), *message,
                   _HEAD.pack(len(trailers) << 8 | HEADERS, END_HEADERS | END_STREAM, stream_id), trailers)
-        if size < _LARGE_SEGMENT:
+        if len(message[-1]) < LARGE_SEGMENT:   # the payload: written as it is when large
             self._out.append(b"".join(pieces))
         else:
             self._out += pieces
@@ -425,8 +427,8 @@ class Http2Connection:
         stream = self.streams[stream_id]
         stream.send_window -= len(data)
         self.send_window -= len(data)
-        if len(data) < _LARGE_SEGMENT:
-            self._out.append(_HEAD.pack(len(data) << 8 | DATA, 0, stream_id) + data)
+        if len(data) < LARGE_SEGMENT:
+            self._out.append(frame(DATA, 0, stream_id, data))
         else:
             self._out += (_HEAD.pack(len(data) << 8 | DATA, 0, stream_id), data)
             self._large_out = True

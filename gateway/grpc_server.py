@@ -29,8 +29,8 @@ import grpc
 from tritium.gateway.compression import OFF_LOOP_BYTES, in_thread
 from tritium.gateway.connections import OpenConnections
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, InferStream, rpc_methods
-from tritium.gateway.grpc_http2 import (CANCEL, ENHANCE_YOUR_CALM, NO_ERROR, REFUSED_STREAM, ConnectionFailure, Headers,
-                                        Http2Connection, encode_headers)
+from tritium.gateway.grpc_http2 import (CANCEL, ENHANCE_YOUR_CALM, LARGE_SEGMENT, NO_ERROR, REFUSED_STREAM,
+                                        ConnectionFailure, Headers, Http2Connection, encode_headers)
 from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers, too_many_pings
 from tritium.gateway.grpc_tls import GrpcTls
 from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, Compressed, GrpcFailure, MessageReader,
@@ -52,7 +52,6 @@ _OK_BLOCK = encode_headers([(b"grpc-status", b"0")])
 _NOT_GRPC_BLOCK = encode_headers([(b":status", b"415"), (b"content-type", b"text/plain")])
 _WINDOW = 16 * 1024 * 1024         # what a client may send ahead of our acknowledgements
 _MAX_FRAME = 1024 * 1024           # the largest DATA frame we take (fewer frames for big tensors)
-_JOINED_BELOW = 64 * 1024          # a smaller answer is copied behind its prefix: one piece is cheaper to send
 _NOT_METADATA = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 _DEADLINE_EXCEEDED = GrpcFailure(STATUS["DEADLINE_EXCEEDED"], "Deadline Exceeded")
 
@@ -452,7 +451,7 @@ class GrpcConnection(asyncio.Protocol):
             return
         if call.encoding is not None:
             call.pending.append(memoryview(compressed_frame(payload, call.encoding)))
-        elif len(payload) < _JOINED_BELOW:
+        elif len(payload) < LARGE_SEGMENT:
             call.pending.append(memoryview(frame(payload)))   # sliced into DATA frames without copies
         else:   # a large answer's bytes are not copied behind its prefix
             call.pending += (memoryview(prefix(payload)), memoryview(payload))
