@@ -26,7 +26,7 @@ import numpy as np
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.servers import PROJECT_ROOT, exit_with_test_run, free_port, instance_processes
+from tests.servers import PROJECT_ROOT, exiting_with_test_run, free_port, instance_processes
 
 
 class Part:
@@ -53,8 +53,8 @@ class Part:
         if self.netns:
             command = ["ip", "netns", "exec", self.netns, *command]
         self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True, preexec_fn=exit_with_test_run)
+        self.process = subprocess.Popen(exiting_with_test_run(command), stdout=self._log, stderr=subprocess.STDOUT,
+                                        env=env, start_new_session=True)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s

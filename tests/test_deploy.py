@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import PROJECT_ROOT, exit_with_test_run
+from tests.servers import PROJECT_ROOT, exiting_with_test_run
 from tritium import notify
 from tritium.cli import main as cli
 from tritium.exit_codes import ExitCode
@@ -312,9 +312,8 @@ class Process:
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), child_env.get("PYTHONPATH")]))
         child_env.pop("WATCHDOG_PID", None)
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "tritium.cli", role, *args], env=child_env,
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                            preexec_fn=exit_with_test_run)
+            self.process = subprocess.Popen(exiting_with_test_run([sys.executable, "-m", "tritium.cli", role, *args]),
+                                            env=child_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")
