@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from tritium.broker.registry import ModelVersion, Registry
 from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumError
+from tritium.shared_pool import locate
 from tritium.protocol import Infer, ProtocolError, Response, error_record, read_record, split_record, tensor_views
 from tritium.tracing.stamps import ensemble_record, step_context, step_record
 
@@ -238,7 +239,7 @@ class EnsembleRunner:
         try:
             descriptors = header.inputs
             view, offset = split_record(record)
-            datas = _tensor_data(descriptors, view, offset, external or ())
+            datas = _tensor_data(descriptors, view, offset, [_owned(frame) for frame in external or ()])
         except ProtocolError as exc:
             self._fail(request, InvalidArgument(f"malformed inference request: {exc}"))
             return
@@ -504,6 +505,13 @@ class EnsembleRunner:
         if model is None:
             model = self._models[version] = StepModel.of(version)
         return model
+
+
+def _owned(frame):
+    """A frame in a gateway's shared pool, copied out: the gateway reuses its slot once the ensemble
+    is answered, and a failed or cancelled ensemble is answered while steps still queued may read
+    its tensors (tritium/shared_pool.py)."""
+    return bytes(frame) if type(frame) is memoryview and locate(frame) is not None else frame
 
 
 def _complete(tensors: dict, requested: list[str], iteration: int) -> bool:

@@ -43,6 +43,8 @@ from tritium.protocol import (
 )
 from tritium.links import LinkSocket, connect_dealer
 from tritium.security import CurveKeys
+from tritium.shared_pool import DEFAULT_POOL_BYTES, SMALLEST_SLOT, SharedPool
+from tritium.zmtp import ZmtpDealer
 from tritium.zmqio import LONE_ANSWERS_BEFORE_POLLING, POLL_WHILE_AT_MOST, cpu_is_free
 
 log = logging.getLogger(__name__)
@@ -85,7 +87,8 @@ class BrokerLink:
 
     def __init__(self, address: str, loop: asyncio.AbstractEventLoop | None = None,
                  heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
-                 curve: CurveKeys | None = None, spin_s: float = 0.0, hwm: int = 100_000) -> None:
+                 curve: CurveKeys | None = None, spin_s: float = 0.0, hwm: int = 100_000,
+                 pool_bytes: int = DEFAULT_POOL_BYTES) -> None:
         self.address = address
         self.hwm = hwm   # turns' messages the link holds while the broker does not read them
         self.spin_s = spin_s
@@ -93,6 +96,9 @@ class BrokerLink:
         self.identity = f"gw-{host_name()}-{os.getpid()}"
         self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
         self.sock: LinkSocket = connect_dealer(address, self.identity, curve, "gateway", hwm)
+        # Large input tensors go to the broker as references into this memory (a local link only).
+        self.pool = SharedPool(pool_bytes) if pool_bytes and isinstance(self.sock, ZmtpDealer) else None
+        self._slots: dict[int, list[int]] = {}   # rid -> the pool slots its tensors are in, freed when it is answered
         self.models = ModelTable()
         self.shared_memory = SharedMemoryRegions()   # follows the broker's list, like the model table
         self._models_received = asyncio.Event()
@@ -160,6 +166,8 @@ class BrokerLink:
             if not isinstance(message, (Infer, Control)):   # a HEARTBEAT or HELLO: nobody waits on it
                 continue
             rid = message.rid
+            if self._slots:
+                self._free_slots(rid)
             deliver = self._pending.pop(rid, None)
             if deliver is not None:
                 _call(deliver, error)
@@ -170,6 +178,8 @@ class BrokerLink:
         self._lone_in_a_row = 0
         pending, self._pending = self._pending, {}
         streams, self._streams = self._streams, {}
+        for rid in list(self._slots):
+            self._free_slots(rid)
         for deliver in [*pending.values(), *streams.values()]:
             _call(deliver, error)
 
@@ -235,8 +245,28 @@ class BrokerLink:
     def _send_request(self, request: Infer | Control, inline, external) -> int:
         """Queue the request for this turn's send; return its rid."""
         self._alone_rid = 0 if self.waiting else request.rid
+        if external and self.pool is not None:
+            external = self._pooled(request.rid, external)
         self._post(request.encode(inline), external)
         return request.rid
+
+    def _pooled(self, rid: int, frames) -> list:
+        """The request's large tensors copied into the pool (those it has room for), in place of
+        the copies the sockets would make; their slots are the request's until it is answered
+        (by then its instance has copied them out)."""
+        assert self.pool is not None
+        placed = []
+        for frame in frames:
+            if memoryview(frame).nbytes >= SMALLEST_SLOT and (slot := self.pool.place(frame)) is not None:
+                frame, offset = slot
+                self._slots.setdefault(rid, []).append(offset)
+            placed.append(frame)
+        return placed
+
+    def _free_slots(self, rid: int) -> None:
+        assert self.pool is not None
+        for offset in self._slots.pop(rid, ()):
+            self.pool.free(offset)
 
     def _post(self, record: bytes, external=()) -> None:
         if not self._outbox:
@@ -318,6 +348,8 @@ class BrokerLink:
                 if streamed is not None:
                     if message.final is not False:
                         del self._streams[message.rid]
+                        if self._slots:
+                            self._free_slots(message.rid)
                     _call(streamed, Reply(message, record, offset, external))
                     continue
                 self._answered(Reply(message, record, offset, external))
@@ -342,6 +374,8 @@ class BrokerLink:
         deliver = self._pending.pop(rid, None)
         if deliver is None:
             return
+        if self._slots:
+            self._free_slots(rid)
         # Counted before the answer is delivered, which may send (a trace's TRACE_DONE).
         alone = rid == self._alone_rid and not self.waiting
         self._lone_in_a_row = self._lone_in_a_row + 1 if alone else 0

@@ -34,6 +34,7 @@ from tritium.exit_codes import ExitCode
 from tritium.ports import PortInUse, bound_socket
 from tritium.protocol import DEFAULT_HEARTBEAT_INTERVAL_S
 from tritium.security import CurveKeys
+from tritium.shared_pool import DEFAULT_POOL_BYTES
 from tritium.tracing.settings import TraceSettings
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class GatewaySettings:
     grpc_compression_level: str = "none"   # Triton's --grpc-infer-response-compression-level
     grpc_tls: GrpcTls | None = None        # Triton's --grpc-use-ssl and its files (None: plain HTTP/2)
     spin_s: float = 0.0   # --gateway-spin-us: how long to poll for answers before sleeping
+    tensor_pool_bytes: int = DEFAULT_POOL_BYTES   # --tensor-pool-mb: the shared pool for large tensors (0: none)
 
 
 def listening_socket(address: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -83,7 +85,7 @@ async def serve(settings: GatewaySettings) -> int:
     The exit code: PROTOCOL_MISMATCH when a broker refused this gateway (BrokerRefused at startup)."""
     loop = asyncio.get_running_loop()
     link = BrokerLink(settings.broker, heartbeat_interval_s=settings.heartbeat_interval_s, curve=settings.curve,
-                      spin_s=settings.spin_s)
+                      spin_s=settings.spin_s, pool_bytes=settings.tensor_pool_bytes)
     dataplane = DataPlane(link, ServerIdentity(name=settings.server_id),
                           strict_readiness=settings.strict_readiness, allow_client_shm=settings.allow_client_shm,
                           max_inflight_requests=settings.max_inflight_requests)

@@ -25,12 +25,13 @@ from tritium.zmqio import recv_parts, send_parts
 
 @dataclass(frozen=True)
 class Received:
-    """One record a peer sent: who, its header, the record's bytes, when it arrived."""
+    """One record a peer sent: who, its header, the record's bytes, when it arrived, its external frames."""
 
     peer: bytes
     header: dict
     record: bytes
     at: float
+    external: tuple[bytes, ...] = ()
 
     @property
     def kind(self) -> Kind:
@@ -82,7 +83,8 @@ class ScriptedBroker:
             position = 1
             while position < len(parts):   # a record, then its external frames
                 header = decode(parts[position])[0]
-                records.append(Received(peer, header, parts[position].bytes, now))
+                external = tuple(part.bytes for part in parts[position + 1:position + 1 + header.get("x", 0)])
+                records.append(Received(peer, header, parts[position].bytes, now, external))
                 position += 1 + header.get("x", 0)
         self.received.extend(records)
         return records

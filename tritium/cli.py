@@ -346,7 +346,8 @@ def gateway(**o) -> None:
                         http_header_forward_pattern=o["http_header_forward_pattern"],
                         grpc_header_forward_pattern=o["grpc_header_forward_pattern"],
                         grpc_compression_level=o["grpc_infer_response_compression_level"], grpc_tls=grpc_tls(o),
-                        spin_s=polling_s(o["gateway_spin_us"], GATEWAY_SPIN_US, "--gateway-spin-us")))
+                        spin_s=polling_s(o["gateway_spin_us"], GATEWAY_SPIN_US, "--gateway-spin-us"),
+                        tensor_pool_bytes=o["tensor_pool_mb"] << 20))
 
 
 @main.command(cls=config_file.SettingsCommand)

@@ -20,7 +20,7 @@ import zmq
 from tritium.protocol import RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS
 from tritium.security import CurveKeys, broker_refusals, client_refusals, secure_client, secure_server
 from tritium.zmqio import has_message, recv_parts, send_parts
-from tritium.zmtp import ZmtpDealer, ZmtpRouter
+from tritium.zmtp import PoolUse, ZmtpDealer, ZmtpRouter
 
 
 class LinkSocket(Protocol):
@@ -72,11 +72,14 @@ def _direct(address: str, curve: CurveKeys | None) -> bool:
 
 
 def connect_dealer(address: str, identity: str, curve: CurveKeys | None, who: str, hwm: int = 100_000,
-                   context: zmq.Context | None = None) -> LinkSocket:
-    """A DEALER connected to the broker at ``address``; ``who`` names this process in log lines."""
+                   context: zmq.Context | None = None, reads_pools: bool = False) -> LinkSocket:
+    """A DEALER connected to the broker at ``address``; ``who`` names this process in log lines.
+    ``reads_pools``: on a local link, the broker may send large tensors as references into shared
+    pools, copied out as they are read (an instance's data socket; tritium/shared_pool.py)."""
     if _direct(address, curve):
         return ZmtpDealer(address[len("ipc://"):], identity.encode(), hwm,
-                          RECONNECT_IVL_MS / 1000, RECONNECT_IVL_MAX_MS / 1000, broker_refusals(who))
+                          RECONNECT_IVL_MS / 1000, RECONNECT_IVL_MAX_MS / 1000, broker_refusals(who),
+                          pools=PoolUse.COPY if reads_pools else None)
     sock = (context or zmq.Context.instance()).socket(zmq.DEALER)
     secure_client(sock, curve, who)
     sock.setsockopt(zmq.IDENTITY, identity.encode())
@@ -92,8 +95,8 @@ def connect_dealer(address: str, identity: str, curve: CurveKeys | None, who: st
 def bind_router(address: str, curve: CurveKeys | None, hwm: int, context: zmq.Context) -> LinkSocket:
     """The broker's ROUTER at ``address``: sending to a peer it does not have raises EHOSTUNREACH,
     and to one whose queue is full zmq.Again."""
-    if _direct(address, curve):
-        return ZmtpRouter(address[len("ipc://"):], hwm, client_refusals(address))
+    if _direct(address, curve):   # pooled frames from gateways are kept as views and passed on as references
+        return ZmtpRouter(address[len("ipc://"):], hwm, client_refusals(address), pools=PoolUse.FORWARD)
     sock = context.socket(zmq.ROUTER)
     secure_server(sock, curve, address)
     sock.setsockopt(zmq.LINGER, 0)

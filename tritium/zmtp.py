@@ -26,7 +26,9 @@ written, a peer is connecting, a reconnection or a handshake's deadline is due; 
 
 from __future__ import annotations
 
+import array
 import collections
+import enum
 import errno
 import itertools
 import logging
@@ -34,11 +36,14 @@ import os
 import select
 import socket
 import stat
+import struct
 import threading
 import time
 from typing import Callable
 
 import zmq
+
+from tritium.shared_pool import MappedPool, locate, map_pool, unmap
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,12 @@ _NULL_GREETING = (b"\xff" + bytes(8) + b"\x7f"   # signature
                   + b"NULL".ljust(20, b"\0")     # mechanism
                   + b"\x00" + bytes(31))         # as-server, filler
 _MORE, _LONG, _COMMAND = 1, 2, 4
+_POOLED = 8                  # a reference into a shared pool (a reserved bit: only to a peer whose READY offers pools)
+_SPECIAL = _COMMAND | _POOLED
+_REFERENCE = struct.Struct("<IQQ")   # a pooled frame's body: pool number, offset, size
+_POOL_COMMAND = struct.Struct("<IQ")  # X-POOL: pool number, its size (its descriptor passed with it); X-POOL-END: the number
+_OFFERS_POOLS = b"X-Pools"   # READY property: this end reads pooled frames
+_ANCILLARY = socket.CMSG_SPACE(16 * 4)   # room for the descriptors one read may bring
 _SMALL_PART = 64 * 1024      # parts below this are copied into one buffer; larger ones are sent in place
 _CHUNK = 64 * 1024           # bytes read at a time: a larger buffer is a fresh mmap per read (measured: 11 us against 1)
 _IOV_MAX = 512               # buffers per sendmsg (the kernel allows 1024)
@@ -57,10 +68,13 @@ _HANDSHAKE_S = 30.0          # a connection that has not finished its handshake 
 
 
 def _command(name: bytes, properties: dict[bytes, bytes]) -> bytes:
-    body = bytearray([len(name)]) + name
-    for key, value in properties.items():
-        body += bytes([len(key)]) + key + len(value).to_bytes(4, "big") + value
-    return bytes(_frame_header(_COMMAND, len(body)) + body)
+    return _command_frame(name, b"".join(bytes([len(key)]) + key + len(value).to_bytes(4, "big") + value
+                                         for key, value in properties.items()))
+
+
+def _command_frame(name: bytes, body: bytes) -> bytes:
+    data = bytes([len(name)]) + name + body
+    return _frame_header(_COMMAND, len(data)) + data
 
 
 def _frame_header(flags: int, size: int) -> bytes:
@@ -79,25 +93,74 @@ def _nbytes(part) -> memoryview | bytes:
 
 def encode(parts: list) -> list:
     """One multipart message as ZMTP frames: small parts joined with their headers into one
-    buffer, large ones sent in place."""
+    buffer, large ones sent in place; a large part lying in a shared pool is left as a
+    ``_Pooled``, written when the message leaves as a reference or as its bytes (the message
+    is then a ``_PooledMessage``)."""
     segments: list = []
     pieces: list = []
+    pooled = False
     last = len(parts) - 1
     for index, part in enumerate(parts):
         if type(part) is not bytes:
             part = _nbytes(part)
         size = len(part)
         more = index < last
-        pieces.append(_SHORT_HEADERS[more][size] if size < 256 else _frame_header(more, size))
         if size < _SMALL_PART:
+            pieces.append(_SHORT_HEADERS[more][size] if size < 256 else _frame_header(more, size))
             pieces.append(part)
-        else:
+            continue
+        located = locate(part) if type(part) is memoryview else None
+        if located is None:
+            pieces.append(_frame_header(more, size))
             segments.append(b"".join(pieces))
             segments.append(part)
-            pieces = []
+        else:
+            if pieces:
+                segments.append(b"".join(pieces))
+            segments.append(_Pooled(part, located[0], located[1], more))
+            pooled = True
+        pieces = []
     if pieces:
         segments.append(b"".join(pieces))
-    return segments
+    return _PooledMessage(segments) if pooled else segments
+
+
+class _Pooled:
+    """A large part that is a view of a shared pool, in a message not yet written."""
+
+    __slots__ = ("view", "pool", "offset", "more")
+
+    def __init__(self, view: memoryview, pool: MappedPool, offset: int, more: bool) -> None:
+        self.view, self.pool, self.offset, self.more = view, pool, offset, more
+
+
+class _PooledMessage(list):
+    """A message holding ``_Pooled`` parts: how each is written depends on the connection."""
+
+
+class _Expanded(list):
+    """A ``_PooledMessage`` as written on one connection (``original``: for another connection)."""
+
+    original: _PooledMessage
+
+
+class _PassedDescriptor:
+    """A command sent with a descriptor (SCM_RIGHTS): X-POOL, before the first reference to its pool."""
+
+    __slots__ = ("data", "fd")
+
+    def __init__(self, data: bytes, fd: int) -> None:
+        self.data, self.fd = data, fd
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class PoolUse(enum.Enum):
+    """What a socket does with the pooled frames it reads."""
+
+    FORWARD = "forward"   # keeps them as views of the pool and sends them on as references (the broker)
+    COPY = "copy"         # copies each out as it reads it, so nothing it hands on holds pool memory (an instance)
 
 
 # Every short frame's header, by MORE flag and size (building them was half of encode's time).
@@ -126,11 +189,14 @@ class ZmtpError(Exception):
 class _Reader:
     """Parses the peer's greeting, commands and frames from the bytes read; whole messages out."""
 
-    def __init__(self) -> None:
+    def __init__(self, pools: PoolUse | None = None) -> None:
         self.greeted = False
         self.ready = False
         self.properties: dict[bytes, bytes] = {}   # the peer's READY metadata (Socket-Type, Identity)
         self.messages: collections.deque[list] = collections.deque()
+        self.pool_use = pools
+        self.pools: dict[int, MappedPool] = {}          # by the peer's number for it
+        self.descriptors: collections.deque[int] = collections.deque()   # passed with the bytes read, in order
         self._parts: list = []
         self._tail = b""                     # the start of a frame not yet read whole
         self._big: bytearray | None = None   # a large frame being read in place
@@ -192,8 +258,9 @@ class _Reader:
                     position = end_of_data
                 break
             position = end
-            if flags & _COMMAND:
-                self._command(view[start:end])
+            if flags & _SPECIAL:
+                self._frame(flags, view[start:end])
+                parts = self._parts
             elif flags & _MORE:
                 parts.append(view[start:end])
             else:
@@ -204,10 +271,12 @@ class _Reader:
             self._tail = bytes(view[position:])
 
     def _frame(self, flags: int, body) -> None:
-        """A frame read whole in place (a large one)."""
+        """A frame read whole in place (a large one), a command or a pooled frame."""
         if flags & _COMMAND:
             self._command(body)
             return
+        if flags & _POOLED:
+            body = self._from_pool(body)
         self._parts.append(body)
         if not flags & _MORE:
             self.messages.append(self._parts)
@@ -223,7 +292,44 @@ class _Reader:
         elif name == b"ERROR":
             reason = bytes(body[2 + body[0]:]).decode(errors="replace")
             raise ZmtpError(f"the peer closed the connection: {reason}")
+        elif name == b"X-POOL" and self.pool_use is not None:
+            number, size = _POOL_COMMAND.unpack(body[1 + body[0]:])
+            if not self.descriptors:
+                raise ZmtpError("a pool without its descriptor")
+            self._forget_pool(number)
+            self.pools[number] = map_pool(self.descriptors.popleft(), size, self.pool_use is PoolUse.FORWARD)
+        elif name == b"X-POOL-END" and self.pool_use is not None:
+            self._forget_pool(_POOL_COMMAND.unpack(body[1 + body[0]:])[0])
         # PING and the like: these sockets ask for no heartbeats, and any other command is advisory
+
+    def _from_pool(self, body) -> memoryview | bytearray:
+        if len(body) != _REFERENCE.size:
+            raise ZmtpError("a malformed pooled frame")
+        number, offset, size = _REFERENCE.unpack(body)
+        pool = self.pools.get(number)
+        if pool is None or self.pool_use is None:
+            raise ZmtpError(f"a pooled frame of pool {number}, which this connection was not given")
+        if offset + size > pool.size:
+            raise ZmtpError(f"a pooled frame past the end of pool {number}")
+        view = pool.view[offset:offset + size]
+        return view if self.pool_use is PoolUse.FORWARD else bytearray(view)
+
+    def _forget_pool(self, number: int) -> None:
+        pool = self.pools.pop(number, None)
+        if pool is None:
+            return
+        if self.pool_use is PoolUse.FORWARD:
+            pool.retire()
+            for holder in list(pool.holders):   # those this process passed it to: they forget it too
+                holder.pool_ended(pool)
+        else:
+            unmap(pool)
+
+    def close(self) -> None:
+        for number in list(self.pools):
+            self._forget_pool(number)
+        while self.descriptors:
+            os.close(self.descriptors.popleft())
 
 
 def _properties(data: bytes) -> dict[bytes, bytes]:
@@ -253,14 +359,18 @@ class _Connection:
     """One Unix socket's ZMTP traffic: the greeting and READY sent first, then whole messages
     from ``out``, written as far as the socket takes them; what is read parsed by a _Reader."""
 
-    def __init__(self, sock: socket.socket, poller: select.epoll, socket_type: bytes, identity: bytes = b"") -> None:
+    def __init__(self, sock: socket.socket, poller: select.epoll, socket_type: bytes, identity: bytes = b"",
+                 pools: PoolUse | None = None) -> None:
         sock.setblocking(False)
         self.sock, self.poller = sock, poller
         self.fd = sock.fileno()
-        self.reader = _Reader()
+        self.reader = _Reader(pools)
+        self.shared: dict[int, MappedPool] = {}   # the pools passed to the peer, by number
         properties = {b"Socket-Type": socket_type}
         if identity:
             properties[b"Identity"] = identity
+        if pools is not None:
+            properties[_OFFERS_POOLS] = b"1"
         self.greeting = [_NULL_GREETING + _command(b"READY", properties)]
         self.out: collections.deque[list] = collections.deque([self.greeting])   # each a message's buffers
         self.head_started = False   # out[0] is partly written
@@ -278,6 +388,10 @@ class _Connection:
         out = self.out
         while out and not self.write_failed:
             buffers = out[0]
+            if type(buffers) is _PooledMessage:
+                buffers = out[0] = self._expand(buffers)
+            if type(buffers[0]) is _PassedDescriptor and not self._pass_descriptors(buffers):
+                return
             try:
                 sent = self.sock.sendmsg(buffers[:_IOV_MAX])
             except BlockingIOError:
@@ -305,20 +419,86 @@ class _Connection:
                 break   # messages wait for the peer's READY (libzmq takes none before it has answered)
         self._want_write(False)
 
+    def _expand(self, message: _PooledMessage) -> _Expanded:
+        """The message as this connection writes it: each pooled part as a reference when the peer
+        reads them (its pool passed first, once), else as its bytes."""
+        peer_reads_pools = self.reader.properties.get(_OFFERS_POOLS) == b"1"
+        expanded = _Expanded()
+        expanded.original = message
+        passed = []
+        for segment in message:
+            if type(segment) is not _Pooled:
+                expanded.append(segment)
+                continue
+            pool, size = segment.pool, len(segment.view)
+            if peer_reads_pools and pool.fd is not None:
+                if pool.number not in self.shared:
+                    passed.append(_PassedDescriptor(_command_frame(b"X-POOL", _POOL_COMMAND.pack(pool.number, pool.size)),
+                                                    os.dup(pool.fd)))
+                    self.shared[pool.number] = pool
+                    pool.holders.append(self)
+                expanded.append(bytes((segment.more | _POOLED, _REFERENCE.size))
+                                + _REFERENCE.pack(pool.number, segment.offset, size))
+            else:
+                expanded.append(_frame_header(segment.more, size))
+                expanded.append(segment.view)
+        expanded[:0] = passed
+        return expanded
+
+    def _pass_descriptors(self, buffers: list) -> bool:
+        """Send the commands at the head of ``buffers``, each with its descriptor (closed here once
+        in flight); False when the socket took not all of them (then it is waited on, or failed)."""
+        while type(buffers[0]) is _PassedDescriptor:
+            passed = buffers[0]
+            try:
+                sent = self.sock.sendmsg([passed.data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                          array.array("i", [passed.fd]))])
+            except BlockingIOError:
+                self._want_write(True)
+                return False
+            except OSError:
+                self.write_failed = True
+                self._want_write(False)
+                return False
+            os.close(passed.fd)
+            if sent < len(passed.data):
+                self.head_started = True           # a command partly written: this message cannot move to another connection
+                buffers[0] = passed.data[sent:]   # the rest, descriptor gone
+                self._want_write(True)
+                return False
+            buffers.pop(0)
+        return True
+
+    def pool_ended(self, pool: MappedPool) -> None:
+        """A pool passed to the peer is no longer passed on: the peer may unmap it."""
+        if self.shared.pop(pool.number, None) is not None:
+            pool.holders.remove(self)
+            if not self.broken and not self.write_failed:
+                self.queue([_command_frame(b"X-POOL-END", _POOL_COMMAND.pack(pool.number, 0))])
+
     def read(self) -> None:
         """Read what has arrived (``broken`` when the peer closed); ZmtpError for a peer that is not ours."""
         sock, reader = self.sock, self.reader
         was_ready = reader.ready
+        with_descriptors = reader.pool_use is not None   # recv would close any descriptor passed
         while True:
             try:
                 room = reader.big_room()
                 if room is not None:
-                    count = sock.recv_into(room)
+                    if with_descriptors:
+                        count, ancillary, _, _ = sock.recvmsg_into([room], _ANCILLARY)
+                        self._take_descriptors(ancillary)
+                    else:
+                        count = sock.recv_into(room)
                     if count:
                         reader.big_read(count)
                         continue
                 else:
-                    data = sock.recv(_CHUNK)
+                    if with_descriptors:
+                        data, ancillary, _, _ = sock.recvmsg(_CHUNK, _ANCILLARY)
+                        self._take_descriptors(ancillary)
+                    else:
+                        data = sock.recv(_CHUNK)
                     count = len(data)
                     if count:
                         reader.feed(data)
@@ -334,9 +514,17 @@ class _Connection:
         if not was_ready and reader.ready and len(self.out) and not self.writing:
             self.write()   # what waited for the handshake
 
+    def _take_descriptors(self, ancillary: list) -> None:
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                descriptors = array.array("i")
+                descriptors.frombytes(data[:len(data) - len(data) % descriptors.itemsize])
+                self.reader.descriptors.extend(descriptors)
+
     def unsent(self) -> list[list]:
-        """The messages not yet begun, for a new connection."""
-        return [m for index, m in enumerate(self.out) if m is not self.greeting and not (index == 0 and self.head_started)]
+        """The messages not yet begun, for a new connection (as they were before this one wrote any)."""
+        return [_unexpanded(m) for index, m in enumerate(self.out)
+                if m is not self.greeting and not (index == 0 and self.head_started)]
 
     def close(self) -> None:
         try:
@@ -344,11 +532,23 @@ class _Connection:
         except (OSError, ValueError):
             pass
         self.sock.close()
+        self.reader.close()
+        for pool in self.shared.values():
+            pool.holders.remove(self)
+        self.shared.clear()
+        for message in self.out:   # descriptors never passed
+            for segment in message:
+                if type(segment) is _PassedDescriptor:
+                    os.close(segment.fd)
 
     def _want_write(self, writing: bool) -> None:
         if writing != self.writing:
             self.writing = writing
             self.poller.modify(self.fd, select.EPOLLIN | (select.EPOLLOUT if writing else 0))
+
+
+def _unexpanded(message: list) -> list:
+    return message.original if type(message) is _Expanded else message
 
 
 def _flush_before_closing(connections: list[_Connection], linger_s: float) -> None:
@@ -435,9 +635,11 @@ class ZmtpDealer:
 
     def __init__(self, path: str, identity: bytes = b"", hwm: int = 100_000,
                  reconnect_ivl_s: float = 0.1, reconnect_ivl_max_s: float = 1.0,
-                 on_refused: Callable[[str, ZmtpError], None] | None = None, handshake_s: float = _HANDSHAKE_S) -> None:
+                 on_refused: Callable[[str, ZmtpError], None] | None = None, handshake_s: float = _HANDSHAKE_S,
+                 pools: PoolUse | None = None) -> None:
         self.path = path
         self.identity = identity
+        self.pools = pools   # what it does with pooled frames from the peer (None: it offers none)
         self.hwm = hwm
         self.reconnect_ivl_s, self.reconnect_ivl_max_s = reconnect_ivl_s, reconnect_ivl_max_s
         self.handshake_s = handshake_s
@@ -542,7 +744,7 @@ class ZmtpDealer:
                 log.debug("connecting to ipc://%s: %s", self.path, exc)
             self._retry_later()
             return
-        self._connection = connection = _Connection(sock, self._poller, b"DEALER", self.identity)
+        self._connection = connection = _Connection(sock, self._poller, b"DEALER", self.identity, self.pools)
         connection.out.extend(self._unsent)
         self._unsent.clear()
         connection.write()
@@ -593,9 +795,11 @@ class ZmtpRouter:
     edge_triggered = False
 
     def __init__(self, path: str, hwm: int = 100_000,
-                 on_refused: Callable[[str, ZmtpError], None] | None = None, handshake_s: float = _HANDSHAKE_S) -> None:
+                 on_refused: Callable[[str, ZmtpError], None] | None = None, handshake_s: float = _HANDSHAKE_S,
+                 pools: PoolUse | None = None) -> None:
         self.path = path
         self.hwm = hwm
+        self.pools = pools
         self.handshake_s = handshake_s
         # Told (endpoint, error) of a peer that is not a NULL ZMTP DEALER; its connection is closed.
         self.on_refused = on_refused or (lambda endpoint, exc: log.warning("refused a client on %s: %s", endpoint, exc))
@@ -704,7 +908,7 @@ class ZmtpRouter:
                 log.warning("accepting a connection on ipc://%s: %s", self.path, exc)
                 return
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
-            connection = _Connection(sock, self._poller, b"ROUTER")
+            connection = _Connection(sock, self._poller, b"ROUTER", pools=self.pools)
             self._connections[connection.fd] = connection
             connection.write()
             if not self._handshakes:

@@ -207,7 +207,7 @@ def main() -> None:
         logs.apply_wire(spec["log_settings"])
     curve = CurveKeys.from_spec(spec.get("curve"))
     context = zmq.Context()
-    sock = connect_dealer(spec["broker"], spec["iid"], curve, "instance", context=context)
+    sock = connect_dealer(spec["broker"], spec["iid"], curve, "instance", context=context, reads_pools=True)
     # The load it serves, of which broker process: a new broker process that keeps it changes both.
     load = {"epoch": spec.get("epoch", 0), "boot": spec.get("boot")}
 

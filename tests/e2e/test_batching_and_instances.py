@@ -10,10 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.models import add_sub_model, slow_model, write_config
+from tests.models import PYTHON_IDENTITY, add_sub_model, python_model, slow_model, write_config
 from tests.servers import TritiumServer, instance_processes
 
 
@@ -27,6 +28,14 @@ def server(tmp_path_factory):
         "instance_group [ { kind: KIND_CPU, count: 1 } ]",
         "instance_group [ { kind: KIND_GPU, count: 2, gpus: [ 0, 1 ] }, { name: \"cpu\", kind: KIND_CPU, count: 1 } ]"))
     slow_model(repo / "slow" / "1" / "model.onnx")
+    python_model(repo, "echo", PYTHON_IDENTITY, """
+backend: "python"
+max_batch_size: 16
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 50000 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 50000 ] } ]
+dynamic_batching { }
+instance_group [ { kind: KIND_CPU, count: 2 } ]
+""")
     write_config(repo / "slow", "max_batch_size: 8\ninstance_group [ { kind: KIND_CPU, count: 1 } ]\n")
     # The machine has no GPU: declare two, so that GPU placement can be checked without one.
     with TritiumServer(repo, env={"TRITIUM_GPUS": "0,1"}) as running:
@@ -60,6 +69,31 @@ def test_concurrent_requests_are_batched_and_answered_each_with_its_own_result(s
     assert max(b["batch_size"] for b in stats["batch_stats"]) > 1
     assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in stats["batch_stats"]) == 16
     assert stats["inference_stats"]["queue"]["ns"] > 0  # requests waited for company
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_many_large_tensors_at_once_each_come_back_as_sent(server, protocol):
+    """200 KB inputs, 32 clients at a time, three rounds: each crosses the links through the
+    gateway's shared pool, whose slots are reused round after round."""
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.url if protocol == "http" else server.grpc_url
+    rng = np.random.default_rng(11)
+
+    def echo(array):
+        tensor = module.InferInput("IN", list(array.shape), "FP32")
+        tensor.set_data_from_numpy(array)
+        client = module.InferenceServerClient(url)
+        try:
+            return client.infer("echo", [tensor]).as_numpy("OUT")
+        finally:
+            client.close()
+
+    for _ in range(3):
+        arrays = [rng.standard_normal((1, 50000)).astype(np.float32) for _ in range(32)]
+        with ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(echo, arrays))
+        for array, answer in zip(arrays, answers):
+            np.testing.assert_array_equal(answer, array)
 
 
 def _instances_of(server, model):

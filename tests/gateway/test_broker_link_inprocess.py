@@ -9,6 +9,7 @@ and registering again are asserted on values.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 
@@ -265,6 +266,43 @@ def test_a_silent_broker_fails_each_request_once_and_new_ones_at_once_until_it_a
     assert len(outcomes) == 1 and isinstance(outcomes[0], Unavailable) and outcomes[0].message == lost
     assert isinstance(refused, Unavailable) and refused.message == lost
     assert served.message.params["for"] == "after"
+
+
+def test_large_tensors_wait_in_the_pool_until_their_request_is_answered(gateway):
+    """The scripted broker is libzmq's, which reads no pools: the tensors reach it as bytes."""
+    tensors = {tag: os.urandom(100_000 + index) for index, tag in enumerate(["a", "b", "c", "d"])}
+    outcomes: list = []
+
+    def large(tag: str, stream: bool = False) -> None:
+        request = Infer(gateway.link.next_rid(), "m", [["X", "UINT8", [1, len(tensors[tag])], len(tensors[tag]), True]],
+                        version=1, batch_size=1, request_id=tag, external=1)
+        send = gateway.link.request_stream_then if stream else gateway.link.request_then
+        send(request, (), [memoryview(tensors[tag])], outcomes.append)
+
+    async def scenario():
+        await gateway.started()
+        for tag in "ab":
+            large(tag)
+        large("c", stream=True)
+        sent = await gateway.requests(3)
+        in_use = [gateway.link.pool.in_use]
+        rid = {r.header["id"]: r.header["rid"] for r in sent}
+        gateway.broker.send(gateway.peer, response(rid["a"], "a"))
+        gateway.broker.send(gateway.peer, response(rid["c"], "c", final=False))
+        await gateway.until(lambda: len(outcomes) == 2, "two answers")
+        in_use.append(gateway.link.pool.in_use)
+        gateway.broker.send(gateway.peer, response(rid["c"], "c", final=True))
+        await gateway.until(lambda: len(outcomes) == 3, "the stream's end")
+        in_use.append(gateway.link.pool.in_use)
+        gateway.broker.stop_beating()                   # "b" is never answered: failed when the broker is lost
+        await gateway.until(lambda: len(outcomes) == 4, "the failure", timeout_s=10)
+        in_use.append(gateway.link.pool.in_use)
+        return in_use
+
+    in_use = gateway.run(scenario(), timeout_s=15)
+    assert in_use == [3, 2, 1, 0]
+    received = {r.header["id"]: r.external for r in gateway.broker.received if r.kind == Kind.INFER}
+    assert received == {tag: (tensors[tag],) for tag in "abc"}
 
 
 @pytest.mark.parametrize("links", ["zmtp", "libzmq"])
