@@ -99,6 +99,7 @@ class BrokerLink:
         # Large input tensors go to the broker as references into this memory (a local link only).
         self.pool = SharedPool(pool_bytes) if pool_bytes and isinstance(self.sock, ZmtpDealer) else None
         self._slots: dict[int, list[int]] = {}   # rid -> the pool slots its tensors are in, freed when it is answered
+        self._pool_was_full = False
         self.models = ModelTable()
         self.shared_memory = SharedMemoryRegions()   # follows the broker's list, like the model table
         self._models_received = asyncio.Event()
@@ -257,11 +258,23 @@ class BrokerLink:
         assert self.pool is not None
         placed = []
         for frame in frames:
-            if memoryview(frame).nbytes >= SMALLEST_SLOT and (slot := self.pool.place(frame)) is not None:
-                frame, offset = slot
-                self._slots.setdefault(rid, []).append(offset)
+            if memoryview(frame).nbytes >= SMALLEST_SLOT:
+                slot = self.pool.place(frame)
+                if slot is None:
+                    self._pool_full()
+                else:
+                    frame, offset = slot
+                    self._slots.setdefault(rid, []).append(offset)
+                    self._pool_was_full = False
             placed.append(frame)
         return placed
+
+    def _pool_full(self) -> None:
+        assert self.pool is not None
+        if not self._pool_was_full:   # once each time it fills up
+            self._pool_was_full = True
+            log.warning("the shared tensor pool (--tensor-pool-mb, %g MiB) is full: large tensors cross the local "
+                        "sockets as bytes until the requests holding it are answered", self.pool.size / (1 << 20))
 
     def _free_slots(self, rid: int) -> None:
         assert self.pool is not None

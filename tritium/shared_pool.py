@@ -122,6 +122,10 @@ class SharedPool:
         self._free.setdefault(size, []).append(offset)
 
     @property
+    def size(self) -> int:
+        return self.pool.size
+
+    @property
     def in_use(self) -> int:
         """Slots not freed."""
         return len(self._sizes)

@@ -50,11 +50,13 @@ def table(generation: int, *models: tuple[str, str]) -> Models:
 class Gateway:
     """A BrokerLink on its own event loop, and the scripted broker it talks to."""
 
-    def __init__(self, spin_s: float = 0.0, heartbeat_s: float = HEARTBEAT_S, hwm: int = 100_000) -> None:
+    def __init__(self, spin_s: float = 0.0, heartbeat_s: float = HEARTBEAT_S, hwm: int = 100_000,
+                 pool_bytes: int = 1 << 20) -> None:
         self.address, self.folder = ipc_address("frontend")
         self.broker = ScriptedBroker(self.address)
         self.loop = asyncio.new_event_loop()
-        self.link = BrokerLink(self.address, self.loop, heartbeat_interval_s=heartbeat_s, spin_s=spin_s, hwm=hwm)
+        self.link = BrokerLink(self.address, self.loop, heartbeat_interval_s=heartbeat_s, spin_s=spin_s, hwm=hwm,
+                               pool_bytes=pool_bytes)
         self.peer = self.link.identity.encode()
         self.broker_hb = HEARTBEAT_S        # the interval the broker's heartbeats announce
         self._answered: list = []   # the INFER records requests() returned already
@@ -303,6 +305,30 @@ def test_large_tensors_wait_in_the_pool_until_their_request_is_answered(gateway)
     assert in_use == [3, 2, 1, 0]
     received = {r.header["id"]: r.external for r in gateway.broker.received if r.kind == Kind.INFER}
     assert received == {tag: (tensors[tag],) for tag in "abc"}
+
+
+def test_a_tensor_the_full_pool_has_no_room_for_is_sent_as_bytes_and_said_once(caplog):
+    gateway = Gateway(pool_bytes=2 * 128 * 1024)   # room for two tensors of 100 KB
+    tensors = [os.urandom(100_000) for _ in range(4)]
+
+    async def scenario():
+        await gateway.started()
+        for index, tensor in enumerate(tensors):
+            gateway.link.request_then(Infer(gateway.link.next_rid(), "m", [["X", "UINT8", [1, 100_000], 100_000, True]],
+                                            version=1, batch_size=1, request_id=str(index), external=1),
+                                      (), [tensor], lambda outcome: None)
+        await gateway.requests(4)
+
+    try:
+        gateway.run(scenario())
+        received = {r.header["id"]: r.external for r in gateway.broker.received if r.kind == Kind.INFER}
+        assert received == {str(index): (tensor,) for index, tensor in enumerate(tensors)}
+        assert gateway.link.pool.in_use == 2
+        full = [r.message for r in caplog.records if "tensor pool" in r.message]
+        assert full == ["the shared tensor pool (--tensor-pool-mb, 0.25 MiB) is full: large tensors cross the local "
+                        "sockets as bytes until the requests holding it are answered"]
+    finally:
+        gateway.close()
 
 
 @pytest.mark.parametrize("links", ["zmtp", "libzmq"])
