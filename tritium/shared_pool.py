@@ -103,7 +103,10 @@ class SharedPool:
     def place(self, data) -> tuple[memoryview, int] | None:
         """A copy of ``data`` in a slot: (its view, the slot's offset for ``free``); None when the
         pool has no room (the caller sends the bytes as they are)."""
-        count = memoryview(data).nbytes
+        source = memoryview(data)
+        if not source.c_contiguous:
+            return None
+        count = source.nbytes
         size = max(SMALLEST_SLOT, 1 << (count - 1).bit_length())
         free = self._free.get(size)
         if free:
@@ -114,7 +117,7 @@ class SharedPool:
             return None
         self._sizes[offset] = size
         view = self.pool.view[offset:offset + count]
-        view[:] = memoryview(data).cast("B")
+        view[:] = source.cast("B")
         return view, offset
 
     def free(self, offset: int) -> None:

@@ -297,7 +297,10 @@ class _Reader:
             if not self.descriptors:
                 raise ZmtpError("a pool without its descriptor")
             self._forget_pool(number)
-            self.pools[number] = map_pool(self.descriptors.popleft(), size, self.pool_use is PoolUse.FORWARD)
+            try:
+                self.pools[number] = map_pool(self.descriptors.popleft(), size, self.pool_use is PoolUse.FORWARD)
+            except OSError as exc:   # out of address space or mappings: the peer's references cannot be read
+                raise ZmtpError(f"could not map the peer's pool {number} of {size} bytes: {exc}") from None
         elif name == b"X-POOL-END" and self.pool_use is not None:
             self._forget_pool(_POOL_COMMAND.unpack(body[1 + body[0]:])[0])
         # PING and the like: these sockets ask for no heartbeats, and any other command is advisory
