@@ -59,6 +59,7 @@ def test_a_pool_places_copies_in_slots_of_a_power_of_two_and_reuses_freed_ones()
     small, second = pool.place(np.arange(10, dtype=np.float32))   # any buffer, any format
     assert np.frombuffer(small, np.float32).tolist() == list(range(10)) and second == 2 * SMALLEST_SLOT
     assert pool.place(bytes(2 * SMALLEST_SLOT)) is None    # no room left for another large slot
+    assert pool.place(np.arange(40_000)[::2]) is None      # not contiguous: sent as it is
     pool.free(first)
     again, offset = pool.place(bytes(2 * SMALLEST_SLOT))  # the freed slot, its pages kept
     assert offset == first and bytes(again) == bytes(2 * SMALLEST_SLOT) and pool.in_use == 2
@@ -152,6 +153,17 @@ def test_a_pooled_frame_the_reader_cannot_resolve_is_a_protocol_error(frame, why
     reader.feed(_NULL_GREETING + _command(b"READY", {b"Socket-Type": b"ROUTER"}))
     with pytest.raises(ZmtpError, match=why):
         reader.feed(frame)
+
+
+def test_a_pool_that_cannot_be_mapped_is_a_protocol_error_naming_it():
+    reader = _Reader(PoolUse.COPY)
+    reader.feed(_NULL_GREETING + _command(b"READY", {b"Socket-Type": b"ROUTER"}))
+    read_end, write_end = os.pipe()   # a descriptor, but no memory file
+    os.close(write_end)
+    reader.descriptors.append(read_end)
+    body = b"\x06X-POOL" + struct.pack("<IQ", 3, 1 << 20)
+    with pytest.raises(ZmtpError, match="could not map the peer's pool 3 of 1048576 bytes"):
+        reader.feed(bytes((4, len(body))) + body)
 
 
 def test_a_pool_command_without_its_descriptor_is_a_protocol_error():
