@@ -42,6 +42,7 @@ LARGE_SEGMENT = 64 * 1024
 DEFAULT_FRAME = 16384
 MAX_WINDOW = 2**31 - 1
 _HEAD = struct.Struct(">IBI")   # length << 8 | type, flags, stream id
+_PIECES_FROM = 64 * 1024        # a DATA frame this large is handed on in pieces as it arrives
 _CACHE_LIMIT = 64
 
 Headers = list[tuple[bytes, bytes]]   # a decoded header block: (name, value) pairs as they came
@@ -100,7 +101,7 @@ class Http2Connection:
     ``on_reset(stream_id)``, ``on_window(stream_id)`` (0: the connection's window grew),
     ``on_goaway()``; ``on_ping`` after a client's PING is acknowledged."""
 
-    def __init__(self, on_headers: Callable[[int, Headers, bool], None], on_data: Callable[[int, bytes, bool], None],
+    def __init__(self, on_headers: Callable[[int, Headers, bool], None], on_data: Callable[[int, bytes | memoryview, bool], None],
                  on_reset: Callable[[int], None], on_window: Callable[[int], None], on_goaway: Callable[[], None],
                  window: int = DEFAULT_WINDOW, max_frame: int = DEFAULT_FRAME) -> None:
         self.on_headers, self.on_data, self.on_reset = on_headers, on_data, on_reset
@@ -114,6 +115,7 @@ class Http2Connection:
         self.going_away = False
         self._unacknowledged = 0
         self._buffer = bytearray()
+        self._piecing: tuple[int, int, int] | None = None   # a large DATA frame handed on as it comes: stream, flags, to come
         self._preface = False
         self._continuing: tuple[int, int, bytearray] | None = None   # stream, flags, header block so far
         self._decoder = hpack.Decoder()
@@ -160,14 +162,24 @@ class Http2Connection:
 
     # -- receiving -----------------------------------------------------------------------
 
-    def receive(self, data: bytes) -> None:
-        """Every complete frame in what has arrived; ConnectionFailure when the client broke the protocol."""
+    def receive(self, data: bytes | memoryview) -> None:
+        """Every complete frame in what has arrived; ConnectionFailure when the client broke the protocol.
+
+        A DATA frame's payload is handed on as a view of ``data`` (the stream's reader keeps what it
+        needs), and a large one that spans reads is handed on piece by piece as it arrives, not
+        gathered here first: a 600 KB tensor is copied once on its way to the message, not three times."""
+        position = 0
+        if self._piecing is not None:
+            position = self._next_piece(data)
+            if position == len(data):
+                return
+            data = memoryview(data)[position:]
+            position = 0
         if self._buffer:
             self._buffer += data
-            buffer: bytes | bytearray = self._buffer
+            buffer: bytes | bytearray | memoryview = self._buffer
         else:
             buffer = data
-        position = 0
         if not self._preface:
             if len(buffer) < len(PREFACE):
                 if not PREFACE.startswith(bytes(buffer)):
@@ -185,17 +197,46 @@ class Http2Connection:
                 raise ConnectionFailure(FRAME_SIZE_ERROR, f"a frame of {length} bytes, over {self.max_frame}")
             end = position + 9 + length
             if end > size:
+                if kind == DATA and length >= _PIECES_FROM and not flags & PADDED and size - position > 9:
+                    piece = memoryview(buffer)[position + 9:size]
+                    self._first_piece(flags, stream_id & 0x7FFFFFFF, bytes(piece) if buffer is self._buffer else piece,
+                                      end - size)
+                    del piece   # a view of the buffer would keep it from being cut below
+                    position = size
                 break
-            payload = bytes(buffer[position + 9:end])
+            if kind == DATA and buffer is data:   # the payload handed on as a view of the read
+                self._data_frame(flags, stream_id & 0x7FFFFFFF, memoryview(data)[position + 9:end])
+            else:
+                self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(buffer[position + 9:end]))
             position = end
-            self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload)
         self._keep(buffer, position)
 
-    def _keep(self, buffer: bytes | bytearray, position: int) -> None:
+    def _first_piece(self, flags: int, stream_id: int, piece: bytes | memoryview, to_come: int) -> None:
+        """The start of a large DATA frame not all read yet: handed on now, the rest as it comes."""
+        self._piecing = (stream_id, flags, to_come)
+        self._data_frame(flags & ~END_STREAM, stream_id, piece)
+
+    def _next_piece(self, data: bytes | memoryview) -> int:
+        """Hand on the next piece of the DATA frame being read; how much of ``data`` it took."""
+        assert self._piecing is not None
+        stream_id, flags, to_come = self._piecing
+        taken = min(to_come, len(data))
+        to_come -= taken
+        self._piecing = (stream_id, flags, to_come) if to_come else None
+        piece = data if taken == len(data) else memoryview(data)[:taken]
+        self._data(flags if not to_come else flags & ~END_STREAM, stream_id, piece)
+        return taken
+
+    def _keep(self, buffer: bytes | bytearray | memoryview, position: int) -> None:
         if buffer is self._buffer:
             del self._buffer[:position]
         elif position < len(buffer):
             self._buffer = bytearray(buffer[position:])
+
+    def _data_frame(self, flags: int, stream_id: int, payload: bytes | memoryview) -> None:
+        if self._continuing is not None:
+            raise ConnectionFailure(PROTOCOL_ERROR, "a header block was interrupted")
+        self._data(flags, stream_id, payload)
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuing is not None and kind != CONTINUATION:
@@ -228,7 +269,7 @@ class Http2Connection:
             raise ConnectionFailure(PROTOCOL_ERROR, "a client may not push")
         # PRIORITY and unknown frame types are ignored, as RFC 9113 says.
 
-    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+    def _data(self, flags: int, stream_id: int, payload: bytes | memoryview) -> None:
         if stream_id == 0:
             raise ConnectionFailure(PROTOCOL_ERROR, "DATA on stream 0")
         length = len(payload)
@@ -258,7 +299,7 @@ class Http2Connection:
         if stream_id % 2 == 0:
             raise ConnectionFailure(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}, not a client's")
         if flags & PADDED:
-            payload = self._unpadded(payload)
+            payload = bytes(self._unpadded(payload))
         if flags & PRIORITY_FLAG:
             payload = payload[5:]
         if flags & END_HEADERS:
@@ -364,7 +405,7 @@ class Http2Connection:
             self.on_window(0)
 
     @staticmethod
-    def _unpadded(payload: bytes) -> bytes:
+    def _unpadded(payload: bytes | memoryview) -> bytes | memoryview:
         padding = payload[0] if payload else 0
         if not payload or padding >= len(payload):
             raise ConnectionFailure(PROTOCOL_ERROR, "padding longer than its frame")

@@ -245,7 +245,7 @@ class GrpcConnection(asyncio.Protocol):
         if end_stream:
             self._ended(call)
 
-    def _data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+    def _data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None:
         call = self.calls.get(stream_id)
         if call is None or call.done:
             return

@@ -94,14 +94,14 @@ class MessageReader:
         """Bytes of an unfinished message are held."""
         return bool(self._buffer)
 
-    def feed(self, data: bytes) -> list[bytes | memoryview | Compressed]:
+    def feed(self, data: bytes | memoryview) -> list[bytes | memoryview | Compressed]:
         """The messages ``data`` completes, a large compressed one left for ``inflate``;
         GrpcFailure for one the call cannot take."""
         if self._buffer:
             self._buffer += data
             if len(self._buffer) < self._wanted:
                 return []
-            buffer: bytes | bytearray = self._buffer
+            buffer: bytes | bytearray | memoryview = self._buffer
         else:
             buffer = data
         messages: list[bytes | memoryview | Compressed] = []

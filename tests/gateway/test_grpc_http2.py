@@ -46,3 +46,55 @@ def test_a_large_data_frame_is_handed_on_as_it_is():
     h2.send_data(1, data)
     segments = h2.data_to_send()
     assert segments[-1] is data and b"".join(segments) == _head(len(data), DATA, 0) + data
+
+
+# -- receiving: large DATA frames handed on as they arrive ------------------------------------
+
+def _receiving(window: int = 1 << 24) -> tuple[Http2Connection, list]:
+    """A connection past its preface with stream 1 open; what ``on_data`` is given, in order."""
+    got: list = []
+    h2 = Http2Connection(lambda *a: None, lambda stream, data, end: got.append((stream, bytes(data), end)),
+                         lambda *a: None, lambda *a: None, lambda: None, window=window, max_frame=1 << 20)
+    h2._preface = True
+    h2.streams[1] = _Stream(65535)
+    h2.last_stream_id = 1
+    return h2, got
+
+
+def _in_reads(h2: Http2Connection, wire: bytes, sizes) -> None:
+    position = 0
+    for size in sizes:
+        h2.receive(wire[position:position + size])
+        position += size
+    h2.receive(wire[position:])
+
+
+def test_a_large_data_frame_is_handed_on_in_pieces_as_its_reads_arrive():
+    payload = bytes(range(250)) * 1200     # 300 KB
+    small = b"after"
+    wire = _head(len(payload), DATA, 0) + payload + _head(len(small), DATA, END_STREAM) + small
+    h2, got = _receiving()
+    _in_reads(h2, wire, [5, 60_000, 100_000, 150_000])   # the header split, the frame's end in a read with the next frame
+    assert [len(data) for _, data, _ in got] == [59_996, 100_000, 140_004, 5]   # three pieces, then the small frame
+    assert b"".join(data for _, data, _ in got[:3]) == payload and got[3] == (1, small, True)
+    assert [end for _, _, end in got] == [False, False, False, True]
+
+
+def test_a_large_frame_ending_the_stream_ends_it_with_its_last_piece():
+    payload = bytes(200_000)
+    h2, got = _receiving()
+    _in_reads(h2, _head(len(payload), DATA, END_STREAM) + payload, [70_000])
+    assert [(len(data), end) for _, data, end in got] == [(69_991, False), (130_009, True)]
+    assert h2.streams.get(1) is None or h2.streams[1].remote_closed
+
+
+def test_the_pieces_of_a_large_frame_count_against_the_windows_as_the_frame_would():
+    payload = bytes(300_000)
+    h2, got = _receiving(window=200_000)
+    _in_reads(h2, _head(len(payload), DATA, 0) + payload, [100_009, 100_000])
+    updates = h2.data_to_send()
+    wire = b"".join(bytes(segment) for segment in updates)
+    increments = [struct.unpack(">I", wire[position + 9:position + 13])[0]
+                  for position in range(0, len(wire), 13)]   # WINDOW_UPDATE frames only: 9 + 4 bytes each
+    assert sum(len(data) for _, data, _ in got) == len(payload)
+    assert sum(increments) == 2 * 200_000   # past half the window twice: the connection's and the stream's, each once
