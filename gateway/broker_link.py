@@ -43,11 +43,14 @@ from tritium.protocol import (
 )
 from tritium.links import LinkSocket, connect_dealer
 from tritium.security import CurveKeys
-from tritium.shared_pool import DEFAULT_POOL_BYTES, SMALLEST_SLOT, SharedPool
+from tritium.shared_pool import DEFAULT_POOL_BYTES, RequestSlots
 from tritium.zmtp import ZmtpDealer
 from tritium.zmqio import LONE_ANSWERS_BEFORE_POLLING, POLL_WHILE_AT_MOST, cpu_is_free
 
 log = logging.getLogger(__name__)
+
+_POOL_FULL = ("the shared tensor pool (--tensor-pool-mb, {mib:g} MiB) is full: large tensors cross the local sockets "
+              "as bytes until the requests holding it are answered")
 
 
 
@@ -96,10 +99,8 @@ class BrokerLink:
         self.identity = f"gw-{host_name()}-{os.getpid()}"
         self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
         self.sock: LinkSocket = connect_dealer(address, self.identity, curve, "gateway", hwm)
-        # Large input tensors go to the broker as references into this memory (a local link only).
-        self.pool = SharedPool(pool_bytes) if pool_bytes and isinstance(self.sock, ZmtpDealer) else None
-        self._slots: dict[int, list[int]] = {}   # rid -> the pool slots its tensors are in, freed when it is answered
-        self._pool_was_full = False
+        # Large input tensors go to the broker as references into shared memory (a local link only).
+        self.slots = RequestSlots(pool_bytes, _POOL_FULL) if pool_bytes and isinstance(self.sock, ZmtpDealer) else None
         self.models = ModelTable()
         self.shared_memory = SharedMemoryRegions()   # follows the broker's list, like the model table
         self._models_received = asyncio.Event()
@@ -167,8 +168,8 @@ class BrokerLink:
             if not isinstance(message, (Infer, Control)):   # a HEARTBEAT or HELLO: nobody waits on it
                 continue
             rid = message.rid
-            if self._slots:
-                self._free_slots(rid)
+            if self.slots is not None:
+                self.slots.release(rid)
             deliver = self._pending.pop(rid, None)
             if deliver is not None:
                 _call(deliver, error)
@@ -179,8 +180,8 @@ class BrokerLink:
         self._lone_in_a_row = 0
         pending, self._pending = self._pending, {}
         streams, self._streams = self._streams, {}
-        for rid in list(self._slots):
-            self._free_slots(rid)
+        if self.slots is not None:
+            self.slots.release_all()
         for deliver in [*pending.values(), *streams.values()]:
             _call(deliver, error)
 
@@ -246,40 +247,10 @@ class BrokerLink:
     def _send_request(self, request: Infer | Control, inline, external) -> int:
         """Queue the request for this turn's send; return its rid."""
         self._alone_rid = 0 if self.waiting else request.rid
-        if external and self.pool is not None:
-            external = self._pooled(request.rid, external)
+        if external and self.slots is not None:
+            external = self.slots.place(request.rid, external)
         self._post(request.encode(inline), external)
         return request.rid
-
-    def _pooled(self, rid: int, frames) -> list:
-        """The request's large tensors copied into the pool (those it has room for), in place of
-        the copies the sockets would make; their slots are the request's until it is answered
-        (by then its instance has copied them out)."""
-        assert self.pool is not None
-        placed = []
-        for frame in frames:
-            if memoryview(frame).nbytes >= SMALLEST_SLOT:
-                slot = self.pool.place(frame)
-                if slot is None:
-                    self._pool_full()
-                else:
-                    frame, offset = slot
-                    self._slots.setdefault(rid, []).append(offset)
-                    self._pool_was_full = False
-            placed.append(frame)
-        return placed
-
-    def _pool_full(self) -> None:
-        assert self.pool is not None
-        if not self._pool_was_full:   # once each time it fills up
-            self._pool_was_full = True
-            log.warning("the shared tensor pool (--tensor-pool-mb, %g MiB) is full: large tensors cross the local "
-                        "sockets as bytes until the requests holding it are answered", self.pool.size / (1 << 20))
-
-    def _free_slots(self, rid: int) -> None:
-        assert self.pool is not None
-        for offset in self._slots.pop(rid, ()):
-            self.pool.free(offset)
 
     def _post(self, record: bytes, external=()) -> None:
         if not self._outbox:
@@ -361,8 +332,8 @@ class BrokerLink:
                 if streamed is not None:
                     if message.final is not False:
                         del self._streams[message.rid]
-                        if self._slots:
-                            self._free_slots(message.rid)
+                        if self.slots is not None and self.slots.holding:
+                            self.slots.release(message.rid)
                     _call(streamed, Reply(message, record, offset, external))
                     continue
                 self._answered(Reply(message, record, offset, external))
@@ -387,8 +358,8 @@ class BrokerLink:
         deliver = self._pending.pop(rid, None)
         if deliver is None:
             return
-        if self._slots:
-            self._free_slots(rid)
+        if self.slots is not None and self.slots.holding:
+            self.slots.release(rid)
         # Counted before the answer is delivered, which may send (a trace's TRACE_DONE).
         alone = rid == self._alone_rid and not self.waiting
         self._lone_in_a_row = self._lone_in_a_row + 1 if alone else 0

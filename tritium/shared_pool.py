@@ -17,9 +17,12 @@ recognised wherever it is sent (``locate``) and sent on as a reference.
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 import os
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 SMALLEST_SLOT = 64 * 1024            # slots are powers of two from this up, page-aligned
 DEFAULT_POOL_BYTES = 256 * 1024 * 1024   # address space: pages are allocated when first written
@@ -132,3 +135,48 @@ class SharedPool:
     def in_use(self) -> int:
         """Slots not freed."""
         return len(self._sizes)
+
+
+class RequestSlots:
+    """A pool's slots held by the requests in flight of one sender (a gateway, a model's BLS
+    calls): a request's large frames are placed in the pool as it is sent and its slots freed when
+    it is answered, by when the instance that read them has copied them out. Not thread-safe."""
+
+    def __init__(self, size: int, when_full: str) -> None:
+        self.pool = SharedPool(size)
+        self._when_full = when_full   # logged once each time the pool fills up
+        self._held: dict[int, list[int]] = {}   # rid -> the offsets of its slots
+        self._was_full = False
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
+    def place(self, rid: int, frames) -> list:
+        """``frames`` with each large one replaced by its copy in the pool (where there is room)."""
+        placed = []
+        for frame in frames:
+            if memoryview(frame).nbytes >= SMALLEST_SLOT:
+                slot = self.pool.place(frame)
+                if slot is None:
+                    self._full()
+                else:
+                    frame, offset = slot
+                    self._held.setdefault(rid, []).append(offset)
+                    self._was_full = False
+            placed.append(frame)
+        return placed
+
+    def release(self, rid: int) -> None:
+        for offset in self._held.pop(rid, ()):
+            self.pool.free(offset)
+
+    def release_all(self) -> None:
+        for rid in list(self._held):
+            self.release(rid)
+
+    def _full(self) -> None:
+        if not self._was_full:
+            self._was_full = True
+            log.warning("%s", self._when_full.format(mib=self.pool.size / (1 << 20)))
+

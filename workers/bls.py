@@ -25,7 +25,9 @@ from tritium.pb_utils import types as pb
 from tritium.protocol import Cancel, Infer, Response, pack_tensors, read_record, tensor_views
 from tritium.links import connect_dealer
 from tritium.security import CurveKeys
+from tritium.shared_pool import RequestSlots
 from tritium.workers.tensors import array_to_frame, frame_to_array
+from tritium.zmtp import ZmtpDealer
 
 # tritium error codes -> pb_utils.TritonError codes
 _PB_CODES = {ErrorCode.UNKNOWN: pb.TritonError.UNKNOWN, ErrorCode.INTERNAL: pb.TritonError.INTERNAL,
@@ -35,6 +37,9 @@ _PB_CODES = {ErrorCode.UNKNOWN: pb.TritonError.UNKNOWN, ErrorCode.INTERNAL: pb.T
 
 
 _RECHECK_MS = 10
+_POOL_BYTES = 64 * 1024 * 1024   # a model's BLS calls' large inputs in flight at once (pages allocated as used)
+_POOL_FULL = ("the shared memory for this model's BLS calls ({mib:g} MiB) is full: large inputs cross the local "
+              "sockets as bytes until the calls holding it are answered")
 
 
 class BlsClient:
@@ -54,6 +59,10 @@ class BlsClient:
         self._watching = False              # a thread is waiting on the socket
         self._reading_loop: asyncio.AbstractEventLoop | None = None
         self._traced: dict[int, tuple] = {}   # rid -> (caller's CallTrace, model, version, context)
+        # Large inputs cross in shared memory on a local link, as a gateway's (tritium/shared_pool.py);
+        # the memory is made at the first. Guarded by _lock.
+        self._local = isinstance(self.sock, ZmtpDealer)
+        self._slots: RequestSlots | None = None
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -75,6 +84,10 @@ class BlsClient:
             self._traced[rid] = (trace, request.model_name(), request.model_version(), context)
         self._replies[rid] = deque()
         with self._lock:
+            if external and self._local:
+                if self._slots is None:
+                    self._slots = RequestSlots(_POOL_BYTES, _POOL_FULL)
+                external = self._slots.place(rid, external)
             self.sock.send_parts([infer.encode(inline), *external])
         return rid
 
@@ -131,6 +144,9 @@ class BlsClient:
 
     def _file(self, response: Response, record, offset: int, external: list) -> None:
         rid = response.rid
+        if self._slots is not None and response.final is not False:   # answered: its inputs were read
+            with self._lock:
+                self._slots.release(rid)
         if rid not in self._replies:
             return  # an answer nobody waits for any more
         traced = self._traced.pop(rid, None) if self._traced else None

@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 from tests.e2e.grpc_requests import stream_count
 from tests.e2e.rawhttp import error_of, request
 from tests.models import add_sub_model
-from tests.servers import TritiumServer
+from tests.servers import TritiumServer, instance_processes
 
 MODELS = Path(__file__).parent / "python_repo"
 
@@ -187,6 +187,20 @@ def test_bls_calls_an_onnx_and_a_python_model(client, target):
     a = np.arange(16, dtype=np.float32).reshape(1, 16)
     result = client.infer("bls", [tensor("A", a), tensor("MODEL", np.array([target.encode()], dtype=np.object_), "BYTES")])
     np.testing.assert_array_equal(result.as_numpy("SUM"), 2 * a)
+
+
+def test_large_bls_inputs_cross_in_shared_memory_each_call_its_own(server, client):
+    """Three 400 KB calls in flight at once, eight requests in a row: each answer is its call's
+    (the caller's slots are reused only once answered), and the called model's instance read
+    them from the caller's shared memory, which it maps."""
+    rng = np.random.default_rng(5)
+    for _ in range(8):
+        a = rng.standard_normal(100_000).astype(np.float32)
+        result = client.infer("bls_large", [tensor("IN", a)])
+        np.testing.assert_array_equal(result.as_numpy("OUT"), (a * np.float32(1) + a * np.float32(2)) + a * np.float32(3))
+    (echo,) = [p for p in instance_processes(server) if p["env"].get("TRITIUM_MODEL") == "py_echo/1"]
+    maps = Path(f"/proc/{echo['pid']}/maps").read_text()
+    assert "memfd:tritium-tensors" in maps
 
 
 def test_bls_error_from_the_called_model_reaches_the_caller(client):

@@ -287,18 +287,18 @@ def test_large_tensors_wait_in_the_pool_until_their_request_is_answered(gateway)
             large(tag)
         large("c", stream=True)
         sent = await gateway.requests(3)
-        in_use = [gateway.link.pool.in_use]
+        in_use = [gateway.link.slots.pool.in_use]
         rid = {r.header["id"]: r.header["rid"] for r in sent}
         gateway.broker.send(gateway.peer, response(rid["a"], "a"))
         gateway.broker.send(gateway.peer, response(rid["c"], "c", final=False))
         await gateway.until(lambda: len(outcomes) == 2, "two answers")
-        in_use.append(gateway.link.pool.in_use)
+        in_use.append(gateway.link.slots.pool.in_use)
         gateway.broker.send(gateway.peer, response(rid["c"], "c", final=True))
         await gateway.until(lambda: len(outcomes) == 3, "the stream's end")
-        in_use.append(gateway.link.pool.in_use)
+        in_use.append(gateway.link.slots.pool.in_use)
         gateway.broker.stop_beating()                   # "b" is never answered: failed when the broker is lost
         await gateway.until(lambda: len(outcomes) == 4, "the failure", timeout_s=10)
-        in_use.append(gateway.link.pool.in_use)
+        in_use.append(gateway.link.slots.pool.in_use)
         return in_use
 
     in_use = gateway.run(scenario(), timeout_s=15)
@@ -323,7 +323,7 @@ def test_a_tensor_the_full_pool_has_no_room_for_is_sent_as_bytes_and_said_once(c
         gateway.run(scenario())
         received = {r.header["id"]: r.external for r in gateway.broker.received if r.kind == Kind.INFER}
         assert received == {str(index): (tensor,) for index, tensor in enumerate(tensors)}
-        assert gateway.link.pool.in_use == 2
+        assert gateway.link.slots.pool.in_use == 2
         full = [r.message for r in caplog.records if "tensor pool" in r.message]
         assert full == ["the shared tensor pool (--tensor-pool-mb, 0.25 MiB) is full: large tensors cross the local "
                         "sockets as bytes until the requests holding it are answered"]
