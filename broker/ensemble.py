@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import mmap
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tritium.broker.registry import ModelVersion, Registry
 from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumError
-from tritium.shared_pool import locate
 from tritium.protocol import Infer, ProtocolError, Response, error_record, read_record, split_record, tensor_views
 from tritium.tracing.stamps import ensemble_record, step_context, step_record
 
@@ -508,10 +508,11 @@ class EnsembleRunner:
 
 
 def _owned(frame):
-    """A frame in a gateway's shared pool, copied out: the gateway reuses its slot once the ensemble
-    is answered, and a failed or cancelled ensemble is answered while steps still queued may read
-    its tensors (tritium/shared_pool.py)."""
-    return bytes(frame) if type(frame) is memoryview and locate(frame) is not None else frame
+    """A frame in a sender's shared pool (the only memory the broker maps), copied out: the sender
+    reuses its slot once the ensemble is answered, and a failed or cancelled ensemble is answered
+    while steps still queued may read its tensors (tritium/shared_pool.py). Views of a pool whose
+    sender has gone are copied too."""
+    return bytes(frame) if type(frame) is memoryview and isinstance(frame.obj, mmap.mmap) else frame
 
 
 def _complete(tensors: dict, requested: list[str], iteration: int) -> bool:

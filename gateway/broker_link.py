@@ -176,11 +176,14 @@ class BrokerLink:
             elif (deliver := self._streams.pop(rid, None)) is not None:
                 _call(deliver, error)
 
-    def _fail_waiting(self, error: TritiumError) -> None:
+    def _fail_waiting(self, error: TritiumError, gone: bool = True) -> None:
+        """Answer every request waiting with ``error``. ``gone``: the broker that held them is gone
+        (restarted, or this gateway is closing), so their tensors' slots are free; a broker only
+        silent may still run them, and their slots are freed as their answers come."""
         self._lone_in_a_row = 0
         pending, self._pending = self._pending, {}
         streams, self._streams = self._streams, {}
-        if self.slots is not None:
+        if gone and self.slots is not None:
             self.slots.release_all()
         for deliver in [*pending.values(), *streams.values()]:
             _call(deliver, error)
@@ -196,7 +199,7 @@ class BrokerLink:
             self.broker_lost = True
             log.error("the broker at %s has not answered for %.1f s; failing %d request(s) waiting on it",
                       self.address, silent_s, self.waiting)
-            self._fail_waiting(self.lost_error())
+            self._fail_waiting(self.lost_error(), gone=False)
 
     def lost_error(self) -> Unavailable:
         return Unavailable(f"lost contact with the broker at {self.address}; the request was not answered")
@@ -247,9 +250,10 @@ class BrokerLink:
     def _send_request(self, request: Infer | Control, inline, external) -> int:
         """Queue the request for this turn's send; return its rid."""
         self._alone_rid = 0 if self.waiting else request.rid
+        record = request.encode(inline)
         if external and self.slots is not None:
             external = self.slots.place(request.rid, external)
-        self._post(request.encode(inline), external)
+        self._post(record, external)
         return request.rid
 
     def _post(self, record: bytes, external=()) -> None:
@@ -328,12 +332,12 @@ class BrokerLink:
             external = parts[position + 1:position + 1 + message.external]
             position += 1 + message.external
             if isinstance(message, Response):
+                if self.slots is not None and self.slots.holding and message.final is not False:
+                    self.slots.release(message.rid)   # read by its instance, whether anyone still waits or not
                 streamed = self._streams.get(message.rid)
                 if streamed is not None:
                     if message.final is not False:
                         del self._streams[message.rid]
-                        if self.slots is not None and self.slots.holding:
-                            self.slots.release(message.rid)
                     _call(streamed, Reply(message, record, offset, external))
                     continue
                 self._answered(Reply(message, record, offset, external))
@@ -358,8 +362,6 @@ class BrokerLink:
         deliver = self._pending.pop(rid, None)
         if deliver is None:
             return
-        if self.slots is not None and self.slots.holding:
-            self.slots.release(rid)
         # Counted before the answer is delivered, which may send (a trace's TRACE_DONE).
         alone = rid == self._alone_rid and not self.waiting
         self._lone_in_a_row = self._lone_in_a_row + 1 if alone else 0

@@ -57,14 +57,19 @@ def map_pool(fd: int, size: int, passed_on: bool) -> MappedPool:
     """Map the memory file ``fd``. ``passed_on``: this process sends views of it on (the gateway
     that owns it, the broker): the pool keeps the descriptor and joins the directory. Otherwise
     (an instance, which copies tensors out) it is mapped read-only and the descriptor closed."""
+    try:
+        if os.fstat(fd).st_size < size:   # a mapping past the file's end would fault (SIGBUS) when read
+            raise OSError(f"the memory file holds {os.fstat(fd).st_size} bytes")
+        # Writable where passed on, for its address (ctypes reads one only of a writable buffer);
+        # only the owner writes to it.
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if passed_on else 0)
+        mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
+    except BaseException:
+        os.close(fd)
+        raise
     if not passed_on:
-        try:
-            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        finally:
-            os.close(fd)
+        os.close(fd)
         return MappedPool(None, size, 0, mapping, memoryview(mapping), 0)
-    # Writable for its address (ctypes reads one only of a writable buffer); only the owner writes.
-    mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     pool = MappedPool(fd, size, next(_numbers), mapping, memoryview(mapping), _address(mapping))
     _directory[id(mapping)] = pool
     return pool
@@ -156,8 +161,9 @@ class RequestSlots:
         """``frames`` with each large one replaced by its copy in the pool (where there is room)."""
         placed = []
         for frame in frames:
-            if memoryview(frame).nbytes >= SMALLEST_SLOT:
-                slot = self.pool.place(frame)
+            view = memoryview(frame)
+            if view.nbytes >= SMALLEST_SLOT and view.c_contiguous:
+                slot = self.pool.place(view)
                 if slot is None:
                     self._full()
                 else:

@@ -218,7 +218,7 @@ class _Reader:
             self._feed(data)
         except ZmtpError:
             raise
-        except (IndexError, ValueError, MemoryError, OverflowError) as exc:   # a peer that is not ours
+        except (IndexError, ValueError, MemoryError, OverflowError, struct.error) as exc:   # a peer that is not ours
             raise ZmtpError(f"malformed ZMTP from the peer ({type(exc).__name__}: {exc})") from None
 
     def _feed(self, data: bytes) -> None:
@@ -428,18 +428,13 @@ class _Connection:
         peer_reads_pools = self.reader.properties.get(_OFFERS_POOLS) == b"1"
         expanded = _Expanded()
         expanded.original = message
-        passed = []
+        passed: list[_PassedDescriptor] = []
         for segment in message:
             if type(segment) is not _Pooled:
                 expanded.append(segment)
                 continue
             pool, size = segment.pool, len(segment.view)
-            if peer_reads_pools and pool.fd is not None:
-                if pool.number not in self.shared:
-                    passed.append(_PassedDescriptor(_command_frame(b"X-POOL", _POOL_COMMAND.pack(pool.number, pool.size)),
-                                                    os.dup(pool.fd)))
-                    self.shared[pool.number] = pool
-                    pool.holders.append(self)
+            if peer_reads_pools and pool.fd is not None and (pool.number in self.shared or self._share(pool, passed)):
                 expanded.append(bytes((segment.more | _POOLED, _REFERENCE.size))
                                 + _REFERENCE.pack(pool.number, segment.offset, size))
             else:
@@ -448,14 +443,28 @@ class _Connection:
         expanded[:0] = passed
         return expanded
 
+    def _share(self, pool: MappedPool, passed: list) -> bool:
+        """Pass ``pool`` to the peer before this message (False when no descriptor is left for it:
+        its frames then go as bytes)."""
+        if pool.fd is None:
+            return False
+        try:
+            descriptor = os.dup(pool.fd)
+        except OSError:
+            return False
+        passed.append(_PassedDescriptor(_command_frame(b"X-POOL", _POOL_COMMAND.pack(pool.number, pool.size)), descriptor))
+        self.shared[pool.number] = pool
+        pool.holders.append(self)
+        return True
+
     def _pass_descriptors(self, buffers: list) -> bool:
         """Send the commands at the head of ``buffers``, each with its descriptor (closed here once
         in flight); False when the socket took not all of them (then it is waited on, or failed)."""
         while type(buffers[0]) is _PassedDescriptor:
             passed = buffers[0]
+            ancillary = [] if passed.fd < 0 else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [passed.fd]))]
             try:
-                sent = self.sock.sendmsg([passed.data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                          array.array("i", [passed.fd]))])
+                sent = self.sock.sendmsg([passed.data], ancillary)
             except BlockingIOError:
                 self._want_write(True)
                 return False
@@ -463,10 +472,11 @@ class _Connection:
                 self.write_failed = True
                 self._want_write(False)
                 return False
-            os.close(passed.fd)
+            if passed.fd >= 0:
+                os.close(passed.fd)
             if sent < len(passed.data):
-                self.head_started = True           # a command partly written: this message cannot move to another connection
-                buffers[0] = passed.data[sent:]   # the rest, descriptor gone
+                self.head_started = True   # a command partly written: this message cannot move to another connection
+                buffers[0] = _PassedDescriptor(passed.data[sent:], -1)   # the rest, its descriptor gone with the first byte
                 self._want_write(True)
                 return False
             buffers.pop(0)
@@ -541,7 +551,7 @@ class _Connection:
         self.shared.clear()
         for message in self.out:   # descriptors never passed
             for segment in message:
-                if type(segment) is _PassedDescriptor:
+                if type(segment) is _PassedDescriptor and segment.fd >= 0:
                     os.close(segment.fd)
 
     def _want_write(self, writing: bool) -> None:

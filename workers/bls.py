@@ -84,11 +84,17 @@ class BlsClient:
             self._traced[rid] = (trace, request.model_name(), request.model_version(), context)
         self._replies[rid] = deque()
         with self._lock:
+            record = infer.encode(inline)
             if external and self._local:
                 if self._slots is None:
                     self._slots = RequestSlots(_POOL_BYTES, _POOL_FULL)
                 external = self._slots.place(rid, external)
-            self.sock.send_parts([infer.encode(inline), *external])
+            try:
+                self.sock.send_parts([record, *external])
+            except BaseException:
+                if self._slots is not None:
+                    self._slots.release(rid)
+                raise
         return rid
 
     def _cancel(self, rid: int, model: str, version: int) -> None:

@@ -296,15 +296,25 @@ def test_large_tensors_wait_in_the_pool_until_their_request_is_answered(gateway)
         gateway.broker.send(gateway.peer, response(rid["c"], "c", final=True))
         await gateway.until(lambda: len(outcomes) == 3, "the stream's end")
         in_use.append(gateway.link.slots.pool.in_use)
-        gateway.broker.stop_beating()                   # "b" is never answered: failed when the broker is lost
+        gateway.broker.stop_beating()                   # "b" is failed when the broker falls silent...
         await gateway.until(lambda: len(outcomes) == 4, "the failure", timeout_s=10)
+        in_use.append(gateway.link.slots.pool.in_use)   # ...but a silent broker may still run it: its slot is kept
+        gateway.broker.send(gateway.peer, response(rid["b"], "b"))   # its late answer: read, nobody waits
+        gateway.broker.keep_beating(gateway.peer, 1, HEARTBEAT_S)
+        await gateway.until(lambda: gateway.link.slots.pool.in_use == 0, "the late answer")
+        in_use.append(gateway.link.slots.pool.in_use)
+        large("d")
+        await gateway.requests(1)
+        in_use.append(gateway.link.slots.pool.in_use)
+        gateway.broker.keep_beating(gateway.peer, 2, HEARTBEAT_S)   # a new broker process: what the old one held is gone
+        await gateway.until(lambda: len(outcomes) == 5, "the restart's failure")
         in_use.append(gateway.link.slots.pool.in_use)
         return in_use
 
     in_use = gateway.run(scenario(), timeout_s=15)
-    assert in_use == [3, 2, 1, 0]
+    assert in_use == [3, 2, 1, 1, 0, 1, 0]
     received = {r.header["id"]: r.external for r in gateway.broker.received if r.kind == Kind.INFER}
-    assert received == {tag: (tensors[tag],) for tag in "abc"}
+    assert received == {tag: (tensors[tag],) for tag in "abcd"}
 
 
 def test_a_tensor_the_full_pool_has_no_room_for_is_sent_as_bytes_and_said_once(caplog):

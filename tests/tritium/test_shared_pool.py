@@ -4,6 +4,8 @@ a gateway's DEALER, the broker's ROUTERs, an instance's DEALER, and peers that d
 from __future__ import annotations
 
 import os
+import select
+import socket
 import struct
 import time
 
@@ -14,7 +16,8 @@ import zmq
 from tests.tritium.test_zmtp import libzmq_dealer
 from tritium.broker.ensemble import _owned
 from tritium.shared_pool import SMALLEST_SLOT, SharedPool, locate
-from tritium.zmtp import _NULL_GREETING, PoolUse, ZmtpDealer, ZmtpError, ZmtpRouter, _command, _Reader
+from tritium.zmtp import (_NULL_GREETING, PoolUse, ZmtpDealer, ZmtpError, ZmtpRouter, _command, _Connection, _Reader,
+                          encode)
 
 
 @pytest.fixture
@@ -191,3 +194,72 @@ def test_an_ensemble_keeps_a_copy_of_a_pooled_input():
     assert owned == b"x" * SMALLEST_SLOT and locate(memoryview(owned)) is None
     plain = memoryview(b"y" * SMALLEST_SLOT)
     assert _owned(plain) is plain
+
+
+def test_a_malformed_pool_command_is_a_protocol_error():
+    reader = _Reader(PoolUse.FORWARD)
+    reader.feed(_NULL_GREETING + _command(b"READY", {b"Socket-Type": b"DEALER"}))
+    body = b"\x06X-POOL" + b"\x01\x02"
+    with pytest.raises(ZmtpError, match="malformed ZMTP"):
+        reader.feed(bytes((4, len(body))) + body)
+
+
+def test_a_pool_larger_than_its_memory_file_is_refused_before_it_is_mapped():
+    reader = _Reader(PoolUse.COPY)
+    reader.feed(_NULL_GREETING + _command(b"READY", {b"Socket-Type": b"ROUTER"}))
+    small = os.memfd_create("small")
+    os.ftruncate(small, 4096)
+    reader.descriptors.append(small)
+    body = b"\x06X-POOL" + struct.pack("<IQ", 4, 1 << 20)   # reading past 4096 bytes would fault
+    with pytest.raises(ZmtpError, match="the memory file holds 4096 bytes"):
+        reader.feed(bytes((4, len(body))) + body)
+
+
+def test_an_ensemble_copies_views_of_a_pool_no_longer_passed_on():
+    pool = SharedPool(1 << 20)
+    view, _ = pool.place(b"z" * SMALLEST_SLOT)
+    pool.pool.retire()                       # its sender gone: not in the directory any more
+    owned = _owned(view)
+    assert owned == b"z" * SMALLEST_SLOT and not isinstance(owned, memoryview)
+
+
+class _ShortFirstPass:
+    """A socket whose first write with a descriptor takes only 5 bytes of it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.cut = sock, True
+
+    def sendmsg(self, buffers, ancillary=()):
+        if ancillary and self.cut:
+            self.cut = False
+            return self.sock.sendmsg([bytes(buffers[0])[:5]], ancillary)
+        return self.sock.sendmsg(buffers, ancillary)
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+
+def test_two_pools_passed_before_one_message_arrive_whole_when_the_first_is_cut_short():
+    ours, theirs = socket.socketpair()
+    connection = _Connection(ours, select.epoll(), b"ROUTER", pools=PoolUse.FORWARD)
+    connection.reader.properties, connection.reader.ready = {b"X-Pools": b"1"}, True
+    connection.sock = _ShortFirstPass(ours)
+    first, second = SharedPool(1 << 20), SharedPool(1 << 20)
+    a, b = os.urandom(SMALLEST_SLOT), os.urandom(SMALLEST_SLOT + 7)
+    connection.queue(encode([b"record", first.place(a)[0], second.place(b)[0]]))
+    for _ in range(10):
+        connection.write()
+    reader, received = _Reader(PoolUse.COPY), b""
+    theirs.setblocking(False)
+    while True:
+        try:
+            data, ancillary, _, _ = theirs.recvmsg(1 << 20, socket.CMSG_SPACE(64))
+        except BlockingIOError:
+            break
+        for level, kind, payload in ancillary:
+            reader.descriptors.extend(struct.unpack(f"{len(payload) // 4}i", payload))
+        received += data
+    reader.feed(received)
+    assert [bytes(part) for part in reader.messages.popleft()] == [b"record", a, b]
+    connection.close()
+    theirs.close()
