@@ -43,6 +43,7 @@ DEFAULT_FRAME = 16384
 MAX_WINDOW = 2**31 - 1
 _HEAD = struct.Struct(">IBI")   # length << 8 | type, flags, stream id
 _PIECES_FROM = 64 * 1024        # a DATA frame this large is handed on in pieces as it arrives
+_VIEW_FROM = 4096               # a DATA payload this large is handed on as a view (a smaller one's copy costs less)
 _CACHE_LIMIT = 64
 
 Headers = list[tuple[bytes, bytes]]   # a decoded header block: (name, value) pairs as they came
@@ -204,7 +205,7 @@ class Http2Connection:
                     del piece   # a view of the buffer would keep it from being cut below
                     position = size
                 break
-            if kind == DATA and buffer is data:   # the payload handed on as a view of the read
+            if kind == DATA and buffer is data and length >= _VIEW_FROM:   # handed on as a view of the read
                 self._data_frame(flags, stream_id & 0x7FFFFFFF, memoryview(data)[position + 9:end])
             else:
                 self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(buffer[position + 9:end]))
