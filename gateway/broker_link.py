@@ -43,7 +43,7 @@ from tritium.protocol import (
 )
 from tritium.links import LinkSocket, connect_dealer
 from tritium.security import CurveKeys
-from tritium.shared_pool import DEFAULT_POOL_BYTES, RequestSlots
+from tritium.shared_pool import DEFAULT_POOL_BYTES, request_slots
 from tritium.zmtp import ZmtpDealer
 from tritium.zmqio import LONE_ANSWERS_BEFORE_POLLING, POLL_WHILE_AT_MOST, cpu_is_free
 
@@ -100,7 +100,7 @@ class BrokerLink:
         self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
         self.sock: LinkSocket = connect_dealer(address, self.identity, curve, "gateway", hwm)
         # Large input tensors go to the broker as references into shared memory (a local link only).
-        self.slots = RequestSlots(pool_bytes, _POOL_FULL) if pool_bytes and isinstance(self.sock, ZmtpDealer) else None
+        self.slots = request_slots(pool_bytes, _POOL_FULL) if pool_bytes and isinstance(self.sock, ZmtpDealer) else None
         self.models = ModelTable()
         self.shared_memory = SharedMemoryRegions()   # follows the broker's list, like the model table
         self._models_received = asyncio.Event()

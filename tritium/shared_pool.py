@@ -142,6 +142,17 @@ class SharedPool:
         return len(self._sizes)
 
 
+def request_slots(size: int, when_full: str) -> RequestSlots | None:
+    """``RequestSlots`` over a new pool of ``size`` bytes; None, said once, when the system gives no
+    such memory (no memfd, not that much address space): large tensors then cross as bytes."""
+    try:
+        return RequestSlots(size, when_full)
+    except OSError as exc:
+        log.warning("no shared memory of %g MiB for large tensors (%s): they cross the local sockets as bytes",
+                    size / (1 << 20), exc)
+        return None
+
+
 class RequestSlots:
     """A pool's slots held by the requests in flight of one sender (a gateway, a model's BLS
     calls): a request's large frames are placed in the pool as it is sent and its slots freed when

@@ -25,7 +25,7 @@ from tritium.pb_utils import types as pb
 from tritium.protocol import Cancel, Infer, Response, pack_tensors, read_record, tensor_views
 from tritium.links import connect_dealer
 from tritium.security import CurveKeys
-from tritium.shared_pool import RequestSlots
+from tritium.shared_pool import RequestSlots, request_slots
 from tritium.workers.tensors import array_to_frame, frame_to_array
 from tritium.zmtp import ZmtpDealer
 
@@ -87,8 +87,10 @@ class BlsClient:
             record = infer.encode(inline)
             if external and self._local:
                 if self._slots is None:
-                    self._slots = RequestSlots(_POOL_BYTES, _POOL_FULL)
-                external = self._slots.place(rid, external)
+                    self._slots = request_slots(_POOL_BYTES, _POOL_FULL)
+                    self._local = self._slots is not None
+                if self._slots is not None:
+                    external = self._slots.place(rid, external)
             try:
                 self.sock.send_parts([record, *external])
             except BaseException:

@@ -15,7 +15,7 @@ import zmq
 
 from tests.tritium.test_zmtp import libzmq_dealer
 from tritium.broker.ensemble import _owned
-from tritium.shared_pool import SMALLEST_SLOT, SharedPool, locate
+from tritium.shared_pool import SMALLEST_SLOT, SharedPool, locate, request_slots
 from tritium.zmtp import (_NULL_GREETING, PoolUse, ZmtpDealer, ZmtpError, ZmtpRouter, _command, _Connection, _Reader,
                           encode)
 
@@ -263,3 +263,8 @@ def test_two_pools_passed_before_one_message_arrive_whole_when_the_first_is_cut_
     assert [bytes(part) for part in reader.messages.popleft()] == [b"record", a, b]
     connection.close()
     theirs.close()
+
+
+def test_a_pool_the_system_cannot_give_is_said_and_large_tensors_go_as_bytes(caplog):
+    assert request_slots(1 << 60, "full") is None   # far past any address space
+    assert "no shared memory of 1.09951e+12 MiB for large tensors" in caplog.text
