@@ -381,7 +381,7 @@ class EnsembleRunner:
             return
         descriptors = header.outputs or []
         try:
-            datas = _tensor_data(descriptors, view, offset, frames)
+            datas = _tensor_data(descriptors, view, offset, [_owned(frame) for frame in frames])
         except ProtocolError as exc:
             self._fail(request, InternalError(f"in ensemble '{request.plan.name}', {step.label} answered "
                                               f"with a malformed response: {exc}"))
@@ -508,10 +508,11 @@ class EnsembleRunner:
 
 
 def _owned(frame):
-    """A frame in a sender's shared pool (the only memory the broker maps), copied out: the sender
-    reuses its slot once the ensemble is answered, and a failed or cancelled ensemble is answered
-    while steps still queued may read its tensors (tritium/shared_pool.py). Views of a pool whose
-    sender has gone are copied too."""
+    """A frame in a shared pool (the only memory the broker maps), copied out. A gateway's slot is
+    reused once the ensemble is answered, and a failed or cancelled ensemble is answered while
+    steps still queued may read its tensors; an instance's answer slot may be handed on once only,
+    and a step's output may feed several steps and the answer (tritium/shared_pool.py). Views of
+    a pool whose sender has gone are copied too."""
     return bytes(frame) if type(frame) is memoryview and isinstance(frame.obj, mmap.mmap) else frame
 
 

@@ -98,7 +98,7 @@ class BrokerLink:
         self.loop = loop or asyncio.get_running_loop()
         self.identity = f"gw-{host_name()}-{os.getpid()}"
         self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
-        self.sock: LinkSocket = connect_dealer(address, self.identity, curve, "gateway", hwm)
+        self.sock: LinkSocket = connect_dealer(address, self.identity, curve, "gateway", hwm, reads_pools=True)
         # Large input tensors go to the broker as references into shared memory (a local link only).
         self.slots = request_slots(pool_bytes, _POOL_FULL) if pool_bytes and isinstance(self.sock, ZmtpDealer) else None
         self.models = ModelTable()

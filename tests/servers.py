@@ -110,16 +110,17 @@ def run_serve(repository: Path, *extra_args: str, timeout_s: float = 60.0) -> su
     return subprocess.run(command, capture_output=True, timeout=timeout_s, env=env)
 
 
-def instance_processes(server: TritiumServer | None = None) -> list[dict]:
+def instance_processes(server: TritiumServer | None = None, marker: bytes = b"tritium.workers.instance") -> list[dict]:
     """Every running tritium instance process (those of ``server`` only, when given): pid, argv
-    and environment (read from /proc). Other tests' servers may run on the same machine."""
+    and environment (read from /proc). Other tests' servers may run on the same machine.
+    ``marker``: an argument that names another kind of process (``b"gateway"``)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"tritium.workers.instance" not in argv:
+            if marker not in argv:
                 continue
             raw_env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:

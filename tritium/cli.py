@@ -368,7 +368,7 @@ def worker(**o) -> None:
         log_file=logged.log_file,
         exit_timeout_s=float(o["exit_timeout_secs"]), backend_directory=o["backend_directory"],
         backend_config=_backend_options(o["backend_config"]), metrics_interval_s=o["metrics_interval_ms"] / 1000,
-        heartbeat_interval_s=o["heartbeat_interval_secs"], curve=curve,
+        heartbeat_interval_s=o["heartbeat_interval_secs"], curve=curve, tensor_pool_bytes=o["tensor_pool_mb"] << 20,
         max_cpu_instances=max_cpu_instances if max_cpu_instances is not None else usable_cpus())
     sys.exit(HostAgent(settings).run())
 

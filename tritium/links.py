@@ -75,7 +75,8 @@ def connect_dealer(address: str, identity: str, curve: CurveKeys | None, who: st
                    context: zmq.Context | None = None, reads_pools: bool = False) -> LinkSocket:
     """A DEALER connected to the broker at ``address``; ``who`` names this process in log lines.
     ``reads_pools``: on a local link, the broker may send large tensors as references into shared
-    pools, copied out as they are read (an instance's data socket; tritium/shared_pool.py)."""
+    pools, copied out as they are read (a gateway's link, an instance's data and BLS sockets;
+    tritium/shared_pool.py)."""
     if _direct(address, curve):
         return ZmtpDealer(address[len("ipc://"):], identity.encode(), hwm,
                           RECONNECT_IVL_MS / 1000, RECONNECT_IVL_MAX_MS / 1000, broker_refusals(who),

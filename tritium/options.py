@@ -284,10 +284,12 @@ OPTIONS: tuple[Option, ...] = (
                  f"another thread takes it); 0: sleep at once. Default: {GATEWAY_SPIN_US}, or 0 under a CPU "
                  "quota (a container's CPU limit, where polling would spend it)."),
     # -- large tensors (docs/deploy.md, "Large tensors: the shared pool")
-    _option("--tensor-pool-mb", on="serve, gateway", to="gateway", type=click.IntRange(min=0, max=1 << 20), default=256,
+    _option("--tensor-pool-mb", on="serve, gateway, worker", to="gateway, worker",
+            type=click.IntRange(min=0, max=1 << 20), default=256,
             help="Shared memory each gateway writes large input tensors into, for the instances on its host to "
-                 "read (the broker passes references, not the bytes): the most it holds at once, in MiB; "
-                 "its pages stay allocated once used. 0: large tensors cross the local sockets as bytes."),
+                 "read, and each instance its large outputs, for the gateways (the broker passes references, "
+                 "not the bytes): the most one holds at once, in MiB; its pages stay allocated once used. "
+                 "0: large tensors cross the local sockets as bytes."),
     # -- CURVE (docs/security.md)
     _option("--curve-secret-key", on="broker, gateway, worker", default=None,
             help="This process's CURVE secret key file (NAME.key_secret); see docs/security.md."),

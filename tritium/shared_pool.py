@@ -12,6 +12,17 @@ copy (its pages allocated and freed each time), so the pool keeps its slots' pag
 
 Every mapping of a pool in a process is in one directory, so that a view of one can be
 recognised wherever it is sent (``locate``) and sent on as a reference.
+
+Large outputs go the other way through each instance's own pool (``AnswerSlots``), whose slots
+are *released by their reader*: the process that copies a tensor out (a gateway, or an instance
+that made a BLS call) does not answer the instance, so it marks the slot free in the pool itself
+(a byte per 64 KiB in the pool's first slot), and the instance reuses the slots so marked. A
+process that holds a view of such a slot (the instance that placed it, the broker forwarding it)
+either hands it on as a reference, whole (the next holder's duty from then on), or, when its last
+view goes without that, marks the slot free itself (``hold``). The marks are single bytes
+written after the copy out and read before the slot is written again: ordered as needed on x86;
+on weaker memory models the instance's own work between reading a mark and writing the slot is
+far longer than any reordering of the reader's copy.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import ctypes
 import logging
 import mmap
 import os
+import weakref
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -40,6 +52,8 @@ class MappedPool:
     view: memoryview
     address: int                      # where the mapping starts in this process
     holders: list = field(default_factory=list)   # the connections this process passed it to
+    released_by_reader: bool = False  # an instance's answer pool: see the module's docstring
+    holds: dict = field(default_factory=dict)     # id(view) -> its weakref.finalize: views this process holds
 
     def retire(self) -> None:
         """No longer passed on: views of it still alive keep the mapping; sent on, they are bytes."""
@@ -53,26 +67,58 @@ _directory: dict[int, MappedPool] = {}   # id(mapping) -> pool, every pool this 
 _numbers = iter(range(1, 1 << 31))
 
 
-def map_pool(fd: int, size: int, passed_on: bool) -> MappedPool:
+def map_pool(fd: int, size: int, passed_on: bool, released_by_reader: bool = False) -> MappedPool:
     """Map the memory file ``fd``. ``passed_on``: this process sends views of it on (the gateway
     that owns it, the broker): the pool keeps the descriptor and joins the directory. Otherwise
-    (an instance, which copies tensors out) it is mapped read-only and the descriptor closed."""
+    (a reader, which copies tensors out) the descriptor is closed, and the mapping is read-only
+    unless the reader marks slots free in it (``released_by_reader``)."""
     try:
         if os.fstat(fd).st_size < size:   # a mapping past the file's end would fault (SIGBUS) when read
             raise OSError(f"the memory file holds {os.fstat(fd).st_size} bytes")
         # Writable where passed on, for its address (ctypes reads one only of a writable buffer);
-        # only the owner writes to it.
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if passed_on else 0)
+        # only the owner writes tensors to it, and readers and holders only the marks.
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if passed_on or released_by_reader else 0)
         mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
     except BaseException:
         os.close(fd)
         raise
     if not passed_on:
         os.close(fd)
-        return MappedPool(None, size, 0, mapping, memoryview(mapping), 0)
-    pool = MappedPool(fd, size, next(_numbers), mapping, memoryview(mapping), _address(mapping))
+        return MappedPool(None, size, 0, mapping, memoryview(mapping), 0, released_by_reader=released_by_reader)
+    pool = MappedPool(fd, size, next(_numbers), mapping, memoryview(mapping), _address(mapping),
+                      released_by_reader=released_by_reader)
     _directory[id(mapping)] = pool
     return pool
+
+
+def release_slot(pool: MappedPool, offset: int) -> None:
+    """Mark the slot at ``offset`` of an answer pool free: its tensor was copied out, or dropped."""
+    pool.view[offset // SMALLEST_SLOT] = 0
+
+
+def hold(pool: MappedPool, view: memoryview, offset: int) -> None:
+    """This process holds ``view`` of an answer pool's slot: the slot is released when the view
+    goes, unless it was handed on whole first (``hand_on``)."""
+    key = id(view)
+    token = weakref.finalize(view, _dropped, pool, key, offset)
+    token.atexit = False
+    pool.holds[key] = token
+
+
+def hand_on(pool: MappedPool, view: memoryview) -> weakref.finalize | None:
+    """Claim ``view``'s hold to send it on as a reference: None when this process does not hold
+    it (a slice of a held view, or one claimed already), and it must then go as its bytes. The
+    caller ``detach``es the claim once the reference is written whole; a claim never completed
+    releases the slot when the view goes, as an unclaimed hold does."""
+    token = pool.holds.pop(id(view), None)
+    return token if token is not None and token.alive else None
+
+
+def _dropped(pool: MappedPool, key: int, offset: int) -> None:
+    token = pool.holds.get(key)
+    if token is not None and not token.alive:   # this one, not a later view's at the same id
+        del pool.holds[key]
+    release_slot(pool, offset)
 
 
 def unmap(pool: MappedPool) -> None:
@@ -97,14 +143,17 @@ def _address(buffer) -> int:
 
 
 class SharedPool:
-    """The gateway's pool: slots of a power-of-two size, each freed as a whole; a freed slot is
-    kept for the next tensor of its size (its pages stay allocated: reused, not faulted in again)."""
+    """A pool its owner places tensors in: slots of a power-of-two size, each freed as a whole; a
+    freed slot is kept for the next tensor of its size (its pages stay allocated: reused, not
+    faulted in again). ``released_by_reader``: an answer pool, its first slots the marks of the
+    others (a byte per 64 KiB, 1 while in use), and a placed tensor ``hold``."""
 
-    def __init__(self, size: int = DEFAULT_POOL_BYTES) -> None:
+    def __init__(self, size: int = DEFAULT_POOL_BYTES, released_by_reader: bool = False) -> None:
         fd = os.memfd_create("tritium-tensors", os.MFD_CLOEXEC)
         os.ftruncate(fd, size)
-        self.pool = map_pool(fd, size, passed_on=True)
-        self._top = 0                                    # the pool is carved from here up
+        self.pool = map_pool(fd, size, passed_on=True, released_by_reader=released_by_reader)
+        marks = -(-size // SMALLEST_SLOT) if released_by_reader else 0
+        self._top = -(-marks // SMALLEST_SLOT) * SMALLEST_SLOT   # the pool is carved from here up
         self._free: dict[int, list[int]] = {}            # slot size -> free offsets
         self._sizes: dict[int, int] = {}                 # offset of a slot in use -> its size
 
@@ -126,7 +175,16 @@ class SharedPool:
         self._sizes[offset] = size
         view = self.pool.view[offset:offset + count]
         view[:] = source.cast("B")
+        if self.pool.released_by_reader:
+            self.pool.view[offset // SMALLEST_SLOT] = 1
+            hold(self.pool, view, offset)
         return view, offset
+
+    def reclaim(self) -> None:
+        """Free the slots of an answer pool that their readers (or holders) marked free."""
+        marks = self.pool.view
+        for offset in [offset for offset in self._sizes if not marks[offset // SMALLEST_SLOT]]:
+            self.free(offset)
 
     def free(self, offset: int) -> None:
         size = self._sizes.pop(offset)
@@ -196,4 +254,52 @@ class RequestSlots:
         if not self._was_full:
             self._was_full = True
             log.warning("%s", self._when_full.format(mib=self.pool.size / (1 << 20)))
+
+
+def answer_slots(size: int) -> AnswerSlots | None:
+    """``AnswerSlots`` over a new pool of ``size`` bytes; None, said once, when the system gives none."""
+    try:
+        return AnswerSlots(size)
+    except OSError as exc:
+        log.warning("no shared memory of %g MiB for large outputs (%s): they cross the local sockets as bytes",
+                    size / (1 << 20), exc)
+        return None
+
+
+class AnswerSlots:
+    """An instance's pool for its large outputs, released by their readers (see the module's
+    docstring). Not thread-safe: the instance's main thread places every answer it sends."""
+
+    def __init__(self, size: int) -> None:
+        self.pool = SharedPool(size, released_by_reader=True)
+        self._was_full = False
+
+    def place(self, frames: list) -> list:
+        """``frames`` (a message: its record first) with each large tensor replaced by its copy in
+        the pool, where there is room."""
+        placed = None
+        for index in range(1, len(frames)):
+            view = memoryview(frames[index])
+            if view.nbytes < SMALLEST_SLOT or not view.c_contiguous:
+                continue
+            if placed is None:
+                placed = list(frames)
+                self.pool.reclaim()
+            slot = self.pool.place(view)
+            if slot is None:
+                self._full()
+            else:
+                placed[index] = slot[0]
+                self._was_full = False
+        return frames if placed is None else placed
+
+    def retire(self) -> None:
+        """No longer used: its memory goes with the last mapping of it, in any process."""
+        self.pool.pool.retire()
+
+    def _full(self) -> None:
+        if not self._was_full:
+            self._was_full = True
+            log.warning("the instance's pool for large outputs (--tensor-pool-mb, %g MiB) is full: large outputs "
+                        "cross the local sockets as bytes until its readers free some", self.pool.size / (1 << 20))
 

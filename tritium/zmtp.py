@@ -43,7 +43,7 @@ from typing import Callable
 
 import zmq
 
-from tritium.shared_pool import MappedPool, locate, map_pool, unmap
+from tritium.shared_pool import MappedPool, hand_on, hold, locate, map_pool, release_slot, unmap
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,8 @@ _MORE, _LONG, _COMMAND = 1, 2, 4
 _POOLED = 8                  # a reference into a shared pool (a reserved bit: only to a peer whose READY offers pools)
 _SPECIAL = _COMMAND | _POOLED
 _REFERENCE = struct.Struct("<IQQ")   # a pooled frame's body: pool number, offset, size
-_POOL_COMMAND = struct.Struct("<IQ")  # X-POOL: pool number, its size (its descriptor passed with it); X-POOL-END: the number
+_POOL_COMMAND = struct.Struct("<IQB")  # X-POOL: pool number, size, released by its reader (its descriptor passed with it)
+_POOL_ENDED = struct.Struct("<I")      # X-POOL-END: the pool number
 _OFFERS_POOLS = b"X-Pools"   # READY property: this end reads pooled frames
 _ANCILLARY = socket.CMSG_SPACE(16 * 4)   # room for the descriptors one read may bring
 _SMALL_PART = 64 * 1024      # parts below this are copied into one buffer; larger ones are sent in place
@@ -87,7 +88,7 @@ def _nbytes(part) -> memoryview | bytes:
     """The part as something ``len`` measures in bytes."""
     if type(part) is bytes:
         return part
-    view = memoryview(part)
+    view = part if type(part) is memoryview else memoryview(part)   # the same view: a held one is known by it
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
@@ -139,9 +140,11 @@ class _PooledMessage(list):
 
 
 class _Expanded(list):
-    """A ``_PooledMessage`` as written on one connection (``original``: for another connection)."""
+    """A ``_PooledMessage`` as written on one connection (``original``: for another connection;
+    ``handed``: the holds of answer-pool slots it sends as references, let go once it is written whole)."""
 
     original: _PooledMessage
+    handed: list
 
 
 class _PassedDescriptor:
@@ -198,6 +201,7 @@ class _Reader:
         self.pools: dict[int, MappedPool] = {}          # by the peer's number for it
         self.descriptors: collections.deque[int] = collections.deque()   # passed with the bytes read, in order
         self._parts: list = []
+        self._releases: list = []   # answer-pool slots copied out of the message being read: freed once it is whole
         self._tail = b""                     # the start of a frame not yet read whole
         self._big: bytearray | None = None   # a large frame being read in place
         self._big_filled = 0
@@ -234,7 +238,7 @@ class _Reader:
             position = _GREETING_SIZE
         view = memoryview(data)
         end_of_data = len(data)
-        parts, messages = self._parts, self.messages   # the loop runs once per frame: locals
+        parts, messages, releases = self._parts, self.messages, self._releases   # the loop runs once per frame: locals
         while position < end_of_data:
             flags = data[position]
             if flags & _LONG:
@@ -267,6 +271,8 @@ class _Reader:
                 parts.append(view[start:end])
                 messages.append(parts)
                 parts = self._parts = []
+                if releases:
+                    self._release()
         if position < end_of_data:
             self._tail = bytes(view[position:])
 
@@ -281,6 +287,15 @@ class _Reader:
         if not flags & _MORE:
             self.messages.append(self._parts)
             self._parts = []
+            if self._releases:
+                self._release()
+
+    def _release(self) -> None:
+        """The message is whole: the answer-pool slots copied out of it are free (the sender let go of
+        them when it wrote the message whole; a message cut short is theirs to release)."""
+        for pool, offset in self._releases:
+            release_slot(pool, offset)
+        self._releases.clear()
 
     def _command(self, body) -> None:
         if not body or len(body) < 1 + body[0]:
@@ -293,16 +308,17 @@ class _Reader:
             reason = bytes(body[2 + body[0]:]).decode(errors="replace")
             raise ZmtpError(f"the peer closed the connection: {reason}")
         elif name == b"X-POOL" and self.pool_use is not None:
-            number, size = _POOL_COMMAND.unpack(body[1 + body[0]:])
+            number, size, released_by_reader = _POOL_COMMAND.unpack(body[1 + body[0]:])
             if not self.descriptors:
                 raise ZmtpError("a pool without its descriptor")
             self._forget_pool(number)
             try:
-                self.pools[number] = map_pool(self.descriptors.popleft(), size, self.pool_use is PoolUse.FORWARD)
+                self.pools[number] = map_pool(self.descriptors.popleft(), size, self.pool_use is PoolUse.FORWARD,
+                                              bool(released_by_reader))
             except OSError as exc:   # out of address space or mappings: the peer's references cannot be read
                 raise ZmtpError(f"could not map the peer's pool {number} of {size} bytes: {exc}") from None
         elif name == b"X-POOL-END" and self.pool_use is not None:
-            self._forget_pool(_POOL_COMMAND.unpack(body[1 + body[0]:])[0])
+            self._forget_pool(_POOL_ENDED.unpack(body[1 + body[0]:])[0])
         # PING and the like: these sockets ask for no heartbeats, and any other command is advisory
 
     def _from_pool(self, body) -> memoryview | bytearray:
@@ -315,7 +331,13 @@ class _Reader:
         if offset + size > pool.size:
             raise ZmtpError(f"a pooled frame past the end of pool {number}")
         view = pool.view[offset:offset + size]
-        return view if self.pool_use is PoolUse.FORWARD else bytearray(view)
+        if self.pool_use is PoolUse.FORWARD:
+            if pool.released_by_reader:
+                hold(pool, view, offset)
+            return view
+        if pool.released_by_reader:
+            self._releases.append((pool, offset))
+        return bytearray(view)
 
     def _forget_pool(self, number: int) -> None:
         pool = self.pools.pop(number, None)
@@ -329,6 +351,7 @@ class _Reader:
             unmap(pool)
 
     def close(self) -> None:
+        self._releases.clear()   # a message cut short: its sender releases its slots
         for number in list(self.pools):
             self._forget_pool(number)
         while self.descriptors:
@@ -416,6 +439,9 @@ class _Connection:
             if buffers:   # the socket is full: wait until it drains
                 self._want_write(True)
                 return
+            if type(buffers) is _Expanded and buffers.handed:
+                for handed in buffers.handed:   # the peer holds them now
+                    handed.detach()
             out.popleft()
             self.head_started = False
             if not self.reader.ready:
@@ -428,13 +454,15 @@ class _Connection:
         peer_reads_pools = self.reader.properties.get(_OFFERS_POOLS) == b"1"
         expanded = _Expanded()
         expanded.original = message
+        expanded.handed = []
         passed: list[_PassedDescriptor] = []
         for segment in message:
             if type(segment) is not _Pooled:
                 expanded.append(segment)
                 continue
             pool, size = segment.pool, len(segment.view)
-            if peer_reads_pools and pool.fd is not None and (pool.number in self.shared or self._share(pool, passed)):
+            if peer_reads_pools and pool.fd is not None and (pool.number in self.shared or self._share(pool, passed)) \
+                    and self._may_refer(segment, expanded.handed):
                 expanded.append(bytes((segment.more | _POOLED, _REFERENCE.size))
                                 + _REFERENCE.pack(pool.number, segment.offset, size))
             else:
@@ -442,6 +470,18 @@ class _Connection:
                 expanded.append(segment.view)
         expanded[:0] = passed
         return expanded
+
+    @staticmethod
+    def _may_refer(segment: _Pooled, handed: list) -> bool:
+        """Whether the segment may go as a reference: always for a gateway's pool (its owner frees
+        its slots); for an answer pool, only a view this process holds and hands on whole."""
+        if not segment.pool.released_by_reader:
+            return True
+        claim = hand_on(segment.pool, segment.view)
+        if claim is None:
+            return False
+        handed.append(claim)
+        return True
 
     def _share(self, pool: MappedPool, passed: list) -> bool:
         """Pass ``pool`` to the peer before this message (False when no descriptor is left for it:
@@ -452,7 +492,8 @@ class _Connection:
             descriptor = os.dup(pool.fd)
         except OSError:
             return False
-        passed.append(_PassedDescriptor(_command_frame(b"X-POOL", _POOL_COMMAND.pack(pool.number, pool.size)), descriptor))
+        passed.append(_PassedDescriptor(_command_frame(b"X-POOL", _POOL_COMMAND.pack(
+            pool.number, pool.size, pool.released_by_reader)), descriptor))
         self.shared[pool.number] = pool
         pool.holders.append(self)
         return True
@@ -487,7 +528,7 @@ class _Connection:
         if self.shared.pop(pool.number, None) is not None:
             pool.holders.remove(self)
             if not self.broken and not self.write_failed:
-                self.queue([_command_frame(b"X-POOL-END", _POOL_COMMAND.pack(pool.number, 0))])
+                self.queue([_command_frame(b"X-POOL-END", _POOL_ENDED.pack(pool.number))])
 
     def read(self) -> None:
         """Read what has arrived (``broken`` when the peer closed); ZmtpError for a peer that is not ours."""

@@ -59,6 +59,7 @@ from tritium.protocol import (
     read_record,
 )
 from tritium.security import CurveKeys, secure_client
+from tritium.shared_pool import DEFAULT_POOL_BYTES
 from tritium.signals import SignalWaker
 from tritium.workers.placement import InstancePlan, plan_instances, plan_scaled
 
@@ -89,6 +90,7 @@ class WorkerSettings:
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     max_cpu_instances: int = field(default_factory=lambda: os.cpu_count() or 1)   # room for autoscaled ones
     curve: CurveKeys | None = None   # also given to the instances, as file paths in their spec
+    tensor_pool_bytes: int = DEFAULT_POOL_BYTES   # each instance's pool for large outputs (0: none)
 
 
 @dataclass(eq=False)
@@ -422,6 +424,7 @@ class HostAgent:
                 "log_verbose": self.settings.log_verbose,
                 "log_file": self.settings.log_file,
                 "heartbeat_interval_s": self.settings.heartbeat_interval_s,
+                "tensor_pool_bytes": self.settings.tensor_pool_bytes,
                 "boot": self._broker_boot,
                 "backend_directory": self.settings.backend_directory,
                 "backend_config": self.settings.backend_config,

@@ -44,7 +44,7 @@ _POOL_FULL = ("the shared memory for this model's BLS calls ({mib:g} MiB) is ful
 
 class BlsClient:
     def __init__(self, broker: str, identity: str, curve: CurveKeys | None = None) -> None:
-        self.sock = connect_dealer(broker, identity, curve, "instance")
+        self.sock = connect_dealer(broker, identity, curve, "instance", reads_pools=True)
         self._readable = select.poll()   # polled by the one thread watching the socket
         self._readable.register(self.sock.fileno(), select.POLLIN)
         self._rids = itertools.count(1)

@@ -47,7 +47,9 @@ from tritium.protocol import (
 )
 from tritium.lifetime import die_with_parent
 from tritium.links import LinkSocket, connect_dealer
+from tritium.zmtp import ZmtpDealer
 from tritium.security import CurveKeys, secure_client
+from tritium.shared_pool import DEFAULT_POOL_BYTES, AnswerSlots, answer_slots
 from tritium.workers.backends import load_backend
 from tritium.workers.backends.base import BackendConfig, InstanceContext, ModelContext
 from tritium.workers.executor import BatchExecutor
@@ -64,11 +66,13 @@ class Outbox:
     """Sends on the instance's socket from any thread; the socket belongs to the main thread.
 
     A decoupled model may answer from threads of its own: those messages are queued and
-    the main loop, woken through a socket pair, sends them.
+    the main loop, woken through a socket pair, sends them. On a local link each large output
+    is placed in the instance's pool as it is sent (``answers``; tritium/shared_pool.py).
     """
 
-    def __init__(self, sock: LinkSocket) -> None:
+    def __init__(self, sock: LinkSocket, answers: AnswerSlots | None = None) -> None:
         self.sock = sock
+        self.answers = answers
         self.main_thread = threading.get_ident()
         self.queue: deque[list] = deque()
         self.wake_read, self._wake_write = socket.socketpair()
@@ -77,7 +81,7 @@ class Outbox:
 
     def send(self, parts: list) -> None:
         if threading.get_ident() == self.main_thread:
-            self.sock.send_parts(parts)
+            self.sock.send_parts(parts if self.answers is None else self.answers.place(parts))
             return
         self.queue.append(parts)
         try:
@@ -91,7 +95,8 @@ class Outbox:
         except BlockingIOError:
             pass
         while self.queue:
-            self.sock.send_parts(self.queue.popleft())
+            parts = self.queue.popleft()
+            self.sock.send_parts(parts if self.answers is None else self.answers.place(parts))
 
 
 class HeartbeatThread(threading.Thread):
@@ -216,7 +221,12 @@ def main() -> None:
                               spec.get("kind", "CPU"), spec.get("heartbeat_interval_s", 1.0),
                               InternalError(why)).encode()
 
-    outbox = Outbox(sock)
+    pool_bytes = spec.get("tensor_pool_bytes", DEFAULT_POOL_BYTES)
+
+    def new_answer_pool() -> AnswerSlots | None:
+        return answer_slots(pool_bytes) if pool_bytes and isinstance(sock, ZmtpDealer) else None
+
+    outbox = Outbox(sock, new_answer_pool())
     try:
         executor, lifecycle = build_executor(spec, outbox)
     except Exception as exc:
@@ -248,6 +258,11 @@ def main() -> None:
         """A new broker process keeps this instance: what the old one bound to it is gone."""
         load.update(boot=reset.boot, epoch=reset.epoch)
         executor.numbered_anew()
+        # Slots handed to the old broker process may never be released: a pool of its own for the
+        # new one (the old one's memory goes with its last mapping).
+        if outbox.answers is not None:
+            outbox.answers.retire()
+            outbox.answers = new_answer_pool()
         if executor.sequences is not None:   # its sequences' slots and implicit state
             executor.sequences = SequenceInputs(executor.config, Path(spec["model_dir"]))
         log.info("kept by a new broker process (load %s); saying HELLO again", reset.epoch)
@@ -298,7 +313,7 @@ def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: 
         message, _, _ = read_record(frames[0])
         kind = type(message)
         if kind is Batch:
-            sock.send_parts(executor.run(frames))
+            outbox.send(executor.run(frames))
         elif kind is CancelRunning:
             executor.cancel(message.batch, message.index)
         elif kind is LogSettings:

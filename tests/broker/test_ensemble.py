@@ -7,6 +7,7 @@ step model would answer, and hands the RESPONSE records back through ``batch_don
 from __future__ import annotations
 
 import contextlib
+import gc
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from tritium.broker.scheduler import Scheduler
 from tests.broker.scheduler_world import lose
 from tritium.repo.model import ModelDefinition
 from tritium.repo.normalize import normalize
+from tritium.shared_pool import SMALLEST_SLOT, AnswerSlots
 from tritium.errors import ErrorCode, InvalidArgument, Unavailable
 from tritium.protocol import (
     INLINE_LIMIT,
@@ -282,6 +284,20 @@ def test_large_tensors_pass_from_step_to_step_as_the_same_frames(world):
     frames = [frames for _, _, reqs in batches for _, _, frames in reqs]
     assert len(frames) == 2 and all(len(f) == 1 for f in frames)
     assert frames[0][0] is frames[1][0]   # X went to double and to triple as one frame, not copied
+
+
+def test_a_step_output_in_an_instance_s_answer_pool_is_copied_and_its_slot_released(world):
+    """A slot of an answer pool may be handed on once only, and X feeds two steps and the answer."""
+    slots = AnswerSlots(4 << 20)
+    plain = world.answer
+    world.answer = lambda name, header, arrays: slots.place(plain(name, header, arrays))
+    big = np.ones((2, INLINE_LIMIT), dtype=np.float32)
+    world.infer("pipeline", {"IN": big}, outputs=["SUM", "X"])
+    world.run(rounds=1)                    # pre answered, X in its pool
+    frames = [frames for _, _, reqs in world.batches() for _, _, frames in reqs]
+    assert len(frames) == 2 and all(type(f[0]) is bytes for f in frames)   # double and triple got copies
+    gc.collect()
+    assert not any(slots.pool.pool.view[offset // SMALLEST_SLOT] for offset in slots.pool._sizes)
 
 
 def _recording(answer, seen: list):

@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,7 +75,7 @@ def test_concurrent_requests_are_batched_and_answered_each_with_its_own_result(s
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_many_large_tensors_at_once_each_come_back_as_sent(server, protocol):
     """200 KB inputs, 32 clients at a time, three rounds: each crosses the links through the
-    gateway's shared pool, whose slots are reused round after round."""
+    gateway's shared pool and comes back through its instance's, slots reused round after round."""
     module = httpclient if protocol == "http" else grpcclient
     url = server.url if protocol == "http" else server.grpc_url
     rng = np.random.default_rng(11)
@@ -94,6 +95,10 @@ def test_many_large_tensors_at_once_each_come_back_as_sent(server, protocol):
             answers = list(pool.map(echo, arrays))
         for array, answer in zip(arrays, answers):
             np.testing.assert_array_equal(answer, array)
+    (gateway,) = instance_processes(server, b"gateway")
+    maps = Path(f"/proc/{gateway['pid']}/maps").read_text().splitlines()
+    pools = {line.split()[4] for line in maps if "memfd:tritium-tensors" in line}   # by inode
+    assert len(pools) >= 2   # its own, and an instance's it was passed with the first answer in it
 
 
 def _instances_of(server, model):

@@ -164,7 +164,7 @@ def test_a_pool_that_cannot_be_mapped_is_a_protocol_error_naming_it():
     read_end, write_end = os.pipe()   # a descriptor, but no memory file
     os.close(write_end)
     reader.descriptors.append(read_end)
-    body = b"\x06X-POOL" + struct.pack("<IQ", 3, 1 << 20)
+    body = b"\x06X-POOL" + struct.pack("<IQB", 3, 1 << 20, 0)
     with pytest.raises(ZmtpError, match="could not map the peer's pool 3 of 1048576 bytes"):
         reader.feed(bytes((4, len(body))) + body)
 
@@ -172,7 +172,7 @@ def test_a_pool_that_cannot_be_mapped_is_a_protocol_error_naming_it():
 def test_a_pool_command_without_its_descriptor_is_a_protocol_error():
     reader = _Reader(PoolUse.FORWARD)
     reader.feed(_NULL_GREETING + _command(b"READY", {b"Socket-Type": b"DEALER"}))
-    body = b"\x06X-POOL" + struct.pack("<IQ", 1, 1 << 20)
+    body = b"\x06X-POOL" + struct.pack("<IQB", 1, 1 << 20, 0)
     with pytest.raises(ZmtpError, match="a pool without its descriptor"):
         reader.feed(bytes((4, len(body))) + body)
 
@@ -210,7 +210,7 @@ def test_a_pool_larger_than_its_memory_file_is_refused_before_it_is_mapped():
     small = os.memfd_create("small")
     os.ftruncate(small, 4096)
     reader.descriptors.append(small)
-    body = b"\x06X-POOL" + struct.pack("<IQ", 4, 1 << 20)   # reading past 4096 bytes would fault
+    body = b"\x06X-POOL" + struct.pack("<IQB", 4, 1 << 20, 0)   # reading past 4096 bytes would fault
     with pytest.raises(ZmtpError, match="the memory file holds 4096 bytes"):
         reader.feed(bytes((4, len(body))) + body)
 
