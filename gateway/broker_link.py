@@ -42,6 +42,7 @@ from tritium.protocol import (
     read_record,
 )
 from tritium.links import LinkSocket, connect_dealer
+from tritium.zmtp import PoolUse
 from tritium.security import CurveKeys
 from tritium.shared_pool import DEFAULT_POOL_BYTES, request_slots
 from tritium.zmtp import ZmtpDealer
@@ -98,7 +99,7 @@ class BrokerLink:
         self.loop = loop or asyncio.get_running_loop()
         self.identity = f"gw-{host_name()}-{os.getpid()}"
         self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
-        self.sock: LinkSocket = connect_dealer(address, self.identity, curve, "gateway", hwm, reads_pools=True)
+        self.sock: LinkSocket = connect_dealer(address, self.identity, curve, "gateway", hwm, pools=PoolUse.VIEW)
         # Large input tensors go to the broker as references into shared memory (a local link only).
         self.slots = request_slots(pool_bytes, _POOL_FULL) if pool_bytes and isinstance(self.sock, ZmtpDealer) else None
         self.models = ModelTable()

@@ -304,20 +304,21 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return encode_infer_response(result)
 
     def infer_then(self, request: Any, metadata: Sequence[tuple[bytes, bytes]],
-                   done: Callable[[bytes | TritiumError], None]) -> Callable[[], None]:
+                   done: Callable[[tuple[bytes | memoryview, ...] | TritiumError], None]) -> Callable[[], None]:
         """ModelInfer without a coroutine (gateway/grpc_server.py's hot path): ``done`` gets the
-        ModelInferResponse's bytes or a TritiumError once; a request refused before it is sent raises here.
-        Returns what to call when the client gives up on the call."""
+        ModelInferResponse's bytes (as pieces: InferResponseWriter.pieces) or a TritiumError once; a
+        request refused before it is sent raises here. Returns what to call when the client gives
+        up on the call."""
         if self.restricted:
             self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
 
         def answered(result: InferResult | TritiumError) -> None:
-            answer: bytes | TritiumError
+            answer: tuple[bytes | memoryview, ...] | TritiumError
             if isinstance(result, TritiumError):
                 answer = result
             else:
                 try:
-                    answer = self._writer.write(result)
+                    answer = self._writer.pieces(result)
                 except TritiumError as exc:
                     answer = exc
             trace = infer_request.trace

@@ -20,6 +20,8 @@ from tritium.gateway.shared_memory import shared_memory_ref
 from tritium import datatypes
 from tritium.errors import InvalidArgument
 
+_IN_PLACE = 64 * 1024   # output data of this size or more is left out of the joined message (written in place)
+
 # Request parameters with the triton_ prefix that gRPC clients may send (Triton's rule).
 _ALLOWED_TRITON_PARAMETERS = {"triton_enable_empty_final_response"}
 FINAL_RESPONSE = "triton_final_response"   # the parameter that marks a stream's last answer to a request
@@ -356,9 +358,15 @@ class InferResponseWriter:
     def write(self, result: InferResult, final: bool | None = None) -> bytes:
         """The response's bytes; with ``final`` (a stream's answers), its parameter
         ``triton_final_response`` too."""
+        return joined(self.pieces(result, final))
+
+    def pieces(self, result: InferResult, final: bool | None = None) -> tuple[bytes | memoryview, ...]:
+        """The response's bytes as pieces written one after the other: one when it is small; else its
+        fields and each output's data as they are (a large one is not copied: it may lie in an
+        instance's pool)."""
         if result.parameters:
             extra = None if final is None else {FINAL_RESPONSE: final}
-            return encode_infer_response(result, extra).SerializeToString()
+            return (encode_infer_response(result, extra).SerializeToString(),)
         encoded = self._encoded
         if len(encoded) >= self.LIMIT:
             encoded.clear()
@@ -372,6 +380,7 @@ class InferResponseWriter:
         if final is not None:
             parts.append(_FINAL_TRUE if final else _FINAL_FALSE)
         contents: list[bytes | memoryview] = []
+        large = False
         for output in result.outputs:
             shape = tuple(output.shape)
             description = encoded.get((output.name, output.datatype, shape))
@@ -380,8 +389,15 @@ class InferResponseWriter:
             parts.append(description)
             data = b"" if output.in_shared_memory else output.data
             contents += (b"\x32", _varint_bytes(len(data)), data)
+            large = large or len(data) >= _IN_PLACE
         parts += contents
-        return b"".join(parts)
+        return tuple(parts) if large else (b"".join(parts),)   # the transport joins runs of small pieces
+
+
+def joined(pieces: tuple[bytes | memoryview, ...]) -> bytes:
+    """A message's pieces as one."""
+    first = pieces[0]
+    return first if len(pieces) == 1 and isinstance(first, bytes) else b"".join(pieces)
 
 
 def stream_answer(response: bytes) -> bytes:

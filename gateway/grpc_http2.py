@@ -439,13 +439,13 @@ class Http2Connection:
             self._end_local(stream_id)
         self._sent_data()
 
-    def send_whole_answer(self, stream_id: int, headers: bytes, message: tuple[bytes, bytes | memoryview],
+    def send_whole_answer(self, stream_id: int, headers: bytes, message: tuple[bytes | memoryview, ...],
                           trailers: bytes) -> bool:
         """A call's response headers, its one DATA frame (``message``: its pieces, written one
         after the other) and its trailers (END_STREAM), in one go, when the windows and the
         client's frame size take them as they are; False (nothing sent) when not."""
         stream = self.streams.get(stream_id)
-        size = len(message[0]) + len(message[1])
+        size = sum(map(len, message))
         limit = self.peer_max_frame
         if stream is None or size > stream.send_window or size > self.send_window or size > limit \
                 or len(headers) > limit or len(trailers) > limit:
@@ -455,7 +455,7 @@ class Http2Connection:
         pieces = (_HEAD.pack(len(headers) << 8 | HEADERS, END_HEADERS, stream_id), headers,
                   _HEAD.pack(size << 8 | DATA, 0, stream_id), *message,
                   _HEAD.pack(len(trailers) << 8 | HEADERS, END_HEADERS | END_STREAM, stream_id), trailers)
-        if len(message[-1]) < LARGE_SEGMENT:   # the payload: written as it is when large
+        if size < LARGE_SEGMENT:   # large pieces (an output's data) are written as they are
             self._out.append(b"".join(pieces))
         else:
             self._out += pieces

@@ -29,13 +29,14 @@ import grpc
 from tritium.gateway.compression import OFF_LOOP_BYTES, in_thread
 from tritium.gateway.connections import OpenConnections
 from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, InferStream, rpc_methods
+from tritium.gateway.grpc_codec import joined
 from tritium.gateway.grpc_http2 import (CANCEL, ENHANCE_YOUR_CALM, LARGE_SEGMENT, NO_ERROR, REFUSED_STREAM,
                                         ConnectionFailure, Headers, Http2Connection, encode_headers)
 from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers, too_many_pings
 from tritium.gateway.grpc_tls import GrpcTls
 from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, Compressed, GrpcFailure, MessageReader,
-                                      compressed_frame, frame, parse_timeout, prefix, percent_encoded, response_encoding,
-                                      too_large)
+                                      compressed_frame, frame, parse_timeout, prefix, prefix_of, percent_encoded,
+                                      response_encoding, too_large)
 from tritium.gateway.header_forwarding import binary_metadata_value
 from tritium.errors import InvalidArgument, TritiumError
 from tritium.ports import PortInUse, bound_socket
@@ -354,15 +355,15 @@ class GrpcConnection(asyncio.Protocol):
         responses = _one(call.rpc.handler, request, CallContext(call.headers))
         call.task = self.loop.create_task(self._serve(call, responses))
 
-    def _answered(self, call: _Call, answer: bytes | TritiumError) -> None:
-        """ModelInfer's answer, from the broker link's callback."""
+    def _answered(self, call: _Call, answer: tuple[bytes | memoryview, ...] | TritiumError) -> None:
+        """ModelInfer's answer (the message's pieces), from the broker link's callback."""
         if call.done:   # the client reset it, or its deadline passed
             return
         try:
             if isinstance(answer, TritiumError):
                 self._fail(call, status_of(answer))
             elif not self._answer_at_once(call, answer):
-                self._send_message(call, answer)
+                self._send_message(call, joined(answer))
                 self._finish(call, OK, "")
         except GrpcFailure as failure:
             self._fail(call, failure)
@@ -370,11 +371,12 @@ class GrpcConnection(asyncio.Protocol):
             self._fail(call, _internal(call, exc))
         self._flush_soon()
 
-    def _answer_at_once(self, call: _Call, payload: bytes) -> bool:
+    def _answer_at_once(self, call: _Call, pieces: tuple[bytes | memoryview, ...]) -> bool:
         """The usual unary answer (uncompressed, nothing sent before it, room in the client's
-        windows): headers, message and OK trailers as one piece; False when it is not that."""
-        if call.encoding is not None or call.headers_sent or len(payload) > self.shared.max_message_bytes \
-                or not self.http2.send_whole_answer(call.id, _RESPONSE_BLOCK, (prefix(payload), payload), _OK_BLOCK):
+        windows): headers, message and OK trailers in one go; False when it is not that."""
+        size = len(pieces[0]) if len(pieces) == 1 else sum(map(len, pieces))
+        if call.encoding is not None or call.headers_sent or size > self.shared.max_message_bytes \
+                or not self.http2.send_whole_answer(call.id, _RESPONSE_BLOCK, (prefix_of(size), *pieces), _OK_BLOCK):
             return False
         call.done = call.headers_sent = True
         if not call.remote_closed:   # stop the client sending more of a call that is over

@@ -42,7 +42,12 @@ def frame(message: bytes) -> bytes:
 
 def prefix(message: bytes | memoryview) -> bytes:
     """An uncompressed message's prefix (flag 0, its length), to be sent before it."""
-    return b"\0" + len(message).to_bytes(4, "big")
+    return prefix_of(len(message))
+
+
+def prefix_of(size: int) -> bytes:
+    """The prefix of an uncompressed message of ``size`` bytes."""
+    return b"\0" + size.to_bytes(4, "big")
 
 
 def compressed_frame(message: bytes, encoding: bytes) -> bytes:

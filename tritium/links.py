@@ -72,15 +72,14 @@ def _direct(address: str, curve: CurveKeys | None) -> bool:
 
 
 def connect_dealer(address: str, identity: str, curve: CurveKeys | None, who: str, hwm: int = 100_000,
-                   context: zmq.Context | None = None, reads_pools: bool = False) -> LinkSocket:
+                   context: zmq.Context | None = None, pools: PoolUse | None = None) -> LinkSocket:
     """A DEALER connected to the broker at ``address``; ``who`` names this process in log lines.
-    ``reads_pools``: on a local link, the broker may send large tensors as references into shared
-    pools, copied out as they are read (a gateway's link, an instance's data and BLS sockets;
-    tritium/shared_pool.py)."""
+    ``pools``: on a local link, the broker may send large tensors as references into shared
+    pools, read as this says (tritium/shared_pool.py)."""
     if _direct(address, curve):
         return ZmtpDealer(address[len("ipc://"):], identity.encode(), hwm,
                           RECONNECT_IVL_MS / 1000, RECONNECT_IVL_MAX_MS / 1000, broker_refusals(who),
-                          pools=PoolUse.COPY if reads_pools else None)
+                          pools=pools)
     sock = (context or zmq.Context.instance()).socket(zmq.DEALER)
     secure_client(sock, curve, who)
     sock.setsockopt(zmq.IDENTITY, identity.encode())

@@ -14,9 +14,10 @@ Every mapping of a pool in a process is in one directory, so that a view of one 
 recognised wherever it is sent (``locate``) and sent on as a reference.
 
 Large outputs go the other way through each instance's own pool (``AnswerSlots``), whose slots
-are *released by their reader*: the process that copies a tensor out (a gateway, or an instance
-that made a BLS call) does not answer the instance, so it marks the slot free in the pool itself
-(a byte per 64 KiB in the pool's first slot), and the instance reuses the slots so marked. A
+are *released by their reader*: the process that reads a tensor (a gateway, which writes it to
+its client from the pool and lets go of it then; an instance that made a BLS call, which copies
+it out) does not answer the instance, so it marks the slot free in the pool itself (a byte per
+64 KiB in the pool's first slots), and the instance reuses the slots so marked. A
 process that holds a view of such a slot (the instance that placed it, the broker forwarding it)
 either hands it on as a reference, whole (the next holder's duty from then on), or, when its last
 view goes without that, marks the slot free itself (``hold``). The marks are single bytes

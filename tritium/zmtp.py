@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import array
 import collections
+import ctypes
 import enum
 import errno
 import itertools
@@ -39,6 +40,7 @@ import stat
 import struct
 import threading
 import time
+import weakref
 from typing import Callable
 
 import zmq
@@ -164,6 +166,8 @@ class PoolUse(enum.Enum):
 
     FORWARD = "forward"   # keeps them as views of the pool and sends them on as references (the broker)
     COPY = "copy"         # copies each out as it reads it, so nothing it hands on holds pool memory (an instance)
+    VIEW = "view"         # answers: read-only views, each slot released when the last view of it goes (a gateway,
+                          # which writes them to its clients without a copy); anything else copied
 
 
 # Every short frame's header, by MORE flag and size (building them was half of encode's time).
@@ -201,7 +205,7 @@ class _Reader:
         self.pools: dict[int, MappedPool] = {}          # by the peer's number for it
         self.descriptors: collections.deque[int] = collections.deque()   # passed with the bytes read, in order
         self._parts: list = []
-        self._releases: list = []   # answer-pool slots copied out of the message being read: freed once it is whole
+        self._releases: list = []   # (pool, offset, exporter) of the answer-pool slots read in the message being read
         self._tail = b""                     # the start of a frame not yet read whole
         self._big: bytearray | None = None   # a large frame being read in place
         self._big_filled = 0
@@ -291,10 +295,14 @@ class _Reader:
                 self._release()
 
     def _release(self) -> None:
-        """The message is whole: the answer-pool slots copied out of it are free (the sender let go of
-        them when it wrote the message whole; a message cut short is theirs to release)."""
-        for pool, offset in self._releases:
-            release_slot(pool, offset)
+        """The message is whole, so its answer-pool slots are this reader's (the sender let go of them
+        when it wrote the message whole; a message cut short is theirs to release): free now when
+        copied out, when the last view goes when read as views."""
+        for pool, offset, exporter in self._releases:
+            if exporter is None:
+                release_slot(pool, offset)
+            else:
+                weakref.finalize(exporter, release_slot, pool, offset).atexit = False
         self._releases.clear()
 
     def _command(self, body) -> None:
@@ -335,8 +343,14 @@ class _Reader:
             if pool.released_by_reader:
                 hold(pool, view, offset)
             return view
-        if pool.released_by_reader:
-            self._releases.append((pool, offset))
+        if not pool.released_by_reader:
+            return bytearray(view)
+        if self.pool_use is PoolUse.VIEW:
+            # Its own exporter: every view made from the one returned keeps it, and so the slot, alive.
+            exporter = (ctypes.c_char * size).from_buffer(pool.mapping, offset)
+            self._releases.append((pool, offset, exporter))
+            return memoryview(exporter).cast("B").toreadonly()
+        self._releases.append((pool, offset, None))
         return bytearray(view)
 
     def _forget_pool(self, number: int) -> None:

@@ -27,7 +27,7 @@ from tritium.links import connect_dealer
 from tritium.security import CurveKeys
 from tritium.shared_pool import RequestSlots, request_slots
 from tritium.workers.tensors import array_to_frame, frame_to_array
-from tritium.zmtp import ZmtpDealer
+from tritium.zmtp import PoolUse, ZmtpDealer
 
 # tritium error codes -> pb_utils.TritonError codes
 _PB_CODES = {ErrorCode.UNKNOWN: pb.TritonError.UNKNOWN, ErrorCode.INTERNAL: pb.TritonError.INTERNAL,
@@ -44,7 +44,7 @@ _POOL_FULL = ("the shared memory for this model's BLS calls ({mib:g} MiB) is ful
 
 class BlsClient:
     def __init__(self, broker: str, identity: str, curve: CurveKeys | None = None) -> None:
-        self.sock = connect_dealer(broker, identity, curve, "instance", reads_pools=True)
+        self.sock = connect_dealer(broker, identity, curve, "instance", pools=PoolUse.COPY)
         self._readable = select.poll()   # polled by the one thread watching the socket
         self._readable.register(self.sock.fileno(), select.POLLIN)
         self._rids = itertools.count(1)

@@ -47,7 +47,7 @@ from tritium.protocol import (
 )
 from tritium.lifetime import die_with_parent
 from tritium.links import LinkSocket, connect_dealer
-from tritium.zmtp import ZmtpDealer
+from tritium.zmtp import PoolUse, ZmtpDealer
 from tritium.security import CurveKeys, secure_client
 from tritium.shared_pool import DEFAULT_POOL_BYTES, AnswerSlots, answer_slots
 from tritium.workers.backends import load_backend
@@ -212,7 +212,7 @@ def main() -> None:
         logs.apply_wire(spec["log_settings"])
     curve = CurveKeys.from_spec(spec.get("curve"))
     context = zmq.Context()
-    sock = connect_dealer(spec["broker"], spec["iid"], curve, "instance", context=context, reads_pools=True)
+    sock = connect_dealer(spec["broker"], spec["iid"], curve, "instance", context=context, pools=PoolUse.COPY)
     # The load it serves, of which broker process: a new broker process that keeps it changes both.
     load = {"epoch": spec.get("epoch", 0), "boot": spec.get("boot")}
 

@@ -232,6 +232,17 @@ def test_a_stream_answer_is_written_to_the_bytes_protobuf_writes(name, final):
         assert stream_answer(written) == wrapped.SerializeToString()
 
 
+def test_large_output_data_is_a_piece_of_its_own_not_copied_into_the_message():
+    """The data of a large output (a view of an instance's pool, say) is written to the client
+    as it is: it is one of the message's pieces, not copied into one message."""
+    large = memoryview(bytes(range(256)) * 300)
+    written = InferResult("m", 1, "", [OutputTensor("A", "UINT8", [76800], large), OutputTensor("B", "FP32", [1], bytes(4))])
+    pieces = InferResponseWriter().pieces(written)
+    assert any(piece is large for piece in pieces)
+    assert b"".join(pieces) == encode_infer_response(written).SerializeToString()
+    assert len(InferResponseWriter().pieces(result())) == 1   # small answers: one piece
+
+
 def test_the_writer_keeps_a_bounded_number_of_descriptions():
     writer = InferResponseWriter()
     for rows in range(InferResponseWriter.LIMIT + 10):

@@ -190,3 +190,23 @@ def test_a_full_answer_pool_sends_bytes_and_says_so_once(caplog):
     del kept
     gc.collect()                            # never sent: let go of, so released
     assert slots.place([b"done", bytes(SMALLEST_SLOT)])[1].obj is slots.pool.pool.mapping
+
+
+def test_a_gateway_reads_answers_as_views_and_the_slot_is_released_when_the_last_view_goes(links, second_gateway):
+    """No copy in the gateway: the answer is written to its client from the pool itself."""
+    front, back, gateway, instance = links
+    viewer = second_gateway(b"viewer", PoolUse.VIEW)
+    slots = AnswerSlots(8 << 20)
+    tensor = os.urandom(300_000)
+    _, _, record, held = answer(slots, links, tensor)
+    front.send_parts([b"viewer", record, held])
+    del held
+    _, received = receive(viewer, [*links, viewer])
+    assert type(received) is memoryview and received.readonly and received == tensor
+    part = received[1000:2000]
+    del received
+    gc.collect()
+    assert marks(slots) == [1] and part == tensor[1000:2000]   # a slice still holds it
+    del part
+    gc.collect()
+    assert marks(slots) == [0]
