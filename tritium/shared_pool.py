@@ -143,20 +143,64 @@ def _address(buffer) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
 
 
+class _Buddies:
+    """Which parts of a pool are free, as blocks of a power-of-two size aligned to their size: a
+    block is split in halves for a smaller slot, and a freed slot joins its free twin (its
+    buddy) back into the larger block, so small slots freed leave room for large ones. The
+    lowest free block is taken, so the pages in use stay together at the bottom of the pool
+    (they stay allocated once written: reused, not faulted in again)."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self._start = start
+        self._free: dict[int, set[int]] = {}   # block size -> offsets of the free blocks of that size
+        offset = start
+        while end - offset >= SMALLEST_SLOT:   # the largest aligned blocks that fit, in turn
+            size = 1 << ((end - offset).bit_length() - 1)
+            while (offset - start) % size:
+                size >>= 1
+            self._free.setdefault(size, set()).add(offset)
+            offset += size
+        self._largest = max(self._free, default=0)
+
+    def take(self, size: int) -> int | None:
+        """The offset of a free slot of ``size`` bytes (a power of two), or None."""
+        block = size
+        while block <= self._largest:
+            blocks = self._free.get(block)
+            if blocks:
+                offset = min(blocks)
+                blocks.remove(offset)
+                while block > size:   # split: the upper half stays free
+                    block >>= 1
+                    self._free.setdefault(block, set()).add(offset + block)
+                return offset
+            block <<= 1
+        return None
+
+    def give(self, offset: int, size: int) -> None:
+        """The slot at ``offset`` of ``size`` bytes is free again: joined with its buddy while that is free."""
+        while True:
+            buddy = self._start + ((offset - self._start) ^ size)
+            blocks = self._free.get(size)
+            if not blocks or buddy not in blocks:
+                break
+            blocks.remove(buddy)
+            offset, size = min(offset, buddy), size << 1
+        self._free.setdefault(size, set()).add(offset)
+
+
 class SharedPool:
-    """A pool its owner places tensors in: slots of a power-of-two size, each freed as a whole; a
-    freed slot is kept for the next tensor of its size (its pages stay allocated: reused, not
-    faulted in again). ``released_by_reader``: an answer pool, its first slots the marks of the
-    others (a byte per 64 KiB, 1 while in use), and a placed tensor ``hold``."""
+    """A pool its owner places tensors in: slots of a power-of-two size from 64 KiB, each freed
+    as a whole (``_Buddies``). ``released_by_reader``: an answer pool, its first slots the marks
+    of the others (a byte per 64 KiB, 1 while in use), and a placed tensor ``hold``."""
 
     def __init__(self, size: int = DEFAULT_POOL_BYTES, released_by_reader: bool = False) -> None:
         fd = os.memfd_create("tritium-tensors", os.MFD_CLOEXEC)
         os.ftruncate(fd, size)
         self.pool = map_pool(fd, size, passed_on=True, released_by_reader=released_by_reader)
         marks = -(-size // SMALLEST_SLOT) if released_by_reader else 0
-        self._top = -(-marks // SMALLEST_SLOT) * SMALLEST_SLOT   # the pool is carved from here up
-        self._free: dict[int, list[int]] = {}            # slot size -> free offsets
-        self._sizes: dict[int, int] = {}                 # offset of a slot in use -> its size
+        self._free = _Buddies(-(-marks // SMALLEST_SLOT) * SMALLEST_SLOT, size)
+        self._sizes: dict[int, int] = {}   # offset of a slot in use -> its size
 
     def place(self, data) -> tuple[memoryview, int] | None:
         """A copy of ``data`` in a slot: (its view, the slot's offset for ``free``); None when the
@@ -166,12 +210,8 @@ class SharedPool:
             return None
         count = source.nbytes
         size = max(SMALLEST_SLOT, 1 << (count - 1).bit_length())
-        free = self._free.get(size)
-        if free:
-            offset = free.pop()
-        elif self._top + size <= self.pool.size:
-            offset, self._top = self._top, self._top + size
-        else:
+        offset = self._free.take(size)
+        if offset is None:
             return None
         self._sizes[offset] = size
         view = self.pool.view[offset:offset + count]
@@ -188,8 +228,7 @@ class SharedPool:
             self.free(offset)
 
     def free(self, offset: int) -> None:
-        size = self._sizes.pop(offset)
-        self._free.setdefault(size, []).append(offset)
+        self._free.give(offset, self._sizes.pop(offset))
 
     @property
     def size(self) -> int:

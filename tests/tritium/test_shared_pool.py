@@ -68,6 +68,28 @@ def test_a_pool_places_copies_in_slots_of_a_power_of_two_and_reuses_freed_ones()
     assert offset == first and bytes(again) == bytes(2 * SMALLEST_SLOT) and pool.in_use == 2
 
 
+def test_small_slots_freed_join_back_into_room_for_a_large_tensor():
+    """A burst of small tensors must not carve the pool for good: freed slots join their free
+    buddies, and the lowest free room is taken, so the pages in use stay at the bottom."""
+    pool = SharedPool(8 * SMALLEST_SLOT)
+    offsets = [pool.place(bytes(SMALLEST_SLOT))[1] for _ in range(8)]
+    assert sorted(offsets) == [n * SMALLEST_SLOT for n in range(8)] and pool.place(bytes(10)) is None
+    for offset in offsets[1:]:
+        pool.free(offset)
+    assert pool.place(bytes(8 * SMALLEST_SLOT)) is None     # the first slot still in use
+    assert pool.place(bytes(4 * SMALLEST_SLOT))[1] == 4 * SMALLEST_SLOT
+    pool.free(offsets[0])
+    assert pool.place(bytes(SMALLEST_SLOT))[1] == 0         # the lowest free room
+    assert pool.place(bytes(2 * SMALLEST_SLOT))[1] == 2 * SMALLEST_SLOT
+
+
+def test_a_pool_of_an_odd_size_is_cut_into_aligned_rooms():
+    pool = SharedPool(6 * SMALLEST_SLOT + 100)
+    assert pool.place(bytes(4 * SMALLEST_SLOT))[1] == 0
+    assert pool.place(bytes(2 * SMALLEST_SLOT))[1] == 4 * SMALLEST_SLOT
+    assert pool.place(bytes(SMALLEST_SLOT)) is None
+
+
 def test_a_pooled_tensor_reaches_the_instance_without_the_broker_copying_it(links):
     front, back, gateway, instance = links
     said_hello(links)
