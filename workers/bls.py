@@ -74,10 +74,13 @@ class BlsClient:
         # trace=request.trace(), its call is a child of the caller's trace.
         trace = request.trace()
         context = None if trace is None else trace.call_context()
+        params = json.loads(request.parameters() or "{}")
+        if request.timeout():   # microseconds, as a client's "timeout" parameter: the called model's queue policy
+            params["timeout"] = request.timeout()
         infer = Infer(rid, request.model_name(), descriptors, version=request.model_version(),
                       request_id=request.request_id() or None,
                       outputs=sorted(request.requested_output_names()) or None,
-                      params=json.loads(request.parameters() or "{}") or None,
+                      params=params or None,
                       sequence_id=request.correlation_id() or None, sequence_flags=request.flags() or 0,
                       external=len(external), trace=context)
         if trace is not None:

@@ -203,6 +203,15 @@ def test_large_bls_inputs_cross_in_shared_memory_each_call_its_own(server, clien
     assert "memfd:tritium-tensors" in maps
 
 
+@pytest.mark.parametrize("timeout_us, third", [(100_000, "Request timeout expired"), (0, "ok")])
+def test_a_bls_call_s_timeout_limits_its_wait_in_the_called_model_s_queue(client, timeout_us, third):
+    """InferenceRequest(timeout=) is the request's timeout, as a client's: the called model's
+    queue policy lets it lower the default (allow_timeout_override) and rejects it once spent."""
+    result = client.infer("bls_timeout", [tensor("TIMEOUT_US", np.array([timeout_us], dtype=np.int64), "INT64")])
+    outcomes = [outcome.decode() for outcome in result.as_numpy("OUTCOMES")]
+    assert outcomes[:2] == ["ok", "ok"] and third in outcomes[2], outcomes
+
+
 def test_bls_error_from_the_called_model_reaches_the_caller(client):
     a = np.ones((1, 16), dtype=np.float32)
     with pytest.raises(InferenceServerException) as error:
