@@ -337,7 +337,9 @@ class EnsembleRunner:
         position = 1
         while position < len(parts):
             try:
-                header, view, offset = read_record(parts[position])
+                # A record of 64 KiB or more (inline tensors adding up) may lie in an answer pool
+                # too, and its inline tensors are slices of it: copied as the frames are.
+                header, view, offset = read_record(_owned(parts[position]))
             except ProtocolError as exc:
                 log.error("undecodable answer to an ensemble step dropped: %s", exc)
                 return

@@ -123,7 +123,10 @@ def _dropped(pool: MappedPool, key: int, offset: int) -> None:
 
 
 def unmap(pool: MappedPool) -> None:
-    """An instance's mapping, no longer needed (the tensors read from it were copied)."""
+    """A reader's mapping, no longer needed (the tensors read from it were copied). An answer
+    pool's is left to go with the last view whose release still writes to it."""
+    if pool.released_by_reader:
+        return
     try:
         pool.view.release()
         pool.mapping.close()
@@ -334,8 +337,12 @@ class AnswerSlots:
         return frames if placed is None else placed
 
     def retire(self) -> None:
-        """No longer used: its memory goes with the last mapping of it, in any process."""
-        self.pool.pool.retire()
+        """No longer used: its memory goes with the last mapping of it, in any process (the peers
+        it was passed to are told, X-POOL-END)."""
+        pool = self.pool.pool
+        pool.retire()
+        for holder in list(pool.holders):
+            holder.pool_ended(pool)
 
     def _full(self) -> None:
         if not self._was_full:

@@ -205,7 +205,7 @@ class _Reader:
         self.pools: dict[int, MappedPool] = {}          # by the peer's number for it
         self.descriptors: collections.deque[int] = collections.deque()   # passed with the bytes read, in order
         self._parts: list = []
-        self._releases: list = []   # (pool, offset, exporter) of the answer-pool slots read in the message being read
+        self._releases: list = []   # (pool, offset, view or exporter) of the answer-pool slots in the message being read
         self._tail = b""                     # the start of a frame not yet read whole
         self._big: bytearray | None = None   # a large frame being read in place
         self._big_filled = 0
@@ -297,12 +297,15 @@ class _Reader:
     def _release(self) -> None:
         """The message is whole, so its answer-pool slots are this reader's (the sender let go of them
         when it wrote the message whole; a message cut short is theirs to release): free now when
-        copied out, when the last view goes when read as views."""
-        for pool, offset, exporter in self._releases:
-            if exporter is None:
+        copied out, when the last view goes when read as views, held when passed on."""
+        forwarding = self.pool_use is PoolUse.FORWARD
+        for pool, offset, kept in self._releases:
+            if forwarding:
+                hold(pool, kept, offset)
+            elif kept is None:
                 release_slot(pool, offset)
             else:
-                weakref.finalize(exporter, release_slot, pool, offset).atexit = False
+                weakref.finalize(kept, release_slot, pool, offset).atexit = False
         self._releases.clear()
 
     def _command(self, body) -> None:
@@ -341,7 +344,7 @@ class _Reader:
         view = pool.view[offset:offset + size]
         if self.pool_use is PoolUse.FORWARD:
             if pool.released_by_reader:
-                hold(pool, view, offset)
+                self._releases.append((pool, offset, view))
             return view
         if not pool.released_by_reader:
             return bytearray(view)

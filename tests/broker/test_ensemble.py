@@ -300,6 +300,22 @@ def test_a_step_output_in_an_instance_s_answer_pool_is_copied_and_its_slot_relea
     assert not any(slots.pool.pool.view[offset // SMALLEST_SLOT] for offset in slots.pool._sizes)
 
 
+def test_inline_outputs_of_a_step_s_record_in_an_answer_pool_are_copied(world):
+    """Inline tensors adding up past 64 KiB put the record itself in the pool: X (kept for the
+    answer while the other steps run) must not be a slice of a slot the instance reuses."""
+    slots = AnswerSlots(4 << 20)
+    plain = world.answer
+    world.answer = lambda name, header, arrays: slots.place([b"done", *plain(name, header, arrays)])[1:]
+    big = np.ones((1, (INLINE_LIMIT - 4) // 4), dtype=np.float32)   # X inline, its record over 64 KiB
+    world.infer("pipeline", {"IN": big}, outputs=["SUM", "X"])
+    world.run(rounds=1)                    # pre answered, its record in the pool
+    gc.collect()
+    slots.place([b"done", np.zeros(INLINE_LIMIT, np.uint8)])   # the instance reuses whatever was released
+    world.run()
+    (header, outputs), = world.answers()
+    np.testing.assert_array_equal(outputs["X"], big + 1)
+
+
 def _recording(answer, seen: list):
     def record(name, header, arrays):
         reply = answer(name, header, arrays)

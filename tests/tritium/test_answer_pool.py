@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import time
 
 import numpy as np
 import pytest
@@ -210,3 +211,62 @@ def test_a_gateway_reads_answers_as_views_and_the_slot_is_released_when_the_last
     del part
     gc.collect()
     assert marks(slots) == [0]
+
+
+def pump(sockets, until, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.0005)
+        for sock in sockets:
+            sock.has_message()
+
+
+def test_a_view_kept_past_the_end_of_its_pool_still_releases_its_slot(links, second_gateway, tmp_path):
+    """The instance goes (the broker tells the gateway its pool ended) while the gateway still
+    writes an answer of it to a client: the slot is released when that view goes, not lost."""
+    front, back, gateway, instance = links
+    viewer = second_gateway(b"viewer", PoolUse.VIEW)
+    leaving = ZmtpDealer(str(tmp_path / "back"), b"leaving", pools=PoolUse.COPY)
+    everyone = [*links, viewer, leaving]
+    leaving.send_parts([b"hello"])
+    assert receive(back, everyone) == [b"leaving", b"hello"]
+    slots = AnswerSlots(8 << 20)
+    tensor = os.urandom(300_000)
+    leaving.send_parts(slots.place([b"done", b"record", tensor]))
+    _, _, record, held = receive(back, everyone)
+    front.send_parts([b"viewer", record, held])
+    del held
+    _, received = receive(viewer, everyone)
+    leaving.close()
+    pump([front, back, viewer], lambda: not viewer._connection.reader.pools)   # X-POOL-END read
+    assert received == tensor
+    del received
+    gc.collect()
+    assert marks(slots) == [0]
+
+
+def test_a_message_cut_short_on_its_way_to_the_broker_is_released_by_its_sender_alone():
+    slots = AnswerSlots(8 << 20)
+    view = slots.place([b"done", os.urandom(300_000)])[1]
+    pool, offset = locate(view)
+    broker = _Reader(PoolUse.FORWARD)
+    broker.feed(_NULL_GREETING + _command(b"READY", {b"Socket-Type": b"DEALER"}))
+    broker.descriptors.append(os.dup(pool.fd))
+    broker.feed(_command_frame(b"X-POOL", _POOL_COMMAND.pack(pool.number, pool.size, 1)))
+    broker.feed(bytes((_POOLED | _MORE, _REFERENCE.size)) + _REFERENCE.pack(pool.number, offset, len(view)))
+    broker.close()                           # the connection ended before the rest came
+    broker._parts.clear()
+    gc.collect()
+    assert marks(slots) == [1]               # the instance's view, not yet let go of, holds it
+
+
+def test_a_retired_answer_pool_is_ended_at_the_broker(links):
+    front, back, gateway, instance = links
+    slots = AnswerSlots(8 << 20)
+    instance.send_parts(slots.place([b"done", b"record", os.urandom(300_000)]))
+    receive(back, links)
+    (connection,) = back._connections.values()
+    assert len(connection.reader.pools) == 1
+    slots.retire()                           # a new broker process keeps the instance: a new pool
+    pump(links, lambda: not connection.reader.pools)
