@@ -150,8 +150,9 @@ class _Buddies:
     """Which parts of a pool are free, as blocks of a power-of-two size aligned to their size: a
     block is split in halves for a smaller slot, and a freed slot joins its free twin (its
     buddy) back into the larger block, so small slots freed leave room for large ones. The
-    lowest free block is taken, so the pages in use stay together at the bottom of the pool
-    (they stay allocated once written: reused, not faulted in again)."""
+    lowest free block of the smallest size that fits is taken, so the pages in use tend to stay
+    together at the bottom of the pool (they stay allocated once written: reused, not faulted
+    in again)."""
 
     def __init__(self, start: int, end: int) -> None:
         self._start = start
