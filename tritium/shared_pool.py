@@ -32,7 +32,9 @@ import ctypes
 import logging
 import mmap
 import os
+import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -312,11 +314,19 @@ def answer_slots(size: int) -> AnswerSlots | None:
 
 class AnswerSlots:
     """An instance's pool for its large outputs, released by their readers (see the module's
-    docstring). Not thread-safe: the instance's main thread places every answer it sends."""
+    docstring). Not thread-safe: the instance's main thread places every answer it sends.
 
-    def __init__(self, size: int) -> None:
+    A reader that dies (a gateway killed) never releases the slots of the answers it had not
+    read yet. A pool full for ``RENEW_AFTER_S`` (far longer than any answer waits to be read) is
+    taken to be full of such slots and replaced by a new one: nothing of the old is reused, and
+    its memory goes with the last mapping of it."""
+
+    RENEW_AFTER_S = 30.0
+
+    def __init__(self, size: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.pool = SharedPool(size, released_by_reader=True)
-        self._was_full = False
+        self._clock = clock
+        self._full_since: float | None = None
 
     def place(self, frames: list) -> list:
         """``frames`` (a message: its record first) with each large tensor replaced by its copy in
@@ -330,11 +340,11 @@ class AnswerSlots:
                 placed = list(frames)
                 self.pool.reclaim()
             slot = self.pool.place(view)
-            if slot is None:
-                self._full()
-            else:
+            if slot is None and self._renewed():
+                slot = self.pool.place(view)
+            if slot is not None:
                 placed[index] = slot[0]
-                self._was_full = False
+                self._full_since = None
         return frames if placed is None else placed
 
     def retire(self) -> None:
@@ -345,9 +355,20 @@ class AnswerSlots:
         for holder in list(pool.holders):
             holder.pool_ended(pool)
 
-    def _full(self) -> None:
-        if not self._was_full:
-            self._was_full = True
+    def _renewed(self) -> bool:
+        """The pool is full: said once; replaced once it has been full for ``RENEW_AFTER_S``."""
+        now = self._clock()
+        if self._full_since is None:
+            self._full_since = now
             log.warning("the instance's pool for large outputs (--tensor-pool-mb, %g MiB) is full: large outputs "
                         "cross the local sockets as bytes until its readers free some", self.pool.size / (1 << 20))
+            return False
+        if now - self._full_since < self.RENEW_AFTER_S:
+            return False
+        log.warning("the instance's pool for large outputs has been full for %g s: taking its slots for lost "
+                    "(a reader that went without freeing them) and making a new one", now - self._full_since)
+        self.retire()
+        self.pool = SharedPool(self.pool.size, released_by_reader=True)
+        self._full_since = None
+        return True
 

@@ -270,3 +270,21 @@ def test_a_retired_answer_pool_is_ended_at_the_broker(links):
     assert len(connection.reader.pools) == 1
     slots.retire()                           # a new broker process keeps the instance: a new pool
     pump(links, lambda: not connection.reader.pools)
+
+
+def test_a_pool_full_for_long_is_taken_for_lost_slots_and_replaced(caplog):
+    """Slots whose reader died are never released: after RENEW_AFTER_S full, a new pool, the old
+    one retired (nothing of it reused)."""
+    now = [0.0]
+    slots = AnswerSlots(3 * SMALLEST_SLOT, clock=lambda: now[0])   # a slot for the marks, two for tensors
+    lost = [slots.place([b"done", bytes(SMALLEST_SLOT)])[1] for _ in range(2)]   # never let go of
+    old = slots.pool.pool
+    assert type(slots.place([b"done", bytes(SMALLEST_SLOT)])[1]) is bytes   # full: bytes
+    now[0] = AnswerSlots.RENEW_AFTER_S - 1
+    assert type(slots.place([b"done", bytes(SMALLEST_SLOT)])[1]) is bytes   # not yet
+    now[0] = AnswerSlots.RENEW_AFTER_S
+    with caplog.at_level(logging.WARNING):
+        renewed = slots.place([b"done", bytes(SMALLEST_SLOT)])[1]
+    assert locate(renewed)[0] is slots.pool.pool is not old and old.fd is None
+    assert any("full for 30 s" in record.getMessage() for record in caplog.records)
+    assert all(bytes(view) == bytes(SMALLEST_SLOT) for view in lost)        # the old slots untouched
