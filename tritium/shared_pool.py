@@ -347,6 +347,18 @@ class AnswerSlots:
                 self._full_since = None
         return frames if placed is None else placed
 
+    def renew(self) -> bool:
+        """Place in a new pool from now on, the old one retired (nothing of it reused); False, said,
+        when the system gives no new one (the old one is kept)."""
+        try:
+            fresh = SharedPool(self.pool.size, released_by_reader=True)
+        except OSError as exc:
+            log.warning("could not make a new pool for large outputs (%s); keeping the old one", exc)
+            return False
+        self.retire()
+        self.pool = fresh
+        return True
+
     def retire(self) -> None:
         """No longer used: its memory goes with the last mapping of it, in any process (the peers
         it was passed to are told, X-POOL-END)."""
@@ -367,8 +379,6 @@ class AnswerSlots:
             return False
         log.warning("the instance's pool for large outputs has been full for %g s: taking its slots for lost "
                     "(a reader that went without freeing them) and making a new one", now - self._full_since)
-        self.retire()
-        self.pool = SharedPool(self.pool.size, released_by_reader=True)
-        self._full_since = None
-        return True
+        self._full_since = None if self.renew() else now   # (no new one: tried again after as long)
+        return self._full_since is None
 

@@ -81,7 +81,7 @@ class Outbox:
 
     def send(self, parts: list) -> None:
         if threading.get_ident() == self.main_thread:
-            self.sock.send_parts(parts if self.answers is None else self.answers.place(parts))
+            self._send_now(parts)
             return
         self.queue.append(parts)
         try:
@@ -95,8 +95,10 @@ class Outbox:
         except BlockingIOError:
             pass
         while self.queue:
-            parts = self.queue.popleft()
-            self.sock.send_parts(parts if self.answers is None else self.answers.place(parts))
+            self._send_now(self.queue.popleft())
+
+    def _send_now(self, parts: list) -> None:
+        self.sock.send_parts(parts if self.answers is None else self.answers.place(parts))
 
 
 class HeartbeatThread(threading.Thread):
@@ -222,11 +224,7 @@ def main() -> None:
                               InternalError(why)).encode()
 
     pool_bytes = spec.get("tensor_pool_bytes", DEFAULT_POOL_BYTES)
-
-    def new_answer_pool() -> AnswerSlots | None:
-        return answer_slots(pool_bytes) if pool_bytes and isinstance(sock, ZmtpDealer) else None
-
-    outbox = Outbox(sock, new_answer_pool())
+    outbox = Outbox(sock, answer_slots(pool_bytes) if pool_bytes and isinstance(sock, ZmtpDealer) else None)
     try:
         executor, lifecycle = build_executor(spec, outbox)
     except Exception as exc:
@@ -261,8 +259,7 @@ def main() -> None:
         # Slots handed to the old broker process may never be released: a pool of its own for the
         # new one (the old one's memory goes with its last mapping).
         if outbox.answers is not None:
-            outbox.answers.retire()
-            outbox.answers = new_answer_pool()
+            outbox.answers.renew()
         if executor.sequences is not None:   # its sequences' slots and implicit state
             executor.sequences = SequenceInputs(executor.config, Path(spec["model_dir"]))
         log.info("kept by a new broker process (load %s); saying HELLO again", reset.epoch)

@@ -288,3 +288,22 @@ def test_a_pool_full_for_long_is_taken_for_lost_slots_and_replaced(caplog):
     assert locate(renewed)[0] is slots.pool.pool is not old and old.fd is None
     assert any("full for 30 s" in record.getMessage() for record in caplog.records)
     assert all(bytes(view) == bytes(SMALLEST_SLOT) for view in lost)        # the old slots untouched
+
+
+def test_a_new_pool_the_system_cannot_give_keeps_the_old_one_and_the_answer_goes_as_bytes(monkeypatch, caplog):
+    now = [0.0]
+    slots = AnswerSlots(3 * SMALLEST_SLOT, clock=lambda: now[0])
+    kept = [slots.place([b"done", bytes(SMALLEST_SLOT)])[1] for _ in range(2)]
+    old = slots.pool.pool
+    assert type(slots.place([b"done", bytes(SMALLEST_SLOT)])[1]) is bytes
+    now[0] = AnswerSlots.RENEW_AFTER_S
+
+    def no_memfd(*args):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(os, "memfd_create", no_memfd)
+    with caplog.at_level(logging.WARNING):
+        answer = slots.place([b"done", bytes(SMALLEST_SLOT)])[1]   # never an exception out of the instance's send
+    assert type(answer) is bytes and slots.pool.pool is old and old.fd is not None and len(kept) == 2
+    assert any("could not make a new pool" in record.getMessage() for record in caplog.records)
+    assert slots.renew() is False and slots.pool.pool is old   # (a new broker process: the old one kept)
