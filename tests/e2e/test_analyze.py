@@ -3,7 +3,8 @@
 ``sleepy`` sleeps 80 ms per execution whatever its batch holds, so at 16 requests in flight
 only bigger batches and more instances raise throughput: within 2 instances and batches of
 at most 8, the best is 2 instances with max_batch_size 8 (16 requests per 80 ms), twice
-anything else. The config analyze writes is then loaded from the repository.
+anything else. The config analyze writes is then loaded from the repository. Windows of
+600 ms: with 300 ms a loaded machine once measured 2 instances no better than 1.
 """
 
 from __future__ import annotations
@@ -62,14 +63,15 @@ def analysis(server, tmp_path_factory):
     result = CliRunner(catch_exceptions=False).invoke(main, [
         "analyze", "-m", "sleepy", "-u", server.url, "--output", str(output), "--concurrency", "16",
         "--max-instance-count", "2", "--max-batch-size", "8", "--queue-delays", "0",
-        "-p", "300", "-r", "3", "-s", "100", "--latency-budget", "2000"])
+        "-p", "600", "-r", "3", "-s", "100", "--latency-budget", "2000"])
     return result, output
 
 
 def test_analyze_finds_the_setting_known_to_be_best(analysis):
     result, output = analysis
     assert result.exit_code == 0, result.stderr
-    assert "best for sleepy: 2xcpu batch 8" in result.stdout
+    # the trials' figures, to tell a noisy measurement from a wrong choice when this fails
+    assert "best for sleepy: 2xcpu batch 8" in result.stdout, result.stderr
     text = (output / "sleepy" / "config.pbtxt").read_text()
     assert re.search(r"^max_batch_size: 8$", text, re.M)
     assert re.search(r"instance_group \{\s+count: 2\s+kind: KIND_CPU\s+\}", text)
