@@ -277,6 +277,11 @@ class BrokerLink:
         elif self.spin_s and 0 < self.waiting <= POLL_WHILE_AT_MOST and self.one_at_a_time:
             self._poll()
 
+    def _count_lone(self, rid: int) -> None:
+        """Request ``rid`` was (finally) answered: one more in a row that was out alone, or none."""
+        alone = rid == self._alone_rid and not self.waiting
+        self._lone_in_a_row = self._lone_in_a_row + 1 if alone else 0
+
     @property
     def one_at_a_time(self) -> bool:
         """Whether requests come one at a time (the last ones were each out alone, from their send
@@ -339,7 +344,11 @@ class BrokerLink:
                 if streamed is not None:
                     if message.final is not False:
                         del self._streams[message.rid]
+                        self._count_lone(message.rid)
                     _call(streamed, Reply(message, record, offset, external))
+                    if self.spin_s and self.one_at_a_time:
+                        # the stream's next response, or its client's next request, is likely on its way
+                        self._poll()
                     continue
                 self._answered(Reply(message, record, offset, external))
             elif isinstance(message, ControlReply):
@@ -363,9 +372,7 @@ class BrokerLink:
         deliver = self._pending.pop(rid, None)
         if deliver is None:
             return
-        # Counted before the answer is delivered, which may send (a trace's TRACE_DONE).
-        alone = rid == self._alone_rid and not self.waiting
-        self._lone_in_a_row = self._lone_in_a_row + 1 if alone else 0
+        self._count_lone(rid)   # before the answer is delivered, which may send (a trace's TRACE_DONE)
         _call(deliver, reply)
         if self.spin_s and self.one_at_a_time:
             # The client's next request is likely on its way, and while the loop polls, the

@@ -520,3 +520,59 @@ def test_without_polling_a_link_sleeps_after_an_answer(gateway):
         return gateway.link.polling
 
     assert gateway.run(scenario()) is False
+
+
+async def _stream_one(gateway: Gateway, parts: list, after_s: float = 0.0) -> list:
+    """One streamed request answered alone with ``parts`` (the last final); the answers it got."""
+    answers: list = []
+    gateway.link.request_stream_then(Infer(gateway.link.next_rid(), "m", [], version=1, batch_size=1), (), (),
+                                     answers.append)
+    (sent,) = await gateway.requests(1)
+    later = time.monotonic() + after_s
+    await gateway.until(lambda: time.monotonic() >= later, "the wait")
+    for index, tag in enumerate(parts):
+        gateway.broker.send(gateway.peer, response(sent.header["rid"], tag, final=index == len(parts) - 1))
+    await gateway.until(lambda: len(answers) == len(parts), "the stream's answers")
+    return answers
+
+
+def test_streamed_requests_answered_one_at_a_time_are_followed_by_polling(polling_gateway):
+    async def scenario():
+        await polling_gateway.started()
+        await _stream_one(polling_gateway, ["a"])
+        # answered after the window of the polling for it, so that what follows is the polling after it
+        answers = await _stream_one(polling_gateway, ["b1", "b2"], after_s=0.4)
+        return answers, polling_gateway.link.one_at_a_time, polling_gateway.link.polling
+
+    answers, one_at_a_time, polling = polling_gateway.run(scenario())
+    assert [answer.message.params["for"] for answer in answers] == ["b1", "b2"]
+    assert one_at_a_time and polling   # as after unary answers: the client's next request is likely on its way
+
+
+def test_a_streams_partial_answer_is_followed_by_polling_for_the_next_one(polling_gateway):
+    async def scenario():
+        await polling_gateway.started()
+        await _stream_one(polling_gateway, ["a"])
+        await _stream_one(polling_gateway, ["b"])
+        answers: list = []
+        polling_gateway.link.request_stream_then(Infer(polling_gateway.link.next_rid(), "m", [], version=1,
+                                                       batch_size=1), (), (), answers.append)
+        (sent,) = await polling_gateway.requests(1)
+        later = time.monotonic() + 0.4   # past the polling for the first answer
+        await polling_gateway.until(lambda: time.monotonic() >= later, "the end of the polling for c1")
+        before = polling_gateway.link.polling
+        polling_gateway.broker.send(polling_gateway.peer, response(sent.header["rid"], "c1", final=False))
+        await polling_gateway.until(lambda: answers, "the first part")
+        return before, polling_gateway.link.polling
+
+    assert polling_gateway.run(scenario()) == (False, True)
+
+
+def test_without_polling_a_link_sleeps_between_a_streams_answers(gateway):
+    async def scenario():
+        await gateway.started()
+        await _stream_one(gateway, ["a"])
+        await _stream_one(gateway, ["b"])
+        return gateway.link.one_at_a_time, gateway.link.polling
+
+    assert gateway.run(scenario()) == (True, False)
