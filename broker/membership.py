@@ -39,6 +39,7 @@ class Membership:
             return False
         self.gateways.discard(peer)
         self.liveness.forget(peer)
+        self.registry.tensor_pools.pop(peer, None)
         return True
 
     # -- host agents ----------------------------------------------------------------------
@@ -65,6 +66,11 @@ class Membership:
     def record_host_metrics(self, host: str, metrics: HostMetrics) -> None:
         self.registry.host_metrics[host] = metrics
 
+    def record_tensor_pools(self, peer: bytes, pools: list) -> None:
+        """A gateway's or an instance's shared tensor pools, as its heartbeat reports them."""
+        if peer in self.gateways or peer in self.registry.instances:
+            self.registry.tensor_pools[peer] = pools
+
     # -- instances ------------------------------------------------------------------------
 
     def add_instance(self, instance: InstanceRecord, version: ModelVersion) -> None:
@@ -76,6 +82,7 @@ class Membership:
     def remove_instance(self, iid: bytes, why: str, restart_expected: bool = True) -> None:
         """An instance is gone; nothing it held is left silent (the scheduler retries or answers it)."""
         instance = self.registry.instances.pop(iid, None)
+        self.registry.tensor_pools.pop(iid, None)
         if instance is None:
             return
         version = self.registry.epochs.get(instance.epoch)
@@ -95,6 +102,7 @@ class Membership:
         """A drained version's instances were told to stop; none of them holds work."""
         for instance in version.instances:
             self.registry.instances.pop(instance.iid, None)
+            self.registry.tensor_pools.pop(instance.iid, None)
         self.scheduler.instances_stopped(version.instances)
         version.instances.clear()
 

@@ -118,6 +118,7 @@ class TritonCollector:
         if self.settings.histogram_latencies:
             yield self._histogram(versions)
         yield from self._hosts()
+        yield from self._tensor_pools()
 
     def _scaling(self, versions):
         """tritium's own: instances per host, and the cold starts of autoscaled models."""
@@ -193,6 +194,26 @@ class TritonCollector:
                 for gpu in sample.gpus:
                     family.add_sample(name, {"gpu_uuid": gpu["uuid"], "host": host}, gpu.get(key, 0))
             yield family
+
+    def _tensor_pools(self):
+        """tritium's own: each gateway's and instance's shared memory for large tensors (kind
+        ``request`` for a gateway's inputs, ``answer`` for an instance's outputs)."""
+        pools = list(self.registry.tensor_pools.items())
+        size = Metric("tritium_tensor_pool_bytes", "Size of a process's shared memory pool for large tensors, "
+                      "in bytes", "gauge")
+        used = Metric("tritium_tensor_pool_used_bytes", "Bytes of a process's tensor pool held by tensors in flight",
+                      "gauge")
+        overflows = Metric("tritium_tensor_pool_overflows", "Large tensors a process sent as bytes because its "
+                           "tensor pool had no room", "counter")
+        for peer, reported in pools:
+            for kind, total, in_use, overflowed in reported:
+                labels = {"process": peer.decode(errors="replace"), "kind": kind}
+                size.add_sample("tritium_tensor_pool_bytes", labels, total)
+                used.add_sample("tritium_tensor_pool_used_bytes", labels, in_use)
+                overflows.add_sample("tritium_tensor_pool_overflows_total", labels, overflowed)
+        yield size
+        yield used
+        yield overflows
 
 
 def _bound(value: float) -> str:

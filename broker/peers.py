@@ -175,6 +175,8 @@ class Peers:
             if iid in self.registry.instances:
                 self.liveness.heard(iid, now)
                 self.liveness.beats_every(iid, beat.heartbeat_s or 0.0)
+                if beat.pools is not None:
+                    self.membership.record_tensor_pools(iid, beat.pools)
             elif beat.joined:
                 self._unknown_instance(iid, beat)
         elif beat.role is Role.AGENT and peer not in self.registry.agents:

@@ -230,6 +230,7 @@ class Registry:
         self.agents: dict[bytes, AgentRecord] = {}
         self.instances: dict[bytes, InstanceRecord] = {}
         self.host_metrics: dict[str, HostMetrics] = {}   # host name -> the agent's last HOST_METRICS
+        self.tensor_pools: dict[bytes, list] = {}   # gateway or instance -> its shared tensor pools, last reported
         self.shared_memory: dict[str, SharedMemoryRegion] = {}  # client shm regions, which every gateway maps
         self.trace_settings: dict | None = None   # Triton's trace settings, which every gateway samples with
         self.generation = 0  # what gateways see changed when it moves: only Membership.changed moves it

@@ -454,7 +454,10 @@ class Broker:
             if self._protocol_ok(self.frontend, peer, message.protocol_version, message.role):
                 self._unreachable.discard(peer)
                 self.peers.gateway_hello(peer, message)
-        elif type(message) is not Heartbeat:
+        elif type(message) is Heartbeat:
+            if message.pools is not None:
+                self.membership.record_tensor_pools(peer, message.pools)
+        else:
             raise ProtocolError(f"unexpected {message.kind.name} on the frontend")
 
     def _on_backend(self, peer: bytes, parts: list, position: int, message: Message) -> None:

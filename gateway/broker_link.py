@@ -193,8 +193,9 @@ class BrokerLink:
 
     def _beat(self) -> None:
         self._beat_handle = self.loop.call_later(self.heartbeat_interval_s, self._beat)
+        pools = None if self.slots is None else [("request", *self.slots.usage())]
         self._post(Heartbeat(heartbeat_s=self.heartbeat_interval_s, role=Role.GATEWAY,
-                             protocol_version=PROTOCOL_VERSION).encode())
+                             protocol_version=PROTOCOL_VERSION, pools=pools).encode())
         silent_s = self.loop.time() - self._last_heard
         if not self.broker_lost and silent_s > max(self.heartbeat_interval_s, self._broker_interval) * MISSED_HEARTBEATS:
             self.broker_lost = True

@@ -36,6 +36,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,14 @@ class _Buddies:
         self._free.setdefault(size, set()).add(offset)
 
 
+class PoolUsage(NamedTuple):
+    """A pool's figures, as its owner reports them on its heartbeats (the broker's /metrics)."""
+
+    size: int        # bytes
+    used: int        # bytes of the slots in use
+    overflows: int   # large tensors sent as bytes because the pool had no room (since it started)
+
+
 class SharedPool:
     """A pool its owner places tensors in: slots of a power-of-two size from 64 KiB, each freed
     as a whole (``_Buddies``). ``released_by_reader``: an answer pool, its first slots the marks
@@ -207,6 +216,7 @@ class SharedPool:
         marks = -(-size // SMALLEST_SLOT) if released_by_reader else 0
         self._free = _Buddies(-(-marks // SMALLEST_SLOT) * SMALLEST_SLOT, size)
         self._sizes: dict[int, int] = {}   # offset of a slot in use -> its size
+        self.used = 0                       # bytes of the slots in use
 
     def place(self, data) -> tuple[memoryview, int] | None:
         """A copy of ``data`` in a slot: (its view, the slot's offset for ``free``); None when the
@@ -220,6 +230,7 @@ class SharedPool:
         if offset is None:
             return None
         self._sizes[offset] = size
+        self.used += size
         view = self.pool.view[offset:offset + count]
         view[:] = source.cast("B")
         if self.pool.released_by_reader:
@@ -234,7 +245,9 @@ class SharedPool:
             self.free(offset)
 
     def free(self, offset: int) -> None:
-        self._free.give(offset, self._sizes.pop(offset))
+        size = self._sizes.pop(offset)
+        self.used -= size
+        self._free.give(offset, size)
 
     @property
     def size(self) -> int:
@@ -267,6 +280,7 @@ class RequestSlots:
         self._when_full = when_full   # logged once each time the pool fills up
         self._held: dict[int, list[int]] = {}   # rid -> the offsets of its slots
         self._was_full = False
+        self.overflows = 0   # large frames sent as bytes for want of room
 
     @property
     def holding(self) -> bool:
@@ -280,6 +294,7 @@ class RequestSlots:
             if view.nbytes >= SMALLEST_SLOT and view.c_contiguous:
                 slot = self.pool.place(view)
                 if slot is None:
+                    self.overflows += 1
                     self._full()
                 else:
                     frame, offset = slot
@@ -295,6 +310,9 @@ class RequestSlots:
     def release_all(self) -> None:
         for rid in list(self._held):
             self.release(rid)
+
+    def usage(self) -> PoolUsage:
+        return PoolUsage(self.pool.size, self.pool.used, self.overflows)
 
     def _full(self) -> None:
         if not self._was_full:
@@ -327,6 +345,7 @@ class AnswerSlots:
         self.pool = SharedPool(size, released_by_reader=True)
         self._clock = clock
         self._full_since: float | None = None
+        self.overflows = 0   # large outputs sent as bytes for want of room
 
     def place(self, frames: list) -> list:
         """``frames`` (a message: its record first) with each large tensor replaced by its copy in
@@ -342,10 +361,17 @@ class AnswerSlots:
             slot = self.pool.place(view)
             if slot is None and self._renewed():
                 slot = self.pool.place(view)
-            if slot is not None:
+            if slot is None:
+                self.overflows += 1
+            else:
                 placed[index] = slot[0]
                 self._full_since = None
         return frames if placed is None else placed
+
+    def usage(self) -> PoolUsage:
+        """What the pool holds now: the slots its readers released are freed first."""
+        self.pool.reclaim()
+        return PoolUsage(self.pool.size, self.pool.used, self.overflows)
 
     def renew(self) -> bool:
         """Place in a new pool from now on, the old one retired (nothing of it reused); False, said,

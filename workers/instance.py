@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 
 _LINGER_S = 2.0   # how long a failing instance tries to deliver the message that says why
 _STOP_CHECK_S = 0.25   # how soon the heartbeat thread notices it is to stop
+_POOL_REPORT_S = 1.0   # how often the main thread refreshes the figures of its pool for the heartbeats
 
 
 class Outbox:
@@ -73,6 +74,10 @@ class Outbox:
     def __init__(self, sock: LinkSocket, answers: AnswerSlots | None = None) -> None:
         self.sock = sock
         self.answers = answers
+        # The answer pool's figures, refreshed by the main thread (which owns the pool) and read by
+        # the heartbeat thread, which carries them to the broker's /metrics.
+        self.pools: list | None = None
+        self._next_report = 0.0
         self.main_thread = threading.get_ident()
         self.queue: deque[list] = deque()
         self.wake_read, self._wake_write = socket.socketpair()
@@ -100,6 +105,11 @@ class Outbox:
     def _send_now(self, parts: list) -> None:
         self.sock.send_parts(parts if self.answers is None else self.answers.place(parts))
 
+    def report_pools(self, now: float) -> None:
+        if self.answers is not None and now >= self._next_report:
+            self._next_report = now + _POOL_REPORT_S
+            self.pools = [("answer", *self.answers.usage())]
+
 
 class HeartbeatThread(threading.Thread):
     """Tells the broker this instance lives, on a socket of its own, even while a batch runs;
@@ -113,10 +123,12 @@ class HeartbeatThread(threading.Thread):
     """
 
     def __init__(self, broker: str, iid: str, interval_s: float, curve: CurveKeys | None = None,
-                 agent: str = "", on_cancel: Callable[[int, int], None] | None = None) -> None:
+                 agent: str = "", on_cancel: Callable[[int, int], None] | None = None,
+                 pools: Callable[[], list | None] = lambda: None) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.broker, self.iid, self.interval_s, self.curve, self.agent = broker, iid, interval_s, curve, agent
         self.on_cancel = on_cancel
+        self.pools = pools
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -127,7 +139,6 @@ class HeartbeatThread(threading.Thread):
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 4)   # beats that cannot leave are worthless later
         sock.connect(self.broker)
-        beat = Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True).encode()
         next_beat = time.monotonic() + self.interval_s
         try:
             while not self.stopped.is_set():
@@ -137,8 +148,10 @@ class HeartbeatThread(threading.Thread):
                         self._read(sock)
                     continue
                 next_beat += self.interval_s
+                beat = Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True,
+                                 pools=self.pools())
                 try:
-                    sock.send(beat, zmq.NOBLOCK)
+                    sock.send(beat.encode(), zmq.NOBLOCK)
                 except zmq.Again:
                     pass
         finally:
@@ -268,7 +281,7 @@ def main() -> None:
     hello()
     log.info("serving model %s version %d as %s", spec["model"], spec["version"], spec["key"])
     heartbeat = HeartbeatThread(spec["broker"], spec["iid"], spec.get("heartbeat_interval_s", 1.0), curve,
-                                spec["agent"], executor.cancel)
+                                spec["agent"], executor.cancel, lambda: outbox.pools)
     heartbeat.start()
     tune_for_serving()
     try:
@@ -300,6 +313,7 @@ def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: 
     health = HealthReporter(executor.instance, outbox)
     while not stopping:
         health.check()
+        outbox.report_pools(time.monotonic())
         if outbox.queue:   # a model's own threads queued answers: checked every turn, so a busy socket cannot starve them
             outbox.flush()
         if not sock.has_message():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -99,6 +101,41 @@ def test_many_large_tensors_at_once_each_come_back_as_sent(server, protocol):
     maps = Path(f"/proc/{gateway['pid']}/maps").read_text().splitlines()
     pools = {line.split()[4] for line in maps if "memfd:tritium-tensors" in line}   # by inode
     assert len(pools) >= 2   # its own, and an instance's it was passed with the first answer in it
+
+
+def _tensor_pools(server) -> dict[tuple[str, str], list[float]]:
+    """(process, kind) -> the pool's size, bytes in use and tensors sent as bytes, from /metrics."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    found: dict[tuple[str, str], list[float]] = {}
+    for name in ("tritium_tensor_pool_bytes", "tritium_tensor_pool_used_bytes", "tritium_tensor_pool_overflows_total"):
+        for labels, value in re.findall(rf"^{name}{{([^}}]*)}} (\S+)$", text, re.M):
+            label = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            found.setdefault((label["process"], label["kind"]), []).append(float(value))
+    return found
+
+
+def test_the_gateways_and_instances_tensor_pools_are_in_metrics(server):
+    """After large echoes in both directions (above): the gateway's pool for inputs and each echo
+    instance's for outputs, 256 MiB each, nothing held once every answer was read, nothing sent as
+    bytes for want of room. The figures come with the heartbeats."""
+    client = httpclient.InferenceServerClient(server.url)
+    for _ in range(4):   # the pools have held tensors, and given them back
+        tensor = httpclient.InferInput("IN", [1, 50000], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 50000), np.float32))
+        assert client.infer("echo", [tensor]).as_numpy("OUT").sum() == 50000
+    client.close()
+    mib256 = [float(256 << 20), 0.0, 0.0]
+
+    def settled():
+        pools = _tensor_pools(server)
+        requests = [figures for (_, kind), figures in pools.items() if kind == "request"]
+        echoes = [figures for (process, kind), figures in pools.items() if kind == "answer" and "/echo/" in process]
+        return requests == [mib256] and echoes == [mib256, mib256]
+
+    deadline = time.monotonic() + 15
+    while not settled():
+        assert time.monotonic() < deadline, _tensor_pools(server)
+        time.sleep(0.2)
 
 
 def _instances_of(server, model):

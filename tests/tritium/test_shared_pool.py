@@ -15,7 +15,7 @@ import zmq
 
 from tests.tritium.test_zmtp import libzmq_dealer
 from tritium.broker.ensemble import _owned
-from tritium.shared_pool import SMALLEST_SLOT, SharedPool, locate, request_slots
+from tritium.shared_pool import SMALLEST_SLOT, RequestSlots, SharedPool, locate, request_slots
 from tritium.zmtp import (_NULL_GREETING, PoolUse, ZmtpDealer, ZmtpError, ZmtpRouter, _command, _Connection, _Reader,
                           encode)
 
@@ -290,3 +290,16 @@ def test_two_pools_passed_before_one_message_arrive_whole_when_the_first_is_cut_
 def test_a_pool_the_system_cannot_give_is_said_and_large_tensors_go_as_bytes(caplog):
     assert request_slots(1 << 60, "full") is None   # far past any address space
     assert "no shared memory of 1.09951e+12 MiB for large tensors" in caplog.text
+
+
+def test_a_request_pools_figures_count_its_held_slots_and_what_went_as_bytes(caplog):
+    slots = RequestSlots(2 * SMALLEST_SLOT, "full")
+    assert tuple(slots.usage()) == (2 * SMALLEST_SLOT, 0, 0)
+    slots.place(1, [bytes(SMALLEST_SLOT), b"small"])
+    slots.place(2, [bytes(SMALLEST_SLOT), bytes(SMALLEST_SLOT)])   # room for one of the two
+    assert tuple(slots.usage()) == (2 * SMALLEST_SLOT, 2 * SMALLEST_SLOT, 1)
+    slots.release(1)
+    slots.place(3, [bytes(SMALLEST_SLOT + 1)])                   # needs two slots' room: none
+    assert tuple(slots.usage()) == (2 * SMALLEST_SLOT, SMALLEST_SLOT, 2)
+    slots.release_all()
+    assert slots.usage().used == 0
