@@ -259,6 +259,26 @@ class SharedPool:
         return len(self._sizes)
 
 
+_COUNTED = " (said at most once a minute; tritium_tensor_pool_overflows_total counts each such tensor)"
+
+
+class _Occasionally:
+    """Whether a warning is due: at most once per ``every_s``. A pool that fills and drains under
+    load is full again with every other request."""
+
+    def __init__(self, clock: Callable[[], float], every_s: float = 60.0) -> None:
+        self._clock = clock
+        self._every_s = every_s
+        self._last: float | None = None
+
+    def due(self) -> bool:
+        now = self._clock()
+        if self._last is not None and now - self._last < self._every_s:
+            return False
+        self._last = now
+        return True
+
+
 def request_slots(size: int, when_full: str) -> RequestSlots | None:
     """``RequestSlots`` over a new pool of ``size`` bytes; None, said once, when the system gives no
     such memory (no memfd, not that much address space): large tensors then cross as bytes."""
@@ -275,11 +295,11 @@ class RequestSlots:
     calls): a request's large frames are placed in the pool as it is sent and its slots freed when
     it is answered, by when the instance that read them has copied them out. Not thread-safe."""
 
-    def __init__(self, size: int, when_full: str) -> None:
+    def __init__(self, size: int, when_full: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.pool = SharedPool(size)
-        self._when_full = when_full   # logged once each time the pool fills up
+        self._when_full = when_full   # logged when the pool is full, at most once a minute
+        self._full_said = _Occasionally(clock)
         self._held: dict[int, list[int]] = {}   # rid -> the offsets of its slots
-        self._was_full = False
         self.overflows = 0   # large frames sent as bytes for want of room
 
     @property
@@ -299,7 +319,6 @@ class RequestSlots:
                 else:
                     frame, offset = slot
                     self._held.setdefault(rid, []).append(offset)
-                    self._was_full = False
             placed.append(frame)
         return placed
 
@@ -315,9 +334,8 @@ class RequestSlots:
         return PoolUsage(self.pool.size, self.pool.used, self.overflows)
 
     def _full(self) -> None:
-        if not self._was_full:
-            self._was_full = True
-            log.warning("%s", self._when_full.format(mib=self.pool.size / (1 << 20)))
+        if self._full_said.due():
+            log.warning("%s%s", self._when_full.format(mib=self.pool.size / (1 << 20)), _COUNTED)
 
 
 def answer_slots(size: int) -> AnswerSlots | None:
@@ -345,6 +363,7 @@ class AnswerSlots:
         self.pool = SharedPool(size, released_by_reader=True)
         self._clock = clock
         self._full_since: float | None = None
+        self._full_said = _Occasionally(clock)
         self.overflows = 0   # large outputs sent as bytes for want of room
 
     def place(self, frames: list) -> list:
@@ -394,12 +413,15 @@ class AnswerSlots:
             holder.pool_ended(pool)
 
     def _renewed(self) -> bool:
-        """The pool is full: said once; replaced once it has been full for ``RENEW_AFTER_S``."""
+        """The pool is full: said (at most once a minute); replaced once it has been full for
+        ``RENEW_AFTER_S``."""
         now = self._clock()
         if self._full_since is None:
             self._full_since = now
-            log.warning("the instance's pool for large outputs (--tensor-pool-mb, %g MiB) is full: large outputs "
-                        "cross the local sockets as bytes until its readers free some", self.pool.size / (1 << 20))
+            if self._full_said.due():
+                log.warning("the instance's pool for large outputs (--tensor-pool-mb, %g MiB) is full: large outputs "
+                            "cross the local sockets as bytes until its readers free some%s",
+                            self.pool.size / (1 << 20), _COUNTED)
             return False
         if now - self._full_since < self.RENEW_AFTER_S:
             return False

@@ -336,7 +336,8 @@ def test_a_tensor_the_full_pool_has_no_room_for_is_sent_as_bytes_and_said_once(c
         assert gateway.link.slots.pool.in_use == 2
         full = [r.message for r in caplog.records if "tensor pool" in r.message]
         assert full == ["the shared tensor pool (--tensor-pool-mb, 0.25 MiB) is full: large tensors cross the local "
-                        "sockets as bytes until the requests holding it are answered"]
+                        "sockets as bytes until the requests holding it are answered (said at most once a minute; "
+                        "tritium_tensor_pool_overflows_total counts each such tensor)"]
     finally:
         gateway.close()
 

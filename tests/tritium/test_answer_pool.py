@@ -323,3 +323,16 @@ def test_an_answer_pools_figures_count_what_its_readers_hold_and_what_went_as_by
     assert receive(gateway, links)[1] == tensor
     gc.collect()
     assert tuple(slots.usage()) == (4 * SMALLEST_SLOT, 0, 1)   # the gateway released its slot; the others let go of
+
+
+def test_an_answer_pool_that_fills_again_and_again_says_so_at_most_once_a_minute(caplog):
+    now = [0.0]
+    slots = AnswerSlots(2 * SMALLEST_SLOT, clock=lambda: now[0])   # a slot for the marks, one for a tensor
+    with caplog.at_level(logging.WARNING):
+        for _ in range(5):   # full, the reader frees the slot, full again...
+            kept = slots.place([b"done", bytes(SMALLEST_SLOT)]), slots.place([b"done", bytes(SMALLEST_SLOT)])
+            del kept
+            gc.collect()
+            now[0] += 10.0
+    assert len([r for r in caplog.records if "pool for large outputs" in r.getMessage()]) == 1
+    assert slots.usage().overflows == 5

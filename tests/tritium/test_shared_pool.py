@@ -3,6 +3,7 @@ a gateway's DEALER, the broker's ROUTERs, an instance's DEALER, and peers that d
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import socket
@@ -303,3 +304,18 @@ def test_a_request_pools_figures_count_its_held_slots_and_what_went_as_bytes(cap
     assert tuple(slots.usage()) == (2 * SMALLEST_SLOT, SMALLEST_SLOT, 2)
     slots.release_all()
     assert slots.usage().used == 0
+
+
+def test_a_pool_that_fills_again_and_again_says_so_at_most_once_a_minute(caplog):
+    now = [0.0]
+    slots = RequestSlots(SMALLEST_SLOT, "full", clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING):
+        for rid in range(1, 6):   # under load: full, a slot freed, full again...
+            slots.place(rid, [bytes(SMALLEST_SLOT), bytes(SMALLEST_SLOT)])
+            slots.release(rid)
+            now[0] += 10.0
+        said_within_a_minute = len(caplog.records)
+        now[0] += 60.0
+        slots.place(9, [bytes(SMALLEST_SLOT), bytes(SMALLEST_SLOT)])
+    assert said_within_a_minute == 1 and len(caplog.records) == 2
+    assert slots.usage().overflows == 6
