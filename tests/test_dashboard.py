@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 from dataclasses import dataclass
 
@@ -132,8 +133,14 @@ def metrics_text():
                 client.infer(model, [x])
             except InferenceServerException:
                 assert sign < 0, f"{model} failed"
-        with urllib.request.urlopen(server.metrics_url) as response:
-            yield response.read().decode()
+        deadline = time.monotonic() + 10
+        while True:   # the shared tensor pools come with the processes' heartbeats
+            with urllib.request.urlopen(server.metrics_url) as response:
+                text = response.read().decode()
+            if "tritium_tensor_pool_bytes{" in text or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        yield text
 
 
 def test_the_dashboard_is_importable_with_a_prometheus_datasource_variable(dashboard):
@@ -158,7 +165,8 @@ def test_the_dashboard_covers_what_operators_ask(dashboard):
     assert {"nv_inference_request_success", "nv_inference_request_failure", "nv_inference_queue_duration_us",
             "nv_inference_compute_infer_duration_us", "nv_inference_count", "nv_inference_exec_count",
             "tritium_instances", "tritium_cold_starts_total", "tritium_cold_start_duration_us",
-            "nv_cache_num_hits_per_model", "nv_cpu_utilization", "nv_gpu_utilization"} <= queried
+            "nv_cache_num_hits_per_model", "nv_cpu_utilization", "nv_gpu_utilization",
+            "tritium_tensor_pool_used_bytes", "tritium_tensor_pool_overflows_total"} <= queried
 
 
 def test_every_metric_and_label_the_dashboard_queries_is_exported(dashboard, metrics_text):
