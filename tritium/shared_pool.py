@@ -216,7 +216,6 @@ class SharedPool:
         marks = -(-size // SMALLEST_SLOT) if released_by_reader else 0
         self._free = _Buddies(-(-marks // SMALLEST_SLOT) * SMALLEST_SLOT, size)
         self._sizes: dict[int, int] = {}   # offset of a slot in use -> its size
-        self.used = 0                       # bytes of the slots in use
 
     def place(self, data) -> tuple[memoryview, int] | None:
         """A copy of ``data`` in a slot: (its view, the slot's offset for ``free``); None when the
@@ -230,7 +229,6 @@ class SharedPool:
         if offset is None:
             return None
         self._sizes[offset] = size
-        self.used += size
         view = self.pool.view[offset:offset + count]
         view[:] = source.cast("B")
         if self.pool.released_by_reader:
@@ -245,13 +243,16 @@ class SharedPool:
             self.free(offset)
 
     def free(self, offset: int) -> None:
-        size = self._sizes.pop(offset)
-        self.used -= size
-        self._free.give(offset, size)
+        self._free.give(offset, self._sizes.pop(offset))
 
     @property
     def size(self) -> int:
         return self.pool.size
+
+    @property
+    def used(self) -> int:
+        """Bytes of the slots in use (asked once a second, for the heartbeats)."""
+        return sum(self._sizes.values())
 
     @property
     def in_use(self) -> int:
