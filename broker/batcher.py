@@ -250,14 +250,22 @@ class DynamicBatcher(Generic[R]):
                 rejected.append(request)
         return rejected
 
-    def next_batch(self, now_ns: int) -> list[R] | None:
-        """The batch to send now, or None when it is better to wait (see ``deadline_ns``)."""
+    @property
+    def spreads(self) -> bool:
+        """Whether a batch takes whatever is queued when an instance is free (no queue delay, no
+        preferred size but the largest, which auto-complete sets): then what is queued may be
+        shared among the idle instances."""
+        return self.policy.enabled and self._delay_ns == 0 and self._preferred <= {self.policy.max_batch_size}
+
+    def next_batch(self, now_ns: int, share: int = 0) -> list[R] | None:
+        """The batch to send now, or None when it is better to wait (see ``deadline_ns``);
+        ``share``: at most that many requests (0: as many as fit)."""
         queue = self._queue
         if not queue:
             return None
         if not self.policy.enabled:
             return [queue.popleft()]
-        count, total, best_preferred, send_now = self._scan()
+        count, total, best_preferred, send_now = self._scan(share)
         delay_exceeded = self._delay_ns != 0 and now_ns - queue.head().arrival_ns >= self._delay_ns
         if best_preferred and not delay_exceeded:
             return self._take(best_preferred)
@@ -271,7 +279,7 @@ class DynamicBatcher(Generic[R]):
             return None
         return self._queue.head().arrival_ns + self._delay_ns
 
-    def _scan(self) -> tuple[int, int, int, bool]:
+    def _scan(self, share: int = 0) -> tuple[int, int, int, bool]:
         """(requests that fit, their batch size, requests of the best preferred batch, send now).
 
         The best preferred batch is the longest run reaching a preferred size, or the run
@@ -284,6 +292,8 @@ class DynamicBatcher(Generic[R]):
         total = count = best = 0
         for request in queue:
             if count:
+                if count == share:
+                    return count, total, best, True
                 grown = total + request.batch_size
                 if best == 0 and grown > max_preferred:
                     best = count

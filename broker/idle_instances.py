@@ -44,6 +44,20 @@ class IdleInstances:
                        key=lambda i: i.credit, default=None)
         return None
 
+    def count(self, version: ModelVersion, enough: int) -> int:
+        """How many of the version's instances are idle, counting no further than ``enough``."""
+        idle = self._room_of(version)
+        found = 0
+        for instance in list(idle):
+            if instance.draining or instance.inflight or instance.credit <= 0 \
+                    or self.registry.instances.get(instance.iid) is not instance:
+                del idle[instance]
+                continue
+            found += 1
+            if found == enough:
+                break
+        return found
+
     def busy(self, version: ModelVersion, instance: InstanceRecord) -> None:
         """``instance`` was sent a batch: not idle until it is done."""
         if not version.stateful:

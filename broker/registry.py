@@ -121,6 +121,10 @@ class ModelVersion:
     load_seconds: float | None = None                   # how long it took to become READY
     load_attempt: int = 0                               # loads of this version tried before it (--model-load-retry-count)
     batcher: DynamicBatcher[PendingRequest] | SequenceBatcher[InstanceRecord] = field(init=False)
+    # Moving averages of a batch's time in its instance per request: batches of one request, and
+    # larger ones (whether batching saves anything: Scheduler._share).
+    execution_alone_ns: float = 0.0
+    execution_grouped_ns: float = 0.0
     ordering: ResponseOrder | None = field(init=False)   # preserve_ordering: responses leave in order
     caches: bool = field(init=False)                     # response_cache { enable: true }
     autoscale: AutoscalePolicy | None = field(init=False)    # tritium.autoscale; None: fixed instances

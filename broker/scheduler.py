@@ -49,6 +49,11 @@ Send = Callable[[list], None]
 # per request in every process, which on a light model is most of the cost (measured:
 # +12% throughput at concurrency 16), and on a compute-bound model is what batching is for.
 _AVERAGE_WEIGHT = 0.2
+# A batch's own cost (its messages and wake-ups through the broker and an instance) is about
+# 100-250 us on a small virtual machine: a request that runs longer than that, and no faster in a
+# batch, is better started at once on an idle instance than queued behind another.
+SHARE_FROM_NS = 250_000
+SHARE_WHEN_BATCHED_SAVES_UNDER = 0.25   # of a request's time alone
 # How long requests wait for a lost instance that its agent restarts (the agent's backoff
 # tops out at 32 s); after that, or when nothing is coming back, they get a 503.
 RESTART_WAIT_NS = 40_000_000_000
@@ -309,7 +314,7 @@ class Scheduler:
             instance = self._idle.pick(version) if limiter is None else self._pick_limited(version, limiter)
             if instance is None:
                 return
-            requests = batcher.next_batch(now)
+            requests = batcher.next_batch(now, self._share(version, batcher) if limiter is None else 0)
             if requests is None:
                 self._waiting.add(version)
                 return
@@ -317,6 +322,20 @@ class Scheduler:
         self._waiting.discard(version)
         if limiter is not None:
             limiter.blocked.pop(version, None)
+
+    def _share(self, version: ModelVersion, batcher: DynamicBatcher) -> int:
+        """How many of the queued requests the next batch takes when several instances are idle:
+        an even share each (0: all that fit). Requests read in one turn would otherwise all go to
+        one instance, which runs them in turn (a model that loops over its requests, one BLS call
+        after another) while the others stay idle. Only for a model whose batches take what is
+        queued anyway, and whose requests take as long in a batch as alone, each longer than a
+        batch's own cost: a model that batches well runs a larger batch in about the time of a
+        smaller one."""
+        queued = len(batcher)
+        if queued < 2 or not _batching_saves_little(version) or not batcher.spreads:
+            return 0
+        idle = self._idle.count(version, queued)
+        return -(-queued // idle) if idle > 1 else 0
 
     def _pick_limited(self, version: ModelVersion, limiter: RateLimiter) -> InstanceRecord | None:
         """Under the rate limiter: the version's idle instance of best rank, when it may start a
@@ -462,6 +481,7 @@ class Scheduler:
         batch.timings = timings = done.timings
         took = sum(timings)
         instance.execution_ns += _AVERAGE_WEIGHT * (took - instance.execution_ns) if instance.execution_ns else took
+        _note_execution(version, took, len(batch.requests))
         oks = done.ok
         if done.still_open is not None:
             if done.ran:
@@ -701,3 +721,20 @@ def _not_ready_error(model: str, number: int | None, version: ModelVersion | Non
         return NotFound(f"Request for unknown model: '{model}' version {number} is not found")
     return Unavailable(f"model '{model}' version {version.version} is not ready "
                        f"({version.state.value.lower()}{': ' + version.reason if version.reason else ''})")
+
+
+def _note_execution(version: ModelVersion, took_ns: int, requests: int) -> None:
+    """Fold a batch's time in its instance into its version's averages per request."""
+    each = took_ns / requests
+    if requests == 1:
+        average = version.execution_alone_ns
+        version.execution_alone_ns = average + _AVERAGE_WEIGHT * (each - average) if average else each
+    else:
+        average = version.execution_grouped_ns
+        version.execution_grouped_ns = average + _AVERAGE_WEIGHT * (each - average) if average else each
+
+
+def _batching_saves_little(version: ModelVersion) -> bool:
+    """Whether the version's requests take long and about as long in a batch as alone (both seen)."""
+    alone, grouped = version.execution_alone_ns, version.execution_grouped_ns
+    return alone >= SHARE_FROM_NS and grouped >= alone * (1 - SHARE_WHEN_BATCHED_SAVES_UNDER)

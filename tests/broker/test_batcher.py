@@ -240,6 +240,21 @@ def test_without_delay_the_largest_batch_leaves_at_once():
     assert names(b.next_batch(0)) == ["r0", "r1", "r2"]
 
 
+def test_a_share_caps_the_batch_at_that_many_requests():
+    b = batcher(max_batch_size=8, delay_us=0)
+    fill(b, *ones(5))
+    assert names(b.next_batch(0, share=3)) == ["r0", "r1", "r2"]
+    assert names(b.next_batch(0, share=3)) == ["r3", "r4"]
+
+
+def test_only_a_batcher_that_takes_what_is_queued_may_share_it_out():
+    assert batcher(max_batch_size=8).spreads
+    assert batcher(max_batch_size=8, preferred=(8,)).spreads   # auto-complete's preferred size
+    assert not batcher(max_batch_size=8, preferred=(4, 8)).spreads
+    assert not batcher(max_batch_size=8, delay_us=100).spreads
+    assert not batcher(max_batch_size=8, enabled=False).spreads
+
+
 def test_the_deadline_is_reported_only_when_batching_waits_on_time():
     assert batcher(delay_us=0).deadline_ns() is None
     nodelay = batcher(delay_us=0)

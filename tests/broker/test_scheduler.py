@@ -82,6 +82,53 @@ def test_a_batching_model_is_not_pipelined_so_requests_can_still_join_a_batch():
     assert [sent_batch(p)[2] for p in to_instances] == [[1], [2, 3, 4]]
 
 
+def run_batch(scheduler, to_instances, rids: list[int], took_ns: int) -> None:
+    """Submit ``rids`` in one turn and have the instance they go to take ``took_ns`` over them."""
+    with scheduler.turn():
+        for rid in rids:
+            submit(scheduler, b"gw", rid)
+    iid, header, sent = sent_batch(to_instances[-1])
+    assert sent == rids
+    scheduler.batch_done(iid, *done(header["b"], rids, timings=(0, took_ns, 0)))
+
+
+@pytest.mark.parametrize("alone_us, grouped_us, shared", [
+    (600, 600, True),     # each request runs in turn (one BLS call after another): two instances at once
+    (600, 150, False),    # a batch of two takes half the time per request: batching pays
+    (100, 100, False),    # too light: a second batch would cost more than it saves
+])
+def test_a_turns_requests_are_shared_among_idle_instances_when_batching_saves_nothing(alone_us, grouped_us, shared):
+    registry, version, scheduler, to_instances, _, _ = make_world("dynamic_batching { }")
+    add_instance(registry, version, "i0")
+    add_instance(registry, version, "i1")
+    run_batch(scheduler, to_instances, [1], alone_us * 1000)            # the time of a request alone
+    run_batch(scheduler, to_instances, [2, 3], 2 * grouped_us * 1000)   # and in a batch (both idle: not shared yet)
+    to_instances.clear()
+    with scheduler.turn():
+        for rid in (4, 5, 6, 7):
+            submit(scheduler, b"gw", rid)
+    batches = [(sent_batch(p)[0], sent_batch(p)[2]) for p in to_instances]
+    if shared:
+        assert sorted(batches) == [(b"i0", [6, 7]), (b"i1", [4, 5])] or sorted(batches) == [(b"i0", [4, 5]), (b"i1", [6, 7])]
+    else:
+        assert len(batches) == 1 and batches[0][1] == [4, 5, 6, 7]
+
+
+def test_requests_are_not_shared_with_a_busy_instance():
+    registry, version, scheduler, to_instances, _, _ = make_world("dynamic_batching { }")
+    add_instance(registry, version, "i0", credit=1)
+    add_instance(registry, version, "i1", credit=1)
+    run_batch(scheduler, to_instances, [1], 600_000)
+    run_batch(scheduler, to_instances, [2, 3], 1_200_000)
+    with scheduler.turn():
+        submit(scheduler, b"gw", 4)   # one instance busy with it
+    to_instances.clear()
+    with scheduler.turn():
+        for rid in (5, 6, 7):
+            submit(scheduler, b"gw", rid)
+    assert [sent_batch(p)[2] for p in to_instances] == [[5, 6, 7]]   # all to the one idle instance
+
+
 def submit_and_wait_out_the_delay(scheduler, clock, rid: int) -> None:
     submit(scheduler, b"gw", rid)
     clock.now += 100_000
