@@ -47,15 +47,17 @@ class IdleInstances:
     def count(self, version: ModelVersion, enough: int) -> int:
         """How many of the version's instances are idle, counting no further than ``enough``."""
         idle = self._room_of(version)
-        found = 0
-        for instance in list(idle):
+        found, stale = 0, []
+        for instance in idle:
             if instance.draining or instance.inflight or instance.credit <= 0 \
                     or self.registry.instances.get(instance.iid) is not instance:
-                del idle[instance]
+                stale.append(instance)
                 continue
             found += 1
             if found == enough:
                 break
+        for instance in stale:
+            del idle[instance]
         return found
 
     def busy(self, version: ModelVersion, instance: InstanceRecord) -> None:
