@@ -181,6 +181,10 @@ class DynamicBatcher(Generic[R]):
         self._delay_ns = policy.max_queue_delay_us * 1000
         # Where a batch stops wanting to grow (Triton's max_preferred_batch_size_).
         self._max_preferred = max(policy.preferred_batch_sizes, default=policy.max_batch_size)
+        # Whether a batch takes whatever is queued when an instance is free (no queue delay, no
+        # preferred size but the largest, which auto-complete sets): then what is queued may be
+        # shared among the idle instances (Scheduler._share).
+        self.spreads = policy.enabled and self._delay_ns == 0 and self._preferred <= {policy.max_batch_size}
         self._timeouts: list[tuple[int, int, R]] = []   # heap of (deadline, tie-break, request)
         self._tie = itertools.count()
 
@@ -249,13 +253,6 @@ class DynamicBatcher(Generic[R]):
                 queue.remove(request)
                 rejected.append(request)
         return rejected
-
-    @property
-    def spreads(self) -> bool:
-        """Whether a batch takes whatever is queued when an instance is free (no queue delay, no
-        preferred size but the largest, which auto-complete sets): then what is queued may be
-        shared among the idle instances."""
-        return self.policy.enabled and self._delay_ns == 0 and self._preferred <= {self.policy.max_batch_size}
 
     def next_batch(self, now_ns: int, share: int = 0) -> list[R] | None:
         """The batch to send now, or None when it is better to wait (see ``deadline_ns``);

@@ -31,8 +31,7 @@ class IdleInstances:
         idle = self._room_of(version)
         while idle:
             instance = next(reversed(idle))
-            if instance.draining or instance.inflight or instance.credit <= 0 \
-                    or self.registry.instances.get(instance.iid) is not instance:
+            if not self._still_idle(instance):
                 del idle[instance]
                 continue
             return instance
@@ -49,8 +48,7 @@ class IdleInstances:
         idle = self._room_of(version)
         found, stale = 0, []
         for instance in idle:
-            if instance.draining or instance.inflight or instance.credit <= 0 \
-                    or self.registry.instances.get(instance.iid) is not instance:
+            if not self._still_idle(instance):
                 stale.append(instance)
                 continue
             found += 1
@@ -59,6 +57,11 @@ class IdleInstances:
         for instance in stale:
             del idle[instance]
         return found
+
+    def _still_idle(self, instance: InstanceRecord) -> bool:
+        """Whether an entry of the idle instances may take a batch (not busy, draining or gone)."""
+        return not (instance.draining or instance.inflight or instance.credit <= 0) \
+            and self.registry.instances.get(instance.iid) is instance
 
     def busy(self, version: ModelVersion, instance: InstanceRecord) -> None:
         """``instance`` was sent a batch: not idle until it is done."""

@@ -482,7 +482,7 @@ class Scheduler:
         version, instance = batch.version, batch.instance
         batch.timings = timings = done.timings
         took = sum(timings)
-        instance.execution_ns += _AVERAGE_WEIGHT * (took - instance.execution_ns) if instance.execution_ns else took
+        instance.execution_ns = _moved(instance.execution_ns, took)
         _note_execution(version, took, len(batch.requests))
         oks = done.ok
         if done.still_open is not None:
@@ -725,15 +725,17 @@ def _not_ready_error(model: str, number: int | None, version: ModelVersion | Non
                        f"({version.state.value.lower()}{': ' + version.reason if version.reason else ''})")
 
 
+def _moved(average: float, value: float) -> float:
+    """A moving average with ``value`` folded in (the first value starts it)."""
+    return average + _AVERAGE_WEIGHT * (value - average) if average else value
+
+
 def _note_execution(version: ModelVersion, took_ns: int, requests: int) -> None:
     """Fold a batch's time in its instance into its version's averages per request."""
-    each = took_ns / requests
     if requests == 1:
-        average = version.execution_alone_ns
-        version.execution_alone_ns = average + _AVERAGE_WEIGHT * (each - average) if average else each
+        version.execution_alone_ns = _moved(version.execution_alone_ns, took_ns)
     else:
-        average = version.execution_grouped_ns
-        version.execution_grouped_ns = average + _AVERAGE_WEIGHT * (each - average) if average else each
+        version.execution_grouped_ns = _moved(version.execution_grouped_ns, took_ns / requests)
 
 
 def _batching_saves_little(version: ModelVersion) -> bool:
