@@ -114,6 +114,7 @@ class BrokerLink:
         self._fd = self.sock.fileno()
         self.loop.add_reader(self._fd, self._drain)
         self._drain_scheduled = False
+        self._rest: tuple[list, int] | None = None   # a message's records not yet handled, after a slice
         self._spinning = False
         self._spin_until = 0.0
         self._lone_in_a_row = 0   # answers in a row to requests that were out alone
@@ -265,6 +266,8 @@ class BrokerLink:
         self._outbox.extend(external)
 
     def _flush(self) -> None:
+        if not self._outbox:
+            return   # sent already, between two slices of a message's answers
         parts, self._outbox = self._outbox, []
         try:
             self.sock.send_parts(parts, zmq.NOBLOCK)   # a libzmq socket would block the event loop at its high-water mark
@@ -315,8 +318,10 @@ class BrokerLink:
 
     def _drain(self) -> None:
         self._drain_scheduled = False
+        if self._rest is not None:
+            return   # a message is half handled: its rest first, then the socket (_handle_rest)
         sock = self.sock
-        while True:
+        while self._rest is None:
             try:
                 parts = sock.recv_parts()
             except zmq.Again:
@@ -325,16 +330,37 @@ class BrokerLink:
             if self.broker_lost:
                 self.broker_lost = False
                 log.info("the broker at %s answers again", self.address)
-            try:
-                self._dispatch(parts)
-            except TritiumError as exc:
-                log.warning("dropped a message from the broker: %s", exc)
-            except Exception:
-                log.exception("error handling a message from the broker")
+            self._dispatch_safely(parts, 0)
 
-    def _dispatch(self, parts: list) -> None:
-        position = 0
+    def _handle_rest(self) -> None:
+        """The rest of a message whose answers took a slice: what the loop read meanwhile (the
+        clients' next requests) goes to the broker first."""
+        rest, self._rest = self._rest, None
+        assert rest is not None   # set with this call's scheduling, cleared only here
+        parts, position = rest
+        self._flush()
+        self._dispatch_safely(parts, position)
+        if self._rest is None:
+            self._drain()
+
+    def _dispatch_safely(self, parts: list, position: int) -> None:
+        try:
+            self._dispatch(parts, position)
+        except TritiumError as exc:
+            log.warning("dropped a message from the broker: %s", exc)
+        except Exception:
+            log.exception("error handling a message from the broker")
+
+    def _dispatch(self, parts: list, position: int) -> None:
+        slice_ends = time.perf_counter() + ANSWER_SLICE_S
         while position < len(parts):
+            if self.waiting <= len(parts) - position and time.perf_counter() > slice_ends:
+                # Nothing else is out at the broker (all that waits may be in this message), so
+                # its instances idle while these answers are written: let the loop read the
+                # requests that came meanwhile and send them on before the rest.
+                self._rest = (parts, position)
+                self.loop.call_soon(self._handle_rest)
+                return
             message, record, offset = read_record(parts[position])
             external = parts[position + 1:position + 1 + message.external]
             position += 1 + message.external
@@ -379,6 +405,14 @@ class BrokerLink:
             # The client's next request is likely on its way, and while the loop polls, the
             # connections are read without a wake-up.
             self._poll()
+
+
+# How long a message's answers are handed out before the event loop reads its connections again,
+# when nothing else is out at the broker. Writing an answer wakes its client, which on a busy
+# machine may take the gateway's CPU before the next write; a message of many answers then takes
+# milliseconds, and the requests those clients send meanwhile would wait for its end and reach
+# the broker all together, while the broker and the instances had nothing to do.
+ANSWER_SLICE_S = 400e-6
 
 
 def _call(deliver: Deliver, outcome: "Reply | TritiumError") -> None:

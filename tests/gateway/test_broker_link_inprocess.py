@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tritium.gateway.broker_link import BrokerLink, BrokerRefused, Reply
+from tritium.gateway.broker_link import ANSWER_SLICE_S, BrokerLink, BrokerRefused, Reply
 from tests.scripted_peers import ScriptedBroker, at_least, ipc_address
 from tritium.errors import Cancelled, NotFound, Unavailable
 from tritium.protocol import (
@@ -578,3 +578,54 @@ def test_without_polling_a_link_sleeps_between_a_streams_answers(gateway):
         return gateway.link.one_at_a_time, gateway.link.polling
 
     assert gateway.run(scenario()) == (True, False)
+
+
+def _slow_message_of_answers(gateway: Gateway, others_out: int) -> list:
+    """Four requests answered in one message, with ``others_out`` more requests still out; the
+    first answer's delivery outlasts a slice (a write whose client took the gateway's CPU) and
+    that client's next request is read after it. Per answer: whether the broker had that next
+    request by the time the answer was delivered."""
+    tags = ["a", "b", "c", "d"]
+    seen: list = []
+
+    def broker_has_next() -> bool:
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            gateway.broker.pump()
+            if any(r.header.get("id") == "next" for r in gateway.broker.received):
+                return True
+            time.sleep(0.005)
+        return False
+
+    def on_answer(tag: str):
+        def delivered(reply) -> None:
+            seen.append((tag, tag != "a" and broker_has_next()))
+            if tag == "a":
+                time.sleep(2 * ANSWER_SLICE_S)
+                gateway.loop.call_soon(infer, gateway.link, "next")
+        return delivered
+
+    async def scenario():
+        await gateway.started()
+        for tag in tags:
+            request = Infer(gateway.link.next_rid(), "m", [["X", "FP32", [1, 4], 16, False]], version=1,
+                            batch_size=1, request_id=tag)
+            gateway.link.request_then(request, [tag.encode().ljust(16, b".")], (), on_answer(tag))
+        for other in range(others_out):
+            infer(gateway.link, f"other{other}")
+        sent = await gateway.requests(len(tags) + others_out)
+        rid = {r.header["id"]: r.header["rid"] for r in sent}
+        gateway.broker.send(gateway.peer, *(response(rid[tag], tag) for tag in tags))
+        await gateway.until(lambda: len(seen) == len(tags), "four answers")
+
+    gateway.run(scenario())
+    return seen
+
+
+def test_a_slow_message_of_answers_sends_the_requests_read_meanwhile_before_its_rest(gateway):
+    assert _slow_message_of_answers(gateway, others_out=0) == [("a", False), ("b", True), ("c", True), ("d", True)]
+
+
+def test_a_slow_message_of_answers_is_handled_whole_while_other_requests_are_out(gateway):
+    # the broker has work then: its answers are not delayed for the requests read meanwhile
+    assert _slow_message_of_answers(gateway, others_out=1) == [("a", False), ("b", False), ("c", False), ("d", False)]
