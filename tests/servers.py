@@ -36,12 +36,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+PORT_ATTEMPTS = 3
+
+
 class TritiumServer:
     """``tritium serve`` in a child process; ``url`` is host:port for tritonclient."""
 
     def __init__(self, repository: Path, *extra_args: str, env: dict | None = None,
                  http_workers: int = 1, ready_timeout_s: float = 60.0) -> None:
         self.repository = Path(repository)
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._start(repository, extra_args, env, http_workers, ready_timeout_s)
+                return
+            except RuntimeError as exc:
+                # a free port can be taken by another process between its choice and the bind
+                if "already in use" not in str(exc) or attempt == PORT_ATTEMPTS - 1:
+                    raise
+
+    def _start(self, repository: Path, extra_args: tuple, env: dict | None, http_workers: int,
+               ready_timeout_s: float) -> None:
         self.port = free_port()
         self.url = f"127.0.0.1:{self.port}"
         self.grpc_port = free_port()
