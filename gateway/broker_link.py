@@ -143,6 +143,7 @@ class BrokerLink:
     def close(self) -> None:
         self._beat_handle.cancel()
         self.loop.remove_reader(self._fd)
+        self._rest = None   # its answers' requests are failed just below
         self._fail_waiting(Unavailable("the gateway is shutting down"))
         self.sock.close()
 
@@ -336,7 +337,8 @@ class BrokerLink:
         """The rest of a message whose answers took a slice: what the loop read meanwhile (the
         clients' next requests) goes to the broker first."""
         rest, self._rest = self._rest, None
-        assert rest is not None   # set with this call's scheduling, cleared only here
+        if rest is None:
+            return   # the link closed meanwhile
         parts, position = rest
         self._flush()
         self._dispatch_safely(parts, position)

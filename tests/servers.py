@@ -53,6 +53,7 @@ class TritiumServer:
                 # a free port can be taken by another process between its choice and the bind
                 if "already in use" not in str(exc) or attempt == PORT_ATTEMPTS - 1:
                     raise
+                self._log.close()
 
     def _start(self, repository: Path, extra_args: tuple, env: dict | None, http_workers: int,
                ready_timeout_s: float) -> None:
