@@ -115,14 +115,21 @@ class TritiumServer:
 
 
 def run_serve(repository: Path, *extra_args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
-    """Run ``tritium serve`` expecting it to exit by itself (for startup failures)."""
-    command = [sys.executable, "-m", "tritium.cli", "serve", "--model-repository", str(repository),
-               "--http-address", "127.0.0.1", "--http-port", str(free_port()), "--http-workers", "1",
-               "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
-               *extra_args]
+    """Run ``tritium serve`` expecting it to exit by itself (for startup failures). A run that
+    failed because another process took one of the ports chosen here (not one a test passed in
+    ``extra_args``) between the choice and the bind runs again on fresh ports."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
-    return subprocess.run(command, capture_output=True, timeout=timeout_s, env=env)
+    for _ in range(PORT_ATTEMPTS):
+        ports = [free_port() for _ in range(3)]
+        command = [sys.executable, "-m", "tritium.cli", "serve", "--model-repository", str(repository),
+                   "--http-address", "127.0.0.1", "--http-port", str(ports[0]), "--http-workers", "1",
+                   "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), *extra_args]
+        result = subprocess.run(command, capture_output=True, timeout=timeout_s, env=env)
+        output = result.stdout + result.stderr
+        if not any(f":{port}' already in use".encode() in output for port in ports):
+            return result
+    return result
 
 
 def instance_processes(server: TritiumServer | None = None, marker: bytes = b"tritium.workers.instance") -> list[dict]:

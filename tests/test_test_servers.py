@@ -72,3 +72,23 @@ def test_starting_a_server_survives_a_test_run_that_has_used_grpc():
         assert failed == []
     finally:
         channel.close()
+
+
+def test_a_startup_run_whose_chosen_port_was_taken_runs_again_on_fresh_ports(tmp_path, monkeypatch):
+    """Another process can take a port between run_serve's choice and the server's bind; the
+    failure then is the helper's, not the test's: the run is repeated on fresh ports."""
+    import socket
+
+    from tests import servers
+    from tests.models import write_config
+
+    write_config(tmp_path / "bad_config", "max_batch_size: -3 nonsense: 1")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        chosen = [holder.getsockname()[1]]
+        real_free_port = servers.free_port
+        monkeypatch.setattr(servers, "free_port", lambda: chosen.pop() if chosen else real_free_port())
+        result = servers.run_serve(tmp_path)
+    assert result.returncode == 4, result.stderr.decode()[-2000:]     # the model's failure, not the port's
+    assert b"already in use" not in result.stderr
