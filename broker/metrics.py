@@ -197,7 +197,8 @@ class TritonCollector:
 
     def _tensor_pools(self):
         """tritium's own: each gateway's and instance's shared memory for large tensors (kind
-        ``request`` for a gateway's inputs, ``answer`` for an instance's outputs)."""
+        ``request`` for a gateway's inputs, ``answer`` for an instance's outputs, ``bls`` for the
+        inputs of its model's BLS calls)."""
         pools = list(self.registry.tensor_pools.items())
         size = Metric("tritium_tensor_pool_bytes", "Size of a process's shared memory pool for large tensors, "
                       "in bytes", "gauge")
@@ -205,15 +206,19 @@ class TritonCollector:
                       "gauge")
         overflows = Metric("tritium_tensor_pool_overflows", "Large tensors a process sent as bytes because its "
                            "tensor pool had no room", "counter")
+        renewals = Metric("tritium_tensor_pool_renewals", "Times a process replaced its tensor pool by a new one, "
+                          "the slots of the old given up for lost", "counter")
         for peer, reported in pools:
-            for kind, total, in_use, overflowed in reported:
+            for kind, total, in_use, overflowed, renewed in reported:
                 labels = {"process": peer.decode(errors="replace"), "kind": kind}
                 size.add_sample("tritium_tensor_pool_bytes", labels, total)
                 used.add_sample("tritium_tensor_pool_used_bytes", labels, in_use)
                 overflows.add_sample("tritium_tensor_pool_overflows_total", labels, overflowed)
+                renewals.add_sample("tritium_tensor_pool_renewals_total", labels, renewed)
         yield size
         yield used
         yield overflows
+        yield renewals
 
 
 def _bound(value: float) -> str:

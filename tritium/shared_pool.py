@@ -202,6 +202,7 @@ class PoolUsage(NamedTuple):
     size: int        # bytes
     used: int        # bytes of the slots in use
     overflows: int   # large tensors sent as bytes because the pool had no room (since it started)
+    renewals: int = 0   # times the pool was replaced by a new one, its slots given up for lost
 
 
 class SharedPool:
@@ -366,6 +367,7 @@ class AnswerSlots:
         self._full_since: float | None = None
         self._full_said = _Occasionally(clock)
         self.overflows = 0   # large outputs sent as bytes for want of room
+        self.renewals = 0    # pools made anew (``renew``)
 
     def place(self, frames: list) -> list:
         """``frames`` (a message: its record first) with each large tensor replaced by its copy in
@@ -391,7 +393,7 @@ class AnswerSlots:
     def usage(self) -> PoolUsage:
         """What the pool holds now: the slots its readers released are freed first."""
         self.pool.reclaim()
-        return PoolUsage(self.pool.size, self.pool.used, self.overflows)
+        return PoolUsage(self.pool.size, self.pool.used, self.overflows, self.renewals)
 
     def renew(self) -> bool:
         """Place in a new pool from now on, the old one retired (nothing of it reused); False, said,
@@ -403,6 +405,7 @@ class AnswerSlots:
             return False
         self.retire()
         self.pool = fresh
+        self.renewals += 1
         return True
 
     def retire(self) -> None:

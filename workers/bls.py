@@ -25,7 +25,7 @@ from tritium.pb_utils import types as pb
 from tritium.protocol import Cancel, Infer, Response, pack_tensors, read_record, tensor_views
 from tritium.links import connect_dealer
 from tritium.security import CurveKeys
-from tritium.shared_pool import RequestSlots, request_slots
+from tritium.shared_pool import PoolUsage, RequestSlots, request_slots
 from tritium.workers.tensors import array_to_frame, frame_to_array
 from tritium.zmtp import PoolUse, ZmtpDealer
 
@@ -101,6 +101,12 @@ class BlsClient:
                     self._slots.release(rid)
                 raise
         return rid
+
+    def pool_usage(self) -> PoolUsage | None:
+        """The figures of the shared memory the calls' large inputs are placed in; None before the
+        first such input (or on a link that is not local)."""
+        with self._lock:
+            return None if self._slots is None else self._slots.usage()
 
     def _cancel(self, rid: int, model: str, version: int) -> None:
         """Tell the broker this model gave up on its request ``rid`` (a decoupled one)."""

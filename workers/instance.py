@@ -46,6 +46,7 @@ from tritium.protocol import (
     read_record,
 )
 from tritium.lifetime import die_with_parent
+from tritium.pb_utils.types import runtime
 from tritium.links import LinkSocket, connect_dealer
 from tritium.zmtp import PoolUse, ZmtpDealer
 from tritium.security import CurveKeys, secure_client
@@ -74,8 +75,9 @@ class Outbox:
     def __init__(self, sock: LinkSocket, answers: AnswerSlots | None = None) -> None:
         self.sock = sock
         self.answers = answers
-        # The answer pool's figures, refreshed by the main thread (which owns the pool) and read by
-        # the heartbeat thread, which carries them to the broker's /metrics.
+        # The figures of the answer pool and of the model's BLS calls' pool, refreshed by the main
+        # thread (which owns the answer pool) and read by the heartbeat thread, which carries them
+        # to the broker's /metrics.
         self.pools: list | None = None
         self._next_report = 0.0
         self.main_thread = threading.get_ident()
@@ -106,9 +108,14 @@ class Outbox:
         self.sock.send_parts(parts if self.answers is None else self.answers.place(parts))
 
     def report_pools(self, now: float) -> None:
-        if self.answers is not None and now >= self._next_report:
-            self._next_report = now + _POOL_REPORT_S
-            self.pools = [("answer", *self.answers.usage())]
+        if now < self._next_report:
+            return
+        self._next_report = now + _POOL_REPORT_S
+        pools = [] if self.answers is None else [("answer", *self.answers.usage())]
+        bls = runtime.bls   # a Python model's client for its BLS calls, once it has made one
+        if bls is not None and (usage := bls.pool_usage()) is not None:
+            pools.append(("bls", *usage))
+        self.pools = pools or None
 
 
 class HeartbeatThread(threading.Thread):

@@ -120,10 +120,11 @@ def test_an_instance_that_stops_heartbeating_is_removed_and_awaited_back(world):
 
 
 def tensor_pools(world: World) -> dict[tuple[str, str], list[float]]:
-    """(process, kind) -> the pool's size, bytes in use and overflows, as /metrics shows them."""
+    """(process, kind) -> the pool's size, bytes in use, overflows and renewals, as /metrics shows them."""
     text = render(TritonCollector(world.broker.registry, MetricsSettings())).decode()
     found: dict[tuple[str, str], list[float]] = {}
-    for name in ("tritium_tensor_pool_bytes", "tritium_tensor_pool_used_bytes", "tritium_tensor_pool_overflows_total"):
+    for name in ("tritium_tensor_pool_bytes", "tritium_tensor_pool_used_bytes", "tritium_tensor_pool_overflows_total",
+                 "tritium_tensor_pool_renewals_total"):
         for labels, value in re.findall(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, flags=re.MULTILINE):
             key = (re.search(r'process="([^"]*)"', labels).group(1), re.search(r'kind="([^"]*)"', labels).group(1))
             found.setdefault(key, []).append(float(value))
@@ -135,16 +136,18 @@ def test_the_tensor_pools_gateways_and_instances_report_are_in_metrics_while_the
     agent, instance = world.serving_instance()
     assert tensor_pools(world) == {}
     gateway.send(Heartbeat(heartbeat_s=1.0, role=Role.GATEWAY, protocol_version=PROTOCOL_VERSION,
-                           pools=[("request", 4096, 1024, 2)]).encode())
+                           pools=[("request", 4096, 1024, 2, 0)]).encode())
     instance.send(Heartbeat(heartbeat_s=HEARTBEAT_S, iid="instance-1", agent="agent-1", joined=True,
-                            pools=[("answer", 8192, 0, 5)]).encode())
-    world.until(lambda: len(tensor_pools(world)) == 2)
-    assert tensor_pools(world) == {("gw-1", "request"): [4096, 1024, 2], ("instance-1", "answer"): [8192, 0, 5]}
+                            pools=[("answer", 8192, 0, 5, 1), ("bls", 4096, 0, 0, 0)]).encode())
+    world.until(lambda: len(tensor_pools(world)) == 3)
+    assert tensor_pools(world) == {("gw-1", "request"): [4096, 1024, 2, 0], ("instance-1", "answer"): [8192, 0, 5, 1],
+                                   ("instance-1", "bls"): [4096, 0, 0, 0]}
     instance.send(Heartbeat(heartbeat_s=HEARTBEAT_S, iid="instance-1", agent="agent-1", joined=True,
-                            pools=[("answer", 8192, 2048, 6)]).encode())
-    world.until(lambda: tensor_pools(world).get(("instance-1", "answer")) == [8192, 2048, 6])
+                            pools=[("answer", 8192, 2048, 6, 1)]).encode())
+    world.until(lambda: tensor_pools(world).get(("instance-1", "answer")) == [8192, 2048, 6, 1])
+    assert ("instance-1", "bls") not in tensor_pools(world)   # the figures are the last heartbeat's
     exited(world, agent, b"instance-1", "m_0")
-    assert tensor_pools(world) == {("gw-1", "request"): [4096, 1024, 2]}   # an instance gone takes its pool along
+    assert tensor_pools(world) == {("gw-1", "request"): [4096, 1024, 2, 0]}   # an instance gone takes its pool along
 
 
 def test_a_silent_host_takes_all_its_instances_with_it_in_one_generation(world):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -201,6 +203,24 @@ def test_large_bls_inputs_cross_in_shared_memory_each_call_its_own(server, clien
     (echo,) = [p for p in instance_processes(server) if p["env"].get("TRITIUM_MODEL") == "py_echo/1"]
     maps = Path(f"/proc/{echo['pid']}/maps").read_text()
     assert "memfd:tritium-tensors" in maps
+    # The caller's pool for its calls' inputs is in /metrics (kind bls), labelled by its instance:
+    # 64 MiB, nothing held once the calls are answered, nothing sent as bytes, never renewed.
+    deadline = time.monotonic() + 10
+    while (pools := _bls_pools(server)) != {"bls_large": [64.0 * (1 << 20), 0.0, 0.0, 0.0]}:
+        assert time.monotonic() < deadline, pools
+        time.sleep(0.2)
+
+
+def _bls_pools(server) -> dict[str, list[float]]:
+    """The model of each instance with a pool for BLS inputs -> its size, bytes in use, tensors sent as
+    bytes and renewals, from /metrics."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    found: dict[str, list[float]] = {}
+    for name in ("bytes", "used_bytes", "overflows_total", "renewals_total"):
+        for process, value in re.findall(rf'^tritium_tensor_pool_{name}{{kind="bls",process="([^"]*)"}} (\S+)$',
+                                         text, re.M):
+            found.setdefault(process.split("/")[1], []).append(float(value))
+    return found
 
 
 @pytest.mark.parametrize("timeout_us, third", [(100_000, "Request timeout expired"), (0, "ok")])

@@ -397,7 +397,7 @@ def test_the_link_reconnects_to_a_broker_restarted_at_its_address_and_registers_
 
     beat, failure, served = gateway.run(scenario())
     assert beat == {"k": Kind.HEARTBEAT, "role": "gateway", "pv": PROTOCOL_VERSION, "hb": HEARTBEAT_S,
-                    "pl": [["request", 1 << 20, 0, 0]]}   # its pool for large inputs: 1 MiB, none held
+                    "pl": [["request", 1 << 20, 0, 0, 0]]}   # its pool for large inputs: 1 MiB, none held
     assert isinstance(failure, Unavailable)
     assert failure.message == f"the broker at {gateway.address} restarted; the request was lost"
     assert served.message.params["for"] == "new" and gateway.link.broker_boot == 2

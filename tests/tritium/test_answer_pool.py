@@ -287,6 +287,7 @@ def test_a_pool_full_for_long_is_taken_for_lost_slots_and_replaced(caplog):
         renewed = slots.place([b"done", bytes(SMALLEST_SLOT)])[1]
     assert locate(renewed)[0] is slots.pool.pool is not old and old.fd is None
     assert any("full for 30 s" in record.getMessage() for record in caplog.records)
+    assert slots.usage().renewals == 1   # counted, for /metrics
     assert all(bytes(view) == bytes(SMALLEST_SLOT) for view in lost)        # the old slots untouched
 
 
@@ -307,22 +308,23 @@ def test_a_new_pool_the_system_cannot_give_keeps_the_old_one_and_the_answer_goes
     assert type(answer) is bytes and slots.pool.pool is old and old.fd is not None and len(kept) == 2
     assert any("could not make a new pool" in record.getMessage() for record in caplog.records)
     assert slots.renew() is False and slots.pool.pool is old   # (a new broker process: the old one kept)
+    assert slots.usage().renewals == 0
 
 
 def test_an_answer_pools_figures_count_what_its_readers_hold_and_what_went_as_bytes(links):
     front, back, gateway, instance = links
     slots = AnswerSlots(4 * SMALLEST_SLOT)   # a slot for the marks, three for tensors
-    assert tuple(slots.usage()) == (4 * SMALLEST_SLOT, 0, 0)
+    assert tuple(slots.usage()) == (4 * SMALLEST_SLOT, 0, 0, 0)
     tensor = os.urandom(SMALLEST_SLOT + 1)   # a slot of twice the smallest size
     _, _, record, held = answer(slots, links, tensor)
-    assert tuple(slots.usage()) == (4 * SMALLEST_SLOT, 2 * SMALLEST_SLOT, 0)   # read by no one yet
+    assert tuple(slots.usage()) == (4 * SMALLEST_SLOT, 2 * SMALLEST_SLOT, 0, 0)   # read by no one yet
     kept = slots.place([b"done", bytes(SMALLEST_SLOT)]), slots.place([b"done", bytes(SMALLEST_SLOT)])
     assert slots.usage().used == 3 * SMALLEST_SLOT and slots.usage().overflows == 1   # the second had no room
     front.send_parts([b"gw", record, held])
     del held, kept
     assert receive(gateway, links)[1] == tensor
     gc.collect()
-    assert tuple(slots.usage()) == (4 * SMALLEST_SLOT, 0, 1)   # the gateway released its slot; the others let go of
+    assert tuple(slots.usage()) == (4 * SMALLEST_SLOT, 0, 1, 0)   # the gateway released its slot; the others let go of
 
 
 def test_an_answer_pool_that_fills_again_and_again_says_so_at_most_once_a_minute(caplog):

@@ -295,13 +295,13 @@ def test_a_pool_the_system_cannot_give_is_said_and_large_tensors_go_as_bytes(cap
 
 def test_a_request_pools_figures_count_its_held_slots_and_what_went_as_bytes(caplog):
     slots = RequestSlots(2 * SMALLEST_SLOT, "full")
-    assert tuple(slots.usage()) == (2 * SMALLEST_SLOT, 0, 0)
+    assert tuple(slots.usage()) == (2 * SMALLEST_SLOT, 0, 0, 0)
     slots.place(1, [bytes(SMALLEST_SLOT), b"small"])
     slots.place(2, [bytes(SMALLEST_SLOT), bytes(SMALLEST_SLOT)])   # room for one of the two
-    assert tuple(slots.usage()) == (2 * SMALLEST_SLOT, 2 * SMALLEST_SLOT, 1)
+    assert tuple(slots.usage()) == (2 * SMALLEST_SLOT, 2 * SMALLEST_SLOT, 1, 0)
     slots.release(1)
     slots.place(3, [bytes(SMALLEST_SLOT + 1)])                   # needs two slots' room: none
-    assert tuple(slots.usage()) == (2 * SMALLEST_SLOT, SMALLEST_SLOT, 2)
+    assert tuple(slots.usage()) == (2 * SMALLEST_SLOT, SMALLEST_SLOT, 2, 0)
     slots.release_all()
     assert slots.usage().used == 0
 

@@ -145,7 +145,7 @@ def test_it_says_hello_with_its_load_and_credit_then_heartbeats_on_a_socket_of_i
                            "two heartbeats")
     assert {key: value for key, value in beats[0].items() if key != "pl"} == \
         {"k": Kind.HEARTBEAT, "iid": instance.iid, "agent": AGENT, "joined": True, "hb": HEARTBEAT_S}
-    assert beats[1]["pl"] == [["answer", 256 << 20, 0, 0]]   # its pool for large outputs, nothing held in it
+    assert beats[1]["pl"] == [["answer", 256 << 20, 0, 0, 0]]   # its pool for large outputs, nothing held in it
 
 
 def test_a_batch_is_answered_by_batch_done_then_one_response_per_request_in_request_order(instance):

@@ -28,7 +28,7 @@ import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 INLINE_LIMIT = 64 * 1024
 _PREFIX = struct.Struct("<I")
 

@@ -252,9 +252,9 @@ class Heartbeat(Message, frozen=True, tag=int(Kind.HEARTBEAT)):
     iid: Annotated[str | None, doc("an instance's heartbeat thread: its instance")] = None
     agent: Annotated[str | None, doc("instance: its agent")] = None
     joined: Annotated[bool, doc("instance: it has said HELLO")] = False
-    pools: Annotated[list[tuple[str, int, int, int]] | None, doc(
+    pools: Annotated[list[tuple[str, int, int, int, int]] | None, doc(
         "gateway, instance: its shared tensor pools, each (kind, size, bytes in use, tensors sent as bytes "
-        "for want of room)")] = field(default=None, name="pl")
+        "for want of room, times the pool was made anew)")] = field(default=None, name="pl")
 
 
 # -- inference (the hot path) -----------------------------------------------------------
