@@ -18,6 +18,7 @@ from tritium.broker.scheduler import Scheduler
 from tritium.errors import InvalidArgument, ProtocolError
 from tritium.exit_codes import ExitCode
 from tritium.protocol import (
+    HEARTBEAT_SUFFIX,
     Assign,
     Drained,
     Heartbeat,
@@ -189,13 +190,16 @@ class Peers:
     def _unknown_instance(self, iid: bytes, beat: Heartbeat) -> None:
         """An instance this broker does not know (yet): adopted, about to be, or to exit and be restarted."""
         rejoin = self.adoption.rejoin(iid, self.boot)
-        if rejoin is not None:   # the RESET sent on its adoption may not have reached it
-            self._send_backend([iid, rejoin.encode()])
-            return
-        agent = (beat.agent or iid.decode(errors="replace").split("/", 1)[0]).encode()
-        if agent not in self.registry.agents or self.adoption.pending(iid):
-            return   # its agent has yet to register and list it, or adoption is being decided
-        self._send_backend([iid, Reset().encode()])
+        if rejoin is None:
+            agent = (beat.agent or iid.decode(errors="replace").split("/", 1)[0]).encode()
+            if agent not in self.registry.agents or self.adoption.pending(iid):
+                return   # its agent has yet to register and list it, or adoption is being decided
+        # Said again while it does not answer (the RESET sent on its adoption may not have reached
+        # it), and to its heartbeat thread too: its main thread may wait in a model's execute on a
+        # BLS call the previous broker process held, which that thread then answers with an error.
+        reset = (rejoin or Reset()).encode()
+        self._send_backend([iid, reset])
+        self._send_backend([iid + HEARTBEAT_SUFFIX, reset])
 
     def host_metrics(self, metrics: HostMetrics) -> None:
         self.membership.record_host_metrics(metrics.host, metrics)

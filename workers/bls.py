@@ -44,11 +44,13 @@ _POOL_FULL = ("the shared memory for this model's BLS calls ({mib:g} MiB) is ful
 
 class BlsClient:
     def __init__(self, broker: str, identity: str, curve: CurveKeys | None = None) -> None:
+        self.broker = broker
         self.sock = connect_dealer(broker, identity, curve, "instance", pools=PoolUse.COPY)
         self._readable = select.poll()   # polled by the one thread watching the socket
         self._readable.register(self.sock.fileno(), select.POLLIN)
         self._rids = itertools.count(1)
         self._replies: dict[int, deque] = {}
+        self._called: dict[int, str] = {}   # rid -> the model called, until its final answer
         self._waiters: dict[int, asyncio.Future] = {}
         # The model's threads may call at once. One thread at a time watches the socket and files
         # what arrives, in order (a decoupled call's responses stay in sequence); the others wait
@@ -63,6 +65,7 @@ class BlsClient:
         # the memory is made at the first. Guarded by _lock.
         self._local = isinstance(self.sock, ZmtpDealer)
         self._slots: RequestSlots | None = None
+        self._broker_boot: int | None = None   # the broker process last heard of (``broker_restarted``)
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -86,6 +89,7 @@ class BlsClient:
         if trace is not None:
             self._traced[rid] = (trace, request.model_name(), request.model_version(), context)
         self._replies[rid] = deque()
+        self._called[rid] = request.model_name()
         with self._lock:
             record = infer.encode(inline)
             if external and self._local:
@@ -161,21 +165,57 @@ class BlsClient:
 
     def _file(self, response: Response, record, offset: int, external: list) -> None:
         rid = response.rid
-        if self._slots is not None and response.final is not False:   # answered: its inputs were read
-            with self._lock:
-                self._slots.release(rid)
+        if response.final is not False:   # answered: its inputs were read
+            self._called.pop(rid, None)
+            if self._slots is not None:
+                with self._lock:
+                    self._slots.release(rid)
         if rid not in self._replies:
             return  # an answer nobody waits for any more
         traced = self._traced.pop(rid, None) if self._traced else None
         if traced is not None:
             traced[0].call_done(*traced[1:], response.trace)
         self._replies[rid].append(_response(response, record, offset, external))
+        self._tell_waiter(rid)
+
+    def _tell_waiter(self, rid: int) -> None:
+        """Wake the coroutine awaiting ``rid``'s next answer, if one does (``execute_async``)."""
         waiter = self._waiters.get(rid)
         if waiter is not None:
             if _running_loop() is waiter.get_loop():
                 _wake(waiter)
             else:   # filed by a thread calling exec beside the loop: the loop is told
                 waiter.get_loop().call_soon_threadsafe(_wake, waiter)
+
+    def broker_restarted(self, boot: int | None) -> None:
+        """The broker process the calls in flight went to is gone: a new one (``boot``) took its
+        place, or the broker told this instance to exit (None). Each call still waiting is answered
+        now with an error, as a gateway answers its requests, instead of waiting for ever for an
+        answer no process will send (its model's execute would never return, and the instance
+        could not rejoin). Told by whichever of the instance's threads hears the RESET first; a
+        boot already heard of changes nothing, so a call made to the new process is not failed."""
+        lost = []
+        with self._filing:
+            if boot is not None and boot == self._broker_boot:
+                return
+            self._broker_boot = boot
+            for rid, queue in list(self._replies.items()):
+                if queue and queue[-1][0]:
+                    continue   # its final answer came and waits to be read
+                model = self._called.pop(rid, "?")
+                self._traced.pop(rid, None)
+                error = pb.TritonError(f"the broker at {self.broker} restarted; the BLS request to model '{model}' "
+                                       "was lost", pb.TritonError.UNAVAILABLE)
+                queue.append((True, pb.InferenceResponse(error=error)))
+                lost.append(rid)
+            if self._slots is not None:
+                with self._lock:
+                    for rid in lost:   # the process that read them is gone
+                        self._slots.release(rid)
+            for rid in lost:
+                self._tell_waiter(rid)
+        with self._arrived:
+            self._arrived.notify_all()
 
     def _next(self, rid: int):
         """The next response to request ``rid``, waiting for it: on the socket, or for the thread
@@ -230,7 +270,8 @@ class BlsClient:
             future = loop.create_future()
             self._waiters[rid] = future
             try:
-                await future
+                if not queue:   # an answer filed by another thread just now would not wake it
+                    await future
             finally:
                 self._waiters.pop(rid, None)
 
@@ -276,6 +317,7 @@ class ResponseIterator:
             self._client._cancel(self._rid, *self._called)
         self._done = True
         self._client._replies.pop(self._rid, None)
+        self._client._called.pop(self._rid, None)
 
 
 def _response(response: Response, record, offset: int, external: list):

@@ -118,6 +118,14 @@ class Outbox:
         self.pools = pools or None
 
 
+def broker_restarted(reset: Reset) -> None:
+    """A RESET came: the BLS calls in flight to the broker process that is gone get their errors
+    (a model blocked on one would otherwise never return, and its instance never rejoin)."""
+    bls = runtime.bls
+    if bls is not None:
+        bls.broker_restarted(reset.boot)
+
+
 class HeartbeatThread(threading.Thread):
     """Tells the broker this instance lives, on a socket of its own, even while a batch runs;
     and hears on it which running requests their clients cancelled.
@@ -126,15 +134,19 @@ class HeartbeatThread(threading.Thread):
     GIL only for a moment each interval (backends release it while computing). The broker
     sends each CANCEL_RUNNING here as well as on the data socket, so that a model streaming
     from inside its execute sees ``is_cancelled()`` at once; one that overtakes its batch
-    finds nothing here and is applied by the main loop, which reads it after the batch.
+    finds nothing here and is applied by the main loop, which reads it after the batch. It
+    sends a RESET here too while the main thread does not answer it (``on_reset``): a model
+    waiting in execute for a BLS call the previous broker process held is answered that way.
     """
 
     def __init__(self, broker: str, iid: str, interval_s: float, curve: CurveKeys | None = None,
                  agent: str = "", on_cancel: Callable[[int, int], None] | None = None,
-                 pools: Callable[[], list | None] = lambda: None) -> None:
+                 pools: Callable[[], list | None] = lambda: None,
+                 on_reset: Callable[[Reset], None] | None = None) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.broker, self.iid, self.interval_s, self.curve, self.agent = broker, iid, interval_s, curve, agent
         self.on_cancel = on_cancel
+        self.on_reset = on_reset
         self.pools = pools
         self.stopped = threading.Event()
 
@@ -178,6 +190,8 @@ class HeartbeatThread(threading.Thread):
                 continue
             if type(message) is CancelRunning and self.on_cancel is not None:
                 self.on_cancel(message.batch, message.index)
+            elif type(message) is Reset and self.on_reset is not None:
+                self.on_reset(message)
 
 
 class HealthReporter:
@@ -274,7 +288,12 @@ def main() -> None:
 
     def rejoin(reset: Reset) -> None:
         """A new broker process keeps this instance: what the old one bound to it is gone."""
+        if (reset.boot, reset.epoch) == (load["boot"], load["epoch"]):
+            # The broker says it again until it hears the HELLO (several wait here after a long batch).
+            hello()
+            return
         load.update(boot=reset.boot, epoch=reset.epoch)
+        broker_restarted(reset)
         executor.numbered_anew()
         # Slots handed to the old broker process may never be released: a pool of its own for the
         # new one (the old one's memory goes with its last mapping).
@@ -288,7 +307,7 @@ def main() -> None:
     hello()
     log.info("serving model %s version %d as %s", spec["model"], spec["version"], spec["key"])
     heartbeat = HeartbeatThread(spec["broker"], spec["iid"], spec.get("heartbeat_interval_s", 1.0), curve,
-                                spec["agent"], executor.cancel, lambda: outbox.pools)
+                                spec["agent"], executor.cancel, lambda: outbox.pools, broker_restarted)
     heartbeat.start()
     tune_for_serving()
     try:

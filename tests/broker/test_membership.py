@@ -14,7 +14,7 @@ import pytest
 
 from tritium.broker.metrics import MetricsSettings, TritonCollector, render
 from tests.broker.inprocess_world import HEARTBEAT_S, Peer, World, answer, infer
-from tritium.protocol import PROTOCOL_VERSION, Drain, Heartbeat, Hello, InstanceExited, InstanceHealth, Kind, Role
+from tritium.protocol import HEARTBEAT_SUFFIX, PROTOCOL_VERSION, Drain, Heartbeat, Hello, InstanceExited, InstanceHealth, Kind, Role
 
 
 @pytest.fixture
@@ -117,6 +117,18 @@ def test_an_instance_that_stops_heartbeating_is_removed_and_awaited_back(world):
     assert "m_0" in version.awaited
     assert instance.headers(Kind.RESET)   # should it wake up: it exits and is restarted
     assert instances_per_host(world) == {"h": 0.0}
+
+
+def test_an_unknown_instance_heartbeating_is_told_to_exit_on_its_heartbeat_socket_too(world):
+    """Its main thread may be blocked in a model's execute, on a BLS call a previous broker
+    process held: its heartbeat thread hears the RESET and fails that call, so that it can go."""
+    world.serving_instance()
+    instance = world.peer("back", b"instance-9")
+    beats = world.peer("back", b"instance-9" + HEARTBEAT_SUFFIX)
+    beats.send(Heartbeat(heartbeat_s=HEARTBEAT_S, iid="instance-9", agent="agent-1", joined=True).encode())
+    world.until(lambda: instance.headers(Kind.RESET) and beats.headers(Kind.RESET))
+    assert instance.headers(Kind.RESET)[0] == beats.headers(Kind.RESET)[0]
+    assert beats.headers(Kind.RESET)[0].get("e") is None   # not kept: it exits, its agent starts it again
 
 
 def tensor_pools(world: World) -> dict[tuple[str, str], list[float]]:

@@ -18,6 +18,7 @@ from tritium.pb_utils.triton_python_backend_utils import get_output_tensor_by_na
 from tritium.protocol import Infer, Response, read_record, tensor_views
 from tritium.workers.bls import BlsClient
 from tritium.zmqio import recv_parts, send_parts
+from tritium.zmtp import ZmtpDealer
 
 _names = itertools.count()
 
@@ -188,3 +189,57 @@ def test_a_thread_calling_beside_an_async_execute_is_not_kept_waiting(broker_and
     assert slowest < 0.5, f"a call waited {slowest:.2f} s"
     assert not looping.is_alive(), "an async call never got its answer"
     assert len(async_answers) > 10
+
+
+def test_calls_in_flight_when_the_broker_restarts_are_answered_unavailable_naming_the_model(broker_and_client):
+    """The broker process holding the calls is gone: a waiting ``exec``, ``async_exec`` and
+    decoupled iterator each get an error at once (none would ever be answered), and their large
+    inputs' shared memory is free again. The same boot told twice fails nothing new."""
+    router, client = broker_and_client
+    big = np.ones(1 << 16, dtype=np.float32)   # 256 KiB: placed in shared memory over a local link
+    results: dict[str, object] = {}
+    blocked = threading.Thread(target=lambda: results.update(exec=client.execute(request_for(big))), daemon=True)
+    blocked.start()
+    stream = client.execute(request_for(np.zeros(2, dtype=np.float32)), decoupled=True)
+    reader = threading.Thread(target=lambda: results.update(stream=list(stream)), daemon=True)
+    reader.start()
+
+    async def async_call():
+        return await client.execute_async(request_for(np.zeros(2, dtype=np.float32)))
+
+    looping = threading.Thread(target=lambda: results.update(exec_async=asyncio.run(async_call())), daemon=True)
+    looping.start()
+    rids = []
+    while len(rids) < 3:   # all three are with the "broker", which will never answer
+        assert router.poll(5000), "the client sent nothing"
+        _, *parts = recv_parts(router)
+        position = 0
+        while position < len(parts):
+            header = read_record(parts[position])[0]
+            rids.append(header.rid)
+            position += 1 + header.external
+    if isinstance(client.sock, ZmtpDealer):
+        assert client.pool_usage().used >= big.nbytes
+    started = time.monotonic()
+    client.broker_restarted(7)
+    for thread in (blocked, reader, looping):
+        thread.join(5)
+    took = time.monotonic() - started
+    assert took < 2, f"the calls waited {took:.1f} s after the restart was known"
+    results["stream"], = results["stream"]   # one response: the error, which is final
+    expected = f"the broker at {client.broker} restarted; the BLS request to model 'm' was lost"
+    for name in ("exec", "stream", "exec_async"):
+        response = results[name]
+        assert response.has_error(), name
+        assert (response.error().message(), response.error().code()) == (expected, pb.TritonError.UNAVAILABLE), name
+    if isinstance(client.sock, ZmtpDealer):
+        assert client.pool_usage().used == 0
+
+    # A call to the new broker process is answered as usual, however often the restart is told.
+    answering = ScriptedBroker(router, responses=0)
+    try:
+        client.broker_restarted(7)
+        response = client.execute(request_for(np.zeros(2, dtype=np.float32)))
+    finally:
+        answering.close()
+    assert not response.has_error()

@@ -330,3 +330,49 @@ def test_a_request_cancelled_while_its_batch_waits_behind_another_is_answered_ca
     assert answers[1].header["err"] == {"code": ErrorCode.CANCELLED, "message": "the client cancelled the request"}
     header, view, offset = decode(answers[0].record)
     assert np.frombuffer(view[offset:offset + 16], np.float32).tolist() == [2.0, 4.0, 6.0, 8.0]
+
+
+BLS_CALLER_MODEL = """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "X")
+                called = pb_utils.InferenceRequest(model_name="doubler", inputs=[x], requested_output_names=["Y"]).exec()
+                responses.append(pb_utils.InferenceResponse(error=called.error()) if called.has_error() else
+                                 pb_utils.InferenceResponse([pb_utils.Tensor("Y", x.as_numpy())]))
+            return responses
+"""
+
+
+def test_a_bls_call_the_previous_broker_process_held_fails_and_the_instance_rejoins_once(tmp_path):
+    """The model waits in execute on a BLS call no process will answer (its broker was
+    restarted); the new broker's RESET on the heartbeat socket answers the call with an error, the
+    batch is answered, and the RESETs that queued on the data socket meanwhile make it join again
+    once: every one is answered with a HELLO, but its pool for large outputs is made anew once."""
+    instance = Instance(tmp_path, CONFIG, BLS_CALLER_MODEL)
+    try:
+        instance.hellos()
+        beats = f"{instance.iid}/hb".encode()
+        instance.until(lambda: instance.broker.of(Kind.HEARTBEAT, beats), "a heartbeat")
+        _, record = infer([1.0, 2.0, 3.0, 4.0])
+        instance.broker.send(instance.peer, Batch(next(_batches), 1).encode(), record)
+        calls = instance.until(lambda: instance.broker.of(Kind.INFER, f"{instance.iid}/bls".encode()), "its BLS call")
+        assert calls[0]["m"] == "doubler"
+        hellos = len(instance.broker.of(Kind.HELLO, instance.peer))
+        for _ in range(3):   # as the new broker says it, each heartbeat, while the instance is silent
+            instance.broker.send(instance.peer, Reset(8, 42).encode())
+        instance.broker.send(beats, Reset(8, 42).encode())
+        (response,) = instance.until(lambda: instance.broker.of(Kind.RESPONSE, instance.peer), "the batch's answer")
+        instance.hellos(hellos + 3)
+        instance.until(lambda: instance.broker.of(Kind.HEARTBEAT, beats)[-1]["pl"][0][4] >= 1, "the renewed pool")
+        time.sleep(3 * HEARTBEAT_S)
+        instance._step()
+        pools = instance.broker.of(Kind.HEARTBEAT, beats)[-1]["pl"]
+    finally:
+        instance.close()
+    assert response["err"]["message"] == f"the broker at {instance.address} restarted; the BLS request to model " \
+                                         "'doubler' was lost"
+    assert [pool[0] for pool in pools] == ["answer"] and pools[0][4] == 1, pools

@@ -230,11 +230,15 @@ class Refused(Message, frozen=True, tag=int(Kind.REFUSED)):
 
 
 class Reset(Message, frozen=True, tag=int(Kind.RESET)):
-    """"I do not know you": say HELLO again (an instance without `e` exits instead)."""
+    """"I do not know you": say HELLO again (an instance without `e` exits instead). Repeated
+    to an instance that does not answer, on its heartbeat socket too: its main thread may wait
+    in a model's execute on a BLS call the previous broker process held, and the heartbeat
+    thread answers such calls with an error."""
 
     DIRECTION = "broker -> agent, instance"
 
-    boot: Annotated[int | None, doc("agent: register again with this broker process")] = None
+    boot: Annotated[int | None, doc("agent: register again with this broker process; instance: the "
+                                              "process that keeps it")] = None
     epoch: Annotated[int | None, doc("instance: the restarted broker keeps it, as this load's")] = field(
         default=None, name="e")
 
