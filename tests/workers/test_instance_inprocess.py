@@ -333,6 +333,7 @@ def test_a_request_cancelled_while_its_batch_waits_behind_another_is_answered_ca
 
 
 BLS_CALLER_MODEL = """
+    import numpy as np
     import triton_python_backend_utils as pb_utils
 
     class TritonPythonModel:
@@ -340,7 +341,9 @@ BLS_CALLER_MODEL = """
             responses = []
             for request in requests:
                 x = pb_utils.get_input_tensor_by_name(request, "X")
-                called = pb_utils.InferenceRequest(model_name="doubler", inputs=[x], requested_output_names=["Y"]).exec()
+                big = pb_utils.Tensor("BIG", np.ones(1 << 16, np.float32))   # 256 KiB: in the BLS pool
+                called = pb_utils.InferenceRequest(model_name="doubler", inputs=[x, big],
+                                                   requested_output_names=["Y"]).exec()
                 responses.append(pb_utils.InferenceResponse(error=called.error()) if called.has_error() else
                                  pb_utils.InferenceResponse([pb_utils.Tensor("Y", x.as_numpy())]))
             return responses
@@ -351,7 +354,8 @@ def test_a_bls_call_the_previous_broker_process_held_fails_and_the_instance_rejo
     """The model waits in execute on a BLS call no process will answer (its broker was
     restarted); the new broker's RESET on the heartbeat socket answers the call with an error, the
     batch is answered, and the RESETs that queued on the data socket meanwhile make it join again
-    once: every one is answered with a HELLO, but its pool for large outputs is made anew once."""
+    once: every one is answered with a HELLO, but its pool for large outputs is made anew once.
+    The call's 256 KiB input is freed from the BLS pool, which the heartbeats report."""
     instance = Instance(tmp_path, CONFIG, BLS_CALLER_MODEL)
     try:
         instance.hellos()
@@ -367,12 +371,13 @@ def test_a_bls_call_the_previous_broker_process_held_fails_and_the_instance_rejo
         instance.broker.send(beats, Reset(8, 42).encode())
         (response,) = instance.until(lambda: instance.broker.of(Kind.RESPONSE, instance.peer), "the batch's answer")
         instance.hellos(hellos + 3)
-        instance.until(lambda: instance.broker.of(Kind.HEARTBEAT, beats)[-1]["pl"][0][4] >= 1, "the renewed pool")
-        time.sleep(3 * HEARTBEAT_S)
+        instance.until(lambda: [beat for beat in instance.broker.of(Kind.HEARTBEAT, beats)
+                                if len(beat["pl"]) == 2 and beat["pl"][0][4]], "both pools reported after the RESET")
+        time.sleep(3 * HEARTBEAT_S)   # and a few more reports: the RESETs were all read
         instance._step()
         pools = instance.broker.of(Kind.HEARTBEAT, beats)[-1]["pl"]
     finally:
         instance.close()
     assert response["err"]["message"] == f"the broker at {instance.address} restarted; the BLS request to model " \
                                          "'doubler' was lost"
-    assert [pool[0] for pool in pools] == ["answer"] and pools[0][4] == 1, pools
+    assert pools == [["answer", 256 << 20, 0, 0, 1], ["bls", 64 << 20, 0, 0, 0]]
