@@ -415,7 +415,8 @@ class Scheduler:
         if self.rate_limiter is not None:
             self.rate_limiter.acquire(instance)
         batch_size = 0
-        parts: list[object] = [instance.iid, BatchHeader(number, len(requests), slots, batch_stamps(requests)).encode()]
+        header = BatchHeader(number, len(requests), slots, batch_stamps(requests), self.one_at_a_time)
+        parts: list[object] = [instance.iid, header.encode()]
         for request in requests:
             request.dispatch_ns = now
             batch_size += request.batch_size

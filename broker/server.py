@@ -464,7 +464,11 @@ class Broker:
         if type(message) is BatchDone:
             self.scheduler.batch_done(peer, message, parts[position + 1:])
         elif type(message) is ResponsePart:
-            self.scheduler.streams.response_part(peer, message, parts[position + 1:])
+            first = self.scheduler.streams.response_part(peer, message, parts[position + 1:])
+            if first and self.scheduler.one_at_a_time:
+                # A stream's first response, when requests come one at a time, leaves now: not with
+                # the responses its model sends meanwhile, which this turn would read first.
+                self._flush_frontend()
         elif type(message) is Infer:  # a model calling another model (BLS)
             self._submit(peer, parts, position, message, True)
         elif type(message) is Cancel:  # a model giving up on its BLS request

@@ -23,21 +23,23 @@ class OpenStreams:
         self._clock = clock
         self.batches: dict[int, Batch] = {}   # by batch number: done executing, not done answering
 
-    def response_part(self, iid: bytes, part: ResponsePart, frames: list) -> None:
-        """Forward one response of a decoupled model; a final one closes its request."""
+    def response_part(self, iid: bytes, part: ResponsePart, frames: list) -> bool:
+        """Forward one response of a decoupled model; a final one closes its request. Whether it
+        was its request's first response."""
         instance = self.registry.instances.get(iid)
         number, index = part.batch, part.index
         batch = (instance.inflight.get(number) if instance else None) or self.batches.get(number)
         if batch is None or not 0 <= index < len(batch.requests):
             log.warning("response for unknown request %s/%s from instance %r dropped", number, index, iid)
-            return
+            return False
         request = batch.requests[index]
+        first = index not in batch.answered
         batch.answered.add(index)
         response, _, _ = read_record(frames[0])
         if not isinstance(response, Response):
             log.warning("a %s record instead of a RESPONSE for request %s/%s from instance %r dropped",
                         response.kind.name, number, index, iid)
-            return
+            return False
         ordering = batch.version.ordering   # set only for models that are not decoupled (their one answer,
         # sent after execute returned: workers/executor.py _answered_later)
         if ordering is None or response.final is False:
@@ -53,6 +55,7 @@ class OpenStreams:
                                  request.cancelled and error is not None and error.code is ErrorCode.CANCELLED)
             if number in self.batches and len(batch.finished) == len(batch.requests):
                 del self.batches[number]
+        return first
 
     def executed(self, batch: Batch) -> None:
         """The instance is done executing a decoupled batch; its requests may still be answering.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +60,7 @@ class BatchExecutor:
         self.instance = instance
         self.config = config
         self.send = send   # sends a message to the broker now (decoupled responses)
+        self.yield_cpu: Callable[[], None] = os.sched_yield
         self.decoupled = config.model_transaction_policy.decoupled
         self.model = config.name
         self.batching = config.max_batch_size > 0
@@ -92,7 +94,7 @@ class BatchExecutor:
         ran = not dropped or dropped < len(items)
         batch = items if self.sequences is None else self._with_sequences(batch_header, items)
         if self.decoupled:
-            return self._run_decoupled(batch_header.number, items, t0, ran)
+            return self._run_decoupled(batch_header.number, items, t0, ran, batch_header.lone)
         good = [item for item in batch if item.error is None]
         if self.stacks and self.batching:
             replies, t1, t2 = self._run_stacked(good)
@@ -304,8 +306,9 @@ class BatchExecutor:
 
     # -- decoupled models: each request answered 0..N times, as the model sends -----------
 
-    def _run_decoupled(self, batch: int, items: list[_Item], t0: int, ran: bool) -> list:
+    def _run_decoupled(self, batch: int, items: list[_Item], t0: int, ran: bool, lone: bool = False) -> list:
         still_open: set[int] = set()
+        first = [lone]   # the batch's first response is still to come, and should leave at once
         requests = []
         for index, item in enumerate(items):
             try:
@@ -315,7 +318,7 @@ class BatchExecutor:
             except Exception as exc:
                 self._send_part(batch, index, [_error_record(item.rid, self._execution_error(exc), final=True)])
                 continue
-            request.response_sender = self._sender(batch, index, item, still_open)
+            request.response_sender = self._sender(batch, index, item, still_open, first)
             still_open.add(index)
             self._answering[batch, index] = request
             requests.append((index, item, request))
@@ -335,7 +338,7 @@ class BatchExecutor:
         t2 = time.monotonic_ns()
         return [BatchDone(batch, [], [], (t1 - t0, t2 - t1, 0), sorted(still_open), ran=ran).encode()]
 
-    def _sender(self, batch: int, index: int, item: _Item, still_open: set[int]):
+    def _sender(self, batch: int, index: int, item: _Item, still_open: set[int], first: list[bool]):
         requested = item.infer.outputs
 
         def send(response: InferenceResponse | None, final: bool) -> None:
@@ -347,6 +350,12 @@ class BatchExecutor:
                 still_open.discard(index)
                 self._answering.pop((batch, index), None)
             self._send_part(batch, index, parts)
+            if first[0]:
+                # Requests come one at a time (the broker's word): the processes that forward this
+                # response may wait for the CPU this one holds while the model makes the next ones
+                # (at low load the kernel runs them all on one CPU), and it would leave with the last.
+                first[0] = False
+                self.yield_cpu()
 
         return send
 
@@ -517,6 +526,7 @@ class BatchExecutor:
             return exc
         log.warning("model %s failed to execute: %r", self.model, exc)
         return InternalError(f"model '{self.model}' failed to execute: {type(exc).__name__}: {exc}")
+
 
 
 _LATER = object()   # a reply the model will send through the request's response sender

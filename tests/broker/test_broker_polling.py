@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.broker.inprocess_world import CONFIG, World, answer, infer
-from tritium.protocol import Kind
+from tritium.protocol import BatchDone, Kind, Response, ResponsePart
 
 DELAYED = CONFIG.replace("dynamic_batching { }",
                          "dynamic_batching { preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 20000 }")
@@ -189,3 +189,49 @@ def test_a_single_lone_answer_is_not_followed_by_polling(short_polling_world):
     start = time.monotonic()
     assert world.broker._spin_for_message(10_000) == []
     assert time.monotonic() - start < 0.05
+
+
+# -- a decoupled model's first response when requests come one at a time ----------------------
+
+DECOUPLED = CONFIG + "model_transaction_policy { decoupled: true }\n"
+
+
+def _streamed(world: World, gateway, instance, rid: int, responses: int = 3) -> tuple[dict, list[list[int]]]:
+    """Send request ``rid``; its instance streams ``responses`` responses and the final flag, each
+    a message of its own as an instance sends them, all waiting at the broker before it reads
+    them. Returns the BATCH header the instance got, and the rids of each message the gateway got."""
+    batches, received = len(instance.headers(Kind.BATCH)), len(gateway.messages)
+    infer(gateway, rid=rid)
+    world.until(lambda: len(instance.headers(Kind.BATCH)) > batches)
+    batch = instance.headers(Kind.BATCH)[-1]
+    for token in range(responses):
+        instance.send(ResponsePart(batch["b"], 0).encode(),
+                      Response(rid, [["Y", "FP32", [1], 4, False]], final=False).encode([bytes(4)]))
+    instance.send(ResponsePart(batch["b"], 0).encode(), Response(rid, final=True, empty=True).encode())
+    instance.send(BatchDone(batch["b"], [], [], (1_000, 2_000, 0), [0]).encode())
+    time.sleep(0.05)   # all queued at the broker's socket before its next turn
+
+    def answers() -> list[list[int]]:
+        return [rids for message in gateway.messages[received:]
+                if (rids := [header["rid"] for header, _ in message if header["k"] == Kind.RESPONSE])]
+
+    world.until(lambda: sum(map(len, answers())) == responses + 1)
+    return batch, answers()
+
+
+def test_a_streams_first_response_leaves_alone_once_requests_come_one_at_a_time(tmp_path):
+    """The batch tells its instance that requests come one at a time (it then gives up its CPU
+    after the first response), and the broker sends that first response on at once, not with the
+    responses read after it in the same turn; under load, a turn's responses go in one message."""
+    world = World(tmp_path, DECOUPLED)
+    try:
+        gateway = world.gateway()
+        _, instance = world.serving_instance()
+        first, messages = _streamed(world, gateway, instance, rid=1)
+        assert not first.get("lone") and messages == [[1, 1, 1, 1]]
+        _streamed(world, gateway, instance, rid=2)
+        assert world.broker.scheduler.one_at_a_time
+        lone, messages = _streamed(world, gateway, instance, rid=3)
+        assert lone["lone"] is True and messages == [[3], [3, 3, 3]]
+    finally:
+        world.close()

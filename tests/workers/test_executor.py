@@ -775,3 +775,21 @@ def test_a_response_both_sent_and_returned_is_answered_by_the_sent_one_and_count
                                                  "outputs": ["DOUBLE"]} for rid in (1, 2)])
     assert done.ok == [False, True]   # as Triton counts them
     assert [r[1]["DOUBLE"].tolist() for r in responses] == [(rows(1, 1) * 2).tolist(), (rows(1, 2) * 3).tolist()]
+
+
+def test_a_decoupled_batch_sent_when_requests_come_one_at_a_time_gives_up_the_cpu_after_its_first_response():
+    """The broker marks the batch (``lone``): the instance yields once, right after the first
+    response left, so that the processes forwarding it need not wait for the model's next ones."""
+    def respond(requests):
+        for token in range(3):
+            requests[0].response_sender(InferenceResponse(outputs={"DOUBLE": requests[0].inputs["IN"] * token}), False)
+        requests[0].response_sender(None, True)
+
+    cfg = config(BATCHING_CONFIG + "model_transaction_policy { decoupled: true }")
+    for lone, expected in ((True, [1]), (False, [])):
+        sent: list[list] = []
+        yielded: list[int] = []
+        executor = BatchExecutor(PerRequest(respond), cfg, send=sent.append)
+        executor.yield_cpu = lambda: yielded.append(len(sent))   # how many responses had left by then
+        executor.run([Batch(9, 1, lone=lone).encode(), *infer_record(1, [fp32_input(rows(1))], outputs=["DOUBLE"])])
+        assert (len(sent), yielded) == (4, expected), lone

@@ -327,6 +327,8 @@ class Batch(Message, frozen=True, tag=int(Kind.BATCH)):
         default=None, name="sl")
     trace: Annotated[dict | None, doc("traced requests: the broker's stamps, {at, r: {index: [queue_start_ns, "
                                       "compute_start_ns]}}")] = field(default=None, name="tr")
+    lone: Annotated[bool, doc("requests come one at a time: a decoupled model's instance gives up its CPU once "
+                              "after the batch's first response, so that it leaves at once")] = False
 
 
 class BatchDone(Message, frozen=True, tag=int(Kind.BATCH_DONE)):
