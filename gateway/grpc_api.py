@@ -24,6 +24,8 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from tritium.gateway.grpc_codec import (FINAL_RESPONSE, InferRequestReader, InferResponseWriter,
                                        decode_infer_request, encode_infer_response, stream_answer)
+from tritium.gateway.grpc_health import SERVICE_NAME as HEALTH_SERVICE
+from tritium.gateway.grpc_health import HealthCheckRequest, HealthCheckResponse
 from tritium.gateway.grpc_keepalive import GrpcKeepalive
 from tritium.gateway.grpc_tls import GrpcTls
 from tritium.gateway.header_forwarding import forwarded_grpc_metadata
@@ -51,6 +53,7 @@ RPC_CATEGORIES = {
     "SystemSharedMemoryUnregister": "shared-memory", "CudaSharedMemoryStatus": "shared-memory",
     "CudaSharedMemoryRegister": "shared-memory", "CudaSharedMemoryUnregister": "shared-memory",
     "TraceSetting": "trace", "LogSettings": "logging",
+    "Check": "health",   # grpc.health.v1.Health
 }
 
 
@@ -129,12 +132,29 @@ def _rpc(method):
     return wrapper
 
 
+class HealthService:
+    """gRPC's health checking protocol, as Triton serves it: ``Check`` answers SERVING while the
+    server is ready (``/v2/health/ready``), else NOT_SERVING, whatever service the request names;
+    it is a ``health`` RPC for ``--grpc-restricted-protocol``. ``Watch`` is not served
+    (UNIMPLEMENTED), as in Triton."""
+
+    def __init__(self, dataplane: DataPlane, restricted: RestrictedApis) -> None:
+        self.dataplane = dataplane
+        self.restricted = restricted
+
+    @_rpc
+    async def Check(self, request, context):
+        ready = self.dataplane.ready()
+        return HealthCheckResponse(status=HealthCheckResponse.SERVING if ready else HealthCheckResponse.NOT_SERVING)
+
+
 class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: DataPlane, restricted: RestrictedApis = RestrictedApis(),
                  header_forward: re.Pattern[str] | None = None) -> None:
         self.dataplane = dataplane
         self.restricted = restricted
         self.header_forward = header_forward   # --grpc-header-forward-pattern
+        self.health = HealthService(dataplane, restricted)
         self._reader = InferRequestReader()
         self._writer = InferResponseWriter()
 
@@ -545,7 +565,7 @@ def bind_grpc(service: GrpcInferenceService, address: str, port: int, max_messag
         options.append(("grpc.max_connection_age_grace_ms", keepalive.max_age_grace_ms))
     credentials = tls.grpcio_credentials() if tls is not None else None
     server = grpc.aio.server(options=options)
-    server.add_generic_rpc_handlers((_handlers(service),))
+    server.add_generic_rpc_handlers(_handlers(service))
     try:
         if credentials is None:
             bound = server.add_insecure_port(f"{address}:{port}")
@@ -584,12 +604,21 @@ def _as_bytes(answer: Any) -> bytes:
     return answer if isinstance(answer, bytes) else answer.SerializeToString()
 
 
-def _handlers(servicer: GrpcInferenceService) -> grpc.GenericRpcHandler:
+def health_check_method() -> tuple[str, Callable, Callable]:
+    """``grpc.health.v1.Health/Check``: (path, lenient request parser, response serializer)."""
+    return f"/{HEALTH_SERVICE}/Check", _lenient(HealthCheckRequest.FromString), HealthCheckResponse.SerializeToString
+
+
+def _handlers(servicer: GrpcInferenceService) -> tuple[grpc.GenericRpcHandler, ...]:
     handlers = {}
     for name, streaming, parse, serialize in rpc_methods():
         make = grpc.stream_stream_rpc_method_handler if streaming else grpc.unary_unary_rpc_method_handler
         handlers[name] = make(getattr(servicer, name), request_deserializer=parse, response_serializer=serialize)
-    return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+    _, parse, serialize = health_check_method()
+    health = {"Check": grpc.unary_unary_rpc_method_handler(servicer.health.Check, request_deserializer=parse,
+                                                            response_serializer=serialize)}
+    return (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),
+            grpc.method_handlers_generic_handler(HEALTH_SERVICE, health))
 
 
 def _traceparent(metadata: Sequence[tuple[bytes | str, bytes | str]]) -> str | None:

@@ -28,7 +28,8 @@ import grpc
 
 from tritium.gateway.compression import OFF_LOOP_BYTES, in_thread
 from tritium.gateway.connections import OpenConnections
-from tritium.gateway.grpc_api import MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, InferStream, rpc_methods
+from tritium.gateway.grpc_api import (MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, InferStream,
+                                     health_check_method, rpc_methods)
 from tritium.gateway.grpc_codec import joined
 from tritium.gateway.grpc_http2 import (CANCEL, ENHANCE_YOUR_CALM, LARGE_SEGMENT, NO_ERROR, REFUSED_STREAM,
                                         ConnectionFailure, Headers, Http2Connection, encode_headers)
@@ -666,6 +667,8 @@ class GrpcServer:
                  tls: ssl.SSLContext | None = None) -> None:
         rpcs = {f"/{SERVICE.full_name}/{name}".encode(): Rpc(name, streaming, parse, serialize, getattr(servicer, name))
                 for name, streaming, parse, serialize in rpc_methods()}
+        path, parse, serialize = health_check_method()
+        rpcs[path.encode()] = Rpc("Check", False, parse, serialize, servicer.health.Check)
         self.shared = _Shared(servicer, rpcs, max_message_bytes, keepalive, compression_level)
         self._sock: socket.socket | None = None
         self._server: asyncio.AbstractServer | None = None

@@ -1,8 +1,9 @@
 """Serialized ModelInferRequests for the gRPC tests that speak raw HTTP/2 (tests/e2e/rawh2.py) or
-need the exact bytes, and the check of an add_sub answer."""
+need the exact bytes, the check of an add_sub answer, and gRPC health checks in raw bytes."""
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2
 
@@ -45,3 +46,31 @@ def stream_count(url: str, model: str, count: int, answers: int, cancel: bool = 
     received = [got.get(timeout=30) for _ in range(answers)]
     client.stop_stream(cancel_requests=cancel)
     return received
+
+
+# gRPC's health checking protocol (grpc.health.v1), in the bytes Triton answers with: a
+# HealthCheckResponse whose status (field 1) is SERVING (1) or NOT_SERVING (2).
+SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"
+
+
+def health_check(url: str, service: str = "", metadata: list | None = None, body: bytes | None = None) -> bytes:
+    """``grpc.health.v1.Health/Check`` asked for ``service`` (``body``: the request's bytes as
+    they are); the answer's bytes, or grpc.RpcError."""
+    encoded = service.encode()
+    request = body if body is not None else (b"\n" + bytes([len(encoded)]) + encoded if encoded else b"")
+    with grpc.insecure_channel(url) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=bytes,
+                                    response_deserializer=bytes)
+        return check(request, timeout=10, metadata=metadata)
+
+
+def health_watch(url: str) -> grpc.RpcError:
+    """The error ``grpc.health.v1.Health/Watch`` ends with (Triton does not serve it)."""
+    with grpc.insecure_channel(url) as channel:
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch", request_serializer=bytes,
+                                     response_deserializer=bytes)
+        try:
+            list(watch(b"", timeout=10))
+        except grpc.RpcError as error:
+            return error
+    raise AssertionError("Watch answered")

@@ -22,7 +22,8 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.grpc_requests import add_sub_request, check_add_sub, whoami_request
+from tests.e2e.grpc_requests import (SERVING, add_sub_request, check_add_sub, health_check, health_watch,
+                                     whoami_request)
 from tests.e2e.rawh2 import (CANCEL_CODE, DATA, END_STREAM, GOAWAY, INITIAL_WINDOW_SIZE, PING, RST_STREAM, SETTINGS,
                              WINDOW_UPDATE, RawH2, grpc_message)
 from tests.models import add_sub_model
@@ -332,6 +333,23 @@ def test_grpcio_stays_selectable(tmp_path):
         (streamed,) = list(stub.ModelStreamInfer(iter([request]), timeout=10))
         check_add_sub(streamed.infer_response, a, b)
         _check_stream_errors(stub, request, a, b)
+        _check_health(running.grpc_url)
+
+
+def test_the_grpc_health_checking_protocol_is_served_as_by_triton(server):
+    _check_health(server.grpc_url)
+
+
+def _check_health(url: str) -> None:
+    """Check answers SERVING while the server is ready, whatever service it names; Watch is not
+    served; a request that is no HealthCheckRequest gets Triton's parse error (the bytes and the
+    codes that Triton 2.51 answers with)."""
+    assert health_check(url) == SERVING
+    assert health_check(url, "inference.GRPCInferenceService") == health_check(url, "foo") == SERVING
+    assert health_watch(url).code() == grpc.StatusCode.UNIMPLEMENTED
+    with pytest.raises(grpc.RpcError) as failure:
+        health_check(url, body=b"\xff\xff\xff")
+    assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.INTERNAL, "Unable to parse request")
 
 
 def test_a_stream_error_is_a_response_or_with_triton_grpc_error_the_call_s_status(server):

@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.grpc_requests import NOT_SERVING, SERVING, health_check
 from tests.e2e.rawhttp import error_of, request
 from tests.models import SCALED_MODEL, SLOW_MODEL, scaled_config, scaled_config_json
 from tests.servers import TritiumServer
@@ -149,10 +150,13 @@ def test_a_model_that_fails_to_load_is_reported_and_others_keep_serving(server, 
     entry = index(server)[("py_init_fails", "1")]
     assert entry["state"] == "UNAVAILABLE" and "cannot find the weights file" in entry["reason"]
     np.testing.assert_array_equal(scaled_infer(client), [1, 2, 3, 4])
-    # A failed model keeps the server not ready (strict readiness) until it is unloaded.
+    # A failed model keeps the server not ready (strict readiness) until it is unloaded; gRPC's
+    # health checking protocol says the same, as Triton's.
     assert request(server.url, "GET", "/v2/health/ready")[0] == 400
+    assert health_check(server.grpc_url) == NOT_SERVING
     assert request(server.url, "POST", "/v2/repository/models/py_init_fails/unload")[0] == 200
     assert request(server.url, "GET", "/v2/health/ready")[0] == 200
+    assert health_check(server.grpc_url) == SERVING
 
 
 def test_an_instance_that_dies_while_starting_fails_the_load(server, repo):

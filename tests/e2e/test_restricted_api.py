@@ -1,7 +1,8 @@
 """Triton's restricted APIs: --http-restricted-api and --grpc-restricted-protocol.
 
 One server restricts, on HTTP, the model repository (admin-key) and statistics and model
-config (stats-key); on gRPC, the model repository (admin-key) and inference (infer-key).
+config (stats-key); on gRPC, the model repository (admin-key), inference (infer-key) and
+health (health-key).
 Calls without the header get Triton's refusal; with it they are served; calls of other
 categories need nothing. The model repository is in a group of each flag: the two flags'
 groups are separate, as on Triton.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import queue
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -22,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from tritium.gateway.grpc_api import RPC_CATEGORIES
 from tritium.gateway.http_api import route_category
+from tests.e2e.grpc_requests import SERVING, health_check
 from tests.e2e.rawhttp import error_of, request
 from tests.models import add_sub_model
 from tests.servers import TritiumServer, run_serve
@@ -31,6 +34,7 @@ ADMIN = "This API is restricted, expecting header 'admin-key'"
 STATS = "This API is restricted, expecting header 'stats-key'"
 GRPC_ADMIN = "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'"
 GRPC_INFER = "This protocol is restricted, expecting header 'triton-grpc-protocol-infer-key'"
+GRPC_HEALTH = "This protocol is restricted, expecting header 'triton-grpc-protocol-health-key'"
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,8 @@ def server(tmp_path_factory):
     with TritiumServer(repository, "--http-restricted-api=model-repository:admin-key=secret",
                        "--http-restricted-api", "statistics,model-config:stats-key=s=2",
                        "--grpc-restricted-protocol=model-repository:admin-key=secret",
-                       "--grpc-restricted-protocol=inference:infer-key=go") as running:
+                       "--grpc-restricted-protocol=inference:infer-key=go",
+                       "--grpc-restricted-protocol=health:health-key=ok") as running:
         yield running
 
 
@@ -121,7 +126,17 @@ def test_grpc_inference_restricted_on_its_own_key(server):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
     # statistics are restricted on HTTP only: each flag has its own groups
     assert client.get_inference_statistics("add_sub").model_stats[0].name == "add_sub"
-    assert client.is_server_ready() and client.is_model_ready("add_sub")
+    health = {"triton-grpc-protocol-health-key": "ok"}
+    assert client.is_server_ready(headers=health) and client.is_model_ready("add_sub", headers=health)
+
+
+def test_grpc_health_checking_is_restricted_as_health(server):
+    """grpc.health.v1's Check is a health RPC, as in Triton, refused with the same message."""
+    for metadata in (None, [("health-key", "ok")], [("triton-grpc-protocol-health-key", "no")]):
+        with pytest.raises(grpc.RpcError) as failure:
+            health_check(server.grpc_url, metadata=metadata)
+        assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.UNAVAILABLE, GRPC_HEALTH)
+    assert health_check(server.grpc_url, metadata=[("triton-grpc-protocol-health-key", "ok")]) == SERVING
 
 
 @pytest.mark.parametrize("headers, refused", [(None, True), ({"triton-grpc-protocol-infer-key": "go"}, False)])
@@ -187,4 +202,4 @@ def test_each_http_route_has_triton_s_category(path, category):
 
 def test_every_grpc_method_has_a_category():
     rpcs = {name for name in vars(service_pb2_grpc.GRPCInferenceServiceServicer) if not name.startswith("_")}
-    assert set(RPC_CATEGORIES) == rpcs
+    assert set(RPC_CATEGORIES) == rpcs | {"Check"}   # and grpc.health.v1's, a health RPC as in Triton
