@@ -722,8 +722,10 @@ def _not_ready_error(model: str, number: int | None, version: ModelVersion | Non
         if number is None or number < 0:
             return NotFound(f"Request for unknown model: '{model}' has no available versions")
         return NotFound(f"Request for unknown model: '{model}' version {number} is not found")
-    return Unavailable(f"model '{model}' version {version.version} is not ready "
-                       f"({version.state.value.lower()}{': ' + version.reason if version.reason else ''})")
+    # Triton's core text, as a gateway answers a named version it knows is not ready: the broker
+    # answers it only when a gateway's model table was behind (a version reloading after a broker
+    # restart), and the client cannot tell which of the two answered.
+    return Unavailable(f"Request for unknown model: '{model}' version {version.version} is not at ready state")
 
 
 def _moved(average: float, value: float) -> float:
