@@ -32,16 +32,20 @@ class RequestTrace:
     """One traced request: its ids, the gateway's stamps, and the stamps that came back."""
 
     __slots__ = ("tracer", "model", "version", "mode", "trace_id", "request_span", "context", "parent",
-                 "stamps", "remote")
+                 "stamps", "remote", "timestamps", "tensors", "inputs", "outputs")
 
     def __init__(self, tracer: "GatewayTracer", model: str, version: int, mode: str,
-                 parent: tuple[bytes, bytes, int] | None) -> None:
+                 parent: tuple[bytes, bytes, int] | None, level: tuple[str, ...] = ("TIMESTAMPS",)) -> None:
         self.tracer, self.model, self.version, self.mode, self.parent = tracer, model, version, mode, parent
         self.trace_id = parent[0] if parent else os.urandom(16)
         self.request_span = os.urandom(8)                # the front end's span (InferRequest)
         self.context = self.trace_id + os.urandom(8)     # INFER ``tr``: the trace and the model's span
         self.stamps: list[list] = []
         self.remote: dict | None = None
+        self.timestamps = "TIMESTAMPS" in level
+        self.tensors = "TENSORS" in level and mode == "triton"   # (Triton's file only)
+        self.inputs: list[dict] = []    # the tensors of the trace file's records (tritium/tracing/tensors.py)
+        self.outputs: list[dict] = []
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append([name, ns or time.monotonic_ns(), "gateway"])
@@ -59,6 +63,10 @@ class RequestTrace:
         root = _on_timeline(self.remote or {"at": {}, "ts": []}, self.tracer.here)
         root.update(m=self.model, v=self.version, ctx=self.context)
         root["ts"] = sorted(self.stamps + root["ts"], key=lambda stamp: stamp[1])
+        if self.tensors:
+            root.update(inputs=self.inputs, outputs=self.outputs)
+        if not self.timestamps:
+            root["stamps"] = False   # the file gets its tensors only, as Triton writes it
         return root
 
     def finish(self) -> None:
@@ -118,7 +126,7 @@ class GatewayTracer:
             return None
         if left > 0:
             self._left[key] = left - 1
-        return RequestTrace(self, model, version, settings.mode, parse_traceparent(traceparent))
+        return RequestTrace(self, model, version, settings.mode, parse_traceparent(traceparent), settings.level)
 
     def finished(self, trace: RequestTrace) -> None:
         """Export or hand over a finished trace; a failure costs the trace, never its request's answer."""

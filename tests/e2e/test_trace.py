@@ -214,6 +214,27 @@ def test_a_traced_request_writes_every_timestamp_in_order(settings, trace_dir):
     assert list(records[2]) == ["id", "model_name", "model_version"]   # after HTTP_RECV_*, as Triton writes it
 
 
+def test_trace_level_tensors_writes_the_inputs_and_outputs_where_triton_does(settings, trace_dir):
+    """With TIMESTAMPS: each input after QUEUE_START, each output before INFER_RESPONSE_COMPLETE;
+    with TENSORS alone, only those records (Triton 2.51 writes the same)."""
+    known = len(trace_files(trace_dir))
+    assert post(settings, {"trace_level": ["TIMESTAMPS", "TENSORS"]}, "triple")[0] == 200
+    assert infer(settings, "triple").as_numpy("Z").tolist() == [[3, 6]]
+    records = new_trace(trace_dir, known)
+    tensors = [(record["activity"], record["tensor"]) for record in records if "activity" in record]
+    assert tensors == [("TENSOR_QUEUE_INPUT", {"name": "X", "data": "1,2", "shape": "1,2", "dtype": "FP32"}),
+                       ("TENSOR_BACKEND_OUTPUT", {"name": "Z", "data": "3,6", "shape": "1,2", "dtype": "FP32"})]
+    kinds = [record.get("activity") or record.get("timestamps", [{}])[0].get("name") or "model" for record in records]
+    assert kinds[kinds.index("QUEUE_START") + 1] == "TENSOR_QUEUE_INPUT"
+    assert kinds[kinds.index("INFER_RESPONSE_COMPLETE") - 1] == "TENSOR_BACKEND_OUTPUT"
+
+    assert post(settings, {"trace_level": ["TENSORS"]}, "triple")[0] == 200
+    infer(settings, "triple")
+    records = new_trace(trace_dir, known + 1)
+    assert [record["activity"] for record in records] == ["TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT"]
+    assert len({record["id"] for record in records}) == 1
+
+
 def test_ensemble_steps_are_child_traces(settings, trace_dir):
     known = len(trace_files(trace_dir))
     assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "pipeline")[0] == 200

@@ -21,6 +21,9 @@ from pathlib import Path
 
 import orjson
 
+from tritium.tracing.stamps import INFER_RESPONSE_COMPLETE, QUEUE_START
+from tritium.tracing.tensors import TENSOR_BACKEND_OUTPUT, TENSOR_QUEUE_INPUT
+
 log = logging.getLogger(__name__)
 
 _FRONT_END = ("HTTP_", "GRPC_")
@@ -30,6 +33,10 @@ MAX_UNWRITTEN = 64   # files waiting for the writer thread before new ones are d
 def trace_records(tree: dict, ids, parent_id: int | None = None) -> list[dict]:
     """The file's records for one request and its steps, numbered from ``ids``."""
     own_id = next(ids)
+    inputs = [{"id": own_id, "activity": TENSOR_QUEUE_INPUT, "tensor": tensor} for tensor in tree.get("inputs", ())]
+    outputs = [{"id": own_id, "activity": TENSOR_BACKEND_OUTPUT, "tensor": tensor} for tensor in tree.get("outputs", ())]
+    if tree.get("stamps") is False:   # trace level TENSORS alone: the request's tensors (its steps' are not kept)
+        return inputs + outputs
     children = [record for step in tree.get("steps") or () for record in trace_records(step, ids, own_id)]
     model = {"id": own_id, "model_name": tree["m"], "model_version": tree["v"]}
     if parent_id is not None:
@@ -38,7 +45,19 @@ def trace_records(tree: dict, ids, parent_id: int | None = None) -> list[dict]:
     own = [{"id": own_id, "timestamps": [{"name": stamp[0], "ns": stamp[1]}]} for stamp in stamps]
     received = sum(1 for _ in itertools.takewhile(lambda stamp: stamp[0].startswith(_FRONT_END), stamps))
     own.insert(received, model)   # after the front end's receive stamps, as Triton writes it
+    if inputs or outputs:   # as Triton: the inputs after QUEUE_START, the outputs before INFER_RESPONSE_COMPLETE
+        own[_after(own, QUEUE_START):_after(own, QUEUE_START)] = inputs
+        complete = _after(own, INFER_RESPONSE_COMPLETE, len(own) + 1) - 1
+        own[complete:complete] = outputs
     return children + own
+
+
+def _after(records: list[dict], stamp: str, otherwise: int | None = None) -> int:
+    """The index just after the record of ``stamp`` (``otherwise`` when there is none: the end)."""
+    for index, record in enumerate(records):
+        if "timestamps" in record and record["timestamps"][0]["name"] == stamp:
+            return index + 1
+    return len(records) if otherwise is None else otherwise
 
 
 class TraceFile:
