@@ -214,8 +214,10 @@ class DataPlane:
         descriptors, inline, external = pack_tensors((t.name, t.datatype, t.shape, t.data) for t in request.inputs)
         if self.tracer.on and single_response_only is not None:   # streamed requests are not traced
             request.trace = self.tracer.sample(spec.name, version, request.traceparent)
-            if request.trace is not None and request.trace.tensors:
-                request.trace.inputs = [tensor_record(t.name, t.datatype, t.shape, t.data) for t in request.inputs]
+            if request.trace is not None:
+                request.trace.request_id = request.id
+                if request.trace.tensors:
+                    request.trace.inputs = [tensor_record(t.name, t.datatype, t.shape, t.data) for t in request.inputs]
         message = Infer(self.link.next_rid(), spec.name, descriptors, version=version, batch_size=batch_size,
                         request_id=request.id or None,
                         outputs=None if request.outputs is None else [o.name for o in request.outputs],

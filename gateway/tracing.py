@@ -32,7 +32,7 @@ class RequestTrace:
     """One traced request: its ids, the gateway's stamps, and the stamps that came back."""
 
     __slots__ = ("tracer", "model", "version", "mode", "trace_id", "request_span", "context", "parent",
-                 "stamps", "remote", "timestamps", "tensors", "inputs", "outputs")
+                 "stamps", "remote", "timestamps", "tensors", "inputs", "outputs", "request_id")
 
     def __init__(self, tracer: "GatewayTracer", model: str, version: int, mode: str,
                  parent: tuple[bytes, bytes, int] | None, level: tuple[str, ...] = ("TIMESTAMPS",)) -> None:
@@ -46,6 +46,7 @@ class RequestTrace:
         self.tensors = "TENSORS" in level and mode == "triton"   # (Triton's file only)
         self.inputs: list[dict] = []    # the tensors of the trace file's records (tritium/tracing/tensors.py)
         self.outputs: list[dict] = []
+        self.request_id = ""            # the client's, which the trace file names
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append([name, ns or time.monotonic_ns(), "gateway"])
@@ -62,6 +63,8 @@ class RequestTrace:
         """The request and its ensemble steps, every stamp on this gateway's timeline."""
         root = _on_timeline(self.remote or {"at": {}, "ts": []}, self.tracer.here)
         root.update(m=self.model, v=self.version, ctx=self.context)
+        if self.request_id:
+            root["rid"] = self.request_id
         root["ts"] = sorted(self.stamps + root["ts"], key=lambda stamp: stamp[1])
         if self.tensors:
             root.update(inputs=self.inputs, outputs=self.outputs)

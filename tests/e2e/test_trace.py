@@ -96,11 +96,11 @@ def get(server, model: str | None = None) -> dict:
     return json.loads(data)
 
 
-def infer(server, model: str, name: str = "X"):
+def infer(server, model: str, name: str = "X", request_id: str = ""):
     client = httpclient.InferenceServerClient(server.url)
     tensor = httpclient.InferInput(name, [1, 2], "FP32")
     tensor.set_data_from_numpy(np.array([[1, 2]], np.float32))
-    return client.infer(model, [tensor])
+    return client.infer(model, [tensor], request_id=request_id)
 
 
 def trace_files(trace_dir) -> list[Path]:
@@ -212,6 +212,10 @@ def test_a_traced_request_writes_every_timestamp_in_order(settings, trace_dir):
     by_name = dict(stamps)
     assert [by_name[name] for name in FRONT_END_ORDER] == sorted(by_name.values())
     assert list(records[2]) == ["id", "model_name", "model_version"]   # after HTTP_RECV_*, as Triton writes it
+
+    infer(settings, "triple", request_id="client-7")   # the client's id is in the model's record, as Triton's
+    (model,) = [record for record in new_trace(trace_dir, known + 1) if "model_name" in record]
+    assert list(model.items())[1:] == [("model_name", "triple"), ("model_version", 1), ("request_id", "client-7")]
 
 
 def test_trace_level_tensors_writes_the_inputs_and_outputs_where_triton_does(settings, trace_dir):

@@ -39,6 +39,8 @@ def trace_records(tree: dict, ids, parent_id: int | None = None) -> list[dict]:
         return inputs + outputs
     children = [record for step in tree.get("steps") or () for record in trace_records(step, ids, own_id)]
     model = {"id": own_id, "model_name": tree["m"], "model_version": tree["v"]}
+    if tree.get("rid"):   # the client's request id, when it gave one
+        model["request_id"] = tree["rid"]
     if parent_id is not None:
         model["parent_id"] = parent_id
     stamps = sorted(tree["ts"], key=lambda stamp: stamp[1])
