@@ -170,18 +170,25 @@ class DataPlane:
         return self.link.models.resolve(name, version)[0]
 
     def infer_stream_then(self, request: InferRequest,
-                          deliver: Callable[[InferResult | TritiumError | None, bool], None]) -> Callable[[], None]:
+                          deliver: Callable[[InferResult | TritiumError | None, bool], None],
+                          traced: bool = False) -> Callable[[], None]:
         """Every answer to one request as it comes, to ``deliver``: (result, error, or None for an
         empty one; whether it is the last). A request refused before it is sent raises here.
-        Returns what to call when the client gives up on the request."""
-        spec, version, header, inline, external = self._prepare(request, None)
+        Returns what to call when the client gives up on the request. ``traced``: the request may
+        be sampled for tracing (the caller stamps its sends and finishes its trace)."""
+        spec, version, header, inline, external = self._prepare(request, None, traced)
 
         def answered(reply) -> None:
             if isinstance(reply, TritiumError):
                 deliver(reply, True)
                 return
             answer = reply.message
-            deliver(None if answer.empty else self._result(spec, version, request, reply), answer.final is not False)
+            if answer.empty:
+                if request.trace is not None:   # (a flags-only final response carries a traced request's stamps)
+                    request.trace.answered(answer)
+                deliver(None, answer.final is not False)
+                return
+            deliver(self._result(spec, version, request, reply), answer.final is not False)
 
         self.link.request_stream_then(header, inline, external, answered)
         return partial(self.link.cancel, header.rid, spec.name, version)
@@ -196,7 +203,7 @@ class DataPlane:
             if final:
                 return
 
-    def _prepare(self, request: InferRequest, single_response_only: str | None):
+    def _prepare(self, request: InferRequest, single_response_only: str | None, traced: bool = True):
         if self.max_inflight_requests:
             waiting = self.link.waiting - self._controls_waiting
             if waiting >= self.max_inflight_requests:
@@ -212,7 +219,7 @@ class DataPlane:
             raise _with_request_id(exc, request.id or "<id_unknown>") from None
         check_requested_outputs(spec, request)
         descriptors, inline, external = pack_tensors((t.name, t.datatype, t.shape, t.data) for t in request.inputs)
-        if self.tracer.on and single_response_only is not None:   # streamed requests are not traced
+        if self.tracer.on and traced:
             request.trace = self.tracer.sample(spec.name, version, request.traceparent)
             if request.trace is not None:
                 request.trace.request_id = request.id

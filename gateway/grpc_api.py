@@ -417,10 +417,22 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 log.exception("internal error answering a stream request")
                 encoded = StreamError.answered(TritiumError(f"internal error: {type(exc).__name__}: {exc}"),
                                                request, final)
-            deliver(encoded, final)   # once per answer: the stream counts the last ones
+            trace = request.trace
+            if trace is None:
+                deliver(encoded, final)   # once per answer: the stream counts the last ones
+                return
+            if encoded is not None:   # as Triton: each response sent is stamped
+                trace.stamp("GRPC_SEND_START")
+            deliver(encoded, final)
+            if encoded is not None:
+                trace.stamp("GRPC_SEND_END")
+            if final:
+                trace.finish()
 
+        if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
+            request.traceparent = _traceparent(metadata)
         try:
-            return self.dataplane.infer_stream_then(request, answered)
+            return self.dataplane.infer_stream_then(request, answered, traced=True)
         except TritiumError as exc:
             deliver(StreamError.before_start(exc, request.id), True)
             return None

@@ -52,11 +52,15 @@ class RequestTrace:
         self.stamps.append([name, ns or time.monotonic_ns(), "gateway"])
 
     def answered(self, response: Response) -> None:
-        """The RESPONSE arrived: keep the stamps it carries."""
+        """A RESPONSE arrived (of a streamed request: each of them): keep the stamps it carries.
+        The first is the request's INFER_RESPONSE_COMPLETE, as in Triton; the final one ends it."""
         now = time.monotonic_ns()
-        self.remote = response.trace
-        self.stamps.append([INFER_RESPONSE_COMPLETE, now, "gateway"])
-        if self.remote is None or not any(stamp[0] == REQUEST_END for stamp in self.remote["ts"]):
+        if response.trace is not None:
+            self.remote = response.trace
+        if not any(stamp[0] == INFER_RESPONSE_COMPLETE for stamp in self.stamps):
+            self.stamps.append([INFER_RESPONSE_COMPLETE, now, "gateway"])
+        if response.final is not False and (
+                self.remote is None or not any(stamp[0] == REQUEST_END for stamp in self.remote["ts"])):
             self.stamps.append([REQUEST_END, now, "gateway"])
 
     def tree(self) -> dict:

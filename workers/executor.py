@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
@@ -29,7 +30,7 @@ from tritium.repo import ModelConfig
 from tritium import datatypes
 from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumError
 from tritium.protocol import Batch, BatchDone, Infer, Response, ResponsePart, pack_tensors, read_record, tensor_views
-from tritium.tracing.stamps import CallTrace, stamped_responses
+from tritium.tracing.stamps import CallTrace, stamped_responses, stream_stamps
 from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
 from tritium.workers.sequence_state import SequenceInputs
 from tritium.workers.tensors import array_to_frame, check_tensor_size, frame_to_array, writable_rows
@@ -94,7 +95,7 @@ class BatchExecutor:
         ran = not dropped or dropped < len(items)
         batch = items if self.sequences is None else self._with_sequences(batch_header, items)
         if self.decoupled:
-            return self._run_decoupled(batch_header.number, items, t0, ran, batch_header.lone)
+            return self._run_decoupled(batch_header, items, t0, ran)
         good = [item for item in batch if item.error is None]
         if self.stacks and self.batching:
             replies, t1, t2 = self._run_stacked(good)
@@ -306,9 +307,20 @@ class BatchExecutor:
 
     # -- decoupled models: each request answered 0..N times, as the model sends -----------
 
-    def _run_decoupled(self, batch: int, items: list[_Item], t0: int, ran: bool, lone: bool = False) -> list:
+    def _run_decoupled(self, header: Batch, items: list[_Item], t0: int, ran: bool) -> list:
+        batch = header.number
         still_open: set[int] = set()
-        first = [lone]   # the batch's first response is still to come, and should leave at once
+        first = [header.lone]   # the batch's first response is still to come, and should leave at once
+        traced = {int(index): stamps for index, stamps in header.trace["r"].items()} if header.trace else {}
+        inputs_ready = [t0]     # when the model got its inputs: a traced request's COMPUTE_INPUT_END
+
+        def stamps_of(index: int) -> Callable[[], dict] | None:
+            """What a traced request's final response carries (its stamps, made when it leaves)."""
+            if index not in traced:
+                return None
+            return lambda: stream_stamps(header.trace["at"], traced[index], batch, len(items), inputs_ready[0],
+                                         self.model)
+
         requests = []
         for index, item in enumerate(items):
             try:
@@ -318,11 +330,11 @@ class BatchExecutor:
             except Exception as exc:
                 self._send_part(batch, index, [_error_record(item.rid, self._execution_error(exc), final=True)])
                 continue
-            request.response_sender = self._sender(batch, index, item, still_open, first)
+            request.response_sender = self._sender(batch, index, item, still_open, first, stamps_of(index))
             still_open.add(index)
             self._answering[batch, index] = request
             requests.append((index, item, request))
-        t1 = time.monotonic_ns()
+        t1 = inputs_ready[0] = time.monotonic_ns()
         try:
             if requests:
                 self.instance.execute([request for _, _, request in requests])
@@ -338,7 +350,10 @@ class BatchExecutor:
         t2 = time.monotonic_ns()
         return [BatchDone(batch, [], [], (t1 - t0, t2 - t1, 0), sorted(still_open), ran=ran).encode()]
 
-    def _sender(self, batch: int, index: int, item: _Item, still_open: set[int], first: list[bool]):
+    def _sender(self, batch: int, index: int, item: _Item, still_open: set[int], first: list[bool],
+                stamps: Callable[[], dict] | None = None):
+        """The response sender of request ``index`` of a decoupled batch; ``stamps``: a traced
+        request's, for its final response."""
         requested = item.infer.outputs
 
         def send(response: InferenceResponse | None, final: bool) -> None:
@@ -346,6 +361,9 @@ class BatchExecutor:
                 parts = [Response(item.rid, final=final, empty=True).encode()]
             else:
                 parts, _ = self._encode_response(item.rid, requested, response, final)
+            if final and stamps is not None:
+                record, view, offset = read_record(parts[0])
+                parts[0] = msgspec.structs.replace(record, trace=stamps()).encode((view[offset:],))
             if final:
                 still_open.discard(index)
                 self._answering.pop((batch, index), None)

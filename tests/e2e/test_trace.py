@@ -5,6 +5,7 @@ trace file, on a real server. Expected texts and values are what Triton 2.51 ans
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,7 @@ def server(tmp_path_factory, trace_dir):
     repo = tmp_path_factory.mktemp("trace_repo")
     for name in USED:
         shutil.copytree(MODELS / name, repo / name)
+    shutil.copytree(Path(__file__).parent / "python_repo" / "py_decoupled", repo / "py_decoupled")
     (repo / "bls_triple" / "1").mkdir(parents=True)
     (repo / "bls_triple" / "1" / "model.py").write_text(BLS_MODEL)
     (repo / "bls_triple" / "config.pbtxt").write_text(BLS_CONFIG)
@@ -79,7 +81,7 @@ def settings(server):
     """The global settings, put back as they started after the test."""
     yield server
     reset = {"trace_level": None, "trace_rate": None, "trace_count": None, "log_frequency": None}
-    for model in ("", "/models/triple", "/models/pipeline", "/models/bls_triple"):
+    for model in ("", "/models/triple", "/models/pipeline", "/models/bls_triple", "/models/py_decoupled"):
         assert request(server.url, "POST", f"/v2{model}/trace/setting", reset)[0] == 200
 
 
@@ -237,6 +239,50 @@ def test_trace_level_tensors_writes_the_inputs_and_outputs_where_triton_does(set
     records = new_trace(trace_dir, known + 1)
     assert [record["activity"] for record in records] == ["TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT"]
     assert len({record["id"] for record in records}) == 1
+
+
+@pytest.mark.parametrize("count", [2, 3])   # the responses sent from execute, or from the model's thread
+def test_a_streamed_request_of_a_decoupled_model_is_traced_as_triton_traces_it(settings, trace_dir, count):
+    """Its stamps as Triton 2.51 writes them for a request on a gRPC stream: the model's, one
+    INFER_RESPONSE_COMPLETE (the first response), and a GRPC_SEND_START/END pair per response sent."""
+    known = len(trace_files(trace_dir))
+    assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "py_decoupled")[0] == 200
+    client = grpcclient.InferenceServerClient(settings.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    tensor = grpcclient.InferInput("COUNT", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([count], np.int32))
+    try:
+        client.async_stream_infer("py_decoupled", [tensor], request_id=f"stream-{count}")
+        indexes = [answers.get(timeout=10)[0].as_numpy("INDEX")[0] for _ in range(count)]
+    finally:
+        client.stop_stream()
+    assert indexes == list(range(count))
+    records = new_trace(trace_dir, known)
+    (model,) = [record for record in records if "model_name" in record]
+    assert (model["model_name"], model.get("request_id")) == ("py_decoupled", f"stream-{count}")
+    names = [record["timestamps"][0]["name"] for record in records if "timestamps" in record]
+    assert sorted(names) == sorted(STEP_ORDER + ["INFER_RESPONSE_COMPLETE"] + ["GRPC_SEND_START", "GRPC_SEND_END"] * count)
+    stamps = [record["timestamps"][0]["ns"] for record in records if "timestamps" in record]
+    assert stamps == sorted(stamps)
+    assert names.index("COMPUTE_INPUT_END") < names.index("INFER_RESPONSE_COMPLETE") < names.index("GRPC_SEND_START")
+
+
+def test_a_streamed_request_of_a_model_that_is_not_decoupled_is_traced(settings, trace_dir):
+    known = len(trace_files(trace_dir))
+    assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "triple")[0] == 200
+    client = grpcclient.InferenceServerClient(settings.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    tensor = grpcclient.InferInput("X", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.array([[1, 2]], np.float32))
+    try:
+        client.async_stream_infer("triple", [tensor])
+        assert answers.get(timeout=10)[0].as_numpy("Z").tolist() == [[3, 6]]
+    finally:
+        client.stop_stream()
+    names = [record["timestamps"][0]["name"] for record in new_trace(trace_dir, known) if "timestamps" in record]
+    assert sorted(names) == sorted(STEP_ORDER + ["INFER_RESPONSE_COMPLETE", "GRPC_SEND_START", "GRPC_SEND_END"])
 
 
 def test_ensemble_steps_are_child_traces(settings, trace_dir):

@@ -15,7 +15,7 @@ Wire (all optional header fields; docs/observability.md says what each stamp mea
 - RESPONSE ``tr``: ``{"at": {role: place}, "ts": [[name, ns, role], ...], "batch": {...},
   "steps": [...]}``: every stamp made after the gateway, from the instance (or, for an
   ensemble, from the broker), with the record of each ensemble step or BLS call made with
-  the request's trace in ``steps``.
+  the request's trace in ``steps``; a decoupled model's on the request's final response.
 """
 
 from __future__ import annotations
@@ -145,3 +145,17 @@ def stamped_responses(parts: list, external_counts: list, requests: list[Infer],
             parts[position] = msgspec.structs.replace(response, trace=stamps).encode((view[offset:],))
         position += 1 + external_count
     return parts
+
+
+def stream_stamps(broker_at: list, stamps: list, number: int, requests: int, input_end: int, label: str) -> dict:
+    """The RESPONSE ``tr`` of a decoupled model's traced request, on its final response: the
+    broker's stamps (``stamps``: [queue_start_ns, compute_start_ns]), its batch's inputs ready at
+    ``input_end``, and its model done with it now (COMPUTE_OUTPUT_START and COMPUTE_END: the final
+    response left)."""
+    queued, dispatched = stamps
+    now = time.monotonic_ns()
+    return {"at": {"broker": broker_at, "instance": _instance_place(label)},
+            "ts": [[REQUEST_START, queued, "broker"], [QUEUE_START, queued, "broker"],
+                   [COMPUTE_START, dispatched, "broker"], [COMPUTE_INPUT_END, input_end, "instance"],
+                   [COMPUTE_OUTPUT_START, now, "instance"], [COMPUTE_END, now, "instance"]],
+            "batch": {"id": number, "requests": requests, "size": requests, "links": None}}
