@@ -722,9 +722,10 @@ def _not_ready_error(model: str, number: int | None, version: ModelVersion | Non
         if number is None or number < 0:
             return NotFound(f"Request for unknown model: '{model}' has no available versions")
         return NotFound(f"Request for unknown model: '{model}' version {number} is not found")
-    # Triton's core text, as a gateway answers a named version it knows is not ready: the broker
-    # answers it only when a gateway's model table was behind (a version reloading after a broker
-    # restart), and the client cannot tell which of the two answered.
+    # Triton's core text, as a gateway answers a named version it knows is not ready: a gateway's
+    # request meets it here only when its model table was behind (a version reloading after a broker
+    # restart), so that its client cannot tell which of the two answered; a BLS call naming a
+    # version that is not ready gets it too, as from Triton's core.
     return Unavailable(f"Request for unknown model: '{model}' version {version.version} is not at ready state")
 
 

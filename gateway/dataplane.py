@@ -19,7 +19,6 @@ from tritium.gateway.inference import InferRequest, InferResult, OutputTensor
 from tritium.gateway.model_table import ModelSpec, parse_version
 from tritium.gateway.shared_memory import SHM_DISABLED, map_region
 from tritium.gateway.tracing import NO_TRACING
-from tritium.tracing.tensors import tensor_record
 from tritium.gateway.validation import check_requested_outputs, check_single_response, validate_inputs
 from tritium.repo.names import require_name
 from tritium import __version__
@@ -224,7 +223,7 @@ class DataPlane:
             if request.trace is not None:
                 request.trace.request_id = request.id
                 if request.trace.tensors:
-                    request.trace.inputs = [tensor_record(t.name, t.datatype, t.shape, t.data) for t in request.inputs]
+                    request.trace.record_tensors(True, request.inputs)
         message = Infer(self.link.next_rid(), spec.name, descriptors, version=version, batch_size=batch_size,
                         request_id=request.id or None,
                         outputs=None if request.outputs is None else [o.name for o in request.outputs],
@@ -255,7 +254,7 @@ class DataPlane:
         views = tensor_views(descriptors, reply.record, reply.offset, reply.external)
         outputs = [OutputTensor(d[0], d[1], d[2], view) for d, view in zip(descriptors, views)]
         if request.trace is not None and request.trace.tensors:
-            request.trace.outputs = [tensor_record(o.name, o.datatype, o.shape, o.data) for o in outputs]
+            request.trace.record_tensors(False, outputs)
         if request.outputs and any(o.classification or o.shared_memory for o in request.outputs):
             try:
                 outputs = _classified(spec, request.outputs, outputs)

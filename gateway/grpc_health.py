@@ -2,8 +2,8 @@
 its own service and Kubernetes' gRPC probes and load balancers call.
 
 They are built from their descriptor by protobuf itself, in a pool of their own: the package
-that ships them compiled (grpcio-health-checking) requires a protobuf newer than tritonclient
-works with.
+that ships them compiled (grpcio-health-checking) requires protobuf 7 in the versions that match
+tritium's grpcio, and tritium pins protobuf below 7.
 """
 
 from __future__ import annotations

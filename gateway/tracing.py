@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from tritium.protocol import Control, Response, TraceDone, TraceSettingsQuery
 from tritium.tracing.settings import TraceSettings
 from tritium.tracing.stamps import INFER_RESPONSE_COMPLETE, REQUEST_END, place
+from tritium.tracing.tensors import tensor_record
 
 if TYPE_CHECKING:
     from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
@@ -32,7 +33,7 @@ class RequestTrace:
     """One traced request: its ids, the gateway's stamps, and the stamps that came back."""
 
     __slots__ = ("tracer", "model", "version", "mode", "trace_id", "request_span", "context", "parent",
-                 "stamps", "remote", "timestamps", "tensors", "inputs", "outputs", "request_id")
+                 "stamps", "remote", "timestamps", "tensors", "inputs", "outputs", "request_id", "completed")
 
     def __init__(self, tracer: "GatewayTracer", model: str, version: int, mode: str,
                  parent: tuple[bytes, bytes, int] | None, level: tuple[str, ...] = ("TIMESTAMPS",)) -> None:
@@ -47,6 +48,7 @@ class RequestTrace:
         self.inputs: list[dict] = []    # the tensors of the trace file's records (tritium/tracing/tensors.py)
         self.outputs: list[dict] = []
         self.request_id = ""            # the client's, which the trace file names
+        self.completed = False          # its first response came (INFER_RESPONSE_COMPLETE)
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append([name, ns or time.monotonic_ns(), "gateway"])
@@ -57,7 +59,8 @@ class RequestTrace:
         now = time.monotonic_ns()
         if response.trace is not None:
             self.remote = response.trace
-        if not any(stamp[0] == INFER_RESPONSE_COMPLETE for stamp in self.stamps):
+        if not self.completed:
+            self.completed = True
             self.stamps.append([INFER_RESPONSE_COMPLETE, now, "gateway"])
         if response.final is not False and (
                 self.remote is None or not any(stamp[0] == REQUEST_END for stamp in self.remote["ts"])):
@@ -75,6 +78,21 @@ class RequestTrace:
         if not self.timestamps:
             root["stamps"] = False   # the file gets its tensors only, as Triton writes it
         return root
+
+    def record_tensors(self, inputs: bool, tensors) -> None:
+        """Keep ``tensors`` (the request's inputs, or one response's outputs: (name, datatype, shape,
+        data) of each) for the trace file; a tensor that cannot be written costs the trace its
+        tensors, never the request its answer."""
+        try:
+            records = [tensor_record(t.name, t.datatype, t.shape, t.data) for t in tensors]
+        except Exception:
+            log.exception("the tensors of a traced request for model '%s' are not recorded", self.model)
+            self.tensors = False
+            return
+        if inputs:
+            self.inputs = records
+        else:
+            self.outputs.extend(records)   # a streamed request's: every response's, in order
 
     def finish(self) -> None:
         self.tracer.finished(self)

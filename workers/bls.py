@@ -181,7 +181,7 @@ class BlsClient:
     def _tell_waiter(self, rid: int) -> None:
         """Wake the coroutine awaiting ``rid``'s next answer, if one does (``execute_async``)."""
         waiter = self._waiters.get(rid)
-        if waiter is not None:
+        if waiter is not None and not waiter.get_loop().is_closed():
             if _running_loop() is waiter.get_loop():
                 _wake(waiter)
             else:   # filed by a thread calling exec beside the loop: the loop is told
@@ -190,21 +190,27 @@ class BlsClient:
     def broker_restarted(self, boot: int | None) -> None:
         """The broker process the calls in flight went to is gone: a new one (``boot``) took its
         place, or the broker told this instance to exit (None). Each call still waiting is answered
-        now with an error, as a gateway answers its requests, instead of waiting for ever for an
-        answer no process will send (its model's execute would never return, and the instance
-        could not rejoin). Told by whichever of the instance's threads hears the RESET first; a
-        boot already heard of changes nothing, so a call made to the new process is not failed."""
+        with an error, as a gateway answers its requests on a new broker process, instead of
+        waiting for ever for an answer no process will send (its model's execute would never
+        return, and the instance could not rejoin); a thread waiting on the socket sees it within a
+        second. Told by whichever of the instance's threads hears the RESET first; the same boot
+        told again changes nothing, so calls made once it was heard are not failed. (A call sent
+        while the broker was away may have reached the new process: it is failed all the same, and
+        its answer, should one come, is dropped, as a gateway drops one.)"""
         lost = []
         with self._filing:
             if boot is not None and boot == self._broker_boot:
                 return
             self._broker_boot = boot
+            what = "restarted" if boot is not None else "no longer knows this instance"
             for rid, queue in list(self._replies.items()):
                 if queue and queue[-1][0]:
                     continue   # its final answer came and waits to be read
                 model = self._called.pop(rid, "?")
-                self._traced.pop(rid, None)
-                error = pb.TritonError(f"the broker at {self.broker} restarted; the BLS request to model '{model}' "
+                traced = self._traced.pop(rid, None)
+                if traced is not None:   # the call stays in its caller's trace, unanswered
+                    traced[0].call_done(*traced[1:], None)
+                error = pb.TritonError(f"the broker at {self.broker} {what}; the BLS request to model '{model}' "
                                        "was lost", pb.TritonError.UNAVAILABLE)
                 queue.append((True, pb.InferenceResponse(error=error)))
                 lost.append(rid)

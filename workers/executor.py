@@ -546,7 +546,6 @@ class BatchExecutor:
         return InternalError(f"model '{self.model}' failed to execute: {type(exc).__name__}: {exc}")
 
 
-
 _LATER = object()   # a reply the model will send through the request's response sender
 
 

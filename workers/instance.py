@@ -188,10 +188,13 @@ class HeartbeatThread(threading.Thread):
             except ProtocolError as exc:
                 log.warning("unreadable message on the heartbeat socket: %s", exc)
                 continue
-            if type(message) is CancelRunning and self.on_cancel is not None:
-                self.on_cancel(message.batch, message.index)
-            elif type(message) is Reset and self.on_reset is not None:
-                self.on_reset(message)
+            try:   # a failure here must not end the thread: the instance would look dead
+                if type(message) is CancelRunning and self.on_cancel is not None:
+                    self.on_cancel(message.batch, message.index)
+                elif type(message) is Reset and self.on_reset is not None:
+                    self.on_reset(message)
+            except Exception:
+                log.exception("handling a %s on the heartbeat socket failed", type(message).__name__)
 
 
 class HealthReporter:

@@ -244,9 +244,10 @@ def test_trace_level_tensors_writes_the_inputs_and_outputs_where_triton_does(set
 @pytest.mark.parametrize("count", [2, 3])   # the responses sent from execute, or from the model's thread
 def test_a_streamed_request_of_a_decoupled_model_is_traced_as_triton_traces_it(settings, trace_dir, count):
     """Its stamps as Triton 2.51 writes them for a request on a gRPC stream: the model's, one
-    INFER_RESPONSE_COMPLETE (the first response), and a GRPC_SEND_START/END pair per response sent."""
+    INFER_RESPONSE_COMPLETE (the first response), and a GRPC_SEND_START/END pair per response sent;
+    with TENSORS, the outputs of every response."""
     known = len(trace_files(trace_dir))
-    assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "py_decoupled")[0] == 200
+    assert post(settings, {"trace_level": ["TIMESTAMPS", "TENSORS"]}, "py_decoupled")[0] == 200
     client = grpcclient.InferenceServerClient(settings.grpc_url)
     answers: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
@@ -266,6 +267,8 @@ def test_a_streamed_request_of_a_decoupled_model_is_traced_as_triton_traces_it(s
     stamps = [record["timestamps"][0]["ns"] for record in records if "timestamps" in record]
     assert stamps == sorted(stamps)
     assert names.index("COMPUTE_INPUT_END") < names.index("INFER_RESPONSE_COMPLETE") < names.index("GRPC_SEND_START")
+    outputs = [record["tensor"]["data"] for record in records if record.get("activity") == "TENSOR_BACKEND_OUTPUT"]
+    assert outputs == [str(index) for index in range(count)]   # every response's, in order
 
 
 def test_a_streamed_request_of_a_model_that_is_not_decoupled_is_traced(settings, trace_dir):

@@ -17,6 +17,7 @@ from tritium.tracing.tensors import tensor_record
     ("INT64", np.array([-2 ** 63, 2 ** 63 - 1], np.int64), "-9223372036854775808,9223372036854775807"),
     ("BOOL", np.array([True, False]), "1,0"),
     ("FP16", np.array([0.1, 65504], np.float16), ""),   # Triton writes no values for FP16
+    ("BF16", np.array([16256, 16384], np.uint16), ""),  # nor for BF16 (here its bits: 1.0 and 2.0)
     ("INT8", np.array([-128, 127], np.int8), "-128,127"),   # Triton: the raw characters (not JSON)
     ("UINT8", np.array([255, 0], np.uint8), "255,0"),
 ])

@@ -2,7 +2,7 @@
 (``TENSOR_QUEUE_INPUT``) and its outputs as its model gave them (``TENSOR_BACKEND_OUTPUT``),
 each as ``{"name", "data", "shape", "dtype"}`` with the values in one comma-separated string,
 written as Triton 2.51 writes them: numbers as C++ streams print them (``%g``), booleans as 1
-and 0, each BYTES element in double quotes, FP16 with no values.
+and 0, each BYTES element in double quotes, FP16 and BF16 with no values.
 
 Two deliberate differences keep the file valid JSON: INT8 and UINT8 values are numbers (Triton
 writes each as the raw character), and BYTES that are not UTF-8 have the bad bytes replaced.
@@ -17,7 +17,7 @@ from tritium import datatypes
 
 TENSOR_QUEUE_INPUT = "TENSOR_QUEUE_INPUT"
 TENSOR_BACKEND_OUTPUT = "TENSOR_BACKEND_OUTPUT"
-_FLOATS = ("FP32", "FP64", "BF16")
+_FLOATS = ("FP32", "FP64")
 
 
 def tensor_record(name: str, datatype: str, shape: list[int], data: bytes | memoryview) -> dict:
@@ -28,12 +28,11 @@ def tensor_record(name: str, datatype: str, shape: list[int], data: bytes | memo
 def _values(datatype: str, data: bytes | memoryview) -> str:
     if datatype == "BYTES":
         return ",".join(f'"{element.decode("utf-8", "replace")}"' for element in deserialize_bytes_tensor(bytes(data)))
-    if datatype == "FP16":
-        return ""   # Triton has no formatter for it
+    if datatype in ("FP16", "BF16"):
+        return ""   # Triton has no formatter for them
     array = np.frombuffer(data, datatypes.numpy_dtype(datatypes.BY_NAME[datatype]))
     if datatype == "BOOL":
         return ",".join("1" if value else "0" for value in array.tolist())
     if datatype in _FLOATS:
         return ",".join("%g" % value for value in array.tolist())
     return ",".join(map(str, array.tolist()))
-
