@@ -22,8 +22,10 @@ from tests.cluster import failures, instance_pids, served_by
 LOST = {"lost contact with the broker at {}; the request was not answered",
         "the broker at {} restarted; the request was lost",
         "the server is shutting down"}
-# Between the new broker's model table and the instances' HELLO (milliseconds): Triton's answer.
-NOT_YET_READY = {("400", "Model version not ready")}
+# Between the new broker's model table and the instances' HELLO (milliseconds): Triton's answers,
+# the gateway's (its table says so), or the new broker's (a request sent before the gateway had its table).
+NOT_YET_READY = {("400", "Model version not ready"),
+                 ("503", "Request for unknown model: 'whoami' version 1 is not at ready state")}
 
 
 @pytest.fixture(scope="module")
