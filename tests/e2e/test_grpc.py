@@ -505,12 +505,12 @@ def test_a_request_given_up_while_it_waits_at_its_busy_instance_never_runs(serve
                 int(inference["fail"].get("count", 0)))
 
     executions, successes, failures = statistics()
-    running = call(50, 10)   # half a second of work
+    running = call(100, 10)   # a second of work: the cancel below has long enough to reach the instance
     time.sleep(0.15)
     with pytest.raises(grpc.RpcError) as gave_up:
         call(50, 0.2).result()   # sent to the instance, where it waits behind the first
     assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert np.frombuffer(running.result().raw_output_contents[0], np.int32)[0] == 50
+    assert np.frombuffer(running.result().raw_output_contents[0], np.int32)[0] == 100
     deadline = time.monotonic() + 5
     while statistics()[2] == failures and time.monotonic() < deadline:
         time.sleep(0.05)
