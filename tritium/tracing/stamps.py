@@ -135,9 +135,7 @@ def stamped_responses(parts: list, external_counts: list, requests: list[Infer],
             response, view, offset = read_record(parts[position])
             stamps = {
                 "at": {"broker": batch["at"], "instance": here},
-                "ts": [[REQUEST_START, queued, "broker"], [QUEUE_START, queued, "broker"],
-                       [COMPUTE_START, dispatched, "broker"], [COMPUTE_INPUT_END, input_end, "instance"],
-                       [COMPUTE_OUTPUT_START, output_start, "instance"], [COMPUTE_END, end, "instance"]],
+                "ts": _request_stamps(queued, dispatched, input_end, output_start, end),
                 "batch": {"id": number, "requests": len(requests), "size": rows,
                           "links": links if index == first else None}}
             if calls and calls[index]:
@@ -155,7 +153,12 @@ def stream_stamps(broker_at: list, stamps: list, number: int, requests: int, inp
     queued, dispatched = stamps
     now = time.monotonic_ns()
     return {"at": {"broker": broker_at, "instance": _instance_place(label)},
-            "ts": [[REQUEST_START, queued, "broker"], [QUEUE_START, queued, "broker"],
-                   [COMPUTE_START, dispatched, "broker"], [COMPUTE_INPUT_END, input_end, "instance"],
-                   [COMPUTE_OUTPUT_START, now, "instance"], [COMPUTE_END, now, "instance"]],
+            "ts": _request_stamps(queued, dispatched, input_end, now, now),
             "batch": {"id": number, "requests": requests, "size": requests, "links": None}}
+
+
+def _request_stamps(queued: int, dispatched: int, input_end: int, output_start: int, end: int) -> list:
+    """A request's stamps from its arrival at the broker to its model done with it."""
+    return [[REQUEST_START, queued, "broker"], [QUEUE_START, queued, "broker"],
+            [COMPUTE_START, dispatched, "broker"], [COMPUTE_INPUT_END, input_end, "instance"],
+            [COMPUTE_OUTPUT_START, output_start, "instance"], [COMPUTE_END, end, "instance"]]
