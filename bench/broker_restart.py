@@ -6,14 +6,22 @@ reliability tests); closed-loop threads send whoami requests (tests/e2e/restart_
 model with implicit state). The broker is
 restarted twice: killed with SIGKILL, and stopped with SIGTERM (a drain). Reported for
 each: the seconds from the new broker process's start to the first answered request,
-the instance processes restarted (pids that changed), and the failed requests.
+the instance processes restarted (pids that changed), and the failed requests by their
+error.
 
-    python -m bench.broker_restart [--out bench/out/broker_restart.json]
+Every part heartbeats every 0.25 s, so that a gateway calls the broker lost after 0.75 s
+of silence, shorter than the broker's restart: then each request sent meanwhile fails at
+once, and a client loop sends thousands. ``--gateway-heartbeat-s 1`` gives the gateway
+the default interval (lost after 3 s), longer than the restart: requests sent meanwhile
+wait for the new broker.
+
+    python -m bench.broker_restart [--gateway-heartbeat-s 1] [--out bench/out/broker_restart.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import time
 from dataclasses import dataclass, field
@@ -48,10 +56,16 @@ class RestartRun:
     def failed_after_back(self) -> list[Outcome]:
         return [o for o in failures(self.outcomes) if o.started >= self.back_at]
 
-    def summary(self) -> dict:
+    def failed_by_error(self, address: str) -> dict[str, int]:
+        """Failed requests per status and message (the broker's address written ADDR)."""
+        return dict(collections.Counter(f"{o.status} {o.message.replace(address, 'ADDR')}"
+                                        for o in failures(self.outcomes)))
+
+    def summary(self, address: str = "") -> dict:
         return {"how": self.how, "first_answer_s": round(self.first_answer_s, 3),
                 "instance_processes_restarted": self.restarted, "requests": len(self.outcomes),
-                "failed": len(failures(self.outcomes)), "failed_after_back": len(self.failed_after_back())}
+                "failed": len(failures(self.outcomes)), "failed_after_back": len(self.failed_after_back()),
+                "failed_by_error": self.failed_by_error(address)}
 
 
 def instance_pids_of(workers: list[cluster.Part]) -> set[int]:
@@ -80,12 +94,13 @@ def restart_under_load(broker: cluster.Part, gateway: cluster.Part, workers: lis
                       instance_pids_of(workers), list(load.outcomes), back_at=first.ended)
 
 
-def start_cluster() -> tuple[cluster.Part, list[cluster.Part], cluster.Part]:
+def start_cluster(gateway_heartbeat_s: float | None = None) -> tuple[cluster.Part, list[cluster.Part], cluster.Part]:
     """Broker, one worker host and a gateway, with ``whoami_scaled`` grown to two instances."""
     broker = cluster.broker(REPO, *HEARTBEAT)
     broker.wait_ready()
     workers = [cluster.worker(broker.backend, REPO, *HEARTBEAT)]
-    gateway = cluster.gateway(broker.frontend, *HEARTBEAT)
+    gateway = cluster.gateway(broker.frontend, *(HEARTBEAT if gateway_heartbeat_s is None else
+                                                 ("--heartbeat-interval-secs", str(gateway_heartbeat_s))))
     for part in [*workers, gateway]:
         part.wait_ready()
     cluster.wait_until(lambda: cluster.model_ready(gateway.url), what="whoami ready")
@@ -98,15 +113,17 @@ def start_cluster() -> tuple[cluster.Part, list[cluster.Part], cluster.Part]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gateway-heartbeat-s", type=float, default=None,
+                        help="the gateway's heartbeat interval (default: 0.25 s, as the other parts')")
     parser.add_argument("--out", default="bench/out/broker_restart.json")
     args = parser.parse_args()
-    broker, workers, gateway = start_cluster()
+    broker, workers, gateway = start_cluster(args.gateway_heartbeat_s)
     try:
         runs = [restart_under_load(broker, gateway, workers, planned) for planned in (False, True)]
     finally:
         for part in [gateway, *workers, broker]:
             part.stop(timeout_s=20)
-    results = [run.summary() for run in runs]
+    results = [run.summary(broker.frontend) for run in runs]
     for result in results:
         print(json.dumps(result))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -112,6 +112,11 @@ class ModelLifecycle:
     def close(self) -> None:
         self.reader.close()
 
+    @property
+    def loading(self) -> bool:
+        """Whether a load is in progress (the startup load, until every version is READY or failed)."""
+        return bool(self._loads)
+
     # -- the load, unload and index API ---------------------------------------------------
 
     def load(self, name: str, parameters: dict, reply: Reply) -> None:
@@ -324,6 +329,8 @@ class ModelLifecycle:
             self.registry.versions[version.key] = version
             self._retire(old, unload=False)  # traffic has moved; the old epoch finishes and stops
         self._progress(version)
+        if len(version.batcher):   # requests held while a new broker process took the instances over
+            self.scheduler.dispatch(version)
         if self.ensembles.waiting:
             self.ensembles.check()
 

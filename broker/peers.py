@@ -15,6 +15,7 @@ from tritium.broker.liveness import PeerLiveness
 from tritium.broker.membership import Membership
 from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion, Registry, VersionState
 from tritium.broker.scheduler import Scheduler
+from tritium.broker.startup_hold import StartupHold
 from tritium.errors import InvalidArgument, ProtocolError
 from tritium.exit_codes import ExitCode
 from tritium.protocol import (
@@ -43,7 +44,7 @@ class Peers:
     def __init__(self, registry: Registry, membership: Membership, lifecycle: ModelLifecycle,
                  autoscaler: Autoscaler, scheduler: Scheduler, liveness: PeerLiveness, adoption: Adoption,
                  send_frontend: Send, send_backend: Send, log_settings_message: Callable[[], bytes],
-                 boot: int, heartbeat_interval_s: float) -> None:
+                 boot: int, heartbeat_interval_s: float, hold: StartupHold) -> None:
         self.registry = registry
         self.membership = membership
         self.lifecycle = lifecycle
@@ -56,16 +57,20 @@ class Peers:
         self._log_settings_message = log_settings_message
         self.boot = boot
         self._heartbeat_interval_s = heartbeat_interval_s
+        self.hold = hold   # a returning gateway's table waits while this process takes over
         self._reset_sent: dict[bytes, float] = {}   # unknown agents asked to register, and when
 
     # -- joining ------------------------------------------------------------------------
 
-    def gateway_hello(self, peer: bytes, hello: Hello | Heartbeat) -> None:
+    def gateway_hello(self, peer: bytes, hello: Hello | Heartbeat, since: int | None = None) -> None:
+        """A gateway registers: by HELLO when it starts, by heartbeating when it was a previous
+        broker process's (``since``: the first rid this process heard from it)."""
         self.liveness.beats_every(peer, hello.heartbeat_s or 0.0)
         self.membership.add_gateway(peer)
         log.info("gateway %s connected", peer.decode(errors="replace"))
-        self._send_frontend([peer, Heartbeat(self.boot, self._heartbeat_interval_s).encode()])
-        self._send_frontend([peer, self.registry.table().encode()])
+        self._send_frontend([peer, Heartbeat(self.boot, self._heartbeat_interval_s, since=since).encode()])
+        if not (type(hello) is Heartbeat and self.hold.defer(peer)):
+            self._send_frontend([peer, self.registry.table().encode()])
         self._send_frontend([peer, self._log_settings_message()])
 
     def backend_hello(self, peer: bytes, hello: Hello) -> None:

@@ -37,6 +37,7 @@ from tritium.zmqio import LONE_ANSWERS_BEFORE_POLLING
 
 if TYPE_CHECKING:
     from tritium.broker.autoscale import Autoscaler
+    from tritium.broker.startup_hold import StartupHold
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class Scheduler:
         self.cache = cache   # None: no --cache-config, so no model caches
         self.rate_limiter = rate_limiter   # None: --rate-limit=off, instances run whenever they have credit
         self.autoscaler: Autoscaler | None = None   # set by the broker: told of requests to autoscaled models
+        self.hold: StartupHold | None = None   # set by the broker: its first seconds, when loading versions queue
         self._send_to_instance = send_to_instance   # the backend socket
         self._send_to_gateway = send_to_gateway     # the frontend socket
         self._clock = clock
@@ -101,7 +103,7 @@ class Scheduler:
             version = self.registry.latest_ready(header.model)
         else:
             version = self.registry.versions.get((header.model, number))
-        if version is None or version.state != VersionState.READY:
+        if version is None or (version.state != VersionState.READY and not self._held(version, from_backend)):
             self.reply_error(client, rid, _not_ready_error(header.model, number, version), from_backend)
             return
         if version.ensemble:  # no queue of its own: its steps join their models' queues
@@ -117,7 +119,7 @@ class Scheduler:
         if not version.instances and not self._instances_coming(version, now):
             self.reply_error(client, rid, _no_instance_error(version), from_backend)
             return
-        if version.scale is not None and self.autoscaler is not None:
+        if version.scale is not None and self.autoscaler is not None and version.state is VersionState.READY:
             refused = self.autoscaler.request_arrived(version, now)
             if refused is not None:
                 self.reply_error(client, rid, refused, from_backend)
@@ -217,10 +219,26 @@ class Scheduler:
             cache.insert(key, response)
         batch.version.stats.cache_miss.ns += self._clock() - started
 
+    def _held(self, version: ModelVersion, from_backend: bool) -> bool:
+        """Whether a request for a version that is not ready queues for it: a gateway's, for a
+        version loading while a new broker process takes over (broker/startup_hold.py)."""
+        return (version.state is VersionState.LOADING and not from_backend
+                and not version.ensemble and self.hold is not None and self.hold.holds(self._clock()))
+
+    def hold_ended(self) -> None:
+        """The takeover is over: what still waits for a version that did not become ready is
+        answered as it would have been on arrival."""
+        for version in self.registry.versions.values():
+            if version.state is VersionState.LOADING and len(version.batcher):
+                self.fail_queued(version, _not_ready_error(version.name, version.version, version))
+
     def _instances_coming(self, version: ModelVersion, now: int) -> bool:
-        """Whether a version without instances can expect one: a restart, or the autoscaler's."""
+        """Whether a version without instances can expect one: a restart, the autoscaler's, or
+        its load (a held request's)."""
         if any(deadline > now for deadline in version.awaited.values()):
             return True
+        if version.state is VersionState.LOADING:
+            return self.hold is not None and self.hold.holds(now)
         return version.autoscale is not None and self.autoscaler is not None and self.autoscaler.coming(version)
 
     def fail_unserviceable(self) -> None:

@@ -35,6 +35,7 @@ from tritium.broker.metrics import (
 )
 from tritium.broker.registry import ModelVersion, Registry
 from tritium.broker.scheduler import Scheduler
+from tritium.broker.startup_hold import StartupHold
 from tritium.repo import ModelRepository, RepositoryOptions
 from tritium import notify
 from tritium.logs import LogSettings
@@ -114,6 +115,10 @@ class Broker:
         limiter = None if settings.rate_limit_resources is None else RateLimiter(settings.rate_limit_resources)
         self.scheduler = Scheduler(self.registry, self._send_backend, self._send_frontend, cache=cache,
                                    rate_limiter=limiter)
+        self.hold = StartupHold(HOLD_HEARTBEATS * settings.heartbeat_interval_s, time.monotonic_ns)
+        self.scheduler.hold = self.hold
+        # gateways not registered yet -> the first rid heard from each (a request's, or a heartbeat's next)
+        self._first_rid: dict[bytes, int] = {}
         self._to_gateways: dict[bytes, list] = {}   # this turn's messages, per gateway
         self._unreachable: set[bytes] = set()       # peers already warned about (see _peer_gone)
         self._pushed_generation = -1
@@ -126,6 +131,10 @@ class Broker:
         self._now = time.monotonic()
         self._next_heartbeat = 0.0
         self._stop_deadline: float | None = None   # set by the first SIGTERM: draining until then
+        # While draining: the gateways that hold their new requests for the next broker process (all
+        # they sent before has arrived), and until when the drain waits for the others to say so.
+        self._holding_gateways: set[bytes] = set()
+        self._holding_wait_until = 0.0
         self.exit_code = ExitCode.OK
         self.repository = ModelRepository(settings.model_repositories, settings.repository)
         self.autoscaler = Autoscaler(self.registry, self._send_backend, self.scheduler, time.monotonic_ns,
@@ -138,7 +147,8 @@ class Broker:
                                LogSettings(log_verbose_level=settings.log_verbose))
         self.peers = Peers(self.registry, self.membership, self.lifecycle, self.autoscaler, self.scheduler,
                            self.liveness, Adoption(), self._send_frontend, self._send_backend,
-                           self.control.log_settings_message, self.boot, settings.heartbeat_interval_s)
+                           self.control.log_settings_message, self.boot, settings.heartbeat_interval_s,
+                           self.hold)
         self._next_scaling = 0.0
         self._waiter = select.poll()
         self._socket_fds = [(sock, sock.fileno()) for sock in (self.backend, self.frontend)]
@@ -204,11 +214,15 @@ class Broker:
         log.warning("cannot send to peer %r: %s; what it was sent is lost", peer, exc)
 
     def _push_models_if_changed(self) -> None:
+        if self.hold.open and self.hold.close_if_over(self.lifecycle.loading) is not None:
+            self.scheduler.hold_ended()
+            self._pushed_generation = -1   # the gateways whose table waited get it now
         if self.registry.generation != self._pushed_generation:
             self._pushed_generation = self.registry.generation
             message = self.registry.table().encode()
             for gateway in list(self.membership.gateways):
-                self._send_frontend([gateway, message])
+                if not self.hold.deferred(gateway):
+                    self._send_frontend([gateway, message])
 
     # -- model loading ------------------------------------------------------------------
 
@@ -271,9 +285,9 @@ class Broker:
         if self._now >= self._next_scaling:
             self._next_scaling = self._now + 0.25
             self.autoscaler.evaluate()
+        self._flush_frontend()   # before the stop check: a gateway that is gone shows it on a send
         if self._stop_deadline is not None:
             self._check_stopped(self._stop_deadline)
-        self._flush_frontend()
         return fired
 
     def _wait(self, timeout_ms: int | None) -> tuple[list[LinkSocket], set[int]]:
@@ -348,11 +362,22 @@ class Broker:
             self._running = False
             self.exit_code = ExitCode.FORCED
             return
+        self.drain()
+
+    def drain(self) -> None:
+        """Refuse nothing already sent, finish what was accepted, then exit; the gateways hear of
+        it in the next turn's heartbeat (sent from the loop, not from a signal handler) and hold
+        their new requests for the next broker process."""
         self._stop_deadline = time.monotonic() + self.settings.exit_timeout_s
+        self._holding_wait_until = time.monotonic() + 2 * self.settings.heartbeat_interval_s
+        self._next_heartbeat = 0.0
         notify.stopping()
 
     def _check_stopped(self, deadline: float) -> None:
-        if self.scheduler.idle():
+        """Exit once nothing is left to answer: no request is queued or running, and every gateway
+        holds its new requests for the next broker process (or did not say so in time)."""
+        gateways_hold = self.membership.gateways <= self._holding_gateways or self._now >= self._holding_wait_until
+        if self.scheduler.idle() and gateways_hold:
             self._running = False
         elif self._now >= deadline:
             log.warning("requests still in flight after %.0f s; answering them with errors",
@@ -362,7 +387,8 @@ class Broker:
     def _heartbeat(self) -> None:
         """Tell gateways and agents the broker lives; drop the peers that went silent."""
         self._next_heartbeat = self._now + self.settings.heartbeat_interval_s
-        beat = Heartbeat(self.boot, self.settings.heartbeat_interval_s).encode()
+        beat = Heartbeat(self.boot, self.settings.heartbeat_interval_s,
+                         draining=self._stop_deadline is not None).encode()
         for gateway in list(self.membership.gateways):
             self._send_frontend([gateway, beat])
         for agent in list(self.registry.agents):
@@ -440,23 +466,31 @@ class Broker:
 
     def _on_frontend(self, peer: bytes, parts: list, position: int, message: Message) -> None:
         if type(message) is Infer:
-            if self._stop_deadline is not None:
+            if peer not in self.membership.gateways and peer not in self._first_rid:
+                self._first_rid[peer] = message.rid   # a gateway of a previous broker process, perhaps
+            # While draining, what a gateway sent before it heard so is served; after, it holds its requests.
+            if self._stop_deadline is not None and peer in self._holding_gateways:
                 self.scheduler.reply_error(peer, message.rid, Unavailable("the server is shutting down"))
                 return
             self._submit(peer, parts, position, message, False)
         elif type(message) is Cancel:
             self.scheduler.cancel(peer, message)
         elif type(message) is ControlRequest:
+            if peer not in self.membership.gateways and peer not in self._first_rid:
+                self._first_rid[peer] = message.rid
             self.control.handle(peer, message)
         elif type(message) is Hello or (type(message) is Heartbeat and peer not in self.membership.gateways
                                         and message.protocol_version is not None):
             # A gateway of a previous broker process says hello again by heartbeating.
+            since = self._first_rid.pop(peer, message.next_rid if type(message) is Heartbeat else None)
             if self._protocol_ok(self.frontend, peer, message.protocol_version, message.role):
                 self._unreachable.discard(peer)
-                self.peers.gateway_hello(peer, message)
+                self.peers.gateway_hello(peer, message, since)
         elif type(message) is Heartbeat:
             if message.pools is not None:
                 self.membership.record_tensor_pools(peer, message.pools)
+            if message.holding and self._stop_deadline is not None:
+                self._holding_gateways.add(peer)
         else:
             raise ProtocolError(f"unexpected {message.kind.name} on the frontend")
 
@@ -513,6 +547,10 @@ class Broker:
 
 
 # What the broker tells a peer unasked: losing these to a peer that left loses nothing.
+# How long a new broker process holds requests for versions it is still taking over (in its
+# heartbeat intervals; broker/startup_hold.py): the takeover takes two or three.
+HOLD_HEARTBEATS = 10
+
 _NOTICES = (Heartbeat, Models, LogSettingsMessage, Reset, Drained, CancelRunning)
 
 

@@ -9,7 +9,6 @@ in one multipart message; replies are matched to waiting futures by ``rid``.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import time
@@ -22,7 +21,7 @@ import zmq
 from tritium.gateway.model_table import ModelTable
 from tritium.gateway.shared_memory import SharedMemoryRegions
 from tritium import logs
-from tritium.errors import TritiumError, Unavailable
+from tritium.errors import Cancelled, TritiumError, Unavailable
 from tritium.hosts import host_name
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -109,7 +108,7 @@ class BrokerLink:
         self.refused: asyncio.Future[str] = self.loop.create_future()
         self._pending: dict[int, Deliver] = {}   # rid -> called once with the Reply or an error
         self._streams: dict[int, Deliver] = {}   # rid -> called with each of 0..N answers (decoupled), the last final
-        self._rids = itertools.count(1)
+        self._next_rid = 1
         self._outbox: list = []
         self._fd = self.sock.fileno()
         self.loop.add_reader(self._fd, self._drain)
@@ -122,6 +121,10 @@ class BrokerLink:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.broker_boot: int | None = None
         self.broker_lost = False
+        # The broker drains (a restart, or a stop): new requests wait here for the next broker
+        # process, (rid, record, frames) in rid order, until it answers or contact is lost.
+        self.holding = False
+        self._held: list[tuple[int, bytes, list]] = []
         self._broker_interval = 0.0   # the broker's heartbeat interval, as its heartbeats say
         self._last_heard = self.loop.time()
         self._beat_handle = self.loop.call_later(heartbeat_interval_s, self._beat)
@@ -182,12 +185,17 @@ class BrokerLink:
     def _fail_waiting(self, error: TritiumError, gone: bool = True) -> None:
         """Answer every request waiting with ``error``. ``gone``: the broker that held them is gone
         (restarted, or this gateway is closing), so their tensors' slots are free; a broker only
-        silent may still run them, and their slots are freed as their answers come."""
+        silent may still run them, and their slots are freed as their answers come (those of the
+        requests held here, never sent, at once)."""
         self._lone_in_a_row = 0
         pending, self._pending = self._pending, {}
         streams, self._streams = self._streams, {}
+        held, self._held = self._held, []
         if gone and self.slots is not None:
             self.slots.release_all()
+        elif self.slots is not None:
+            for rid, _, _ in held:
+                self.slots.release(rid)
         for deliver in [*pending.values(), *streams.values()]:
             _call(deliver, error)
 
@@ -195,9 +203,7 @@ class BrokerLink:
 
     def _beat(self) -> None:
         self._beat_handle = self.loop.call_later(self.heartbeat_interval_s, self._beat)
-        pools = None if self.slots is None else [("request", *self.slots.usage())]
-        self._post(Heartbeat(heartbeat_s=self.heartbeat_interval_s, role=Role.GATEWAY,
-                             protocol_version=PROTOCOL_VERSION, pools=pools).encode())
+        self._send_heartbeat()
         silent_s = self.loop.time() - self._last_heard
         if not self.broker_lost and silent_s > max(self.heartbeat_interval_s, self._broker_interval) * MISSED_HEARTBEATS:
             self.broker_lost = True
@@ -205,20 +211,63 @@ class BrokerLink:
                       self.address, silent_s, self.waiting)
             self._fail_waiting(self.lost_error(), gone=False)
 
+    def _send_heartbeat(self) -> None:
+        pools = None if self.slots is None else [("request", *self.slots.usage())]
+        unsent = self._held[0][0] if self._held else self._next_rid
+        self._post(Heartbeat(heartbeat_s=self.heartbeat_interval_s, role=Role.GATEWAY,
+                             protocol_version=PROTOCOL_VERSION, pools=pools, next_rid=unsent,
+                             holding=self.holding).encode())
+
     def lost_error(self) -> Unavailable:
         return Unavailable(f"lost contact with the broker at {self.address}; the request was not answered")
 
     def _heard_broker(self, beat: Heartbeat) -> None:
         boot = beat.boot
         if self.broker_boot is not None and boot != self.broker_boot:
-            log.warning("the broker restarted; failing %d request(s) the previous one held", self.waiting)
-            self._fail_waiting(Unavailable(f"the broker at {self.address} restarted; the request was lost"))
+            self._previous_broker_gone(beat.since)
+            self._send_held()
+        elif beat.draining and not self.holding:
+            self.holding = True
+            log.info("the broker at %s drains: new requests wait for the next broker process", self.address)
+            self._send_heartbeat()   # tells it that what this gateway sent before has arrived
         self.broker_boot = boot
         self._broker_interval = beat.heartbeat_s or 0.0
 
+    def _previous_broker_gone(self, since: int | None) -> None:
+        """A new broker process answers: the requests the previous one held are lost. Those it got
+        itself (from ``since`` on: the link sends in rid order over one connection at a time) are
+        its to answer, held while it takes the running instances over."""
+        error = Unavailable(f"the broker at {self.address} restarted; the request was lost")
+        if since is None:   # a broker that does not say
+            log.warning("the broker restarted; failing %d request(s) the previous one held", self.waiting)
+            self._fail_waiting(error)
+            return
+        lost = [rid for rid in [*self._pending, *self._streams] if rid < since]
+        log.warning("the broker restarted; failing %d request(s) the previous one held, %d sent to the new one "
+                    "wait for it", len(lost), self.waiting - len(lost))
+        for rid in lost:
+            if self.slots is not None:
+                self.slots.release(rid)
+            deliver = self._pending.pop(rid, None) or self._streams.pop(rid)
+            _call(deliver, error)
+        self._lone_in_a_row = 0
+
+    def _send_held(self) -> None:
+        """The next broker process answers: the requests held while the previous one drained go to it."""
+        held, self._held = self._held, []
+        self.holding = False
+        if held:
+            log.info("sending the %d request(s) held while the broker restarted", len(held))
+        for _, record, external in held:
+            self._post(record, external)
+
     def next_rid(self) -> int:
-        """The number of a new request (INFER or CONTROL): its answer comes back with it."""
-        return next(self._rids)
+        """The number of a new request (INFER or CONTROL): its answer comes back with it. Numbers
+        rise in the order requests are sent, which is what lets a new broker process tell the
+        gateway where its predecessor's requests end."""
+        rid = self._next_rid
+        self._next_rid = rid + 1
+        return rid
 
     def request(self, request: Infer | Control, inline=(), external=()) -> asyncio.Future:
         """Send INFER or CONTROL (numbered by ``next_rid``); the future resolves to the broker's Reply."""
@@ -248,8 +297,22 @@ class BrokerLink:
     def cancel(self, rid: int, model: str, version: int) -> None:
         """Tell the broker the client of request ``rid`` gave up on it. Its answer still comes
         (CANCELLED, or its result if it was running) and is delivered as any other."""
+        if self._held and self._drop_held(rid):
+            return
         if rid in self._pending or rid in self._streams:
             self._post(Cancel(rid, model, version).encode())
+
+    def _drop_held(self, rid: int) -> bool:
+        """A request held for the next broker process, given up: answered CANCELLED here, never sent."""
+        for index, (held_rid, _, _) in enumerate(self._held):
+            if held_rid == rid:
+                del self._held[index]
+                if self.slots is not None:
+                    self.slots.release(rid)
+                deliver = self._pending.pop(rid, None) or self._streams.pop(rid)
+                _call(deliver, Cancelled.by_client())
+                return True
+        return False
 
     def _send_request(self, request: Infer | Control, inline, external) -> int:
         """Queue the request for this turn's send; return its rid."""
@@ -257,7 +320,10 @@ class BrokerLink:
         record = request.encode(inline)
         if external and self.slots is not None:
             external = self.slots.place(request.rid, external)
-        self._post(record, external)
+        if self.holding:
+            self._held.append((request.rid, record, external))
+        else:
+            self._post(record, external)
         return request.rid
 
     def _post(self, record: bytes, external=()) -> None:

@@ -56,10 +56,12 @@ class ScriptedBroker:
         self.received: list[Received] = []
         self._beating: dict[bytes, _Beating] = {}
 
-    def keep_beating(self, peer: bytes, boot: int, hb: float, every: float | None = None) -> None:
+    def keep_beating(self, peer: bytes, boot: int, hb: float, every: float | None = None,
+                     since: int | None = None) -> None:
         """Heartbeat to ``peer`` now and then every ``every`` seconds (``hb``, what the beats
-        announce, by default), from ``pump``: a broker that is alive, as ``boot``."""
-        self._beating[peer] = _Beating(Heartbeat(boot, hb).encode(), every or hb)
+        announce, by default), from ``pump``: a broker that is alive, as ``boot`` (which heard
+        first the gateway's request ``since``)."""
+        self._beating[peer] = _Beating(Heartbeat(boot, hb, since=since).encode(), every or hb)
 
     def stop_beating(self) -> None:
         """Fall silent (what a hung or unreachable broker looks like)."""

@@ -732,6 +732,11 @@ class ZmtpDealer:
     def fileno(self) -> int:
         return self._poller.fileno()
 
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is up (messages sent meanwhile wait for the next one)."""
+        return self._connection is not None
+
     def send_parts(self, parts: list, flags: int = 0) -> None:
         """Send one multipart message; zmq.Again when ``hwm`` messages already wait (``flags`` is
         accepted for libzmq's signature: this never blocks)."""

@@ -73,10 +73,17 @@ class Gateway:
             self.broker.pump()
         return value
 
-    def greet(self, boot: int = 1) -> None:
+    async def unconnected(self, timeout_s: float = 5.0) -> None:
+        """Let the loop run until the link has seen its broker's socket close."""
+        deadline = time.monotonic() + timeout_s
+        while self.link.sock.connected:
+            assert time.monotonic() < deadline, "the link did not see its broker go"
+            await asyncio.sleep(0.002)
+
+    def greet(self, boot: int = 1, since: int | None = None) -> None:
         """The broker's answer to a HELLO (or to a heartbeat of a gateway it does not know);
         it heartbeats from now on."""
-        self.broker.keep_beating(self.peer, boot, self.broker_hb, every=HEARTBEAT_S)
+        self.broker.keep_beating(self.peer, boot, self.broker_hb, every=HEARTBEAT_S, since=since)
         self.broker.pump()
         self.broker.tell(self.peer, table(1, ("m", "READY")))
 
@@ -385,22 +392,107 @@ def test_the_link_reconnects_to_a_broker_restarted_at_its_address_and_registers_
         held = infer(gateway.link, "held")
         await gateway.requests(1)
         gateway.broker.close()   # the broker process is gone, and a new one binds the address
+        await gateway.unconnected()
+        meanwhile = infer(gateway.link, "meanwhile")   # sent while no broker listens: the new one gets it
         gateway.broker = ScriptedBroker(gateway.address)
         beat = (await gateway.until(lambda: gateway.broker.of(Kind.HEARTBEAT, gateway.peer), "a heartbeat"))[0]
-        gateway.greet(boot=2)   # the new broker registers the gateway it heard
+        (kept,) = await gateway.requests(1)
+        gateway.greet(boot=2, since=kept.header["rid"])   # the new broker registers the gateway it heard
         await asyncio.wait([held], timeout=2)
         failure = held.exception()
+        waited = meanwhile.done()
+        gateway.broker.send(gateway.peer, response(kept.header["rid"], "meanwhile"))
         served = infer(gateway.link, "new")
         (sent,) = await gateway.requests(1)
         gateway.broker.send(gateway.peer, response(sent.header["rid"], "new"))
-        return beat, failure, await served
+        return beat, kept, failure, waited, await meanwhile, await served
 
-    beat, failure, served = gateway.run(scenario())
+    beat, kept, failure, waited, meanwhile, served = gateway.run(scenario())
     assert beat == {"k": Kind.HEARTBEAT, "role": "gateway", "pv": PROTOCOL_VERSION, "hb": HEARTBEAT_S,
-                    "pl": [["request", 1 << 20, 0, 0, 0]]}   # its pool for large inputs: 1 MiB, none held
+                    "pl": [["request", 1 << 20, 0, 0, 0]],   # its pool for large inputs: 1 MiB, none held
+                    "nr": 3}   # "held" was 1, "meanwhile" 2: every request before the heartbeat is below 3
+    assert kept.header["rid"] == 2 and kept.header["id"] == "meanwhile"
     assert isinstance(failure, Unavailable)
     assert failure.message == f"the broker at {gateway.address} restarted; the request was lost"
+    assert not waited, "the request the new broker got waits for its answer"
+    assert meanwhile.message.params["for"] == "meanwhile" and output_bytes(meanwhile) == b"meanwhile!!!!!!!"
     assert served.message.params["for"] == "new" and gateway.link.broker_boot == 2
+
+
+def test_while_the_broker_drains_new_requests_wait_in_the_gateway_and_go_to_the_next_broker_process(gateway):
+    gateway.broker_hb = 2.0   # the restart is shorter than the link's patience
+
+    async def scenario():
+        await gateway.started()
+        before = infer(gateway.link, "before")
+        (first,) = await gateway.requests(1)
+        beats = len(gateway.broker.of(Kind.HEARTBEAT, gateway.peer))
+        gateway.broker.tell(gateway.peer, Heartbeat(1, 2.0, draining=True))   # SIGTERM: the broker drains
+        confirmed = (await gateway.until(lambda: gateway.broker.of(Kind.HEARTBEAT, gateway.peer)[beats:],
+                                         "the gateway saying it holds"))[0]
+        during = infer(gateway.link, "during")   # held here: the draining broker never sees it
+        given_up = infer(gateway.link, "given-up")
+        gateway.link.cancel(3, "m", 1)   # its client gives up while it is held
+        gateway.broker.send(gateway.peer, response(first.header["rid"], "before"))
+        answered_before = await before
+        await asyncio.sleep(3 * HEARTBEAT_S)
+        gateway.broker.pump()
+        unsent = [r for r in gateway.broker.received if r.kind == Kind.INFER][1:]
+        gateway.broker.close()   # the old process exits, the next one binds the address
+        gateway.broker = ScriptedBroker(gateway.address)
+        beat = (await gateway.until(lambda: gateway.broker.of(Kind.HEARTBEAT, gateway.peer), "a heartbeat"))[0]
+        gateway.greet(boot=2, since=beat["nr"])
+        (sent,) = await gateway.requests(1)
+        gateway.broker.send(gateway.peer, response(sent.header["rid"], "during"))
+        await asyncio.sleep(5 * HEARTBEAT_S)
+        gateway.broker.pump()
+        after = [r.header["rid"] for r in gateway.broker.received if r.kind in (Kind.INFER, Kind.CANCEL)]
+        return confirmed, answered_before, unsent, beat, sent, await during, given_up.exception(), after
+
+    confirmed, answered_before, unsent, beat, sent, during, given_up, after = gateway.run(scenario())
+    assert isinstance(given_up, Cancelled) and after == [2], "answered CANCELLED here, never sent"
+    assert confirmed["hd"] is True and confirmed["nr"] == 2   # "before" (1) was sent before it
+    assert answered_before.message.params["for"] == "before"   # the draining broker answers what it got
+    assert unsent == [], "nothing is sent to a draining broker once the gateway holds"
+    assert beat["nr"] == 2 and beat["hd"] is True   # "during" (2) is not sent yet
+    assert sent.header["rid"] == 2 and sent.header["id"] == "during"
+    assert during.message.params["for"] == "during" and not gateway.link.holding
+
+
+def test_requests_held_for_a_broker_that_never_comes_back_fail_once_contact_is_lost(gateway):
+    async def scenario():
+        await gateway.started()
+        gateway.broker.stop_beating()
+        gateway.broker.tell(gateway.peer, Heartbeat(1, HEARTBEAT_S, draining=True))
+        await gateway.until(lambda: gateway.link.holding, "holding")
+        held = infer(gateway.link, "held")
+        await asyncio.wait([held], timeout=HEARTBEAT_S * MISSED_HEARTBEATS + 2)
+        return held.exception()
+
+    failure = gateway.run(scenario())
+    assert failure.message == f"lost contact with the broker at {gateway.address}; the request was not answered"
+    assert [r for r in gateway.broker.received if r.kind == Kind.INFER] == []
+    assert gateway.link.slots.usage()[1] == 0 and gateway.link.waiting == 0
+
+
+def test_a_broker_restarted_without_saying_where_its_requests_begin_fails_every_request_waiting(gateway):
+    gateway.broker_hb = 2.0
+
+    async def scenario():
+        await gateway.started()
+        held = infer(gateway.link, "held")
+        await gateway.requests(1)
+        gateway.broker.close()
+        await gateway.unconnected()
+        meanwhile = infer(gateway.link, "meanwhile")
+        gateway.broker = ScriptedBroker(gateway.address)
+        await gateway.requests(1)
+        gateway.greet(boot=2)
+        await asyncio.wait([held, meanwhile], timeout=2)
+        return held.exception(), meanwhile.exception()
+
+    lost = f"the broker at {gateway.address} restarted; the request was lost"
+    assert [error.message for error in gateway.run(scenario())] == [lost, lost]
 
 
 def test_a_reset_from_the_broker_fails_nothing_and_the_heartbeats_register_the_gateway_again(gateway):

@@ -259,6 +259,20 @@ class Heartbeat(Message, frozen=True, tag=int(Kind.HEARTBEAT)):
     pools: Annotated[list[tuple[str, int, int, int, int]] | None, doc(
         "gateway, instance: its shared tensor pools, each (kind, size, bytes in use, tensors sent as bytes "
         "for want of room, times the pool was made anew)")] = field(default=None, name="pl")
+    next_rid: Annotated[int | None, doc(
+        "gateway: the lowest rid it has not sent yet (every request it sent before this heartbeat has a lower "
+        "one)")] = field(
+        default=None, name="nr")
+    since: Annotated[int | None, doc(
+        "broker, when it registers a gateway that heartbeats: the first rid this broker process heard from it (a "
+        "request or a heartbeat's `nr`); the gateway's requests below it went to a previous process")] = field(
+        default=None, name="sn")
+    draining: Annotated[bool, doc(
+        "broker: it drains (SIGTERM) and exits once done; a gateway holds its new requests for the next broker "
+        "process")] = field(default=False, name="dr")
+    holding: Annotated[bool, doc(
+        "gateway: it holds its new requests, having heard the broker drain (what it sent before has arrived)")] = field(
+        default=False, name="hd")
 
 
 # -- inference (the hot path) -----------------------------------------------------------

@@ -1,0 +1,118 @@
+"""A broker restart seen by the gateways that live through it, in-process with scripted peers.
+
+The old process, draining, tells its gateways so, serves what they sent before they heard
+it, and exits only once each holds its new requests. The new process gets requests before
+the gateways heartbeat, with the old process's model table: it tells each gateway where its
+own requests begin (``since``), queues their requests for the versions it is still taking
+over, and keeps its table of loading versions from them until the takeover is over.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.broker.inprocess_world import HEARTBEAT_S, World, answer, infer
+from tritium.protocol import PROTOCOL_VERSION, Heartbeat, Kind, Role, decode
+
+
+def returning_heartbeat(next_rid: int) -> bytes:
+    """What a gateway of the previous broker process sends: it never says HELLO again."""
+    return Heartbeat(heartbeat_s=1.0, role=Role.GATEWAY, protocol_version=PROTOCOL_VERSION, next_rid=next_rid).encode()
+
+
+@pytest.fixture
+def world(tmp_path):
+    world = World(tmp_path)
+    yield world
+    world.close()
+
+
+def test_a_returning_gateways_request_waits_for_the_version_taken_over_and_is_served(world):
+    gateway = world.peer("front", b"gw-old")
+    sent = infer(gateway, rid=7, value=5)   # before its first heartbeat reaches the new broker
+    gateway.send(returning_heartbeat(next_rid=8))
+    world.until(lambda: gateway.headers(Kind.HEARTBEAT))
+    quiet = world.peer("front", b"gw-quiet")   # heartbeats before it sends anything
+    quiet.send(returning_heartbeat(next_rid=3))
+    world.until(lambda: quiet.headers(Kind.HEARTBEAT))
+    before_ready = [h["k"] for h in gateway.headers(Kind.RESPONSE) + gateway.headers(Kind.MODELS)]
+
+    _, instance = world.serving_instance()   # the worker host comes back; its instance says HELLO
+    world.until(lambda: instance.headers(Kind.BATCH))
+    ((batch, _), (header, raw)) = instance.messages[-1]
+    answer(instance, batch, [(header, raw)])
+    world.until(lambda: gateway.headers(Kind.RESPONSE) and gateway.headers(Kind.MODELS))
+
+    assert gateway.headers(Kind.HEARTBEAT)[0]["sn"] == 7 and quiet.headers(Kind.HEARTBEAT)[0]["sn"] == 3
+    assert before_ready == [], "neither an answer nor the table of loading versions while it is taken over"
+    assert (header["rid"], raw) == (7, sent)
+    ((response, body),) = gateway.records(Kind.RESPONSE)
+    assert response["rid"] == 7 and "err" not in response and body.endswith(bytes([5]) * 16)
+    assert [[v[1] for v in m["versions"]] for m in gateway.headers(Kind.MODELS)[-1]["models"]] == [["READY"]]
+    assert world.broker.registry.versions[("m", 1)].stats.as_dict("m", 1)["inference_stats"]["success"]["count"] == 1
+
+
+def test_a_gateway_that_says_hello_gets_the_table_at_once_and_is_told_no_boundary(world):
+    gateway = world.gateway()   # HELLO, and World.gateway waits for the table
+    assert "sn" not in gateway.headers(Kind.HEARTBEAT)[0]
+    assert [[v[1] for v in m["versions"]] for m in gateway.headers(Kind.MODELS)[-1]["models"]] == [["LOADING"]]
+
+
+def test_when_the_hold_ends_without_the_version_what_waited_is_answered_not_ready_and_the_table_sent(world):
+    gateway = world.peer("front", b"gw-old")
+    infer(gateway, rid=1)
+    gateway.send(returning_heartbeat(next_rid=2))
+    world.until(lambda: gateway.headers(Kind.HEARTBEAT))
+    world.broker.turn(5)
+    gateway.collect()
+    assert not gateway.headers(Kind.RESPONSE) and not gateway.headers(Kind.MODELS)
+    world.broker.hold.until_ns = time.monotonic_ns()   # no worker host came back within the hold
+    world.until(lambda: gateway.headers(Kind.RESPONSE) and gateway.headers(Kind.MODELS))
+    ((response, _),) = gateway.records(Kind.RESPONSE)
+    assert response["rid"] == 1
+    assert response["err"]["message"] == "Request for unknown model: 'm' version 1 is not at ready state"
+    assert [[v[1] for v in m["versions"]] for m in gateway.headers(Kind.MODELS)[-1]["models"]] == [["LOADING"]]
+    infer(gateway, rid=2)   # after the hold, a loading version is refused at once, as before
+    world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == 2)
+    assert decode(gateway.records(Kind.RESPONSE)[1][1])[0]["rid"] == 2
+
+
+def holding_heartbeat(next_rid: int) -> bytes:
+    return Heartbeat(heartbeat_s=1.0, role=Role.GATEWAY, protocol_version=PROTOCOL_VERSION, next_rid=next_rid,
+                     holding=True).encode()
+
+
+def test_a_draining_broker_serves_what_came_before_its_gateways_hold_and_exits_once_they_do(world):
+    gateway = world.gateway()
+    _, instance = world.serving_instance()
+    infer(gateway, rid=1, value=1)
+    world.until(lambda: instance.headers(Kind.BATCH))
+    world.broker.drain()
+    world.until(lambda: any(h.get("dr") for h in gateway.headers(Kind.HEARTBEAT)))
+    infer(gateway, rid=2, value=2)   # sent before the gateway read of the drain
+    answered: set[int] = set()
+
+    def answer_batches() -> bool:
+        for message in instance.messages:
+            if message[0][0]["k"] == Kind.BATCH and message[0][0]["b"] not in answered:
+                answered.add(message[0][0]["b"])
+                answer(instance, message[0][0], message[1:])
+        return len(gateway.headers(Kind.RESPONSE)) == 2
+
+    world.until(answer_batches)
+    world.broker.turn(5)
+    still_running = world.broker._running   # idle, but the gateway has not said it holds
+    gateway.send(holding_heartbeat(next_rid=3))
+    world.until(lambda: not world.broker._running)
+    assert [(h["rid"], "err" in h) for h in gateway.headers(Kind.RESPONSE)] == [(1, False), (2, False)]
+    assert still_running
+
+
+def test_a_draining_broker_waits_two_heartbeats_at_most_for_a_gateway_that_does_not_say_it_holds(world):
+    world.gateway()
+    world.broker.drain()
+    started = time.monotonic()
+    world.until(lambda: not world.broker._running)
+    assert 2 * HEARTBEAT_S - 0.05 <= time.monotonic() - started <= 2 * HEARTBEAT_S + 1.0
