@@ -356,7 +356,8 @@ class Broker:
         return self.exit_code
 
     def _stop(self, signum: int, _frame: object) -> None:
-        """First signal: finish what was accepted (new requests are refused); second: exit now."""
+        """First signal: drain (``drain``: the gateways hold their new requests for the next
+        broker process, what they sent before is served); second: exit now."""
         if self._stop_deadline is not None:
             log.warning("second stop signal: exiting without waiting for requests in flight")
             self._running = False
