@@ -339,6 +339,9 @@ class ModelLifecycle:
         self._unassign(version)
         self.registry.epochs.pop(version.epoch, None)
         self._version_files.pop(version.epoch, None)
+        if len(version.batcher):   # held while a new broker process took over: a retry is a new version
+            self.scheduler.fail_queued(version, Unavailable(
+                f"model '{version.name}' version {version.version} failed to load: {message}"))
         if record is not None and self._load_again(record, version, message):
             return
         log.error("model %s version %d failed to load: %s", version.name, version.version, message)

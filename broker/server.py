@@ -469,8 +469,10 @@ class Broker:
         if type(message) is Infer:
             if peer not in self.membership.gateways and peer not in self._first_rid:
                 self._first_rid[peer] = message.rid   # a gateway of a previous broker process, perhaps
-            # While draining, what a gateway sent before it heard so is served; after, it holds its requests.
-            if self._stop_deadline is not None and peer in self._holding_gateways:
+            # While draining, what a gateway sent before it heard so is served; after, it holds its
+            # requests (one that never says so is refused once it had time to).
+            if self._stop_deadline is not None and (peer in self._holding_gateways
+                                                    or self._now >= self._holding_wait_until):
                 self.scheduler.reply_error(peer, message.rid, Unavailable("the server is shutting down"))
                 return
             self._submit(peer, parts, position, message, False)
@@ -479,6 +481,8 @@ class Broker:
         elif type(message) is ControlRequest:
             if peer not in self.membership.gateways and peer not in self._first_rid:
                 self._first_rid[peer] = message.rid
+            if self.hold.undefer(peer):
+                self._pushed_generation = -1   # its call may change the table: it must see the result
             self.control.handle(peer, message)
         elif type(message) is Hello or (type(message) is Heartbeat and peer not in self.membership.gateways
                                         and message.protocol_version is not None):
@@ -547,11 +551,11 @@ class Broker:
         return False
 
 
-# What the broker tells a peer unasked: losing these to a peer that left loses nothing.
 # How long a new broker process holds requests for versions it is still taking over (in its
 # heartbeat intervals; broker/startup_hold.py): the takeover takes two or three.
 HOLD_HEARTBEATS = 10
 
+# What the broker tells a peer unasked: losing these to a peer that left loses nothing.
 _NOTICES = (Heartbeat, Models, LogSettingsMessage, Reset, Drained, CancelRunning)
 
 

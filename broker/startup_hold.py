@@ -42,6 +42,15 @@ class StartupHold:
     def deferred(self, gateway: bytes) -> bool:
         return gateway in self._deferred
 
+    def undefer(self, gateway: bytes) -> bool:
+        """The gateway makes a control call (a load, a shared memory region): it gets the table
+        from now on, loading versions and all, since its client must find what the call did.
+        Whether its table was waiting."""
+        if gateway in self._deferred:
+            self._deferred.discard(gateway)
+            return True
+        return False
+
     def close_if_over(self, loading: bool) -> set[bytes] | None:
         """End the hold once nothing loads or its time is up: the gateways whose table waited
         (None while it lasts, or when it ended before)."""

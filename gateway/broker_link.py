@@ -245,11 +245,12 @@ class BrokerLink:
         lost = [rid for rid in [*self._pending, *self._streams] if rid < since]
         log.warning("the broker restarted; failing %d request(s) the previous one held, %d sent to the new one "
                     "wait for it", len(lost), self.waiting - len(lost))
+        if self.slots is not None:   # those failed already on lost contact too: no process will read them
+            self.slots.release_below(since)
         for rid in lost:
-            if self.slots is not None:
-                self.slots.release(rid)
-            deliver = self._pending.pop(rid, None) or self._streams.pop(rid)
-            _call(deliver, error)
+            deliver = self._pending.pop(rid, None) or self._streams.pop(rid, None)
+            if deliver is not None:
+                _call(deliver, error)
         self._lone_in_a_row = 0
 
     def _send_held(self) -> None:
@@ -309,8 +310,9 @@ class BrokerLink:
                 del self._held[index]
                 if self.slots is not None:
                     self.slots.release(rid)
-                deliver = self._pending.pop(rid, None) or self._streams.pop(rid)
-                _call(deliver, Cancelled.by_client())
+                deliver = self._pending.pop(rid, None) or self._streams.pop(rid, None)
+                if deliver is not None:   # answered after the caller's own give-up path has run, as from a broker
+                    self.loop.call_soon(_call, deliver, Cancelled.by_client())
                 return True
         return False
 

@@ -328,6 +328,11 @@ class RequestSlots:
         for offset in self._held.pop(rid, ()):
             self.pool.free(offset)
 
+    def release_below(self, rid: int) -> None:
+        """Free the slots of every request numbered below ``rid`` (lost with a broker process)."""
+        for held in [r for r in self._held if r < rid]:
+            self.release(held)
+
     def release_all(self) -> None:
         for rid in list(self._held):
             self.release(rid)

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.broker.inprocess_world import HEARTBEAT_S, World, answer, infer
-from tritium.protocol import PROTOCOL_VERSION, Heartbeat, Kind, Role, decode
+from tritium.protocol import PROTOCOL_VERSION, Control, Heartbeat, IndexQuery, Kind, Role, decode
 
 
 def returning_heartbeat(next_rid: int) -> bytes:
@@ -57,6 +57,16 @@ def test_a_returning_gateways_request_waits_for_the_version_taken_over_and_is_se
 def test_a_gateway_that_says_hello_gets_the_table_at_once_and_is_told_no_boundary(world):
     gateway = world.gateway()   # HELLO, and World.gateway waits for the table
     assert "sn" not in gateway.headers(Kind.HEARTBEAT)[0]
+    assert [[v[1] for v in m["versions"]] for m in gateway.headers(Kind.MODELS)[-1]["models"]] == [["LOADING"]]
+
+
+def test_a_returning_gateway_that_makes_a_control_call_gets_the_table_at_once(world):
+    gateway = world.peer("front", b"gw-old")
+    gateway.send(returning_heartbeat(next_rid=4))
+    world.until(lambda: gateway.headers(Kind.HEARTBEAT))
+    assert not gateway.headers(Kind.MODELS)
+    gateway.send(Control(4, IndexQuery(ready=False)).encode())   # its client must see what a call did
+    world.until(lambda: gateway.headers(Kind.MODELS) and gateway.headers(Kind.CONTROL_REPLY))
     assert [[v[1] for v in m["versions"]] for m in gateway.headers(Kind.MODELS)[-1]["models"]] == [["LOADING"]]
 
 
@@ -111,8 +121,18 @@ def test_a_draining_broker_serves_what_came_before_its_gateways_hold_and_exits_o
 
 
 def test_a_draining_broker_waits_two_heartbeats_at_most_for_a_gateway_that_does_not_say_it_holds(world):
-    world.gateway()
+    gateway = world.gateway()
+    _, instance = world.serving_instance()
+    infer(gateway, rid=1)
+    world.until(lambda: instance.headers(Kind.BATCH))
     world.broker.drain()
     started = time.monotonic()
+    world.until(lambda: time.monotonic() - started > 2 * HEARTBEAT_S + 0.05)
+    infer(gateway, rid=2)   # from a gateway that never said it holds, after it had the time to
+    world.until(lambda: gateway.headers(Kind.RESPONSE))
+    ((refused, _),) = gateway.records(Kind.RESPONSE)
+    assert (refused["rid"], refused["err"]["message"]) == (2, "the server is shutting down")
+    ((batch, _), *records) = [m for m in instance.messages if m[0][0]["k"] == Kind.BATCH][0]
+    answer(instance, batch, records)
     world.until(lambda: not world.broker._running)
-    assert 2 * HEARTBEAT_S - 0.05 <= time.monotonic() - started <= 2 * HEARTBEAT_S + 1.0
+    assert [h["rid"] for h in gateway.headers(Kind.RESPONSE)] == [2, 1]

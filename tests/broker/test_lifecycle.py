@@ -12,9 +12,10 @@ import time
 import pytest
 
 from tritium.broker.registry import VersionState
+from tritium.broker.startup_hold import StartupHold
 from tests.repo.helpers import PLAIN_PY_MODEL, write_model
 from tritium.errors import InvalidArgument, TritiumError
-from tritium.protocol import Kind, Placed
+from tritium.protocol import Infer, Kind, Placed
 from tests.broker.lifecycle_world import CONFIG, World
 
 
@@ -91,6 +92,22 @@ def test_a_failed_load_is_loaded_again_until_a_try_succeeds(retrying):
     world.instance_ready(third)
     assert world.replies == [{}]
     assert world.registry.versions[("m", 1)] is third and third.state == VersionState.READY
+
+
+def test_a_request_held_for_a_loading_version_is_answered_when_a_try_fails_and_the_load_tries_again(retrying):
+    world = retrying
+    world.write()
+    world.load()
+    first = world.loading()
+    scheduler = world.lifecycle.scheduler
+    scheduler.hold = StartupHold(10.0, time.monotonic_ns)   # a new broker process, taking over
+    request = Infer(5, "m", [["INPUT0", "FP32", [1, 4], 16, False]], version=1, batch_size=1)
+    scheduler.submit(b"gw", request.encode([bytes(16)]), request, [])
+    assert len(first.batcher) == 1 and not [m for m in world.sent if m["k"] == Kind.RESPONSE]
+    world.lifecycle.version_failed(first, "boom 1")
+    (answer,) = [m for m in world.sent if m["k"] == Kind.RESPONSE]
+    assert answer["rid"] == 5 and answer["err"]["message"] == "model 'm' version 1 failed to load: boom 1"
+    assert world.loading() is not first and len(first.batcher) == 0
 
 
 def test_a_load_that_fails_every_try_fails_with_the_last_error(retrying):

@@ -306,6 +306,16 @@ def test_a_request_pools_figures_count_its_held_slots_and_what_went_as_bytes(cap
     assert slots.usage().used == 0
 
 
+def test_the_slots_of_requests_below_a_number_are_freed_together_and_the_others_kept():
+    slots = RequestSlots(4 * SMALLEST_SLOT, "full")
+    for rid in (3, 5, 8):
+        slots.place(rid, [bytes(SMALLEST_SLOT)])
+    slots.release_below(8)   # 3 and 5 went to a broker process that is gone; 8 to the new one
+    assert slots.usage().used == SMALLEST_SLOT
+    slots.release(8)
+    assert slots.usage().used == 0
+
+
 def test_a_pool_that_fills_again_and_again_says_so_at_most_once_a_minute(caplog):
     now = [0.0]
     slots = RequestSlots(SMALLEST_SLOT, "full", clock=lambda: now[0])
