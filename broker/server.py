@@ -467,8 +467,7 @@ class Broker:
 
     def _on_frontend(self, peer: bytes, parts: list, position: int, message: Message) -> None:
         if type(message) is Infer:
-            if peer not in self.membership.gateways and peer not in self._first_rid:
-                self._first_rid[peer] = message.rid   # a gateway of a previous broker process, perhaps
+            self._note_first_rid(peer, message.rid)
             # While draining, what a gateway sent before it heard so is served; after, it holds its
             # requests (one that never says so is refused once it had time to).
             if self._stop_deadline is not None and (peer in self._holding_gateways
@@ -479,8 +478,7 @@ class Broker:
         elif type(message) is Cancel:
             self.scheduler.cancel(peer, message)
         elif type(message) is ControlRequest:
-            if peer not in self.membership.gateways and peer not in self._first_rid:
-                self._first_rid[peer] = message.rid
+            self._note_first_rid(peer, message.rid)
             if self.hold.undefer(peer):
                 self._pushed_generation = -1   # its call may change the table: it must see the result
             self.control.handle(peer, message)
@@ -498,6 +496,12 @@ class Broker:
                 self._holding_gateways.add(peer)
         else:
             raise ProtocolError(f"unexpected {message.kind.name} on the frontend")
+
+    def _note_first_rid(self, peer: bytes, rid: int) -> None:
+        """The first request heard from a gateway not registered (yet): one of a previous broker
+        process, perhaps, which this process tells where its own requests begin."""
+        if peer not in self.membership.gateways and peer not in self._first_rid:
+            self._first_rid[peer] = rid
 
     def _on_backend(self, peer: bytes, parts: list, position: int, message: Message) -> None:
         if type(message) is BatchDone:
