@@ -14,7 +14,7 @@ from __future__ import annotations
 from tritium.broker.liveness import PeerLiveness
 from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion, Registry
 from tritium.broker.scheduler import Scheduler
-from tritium.protocol import HostMetrics
+from tritium.protocol import BLS_SUFFIX, HostMetrics
 
 
 class Membership:
@@ -23,6 +23,9 @@ class Membership:
         self.scheduler = scheduler   # answers what a lost instance held
         self.liveness = liveness
         self.gateways: set[bytes] = set()
+        # An instance's BLS socket (iid + BLS_SUFFIX) -> the first rid this process heard on it: a
+        # socket of the previous process asks where this one's calls begin (``bls_boundary``).
+        self._first_bls_rid: dict[bytes, int] = {}
 
     def changed(self) -> None:
         """What gateways see (the model table) changed: it is pushed to them at the end of the turn."""
@@ -41,6 +44,18 @@ class Membership:
         self.liveness.forget(peer)
         self.registry.tensor_pools.pop(peer, None)
         return True
+
+    # -- instances' BLS sockets -------------------------------------------------------------
+
+    def note_bls_call(self, peer: bytes, rid: int) -> None:
+        if peer not in self._first_bls_rid:
+            self._first_bls_rid[peer] = rid
+
+    def bls_boundary(self, peer: bytes, next_rid: int) -> int:
+        """The first rid this process heard on a BLS socket that asks (its question's own
+        ``next_rid`` when no call came before it): the socket's calls below it went to a previous
+        broker process."""
+        return self._first_bls_rid.pop(peer, next_rid)
 
     # -- host agents ----------------------------------------------------------------------
 
@@ -83,6 +98,7 @@ class Membership:
         """An instance is gone; nothing it held is left silent (the scheduler retries or answers it)."""
         instance = self.registry.instances.pop(iid, None)
         self.registry.tensor_pools.pop(iid, None)
+        self._first_bls_rid.pop(iid + BLS_SUFFIX, None)
         if instance is None:
             return
         version = self.registry.epochs.get(instance.epoch)
@@ -103,6 +119,7 @@ class Membership:
         for instance in version.instances:
             self.registry.instances.pop(instance.iid, None)
             self.registry.tensor_pools.pop(instance.iid, None)
+            self._first_bls_rid.pop(instance.iid + BLS_SUFFIX, None)
         self.scheduler.instances_stopped(version.instances)
         version.instances.clear()
 

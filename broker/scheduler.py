@@ -101,9 +101,11 @@ class Scheduler:
         number = -1 if header.version is None else header.version
         if number < 0:  # BLS asks for the latest version
             version = self.registry.latest_ready(header.model)
+            if version is None and self.hold is not None and self.hold.holds(self._clock()):
+                version = self.registry.latest_loading(header.model)   # taken over: it waits for it
         else:
             version = self.registry.versions.get((header.model, number))
-        if version is None or (version.state != VersionState.READY and not self._held(version, from_backend)):
+        if version is None or (version.state != VersionState.READY and not self._held(version)):
             self.reply_error(client, rid, _not_ready_error(header.model, number, version), from_backend)
             return
         if version.ensemble:  # no queue of its own: its steps join their models' queues
@@ -219,11 +221,11 @@ class Scheduler:
             cache.insert(key, response)
         batch.version.stats.cache_miss.ns += self._clock() - started
 
-    def _held(self, version: ModelVersion, from_backend: bool) -> bool:
-        """Whether a request for a version that is not ready queues for it: a gateway's, for a
-        version loading while a new broker process takes over (broker/startup_hold.py)."""
-        return (version.state is VersionState.LOADING and not from_backend
-                and not version.ensemble and self.hold is not None and self.hold.holds(self._clock()))
+    def _held(self, version: ModelVersion) -> bool:
+        """Whether a request for a version that is not ready queues for it: a gateway's or a BLS
+        call's, for a version loading while a new broker process takes over (broker/startup_hold.py)."""
+        return (version.state is VersionState.LOADING and not version.ensemble
+                and self.hold is not None and self.hold.holds(self._clock()))
 
     def hold_ended(self) -> None:
         """The takeover is over: what still waits for a version that did not become ready is

@@ -513,6 +513,7 @@ class Broker:
                 # the responses its model sends meanwhile, which this turn would read first.
                 self._flush_frontend()
         elif type(message) is Infer:  # a model calling another model (BLS)
+            self.membership.note_bls_call(peer, message.rid)
             self._submit(peer, parts, position, message, True)
         elif type(message) is Cancel:  # a model giving up on its BLS request
             self.scheduler.cancel(peer, message)
@@ -531,7 +532,11 @@ class Broker:
         elif type(message) is HostMetrics:
             self.peers.host_metrics(message)
         elif type(message) is Heartbeat:
-            self.peers.heartbeat(peer, message, self._now)
+            if message.next_rid is not None:   # a BLS socket of the previous process asks what this one got
+                since = self.membership.bls_boundary(peer, message.next_rid)
+                self._send_backend([peer, Heartbeat(self.boot, since=since).encode()])
+            else:
+                self.peers.heartbeat(peer, message, self._now)
         elif type(message) is Drain:
             self.peers.drain(peer)
         else:

@@ -3,8 +3,9 @@
 A broker started again (a planned restart, or after a crash) loads the repository and takes
 over the instances its worker hosts still run (broker/adoption.py); its versions are LOADING
 until those instances say HELLO again, which takes a few heartbeats. Its gateways lived through
-the restart: they keep sending requests with the model table of the previous process. Rather
-than answer those requests "not ready" for the length of the takeover, the broker queues them
+the restart: they keep sending requests with the model table of the previous process, and
+models keep making BLS calls. Rather than answer those requests "not ready" for the length of
+the takeover, the broker queues them
 (the scheduler asks ``holds``) and keeps its own table, with its loading versions, from those
 gateways (``defer``) so that they do not answer "not ready" themselves. The hold ends when the
 startup load has ended (every version READY or failed) or, at the latest, after ``hold_s``;

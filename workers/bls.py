@@ -11,18 +11,18 @@ by the calling thread: a call's round trip wakes no I/O thread in this process.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import select
 import threading
 import time
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
 from tritium.errors import ErrorCode
 from tritium.pb_utils import types as pb
-from tritium.protocol import Cancel, Infer, Response, pack_tensors, read_record, tensor_views
+from tritium.protocol import Cancel, Heartbeat, Infer, Response, pack_tensors, read_record, tensor_views
 from tritium.links import connect_dealer
 from tritium.security import CurveKeys
 from tritium.shared_pool import PoolUsage, RequestSlots, request_slots
@@ -48,7 +48,7 @@ class BlsClient:
         self.sock = connect_dealer(broker, identity, curve, "instance", pools=PoolUse.COPY)
         self._readable = select.poll()   # polled by the one thread watching the socket
         self._readable.register(self.sock.fileno(), select.POLLIN)
-        self._rids = itertools.count(1)
+        self._next_rid = 1   # rids rise in send order (guarded by _lock): see ``broker_restarted``
         self._replies: dict[int, deque] = {}
         self._called: dict[int, str] = {}   # rid -> the model called, until its final answer
         self._waiters: dict[int, asyncio.Future] = {}
@@ -66,11 +66,11 @@ class BlsClient:
         self._local = isinstance(self.sock, ZmtpDealer)
         self._slots: RequestSlots | None = None
         self._broker_boot: int | None = None   # the broker process last heard of (``broker_restarted``)
+        self._asked: _BoundaryAsked | None = None   # told of a new broker process, its answer awaited
 
     # -- sending ----------------------------------------------------------------------------
 
     def _send(self, request) -> int:
-        rid = next(self._rids)
         descriptors, inline, external = pack_tensors(
             (tensor.name(), *array_to_frame(np.asarray(tensor.as_numpy()), tensor.name())) for tensor in request.inputs())
         # A model calling a stateful model runs a sequence of its own (cid, sf); with
@@ -80,17 +80,21 @@ class BlsClient:
         params = json.loads(request.parameters() or "{}")
         if request.timeout():   # microseconds, as a client's "timeout" parameter: the called model's queue policy
             params["timeout"] = request.timeout()
-        infer = Infer(rid, request.model_name(), descriptors, version=request.model_version(),
-                      request_id=request.request_id() or None,
-                      outputs=sorted(request.requested_output_names()) or None,
-                      params=params or None,
-                      sequence_id=request.correlation_id() or None, sequence_flags=request.flags() or 0,
-                      external=len(external), trace=context)
-        if trace is not None:
-            self._traced[rid] = (trace, request.model_name(), request.model_version(), context)
-        self._replies[rid] = deque()
-        self._called[rid] = request.model_name()
         with self._lock:
+            # The rid is taken where the call is sent, so that rids rise in the order the broker
+            # hears them: a new broker process's first is the boundary of what it never got.
+            rid = self._next_rid
+            self._next_rid += 1
+            infer = Infer(rid, request.model_name(), descriptors, version=request.model_version(),
+                          request_id=request.request_id() or None,
+                          outputs=sorted(request.requested_output_names()) or None,
+                          params=params or None,
+                          sequence_id=request.correlation_id() or None, sequence_flags=request.flags() or 0,
+                          external=len(external), trace=context)
+            if trace is not None:
+                self._traced[rid] = (trace, request.model_name(), request.model_version(), context)
+            self._replies[rid] = deque()
+            self._called[rid] = request.model_name()
             record = infer.encode(inline)
             if external and self._local:
                 if self._slots is None:
@@ -136,6 +140,11 @@ class BlsClient:
                 position = 0
                 while position < len(parts):
                     response, record, offset = read_record(parts[position])
+                    if type(response) is Heartbeat:   # where a new broker process's calls begin
+                        self._boundary_told(response)
+                        position += 1
+                        filed = True
+                        continue
                     external = parts[position + 1:position + 1 + response.external]
                     position += 1 + response.external
                     self._file(response, record, offset, external)
@@ -187,39 +196,80 @@ class BlsClient:
             else:   # filed by a thread calling exec beside the loop: the loop is told
                 waiter.get_loop().call_soon_threadsafe(_wake, waiter)
 
-    def broker_restarted(self, boot: int | None) -> None:
+    def broker_restarted(self, boot: int | None, wait_s: float = 3.0) -> None:
         """The broker process the calls in flight went to is gone: a new one (``boot``) took its
-        place, or the broker told this instance to exit (None). Each call still waiting is answered
-        with an error, as a gateway answers its requests on a new broker process, instead of
-        waiting for ever for an answer no process will send (its model's execute would never
-        return, and the instance could not rejoin); a thread waiting on the socket sees it within a
-        second. Told by whichever of the instance's threads hears the RESET first; the same boot
-        told again changes nothing, so calls made once it was heard are not failed. (A call sent
-        while the broker was away may have reached the new process: it is failed all the same, and
-        its answer, should one come, is dropped, as a gateway drops one.)"""
-        lost = []
+        place, or the broker told this instance to exit (None). Told by whichever of the instance's
+        threads hears the RESET first; the same boot told again changes nothing.
+
+        Exiting: every call still waiting is answered with an error. A new process: it is asked,
+        on this socket, which of the calls it got. Rids rise in the order the calls are sent, and
+        the broker hears this socket's messages in that order, so the first rid the new process
+        heard (a call's, or this question's ``nr`` when no call came before it) divides the calls
+        the old process took with it from those the new one answers; the first are answered with
+        an error when its answer comes (``_boundary_told``), the others wait for their answers.
+        Should no answer come within ``wait_s``, the calls sent before the question fail
+        (``tick``): a model waiting on one would otherwise never return, nor its instance rejoin."""
+        if boot is None:
+            with self._filing:
+                self._broker_boot = None
+                self._asked = None
+                self._fail_below(None, "no longer knows this instance")
+            self._wake_all()
+            return
         with self._filing:
-            if boot is not None and boot == self._broker_boot:
+            if boot == self._broker_boot:
                 return
             self._broker_boot = boot
-            what = "restarted" if boot is not None else "no longer knows this instance"
-            for rid, queue in list(self._replies.items()):
-                if queue and queue[-1][0]:
-                    continue   # its final answer came and waits to be read
-                model = self._called.pop(rid, "?")
-                traced = self._traced.pop(rid, None)
-                if traced is not None:   # the call stays in its caller's trace, unanswered
-                    traced[0].call_done(*traced[1:], None)
-                error = pb.TritonError(f"the broker at {self.broker} {what}; the BLS request to model '{model}' "
-                                       "was lost", pb.TritonError.UNAVAILABLE)
-                queue.append((True, pb.InferenceResponse(error=error)))
-                lost.append(rid)
-            if self._slots is not None:
-                with self._lock:
-                    for rid in lost:   # the process that read them is gone
-                        self._slots.release(rid)
-            for rid in lost:
-                self._tell_waiter(rid)
+            with self._lock:
+                nr = self._next_rid
+                self.sock.send_parts([Heartbeat(next_rid=nr).encode()])
+            self._asked = _BoundaryAsked(boot, nr, time.monotonic() + wait_s)
+
+    def _boundary_told(self, beat: Heartbeat) -> None:
+        """The new broker process says where the calls it got begin (``since``): those below went
+        to the process that is gone. Called with ``_filing`` held."""
+        asked = self._asked
+        if asked is None or beat.boot != asked.boot or beat.since is None:
+            return   # an answer to an earlier question: a later one is on its way
+        self._asked = None
+        self._fail_below(beat.since, "restarted")
+
+    def tick(self) -> None:
+        """Every heartbeat interval (the instance's heartbeat thread): a question the new broker
+        process did not answer in time gives up on the calls sent before it."""
+        asked = self._asked
+        if asked is None or time.monotonic() < asked.deadline:
+            return
+        with self._filing:
+            if self._asked is not asked:
+                return
+            self._asked = None
+            self._fail_below(asked.next_rid, "restarted and did not say which calls it got")
+        self._wake_all()
+
+    def _fail_below(self, boundary: int | None, what: str) -> None:
+        """Answer every call below ``boundary`` (None: every call) still waiting for its final
+        answer with an error, its shared memory freed. Called with ``_filing`` held."""
+        lost = []
+        for rid, queue in list(self._replies.items()):
+            if (boundary is not None and rid >= boundary) or (queue and queue[-1][0]):
+                continue   # sent to the new process, or its final answer came and waits to be read
+            model = self._called.pop(rid, "?")
+            traced = self._traced.pop(rid, None)
+            if traced is not None:   # the call stays in its caller's trace, unanswered
+                traced[0].call_done(*traced[1:], None)
+            error = pb.TritonError(f"the broker at {self.broker} {what}; the BLS request to model '{model}' "
+                                   "was lost", pb.TritonError.UNAVAILABLE)
+            queue.append((True, pb.InferenceResponse(error=error)))
+            lost.append(rid)
+        if self._slots is not None:
+            with self._lock:
+                for rid in lost:   # the process that read them is gone
+                    self._slots.release(rid)
+        for rid in lost:
+            self._tell_waiter(rid)
+
+    def _wake_all(self) -> None:
         with self._arrived:
             self._arrived.notify_all()
 
@@ -292,6 +342,14 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 def _wake(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+class _BoundaryAsked(NamedTuple):
+    """A question to a new broker process (``broker_restarted``): which calls it got."""
+
+    boot: int
+    next_rid: int     # the lowest rid not sent when it was asked
+    deadline: float   # monotonic: the calls below ``next_rid`` fail if no answer came by then
 
 
 class ResponseIterator:

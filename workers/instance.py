@@ -8,6 +8,7 @@ BATCH it receives. If initialization fails it reports INSTANCE_FAILED and exits 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -30,7 +31,9 @@ from tritium.gctune import tune_for_serving
 from tritium.errors import InternalError
 from tritium.exit_codes import ExitCode
 from tritium.protocol import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
     HEARTBEAT_SUFFIX,
+    MISSED_HEARTBEATS,
     PROTOCOL_VERSION,
     Batch,
     CancelRunning,
@@ -118,12 +121,20 @@ class Outbox:
         self.pools = pools or None
 
 
-def broker_restarted(reset: Reset) -> None:
+def broker_restarted(reset: Reset, interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S) -> None:
     """A RESET came: the BLS calls in flight to the broker process that is gone get their errors
-    (a model blocked on one would otherwise never return, and its instance never rejoin)."""
+    (a model blocked on one would otherwise never return, and its instance never rejoin); those
+    the new process got wait for its answers (workers/bls.py)."""
     bls = runtime.bls
     if bls is not None:
-        bls.broker_restarted(reset.boot)
+        bls.broker_restarted(reset.boot, MISSED_HEARTBEATS * interval_s)
+
+
+def bls_tick() -> None:
+    """Every heartbeat interval: a new broker process that did not say which BLS calls it got."""
+    bls = runtime.bls
+    if bls is not None:
+        bls.tick()
 
 
 class HeartbeatThread(threading.Thread):
@@ -142,11 +153,13 @@ class HeartbeatThread(threading.Thread):
     def __init__(self, broker: str, iid: str, interval_s: float, curve: CurveKeys | None = None,
                  agent: str = "", on_cancel: Callable[[int, int], None] | None = None,
                  pools: Callable[[], list | None] = lambda: None,
-                 on_reset: Callable[[Reset], None] | None = None) -> None:
+                 on_reset: Callable[[Reset], None] | None = None,
+                 on_beat: Callable[[], None] = lambda: None) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.broker, self.iid, self.interval_s, self.curve, self.agent = broker, iid, interval_s, curve, agent
         self.on_cancel = on_cancel
         self.on_reset = on_reset
+        self.on_beat = on_beat
         self.pools = pools
         self.stopped = threading.Event()
 
@@ -173,6 +186,10 @@ class HeartbeatThread(threading.Thread):
                     sock.send(beat.encode(), zmq.NOBLOCK)
                 except zmq.Again:
                     pass
+                try:   # a failure here must not end the thread: the instance would look dead
+                    self.on_beat()
+                except Exception:
+                    log.exception("the heartbeat's periodic work failed")
         finally:
             sock.close(0)
             context.term()
@@ -281,9 +298,10 @@ def main() -> None:
         sys.exit(ExitCode.INIT_FAILED)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    interval_s = spec.get("heartbeat_interval_s", 1.0)
 
     def hello() -> None:
-        sock.send_parts([Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=spec.get("heartbeat_interval_s", 1.0),
+        sock.send_parts([Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=interval_s,
                         agent=spec["agent"], model=spec["model"], version=spec["version"], epoch=load["epoch"],
                         boot=load["boot"], name=spec["key"], instance_kind=spec.get("kind", "CPU"),
                         credit=spec.get("credit", 2), device=spec.get("device_id", 0),
@@ -296,7 +314,7 @@ def main() -> None:
             hello()
             return
         load.update(boot=reset.boot, epoch=reset.epoch)
-        broker_restarted(reset)
+        broker_restarted(reset, interval_s)
         executor.numbered_anew()
         # Slots handed to the old broker process may never be released: a pool of its own for the
         # new one (the old one's memory goes with its last mapping).
@@ -309,8 +327,9 @@ def main() -> None:
 
     hello()
     log.info("serving model %s version %d as %s", spec["model"], spec["version"], spec["key"])
-    heartbeat = HeartbeatThread(spec["broker"], spec["iid"], spec.get("heartbeat_interval_s", 1.0), curve,
-                                spec["agent"], executor.cancel, lambda: outbox.pools, broker_restarted)
+    heartbeat = HeartbeatThread(spec["broker"], spec["iid"], interval_s, curve,
+                                spec["agent"], executor.cancel, lambda: outbox.pools,
+                                functools.partial(broker_restarted, interval_s=interval_s), bls_tick)
     heartbeat.start()
     tune_for_serving()
     try:

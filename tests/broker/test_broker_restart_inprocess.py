@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.broker.inprocess_world import HEARTBEAT_S, World, answer, infer
-from tritium.protocol import PROTOCOL_VERSION, Control, Heartbeat, IndexQuery, Kind, Role, decode
+from tritium.protocol import PROTOCOL_VERSION, Control, Heartbeat, IndexQuery, Infer, Kind, Role, decode
 
 
 def returning_heartbeat(next_rid: int) -> bytes:
@@ -136,3 +136,30 @@ def test_a_draining_broker_waits_two_heartbeats_at_most_for_a_gateway_that_does_
     answer(instance, batch, records)
     world.until(lambda: not world.broker._running)
     assert [h["rid"] for h in gateway.headers(Kind.RESPONSE)] == [2, 1]
+
+
+def test_a_bls_call_made_across_the_restart_waits_for_the_version_and_its_socket_learns_where_calls_begin(world):
+    """An instance's BLS socket sent a call (the latest version) to the new process before it heard
+    of it: the call queues for the version taken over and is answered once it is READY; the
+    socket's question gets the call's rid as the first the process heard on it, and a socket that
+    sent nothing before its question gets its own ``nr`` back."""
+    bls = world.peer("back", b"instance-9/bls")
+    bls.send(Infer(5, "m", [["X", "FP32", [1, 4], 16, False]], version=-1, batch_size=1).encode([bytes([3]) * 16]))
+    bls.send(Heartbeat(next_rid=6).encode())
+    quiet = world.peer("back", b"instance-8/bls")
+    quiet.send(Heartbeat(next_rid=3).encode())
+    world.until(lambda: bls.headers(Kind.HEARTBEAT) and quiet.headers(Kind.HEARTBEAT))
+    assert not bls.headers(Kind.RESPONSE), "answered while the version was taken over"
+
+    _, instance = world.serving_instance()
+    world.until(lambda: instance.headers(Kind.BATCH))
+    ((batch, _), (header, raw)) = instance.messages[-1]
+    answer(instance, batch, [(header, raw)])
+    world.until(lambda: bls.headers(Kind.RESPONSE))
+
+    (told,) = bls.headers(Kind.HEARTBEAT)
+    assert (told["sn"], told["boot"]) == (5, world.broker.boot)
+    assert quiet.headers(Kind.HEARTBEAT)[0]["sn"] == 3
+    ((response, body),) = bls.records(Kind.RESPONSE)
+    assert response["rid"] == 5 and "err" not in response and body.endswith(bytes([3]) * 16)
+    assert world.broker.membership._first_bls_rid == {}, "kept after the question"

@@ -15,7 +15,7 @@ import zmq
 
 from tritium.pb_utils import types as pb
 from tritium.pb_utils.triton_python_backend_utils import get_output_tensor_by_name
-from tritium.protocol import Infer, Response, read_record, tensor_views
+from tritium.protocol import Heartbeat, Infer, Response, read_record, tensor_views
 from tritium.workers.bls import BlsClient
 from tritium.zmqio import recv_parts, send_parts
 from tritium.zmtp import ZmtpDealer
@@ -191,10 +191,20 @@ def test_a_thread_calling_beside_an_async_execute_is_not_kept_waiting(broker_and
     assert len(async_answers) > 10
 
 
+def boundary_asked(router: zmq.Socket) -> tuple[bytes, int]:
+    """The client's question to a new broker process: its identity and the ``nr`` it sent."""
+    assert router.poll(5000), "the client asked nothing"
+    identity, record = recv_parts(router)
+    beat = read_record(record)[0]
+    assert isinstance(beat, Heartbeat) and beat.next_rid is not None, beat
+    return identity, beat.next_rid
+
+
 def test_calls_in_flight_when_the_broker_restarts_are_answered_unavailable_naming_the_model(broker_and_client):
-    """The broker process holding the calls is gone: a waiting ``exec``, ``async_exec`` and
-    decoupled iterator each get an error at once (none would ever be answered), and their large
-    inputs' shared memory is free again. The same boot told twice fails nothing new."""
+    """The broker process holding the calls is gone and the new one heard none of them: a waiting
+    ``exec``, ``async_exec`` and decoupled iterator each get an error as soon as it says so (none
+    would ever be answered), and their large inputs' shared memory is free again. The same boot
+    told twice fails nothing new."""
     router, client = broker_and_client
     big = np.ones(1 << 16, dtype=np.float32)   # 256 KiB: placed in shared memory over a local link
     results: dict[str, object] = {}
@@ -220,8 +230,13 @@ def test_calls_in_flight_when_the_broker_restarts_are_answered_unavailable_namin
             position += 1 + header.external
     if isinstance(client.sock, ZmtpDealer):
         assert client.pool_usage().used >= big.nbytes
-    started = time.monotonic()
     client.broker_restarted(7)
+    identity, next_rid = boundary_asked(router)
+    assert next_rid == max(rids) + 1
+    time.sleep(0.3)
+    assert blocked.is_alive() and reader.is_alive() and looping.is_alive(), "failed before the broker said"
+    started = time.monotonic()
+    send_parts(router, [identity, Heartbeat(7, since=next_rid).encode()])   # it heard none of them
     for thread in (blocked, reader, looping):
         thread.join(5)
     took = time.monotonic() - started
@@ -243,8 +258,72 @@ def test_calls_in_flight_when_the_broker_restarts_are_answered_unavailable_namin
     waiting.start()
     identity, [(rid, values)] = received(router, 1)
     client.broker_restarted(7)
+    assert not router.poll(200), "the same boot was asked about again"
     send_parts(router, [identity, answer(rid, 2 * values)])
     waiting.join(5)
     response = later["exec"]
     assert not response.has_error()
     np.testing.assert_array_equal(get_output_tensor_by_name(response, "Y").as_numpy(), [2.0, 2.0])
+
+
+def test_only_the_calls_below_the_new_processs_first_are_failed_the_others_get_their_answers(broker_and_client):
+    """Two calls went to the process that is gone, a third reached the new one before the client
+    heard of it: the new process names the third as the first it heard, and only the two below
+    it fail; the third, and a call made after the question, get their answers."""
+    router, client = broker_and_client
+    results: dict[int, object] = {}
+
+    def call(key: int, value: float) -> threading.Thread:
+        thread = threading.Thread(target=lambda: results.update(
+            {key: client.execute(request_for(np.full(2, value, dtype=np.float32)))}), daemon=True)
+        thread.start()
+        return thread
+
+    threads = [call(1, 1.0), call(2, 2.0), call(3, 3.0)]
+    identity, requests = received(router, 3)
+    by_value = {int(values[0]): rid for rid, values in requests}
+    assert sorted(by_value.values()) == [1, 2, 3]
+    client.broker_restarted(8)
+    _, next_rid = boundary_asked(router)
+    assert next_rid == 4
+    threads.append(call(4, 4.0))
+    _, [(fourth, values)] = received(router, 1)
+    assert fourth == 4
+    send_parts(router, [identity, Heartbeat(8, since=by_value[3]).encode()])
+    for key in (1, 2):
+        threads[key - 1].join(5)
+        assert not threads[key - 1].is_alive()
+        assert results[key].has_error(), key
+        assert "restarted; the BLS request to model 'm' was lost" in results[key].error().message()
+    assert threads[2].is_alive() and threads[3].is_alive(), "a call the new process got was failed"
+    send_parts(router, [identity, answer(by_value[3], np.full(2, 30.0, np.float32)),
+                        answer(fourth, np.full(2, 40.0, np.float32))])
+    for key in (3, 4):
+        threads[key - 1].join(5)
+        np.testing.assert_array_equal(get_output_tensor_by_name(results[key], "Y").as_numpy(), [10.0 * key] * 2)
+
+
+def test_an_unanswered_question_fails_the_calls_sent_before_it_once_its_time_is_up(broker_and_client):
+    """The new process never says which calls it got: the heartbeat's ``tick`` fails the calls
+    sent before the question once ``wait_s`` has passed, not before; an answer to an earlier
+    boot's question changes nothing."""
+    router, client = broker_and_client
+    results: dict[str, object] = {}
+    waiting = threading.Thread(target=lambda: results.update(exec=client.execute(request_for(np.ones(2, np.float32)))),
+                               daemon=True)
+    waiting.start()
+    identity, [(rid, _)] = received(router, 1)
+    client.broker_restarted(9, wait_s=0.5)
+    boundary_asked(router)
+    send_parts(router, [identity, Heartbeat(8, since=rid + 1).encode()])   # another process's answer
+    client.tick()
+    time.sleep(0.3)
+    client.tick()
+    assert waiting.is_alive(), "failed before its time was up"
+    time.sleep(0.3)
+    client.tick()
+    waiting.join(5)
+    assert not waiting.is_alive()
+    message = results["exec"].error().message()
+    assert message == (f"the broker at {client.broker} restarted and did not say which calls it got; the BLS "
+                       "request to model 'm' was lost")

@@ -27,7 +27,7 @@ from tests.repo.helpers import load, write_model
 from tests.scripted_peers import ScriptedBroker, at_least, eventually, ipc_address
 from tritium.errors import ErrorCode
 from tritium.exit_codes import ExitCode
-from tritium.protocol import PROTOCOL_VERSION, Batch, CancelRunning, Infer, Kind, LogSettings, Reset, decode
+from tritium.protocol import PROTOCOL_VERSION, Batch, CancelRunning, Heartbeat, Infer, Kind, LogSettings, Reset, decode
 
 HEARTBEAT_S = 0.1
 AGENT = "agent-test"
@@ -352,8 +352,9 @@ BLS_CALLER_MODEL = """
 
 def test_a_bls_call_the_previous_broker_process_held_fails_and_the_instance_rejoins_once(tmp_path):
     """The model waits in execute on a BLS call no process will answer (its broker was
-    restarted); the new broker's RESET on the heartbeat socket answers the call with an error, the
-    batch is answered, and the RESETs that queued on the data socket meanwhile make it join again
+    restarted); after the new broker's RESET on the heartbeat socket, the BLS socket asks the new
+    process which calls it got, and its answer (none) answers the call with an error, the batch is
+    answered, and the RESETs that queued on the data socket meanwhile make it join again
     once: every one is answered with a HELLO, but its pool for large outputs is made anew once.
     The call's 256 KiB input is freed from the BLS pool, which the heartbeats report."""
     instance = Instance(tmp_path, CONFIG, BLS_CALLER_MODEL)
@@ -369,6 +370,11 @@ def test_a_bls_call_the_previous_broker_process_held_fails_and_the_instance_rejo
         for _ in range(3):   # as the new broker says it, each heartbeat, while the instance is silent
             instance.broker.send(instance.peer, Reset(8, 42).encode())
         instance.broker.send(beats, Reset(8, 42).encode())
+        bls = f"{instance.iid}/bls".encode()
+        (asked,) = instance.until(lambda: [beat for beat in instance.broker.of(Kind.HEARTBEAT, bls)],
+                                  "the BLS socket asking the new process what it got")
+        assert asked["nr"] == calls[0]["rid"] + 1
+        instance.broker.send(bls, Heartbeat(8, since=asked["nr"]).encode())   # it got none of them
         (response,) = instance.until(lambda: instance.broker.of(Kind.RESPONSE, instance.peer), "the batch's answer")
         instance.hellos(hellos + 3)
         instance.until(lambda: [beat for beat in instance.broker.of(Kind.HEARTBEAT, beats)

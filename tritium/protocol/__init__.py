@@ -22,6 +22,7 @@ their own; the broker answers them like a gateway.
 """
 
 from tritium.protocol.framing import (  # noqa: F401  (re-exported)
+    BLS_SUFFIX,
     DEFAULT_HEARTBEAT_INTERVAL_S,
     HEARTBEAT_SUFFIX,
     INLINE_LIMIT,

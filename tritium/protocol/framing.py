@@ -96,6 +96,9 @@ MISSED_HEARTBEATS = 3
 # An instance's heartbeat socket is named its iid followed by this: the broker reaches the
 # thread that owns it (CANCEL_RUNNING during a long execute) while the main thread computes.
 HEARTBEAT_SUFFIX = b"/hb"
+# An instance's socket for its model's BLS calls is named its iid followed by this: the broker
+# tells it where a restarted process's calls begin (a HEARTBEAT's ``sn``, workers/bls.py).
+BLS_SUFFIX = b"/bls"
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 
 # Gateways and agents reconnect to a lost broker after 100 ms, backing off to one attempt a

@@ -233,7 +233,7 @@ class Reset(Message, frozen=True, tag=int(Kind.RESET)):
     """"I do not know you": say HELLO again (an instance without `e` exits instead). Repeated
     to an instance that does not answer, on its heartbeat socket too: its main thread may wait
     in a model's execute on a BLS call the previous broker process held, and the heartbeat
-    thread answers such calls with an error."""
+    thread has the BLS socket ask the new process which calls it got (HEARTBEAT `nr`)."""
 
     DIRECTION = "broker -> agent, instance"
 
@@ -260,12 +260,13 @@ class Heartbeat(Message, frozen=True, tag=int(Kind.HEARTBEAT)):
         "gateway, instance: its shared tensor pools, each (kind, size, bytes in use, tensors sent as bytes "
         "for want of room, times the pool was made anew)")] = field(default=None, name="pl")
     next_rid: Annotated[int | None, doc(
-        "gateway: the lowest rid it has not sent yet (every request it sent before this heartbeat has a lower "
-        "one)")] = field(
+        "gateway, or an instance's BLS socket once it heard of a new broker process: the lowest rid it has not "
+        "sent yet (every request it sent before this heartbeat has a lower one)")] = field(
         default=None, name="nr")
     since: Annotated[int | None, doc(
-        "broker, when it registers a gateway that heartbeats: the first rid this broker process heard from it (a "
-        "request or a heartbeat's `nr`); the gateway's requests below it went to a previous process")] = field(
+        "broker, when it registers a gateway that heartbeats or answers a BLS socket's `nr`: the first rid this "
+        "broker process heard from it (a request or a heartbeat's `nr`); the peer's requests below it went to a "
+        "previous process")] = field(
         default=None, name="sn")
     draining: Annotated[bool, doc(
         "broker: it drains (SIGTERM) and exits once done; a gateway holds its new requests for the next broker "
