@@ -62,13 +62,16 @@ class Peers:
 
     # -- joining ------------------------------------------------------------------------
 
-    def gateway_hello(self, peer: bytes, hello: Hello | Heartbeat, since: int | None = None) -> None:
+    def gateway_hello(self, peer: bytes, hello: Hello | Heartbeat, since: int | None = None,
+                      draining: bool = False) -> None:
         """A gateway registers: by HELLO when it starts, by heartbeating when it was a previous
-        broker process's (``since``: the first rid this process heard from it)."""
+        broker process's (``since``: the first rid this process heard from it). ``draining``: this
+        process drains, and the gateway is to hold its new requests from now on."""
         self.liveness.beats_every(peer, hello.heartbeat_s or 0.0)
         self.membership.add_gateway(peer)
         log.info("gateway %s connected", peer.decode(errors="replace"))
-        self._send_frontend([peer, Heartbeat(self.boot, self._heartbeat_interval_s, since=since).encode()])
+        self._send_frontend([peer, Heartbeat(self.boot, self._heartbeat_interval_s, since=since,
+                                             draining=draining).encode()])
         if not (type(hello) is Heartbeat and self.hold.defer(peer)):
             self._send_frontend([peer, self.registry.table().encode()])
         self._send_frontend([peer, self._log_settings_message()])

@@ -488,11 +488,16 @@ class Broker:
             since = self._first_rid.pop(peer, message.next_rid if type(message) is Heartbeat else None)
             if self._protocol_ok(self.frontend, peer, message.protocol_version, message.role):
                 self._unreachable.discard(peer)
-                self.peers.gateway_hello(peer, message, since)
+                draining = self._stop_deadline is not None
+                self.peers.gateway_hello(peer, message, since, draining=draining)
+                if draining:   # told to hold by that heartbeat: it has two intervals to say it does
+                    self._holding_wait_until = max(self._holding_wait_until,
+                                                   self._now + 2 * self.settings.heartbeat_interval_s)
         elif type(message) is Heartbeat:
             if message.pools is not None:
                 self.membership.record_tensor_pools(peer, message.pools)
-            if message.holding and self._stop_deadline is not None:
+            # A gateway holds for this process's drain (not still for a previous process's).
+            if message.holding and message.boot == self.boot and self._stop_deadline is not None:
                 self._holding_gateways.add(peer)
         else:
             raise ProtocolError(f"unexpected {message.kind.name} on the frontend")

@@ -216,7 +216,7 @@ class BrokerLink:
         unsent = self._held[0][0] if self._held else self._next_rid
         self._post(Heartbeat(heartbeat_s=self.heartbeat_interval_s, role=Role.GATEWAY,
                              protocol_version=PROTOCOL_VERSION, pools=pools, next_rid=unsent,
-                             holding=self.holding).encode())
+                             holding=self.holding, boot=self.broker_boot if self.holding else None).encode())
 
     def lost_error(self) -> Unavailable:
         return Unavailable(f"lost contact with the broker at {self.address}; the request was not answered")
@@ -226,12 +226,12 @@ class BrokerLink:
         if self.broker_boot is not None and boot != self.broker_boot:
             self._previous_broker_gone(beat.since)
             self._send_held()
-        elif beat.draining and not self.holding:
+        self.broker_boot = boot
+        self._broker_interval = beat.heartbeat_s or 0.0
+        if beat.draining and not self.holding:   # a new process may drain already
             self.holding = True
             log.info("the broker at %s drains: new requests wait for the next broker process", self.address)
             self._send_heartbeat()   # tells it that what this gateway sent before has arrived
-        self.broker_boot = boot
-        self._broker_interval = beat.heartbeat_s or 0.0
 
     def _previous_broker_gone(self, since: int | None) -> None:
         """A new broker process answers: the requests the previous one held are lost. Those it got

@@ -89,9 +89,10 @@ def test_when_the_hold_ends_without_the_version_what_waited_is_answered_not_read
     assert decode(gateway.records(Kind.RESPONSE)[1][1])[0]["rid"] == 2
 
 
-def holding_heartbeat(next_rid: int) -> bytes:
+def holding_heartbeat(next_rid: int, boot: int) -> bytes:
+    """A gateway holding its new requests for the drain of broker process ``boot``."""
     return Heartbeat(heartbeat_s=1.0, role=Role.GATEWAY, protocol_version=PROTOCOL_VERSION, next_rid=next_rid,
-                     holding=True).encode()
+                     holding=True, boot=boot).encode()
 
 
 def test_a_draining_broker_serves_what_came_before_its_gateways_hold_and_exits_once_they_do(world):
@@ -114,7 +115,7 @@ def test_a_draining_broker_serves_what_came_before_its_gateways_hold_and_exits_o
     world.until(answer_batches)
     world.broker.turn(5)
     still_running = world.broker._running   # idle, but the gateway has not said it holds
-    gateway.send(holding_heartbeat(next_rid=3))
+    gateway.send(holding_heartbeat(next_rid=3, boot=world.broker.boot))
     world.until(lambda: not world.broker._running)
     assert [(h["rid"], "err" in h) for h in gateway.headers(Kind.RESPONSE)] == [(1, False), (2, False)]
     assert still_running
@@ -163,3 +164,30 @@ def test_a_bls_call_made_across_the_restart_waits_for_the_version_and_its_socket
     ((response, body),) = bls.records(Kind.RESPONSE)
     assert response["rid"] == 5 and "err" not in response and body.endswith(bytes([3]) * 16)
     assert world.broker.membership._first_bls_rid == {}, "kept after the question"
+
+
+def test_a_draining_process_registers_a_returning_gateway_draining_and_ignores_a_hold_for_another(world):
+    """Two restarts in a row: the gateway registers by heartbeat with a process that drains
+    already, and is told so in the heartbeat that registers it. Its heartbeat that still holds
+    for the previous process does not count as holding for this one: the requests it held, sent
+    now, are served, and this process exits only once the gateway holds for it."""
+    _, instance = world.serving_instance()
+    world.broker.drain()
+    gateway = world.peer("front", b"gw-old")
+    gateway.send(holding_heartbeat(next_rid=1, boot=world.broker.boot - 1))
+    world.until(lambda: gateway.headers(Kind.HEARTBEAT))
+    gateway.send(holding_heartbeat(next_rid=1, boot=world.broker.boot - 1))   # before it read that
+    infer(gateway, rid=1, value=4)   # held for this process, sent once the gateway heard it
+    world.until(lambda: instance.headers(Kind.BATCH))
+    ((batch, _), (header, raw)) = instance.messages[-1]
+    answer(instance, batch, [(header, raw)])
+    world.until(lambda: gateway.headers(Kind.RESPONSE))
+    world.broker.turn(5)
+    still_running = world.broker._running
+    gateway.send(holding_heartbeat(next_rid=2, boot=world.broker.boot))
+    world.until(lambda: not world.broker._running)
+    registered = gateway.headers(Kind.HEARTBEAT)[0]
+    assert registered.get("dr") is True and registered["sn"] == 1
+    ((response, body),) = gateway.records(Kind.RESPONSE)
+    assert response["rid"] == 1 and "err" not in response and body.endswith(bytes([4]) * 16)
+    assert still_running, "it took the hold for the previous process as one for itself"

@@ -459,6 +459,42 @@ def test_while_the_broker_drains_new_requests_wait_in_the_gateway_and_go_to_the_
     assert during.message.params["for"] == "during" and not gateway.link.holding
 
 
+def test_a_next_broker_process_that_drains_already_gets_the_held_requests_and_the_gateway_holds_again(gateway):
+    """Two restarts in a row: the process that registers the gateway drains from its first heartbeat.
+    The requests held for it go to it (it serves what came before the gateway holds), and the
+    gateway holds its new requests again at once, saying so after the held ones."""
+    gateway.broker_hb = 2.0
+
+    async def scenario():
+        await gateway.started()
+        gateway.broker.tell(gateway.peer, Heartbeat(1, 2.0, draining=True))
+        await gateway.until(lambda: gateway.link.holding, "holding")
+        during = infer(gateway.link, "during")
+        gateway.broker.close()
+        gateway.broker = ScriptedBroker(gateway.address)
+        beat = (await gateway.until(lambda: gateway.broker.of(Kind.HEARTBEAT, gateway.peer), "a heartbeat"))[0]
+        gateway.broker.tell(gateway.peer, Heartbeat(2, 2.0, since=beat["nr"], draining=True))
+        (sent,) = await gateway.requests(1)
+        await gateway.until(lambda: [b for b in gateway.broker.of(Kind.HEARTBEAT, gateway.peer) if b["hd"]],
+                            "the gateway saying it holds again")
+        after = infer(gateway.link, "after")   # held for the process after this one
+        await asyncio.sleep(3 * HEARTBEAT_S)
+        gateway.broker.pump()
+        kinds = [(r.kind, r.header.get("id"), r.header.get("boot")) for r in gateway.broker.received
+                 if r.kind == Kind.INFER or (r.kind == Kind.HEARTBEAT and r.header.get("hd"))]
+        gateway.broker.send(gateway.peer, response(sent.header["rid"], "during"))
+        return kinds, await during, after.done(), gateway.link.holding
+
+    kinds, during, after_done, holding = gateway.run(scenario())
+    # Before it heard the new process it still said it held, for the previous one (boot 1).
+    stale = [k for k in kinds[:kinds.index((Kind.INFER, "during", None))]]
+    assert stale and {k[2] for k in stale} == {1}, kinds
+    assert kinds[len(stale) + 1] == (Kind.HEARTBEAT, None, 2), "holding for the new process, after the held"
+    assert [k for k in kinds if k[0] == Kind.INFER] == [(Kind.INFER, "during", None)], "'after' is held"
+    assert during.message.params["for"] == "during"
+    assert holding and not after_done
+
+
 def test_requests_held_for_a_broker_that_never_comes_back_fail_once_contact_is_lost(gateway):
     async def scenario():
         await gateway.started()

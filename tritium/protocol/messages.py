@@ -248,7 +248,7 @@ class Heartbeat(Message, frozen=True, tag=int(Kind.HEARTBEAT)):
 
     DIRECTION = "both ways"
 
-    boot: Annotated[int | None, doc("broker: its process's id")] = None
+    boot: Annotated[int | None, doc("broker: its process's id; gateway, with `hd`: the draining process's")] = None
     heartbeat_s: Annotated[float | None, doc("the sender's interval")] = field(default=None, name="hb")
     role: Annotated[Role | None, doc("gateway, agent")] = None
     protocol_version: Annotated[int | None, doc("gateway: so that a new broker process can register it")] = field(
