@@ -48,7 +48,8 @@ def trace_records(tree: dict, ids, parent_id: int | None = None) -> list[dict]:
     received = sum(1 for _ in itertools.takewhile(lambda stamp: stamp[0].startswith(_FRONT_END), stamps))
     own.insert(received, model)   # after the front end's receive stamps, as Triton writes it
     if inputs or outputs:   # as Triton: the inputs after QUEUE_START, the outputs before INFER_RESPONSE_COMPLETE
-        own[_after(own, QUEUE_START):_after(own, QUEUE_START)] = inputs
+        queued = _after(own, QUEUE_START)
+        own[queued:queued] = inputs
         complete = _after(own, INFER_RESPONSE_COMPLETE, len(own) + 1) - 1
         own[complete:complete] = outputs
     return children + own
