@@ -170,12 +170,15 @@ class DataPlane:
 
     def infer_stream_then(self, request: InferRequest,
                           deliver: Callable[[InferResult | TritiumError | None, bool], None],
-                          traced: bool = False) -> Callable[[], None]:
+                          traced: bool = False, every_response_completes: bool = False) -> Callable[[], None]:
         """Every answer to one request as it comes, to ``deliver``: (result, error, or None for an
         empty one; whether it is the last). A request refused before it is sent raises here.
         Returns what to call when the client gives up on the request. ``traced``: the request may
-        be sampled for tracing (the caller stamps its sends and finishes its trace)."""
+        be sampled for tracing (the caller stamps its sends and finishes its trace), each of its
+        responses an INFER_RESPONSE_COMPLETE with ``every_response_completes``."""
         spec, version, header, inline, external = self._prepare(request, None, traced)
+        if request.trace is not None:
+            request.trace.every_response = every_response_completes
 
         def answered(reply) -> None:
             if isinstance(reply, TritiumError):
@@ -192,10 +195,12 @@ class DataPlane:
         self.link.request_stream_then(header, inline, external, answered)
         return partial(self.link.cancel, header.rid, spec.name, version)
 
-    async def infer_stream(self, request: InferRequest) -> AsyncIterator[tuple[InferResult | TritiumError | None, bool]]:
+    async def infer_stream(self, request: InferRequest, traced: bool = False, every_response_completes: bool = False
+                           ) -> AsyncIterator[tuple[InferResult | TritiumError | None, bool]]:
         """``infer_stream_then`` as an async iterator."""
         answers: asyncio.Queue = asyncio.Queue()
-        self.infer_stream_then(request, lambda answer, final: answers.put_nowait((answer, final)))
+        self.infer_stream_then(request, lambda answer, final: answers.put_nowait((answer, final)), traced,
+                               every_response_completes)
         while True:
             answer, final = await answers.get()
             yield answer, final
@@ -265,20 +270,28 @@ class DataPlane:
 
     # -- generate ---------------------------------------------------------------------------
 
-    async def generate(self, name: str, version: str | None, document: dict) -> bytes:
-        """``/generate``: the model's one response as flat JSON (decoupled models too)."""
-        results = [result async for result in self.generate_stream(name, version, document)]
+    def generate_request(self, name: str, version: str | None, document: dict) -> InferRequest:
+        """The inference request a ``/generate`` or ``/generate_stream`` body asks for."""
+        spec, _ = self.link.models.resolve(name, version)
+        return generate_request(spec, version, document)
+
+    async def generate(self, request: InferRequest) -> bytes:
+        """``/generate``: the model's one response as flat JSON (decoupled models too). A sampled
+        request's trace is the caller's to finish."""
+        results = [result async for result in self._generated(request, False)]
         if len(results) != 1:   # an error after a response counts as a second response, as in Triton
             raise InvalidArgument(SINGLE_RESPONSE_ONLY)
         if isinstance(results[0], TritiumError):
             raise results[0]
         return results[0]
 
-    async def generate_stream(self, name: str, version: str | None,
-                              document: dict) -> AsyncIterator[bytes | TritiumError]:
-        """``/generate_stream``: each response as flat JSON, an error ending the stream."""
-        spec, _ = self.link.models.resolve(name, version)
-        async for result, _final in self.infer_stream(generate_request(spec, version, document)):
+    def generate_stream(self, request: InferRequest) -> AsyncIterator[bytes | TritiumError]:
+        """``/generate_stream``: each response as flat JSON, an error ending the stream. The
+        request may be sampled for tracing (``request.trace``; the caller finishes it)."""
+        return self._generated(request, True)
+
+    async def _generated(self, request: InferRequest, stream: bool) -> AsyncIterator[bytes | TritiumError]:
+        async for result, _final in self.infer_stream(request, traced=True, every_response_completes=stream):
             if isinstance(result, TritiumError):
                 yield result
                 return

@@ -27,7 +27,7 @@ from tritium.gateway.http_codec import (
     parse_json_object,
 )
 from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
-from tritium.gateway.inference import InferResult
+from tritium.gateway.inference import InferRequest, InferResult
 from tritium.gateway.model_table import ModelSpec
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED, unknown_cuda_region
@@ -101,6 +101,24 @@ async def event_stream(events) -> Streaming:
     return Streaming(400 if isinstance(first, TritiumError) else 200, _EVENT_STREAM, chunks())
 
 
+async def _finishing_trace(events, generating: InferRequest, request: HttpRequest):
+    """A ``/generate_stream`` request's events; if it was sampled, the front end's stamps (an
+    HTTP_SEND pair around each event's write, as Triton's), and its trace ends with them."""
+    try:
+        async for event in events:
+            if generating.trace is not None:
+                generating.trace.stamp("HTTP_SEND_START")
+            yield event   # back when the next event is wanted: this one was written
+            if generating.trace is not None:
+                generating.trace.stamp("HTTP_SEND_END")
+    finally:
+        trace = generating.trace
+        if trace is not None:
+            trace.stamp("HTTP_RECV_START", request.began_ns)
+            trace.stamp("HTTP_RECV_END", request.received_ns)
+            trace.finish()
+
+
 def _event(event: bytes | TritiumError) -> bytes:
     if isinstance(event, TritiumError):
         event = orjson.dumps({"error": event.message})
@@ -126,8 +144,13 @@ class HttpApp:
                     f"request body of {request.too_large} bytes exceeds the maximum allowed value of "
                     f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
             match = _MODEL.fullmatch(request.path)
-            if match is not None and match["action"] == "infer" and request.method == "POST":
-                return self._infer(request, match.group(1), match.group(2), answer)
+            if match is not None and request.method == "POST":
+                if match["action"] == "infer":
+                    return self._infer(request, match.group(1), match.group(2), answer)
+                if match["action"] in ("generate", "generate_stream"):
+                    asyncio.get_running_loop().create_task(
+                        self._generate(request, match.group(1), match.group(2), match["action"], answer))
+                    return None
         except TritiumError as exc:
             answer(error_response(exc.http_status, exc.message))
             return None
@@ -218,6 +241,31 @@ class HttpApp:
             answer = traced_answer(infer_request.trace, request, answer)
         return give_up
 
+    # -- generate ------------------------------------------------------------------------------
+
+    async def _generate(self, request: HttpRequest, model: str, version: str | None, action: str,
+                        answer: Answer) -> None:
+        """``/generate`` and ``/generate_stream``; a sampled request is traced as ``infer`` is (a
+        stream's trace ends with its last event)."""
+        generating = None
+        try:
+            generating = self.dataplane.generate_request(model, version, parse_json_object(self._body(request)))
+            if self.dataplane.tracer.on:
+                generating.traceparent = request.headers.get(b"traceparent")
+            if action == "generate":
+                response: HttpResponse | Streaming = HttpResponse(200, _JSON, await self.dataplane.generate(generating))
+            else:
+                response = await event_stream(_finishing_trace(self.dataplane.generate_stream(generating),
+                                                               generating, request))
+        except TritiumError as exc:
+            response = error_response(exc.http_status, exc.message)
+        except Exception as exc:
+            response = _internal_error(request, exc)
+        trace = None if generating is None else generating.trace
+        if trace is not None and action == "generate":
+            answer = traced_answer(trace, request, answer)
+        answer(response)
+
     # -- everything else --------------------------------------------------------------------
 
     async def _route(self, request: HttpRequest) -> HttpResponse | Streaming:
@@ -260,13 +308,8 @@ class HttpApp:
     async def _model_route(self, request: HttpRequest, method, model, version, action) -> HttpResponse | Streaming:
         if action == "infer":   # the POST went the callback way
             return _NOT_ALLOWED
-        if action in ("generate", "generate_stream"):
-            if method != "POST":
-                return _NOT_ALLOWED
-            document = parse_json_object(self._body(request))
-            if action == "generate":
-                return HttpResponse(200, _JSON, await self.dataplane.generate(model, version, document))
-            return await event_stream(self.dataplane.generate_stream(model, version, document))
+        if action in ("generate", "generate_stream"):   # a POST went the generate way
+            return _NOT_ALLOWED
         if action == "trace/setting":
             return await self._trace_route(request, method, model) if version is None else _NOT_FOUND
         if method != "GET":

@@ -33,7 +33,8 @@ class RequestTrace:
     """One traced request: its ids, the gateway's stamps, and the stamps that came back."""
 
     __slots__ = ("tracer", "model", "version", "mode", "trace_id", "request_span", "context", "parent",
-                 "stamps", "remote", "timestamps", "tensors", "inputs", "outputs", "request_id", "completed")
+                 "stamps", "remote", "timestamps", "tensors", "inputs", "outputs", "request_id", "completed",
+                 "every_response")
 
     def __init__(self, tracer: "GatewayTracer", model: str, version: int, mode: str,
                  parent: tuple[bytes, bytes, int] | None, level: tuple[str, ...] = ("TIMESTAMPS",)) -> None:
@@ -49,17 +50,19 @@ class RequestTrace:
         self.outputs: list[dict] = []
         self.request_id = ""            # the client's, which the trace file names
         self.completed = False          # its first response came (INFER_RESPONSE_COMPLETE)
+        self.every_response = False     # each response is an INFER_RESPONSE_COMPLETE (``/generate_stream``'s)
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append([name, ns or time.monotonic_ns(), "gateway"])
 
     def answered(self, response: Response) -> None:
         """A RESPONSE arrived (of a streamed request: each of them): keep the stamps it carries.
-        The first is the request's INFER_RESPONSE_COMPLETE, as in Triton; the final one ends it."""
+        The first is the request's INFER_RESPONSE_COMPLETE, as in Triton (on ``/generate_stream``,
+        each, the flags-only final one too); the final one ends it."""
         now = time.monotonic_ns()
         if response.trace is not None:
             self.remote = response.trace
-        if not self.completed:
+        if not self.completed or self.every_response:
             self.completed = True
             self.stamps.append([INFER_RESPONSE_COMPLETE, now, "gateway"])
         if response.final is not False and (

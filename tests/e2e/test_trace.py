@@ -288,6 +288,37 @@ def test_a_streamed_request_of_a_model_that_is_not_decoupled_is_traced(settings,
     assert sorted(names) == sorted(STEP_ORDER + ["INFER_RESPONSE_COMPLETE", "GRPC_SEND_START", "GRPC_SEND_END"])
 
 
+def test_generate_requests_are_traced_as_triton_traces_them(settings, trace_dir):
+    """``/generate`` writes the stamps of ``/infer``; ``/generate_stream`` of a decoupled model an
+    INFER_RESPONSE_COMPLETE and an HTTP_SEND pair per response, and one more INFER_RESPONSE_COMPLETE
+    for its flags-only final response (Triton 2.51 writes the same)."""
+    known = len(trace_files(trace_dir))
+    assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "triple")[0] == 200
+    assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "py_decoupled")[0] == 200
+    status, _, body = request(settings.url, "POST", "/v2/models/triple/generate", {"X": [1, 2], "id": "gen-1"})
+    assert status == 200 and json.loads(body)["Z"] == [3, 6]
+    records = new_trace(trace_dir, known)
+    assert {"id": records[2]["id"], "model_name": "triple", "model_version": 1, "request_id": "gen-1"} == records[2]
+    stamps = [(r["timestamps"][0]["name"], r["timestamps"][0]["ns"]) for r in records if "timestamps" in r]
+    assert sorted(name for name, _ in stamps) == sorted(FRONT_END_ORDER)
+    by_name = dict(stamps)
+    assert [by_name[name] for name in FRONT_END_ORDER] == sorted(by_name.values())
+
+    status, _, body = request(settings.url, "POST", "/v2/models/py_decoupled/generate_stream", {"COUNT": 3})
+    assert status == 200 and body.count(b"data: ") == 3
+    records = new_trace(trace_dir, known + 1)
+    names = [record["timestamps"][0]["name"] for record in records if "timestamps" in record]
+    assert sorted(names) == sorted(["HTTP_RECV_START", "HTTP_RECV_END"] + STEP_ORDER + ["INFER_RESPONSE_COMPLETE"] * 4
+                                   + ["HTTP_SEND_START", "HTTP_SEND_END"] * 3)
+    # Each response is written after it came (responses may come faster than they are written).
+    assert [name for name in names if name.startswith("HTTP_SEND")] == ["HTTP_SEND_START", "HTTP_SEND_END"] * 3
+    for sent in range(1, 4):
+        start = [i for i, name in enumerate(names) if name == "HTTP_SEND_START"][sent - 1]
+        assert names[:start].count("INFER_RESPONSE_COMPLETE") >= sent
+    stamps = [record["timestamps"][0]["ns"] for record in records if "timestamps" in record]
+    assert stamps == sorted(stamps)
+
+
 def test_ensemble_steps_are_child_traces(settings, trace_dir):
     known = len(trace_files(trace_dir))
     assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "pipeline")[0] == 200
