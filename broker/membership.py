@@ -54,8 +54,9 @@ class Membership:
     def bls_boundary(self, peer: bytes, next_rid: int) -> int:
         """The first rid this process heard on a BLS socket that asks (its question's own
         ``next_rid`` when no call came before it): the socket's calls below it went to a previous
-        broker process."""
-        return self._first_bls_rid.pop(peer, next_rid)
+        broker process. Kept until the instance leaves: the socket may ask again (an answer to a
+        question meant for a process that died meanwhile is ignored)."""
+        return self._first_bls_rid.setdefault(peer, next_rid)
 
     # -- host agents ----------------------------------------------------------------------
 

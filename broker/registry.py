@@ -254,15 +254,6 @@ class Registry:
                 latest, latest_number = version, number
         return latest
 
-    def latest_loading(self, model: str) -> ModelVersion | None:
-        """The highest-numbered version of ``model`` that is loading (a BLS call for the latest
-        version, while a new broker process takes its versions over)."""
-        record = self.models.get(model)
-        if record is None:
-            return None
-        loading = [number for number, version in record.versions.items() if version.state is VersionState.LOADING]
-        return record.versions[max(loading)] if loading else None
-
     def resolve_step(self, model: str, number: int) -> ModelVersion | None:
         """The version an ensemble step goes to: ``number``, or for -1 the latest ready one."""
         if number < 0:

@@ -99,10 +99,8 @@ class Scheduler:
         """
         rid = header.rid
         number = -1 if header.version is None else header.version
-        if number < 0:  # BLS asks for the latest version
+        if number < 0:  # BLS asks for the latest version (none is held: which one will be is not known yet)
             version = self.registry.latest_ready(header.model)
-            if version is None and self.hold is not None and self.hold.holds(self._clock()):
-                version = self.registry.latest_loading(header.model)   # taken over: it waits for it
         else:
             version = self.registry.versions.get((header.model, number))
         if version is None or (version.state != VersionState.READY and not self._held(version)):

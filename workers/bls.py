@@ -19,10 +19,20 @@ from collections import deque
 from typing import NamedTuple
 
 import numpy as np
+import zmq
 
 from tritium.errors import ErrorCode
 from tritium.pb_utils import types as pb
-from tritium.protocol import Cancel, Heartbeat, Infer, Response, pack_tensors, read_record, tensor_views
+from tritium.protocol import (
+    RECONNECT_IVL_MAX_MS,
+    Cancel,
+    Heartbeat,
+    Infer,
+    Response,
+    pack_tensors,
+    read_record,
+    tensor_views,
+)
 from tritium.links import connect_dealer
 from tritium.security import CurveKeys
 from tritium.shared_pool import PoolUsage, RequestSlots, request_slots
@@ -207,8 +217,9 @@ class BlsClient:
         heard (a call's, or this question's ``nr`` when no call came before it) divides the calls
         the old process took with it from those the new one answers; the first are answered with
         an error when its answer comes (``_boundary_told``), the others wait for their answers.
-        Should no answer come within ``wait_s``, the calls sent before the question fail
-        (``tick``): a model waiting on one would otherwise never return, nor its instance rejoin."""
+        Should no answer come within ``wait_s`` (and the socket's longest reconnect interval), the
+        calls sent before the question fail (``tick``): a model waiting on one would otherwise
+        never return, nor its instance rejoin."""
         if boot is None:
             with self._filing:
                 self._broker_boot = None
@@ -220,10 +231,17 @@ class BlsClient:
             if boot == self._broker_boot:
                 return
             self._broker_boot = boot
-            with self._lock:
-                nr = self._next_rid
-                self.sock.send_parts([Heartbeat(next_rid=nr).encode()])
-            self._asked = _BoundaryAsked(boot, nr, time.monotonic() + wait_s)
+            try:
+                with self._lock:
+                    nr = self._next_rid
+                    self.sock.send_parts([Heartbeat(next_rid=nr).encode()])
+            except (zmq.ZMQError, OSError) as exc:   # no question, no answer: nothing would end the wait
+                self._asked = None
+                self._fail_below(None, f"restarted and could not be asked which calls it got ({exc})")
+            else:
+                # The socket may take up to its longest reconnect interval to reach the new process.
+                self._asked = _BoundaryAsked(boot, nr, time.monotonic() + wait_s + RECONNECT_IVL_MAX_MS / 1000)
+        self._wake_all()
 
     def _boundary_told(self, beat: Heartbeat) -> None:
         """The new broker process says where the calls it got begin (``since``): those below went
@@ -240,6 +258,7 @@ class BlsClient:
         asked = self._asked
         if asked is None or time.monotonic() < asked.deadline:
             return
+        self._pump(0)   # the answer may wait unread: no thread of the model reads the socket now
         with self._filing:
             if self._asked is not asked:
                 return

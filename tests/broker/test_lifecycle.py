@@ -229,8 +229,9 @@ def loaded_ensemble(world) -> None:
     world.write("comp")
     write_model(world.root, "ens", ENSEMBLE, {"1/.keep": ""})
     world.lifecycle.load("ens", {}, world.replies.append)
-    world.finish_reads()                    # ens read: it asks for comp first
-    world.finish_reads()                    # comp read
+    # The ens read asks for comp first, then comp is read (both may finish before either is applied).
+    while not any(v.name == "comp" and v.state == VersionState.LOADING for v in world.registry.epochs.values()):
+        world.finish_reads()
     world.instance_ready(world.loading("comp"))
     world.lifecycle.reader.run_completed()         # ens waits for comp's version to be READY
     assert world.registry.versions[("ens", 1)].state == VersionState.READY

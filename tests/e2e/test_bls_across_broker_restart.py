@@ -30,8 +30,8 @@ input [ { name: "DELAY_MS", data_type: TYPE_FP32, dims: [ 1 ] } ]
 output [ { name: "PID", data_type: TYPE_INT64, dims: [ 1 ] } ]
 """
 # Asks whoami (tests/e2e/cluster_repo) for its pid, through a BLS call; logs how the call ended.
-# As "via" it passes DELAY_MS on (whoami holds the call that long); as "via_late" it waits
-# DELAY_MS itself, then calls.
+# As "via" it passes DELAY_MS on (whoami holds the call that long); as "via_late" it says it
+# waits, waits DELAY_MS itself, then calls.
 VIA_MODEL = """
 import time
 
@@ -48,9 +48,11 @@ class TritonPythonModel:
         for request in requests:
             delay = pb_utils.get_input_tensor_by_name(request, "DELAY_MS")
             if self.name == "via_late":
+                pb_utils.Logger.log_warn("via_late: waiting")
                 time.sleep(float(delay.as_numpy().flat[0]) / 1000)
                 delay = pb_utils.Tensor("DELAY_MS", np.zeros_like(delay.as_numpy()))
-            called = pb_utils.InferenceRequest(model_name="whoami", inputs=[delay],
+            # Version 1 by name: a call for the latest version is not held while it is taken over.
+            called = pb_utils.InferenceRequest(model_name="whoami", model_version=1, inputs=[delay],
                                                requested_output_names=["PID"]).exec()
             if called.has_error():
                 pb_utils.Logger.log_warn(f"{self.name}: {called.error().message()}")
@@ -140,14 +142,16 @@ def test_a_bls_call_sent_while_the_broker_restarts_is_answered_by_the_new_proces
 
     def call() -> None:
         try:
-            outcome.append(via(gateway, 800, "via_late"))
+            outcome.append(via(gateway, 1200, "via_late"))
         except InferenceServerException as error:
             outcome.append(error)
 
     answered_before = worker.logs().count("via_late: whoami answered")
+    waited_before = worker.logs().count("via_late: waiting")
     caller = threading.Thread(target=call)
     caller.start()
-    time.sleep(0.4)   # via_late waits in execute
+    cluster.wait_until(lambda: worker.logs().count("via_late: waiting") > waited_before or None, timeout_s=15,
+                       what="via_late in execute")
     broker.kill()
     time.sleep(1.0)   # via_late calls while no broker listens: the call waits in its socket
     broker.start()

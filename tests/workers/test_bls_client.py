@@ -305,8 +305,8 @@ def test_only_the_calls_below_the_new_processs_first_are_failed_the_others_get_t
 
 def test_an_unanswered_question_fails_the_calls_sent_before_it_once_its_time_is_up(broker_and_client):
     """The new process never says which calls it got: the heartbeat's ``tick`` fails the calls
-    sent before the question once ``wait_s`` has passed, not before; an answer to an earlier
-    boot's question changes nothing."""
+    sent before the question once ``wait_s`` and the socket's longest reconnect interval have
+    passed, not before; an answer to an earlier boot's question changes nothing."""
     router, client = broker_and_client
     results: dict[str, object] = {}
     waiting = threading.Thread(target=lambda: results.update(exec=client.execute(request_for(np.ones(2, np.float32)))),
@@ -317,10 +317,10 @@ def test_an_unanswered_question_fails_the_calls_sent_before_it_once_its_time_is_
     boundary_asked(router)
     send_parts(router, [identity, Heartbeat(8, since=rid + 1).encode()])   # another process's answer
     client.tick()
-    time.sleep(0.3)
+    time.sleep(1.0)   # wait_s, and up to the socket's longest reconnect interval more
     client.tick()
     assert waiting.is_alive(), "failed before its time was up"
-    time.sleep(0.3)
+    time.sleep(0.8)
     client.tick()
     waiting.join(5)
     assert not waiting.is_alive()
