@@ -306,9 +306,7 @@ class HttpApp:
         return _NOT_FOUND
 
     async def _model_route(self, request: HttpRequest, method, model, version, action) -> HttpResponse | Streaming:
-        if action == "infer":   # the POST went the callback way
-            return _NOT_ALLOWED
-        if action in ("generate", "generate_stream"):   # a POST went the generate way
+        if action in ("infer", "generate", "generate_stream"):   # a POST went its own way (``handle``)
             return _NOT_ALLOWED
         if action == "trace/setting":
             return await self._trace_route(request, method, model) if version is None else _NOT_FOUND

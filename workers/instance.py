@@ -121,7 +121,7 @@ class Outbox:
         self.pools = pools or None
 
 
-def broker_restarted(reset: Reset, interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S) -> None:
+def broker_restarted(reset: Reset, interval_s: float) -> None:
     """A RESET came: the BLS calls in flight to the broker process that is gone get their errors
     (a model blocked on one would otherwise never return, and its instance never rejoin); those
     the new process got wait for its answers (workers/bls.py)."""
@@ -298,7 +298,7 @@ def main() -> None:
         sys.exit(ExitCode.INIT_FAILED)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    interval_s = spec.get("heartbeat_interval_s", 1.0)
+    interval_s = spec.get("heartbeat_interval_s", DEFAULT_HEARTBEAT_INTERVAL_S)
 
     def hello() -> None:
         sock.send_parts([Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=interval_s,
