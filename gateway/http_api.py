@@ -92,11 +92,14 @@ async def event_stream(events) -> Streaming:
         break
 
     async def chunks():
-        if first is not None:
-            yield _event(first)
-        if not isinstance(first, TritiumError):
-            async for event in events:
-                yield _event(event)
+        try:
+            if first is not None:
+                yield _event(first)
+            if not isinstance(first, TritiumError):
+                async for event in events:
+                    yield _event(event)
+        finally:
+            await events.aclose()   # its own ending (a trace's last stamps) comes now, not when collected
 
     return Streaming(400 if isinstance(first, TritiumError) else 200, _EVENT_STREAM, chunks())
 
@@ -108,9 +111,11 @@ async def _finishing_trace(events, generating: InferRequest, request: HttpReques
         async for event in events:
             if generating.trace is not None:
                 generating.trace.stamp("HTTP_SEND_START")
-            yield event   # back when the next event is wanted: this one was written
-            if generating.trace is not None:
-                generating.trace.stamp("HTTP_SEND_END")
+            try:
+                yield event   # back when the next event is wanted (or closed, the last): this one was written
+            finally:
+                if generating.trace is not None:
+                    generating.trace.stamp("HTTP_SEND_END")
     finally:
         trace = generating.trace
         if trace is not None:

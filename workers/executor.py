@@ -321,6 +321,10 @@ class BatchExecutor:
             return lambda: stream_stamps(header.trace["at"], traced[index], batch, len(items), inputs_ready[0],
                                          self.model)
 
+        def fail(index: int, item: _Item, error: TritiumError) -> None:
+            stamps = stamps_of(index)   # a traced request's stamps ride its final response, an error too
+            self._send_part(batch, index, [_error_record(item.rid, error, True, stamps and stamps())])
+
         requests = []
         for index, item in enumerate(items):
             try:
@@ -328,7 +332,7 @@ class BatchExecutor:
                     raise item.error
                 request = self._request(item)
             except Exception as exc:
-                self._send_part(batch, index, [_error_record(item.rid, self._execution_error(exc), final=True)])
+                fail(index, item, self._execution_error(exc))
                 continue
             request.response_sender = self._sender(batch, index, item, still_open, first, stamps_of(index))
             still_open.add(index)
@@ -346,7 +350,7 @@ class BatchExecutor:
                 if index in still_open:
                     still_open.discard(index)
                     self._answering.pop((batch, index), None)
-                    self._send_part(batch, index, [_error_record(item.rid, error, final=True)])
+                    fail(index, item, error)
         t2 = time.monotonic_ns()
         return [BatchDone(batch, [], [], (t1 - t0, t2 - t1, 0), sorted(still_open), ran=ran).encode()]
 
@@ -617,6 +621,6 @@ def _response_record(rid: int, tensors: list, parameters, final: bool | None = N
     return [response.encode(inline), *external]
 
 
-def _error_record(rid: int, error, final: bool | None = None) -> bytes:
+def _error_record(rid: int, error, final: bool | None = None, trace: dict | None = None) -> bytes:
     error = error if isinstance(error, TritiumError) else InvalidArgument(str(error))
-    return Response(rid, error=error, final=final).encode()
+    return Response(rid, error=error, final=final, trace=trace).encode()

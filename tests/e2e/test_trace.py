@@ -319,6 +319,22 @@ def test_generate_requests_are_traced_as_triton_traces_them(settings, trace_dir)
     assert stamps == sorted(stamps)
 
 
+def test_a_stream_whose_model_fails_at_once_is_traced_to_its_end(settings, trace_dir):
+    """The model raises before any response: ``/generate_stream`` answers 400 with the error as its
+    one event, and its trace has what Triton 2.51 writes for it: the model's stamps, one
+    INFER_RESPONSE_COMPLETE and one HTTP_SEND pair (Triton's pair at 0 ns; tritium's when written)."""
+    known = len(trace_files(trace_dir))
+    assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "py_decoupled")[0] == 200
+    status, _, body = request(settings.url, "POST", "/v2/models/py_decoupled/generate_stream", {"COUNT": -3})
+    assert status == 400 and b"COUNT -3 asks for an error" in body and body.count(b"data: ") == 1
+    records = new_trace(trace_dir, known)
+    names = [record["timestamps"][0]["name"] for record in records if "timestamps" in record]
+    assert sorted(names) == sorted(FRONT_END_ORDER)
+    assert names[-2:] == ["HTTP_SEND_START", "HTTP_SEND_END"]
+    stamps = [record["timestamps"][0]["ns"] for record in records if "timestamps" in record]
+    assert stamps == sorted(stamps)
+
+
 def test_ensemble_steps_are_child_traces(settings, trace_dir):
     known = len(trace_files(trace_dir))
     assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "pipeline")[0] == 200
