@@ -23,8 +23,10 @@ class Membership:
         self.scheduler = scheduler   # answers what a lost instance held
         self.liveness = liveness
         self.gateways: set[bytes] = set()
-        # An instance's BLS socket (iid + BLS_SUFFIX) -> the first rid this process heard on it: a
-        # socket of the previous process asks where this one's calls begin (``bls_boundary``).
+        # Where this process's requests begin on a link a previous broker process may also have
+        # heard: an unregistered gateway -> the first rid heard from it (``gateway_boundary``), and
+        # an instance's BLS socket (iid + BLS_SUFFIX) -> the first rid heard on it (``bls_boundary``).
+        self._first_gateway_rid: dict[bytes, int] = {}
         self._first_bls_rid: dict[bytes, int] = {}
 
     def changed(self) -> None:
@@ -35,6 +37,18 @@ class Membership:
 
     def add_gateway(self, peer: bytes) -> None:
         self.gateways.add(peer)
+
+    def note_gateway_request(self, peer: bytes, rid: int) -> None:
+        """A request (or control call) from ``peer``: the first one heard from a gateway not
+        registered (yet), one of a previous broker process perhaps, is where this process's begin."""
+        if peer not in self.gateways and peer not in self._first_gateway_rid:
+            self._first_gateway_rid[peer] = rid
+
+    def gateway_boundary(self, peer: bytes, next_rid: int | None) -> int | None:
+        """The first rid this process heard from a gateway that registers now (its heartbeat's
+        ``next_rid`` when none came before it; None for a HELLO that sent nothing): the gateway's
+        requests below it went to a previous process."""
+        return self._first_gateway_rid.pop(peer, next_rid)
 
     def remove_gateway(self, peer: bytes) -> bool:
         """False when ``peer`` was no gateway (still) known."""

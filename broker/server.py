@@ -117,8 +117,6 @@ class Broker:
                                    rate_limiter=limiter)
         self.hold = StartupHold(HOLD_HEARTBEATS * settings.heartbeat_interval_s, time.monotonic_ns)
         self.scheduler.hold = self.hold
-        # gateways not registered yet -> the first rid heard from each (a request's, or a heartbeat's next)
-        self._first_rid: dict[bytes, int] = {}
         self._to_gateways: dict[bytes, list] = {}   # this turn's messages, per gateway
         self._unreachable: set[bytes] = set()       # peers already warned about (see _peer_gone)
         self._pushed_generation = -1
@@ -467,7 +465,7 @@ class Broker:
 
     def _on_frontend(self, peer: bytes, parts: list, position: int, message: Message) -> None:
         if type(message) is Infer:
-            self._note_first_rid(peer, message.rid)
+            self.membership.note_gateway_request(peer, message.rid)
             # While draining, what a gateway sent before it heard so is served; after, it holds its
             # requests (one that never says so is refused once it had time to).
             if self._stop_deadline is not None and (peer in self._holding_gateways
@@ -478,14 +476,14 @@ class Broker:
         elif type(message) is Cancel:
             self.scheduler.cancel(peer, message)
         elif type(message) is ControlRequest:
-            self._note_first_rid(peer, message.rid)
+            self.membership.note_gateway_request(peer, message.rid)
             if self.hold.undefer(peer):
                 self._pushed_generation = -1   # its call may change the table: it must see the result
             self.control.handle(peer, message)
         elif type(message) is Hello or (type(message) is Heartbeat and peer not in self.membership.gateways
                                         and message.protocol_version is not None):
             # A gateway of a previous broker process says hello again by heartbeating.
-            since = self._first_rid.pop(peer, message.next_rid if type(message) is Heartbeat else None)
+            since = self.membership.gateway_boundary(peer, message.next_rid if type(message) is Heartbeat else None)
             if self._protocol_ok(self.frontend, peer, message.protocol_version, message.role):
                 self._unreachable.discard(peer)
                 draining = self._stop_deadline is not None
@@ -501,12 +499,6 @@ class Broker:
                 self._holding_gateways.add(peer)
         else:
             raise ProtocolError(f"unexpected {message.kind.name} on the frontend")
-
-    def _note_first_rid(self, peer: bytes, rid: int) -> None:
-        """The first request heard from a gateway not registered (yet): one of a previous broker
-        process, perhaps, which this process tells where its own requests begin."""
-        if peer not in self.membership.gateways and peer not in self._first_rid:
-            self._first_rid[peer] = rid
 
     def _on_backend(self, peer: bytes, parts: list, position: int, message: Message) -> None:
         if type(message) is BatchDone:
