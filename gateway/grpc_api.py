@@ -110,14 +110,16 @@ async def _abort(context, error: TritiumError):
 
 def _rpc(method):
     """Every RPC: a TritiumError becomes its gRPC status; a bug becomes INTERNAL, never a crash."""
-    category = RPC_CATEGORIES[method.__name__]
+    # A request that does not parse is refused before the restriction is checked: Triton's gRPC
+    # library parses it before Triton's handler runs. ModelInfer reads its own bytes, then checks.
+    category = None if method.__name__ == "ModelInfer" else RPC_CATEGORIES[method.__name__]
 
     async def wrapper(self, request, context):
         try:
-            if self.restricted:
-                self.restricted.check(category, context.invocation_metadata() or ())
             if request is UNPARSABLE:
                 raise _unparsable()
+            if self.restricted and category is not None:
+                self.restricted.check(category, context.invocation_metadata() or ())
             return await method(self, request, context)
         except TritiumError as exc:
             await _abort(context, exc)
@@ -315,9 +317,11 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelInfer(self, request, context):
-        wanted = self.header_forward is not None or self.dataplane.tracer.on   # reading it costs: only when used
-        metadata = (context.invocation_metadata() or ()) if wanted else ()
+        wanted = self.header_forward is not None or self.dataplane.tracer.on or bool(self.restricted)
+        metadata = (context.invocation_metadata() or ()) if wanted else ()   # reading it costs: only when used
         infer_request = self._decode(request, metadata)
+        if self.restricted:
+            self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
         if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
             infer_request.traceparent = dict(metadata).get("traceparent")
         result = await self.dataplane.infer(infer_request, GRPC_DECOUPLED)
@@ -329,6 +333,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         ModelInferResponse's bytes (as pieces: InferResponseWriter.pieces) or a TritiumError once; a
         request refused before it is sent raises here. Returns what to call when the client gives
         up on the call."""
+        infer_request = self._decode(request, metadata)   # unparsable: refused before the restriction, as in Triton
         if self.restricted:
             self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
 
@@ -350,7 +355,6 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             trace.stamp("GRPC_SEND_END")
             trace.finish()
 
-        infer_request = self._decode(request, metadata)
         if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
             infer_request.traceparent = _traceparent(metadata)
         return self.dataplane.infer_then(infer_request, answered, GRPC_DECOUPLED)

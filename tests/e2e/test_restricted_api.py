@@ -139,6 +139,18 @@ def test_grpc_health_checking_is_restricted_as_health(server):
     assert health_check(server.grpc_url, metadata=[("triton-grpc-protocol-health-key", "ok")]) == SERVING
 
 
+@pytest.mark.parametrize("method", ["ModelInfer", "RepositoryIndex", "ServerReady"])
+def test_a_grpc_request_that_does_not_parse_is_internal_before_the_restriction(server, method):
+    """Triton 2.51 answers INTERNAL ``Unable to parse request`` to such a call, header or not: its
+    gRPC library parses the request before Triton checks the restriction."""
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}",
+                                   request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw)
+        with pytest.raises(grpc.RpcError) as failure:
+            call(b"\xff\xff\xff", timeout=10)
+    assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.INTERNAL, "Unable to parse request")
+
+
 @pytest.mark.parametrize("headers, refused", [(None, True), ({"triton-grpc-protocol-infer-key": "go"}, False)])
 def test_a_grpc_stream_is_restricted_as_inference(server, headers, refused):
     client = grpcclient.InferenceServerClient(server.grpc_url)
