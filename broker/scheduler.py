@@ -83,6 +83,9 @@ class Scheduler:
         self._in_turn = False   # inside turn(): submitted requests wait for its end
         # versions given requests inside turn(), in the order they were given them (dispatched so)
         self._submitted: dict[ModelVersion, None] = {}
+        # Calls for a model's latest version made while a newer version than its latest READY one
+        # is taken over (broker/startup_hold.py): which version serves them is not known yet.
+        self._latest_undecided: dict[str, list[tuple]] = {}
         # Versions with queued requests that can time out, with their batcher (only a dynamic batcher has timeouts).
         self._timed: dict[ModelVersion, DynamicBatcher[PendingRequest]] = {}
         self.streams = OpenStreams(registry, self._reply, clock)   # decoupled requests still answering
@@ -99,7 +102,11 @@ class Scheduler:
         """
         rid = header.rid
         number = -1 if header.version is None else header.version
-        if number < 0:  # BLS asks for the latest version (none is held: which one will be is not known yet)
+        if number < 0:  # BLS asks for the latest version
+            if self._latest_in_doubt(header.model):
+                self._latest_undecided.setdefault(header.model, []).append(
+                    (client, record, header, external, from_backend))
+                return
             version = self.registry.latest_ready(header.model)
         else:
             version = self.registry.versions.get((header.model, number))
@@ -184,6 +191,8 @@ class Scheduler:
                 self._dispatch_submitted()
 
     def _dispatch_submitted(self) -> None:
+        if self._latest_undecided:
+            self._submit_latest_decided()
         if self._submitted:
             submitted, self._submitted = self._submitted, {}
             now = self._clock()
@@ -231,6 +240,25 @@ class Scheduler:
         for version in self.registry.versions.values():
             if version.state is VersionState.LOADING and len(version.batcher):
                 self.fail_queued(version, _not_ready_error(version.name, version.version, version))
+        self._submit_latest_decided()
+
+    def _latest_in_doubt(self, model: str) -> bool:
+        """Whether ``model``'s latest version is still to be decided: while a new broker process
+        takes over, a version numbered above its latest READY one is loading."""
+        if self.hold is None or not self.hold.holds(self._clock()):
+            return False
+        record = self.registry.models.get(model)
+        if record is None:
+            return False
+        ready = max((n for n, v in record.versions.items() if v.state is VersionState.READY), default=-1)
+        return any(n > ready and v.state is VersionState.LOADING and not v.ensemble
+                   for n, v in record.versions.items())
+
+    def _submit_latest_decided(self) -> None:
+        """The calls for a latest version now decided go to it (or are answered not ready)."""
+        for model in [m for m in self._latest_undecided if not self._latest_in_doubt(m)]:
+            for client, record, header, external, from_backend in self._latest_undecided.pop(model):
+                self.submit(client, record, header, external, from_backend)
 
     def _instances_coming(self, version: ModelVersion, now: int) -> bool:
         """Whether a version without instances can expect one: a restart, the autoscaler's, or
@@ -256,6 +284,8 @@ class Scheduler:
         it CANCELLED without running it. An ensemble's request is answered at once, and its
         steps still out cancelled."""
         if cancel.version < 0:   # a model's BLS request for the latest version
+            if self._cancel_undecided(client, cancel):
+                return
             version = self.registry.latest_ready(cancel.model)
         else:
             version = self.registry.versions.get((cancel.model, cancel.version))
@@ -289,6 +319,16 @@ class Scheduler:
             version.stats.record_failure(now - request.arrival_ns, "CANCELED")
         if isinstance(batcher, SequenceBatcher):   # a freed slot may take a sequence of the backlog
             self.dispatch(version, now)
+
+    def _cancel_undecided(self, client: bytes, cancel: Cancel) -> bool:
+        """Answer CANCELLED a call still waiting for its model's latest version to be decided."""
+        waiting = self._latest_undecided.get(cancel.model, [])
+        for position, (caller, _, header, _, from_backend) in enumerate(waiting):
+            if caller == client and header.rid == cancel.rid:
+                del waiting[position]
+                self.reply_error(client, cancel.rid, Cancelled.by_client(), from_backend)
+                return True
+        return False
 
     def _cancel_running(self, version: ModelVersion, client: bytes, rid: int) -> tuple[PendingRequest | None, bool]:
         """Tell the instance running request ``rid`` that its client left: a Python model may see

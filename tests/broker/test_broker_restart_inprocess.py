@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.broker.inprocess_world import HEARTBEAT_S, World, answer, infer
-from tritium.protocol import PROTOCOL_VERSION, Control, Heartbeat, IndexQuery, Infer, Kind, Role, decode
+from tritium.protocol import PROTOCOL_VERSION, Cancel, Control, Heartbeat, IndexQuery, Infer, Kind, Role, decode
 
 
 def returning_heartbeat(next_rid: int) -> bytes:
@@ -149,32 +149,56 @@ def test_a_bls_call_made_across_the_restart_waits_for_the_version_and_its_socket
     queues for the version taken over and is answered once it is READY; the socket's question gets
     the call's rid as the first the process heard on it (again when it asks again, its first
     question's answer having been meant for a process that died meanwhile), and a socket that sent
-    nothing before its question gets its own ``nr`` back. A call for the latest version is not held
-    (which version that will be is not known yet): it is answered not ready at once."""
+    nothing before its question gets its own ``nr`` back. A call for the latest version waits until
+    the takeover decides which version that is (then goes to it); one cancelled meanwhile is
+    answered CANCELLED at once."""
     bls = world.peer("back", b"instance-9/bls")
     bls_call(bls, 5, version=1)
     bls.send(Heartbeat(next_rid=6).encode())
     quiet = world.peer("back", b"instance-8/bls")
     quiet.send(Heartbeat(next_rid=3).encode())
     latest = world.peer("back", b"instance-7/bls")
-    bls_call(latest, 1, version=-1)
+    bls_call(latest, 1, version=-1, value=4)
+    gone = world.peer("back", b"instance-6/bls")
+    bls_call(gone, 2, version=-1)
+    gone.send(Cancel(2, "m", -1).encode())
     world.until(lambda: bls.headers(Kind.HEARTBEAT) and quiet.headers(Kind.HEARTBEAT)
-                and latest.headers(Kind.RESPONSE))
-    assert not bls.headers(Kind.RESPONSE), "answered while the version was taken over"
+                and gone.headers(Kind.RESPONSE))
+    assert not bls.headers(Kind.RESPONSE) and not latest.headers(Kind.RESPONSE), "answered during the takeover"
+    assert gone.headers(Kind.RESPONSE)[0]["err"]["message"] == "the client cancelled the request"
     bls.send(Heartbeat(next_rid=7).encode())
     world.until(lambda: len(bls.headers(Kind.HEARTBEAT)) == 2)
-    assert latest.headers(Kind.RESPONSE)[0]["err"]["message"] == "Request for unknown model: 'm' has no available versions"
 
     _, instance = world.serving_instance()
-    world.until(lambda: instance.headers(Kind.BATCH))
-    ((batch, _), (header, raw)) = instance.messages[-1]
-    answer(instance, batch, [(header, raw)])
-    world.until(lambda: bls.headers(Kind.RESPONSE))
+    answered: set[int] = set()
+
+    def serve() -> bool:   # every batch the instance gets, answered
+        for index, ((batch, _), *queued) in enumerate(instance.messages):
+            if batch["k"] == Kind.BATCH and index not in answered:
+                answered.add(index)
+                answer(instance, batch, queued)
+        return bool(bls.headers(Kind.RESPONSE) and latest.headers(Kind.RESPONSE))
+
+    world.until(serve)
+    assert sorted(header["rid"] for header in instance.headers(Kind.INFER)) == [1, 5]
 
     assert [(told["sn"], told["boot"]) for told in bls.headers(Kind.HEARTBEAT)] == [(5, world.broker.boot)] * 2
     assert quiet.headers(Kind.HEARTBEAT)[0]["sn"] == 3
     ((response, body),) = bls.records(Kind.RESPONSE)
     assert response["rid"] == 5 and "err" not in response and body.endswith(bytes([3]) * 16)
+    ((response, body),) = latest.records(Kind.RESPONSE)
+    assert response["rid"] == 1 and "err" not in response and body.endswith(bytes([4]) * 16)
+    assert len(gone.headers(Kind.RESPONSE)) == 1
+
+
+def test_a_latest_version_call_during_the_takeover_is_answered_not_ready_if_no_version_comes_back(world):
+    """The hold ends without the version: the call for the latest version is answered as it would
+    have been on arrival."""
+    latest = world.peer("back", b"instance-7/bls")
+    bls_call(latest, 1, version=-1)
+    world.broker.hold.until_ns = 0   # the hold's time is up
+    world.until(lambda: latest.headers(Kind.RESPONSE))
+    assert latest.headers(Kind.RESPONSE)[0]["err"]["message"] == "Request for unknown model: 'm' has no available versions"
 
 
 def test_a_draining_process_registers_a_returning_gateway_draining_and_ignores_a_hold_for_another(world):
