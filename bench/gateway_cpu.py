@@ -173,7 +173,7 @@ async def measure(protocol: str, turns: int) -> float:
         sent.clear()
         answering += time.process_time() - started
         assert len(answers) == CLIENTS, f"{len(answers)} of {CLIENTS} requests reached the broker: the gateway refused some"
-        link._dispatch(answers)   # as a message from the broker is dispatched
+        link._dispatch(answers, 0)   # as a message from the broker is dispatched
         await asyncio.sleep(0)   # the connections' writes
 
     for _ in range(WARM_TURNS):

@@ -38,3 +38,15 @@ def test_the_broker_cpu_benchmark_serves_both_scenarios(tmp_path):
         assert bench.peers.errors == 0
     finally:
         bench.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc", "grpc-stream"])
+def test_the_gateway_cpu_benchmark_gets_every_request_to_the_broker_and_answers_it(protocol):
+    """bench/gateway_cpu.py drives the gateway's front ends in-process: each turn's sixteen
+    requests reach the (scripted) broker, which its ``measure`` asserts, and are answered."""
+    import asyncio
+
+    from bench.gateway_cpu import measure
+
+    assert asyncio.run(measure(protocol, 20)) > 0
+
