@@ -89,10 +89,13 @@ class StreamError(NamedTuple):
                                                     infer_response=self.response).SerializeToString()
 
 
+_UNPARSABLE_MESSAGE = "Unable to parse request"
+
+
 def _unparsable() -> InternalError:
     """A new error each time: raising one shared exception object would grow its traceback
     (and the frames it holds) with every bad message."""
-    return InternalError("Unable to parse request")
+    return InternalError(_UNPARSABLE_MESSAGE)
 
 
 def _lenient(parse):
@@ -159,6 +162,20 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.health = HealthService(dataplane, restricted)
         self._reader = InferRequestReader()
         self._writer = InferResponseWriter()
+
+    def _read_infer(self, message: Any, metadata: Sequence[tuple[bytes | str, bytes | str]]) -> InferRequest:
+        """ModelInfer's request, refused in Triton's order: bytes that are no ModelInferRequest
+        (INTERNAL, from Triton's gRPC library, which parses before Triton looks), then a call the
+        restriction refuses, then what the request asks that cannot be."""
+        try:
+            request = self._decode(message, metadata)
+        except TritiumError as exc:
+            if self.restricted and exc.message != _UNPARSABLE_MESSAGE:
+                self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
+            raise
+        if self.restricted:
+            self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
+        return request
 
     def _decode(self, message: Any, metadata: Sequence[tuple[bytes | str, bytes | str]]) -> InferRequest:
         """The InferRequest ``message`` asks for (a ModelInferRequest, or ModelInfer's bytes),
@@ -319,9 +336,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         wanted = self.header_forward is not None or self.dataplane.tracer.on or bool(self.restricted)
         metadata = (context.invocation_metadata() or ()) if wanted else ()   # reading it costs: only when used
-        infer_request = self._decode(request, metadata)
-        if self.restricted:
-            self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
+        infer_request = self._read_infer(request, metadata)
         if self.dataplane.tracer.on:   # W3C trace context in the call's metadata continues the client's trace
             infer_request.traceparent = dict(metadata).get("traceparent")
         result = await self.dataplane.infer(infer_request, GRPC_DECOUPLED)
@@ -333,9 +348,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         ModelInferResponse's bytes (as pieces: InferResponseWriter.pieces) or a TritiumError once; a
         request refused before it is sent raises here. Returns what to call when the client gives
         up on the call."""
-        infer_request = self._decode(request, metadata)   # unparsable: refused before the restriction, as in Triton
-        if self.restricted:
-            self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
+        infer_request = self._read_infer(request, metadata)
 
         def answered(result: InferResult | TritiumError) -> None:
             answer: tuple[bytes | memoryview, ...] | TritiumError

@@ -19,7 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from click.testing import CliRunner
-from tritonclient.grpc import service_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tritium.gateway.grpc_api import RPC_CATEGORIES
@@ -139,16 +139,47 @@ def test_grpc_health_checking_is_restricted_as_health(server):
     assert health_check(server.grpc_url, metadata=[("triton-grpc-protocol-health-key", "ok")]) == SERVING
 
 
+@pytest.fixture(scope="module", params=["tritium", "grpcio"])
+def either_grpc_server(request, server, tmp_path_factory):
+    """The restricted server, and the same flags on grpc.aio (``--grpc-server grpcio``)."""
+    if request.param == "tritium":
+        yield server
+        return
+    repository = tmp_path_factory.mktemp("repo-grpcio")
+    add_sub_model(repository)
+    with TritiumServer(repository, "--grpc-server", "grpcio", "--grpc-restricted-protocol=model-repository:admin-key=secret",
+                       "--grpc-restricted-protocol=inference:infer-key=go") as running:
+        yield running
+
+
 @pytest.mark.parametrize("method", ["ModelInfer", "RepositoryIndex", "ServerReady"])
-def test_a_grpc_request_that_does_not_parse_is_internal_before_the_restriction(server, method):
+def test_a_grpc_request_that_does_not_parse_is_internal_before_the_restriction(either_grpc_server, method):
     """Triton 2.51 answers INTERNAL ``Unable to parse request`` to such a call, header or not: its
     gRPC library parses the request before Triton checks the restriction."""
-    with grpc.insecure_channel(server.grpc_url) as channel:
+    with grpc.insecure_channel(either_grpc_server.grpc_url) as channel:
         call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}",
                                    request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw)
         with pytest.raises(grpc.RpcError) as failure:
             call(b"\xff\xff\xff", timeout=10)
     assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.INTERNAL, "Unable to parse request")
+
+
+def test_a_restricted_inference_without_its_header_hears_only_that_whatever_it_asks(either_grpc_server):
+    """A request that parses but asks what cannot be (an input without data, an unknown model) is
+    refused by the restriction first, as Triton 2.51 refuses it; with the header, its own error."""
+    bad = service_pb2.ModelInferRequest(model_name="add_sub")
+    tensor = bad.inputs.add(name="INPUT0", datatype="FP32")
+    tensor.shape.extend([1, 16])
+    with grpc.insecure_channel(either_grpc_server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for request in (bad, service_pb2.ModelInferRequest(model_name="nosuchmodel")):
+            with pytest.raises(grpc.RpcError) as failure:
+                stub.ModelInfer(request, timeout=10)
+            assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.UNAVAILABLE, GRPC_INFER)
+        with pytest.raises(grpc.RpcError) as failure:
+            stub.ModelInfer(bad, metadata=[("triton-grpc-protocol-infer-key", "go")], timeout=10)
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert failure.value.details() == "unable to find data for input tensor 'INPUT0' for model 'add_sub' in request."
 
 
 @pytest.mark.parametrize("headers, refused", [(None, True), ({"triton-grpc-protocol-infer-key": "go"}, False)])
