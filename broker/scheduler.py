@@ -95,17 +95,18 @@ class Scheduler:
     # -- requests in --------------------------------------------------------------------
 
     def submit(self, client: bytes, record: object, header: Infer, external: list | None,
-               from_backend: bool = False) -> None:
+               from_backend: bool = False, arrival_ns: int = 0) -> None:
         """Queue one INFER (``record``, whose header is ``header``); an unknown or unready model is answered at once.
 
-        Batches go out at once, or inside ``turn`` at its end.
+        Batches go out at once, or inside ``turn`` at its end. ``arrival_ns``: when it came, if
+        before now (it waited for its latest version to be decided).
         """
         rid = header.rid
         number = -1 if header.version is None else header.version
         if number < 0:  # BLS asks for the latest version
             if self._latest_in_doubt(header.model):
                 self._latest_undecided.setdefault(header.model, []).append(
-                    (client, record, header, external, from_backend))
+                    (client, record, header, external, from_backend, arrival_ns or self._clock()))
                 return
             version = self.registry.latest_ready(header.model)
         else:
@@ -117,6 +118,7 @@ class Scheduler:
             self.ensembles.submit(client, record, header, external, from_backend, version)
             return
         now = self._clock()
+        arrival_ns = arrival_ns or now
         cache_key = None
         if version.caches and self.cache is not None:   # a hit needs no instance at all
             cache_key = self._answer_from_cache(self.cache, version, client, rid, record, header, external,
@@ -139,7 +141,7 @@ class Scheduler:
             params = header.params
             try:
                 level = batcher.queue_policy.level_of(params)
-                deadline = batcher.queue_policy.deadline_ns(level, now, params)
+                deadline = batcher.queue_policy.deadline_ns(level, arrival_ns, params)
                 if deadline:
                     timed = batcher
             except TritiumError as exc:
@@ -157,7 +159,7 @@ class Scheduler:
         batch_size = header.batch_size
         if batch_size is None:  # BLS requests do not say; the gateway always does
             batch_size = header.inputs[0][2][0] if batching and header.inputs else 1
-        request = PendingRequest(client, rid, record, external, batch_size, shape_key, now,
+        request = PendingRequest(client, rid, record, external, batch_size, shape_key, arrival_ns,
                                  from_backend=from_backend, level=level, deadline_ns=deadline,
                                  cache_key=cache_key, correlation_id=header.sequence_id or 0,
                                  flags=header.sequence_flags, traced=header.trace is not None)
@@ -245,7 +247,7 @@ class Scheduler:
     def _latest_in_doubt(self, model: str) -> bool:
         """Whether ``model``'s latest version is still to be decided: while a new broker process
         takes over, a version numbered above its latest READY one is loading."""
-        if self.hold is None or not self.hold.holds(self._clock()):
+        if self.hold is None or not self.hold.open or not self.hold.holds(self._clock()):
             return False
         record = self.registry.models.get(model)
         if record is None:
@@ -257,8 +259,8 @@ class Scheduler:
     def _submit_latest_decided(self) -> None:
         """The calls for a latest version now decided go to it (or are answered not ready)."""
         for model in [m for m in self._latest_undecided if not self._latest_in_doubt(m)]:
-            for client, record, header, external, from_backend in self._latest_undecided.pop(model):
-                self.submit(client, record, header, external, from_backend)
+            for client, record, header, external, from_backend, arrival_ns in self._latest_undecided.pop(model):
+                self.submit(client, record, header, external, from_backend, arrival_ns)
 
     def _instances_coming(self, version: ModelVersion, now: int) -> bool:
         """Whether a version without instances can expect one: a restart, the autoscaler's, or
@@ -323,7 +325,7 @@ class Scheduler:
     def _cancel_undecided(self, client: bytes, cancel: Cancel) -> bool:
         """Answer CANCELLED a call still waiting for its model's latest version to be decided."""
         waiting = self._latest_undecided.get(cancel.model, [])
-        for position, (caller, _, header, _, from_backend) in enumerate(waiting):
+        for position, (caller, _, header, _, from_backend, _) in enumerate(waiting):
             if caller == client and header.rid == cancel.rid:
                 del waiting[position]
                 self.reply_error(client, cancel.rid, Cancelled.by_client(), from_backend)
@@ -651,7 +653,8 @@ class Scheduler:
     def idle(self) -> bool:
         """Nothing queued, running or streaming anywhere."""
         return not self.streams.batches and all(not len(v.batcher) for v in self.registry.epochs.values()) \
-            and not any(i.inflight for i in self.registry.instances.values()) and not self.ensembles.busy
+            and not any(i.inflight for i in self.registry.instances.values()) and not self.ensembles.busy \
+            and not any(self._latest_undecided.values())
 
     def fail_everything(self, error: TritiumError) -> None:
         """Answer every request still held (the broker is exiting): none is left silent."""
@@ -668,6 +671,9 @@ class Scheduler:
         self.streams.batches.clear()
         for version in self.registry.epochs.values():
             self.fail_queued(version, error)
+        undecided, self._latest_undecided = self._latest_undecided, {}
+        for client, _, header, _, from_backend, _ in (call for calls in undecided.values() for call in calls):
+            self.reply_error(client, header.rid, error, from_backend)
 
     def instance_gone(self, instance: InstanceRecord, version: ModelVersion | None, why: str,
                       restart_expected: bool = True) -> None:

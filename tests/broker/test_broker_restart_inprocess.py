@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.broker.inprocess_world import HEARTBEAT_S, World, answer, infer
+from tritium.errors import Unavailable
 from tritium.protocol import PROTOCOL_VERSION, Cancel, Control, Heartbeat, IndexQuery, Infer, Kind, Role, decode
 
 
@@ -196,9 +197,36 @@ def test_a_latest_version_call_during_the_takeover_is_answered_not_ready_if_no_v
     have been on arrival."""
     latest = world.peer("back", b"instance-7/bls")
     bls_call(latest, 1, version=-1)
+    for _ in range(20):
+        world.broker.turn(5)
+        latest.collect()
+    assert not latest.messages, "answered while its version was taken over"
     world.broker.hold.until_ns = 0   # the hold's time is up
     world.until(lambda: latest.headers(Kind.RESPONSE))
     assert latest.headers(Kind.RESPONSE)[0]["err"]["message"] == "Request for unknown model: 'm' has no available versions"
+
+
+def test_a_draining_broker_exits_only_once_a_latest_version_call_waiting_for_the_takeover_is_answered(world):
+    latest = world.peer("back", b"instance-7/bls")
+    bls_call(latest, 1, version=-1)
+    world.broker.drain()
+    for _ in range(20):
+        world.broker.turn(5)
+        latest.collect()
+    assert world.broker._running and not latest.messages
+    world.broker.hold.until_ns = 0
+    world.until(lambda: not world.broker._running)
+    assert latest.headers(Kind.RESPONSE)[0]["err"]["message"] == "Request for unknown model: 'm' has no available versions"
+
+
+def test_a_broker_forced_to_exit_answers_a_latest_version_call_waiting_for_the_takeover(world):
+    latest = world.peer("back", b"instance-7/bls")
+    bls_call(latest, 1, version=-1)
+    for _ in range(5):
+        world.broker.turn(5)
+    world.broker.scheduler.fail_everything(Unavailable("the server is shutting down"))
+    world.until(lambda: latest.headers(Kind.RESPONSE))
+    assert latest.headers(Kind.RESPONSE)[0]["err"]["message"] == "the server is shutting down"
 
 
 def test_a_draining_process_registers_a_returning_gateway_draining_and_ignores_a_hold_for_another(world):
