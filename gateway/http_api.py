@@ -79,43 +79,46 @@ _NOT_ALLOWED = error_response(405, "Method Not Allowed")
 _EVENT_STREAM = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
-async def event_stream(events) -> Streaming:
+async def event_stream(events, generating: InferRequest | None = None) -> Streaming:
     """``/generate_stream``'s server-sent events: ``data: <json>\n\n`` per response.
 
     The first response is awaited before the status is sent: a request refused before it
     runs gets an ordinary JSON error with its status; one whose first answer is an error
     (the model's) gets 400 with that error as its only event, as from Triton; a later
-    error is one more event, ``data: {"error": ...}``.
+    error is one more event, ``data: {"error": ...}``. ``generating``: the request, whose
+    trace (once sampled) gets an HTTP_SEND_START/END pair around each event written, as Triton's.
     """
     first = None
     async for first in events:
         break
 
+    def stamp(name: str) -> None:
+        if generating is not None and generating.trace is not None:
+            generating.trace.stamp(name)
+
     async def chunks():
         try:
             if first is not None:
+                stamp("HTTP_SEND_START")
                 yield _event(first)
+                stamp("HTTP_SEND_END")   # resumed: the event was written (a stream cut short is not resumed)
             if not isinstance(first, TritiumError):
                 async for event in events:
+                    stamp("HTTP_SEND_START")
                     yield _event(event)
+                    stamp("HTTP_SEND_END")
         finally:
-            await events.aclose()   # its own ending (a trace's last stamps) comes now, not when collected
+            await events.aclose()   # the request's own ending (its trace's) comes now, not when collected
 
     return Streaming(400 if isinstance(first, TritiumError) else 200, _EVENT_STREAM, chunks())
 
 
 async def _finishing_trace(events, generating: InferRequest, request: HttpRequest):
-    """A ``/generate_stream`` request's events; if it was sampled, the front end's stamps (an
-    HTTP_SEND pair around each event's write, as Triton's), and its trace ends with them."""
+    """A ``/generate_stream`` request's events; if it was sampled, its trace ends with them, the
+    front end's receiving stamps added."""
     try:
         async for event in events:
-            if generating.trace is not None:
-                generating.trace.stamp("HTTP_SEND_START")
-            try:
-                yield event   # back when the next event is wanted (or closed, the last): this one was written
-            finally:
-                if generating.trace is not None:
-                    generating.trace.stamp("HTTP_SEND_END")
+            yield event
     finally:
         trace = generating.trace
         if trace is not None:
@@ -261,7 +264,7 @@ class HttpApp:
                 response: HttpResponse | Streaming = HttpResponse(200, _JSON, await self.dataplane.generate(generating))
             else:
                 response = await event_stream(_finishing_trace(self.dataplane.generate_stream(generating),
-                                                               generating, request))
+                                                               generating, request), generating)
         except TritiumError as exc:
             response = error_response(exc.http_status, exc.message)
         except Exception as exc:

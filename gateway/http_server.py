@@ -250,6 +250,10 @@ class HttpConnection(asyncio.Protocol):
         except Exception:  # the stream's own errors are events; anything else ends the response
             log.exception("server-sent event stream failed")
             close = True
+        finally:
+            closing = getattr(answer.chunks, "aclose", None)
+            if closing is not None:   # a stream cut short ends now (its request's trace with it), not when collected
+                await closing()
         if not self.closing:
             self.transport.write(b"0\r\n\r\n")
             self._done(close)
