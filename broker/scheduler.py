@@ -95,18 +95,17 @@ class Scheduler:
     # -- requests in --------------------------------------------------------------------
 
     def submit(self, client: bytes, record: object, header: Infer, external: list | None,
-               from_backend: bool = False, arrival_ns: int = 0) -> None:
+               from_backend: bool = False) -> None:
         """Queue one INFER (``record``, whose header is ``header``); an unknown or unready model is answered at once.
 
-        Batches go out at once, or inside ``turn`` at its end. ``arrival_ns``: when it came, if
-        before now (it waited for its latest version to be decided).
+        Batches go out at once, or inside ``turn`` at its end.
         """
         rid = header.rid
         number = -1 if header.version is None else header.version
         if number < 0:  # BLS asks for the latest version
             if self._latest_in_doubt(header.model):
                 self._latest_undecided.setdefault(header.model, []).append(
-                    (client, record, header, external, from_backend, arrival_ns or self._clock()))
+                    (client, record, header, external, from_backend))
                 return
             version = self.registry.latest_ready(header.model)
         else:
@@ -118,7 +117,6 @@ class Scheduler:
             self.ensembles.submit(client, record, header, external, from_backend, version)
             return
         now = self._clock()
-        arrival_ns = arrival_ns or now
         cache_key = None
         if version.caches and self.cache is not None:   # a hit needs no instance at all
             cache_key = self._answer_from_cache(self.cache, version, client, rid, record, header, external,
@@ -141,7 +139,7 @@ class Scheduler:
             params = header.params
             try:
                 level = batcher.queue_policy.level_of(params)
-                deadline = batcher.queue_policy.deadline_ns(level, arrival_ns, params)
+                deadline = batcher.queue_policy.deadline_ns(level, now, params)
                 if deadline:
                     timed = batcher
             except TritiumError as exc:
@@ -159,7 +157,7 @@ class Scheduler:
         batch_size = header.batch_size
         if batch_size is None:  # BLS requests do not say; the gateway always does
             batch_size = header.inputs[0][2][0] if batching and header.inputs else 1
-        request = PendingRequest(client, rid, record, external, batch_size, shape_key, arrival_ns,
+        request = PendingRequest(client, rid, record, external, batch_size, shape_key, now,
                                  from_backend=from_backend, level=level, deadline_ns=deadline,
                                  cache_key=cache_key, correlation_id=header.sequence_id or 0,
                                  flags=header.sequence_flags, traced=header.trace is not None)
@@ -259,8 +257,10 @@ class Scheduler:
     def _submit_latest_decided(self) -> None:
         """The calls for a latest version now decided go to it (or are answered not ready)."""
         for model in [m for m in self._latest_undecided if not self._latest_in_doubt(m)]:
-            for client, record, header, external, from_backend, arrival_ns in self._latest_undecided.pop(model):
-                self.submit(client, record, header, external, from_backend, arrival_ns)
+            # Queued as they arrive now (their queue time, and any timeout, counts from here): a
+            # queue keeps its requests in order of arrival.
+            for client, record, header, external, from_backend in self._latest_undecided.pop(model):
+                self.submit(client, record, header, external, from_backend)
 
     def _instances_coming(self, version: ModelVersion, now: int) -> bool:
         """Whether a version without instances can expect one: a restart, the autoscaler's, or
@@ -325,7 +325,7 @@ class Scheduler:
     def _cancel_undecided(self, client: bytes, cancel: Cancel) -> bool:
         """Answer CANCELLED a call still waiting for its model's latest version to be decided."""
         waiting = self._latest_undecided.get(cancel.model, [])
-        for position, (caller, _, header, _, from_backend, _) in enumerate(waiting):
+        for position, (caller, _, header, _, from_backend) in enumerate(waiting):
             if caller == client and header.rid == cancel.rid:
                 del waiting[position]
                 self.reply_error(client, cancel.rid, Cancelled.by_client(), from_backend)
@@ -672,7 +672,7 @@ class Scheduler:
         for version in self.registry.epochs.values():
             self.fail_queued(version, error)
         undecided, self._latest_undecided = self._latest_undecided, {}
-        for client, _, header, _, from_backend, _ in (call for calls in undecided.values() for call in calls):
+        for client, _, header, _, from_backend in (call for calls in undecided.values() for call in calls):
             self.reply_error(client, header.rid, error, from_backend)
 
     def instance_gone(self, instance: InstanceRecord, version: ModelVersion | None, why: str,

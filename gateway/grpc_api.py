@@ -89,13 +89,14 @@ class StreamError(NamedTuple):
                                                     infer_response=self.response).SerializeToString()
 
 
-_UNPARSABLE_MESSAGE = "Unable to parse request"
+class _Unparsable(InternalError):
+    """Bytes that are no protobuf message of the RPC's type (INTERNAL, as Triton's gRPC library answers)."""
 
 
 def _unparsable() -> InternalError:
     """A new error each time: raising one shared exception object would grow its traceback
     (and the frames it holds) with every bad message."""
-    return InternalError(_UNPARSABLE_MESSAGE)
+    return _Unparsable("Unable to parse request")
 
 
 def _lenient(parse):
@@ -169,8 +170,8 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         restriction refuses, then what the request asks that cannot be."""
         try:
             request = self._decode(message, metadata)
-        except TritiumError as exc:
-            if self.restricted and exc.message != _UNPARSABLE_MESSAGE:
+        except Exception as exc:
+            if self.restricted and not isinstance(exc, _Unparsable):
                 self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
             raise
         if self.restricted:

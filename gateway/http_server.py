@@ -253,7 +253,10 @@ class HttpConnection(asyncio.Protocol):
         finally:
             closing = getattr(answer.chunks, "aclose", None)
             if closing is not None:   # a stream cut short ends now (its request's trace with it), not when collected
-                await closing()
+                try:
+                    await closing()
+                except Exception:
+                    log.exception("closing a server-sent event stream failed")
         if not self.closing:
             self.transport.write(b"0\r\n\r\n")
             self._done(close)

@@ -148,7 +148,8 @@ def either_grpc_server(request, server, tmp_path_factory):
     repository = tmp_path_factory.mktemp("repo-grpcio")
     add_sub_model(repository)
     with TritiumServer(repository, "--grpc-server", "grpcio", "--grpc-restricted-protocol=model-repository:admin-key=secret",
-                       "--grpc-restricted-protocol=inference:infer-key=go") as running:
+                       "--grpc-restricted-protocol=inference:infer-key=go",
+                       "--grpc-restricted-protocol=health:health-key=ok") as running:
         yield running
 
 
@@ -172,7 +173,9 @@ def test_a_restricted_inference_without_its_header_hears_only_that_whatever_it_a
     tensor.shape.extend([1, 16])
     with grpc.insecure_channel(either_grpc_server.grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        for request in (bad, service_pb2.ModelInferRequest(model_name="nosuchmodel")):
+        out_of_range = service_pb2.ModelInferRequest(model_name="add_sub")
+        out_of_range.inputs.add(name="INPUT0", datatype="INT8", shape=[1]).contents.int_contents.append(1000)
+        for request in (bad, out_of_range, service_pb2.ModelInferRequest(model_name="nosuchmodel")):
             with pytest.raises(grpc.RpcError) as failure:
                 stub.ModelInfer(request, timeout=10)
             assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.UNAVAILABLE, GRPC_INFER)

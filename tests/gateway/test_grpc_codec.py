@@ -264,3 +264,16 @@ def test_large_metadata_and_many_fields_are_read_by_protobuf_and_not_kept():
         assert reader.read(data) == protobuf_alone(data)
         assert reader.read(data) == protobuf_alone(data)
     assert reader._seen == {}
+
+
+@pytest.mark.parametrize("datatype, field, value", [("INT8", "int_contents", 1000), ("UINT8", "uint_contents", 300),
+                                                    ("INT16", "int_contents", -40000)])
+def test_typed_contents_out_of_their_datatypes_range_are_the_clients_mistake(datatype, field, value):
+    """int_contents carry 32 bits whatever the datatype: a value INT8 cannot hold is refused
+    naming the model, the input and the datatype (as HTTP's JSON data is), not an internal error."""
+    message = service_pb2.ModelInferRequest(model_name="m")
+    tensor = message.inputs.add(name="X", datatype=datatype, shape=[1])
+    getattr(tensor.contents, field).append(value)
+    with pytest.raises(InvalidArgument, match=f"^input 'X' for model 'm' has a value out of range for {datatype}$"):
+        decode_infer_request(message)
+

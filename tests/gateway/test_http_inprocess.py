@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import json
 import socket
+import struct
 from collections.abc import Callable
 
 import numpy as np
@@ -347,3 +348,63 @@ def test_an_error_in_a_stream_is_its_last_event(front, error_at, status, expecte
 
     got_status, _, chunks = front.run(scenario())
     assert got_status == status and events(chunks) == expected
+
+
+class RecordingTrace:
+    """What the front end does to a sampled request's trace, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.every_response = False
+        self.tensors = False
+        self.request_id = None
+        self.context = bytes(24)
+
+    def stamp(self, name: str, ns: int | None = None) -> None:
+        self.calls.append(name)
+
+    def answered(self, response: Response) -> None:
+        self.calls.append("answered")
+
+    def finish(self) -> None:
+        self.calls.append("finish")
+
+
+class SamplingEverything:
+    """A tracer that samples every request into one RecordingTrace."""
+
+    on = True
+
+    def __init__(self) -> None:
+        self.trace = RecordingTrace()
+
+    def sample(self, model: str, version: int, traceparent=None) -> RecordingTrace:
+        return self.trace
+
+
+def test_a_stream_cut_short_ends_its_trace_at_once_without_a_send_end_for_an_event_not_written(front):
+    """The client reads the first event and leaves: the second event, come after, is not written,
+    and the trace ends as the stream is dropped (HTTP_SEND_START without its END for it)."""
+    tracer = SamplingEverything()
+    front.server.app.dataplane.tracer = tracer
+    front.answer = lambda request: None   # held: the events are sent below, one at a time
+
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(generate_stream_request(2.0))
+        await front.until(lambda: front.held)
+        held = front.held[0]
+        first, second, *_ = counted(held)
+        front.broker.send(held.peer, first)
+        await reader.readuntil(b"\n\n")   # the first event, written
+        client = writer.get_extra_info("socket")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()   # reset, not half-closed: the server sees the client gone
+        await asyncio.sleep(0.05)
+        front.broker.send(held.peer, second)
+        await front.until(lambda: "finish" in tracer.trace.calls)
+
+    front.run(scenario())
+    sends = [call for call in tracer.trace.calls if call.startswith("HTTP_SEND")]
+    assert sends == ["HTTP_SEND_START", "HTTP_SEND_END", "HTTP_SEND_START"]
+    assert tracer.trace.calls[-1] == "finish" and tracer.trace.calls.count("finish") == 1
