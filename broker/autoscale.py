@@ -93,6 +93,11 @@ class Autoscaler:
                 scale.cold_start_since_ns = now
         return None
 
+    def request_held(self, version: ModelVersion, now: int) -> None:
+        """A request queued for the version while a new broker process takes it over: traffic all
+        the same (nothing is placed meanwhile: the hosts' running instances are being adopted)."""
+        _state(version).last_request_ns = now
+
     def coming(self, version: ModelVersion) -> bool:
         """Whether a version without instances can expect one: asked of a live host, or room for one."""
         scale = version.scale

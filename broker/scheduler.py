@@ -126,9 +126,10 @@ class Scheduler:
         if not version.instances and not self._instances_coming(version, now):
             self.reply_error(client, rid, _no_instance_error(version), from_backend)
             return
-        if version.scale is not None and self.autoscaler is not None and version.state is VersionState.READY:
-            refused = self.autoscaler.request_arrived(version, now)
-            if refused is not None:
+        if version.scale is not None and self.autoscaler is not None:
+            if version.state is not VersionState.READY:   # held (see _held)
+                self.autoscaler.request_held(version, now)
+            elif (refused := self.autoscaler.request_arrived(version, now)) is not None:
                 self.reply_error(client, rid, refused, from_backend)
                 return
         batcher = version.batcher

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from tritium.broker.autoscale import COOLDOWN_S
-from tritium.broker.registry import InstanceRecord, ModelVersion
+from tritium.broker.registry import InstanceRecord, ModelVersion, VersionState
+from tritium.broker.startup_hold import StartupHold
 from tests.broker.scheduler_world import definition, lose, submit
 from tritium.protocol import decode
 from tests.broker.autoscale_world import SCALED, World
@@ -97,3 +98,17 @@ def test_losing_the_last_instance_changes_what_gateways_see():
     generation = world.registry.generation
     lose(world.scheduler, instance.iid, "was killed by signal 9")
     assert world.registry.generation > generation
+
+
+def test_a_request_held_while_a_new_broker_process_takes_the_version_over_counts_as_traffic():
+    """Its idle time counts from that request (not from the load), and nothing is placed for it."""
+    world = World("min=1,max=4,idle_s=10", {b"a": 4})
+    world.autoscaler.start(world.version)
+    placed = world.scales()
+    world.version.state = VersionState.LOADING
+    world.scheduler.hold = StartupHold(10.0, world.clock)
+    world.clock.now += 5_000_000_000
+    submit(world.scheduler, b"gw", 1)
+    assert len(world.version.batcher) == 1, "held for the version"
+    assert world.version.scale.last_request_ns == world.clock.now and world.scales() == placed
+
