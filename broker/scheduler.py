@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tritium.broker.batcher import DynamicBatcher
 from tritium.broker.ensemble import NO_TIMINGS, STEP_CLIENT, EnsembleRunner
@@ -63,6 +63,16 @@ RESTART_WAIT_NS = 40_000_000_000
 _DISPATCHING = (VersionState.READY, VersionState.UNLOADING)
 
 
+class _UndecidedCall(NamedTuple):
+    """A call for a model's latest version, waiting for a takeover to decide which that is."""
+
+    client: bytes
+    record: object
+    header: Infer
+    external: list | None
+    from_backend: bool
+
+
 class Scheduler:
     def __init__(self, registry: Registry, send_to_instance: Send, send_to_gateway: Send,
                  clock: Callable[[], int] = time.monotonic_ns, cache: ResponseCache | None = None,
@@ -85,7 +95,7 @@ class Scheduler:
         self._submitted: dict[ModelVersion, None] = {}
         # Calls for a model's latest version made while a newer version than its latest READY one
         # is taken over (broker/startup_hold.py): which version serves them is not known yet.
-        self._latest_undecided: dict[str, list[tuple]] = {}
+        self._latest_undecided: dict[str, list[_UndecidedCall]] = {}
         # Versions with queued requests that can time out, with their batcher (only a dynamic batcher has timeouts).
         self._timed: dict[ModelVersion, DynamicBatcher[PendingRequest]] = {}
         self.streams = OpenStreams(registry, self._reply, clock)   # decoupled requests still answering
@@ -105,7 +115,7 @@ class Scheduler:
         if number < 0:  # BLS asks for the latest version
             if self._latest_in_doubt(header.model):
                 self._latest_undecided.setdefault(header.model, []).append(
-                    (client, record, header, external, from_backend))
+                    _UndecidedCall(client, record, header, external, from_backend))
                 return
             version = self.registry.latest_ready(header.model)
         else:
@@ -260,8 +270,8 @@ class Scheduler:
         for model in [m for m in self._latest_undecided if not self._latest_in_doubt(m)]:
             # Queued as they arrive now (their queue time, and any timeout, counts from here): a
             # queue keeps its requests in order of arrival.
-            for client, record, header, external, from_backend in self._latest_undecided.pop(model):
-                self.submit(client, record, header, external, from_backend)
+            for call in self._latest_undecided.pop(model):
+                self.submit(*call)
 
     def _instances_coming(self, version: ModelVersion, now: int) -> bool:
         """Whether a version without instances can expect one: a restart, the autoscaler's, or
@@ -326,10 +336,10 @@ class Scheduler:
     def _cancel_undecided(self, client: bytes, cancel: Cancel) -> bool:
         """Answer CANCELLED a call still waiting for its model's latest version to be decided."""
         waiting = self._latest_undecided.get(cancel.model, [])
-        for position, (caller, _, header, _, from_backend) in enumerate(waiting):
-            if caller == client and header.rid == cancel.rid:
+        for position, call in enumerate(waiting):
+            if call.client == client and call.header.rid == cancel.rid:
                 del waiting[position]
-                self.reply_error(client, cancel.rid, Cancelled.by_client(), from_backend)
+                self.reply_error(client, cancel.rid, Cancelled.by_client(), call.from_backend)
                 return True
         return False
 
@@ -673,8 +683,8 @@ class Scheduler:
         for version in self.registry.epochs.values():
             self.fail_queued(version, error)
         undecided, self._latest_undecided = self._latest_undecided, {}
-        for client, _, header, _, from_backend in (call for calls in undecided.values() for call in calls):
-            self.reply_error(client, header.rid, error, from_backend)
+        for call in (call for calls in undecided.values() for call in calls):
+            self.reply_error(call.client, call.header.rid, error, call.from_backend)
 
     def instance_gone(self, instance: InstanceRecord, version: ModelVersion | None, why: str,
                       restart_expected: bool = True) -> None:
