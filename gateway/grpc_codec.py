@@ -329,10 +329,9 @@ def contents_to_bytes(model: str, tensor: service_pb2.ModelInferRequest.InferInp
     values = getattr(tensor.contents, field)
     if dt.is_bytes:
         return datatypes.pack_bytes(values)
-    try:
-        return np.array(values, dtype=dt.numpy).tobytes()
-    except OverflowError:   # (int_contents carry 32 bits for INT8 and INT16 too)
-        raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has a value out of range for {dt.name}") from None
+    if not datatypes.fits(dt.numpy, values):   # (int_contents carry 32 bits for INT8 and INT16 too)
+        raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has a value out of range for {dt.name}")
+    return np.array(values, dtype=dt.numpy).tobytes()
 
 
 def encode_infer_response(result: InferResult, parameters: dict | None = None) -> service_pb2.ModelInferResponse:

@@ -328,12 +328,8 @@ def _numbers_to_bytes(model: str, name: str, datatype: str, dtype: np.dtype, val
             kind = "integers" if integer else "numbers"
             raise InvalidArgument(
                 f"input '{name}' for model '{model}' is {datatype}: 'data' must hold {kind}, got {v!r}")
-    if integer and values:
-        info = np.iinfo(dtype)
-        low, high = min(values), max(values)
-        if low < info.min or high > info.max:
-            raise InvalidArgument(
-                f"input '{name}' for model '{model}' has a value out of range for {datatype}")
+    if not datatypes.fits(dtype, values):
+        raise InvalidArgument(f"input '{name}' for model '{model}' has a value out of range for {datatype}")
     return np.array(values, dtype=dtype).tobytes()
 
 

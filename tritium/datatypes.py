@@ -53,6 +53,15 @@ def pack_bytes(items: Iterable[bytes]) -> bytes:
     return b"".join(_ELEMENT_LENGTH.pack(len(item)) + item for item in items)
 
 
+def fits(dtype: np.dtype | None, values) -> bool:
+    """Whether every number of ``values`` (Python numbers) fits an integer ``dtype`` (any other: True).
+    Checked before converting: numpy 1 wraps what numpy 2 refuses."""
+    if dtype is None or dtype.kind not in "iu" or not values:
+        return True
+    info = np.iinfo(dtype)
+    return info.min <= min(values) and max(values) <= info.max
+
+
 def from_name(name: str) -> DataType | None:
     return BY_NAME.get(name)
 

@@ -400,7 +400,7 @@ def test_a_stream_cut_short_ends_its_trace_at_once_without_a_send_end_for_an_eve
         client = writer.get_extra_info("socket")
         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.close()   # reset, not half-closed: the server sees the client gone
-        await asyncio.sleep(0.05)
+        await front.until(lambda: not front.server.connections.open)   # its connection_lost came
         front.broker.send(held.peer, second)
         await front.until(lambda: "finish" in tracer.trace.calls)
 
