@@ -18,7 +18,7 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Protocol, cast
@@ -61,7 +61,7 @@ class HttpResponse:
 class Streaming:
     """A response sent in chunks as they come (server-sent events): head, then ``chunks``."""
 
-    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks: AsyncIterator[bytes]) -> None:
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks: AsyncGenerator[bytes, None]) -> None:
         self.status, self.headers, self.chunks = status, headers, chunks
 
 
@@ -251,12 +251,10 @@ class HttpConnection(asyncio.Protocol):
             log.exception("server-sent event stream failed")
             close = True
         finally:
-            closing = getattr(answer.chunks, "aclose", None)
-            if closing is not None:   # a stream cut short ends now (its request's trace with it), not when collected
-                try:
-                    await closing()
-                except Exception:
-                    log.exception("closing a server-sent event stream failed")
+            try:   # a stream cut short ends now (its request's trace with it), not when collected
+                await answer.chunks.aclose()
+            except Exception:
+                log.exception("closing a server-sent event stream failed")
         if not self.closing:
             self.transport.write(b"0\r\n\r\n")
             self._done(close)
