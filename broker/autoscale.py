@@ -16,6 +16,11 @@ the agent starts or stops processes to match. The decisions:
 
 A cold start that fails (the model's initialize raises) answers the requests waiting for
 it with the cause; the next request tries again after ``RETRY_AFTER_S``.
+
+Nothing is decided while the broker's worker hosts have yet to register (``StartupHold.
+awaits_hosts``): a new broker process learns from them which instances they still run, and
+its requests wait for that rather than fail for want of a host or start an instance beside
+one that is kept.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 
 from tritium.broker.batcher import DynamicBatcher
 from tritium.broker.registry import AgentRecord, ModelVersion, Registry, VersionState
+from tritium.broker.startup_hold import StartupHold
 from tritium.errors import Unavailable
 from tritium.repo.autoscale import AutoscalePolicy
 from tritium.protocol import Scale
@@ -59,12 +65,13 @@ class ScaleState:
 
 class Autoscaler:
     def __init__(self, registry: Registry, send_backend: Callable[[list], None], scheduler,
-                 clock: Callable[[], int], changed: Callable[[], None]) -> None:
+                 clock: Callable[[], int], changed: Callable[[], None], hold: StartupHold | None = None) -> None:
         self.registry = registry
         self._changed = changed   # Membership.changed: what gateways see changed
         self._send_backend = send_backend
         self.scheduler = scheduler
         self._clock = clock
+        self._hold = hold   # the broker's first seconds, when its hosts may yet register
 
     # -- the versions it scales ----------------------------------------------------------
 
@@ -74,9 +81,8 @@ class Autoscaler:
     def start(self, version: ModelVersion) -> bool:
         """Place ``min`` instances of a version being loaded; True when it needs none to be ready."""
         version.scale = ScaleState(last_request_ns=self._clock())
-        for _ in range(_policy(version).min_instances):
-            if not self._grow(version, "the model's minimum"):
-                break
+        if not self._hosts_awaited():   # else evaluate() places them once one registers
+            self._grow_to_minimum(version, "the model's minimum")
         return _policy(version).min_instances == 0
 
     def request_arrived(self, version: ModelVersion, now: int) -> Unavailable | None:
@@ -85,13 +91,19 @@ class Autoscaler:
         scale.last_request_ns = now
         if scale.total == 0 and now < scale.retry_after_ns:
             return Unavailable(scale.last_error)
-        if scale.total == 0 and not any(not i.draining for i in version.instances):
-            if not self._grow(version, "cold start: a request found no instance"):
-                return Unavailable(f"no worker host has room for an instance of model '{version.name}' "
-                                   f"version {version.version} (see --max-cpu-instances)")
-            if scale.cold_start_since_ns is None:
-                scale.cold_start_since_ns = now
+        if scale.total == 0 and not _serving(version) and not self._hosts_awaited():
+            return self._cold_start(version, now)   # else evaluate() starts it once a host registers
         return None
+
+    def _cold_start(self, version: ModelVersion, since: int) -> Unavailable | None:
+        """The first instance of a version that has none, for requests waiting since ``since``;
+        the error to answer them with when no host has room."""
+        if self._grow(version, "cold start: a request found no instance"):
+            if _state(version).cold_start_since_ns is None:
+                _state(version).cold_start_since_ns = since
+            return None
+        return Unavailable(f"no worker host has room for an instance of model '{version.name}' "
+                           f"version {version.version} (see --max-cpu-instances)")
 
     def request_held(self, version: ModelVersion, now: int) -> None:
         """A request queued for the version while a new broker process takes it over: traffic all
@@ -102,6 +114,8 @@ class Autoscaler:
         """Whether a version without instances can expect one: asked of a live host, or room for one."""
         scale = version.scale
         if scale is None:
+            return True
+        if self._hosts_awaited():
             return True
         live = self.registry.agents
         if any(count > 0 and agent in live and not live[agent].draining for agent, count in scale.targets.items()):
@@ -140,13 +154,14 @@ class Autoscaler:
     # -- periodic decisions ----------------------------------------------------------------
 
     def evaluate(self) -> None:
+        if self._hosts_awaited():
+            return
         now = self._clock()
         for version in self.versions():
             if version.scale is None:
                 continue
-            if version.state == VersionState.LOADING and version.scale.total < _policy(version).min_instances \
-                    and now >= version.scale.next_step_ns:
-                self._grow(version, "the model's minimum (no host had room at load)")
+            if version.state == VersionState.LOADING and now >= version.scale.next_step_ns:
+                self._grow_to_minimum(version, "the model's minimum (no host had room when it loaded)")
             elif version.state == VersionState.READY:
                 self._evaluate(version, now)
 
@@ -154,13 +169,17 @@ class Autoscaler:
         policy, scale = _policy(version), _state(version)
         if len(version.batcher):
             scale.last_request_ns = now
+            if scale.total == 0 and not _serving(version):   # they waited for a host to register
+                waiting_since = _dynamic_batcher(version).oldest_arrival_ns()
+                if now >= scale.retry_after_ns and self._cold_start(version, waiting_since) is not None:
+                    self.scheduler.fail_unserviceable()   # as they would have been on arrival
+                return
         if scale.total < policy.min_instances and now >= scale.retry_after_ns:
-            self._grow(version, "below the model's minimum (a host left?)")
+            self._grow_to_minimum(version, "below the model's minimum (a host left?)")
             return
         if now < scale.next_step_ns:
             return
-        batcher = version.batcher
-        assert isinstance(batcher, DynamicBatcher)   # sequence models are never autoscaled (repo/autoscale.py)
+        batcher = _dynamic_batcher(version)
         waited_ms = (now - batcher.oldest_arrival_ns()) / 1e6 if len(batcher) else 0.0
         if waited_ms > policy.target_queue_ms and scale.total < policy.max_instances \
                 and len(version.instances) >= scale.total:   # earlier scale-ups are serving already
@@ -168,7 +187,17 @@ class Autoscaler:
         elif (now - scale.last_request_ns) / 1e9 >= policy.idle_s and scale.total > policy.min_instances:
             self._shrink(version, f"no request for {policy.idle_s:g} s")
 
+    def _hosts_awaited(self) -> bool:
+        """Whether no worker host registered yet in the broker's first seconds: those of a
+        previous broker process register again at their next heartbeat, with what they still run."""
+        return not self.registry.agents and self._hold is not None and self._hold.awaits_hosts(self._clock())
+
     # -- growing and shrinking -------------------------------------------------------------
+
+    def _grow_to_minimum(self, version: ModelVersion, why: str) -> None:
+        while _state(version).total < _policy(version).min_instances:
+            if not self._grow(version, why):
+                return
 
     def _grow(self, version: ModelVersion, why: str) -> bool:
         scale = _state(version)
@@ -269,6 +298,17 @@ def _state(version: ModelVersion) -> ScaleState:
     """An autoscaled version's scaling state, set by start() before anything else reads it."""
     assert version.scale is not None
     return version.scale
+
+
+def _dynamic_batcher(version: ModelVersion) -> DynamicBatcher:
+    batcher = version.batcher
+    assert isinstance(batcher, DynamicBatcher)   # sequence models are never autoscaled (repo/autoscale.py)
+    return batcher
+
+
+def _serving(version: ModelVersion) -> bool:
+    """Whether an instance of the version takes new batches (one being stopped does not)."""
+    return any(not i.draining for i in version.instances)
 
 
 def _gpu_model(version: ModelVersion) -> bool:

@@ -136,7 +136,7 @@ class Broker:
         self.exit_code = ExitCode.OK
         self.repository = ModelRepository(settings.model_repositories, settings.repository)
         self.autoscaler = Autoscaler(self.registry, self._send_backend, self.scheduler, time.monotonic_ns,
-                                     self.membership.changed)
+                                     self.membership.changed, self.hold)
         self.scheduler.autoscaler = self.autoscaler
         self.lifecycle = ModelLifecycle(self.registry, self.repository, self.scheduler, self._send_backend,
                                         settings.control, self.membership, self._new_version, self.autoscaler)

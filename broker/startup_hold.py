@@ -34,6 +34,11 @@ class StartupHold:
         """Whether a request for a loading version waits for it, now."""
         return self.open and now_ns < self.until_ns
 
+    def awaits_hosts(self, now_ns: int) -> bool:
+        """Whether worker hosts that have not registered are still expected: in the hold's time,
+        even once it closed (a version ready at once, an autoscaled one at zero, ends it early)."""
+        return now_ns < self.until_ns
+
     def defer(self, gateway: bytes) -> bool:
         """A gateway of the previous process registered by heartbeating: whether its table waits."""
         if self.open:

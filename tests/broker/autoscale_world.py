@@ -7,6 +7,7 @@ from tritium.broker.autoscale import Autoscaler
 from tritium.broker.liveness import PeerLiveness
 from tritium.broker.membership import Membership
 from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion
+from tritium.broker.startup_hold import StartupHold
 from tests.broker.scheduler_world import CONFIG, definition, make_world
 from tritium.protocol import Scale, read_record
 
@@ -14,7 +15,7 @@ SCALED = CONFIG + ' parameters { key: "tritium.autoscale" value: { string_value:
 
 
 class World:
-    def __init__(self, setting: str, hosts: dict[bytes, int]) -> None:
+    def __init__(self, setting: str, hosts: dict[bytes, int], hold_s: float = 0.0) -> None:
         self.registry, version, self.scheduler, self.to_instances, self.to_gateways, self.clock = make_world("")
         self.version = ModelVersion("m", 1, definition(SCALED % setting), epoch=1)
         self.version.state = version.state
@@ -22,10 +23,14 @@ class World:
         self.registry.versions[self.version.key] = self.version
         self.registry.epochs[1] = self.version
         for identity, slots in hosts.items():
-            self.registry.agents[identity] = AgentRecord(identity, identity.decode(), (), None, cpu_slots=slots)
+            self.host_registers(identity, slots)
+        self.hold = StartupHold(hold_s, self.clock)   # hold_s: the broker's first seconds, hosts may yet register
         self.autoscaler = Autoscaler(self.registry, self.to_instances.append, self.scheduler, self.clock,
-                                     Membership(self.registry, self.scheduler, PeerLiveness(1.0)).changed)
+                                     Membership(self.registry, self.scheduler, PeerLiveness(1.0)).changed, self.hold)
         self.scheduler.autoscaler = self.autoscaler
+
+    def host_registers(self, identity: bytes, slots: int) -> None:
+        self.registry.agents[identity] = AgentRecord(identity, identity.decode(), (), None, cpu_slots=slots)
 
     def scales(self) -> list[tuple[bytes, int, list]]:
         """(host, count, stop) of every SCALE sent so far."""

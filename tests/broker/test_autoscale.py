@@ -112,3 +112,30 @@ def test_a_request_held_while_a_new_broker_process_takes_the_version_over_counts
     assert len(world.version.batcher) == 1, "held for the version"
     assert world.version.scale.last_request_ns == world.clock.now and world.scales() == placed
 
+
+
+def test_a_minimum_loaded_before_any_host_registered_is_placed_whole_once_one_does():
+    """Not one instance per cooldown after a failed placement: nothing is tried until a host is there."""
+    world = World("min=2,max=4", {}, hold_s=10.0)
+    world.version.state = VersionState.LOADING
+    assert world.autoscaler.start(world.version) is False
+    world.autoscaler.evaluate()
+    assert world.scales() == [] and world.version.scale.next_step_ns == 0
+    world.clock.now += 1_000_000_000
+    world.host_registers(b"a", 4)
+    world.autoscaler.evaluate()
+    assert world.scales() == [(b"a", 1, []), (b"a", 2, [])]
+
+
+def test_a_request_before_any_host_registered_waits_and_its_wait_counts_in_the_cold_start():
+    world = World("min=0,max=2", {}, hold_s=10.0)
+    world.autoscaler.start(world.version)
+    submit(world.scheduler, b"gw", 1)
+    assert len(world.version.batcher) == 1 and world.to_gateways == [] and world.scales() == []
+    world.clock.now += 1_000_000_000
+    world.host_registers(b"a", 2)
+    world.autoscaler.evaluate()
+    assert world.scales() == [(b"a", 1, [])]
+    world.clock.now += 400_000_000
+    world.join(b"a", "m_0")
+    assert world.version.scale.cold_starts == 1 and world.version.scale.cold_start_ns_total == 1_400_000_000
