@@ -98,7 +98,8 @@ def start_cluster(gateway_heartbeat_s: float | None = None) -> tuple[cluster.Par
     """Broker, one worker host and a gateway, with ``whoami_scaled`` grown to two instances."""
     broker = cluster.broker(REPO, *HEARTBEAT)
     broker.wait_ready()
-    workers = [cluster.worker(broker.backend, REPO, *HEARTBEAT)]
+    # Room for whoami_zero's instance beside whoami_scaled's two, on a machine of two CPUs.
+    workers = [cluster.worker(broker.backend, REPO, *HEARTBEAT, "--max-cpu-instances", "3")]
     gateway = cluster.gateway(broker.frontend, *(HEARTBEAT if gateway_heartbeat_s is None else
                                                  ("--heartbeat-interval-secs", str(gateway_heartbeat_s))))
     for part in [*workers, gateway]:

@@ -20,7 +20,7 @@ it with the cause; the next request tries again after ``RETRY_AFTER_S``.
 Nothing is decided while the broker's worker hosts have yet to register (``StartupHold.
 awaits_hosts``): a new broker process learns from them which instances they still run, and
 its requests wait for that rather than fail for want of a host or start an instance beside
-one that is kept.
+one that is kept. The cold start they would have made is made once the hosts are there.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class ScaleState:
     last_request_ns: int = 0
     next_step_ns: int = 0
     cold_start_since_ns: int | None = None    # the first request that found no instance
+    cold_start_deferred: bool = False         # a request found no instance while hosts were awaited
     retry_after_ns: int = 0
     last_error: str = ""
     cold_starts: int = 0
@@ -91,16 +92,20 @@ class Autoscaler:
         scale.last_request_ns = now
         if scale.total == 0 and now < scale.retry_after_ns:
             return Unavailable(scale.last_error)
-        if scale.total == 0 and not _serving(version) and not self._hosts_awaited():
-            return self._cold_start(version, now)   # else evaluate() starts it once a host registers
+        if scale.total == 0 and not _serving(version):
+            if self._hosts_awaited():
+                scale.cold_start_deferred = True   # evaluate() makes it once the hosts are there
+                return None
+            return self._cold_start(version, now)
         return None
 
     def _cold_start(self, version: ModelVersion, since: int) -> Unavailable | None:
         """The first instance of a version that has none, for requests waiting since ``since``;
         the error to answer them with when no host has room."""
         if self._grow(version, "cold start: a request found no instance"):
-            if _state(version).cold_start_since_ns is None:
-                _state(version).cold_start_since_ns = since
+            scale = _state(version)
+            if scale.cold_start_since_ns is None:
+                scale.cold_start_since_ns = since
             return None
         return Unavailable(f"no worker host has room for an instance of model '{version.name}' "
                            f"version {version.version} (see --max-cpu-instances)")
@@ -169,10 +174,9 @@ class Autoscaler:
         policy, scale = _policy(version), _state(version)
         if len(version.batcher):
             scale.last_request_ns = now
-            if scale.total == 0 and not _serving(version):   # they waited for a host to register
-                waiting_since = _dynamic_batcher(version).oldest_arrival_ns()
-                if now >= scale.retry_after_ns and self._cold_start(version, waiting_since) is not None:
-                    self.scheduler.fail_unserviceable()   # as they would have been on arrival
+        if scale.cold_start_deferred:
+            scale.cold_start_deferred = False
+            if self._deferred_cold_start(version):
                 return
         if scale.total < policy.min_instances and now >= scale.retry_after_ns:
             self._grow_to_minimum(version, "below the model's minimum (a host left?)")
@@ -187,10 +191,17 @@ class Autoscaler:
         elif (now - scale.last_request_ns) / 1e9 >= policy.idle_s and scale.total > policy.min_instances:
             self._shrink(version, f"no request for {policy.idle_s:g} s")
 
+    def _deferred_cold_start(self, version: ModelVersion) -> bool:
+        """The cold start requests asked for before the hosts registered, unless a kept instance
+        serves them; whether it was made (or failed, its requests answered)."""
+        if _state(version).total or _serving(version) or not len(version.batcher):
+            return False
+        if self._cold_start(version, _dynamic_batcher(version).oldest_arrival_ns()) is not None:
+            self.scheduler.fail_unserviceable()   # no host has room: answered as on arrival
+        return True
+
     def _hosts_awaited(self) -> bool:
-        """Whether no worker host registered yet in the broker's first seconds: those of a
-        previous broker process register again at their next heartbeat, with what they still run."""
-        return not self.registry.agents and self._hold is not None and self._hold.awaits_hosts(self._clock())
+        return self._hold is not None and self._hold.awaits_hosts(self._clock())
 
     # -- growing and shrinking -------------------------------------------------------------
 

@@ -84,6 +84,7 @@ class Peers:
             self.membership.add_agent(agent)
             self._reset_sent.pop(peer, None)
             self.adoption.announce(peer, hello.running)
+            self.hold.host_registered(kept_instances=bool(hello.running))
             log.info("host agent %s joined (host %s, gpus %s)", peer.decode(), agent.host, list(agent.gpus))
             self._send_backend([peer, Heartbeat(self.boot, self._heartbeat_interval_s).encode()])
             self._send_backend([peer, self._log_settings_message()])

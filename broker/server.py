@@ -46,6 +46,7 @@ from tritium.ports import PortInUse
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     PROTOCOL_VERSION,
+    RECONNECT_IVL_MAX_MS,
     BatchDone,
     Cancel,
     CancelRunning,
@@ -115,7 +116,8 @@ class Broker:
         limiter = None if settings.rate_limit_resources is None else RateLimiter(settings.rate_limit_resources)
         self.scheduler = Scheduler(self.registry, self._send_backend, self._send_frontend, cache=cache,
                                    rate_limiter=limiter)
-        self.hold = StartupHold(HOLD_HEARTBEATS * settings.heartbeat_interval_s, time.monotonic_ns)
+        self.hold = StartupHold(HOLD_HEARTBEATS * settings.heartbeat_interval_s, time.monotonic_ns,
+                                rejoin_s=settings.heartbeat_interval_s + RECONNECT_IVL_MAX_MS / 1000)
         self.scheduler.hold = self.hold
         self._to_gateways: dict[bytes, list] = {}   # this turn's messages, per gateway
         self._unreachable: set[bytes] = set()       # peers already warned about (see _peer_gone)

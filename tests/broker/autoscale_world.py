@@ -22,15 +22,19 @@ class World:
         self.registry.models["m"].versions[1] = self.version
         self.registry.versions[self.version.key] = self.version
         self.registry.epochs[1] = self.version
-        for identity, slots in hosts.items():
-            self.host_registers(identity, slots)
-        self.hold = StartupHold(hold_s, self.clock)   # hold_s: the broker's first seconds, hosts may yet register
+        self.hold = StartupHold(hold_s, self.clock, rejoin_s=1.0)   # hold_s: hosts may yet register meanwhile
         self.autoscaler = Autoscaler(self.registry, self.to_instances.append, self.scheduler, self.clock,
                                      Membership(self.registry, self.scheduler, PeerLiveness(1.0)).changed, self.hold)
         self.scheduler.autoscaler = self.autoscaler
+        for identity, slots in hosts.items():
+            self.host_registers(identity, slots)
 
-    def host_registers(self, identity: bytes, slots: int) -> None:
+    def host_registers(self, identity: bytes, slots: int, keeps: int = 0) -> None:
+        """A host registers, still running ``keeps`` instances of the model (adopted)."""
         self.registry.agents[identity] = AgentRecord(identity, identity.decode(), (), None, cpu_slots=slots)
+        self.hold.host_registered(kept_instances=keeps > 0)
+        if keeps:
+            self.autoscaler.adopt(self.version, identity, keeps)
 
     def scales(self) -> list[tuple[bytes, int, list]]:
         """(host, count, stop) of every SCALE sent so far."""

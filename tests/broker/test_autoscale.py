@@ -139,3 +139,29 @@ def test_a_request_before_any_host_registered_waits_and_its_wait_counts_in_the_c
     world.clock.now += 400_000_000
     world.join(b"a", "m_0")
     assert world.version.scale.cold_starts == 1 and world.version.scale.cold_start_ns_total == 1_400_000_000
+
+
+def test_a_takeover_awaits_every_host_before_placing_a_minimum_so_that_kept_instances_are_not_stopped():
+    """Two hosts each still run one instance of a min=2,max=2 model: placing the minimum when the
+    first registered would leave no room (max) for the second one's instance."""
+    world = World("min=2,max=2", {}, hold_s=10.0)
+    world.version.state = VersionState.LOADING
+    world.autoscaler.start(world.version)
+    world.host_registers(b"a", 4, keeps=1)
+    world.autoscaler.evaluate()
+    assert world.scales() == [], "the other hosts have a heartbeat and a reconnection to register"
+    world.clock.now += 500_000_000
+    world.host_registers(b"b", 4, keeps=1)
+    world.clock.now += 600_000_000   # past rejoin_s after the first
+    world.autoscaler.evaluate()
+    assert world.scales() == [] and world.version.scale.targets == {b"a": 1, b"b": 1}
+
+
+def test_a_takeover_places_a_missing_minimum_once_the_hosts_had_their_time_to_register():
+    world = World("min=2,max=2", {}, hold_s=10.0)
+    world.version.state = VersionState.LOADING
+    world.autoscaler.start(world.version)
+    world.host_registers(b"a", 4, keeps=1)
+    world.clock.now += 1_100_000_000
+    world.autoscaler.evaluate()
+    assert world.scales() == [(b"a", 2, [])]

@@ -3,8 +3,8 @@
 Such a version is READY as soon as the new broker process loads it, before any worker host
 registered again. A request for it waits for the hosts instead of failing for want of one:
 it is served by the instance a host still runs (kept, no cold start) or, when none does, by a
-cold start on the first host that registers; no host within the broker's first seconds
-answers it as a broker without hosts does.
+cold start once the hosts had their time to register; no host within the broker's first
+seconds answers it as a broker without hosts does.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from tests.broker.inprocess_world import CONFIG, HEARTBEAT_S, Peer, World, answer, infer
 from tests.broker.test_broker_restart_inprocess import returning_heartbeat
-from tritium.protocol import PROTOCOL_VERSION, Hello, Kind, Placed, RunningInstance, Role
+from tritium.protocol import PROTOCOL_VERSION, Heartbeat, Hello, Kind, Placed, RunningInstance, Role
 
 SCALED_TO_ZERO = CONFIG + ' parameters { key: "tritium.autoscale" value: { string_value: "min=0,max=2" } }'
 
@@ -23,6 +23,7 @@ SCALED_TO_ZERO = CONFIG + ' parameters { key: "tritium.autoscale" value: { strin
 @pytest.fixture
 def world(tmp_path):
     world = World(tmp_path, config=SCALED_TO_ZERO)
+    world.broker.hold.until_ns = time.monotonic_ns() + 60_000_000_000   # not ended by a slow machine
     yield world
     world.close()
 
@@ -33,8 +34,9 @@ def request_before_any_host(world: World) -> Peer:
     infer(gateway, rid=7, value=5)
     gateway.send(returning_heartbeat(next_rid=8))
     world.until(lambda: gateway.headers(Kind.HEARTBEAT))
-    for _ in range(3):   # beyond the autoscaler's 250 ms evaluation
-        world.broker.turn(100)
+    evaluated = time.monotonic() + 0.3   # beyond the autoscaler's evaluation every 250 ms
+    while time.monotonic() < evaluated:
+        world.broker.turn(50)
     gateway.collect()
     return gateway
 
@@ -90,7 +92,14 @@ def test_a_request_before_the_hosts_register_cold_starts_on_the_first_host_witho
     assert not gateway.headers(Kind.RESPONSE)
 
     agent = agent_hello(world)
-    world.until(lambda: agent.headers(Kind.SCALE))
+    registered = time.monotonic()
+
+    def scaled() -> bool:   # the agent heartbeats meanwhile, as a live one does
+        agent.send(Heartbeat(heartbeat_s=HEARTBEAT_S, role=Role.AGENT, protocol_version=PROTOCOL_VERSION).encode())
+        return bool(agent.headers(Kind.SCALE))
+
+    world.until(scaled)
+    assert time.monotonic() - registered >= HEARTBEAT_S + 1.0, "the other hosts had their time to register"
     ((scale,),) = [agent.headers(Kind.SCALE)]
     assert scale["count"] == 1
     instance = instance_hello(world, agent, b"agent-1/m_0", scale["assignment"]["e"])

@@ -1,8 +1,8 @@
 """A broker restarted under load keeps every model loaded: the worker host's instances are adopted.
 
 Broker, worker host and gateway run as separate processes over tcp:// (tests/cluster.py).
-The repository has a model with two instances, an autoscaled one grown to two and a
-stateful one. After
+The repository has a model with two instances, an autoscaled one grown to two, a
+stateful one and one autoscaled at zero (its instance started by the last test). After
 the broker is killed (SIGKILL) or drained (SIGTERM) and started again, the same instance
 processes serve: none restarts, no model loads again, and the autoscaled model keeps its
 count. The gateway heartbeats at the default interval, so that it does not call the broker
@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from bench.broker_restart import restart_under_load, start_cluster
 from tests import cluster
-from tests.cluster import failures, instance_pids, served_by
+from tests.cluster import failures, instance_pids, served_by, whoami
 
 LOST = "the broker at {} restarted; the request was lost"
 
@@ -94,3 +94,18 @@ def _answers(client) -> bool:
         return add(client, 1.0, 99, start=True) == 1.0
     except InferenceServerException:
         return False
+
+
+def test_a_request_sent_during_the_restart_to_a_model_at_zero_is_served_by_the_instance_kept(world):
+    """It is ready in the new broker before the host registers again; the request waits for the
+    host instead of failing 'no instance', and no cold start is made. Last: it leaves a sixth
+    instance running, which the restarts above do not count."""
+    broker, workers, gateway = world
+    client = httpclient.InferenceServerClient(gateway.url, network_timeout=30)
+    (cold_started,) = whoami(client, model="whoami_zero")
+    broker.kill()
+    broker.start()   # the request below reaches it through the gateway as soon as it binds
+    (served,) = whoami(client, model="whoami_zero")
+    assert served == cold_started
+    assert instance_pids(workers[0], "whoami_zero") == {cold_started}
+    assert broker.logs().count("cold start: a request found no instance") == 1

@@ -1,0 +1,1 @@
+../../../cluster_repo/whoami/1/model.py
