@@ -35,6 +35,7 @@ from tritium.broker.registry import ModelVersion, Registry
 from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumError
 from tritium.protocol import Infer, ProtocolError, Response, error_record, read_record, split_record, tensor_views
 from tritium.tracing.stamps import ensemble_record, step_context, step_record
+from tritium.tracing.tensors import described_tensors
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,7 @@ class EnsembleRequest:
     starting: bool = False             # inside _start_ready: a step answered at once must not end it
     stats_due: bool = False            # answered; its statistics wait for ``unexecuted``
     trace: bytes | None = None         # its trace context, when traced
+    trace_tensors: bool = False        # traced at level TENSORS: its steps' tensors too
     traced_steps: list = field(default_factory=list)   # the finished steps' trace records
 
 
@@ -199,6 +201,7 @@ class StepCall:
     decoupled: bool   # its model answers 0..N times
     version: int      # of its model, as its INFER names it
     trace: tuple | None = None   # the step request's (trace context, model version), when traced
+    traced_inputs: list | None = None   # its inputs' trace records (trace level TENSORS)
 
 
 class EnsembleRunner:
@@ -230,7 +233,8 @@ class EnsembleRunner:
         batch_size = header.batch_size or 1
         request = EnsembleRequest(client, header.rid, from_backend, version, plan, requested, needs.steps,
                                   needs.wants, batch_size, now, header.request_id, header.params,
-                                  header.sequence_id or 0, header.sequence_flags, trace=header.trace)
+                                  header.sequence_id or 0, header.sequence_flags, trace=header.trace,
+                                  trace_tensors=header.trace is not None and header.trace_tensors)
         if not needs.known:
             unknown = next(name for name in requested if name not in plan.outputs)   # the first the client named
             self._fail(request, InvalidArgument(f"unexpected inference output '{unknown}' for model "
@@ -295,6 +299,7 @@ class EnsembleRunner:
         inputs: list[list] = []
         inline: list[object] = []
         frames: list[object] = []
+        datas: list[object] = []   # every input's, in order, when its tensors are traced
         for model_input, name in step.reads:
             tensor = request.tensors[name, iteration]
             if tensor is None:
@@ -304,6 +309,8 @@ class EnsembleRunner:
                 shape = _reshaped(shape, tensor.batch_size, model.batching, model.dims.get(model_input))
             inputs.append([model_input, tensor.datatype, shape, tensor.nbytes, tensor.external])
             (frames if tensor.external else inline).append(tensor.data)
+            if request.trace_tensors:
+                datas.append(tensor.data)
         batching = model is not None and model.batching
         batch_size = inputs[0][2][0] if batching and inputs and inputs[0][2] else 1
         rid = next(self._rids)
@@ -315,11 +322,13 @@ class EnsembleRunner:
                        outputs=request.wants[step.index], params=request.params or None,
                        sequence_id=request.correlation_id if sequence else None,
                        sequence_flags=request.flags if sequence else 0, external=len(frames),
-                       trace=None if request.trace is None else step_context(request.trace))
+                       trace=None if request.trace is None else step_context(request.trace),
+                       trace_tensors=request.trace_tensors)
         decoupled = model is not None and model.decoupled
         in_a_batch = model is not None and not model.ensemble   # a nested ensemble reports no execution
         self._calls[rid] = StepCall(request, step, batch_size if batching else 0, iteration, decoupled,
-                                   number, None if header.trace is None else (header.trace, header.version))
+                                   number, None if header.trace is None else (header.trace, header.version),
+                                   described_tensors(inputs, datas, step.model) if request.trace_tensors else None)
         request.calls.add(rid)
         if decoupled and in_a_batch:
             request.unexecuted.add(rid)
@@ -371,7 +380,8 @@ class EnsembleRunner:
     def _step_done(self, call: StepCall, header: Response, view, offset: int, frames: list, timings: tuple) -> None:
         request, step = call.request, call.step
         if call.trace is not None:
-            request.traced_steps.append(step_record(step.model, call.trace, header.trace, self._clock()))
+            request.traced_steps.append(step_record(step.model, call.trace, header.trace, self._clock(),
+                                                    tensors=self._traced_tensors(call, header, view, offset, frames)))
         if header.error is not None:
             error = header.error
             log.info("ensemble %s: %s failed: %s", request.plan.name, step.label, error.message)
@@ -415,6 +425,20 @@ class EnsembleRunner:
                 _complete(tensors, requested, iteration):
             self._answer(request, iteration)
         self._end_if_done(request)
+
+    @staticmethod
+    def _traced_tensors(call: StepCall, header: Response, view, offset: int, frames: list) -> tuple | None:
+        """A step's inputs and outputs for its trace (trace level TENSORS): None when they are not
+        traced, or cannot be written."""
+        if call.traced_inputs is None:
+            return None
+        descriptors = header.outputs or []
+        try:
+            datas = _tensor_data(descriptors, view, offset, frames)
+        except ProtocolError:
+            return None   # the step fails with the cause below
+        outputs = described_tensors(descriptors, datas, call.step.model)
+        return None if outputs is None else (call.traced_inputs, outputs)
 
     # -- the one answer ----------------------------------------------------------------------
 

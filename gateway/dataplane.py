@@ -234,7 +234,8 @@ class DataPlane:
                         outputs=None if request.outputs is None else [o.name for o in request.outputs],
                         params=request.parameters or None, sequence_id=request.sequence_id or None,
                         sequence_flags=request.sequence_flags, external=len(external),
-                        trace=None if request.trace is None else request.trace.context)
+                        trace=None if request.trace is None else request.trace.context,
+                        trace_tensors=request.trace is not None and request.trace.tensors)
         return spec, version, message, inline, external
 
     def _result(self, spec: ModelSpec, version: int, request: InferRequest, reply) -> InferResult | TritiumError:

@@ -28,6 +28,7 @@ from tritium.protocol import (
     Cancel,
     Heartbeat,
     Infer,
+    ProtocolError,
     Response,
     pack_tensors,
     read_record,
@@ -36,6 +37,7 @@ from tritium.protocol import (
 from tritium.links import connect_dealer
 from tritium.security import CurveKeys
 from tritium.shared_pool import PoolUsage, RequestSlots, request_slots
+from tritium.tracing.tensors import described_tensors
 from tritium.workers.tensors import array_to_frame, frame_to_array
 from tritium.zmtp import PoolUse, ZmtpDealer
 
@@ -70,7 +72,8 @@ class BlsClient:
         self._arrived = threading.Condition()
         self._watching = False              # a thread is waiting on the socket
         self._reading_loop: asyncio.AbstractEventLoop | None = None
-        self._traced: dict[int, tuple] = {}   # rid -> (caller's CallTrace, model, version, context)
+        # rid -> (caller's CallTrace, model, version, context, its inputs' records when traced with tensors)
+        self._traced: dict[int, tuple] = {}
         # Large inputs cross in shared memory on a local link, as a gateway's (tritium/shared_pool.py);
         # the memory is made at the first. Guarded by _lock.
         self._local = isinstance(self.sock, ZmtpDealer)
@@ -81,12 +84,16 @@ class BlsClient:
     # -- sending ----------------------------------------------------------------------------
 
     def _send(self, request) -> int:
-        descriptors, inline, external = pack_tensors(
-            (tensor.name(), *array_to_frame(np.asarray(tensor.as_numpy()), tensor.name())) for tensor in request.inputs())
+        tensors = [(tensor.name(), *array_to_frame(np.asarray(tensor.as_numpy()), tensor.name()))
+                   for tensor in request.inputs()]
+        descriptors, inline, external = pack_tensors(tensors)
         # A model calling a stateful model runs a sequence of its own (cid, sf); with
         # trace=request.trace(), its call is a child of the caller's trace.
         trace = request.trace()
         context = None if trace is None else trace.call_context()
+        traced_inputs = None
+        if trace is not None and trace.tensors:
+            traced_inputs = described_tensors(descriptors, [t[3] for t in tensors], request.model_name())
         params = json.loads(request.parameters() or "{}")
         if request.timeout():   # microseconds, as a client's "timeout" parameter: the called model's queue policy
             params["timeout"] = request.timeout()
@@ -100,9 +107,9 @@ class BlsClient:
                           outputs=sorted(request.requested_output_names()) or None,
                           params=params or None,
                           sequence_id=request.correlation_id() or None, sequence_flags=request.flags() or 0,
-                          external=len(external), trace=context)
+                          external=len(external), trace=context, trace_tensors=traced_inputs is not None)
             if trace is not None:
-                self._traced[rid] = (trace, request.model_name(), request.model_version(), context)
+                self._traced[rid] = (trace, request.model_name(), request.model_version(), context, traced_inputs)
             self._replies[rid] = deque()
             self._called[rid] = request.model_name()
             record = infer.encode(inline)
@@ -193,7 +200,9 @@ class BlsClient:
             return  # an answer nobody waits for any more
         traced = self._traced.pop(rid, None) if self._traced else None
         if traced is not None:
-            traced[0].call_done(*traced[1:], response.trace)
+            trace, model, version, context, traced_inputs = traced
+            trace.call_done(model, version, context, response.trace,
+                            _traced_tensors(traced_inputs, response, record, offset, external, model))
         self._replies[rid].append(_response(response, record, offset, external))
         self._tell_waiter(rid)
 
@@ -276,7 +285,7 @@ class BlsClient:
             model = self._called.pop(rid, "?")
             traced = self._traced.pop(rid, None)
             if traced is not None:   # the call stays in its caller's trace, unanswered
-                traced[0].call_done(*traced[1:], None)
+                traced[0].call_done(*traced[1:4], None)
             error = pb.TritonError(f"the broker at {self.broker} {what}; the BLS request to model '{model}' "
                                    "was lost", pb.TritonError.UNAVAILABLE)
             queue.append((True, pb.InferenceResponse(error=error)))
@@ -401,6 +410,23 @@ class ResponseIterator:
         self._done = True
         self._client._replies.pop(self._rid, None)
         self._client._called.pop(self._rid, None)
+
+
+def _traced_tensors(inputs: list | None, response: Response, record, offset: int, external: list,
+                    model: str) -> tuple[list, list] | None:
+    """A call's inputs and outputs for its trace (trace level TENSORS); None when not traced, or
+    when they cannot be written."""
+    if inputs is None:
+        return None
+    if response.error is not None:
+        return inputs, []
+    descriptors = response.outputs or []
+    try:
+        datas = tensor_views(descriptors, record, offset, external)
+    except ProtocolError:
+        return None   # the model gets the error from _response
+    outputs = described_tensors(descriptors, datas, model)
+    return None if outputs is None else (inputs, outputs)
 
 
 def _response(response: Response, record, offset: int, external: list):

@@ -215,7 +215,7 @@ class BatchExecutor:
             timeout_us = timeout if isinstance(timeout, int) and not isinstance(timeout, bool) else 0
             parameters = {k: v for k, v in parameters.items() if k not in _REQUEST_FIELDS}
         if infer.trace is not None:
-            item.trace = CallTrace(infer.trace)
+            item.trace = CallTrace(infer.trace, infer.trace_tensors)
         if arrays is None:
             arrays = self._arrays(item, batch_size)
         return InferenceRequest(request_id=infer.request_id or "", inputs=arrays,

@@ -355,6 +355,57 @@ def test_ensemble_steps_are_child_traces(settings, trace_dir):
     assert records[-1]["id"] == parent["id"]   # the steps end first
 
 
+def tensors_by_model(records: list[dict]) -> dict[str, list[tuple[str, str, str]]]:
+    """Per model of the trace: its tensor records, (activity, name, data), in file order."""
+    names = {r["id"]: r["model_name"] for r in records if "model_name" in r}
+    found: dict[str, list] = {}
+    for record in records:
+        if "activity" in record:
+            tensor = record["tensor"]
+            found.setdefault(names.get(record["id"], record["id"]), []).append(
+                (record["activity"][7:], tensor["name"], tensor["data"]))
+    return found
+
+
+PIPELINE_TENSORS = {   # what Triton 2.51 writes for IN = [1, 2]
+    "pre": [("QUEUE_INPUT", "IN", "1,2"), ("BACKEND_OUTPUT", "X", "2,3")],
+    "double": [("QUEUE_INPUT", "X", "2,3"), ("BACKEND_OUTPUT", "Y", "4,6")],
+    "triple": [("QUEUE_INPUT", "X", "2,3"), ("BACKEND_OUTPUT", "Z", "6,9")],
+    "combine": [("QUEUE_INPUT", "Y", "4,6"), ("QUEUE_INPUT", "Z", "6,9"),
+                ("BACKEND_OUTPUT", "SUM", "10,15"), ("BACKEND_OUTPUT", "DIFF", "2,3")],
+}
+
+
+def test_trace_level_tensors_writes_each_ensemble_steps_tensors_in_its_child_trace(settings, trace_dir):
+    """As Triton: a step's inputs after its QUEUE_START, its outputs right after them; with
+    TENSORS alone, every step's tensors and the ensemble's, the steps first."""
+    known = len(trace_files(trace_dir))
+    assert post(settings, {"trace_level": ["TIMESTAMPS", "TENSORS"]}, "pipeline")[0] == 200
+    tensor = httpclient.InferInput("IN", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.array([[1, 2]], np.float32))
+    client = httpclient.InferenceServerClient(settings.url)
+    client.infer("pipeline", [tensor])
+    records = new_trace(trace_dir, known)
+    found = tensors_by_model(records)
+    assert {model: found[model] for model in PIPELINE_TENSORS} == PIPELINE_TENSORS
+    assert sorted(found["pipeline"]) == [("BACKEND_OUTPUT", "DIFF", "2,3"), ("BACKEND_OUTPUT", "SUM", "10,15"),
+                                         ("QUEUE_INPUT", "IN", "1,2")]
+    combine = next(r["id"] for r in records if r.get("model_name") == "combine")
+    kinds = [r.get("activity") or r["timestamps"][0]["name"] for r in records if r["id"] == combine and "model_name"
+             not in r]
+    assert kinds == ["REQUEST_START", "QUEUE_START"] + ["TENSOR_QUEUE_INPUT"] * 2 + ["TENSOR_BACKEND_OUTPUT"] * 2 \
+        + STEP_ORDER[2:]
+
+    assert post(settings, {"trace_level": ["TENSORS"]}, "pipeline")[0] == 200
+    client.infer("pipeline", [tensor])
+    records = new_trace(trace_dir, known + 1)
+    assert all("activity" in r for r in records)
+    own = [(r["activity"], r["tensor"]["name"], r["tensor"]["data"]) for r in records[-3:]]   # the ensemble's, last
+    assert own[0] == ("TENSOR_QUEUE_INPUT", "IN", "1,2")
+    assert sorted(own[1:]) == [("TENSOR_BACKEND_OUTPUT", "DIFF", "2,3"), ("TENSOR_BACKEND_OUTPUT", "SUM", "10,15")]
+    assert len({r["id"] for r in records}) == 5
+
+
 def test_bls_calls_made_with_the_requests_trace_are_child_traces(settings, trace_dir):
     known = len(trace_files(trace_dir))
     assert post(settings, {"trace_level": ["TIMESTAMPS"]}, "bls_triple")[0] == 200
@@ -369,6 +420,15 @@ def test_bls_calls_made_with_the_requests_trace_are_child_traces(settings, trace
               and "timestamps" in r}
     call_start = next(r["timestamps"][0]["ns"] for r in records if r["id"] == called["id"] and "timestamps" in r)
     assert stamps["COMPUTE_INPUT_END"] <= call_start <= stamps["COMPUTE_OUTPUT_START"]
+
+
+def test_trace_level_tensors_writes_a_bls_calls_tensors_in_its_child_trace(settings, trace_dir):
+    known = len(trace_files(trace_dir))
+    assert post(settings, {"trace_level": ["TIMESTAMPS", "TENSORS"]}, "bls_triple")[0] == 200
+    assert infer(settings, "bls_triple").as_numpy("Z").tolist() == [[3, 6]]
+    found = tensors_by_model(new_trace(trace_dir, known))
+    assert found == {"bls_triple": [("QUEUE_INPUT", "X", "1,2"), ("BACKEND_OUTPUT", "Z", "3,6")],
+                     "triple": [("QUEUE_INPUT", "X", "1,2"), ("BACKEND_OUTPUT", "Z", "3,6")]}
 
 
 def test_rate_traces_every_nth_request(settings, trace_dir):

@@ -299,6 +299,8 @@ class Infer(Message, frozen=True, tag=int(Kind.INFER)):
     external: Annotated[int, doc("external frames that follow")] = field(default=0, name="x")
     trace: Annotated[bytes | None, doc("traced requests: the trace id (16 bytes) and its model span's id (8)")] = field(
         default=None, name="tr")
+    trace_tensors: Annotated[bool, doc("traced requests: its ensemble steps' and BLS calls' tensors are traced too "
+                                       "(trace level TENSORS)")] = field(default=False, name="tt")
 
 
 class Response(Message, frozen=True, tag=int(Kind.RESPONSE)):

@@ -78,12 +78,15 @@ def ensemble_record(arrival_ns: int, now: int, steps: list) -> dict:
 
 
 def step_record(model: str, call: tuple[bytes, int], record: dict | None, now: int,
-                role: str = "broker") -> dict:
+                role: str = "broker", tensors: tuple[list, list] | None = None) -> dict:
     """One ensemble step's (or BLS call's) record (``call``: its context and model version), its
-    REQUEST_END the caller's receipt of its answer (``role``: the broker's, or the calling instance's)."""
+    REQUEST_END the caller's receipt of its answer (``role``: the broker's, or the calling instance's);
+    ``tensors``: the records of its inputs and outputs (trace level TENSORS)."""
     step = dict(record or {"at": {}, "ts": []}, m=model, v=call[1], ctx=call[0])
     step["at"] = dict(step["at"], **{role: _broker_place() if role == "broker" else _instance_place()})
     step["ts"] = [*step["ts"], [REQUEST_END, now, role]]
+    if tensors is not None:
+        step["inputs"], step["outputs"] = tensors
     return step
 
 
@@ -103,17 +106,19 @@ class CallTrace:
     """A traced request as its model sees it (``request.trace()``): the models it calls (BLS)
     with ``trace=request.trace()`` become children of its trace, as in Triton."""
 
-    __slots__ = ("context", "calls")
+    __slots__ = ("context", "tensors", "calls")
 
-    def __init__(self, context: bytes) -> None:
+    def __init__(self, context: bytes, tensors: bool = False) -> None:
         self.context = context
+        self.tensors = tensors   # trace level TENSORS: its calls' inputs and outputs are recorded
         self.calls: list[dict] = []
 
     def call_context(self) -> bytes:
         return step_context(self.context)
 
-    def call_done(self, model: str, version: int, context: bytes, record: dict | None) -> None:
-        self.calls.append(step_record(model, (context, version), record, time.monotonic_ns(), "instance"))
+    def call_done(self, model: str, version: int, context: bytes, record: dict | None,
+                  tensors: tuple[list, list] | None = None) -> None:
+        self.calls.append(step_record(model, (context, version), record, time.monotonic_ns(), "instance", tensors))
 
 
 def stamped_responses(parts: list, external_counts: list, requests: list[Infer], batch: dict, number: int,

@@ -10,10 +10,15 @@ writes each as the raw character), and BYTES that are not UTF-8 have the bad byt
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable, Sequence
+
 import numpy as np
 from tritonclient.utils import deserialize_bytes_tensor
 
 from tritium import datatypes
+
+log = logging.getLogger(__name__)
 
 TENSOR_QUEUE_INPUT = "TENSOR_QUEUE_INPUT"
 TENSOR_BACKEND_OUTPUT = "TENSOR_BACKEND_OUTPUT"
@@ -23,6 +28,17 @@ _FLOATS = ("FP32", "FP64")
 def tensor_record(name: str, datatype: str, shape: list[int], data: bytes | memoryview) -> dict:
     """The ``tensor`` of one trace record; ``data`` in Triton's binary layout."""
     return {"name": name, "data": _values(datatype, data), "shape": ",".join(map(str, shape)), "dtype": datatype}
+
+
+def described_tensors(descriptors: Sequence[list], datas: Iterable, model: str) -> list[dict] | None:
+    """The records of tensors as the wire carries them (each descriptor's name, datatype and shape,
+    and its data: bytes, a view or a ZeroMQ frame); None when one cannot be written, which costs
+    the trace its tensors, never the request its answer."""
+    try:
+        return [tensor_record(d[0], d[1], d[2], memoryview(data)) for d, data in zip(descriptors, datas)]
+    except Exception:
+        log.exception("the tensors of a traced request for model '%s' are not recorded", model)
+        return None
 
 
 def _values(datatype: str, data: bytes | memoryview) -> str:

@@ -35,9 +35,11 @@ def trace_records(tree: dict, ids, parent_id: int | None = None) -> list[dict]:
     own_id = next(ids)
     inputs = [{"id": own_id, "activity": TENSOR_QUEUE_INPUT, "tensor": tensor} for tensor in tree.get("inputs", ())]
     outputs = [{"id": own_id, "activity": TENSOR_BACKEND_OUTPUT, "tensor": tensor} for tensor in tree.get("outputs", ())]
-    if tree.get("stamps") is False:   # trace level TENSORS alone: the request's tensors (its steps' are not kept)
-        return inputs + outputs
-    children = [record for step in tree.get("steps") or () for record in trace_records(step, ids, own_id)]
+    steps = [dict(step, stamps=False) for step in tree.get("steps") or ()] if tree.get("stamps") is False \
+        else tree.get("steps") or ()
+    children = [record for step in steps for record in trace_records(step, ids, own_id)]
+    if tree.get("stamps") is False:   # trace level TENSORS alone: the tensors, its steps' first
+        return children + inputs + outputs
     model = {"id": own_id, "model_name": tree["m"], "model_version": tree["v"]}
     if tree.get("rid"):   # the client's request id, when it gave one
         model["request_id"] = tree["rid"]
@@ -47,10 +49,12 @@ def trace_records(tree: dict, ids, parent_id: int | None = None) -> list[dict]:
     own = [{"id": own_id, "timestamps": [{"name": stamp[0], "ns": stamp[1]}]} for stamp in stamps]
     received = sum(1 for _ in itertools.takewhile(lambda stamp: stamp[0].startswith(_FRONT_END), stamps))
     own.insert(received, model)   # after the front end's receive stamps, as Triton writes it
-    if inputs or outputs:   # as Triton: the inputs after QUEUE_START, the outputs before INFER_RESPONSE_COMPLETE
+    if inputs or outputs:
+        # As Triton: the inputs after QUEUE_START, the outputs before INFER_RESPONSE_COMPLETE, or
+        # right after the inputs for a step or a BLS call, which has no INFER_RESPONSE_COMPLETE.
         queued = _after(own, QUEUE_START)
         own[queued:queued] = inputs
-        complete = _after(own, INFER_RESPONSE_COMPLETE, len(own) + 1) - 1
+        complete = _after(own, INFER_RESPONSE_COMPLETE, queued + len(inputs) + 1) - 1
         own[complete:complete] = outputs
     return children + own
 
