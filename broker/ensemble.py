@@ -28,6 +28,7 @@ import itertools
 import logging
 import mmap
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -78,6 +79,7 @@ class Plan:
                  dict(s.output_map), tuple(tensor for _, tensor in reads))
             for index, s in enumerate(config.ensemble_scheduling.step))
         self.producer = {tensor: step for step in self.steps for tensor in step.writes.values()}
+        self.max_inflight = config.ensemble_scheduling.max_inflight_requests   # per step; 0: no limit
         readers: dict[str, set[int]] = {}
         for step in self.steps:
             for tensor in step.sources:
@@ -186,10 +188,29 @@ class EnsembleRequest:
     queue_ns: int = 0
     finished: bool = False
     starting: bool = False             # inside _start_ready: a step answered at once must not end it
+    waiting: int = 0                   # its step starts waiting for room (max_inflight_requests)
     stats_due: bool = False            # answered; its statistics wait for ``unexecuted``
     trace: bytes | None = None         # its trace context, when traced
     trace_tensors: bool = False        # traced at level TENSORS: its steps' tensors too
     traced_steps: list = field(default_factory=list)   # the finished steps' trace records
+
+
+@dataclass(eq=False, slots=True)
+class StepLimit:
+    """``max_inflight_requests`` of one ensemble version: the step requests each of its steps has
+    out, across all its requests, and the starts that wait for one of them to end."""
+
+    most: int
+    out: dict[int, int] = field(default_factory=dict)   # step index -> step requests not finally answered
+    waiting: dict[int, deque[tuple[EnsembleRequest, Step, int]]] = field(default_factory=dict)
+
+    def take(self, index: int) -> bool:
+        """Whether a request of step ``index`` may go out now (it then counts)."""
+        out = self.out.get(index, 0)
+        if out >= self.most:
+            return False
+        self.out[index] = out + 1
+        return True
 
 
 @dataclass(slots=True)
@@ -214,13 +235,17 @@ class EnsembleRunner:
         self._clock = clock
         self._rids = itertools.count(1)
         self._calls: dict[int, StepCall] = {}
+        # Step requests of ensembles with max_inflight_requests, until their final answer (their
+        # ensemble request may have been answered before it): rid -> (its limit, step index).
+        self._limited: dict[int, tuple[StepLimit, int]] = {}
+        self._limits: weakref.WeakKeyDictionary[ModelVersion, StepLimit] = weakref.WeakKeyDictionary()
         self._executing: dict[int, EnsembleRequest] = {}   # decoupled step rid -> its request, until executed
         self._plans: weakref.WeakKeyDictionary[ModelVersion, Plan] = weakref.WeakKeyDictionary()
         self._models: weakref.WeakKeyDictionary[ModelVersion, StepModel] = weakref.WeakKeyDictionary()
 
     @property
     def busy(self) -> bool:
-        return bool(self._calls)
+        return bool(self._calls or self._limited)   # a start waiting for room waits for a step request out
 
     # -- a request arrives -------------------------------------------------------------------
 
@@ -283,7 +308,7 @@ class EnsembleRunner:
     def _end_if_done(self, request: EnsembleRequest) -> None:
         """With no step running and none to start, the request is over: a decoupled ensemble sends
         its final flag; any other has not answered, so its outputs can never be complete."""
-        if request.finished or request.calls or request.starting:
+        if request.finished or request.calls or request.starting or request.waiting:
             return
         if request.plan.decoupled:
             self._send(request, [], [], [], final=True, empty=True)
@@ -294,6 +319,35 @@ class EnsembleRunner:
 
     def _start(self, request: EnsembleRequest, step: Step, iteration: int) -> None:
         request.started.add((step.index, iteration))
+        limit = self._limit(request)
+        if limit is not None and not limit.take(step.index):   # it goes when one of the step's requests ends
+            limit.waiting.setdefault(step.index, deque()).append((request, step, iteration))
+            request.waiting += 1
+            return
+        self._send_step(request, step, iteration, limit)
+
+    def _limit(self, request: EnsembleRequest) -> StepLimit | None:
+        if not request.plan.max_inflight:
+            return None
+        limit = self._limits.get(request.version)
+        if limit is None:
+            limit = self._limits[request.version] = StepLimit(request.plan.max_inflight)
+        return limit
+
+    def _step_ended(self, rid: int) -> None:
+        """A limited step request has its final answer: the oldest start waiting for its step goes."""
+        limit, index = self._limited.pop(rid)
+        limit.out[index] -= 1
+        waiting = limit.waiting.get(index)
+        while waiting:
+            request, step, iteration = waiting.popleft()
+            request.waiting -= 1
+            if not request.finished:   # (one that failed meanwhile needs it no more)
+                limit.out[index] += 1
+                self._send_step(request, step, iteration, limit)
+                return
+
+    def _send_step(self, request: EnsembleRequest, step: Step, iteration: int, limit: StepLimit | None) -> None:
         member = self.registry.resolve_step(step.model, step.version)
         model = self._step_model(member) if member is not None else None
         inputs: list[list] = []
@@ -333,6 +387,8 @@ class EnsembleRunner:
         if decoupled and in_a_batch:
             request.unexecuted.add(rid)
             self._executing[rid] = request
+        if limit is not None:
+            self._limited[rid] = (limit, step.index)
         self._submit(STEP_CLIENT, header.encode(inline), header, frames or None, False)
 
     # -- answers in --------------------------------------------------------------------------
@@ -358,12 +414,14 @@ class EnsembleRunner:
             frames = parts[position + 1:position + 1 + header.external]
             position += 1 + header.external
             call = self._calls.get(header.rid)
-            if call is None:
-                continue  # its request was answered already (another step failed)
-            if header.final is not False:   # a decoupled step's call stays open until its final response
-                del self._calls[header.rid]
-                call.request.calls.discard(header.rid)
-            self._step_done(call, header, view, offset, frames, timings)
+            ended = header.final is not False and header.rid in self._limited
+            if call is not None:   # (None: its request was answered already, another step failed)
+                if header.final is not False:   # a decoupled step's call stays open until its final response
+                    del self._calls[header.rid]
+                    call.request.calls.discard(header.rid)
+                self._step_done(call, header, view, offset, frames, timings)
+            if ended:
+                self._step_ended(header.rid)
 
     def step_executed(self, rid: int, timings: tuple) -> None:
         """A decoupled step request's batch is done executing: its compute times join its
@@ -494,13 +552,23 @@ class EnsembleRunner:
         to cancel as it does any request (their answers, when they come, are dropped). None
         when the request is not in flight."""
         request = next((call.request for call in self._calls.values()
-                        if call.request.rid == rid and call.request.client == client), None)
+                        if call.request.rid == rid and call.request.client == client), None) \
+            or self._waiting_request(client, rid)
         if request is None:
             return []
         steps = [(step_rid, call.step.model, call.version) for step_rid in request.calls
                  if (call := self._calls.get(step_rid)) is not None]
         self._fail(request, Cancelled.by_client(), "CANCELED")
         return steps
+
+    def _waiting_request(self, client: bytes, rid: int) -> EnsembleRequest | None:
+        """A request none of whose steps is out, one waiting for room (max_inflight_requests)."""
+        for limit in self._limits.values():
+            for waiting in limit.waiting.values():
+                for request, _, _ in waiting:
+                    if request.rid == rid and request.client == client and not request.finished:
+                        return request
+        return None
 
     def _fail(self, request: EnsembleRequest, error: TritiumError, reason: str = "OTHER") -> None:
         """Answer the ensemble's request with ``error``."""

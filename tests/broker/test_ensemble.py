@@ -713,3 +713,63 @@ def test_a_cancelled_ensemble_request_s_queued_step_leaves_its_model_s_queue():
     world.run()
     assert world.executed == [("pre", len(values()))]   # only the request that was running
     assert world.scheduler.idle()
+
+
+# -- max_inflight_requests ------------------------------------------------------------------------
+
+LIMITED = PIPELINE.replace("ensemble_scheduling {", "ensemble_scheduling { max_inflight_requests: 1", 1)
+
+
+def _requests_out_per_round(world: World) -> list[list[str]]:
+    """Play the instances round by round: per round, the step model of each request sent."""
+    rounds = []
+    for _ in range(30):
+        batches = world.batches()
+        if not batches:
+            return rounds
+        rounds.append(sorted(world.registry.instances[iid].model for iid, _, requests in batches for _ in requests))
+        world._answer_all(batches, (1, 2, 3))
+    raise AssertionError("the ensemble kept sending batches")
+
+
+def test_max_inflight_requests_holds_each_steps_requests_out_across_requests_to_the_limit():
+    world = World([*MODELS[:4], LIMITED])
+    for rid in (1, 2, 3):
+        world.infer("pipeline", {"IN": values() + rid}, rid=rid)
+    rounds = _requests_out_per_round(world)
+    assert rounds[0] == ["pre"], "one request of each step out at a time, whatever its ensemble request"
+    assert all(len(models) == len(set(models)) for models in rounds), rounds
+    answers = {header["rid"]: outputs for header, outputs in world.answers()}
+    assert sorted(answers) == [1, 2, 3]
+    for rid, outputs in answers.items():
+        np.testing.assert_array_equal(outputs["SUM"], 5 * (values() + rid + 1))
+    assert not world.scheduler.ensembles.busy and world.scheduler.idle()
+
+
+def test_without_max_inflight_requests_every_ready_step_goes_out_at_once():
+    world = World(MODELS)
+    for rid in (1, 2, 3):
+        world.infer("pipeline", {"IN": values() + rid}, rid=rid)
+    assert _requests_out_per_round(world)[0] == ["pre"] * 3
+
+
+def test_a_request_waiting_for_room_at_a_step_is_cancelled_at_once_and_the_others_go_on():
+    world = World([*MODELS[:4], LIMITED])
+    world.infer("pipeline", {"IN": values()}, rid=1)
+    world.infer("pipeline", {"IN": values()}, rid=41)   # its first step waits for rid 1's
+    _cancelled_at_once(world, 41)
+    world.run()
+    assert [header["rid"] for header, _ in world.answers()] == [41, 1]
+    assert [name for name, _ in world.executed] == ["pre", "double", "triple", "combine"]
+    assert not world.scheduler.ensembles.busy and world.scheduler.idle()
+
+
+def test_a_failed_step_request_makes_room_for_the_next_one_waiting():
+    world = World([*MODELS[:4], LIMITED])
+    world.failing["pre"] = "no"
+    world.infer("pipeline", {"IN": values()}, rid=1)
+    world.infer("pipeline", {"IN": values()}, rid=2)
+    world.run()
+    assert sorted(header["rid"] for header, _ in world.answers()) == [1, 2]
+    assert all("err" in header for header, _ in world.answers())
+    assert not world.scheduler.ensembles.busy and world.scheduler.idle()
