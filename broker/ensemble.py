@@ -36,7 +36,7 @@ from tritium.broker.registry import ModelVersion, Registry
 from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumError
 from tritium.protocol import Infer, ProtocolError, Response, error_record, read_record, split_record, tensor_views
 from tritium.tracing.stamps import ensemble_record, step_context, step_record
-from tritium.tracing.tensors import described_tensors
+from tritium.tracing.tensors import raw_tensors
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,9 @@ class StepCall:
     decoupled: bool   # its model answers 0..N times
     version: int      # of its model, as its INFER names it
     trace: tuple | None = None   # the step request's (trace context, model version), when traced
-    traced_inputs: list | None = None   # its inputs' trace records (trace level TENSORS)
+    # Traced at level TENSORS: its inputs, and the outputs of its responses so far (raw_tensors).
+    traced_inputs: list | None = None
+    traced_outputs: list | None = None
 
 
 class EnsembleRunner:
@@ -353,7 +355,6 @@ class EnsembleRunner:
         inputs: list[list] = []
         inline: list[object] = []
         frames: list[object] = []
-        datas: list[object] = []   # every input's, in order, when its tensors are traced
         for model_input, name in step.reads:
             tensor = request.tensors[name, iteration]
             if tensor is None:
@@ -363,8 +364,6 @@ class EnsembleRunner:
                 shape = _reshaped(shape, tensor.batch_size, model.batching, model.dims.get(model_input))
             inputs.append([model_input, tensor.datatype, shape, tensor.nbytes, tensor.external])
             (frames if tensor.external else inline).append(tensor.data)
-            if request.trace_tensors:
-                datas.append(tensor.data)
         batching = model is not None and model.batching
         batch_size = inputs[0][2][0] if batching and inputs and inputs[0][2] else 1
         rid = next(self._rids)
@@ -380,9 +379,12 @@ class EnsembleRunner:
                        trace_tensors=request.trace_tensors)
         decoupled = model is not None and model.decoupled
         in_a_batch = model is not None and not model.ensemble   # a nested ensemble reports no execution
-        self._calls[rid] = StepCall(request, step, batch_size if batching else 0, iteration, decoupled,
-                                   number, None if header.trace is None else (header.trace, header.version),
-                                   described_tensors(inputs, datas, step.model) if request.trace_tensors else None)
+        call = self._calls[rid] = StepCall(request, step, batch_size if batching else 0, iteration, decoupled,
+                                          number, None if header.trace is None else (header.trace, header.version))
+        if request.trace_tensors:
+            given = (request.tensors[name, iteration] for _, name in step.reads)
+            call.traced_inputs = raw_tensors(inputs, [tensor.data for tensor in given if tensor is not None])
+            call.traced_outputs = []
         request.calls.add(rid)
         if decoupled and in_a_batch:
             request.unexecuted.add(rid)
@@ -438,8 +440,7 @@ class EnsembleRunner:
     def _step_done(self, call: StepCall, header: Response, view, offset: int, frames: list, timings: tuple) -> None:
         request, step = call.request, call.step
         if call.trace is not None:
-            request.traced_steps.append(step_record(step.model, call.trace, header.trace, self._clock(),
-                                                    tensors=self._traced_tensors(call, header, view, offset, frames)))
+            self._trace_step(call, header, view, offset, frames)
         if header.error is not None:
             error = header.error
             log.info("ensemble %s: %s failed: %s", request.plan.name, step.label, error.message)
@@ -484,19 +485,22 @@ class EnsembleRunner:
             self._answer(request, iteration)
         self._end_if_done(request)
 
-    @staticmethod
-    def _traced_tensors(call: StepCall, header: Response, view, offset: int, frames: list) -> tuple | None:
-        """A step's inputs and outputs for its trace (trace level TENSORS): None when they are not
-        traced, or cannot be written."""
-        if call.traced_inputs is None:
-            return None
-        descriptors = header.outputs or []
-        try:
-            datas = _tensor_data(descriptors, view, offset, frames)
-        except ProtocolError:
-            return None   # the step fails with the cause below
-        outputs = described_tensors(descriptors, datas, call.step.model)
-        return None if outputs is None else (call.traced_inputs, outputs)
+    def _trace_step(self, call: StepCall, header: Response, view, offset: int, frames: list) -> None:
+        """A traced step's record, made at its final response, as its instance's stamps come with
+        it; a decoupled step's responses add their outputs to it (trace level TENSORS)."""
+        if call.traced_outputs is not None and header.outputs:
+            try:
+                datas = _tensor_data(header.outputs, view, offset, frames)
+            except ProtocolError:
+                datas = []   # the step fails with the cause (_step_done)
+            call.traced_outputs.extend(raw_tensors(header.outputs, datas))
+        if header.final is not False:
+            call.request.traced_steps.append(self._step_record(call, header.trace))
+
+    def _step_record(self, call: StepCall, stamps: dict | None) -> dict:
+        assert call.trace is not None
+        tensors = None if call.traced_inputs is None else (call.traced_inputs, call.traced_outputs or [])
+        return step_record(call.step.model, call.trace, stamps, self._clock(), tensors=tensors)
 
     # -- the one answer ----------------------------------------------------------------------
 
@@ -525,9 +529,9 @@ class EnsembleRunner:
     def _send(self, request: EnsembleRequest, descriptors: list, inline: list, frames: list,
               final: bool | None, empty: bool = False) -> None:
         """The request's last response: it is over, and counted in the ensemble's statistics."""
-        self._finish(request)
         now = self._clock()
-        trace = None if request.trace is None else ensemble_record(request.arrival_ns, now, request.traced_steps)
+        trace = self._trace_of(request, now)
+        self._finish(request)
         header = Response(request.rid, descriptors or None, params=None if empty else _sequence_parameters(request),
                           final=final, empty=empty, external=len(frames), trace=trace)
         compute = tuple(request.compute)
@@ -536,6 +540,14 @@ class EnsembleRunner:
         else:
             self._record_success(request, now)
         self._reply(request.from_backend, [request.client, header.encode(inline), *frames], compute)
+
+    def _trace_of(self, request: EnsembleRequest, now: int) -> dict | None:
+        """A traced request's stamps and steps, as it ends (a step still answering is in it as it stands)."""
+        if request.trace is None:
+            return None
+        still_out = [self._step_record(call, None) for rid in request.calls
+                     if (call := self._calls.get(rid)) is not None and call.trace is not None]
+        return ensemble_record(request.arrival_ns, now, request.traced_steps + still_out)
 
     def _record_success(self, request: EnsembleRequest, now: int) -> None:
         stats = request.version.stats
@@ -571,14 +583,17 @@ class EnsembleRunner:
         return None
 
     def _fail(self, request: EnsembleRequest, error: TritiumError, reason: str = "OTHER") -> None:
-        """Answer the ensemble's request with ``error``."""
+        """Answer the ensemble's request with ``error`` (and, traced, the steps that ran)."""
+        now = self._clock()
+        trace = self._trace_of(request, now)
         self._finish(request)
         for rid in request.unexecuted:   # a failure is counted without compute times
             self._executing.pop(rid, None)
         request.unexecuted.clear()
-        request.version.stats.record_failure(self._clock() - request.arrival_ns, reason)
-        self._reply(request.from_backend, [request.client, error_record(request.rid, error)],
-                    NO_TIMINGS)
+        request.version.stats.record_failure(now - request.arrival_ns, reason)
+        record = error_record(request.rid, error) if trace is None else Response(request.rid, error=error,
+                                                                                  trace=trace).encode()
+        self._reply(request.from_backend, [request.client, record], NO_TIMINGS)
 
     def _finish(self, request: EnsembleRequest) -> None:
         request.finished = True

@@ -37,7 +37,7 @@ from tritium.protocol import (
 from tritium.links import connect_dealer
 from tritium.security import CurveKeys
 from tritium.shared_pool import PoolUsage, RequestSlots, request_slots
-from tritium.tracing.tensors import described_tensors
+from tritium.tracing.tensors import raw_tensors
 from tritium.workers.tensors import array_to_frame, frame_to_array
 from tritium.zmtp import PoolUse, ZmtpDealer
 
@@ -72,8 +72,7 @@ class BlsClient:
         self._arrived = threading.Condition()
         self._watching = False              # a thread is waiting on the socket
         self._reading_loop: asyncio.AbstractEventLoop | None = None
-        # rid -> (caller's CallTrace, model, version, context, its inputs' records when traced with tensors)
-        self._traced: dict[int, tuple] = {}
+        self._traced: dict[int, _TracedCall] = {}   # rid -> a call made with its caller's trace, until answered
         # Large inputs cross in shared memory on a local link, as a gateway's (tritium/shared_pool.py);
         # the memory is made at the first. Guarded by _lock.
         self._local = isinstance(self.sock, ZmtpDealer)
@@ -91,9 +90,7 @@ class BlsClient:
         # trace=request.trace(), its call is a child of the caller's trace.
         trace = request.trace()
         context = None if trace is None else trace.call_context()
-        traced_inputs = None
-        if trace is not None and trace.tensors:
-            traced_inputs = described_tensors(descriptors, [t[3] for t in tensors], request.model_name())
+        tensors_traced = trace is not None and trace.tensors
         params = json.loads(request.parameters() or "{}")
         if request.timeout():   # microseconds, as a client's "timeout" parameter: the called model's queue policy
             params["timeout"] = request.timeout()
@@ -107,9 +104,11 @@ class BlsClient:
                           outputs=sorted(request.requested_output_names()) or None,
                           params=params or None,
                           sequence_id=request.correlation_id() or None, sequence_flags=request.flags() or 0,
-                          external=len(external), trace=context, trace_tensors=traced_inputs is not None)
+                          external=len(external), trace=context, trace_tensors=tensors_traced)
             if trace is not None:
-                self._traced[rid] = (trace, request.model_name(), request.model_version(), context, traced_inputs)
+                self._traced[rid] = _TracedCall(
+                    trace, request.model_name(), request.model_version(), context,
+                    raw_tensors(descriptors, [t[3] for t in tensors]) if tensors_traced else None)
             self._replies[rid] = deque()
             self._called[rid] = request.model_name()
             record = infer.encode(inline)
@@ -196,13 +195,13 @@ class BlsClient:
             if self._slots is not None:
                 with self._lock:
                     self._slots.release(rid)
+        traced = self._traced.get(rid) if self._traced else None
+        if traced is not None:   # (a call the model gave up on too: its entry goes with its final answer)
+            traced.answered(response, record, offset, external)
+            if response.final is not False:
+                del self._traced[rid]
         if rid not in self._replies:
             return  # an answer nobody waits for any more
-        traced = self._traced.pop(rid, None) if self._traced else None
-        if traced is not None:
-            trace, model, version, context, traced_inputs = traced
-            trace.call_done(model, version, context, response.trace,
-                            _traced_tensors(traced_inputs, response, record, offset, external, model))
         self._replies[rid].append(_response(response, record, offset, external))
         self._tell_waiter(rid)
 
@@ -285,7 +284,7 @@ class BlsClient:
             model = self._called.pop(rid, "?")
             traced = self._traced.pop(rid, None)
             if traced is not None:   # the call stays in its caller's trace, unanswered
-                traced[0].call_done(*traced[1:4], None)
+                traced.done(None)
             error = pb.TritonError(f"the broker at {self.broker} {what}; the BLS request to model '{model}' "
                                    "was lost", pb.TritonError.UNAVAILABLE)
             queue.append((True, pb.InferenceResponse(error=error)))
@@ -412,21 +411,30 @@ class ResponseIterator:
         self._client._called.pop(self._rid, None)
 
 
-def _traced_tensors(inputs: list | None, response: Response, record, offset: int, external: list,
-                    model: str) -> tuple[list, list] | None:
-    """A call's inputs and outputs for its trace (trace level TENSORS); None when not traced, or
-    when they cannot be written."""
-    if inputs is None:
-        return None
-    if response.error is not None:
-        return inputs, []
-    descriptors = response.outputs or []
-    try:
-        datas = tensor_views(descriptors, record, offset, external)
-    except ProtocolError:
-        return None   # the model gets the error from _response
-    outputs = described_tensors(descriptors, datas, model)
-    return None if outputs is None else (inputs, outputs)
+class _TracedCall:
+    """A call made with its caller's trace (``trace=request.trace()``): a child of that trace once
+    its final answer came. At trace level TENSORS, its inputs and each answer's outputs, raw."""
+
+    __slots__ = ("trace", "model", "version", "context", "inputs", "outputs")
+
+    def __init__(self, trace, model: str, version: int, context: bytes | None, inputs: list | None) -> None:
+        self.trace, self.model, self.version, self.context = trace, model, version, context
+        self.inputs = inputs
+        self.outputs: list = []
+
+    def answered(self, response: Response, record, offset: int, external: list) -> None:
+        if self.inputs is not None and response.outputs:
+            try:
+                views = tensor_views(response.outputs, record, offset, external)
+            except ProtocolError:
+                views = []   # the model gets the error when it reads the answer
+            self.outputs.extend(raw_tensors(response.outputs, views))
+        if response.final is not False:
+            self.done(response.trace)
+
+    def done(self, stamps: dict | None) -> None:
+        self.trace.call_done(self.model, self.version, self.context, stamps,
+                             None if self.inputs is None else (self.inputs, self.outputs))
 
 
 def _response(response: Response, record, offset: int, external: list):

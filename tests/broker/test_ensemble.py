@@ -773,3 +773,42 @@ def test_a_failed_step_request_makes_room_for_the_next_one_waiting():
     assert sorted(header["rid"] for header, _ in world.answers()) == [1, 2]
     assert all("err" in header for header, _ in world.answers())
     assert not world.scheduler.ensembles.busy and world.scheduler.idle()
+
+
+# -- traced at level TENSORS ------------------------------------------------------------------------
+
+def test_a_traced_decoupled_step_is_one_child_trace_with_the_outputs_of_every_response():
+    world = _chain_world()
+    given = values(1)
+    descriptors, inline, _ = pack_tensors([("IN", "FP32", [1, 4], given.tobytes())])
+    infer = Infer(1, "chain", descriptors, version=1, batch_size=1, trace=bytes(24), trace_tensors=True)
+    world.scheduler.submit(GATEWAY, infer.encode(inline), infer, None)
+    ((iid, number, [(header, _, _)]),) = world.batches()
+    assert header["tt"] is True, "its step requests are traced with tensors too"
+    for i in range(2):
+        descriptors, inline, _ = pack_tensors([("S", "FP32", [1, 4], (given + i).tobytes())])
+        world.scheduler.streams.response_part(iid, ResponsePart(number, 0),
+                                              [Response(header["rid"], descriptors, final=False).encode(inline)])
+    world.scheduler.streams.response_part(iid, ResponsePart(number, 0),
+                                          [Response(header["rid"], final=True, empty=True).encode()])
+    world.scheduler.batch_done(iid, BatchDone(number, [True], [], (1, 2, 3), still_open=[]), [])
+    world.run()
+    (final,) = [h for h, _ in world.answers() if h.get("final")]
+    steps = {step["m"]: [] for step in final["tr"]["steps"]}
+    for step in final["tr"]["steps"]:
+        steps[step["m"]].append(step)
+    (split,) = steps["split"]
+    assert split["inputs"] == [["IN", "FP32", [1, 4], given.tobytes()]]
+    assert split["outputs"] == [["S", "FP32", [1, 4], (given + i).tobytes()] for i in range(2)]
+    assert [step["inputs"][0][3] for step in steps["double"]] == [(given + i).tobytes() for i in range(2)]
+
+
+def test_a_traced_ensemble_request_that_fails_keeps_the_steps_that_ran_in_its_trace(world):
+    world.failing["double"] = "no"
+    descriptors, inline, _ = pack_tensors([("IN", "FP32", [2, 4], values().tobytes())])
+    infer = Infer(5, "pipeline", descriptors, version=1, batch_size=2, trace=bytes(24))
+    world.scheduler.submit(GATEWAY, infer.encode(inline), infer, None)
+    world.run()
+    ((header, _),) = world.answers()
+    assert header["err"]["message"] == "in ensemble 'pipeline', no"
+    assert sorted(step["m"] for step in header["tr"]["steps"]) == ["double", "pre", "triple"]

@@ -10,6 +10,8 @@ import stat
 import threading
 import time
 
+import numpy as np
+
 from tritium.broker import tracing
 from tritium.broker.tracing import BrokerTracing
 from tritium.tracing import triton_file
@@ -125,3 +127,43 @@ def test_files_beyond_what_a_stuck_writer_holds_are_dropped_with_an_error(tmp_pa
     assert [r["model_name"] for r in json.loads(pipe.read_bytes()) if "model_name" in r] == ["m0"]
     assert traces.wait(10)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.0", "trace.json.1"]   # .2 and .3 dropped
+
+
+def _step(model: str, inputs: list, outputs: list) -> dict:
+    return {"m": model, "v": 1, "ts": [["REQUEST_START", 10], ["QUEUE_START", 11], ["COMPUTE_START", 12],
+                                      ["REQUEST_END", 20]], "inputs": inputs, "outputs": outputs}
+
+
+def _fp32(*values: float) -> bytes:
+    return np.array(values, np.float32).tobytes()
+
+
+def test_a_steps_raw_tensors_are_formatted_by_the_writer_the_outputs_right_after_the_inputs(tmp_path):
+    traces = TraceFile()
+    root = dict(tree("e", 1), steps=[_step("s", [["X", "FP32", [1, 2], _fp32(1, 2)]],
+                                           [["Y", "FP32", [1, 2], _fp32(2, 4)]])])
+    traces.add(str(tmp_path / "trace.json"), 0, root)
+    traces.flush()
+    assert traces.wait(10)
+    records = json.loads((tmp_path / "trace.json").read_bytes())
+    step = [r.get("activity") or r.get("timestamps", [{}])[0].get("name") or "model" for r in records if r["id"] == 2]
+    assert step == ["model", "REQUEST_START", "QUEUE_START", "TENSOR_QUEUE_INPUT", "TENSOR_BACKEND_OUTPUT",
+                    "COMPUTE_START", "REQUEST_END"]
+    assert [r["tensor"] for r in records if "tensor" in r] == [
+        {"name": "X", "data": "1,2", "shape": "1,2", "dtype": "FP32"},
+        {"name": "Y", "data": "2,4", "shape": "1,2", "dtype": "FP32"}]
+
+
+def test_with_tensors_alone_the_steps_tensors_come_first_and_one_that_cannot_be_written_costs_only_its_own(
+        tmp_path, caplog):
+    traces = TraceFile()
+    root = dict(tree("e", 1), stamps=False, inputs=[{"name": "IN", "data": "1", "shape": "1", "dtype": "FP32"}],
+                steps=[_step("bad", [["X", "FP32", [1, 2], b"\x00"]], []),   # not a whole FP32
+                       _step("s", [["X", "FP32", [1], _fp32(3)]], [])])
+    with caplog.at_level(logging.ERROR):
+        traces.add(str(tmp_path / "trace.json"), 0, root)
+        traces.flush()
+        assert traces.wait(10)
+    records = json.loads((tmp_path / "trace.json").read_bytes())
+    assert [(r["id"], r["tensor"]["name"]) for r in records] == [(3, "X"), (1, "IN")]
+    assert "model 'bad' are not written" in caplog.text

@@ -30,15 +30,22 @@ def tensor_record(name: str, datatype: str, shape: list[int], data: bytes | memo
     return {"name": name, "data": _values(datatype, data), "shape": ",".join(map(str, shape)), "dtype": datatype}
 
 
-def described_tensors(descriptors: Sequence[list], datas: Iterable, model: str) -> list[dict] | None:
-    """The records of tensors as the wire carries them (each descriptor's name, datatype and shape,
-    and its data: bytes, a view or a ZeroMQ frame); None when one cannot be written, which costs
-    the trace its tensors, never the request its answer."""
+def raw_tensors(descriptors: Sequence[list], datas: Iterable) -> list[list]:
+    """Tensors as a trace carries them to the trace file, unformatted: [name, datatype, shape,
+    bytes] from their wire descriptors and data (bytes, a view or a ZeroMQ frame, copied: the
+    memory it lies in may be reused). Formatting waits for the file's writer thread, so that a
+    large tensor does not hold up the loop that serves requests."""
+    return [[d[0], d[1], list(d[2]), bytes(memoryview(data))] for d, data in zip(descriptors, datas)]
+
+
+def formatted(tensors: Sequence, model: str) -> list[dict]:
+    """The records of a trace's tensors, raw (``raw_tensors``) or already formatted; none when one
+    cannot be written: that costs the trace its tensors, never the file its other records."""
     try:
-        return [tensor_record(d[0], d[1], d[2], memoryview(data)) for d, data in zip(descriptors, datas)]
+        return [t if isinstance(t, dict) else tensor_record(t[0], t[1], t[2], t[3]) for t in tensors]
     except Exception:
-        log.exception("the tensors of a traced request for model '%s' are not recorded", model)
-        return None
+        log.exception("the tensors of a traced request for model '%s' are not written", model)
+        return []
 
 
 def _values(datatype: str, data: bytes | memoryview) -> str:

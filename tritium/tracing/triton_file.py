@@ -6,8 +6,9 @@ a request's id, then its steps' ids, each step with ``parent_id``. A step's reco
 before its parent's, as a step ends first. With ``log_frequency`` N, every N traces go to
 ``FILE.<index>``; with 0, everything goes to ``FILE`` when tracing stops.
 
-Files are written by a thread of their own, in the order they were made: a slow disk, or a
-pipe nobody reads, holds up that thread, never the broker's loop that serves requests.
+Files are written by a thread of their own, in the order they were made: a slow disk, a
+pipe nobody reads or a large tensor to format holds up that thread, never the broker's loop
+that serves requests.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import orjson
 
 from tritium.tracing.stamps import INFER_RESPONSE_COMPLETE, QUEUE_START
-from tritium.tracing.tensors import TENSOR_BACKEND_OUTPUT, TENSOR_QUEUE_INPUT
+from tritium.tracing.tensors import TENSOR_BACKEND_OUTPUT, TENSOR_QUEUE_INPUT, formatted
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,10 @@ MAX_UNWRITTEN = 64   # files waiting for the writer thread before new ones are d
 def trace_records(tree: dict, ids, parent_id: int | None = None) -> list[dict]:
     """The file's records for one request and its steps, numbered from ``ids``."""
     own_id = next(ids)
-    inputs = [{"id": own_id, "activity": TENSOR_QUEUE_INPUT, "tensor": tensor} for tensor in tree.get("inputs", ())]
-    outputs = [{"id": own_id, "activity": TENSOR_BACKEND_OUTPUT, "tensor": tensor} for tensor in tree.get("outputs", ())]
+    inputs = [{"id": own_id, "activity": TENSOR_QUEUE_INPUT, "tensor": tensor}
+              for tensor in formatted(tree.get("inputs", ()), tree["m"])]
+    outputs = [{"id": own_id, "activity": TENSOR_BACKEND_OUTPUT, "tensor": tensor}
+               for tensor in formatted(tree.get("outputs", ()), tree["m"])]
     steps = [dict(step, stamps=False) for step in tree.get("steps") or ()] if tree.get("stamps") is False \
         else tree.get("steps") or ()
     children = [record for step in steps for record in trace_records(step, ids, own_id)]
@@ -71,9 +74,7 @@ class TraceFile:
     """Collects finished traces and writes them as Triton does."""
 
     def __init__(self) -> None:
-        self._ids = itertools.count(1)
-        self._pending: list[dict] = []
-        self._traces = 0          # traces in _pending
+        self._pending: list[dict] = []   # the traces' trees, made into records by the writer thread
         self._index = 0
         self._path = ""
         self._writer = _Writer()
@@ -82,9 +83,8 @@ class TraceFile:
         if path != self._path:
             self.flush()
             self._path, self._index = path, 0
-        self._pending.extend(trace_records(tree, self._ids))
-        self._traces += 1
-        if log_frequency and self._traces >= log_frequency:
+        self._pending.append(tree)
+        if log_frequency and len(self._pending) >= log_frequency:
             self.flush(indexed=True)
 
     def flush(self, indexed: bool | None = None) -> None:
@@ -97,7 +97,7 @@ class TraceFile:
         if indexed:
             self._index += 1
         self._writer.write(target, self._pending)
-        self._pending, self._traces = [], 0
+        self._pending = []
 
     def wait(self, timeout_s: float) -> bool:
         """Whether every file flushed so far is written, waiting up to ``timeout_s`` for it."""
@@ -105,21 +105,23 @@ class TraceFile:
 
 
 class _Writer:
-    """One thread that writes the files it is given, in order; started with the first."""
+    """One thread that writes the files it is given, in order; started with the first. It makes
+    the traces' records (numbered in the order written, tensors formatted) off the broker's loop."""
 
     def __init__(self) -> None:
+        self._ids = itertools.count(1)
         self._files: queue.SimpleQueue[tuple[str, list[dict]]] = queue.SimpleQueue()
         self._unwritten = 0
         self._written = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def write(self, target: str, records: list[dict]) -> None:
+    def write(self, target: str, trees: list[dict]) -> None:
         with self._written:
             if self._unwritten >= MAX_UNWRITTEN:   # the thread is stuck: keep the broker's memory bounded
                 log.error("the trace file writer is %d files behind; %s is dropped", self._unwritten, target)
                 return
             self._unwritten += 1
-        self._files.put((target, records))
+        self._files.put((target, trees))
         if self._thread is None:   # a daemon: one stuck on a pipe does not keep the process alive
             self._thread = threading.Thread(target=self._run, name="trace-file", daemon=True)
             self._thread.start()
@@ -130,11 +132,14 @@ class _Writer:
 
     def _run(self) -> None:
         while True:
-            target, records = self._files.get()
+            target, trees = self._files.get()
             try:
+                records = [record for tree in trees for record in trace_records(tree, self._ids)]
                 _write_whole(Path(target), orjson.dumps(records))
             except OSError as exc:
                 log.error("cannot write the trace file %s: %s", target, exc)
+            except Exception:   # a malformed trace from a peer: the thread goes on with the next file
+                log.exception("the traces for %s could not be written", target)
             with self._written:
                 self._unwritten -= 1
                 self._written.notify_all()
