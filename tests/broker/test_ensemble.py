@@ -505,6 +505,16 @@ def test_a_model_calling_an_ensemble_gets_the_answer_on_its_own_socket(world):
     assert (answer["k"], answer["rid"], [d[0] for d in answer["outputs"]]) == (Kind.RESPONSE, 9, ["SUM"])
 
 
+def _split_answers_twice(world: World, iid: bytes, number: int, rid: int, given: np.ndarray) -> None:
+    """The decoupled ``split`` answers its request twice (S = IN, then IN + 1), then the final flag."""
+    for i in range(2):
+        descriptors, inline, _ = pack_tensors([("S", "FP32", [1, 4], (given + i).tobytes())])
+        world.scheduler.streams.response_part(iid, ResponsePart(number, 0),
+                                              [Response(rid, descriptors, final=False).encode(inline)])
+    world.scheduler.streams.response_part(iid, ResponsePart(number, 0), [Response(rid, final=True, empty=True).encode()])
+    world.scheduler.batch_done(iid, BatchDone(number, [True], [], (1, 2, 3), still_open=[]), [])
+
+
 def test_a_decoupled_step_runs_the_steps_after_it_once_per_response_and_pairs_their_outputs():
     """split answers twice (S = IN, then IN + 1); double and triple run for each answer and are
     answered out of order; combine must pair the Y and Z of the same answer (SUM = 5 S, DIFF = S)."""
@@ -517,13 +527,7 @@ def test_a_decoupled_step_runs_the_steps_after_it_once_per_response_and_pairs_th
     given = values(1)
     world.infer("fanned", {"IN": given})
     ((iid, number, [(header, _, _)]),) = world.batches()
-    for i in range(2):
-        descriptors, inline, _ = pack_tensors([("S", "FP32", [1, 4], (given + i).tobytes())])
-        world.scheduler.streams.response_part(iid, ResponsePart(number, 0),
-                                              [Response(header["rid"], descriptors, final=False).encode(inline)])
-    world.scheduler.streams.response_part(iid, ResponsePart(number, 0),
-                                          [Response(header["rid"], final=True, empty=True).encode()])
-    world.scheduler.batch_done(iid, BatchDone(number, [True], [], (1, 2, 3), still_open=[]), [])
+    _split_answers_twice(world, iid, number, header["rid"], given)
     steps = world.batches()
     assert sorted(world.registry.instances[i].model for i, _, _ in steps) == ["double", "double", "triple", "triple"]
     def order(batch) -> tuple:   # double for the first answer, triple for the second, then the others
@@ -785,13 +789,7 @@ def test_a_traced_decoupled_step_is_one_child_trace_with_the_outputs_of_every_re
     world.scheduler.submit(GATEWAY, infer.encode(inline), infer, None)
     ((iid, number, [(header, _, _)]),) = world.batches()
     assert header["tt"] is True, "its step requests are traced with tensors too"
-    for i in range(2):
-        descriptors, inline, _ = pack_tensors([("S", "FP32", [1, 4], (given + i).tobytes())])
-        world.scheduler.streams.response_part(iid, ResponsePart(number, 0),
-                                              [Response(header["rid"], descriptors, final=False).encode(inline)])
-    world.scheduler.streams.response_part(iid, ResponsePart(number, 0),
-                                          [Response(header["rid"], final=True, empty=True).encode()])
-    world.scheduler.batch_done(iid, BatchDone(number, [True], [], (1, 2, 3), still_open=[]), [])
+    _split_answers_twice(world, iid, number, header["rid"], given)
     world.run()
     (final,) = [h for h, _ in world.answers() if h.get("final")]
     steps = {step["m"]: [] for step in final["tr"]["steps"]}
