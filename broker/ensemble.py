@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from tritium.broker.registry import ModelVersion, Registry
 from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumError
-from tritium.protocol import Infer, ProtocolError, Response, error_record, read_record, split_record, tensor_views
+from tritium.protocol import Infer, ProtocolError, Response, read_record, split_record, tensor_views
 from tritium.tracing.stamps import ensemble_record, step_context, step_record
 from tritium.tracing.tensors import raw_tensors
 
@@ -241,6 +241,8 @@ class EnsembleRunner:
         # ensemble request may have been answered before it): rid -> (its limit, step index).
         self._limited: dict[int, tuple[StepLimit, int]] = {}
         self._limits: weakref.WeakKeyDictionary[ModelVersion, StepLimit] = weakref.WeakKeyDictionary()
+        self._ended: deque[int] = deque()   # limited step requests just ended, their room to hand on
+        self._releasing = False
         self._executing: dict[int, EnsembleRequest] = {}   # decoupled step rid -> its request, until executed
         self._plans: weakref.WeakKeyDictionary[ModelVersion, Plan] = weakref.WeakKeyDictionary()
         self._models: weakref.WeakKeyDictionary[ModelVersion, StepModel] = weakref.WeakKeyDictionary()
@@ -337,9 +339,22 @@ class EnsembleRunner:
         return limit
 
     def _step_ended(self, rid: int) -> None:
-        """A limited step request has its final answer: the oldest start waiting for its step goes."""
-        limit, index = self._limited.pop(rid)
-        limit.out[index] -= 1
+        """A limited step request has its final answer: the oldest start waiting for its step goes.
+        A start answered inside its submit (a cache hit, a refusal) ends in turn: those are released
+        here in a loop, not in nested calls, however many wait."""
+        self._ended.append(rid)
+        if self._releasing:
+            return
+        self._releasing = True
+        try:
+            while self._ended:
+                limit, index = self._limited.pop(self._ended.popleft())
+                limit.out[index] -= 1
+                self._start_waiting(limit, index)
+        finally:
+            self._releasing = False
+
+    def _start_waiting(self, limit: StepLimit, index: int) -> None:
         waiting = limit.waiting.get(index)
         while waiting:
             request, step, iteration = waiting.popleft()
@@ -519,7 +534,7 @@ class EnsembleRunner:
             descriptors.append([name, tensor.datatype, shape, tensor.nbytes, tensor.external])
             (frames if tensor.external else inline).append(tensor.data)
         request.answered.add(iteration)
-        if plan.decoupled and request.calls:   # more may come: not the last response
+        if plan.decoupled and (request.calls or request.waiting):   # more may come: not the last response
             header = Response(request.rid, descriptors, params=_sequence_parameters(request), final=False,
                               external=len(frames))
             self._reply(request.from_backend, [request.client, header.encode(inline), *frames], NO_TIMINGS)
@@ -564,8 +579,9 @@ class EnsembleRunner:
         to cancel as it does any request (their answers, when they come, are dropped). None
         when the request is not in flight."""
         request = next((call.request for call in self._calls.values()
-                        if call.request.rid == rid and call.request.client == client), None) \
-            or self._waiting_request(client, rid)
+                        if call.request.rid == rid and call.request.client == client), None)
+        if request is None:
+            request = self._waiting_request(client, rid)
         if request is None:
             return []
         steps = [(step_rid, call.step.model, call.version) for step_rid in request.calls
@@ -591,15 +607,28 @@ class EnsembleRunner:
             self._executing.pop(rid, None)
         request.unexecuted.clear()
         request.version.stats.record_failure(now - request.arrival_ns, reason)
-        record = error_record(request.rid, error) if trace is None else Response(request.rid, error=error,
-                                                                                  trace=trace).encode()
-        self._reply(request.from_backend, [request.client, record], NO_TIMINGS)
+        self._reply(request.from_backend, [request.client, Response(request.rid, error=error, trace=trace).encode()],
+                    NO_TIMINGS)
 
     def _finish(self, request: EnsembleRequest) -> None:
         request.finished = True
         for rid in request.calls:   # their answers, when they come, find no request
             self._calls.pop(rid, None)
         request.calls.clear()
+        if request.waiting:   # (its tensors are let go now, not when room comes)
+            for waiting in self._limits[request.version].waiting.values():
+                kept = [entry for entry in waiting if entry[0] is not request]
+                waiting.clear()
+                waiting.extend(kept)
+            request.waiting = 0
+
+    def fail_waiting(self, error: TritiumError) -> None:
+        """The broker is exiting: the requests with a step start waiting for room are answered now
+        (their steps out are failed by the scheduler, and would hand their room on)."""
+        for limit in list(self._limits.values()):
+            for request in {entry[0] for waiting in limit.waiting.values() for entry in waiting}:
+                if not request.finished:
+                    self._fail(request, error)
 
     # -- caches ------------------------------------------------------------------------------
 

@@ -669,6 +669,7 @@ class Scheduler:
 
     def fail_everything(self, error: TritiumError) -> None:
         """Answer every request still held (the broker is exiting): none is left silent."""
+        self.ensembles.fail_waiting(error)
         batches = [b for i in self.registry.instances.values() for b in i.inflight.values()]
         for batch in [*batches, *self.streams.batches.values()]:
             for index, request in enumerate(batch.requests):

@@ -91,6 +91,7 @@ class BlsClient:
         trace = request.trace()
         context = None if trace is None else trace.call_context()
         tensors_traced = trace is not None and trace.tensors
+        traced_inputs = raw_tensors(descriptors, [t[3] for t in tensors]) if tensors_traced else None
         params = json.loads(request.parameters() or "{}")
         if request.timeout():   # microseconds, as a client's "timeout" parameter: the called model's queue policy
             params["timeout"] = request.timeout()
@@ -106,9 +107,8 @@ class BlsClient:
                           sequence_id=request.correlation_id() or None, sequence_flags=request.flags() or 0,
                           external=len(external), trace=context, trace_tensors=tensors_traced)
             if trace is not None:
-                self._traced[rid] = _TracedCall(
-                    trace, request.model_name(), request.model_version(), context,
-                    raw_tensors(descriptors, [t[3] for t in tensors]) if tensors_traced else None)
+                self._traced[rid] = _TracedCall(trace, request.model_name(), request.model_version(), context,
+                                                traced_inputs)
             self._replies[rid] = deque()
             self._called[rid] = request.model_name()
             record = infer.encode(inline)
@@ -289,6 +289,8 @@ class BlsClient:
                                    "was lost", pb.TritonError.UNAVAILABLE)
             queue.append((True, pb.InferenceResponse(error=error)))
             lost.append(rid)
+        for rid in [rid for rid in self._traced if boundary is None or rid < boundary]:
+            self._traced.pop(rid).done(None)   # a call the model gave up on, lost with the broker
         if self._slots is not None:
             with self._lock:
                 for rid in lost:   # the process that read them is gone

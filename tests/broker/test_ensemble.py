@@ -34,6 +34,7 @@ from tritium.protocol import (
     decode,
     pack_tensors,
     read_record,
+    split_record,
     tensor_views,
 )
 
@@ -810,3 +811,60 @@ def test_a_traced_ensemble_request_that_fails_keeps_the_steps_that_ran_in_its_tr
     ((header, _),) = world.answers()
     assert header["err"]["message"] == "in ensemble 'pipeline', no"
     assert sorted(step["m"] for step in header["tr"]["steps"]) == ["double", "pre", "triple"]
+
+
+def _steps_answered_at_once(world: World) -> None:
+    """From now on every step request is answered inside its submit, as a response-cache hit is."""
+    runner = world.scheduler.ensembles
+
+    def at_once(client, record, header, frames, from_backend):
+        view, offset = split_record(record)
+        arrays = {d[0]: np.frombuffer(v, np.float32).reshape(d[2])
+                  for d, v in zip(header.inputs, tensor_views(header.inputs, view, offset, frames or []))}
+        runner.answered([STEP_CLIENT, *world.answer(header.model, {"rid": header.rid, "outputs": header.outputs},
+                                                    arrays)])
+
+    runner._submit = at_once
+
+
+def test_many_starts_waiting_for_room_and_answered_at_once_are_released_without_nesting():
+    world = World([*MODELS[:4], LIMITED])
+    world.infer("pipeline", {"IN": values()}, rid=1)   # its first step out: the next 400 wait for it
+    for rid in range(2, 402):
+        world.infer("pipeline", {"IN": values() + rid}, rid=rid)
+    _steps_answered_at_once(world)
+    world.run()
+    answers = {header["rid"]: outputs for header, outputs in world.answers()}
+    assert sorted(answers) == list(range(1, 402))
+    np.testing.assert_array_equal(answers[401]["SUM"], 5 * (values() + 402))
+    assert not world.scheduler.ensembles.busy
+
+
+def test_a_decoupled_ensemble_does_not_end_while_a_start_waits_for_room():
+    """split answers twice: double runs for the first answer while the second waits for room; the
+    first answer is not the last, and the second is answered too."""
+    split = model("split", "IN", "S", extra="model_transaction_policy { decoupled: true }")
+    chain = ensemble("chain", "IN", "OUT", [step("split", {"IN": "IN"}, {"S": "s"}),
+                                           step("double", {"X": "s"}, {"Y": "OUT"})])
+    chain = chain.replace('platform: "ensemble"', 'platform: "ensemble" model_transaction_policy { decoupled: true }')
+    world = World([*MODELS, split, chain.replace("ensemble_scheduling {", "ensemble_scheduling { max_inflight_requests: 1")])
+    given = values(1)
+    world.infer("chain", {"IN": given})
+    ((iid, number, [(header, _, _)]),) = world.batches()
+    _split_answers_twice(world, iid, number, header["rid"], given)
+    world.run()
+    answers = world.answers()
+    assert [h.get("final") for h, _ in answers] == [False, True]   # the second answer is the last
+    assert sorted(o["OUT"].tolist() for _, o in answers) == [(2 * (given + i)).tolist() for i in range(2)]
+    assert not world.scheduler.ensembles.busy
+
+
+def test_a_broker_forced_to_exit_answers_a_request_waiting_for_room():
+    world = World([*MODELS[:4], LIMITED])
+    world.infer("pipeline", {"IN": values()}, rid=1)
+    world.infer("pipeline", {"IN": values()}, rid=2)   # waits for rid 1's first step
+    assert len(world.batches()) == 1
+    world.scheduler.fail_everything(Unavailable("exiting"))
+    assert sorted(h["rid"] for h, _ in world.answers()) == [1, 2]
+    assert not world.batches(), "nothing new is sent to an instance"
+    assert not world.scheduler.ensembles.busy

@@ -167,3 +167,16 @@ def test_with_tensors_alone_the_steps_tensors_come_first_and_one_that_cannot_be_
     records = json.loads((tmp_path / "trace.json").read_bytes())
     assert [(r["id"], r["tensor"]["name"]) for r in records] == [(3, "X"), (1, "IN")]
     assert "model 'bad' are not written" in caplog.text
+
+
+def test_a_malformed_trace_costs_only_itself_and_the_writer_goes_on(tmp_path, caplog):
+    traces = TraceFile()
+    path = str(tmp_path / "trace.json")
+    with caplog.at_level(logging.ERROR):
+        traces.add(path, 0, {"v": 1, "ts": []})   # no model: a peer's bug
+        traces.add(path, 0, tree("m", 1))
+        traces.flush()
+        assert traces.wait(10)
+    assert [r.get("model_name") for r in json.loads((tmp_path / "trace.json").read_bytes()) if "model_name" in r] \
+        == ["m"]
+    assert "could not be written" in caplog.text

@@ -130,16 +130,22 @@ class _Writer:
         with self._written:
             return self._written.wait_for(lambda: self._unwritten == 0, timeout_s)
 
+    def _records(self, trees: list[dict]) -> list[dict]:
+        records = []
+        for tree in trees:
+            try:
+                records.extend(trace_records(tree, self._ids))
+            except Exception:   # a malformed trace from a peer costs itself, not the file or the thread
+                log.exception("a trace of model '%s' could not be written", tree.get("m", "?"))
+        return records
+
     def _run(self) -> None:
         while True:
             target, trees = self._files.get()
             try:
-                records = [record for tree in trees for record in trace_records(tree, self._ids)]
-                _write_whole(Path(target), orjson.dumps(records))
+                _write_whole(Path(target), orjson.dumps(self._records(trees)))
             except OSError as exc:
                 log.error("cannot write the trace file %s: %s", target, exc)
-            except Exception:   # a malformed trace from a peer: the thread goes on with the next file
-                log.exception("the traces for %s could not be written", target)
             with self._written:
                 self._unwritten -= 1
                 self._written.notify_all()
