@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
 
@@ -196,16 +197,20 @@ class DataPlane:
         return partial(self.link.cancel, header.rid, spec.name, version)
 
     async def infer_stream(self, request: InferRequest, traced: bool = False, every_response_completes: bool = False
-                           ) -> AsyncIterator[tuple[InferResult | TritiumError | None, bool]]:
-        """``infer_stream_then`` as an async iterator."""
+                           ) -> AsyncGenerator[tuple[InferResult | TritiumError | None, bool], None]:
+        """``infer_stream_then`` as an async iterator; closed before the last answer (its client
+        left), it gives the request up."""
         answers: asyncio.Queue = asyncio.Queue()
-        self.infer_stream_then(request, lambda answer, final: answers.put_nowait((answer, final)), traced,
-                               every_response_completes)
-        while True:
-            answer, final = await answers.get()
-            yield answer, final
-            if final:
-                return
+        give_up = self.infer_stream_then(request, lambda answer, final: answers.put_nowait((answer, final)), traced,
+                                         every_response_completes)
+        final = False
+        try:
+            while not final:
+                answer, final = await answers.get()
+                yield answer, final
+        finally:
+            if not final:
+                give_up()
 
     def _prepare(self, request: InferRequest, single_response_only: str | None, traced: bool = True):
         if self.max_inflight_requests:
@@ -292,18 +297,19 @@ class DataPlane:
         return self._generated(request, True)
 
     async def _generated(self, request: InferRequest, stream: bool) -> AsyncIterator[bytes | TritiumError]:
-        async for result, _final in self.infer_stream(request, traced=True, every_response_completes=stream):
-            if isinstance(result, TritiumError):
-                yield result
-                return
-            if result is None:  # an empty final response only closes the stream
-                continue
-            try:
-                event = generate_response(result)
-            except TritiumError as exc:  # an output JSON cannot carry
-                yield exc
-                return
-            yield event
+        async with aclosing(self.infer_stream(request, traced=True, every_response_completes=stream)) as answers:
+            async for result, _final in answers:
+                if isinstance(result, TritiumError):
+                    yield result
+                    return
+                if result is None:  # an empty final response only closes the stream
+                    continue
+                try:
+                    event = generate_response(result)
+                except TritiumError as exc:  # an output JSON cannot carry
+                    yield exc
+                    return
+                yield event
 
     # -- logging --------------------------------------------------------------------------
 

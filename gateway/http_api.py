@@ -32,7 +32,7 @@ from tritium.gateway.model_table import ModelSpec
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED, unknown_cuda_region
 from tritium.gateway.tracing import traced_answer
-from tritium.errors import InvalidArgument, NotFound, TritiumError, Unsupported
+from tritium.errors import Cancelled, InvalidArgument, NotFound, TritiumError, Unsupported
 from tritium.tracing.settings import changes_from_http
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,7 @@ async def _finishing_trace(events, generating: InferRequest, request: HttpReques
         async for event in events:
             yield event
     finally:
+        await events.aclose()   # a stream cut short gives its request up now (DataPlane.infer_stream)
         trace = generating.trace
         if trace is not None:
             trace.stamp("HTTP_RECV_START", request.began_ns)
@@ -156,9 +157,12 @@ class HttpApp:
                 if match["action"] == "infer":
                     return self._infer(request, match.group(1), match.group(2), answer)
                 if match["action"] in ("generate", "generate_stream"):
-                    asyncio.get_running_loop().create_task(
+                    generating = asyncio.get_running_loop().create_task(
                         self._generate(request, match.group(1), match.group(2), match["action"], answer))
-                    return None
+
+                    def give_up() -> None:   # its client left before the answer (or the first event)
+                        generating.cancel()
+                    return give_up
         except TritiumError as exc:
             answer(error_response(exc.http_status, exc.message))
             return None
@@ -267,6 +271,9 @@ class HttpApp:
                                                                generating, request), generating)
         except TritiumError as exc:
             response = error_response(exc.http_status, exc.message)
+        except asyncio.CancelledError:   # its client left (HttpConnection gave it up): answered to no one
+            cancelled = Cancelled.by_client()
+            response = error_response(cancelled.http_status, cancelled.message)
         except Exception as exc:
             response = _internal_error(request, exc)
         trace = None if generating is None else generating.trace

@@ -102,7 +102,7 @@ class HttpConnection(asyncio.Protocol):
 
     __slots__ = ("app", "settings", "loop", "shared", "transport", "parser", "queue", "busy", "closing",
                  "last_active", "_url", "_headers", "_body", "_body_size", "_too_large", "_write_paused",
-                 "_reading", "_begun", "_header_lines", "_give_up")
+                 "_reading", "_begun", "_header_lines", "_give_up", "_streaming")
 
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
 
@@ -117,6 +117,7 @@ class HttpConnection(asyncio.Protocol):
         self._write_paused = False
         self._reading = True
         self._give_up: Callable[[], None] | None = None   # cancels the request being answered
+        self._streaming: asyncio.Task | None = None   # writing a stream of events (generate_stream)
         self._reset()
 
     def _reset(self) -> None:
@@ -138,6 +139,8 @@ class HttpConnection(asyncio.Protocol):
         self.closing = True
         if self.busy and self._give_up is not None:   # a client that left cancels its request (Triton documents it)
             self._give_up()
+        if self._streaming is not None:   # now, not when the next event comes: closing its events gives it up
+            self._streaming.cancel()
         self.shared.lost(self)
 
     def data_received(self, data: bytes) -> None:
@@ -166,7 +169,10 @@ class HttpConnection(asyncio.Protocol):
             (self.transport.resume_reading if reading else self.transport.pause_reading)()
 
     def eof_received(self) -> bool:
-        return bool(self.busy or self.queue)   # keep writing what was asked before the client's FIN
+        # Keep writing what was asked before the client's FIN; but a client that ends its side
+        # during a stream of events has left it (an event source never half-closes to wait for
+        # the rest): the connection closes, and connection_lost gives the request up at once.
+        return bool((self.busy and self._streaming is None) or self.queue)
 
     # -- parser callbacks --------------------------------------------------------------
 
@@ -229,7 +235,7 @@ class HttpConnection(asyncio.Protocol):
         if self.closing:
             return
         if isinstance(answer, Streaming):
-            self.loop.create_task(self._stream(answer, keep_alive))
+            self._streaming = self.loop.create_task(self._stream(answer, keep_alive))
             return
         close = answer.close or not keep_alive or self.shared.draining
         head = encode_head(answer.status, answer.headers, len(answer.body), close)
@@ -261,6 +267,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _done(self, close: bool) -> None:
         self.busy = False
+        self._streaming = None
         self._give_up = None
         self.last_active = time.monotonic()
         if close:

@@ -72,6 +72,7 @@ class Front:
         self.answer: Callable[[Received], bytes | list[bytes] | None] = scripted_answer
         self.held: list[Received] = []
         self.infers: list[Received] = []
+        self.cancels: list[Received] = []
         self.link, self.server, self.port = self.loop.run_until_complete(self._start())
         self._pumping = self.loop.create_task(self._pump())
 
@@ -88,6 +89,8 @@ class Front:
     async def _pump(self) -> None:
         while True:
             for record in self.broker.pump():
+                if record.kind == Kind.CANCEL:
+                    self.cancels.append(record)
                 if record.kind != Kind.INFER:
                     continue
                 self.infers.append(record)
@@ -156,10 +159,10 @@ async def read_chunked(reader: asyncio.StreamReader) -> tuple[int, dict[str, str
     return int(status_line.split()[1]), headers, chunks
 
 
-def generate_stream_request(value: float) -> bytes:
+def generate_stream_request(value: float, action: bytes = b"generate_stream") -> bytes:
     body = json.dumps({"X": value, "id": "g-1"}).encode()
-    return (b"POST /v2/models/d/generate_stream HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n%s"
-            % (len(body), body))
+    return (b"POST /v2/models/d/%s HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n%s"
+            % (action, len(body), body))
 
 
 def events(chunks: list[bytes]) -> list[dict]:
@@ -382,9 +385,9 @@ class SamplingEverything:
         return self.trace
 
 
-def test_a_stream_cut_short_ends_its_trace_at_once_without_a_send_end_for_an_event_not_written(front):
-    """The client reads the first event and leaves: the second event, come after, is not written,
-    and the trace ends as the stream is dropped (HTTP_SEND_START without its END for it)."""
+def test_a_stream_cut_short_is_given_up_and_ends_its_trace_at_once(front):
+    """The client reads the first event and leaves: the request is given up (CANCEL) and its trace
+    ends at once; the second event, come after, is not written."""
     tracer = SamplingEverything()
     front.server.app.dataplane.tracer = tracer
     front.answer = lambda request: None   # held: the events are sent below, one at a time
@@ -401,10 +404,55 @@ def test_a_stream_cut_short_ends_its_trace_at_once_without_a_send_end_for_an_eve
         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.close()   # reset, not half-closed: the server sees the client gone
         await front.until(lambda: not front.server.connections.open)   # its connection_lost came
+        await front.until(lambda: "finish" in tracer.trace.calls and front.cancels)
         front.broker.send(held.peer, second)
-        await front.until(lambda: "finish" in tracer.trace.calls)
+        await asyncio.sleep(0.05)
+        return held
 
-    front.run(scenario())
+    held = front.run(scenario())
     sends = [call for call in tracer.trace.calls if call.startswith("HTTP_SEND")]
-    assert sends == ["HTTP_SEND_START", "HTTP_SEND_END", "HTTP_SEND_START"]
-    assert tracer.trace.calls[-1] == "finish" and tracer.trace.calls.count("finish") == 1
+    assert sends == ["HTTP_SEND_START", "HTTP_SEND_END"]
+    assert tracer.trace.calls.count("finish") == 1
+    assert [cancel.header["rid"] for cancel in front.cancels] == [held.header["rid"]]
+
+
+def test_a_client_that_ends_its_side_during_a_stream_has_left_it_and_its_request_is_given_up_at_once(front):
+    """No event more comes for a while: the half-close alone ends the stream, not the next write."""
+    front.answer = lambda request: None   # held: the first event is sent below, the rest never
+
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(generate_stream_request(2.0))
+        await front.until(lambda: front.held)
+        held = front.held[0]
+        front.broker.send(held.peer, counted(held)[0])
+        await reader.readuntil(b"\n\n")   # the first event
+        writer.write_eof()
+        await front.until(lambda: front.cancels)
+        rest = await reader.read()   # the server closed the connection: nothing more comes
+        writer.close()
+        return held, rest
+
+    held, rest = front.run(scenario())
+    assert [cancel.header["rid"] for cancel in front.cancels] == [held.header["rid"]]
+    assert b"data" not in rest   # (the first chunk's end only: no event more)
+
+
+def test_a_generate_request_whose_client_left_is_given_up_and_its_trace_ends(front):
+    tracer = SamplingEverything()
+    front.server.app.dataplane.tracer = tracer
+    front.answer = lambda request: None   # held: never answered
+
+    async def scenario():
+        _, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(generate_stream_request(2.0, b"generate"))
+        await front.until(lambda: front.held)
+        client = writer.get_extra_info("socket")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+        await front.until(lambda: front.cancels and "finish" in tracer.trace.calls)
+        return front.held[0]
+
+    held = front.run(scenario())
+    assert [cancel.header["rid"] for cancel in front.cancels] == [held.header["rid"]]
+    assert tracer.trace.calls.count("finish") == 1
