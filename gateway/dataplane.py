@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
@@ -291,12 +291,12 @@ class DataPlane:
             raise results[0]
         return results[0]
 
-    def generate_stream(self, request: InferRequest) -> AsyncIterator[bytes | TritiumError]:
+    def generate_stream(self, request: InferRequest) -> AsyncGenerator[bytes | TritiumError, None]:
         """``/generate_stream``: each response as flat JSON, an error ending the stream. The
         request may be sampled for tracing (``request.trace``; the caller finishes it)."""
         return self._generated(request, True)
 
-    async def _generated(self, request: InferRequest, stream: bool) -> AsyncIterator[bytes | TritiumError]:
+    async def _generated(self, request: InferRequest, stream: bool) -> AsyncGenerator[bytes | TritiumError, None]:
         async with aclosing(self.infer_stream(request, traced=True, every_response_completes=stream)) as answers:
             async for result, _final in answers:
                 if isinstance(result, TritiumError):

@@ -32,7 +32,7 @@ from tritium.gateway.model_table import ModelSpec
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED, unknown_cuda_region
 from tritium.gateway.tracing import traced_answer
-from tritium.errors import Cancelled, InvalidArgument, NotFound, TritiumError, Unsupported
+from tritium.errors import InvalidArgument, NotFound, TritiumError, Unsupported
 from tritium.tracing.settings import changes_from_http
 
 log = logging.getLogger(__name__)
@@ -120,12 +120,14 @@ async def _finishing_trace(events, generating: InferRequest, request: HttpReques
         async for event in events:
             yield event
     finally:
-        await events.aclose()   # a stream cut short gives its request up now (DataPlane.infer_stream)
-        trace = generating.trace
-        if trace is not None:
-            trace.stamp("HTTP_RECV_START", request.began_ns)
-            trace.stamp("HTTP_RECV_END", request.received_ns)
-            trace.finish()
+        try:
+            await events.aclose()   # a stream cut short gives its request up now (DataPlane.infer_stream)
+        finally:
+            trace = generating.trace
+            if trace is not None:
+                trace.stamp("HTTP_RECV_START", request.began_ns)
+                trace.stamp("HTTP_RECV_END", request.received_ns)
+                trace.finish()
 
 
 def _event(event: bytes | TritiumError) -> bytes:
@@ -271,9 +273,13 @@ class HttpApp:
                                                                generating, request), generating)
         except TritiumError as exc:
             response = error_response(exc.http_status, exc.message)
-        except asyncio.CancelledError:   # its client left (HttpConnection gave it up): answered to no one
-            cancelled = Cancelled.by_client()
-            response = error_response(cancelled.http_status, cancelled.message)
+        except asyncio.CancelledError:   # its client left (HttpConnection gave it up): nothing is written
+            trace = None if generating is None else generating.trace
+            if trace is not None and action == "generate":   # (a stream's ends with its events)
+                trace.stamp("HTTP_RECV_START", request.began_ns)
+                trace.stamp("HTTP_RECV_END", request.received_ns)
+                trace.finish()
+            raise
         except Exception as exc:
             response = _internal_error(request, exc)
         trace = None if generating is None else generating.trace

@@ -102,7 +102,7 @@ class HttpConnection(asyncio.Protocol):
 
     __slots__ = ("app", "settings", "loop", "shared", "transport", "parser", "queue", "busy", "closing",
                  "last_active", "_url", "_headers", "_body", "_body_size", "_too_large", "_write_paused",
-                 "_reading", "_begun", "_header_lines", "_give_up", "_streaming")
+                 "_reading", "_begun", "_header_lines", "_give_up", "_streaming", "_event_source")
 
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
 
@@ -118,6 +118,7 @@ class HttpConnection(asyncio.Protocol):
         self._reading = True
         self._give_up: Callable[[], None] | None = None   # cancels the request being answered
         self._streaming: asyncio.Task | None = None   # writing a stream of events (generate_stream)
+        self._event_source = False     # the request being answered asks for a stream of events
         self._reset()
 
     def _reset(self) -> None:
@@ -137,11 +138,16 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        if self.busy and self._give_up is not None:   # a client that left cancels its request (Triton documents it)
+        self._leave()
+        self.shared.lost(self)
+
+    def _leave(self) -> None:
+        """The client left: its request is given up (Triton documents it for a closed connection)."""
+        if self.busy and self._give_up is not None:
             self._give_up()
+            self._give_up = None
         if self._streaming is not None:   # now, not when the next event comes: closing its events gives it up
             self._streaming.cancel()
-        self.shared.lost(self)
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
@@ -170,9 +176,13 @@ class HttpConnection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         # Keep writing what was asked before the client's FIN; but a client that ends its side
-        # during a stream of events has left it (an event source never half-closes to wait for
-        # the rest): the connection closes, and connection_lost gives the request up at once.
-        return bool((self.busy and self._streaming is None) or self.queue)
+        # while a stream of events is asked of it has left (an event source never half-closes to
+        # wait for the rest): its request is given up now, whatever is still buffered for it.
+        if self.busy and self._event_source and not self.queue:
+            self._leave()
+            self.close()
+            return False
+        return bool(self.busy or self.queue)
 
     # -- parser callbacks --------------------------------------------------------------
 
@@ -227,12 +237,15 @@ class HttpConnection(asyncio.Protocol):
             def answer(response: HttpResponse | Streaming, keep_alive: bool = keep_alive) -> None:
                 self._answer(response, keep_alive)
 
+            self._event_source = request.path.endswith("/generate_stream")
             give_up = self.app.handle(request, answer)
             if self.busy:   # not answered at once
                 self._give_up = give_up
 
     def _answer(self, answer: HttpResponse | Streaming, keep_alive: bool) -> None:
         if self.closing:
+            if isinstance(answer, Streaming):   # its events closed now, its request given up with them
+                self.loop.create_task(answer.chunks.aclose())
             return
         if isinstance(answer, Streaming):
             self._streaming = self.loop.create_task(self._stream(answer, keep_alive))
@@ -268,6 +281,7 @@ class HttpConnection(asyncio.Protocol):
     def _done(self, close: bool) -> None:
         self.busy = False
         self._streaming = None
+        self._event_source = False
         self._give_up = None
         self.last_active = time.monotonic()
         if close:

@@ -333,6 +333,7 @@ def test_a_stream_of_answers_is_sent_as_server_sent_events_and_the_connection_se
     assert events(chunks) == [{"id": "g-1", "model_name": "d", "model_version": "1", "Y": 1.5 * i} for i in (1, 2, 3)]
     assert len(chunks) == 3   # each event leaves as it comes
     assert outputs(after) == [2.0, 4.0, 6.0, 8.0]
+    assert front.cancels == [], "a stream read to its end gives nothing up"
 
 
 @pytest.mark.parametrize("error_at, status, expected", [
@@ -436,6 +437,24 @@ def test_a_client_that_ends_its_side_during_a_stream_has_left_it_and_its_request
     held, rest = front.run(scenario())
     assert [cancel.header["rid"] for cancel in front.cancels] == [held.header["rid"]]
     assert b"data" not in rest   # (the first chunk's end only: no event more)
+
+
+def test_a_client_that_ends_its_side_before_the_first_event_of_its_stream_has_left_it_too(front):
+    front.answer = lambda request: None   # held: no event comes
+
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(generate_stream_request(2.0))
+        await front.until(lambda: front.held)
+        writer.write_eof()
+        await front.until(lambda: front.cancels)
+        rest = await reader.read()
+        writer.close()
+        return front.held[0], rest
+
+    held, rest = front.run(scenario())
+    assert [cancel.header["rid"] for cancel in front.cancels] == [held.header["rid"]]
+    assert rest == b"", "no answer: the connection closed"
 
 
 def test_a_generate_request_whose_client_left_is_given_up_and_its_trace_ends(front):
