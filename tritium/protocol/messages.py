@@ -322,7 +322,8 @@ class Response(Message, frozen=True, tag=int(Kind.RESPONSE)):
 
 class Cancel(Message, frozen=True, tag=int(Kind.CANCEL)):
     """The client of a request gave up on it: its gRPC call was cancelled or ran past its
-    deadline, its HTTP connection was reset, or a model cancelled its BLS response iterator. A
+    deadline, its HTTP connection was reset or lost (or, for `/generate_stream`, half-closed),
+    or a model cancelled its BLS response iterator. A
     request still queued leaves its queue, answered CANCELLED; one already running runs to its
     end, its instance told (CANCEL_RUNNING); one sent to its instance but waiting there behind
     another batch is answered CANCELLED by the instance, unrun."""
