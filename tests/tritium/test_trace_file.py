@@ -127,6 +127,8 @@ def test_files_beyond_what_a_stuck_writer_holds_are_dropped_with_an_error(tmp_pa
     assert [r["model_name"] for r in json.loads(pipe.read_bytes()) if "model_name" in r] == ["m0"]
     assert traces.wait(10)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.0", "trace.json.1"]   # .2 and .3 dropped
+    second = json.loads((tmp_path / "trace.json.1").read_bytes())
+    assert [r["model_name"] for r in second if "model_name" in r] == ["m1"], "the dropped files' traces with them"
 
 
 def _step(model: str, inputs: list, outputs: list) -> dict:

@@ -19,6 +19,7 @@ import os
 import queue
 import threading
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -74,7 +75,7 @@ class TraceFile:
     """Collects finished traces and writes them as Triton does."""
 
     def __init__(self) -> None:
-        self._pending: list[dict] = []   # the traces' trees, made into records by the writer thread
+        self._traces = 0   # taken since the last file
         self._index = 0
         self._path = ""
         self._writer = _Writer()
@@ -83,21 +84,22 @@ class TraceFile:
         if path != self._path:
             self.flush()
             self._path, self._index = path, 0
-        self._pending.append(tree)
-        if log_frequency and len(self._pending) >= log_frequency:
+        self._writer.take(tree)
+        self._traces += 1
+        if log_frequency and self._traces >= log_frequency:
             self.flush(indexed=True)
 
     def flush(self, indexed: bool | None = None) -> None:
         """Write what was collected: to ``FILE.<index>`` (``indexed``, or a file already split), else ``FILE``."""
-        if not self._pending or not self._path:
+        if not self._traces or not self._path:
             return
         if indexed is None:
             indexed = self._index > 0
         target = f"{self._path}.{self._index}" if indexed else self._path
         if indexed:
             self._index += 1
-        self._writer.write(target, self._pending)
-        self._pending = []
+        self._writer.write(target)
+        self._traces = 0
 
     def wait(self, timeout_s: float) -> bool:
         """Whether every file flushed so far is written, waiting up to ``timeout_s`` for it."""
@@ -105,50 +107,65 @@ class TraceFile:
 
 
 class _Writer:
-    """One thread that writes the files it is given, in order; started with the first. It makes
-    the traces' records (numbered in the order written, tensors formatted) off the broker's loop."""
+    """One thread that makes the traces' records as they come (numbered in the order taken,
+    tensors formatted), off the broker's loop, and writes the files it is given, in order;
+    started with the first trace. Records are made as traces come, not when a file is due, so
+    that stopping has only the last file to write."""
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)
-        self._files: queue.SimpleQueue[tuple[str, list[dict]]] = queue.SimpleQueue()
+        # ("tree", a trace) or ("file", its path; "" when dropped), in the order given
+        self._work: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._records: list[dict] = []   # of the traces taken since the last file (the thread's own)
         self._unwritten = 0
         self._written = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def write(self, target: str, trees: list[dict]) -> None:
+    def take(self, tree: dict) -> None:
+        self._start()
+        self._work.put(("tree", tree))
+
+    def write(self, target: str) -> None:
         with self._written:
             if self._unwritten >= MAX_UNWRITTEN:   # the thread is stuck: keep the broker's memory bounded
                 log.error("the trace file writer is %d files behind; %s is dropped", self._unwritten, target)
-                return
-            self._unwritten += 1
-        self._files.put((target, trees))
-        if self._thread is None:   # a daemon: one stuck on a pipe does not keep the process alive
-            self._thread = threading.Thread(target=self._run, name="trace-file", daemon=True)
-            self._thread.start()
+                target = ""
+            else:
+                self._unwritten += 1
+        self._start()
+        self._work.put(("file", target))
 
     def wait(self, timeout_s: float) -> bool:
         with self._written:
             return self._written.wait_for(lambda: self._unwritten == 0, timeout_s)
 
-    def _records(self, trees: list[dict]) -> list[dict]:
-        records = []
-        for tree in trees:
-            try:
-                records.extend(trace_records(tree, self._ids))
-            except Exception:   # a malformed trace from a peer costs itself, not the file or the thread
-                log.exception("a trace of model '%s' could not be written", tree.get("m", "?"))
-        return records
+    def _start(self) -> None:
+        if self._thread is None:   # a daemon: one stuck on a pipe does not keep the process alive
+            self._thread = threading.Thread(target=self._run, name="trace-file", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         while True:
-            target, trees = self._files.get()
+            kind, item = self._work.get()
+            if kind == "tree":
+                self._make_records(item)
+                continue
+            records, self._records = self._records, []
+            if not item:
+                continue   # dropped, its traces with it
             try:
-                _write_whole(Path(target), orjson.dumps(self._records(trees)))
+                _write_whole(Path(item), orjson.dumps(records))
             except OSError as exc:
-                log.error("cannot write the trace file %s: %s", target, exc)
+                log.error("cannot write the trace file %s: %s", item, exc)
             with self._written:
                 self._unwritten -= 1
                 self._written.notify_all()
+
+    def _make_records(self, tree: dict) -> None:
+        try:
+            self._records.extend(trace_records(tree, self._ids))
+        except Exception:   # a malformed trace from a peer costs itself, not the file or the thread
+            log.exception("a trace of model '%s' could not be written", tree.get("m", "?"))
 
 
 def _write_whole(path: Path, data: bytes) -> None:
