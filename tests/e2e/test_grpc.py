@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import queue
 import shutil
+import socket
+import struct
 import time
 from pathlib import Path
 
@@ -463,6 +465,28 @@ def test_a_decoupled_model_streaming_inside_execute_sees_its_stream_cancelled(se
     started = time.monotonic()
     assert _until_stopped(server, before) == before + 1
     assert time.monotonic() - started < 5   # its 200 responses would take 10 s
+
+
+@pytest.mark.parametrize("leaving", ["fin", "reset"])
+def test_an_http_client_leaving_its_generate_stream_stops_the_decoupled_model(server, leaving):
+    """Over HTTP too: a /generate_stream client that half-closes or resets after the first event
+    has left, and the model's running request sees it (is_cancelled()) long before its 200 events."""
+    before = _stopped_streams(server)
+    host, port = server.url.rsplit(":", 1)
+    body = b'{"COUNT": 200}'
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v2/models/py_cancellable/generate_stream HTTP/1.1\r\nhost: t\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        received = b""
+        while b"data: " not in received:
+            received += sock.recv(4096)
+        if leaving == "reset":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            sock.shutdown(socket.SHUT_WR)
+    started = time.monotonic()
+    assert _until_stopped(server, before) == before + 1
+    assert time.monotonic() - started < 5   # its 200 events would take 10 s
 
 
 def test_a_model_polling_during_a_long_execute_sees_its_client_give_up(server):
