@@ -122,6 +122,9 @@ class _Writer:
         self._thread: threading.Thread | None = None
 
     def take(self, tree: dict) -> None:
+        with self._written:
+            if self._unwritten >= MAX_UNWRITTEN:
+                return   # the thread is stuck: the trace goes with its file, which write() drops
         self._start()
         self._work.put(("tree", tree))
 
@@ -157,15 +160,19 @@ class _Writer:
                 _write_whole(Path(item), orjson.dumps(records))
             except OSError as exc:
                 log.error("cannot write the trace file %s: %s", item, exc)
-            with self._written:
-                self._unwritten -= 1
-                self._written.notify_all()
+            except Exception:   # (a record orjson cannot write): the thread goes on with the next file
+                log.exception("cannot write the trace file %s", item)
+            finally:
+                with self._written:
+                    self._unwritten -= 1
+                    self._written.notify_all()
 
     def _make_records(self, tree: dict) -> None:
         try:
             self._records.extend(trace_records(tree, self._ids))
         except Exception:   # a malformed trace from a peer costs itself, not the file or the thread
-            log.exception("a trace of model '%s' could not be written", tree.get("m", "?"))
+            log.exception("a trace of model '%s' could not be written",
+                          tree.get("m", "?") if isinstance(tree, dict) else "?")
 
 
 def _write_whole(path: Path, data: bytes) -> None:
