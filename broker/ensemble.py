@@ -36,7 +36,7 @@ from tritium.broker.registry import ModelVersion, Registry
 from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumError
 from tritium.protocol import Infer, ProtocolError, Response, read_record, split_record, tensor_views
 from tritium.tracing.stamps import ensemble_record, step_context, step_record
-from tritium.tracing.tensors import raw_tensors
+from tritium.tracing.tensors import raw_answer_tensors, raw_tensors
 
 log = logging.getLogger(__name__)
 
@@ -504,11 +504,7 @@ class EnsembleRunner:
         """A traced step's record, made at its final response, as its instance's stamps come with
         it; a decoupled step's responses add their outputs to it (trace level TENSORS)."""
         if call.traced_outputs is not None and header.outputs:
-            try:
-                datas = _tensor_data(header.outputs, view, offset, frames)
-            except ProtocolError:
-                datas = []   # the step fails with the cause (_step_done)
-            call.traced_outputs.extend(raw_tensors(header.outputs, datas))
+            call.traced_outputs.extend(raw_answer_tensors(header.outputs, view, offset, frames))
         if header.final is not False:
             call.request.traced_steps.append(self._step_record(call, header.trace))
 

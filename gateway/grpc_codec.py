@@ -329,9 +329,15 @@ def contents_to_bytes(model: str, tensor: service_pb2.ModelInferRequest.InferInp
     values = getattr(tensor.contents, field)
     if dt.is_bytes:
         return datatypes.pack_bytes(values)
-    if not datatypes.fits(dt.numpy, values):   # (int_contents carry 32 bits for INT8 and INT16 too)
-        raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has a value out of range for {dt.name}")
-    return np.array(values, dtype=dt.numpy).tobytes()
+    dtype = dt.numpy
+    assert dtype is not None   # every datatype with a contents field but BYTES has one
+    if dtype.kind in "iu" and dtype.itemsize < 4:   # carried in 32-bit contents: may not fit
+        wide = np.array(values, dtype=np.int32 if dtype.kind == "i" else np.uint32)
+        info = np.iinfo(dtype)
+        if wide.size and (wide.min() < info.min or wide.max() > info.max):
+            raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has a value out of range for {dt.name}")
+        return wide.astype(dtype).tobytes()
+    return np.array(values, dtype=dtype).tobytes()
 
 
 def encode_infer_response(result: InferResult, parameters: dict | None = None) -> service_pb2.ModelInferResponse:

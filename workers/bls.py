@@ -28,7 +28,6 @@ from tritium.protocol import (
     Cancel,
     Heartbeat,
     Infer,
-    ProtocolError,
     Response,
     pack_tensors,
     read_record,
@@ -37,7 +36,7 @@ from tritium.protocol import (
 from tritium.links import connect_dealer
 from tritium.security import CurveKeys
 from tritium.shared_pool import PoolUsage, RequestSlots, request_slots
-from tritium.tracing.tensors import raw_tensors
+from tritium.tracing.tensors import raw_answer_tensors, raw_tensors
 from tritium.workers.tensors import array_to_frame, frame_to_array
 from tritium.zmtp import PoolUse, ZmtpDealer
 
@@ -426,11 +425,7 @@ class _TracedCall:
 
     def answered(self, response: Response, record, offset: int, external: list) -> None:
         if self.inputs is not None and response.outputs:
-            try:
-                views = tensor_views(response.outputs, record, offset, external)
-            except ProtocolError:
-                views = []   # the model gets the error when it reads the answer
-            self.outputs.extend(raw_tensors(response.outputs, views))
+            self.outputs.extend(raw_answer_tensors(response.outputs, record, offset, external))
         if response.final is not False:
             self.done(response.trace)
 

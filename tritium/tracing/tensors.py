@@ -17,6 +17,7 @@ import numpy as np
 from tritonclient.utils import deserialize_bytes_tensor
 
 from tritium import datatypes
+from tritium.protocol import ProtocolError, tensor_views
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,15 @@ def raw_tensors(descriptors: Sequence[list], datas: Iterable) -> list[list]:
     memory it lies in may be reused). Formatting waits for the file's writer thread, so that a
     large tensor does not hold up the loop that serves requests."""
     return [[d[0], d[1], list(d[2]), bytes(memoryview(data))] for d, data in zip(descriptors, datas)]
+
+
+def raw_answer_tensors(descriptors: Sequence[list], view, offset: int, frames: Sequence) -> list[list]:
+    """An answer's output tensors (its descriptors, its record's ``view`` from ``offset`` and its
+    external frames) as ``raw_tensors``; none when the answer is malformed, which its reader reports."""
+    try:
+        return raw_tensors(descriptors, tensor_views(descriptors, view, offset, frames))
+    except ProtocolError:
+        return []
 
 
 def formatted(tensors: Sequence, model: str) -> list[dict]:
