@@ -34,7 +34,7 @@ class RequestTrace:
 
     __slots__ = ("tracer", "model", "version", "mode", "trace_id", "request_span", "context", "parent",
                  "stamps", "remote", "timestamps", "tensors", "inputs", "outputs", "request_id", "completed",
-                 "every_response")
+                 "every_response", "ended")
 
     def __init__(self, tracer: "GatewayTracer", model: str, version: int, mode: str,
                  parent: tuple[bytes, bytes, int] | None, level: tuple[str, ...] = ("TIMESTAMPS",)) -> None:
@@ -51,6 +51,7 @@ class RequestTrace:
         self.request_id = ""            # the client's, which the trace file names
         self.completed = False          # its first response came (INFER_RESPONSE_COMPLETE)
         self.every_response = False     # each response is an INFER_RESPONSE_COMPLETE (``/generate_stream``'s)
+        self.ended = False              # finished: sent on, what comes later is not its own
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append([name, ns or time.monotonic_ns(), "gateway"])
@@ -58,7 +59,10 @@ class RequestTrace:
     def answered(self, response: Response) -> None:
         """A RESPONSE arrived (of a streamed request: each of them): keep the stamps it carries.
         The first is the request's INFER_RESPONSE_COMPLETE, as in Triton (on ``/generate_stream``,
-        each, the flags-only final one too); the final one ends it."""
+        each, the flags-only final one too); the final one ends it. Responses still on their way
+        when the client gave the request up (its trace already finished) are not recorded."""
+        if self.ended:
+            return
         now = time.monotonic_ns()
         if response.trace is not None:
             self.remote = response.trace
@@ -86,6 +90,8 @@ class RequestTrace:
         """Keep ``tensors`` (the request's inputs, or one response's outputs: (name, datatype, shape,
         data) of each) for the trace file; a tensor that cannot be written costs the trace its
         tensors, never the request its answer."""
+        if self.ended:
+            return
         try:
             records = [tensor_record(t.name, t.datatype, t.shape, t.data) for t in tensors]
         except Exception:
@@ -98,7 +104,10 @@ class RequestTrace:
             self.outputs.extend(records)   # a streamed request's: every response's, in order
 
     def finish(self) -> None:
-        self.tracer.finished(self)
+        """Send the trace on, once."""
+        if not self.ended:
+            self.ended = True
+            self.tracer.finished(self)
 
 
 class GatewayTracer:

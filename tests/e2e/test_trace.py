@@ -18,7 +18,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tritium.gateway.tracing import _on_timeline, parse_traceparent
+from tritium.gateway.tracing import RequestTrace, _on_timeline, parse_traceparent
+from tritium.protocol import Response
 from tests.e2e.rawhttp import error_of, request
 from tests.servers import PROJECT_ROOT, TritiumServer
 
@@ -479,6 +480,31 @@ def test_stamps_from_another_host_move_onto_the_gateways_clock():
     moved = _on_timeline(record, here)
     assert moved["ts"] == [["QUEUE_START", 100, "broker"], ["COMPUTE_END", 4_200, "instance"]]
     assert moved["steps"][0]["ts"] == [["COMPUTE_END", 8_050, "instance"]]
+
+
+def test_a_finished_trace_keeps_what_it_was_sent_with():
+    """A stream given up by its client finishes its trace; responses already on their way
+    must not add to it, nor send it twice."""
+    class Sent:
+        here = ["gw-host", 10, 0, "gateway"]
+
+        def __init__(self) -> None:
+            self.traces: list[dict] = []
+
+        def finished(self, trace: RequestTrace) -> None:
+            self.traces.append(trace.tree())
+
+    sent = Sent()
+    trace = RequestTrace(sent, "m", 1, "triton", None, ("TIMESTAMPS", "TENSORS"))  # type: ignore[arg-type]
+    trace.every_response = True
+    trace.answered(Response(1, [], final=False))
+    trace.finish()
+    stamps = list(trace.stamps)
+    trace.answered(Response(1, [], final=True))
+    trace.record_tensors(False, [])
+    trace.finish()
+    assert [len(t["ts"]) for t in sent.traces] == [1] and trace.stamps == stamps
+    assert [stamp[0] for stamp in stamps] == ["INFER_RESPONSE_COMPLETE"]
 
 
 @pytest.mark.parametrize("header, parsed", [
