@@ -96,6 +96,11 @@ class Membership:
     def record_host_metrics(self, host: str, metrics: HostMetrics) -> None:
         self.registry.host_metrics[host] = metrics
 
+    def record_custom_metrics(self, iid: bytes, families: list) -> None:
+        """An instance's custom metrics, as its heartbeat reports them."""
+        if iid in self.registry.instances:
+            self.registry.custom_metrics.report(iid, families)
+
     def record_tensor_pools(self, peer: bytes, pools: list) -> None:
         """A gateway's or an instance's shared tensor pools, as its heartbeat reports them."""
         if peer in self.gateways or peer in self.registry.instances:
@@ -112,8 +117,7 @@ class Membership:
     def remove_instance(self, iid: bytes, why: str, restart_expected: bool = True) -> None:
         """An instance is gone; nothing it held is left silent (the scheduler retries or answers it)."""
         instance = self.registry.instances.pop(iid, None)
-        self.registry.tensor_pools.pop(iid, None)
-        self._first_bls_rid.pop(iid + BLS_SUFFIX, None)
+        self._forget_reports(iid)
         if instance is None:
             return
         version = self.registry.epochs.get(instance.epoch)
@@ -122,6 +126,12 @@ class Membership:
             if not version.instances:
                 self.changed()   # its readiness changed: gateways must hear of it
         self.scheduler.instance_gone(instance, version, why, restart_expected)
+
+    def _forget_reports(self, iid: bytes) -> None:
+        """What a gone instance reported: its tensor pools, its BLS socket's first rid, its custom metrics."""
+        self.registry.tensor_pools.pop(iid, None)
+        self._first_bls_rid.pop(iid + BLS_SUFFIX, None)
+        self.registry.custom_metrics.forget(iid)
 
     def remove_instances_of(self, peer: bytes, why: str) -> None:
         """A host is lost: so are its instances, and nothing restarts them."""
@@ -133,8 +143,7 @@ class Membership:
         """A drained version's instances were told to stop; none of them holds work."""
         for instance in version.instances:
             self.registry.instances.pop(instance.iid, None)
-            self.registry.tensor_pools.pop(instance.iid, None)
-            self._first_bls_rid.pop(instance.iid + BLS_SUFFIX, None)
+            self._forget_reports(instance.iid)
         self.scheduler.instances_stopped(version.instances)
         version.instances.clear()
 

@@ -94,6 +94,16 @@ class TritonCollector:
         self.settings = settings
 
     def collect(self):
+        """Triton's families and tritium's own, then the models' custom families."""
+        own = list(self._own_families())
+        yield from own
+        yield from self.registry.custom_metrics.families({family.name for family in own})
+
+    def counter_names(self) -> list[str]:
+        """The counter families, whose names prometheus_client writes with ``_total``."""
+        return [*_COUNTER_NAMES, *self.registry.custom_metrics.counter_names()]
+
+    def _own_families(self):
         versions = [v for v in list(self.registry.versions.values()) if v.state == VersionState.READY]
         yield from _counter_families(_COUNTERS, versions)
         failure = Metric(_FAILURE[0], _FAILURE[1], "counter")
@@ -231,7 +241,7 @@ def render(collector: TritonCollector) -> bytes:
     text = generate_latest(registry).decode()
     # prometheus_client names counter families "<name>_total"; Triton's dashboards know them
     # by Triton's names, which carry no suffix.
-    for name in _COUNTER_NAMES:
+    for name in collector.counter_names():
         text = text.replace(f"# HELP {name}_total ", f"# HELP {name} ").replace(
             f"# TYPE {name}_total counter", f"# TYPE {name} counter")
     return text.encode()

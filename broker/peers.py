@@ -187,6 +187,8 @@ class Peers:
                 self.liveness.beats_every(iid, beat.heartbeat_s or 0.0)
                 if beat.pools is not None:
                     self.membership.record_tensor_pools(iid, beat.pools)
+                if beat.custom_metrics is not None:
+                    self.membership.record_custom_metrics(iid, beat.custom_metrics)
             elif beat.joined:
                 self._unknown_instance(iid, beat)
         elif beat.role is Role.AGENT and peer not in self.registry.agents:

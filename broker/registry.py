@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tritium.broker.batcher import BatchingPolicy, DynamicBatcher
+from tritium.broker.custom_metrics import CustomMetrics
 from tritium.broker.ordering import ResponseOrder
 from tritium.broker.queue_policy import QueuePolicy
 from tritium.broker.sequences import SequenceBatcher, SequencePolicy
@@ -235,6 +236,7 @@ class Registry:
         self.instances: dict[bytes, InstanceRecord] = {}
         self.host_metrics: dict[str, HostMetrics] = {}   # host name -> the agent's last HOST_METRICS
         self.tensor_pools: dict[bytes, list] = {}   # gateway or instance -> its shared tensor pools, last reported
+        self.custom_metrics = CustomMetrics()       # the Python models' own metric families, over their instances
         self.shared_memory: dict[str, SharedMemoryRegion] = {}  # client shm regions, which every gateway maps
         self.trace_settings: dict | None = None   # Triton's trace settings, which every gateway samples with
         self.generation = 0  # what gateways see changed when it moves: only Membership.changed moves it

@@ -49,6 +49,7 @@ from tritium.protocol import (
     read_record,
 )
 from tritium.lifetime import die_with_parent
+from tritium.pb_utils.metrics import SERIES as CUSTOM_METRICS
 from tritium.pb_utils.types import runtime
 from tritium.links import LinkSocket, connect_dealer
 from tritium.zmtp import PoolUse, ZmtpDealer
@@ -154,13 +155,15 @@ class HeartbeatThread(threading.Thread):
                  agent: str = "", on_cancel: Callable[[int, int], None] | None = None,
                  pools: Callable[[], list | None] = lambda: None,
                  on_reset: Callable[[Reset], None] | None = None,
-                 on_beat: Callable[[], None] = lambda: None) -> None:
+                 on_beat: Callable[[], None] = lambda: None,
+                 custom_metrics: Callable[[], list | None] = lambda: None) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.broker, self.iid, self.interval_s, self.curve, self.agent = broker, iid, interval_s, curve, agent
         self.on_cancel = on_cancel
         self.on_reset = on_reset
         self.on_beat = on_beat
         self.pools = pools
+        self.custom_metrics = custom_metrics
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -181,7 +184,7 @@ class HeartbeatThread(threading.Thread):
                     continue
                 next_beat += self.interval_s
                 beat = Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True,
-                                 pools=self.pools())
+                                 pools=self.pools(), custom_metrics=self.custom_metrics())
                 try:
                     sock.send(beat.encode(), zmq.NOBLOCK)
                 except zmq.Again:
@@ -329,7 +332,8 @@ def main() -> None:
     log.info("serving model %s version %d as %s", spec["model"], spec["version"], spec["key"])
     heartbeat = HeartbeatThread(spec["broker"], spec["iid"], interval_s, curve,
                                 spec["agent"], executor.cancel, lambda: outbox.pools,
-                                functools.partial(broker_restarted, interval_s=interval_s), bls_tick)
+                                functools.partial(broker_restarted, interval_s=interval_s), bls_tick,
+                                custom_metrics=CUSTOM_METRICS.wire)
     heartbeat.start()
     tune_for_serving()
     try:

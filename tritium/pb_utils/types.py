@@ -25,6 +25,7 @@ class _Runtime:
 
     bls = None            # BlsClient of this instance, for InferenceRequest.exec()
     model_name = ""
+    instance_name = ""    # named in the errors of custom metrics, as Triton names it
 
 
 runtime = _Runtime()

@@ -259,6 +259,11 @@ class Heartbeat(Message, frozen=True, tag=int(Kind.HEARTBEAT)):
     pools: Annotated[list[tuple[str, int, int, int, int]] | None, doc(
         "gateway, instance: its shared tensor pools, each (kind, size, bytes in use, tensors sent as bytes "
         "for want of room, times the pool was made anew)")] = field(default=None, name="pl")
+    custom_metrics: Annotated[list | None, doc(
+        "instance: its Python model's custom metrics, each family [name, description, kind (0 counter, 1 gauge, "
+        "2 histogram), [[labels, state]]], the state what this instance did to the series: a counter's [total], a "
+        "gauge's [sets, last set, increments since], a histogram's [bounds, counts, sum]")] = field(
+        default=None, name="cm")
     next_rid: Annotated[int | None, doc(
         "gateway, or an instance's BLS socket once it heard of a new broker process: the lowest rid it has not "
         "sent yet (every request it sent before this heartbeat has a lower one)")] = field(

@@ -88,6 +88,7 @@ class PythonInstance(Instance):
         self.output_names = [o.name for o in context.model.config.output]
         self.decoupled = context.model.config.model_transaction_policy.decoupled
         self._loop: asyncio.AbstractEventLoop | None = None
+        runtime.instance_name = context.name
         if context.broker and runtime.bls is None:
             runtime.bls = BlsClient(context.broker, f"{context.instance_id}/bls", context.curve)
         args = {

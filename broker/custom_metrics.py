@@ -1,0 +1,182 @@
+"""The custom metrics Python models make (``pb_utils.MetricFamily``), added up over their instances.
+
+Each instance's heartbeat carries everything it did to each series (tritium/pb_utils/metrics.py);
+a series (a family name and a set of labels) is one on the server, as in Triton, where every
+instance updates the same metric: counters and histograms are the sum over the instances, and
+what an instance that is gone had counted stays counted while another instance still holds the
+series; a gauge is the latest ``set`` heard of plus the increments every instance made since.
+A series goes away with the last instance that holds it, a family with its last series.
+
+Written by the broker's loop (``report``, ``forget``), read by the metrics server's thread
+(``families``): a lock between them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+
+from prometheus_client.core import Metric
+
+log = logging.getLogger(__name__)
+
+KINDS = ("counter", "gauge", "histogram")
+Labels = tuple[tuple[str, str], ...]
+
+
+class _Series:
+    """One series on the server: the last state each instance holding it reported, and what
+    the instances gone left in it."""
+
+    def __init__(self, kind: str, bounds: list[float] | None = None) -> None:
+        self.kind = kind
+        self.held: dict[bytes, list] = {}      # instance -> its last reported state
+        self.bounds = bounds or []             # histogram: the first reporter's buckets
+        self.left = 0.0                        # counter: totals, gauge: increments, of instances gone
+        self.left_counts = [0] * (len(self.bounds) + 1)
+        self.left_sum = 0.0
+        self.base: float | None = None         # gauge: the latest set heard of
+        self.setter: bytes | None = None       # gauge: the instance that made it
+        self.offsets: dict[bytes, float] = {}  # gauge: each instance's increments made before that set
+
+    def update(self, iid: bytes, state: list) -> None:
+        before = self.held.get(iid)
+        self.held[iid] = state
+        if self.kind != "gauge":
+            return
+        sets, last_set, increments = state
+        if sets and (before is None or sets > before[0]):   # a set newer than any heard of
+            self.base, self.setter, self.left = last_set, iid, 0.0
+            self.offsets = {other: held[2] for other, held in self.held.items() if other != iid}
+        self.offsets.setdefault(iid, 0.0)
+
+    def forget(self, iid: bytes) -> None:
+        state = self.held.pop(iid)
+        if self.kind == "counter":
+            self.left += state[0]
+        elif self.kind == "gauge":
+            self.left += state[2] - self.offsets.pop(iid, 0.0)
+            if self.setter == iid:
+                self.setter = None
+        else:
+            for bucket, count in enumerate(self._counts(state)):
+                self.left_counts[bucket] += count
+            self.left_sum += state[2]
+
+    def value(self) -> float:
+        if self.kind == "counter":
+            return self.left + sum(state[0] for state in self.held.values())
+        return (self.base or 0.0) + self.left + sum(state[2] - self.offsets.get(iid, 0.0)
+                                                    for iid, state in self.held.items())
+
+    def histogram(self) -> tuple[list[int], float]:
+        """(count per bucket, the last +Inf; sum) over the instances."""
+        counts = list(self.left_counts)
+        total = self.left_sum
+        for state in self.held.values():
+            for bucket, count in enumerate(self._counts(state)):
+                counts[bucket] += count
+            total += state[2]
+        return counts, total
+
+    def _counts(self, state: list) -> list[int]:
+        """An instance's bucket counts in this series' buckets (an instance that made the series
+        with other buckets has each of its counts placed in the first bucket that holds it)."""
+        bounds, counts = state[0], state[1]
+        if bounds == self.bounds:
+            return counts
+        placed = [0] * (len(self.bounds) + 1)
+        for upper, count in zip([*bounds, math.inf], counts):
+            placed[next((i for i, bound in enumerate(self.bounds) if upper <= bound), len(self.bounds))] += count
+        return placed
+
+
+@dataclass
+class _Family:
+    name: str
+    description: str      # the first instance's, as Triton keeps the first description
+    kind: str
+    series: dict[Labels, _Series] = field(default_factory=dict)
+
+
+class CustomMetrics:
+    """Every model's custom metric families, by name."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._families: dict[str, _Family] = {}
+        self._refused: set[tuple[str, str]] = set()   # (family, kind) conflicts already logged
+
+    def report(self, iid: bytes, families: list) -> None:
+        """An instance's heartbeat: the state of every series it holds."""
+        with self._lock:
+            for reported in families:
+                try:
+                    self._report_family(iid, *reported)
+                except (TypeError, ValueError, IndexError, KeyError):
+                    log.warning("instance %s reported a custom metric family that cannot be read: %.200r",
+                                iid.decode(errors="replace"), reported)
+
+    def _report_family(self, iid: bytes, name: str, description: str, kind: int, series: list) -> None:
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = _Family(name, description, KINDS[kind])
+        elif family.kind != KINDS[kind]:
+            if (name, KINDS[kind]) not in self._refused:
+                self._refused.add((name, KINDS[kind]))
+                log.warning("custom metric family %s is a %s; instance %s made it a %s: its series are left out",
+                            name, family.kind, iid.decode(errors="replace"), KINDS[kind])
+            return
+        for labels, state in series:
+            key = tuple((str(label), str(value)) for label, value in labels)
+            shared = family.series.get(key)
+            if shared is None:
+                shared = family.series[key] = _Series(family.kind, state[0] if family.kind == "histogram" else None)
+            shared.update(iid, state)
+
+    def forget(self, iid: bytes) -> None:
+        """The instance is gone: what it counted stays in the series other instances hold."""
+        with self._lock:
+            for name, family in list(self._families.items()):
+                for labels, series in list(family.series.items()):
+                    if iid in series.held:
+                        series.forget(iid)
+                        if not series.held:
+                            del family.series[labels]
+                if not family.series:
+                    del self._families[name]
+
+    def families(self, taken: set[str]) -> list[Metric]:
+        """The families as Prometheus metrics, Triton's order of samples; a family named as one of
+        ``taken`` (the server's own) is left out."""
+        with self._lock:
+            return [_metric(family) for name, family in self._families.items()
+                    if name not in taken and name.removesuffix("_total") not in taken]
+
+    def counter_names(self) -> list[str]:
+        with self._lock:
+            return [name for name, family in self._families.items() if family.kind == "counter"]
+
+
+def _metric(family: _Family) -> Metric:
+    metric = Metric(family.name, family.description, family.kind)
+    for labels, series in family.series.items():
+        sample_labels = dict(labels)
+        if family.kind != "histogram":
+            metric.add_sample(family.name, sample_labels, series.value())
+            continue
+        counts, total = series.histogram()
+        metric.add_sample(f"{family.name}_count", sample_labels, sum(counts))
+        metric.add_sample(f"{family.name}_sum", sample_labels, total)
+        cumulative = 0
+        for bound, count in zip([*series.bounds, math.inf], counts):
+            cumulative += count
+            metric.add_sample(f"{family.name}_bucket", {**sample_labels, "le": _le(bound)}, cumulative)
+    return metric
+
+
+def _le(bound: float) -> str:
+    """A bucket's bound as Triton writes it (``1``, ``0.5``, ``+Inf``)."""
+    return "+Inf" if bound == math.inf else format(bound, ".16g")

@@ -1,0 +1,88 @@
+"""The broker's view of the Python models' custom metrics: what instances report in their
+heartbeats, added up into one series per family and labels as Triton shows it on /metrics."""
+
+from __future__ import annotations
+
+from tritium.broker.metrics import MetricsSettings, TritonCollector, render
+from tritium.broker.registry import Registry
+
+LABELS = [["model", "m"], ["version", "1"]]
+
+
+def counter(total: float, name: str = "requests", description: str = "Requests answered") -> list:
+    return [name, description, 0, [[LABELS, [total]]]]
+
+
+def gauge(sets: int, last_set: float | None, increments: float) -> list:
+    return ["queue", "Requests waiting", 1, [[LABELS, [sets, last_set, increments]]]]
+
+
+def histogram(bounds: list, counts: list, total: float) -> list:
+    return ["sizes", "Batch sizes", 2, [[LABELS, [bounds, counts, total]]]]
+
+
+def lines(registry: Registry, name: str) -> list[str]:
+    text = render(TritonCollector(registry, MetricsSettings())).decode()
+    samples = {name, f"{name}_count", f"{name}_sum", f"{name}_bucket"}
+    return [line for line in text.splitlines() if line.split("{")[0].split(" ")[0] in samples
+            or line.startswith((f"# HELP {name} ", f"# TYPE {name} "))]
+
+
+def test_a_counter_is_the_sum_over_instances_and_keeps_what_a_gone_instance_counted():
+    registry = Registry()
+    metrics = registry.custom_metrics
+    metrics.report(b"a", [counter(3)])
+    metrics.report(b"b", [counter(4, description="a later description")])
+    assert lines(registry, "requests") == [
+        "# HELP requests Requests answered", "# TYPE requests counter", 'requests{model="m",version="1"} 7.0']
+    metrics.forget(b"a")
+    metrics.report(b"b", [counter(5)])
+    assert lines(registry, "requests")[-1] == 'requests{model="m",version="1"} 8.0'
+    metrics.forget(b"b")   # the last instance holding it: the series and its family go
+    assert lines(registry, "requests") == []
+
+
+def test_a_gauge_is_the_latest_set_plus_the_increments_made_since():
+    registry = Registry()
+    metrics = registry.custom_metrics
+    metrics.report(b"a", [gauge(0, None, 2)])
+    metrics.report(b"b", [gauge(0, None, 3)])
+    assert lines(registry, "queue")[-1] == 'queue{model="m",version="1"} 5.0'
+    metrics.report(b"a", [gauge(1, 10, 0)])          # a sets 10: b's earlier increments are behind it
+    metrics.report(b"b", [gauge(0, None, 4)])        # b adds 1 more since
+    assert lines(registry, "queue")[-1] == 'queue{model="m",version="1"} 11.0'
+    metrics.report(b"b", [gauge(1, 1, 0.5)])         # b sets 1 and adds a half
+    metrics.report(b"a", [gauge(1, 10, 2)])          # a adds 2 after its own set
+    assert lines(registry, "queue")[-1] == 'queue{model="m",version="1"} 3.5'
+    metrics.forget(b"b")                              # its set stays, and its increments
+    assert lines(registry, "queue")[-1] == 'queue{model="m",version="1"} 3.5'
+
+
+def test_a_histogram_adds_up_its_buckets_as_triton_writes_them():
+    registry = Registry()
+    metrics = registry.custom_metrics
+    metrics.report(b"a", [histogram([0.5, 1, 1e6], [1, 0, 1, 1], 5000002.5)])
+    metrics.report(b"b", [histogram([0.5, 1, 1e6], [0, 2, 0, 0], 2)])
+    metrics.report(b"c", [histogram([2], [1, 1], 10)])   # other buckets: each count in the first that holds it
+    assert lines(registry, "sizes") == [
+        "# HELP sizes Batch sizes", "# TYPE sizes histogram",
+        'sizes_count{model="m",version="1"} 7.0',
+        'sizes_sum{model="m",version="1"} 5.0000145e+06',   # (prometheus_client's way of writing 5000014.5)
+        'sizes_bucket{le="0.5",model="m",version="1"} 1.0',
+        'sizes_bucket{le="1",model="m",version="1"} 3.0',
+        'sizes_bucket{le="1000000",model="m",version="1"} 5.0',
+        'sizes_bucket{le="+Inf",model="m",version="1"} 7.0',
+    ]
+
+
+def test_a_family_made_another_kind_elsewhere_or_named_as_tritons_own_is_left_out():
+    registry = Registry()
+    metrics = registry.custom_metrics
+    metrics.report(b"a", [counter(3)])
+    metrics.report(b"b", [["requests", "made a gauge", 1, [[LABELS, [0, None, 9]]]]])
+    metrics.report(b"b", [counter(1, name="nv_inference_request_success")])
+    metrics.report(b"c", [["broken", "d", 7, []], counter(1, name="after_the_broken_one")])
+    text = render(TritonCollector(registry, MetricsSettings())).decode()
+    assert 'requests{model="m",version="1"} 3.0' in text and "made a gauge" not in text
+    assert text.count("# HELP nv_inference_request_success ") == 1
+    assert 'after_the_broken_one{model="m",version="1"} 1.0' in text and "broken " not in text

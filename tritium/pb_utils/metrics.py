@@ -1,0 +1,201 @@
+"""Custom metrics of a Python model: ``pb_utils.MetricFamily`` and its ``Metric`` objects.
+
+A model creates families (counter, gauge, histogram) and metrics in them, each metric a set of
+labels, and updates them as it serves; the broker shows them on ``/metrics`` beside Triton's
+own families. Every instance keeps what it did to each series in this process (``SERIES``),
+and its heartbeat carries the whole of it to the broker, which adds up what the instances of
+every model did to the same series (broker/custom_metrics.py): the same family name and labels
+are one series on the server, as in Triton, where every instance updates one shared metric.
+
+The checks and their error texts are Triton's, including the instance named in them.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import threading
+from numbers import Real
+
+from tritium.pb_utils.types import TritonModelException, runtime
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_PYBIND_CAST = ("Unable to cast Python instance to C++ type (#define PYBIND11_DETAILED_ERROR_MESSAGES or compile "
+                "in debug mode for details)")
+
+
+class MetricKind(enum.IntEnum):
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+
+def _refused(what: str, message: str) -> TritonModelException:
+    """Triton's wording for what its server refused (the stub asks the server for every change)."""
+    return TritonModelException(f"{what}: Failed to process the request for model '{runtime.instance_name}', "
+                                f"message: {message}")
+
+
+class _Series:
+    """What this instance did to one series: a counter's increments, a gauge's last ``set`` and
+    the increments since, a histogram's bucket counts and sum."""
+
+    __slots__ = ("kind", "total", "sets", "last_set", "bounds", "counts", "sum")
+
+    def __init__(self, kind: MetricKind, bounds: list[float] | None) -> None:
+        self.kind = kind
+        self.total = 0.0          # counter: the sum of increments; gauge: the increments since the last set
+        self.sets = 0             # gauge: how many times it was set (the broker orders sets by it)
+        self.last_set: float | None = None
+        self.bounds = bounds or []
+        self.counts = [0] * (len(self.bounds) + 1)   # histogram: per bucket, the last one +Inf
+        self.sum = 0.0
+
+    def wire(self) -> list:
+        if self.kind is MetricKind.COUNTER:
+            return [self.total]
+        if self.kind is MetricKind.GAUGE:
+            return [self.sets, self.last_set, self.total]
+        return [self.bounds, list(self.counts), self.sum]
+
+
+class _Store:
+    """The families and series of this process; a lock, since a decoupled model updates its
+    metrics from threads of its own while the heartbeat thread reads them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.families: dict[str, tuple[MetricKind, str]] = {}
+        self.series: dict[tuple[str, tuple[tuple[str, str], ...]], _Series] = {}
+
+    def family(self, name: str, description: str, kind: MetricKind) -> None:
+        with self.lock:
+            known = self.families.setdefault(name, (kind, description))
+        if known[0] is not kind:   # (Triton's server aborts here)
+            raise _refused("Error when creating MetricFamily", "Family name already exists with different type")
+
+    def add(self, name: str, labels: tuple[tuple[str, str], ...], kind: MetricKind,
+            bounds: list[float] | None) -> _Series:
+        """The series of these labels; an existing one is shared, as Triton's are."""
+        with self.lock:
+            return self.series.setdefault((name, labels), _Series(kind, bounds))
+
+    def wire(self) -> list | None:
+        """Every family with its series, for the heartbeat: [name, description, kind, [[labels, state]]]."""
+        with self.lock:
+            if not self.series:
+                return None
+            families: dict[str, list] = {}
+            for (name, labels), series in self.series.items():
+                kind, description = self.families[name]
+                families.setdefault(name, [name, description, int(kind), []])[3].append(
+                    [[list(pair) for pair in labels], series.wire()])
+            return list(families.values())
+
+
+SERIES = _Store()
+
+
+class Metric:
+    """One series of a family: the labels it was created with."""
+
+    __slots__ = ("_series",)
+
+    def __init__(self, series: _Series) -> None:
+        self._series = series
+
+    def increment(self, value: float) -> None:
+        value = _number("increment", value)
+        series = self._supporting("Failed to increment metric value", "Increment", MetricKind.COUNTER, MetricKind.GAUGE)
+        if series.kind is MetricKind.COUNTER and value < 0:
+            raise _refused("Failed to increment metric value", "TRITONSERVER_METRIC_KIND_COUNTER can only be "
+                                                               "incremented monotonically by non-negative values.")
+        with SERIES.lock:
+            series.total += value
+
+    def set(self, value: float) -> None:
+        value = _number("set", value)
+        series = self._supporting("Failed to set metric value", "Set", MetricKind.GAUGE)
+        with SERIES.lock:
+            series.sets += 1
+            series.last_set, series.total = value, 0.0
+
+    def observe(self, value: float) -> None:
+        value = _number("observe", value)
+        series = self._supporting("Failed to observe metric value", "Observe", MetricKind.HISTOGRAM)
+        bucket = next((i for i, bound in enumerate(series.bounds) if value <= bound), len(series.bounds))
+        with SERIES.lock:
+            series.counts[bucket] += 1
+            series.sum += value
+
+    def value(self) -> float:
+        """The series' value as this instance made it (the server adds up every instance's)."""
+        series = self._supporting("Failed to get metric value", "Value", MetricKind.COUNTER, MetricKind.GAUGE)
+        with SERIES.lock:
+            return series.total + (series.last_set or 0.0)
+
+    def _supporting(self, failed: str, operation: str, *kinds: MetricKind) -> _Series:
+        """The series, if its kind supports ``operation`` (Triton's server refuses it otherwise)."""
+        if self._series.kind not in kinds:
+            raise _refused(failed, f"TRITONSERVER_METRIC_KIND_{self._series.kind.name} does not support {operation}")
+        return self._series
+
+
+class MetricFamily:
+    """A named family of one kind; ``Metric(labels, buckets)`` makes or finds its series."""
+
+    COUNTER = MetricKind.COUNTER
+    GAUGE = MetricKind.GAUGE
+    HISTOGRAM = MetricKind.HISTOGRAM
+
+    def __init__(self, name: str, description: str, kind: MetricKind) -> None:
+        if not isinstance(name, str) or not isinstance(description, str) or not isinstance(kind, MetricKind):
+            raise TypeError("__init__(): incompatible constructor arguments. The following argument types are "
+                            "supported:\n    1. c_python_backend_utils.MetricFamily(name: str, description: str, "
+                            f"kind: c_python_backend_utils.MetricKind)\n\nInvoked with: {name!r}, {description!r}, "
+                            f"{kind!r}")
+        if not _NAME.fullmatch(name):
+            raise _refused("Error when creating MetricFamily", "Invalid metric name")
+        SERIES.family(name, description, kind)
+        self._name, self._kind = name, kind
+
+    def Metric(self, labels: dict | None = None, buckets: list | None = None) -> Metric:  # noqa: N802 (Triton's name)
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        bounds = None
+        if buckets is not None:
+            if not isinstance(buckets, list):
+                raise TritonModelException("Failed to create metric. Buckets must be a list.")
+            if self._kind is not MetricKind.HISTOGRAM:
+                raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+            if not all(isinstance(bound, Real) for bound in buckets):
+                raise RuntimeError(_PYBIND_CAST)
+            bounds = [float(bound) for bound in buckets]
+        elif self._kind is MetricKind.HISTOGRAM:
+            raise TritonModelException("Failed to create metric. Missing required buckets.")
+        pairs = _label_pairs(labels or {})
+        if bounds is not None and any(a > b for a, b in zip(bounds, bounds[1:])):
+            raise _refused("Error when creating Metric", "Bucket Boundaries must be strictly sorted")
+        return Metric(SERIES.add(self._name, pairs, self._kind, bounds))
+
+
+def _label_pairs(labels: dict) -> tuple[tuple[str, str], ...]:
+    """The labels sorted by name (Triton's order on /metrics), checked as Triton's server checks them."""
+    pairs = []
+    for name, value in labels.items():
+        if not isinstance(value, str):
+            raise _refused("Error when creating Metric", "attempt to access JSON non-string as string")
+        name = str(name)   # (keys reach Triton's server through JSON, which makes them strings)
+        if not _LABEL.fullmatch(name) or name.startswith("__"):   # (Triton's server aborts here)
+            raise _refused("Error when creating Metric", f"Invalid label name '{name}'")
+        pairs.append((name, value))
+    return tuple(sorted(pairs))
+
+
+def _number(method: str, value) -> float:
+    if not isinstance(value, Real):
+        raise TypeError(f"{method}(): incompatible function arguments. The following argument types are "
+                        f"supported:\n    1. (self: c_python_backend_utils.Metric, arg0: float) -> None\n\n"
+                        f"Invoked with: {value!r}")
+    return float(value)
