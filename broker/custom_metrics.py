@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from prometheus_client.core import Metric
@@ -38,7 +39,6 @@ class _Series:
         self.left_counts = [0] * (len(self.bounds) + 1)
         self.left_sum = 0.0
         self.base: float | None = None         # gauge: the latest set heard of
-        self.setter: bytes | None = None       # gauge: the instance that made it
         self.offsets: dict[bytes, float] = {}  # gauge: each instance's increments made before that set
 
     def update(self, iid: bytes, state: list) -> None:
@@ -48,7 +48,7 @@ class _Series:
             return
         sets, last_set, increments = state
         if sets and (before is None or sets > before[0]):   # a set newer than any heard of
-            self.base, self.setter, self.left = last_set, iid, 0.0
+            self.base, self.left = last_set, 0.0
             self.offsets = {other: held[2] for other, held in self.held.items() if other != iid}
         self.offsets.setdefault(iid, 0.0)
 
@@ -58,8 +58,6 @@ class _Series:
             self.left += state[0]
         elif self.kind == "gauge":
             self.left += state[2] - self.offsets.pop(iid, 0.0)
-            if self.setter == iid:
-                self.setter = None
         else:
             for bucket, count in enumerate(self._counts(state)):
                 self.left_counts[bucket] += count
@@ -110,54 +108,102 @@ class CustomMetrics:
         self._refused: set[tuple[str, str]] = set()   # (family, kind) conflicts already logged
 
     def report(self, iid: bytes, families: list) -> None:
-        """An instance's heartbeat: the state of every series it holds."""
+        """An instance's heartbeat: the state of every series it holds. A series it held before and
+        reports no more (its ``Metric`` objects deleted) is forgotten for it."""
+        held: set[tuple[str, Labels]] = set()
         with self._lock:
             for reported in families:
                 try:
-                    self._report_family(iid, *reported)
-                except (TypeError, ValueError, IndexError, KeyError):
+                    held.update(self._report_family(iid, *_checked_family(reported)))
+                except (TypeError, ValueError):
                     log.warning("instance %s reported a custom metric family that cannot be read: %.200r",
                                 iid.decode(errors="replace"), reported)
+            self._forget(iid, keep=held)
 
-    def _report_family(self, iid: bytes, name: str, description: str, kind: int, series: list) -> None:
+    def _report_family(self, iid: bytes, name: str, description: str, kind: str,
+                       series: list[tuple[Labels, list]]) -> list[tuple[str, Labels]]:
         family = self._families.get(name)
         if family is None:
-            family = self._families[name] = _Family(name, description, KINDS[kind])
-        elif family.kind != KINDS[kind]:
-            if (name, KINDS[kind]) not in self._refused:
-                self._refused.add((name, KINDS[kind]))
+            family = self._families[name] = _Family(name, description, kind)
+        elif family.kind != kind:
+            if (name, kind) not in self._refused:
+                self._refused.add((name, kind))
                 log.warning("custom metric family %s is a %s; instance %s made it a %s: its series are left out",
-                            name, family.kind, iid.decode(errors="replace"), KINDS[kind])
-            return
+                            name, family.kind, iid.decode(errors="replace"), kind)
+            return []
         for labels, state in series:
-            key = tuple((str(label), str(value)) for label, value in labels)
-            shared = family.series.get(key)
+            shared = family.series.get(labels)
             if shared is None:
-                shared = family.series[key] = _Series(family.kind, state[0] if family.kind == "histogram" else None)
+                shared = family.series[labels] = _Series(kind, state[0] if kind == "histogram" else None)
             shared.update(iid, state)
+        return [(name, labels) for labels, _ in series]
 
     def forget(self, iid: bytes) -> None:
         """The instance is gone: what it counted stays in the series other instances hold."""
         with self._lock:
-            for name, family in list(self._families.items()):
-                for labels, series in list(family.series.items()):
-                    if iid in series.held:
-                        series.forget(iid)
-                        if not series.held:
-                            del family.series[labels]
-                if not family.series:
-                    del self._families[name]
+            self._forget(iid)
+
+    def _forget(self, iid: bytes, keep: AbstractSet[tuple[str, Labels]] = frozenset()) -> None:
+        for name, family in list(self._families.items()):
+            for labels, series in list(family.series.items()):
+                if iid in series.held and (name, labels) not in keep:
+                    series.forget(iid)
+                    if not series.held:
+                        del family.series[labels]
+            if not family.series:
+                del self._families[name]
 
     def families(self, taken: set[str]) -> list[Metric]:
         """The families as Prometheus metrics, Triton's order of samples; a family named as one of
-        ``taken`` (the server's own) is left out."""
+        ``taken`` (the server's own) is left out, with a warning the first time."""
         with self._lock:
-            return [_metric(family) for name, family in self._families.items()
-                    if name not in taken and name.removesuffix("_total") not in taken]
+            kept = []
+            for name, family in self._families.items():
+                if name in taken or name.removesuffix("_total") in taken:
+                    if (name, "taken") not in self._refused:
+                        self._refused.add((name, "taken"))
+                        log.warning("custom metric family %s is named as one of the server's own: left out", name)
+                    continue
+                kept.append(_metric(family))
+            return kept
 
     def counter_names(self) -> list[str]:
         with self._lock:
             return [name for name, family in self._families.items() if family.kind == "counter"]
+
+
+def _checked_family(reported) -> tuple[str, str, str, list[tuple[Labels, list]]]:
+    """(name, description, kind, [(labels, state)]) of a reported family; ValueError or TypeError
+    for anything else, before any of it is kept."""
+    name, description, kind, series = reported
+    if not isinstance(name, str) or not isinstance(description, str) or type(kind) is not int \
+            or not 0 <= kind < len(KINDS) or not isinstance(series, list):
+        raise ValueError("not a family")
+    return name, description, KINDS[kind], [_checked_series(KINDS[kind], *entry) for entry in series]
+
+
+def _checked_series(kind: str, labels: list, state: list) -> tuple[Labels, list]:
+    pairs = tuple((label, value) for label, value in labels)
+    if not all(isinstance(text, str) for pair in pairs for text in pair):
+        raise ValueError("labels are not strings")
+    if kind == "counter":
+        (total,) = state
+        return pairs, [_real(total)]
+    if kind == "gauge":
+        sets, last_set, increments = state
+        if type(sets) is not int:
+            raise ValueError("not a count of sets")
+        return pairs, [sets, None if last_set is None else _real(last_set), _real(increments)]
+    bounds, counts, total = state
+    if len(counts) != len(bounds) + 1 or not all(type(count) is int for count in counts):
+        raise ValueError("not a histogram's counts")
+    return pairs, [[_real(bound) for bound in bounds], list(counts), _real(total)]
+
+
+def _real(value) -> float:
+    if type(value) not in (int, float):
+        raise ValueError(f"not a number: {value!r}")
+    return float(value)
 
 
 def _metric(family: _Family) -> Metric:

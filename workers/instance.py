@@ -164,6 +164,7 @@ class HeartbeatThread(threading.Thread):
         self.on_beat = on_beat
         self.pools = pools
         self.custom_metrics = custom_metrics
+        self._metrics_failed = False   # logged once
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -183,10 +184,8 @@ class HeartbeatThread(threading.Thread):
                         self._read(sock)
                     continue
                 next_beat += self.interval_s
-                beat = Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True,
-                                 pools=self.pools(), custom_metrics=self.custom_metrics())
                 try:
-                    sock.send(beat.encode(), zmq.NOBLOCK)
+                    sock.send(self._beat(), zmq.NOBLOCK)
                 except zmq.Again:
                     pass
                 try:   # a failure here must not end the thread: the instance would look dead
@@ -196,6 +195,20 @@ class HeartbeatThread(threading.Thread):
         finally:
             sock.close(0)
             context.term()
+
+    def _beat(self) -> bytes:
+        """This interval's heartbeat. Custom metrics that cannot be read or sent cost only
+        themselves: the instance must not look dead for them."""
+        pools = self.pools()
+        try:
+            return Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True, pools=pools,
+                             custom_metrics=self.custom_metrics()).encode()
+        except Exception:
+            if not self._metrics_failed:
+                self._metrics_failed = True
+                log.exception("the model's custom metrics cannot be sent to the broker")
+            return Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True,
+                             pools=pools).encode()
 
     def _read(self, sock: zmq.Socket) -> None:
         while True:

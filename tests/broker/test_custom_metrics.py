@@ -3,6 +3,10 @@ heartbeats, added up into one series per family and labels as Triton shows it on
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from tritium.broker.metrics import MetricsSettings, TritonCollector, render
 from tritium.broker.registry import Registry
 
@@ -75,14 +79,47 @@ def test_a_histogram_adds_up_its_buckets_as_triton_writes_them():
     ]
 
 
-def test_a_family_made_another_kind_elsewhere_or_named_as_tritons_own_is_left_out():
+def test_a_series_an_instance_reports_no_more_is_forgotten_for_it():
+    registry = Registry()
+    metrics = registry.custom_metrics
+    metrics.report(b"a", [counter(3)])
+    metrics.report(b"b", [counter(4)])
+    metrics.report(b"a", [])   # its Metric objects deleted: what it counted stays while b holds the series
+    assert lines(registry, "requests")[-1] == 'requests{model="m",version="1"} 7.0'
+    metrics.report(b"b", [])
+    assert lines(registry, "requests") == []
+
+
+@pytest.mark.parametrize("family", [
+    counter("3"), ["requests", 7, 0, [[LABELS, [3]]]], ["requests", "d", True, [[LABELS, [3]]]],
+    ["requests", "d", -1, [[LABELS, [3]]]], ["queue", "d", 1, [[LABELS, [1]]]],
+    ["queue", "d", 1, [[LABELS, [1.5, None, 0]]]], ["sizes", "d", 2, [[LABELS, [[1.0], [1], 1.0]]]],
+    ["sizes", "d", 2, [[[["k", 1]], [[1.0], [1, 0], 1.0]]]], ["requests", "d", 0, [[LABELS, []]]], "not a family",
+])
+def test_a_report_that_cannot_be_read_is_left_out_whole(family, caplog):
+    registry = Registry()
+    metrics = registry.custom_metrics
+    with caplog.at_level(logging.WARNING):
+        metrics.report(b"a", [family, counter(1, name="readable")])
+    assert "cannot be read" in caplog.text
+    text = render(TritonCollector(registry, MetricsSettings())).decode()
+    assert 'readable{model="m",version="1"} 1.0' in text
+    assert [line for line in text.splitlines() if line.startswith(("requests", "queue", "sizes", "# HELP requests",
+                                                                  "# HELP queue", "# HELP sizes"))] == []
+    metrics.forget(b"a")
+    assert "readable" not in render(TritonCollector(registry, MetricsSettings())).decode()
+
+
+def test_a_family_made_another_kind_elsewhere_or_named_as_tritons_own_is_left_out(caplog):
     registry = Registry()
     metrics = registry.custom_metrics
     metrics.report(b"a", [counter(3)])
     metrics.report(b"b", [["requests", "made a gauge", 1, [[LABELS, [0, None, 9]]]]])
     metrics.report(b"b", [counter(1, name="nv_inference_request_success")])
     metrics.report(b"c", [["broken", "d", 7, []], counter(1, name="after_the_broken_one")])
-    text = render(TritonCollector(registry, MetricsSettings())).decode()
+    with caplog.at_level(logging.WARNING):
+        text = render(TritonCollector(registry, MetricsSettings())).decode()
+    assert "nv_inference_request_success is named as one of the server's own" in caplog.text
     assert 'requests{model="m",version="1"} 3.0' in text and "made a gauge" not in text
     assert text.count("# HELP nv_inference_request_success ") == 1
     assert 'after_the_broken_one{model="m",version="1"} 1.0' in text and "broken " not in text

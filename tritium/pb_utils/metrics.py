@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import re
 import threading
+from collections import deque
 from numbers import Real
 
 from tritium.pb_utils.types import TritonModelException, runtime
@@ -41,9 +42,11 @@ class _Series:
     """What this instance did to one series: a counter's increments, a gauge's last ``set`` and
     the increments since, a histogram's bucket counts and sum."""
 
-    __slots__ = ("kind", "total", "sets", "last_set", "bounds", "counts", "sum")
+    __slots__ = ("key", "refs", "kind", "total", "sets", "last_set", "bounds", "counts", "sum")
 
-    def __init__(self, kind: MetricKind, bounds: list[float] | None) -> None:
+    def __init__(self, key: tuple, kind: MetricKind, bounds: list[float] | None) -> None:
+        self.key = key            # (family name, labels)
+        self.refs = 0             # the Metric objects made for it: the series goes with the last
         self.kind = kind
         self.total = 0.0          # counter: the sum of increments; gauge: the increments since the last set
         self.sets = 0             # gauge: how many times it was set (the broker orders sets by it)
@@ -62,12 +65,17 @@ class _Series:
 
 class _Store:
     """The families and series of this process; a lock, since a decoupled model updates its
-    metrics from threads of its own while the heartbeat thread reads them."""
+    metrics from threads of its own while the heartbeat thread reads them.
+
+    A series lives while a ``Metric`` object made for it does, as Triton's server deletes a metric
+    with the last of its Python objects; a ``Metric`` collected only queues its release (a
+    collection may run anywhere, even while this lock is held), applied under the lock next time."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.families: dict[str, tuple[MetricKind, str]] = {}
         self.series: dict[tuple[str, tuple[tuple[str, str], ...]], _Series] = {}
+        self.released: deque[_Series] = deque()
 
     def family(self, name: str, description: str, kind: MetricKind) -> None:
         with self.lock:
@@ -79,11 +87,17 @@ class _Store:
             bounds: list[float] | None) -> _Series:
         """The series of these labels; an existing one is shared, as Triton's are."""
         with self.lock:
-            return self.series.setdefault((name, labels), _Series(kind, bounds))
+            self._release()
+            series = self.series.get((name, labels))
+            if series is None:
+                series = self.series[(name, labels)] = _Series((name, labels), kind, bounds)
+            series.refs += 1
+            return series
 
     def wire(self) -> list | None:
         """Every family with its series, for the heartbeat: [name, description, kind, [[labels, state]]]."""
         with self.lock:
+            self._release()
             if not self.series:
                 return None
             families: dict[str, list] = {}
@@ -92,6 +106,13 @@ class _Store:
                 families.setdefault(name, [name, description, int(kind), []])[3].append(
                     [[list(pair) for pair in labels], series.wire()])
             return list(families.values())
+
+    def _release(self) -> None:
+        while self.released:
+            series = self.released.popleft()
+            series.refs -= 1
+            if series.refs == 0 and self.series.get(series.key) is series:
+                del self.series[series.key]
 
 
 SERIES = _Store()
@@ -104,6 +125,9 @@ class Metric:
 
     def __init__(self, series: _Series) -> None:
         self._series = series
+
+    def __del__(self) -> None:
+        SERIES.released.append(self._series)
 
     def increment(self, value: float) -> None:
         value = _number("increment", value)
@@ -157,6 +181,7 @@ class MetricFamily:
                             f"{kind!r}")
         if not _NAME.fullmatch(name):
             raise _refused("Error when creating MetricFamily", "Invalid metric name")
+        name, description = str(name), str(description)   # (a subclass of str would not reach the broker)
         SERIES.family(name, description, kind)
         self._name, self._kind = name, kind
 
@@ -189,7 +214,7 @@ def _label_pairs(labels: dict) -> tuple[tuple[str, str], ...]:
         name = str(name)   # (keys reach Triton's server through JSON, which makes them strings)
         if not _LABEL.fullmatch(name) or name.startswith("__"):   # (Triton's server aborts here)
             raise _refused("Error when creating Metric", f"Invalid label name '{name}'")
-        pairs.append((name, value))
+        pairs.append((name, str(value)))   # a str, not a subclass of it: what reaches the broker
     return tuple(sorted(pairs))
 
 

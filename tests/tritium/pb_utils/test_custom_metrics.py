@@ -11,6 +11,7 @@ import pytest
 from tritium.pb_utils import MODULE_DIR
 from tritium.pb_utils.metrics import SERIES
 from tritium.pb_utils.types import runtime
+from tritium.protocol import Heartbeat, read_record
 
 sys.path.insert(0, MODULE_DIR)
 import triton_python_backend_utils as pb_utils  # noqa: E402
@@ -22,11 +23,15 @@ COUNTER, GAUGE, HISTOGRAM = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily
 def fresh_instance():
     """Each test an instance of its own: no family or series left from another."""
     runtime.instance_name = "m_0_0"
-    SERIES.families.clear()
-    SERIES.series.clear()
+    _forget_every_series()
     yield
+    _forget_every_series()
+
+
+def _forget_every_series() -> None:
     SERIES.families.clear()
     SERIES.series.clear()
+    SERIES.released.clear()
 
 
 def refused(what: str, message: str) -> str:
@@ -146,3 +151,36 @@ def test_an_empty_list_of_buckets_is_one_bucket_up_to_infinity():
     metric = pb_utils.MetricFamily(name="unbounded", description="d", kind=HISTOGRAM).Metric(buckets=[])
     metric.observe(1e9)
     assert metric._series.wire() == [[], [1], 1e9]
+
+
+def test_a_series_goes_with_the_last_metric_object_made_for_it_as_in_triton():
+    family = pb_utils.MetricFamily(name="per_object", description="d", kind=COUNTER)
+    first, second = family.Metric(labels={"k": "v"}), family.Metric(labels={"k": "v"})
+    first.increment(2)
+    del first
+    assert SERIES.wire() == [["per_object", "d", 0, [[[["k", "v"]], [2.0]]]]]
+    del second
+    assert SERIES.wire() is None
+    again = family.Metric(labels={"k": "v"})   # a new series, from zero
+    assert again.value() == 0
+
+
+def test_labels_and_names_given_as_subclasses_of_str_reach_the_broker_as_str():
+    class Text(str):
+        pass
+
+    metric = pb_utils.MetricFamily(name=Text("subclassed"), description=np.str_("d"), kind=GAUGE).Metric(
+        labels={"k": np.str_("v"), Text("j"): Text("w")})
+    metric.set(1)
+    beat = Heartbeat(iid="i", custom_metrics=SERIES.wire()).encode()
+    assert read_record(beat)[0].custom_metrics == [["subclassed", "d", 1, [[[["j", "w"], ["k", "v"]], [1, 1.0, 0.0]]]]]
+
+
+def test_metrics_that_cannot_be_sent_cost_a_heartbeat_its_metrics_not_the_heartbeat(caplog):
+    from tritium.workers.instance import HeartbeatThread
+
+    thread = HeartbeatThread("ipc:///nowhere", "m_0_0", 1.0, custom_metrics=lambda: [["m", "d", 0, [[[], [object()]]]]])
+    for _ in range(2):
+        beat = read_record(thread._beat())[0]
+        assert beat.iid == "m_0_0" and beat.joined and beat.custom_metrics is None
+    assert caplog.text.count("custom metrics cannot be sent") == 1
