@@ -39,8 +39,11 @@ class Control:
         self.log_settings = log_settings
         self.tracing = BrokerTracing()
 
-    def handle(self, peer: bytes, request: ControlRequest) -> None:
+    def handle(self, peer: bytes, request: ControlRequest, send: Send | None = None) -> None:
+        """Carry out ``request`` and answer ``peer`` with ``send`` (the frontend's: a gateway's or
+        ``serve``'s; the backend's: a model's, on its BLS socket)."""
         rid = request.rid
+        send = send or self._send_frontend
 
         def reply(result) -> None:
             self._push_models_if_changed()  # a client told "loaded" must find the model at once
@@ -48,7 +51,7 @@ class Control:
                 message = ControlReply(rid, error=result)
             else:
                 message = ControlReply(rid, result)
-            self._send_frontend([peer, message.encode()])
+            send([peer, message.encode()])
 
         args = request.args
         try:

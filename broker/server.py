@@ -516,6 +516,9 @@ class Broker:
             self._submit(peer, parts, position, message, True)
         elif type(message) is Cancel:  # a model giving up on its BLS request
             self.scheduler.cancel(peer, message)
+        elif type(message) is ControlRequest:  # a model loading, unloading or asking after a model
+            self.membership.note_bls_call(peer, message.rid)
+            self.control.handle(peer, message, self._send_backend)
         elif type(message) is Hello:
             if self._protocol_ok(self.backend, peer, message.protocol_version, message.role):
                 self._unreachable.discard(peer)

@@ -21,11 +21,13 @@ from typing import NamedTuple
 import numpy as np
 import zmq
 
-from tritium.errors import ErrorCode
+from tritium.errors import ErrorCode, Unavailable
 from tritium.pb_utils import types as pb
 from tritium.protocol import (
     RECONNECT_IVL_MAX_MS,
     Cancel,
+    Control,
+    ControlReply,
     Heartbeat,
     Infer,
     Response,
@@ -125,6 +127,25 @@ class BlsClient:
                 raise
         return rid
 
+    def control(self, args):
+        """A repository operation (load, unload, the model table) asked of the broker as a gateway
+        asks it; its result, or the broker's error raised (a load answers once it is done)."""
+        with self._lock:
+            rid = self._next_rid   # from the calls' sequence: a new broker process tells them apart alike
+            self._next_rid += 1
+            self._replies[rid] = deque()
+            self._called[rid] = getattr(args, "model", "")
+            self.sock.send_parts([Control(rid, args).encode()])
+        try:
+            _, reply = self._next(rid)
+        finally:
+            del self._replies[rid]
+        if isinstance(reply, ControlReply):
+            if reply.error is not None:
+                raise reply.error
+            return reply.result
+        raise Unavailable(reply.error().message())   # lost with a broker process that is gone (``_fail_below``)
+
     def pool_usage(self) -> PoolUsage | None:
         """The figures of the shared memory the calls' large inputs are placed in; None before the
         first such input (or on a link that is not local)."""
@@ -157,6 +178,11 @@ class BlsClient:
                     response, record, offset = read_record(parts[position])
                     if type(response) is Heartbeat:   # where a new broker process's calls begin
                         self._boundary_told(response)
+                        position += 1
+                        filed = True
+                        continue
+                    if type(response) is ControlReply:
+                        self._file_reply(response)
                         position += 1
                         filed = True
                         continue
@@ -203,6 +229,11 @@ class BlsClient:
             return  # an answer nobody waits for any more
         self._replies[rid].append(_response(response, record, offset, external))
         self._tell_waiter(rid)
+
+    def _file_reply(self, reply: ControlReply) -> None:
+        self._called.pop(reply.rid, None)
+        if reply.rid in self._replies:
+            self._replies[reply.rid].append((True, reply))
 
     def _tell_waiter(self, rid: int) -> None:
         """Wake the coroutine awaiting ``rid``'s next answer, if one does (``execute_async``)."""

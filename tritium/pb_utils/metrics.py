@@ -18,7 +18,7 @@ import threading
 from collections import deque
 from numbers import Real
 
-from tritium.pb_utils.types import TritonModelException, runtime
+from tritium.pb_utils.types import TritonModelException, refused_by_server
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -30,12 +30,6 @@ class MetricKind(enum.IntEnum):
     COUNTER = 0
     GAUGE = 1
     HISTOGRAM = 2
-
-
-def _refused(what: str, message: str) -> TritonModelException:
-    """Triton's wording for what its server refused (the stub asks the server for every change)."""
-    return TritonModelException(f"{what}: Failed to process the request for model '{runtime.instance_name}', "
-                                f"message: {message}")
 
 
 class _Series:
@@ -81,7 +75,7 @@ class _Store:
         with self.lock:
             known = self.families.setdefault(name, (kind, description))
         if known[0] is not kind:   # (Triton's server aborts here)
-            raise _refused("Error when creating MetricFamily", "Family name already exists with different type")
+            raise refused_by_server("Error when creating MetricFamily", "Family name already exists with different type")
 
     def add(self, name: str, labels: tuple[tuple[str, str], ...], kind: MetricKind,
             bounds: list[float] | None) -> _Series:
@@ -133,7 +127,7 @@ class Metric:
         value = _number("increment", value)
         series = self._supporting("Failed to increment metric value", "Increment", MetricKind.COUNTER, MetricKind.GAUGE)
         if series.kind is MetricKind.COUNTER and value < 0:
-            raise _refused("Failed to increment metric value", "TRITONSERVER_METRIC_KIND_COUNTER can only be "
+            raise refused_by_server("Failed to increment metric value", "TRITONSERVER_METRIC_KIND_COUNTER can only be "
                                                                "incremented monotonically by non-negative values.")
         with SERIES.lock:
             series.total += value
@@ -162,7 +156,7 @@ class Metric:
     def _supporting(self, failed: str, operation: str, *kinds: MetricKind) -> _Series:
         """The series, if its kind supports ``operation`` (Triton's server refuses it otherwise)."""
         if self._series.kind not in kinds:
-            raise _refused(failed, f"TRITONSERVER_METRIC_KIND_{self._series.kind.name} does not support {operation}")
+            raise refused_by_server(failed, f"TRITONSERVER_METRIC_KIND_{self._series.kind.name} does not support {operation}")
         return self._series
 
 
@@ -180,7 +174,7 @@ class MetricFamily:
                             f"kind: c_python_backend_utils.MetricKind)\n\nInvoked with: {name!r}, {description!r}, "
                             f"{kind!r}")
         if not _NAME.fullmatch(name):
-            raise _refused("Error when creating MetricFamily", "Invalid metric name")
+            raise refused_by_server("Error when creating MetricFamily", "Invalid metric name")
         name, description = str(name), str(description)   # (a subclass of str would not reach the broker)
         SERIES.family(name, description, kind)
         self._name, self._kind = name, kind
@@ -201,7 +195,7 @@ class MetricFamily:
             raise TritonModelException("Failed to create metric. Missing required buckets.")
         pairs = _label_pairs(labels or {})
         if bounds is not None and any(a > b for a, b in zip(bounds, bounds[1:])):
-            raise _refused("Error when creating Metric", "Bucket Boundaries must be strictly sorted")
+            raise refused_by_server("Error when creating Metric", "Bucket Boundaries must be strictly sorted")
         return Metric(SERIES.add(self._name, pairs, self._kind, bounds))
 
 
@@ -210,10 +204,10 @@ def _label_pairs(labels: dict) -> tuple[tuple[str, str], ...]:
     pairs = []
     for name, value in labels.items():
         if not isinstance(value, str):
-            raise _refused("Error when creating Metric", "attempt to access JSON non-string as string")
+            raise refused_by_server("Error when creating Metric", "attempt to access JSON non-string as string")
         name = str(name)   # (keys reach Triton's server through JSON, which makes them strings)
         if not _LABEL.fullmatch(name) or name.startswith("__"):   # (Triton's server aborts here)
-            raise _refused("Error when creating Metric", f"Invalid label name '{name}'")
+            raise refused_by_server("Error when creating Metric", f"Invalid label name '{name}'")
         pairs.append((name, str(value)))   # a str, not a subclass of it: what reaches the broker
     return tuple(sorted(pairs))
 

@@ -235,6 +235,7 @@ from tritium.pb_utils.types import (  # noqa: E402,F401
     TritonModelException,
 )
 from tritium.pb_utils.metrics import Metric, MetricFamily, MetricKind  # noqa: E402,F401
+from tritium.pb_utils.model_control import is_model_ready, load_model, unload_model  # noqa: E402,F401
 
 # The name some code uses for triton_to_numpy_type.
 triton_type_to_numpy = triton_to_numpy_type

@@ -64,6 +64,12 @@ class TritonModelException(Exception):
         return str(self)
 
 
+def refused_by_server(what: str, message: str) -> TritonModelException:
+    """Triton's wording for what its server refused a model's request for (metrics, model control)."""
+    return TritonModelException(f"{what}: Failed to process the request for model '{runtime.instance_name}', "
+                                f"message: {message}")
+
+
 class Tensor:
     def __init__(self, name, data):
         if not isinstance(name, str):

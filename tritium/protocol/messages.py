@@ -481,7 +481,7 @@ CONTROL_ARGS: tuple[type[ControlArgs], ...] = typing.get_args(ControlArgsUnion)
 
 
 class Control(Message, frozen=True, tag=int(Kind.CONTROL)):
-    DIRECTION = "gateway / serve -> broker"
+    DIRECTION = "gateway / serve / instance (a model's load_model...) -> broker"
 
     rid: Annotated[int, doc("request number")]
     args: Annotated[ControlArgsUnion, doc("the operation (`op`) and its arguments, one of the CONTROL records")]
