@@ -20,7 +20,7 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from tritium.repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
-from tritium.repo.names import relative_file_problem, write_files
+from tritium.repo.names import check_load_parameters, relative_file_problem, write_files
 from tritium.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,7 @@ class ModelReader:
 
 def overrides_from(name: str, parameters: dict) -> tuple[ModelConfig | None, dict | None]:
     """The load API's ``config`` and ``file:`` parameters, checked and decoded."""
+    check_load_parameters(name, parameters)
     config_text = parameters.get("config")
     files = {key[len("file:"):]: value for key, value in parameters.items() if key.startswith("file:")}
     if files and config_text is None:

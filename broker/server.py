@@ -455,9 +455,9 @@ class Broker:
         elif header["k"] == Kind.BATCH_DONE and isinstance(header.get("b"), int) and sock is self.backend:
             self.scheduler.batch_unreadable(peer, header["b"], str(exc))
             return None   # the records after it are its responses
-        elif header["k"] == Kind.CONTROL and isinstance(header.get("rid"), int) and sock is self.frontend:
+        elif header["k"] == Kind.CONTROL and isinstance(header.get("rid"), int):   # a gateway's, or a model's
             error = InvalidArgument(f"malformed control request: {exc}")
-            self._send_frontend([peer, ControlReply(header["rid"], error=error).encode()])
+            self._send(sock, [peer, ControlReply(header["rid"], error=error).encode()])
         else:
             return None
         external = header.get("x", 0)   # a gateway's message holds its turn's requests: the others are served

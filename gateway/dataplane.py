@@ -21,7 +21,7 @@ from tritium.gateway.model_table import ModelSpec, parse_version
 from tritium.gateway.shared_memory import SHM_DISABLED, map_region
 from tritium.gateway.tracing import NO_TRACING
 from tritium.gateway.validation import check_requested_outputs, check_single_response, validate_inputs
-from tritium.repo.names import require_name
+from tritium.repo.names import check_load_parameters, require_name
 from tritium import __version__
 from tritium.errors import InternalError, InvalidArgument, TritiumError, Unavailable, Unsupported
 from tritium.protocol import (ChangeLogSettings, Control, ControlArgsUnion, IndexQuery, Infer, LoadModel, RegisterRegion,
@@ -111,13 +111,7 @@ class DataPlane:
     async def load_model(self, name: str, parameters: dict) -> None:
         """Returns once the model is loaded (its table already here), or raises why it is not."""
         require_name(name, "load")
-        for key, value in parameters.items():
-            if key == "config" and not isinstance(value, str):
-                raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON string")
-            if key.startswith("file:") and not isinstance(value, (str, bytes)):
-                raise InvalidArgument(f"failed to load '{name}': '{key}' must be base64 text or bytes")
-            if key != "config" and not key.startswith("file:"):   # Triton refuses them too
-                raise InvalidArgument(f"unrecognized load parameter '{key}'.")
+        check_load_parameters(name, parameters)   # before it is sent (the broker checks a model's own loads too)
         await self._control(LoadModel(name, parameters))
 
     async def unload_model(self, name: str, unload_dependents: bool) -> None:

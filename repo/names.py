@@ -72,3 +72,15 @@ def write_files(load_dir: Path, name: str, files: dict[str, bytes]) -> Path:
 
 def _has_control(text: str) -> bool:
     return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
+def check_load_parameters(name: str, parameters: dict) -> None:
+    """The load API's parameters: a JSON ``config`` and ``file:<path>`` contents, nothing else
+    (Triton refuses any other name), checked in the order they came."""
+    for key, value in parameters.items():
+        if key == "config" and not isinstance(value, str):
+            raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON string")
+        if key.startswith("file:") and not isinstance(value, (str, bytes)):
+            raise InvalidArgument(f"failed to load '{name}': '{key}' must be base64 text or bytes")
+        if key != "config" and not key.startswith("file:"):
+            raise InvalidArgument(f"unrecognized load parameter '{key}'.")

@@ -132,10 +132,15 @@ class BlsClient:
         asks it; its result, or the broker's error raised (a load answers once it is done)."""
         with self._lock:
             rid = self._next_rid   # from the calls' sequence: a new broker process tells them apart alike
+            record = Control(rid, args).encode()
             self._next_rid += 1
             self._replies[rid] = deque()
-            self._called[rid] = getattr(args, "model", "")
-            self.sock.send_parts([Control(rid, args).encode()])
+            self._called[rid] = getattr(args, "model", None) or args.op.value
+            try:
+                self.sock.send_parts([record])
+            except BaseException:
+                del self._replies[rid], self._called[rid]
+                raise
         try:
             _, reply = self._next(rid)
         finally:

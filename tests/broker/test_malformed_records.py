@@ -68,3 +68,15 @@ def test_a_hello_of_another_version_that_does_not_read_as_this_ones_is_refused(w
     assert refused["reason"] == (f"protocol version {PROTOCOL_VERSION + 1} refused; this broker speaks "
                                  f"version {PROTOCOL_VERSION}")
     assert b"newer-agent" not in world.broker.registry.agents
+
+
+def test_a_models_control_on_its_bls_socket_is_answered_there_malformed_or_not(world):
+    """A model's load_model / is_model_ready: its CONTROL comes on the backend, from its BLS socket."""
+    world.serving_instance()
+    bls = world.peer("back", b"instance-1/bls")
+    bls.send(encode({"k": Kind.CONTROL, "rid": 3, "args": {"op": "no-such-op"}}))
+    bls.send(Control(4, StatusQuery()).encode())
+    world.until(lambda: len(bls.headers(Kind.CONTROL_REPLY)) == 2)
+    malformed, status = bls.headers(Kind.CONTROL_REPLY)
+    assert malformed["rid"] == 3 and malformed["err"]["message"].startswith("malformed control request: ")
+    assert status["rid"] == 4 and status["ok"]["ready"] is True

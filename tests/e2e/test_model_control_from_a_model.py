@@ -97,9 +97,11 @@ def test_a_model_unloads_another(server):
     ("load", {"model_name": "py_add_sub", "files": ["file:1/model.py"]},
      "TritonModelException: failed to load model 'py_add_sub', files should be a dictionary of file paths and "
      "file contents"),
+    ("load", {"model_name": "py_add_sub", "files": {"model.py": "x"}}, refused(
+        "Failed to load model", "unrecognized load parameter 'model.py'.")),
     ("load", {"model_name": None}, "TypeError: load_model(): incompatible function arguments. The following "
                                    "argument types are supported:\n    1. (model_name: str, config: str = '', "
-                                   "files: object = None) -> None\n\nInvoked with: None, '', None"),
+                                   "files: object = None) -> None"),
 ])
 def test_what_triton_refuses_is_refused_with_its_words(server, op, args, answer):
-    assert call(server, op, **args) == answer
+    assert call(server, op, **args).split("\n\nInvoked with:")[0] == answer   # (pybind's rendering of the arguments aside)

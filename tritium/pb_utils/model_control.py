@@ -3,7 +3,9 @@
 Triton's model loading API for BLS models. The instance asks the broker on its BLS socket, as a
 gateway asks for a client's repository API call, and waits for the answer: a load until the model
 is loaded (or has failed to), an unload until it has begun. Loading and unloading need
-``--model-control-mode=explicit``, as in Triton. The checks and error texts are Triton's.
+``--model-control-mode=explicit``, as in Triton. The checks and error texts are Triton's; the
+arguments are converted as Triton's bindings convert them (text from str or bytes, a flag from
+anything with a truth value).
 """
 
 from __future__ import annotations
@@ -14,26 +16,28 @@ from tritium.errors import TritiumError
 from tritium.pb_utils.types import TritonModelException, refused_by_server, runtime
 from tritium.protocol import LoadModel, ModelsQuery, UnloadModel
 
-_STOL = re.compile(r"\s*[+-]?\d+")   # what C++'s std::stol reads of a version string
+_STOL = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")   # what C++'s std::stol reads of a version string
 _READY = "READY"
+_CAST = ("Unable to cast Python instance to C++ type (#define PYBIND11_DETAILED_ERROR_MESSAGES or compile in "
+         "debug mode for details)")
 
 
 def load_model(model_name: str, config: str = "", files: dict | None = None) -> None:
     """Load (or reload) ``model_name``, with an override ``config`` (JSON) and ``files``
     ({"file:<path>": bytes}) as the repository API's load takes them."""
-    if not isinstance(model_name, str) or not isinstance(config, str):
-        raise _arguments("load_model", "(model_name: str, config: str = '', files: object = None) -> None",
-                         model_name, config, files)
+    signature = "(model_name: str, config: str = '', files: object = None) -> None"
+    model_name, config = _text("load_model", signature, model_name), _text("load_model", signature, config)
     parameters: dict = {}
     if files is not None:
         if not isinstance(files, dict):
             raise TritonModelException(f"failed to load model '{model_name}', files should be a dictionary of file "
                                        f"paths and file contents")
         for path, content in files.items():
-            if not isinstance(path, str) or not isinstance(content, bytes):
-                raise RuntimeError("Unable to cast Python instance to C++ type (#define "
-                                   "PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details)")
-            parameters[path] = content
+            if not isinstance(path, (str, bytes)):
+                raise RuntimeError(_CAST)
+            if not isinstance(content, bytes):
+                raise TypeError(f"Object of type '{type(content).__name__}' is not an instance of 'bytes'")
+            parameters[path.decode() if isinstance(path, bytes) else str(path)] = bytes(content)
     if config:
         parameters["config"] = config
     _ask("Failed to load model", LoadModel(model_name, parameters))
@@ -42,25 +46,22 @@ def load_model(model_name: str, config: str = "", files: dict | None = None) -> 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload ``model_name`` (and the ensembles using it, with ``unload_dependents``); returns
     once the unload has begun, as Triton's does."""
-    if not isinstance(model_name, str) or not isinstance(unload_dependents, bool):
-        raise _arguments("unload_model", "(model_name: str, unload_dependents: bool = False) -> None",
-                         model_name, unload_dependents)
-    _ask("Failed to unload model", UnloadModel(model_name, unload_dependents))
+    model_name = _text("unload_model", "(model_name: str, unload_dependents: bool = False) -> None", model_name)
+    _ask("Failed to unload model", UnloadModel(model_name, bool(unload_dependents)))
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    """Whether the version (any, when ``model_version`` is empty) is loaded and ready; False for a
-    model the server does not know."""
-    if not isinstance(model_name, str) or not isinstance(model_version, str):
-        raise _arguments("is_model_ready", "(model_name: str, model_version: str = '') -> bool",
-                         model_name, model_version)
-    version = _version(model_version)
+    """Whether the version is loaded and ready (with no version: the latest ready one, as a
+    client's readiness request reads it); False for a model the server does not know."""
+    signature = "(model_name: str, model_version: str = '') -> bool"
+    model_name = _text("is_model_ready", signature, model_name)
+    version = _version(_text("is_model_ready", signature, model_version))
     table = _ask("Failed to check model readiness", ModelsQuery())
-    for row in table["models"]:
-        if row["name"] == model_name:
-            return any(state == _READY and healthy and version in (-1, number)
-                       for number, state, _, healthy in row["versions"])
-    return False
+    row = next((row for row in table["models"] if row["name"] == model_name), None)
+    ready = {number: healthy for number, state, _, healthy in (row["versions"] if row else ()) if state == _READY}
+    if version == -1:
+        return bool(ready) and ready[max(ready)]
+    return ready.get(version, False)
 
 
 def _version(text: str) -> int:
@@ -89,7 +90,11 @@ def _ask(failed: str, args):
         raise refused_by_server(failed, exc.message) from None
 
 
-def _arguments(function: str, signature: str, *given) -> TypeError:
-    invoked = ", ".join(repr(argument) for argument in given)
-    return TypeError(f"{function}(): incompatible function arguments. The following argument types are supported:"
-                     f"\n    1. {signature}\n\nInvoked with: {invoked}")
+def _text(function: str, signature: str, value) -> str:
+    """``value`` as the text a C++ string argument takes (str, or bytes as UTF-8); TypeError else."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, str):
+        return str(value)   # (a subclass of str would not reach the broker)
+    raise TypeError(f"{function}(): incompatible function arguments. The following argument types are supported:"
+                    f"\n    1. {signature}\n\nInvoked with: {value!r}")
