@@ -111,12 +111,37 @@ class Tensor:
     def to_dlpack(self):
         return self._array.__dlpack__()
 
+    def __dlpack__(self, stream=None):
+        """So that ``torch.from_dlpack(tensor)`` takes it as it is, as Triton's tensors allow."""
+        return self._array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
     @staticmethod
-    def from_dlpack(name, capsule):
-        return Tensor(name, np.from_dlpack(capsule))
+    def from_dlpack(name, dlpack):
+        """A tensor over ``dlpack``'s memory: an object with ``__dlpack__`` (a torch tensor) or the
+        capsule ``to_dlpack()`` made, as Triton's examples pass it (CPU memory only here)."""
+        if type(dlpack).__name__ == "PyCapsule":
+            dlpack = _Capsule(dlpack)
+        return Tensor(name, np.from_dlpack(dlpack))
 
     def __repr__(self):
         return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+class _Capsule:
+    """A bare DLPack capsule as numpy takes one: an object that hands it out (a capsule says
+    nothing of its device before it is opened; tritium's tensors are in CPU memory)."""
+
+    def __init__(self, capsule) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, **_):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)   # kDLCPU
 
 
 class InferenceResponse:

@@ -129,3 +129,19 @@ def test_model_config_auto_complete_methods():
         config.set_max_batch_size(4)
     with pytest.raises(ValueError, match="configuration expects datatype TYPE_FP32"):
         config.add_input({"name": "X", "data_type": "TYPE_INT32", "dims": [4]})
+
+
+def test_tensors_cross_dlpack_both_ways_as_tritons_examples_use_it():
+    import torch
+    from torch.utils.dlpack import from_dlpack, to_dlpack
+
+    source = torch.arange(6, dtype=torch.int64).reshape(2, 3)
+    from_capsule = pb_utils.Tensor.from_dlpack("OUTPUT0", to_dlpack(source))   # Triton's documented form
+    from_object = pb_utils.Tensor.from_dlpack("OUTPUT1", source)
+    source[0, 0] = 7   # the same memory, not a copy
+    for tensor in (from_capsule, from_object):
+        assert tensor.shape() == [2, 3] and tensor.triton_dtype() == 9
+        assert tensor.as_numpy().tolist() == [[7, 1, 2], [3, 4, 5]]
+    floats = pb_utils.Tensor("INPUT0", np.array([1.5, 2.5], np.float32))
+    assert from_dlpack(floats.to_dlpack()).tolist() == [1.5, 2.5]
+    assert torch.from_dlpack(floats).tolist() == [1.5, 2.5]   # a Tensor is a DLPack object itself
