@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from tritium.errors import TritiumError
-from tritium.pb_utils.types import TritonModelException, refused_by_server, runtime
+from tritium.pb_utils.types import TritonModelException, as_text, refused_by_server, runtime
 from tritium.protocol import LoadModel, ModelsQuery, UnloadModel
 
 _STOL = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")   # what C++'s std::stol reads of a version string
@@ -37,7 +37,7 @@ def load_model(model_name: str, config: str = "", files: dict | None = None) -> 
                 raise RuntimeError(_CAST)
             if not isinstance(content, bytes):
                 raise TypeError(f"Object of type '{type(content).__name__}' is not an instance of 'bytes'")
-            parameters[path.decode() if isinstance(path, bytes) else str(path)] = bytes(content)
+            parameters[as_text(path)] = bytes(content)
     if config:
         parameters["config"] = config
     _ask("Failed to load model", LoadModel(model_name, parameters))
@@ -92,9 +92,8 @@ def _ask(failed: str, args):
 
 def _text(function: str, signature: str, value) -> str:
     """``value`` as the text a C++ string argument takes (str, or bytes as UTF-8); TypeError else."""
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
+    value = as_text(value)
     if isinstance(value, str):
-        return str(value)   # (a subclass of str would not reach the broker)
+        return value
     raise TypeError(f"{function}(): incompatible function arguments. The following argument types are supported:"
                     f"\n    1. {signature}\n\nInvoked with: {value!r}")

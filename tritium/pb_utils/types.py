@@ -70,8 +70,18 @@ def refused_by_server(what: str, message: str) -> TritonModelException:
                                 f"message: {message}")
 
 
+def as_text(value):
+    """``value`` as Triton's bindings take a string argument: str (a subclass made plain), or bytes
+    as UTF-8 (a name read from a BYTES tensor, as Triton's BLS example passes it); anything else
+    as it is, for the caller to refuse."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value) if isinstance(value, str) else value
+
+
 class Tensor:
     def __init__(self, name, data):
+        name = as_text(name)
         if not isinstance(name, str):
             raise TritonModelException(f"Tensor name must be a string, got {type(name).__name__}")
         array = data if isinstance(data, np.ndarray) else np.asarray(data)
@@ -231,11 +241,11 @@ class InferenceRequest:
     def __init__(self, request_id="", correlation_id=0, inputs=None, requested_output_names=None,
                  model_name="", model_version=-1, flags=0, timeout=0, preferred_memory=None,
                  trace=None, parameters=None):
-        self._request_id = request_id
-        self._correlation_id = correlation_id
+        self._request_id = as_text(request_id)
+        self._correlation_id = as_text(correlation_id)
         self._inputs = list(inputs or [])
-        self._requested_output_names = requested_output_names if requested_output_names is not None else []
-        self._model_name = model_name
+        self._requested_output_names = [as_text(name) for name in requested_output_names or []]
+        self._model_name = as_text(model_name)
         self._model_version = int(model_version)
         self._flags = flags
         self._timeout = timeout

@@ -145,3 +145,14 @@ def test_tensors_cross_dlpack_both_ways_as_tritons_examples_use_it():
     floats = pb_utils.Tensor("INPUT0", np.array([1.5, 2.5], np.float32))
     assert from_dlpack(floats.to_dlpack()).tolist() == [1.5, 2.5]
     assert torch.from_dlpack(floats).tolist() == [1.5, 2.5]   # a Tensor is a DLPack object itself
+
+
+def test_names_read_from_bytes_tensors_are_taken_as_triton_takes_them():
+    """Triton's BLS example names the model with a BYTES input's element (bytes): a C++ string to
+    Triton's bindings, which take bytes as UTF-8."""
+    name = np.array([b"add_sub"], dtype=np.object_)[0]
+    request = pb_utils.InferenceRequest(model_name=name, request_id=b"r-1", requested_output_names=[b"OUTPUT0"],
+                                        inputs=[pb_utils.Tensor(b"INPUT0", np.zeros(2, np.float32))])
+    assert (request.model_name(), request.request_id(), request.requested_output_names()) == \
+        ("add_sub", "r-1", ["OUTPUT0"])
+    assert [type(tensor.name()) for tensor in request.inputs()] == [str]
