@@ -96,6 +96,11 @@ class Membership:
     def record_host_metrics(self, host: str, metrics: HostMetrics) -> None:
         self.registry.host_metrics[host] = metrics
 
+    def record_working(self, agent: AgentRecord, iids: list[str], now: float) -> None:
+        """A host agent's heartbeat: which of its instances' processes run."""
+        agent.working = frozenset(iid.encode() for iid in iids)
+        agent.working_at = now
+
     def record_custom_metrics(self, iid: bytes, families: list) -> None:
         """An instance's custom metrics, as its heartbeat reports them."""
         if iid in self.registry.instances:

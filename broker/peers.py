@@ -20,6 +20,7 @@ from tritium.errors import InvalidArgument, ProtocolError
 from tritium.exit_codes import ExitCode
 from tritium.protocol import (
     HEARTBEAT_SUFFIX,
+    MISSED_HEARTBEATS,
     Assign,
     Drained,
     Heartbeat,
@@ -59,6 +60,7 @@ class Peers:
         self._heartbeat_interval_s = heartbeat_interval_s
         self.hold = hold   # a returning gateway's table waits while this process takes over
         self._reset_sent: dict[bytes, float] = {}   # unknown agents asked to register, and when
+        self._kept_silent: set[bytes] = set()   # instances silent while their processes run (warned of once)
 
     # -- joining ------------------------------------------------------------------------
 
@@ -184,6 +186,9 @@ class Peers:
             iid = beat.iid.encode()
             if iid in self.registry.instances:
                 self.liveness.heard(iid, now)
+                if iid in self._kept_silent:
+                    self._kept_silent.discard(iid)
+                    log.info("instance %s answers heartbeats again", self.registry.instances[iid].name)
                 self.liveness.beats_every(iid, beat.heartbeat_s or 0.0)
                 if beat.pools is not None:
                     self.membership.record_tensor_pools(iid, beat.pools)
@@ -191,7 +196,10 @@ class Peers:
                     self.membership.record_custom_metrics(iid, beat.custom_metrics)
             elif beat.joined:
                 self._unknown_instance(iid, beat)
-        elif beat.role is Role.AGENT and peer not in self.registry.agents:
+        elif beat.role is Role.AGENT and peer in self.registry.agents:
+            if beat.working is not None:
+                self.membership.record_working(self.registry.agents[peer], beat.working, now)
+        elif beat.role is Role.AGENT:
             # Heartbeats queued while the broker was away arrive together: ask once per interval.
             if now - self._reset_sent.get(peer, 0.0) >= self._heartbeat_interval_s:
                 self._reset_sent[peer] = now
@@ -245,9 +253,13 @@ class Peers:
         if not self.scheduler.holds_work(self.membership.instances_of(agent.identity)):
             self._send_backend([agent.identity, Drained().encode()])
 
-    def drop_silent(self, peer: bytes) -> None:
+    def drop_silent(self, peer: bytes, now: float) -> None:
         why = f"stopped answering heartbeats for {self.liveness.limit_for(peer):.0f} s"
+        if peer in self.registry.instances and self._still_working(self.registry.instances[peer], now):
+            self.liveness.heard(peer, now)   # asked again after another limit
+            return
         self.liveness.forget(peer)
+        self._kept_silent.discard(peer)
         if peer in self.registry.agents:
             self._drop_agent(peer, why)
         elif peer in self.registry.instances:
@@ -260,6 +272,23 @@ class Peers:
         elif peer in self.membership.gateways:
             log.warning("gateway %s %s; no longer pushing to it", peer.decode(errors="replace"), why)
             self.membership.remove_gateway(peer)
+
+    def _still_working(self, instance: InstanceRecord, now: float) -> bool:
+        """A silent instance whose process runs, as its host agent's fresh heartbeat says, is kept,
+        as Triton keeps a stub that computes (a model holding the GIL starves its heartbeats). One
+        that exited, was stopped or went with its host is not."""
+        agent = self.registry.agents.get(instance.agent)
+        agent_interval_s = self.liveness.limit_for(instance.agent) / MISSED_HEARTBEATS   # (its own, if slower)
+        if agent is None or instance.iid not in agent.working or now - agent.working_at > 2 * agent_interval_s:
+            return False
+        if instance.iid not in self._kept_silent:
+            self._kept_silent &= self.registry.instances.keys()   # (those gone meanwhile by other ways)
+            self._kept_silent.add(instance.iid)
+            log.warning("instance %s of model %s version %d has not answered heartbeats for %.0f s, but its "
+                        "process runs (its host agent says so): kept. A model's execute holding Python's GIL in "
+                        "a long call starves its heartbeats", instance.name, instance.model, instance.version,
+                        self.liveness.limit_for(instance.iid))
+        return True
 
     def _drop_agent(self, peer: bytes, why: str) -> None:
         agent = self.membership.remove_agent(peer)
@@ -292,6 +321,7 @@ class Peers:
         agent = self.registry.agents.get(instance.agent) if instance else None
         self.membership.remove_instance(iid, why, restart_expected=agent is not None and not agent.draining)
         self.liveness.forget(iid)
+        self._kept_silent.discard(iid)
         self.adoption.forget(iid)
         version = self._epoch_of(exited.epoch, exited.boot)
         name = exited.name

@@ -216,6 +216,8 @@ class AgentRecord:
     models: tuple[str, ...] | None   # None: every model
     draining: bool = False           # the host is stopping (it sent DRAIN)
     cpu_slots: int = 0               # --max-cpu-instances: room for autoscaled CPU instances
+    working: frozenset[bytes] = frozenset()   # its instances whose processes run, as its last heartbeat said
+    working_at: float = 0.0                    # when that heartbeat came
 
     def serves(self, model: str) -> bool:
         return self.models is None or model in self.models

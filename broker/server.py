@@ -395,7 +395,7 @@ class Broker:
         for agent in list(self.registry.agents):
             self._send_backend([agent, beat])
         for peer in self.liveness.silent(self._now):
-            self.peers.drop_silent(peer)
+            self.peers.drop_silent(peer, self._now)
         self.scheduler.fail_unserviceable()
         self.peers.check_draining_agents()
 

@@ -16,7 +16,9 @@ def main() -> None:
     os.dup2(2, 1)  # whatever the user's code prints goes to stderr, not into the answer
     sys.stdout = sys.stderr
     try:
-        answer = {"config": _complete(Path(sys.argv[1]), json.loads(sys.stdin.read()))}
+        model_file = Path(sys.argv[1])
+        sys.argv = [""]   # what Triton's stub gives model code, not this process's arguments
+        answer = {"config": _complete(model_file, json.loads(sys.stdin.read()))}
     except Exception as exc:  # report any failure of user code as the answer
         answer = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
     os.write(answer_fd, (json.dumps(answer) + "\n").encode())

@@ -261,11 +261,19 @@ class HostAgent:
             return
         interval = self.settings.heartbeat_interval_s
         self._next_heartbeat = now + interval
-        self._send(Heartbeat(heartbeat_s=interval, role=Role.AGENT))
+        self._send(Heartbeat(heartbeat_s=interval, role=Role.AGENT, working=self._working()))
         if not self._broker_lost and now - self._last_heard > max(interval, self._broker_interval) * MISSED_HEARTBEATS:
             self._broker_lost = True
             log.warning("lost contact with the broker at %s; instances keep running while reconnecting",
                         self.settings.broker)
+
+    def _working(self) -> list[str]:
+        """The instances whose processes run: not exited, not stopped by a signal. The broker keeps
+        one of them that falls silent, as Triton keeps a stub that computes: its main thread may hold
+        Python's GIL in a long call (a library that does not release it), starving its heartbeats."""
+        return [child.iid for child in self.children
+                if child.iid and child.process is not None and child.process.poll() is None
+                and not _stopped(child.process.pid)]
 
     def _register_again(self, why: str) -> None:
         """A new broker (or one that dropped this host) knows none of this host's instances: they are
@@ -545,3 +553,13 @@ class HostAgent:
         self._reap()   # tells the broker each one is gone, so that nothing waits for them
         shutil.rmtree(self._shipped, ignore_errors=True)
         self.sock.close(linger=1000)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, a debugger): its state in ``/proc`` (Linux; elsewhere
+    a process is taken as running)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")

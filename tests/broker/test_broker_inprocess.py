@@ -7,6 +7,9 @@ liveness are exact and asserted on the messages and the broker's state, not on l
 
 from __future__ import annotations
 
+import logging
+import time
+
 import pytest
 
 from tests.broker.inprocess_world import CONFIG, HEARTBEAT_S, World, answer, infer
@@ -265,3 +268,27 @@ def test_an_instance_answer_that_does_not_match_its_batch_fails_its_requests_and
     world.until(lambda: len(gateway.headers(Kind.RESPONSE)) == 2)
     served = gateway.records(Kind.RESPONSE)[-1]
     assert served[0]["rid"] == 2 and "err" not in served[0] and served[1].endswith(bytes([7]) * 16)
+
+
+def test_an_instance_silent_while_its_host_says_its_process_runs_is_kept_and_dropped_once_not(world, caplog):
+    """A model holding Python's GIL in a long call starves its instance's heartbeats; Triton keeps a
+    stub that computes, and so does the broker while the instance's host agent says its process runs."""
+    gateway = world.gateway()
+    agent, instance = world.serving_instance()
+    keep_gateway = Heartbeat(heartbeat_s=1.0, role=Role.GATEWAY, protocol_version=PROTOCOL_VERSION).encode()
+
+    def agent_says(working: list[str], until):
+        def condition() -> bool:
+            gateway.send(keep_gateway)
+            agent.send(Heartbeat(heartbeat_s=HEARTBEAT_S, role=Role.AGENT, working=working).encode())
+            return until()
+        return condition
+
+    kept_until = time.monotonic() + 2 * HEARTBEAT_S * 3   # twice its limit
+    with caplog.at_level(logging.WARNING):
+        world.until(agent_says(["instance-1"], lambda: time.monotonic() > kept_until), timeout_s=5)
+    assert b"instance-1" in world.broker.registry.instances
+    assert "has not answered heartbeats for 1 s, but its process runs (its host agent says so): kept" in caplog.text
+    infer(gateway, rid=5)
+    world.until(agent_says(["instance-1"], lambda: bool(instance.headers(Kind.BATCH))))   # it still gets work
+    world.until(agent_says([], lambda: b"instance-1" not in world.broker.registry.instances), timeout_s=5)

@@ -165,6 +165,7 @@ def test_initialize_gets_triton_args_and_requests_their_id_and_parameters(client
     assert seen["parameters"] == {"temperature": 0.5, "mode": "fast"}
     assert sorted(seen["requested"]) == ["ARGS", "ENV"]
     assert seen["timeout"] == 0
+    assert seen["argv"] == [""]   # as in Triton's stub: a model may run unittest.main() or argparse
 
 
 def test_priority_and_timeout_are_request_fields_not_parameters_the_model_sees(client):
@@ -556,3 +557,17 @@ def test_outputs_come_in_the_model_s_order_and_one_it_did_not_produce_is_left_ou
         result = grpcclient.InferenceServerClient(server.grpc_url).infer(
             "partial", [x], outputs=[grpcclient.InferRequestedOutput("OUTPUT0"), grpcclient.InferRequestedOutput("OUTPUT2")])
         assert [o.name for o in result.get_response().outputs] == ["OUTPUT2", "OUTPUT0"]
+
+
+def test_a_model_holding_the_gil_past_the_heartbeat_limit_keeps_its_instance(client, server):
+    """Its heartbeats stop for 4 s (the limit is 3); its host agent says its process runs, so the
+    broker keeps it, as Triton keeps a stub that computes: the request is answered once, by it."""
+    pid = json.loads(client.infer("py_args", [tensor("X", np.array([1], dtype=np.int32))]).as_numpy("ENV")[0])["pid"]
+    result = client.infer("py_gil", [tensor("SECONDS", np.array([4], dtype=np.int32))])
+    assert result.as_numpy("OUT").tolist() == [4]
+    logs = server.logs()
+    assert re.search(r"instance py_gil_0 of model py_gil version 1 has not answered heartbeats for 3 s, but its "
+                     r"process runs \(its host agent says so\): kept", logs), logs[-2000:]
+    assert "py_gil version 1 stopped answering heartbeats" not in logs
+    assert json.loads(client.infer("py_args", [tensor("X", np.array([1], dtype=np.int32))])
+                      .as_numpy("ENV")[0])["pid"] == pid   # nothing else restarted either

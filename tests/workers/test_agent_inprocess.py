@@ -13,6 +13,8 @@ import itertools
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import msgspec
@@ -37,7 +39,7 @@ from tritium.protocol import (
     Scale,
     Unassign,
 )
-from tritium.workers.agent import HostAgent, WorkerSettings
+from tritium.workers.agent import HostAgent, WorkerSettings, _stopped
 
 HEARTBEAT_S = 0.1
 METRICS_S = 0.2
@@ -176,7 +178,7 @@ def test_hello_names_the_host_then_heartbeats_and_host_metrics_follow_at_their_i
     seen = [r for r in host.broker.received if r.at >= started]
     beats = [r for r in seen if r.kind == Kind.HEARTBEAT]
     metrics = [r for r in seen if r.kind == Kind.HOST_METRICS]
-    assert beats[0].header == {"k": Kind.HEARTBEAT, "role": "agent", "hb": HEARTBEAT_S}
+    assert beats[0].header == {"k": Kind.HEARTBEAT, "role": "agent", "hb": HEARTBEAT_S, "wk": []}   # no instance yet
     assert 6 * METRICS_S / HEARTBEAT_S * 0.6 <= len(beats) <= 6 * METRICS_S / HEARTBEAT_S + 2
     assert 4 <= len(metrics) <= 7
     assert all(b.at - a.at >= METRICS_S * 0.9 for a, b in itertools.pairwise(metrics))   # never faster
@@ -377,3 +379,20 @@ def test_a_broker_that_refuses_the_agent_stops_it_with_the_protocol_exit_code(ho
     host.broker.tell(host.peer, Refused("protocol version 5 refused"))
     host.until(lambda: not host.agent.running)
     assert host.agent.close() == ExitCode.PROTOCOL_MISMATCH
+
+
+def test_a_process_stopped_by_a_signal_is_not_reported_working():
+    """The agent's heartbeat lists the instances whose processes run; the broker keeps a silent one
+    of them. A stopped process (SIGSTOP, a debugger) does no work: it is not listed."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not _stopped(process.pid)
+        os.kill(process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while not _stopped(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _stopped(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    assert not _stopped(process.pid)   # gone: not stopped (and not running: the agent sees it exit)

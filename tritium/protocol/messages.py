@@ -259,6 +259,10 @@ class Heartbeat(Message, frozen=True, tag=int(Kind.HEARTBEAT)):
     pools: Annotated[list[tuple[str, int, int, int, int]] | None, doc(
         "gateway, instance: its shared tensor pools, each (kind, size, bytes in use, tensors sent as bytes "
         "for want of room, times the pool was made anew)")] = field(default=None, name="pl")
+    working: Annotated[list[str] | None, doc(
+        "agent: its instances whose processes run (neither exited nor stopped by a signal): one of them silent on "
+        "its own heartbeats is kept (its model may hold Python's GIL in a long call)")] = field(
+        default=None, name="wk")
     custom_metrics: Annotated[list | None, doc(
         "instance: its Python model's custom metrics, each family [name, description, kind (0 counter, 1 gauge, "
         "2 histogram), [[labels, state]]], the state what this instance did to the series: a counter's [total], a "

@@ -60,6 +60,7 @@ class PythonModel(Model):
     def __init__(self, context: ModelContext) -> None:
         self.context = context
         pb_utils()  # importable before model.py's own "import triton_python_backend_utils"
+        sys.argv = [""]   # what Triton's stub gives model code (unittest.main(), argparse read it), not this process's
         runtime.model_name = context.name
         version_dir, model_dir = context.version_dir, context.model_dir
         filename = context.config.default_model_filename or "model.py"

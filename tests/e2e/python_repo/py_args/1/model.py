@@ -1,5 +1,6 @@
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -17,7 +18,7 @@ class TritonPythonModel:
         for request in requests:
             seen = {"request_id": request.request_id(), "parameters": json.loads(request.parameters()),
                     "requested": sorted(request.requested_output_names()), "pid": os.getpid(),
-                    "timeout": request.timeout()}
+                    "timeout": request.timeout(), "argv": sys.argv}
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("ARGS", np.array([json.dumps(self.args).encode()], dtype=np.object_)),
                 pb_utils.Tensor("ENV", np.array([json.dumps(seen).encode()], dtype=np.object_))]))
