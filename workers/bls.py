@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import select
 import threading
 import time
@@ -57,7 +58,9 @@ _POOL_FULL = ("the shared memory for this model's BLS calls ({mib:g} MiB) is ful
 
 class BlsClient:
     def __init__(self, broker: str, identity: str, curve: CurveKeys | None = None) -> None:
-        self.broker = broker
+        self.broker, self.identity, self.curve = broker, identity, curve
+        self.pid = os.getpid()   # the process that owns the socket
+        self._inherited: BlsClient | None = None   # the client a forked process got from its parent
         self.sock = connect_dealer(broker, identity, curve, "instance", pools=PoolUse.COPY)
         self._readable = select.poll()   # polled by the one thread watching the socket
         self._readable.register(self.sock.fileno(), select.POLLIN)
@@ -80,6 +83,13 @@ class BlsClient:
         self._slots: RequestSlots | None = None
         self._broker_boot: int | None = None   # the broker process last heard of (``broker_restarted``)
         self._asked: _BoundaryAsked | None = None   # told of a new broker process, its answer awaited
+
+    def for_this_process(self) -> BlsClient:
+        """A client of its own for a process the model forked: same broker, an identity of its own.
+        The parent's client is kept unused (closing its socket here must not disturb the parent's)."""
+        client = BlsClient(self.broker, f"{self.identity}/{os.getpid()}", self.curve)
+        client._inherited = self
+        return client
 
     # -- sending ----------------------------------------------------------------------------
 

@@ -571,3 +571,9 @@ def test_a_model_holding_the_gil_past_the_heartbeat_limit_keeps_its_instance(cli
     assert "py_gil version 1 stopped answering heartbeats" not in logs
     assert json.loads(client.infer("py_args", [tensor("X", np.array([1], dtype=np.int32))])
                       .as_numpy("ENV")[0])["pid"] == pid   # nothing else restarted either
+
+
+def test_bls_calls_from_processes_the_model_forks_are_each_answered(client):
+    """A multiprocessing pool's processes share nothing with the instance's socket: each gets its own."""
+    result = client.infer("bls_forked", [tensor("N", np.array([3], dtype=np.int32))])
+    assert result.as_numpy("SUMS").tolist() == [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 200.0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import numpy as np
 
@@ -23,9 +24,23 @@ TRITONSERVER_MEMORY_CPU = 0
 class _Runtime:
     """Hooks into the instance process: set by workers/backends/python_backend.py."""
 
-    bls = None            # BlsClient of this instance, for InferenceRequest.exec()
     model_name = ""
     instance_name = ""    # named in the errors of custom metrics, as Triton names it
+    _bls = None           # the BlsClient of this instance process
+
+    @property
+    def bls(self):
+        """The BLS client of this process, for InferenceRequest.exec(): a process the model forked
+        (a multiprocessing pool, as Triton's BLS allows) gets a socket of its own, since one
+        socket shared by two processes would hand each the other's answers."""
+        client = self._bls
+        if client is not None and client.pid != os.getpid():
+            client = self._bls = client.for_this_process()
+        return client
+
+    @bls.setter
+    def bls(self, client) -> None:
+        self._bls = client
 
 
 runtime = _Runtime()

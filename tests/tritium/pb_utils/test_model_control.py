@@ -5,6 +5,7 @@ is replaced by one that records what it is asked and answers with a given table.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -22,6 +23,7 @@ class Broker:
     """What ``BlsClient.control`` is asked, answered with a model table."""
 
     def __init__(self, versions: list | None = None) -> None:
+        self.pid = os.getpid()   # the process it serves (a forked one would get a client of its own)
         self.asked: list = []
         self.versions = versions or []
 
