@@ -20,7 +20,6 @@ from tritium.errors import InvalidArgument, ProtocolError
 from tritium.exit_codes import ExitCode
 from tritium.protocol import (
     HEARTBEAT_SUFFIX,
-    MISSED_HEARTBEATS,
     Assign,
     Drained,
     Heartbeat,
@@ -37,6 +36,8 @@ from tritium.protocol import (
 )
 
 log = logging.getLogger(__name__)
+
+KEEP_COMPUTING_S = 600.0   # how long a silent instance running a batch is kept (its process running)
 
 Send = Callable[[list], None]
 
@@ -60,7 +61,7 @@ class Peers:
         self._heartbeat_interval_s = heartbeat_interval_s
         self.hold = hold   # a returning gateway's table waits while this process takes over
         self._reset_sent: dict[bytes, float] = {}   # unknown agents asked to register, and when
-        self._kept_silent: set[bytes] = set()   # instances silent while their processes run (warned of once)
+        self._kept_silent: dict[bytes, float] = {}   # instances kept silent while computing: since when
 
     # -- joining ------------------------------------------------------------------------
 
@@ -187,7 +188,7 @@ class Peers:
             if iid in self.registry.instances:
                 self.liveness.heard(iid, now)
                 if iid in self._kept_silent:
-                    self._kept_silent.discard(iid)
+                    del self._kept_silent[iid]
                     log.info("instance %s answers heartbeats again", self.registry.instances[iid].name)
                 self.liveness.beats_every(iid, beat.heartbeat_s or 0.0)
                 if beat.pools is not None:
@@ -259,7 +260,7 @@ class Peers:
             self.liveness.heard(peer, now)   # asked again after another limit
             return
         self.liveness.forget(peer)
-        self._kept_silent.discard(peer)
+        self._kept_silent.pop(peer, None)
         if peer in self.registry.agents:
             self._drop_agent(peer, why)
         elif peer in self.registry.instances:
@@ -274,21 +275,23 @@ class Peers:
             self.membership.remove_gateway(peer)
 
     def _still_working(self, instance: InstanceRecord, now: float) -> bool:
-        """A silent instance whose process runs, as its host agent's fresh heartbeat says, is kept,
-        as Triton keeps a stub that computes (a model holding the GIL starves its heartbeats). One
-        that exited, was stopped or went with its host is not."""
+        """A silent instance that is running a batch, and whose process runs as its host agent's
+        heartbeats say, is kept for up to ``KEEP_COMPUTING_S``, as Triton keeps a stub that computes
+        (a model holding the GIL starves its heartbeats). One without work, one that exited, was
+        stopped or went with its host, or one silent for longer, is not."""
         agent = self.registry.agents.get(instance.agent)
-        agent_interval_s = self.liveness.limit_for(instance.agent) / MISSED_HEARTBEATS   # (its own, if slower)
-        if agent is None or instance.iid not in agent.working or now - agent.working_at > 2 * agent_interval_s:
+        if agent is None or not instance.inflight or instance.iid not in agent.working \
+                or now - agent.working_at > self.liveness.limit_for(instance.agent):
             return False
-        if instance.iid not in self._kept_silent:
-            self._kept_silent &= self.registry.instances.keys()   # (those gone meanwhile by other ways)
-            self._kept_silent.add(instance.iid)
-            log.warning("instance %s of model %s version %d has not answered heartbeats for %.0f s, but its "
-                        "process runs (its host agent says so): kept. A model's execute holding Python's GIL in "
-                        "a long call starves its heartbeats", instance.name, instance.model, instance.version,
-                        self.liveness.limit_for(instance.iid))
-        return True
+        since = self._kept_silent.get(instance.iid)
+        if since is None:
+            self._kept_silent = {iid: at for iid, at in self._kept_silent.items() if iid in self.registry.instances}
+            self._kept_silent[instance.iid] = since = now - self.liveness.limit_for(instance.iid)
+            log.warning("instance %s of model %s version %d has not answered heartbeats for %.0f s while running a "
+                        "batch, but its process runs (its host agent says so): kept. A model's execute holding "
+                        "Python's GIL in a long call starves its heartbeats", instance.name, instance.model,
+                        instance.version, now - since)
+        return now - since < KEEP_COMPUTING_S
 
     def _drop_agent(self, peer: bytes, why: str) -> None:
         agent = self.membership.remove_agent(peer)
@@ -321,7 +324,7 @@ class Peers:
         agent = self.registry.agents.get(instance.agent) if instance else None
         self.membership.remove_instance(iid, why, restart_expected=agent is not None and not agent.draining)
         self.liveness.forget(iid)
-        self._kept_silent.discard(iid)
+        self._kept_silent.pop(iid, None)
         self.adoption.forget(iid)
         version = self._epoch_of(exited.epoch, exited.boot)
         name = exited.name

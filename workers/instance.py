@@ -197,18 +197,17 @@ class HeartbeatThread(threading.Thread):
             context.term()
 
     def _beat(self) -> bytes:
-        """This interval's heartbeat. Custom metrics that cannot be read or sent cost only
-        themselves: the instance must not look dead for them."""
-        pools = self.pools()
+        """This interval's heartbeat. Figures that cannot be read or sent cost only themselves:
+        the instance must not look dead for them."""
         try:
-            return Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True, pools=pools,
-                             custom_metrics=self.custom_metrics()).encode()
+            return Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True,
+                             pools=self.pools(), custom_metrics=self.custom_metrics()).encode()
         except Exception:
             if not self._metrics_failed:
                 self._metrics_failed = True
-                log.exception("the model's custom metrics cannot be sent to the broker")
-            return Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True,
-                             pools=pools).encode()
+                log.exception("the figures of this instance's pools or its model's custom metrics cannot be sent "
+                              "to the broker")
+            return Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True).encode()
 
     def _read(self, sock: zmq.Socket) -> None:
         while True:

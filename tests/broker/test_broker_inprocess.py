@@ -272,7 +272,8 @@ def test_an_instance_answer_that_does_not_match_its_batch_fails_its_requests_and
 
 def test_an_instance_silent_while_its_host_says_its_process_runs_is_kept_and_dropped_once_not(world, caplog):
     """A model holding Python's GIL in a long call starves its instance's heartbeats; Triton keeps a
-    stub that computes, and so does the broker while the instance's host agent says its process runs."""
+    stub that computes, and so does the broker while the instance runs a batch and its host agent
+    says its process runs. Without a batch, or once the agent no longer lists it, it is dropped."""
     gateway = world.gateway()
     agent, instance = world.serving_instance()
     keep_gateway = Heartbeat(heartbeat_s=1.0, role=Role.GATEWAY, protocol_version=PROTOCOL_VERSION).encode()
@@ -284,11 +285,26 @@ def test_an_instance_silent_while_its_host_says_its_process_runs_is_kept_and_dro
             return until()
         return condition
 
+    infer(gateway, rid=5)
+    world.until(agent_says(["instance-1"], lambda: bool(instance.headers(Kind.BATCH))))   # running, never answered
     kept_until = time.monotonic() + 2 * HEARTBEAT_S * 3   # twice its limit
     with caplog.at_level(logging.WARNING):
         world.until(agent_says(["instance-1"], lambda: time.monotonic() > kept_until), timeout_s=5)
-    assert b"instance-1" in world.broker.registry.instances
-    assert "has not answered heartbeats for 1 s, but its process runs (its host agent says so): kept" in caplog.text
-    infer(gateway, rid=5)
-    world.until(agent_says(["instance-1"], lambda: bool(instance.headers(Kind.BATCH))))   # it still gets work
+    assert b"instance-1" in world.broker.registry.instances and not gateway.headers(Kind.RESPONSE)
+    assert "has not answered heartbeats for 1 s while running a batch, but its process runs (its host agent " \
+           "says so): kept" in caplog.text
     world.until(agent_says([], lambda: b"instance-1" not in world.broker.registry.instances), timeout_s=5)
+    assert len(world.broker.registry.versions[("m", 1)].batcher) == 1   # its request waits for the restarted one
+
+
+def test_an_idle_silent_instance_is_dropped_even_while_its_process_runs(world):
+    """Kept only while it computes: an instance silent without work has stopped serving."""
+    gateway = world.gateway()
+    agent, _ = world.serving_instance()
+
+    def agent_says_it_runs() -> bool:
+        gateway.send(Heartbeat(heartbeat_s=1.0, role=Role.GATEWAY, protocol_version=PROTOCOL_VERSION).encode())
+        agent.send(Heartbeat(heartbeat_s=HEARTBEAT_S, role=Role.AGENT, working=["instance-1"]).encode())
+        return b"instance-1" not in world.broker.registry.instances
+
+    world.until(agent_says_it_runs, timeout_s=5)

@@ -566,8 +566,8 @@ def test_a_model_holding_the_gil_past_the_heartbeat_limit_keeps_its_instance(cli
     result = client.infer("py_gil", [tensor("SECONDS", np.array([4], dtype=np.int32))])
     assert result.as_numpy("OUT").tolist() == [4]
     logs = server.logs()
-    assert re.search(r"instance py_gil_0 of model py_gil version 1 has not answered heartbeats for 3 s, but its "
-                     r"process runs \(its host agent says so\): kept", logs), logs[-2000:]
+    assert re.search(r"instance py_gil_0 of model py_gil version 1 has not answered heartbeats for 3 s while "
+                     r"running a batch, but its process runs \(its host agent says so\): kept", logs), logs[-2000:]
     assert "py_gil version 1 stopped answering heartbeats" not in logs
     assert json.loads(client.infer("py_args", [tensor("X", np.array([1], dtype=np.int32))])
                       .as_numpy("ENV")[0])["pid"] == pid   # nothing else restarted either
