@@ -46,8 +46,9 @@ _REQUEST_FIELDS = frozenset({"priority", "timeout"})
 class _Item:
     """One request of the batch, as it arrived."""
 
-    rid: int
+    rid: int                           # its client's number: requests of different clients may share one
     infer: Infer
+    key: int = 0                       # its place in the batch (a padding's, below 0): what answers are kept by
     views: list | None = None          # raw bytes of each input, in descriptor order
     error: TritiumError | None = None
     slot: int | None = None            # stateful models: the sequence slot it runs in
@@ -107,7 +108,7 @@ class BatchExecutor:
                 return self._answered_later(batch_header.number, items, replies, (t1 - t0, t2 - t1, 0))
         parts, external_counts, oks = [], [], []
         for item in items:
-            encoded, ok = replies.get(item.rid) if item.error is None else (None, False)
+            encoded, ok = replies.get(item.key) if item.error is None else (None, False)
             if encoded is None:
                 encoded = [_error_record(item.rid, item.error or InternalError(
                     f"model '{self.model}' gave no response"))]
@@ -130,7 +131,7 @@ class BatchExecutor:
             infer, record, offset = read_record(frames[position])
             external = frames[position + 1:position + 1 + infer.external]
             position += 1 + infer.external
-            item = _Item(infer.rid, infer)
+            item = _Item(infer.rid, infer, len(items))
             try:
                 item.views = tensor_views(infer.inputs, record, offset, external)
                 for descriptor, view in zip(infer.inputs, item.views):
@@ -158,7 +159,7 @@ class BatchExecutor:
             item = by_slot.get(slot)
             if item is None:
                 null_infer, null_views = sequences.null_request(template.infer, template.views)
-                item = _Item(-1 - slot, null_infer, null_views, slot=slot, padding=True)
+                item = _Item(-1 - slot, null_infer, -1 - slot, null_views, slot=slot, padding=True)
             batch.append(item)
         return batch
 
@@ -227,7 +228,7 @@ class BatchExecutor:
     # -- one request at a time (the model gets the list of requests) ---------------------
 
     def _run_separately(self, items: list[_Item], received: list[_Item], number: int):
-        """``replies`` by rid: (the encoded response, ok), or _LATER for a request the model
+        """``replies`` by key: (the encoded response, ok), or _LATER for a request the model
         answers through its response sender after its execute returned."""
         t1 = time.monotonic_ns()
         replies: dict = {}
@@ -237,9 +238,9 @@ class BatchExecutor:
             try:
                 request = self._request(item, arrays)
             except Exception as exc:  # a request that cannot be decoded fails alone
-                replies[item.rid] = ([_error_record(item.rid, self._execution_error(exc))], False)
+                replies[item.key] = ([_error_record(item.rid, self._execution_error(exc))], False)
                 continue
-            request.response_sender = functools.partial(sent.send, item.rid)
+            request.response_sender = functools.partial(sent.send, item.key)
             requests.append((item, request))
         if not requests:
             now = time.monotonic_ns()
@@ -258,16 +259,16 @@ class BatchExecutor:
             responses, failed = [InferenceResponse(error=error)] * len(requests), True
         self._executing = None
         t2 = time.monotonic_ns()
-        responses, overruled = sent.merged([item.rid for item, _ in requests], responses, failed)
+        responses, overruled = sent.merged([item.key for item, _ in requests], responses, failed)
         for (item, request), response in zip(requests, responses):
             if response is _LATER:   # its client may cancel it until it is answered
-                replies[item.rid] = _LATER
+                replies[item.key] = _LATER
                 self._answering[number, received.index(item)] = request
                 continue
             if self._keeps_state(item) and isinstance(response, InferenceResponse) and response.error is None:
                 self.sequences.keep(item.slot, item.infer.sequence_flags, response.outputs)
             encoded, ok = self._encode_response(item.rid, request.requested_outputs, response)
-            replies[item.rid] = encoded, ok and not failed and item.rid not in overruled
+            replies[item.key] = encoded, ok and not failed and item.key not in overruled
         return replies, t1, t2
 
     def _answered_later(self, number: int, items: list[_Item], replies: dict, timings: tuple[int, int, int]) -> list:
@@ -275,7 +276,7 @@ class BatchExecutor:
         senders: the others are answered now, and the batch ends as a decoupled one does."""
         later = []
         for index, item in enumerate(items):
-            reply = replies.get(item.rid) if item.error is None else None
+            reply = replies.get(item.key) if item.error is None else None
             if reply is _LATER:
                 later.append(index)
                 continue
@@ -441,7 +442,7 @@ class BatchExecutor:
                 response = InferenceResponse(outputs=outputs)
             except Exception as exc:
                 response = InferenceResponse(error=self._execution_error(exc))
-            replies[item.rid] = self._encode_response(item.rid, item.infer.outputs, response)
+            replies[item.key] = self._encode_response(item.rid, item.infer.outputs, response)
         return replies, t1, t1 + infer_ns
 
     # -- stacked along the batch dimension (the model gets one tensor per input) ---------
@@ -467,7 +468,7 @@ class BatchExecutor:
             t1 = t2 = time.monotonic_ns()
             error = self._execution_error(exc)
             for item in items:
-                replies[item.rid] = ([_error_record(item.rid, error)], False)
+                replies[item.key] = ([_error_record(item.rid, error)], False)
         return replies, t1, t2
 
     def _same_layout(self, items: list[_Item], replies: dict) -> list[_Item]:
@@ -479,7 +480,7 @@ class BatchExecutor:
             if layout == first:
                 kept.append(item)
             else:
-                replies[item.rid] = ([_error_record(item.rid, InvalidArgument(
+                replies[item.key] = ([_error_record(item.rid, InvalidArgument(
                     f"request for model '{self.model}' does not match the shapes of the batch it "
                     "was put in"))], False)
         return kept
@@ -527,7 +528,7 @@ class BatchExecutor:
                     row = len(buffer) // total if total else 0
                     piece = buffer[start * row:(start + size) * row]
                 tensors.append((name, datatype, [size, *inner], piece))
-            replies[item.rid] = (_response_record(item.rid, tensors, None), True)
+            replies[item.key] = (_response_record(item.rid, tensors, None), True)
             start += size
         return replies
 
@@ -565,24 +566,25 @@ class _SentAnswers:
         self._number = number
         self._lock = threading.Lock()
         self._running = True
-        self._sent: dict[int, InferenceResponse] = {}   # rid -> sent while execute ran
-        self._later: dict[int, int] = {}                # rid -> its index: requests to answer when the model sends
+        self._sent: dict[int, InferenceResponse] = {}   # a request's key -> sent while execute ran
+        self._later: dict[int, int] = {}                # key -> its index: requests to answer when the model sends
 
-    def send(self, rid: int, response: InferenceResponse | None, final: bool) -> None:
+    def send(self, key: int, response: InferenceResponse | None, final: bool) -> None:
         if response is None:
             return   # the FINAL flag after the one response: nothing more goes out
         with self._lock:
             if self._running:
-                self._sent.setdefault(rid, response)
+                self._sent.setdefault(key, response)
                 return
-            index = self._later.pop(rid, None)
+            index = self._later.pop(key, None)
         if index is not None:   # else its request was answered already, or is a sequence batch's padding
             executor = self._executor
             executor._answering.pop((self._number, index), None)
-            requested = self._received[index].infer.outputs
-            executor._send_part(self._number, index, executor._encode_response(rid, requested, response)[0])
+            item = self._received[index]
+            executor._send_part(self._number, index, executor._encode_response(item.rid, item.infer.outputs,
+                                                                                response)[0])
 
-    def merged(self, rids: list[int], returned: list, failed: bool) -> tuple[list, set[int] | frozenset[int]]:
+    def merged(self, keys: list[int], returned: list, failed: bool) -> tuple[list, set[int] | frozenset[int]]:
         """Each request's answer: sent, else returned, else _LATER (a model answering from a
         thread); and the requests whose sent answer stands though their execution failed or
         returned one too: in Triton the sent answer reached the client first, and the request
@@ -595,16 +597,16 @@ class _SentAnswers:
             if failed:
                 log.error("model %s failed after answering through a response sender: %s",
                           self._executor.model, returned[0].error.message)
-            places = {item.rid: index for index, item in enumerate(self._received)}
-            merged = [sent[rid] if rid in sent else response if response is not None else self._unanswered(places, rid)
-                      for rid, response in zip(rids, returned)]
-            self._later = {rid: places[rid] for rid, response in zip(rids, merged) if response is _LATER}
-        return merged, {rid for rid, response in zip(rids, returned) if response is not None and rid in sent}
+            places = {item.key: index for index, item in enumerate(self._received)}
+            merged = [sent[key] if key in sent else response if response is not None else self._unanswered(places, key)
+                      for key, response in zip(keys, returned)]
+            self._later = {key: places[key] for key, response in zip(keys, merged) if response is _LATER}
+        return merged, {key for key, response in zip(keys, returned) if response is not None and key in sent}
 
-    def _unanswered(self, places: dict[int, int], rid: int):
+    def _unanswered(self, places: dict[int, int], key: int):
         """_LATER, or the error of a request that cannot be answered later."""
         executor = self._executor
-        if rid not in places:   # a sequence batch's padding: nobody waits for its answer
+        if key not in places:   # a sequence batch's padding: nobody waits for its answer
             return None
         if executor.send is None:
             return None

@@ -793,3 +793,17 @@ def test_a_decoupled_batch_sent_when_requests_come_one_at_a_time_gives_up_the_cp
         executor.yield_cpu = lambda: yielded.append(len(sent))   # how many responses had left by then
         executor.run([Batch(9, 1, lone=lone).encode(), *infer_record(1, [fp32_input(rows(1))], outputs=["DOUBLE"])])
         assert (len(sent), yielded) == (4, expected), lone
+
+
+def test_requests_of_different_clients_with_the_same_rid_each_get_their_own_answer():
+    """Every gateway and every BLS socket numbers its requests from 1: one batch may hold two with
+    the same rid. Each must get its own answer, in its place (they were once kept by rid)."""
+    first, second = rows(1, 0), rows(1, 100)
+    for instance in (Doubler(), PerRequest()):
+        done, responses = run(instance, [
+            {"rid": 7, "inputs": [fp32_input(first)], "batch_size": 1},
+            {"rid": 7, "inputs": [fp32_input(second)], "batch_size": 1},
+        ])
+        assert [h.rid for h, _ in responses] == [7, 7]
+        np.testing.assert_array_equal(responses[0][1]["DOUBLE"], first * 2)
+        np.testing.assert_array_equal(responses[1][1]["DOUBLE"], second * 2)
