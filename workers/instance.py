@@ -122,6 +122,12 @@ class Outbox:
         self.pools = pools or None
 
 
+def _signals_as_a_plain_process() -> None:
+    """A process the model forks (a multiprocessing pool's worker) is not this instance: SIGTERM ends
+    it, as a pool's terminate() expects, instead of asking it to stop serving."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def broker_restarted(reset: Reset, interval_s: float) -> None:
     """A RESET came: the BLS calls in flight to the broker process that is gone get their errors
     (a model blocked on one would otherwise never return, and its instance never rejoin); those
@@ -313,6 +319,7 @@ def main() -> None:
         sys.exit(ExitCode.INIT_FAILED)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    os.register_at_fork(after_in_child=_signals_as_a_plain_process)
     interval_s = spec.get("heartbeat_interval_s", DEFAULT_HEARTBEAT_INTERVAL_S)
 
     def hello() -> None:
