@@ -8,6 +8,8 @@ decodes headers only.
 
 from __future__ import annotations
 
+import copy
+
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -121,7 +123,8 @@ class Scheduler:
         else:
             version = self.registry.versions.get((header.model, number))
         if version is None or (version.state != VersionState.READY and not self._held(version)):
-            self.reply_error(client, rid, _not_ready_error(header.model, number, version), from_backend)
+            self._refuse(client, header, _not_ready_error(header.model, number, version,
+                                                             header.model in self.registry.models), from_backend)
             return
         if version.ensemble:  # no queue of its own: its steps join their models' queues
             self.ensembles.submit(client, record, header, external, from_backend, version)
@@ -134,13 +137,13 @@ class Scheduler:
             if cache_key is None:
                 return
         if not version.instances and not self._instances_coming(version, now):
-            self.reply_error(client, rid, _no_instance_error(version), from_backend)
+            self._refuse(client, header, _no_instance_error(version), from_backend)
             return
         if version.scale is not None and self.autoscaler is not None:
             if version.state is not VersionState.READY:   # held (see _held)
                 self.autoscaler.request_held(version, now)
             elif (refused := self.autoscaler.request_arrived(version, now)) is not None:
-                self.reply_error(client, rid, refused, from_backend)
+                self._refuse(client, header, refused, from_backend)
                 return
         batcher = version.batcher
         level = deadline = 0
@@ -154,10 +157,10 @@ class Scheduler:
                 if deadline:
                     timed = batcher
             except TritiumError as exc:
-                self.reply_error(client, rid, exc, from_backend)
+                self._refuse(client, header, exc, from_backend)
                 return
             if batcher.full(level):
-                self.reply_error(client, rid, Unavailable(
+                self._refuse(client, header, Unavailable(
                     f"[request id: {header.request_id or '<id_unknown>'}] Exceeds maximum queue size"), from_backend)
                 version.stats.record_failure(0, "REJECTED")
                 return
@@ -175,7 +178,7 @@ class Scheduler:
         try:
             batcher.enqueue(request)
         except TritiumError as exc:  # the sequence batcher refuses what Triton's refuses (not counted, as there)
-            self.reply_error(client, rid, exc, from_backend)
+            self._refuse(client, header, exc, from_backend)
             return
         if version.ordering is not None:
             request.order = version.ordering.number()
@@ -250,7 +253,7 @@ class Scheduler:
         answered as it would have been on arrival."""
         for version in self.registry.versions.values():
             if version.state is VersionState.LOADING and len(version.batcher):
-                self.fail_queued(version, _not_ready_error(version.name, version.version, version))
+                self.fail_queued(version, _not_ready_error(version.name, version.version, version, True))
         self._submit_latest_decided()
 
     def _latest_in_doubt(self, model: str) -> bool:
@@ -362,6 +365,16 @@ class Scheduler:
                     inflight = batch.instance.inflight
                     return request, batch.number in inflight and next(iter(inflight)) != batch.number
         return None, False
+
+    def _refuse(self, client: bytes, header: Infer, error: TritiumError, from_backend: bool) -> None:
+        """Answer a request refused before it is queued. A model's BLS call gets the words Triton's
+        Python backend gives a call its server refused to start (``Model M - Error when running
+        inference: ...``); a gateway's request, the error as it is."""
+        if from_backend:
+            error = copy.copy(error)
+            error.message = f"Model {header.model} - Error when running inference: {error.message}"
+            error.args = (error.message,)
+        self.reply_error(client, header.rid, error, from_backend)
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
         self._reply(from_backend, [client, error_record(rid, error)])
@@ -793,8 +806,10 @@ def _no_instance_error(version: ModelVersion) -> Unavailable:
     return Unavailable(f"no instance of model '{version.name}' version {version.version} is running")
 
 
-def _not_ready_error(model: str, number: int | None, version: ModelVersion | None) -> TritiumError:
+def _not_ready_error(model: str, number: int | None, version: ModelVersion | None, known: bool) -> TritiumError:
     if version is None:
+        if not known:   # (a gateway's request never gets here: its model table answers it first)
+            return NotFound(f"Request for unknown model: '{model}' is not found")
         if number is None or number < 0:
             return NotFound(f"Request for unknown model: '{model}' has no available versions")
         return NotFound(f"Request for unknown model: '{model}' version {number} is not found")

@@ -203,7 +203,8 @@ def test_a_latest_version_call_during_the_takeover_is_answered_not_ready_if_no_v
     assert not latest.messages, "answered while its version was taken over"
     world.broker.hold.until_ns = 0   # the hold's time is up
     world.until(lambda: latest.headers(Kind.RESPONSE))
-    assert latest.headers(Kind.RESPONSE)[0]["err"]["message"] == "Request for unknown model: 'm' has no available versions"
+    assert latest.headers(Kind.RESPONSE)[0]["err"]["message"] == \
+        "Model m - Error when running inference: Request for unknown model: 'm' has no available versions"
 
 
 def test_a_draining_broker_exits_only_once_a_latest_version_call_waiting_for_the_takeover_is_answered(world):
@@ -216,7 +217,8 @@ def test_a_draining_broker_exits_only_once_a_latest_version_call_waiting_for_the
     assert world.broker._running and not latest.messages
     world.broker.hold.until_ns = 0
     world.until(lambda: not world.broker._running)
-    assert latest.headers(Kind.RESPONSE)[0]["err"]["message"] == "Request for unknown model: 'm' has no available versions"
+    assert latest.headers(Kind.RESPONSE)[0]["err"]["message"] == \
+        "Model m - Error when running inference: Request for unknown model: 'm' has no available versions"
 
 
 def test_a_broker_forced_to_exit_answers_a_latest_version_call_waiting_for_the_takeover(world):

@@ -237,7 +237,8 @@ def test_bls_error_from_the_called_model_reaches_the_caller(client):
     a = np.ones((1, 16), dtype=np.float32)
     with pytest.raises(InferenceServerException) as error:
         client.infer("bls", [tensor("A", a), tensor("MODEL", np.array([b"no_such_model"], dtype=np.object_), "BYTES")])
-    assert "calling no_such_model failed: Request for unknown model: 'no_such_model'" in error.value.message()
+    assert ("calling no_such_model failed: Model no_such_model - Error when running inference: Request for "
+            "unknown model: 'no_such_model' is not found") in error.value.message()   # Triton's words
     np.testing.assert_array_equal(
         client.infer("bls", [tensor("A", a), tensor("MODEL", np.array([b"onnx_add_sub"], dtype=np.object_), "BYTES")]).as_numpy("SUM"),
         2 * a)
