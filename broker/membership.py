@@ -136,6 +136,9 @@ class Membership:
         """What a gone instance reported: its tensor pools, its BLS socket's first rid, its custom metrics."""
         self.registry.tensor_pools.pop(iid, None)
         self._first_bls_rid.pop(iid + BLS_SUFFIX, None)
+        forked = iid + BLS_SUFFIX + b"/"   # the BLS sockets of processes its model forked
+        for peer in [peer for peer in self._first_bls_rid if peer.startswith(forked)]:
+            del self._first_bls_rid[peer]
         self.registry.custom_metrics.forget(iid)
 
     def remove_instances_of(self, peer: bytes, why: str) -> None:

@@ -213,3 +213,12 @@ def test_each_part_of_the_registry_is_written_by_its_owner_only():
               for field, line in _registry_writes(ast.parse(path.read_text()))
               if _OWNERS[field] != path.name]
     assert strays == []
+
+
+def test_what_the_bls_sockets_of_an_instance_and_of_its_forked_processes_left_goes_with_it(world):
+    agent, _ = world.serving_instance()
+    membership = world.broker.membership
+    for peer in (b"instance-1/bls", b"instance-1/bls/4242", b"instance-10/bls/7"):
+        membership.note_bls_call(peer, 1)
+    exited(world, agent, b"instance-1", "m_0")
+    assert list(membership._first_bls_rid) == [b"instance-10/bls/7"]   # another instance's stays

@@ -13,6 +13,7 @@ The checks and their error texts are Triton's, including the instance named in t
 from __future__ import annotations
 
 import enum
+import os
 import re
 import threading
 from collections import deque
@@ -110,6 +111,8 @@ class _Store:
 
 
 SERIES = _Store()
+# A process the model forks gets a free lock: the heartbeat thread may hold it at the fork.
+os.register_at_fork(after_in_child=lambda: setattr(SERIES, "lock", threading.Lock()))
 
 
 class Metric:

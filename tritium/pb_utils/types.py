@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 
 import numpy as np
 
@@ -35,7 +36,10 @@ class _Runtime:
         socket shared by two processes would hand each the other's answers."""
         client = self._bls
         if client is not None and client.pid != os.getpid():
-            client = self._bls = client.for_this_process()
+            with _FORKED:   # (two threads of the forked process asking first would make two)
+                client = self._bls
+                if client.pid != os.getpid():
+                    client = self._bls = client.for_this_process()
         return client
 
     @bls.setter
@@ -44,6 +48,15 @@ class _Runtime:
 
 
 runtime = _Runtime()
+_FORKED = threading.Lock()
+
+
+def _after_fork() -> None:
+    global _FORKED
+    _FORKED = threading.Lock()   # another thread of the parent may have held it
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class TritonError:
