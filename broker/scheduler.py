@@ -28,7 +28,8 @@ from tritium.broker.registry import (
     Registry,
     VersionState,
 )
-from tritium.errors import Cancelled, ErrorCode, InternalError, NotFound, TritiumError, Unavailable
+from tritium.input_names import check_input_names
+from tritium.errors import Cancelled, ErrorCode, InternalError, InvalidArgument, NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
 from tritium.broker.sequences import END as SEQUENCE_END, SequenceBatcher
 from tritium.broker.streams import OpenStreams
@@ -125,6 +126,9 @@ class Scheduler:
         if version is None or (version.state != VersionState.READY and not self._held(version)):
             self._refuse(client, header, _not_ready_error(header.model, number, version,
                                                              header.model in self.registry.models), from_backend)
+            return
+        if from_backend and (refused := _bls_inputs_refused(version, header)) is not None:
+            self._refuse(client, header, refused, from_backend)
             return
         if version.ensemble:  # no queue of its own: its steps join their models' queues
             self.ensembles.submit(client, record, header, external, from_backend, version)
@@ -804,6 +808,18 @@ def _sequence_room(instance: InstanceRecord) -> bool:
 
 def _no_instance_error(version: ModelVersion) -> Unavailable:
     return Unavailable(f"no instance of model '{version.name}' version {version.version} is running")
+
+
+def _bls_inputs_refused(version: ModelVersion, header: Infer) -> TritiumError | None:
+    """A model's BLS call whose inputs the called model does not take by name, as Triton's core
+    refuses it (a gateway checks its clients' requests, and more, before they come)."""
+    inputs = version.definition.config.input
+    try:
+        check_input_names(version.name, [i.name for i in inputs], [i.name for i in inputs if not i.optional],
+                          [descriptor[0] for descriptor in header.inputs])
+    except InvalidArgument as exc:
+        return InvalidArgument(f"[request id: {header.request_id or '<id_unknown>'}] {exc.message}")
+    return None
 
 
 def _not_ready_error(model: str, number: int | None, version: ModelVersion | None, known: bool) -> TritiumError:

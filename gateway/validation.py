@@ -11,6 +11,7 @@ import struct
 from tritium.gateway.inference import InferRequest, RequestedOutput
 from tritium.gateway.model_table import ModelSpec, TensorSpec
 from tritium.errors import InvalidArgument, Unsupported
+from tritium.input_names import check_input_names
 
 _LENGTH = struct.Struct("<I")
 
@@ -38,18 +39,7 @@ _VALID_INPUTS_KEPT = 256
 
 def _validate_inputs(spec: ModelSpec, request: InferRequest) -> int:
     model = spec.name
-    required = spec.required_inputs
-    if not len(required) <= len(request.inputs) <= len(spec.inputs):
-        _missing_inputs(spec, request)  # Triton counts inputs before it looks at their names
-    seen = set()
-    for tensor in request.inputs:
-        if tensor.name not in spec.inputs:
-            raise InvalidArgument(f"unexpected inference input '{tensor.name}' for model '{model}'")
-        if tensor.name in seen:
-            raise InvalidArgument(f"input '{tensor.name}' is given more than once for model '{model}'")
-        seen.add(tensor.name)
-    if any(name not in seen for name in required):
-        _missing_inputs(spec, request)
+    check_input_names(model, spec.inputs, spec.required_inputs, [tensor.name for tensor in request.inputs])
     batch_size = 1
     for index, tensor in enumerate(request.inputs):
         config = spec.inputs[tensor.name]
@@ -91,24 +81,6 @@ def check_single_response(spec: ModelSpec, front_end_message: str) -> None:
     """Decoupled models answer 0..N times: only streaming front ends can carry that (501)."""
     if spec.decoupled:
         raise Unsupported(front_end_message)
-
-
-def _missing_inputs(spec: ModelSpec, request: InferRequest) -> None:
-    required = spec.required_inputs
-    got = [t.name for t in request.inputs]
-    missing = [name for name in required if name not in got]
-    if len(required) == len(spec.inputs):
-        expected = f"expected {len(required)} inputs"
-    else:
-        expected = f"expected number of inputs between {len(required)} and {len(spec.inputs)}"
-    raise InvalidArgument(
-        f"{expected} but got {len(got)} inputs for model '{spec.name}'. Got input(s) "
-        f"{_names(got)}, but missing required input(s) {_names(missing)}. Please provide all "
-        "required input(s).")
-
-
-def _names(names: list[str]) -> str:
-    return "[" + ",".join(f"'{n}'" for n in names) + "]"
 
 
 def _check_shape(spec: ModelSpec, config: TensorSpec, shape: list[int]) -> int:

@@ -8,7 +8,7 @@ import pytest
 
 from tests.broker.inprocess_world import World
 from tritium.errors import ErrorCode
-from tritium.protocol import PROTOCOL_VERSION, Control, Kind, StatusQuery, encode
+from tritium.protocol import PROTOCOL_VERSION, Control, Infer, Kind, StatusQuery, encode
 
 
 @pytest.fixture
@@ -80,3 +80,20 @@ def test_a_models_control_on_its_bls_socket_is_answered_there_malformed_or_not(w
     malformed, status = bls.headers(Kind.CONTROL_REPLY)
     assert malformed["rid"] == 3 and malformed["err"]["message"].startswith("malformed control request: ")
     assert status["rid"] == 4 and status["ok"]["ready"] is True
+
+
+def test_a_models_bls_call_with_inputs_the_called_model_does_not_take_is_refused_with_tritons_words(world):
+    """Triton's core checks a BLS call's inputs by name before it runs; the broker does, as the
+    gateway does for clients (a call reaching the model without its input would fail there)."""
+    world.serving_instance()
+    bls = world.peer("back", b"instance-1/bls")
+    bls.send(Infer(3, "m", [], version=1, batch_size=1).encode())
+    bls.send(Infer(4, "m", [["WRONG", "FP32", [1, 4], 16, False]], version=1, batch_size=1).encode([bytes(16)]))
+    world.until(lambda: len(bls.headers(Kind.RESPONSE)) == 2)
+    missing, unexpected = bls.headers(Kind.RESPONSE)
+    assert (missing["rid"], missing["err"]["code"]) == (3, ErrorCode.INVALID_ARG)
+    assert missing["err"]["message"] == (
+        "Model m - Error when running inference: [request id: <id_unknown>] expected 1 inputs but got 0 inputs "
+        "for model 'm'. Got input(s) [], but missing required input(s) ['X']. Please provide all required input(s).")
+    assert unexpected["err"]["message"] == ("Model m - Error when running inference: [request id: <id_unknown>] "
+                                            "unexpected inference input 'WRONG' for model 'm'")
