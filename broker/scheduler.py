@@ -9,7 +9,6 @@ decodes headers only.
 from __future__ import annotations
 
 import copy
-
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -824,7 +823,7 @@ def _bls_inputs_refused(version: ModelVersion, header: Infer) -> TritiumError | 
 
 def _not_ready_error(model: str, number: int | None, version: ModelVersion | None, known: bool) -> TritiumError:
     if version is None:
-        if not known:   # (a gateway's request never gets here: its model table answers it first)
+        if not known:   # as Triton's core says it (a gateway's model table answers its clients so too)
             return NotFound(f"Request for unknown model: '{model}' is not found")
         if number is None or number < 0:
             return NotFound(f"Request for unknown model: '{model}' has no available versions")

@@ -263,7 +263,7 @@ class BatchExecutor:
         for (item, request), response in zip(requests, responses):
             if response is _LATER:   # its client may cancel it until it is answered
                 replies[item.key] = _LATER
-                self._answering[number, received.index(item)] = request
+                self._answering[number, item.key] = request   # (its key is its place in the batch)
                 continue
             if self._keeps_state(item) and isinstance(response, InferenceResponse) and response.error is None:
                 self.sequences.keep(item.slot, item.infer.sequence_flags, response.outputs)
