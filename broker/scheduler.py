@@ -398,6 +398,11 @@ class Scheduler:
         if isinstance(batcher, SequenceBatcher):   # a stateful model's (see ModelVersion.__post_init__)
             self._dispatch_sequences(version, batcher, now)
             return
+        if version in self._timed:
+            # Timeouts apply when a batch forms, as Triton's batcher applies its queue policy on
+            # waking: a timeout shorter than the way from arrival to dispatch (5 us) runs out
+            # even for an idle instance. The clock is read afresh, not the turn's.
+            self._expire_version(version, self._timed[version], self._clock())
         limiter = self.rate_limiter
         while len(batcher):
             instance = self._idle.pick(version) if limiter is None else self._pick_limited(version, limiter)
@@ -542,13 +547,16 @@ class Scheduler:
         """Enforced while requests wait, even behind a long execution, not only when dequeued."""
         now = self._clock()
         for version, batcher in list(self._timed.items()):
-            for request in batcher.expire(now):
-                self._answer_error(version, request, Unavailable("Request timeout expired"))
-                version.stats.record_failure(now - request.arrival_ns, "REJECTED")
-            if batcher.next_timeout_ns() is None:
-                del self._timed[version]
+            self._expire_version(version, batcher, now)
             if version.state in _DISPATCHING:
                 self.dispatch(version, now)   # a DELAY may have changed what leads the queue
+
+    def _expire_version(self, version: ModelVersion, batcher: DynamicBatcher[PendingRequest], now: int) -> None:
+        for request in batcher.expire(now):
+            self._answer_error(version, request, Unavailable("Request timeout expired"))
+            version.stats.record_failure(now - request.arrival_ns, "REJECTED")
+        if batcher.next_timeout_ns() is None:
+            del self._timed[version]
 
     def _answer_error(self, version: ModelVersion, request: PendingRequest, error: TritiumError) -> None:
         """Answer a request that will not run, keeping its place when responses are ordered."""

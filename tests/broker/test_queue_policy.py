@@ -69,6 +69,26 @@ def test_a_request_may_only_lower_its_timeout():
     assert answers(to_gateways)[1] == (2, "Request timeout expired")
 
 
+def test_a_timeout_shorter_than_the_way_to_an_idle_instance_runs_out_before_it_runs():
+    """Triton applies the queue policy when its batcher forms a batch: a 5 us timeout has run out
+    by then, even with an idle instance, and the request is rejected instead of run."""
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world(TWO_LEVELS % "REJECT")
+    add_instance(registry, version, credit=2)
+    read_at = clock.now
+
+    def ticking() -> int:   # each read of the clock is 10 us after the one before
+        nonlocal read_at
+        read_at += 10_000
+        return read_at
+
+    scheduler._clock = ticking
+    submit(scheduler, 1, timeout=5)
+    submit(scheduler, 2, timeout=900)
+    assert answers(to_gateways) == [(1, "Request timeout expired")]
+    assert [sent_batch(parts)[2] for parts in to_instances] == [[2]]
+    assert version.stats.failures == {"REJECTED": 1}
+
+
 def test_delay_puts_a_timed_out_request_behind_those_still_in_time():
     registry, version, scheduler, to_instances, to_gateways, clock = make_world(TWO_LEVELS % "DELAY")
     instance = add_instance(registry, version, credit=1)
