@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -263,16 +264,38 @@ class PreferredMemory:
         self.preferred_device_id = preferred_device_id
 
 
+_REQUIRED: Any = object()   # an argument Triton's InferenceRequest has no default for
+
+
+def _check_required(**arguments) -> None:
+    """Triton's bindings refuse a missing required argument, or None for any of these, with a
+    TypeError (their ``incompatible constructor arguments``): a call that runs on tritium must run
+    on Triton."""
+    missing = [name for name, value in arguments.items() if value is _REQUIRED]
+    nones = [name for name, value in arguments.items() if value is None]
+    if missing or nones:
+        problems = ([f"missing required argument(s): {', '.join(missing)}"] if missing else []) + \
+                   ([f"None given for: {', '.join(nones)}"] if nones else [])
+        raise TypeError("InferenceRequest(): incompatible constructor arguments: " + "; ".join(problems)
+                        + " (inputs, requested_output_names and model_name are required)")
+
+
 class InferenceRequest:
     """A request given to ``execute``, or one a model builds to call another model (BLS)."""
 
-    def __init__(self, request_id="", correlation_id=0, inputs=None, requested_output_names=None,
-                 model_name="", model_version=-1, flags=0, timeout=0, preferred_memory=None,
+    def __init__(self, request_id="", correlation_id=0, inputs=_REQUIRED, requested_output_names=_REQUIRED,
+                 model_name=_REQUIRED, model_version=-1, flags=0, timeout=0, preferred_memory=None,
                  trace=None, parameters=None):
+        _check_required(request_id=request_id, correlation_id=correlation_id, inputs=inputs,
+                        requested_output_names=requested_output_names, model_name=model_name,
+                        model_version=model_version, flags=flags, timeout=timeout)
+        if not isinstance(correlation_id, (int, str)):   # bytes too: Triton checks for str itself
+            raise TritonModelException("Correlation ID must be integer or string")
+        correlation_id = str(correlation_id) if isinstance(correlation_id, str) else int(correlation_id)
         self._request_id = as_text(request_id)
-        self._correlation_id = as_text(correlation_id)
-        self._inputs = list(inputs or [])
-        self._requested_output_names = [as_text(name) for name in requested_output_names or []]
+        self._correlation_id = correlation_id
+        self._inputs = list(inputs)
+        self._requested_output_names = [as_text(name) for name in requested_output_names]
         self._model_name = as_text(model_name)
         self._model_version = int(model_version)
         self._flags = flags

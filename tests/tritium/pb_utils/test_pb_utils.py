@@ -60,7 +60,8 @@ def test_a_received_request_gives_its_parameters_as_tritons_backend_writes_them(
                                                    {"name": "é", "f": 1.5, "b": True, "n": -3}, None)
     assert received.parameters() == '{"name":"é","f":1.5,"b":true,"n":-3}'
     assert pb_utils.InferenceRequest._received("id", 0, 0, [], set(), "m", 1, {}, None).parameters() == "{}"
-    own = pb_utils.InferenceRequest(model_name="m", inputs=[], parameters={"a": 1, "b": "x"})
+    own = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[],
+                                   parameters={"a": 1, "b": "x"})
     assert own.parameters() == '{"a": 1, "b": "x"}'
 
 
@@ -69,7 +70,8 @@ def test_lookups_by_name():
     response = pb_utils.InferenceResponse([tensor])
     assert pb_utils.get_output_tensor_by_name(response, "OUT") is tensor
     assert pb_utils.get_output_tensor_by_name(response, "NO") is None
-    request = pb_utils.InferenceRequest(inputs=[pb_utils.Tensor("IN", np.ones(1))], model_name="m")
+    request = pb_utils.InferenceRequest(inputs=[pb_utils.Tensor("IN", np.ones(1))], requested_output_names=[],
+                                        model_name="m")
     assert pb_utils.get_input_tensor_by_name(request, "IN").name() == "IN"
     config = {"input": [{"name": "IN", "data_type": "TYPE_FP32"}], "output": [{"name": "OUT"}]}
     assert pb_utils.get_input_config_by_name(config, "IN")["data_type"] == "TYPE_FP32"
@@ -106,8 +108,32 @@ def test_a_non_decoupled_sender_sends_one_response_then_closes_with_triton_s_tex
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
+@pytest.mark.parametrize("arguments, problem", [
+    ({"model_name": "m"}, "missing required argument(s): inputs, requested_output_names"),
+    ({"inputs": [], "requested_output_names": []}, "missing required argument(s): model_name"),
+    ({"model_name": "m", "inputs": None, "requested_output_names": []}, "None given for: inputs"),
+    ({"model_name": "m", "inputs": [], "requested_output_names": [], "request_id": None},
+     "None given for: request_id"),
+])
+def test_a_request_without_what_triton_requires_is_a_type_error(arguments, problem):
+    """Triton's bindings have no default for inputs, requested_output_names and model_name, and
+    take None for none of them: a model that runs on tritium runs on Triton."""
+    with pytest.raises(TypeError, match="incompatible constructor arguments") as raised:
+        pb_utils.InferenceRequest(**arguments)
+    assert problem in str(raised.value)
+
+
+def test_a_correlation_id_is_an_integer_or_a_string():
+    for wrong in (1.5, b"seq"):   # bytes are not a string to Triton's check either
+        with pytest.raises(pb_utils.TritonModelException, match="^Correlation ID must be integer or string$"):
+            pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], correlation_id=wrong)
+    for right in (7, "seq"):
+        assert pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[],
+                                         correlation_id=right).correlation_id() == right
+
+
 def test_a_request_a_model_builds_has_no_sender_and_bls_needs_an_instance():
-    request = pb_utils.InferenceRequest(model_name="m")
+    request = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
     with pytest.raises(pb_utils.TritonModelException, match="only available to requests given to execute"):
         request.get_response_sender()
     with pytest.raises(pb_utils.TritonModelException, match="while the model executes"):
