@@ -256,7 +256,8 @@ class Scheduler:
         answered as it would have been on arrival."""
         for version in self.registry.versions.values():
             if version.state is VersionState.LOADING and len(version.batcher):
-                self.fail_queued(version, _not_ready_error(version.name, version.version, version, True))
+                self.fail_queued(version, _not_ready_error(version.name, version.version, version, True),
+                                 refused=True)
         self._submit_latest_decided()
 
     def _latest_in_doubt(self, model: str) -> bool:
@@ -373,11 +374,8 @@ class Scheduler:
         """Answer a request refused before it is queued. A model's BLS call gets the words Triton's
         Python backend gives a call its server refused to start (``Model M - Error when running
         inference: ...``); a gateway's request, the error as it is."""
-        if from_backend:
-            error = copy.copy(error)
-            error.message = f"Model {header.model} - Error when running inference: {error.message}"
-            error.args = (error.message,)
-        self.reply_error(client, header.rid, error, from_backend)
+        self.reply_error(client, header.rid, _as_bls_refusal(header.model, error) if from_backend else error,
+                         from_backend)
 
     def reply_error(self, client: bytes, rid: int, error: TritiumError, from_backend: bool = False) -> None:
         self._reply(from_backend, [client, error_record(rid, error)])
@@ -783,16 +781,26 @@ class Scheduler:
         self._answer_error(version, request, error)
         version.stats.record_failure(now - request.arrival_ns)
 
-    def fail_queued(self, version: ModelVersion, error: TritiumError) -> None:
-        """Answer every queued request of a version that cannot serve them any more."""
+    def fail_queued(self, version: ModelVersion, error: TritiumError, refused: bool = False) -> None:
+        """Answer every queued request of a version that cannot serve them any more; ``refused``:
+        as though refused on arrival (held requests whose version did not become ready)."""
         now = self._clock()
+        bls_error = _as_bls_refusal(version.name, error) if refused else error
         for request in version.batcher.drain():
-            self._answer_error(version, request, error)
+            self._answer_error(version, request, bls_error if request.from_backend else error)
             version.stats.record_failure(now - request.arrival_ns)
         self._waiting.discard(version)
         self._timed.pop(version, None)
         if self.rate_limiter is not None:
             self.rate_limiter.blocked.pop(version, None)
+
+
+def _as_bls_refusal(model: str, error: TritiumError) -> TritiumError:
+    """The words Triton's Python backend gives a BLS call its server refused to start."""
+    error = copy.copy(error)
+    error.message = f"Model {model} - Error when running inference: {error.message}"
+    error.args = (error.message,)
+    return error
 
 
 def _answers_every_request(done: BatchDone, requests: int, frames: int) -> bool:

@@ -110,6 +110,25 @@ def test_a_request_held_for_a_loading_version_is_answered_when_a_try_fails_and_t
     assert world.loading() is not first and len(first.batcher) == 0
 
 
+@pytest.mark.parametrize("from_backend, message", [
+    (False, "Request for unknown model: 'm' version 1 is not at ready state"),
+    (True, "Model m - Error when running inference: Request for unknown model: 'm' version 1 is not at ready state"),
+])
+def test_a_request_still_held_when_the_takeover_ends_is_answered_as_on_arrival(world, from_backend, message):
+    """A model's BLS call gets the words Triton's Python backend gives a call refused on arrival."""
+    world.write()
+    world.load()
+    version = world.loading()
+    scheduler = world.lifecycle.scheduler
+    scheduler.hold = StartupHold(10.0, time.monotonic_ns)
+    request = Infer(5, "m", [["X", "FP32", [1, 4], 16, False]], version=1, batch_size=1)
+    scheduler.submit(b"caller", request.encode([bytes(16)]), request, [], from_backend=from_backend)
+    assert len(version.batcher) == 1
+    scheduler.hold_ended()
+    (answer,) = [m for m in world.sent if m["k"] == Kind.RESPONSE]
+    assert answer["rid"] == 5 and answer["err"]["message"] == message
+
+
 def test_a_load_that_fails_every_try_fails_with_the_last_error(retrying):
     world = retrying
     world.write()
