@@ -10,12 +10,16 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tritonclient.grpc import model_config_pb2
+
 from tritium.broker.batcher import BatchingPolicy, DynamicBatcher
 from tritium.broker.custom_metrics import CustomMetrics
 from tritium.broker.ordering import ResponseOrder
 from tritium.broker.queue_policy import QueuePolicy
 from tritium.broker.sequences import SequenceBatcher, SequencePolicy
 from tritium.broker.stats import ModelVersionStats
+from tritium.datatypes import BY_CONFIG_NAME
+from tritium.input_checks import DeclaredInput
 from tritium.repo import ModelDefinition
 from tritium.repo.backends import ENSEMBLE_PLATFORM
 from tritium.repo.autoscale import AutoscalePolicy, autoscale_policy
@@ -131,6 +135,7 @@ class ModelVersion:
     autoscale: AutoscalePolicy | None = field(init=False)    # tritium.autoscale; None: fixed instances
     scale: ScaleState | None = None                    # the autoscaler's targets, once it started
     variable_shapes: bool = field(init=False)
+    declared_inputs: dict[str, DeclaredInput] = field(init=False)   # what a BLS call's inputs are checked against
     stateful: bool = field(init=False)   # its requests form sequences bound to instance slots (sequence_batching)
     # Triton's Python backend counts every execution in the statistics; its other backends only
     # those with a request that succeeded.
@@ -152,6 +157,8 @@ class ModelVersion:
         # Only models with a variable non-batch dim (or optional inputs) need shape keys.
         self.variable_shapes = any(
             -1 in list(t.dims) or t.optional or t.allow_ragged_batch for t in config.input)
+        self.declared_inputs = {t.name: DeclaredInput(_datatype_name(t.data_type), tuple(t.dims), t.optional)
+                                for t in config.input}
 
     @property
     def key(self) -> tuple[str, int]:
@@ -176,6 +183,14 @@ class ModelVersion:
     @property
     def decoupled(self) -> bool:
         return self.definition.config.model_transaction_policy.decoupled
+
+
+def _datatype_name(data_type: int) -> str:
+    """The protocol name ("FP32") of a config's data type; an unknown one as the config names it
+    (a config that loads has none)."""
+    config_name = model_config_pb2.DataType.Name(data_type)
+    known = BY_CONFIG_NAME.get(config_name)
+    return known.name if known is not None else config_name
 
 
 def load_identity(config_json: dict, files: dict | None, fingerprint: tuple) -> str:

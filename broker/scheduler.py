@@ -27,7 +27,7 @@ from tritium.broker.registry import (
     Registry,
     VersionState,
 )
-from tritium.input_names import check_input_names
+from tritium.input_checks import check_inputs
 from tritium.errors import Cancelled, ErrorCode, InternalError, InvalidArgument, NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
 from tritium.broker.sequences import END as SEQUENCE_END, SequenceBatcher
@@ -826,12 +826,11 @@ def _no_instance_error(version: ModelVersion) -> Unavailable:
 
 
 def _bls_inputs_refused(version: ModelVersion, header: Infer) -> TritiumError | None:
-    """A model's BLS call whose inputs the called model does not take by name, as Triton's core
-    refuses it (a gateway checks its clients' requests, and more, before they come)."""
-    inputs = version.definition.config.input
+    """A model's BLS call whose inputs the called model does not take (names, datatypes, shapes), as
+    Triton's core refuses it (a gateway checks its clients' requests, and their sizes, before they come)."""
     try:
-        check_input_names(version.name, [i.name for i in inputs], [i.name for i in inputs if not i.optional],
-                          [descriptor[0] for descriptor in header.inputs])
+        check_inputs(version.name, version.declared_inputs, version.definition.config.max_batch_size,
+                     [(descriptor[0], descriptor[1], descriptor[2]) for descriptor in header.inputs])
     except InvalidArgument as exc:
         return InvalidArgument(f"[request id: {header.request_id or '<id_unknown>'}] {exc.message}")
     return None

@@ -14,6 +14,7 @@ import orjson
 from tritium import datatypes
 from tritium.datatypes import DataType
 from tritium.errors import InvalidArgument, NotFound, ProtocolError, Unavailable
+from tritium.input_checks import DeclaredInput
 from tritium.protocol import Models
 
 READY = "READY"
@@ -54,16 +55,19 @@ class ModelSpec:
     decoupled: bool
     config_json: bytes
     labels: dict[str, tuple[str, ...]]   # classification labels per output
+    declared_inputs: dict[str, DeclaredInput] = field(default_factory=dict, compare=False, repr=False)
     # inputs found valid: (name, datatype, shape, size) of each -> the batch size (gateway/validation.py)
     valid_inputs: dict[tuple, int] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, config: dict, labels: dict | None = None) -> "ModelSpec":
+        inputs = {t["name"]: _tensor(t) for t in config.get("input", [])}
         return cls(
             name=config["name"],
             platform=config.get("platform") or config.get("backend", ""),
             max_batch_size=int(config.get("max_batch_size", 0)),
-            inputs={t["name"]: _tensor(t) for t in config.get("input", [])},
+            inputs=inputs,
+            declared_inputs={name: DeclaredInput(t.datatype.name, t.dims, t.optional) for name, t in inputs.items()},
             outputs={t["name"]: _tensor(t) for t in config.get("output", [])},
             decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),
             config_json=orjson.dumps(config),

@@ -11,7 +11,7 @@ import struct
 from tritium.gateway.inference import InferRequest, RequestedOutput
 from tritium.gateway.model_table import ModelSpec, TensorSpec
 from tritium.errors import InvalidArgument, Unsupported
-from tritium.input_names import check_input_names
+from tritium.input_checks import check_inputs
 
 _LENGTH = struct.Struct("<I")
 
@@ -38,28 +38,11 @@ _VALID_INPUTS_KEPT = 256
 
 
 def _validate_inputs(spec: ModelSpec, request: InferRequest) -> int:
-    model = spec.name
-    check_input_names(model, spec.inputs, spec.required_inputs, [tensor.name for tensor in request.inputs])
-    batch_size = 1
-    for index, tensor in enumerate(request.inputs):
-        config = spec.inputs[tensor.name]
-        if tensor.datatype != config.datatype.name:
-            raise InvalidArgument(
-                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
-                f"'{model}' expects '{config.datatype.name}'")
-        size = _check_shape(spec, config, tensor.shape)
-        if spec.max_batch_size > 0:
-            if index == 0:
-                batch_size = size
-            elif size != batch_size:
-                raise InvalidArgument(
-                    f"input '{tensor.name}' batch size does not match other inputs for '{model}'")
-        _check_data_size(model, config, tensor.name, tensor.shape, tensor.data)
-    if spec.max_batch_size > 0 and batch_size == 0:   # Triton refuses it too (as a byte size mismatch)
-        raise InvalidArgument(f"inference request batch-size must be >= 1 for '{model}'")
-    if spec.max_batch_size > 0 and batch_size > spec.max_batch_size:
-        raise InvalidArgument(
-            f"inference request batch-size must be <= {spec.max_batch_size} for '{model}'")
+    inputs = request.inputs
+    batch_size = check_inputs(spec.name, spec.declared_inputs, spec.max_batch_size,
+                              [(tensor.name, tensor.datatype, tensor.shape) for tensor in inputs])
+    for tensor in inputs:
+        _check_data_size(spec.name, spec.inputs[tensor.name], tensor.name, tensor.shape, tensor.data)
     return batch_size
 
 
@@ -81,31 +64,6 @@ def check_single_response(spec: ModelSpec, front_end_message: str) -> None:
     """Decoupled models answer 0..N times: only streaming front ends can carry that (501)."""
     if spec.decoupled:
         raise Unsupported(front_end_message)
-
-
-def _check_shape(spec: ModelSpec, config: TensorSpec, shape: list[int]) -> int:
-    """Check ``shape`` against the config dims; return the request's batch size for the input."""
-    batching = spec.max_batch_size > 0
-    dims = shape[1:] if batching else shape
-    ok = (not batching or len(shape) >= 1) and len(dims) == len(config.dims) and all(
-        want == -1 or want == got for want, got in zip(config.dims, dims))
-    if not ok:
-        expected = ([-1] if batching else []) + list(config.dims)
-        note = ""
-        if batching:
-            note = (" NOTE: Setting a non-zero max_batch_size in the model config requires a "
-                    "batch dimension to be prepended to each input shape. If you want to specify "
-                    "the full shape including the batch dim in your input dims config, try "
-                    "setting max_batch_size to zero. See the model configuration docs for more "
-                    "info on max_batch_size.")
-        raise InvalidArgument(
-            f"unexpected shape for input '{config.name}' for model '{spec.name}'. Expected "
-            f"{_shape(expected)}, got {_shape(shape)}.{note}")
-    return shape[0] if batching else 1
-
-
-def _shape(shape) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def element_count(shape: list[int]) -> int:

@@ -97,3 +97,13 @@ def test_a_models_bls_call_with_inputs_the_called_model_does_not_take_is_refused
         "for model 'm'. Got input(s) [], but missing required input(s) ['X']. Please provide all required input(s).")
     assert unexpected["err"]["message"] == ("Model m - Error when running inference: [request id: <id_unknown>] "
                                             "unexpected inference input 'WRONG' for model 'm'")
+    bls.send(Infer(5, "m", [["X", "INT32", [1, 4], 16, False]], version=1, batch_size=1).encode([bytes(16)]))
+    bls.send(Infer(6, "m", [["X", "FP32", [1, 5], 20, False]], version=1, batch_size=1).encode([bytes(20)]))
+    bls.send(Infer(7, "m", [["X", "FP32", [9, 4], 144, False]], version=1, batch_size=9).encode([bytes(144)]))
+    world.until(lambda: len(bls.headers(Kind.RESPONSE)) == 5)
+    datatype, shape, batch = (r["err"]["message"] for r in bls.headers(Kind.RESPONSE)[2:])
+    prefix = "Model m - Error when running inference: [request id: <id_unknown>] "
+    assert datatype == prefix + "inference input 'X' data-type is 'INT32', but model 'm' expects 'FP32'"
+    assert shape.startswith(prefix + "unexpected shape for input 'X' for model 'm'. Expected [-1,4], got [1,5]. "
+                                     "NOTE: Setting a non-zero max_batch_size")
+    assert batch == prefix + "inference request batch-size must be <= 8 for 'm'"

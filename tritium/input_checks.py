@@ -1,0 +1,100 @@
+"""Triton's core checks of a request's inputs, with its messages: their names (which inputs a
+model declares, which it requires, which the request gave), datatypes and shapes. Shared by the
+gateway (clients' requests) and the broker (models' BLS calls)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import NamedTuple
+
+from tritium.errors import InvalidArgument
+
+
+class DeclaredInput(NamedTuple):
+    """An input as the model's config declares it."""
+    datatype: str             # protocol name, e.g. "FP32"
+    dims: tuple[int, ...]     # without the batch dimension
+    optional: bool
+
+
+def check_inputs(model: str, declared: Mapping[str, DeclaredInput], max_batch_size: int,
+                 given: Sequence[tuple[str, str, Sequence[int]]]) -> int:
+    """The (name, datatype, shape) of each input given, as Triton's core checks them; the batch size."""
+    check_input_names(model, declared, [name for name, spec in declared.items() if not spec.optional],
+                      [name for name, _, _ in given])
+    batching = max_batch_size > 0
+    batch_size = 1
+    for index, (name, datatype, shape) in enumerate(given):
+        spec = declared[name]
+        check_datatype(model, name, datatype, spec.datatype)
+        size = check_shape(model, name, spec.dims, batching, shape)
+        if batching:
+            if index == 0:
+                batch_size = size
+            elif size != batch_size:
+                raise InvalidArgument(f"input '{name}' batch size does not match other inputs for '{model}'")
+    if batching and batch_size == 0:   # Triton refuses it too (as a byte size mismatch)
+        raise InvalidArgument(f"inference request batch-size must be >= 1 for '{model}'")
+    if batching and batch_size > max_batch_size:
+        raise InvalidArgument(f"inference request batch-size must be <= {max_batch_size} for '{model}'")
+    return batch_size
+
+
+def check_input_names(model: str, declared: Collection[str], required: Sequence[str], given: Sequence[str]) -> None:
+    """InvalidArgument as Triton's core words it: too few or too many inputs (counted before their
+    names are looked at), one the model does not declare, one given twice, one required missing."""
+    if not len(required) <= len(given) <= len(declared):
+        raise _missing(model, declared, required, given)
+    seen = set()
+    for name in given:
+        if name not in declared:
+            raise InvalidArgument(f"unexpected inference input '{name}' for model '{model}'")
+        if name in seen:
+            raise InvalidArgument(f"input '{name}' is given more than once for model '{model}'")
+        seen.add(name)
+    if any(name not in seen for name in required):
+        raise _missing(model, declared, required, given)
+
+
+def _missing(model: str, declared: Collection[str], required: Sequence[str], given: Sequence[str]) -> InvalidArgument:
+    missing = [name for name in required if name not in given]
+    if len(required) == len(declared):
+        expected = f"expected {len(required)} inputs"
+    else:
+        expected = f"expected number of inputs between {len(required)} and {len(declared)}"
+    return InvalidArgument(
+        f"{expected} but got {len(given)} inputs for model '{model}'. Got input(s) {_names(given)}, but "
+        f"missing required input(s) {_names(missing)}. Please provide all required input(s).")
+
+
+def _names(names: Sequence[str]) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
+def check_datatype(model: str, name: str, given: str, expected: str) -> None:
+    if given != expected:
+        raise InvalidArgument(f"inference input '{name}' data-type is '{given}', but model '{model}' expects '{expected}'")
+
+
+def check_shape(model: str, name: str, dims: Sequence[int], batching: bool, shape: Sequence[int]) -> int:
+    """Check ``shape`` against the config's ``dims``; the request's batch size for the input."""
+    given = shape[1:] if batching else shape
+    ok = (not batching or len(shape) >= 1) and len(given) == len(dims) and all(
+        want == -1 or want == got for want, got in zip(dims, given))
+    if not ok:
+        expected = ([-1] if batching else []) + list(dims)
+        note = ""
+        if batching:
+            note = (" NOTE: Setting a non-zero max_batch_size in the model config requires a "
+                    "batch dimension to be prepended to each input shape. If you want to specify "
+                    "the full shape including the batch dim in your input dims config, try "
+                    "setting max_batch_size to zero. See the model configuration docs for more "
+                    "info on max_batch_size.")
+        raise InvalidArgument(
+            f"unexpected shape for input '{name}' for model '{model}'. Expected "
+            f"{_shape(expected)}, got {_shape(shape)}.{note}")
+    return shape[0] if batching else 1
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
