@@ -283,6 +283,40 @@ def test_http_infer_on_a_decoupled_model_is_501(server):
     assert error_of(reply) == "HTTP end point doesn't support models with decoupled transaction policy"
 
 
+# -- async def execute: the model's event loop runs on between executes ----------------------
+
+def test_a_task_an_async_execute_leaves_behind_answers_after_execute_returned(server):
+    """As in Triton's stub, the event loop runs in its own thread: the task runs with no other
+    request coming (it waited for the next execute's loop turn before)."""
+    client = httpclient.InferenceServerClient(server.url, network_timeout=10)
+    for value in (41, 7):
+        result = client.infer("py_async_sender", [tensor("VALUE", np.array([value], np.int32))])
+        assert result.as_numpy("OUT").tolist() == [value + 1]
+
+
+def test_a_decoupled_async_execute_is_not_waited_for_so_the_next_request_runs_beside_it(server):
+    """Triton runs a decoupled model's coroutine in the background: a request the first execute
+    waits for reaches the model while the first is still waiting (answer 1, not 0 after 5 s)."""
+    import queue
+
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for mode in (0, 1):
+            mode_input = grpcclient.InferInput("MODE", [1], "INT32")
+            mode_input.set_data_from_numpy(np.array([mode], np.int32))
+            client.async_stream_infer("py_async_decoupled", [mode_input], request_id=str(mode))
+        got = {}
+        for _ in range(2):
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            got[result.get_response().id] = result.as_numpy("OUT").tolist()
+    finally:
+        client.stop_stream()
+    assert got == {"0": [1], "1": [2]}
+
+
 # -- a model that is not decoupled answering through its response sender (Triton 24.06+) ---------
 
 def _sender_mode(server, mode: int) -> tuple[int, str]:

@@ -4,7 +4,7 @@ The instance process imports ``<model>/<version>/model.py`` the way Triton's stu
 (the version and model folders on ``sys.path``, ``import_module("<version>.model")``),
 with tritium's ``triton_python_backend_utils`` importable, creates ``TritonPythonModel``,
 calls ``initialize(args)`` with Triton's keys, and then ``execute(requests)`` for each
-batch (``async def execute`` runs on an event loop of the instance's own). A model that
+batch (``async def execute`` runs on an event loop of the instance's own, in a thread of its own). A model that
 defines ``execute_batch(inputs)`` instead receives every input stacked along the batch
 dimension and returns stacked outputs (a tritium extension: docs/backends.md).
 """
@@ -12,11 +12,13 @@ dimension and returns stacked outputs (a tritium extension: docs/backends.md).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
 import importlib.util
 import inspect
 import json
 import logging
+import os
 import sys
 import threading
 import traceback
@@ -101,17 +103,42 @@ class PythonInstance(Instance):
             "model_version": str(context.model.version),
             "model_name": context.model.name,
         }
+        self._background: set[concurrent.futures.Future] = set()   # decoupled executes still running
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
             result = initialize(args)
             if inspect.isawaitable(result):
-                self.loop.run_until_complete(result)
+                self._run(result)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
+        """The model's event loop, made at its first coroutine. As in Triton's stub it runs in a
+        thread of its own for as long as the instance: tasks a coroutine leaves behind
+        (``asyncio.create_task``, a response sent after ``execute`` returned) go on running
+        between executes, not only while the next one is awaited."""
         if self._loop is None:
-            self._loop = asyncio.new_event_loop()
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)   # the instance's thread gets it too, as the stub's does
+            threading.Thread(target=loop.run_forever, name="model-event-loop", daemon=True).start()
+            self._loop = loop
         return self._loop
+
+    def _run(self, awaitable):
+        """Await ``awaitable`` on the model's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self.loop).result()
+
+    def _run_in_background(self, coroutine) -> None:
+        """A decoupled model's ``async def execute``: not waited for (it answers through its
+        response senders), so the instance takes its next requests meanwhile, as Triton's does."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        self._background.add(future)
+        future.add_done_callback(self._background_done)
+
+    def _background_done(self, future: concurrent.futures.Future) -> None:
+        self._background.discard(future)
+        if not future.cancelled() and (exc := future.exception()) is not None:
+            # Triton logs it; the requests it left unanswered are answered once let go (_SenderSlot).
+            log.error("".join(traceback.TracebackException.from_exception(exc).format()))
 
     @property
     def stacks_batches(self) -> bool:
@@ -142,7 +169,10 @@ class PythonInstance(Instance):
         try:
             result = self.model.execute(pb_requests)
             if not isinstance(result, list) and inspect.isawaitable(result):
-                result = self.loop.run_until_complete(result)
+                if self.decoupled and inspect.iscoroutine(result):
+                    self._run_in_background(result)
+                    return None
+                result = self._run(result)
             return result
         except Exception as exc:
             raise self._failure(exc) from exc
@@ -179,7 +209,7 @@ class PythonInstance(Instance):
     def _failure(self, exc: Exception) -> InternalError:
         """Triton's message for an exception out of the model, with the model's frames."""
         frames = traceback.extract_tb(exc.__traceback__)
-        while frames and frames[0].filename == __file__:
+        while frames and (frames[0].filename == __file__ or frames[0].filename.startswith(_AWAITING_DIRS)):
             frames.pop(0)
         while frames and frames[-1].filename.startswith(MODULE_DIR):   # raised in pb_utils: Triton's is C++
             frames.pop()
@@ -225,7 +255,7 @@ class PythonInstance(Instance):
         try:
             outputs = self.model.execute_batch(inputs)
             if inspect.isawaitable(outputs):
-                outputs = self.loop.run_until_complete(outputs)
+                outputs = self._run(outputs)
         except TritiumError:
             raise
         except Exception as exc:
@@ -243,7 +273,7 @@ class PythonInstance(Instance):
             return True
         result = check()
         if inspect.isawaitable(result):
-            result = self.loop.run_until_complete(result)
+            result = self._run(result)
         return bool(result)
 
     def finalize(self) -> None:
@@ -251,7 +281,17 @@ class PythonInstance(Instance):
         if finalize is not None:
             result = finalize()
             if inspect.isawaitable(result):
-                self.loop.run_until_complete(result)
+                self._run(result)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+# Where the frames between the instance and an ``async def execute`` come from.
+_AWAITING_DIRS = (os.path.dirname(asyncio.__file__), os.path.dirname(concurrent.futures.__file__))
+
+
+async def _awaited(awaitable):
+    return await awaitable
 
 
 class _SenderSlot:
