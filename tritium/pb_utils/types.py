@@ -8,6 +8,7 @@ Python backend fills in when an instance starts.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -111,9 +112,12 @@ def as_text(value):
 class Tensor:
     def __init__(self, name, data):
         name = as_text(name)
-        if not isinstance(name, str):
-            raise TritonModelException(f"Tensor name must be a string, got {type(name).__name__}")
-        array = data if isinstance(data, np.ndarray) else np.asarray(data)
+        if not isinstance(name, str) or not isinstance(data, np.ndarray):   # Triton's takes a numpy array only
+            raise TypeError(f"Tensor(): incompatible constructor arguments: a name (str) and a numpy array, "
+                            f"got {type(name).__name__} and {type(data).__name__}")
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        array = data
         if array.dtype.kind in "SU":
             array = array.astype(np.object_)
         if datatypes.from_numpy(array.dtype) is None:
@@ -161,12 +165,25 @@ class Tensor:
     def from_dlpack(name, dlpack):
         """A tensor over ``dlpack``'s memory: an object with ``__dlpack__`` (a torch tensor) or the
         capsule ``to_dlpack()`` made, as Triton's examples pass it (CPU memory only here)."""
+        name = as_text(name)
+        if not isinstance(name, str):
+            raise TypeError(f"from_dlpack(): incompatible function arguments: the name must be a str, "
+                            f"got {type(name).__name__}")
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
         if type(dlpack).__name__ == "PyCapsule":
             dlpack = _Capsule(dlpack)
+        elif not (hasattr(dlpack, "__dlpack__") and hasattr(dlpack, "__dlpack_device__")):
+            raise TritonModelException(_NOT_DLPACK)
         return Tensor(name, np.from_dlpack(dlpack))
 
     def __repr__(self):
         return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+# Triton's text, the spaces of its source's continued line included.
+_NOT_DLPACK = ("Provided tensor is not supported. Tensor must be a DLPack capsule         or have `__dlpack__` and "
+               "`__dlpack_device__` attributes")
 
 
 class _Capsule:
@@ -184,14 +201,14 @@ class _Capsule:
 
 
 class InferenceResponse:
-    def __init__(self, output_tensors=None, error=None, parameters=None):
-        if output_tensors is None:
-            output_tensors = []
-        if not isinstance(output_tensors, (list, tuple)):
-            raise TritonModelException("output_tensors must be a list of pb_utils.Tensor")
+    def __init__(self, output_tensors=(), error=None, parameters=None):
+        tensors = _tensor_list(output_tensors, "InferenceResponse", "output_tensors")
+        if any(tensor is None for tensor in tensors):
+            raise TritonModelException("Output tensor for inference response should not be empty.")
         if error is not None and not isinstance(error, TritonError):
-            error = TritonError(str(error))
-        self._tensors = list(output_tensors)
+            raise TypeError(f"InferenceResponse(): incompatible constructor arguments: error must be a "
+                            f"pb_utils.TritonError or None, got {type(error).__name__}")
+        self._tensors = tensors
         self._error = error
         self._parameters = _parameters_json(parameters)
 
@@ -208,15 +225,27 @@ class InferenceResponse:
         return self._parameters
 
 
+def _tensor_list(tensors, function: str, argument: str) -> list:
+    """A list argument of pb_utils.Tensor (None entries kept, for the caller's own error), or
+    the TypeError Triton's bindings raise for what is not one (None itself included)."""
+    if isinstance(tensors, (list, tuple)) and all(t is None or isinstance(t, Tensor) for t in tensors):
+        return list(tensors)
+    raise TypeError(f"{function}(): incompatible constructor arguments: {argument} must be a list of "
+                    f"pb_utils.Tensor, got {type(tensors).__name__}")
+
+
 def _parameters_json(parameters) -> str:
+    """A request's or response's ``parameters`` as JSON text, refused as Triton's bindings refuse
+    them (their words, the C++ type's name of a dict included)."""
     if parameters is None:
         return "{}"
-    if isinstance(parameters, str):
-        return parameters
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"Expect N8pybind114dictE, got {type(parameters)}")
     for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
         if not isinstance(value, (bool, int, str)):
-            raise TritonModelException(
-                f"parameter '{key}' must be a bool, int or str, got {type(value).__name__}")
+            raise TritonModelException(f"Expect parameters values to have type bool/int/str, found type {type(value)}")
     return json.dumps(parameters)
 
 
@@ -294,9 +323,10 @@ class InferenceRequest:
         correlation_id = str(correlation_id) if isinstance(correlation_id, str) else int(correlation_id)
         self._request_id = as_text(request_id)
         self._correlation_id = correlation_id
-        self._inputs = list(inputs)
+        self._inputs = _tensor_list(inputs, "InferenceRequest", "inputs")
         self._requested_output_names = [as_text(name) for name in requested_output_names]
         self._model_name = as_text(model_name)
+        self._check_entries()
         self._model_version = int(model_version)
         self._flags = flags
         self._timeout = timeout
@@ -304,6 +334,16 @@ class InferenceRequest:
         self._sender = None
         self._origin = None   # a request given to execute: the instance's request (its client may cancel it)
         self._trace = trace   # a traced request's CallTrace; passed on, a BLS call joins its trace
+
+    def _check_entries(self) -> None:
+        if not all(isinstance(name, str) for name in self._requested_output_names):
+            raise TypeError("InferenceRequest(): incompatible constructor arguments: requested_output_names "
+                            "must be a list of str")
+        which = f"for request with id '{self._request_id}' and model name '{self._model_name}'"
+        if any(tensor is None for tensor in self._inputs):
+            raise TritonModelException(f"Input tensor {which} should not be empty.")
+        if any(name == "" for name in self._requested_output_names):
+            raise TritonModelException(f"Requested output name {which} should not be empty.")
 
     @classmethod
     def _received(cls, request_id: str, correlation_id, flags: int, inputs: list, requested_output_names: set,
@@ -391,17 +431,29 @@ class InferenceRequest:
         return client.execute_async(self, decoupled)
 
 
-class Logger:
+class _LogLevel(enum.Enum):
     INFO = 0
     WARNING = 1
     ERROR = 2
     VERBOSE = 3
+
+
+class Logger:
+    LogLevel = _LogLevel
+    INFO = _LogLevel.INFO   # as Triton's bindings export the levels onto Logger
+    WARNING = _LogLevel.WARNING
+    ERROR = _LogLevel.ERROR
+    VERBOSE = _LogLevel.VERBOSE
     _log = logging.getLogger("model")
     _LEVELS = {INFO: logging.INFO, WARNING: logging.WARNING, ERROR: logging.ERROR, VERBOSE: logging.DEBUG}
 
     @classmethod
     def log(cls, message, level=INFO):
-        cls._log.log(cls._LEVELS.get(level, logging.INFO), "%s", message)
+        message = as_text(message)
+        if not isinstance(message, str) or not isinstance(level, _LogLevel):
+            raise TypeError("log(): incompatible function arguments: a message (str) and a "
+                            f"pb_utils.Logger.LogLevel, got {type(message).__name__} and {type(level).__name__}")
+        cls._log.log(cls._LEVELS[level], "%s", message)
 
     @classmethod
     def log_info(cls, message):

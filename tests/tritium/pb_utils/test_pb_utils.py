@@ -50,8 +50,23 @@ def test_response_with_error_and_parameters():
     assert response.error().code() == pb_utils.TritonError.INVALID_ARG == 3
     assert json.loads(response.parameters()) == {"n": 3, "ok": True}
     assert pb_utils.TritonError("x").code() == pb_utils.TritonError.INTERNAL
-    with pytest.raises(pb_utils.TritonModelException, match="must be a bool, int or str"):
-        pb_utils.InferenceResponse(parameters={"f": 0.5})
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"f": 0.5}, "Expect parameters values to have type bool/int/str, found type <class 'float'>"),
+    ({"n": None}, "Expect parameters values to have type bool/int/str, found type <class 'NoneType'>"),
+    ({"l": ["x"]}, "Expect parameters values to have type bool/int/str, found type <class 'list'>"),
+    ({1: "int key"}, "Expect parameters keys to have type str, found type <class 'int'>"),
+    ([], "Expect N8pybind114dictE, got <class 'list'>"),
+    ('{"a": 1}', "Expect N8pybind114dictE, got <class 'str'>"),
+])
+def test_parameters_triton_refuses_are_refused_with_its_words(parameters, message):
+    for make in (lambda: pb_utils.InferenceResponse(parameters=parameters),
+                 lambda: pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[],
+                                                   parameters=parameters)):
+        with pytest.raises(pb_utils.TritonModelException) as raised:
+            make()
+        assert str(raised.value) == message
 
 
 def test_a_received_request_gives_its_parameters_as_tritons_backend_writes_them():
@@ -182,3 +197,56 @@ def test_names_read_from_bytes_tensors_are_taken_as_triton_takes_them():
     assert (request.model_name(), request.request_id(), request.requested_output_names()) == \
         ("add_sub", "r-1", ["OUTPUT0"])
     assert [type(tensor.name()) for tensor in request.inputs()] == [str]
+
+
+# -- arguments refused as Triton's bindings refuse them ---------------------------------------
+
+def _request(**arguments):
+    return pb_utils.InferenceRequest(**{"model_name": "m", "inputs": [], "requested_output_names": [], **arguments})
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: _request(inputs=[None]), pb_utils.TritonModelException,
+     "Input tensor for request with id '' and model name 'm' should not be empty."),
+    (lambda: _request(requested_output_names=[""], request_id="r"), pb_utils.TritonModelException,
+     "Requested output name for request with id 'r' and model name 'm' should not be empty."),
+    (lambda: _request(requested_output_names=[None]), TypeError, None),
+    (lambda: _request(inputs=[np.ones(2)]), TypeError, None),
+    (lambda: _request(flags=None), TypeError, None),
+    (lambda: pb_utils.InferenceResponse(output_tensors=[None]), pb_utils.TritonModelException,
+     "Output tensor for inference response should not be empty."),
+    (lambda: pb_utils.InferenceResponse(output_tensors=None), TypeError, None),
+    (lambda: pb_utils.InferenceResponse(error="text"), TypeError, None),
+    (lambda: pb_utils.Tensor(None, np.ones(2)), TypeError, None),
+    (lambda: pb_utils.Tensor("OUT", None), TypeError, None),
+    (lambda: pb_utils.Tensor("OUT", [1, 2]), TypeError, None),
+    (lambda: pb_utils.Tensor("", None), TypeError, None),
+    (lambda: pb_utils.Tensor("", np.ones(2)), pb_utils.TritonModelException, "Tensor name cannot be an empty string."),
+    (lambda: pb_utils.Tensor.from_dlpack("", None), pb_utils.TritonModelException,
+     "Tensor name cannot be an empty string."),
+    (lambda: pb_utils.Tensor.from_dlpack("OUT", None), pb_utils.TritonModelException,
+     "Provided tensor is not supported. Tensor must be a DLPack capsule         or have `__dlpack__` and "
+     "`__dlpack_device__` attributes"),
+    (lambda: pb_utils.Logger.log("text", None), TypeError, None),
+    (lambda: pb_utils.Logger.log("text", 1), TypeError, None),
+    (lambda: pb_utils.Logger.log_info(None), TypeError, None),
+    (lambda: pb_utils.Logger.log_verbose(None), TypeError, None),
+], ids=["request-none-input", "request-empty-output-name", "request-none-output-name", "request-array-input",
+        "request-none-flags", "response-none-tensor", "response-none-list", "response-text-error",
+        "tensor-none-name", "tensor-none-data", "tensor-list-data", "tensor-empty-name-none-data",
+        "tensor-empty-name", "dlpack-empty-name", "dlpack-none", "log-none-level", "log-int-level",
+        "log-info-none", "log-verbose-none"])
+def test_arguments_triton_refuses_are_refused_with_its_error_types_and_words(make, error, message):
+    with pytest.raises(error) as raised:
+        make()
+    if message is not None:
+        assert str(raised.value) == message
+
+
+def test_arguments_triton_takes_are_taken():
+    assert _request(correlation_id=5).correlation_id() == 5
+    assert pb_utils.InferenceResponse(output_tensors=[]).output_tensors() == []
+    assert pb_utils.Tensor(b"OUT", np.ones(2)).name() == "OUT"
+    assert pb_utils.Logger.LogLevel.WARNING is pb_utils.Logger.WARNING
+    pb_utils.Logger.log("level unspecified")
+    pb_utils.Logger.log("warned", pb_utils.Logger.WARNING)
