@@ -137,7 +137,7 @@ def _event(event: bytes | TritiumError) -> bytes:
 
 
 class HttpApp:
-    def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 1024 * 1024 + 1024 * 1024,
+    def __init__(self, dataplane: DataPlane, max_body_bytes: int = 64 * 1024 * 1024,
                  restricted: RestrictedApis = RestrictedApis(), header_forward: re.Pattern[str] | None = None) -> None:
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes
@@ -151,8 +151,8 @@ class HttpApp:
             if self.restricted:  # before anything else, as Triton checks it first in every handler
                 self.restricted.check(route_category(request.path), request.headers.items())
             if request.too_large:
-                raise InvalidArgument(
-                    f"request body of {request.too_large} bytes exceeds the maximum allowed value of "
+                raise InvalidArgument(   # Triton's words: its limit is on the JSON (all of a body without binary data)
+                    f"request JSON size of {request.too_large} bytes exceeds the maximum allowed input size of "
                     f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
             match = _MODEL.fullmatch(request.path)
             if match is not None and request.method == "POST":

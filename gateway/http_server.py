@@ -36,6 +36,7 @@ _SWEEP_INTERVAL_S = 5.0
 MAX_PIPELINED = 32   # requests parsed ahead of their answers; past it the connection is not read
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_C_INT_MAX = 2**31 - 1   # the largest Inference-Header-Content-Length Triton parses
 
 
 @dataclass(slots=True)
@@ -101,7 +102,7 @@ class HttpConnection(asyncio.Protocol):
     """One client connection: parse, hand each request to the app, write answers in order."""
 
     __slots__ = ("app", "settings", "loop", "shared", "transport", "parser", "queue", "busy", "closing",
-                 "last_active", "_url", "_headers", "_body", "_body_size", "_too_large", "_write_paused",
+                 "last_active", "_url", "_headers", "_body", "_body_size", "_body_limit", "_too_large", "_write_paused",
                  "_reading", "_begun", "_header_lines", "_give_up", "_streaming", "_event_source")
 
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
@@ -127,6 +128,7 @@ class HttpConnection(asyncio.Protocol):
         self._header_lines: list[tuple[bytes, bytes]] | None = [] if self.settings.keep_header_lines else None
         self._body: list[bytes] = []
         self._body_size = 0
+        self._body_limit: int | None = self.settings.max_body_bytes
         self._too_large = 0
         self._begun = 0
 
@@ -199,16 +201,23 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         declared = self._headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.settings.max_body_bytes:
+        json_length = self._headers.get(b"inference-header-content-length")
+        if json_length is not None and json_length.isdigit() and int(json_length) <= _C_INT_MAX:   # else refused as unparsable
+            # The limit is the JSON header's: binary tensor data after it has none, as in Triton
+            # (--http-max-input-size bounds JSON, not binary inputs).
+            self._body_limit = None
+            if int(json_length) > self.settings.max_body_bytes:
+                self._too_large = int(json_length)
+        elif declared is not None and declared.isdigit() and int(declared) > self.settings.max_body_bytes:
             self._too_large = int(declared)
-        elif self._headers.get(b"expect", b"").lower() == b"100-continue":
+        if not self._too_large and self._headers.get(b"expect", b"").lower() == b"100-continue":
             self.transport.write(_CONTINUE)
 
     def on_body(self, chunk: bytes) -> None:
         if self._too_large:
             return
         self._body_size += len(chunk)
-        if self._body_size > self.settings.max_body_bytes:
+        if self._body_limit is not None and self._body_size > self._body_limit:
             self._too_large, self._body = self._body_size, []
             return
         self._body.append(chunk)

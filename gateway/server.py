@@ -90,7 +90,7 @@ async def serve(settings: GatewaySettings) -> int:
                           strict_readiness=settings.strict_readiness, allow_client_shm=settings.allow_client_shm,
                           max_inflight_requests=settings.max_inflight_requests)
     http_forward = compile_pattern(settings.http_header_forward_pattern)
-    app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes + 1024 * 1024,
+    app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes,
                   restricted=settings.http_restricted, header_forward=http_forward)
     sock = listening_socket(settings.http_address, settings.http_port, settings.reuse_http_port) \
         if settings.http_port is not None else None
@@ -107,7 +107,7 @@ async def serve(settings: GatewaySettings) -> int:
             grpc_server, grpc_port = bind_grpc(service, *where)
         else:
             grpc_server, grpc_port = bind_grpc_tritium(service, *where, settings.grpc_compression_level)
-    http = HttpServer(app, HttpSettings(max_body_bytes=settings.max_input_bytes + 1024 * 1024,
+    http = HttpServer(app, HttpSettings(max_body_bytes=settings.max_input_bytes,
                                         keep_header_lines=http_forward is not None))
     stop = asyncio.Event()
 

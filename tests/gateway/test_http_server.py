@@ -164,6 +164,18 @@ def test_a_chunked_body_over_the_limit_is_not_kept(running):
     assert (status, body) == (400, b"too large 1200")
 
 
+def test_the_limit_bounds_the_json_header_of_a_binary_request_not_its_binary_data(running):
+    """As in Triton, --http-max-input-size bounds the JSON; binary tensor data after it has no limit."""
+    client = running.connect()
+    client.sendall(b"POST /bin HTTP/1.1\r\nContent-Length: 5020\r\nInference-Header-Content-Length: 20\r\n\r\n"
+                   + b"j" * 20 + b"b" * 5000)
+    client.sendall(b"POST /bin HTTP/1.1\r\nContent-Length: 5020\r\nInference-Header-Content-Length: 1200\r\n\r\n"
+                   + b"j" * 1200 + b"b" * 3820)
+    (kept, refused) = read_responses(client, 2)
+    assert (kept[0], kept[2]) == (200, b"POST /bin 5020")
+    assert (refused[0], refused[2]) == (400, b"too large 1200")
+
+
 def test_percent_escapes_in_the_path_are_decoded_and_the_query_dropped(running):
     client = running.connect()
     client.sendall(b"GET /v2/models/a%20b/ready?x=1 HTTP/1.1\r\n\r\n")
