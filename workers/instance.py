@@ -236,28 +236,48 @@ class HeartbeatThread(threading.Thread):
 
 
 class HealthReporter:
-    """Asks the instance whether it can serve, every few seconds; tells the broker of changes."""
+    """Asks the instance whether it can serve, every few seconds, from a thread of its own: a
+    slow ``is_ready()`` holds up neither batches nor the messages the main loop sends. The main
+    loop tells the broker of changes (``check``); an answer still awaited after ``TIMEOUT_S``
+    counts as not ready meanwhile, as Triton's backend waits 5 s for it."""
 
     INTERVAL_S = 2.0
+    TIMEOUT_S = 5.0
 
     def __init__(self, instance, outbox: Outbox) -> None:
         self.instance = instance
         self.outbox = outbox
-        self.ready = True  # what the broker assumes of a new instance
-        self.next_check = 0.0
+        self.reported = True   # what the broker assumes of a new instance
+        self._answer = True    # the last answer; written by the asking thread only
+        self._asked_at: float | None = None   # when the call in progress began
+        self._timed_out = False
+        threading.Thread(target=self._ask_forever, name="is-ready", daemon=True).start()
+
+    def _ask_forever(self) -> None:
+        while True:
+            self._asked_at = time.monotonic()
+            try:
+                ready = bool(self.instance.is_ready())
+            except Exception:
+                log.exception("is_ready() failed; the instance counts as not ready")
+                ready = False
+            self._answer, self._asked_at = ready, None
+            time.sleep(self.INTERVAL_S)
 
     def check(self) -> None:
-        now = time.monotonic()
-        if now < self.next_check:
-            return
-        self.next_check = now + self.INTERVAL_S
-        try:
-            ready = bool(self.instance.is_ready())
-        except Exception:
-            log.exception("is_ready() raised; the instance counts as not ready")
+        """Called by the main loop each turn: the broker hears of a change."""
+        asked_at = self._asked_at
+        ready = self._answer
+        if asked_at is not None and time.monotonic() - asked_at > self.TIMEOUT_S:
+            if not self._timed_out:
+                log.error("Timed out waiting for user-defined is_ready() response; the instance counts as "
+                          "not ready until it answers")
+            self._timed_out = True
             ready = False
-        if ready != self.ready:
-            self.ready = ready
+        elif asked_at is None:
+            self._timed_out = False
+        if ready != self.reported:
+            self.reported = ready
             self.outbox.send([InstanceHealth(ready).encode()])
 
 

@@ -461,6 +461,21 @@ def test_is_ready_is_honoured_by_model_readiness_and_inference_still_runs(server
     assert _wait_for(lambda: client.is_model_ready("py_flaky"))
 
 
+def test_is_ready_answering_no_boolean_or_too_late_counts_as_not_ready_and_the_instance_serves_on(server, client):
+    """As in Triton: a non-boolean answer is an error (not ready); an answer awaited past 5 s
+    counts as not ready meanwhile, while batches go on being served by the same process."""
+    def mode(value: int) -> int:
+        return client.infer("py_ready_modes", [tensor("MODE", np.array([value], np.int32))]).as_numpy("WAS")[0]
+
+    pid = mode(1)
+    assert _wait_for(lambda: not client.is_model_ready("py_ready_modes"))
+    assert "is_ready() must return a boolean value" in server.logs()
+    assert mode(2) == pid
+    assert _wait_for(lambda: "Timed out waiting for user-defined is_ready() response" in server.logs(), 15)
+    assert not client.is_model_ready("py_ready_modes")
+    assert mode(0) == pid   # served while is_ready() sleeps
+
+
 # -- classification (expected values are what Triton 2.51 answers to the same requests) ----
 
 CLASS_INPUT = {"name": "X", "datatype": "FP32", "shape": [2, 4],

@@ -274,7 +274,9 @@ class PythonInstance(Instance):
         result = check()
         if inspect.isawaitable(result):
             result = self._run(result)
-        return bool(result)
+        if not isinstance(result, bool):   # Triton's check: "ready" is not True
+            raise InternalError("is_ready() must return a boolean value")
+        return result
 
     def finalize(self) -> None:
         finalize = getattr(self.model, "finalize", None)
