@@ -257,6 +257,8 @@ class Registry:
         self.shared_memory: dict[str, SharedMemoryRegion] = {}  # client shm regions, which every gateway maps
         self.trace_settings: dict | None = None   # Triton's trace settings, which every gateway samples with
         self.generation = 0  # what gateways see changed when it moves: only Membership.changed moves it
+        self.startup_begun = False     # the startup loads have begun (BrokerServer.load_repository)
+        self._startup_settled = False  # ... and all settled once (later loads do not count)
 
     def set_state(self, version: ModelVersion, state: VersionState, reason: str = "") -> None:
         if state == VersionState.READY and version.load_seconds is None:
@@ -300,6 +302,13 @@ class Registry:
                 and self.loading_done()
                 and all(v.state == VersionState.READY and self.healthy(v) for v in self.versions.values()))
 
+    def started(self) -> bool:
+        """Whether the models loaded at startup have all settled, ready or failed: Triton serves
+        its endpoints only from then on, which non-strict readiness stands for."""
+        if not self._startup_settled and self.startup_begun and self.loading_done():
+            self._startup_settled = True
+        return self._startup_settled
+
     def table(self) -> Models:
         """The model table gateways cache: states, reasons and configs.
 
@@ -321,4 +330,4 @@ class Registry:
             else:
                 models.append(ModelRow(record.name, record.error, versions, record.config_json, record.labels))
         return Models(self.generation, tuple(models), self.server_ready(), tuple(self.shared_memory.values()),
-                      self.trace_settings)
+                      self.trace_settings, started=self.started())

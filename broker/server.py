@@ -229,6 +229,8 @@ class Broker:
     def load_repository(self) -> None:
         """Load what the model control mode loads at startup."""
         self.lifecycle.start()
+        self.registry.startup_begun = True
+        self.membership.changed()   # gateways hear of it even when nothing was to load
 
     def _new_version(self, version: ModelVersion) -> None:
         if self.settings.metrics is not None and self.settings.metrics.histogram_latencies:

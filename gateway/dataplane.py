@@ -63,11 +63,12 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        """Strict: every model version is READY; otherwise: the server answers."""
+        """Strict: every model version is READY; otherwise: the models loaded at startup have
+        settled (Triton opens its endpoints only then)."""
         table = self.link.models
         if self.shutting_down or not table.received or self.link.broker_lost:
             return False
-        return table.server_ready or not self.strict_readiness
+        return table.server_ready or (not self.strict_readiness and table.started)
 
     def model_ready(self, name: str, version: str | None) -> None:
         """Return if ready; raise NotFound (404) or InvalidArgument (400) as Triton does."""

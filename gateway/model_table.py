@@ -119,6 +119,7 @@ class ModelTable:
         self.generation = -1
         self.models: dict[str, ModelEntry] = {}
         self.server_ready = False
+        self.started = False   # the broker's startup loads have settled
         self.received = False
 
     def update(self, table: Models) -> None:
@@ -134,6 +135,7 @@ class ModelTable:
         self.models = models
         self.generation = table.generation
         self.server_ready = bool(table.ready)
+        self.started = self.started or bool(table.started)   # a new broker taking over loads again: still started
         self.received = True
 
     def get(self, name: str) -> ModelEntry:

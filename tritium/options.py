@@ -201,7 +201,8 @@ OPTIONS: tuple[Option, ...] = (
     _option("--id", dest="server_id", on="serve, gateway", to="gateway", default="triton",
             help="Server name in /v2 metadata."),
     _option("--strict-readiness", on="serve, gateway", to="gateway", type=BOOLEAN, default="true",
-            help="Ready only when every model is ready (false: ready when the server is up)."),
+            help="Ready only when every model is ready (false: once the models loaded at startup "
+                 "have settled, ready or failed)."),
     _option("--allow-client-shm", on="serve, gateway", to="gateway", type=BOOLEAN, default="false",
             help="Let clients register system shared memory regions (they must share the gateway's host)."),
     _option("--max-inflight-requests", on="serve, gateway", to="gateway", default=0, type=click.IntRange(min=0),

@@ -129,6 +129,20 @@ def test_a_request_still_held_when_the_takeover_ends_is_answered_as_on_arrival(w
     assert answer["rid"] == 5 and answer["err"]["message"] == message
 
 
+def test_the_server_has_started_once_its_startup_loads_settled_and_a_later_load_does_not_undo_it(world):
+    world.write()
+    world.write("n")
+    assert not world.registry.started()   # the startup loads have not begun
+    world.load()
+    world.registry.startup_begun = True
+    assert not world.registry.started()   # m is loading
+    world.instance_ready(world.loading())
+    assert world.registry.started()
+    world.load("n")
+    assert world.loading("n") and world.registry.started()
+    assert world.registry.table().started
+
+
 def test_a_load_that_fails_every_try_fails_with_the_last_error(retrying):
     world = retrying
     world.write()

@@ -135,3 +135,15 @@ def test_a_config_with_an_unknown_data_type_costs_its_model_only():
     assert t.get("bad").spec is None
     assert t.get("bad").error == "the model table's tensor 'A' has no known data type ('TYPE_NOPE')"
     assert t.get("m").spec is not None
+
+
+def test_the_startup_loads_settled_once_stays_so_when_a_new_broker_process_loads_again():
+    """Non-strict readiness: Triton answers only once its startup loads settled, and a later
+    table of a broker process taking over (its own loads in progress) does not take that back."""
+    t = ModelTable()
+    t.update(Models(1, (model(versions=((1, "LOADING", ""),)),), False, (), started=False))
+    assert not t.started
+    t.update(Models(2, (model(),), True, ()))
+    assert t.started
+    t.update(Models(1, (model(versions=((1, "LOADING", ""),)),), False, (), started=False))
+    assert t.started

@@ -516,6 +516,7 @@ class Models(Message, frozen=True, tag=int(Kind.MODELS)):
     shared_memory: Annotated[tuple[SharedMemoryRegion, ...], doc("client shared memory regions")] = field(
         name="shm")
     trace: Annotated[dict | None, doc("Triton's trace settings, which every gateway samples with")] = None
+    started: Annotated[bool, doc("the startup loads have settled (non-strict readiness)")] = True
 
 
 class LogSettings(Message, frozen=True, tag=int(Kind.LOG_SETTINGS)):
