@@ -228,7 +228,9 @@ class Autoscaler:
         return True
 
     def _shrink(self, version: ModelVersion, why: str) -> None:
-        idle = [i for i in version.instances if not i.inflight and not i.draining]
+        # Not one still answering a decoupled request after its execute returned (its threads'
+        # or its coroutines' responses would be cut off).
+        idle = [i for i in version.instances if not i.draining and not self.scheduler.holds_work([i])]
         if not idle:
             return
         instance = idle[-1]

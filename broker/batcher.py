@@ -232,7 +232,7 @@ class DynamicBatcher(Generic[R]):
     def next_timeout_ns(self) -> int | None:
         """When the next queued request's timeout runs out (None: no request has one)."""
         timeouts = self._timeouts
-        while timeouts and not timeouts[0][2].queued:
+        while timeouts and _stale(timeouts[0]):
             heapq.heappop(timeouts)
         return timeouts[0][0] if timeouts else None
 
@@ -244,8 +244,9 @@ class DynamicBatcher(Generic[R]):
             return rejected
         timeouts = self._timeouts
         while timeouts and timeouts[0][0] <= now_ns:
-            _, _, request = heapq.heappop(timeouts)
-            if not request.queued or request.delayed:
+            entry = heapq.heappop(timeouts)
+            request = entry[2]
+            if _stale(entry) or request.delayed:
                 continue
             if self.queue_policy.levels[request.level].delay_on_timeout:
                 queue.delay(request)
@@ -305,3 +306,10 @@ class DynamicBatcher(Generic[R]):
     def _take(self, count: int) -> list[R]:
         queue = self._queue
         return [queue.popleft() for _ in range(count)]
+
+
+def _stale(entry: tuple) -> bool:
+    """A timeout entry whose request left the queue, or came back to it without that timeout
+    (requeued after its instance was lost: it already waited, and is not timed out again)."""
+    deadline, _, request = entry
+    return not request.queued or request.deadline_ns != deadline

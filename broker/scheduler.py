@@ -554,7 +554,7 @@ class Scheduler:
             self._answer_error(version, request, Unavailable("Request timeout expired"))
             version.stats.record_failure(now - request.arrival_ns, "REJECTED")
         if batcher.next_timeout_ns() is None:
-            del self._timed[version]
+            self._timed.pop(version, None)   # a dispatch inside _expire_timeouts' loop may have removed it
 
     def _answer_error(self, version: ModelVersion, request: PendingRequest, error: TritiumError) -> None:
         """Answer a request that will not run, keeping its place when responses are ordered."""

@@ -6,7 +6,7 @@ from tritium.broker.autoscale import COOLDOWN_S
 from tritium.broker.registry import InstanceRecord, ModelVersion, VersionState
 from tritium.broker.startup_hold import StartupHold
 from tests.broker.scheduler_world import definition, lose, submit
-from tritium.protocol import decode
+from tritium.protocol import BatchDone, decode
 from tests.broker.autoscale_world import SCALED, World
 
 
@@ -79,6 +79,23 @@ def test_idleness_drains_one_idle_instance_and_names_it_in_the_scale_down():
     world.clock.now += 11_000_000_000
     world.autoscaler.evaluate()
     assert world.scales()[-1] == (b"a", 1, ["m_1"]) and second.draining
+
+
+def test_an_instance_still_answering_a_decoupled_request_after_its_execute_is_not_the_one_drained():
+    """Its execute returned, so no batch is in flight, but its threads or coroutines still answer."""
+    world = World("min=1,max=4,idle_s=10", {b"a": 4})
+    world.autoscaler.start(world.version)
+    world.version.scale.targets[b"a"] = 2
+    first = world.join(b"a", "m_0")
+    second = world.join(b"a", "m_1")
+    first.credit = 0
+    submit(world.scheduler, b"gw", 1)
+    (number,) = second.inflight
+    world.scheduler.batch_done(second.iid, BatchDone(number, [True], [], (1, 2, 3), still_open=[]), [])
+    assert not second.inflight and world.scheduler.holds_work([second])
+    world.clock.now += 11_000_000_000
+    world.autoscaler.evaluate()
+    assert world.scales()[-1] == (b"a", 1, ["m_0"]) and first.draining and not second.draining
 
 
 def test_a_reload_may_use_the_slots_of_the_load_it_replaces():

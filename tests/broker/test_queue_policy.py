@@ -89,6 +89,20 @@ def test_a_timeout_shorter_than_the_way_to_an_idle_instance_runs_out_before_it_r
     assert version.stats.failures == {"REJECTED": 1}
 
 
+def test_a_request_retried_after_its_instance_was_lost_is_not_timed_out_again():
+    """It already waited: its old timeout, passed by now, does not reject it on its second try."""
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world(TWO_LEVELS % "REJECT")
+    first = add_instance(registry, version, "i0", credit=1)
+    second = add_instance(registry, version, "i1", credit=0)
+    submit(scheduler, 1, timeout=100)
+    assert [sent_batch(parts)[0] for parts in to_instances] == [first.iid]
+    clock.now += 1_000_000
+    second.credit = 1
+    lose(scheduler, first.iid, "was killed", restart_expected=False)
+    assert answers(to_gateways) == []
+    assert [sent_batch(parts)[0] for parts in to_instances] == [first.iid, second.iid]
+
+
 def test_delay_puts_a_timed_out_request_behind_those_still_in_time():
     registry, version, scheduler, to_instances, to_gateways, clock = make_world(TWO_LEVELS % "DELAY")
     instance = add_instance(registry, version, credit=1)

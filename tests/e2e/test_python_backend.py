@@ -317,6 +317,25 @@ def test_a_decoupled_async_execute_is_not_waited_for_so_the_next_request_runs_be
     assert got == {"0": [1], "1": [2]}
 
 
+def test_a_decoupled_async_execute_that_raises_in_the_background_answers_its_request_with_the_error(server):
+    import queue
+
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        mode_input = grpcclient.InferInput("MODE", [1], "INT32")
+        mode_input.set_data_from_numpy(np.array([3], np.int32))
+        client.async_stream_infer("py_async_decoupled", [mode_input])
+        first, no_error = answers.get(timeout=30)
+        _, error = answers.get(timeout=30)
+    finally:
+        client.stop_stream()
+    assert no_error is None and first.as_numpy("OUT").tolist() == [3]
+    assert "Failed to process the request(s) for model 'py_async_decoupled_0_0', message: ValueError: boom after " \
+           "one response" in str(error)
+
+
 # -- a model that is not decoupled answering through its response sender (Triton 24.06+) ---------
 
 def _sender_mode(server, mode: int) -> tuple[int, str]:

@@ -324,6 +324,9 @@ class InferenceRequest:
         self._request_id = as_text(request_id)
         self._correlation_id = correlation_id
         self._inputs = _tensor_list(inputs, "InferenceRequest", "inputs")
+        if not isinstance(requested_output_names, (list, tuple)):   # a str is not a list of names to Triton
+            raise TypeError("InferenceRequest(): incompatible constructor arguments: requested_output_names "
+                            f"must be a list of str, got {type(requested_output_names).__name__}")
         self._requested_output_names = [as_text(name) for name in requested_output_names]
         self._model_name = as_text(model_name)
         self._check_entries()
@@ -431,7 +434,7 @@ class InferenceRequest:
         return client.execute_async(self, decoupled)
 
 
-class _LogLevel(enum.Enum):
+class LogLevel(enum.IntEnum):   # int() works on it, as on Triton's
     INFO = 0
     WARNING = 1
     ERROR = 2
@@ -439,18 +442,18 @@ class _LogLevel(enum.Enum):
 
 
 class Logger:
-    LogLevel = _LogLevel
-    INFO = _LogLevel.INFO   # as Triton's bindings export the levels onto Logger
-    WARNING = _LogLevel.WARNING
-    ERROR = _LogLevel.ERROR
-    VERBOSE = _LogLevel.VERBOSE
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO   # as Triton's bindings export the levels onto Logger
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
     _log = logging.getLogger("model")
     _LEVELS = {INFO: logging.INFO, WARNING: logging.WARNING, ERROR: logging.ERROR, VERBOSE: logging.DEBUG}
 
     @classmethod
     def log(cls, message, level=INFO):
         message = as_text(message)
-        if not isinstance(message, str) or not isinstance(level, _LogLevel):
+        if not isinstance(message, str) or not isinstance(level, LogLevel):
             raise TypeError("log(): incompatible function arguments: a message (str) and a "
                             f"pb_utils.Logger.LogLevel, got {type(message).__name__} and {type(level).__name__}")
         cls._log.log(cls._LEVELS[level], "%s", message)

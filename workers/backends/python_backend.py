@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -91,6 +92,8 @@ class PythonInstance(Instance):
         self.output_names = [o.name for o in context.model.config.output]
         self.decoupled = context.model.config.model_transaction_policy.decoupled
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._loop_made = threading.Lock()   # is_ready() asks from a thread of its own
         runtime.instance_name = context.name
         if context.broker and runtime.bls is None:
             runtime.bls = BlsClient(context.broker, f"{context.instance_id}/bls", context.curve)
@@ -116,29 +119,42 @@ class PythonInstance(Instance):
         thread of its own for as long as the instance: tasks a coroutine leaves behind
         (``asyncio.create_task``, a response sent after ``execute`` returned) go on running
         between executes, not only while the next one is awaited."""
-        if self._loop is None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)   # the instance's thread gets it too, as the stub's does
-            threading.Thread(target=loop.run_forever, name="model-event-loop", daemon=True).start()
-            self._loop = loop
-        return self._loop
+        with self._loop_made:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                if threading.current_thread() is threading.main_thread():   # as the stub's thread has it
+                    asyncio.set_event_loop(loop)
+                self._loop_thread = threading.Thread(target=loop.run_forever, name="model-event-loop", daemon=True)
+                self._loop_thread.start()
+                self._loop = loop
+            return self._loop
 
     def _run(self, awaitable):
-        """Await ``awaitable`` on the model's loop and return its result."""
-        return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self.loop).result()
+        """Await ``awaitable`` on the model's loop and return its result (on this thread once the
+        loop was stopped, at finalize)."""
+        loop = self.loop
+        if self._loop_thread is not None and not self._loop_thread.is_alive():
+            return loop.run_until_complete(_awaited(awaitable))
+        return asyncio.run_coroutine_threadsafe(_awaited(awaitable), loop).result()
 
-    def _run_in_background(self, coroutine) -> None:
+    def _run_in_background(self, coroutine, slots: list[_SenderSlot | None]) -> None:
         """A decoupled model's ``async def execute``: not waited for (it answers through its
         response senders), so the instance takes its next requests meanwhile, as Triton's does."""
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         self._background.add(future)
-        future.add_done_callback(self._background_done)
+        future.add_done_callback(functools.partial(self._background_done, slots))
 
-    def _background_done(self, future: concurrent.futures.Future) -> None:
+    def _background_done(self, slots: list[_SenderSlot | None], future: concurrent.futures.Future) -> None:
         self._background.discard(future)
-        if not future.cancelled() and (exc := future.exception()) is not None:
-            # Triton logs it; the requests it left unanswered are answered once let go (_SenderSlot).
-            log.error("".join(traceback.TracebackException.from_exception(exc).format()))
+        if future.cancelled() or (exc := future.exception()) is None:
+            return
+        # Triton logs it and leaves the requests it did not finish unanswered; here they are
+        # answered with the error, as an execute that raised answers its requests.
+        log.error("".join(traceback.TracebackException.from_exception(exc).format()))
+        error = self._failure(exc)
+        for slot in slots:
+            if slot is not None:
+                slot.fail(error)
 
     @property
     def stacks_batches(self) -> bool:
@@ -152,7 +168,7 @@ class PythonInstance(Instance):
         pb_requests = [self._pb_request(r) for r in requests]
         slots = [pb_request._sender for pb_request in pb_requests]
         try:
-            returned = self._checked(self._run_execute(pb_requests), len(requests))
+            returned = self._checked(self._run_execute(pb_requests, slots), len(requests))
         except InternalError:
             for slot in slots:   # as in Triton, the model can send nothing more for these requests
                 if slot is not None:
@@ -165,12 +181,12 @@ class PythonInstance(Instance):
                 slot.watch(pb_request)
         return answers
 
-    def _run_execute(self, pb_requests: list[PbRequest]):
+    def _run_execute(self, pb_requests: list[PbRequest], slots: list[_SenderSlot | None]):
         try:
             result = self.model.execute(pb_requests)
             if not isinstance(result, list) and inspect.isawaitable(result):
                 if self.decoupled and inspect.iscoroutine(result):
-                    self._run_in_background(result)
+                    self._run_in_background(result, slots)
                     return None
                 result = self._run(result)
             return result
@@ -279,12 +295,18 @@ class PythonInstance(Instance):
         return result
 
     def finalize(self) -> None:
+        """As Triton's stub: the event loop stops first (what still runs on it stops with it),
+        then ``finalize`` runs; a coroutine ``finalize`` (tritium runs it) runs on the loop, before it stops."""
         finalize = getattr(self.model, "finalize", None)
-        if finalize is not None:
+        asynchronous = finalize is not None and inspect.iscoroutinefunction(finalize)
+        if self._loop is not None and not asynchronous:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(5)
             result = finalize()
             if inspect.isawaitable(result):
                 self._run(result)
-        if self._loop is not None:
+        if self._loop is not None and asynchronous:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
 
@@ -305,7 +327,7 @@ class _SenderSlot:
     request without an answer).
     """
 
-    __slots__ = ("_instance", "_request", "_send", "_sender", "_answered", "_alive", "_lock")
+    __slots__ = ("_instance", "_request", "_send", "_sender", "_answered", "_alive", "_watching", "_lock")
 
     def __init__(self, instance: PythonInstance, request: InferenceRequest) -> None:
         self._instance = instance
@@ -314,7 +336,10 @@ class _SenderSlot:
         self._sender = None        # a weak reference to the model's InferenceResponseSender, once made
         self._answered = False     # its final answer went out, or it can have none (its execution failed)
         self._alive = 0            # once watched: how many of the request and its sender the model holds
-        self._lock = None
+        self._watching = False
+        # The model may ask for the sender on another thread (its event loop's) while execute's
+        # thread starts watching. Reentrant: a finalizer may run _let_go inside a section.
+        self._lock = threading.RLock()
 
     def __call__(self):
         """pb_utils.InferenceRequest.get_response_sender's factory."""
@@ -322,11 +347,11 @@ class _SenderSlot:
                                                            decoupled=self._instance.decoupled)
         if self._answered:
             sender._sent, sender._closed = 1, True
-        self._sender = weakref.ref(sender)
-        if self._lock is not None:
-            with self._lock:
-                self._alive += 1
-            weakref.finalize(sender, self._let_go).atexit = False
+        with self._lock:
+            self._sender = weakref.ref(sender)
+            if self._watching:
+                self._alive += 1   # before the finalizer's allocation, which may collect and let go
+                weakref.finalize(sender, self._let_go).atexit = False
         return sender
 
     def _cancelled(self) -> bool:
@@ -355,14 +380,23 @@ class _SenderSlot:
         if sender is not None:
             sender._closed = True
 
+    def fail(self, error: TritiumError) -> None:
+        """Answer the request with ``error`` unless its final answer went out: the model can send it nothing more."""
+        with self._lock:
+            if self._answered:
+                return
+            self.close()
+        self._send(InferenceResponse(error=error), True)
+
     def watch(self, pb_request: PbRequest) -> None:
         """Answer the request with an error once the model holds neither it nor its sender unanswered."""
-        if self._answered:   # answered during execute (most decoupled models): nothing to watch
-            return
-        held = [pb_request] + [sender for sender in (self._made(),) if sender is not None]
-        self._lock, self._alive = threading.Lock(), len(held)
-        for thing in held:
-            weakref.finalize(thing, self._let_go).atexit = False
+        with self._lock:
+            if self._answered:   # answered during execute (most decoupled models): nothing to watch
+                return
+            held = [pb_request] + [sender for sender in (self._made(),) if sender is not None]
+            self._watching, self._alive = True, len(held)
+            for thing in held:
+                weakref.finalize(thing, self._let_go).atexit = False
 
     def _let_go(self) -> None:
         with self._lock:

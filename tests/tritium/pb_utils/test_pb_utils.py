@@ -212,6 +212,8 @@ def _request(**arguments):
      "Requested output name for request with id 'r' and model name 'm' should not be empty."),
     (lambda: _request(requested_output_names=[None]), TypeError, None),
     (lambda: _request(inputs=[np.ones(2)]), TypeError, None),
+    (lambda: _request(requested_output_names="OUT"), TypeError, None),
+    (lambda: _request(requested_output_names={"OUT"}), TypeError, None),
     (lambda: _request(flags=None), TypeError, None),
     (lambda: pb_utils.InferenceResponse(output_tensors=[None]), pb_utils.TritonModelException,
      "Output tensor for inference response should not be empty."),
@@ -232,6 +234,7 @@ def _request(**arguments):
     (lambda: pb_utils.Logger.log_info(None), TypeError, None),
     (lambda: pb_utils.Logger.log_verbose(None), TypeError, None),
 ], ids=["request-none-input", "request-empty-output-name", "request-none-output-name", "request-array-input",
+        "request-output-names-str", "request-output-names-set",
         "request-none-flags", "response-none-tensor", "response-none-list", "response-text-error",
         "tensor-none-name", "tensor-none-data", "tensor-list-data", "tensor-empty-name-none-data",
         "tensor-empty-name", "dlpack-empty-name", "dlpack-none", "log-none-level", "log-int-level",
@@ -247,6 +250,6 @@ def test_arguments_triton_takes_are_taken():
     assert _request(correlation_id=5).correlation_id() == 5
     assert pb_utils.InferenceResponse(output_tensors=[]).output_tensors() == []
     assert pb_utils.Tensor(b"OUT", np.ones(2)).name() == "OUT"
-    assert pb_utils.Logger.LogLevel.WARNING is pb_utils.Logger.WARNING
+    assert pb_utils.Logger.LogLevel.WARNING is pb_utils.Logger.WARNING and int(pb_utils.Logger.WARNING) == 1
     pb_utils.Logger.log("level unspecified")
     pb_utils.Logger.log("warned", pb_utils.Logger.WARNING)

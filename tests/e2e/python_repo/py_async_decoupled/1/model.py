@@ -13,7 +13,7 @@ def response(value):
 class TritonPythonModel:
     """Decoupled, ``async def execute``. MODE 0: wait (up to 5 s) for a later request's MODE 1,
     then answer 1 if it came while this execute waited, 0 if not; MODE 1: tell the waiting
-    request, answer 2."""
+    request, answer 2; MODE 3: answer 3, then raise."""
 
     def initialize(self, args):
         self.told = None
@@ -29,6 +29,9 @@ class TritonPythonModel:
                     sender.send(response(1), FINAL)
                 except asyncio.TimeoutError:
                     sender.send(response(0), FINAL)
+            elif mode == 3:
+                sender.send(response(3))
+                raise ValueError("boom after one response")
             else:
                 if self.told is not None:
                     self.told.set()
