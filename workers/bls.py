@@ -94,7 +94,7 @@ class BlsClient:
     # -- sending ----------------------------------------------------------------------------
 
     def _send(self, request) -> int:
-        tensors = [(tensor.name(), *array_to_frame(np.asarray(tensor.as_numpy()), tensor.name()))
+        tensors = [(tensor.name(), *array_to_frame(np.asarray(tensor._array), tensor.name()))
                    for tensor in request.inputs()]
         descriptors, inline, external = pack_tensors(tensors)
         # A model calling a stateful model runs a sequence of its own (cid, sf); with

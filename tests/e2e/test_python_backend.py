@@ -336,6 +336,16 @@ def test_a_decoupled_async_execute_that_raises_in_the_background_answers_its_req
            "one response" in str(error)
 
 
+def test_bf16_goes_through_dlpack_to_torch_and_back(client):
+    import ml_dtypes
+
+    values = np.array([1.5, -2.0, 0.25], ml_dtypes.bfloat16)
+    bf16 = httpclient.InferInput("INPUT0", [3], "BF16")
+    bf16.set_data_from_numpy(values)
+    result = client.infer("py_bf16", [bf16])
+    assert np.frombuffer(result.as_numpy("OUTPUT0").tobytes(), ml_dtypes.bfloat16).tolist() == [3.0, -4.0, 0.5]
+
+
 # -- a model that is not decoupled answering through its response sender (Triton 24.06+) ---------
 
 def _sender_mode(server, mode: int) -> tuple[int, str]:

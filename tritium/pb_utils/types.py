@@ -12,6 +12,7 @@ import enum
 import json
 import logging
 import os
+import sys
 import threading
 from typing import Any
 
@@ -138,6 +139,9 @@ class Tensor:
         return self._name
 
     def as_numpy(self):
+        if self._array.dtype.name == "bfloat16":   # numpy has no BF16 of its own: Triton refuses
+            raise TritonModelException("Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() "
+                                       "and from_dlpack() instead.")
         return self._array
 
     def shape(self):
@@ -152,14 +156,27 @@ class Tensor:
         return True
 
     def to_dlpack(self):
-        return self._array.__dlpack__()
+        return self._exported().__dlpack__()
 
     def __dlpack__(self, stream=None):
         """So that ``torch.from_dlpack(tensor)`` takes it as it is, as Triton's tensors allow."""
-        return self._array.__dlpack__()
+        return self._exported().__dlpack__()
 
     def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
+        return self._exported().__dlpack_device__()
+
+    def _exported(self):
+        """What exports the tensor's memory through DLPack: its array, or for BF16, which numpy
+        cannot export, a PyTorch view of it (a model using BF16 through DLPack has PyTorch)."""
+        array = self._array
+        if array.dtype.name != "bfloat16":
+            return array
+        try:
+            import torch
+        except ImportError:
+            raise TritonModelException("a BF16 tensor is exported through DLPack with PyTorch, "
+                                       "which is not installed") from None
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
 
     @staticmethod
     def from_dlpack(name, dlpack):
@@ -171,14 +188,27 @@ class Tensor:
                             f"got {type(name).__name__}")
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
+        torch = sys.modules.get("torch")
         if type(dlpack).__name__ == "PyCapsule":
+            if torch is not None:   # a capsule says nothing of its dtype before it is opened: torch opens BF16 too
+                return Tensor(name, _numpy_of_torch(torch, torch.utils.dlpack.from_dlpack(dlpack)))
             dlpack = _Capsule(dlpack)
         elif not (hasattr(dlpack, "__dlpack__") and hasattr(dlpack, "__dlpack_device__")):
             raise TritonModelException(_NOT_DLPACK)
+        elif torch is not None and isinstance(dlpack, torch.Tensor):
+            return Tensor(name, _numpy_of_torch(torch, dlpack))
         return Tensor(name, np.from_dlpack(dlpack))
 
     def __repr__(self):
         return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+def _numpy_of_torch(torch, tensor) -> np.ndarray:
+    """A CPU torch tensor's memory as numpy, BF16 included (as ml_dtypes' bfloat16)."""
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(datatypes.numpy_dtype(datatypes.BY_NAME["BF16"]))
+    return tensor.numpy()
 
 
 # Triton's text, the spaces of its source's continued line included.

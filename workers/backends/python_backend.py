@@ -262,7 +262,7 @@ class PythonInstance(Instance):
             error = response.error()
             return InferenceResponse(error=error_for_code(_CODES.get(error.code(), ErrorCode.INTERNAL),
                                                           error.message()), parameters=parameters)
-        return InferenceResponse(outputs={t.name(): t.as_numpy() for t in response.output_tensors()},
+        return InferenceResponse(outputs={t.name(): t._array for t in response.output_tensors()},
                                  parameters=parameters)
 
     # -- tritium's batched interface --------------------------------------------------------

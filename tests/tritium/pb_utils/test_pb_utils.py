@@ -253,3 +253,18 @@ def test_arguments_triton_takes_are_taken():
     assert pb_utils.Logger.LogLevel.WARNING is pb_utils.Logger.WARNING and int(pb_utils.Logger.WARNING) == 1
     pb_utils.Logger.log("level unspecified")
     pb_utils.Logger.log("warned", pb_utils.Logger.WARNING)
+
+
+def test_a_bf16_tensor_goes_through_dlpack_not_numpy():
+    torch = pytest.importorskip("torch")
+    values = torch.tensor([[1.5, -2.0]], dtype=torch.bfloat16)
+    for given in (torch.utils.dlpack.to_dlpack(values), values):   # a capsule, or the tensor itself
+        tensor = pb_utils.Tensor.from_dlpack("X", given)
+        with pytest.raises(pb_utils.TritonModelException, match=r"^Tensor dtype is BF16 and cannot be converted to "
+                                                                r"NumPy\. Use to_dlpack\(\) and from_dlpack\(\) instead\.$"):
+            tensor.as_numpy()
+        back = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+        assert back.dtype == torch.bfloat16 and back.tolist() == [[1.5, -2.0]]
+        assert torch.from_dlpack(tensor).tolist() == [[1.5, -2.0]]
+    shared = pb_utils.Tensor.from_dlpack("Y", torch.utils.dlpack.to_dlpack(torch.ones(2)))
+    assert shared.as_numpy().tolist() == [1.0, 1.0]
