@@ -303,6 +303,7 @@ class PythonInstance(Instance):
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._loop_thread is not None:
                 self._loop_thread.join(5)
+        if finalize is not None:
             result = finalize()
             if inspect.isawaitable(result):
                 self._run(result)
