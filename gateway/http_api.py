@@ -151,9 +151,7 @@ class HttpApp:
             if self.restricted:  # before anything else, as Triton checks it first in every handler
                 self.restricted.check(route_category(request.path), request.headers.items())
             if request.too_large:
-                raise InvalidArgument(   # Triton's words: its limit is on the JSON (all of a body without binary data)
-                    f"request JSON size of {request.too_large} bytes exceeds the maximum allowed input size of "
-                    f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
+                raise self._too_large(request)
             match = _MODEL.fullmatch(request.path)
             if match is not None and request.method == "POST":
                 if match["action"] == "infer":
@@ -400,6 +398,15 @@ class HttpApp:
     def _body(self, request: HttpRequest) -> bytes:
         return self._decompress(request.body, request.headers.get(b"content-encoding"))
 
+    def _too_large(self, request: HttpRequest) -> InvalidArgument:
+        """Triton's words: its limit is on the JSON (all of a body without binary data), or on a raw body."""
+        if request.headers.get(b"inference-header-content-length") == b"0":
+            return InvalidArgument(f"Raw input has a byte_size ({request.too_large} bytes) that exceeds the maximum "
+                                   f"allowed value of {self.max_body_bytes} bytes. Use --http-max-input-size to "
+                                   "increase the limit.")
+        return InvalidArgument(f"request JSON size of {request.too_large} bytes exceeds the maximum allowed input "
+                               f"size of {self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
+
     def _decompress(self, body: bytes, encoding: bytes | None) -> bytes:
         if encoding is None or encoding.lower() == b"identity":
             return body
@@ -413,7 +420,7 @@ class HttpApp:
             raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: {exc}") from exc
         if len(data) > self.max_body_bytes:
             raise InvalidArgument(
-                f"decompressed request body exceeds the maximum allowed value of "
+                f"Decompressed data size exceeds the maximum allowed value of "
                 f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
         return data
 

@@ -128,7 +128,7 @@ class HttpConnection(asyncio.Protocol):
         self._header_lines: list[tuple[bytes, bytes]] | None = [] if self.settings.keep_header_lines else None
         self._body: list[bytes] = []
         self._body_size = 0
-        self._body_limit: int | None = self.settings.max_body_bytes
+        self._body_limit = self.settings.max_body_bytes
         self._too_large = 0
         self._begun = 0
 
@@ -201,23 +201,37 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         declared = self._headers.get(b"content-length")
-        json_length = self._headers.get(b"inference-header-content-length")
-        if json_length is not None and json_length.isdigit() and int(json_length) <= _C_INT_MAX:   # else refused as unparsable
-            # The limit is the JSON header's: binary tensor data after it has none, as in Triton
-            # (--http-max-input-size bounds JSON, not binary inputs).
-            self._body_limit = None
-            if int(json_length) > self.settings.max_body_bytes:
-                self._too_large = int(json_length)
-        elif declared is not None and declared.isdigit() and int(declared) > self.settings.max_body_bytes:
+        json_length = self._json_length_of_binary_infer()
+        if json_length is not None:
+            # The limit is the JSON header's: the binary tensor data after it is bounded only by
+            # what Triton parses as a Content-Length (--http-max-input-size bounds JSON, not
+            # binary inputs, in Triton).
+            self._body_limit = _C_INT_MAX
+            if json_length > self.settings.max_body_bytes:
+                self._too_large = json_length
+        if not self._too_large and declared is not None and declared.isdigit() and int(declared) > self._body_limit:
             self._too_large = int(declared)
         if not self._too_large and self._headers.get(b"expect", b"").lower() == b"100-continue":
             self.transport.write(_CONTINUE)
+
+    def _json_length_of_binary_infer(self) -> int | None:
+        """The JSON header's length of an inference request with binary data after it; None for
+        any other request (a raw body, ``Inference-Header-Content-Length: 0``, is all input,
+        which the limit bounds; a length past the body is refused by the request's decoder)."""
+        text = self._headers.get(b"inference-header-content-length")
+        if text is None or not text.isdigit() or not self._url.split(b"?", 1)[0].endswith(b"/infer"):
+            return None
+        length = int(text)
+        declared = self._headers.get(b"content-length")
+        if length == 0 or length > _C_INT_MAX or (declared is not None and declared.isdigit() and length > int(declared)):
+            return None
+        return length
 
     def on_body(self, chunk: bytes) -> None:
         if self._too_large:
             return
         self._body_size += len(chunk)
-        if self._body_limit is not None and self._body_size > self._body_limit:
+        if self._body_size > self._body_limit:
             self._too_large, self._body = self._body_size, []
             return
         self._body.append(chunk)

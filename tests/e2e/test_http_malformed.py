@@ -163,6 +163,16 @@ def test_body_over_the_limit_is_refused(server):
     assert_still_serving(server)
 
 
+def test_a_raw_body_over_the_limit_is_refused_with_tritons_words(server):
+    body = bytes(MAX_INPUT + 8)
+    status, _, reply = request(server.url, "POST", "/v2/models/add_sub/infer", body=body,
+                              headers={"Inference-Header-Content-Length": "0"})
+    assert status == 400 and error_of(reply) == (
+        f"Raw input has a byte_size ({len(body)} bytes) that exceeds the maximum allowed value of {MAX_INPUT} "
+        "bytes. Use --http-max-input-size to increase the limit.")
+    assert_still_serving(server)
+
+
 def test_gzip_request_body_is_accepted(server):
     status, _, reply = request(server.url, "POST", "/v2/models/add_sub/infer",
                                body=gzip.compress(json.dumps(good_body()).encode()),

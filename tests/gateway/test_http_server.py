@@ -167,13 +167,19 @@ def test_a_chunked_body_over_the_limit_is_not_kept(running):
 def test_the_limit_bounds_the_json_header_of_a_binary_request_not_its_binary_data(running):
     """As in Triton, --http-max-input-size bounds the JSON; binary tensor data after it has no limit."""
     client = running.connect()
-    client.sendall(b"POST /bin HTTP/1.1\r\nContent-Length: 5020\r\nInference-Header-Content-Length: 20\r\n\r\n"
-                   + b"j" * 20 + b"b" * 5000)
-    client.sendall(b"POST /bin HTTP/1.1\r\nContent-Length: 5020\r\nInference-Header-Content-Length: 1200\r\n\r\n"
-                   + b"j" * 1200 + b"b" * 3820)
-    (kept, refused) = read_responses(client, 2)
-    assert (kept[0], kept[2]) == (200, b"POST /bin 5020")
-    assert (refused[0], refused[2]) == (400, b"too large 1200")
+
+    def send(path: bytes, json_length: int, body: int) -> None:
+        client.sendall(b"POST %s HTTP/1.1\r\nContent-Length: %d\r\nInference-Header-Content-Length: %d\r\n\r\n"
+                       % (path, body, json_length) + b"b" * body)
+
+    send(b"/v2/models/m/infer", 20, 5020)
+    send(b"/v2/models/m/infer", 1200, 5020)     # its JSON is over the limit
+    send(b"/v2/models/m/infer", 0, 5020)        # a raw body: all input, which the limit bounds
+    send(b"/v2/models/m/generate", 20, 5020)    # binary data only for inference
+    kept, *refused = read_responses(client, 4)
+    assert (kept[0], kept[2]) == (200, b"POST /v2/models/m/infer 5020")
+    assert [(status, body) for status, _, body in refused] == [(400, b"too large 1200"), (400, b"too large 5020"),
+                                                               (400, b"too large 5020")]
 
 
 def test_percent_escapes_in_the_path_are_decoded_and_the_query_dropped(running):
