@@ -251,18 +251,26 @@ class HealthReporter:
         self._answer = True    # the last answer; written by the asking thread only
         self._asked_at: float | None = None   # when the call in progress began
         self._timed_out = False
-        threading.Thread(target=self._ask_forever, name="is-ready", daemon=True).start()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._ask_until_stopped, name="is-ready", daemon=True)
+        self._thread.start()
 
-    def _ask_forever(self) -> None:
-        while True:
+    def stop(self) -> None:
+        """No more questions: the instance is finalizing (its model may not be asked then). Waits
+        a while for a question in progress."""
+        self._stopping.set()
+        self._thread.join(self.TIMEOUT_S)
+
+    def _ask_until_stopped(self) -> None:
+        while not self._stopping.is_set():
             self._asked_at = time.monotonic()
             try:
                 ready = bool(self.instance.is_ready())
-            except Exception:
-                log.exception("is_ready() failed; the instance counts as not ready")
+            except BaseException as exc:   # SystemExit or a cancelled coroutine too: the thread goes on
+                log.error("is_ready() failed; the instance counts as not ready: %s: %s", type(exc).__name__, exc)
                 ready = False
             self._answer, self._asked_at = ready, None
-            time.sleep(self.INTERVAL_S)
+            self._stopping.wait(self.INTERVAL_S)
 
     def check(self) -> None:
         """Called by the main loop each turn: the broker hears of a change."""
@@ -402,33 +410,36 @@ def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: 
     wake = outbox.wake_read.fileno()
     waiter.register(wake, select.POLLIN)
     health = HealthReporter(executor.instance, outbox)
-    while not stopping:
-        health.check()
-        outbox.report_pools(time.monotonic())
-        if outbox.queue:   # a model's own threads queued answers: checked every turn, so a busy socket cannot starve them
-            outbox.flush()
-        if not sock.has_message():
-            if any(fd == wake for fd, _ in waiter.poll(500)):   # also reads the wake-up, or the poll would spin on it
+    try:
+        while not stopping:
+            health.check()
+            outbox.report_pools(time.monotonic())
+            if outbox.queue:   # a model's own threads queued answers: checked every turn, so a busy socket cannot starve them
                 outbox.flush()
-            continue
-        frames = sock.recv_parts()
-        message, _, _ = read_record(frames[0])
-        kind = type(message)
-        if kind is Batch:
-            outbox.send(executor.run(frames))
-        elif kind is CancelRunning:
-            executor.cancel(message.batch, message.index)
-        elif kind is LogSettings:
-            logs.apply_wire(message.settings)
-        elif kind is Refused:   # its agent does not restart it: it would be refused again
-            log.error("broker refused this instance: %s", message.reason)
-            sys.exit(ExitCode.PROTOCOL_MISMATCH)
-        elif kind is Reset:
-            reset = message
-            if reset.epoch is None:
-                log.error("the broker no longer knows this instance; exiting so that the agent restarts it")
-                sys.exit(ExitCode.ERROR)
-            rejoin(reset)
+            if not sock.has_message():
+                if any(fd == wake for fd, _ in waiter.poll(500)):   # also reads the wake-up, or the poll would spin on it
+                    outbox.flush()
+                continue
+            frames = sock.recv_parts()
+            message, _, _ = read_record(frames[0])
+            kind = type(message)
+            if kind is Batch:
+                outbox.send(executor.run(frames))
+            elif kind is CancelRunning:
+                executor.cancel(message.batch, message.index)
+            elif kind is LogSettings:
+                logs.apply_wire(message.settings)
+            elif kind is Refused:   # its agent does not restart it: it would be refused again
+                log.error("broker refused this instance: %s", message.reason)
+                sys.exit(ExitCode.PROTOCOL_MISMATCH)
+            elif kind is Reset:
+                reset = message
+                if reset.epoch is None:
+                    log.error("the broker no longer knows this instance; exiting so that the agent restarts it")
+                    sys.exit(ExitCode.ERROR)
+                rejoin(reset)
+    finally:   # the model is not asked is_ready() while it finalizes
+        health.stop()
 
 
 if __name__ == "__main__":

@@ -195,6 +195,8 @@ class Tensor:
             dlpack = _Capsule(dlpack)
         elif not (hasattr(dlpack, "__dlpack__") and hasattr(dlpack, "__dlpack_device__")):
             raise TritonModelException(_NOT_DLPACK)
+        elif isinstance(dlpack, Tensor):   # another pb_utils tensor (BF16 too): its memory, shared
+            return Tensor._of(name, dlpack._array)
         elif torch is not None and isinstance(dlpack, torch.Tensor):
             return Tensor(name, _numpy_of_torch(torch, dlpack))
         return Tensor(name, np.from_dlpack(dlpack))

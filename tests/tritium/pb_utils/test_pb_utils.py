@@ -266,5 +266,6 @@ def test_a_bf16_tensor_goes_through_dlpack_not_numpy():
         back = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
         assert back.dtype == torch.bfloat16 and back.tolist() == [[1.5, -2.0]]
         assert torch.from_dlpack(tensor).tolist() == [[1.5, -2.0]]
+        assert torch.from_dlpack(pb_utils.Tensor.from_dlpack("Z", tensor)).tolist() == [[1.5, -2.0]]
     shared = pb_utils.Tensor.from_dlpack("Y", torch.utils.dlpack.to_dlpack(torch.ones(2)))
     assert shared.as_numpy().tolist() == [1.0, 1.0]
