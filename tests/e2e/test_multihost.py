@@ -29,6 +29,32 @@ def _ip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True)
 
 
+def _remove_leftovers() -> None:
+    """The bridge and namespaces of an earlier run that was killed before removing them: its
+    bridge on the same subnet would take this run's traffic."""
+    names = _ip("-o", "link", "show", "type", "bridge").stdout.split() + _ip("netns", "list").stdout.split()
+    for name in names:
+        name = name.rstrip(":").split("@")[0]
+        tag = name[len("trbr"):] if name.startswith("trbr") else name.rsplit("-", 1)[-1] \
+            if name.startswith("tritium-") else ""
+        if not tag.isdigit() or _alive(int(tag)):
+            continue
+        if name.startswith("trbr"):
+            _ip("link", "del", name)
+        else:
+            _ip("netns", "del", name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 class Network:
     """A bridge in this namespace and one namespace per host, linked by veth pairs."""
 
@@ -51,6 +77,7 @@ class Network:
                                ["-n", ns, "link", "set", "lo", "up"]]
 
     def create(self) -> None:
+        _remove_leftovers()
         for command in self._commands:
             done = _ip(*command)
             if done.returncode != 0:
