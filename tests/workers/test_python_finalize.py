@@ -37,7 +37,6 @@ def instance_of(model: Model, with_loop: bool) -> PythonInstance:
     instance = PythonInstance.__new__(PythonInstance)
     instance.model = model
     instance._loop, instance._loop_thread, instance._loop_made = None, None, threading.Lock()
-    instance._background = set()
     model.instance = instance
     if with_loop:
         instance._run(asyncio.sleep(0))   # a coroutine made the loop

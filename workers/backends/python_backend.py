@@ -106,7 +106,6 @@ class PythonInstance(Instance):
             "model_version": str(context.model.version),
             "model_name": context.model.name,
         }
-        self._background: set[concurrent.futures.Future] = set()   # decoupled executes still running
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
             result = initialize(args)
@@ -141,11 +140,9 @@ class PythonInstance(Instance):
         """A decoupled model's ``async def execute``: not waited for (it answers through its
         response senders), so the instance takes its next requests meanwhile, as Triton's does."""
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-        self._background.add(future)
         future.add_done_callback(functools.partial(self._background_done, slots))
 
     def _background_done(self, slots: list[_SenderSlot | None], future: concurrent.futures.Future) -> None:
-        self._background.discard(future)
         if future.cancelled() or (exc := future.exception()) is None:
             return
         # Triton logs it and leaves the requests it did not finish unanswered; here they are
