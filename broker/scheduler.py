@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NamedTuple
 
+import msgspec
+
 from tritium.broker.batcher import DynamicBatcher
 from tritium.broker.ensemble import NO_TIMINGS, STEP_CLIENT, EnsembleRunner
 from tritium.broker.idle_instances import IdleInstances
@@ -30,7 +32,7 @@ from tritium.broker.registry import (
 from tritium.input_checks import check_inputs
 from tritium.errors import Cancelled, ErrorCode, InternalError, InvalidArgument, NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
-from tritium.broker.sequences import END as SEQUENCE_END, SequenceBatcher
+from tritium.broker.sequences import END as SEQUENCE_END, START as SEQUENCE_START, SequenceBatcher
 from tritium.broker.streams import OpenStreams
 from tritium.protocol import Batch as BatchHeader
 from tritium.protocol import HEARTBEAT_SUFFIX, BatchDone, Cancel, CancelRunning, Infer, Response, error_record, read_record
@@ -63,6 +65,10 @@ SHARE_WHEN_BATCHED_SAVES_UNDER = 0.5
 # tops out at 32 s); after that, or when nothing is coming back, they get a 503.
 RESTART_WAIT_NS = 40_000_000_000
 _DISPATCHING = (VersionState.READY, VersionState.UNLOADING)
+# Triton's words for a request a model releases to run again when its model cannot (core's
+# InferenceRequest); Triton logs them and leaves the request unanswered, tritium answers with them.
+NOT_RESCHEDULABLE = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+                     "configured to handle such a flag.")
 
 
 class _UndecidedCall(NamedTuple):
@@ -174,10 +180,14 @@ class Scheduler:
         batch_size = header.batch_size
         if batch_size is None:  # BLS requests do not say; the gateway always does
             batch_size = header.inputs[0][2][0] if batching and header.inputs else 1
+        correlation_id, flags = header.sequence_id or 0, header.sequence_flags
+        if not correlation_id and isinstance(batcher, SequenceBatcher) and batcher.policy.iterative:
+            correlation_id, flags = batcher.assign(), SEQUENCE_START   # a sequence of its own, as in Triton
+            record = _with_sequence(record, correlation_id, flags)     # (its model sees them)
         request = PendingRequest(client, rid, record, external, batch_size, shape_key, now,
                                  from_backend=from_backend, level=level, deadline_ns=deadline,
-                                 cache_key=cache_key, correlation_id=header.sequence_id or 0,
-                                 flags=header.sequence_flags, traced=header.trace is not None)
+                                 cache_key=cache_key, correlation_id=correlation_id,
+                                 flags=flags, traced=header.trace is not None)
         try:
             batcher.enqueue(request)
         except TritiumError as exc:  # the sequence batcher refuses what Triton's refuses (not counted, as there)
@@ -579,18 +589,51 @@ class Scheduler:
         instance.execution_ns = _moved(instance.execution_ns, took)
         _note_execution(version, took, len(batch.requests))
         oks = done.ok
+        answered = batch.requests if done.rescheduled is None else self._run_again(batch, done.rescheduled, now)
         if done.still_open is not None:
             if done.ran:
                 self.streams.executed(batch)
             self._steps_executed(batch, timings)
-        elif not _answers_every_request(done, len(batch.requests), len(frames)):
-            self._fail_batch(batch, f"answered batch {done.number} of {len(batch.requests)} request(s) with "
+        elif not _answers_every_request(done, len(answered), len(frames)):
+            self._fail_batch(batch, f"answered batch {done.number} of {len(answered)} request(s) with "
                              f"{len(oks)} result(s) and {len(frames)} frame(s)", now)
         else:
-            if done.ran and (any(oks) or version.counts_failed_executions):
+            if done.ran and (any(oks) or done.rescheduled or version.counts_failed_executions):
                 version.stats.record_execution(batch.batch_size, timings)
-            self._route_responses(batch, done.response_frames, oks, frames, now)
+            self._route_responses(batch, answered, done.response_frames, oks, frames, now)
+        batcher = version.batcher
+        if isinstance(batcher, SequenceBatcher) and batcher.policy.iterative:
+            for request in answered:   # released for good: Triton's iterative sequencer ends its sequence
+                batcher.finish(request.correlation_id)
         self._dispatch_after(version, now)
+
+    def _run_again(self, batch: Batch, rescheduled: list[int], now: int) -> list[PendingRequest]:
+        """The requests of ``batch`` its model released to run again (request rescheduling) queue
+        in their sequences once more, without START or END, as in Triton's iterative sequences;
+        those of a model that is not one, or whose sequence ended meanwhile (idle too long), are
+        answered with the error. Each run counts as a successful inference in the statistics, as in
+        Triton. Returns the batch's other requests."""
+        version = batch.version
+        batcher = version.batcher
+        iterative = isinstance(batcher, SequenceBatcher) and batcher.policy.iterative
+        for index in rescheduled:
+            batch.finished.add(index)   # it leaves this batch either way
+            request = batch.requests[index]
+            try:
+                if request.cancelled:   # its client left while it ran (its sequence ended then)
+                    raise Cancelled.by_client()
+                if not iterative:
+                    log.error("Failed to release request: %s", NOT_RESCHEDULABLE)
+                    raise InternalError(NOT_RESCHEDULABLE)
+                batch.record_outcome(request, True, now)   # each run counts, as in Triton's statistics
+                request.flags, request.arrival_ns = 0, now
+                request.record = _with_sequence(request.record, request.correlation_id, 0)
+                batcher.enqueue(request)
+            except TritiumError as exc:
+                self._answer_error(version, request, exc)
+                batch.record_outcome(request, False, now, exc.code is ErrorCode.CANCELLED)
+        again = set(rescheduled)
+        return [request for index, request in enumerate(batch.requests) if index not in again]
 
     def batch_unreadable(self, iid: bytes, number: int, why: str) -> None:
         """An instance's BATCH_DONE that does not decode: its batch's requests are answered with
@@ -642,11 +685,12 @@ class Scheduler:
             if request.client is STEP_CLIENT:
                 self.ensembles.step_executed(request.rid, timings)
 
-    def _route_responses(self, batch: Batch, external_counts: list, oks: list, frames: list, now: int) -> None:
+    def _route_responses(self, batch: Batch, requests: list[PendingRequest], external_counts: list, oks: list,
+                         frames: list, now: int) -> None:
         offset = 0
         outgoing: dict[tuple[bool, bytes], list] = {}
         ordering = batch.version.ordering
-        for request, external_count, ok in zip(batch.requests, external_counts, oks):
+        for request, external_count, ok in zip(requests, external_counts, oks):
             end = offset + 1 + external_count
             if request.cache_key is not None and ok and self.cache is not None:
                 self._remember(self.cache, batch, request.cache_key, frames[offset:end])
@@ -801,6 +845,12 @@ def _as_bls_refusal(model: str, error: TritiumError) -> TritiumError:
     error.message = f"Model {model} - Error when running inference: {error.message}"
     error.args = (error.message,)
     return error
+
+
+def _with_sequence(record, correlation_id: int | str, flags: int) -> bytes:
+    """The INFER ``record`` with its sequence fields set (its inline tensors kept)."""
+    infer, view, offset = read_record(record)
+    return msgspec.structs.replace(infer, sequence_id=correlation_id, sequence_flags=flags).encode((view[offset:],))
 
 
 def _answers_every_request(done: BatchDone, requests: int, frames: int) -> bool:

@@ -29,7 +29,12 @@ so tests drive it with a fake clock. The rules follow Triton's ``SequenceBatchSc
 * ``oldest``: ``max_candidate_sequences`` slots per instance (or ``max(1, max_batch_size)``);
   each instance has a dynamic batcher (``preferred_batch_size``,
   ``max_queue_delay_microseconds``) holding the head request of each of its sequences, so
-  a batch never holds two requests of one sequence.
+  a batch never holds two requests of one sequence;
+* ``iterative_sequence``: a request without a correlation id starts a sequence of its own,
+  numbered by the batcher from 1 (``assign``); the model may release a request to run
+  again (request rescheduling), which queues it in its sequence once more without START or
+  END (``enqueue`` of the same request); a request released for good ends its sequence
+  (``finish``), as Triton's iterative sequencer does.
 
 Instances are whatever objects the caller passes (the scheduler's ``InstanceRecord``);
 the batcher only hashes them.
@@ -70,6 +75,7 @@ class SequencePolicy:
     max_queue_delay_us: int = 0
     minimum_slot_utilization: float = 0.0  # direct only
     preferred_batch_sizes: tuple[int, ...] = ()   # oldest only
+    iterative: bool = False                # iterative_sequence: requests may run again (see the module doc)
 
     @classmethod
     def from_config(cls, config) -> "SequencePolicy":
@@ -77,14 +83,16 @@ class SequencePolicy:
         batching = config.sequence_batching
         max_batch_size = max(1, config.max_batch_size)
         idle_us = batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US
+        iterative = batching.iterative_sequence
         if batching.WhichOneof("strategy_choice") == "oldest":
             oldest = batching.oldest
             return cls(config.name, True, oldest.max_candidate_sequences or max_batch_size, max_batch_size,
                        idle_us, int(oldest.max_queue_delay_microseconds),
-                       preferred_batch_sizes=tuple(sorted(set(oldest.preferred_batch_size))))
+                       preferred_batch_sizes=tuple(sorted(set(oldest.preferred_batch_size))), iterative=iterative)
         direct = batching.direct
         return cls(config.name, False, max_batch_size, max_batch_size, idle_us,
-                   int(direct.max_queue_delay_microseconds), float(direct.minimum_slot_utilization))
+                   int(direct.max_queue_delay_microseconds), float(direct.minimum_slot_utilization),
+                   iterative=iterative)
 
 
 # An instance, as the caller knows it: the batcher only keys its slots by it and hands it back.
@@ -140,6 +148,7 @@ class SequenceBatcher(Generic[Inst]):
         self._idle_ns = policy.max_idle_us * 1000
         self._delay_ns = policy.max_queue_delay_us * 1000
         self._deadline_ns: int | None = None
+        self._assigned = 0   # iterative sequences: the last correlation id this batcher gave a request
 
     def __len__(self) -> int:
         return self._count
@@ -175,6 +184,18 @@ class SequenceBatcher(Generic[Inst]):
             self._touch(sequence, now)
             self._offer(sequence)
         if request.flags & END:
+            self._stop_taking(sequence)
+
+    def assign(self) -> int:
+        """Iterative sequences: the correlation id of a new sequence for a request that has none."""
+        self._assigned += 1
+        return self._assigned
+
+    def finish(self, correlation_id: int | str) -> None:
+        """Iterative sequences: a request of sequence ``correlation_id`` was released for good,
+        which ends its sequence (its queued requests still run; a later one needs START)."""
+        sequence = self._active.get(correlation_id)
+        if sequence is not None:
             self._stop_taking(sequence)
 
     def expire(self, now_ns: int) -> None:

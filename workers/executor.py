@@ -106,9 +106,14 @@ class BatchExecutor:
             replies, t1, t2 = self._run_separately(good, items, batch_header.number)
             if _LATER in replies.values():
                 return self._answered_later(batch_header.number, items, replies, (t1 - t0, t2 - t1, 0))
-        parts, external_counts, oks = [], [], []
-        for item in items:
-            encoded, ok = replies.get(item.key) if item.error is None else (None, False)
+        parts, external_counts, oks, answered, again = [], [], [], [], []
+        for index, item in enumerate(items):
+            reply = replies.get(item.key) if item.error is None else (None, False)
+            if reply is _AGAIN:
+                again.append(index)
+                continue
+            answered.append(item)
+            encoded, ok = reply
             if encoded is None:
                 encoded = [_error_record(item.rid, item.error or InternalError(
                     f"model '{self.model}' gave no response"))]
@@ -117,10 +122,11 @@ class BatchExecutor:
             oks.append(ok)
         t3 = time.monotonic_ns()
         if batch_header.trace is not None:   # traced requests: their stamps go back on their RESPONSE headers
-            parts = stamped_responses(parts, external_counts, [item.infer for item in items], batch_header.trace,
+            parts = stamped_responses(parts, external_counts, [item.infer for item in answered], batch_header.trace,
                                       batch_header.number, (t1, t2, t3), self.model,
-                                      [item.trace and item.trace.calls for item in items])
-        done = BatchDone(batch_header.number, oks, external_counts, (t1 - t0, t2 - t1, t3 - t2), ran=ran)
+                                      [item.trace and item.trace.calls for item in answered])
+        done = BatchDone(batch_header.number, oks, external_counts, (t1 - t0, t2 - t1, t3 - t2), ran=ran,
+                         rescheduled=again or None)
         return [done.encode(), *parts]
 
     # -- decoding -----------------------------------------------------------------------
@@ -259,8 +265,13 @@ class BatchExecutor:
             responses, failed = [InferenceResponse(error=error)] * len(requests), True
         self._executing = None
         t2 = time.monotonic_ns()
+        if not failed:
+            responses = [_AGAIN if request.rescheduled else response for (_, request), response in zip(requests, responses)]
         responses, overruled = sent.merged([item.key for item, _ in requests], responses, failed)
         for (item, request), response in zip(requests, responses):
+            if response is _AGAIN:
+                replies[item.key] = _AGAIN
+                continue
             if response is _LATER:   # its client may cancel it until it is answered
                 replies[item.key] = _LATER
                 self._answering[number, item.key] = request   # (its key is its place in the batch)
@@ -274,16 +285,19 @@ class BatchExecutor:
     def _answered_later(self, number: int, items: list[_Item], replies: dict, timings: tuple[int, int, int]) -> list:
         """A batch some of whose requests the model answers later, through their response
         senders: the others are answered now, and the batch ends as a decoupled one does."""
-        later = []
+        later, again = [], []
         for index, item in enumerate(items):
             reply = replies.get(item.key) if item.error is None else None
             if reply is _LATER:
                 later.append(index)
                 continue
+            if reply is _AGAIN:
+                again.append(index)
+                continue
             encoded = reply[0] if reply is not None else [_error_record(item.rid, item.error or InternalError(
                 f"model '{self.model}' gave no response"))]
             self._send_part(number, index, encoded)
-        return [BatchDone(number, [], [], timings, later).encode()]
+        return [BatchDone(number, [], [], timings, later, rescheduled=again or None).encode()]
 
     def _encode_response(self, rid: int, requested: list[str] | None, response,
                          final: bool | None = None) -> tuple[list, bool]:
@@ -352,8 +366,13 @@ class BatchExecutor:
                     still_open.discard(index)
                     self._answering.pop((batch, index), None)
                     fail(index, item, error)
+        again = [index for index, _, request in requests if request.rescheduled and index in still_open]
+        for index in again:   # it runs again in a later batch, which its next responses belong to
+            still_open.discard(index)
+            self._answering.pop((batch, index), None)
         t2 = time.monotonic_ns()
-        return [BatchDone(batch, [], [], (t1 - t0, t2 - t1, 0), sorted(still_open), ran=ran).encode()]
+        return [BatchDone(batch, [], [], (t1 - t0, t2 - t1, 0), sorted(still_open), ran=ran,
+                          rescheduled=again or None).encode()]
 
     def _sender(self, batch: int, index: int, item: _Item, still_open: set[int], first: list[bool],
                 stamps: Callable[[], dict] | None = None):
@@ -552,6 +571,7 @@ class BatchExecutor:
 
 
 _LATER = object()   # a reply the model will send through the request's response sender
+_AGAIN = object()   # no reply: the model released the request to run again (request rescheduling)
 
 
 class _SentAnswers:

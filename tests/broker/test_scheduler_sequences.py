@@ -8,7 +8,7 @@ from __future__ import annotations
 from tritium.broker.sequences import END, START
 from tests.broker.scheduler_world import add_instance, done, error_of, lose, make_world, sent_batch
 from tritium.errors import ErrorCode
-from tritium.protocol import BatchDone, Cancel, Infer, Kind, decode, read_record
+from tritium.protocol import BatchDone, Cancel, Infer, Kind, Response, decode, read_record
 
 MS = 1_000_000
 
@@ -102,3 +102,60 @@ def test_cancelling_a_decoupled_request_still_answering_leaves_its_sequence_runn
     submit(scheduler, 3, 10)   # no START: the sequence still runs
     assert to_gateways == [] and version.stats.failures == {}
     assert sent_batch(to_instances[-1])[2] == [3]
+
+
+# -- iterative sequences: requests a model releases to run again (request rescheduling) ----------
+
+
+def sequence_fields(parts: list) -> list[tuple[int, object, int]]:
+    """(rid, correlation id, flags) of each request of a sent batch, as its instance reads them."""
+    return [(infer.rid, infer.sequence_id, infer.sequence_flags) for infer in (read_record(p)[0] for p in parts[2:])]
+
+
+def rescheduled(batch_number: int, indices: list[int], answered_rids: list[int] = ()) -> tuple[BatchDone, list]:
+    oks = [True] * len(answered_rids)
+    responses = [Response(rid, []).encode() for rid in answered_rids]
+    return BatchDone(batch_number, oks, [0] * len(oks), (10, 20, 30), rescheduled=indices), responses
+
+
+def test_an_iterative_sequence_numbers_requests_without_an_id_and_runs_a_released_one_again_in_its_slot():
+    registry, version, scheduler, to_instances, to_gateways, clock = world("iterative_sequence: true direct { }")
+    add_instance(registry, version, "i0", credit=1)
+    submit(scheduler, 1, 0)
+    submit(scheduler, 2, 0)    # its own sequence, waiting for the instance's credit
+    assert sequence_fields(to_instances[0]) == [(1, 1, START)]   # Triton's numbers start at 1, with START
+    scheduler.batch_done(b"i0", *rescheduled(sent_batch(to_instances[0])[1]["b"], [0]))
+    assert to_gateways == []   # no answer yet: it runs again, without START, in the same slot
+    instance, header, rids = sent_batch(to_instances[1])
+    assert header["sl"] == [0, 1] and sequence_fields(to_instances[1]) == [(1, 1, 0), (2, 2, START)]
+    scheduler.batch_done(b"i0", *rescheduled(header["b"], [1], answered_rids=[1]))
+    assert [decode(p[1])[0]["rid"] for p in to_gateways] == [1]
+    # Each run counts, as in Triton: request 1 ran twice, request 2 once so far.
+    assert version.stats.success.count == 3 and version.stats.execution_count == 2
+    # Released for good, request 1 ended its sequence; request 2 runs again alone.
+    submit(scheduler, 3, 1)
+    assert error_of(to_gateways[-1])["message"] == ("inference request for sequence 1 to model 'm' must specify "
+                                                    "the START flag on the first request of the sequence")
+    assert sent_batch(to_instances[2])[1]["sl"] == [1] and sequence_fields(to_instances[2]) == [(2, 2, 0)]
+
+
+def test_a_released_request_whose_sequence_went_idle_meanwhile_gets_tritons_start_error():
+    registry, version, scheduler, to_instances, to_gateways, clock = world("iterative_sequence: true direct { }",
+                                                                          idle_us=1000)
+    add_instance(registry, version, "i0", credit=1)
+    submit(scheduler, 1, 7, START)   # a sequence id of the client's own is kept
+    clock.now += 2 * MS              # the model ran longer than the idle limit
+    scheduler.batch_done(b"i0", *rescheduled(sent_batch(to_instances[0])[1]["b"], [0]))
+    assert error_of(to_gateways[0])["message"] == ("inference request for sequence 7 to model 'm' must specify "
+                                                   "the START flag on the first request of the sequence")
+    assert version.stats.fail.count == 1 and len(to_instances) == 1
+
+
+def test_a_model_that_is_not_iterative_releasing_a_request_to_run_again_gets_tritons_error():
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world("dynamic_batching { }")
+    add_instance(registry, version, "i0", credit=1)
+    submit(scheduler, 1, 0)
+    scheduler.batch_done(b"i0", *rescheduled(sent_batch(to_instances[0])[1]["b"], [0]))
+    assert error_of(to_gateways[0])["message"] == ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, "
+                                                   "while the model is not configured to handle such a flag.")
+    assert version.stats.fail.count == 1 and len(to_instances) == 1

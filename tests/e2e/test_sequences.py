@@ -1,5 +1,6 @@
 """Stateful models through tritonclient: sequence_id / sequence_start / sequence_end, both strategies,
-control inputs, idle timeouts, implicit state (Python and ONNX), and Triton's errors.
+control inputs, idle timeouts, implicit state (Python and ONNX), iterative sequences (requests a
+model releases to run again), and Triton's errors.
 
 The models (tests/e2e/sequence_repo) are written as one writes them for Triton: the
 accumulator keeps a running sum per CORRID and echoes what it was given; variants of it
@@ -37,9 +38,9 @@ START_REQUIRED = ("inference request for sequence {} to model '{}' must specify 
                   "request of the sequence")
 
 
-def variant(repo: Path, name: str, *replacements: tuple[str, str]) -> None:
-    """A copy of py_accumulator whose config differs by ``replacements``."""
-    shutil.copytree(repo / "py_accumulator", repo / name)
+def variant(repo: Path, name: str, *replacements: tuple[str, str], source: str = "py_accumulator") -> None:
+    """A copy of ``source`` whose config differs by ``replacements``."""
+    shutil.copytree(repo / source, repo / name)
     config = (repo / name / "config.pbtxt").read_text()
     for old, new in replacements:
         assert old in config
@@ -89,6 +90,8 @@ def server(tmp_path_factory):
             ("max_sequence_idle_microseconds: 5000000", "max_sequence_idle_microseconds: 500000"))
     variant(repo, "py_strid", ("max_batch_size: 8", "max_batch_size: 0"), ("TYPE_UINT64", "TYPE_STRING"))
     variant(repo, "py_crash")
+    variant(repo, "py_iterative_plain", ("model_transaction_policy { decoupled: true }\n", ""), source="py_iterative")
+    variant(repo, "py_not_iterative", ("sequence_batching { iterative_sequence: true }\n", ""), source="py_iterative")
     onnx_accumulator(repo / "onnx_state")
     with TritiumServer(repo) as running:
         yield running
@@ -360,3 +363,67 @@ def test_a_lost_instance_fails_its_sequences_with_503_and_forgets_them(server, h
     assert "model 'py_crash'" in error.message() and "the state of sequence 31 was lost with it" in error.message()
     error = refused(lambda: step(http, "py_crash", 1.0, 31))
     assert (error.status(), error.message()) == ("400", START_REQUIRED.format(31, "py_crash"))
+
+
+# -- iterative sequences: a model releases a request to run again ------------------------------
+
+RESCHEDULED_WITH_A_RESPONSE = "Expected a None object in the execute function return list for reschduled request"
+NOT_ITERATIVE = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+                 "configured to handle such a flag.")
+
+
+def iterations(server, model: str, runs: list[int], sequence_id=0, start=False) -> list:
+    """One request per entry of ``runs`` on one gRPC stream; every answer until the stream is quiet:
+    (OUT, final) or an error's message."""
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put(error or result))
+        for count in runs:
+            tensor = grpcclient.InferInput("IN", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([count], np.int32))
+            client.async_stream_infer(model, [tensor], sequence_id=sequence_id, sequence_start=start,
+                                      enable_empty_final_response=True)
+        got = []
+        while len([a for a in got if isinstance(a, str) or a[1]]) < len(runs):
+            answer = answers.get(timeout=30)
+            if isinstance(answer, InferenceServerException):
+                got.append(answer.message())
+                continue
+            final = answer.get_response().parameters["triton_final_response"].bool_param
+            out = answer.as_numpy("OUT")
+            got.append((None if out is None else out.tolist(), final))
+        client.stop_stream()
+    return got
+
+
+def test_an_iterative_model_runs_a_request_again_until_it_sends_its_final_response(server, grpc_client):
+    (first, _), *rest = iterations(server, "py_iterative", [3])
+    correlation_id = first[0]   # numbered by the server from 1: a request without one starts its own sequence
+    assert correlation_id >= 1 and first == [correlation_id, 1, 1]   # its first run has START ...
+    assert rest == [([correlation_id, 0, 2], False), ([correlation_id, 0, 3], True)]   # ... later ones none
+    # Three requests on one stream: three sequences, one after another (the model has one slot).
+    answers = [a for a in iterations(server, "py_iterative", [2, 2, 2]) if a[0] is not None]
+    ids = sorted({out[0] for out, _ in answers})
+    assert len(ids) == 3 and correlation_id not in ids
+    assert sorted(out[1:] for out, _ in answers) == [[0, 2]] * 3 + [[1, 1]] * 3
+    stats = grpc_client.get_inference_statistics("py_iterative", as_json=True)["model_stats"][0]
+    assert int(stats["execution_count"]) == 9   # each run counts, as in Triton
+
+
+def test_a_model_that_is_not_decoupled_answers_on_the_last_run_and_the_sequence_ends(http):
+    def run(count, **sequence):
+        tensor = httpclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([count], np.int32))
+        return http.infer("py_iterative_plain", [tensor], **sequence)
+
+    assert run(2, sequence_id=4242, sequence_start=True).as_numpy("OUT").tolist() == [4242, 0, 2]
+    # Released for good, the request ended its sequence: Triton's refusal for a request without START.
+    assert refused(lambda: run(1, sequence_id=4242)).message() == START_REQUIRED.format(4242, "py_iterative_plain")
+    error = refused(lambda: run(-1))
+    assert error.status() == "500" and RESCHEDULED_WITH_A_RESPONSE in error.message()
+    assert run(1).as_numpy("OUT").tolist()[1:] == [1, 1]   # and it keeps serving
+
+
+def test_a_model_without_iterative_sequences_that_releases_a_request_to_run_again_gets_tritons_error(server):
+    # Triton logs this and leaves the request unanswered; tritium answers it with Triton's words.
+    assert iterations(server, "py_not_iterative", [2]) == [([0, 0, 1], False), NOT_ITERATIVE]

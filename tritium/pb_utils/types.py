@@ -368,6 +368,7 @@ class InferenceRequest:
         self._parameters = _parameters_json(parameters)
         self._sender = None
         self._origin = None   # a request given to execute: the instance's request (its client may cancel it)
+        self._release_flags = 1   # TRITONSERVER_REQUEST_RELEASE_ALL
         self._trace = trace   # a traced request's CallTrace; passed on, a BLS call joins its trace
 
     def _check_entries(self) -> None:
@@ -397,6 +398,7 @@ class InferenceRequest:
         request._parameters = parameters
         request._sender = None
         request._origin = None
+        request._release_flags = 1   # TRITONSERVER_REQUEST_RELEASE_ALL
         request._trace = trace
         return request
 

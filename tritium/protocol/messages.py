@@ -371,6 +371,9 @@ class BatchDone(Message, frozen=True, tag=int(Kind.BATCH_DONE)):
         default=None, name="open")
     ran: Annotated[bool, doc("false: none of its requests ran (each was cancelled while the batch waited at "
                              "the instance): no execution to count")] = True
+    rescheduled: Annotated[list[int] | None, doc("iterative sequences: requests the model released to run again "
+                                                 "(no response follows for them; `ok` and `rx` skip them)")] = field(
+        default=None, name="rs")
 
 
 class ResponsePart(Message, frozen=True, tag=int(Kind.RESPONSE_PART)):

@@ -80,6 +80,7 @@ class InferenceRequest:
     response_sender: Callable[[Optional["InferenceResponse"], bool], None] | None = None
     trace: object = None                  # traced: a CallTrace (tritium/tracing/stamps.py), request.trace() in Python models
     cancelled: bool = False               # its client gave up on it (request.is_cancelled() in Python models)
+    rescheduled: bool = False             # its model released it to run again (a Python model's request rescheduling)
 
 
 @dataclass

@@ -166,17 +166,36 @@ class PythonInstance(Instance):
         slots = [pb_request._sender for pb_request in pb_requests]
         try:
             returned = self._checked(self._run_execute(pb_requests, slots), len(requests))
+            again = self._rescheduled(pb_requests, returned)
         except InternalError:
             for slot in slots:   # as in Triton, the model can send nothing more for these requests
                 if slot is not None:
                     slot.close()
             raise
         answers = []
-        for pb_request, slot, response in zip(pb_requests, slots, returned):
+        for index, (pb_request, slot, response) in enumerate(zip(pb_requests, slots, returned)):
+            if index in again:   # it runs again: its sender stays quiet until then
+                requests[index].rescheduled = True
+                if slot is not None:
+                    slot.close()
+                answers.append(None)
+                continue
             answers.append(self._returned(slot, response))
             if answers[-1] is None and slot is not None:
                 slot.watch(pb_request)
         return answers
+
+    def _rescheduled(self, pb_requests: list[PbRequest], returned: list) -> set[int]:
+        """The places of the requests the model released to run again (``set_release_flags(RESCHEDULE)``),
+        whose entries in what execute returned must be None (Triton's error otherwise)."""
+        again = set()
+        for index, (pb_request, response) in enumerate(zip(pb_requests, returned)):
+            if pb_request._release_flags == RELEASE_RESCHEDULE:
+                if response is not None:
+                    raise self._misuse("Expected a None object in the execute function return list for "
+                                       f"reschduled request, found type '{type(response)}'.")   # (Triton's spelling)
+                again.add(index)
+        return again
 
     def _run_execute(self, pb_requests: list[PbRequest], slots: list[_SenderSlot | None]):
         try:
@@ -307,6 +326,8 @@ class PythonInstance(Instance):
         if self._loop is not None and asynchronous:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
+
+RELEASE_RESCHEDULE = 2   # pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
 # Where the frames between the instance and an ``async def execute`` come from.
 _AWAITING_DIRS = (os.path.dirname(asyncio.__file__), os.path.dirname(concurrent.futures.__file__))
