@@ -229,8 +229,8 @@ class Peers:
         if instance is None or instance.healthy == health.ready:
             return
         self.membership.set_health(instance, health.ready)
-        log.info("instance %s of model %s version %d reports %s", instance.name, instance.model,
-                 instance.version, "ready" if instance.healthy else "not ready (is_ready() returned False)")
+        log.info("instance %s of model %s version %d reports %s", instance.name, instance.model, instance.version,
+                 "ready" if instance.healthy else "not ready (its model's is_ready() did not answer True in time)")
 
     # -- leaving --------------------------------------------------------------------------
 

@@ -19,23 +19,34 @@ class DeclaredInput(NamedTuple):
 
 def check_inputs(model: str, declared: Mapping[str, DeclaredInput], max_batch_size: int,
                  given: Sequence[tuple[str, str, Sequence[int]]]) -> int:
-    """The (name, datatype, shape) of each input given, as Triton's core checks them; the batch size."""
+    """The (name, datatype, shape) of each input given, as Triton's core checks them and in its
+    order (a request with several faults gets the same first message): names; the batch
+    dimension of every input, then the batch size; then each input's datatype and shape, in
+    name order. Returns the batch size."""
     check_input_names(model, declared, [name for name, spec in declared.items() if not spec.optional],
                       [name for name, _, _ in given])
+    ordered = sorted(given) if len(given) > 1 else given   # (names are unique by now)
     batching = max_batch_size > 0
-    batch_size = 1
-    for index, (name, datatype, shape) in enumerate(given):
+    batch_size = _batch_size(model, max_batch_size, ordered) if batching else 1
+    for name, datatype, shape in ordered:
         spec = declared[name]
         check_datatype(model, name, datatype, spec.datatype)
-        size = check_shape(model, name, spec.dims, batching, shape)
-        if batching:
-            if index == 0:
-                batch_size = size
-            elif size != batch_size:
-                raise InvalidArgument(f"input '{name}' batch size does not match other inputs for '{model}'")
+        check_shape(model, name, spec.dims, batching, shape)
     if batching and batch_size == 0:   # Triton refuses it too (as a byte size mismatch)
         raise InvalidArgument(f"inference request batch-size must be >= 1 for '{model}'")
-    if batching and batch_size > max_batch_size:
+    return batch_size
+
+
+def _batch_size(model: str, max_batch_size: int, given: Sequence[tuple[str, str, Sequence[int]]]) -> int:
+    batch_size = -1
+    for name, _, shape in given:
+        if not shape:
+            raise InvalidArgument(f"input '{name}' has no shape but model requires batch dimension for '{model}'")
+        if batch_size < 0:
+            batch_size = shape[0]
+        elif shape[0] != batch_size:
+            raise InvalidArgument(f"input '{name}' batch size does not match other inputs for '{model}'")
+    if batch_size > max_batch_size:
         raise InvalidArgument(f"inference request batch-size must be <= {max_batch_size} for '{model}'")
     return batch_size
 
@@ -83,16 +94,16 @@ def check_shape(model: str, name: str, dims: Sequence[int], batching: bool, shap
         want == -1 or want == got for want, got in zip(dims, given))
     if not ok:
         expected = ([-1] if batching else []) + list(dims)
-        note = ""
+        note = ""   # (Triton's message ends with the space before it, note or not)
         if batching:
-            note = (" NOTE: Setting a non-zero max_batch_size in the model config requires a "
+            note = ("NOTE: Setting a non-zero max_batch_size in the model config requires a "
                     "batch dimension to be prepended to each input shape. If you want to specify "
                     "the full shape including the batch dim in your input dims config, try "
                     "setting max_batch_size to zero. See the model configuration docs for more "
                     "info on max_batch_size.")
         raise InvalidArgument(
             f"unexpected shape for input '{name}' for model '{model}'. Expected "
-            f"{_shape(expected)}, got {_shape(shape)}.{note}")
+            f"{_shape(expected)}, got {_shape(shape)}. {note}")
     return shape[0] if batching else 1
 
 

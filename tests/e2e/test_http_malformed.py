@@ -69,8 +69,9 @@ CASES = {
     "unknown datatype": (with_input(datatype="FLOAT"), {}, 400, "input 'INPUT0' for model 'add_sub' has invalid datatype"),
     "shape not matching dims": (with_input(shape=[1, 15], data=ROW[:15]), {}, 400,
                                 "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,16], got [1,15]"),
+    # INPUT0's batch size reads as 16, INPUT1's as 1: Triton compares the batch sizes first.
     "missing batch dimension": (with_input(shape=[16]), {}, 400,
-                                "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,16], got [16]. NOTE"),
+                                "input 'INPUT1' batch size does not match other inputs for 'add_sub'"),
     "batch above max_batch_size": (good_body(rows=9), {}, 400,
                                    "inference request batch-size must be <= 8 for 'add_sub'"),
     "element count not matching shape": (with_input(data=ROW[:10]), {}, 400,

@@ -483,7 +483,7 @@ def test_is_ready_is_honoured_by_model_readiness_and_inference_still_runs(server
     assert _wait_for(lambda: not client.is_model_ready("py_flaky"))
     status, _, body = request(server.url, "GET", "/v2/models/py_flaky/ready")
     assert (status, error_of(body)) == (400, "Model version not ready")
-    assert "reports not ready (is_ready() returned False)" in server.logs()
+    assert "reports not ready (its model's is_ready() did not answer True in time)" in server.logs()
     # Triton only asks is_ready() for readiness: requests still reach the model.
     result = client.infer("py_flaky", [tensor("READY", np.array([True]))])
     assert result.as_numpy("WAS").tolist() == [False]

@@ -147,15 +147,15 @@ def test_bytes_config_type_is_called_bytes():
 # -- shape -----------------------------------------------------------------------------------
 
 def test_shape_without_the_batch_dimension():
-    message = invalid(spec(), request(fp32("A", (16,)), fp32("B", (1, 16))))
+    message = invalid(spec(), request(fp32("A", (4,)), fp32("B", (4, 16))))
     assert message.startswith(
-        "unexpected shape for input 'A' for model 'm'. Expected [-1,16], got [16]. NOTE: Setting a "
+        "unexpected shape for input 'A' for model 'm'. Expected [-1,16], got [4]. NOTE: Setting a "
         "non-zero max_batch_size in the model config requires a batch dimension to be prepended "
         "to each input shape.")
 
 
 def test_shape_note_ends_with_triton_words():
-    message = invalid(spec(), request(fp32("A", (16,)), fp32("B", (1, 16))))
+    message = invalid(spec(), request(fp32("A", (4,)), fp32("B", (4, 16))))
     assert message.endswith(
         "If you want to specify the full shape including the batch dim in your input dims config, "
         "try setting max_batch_size to zero. See the model configuration docs for more info on "
@@ -170,8 +170,8 @@ def test_shape_with_a_wrong_dim():
 def test_shape_of_a_non_batching_model_has_no_batch_dim_and_no_note():
     s = spec(inputs=[tensor_config("A", dims=(2, 3))], max_batch_size=0)
     message = invalid(s, request(fp32("A", (1, 2, 3))))
-    assert message.startswith("unexpected shape for input 'A' for model 'm'. Expected [2,3], got [1,2,3].")
-    assert "NOTE" not in message
+    # Triton's words, the space before the (absent) note included
+    assert message == "unexpected shape for input 'A' for model 'm'. Expected [2,3], got [1,2,3]. "
 
 
 def test_variable_dims_accept_any_size():
@@ -191,7 +191,22 @@ def test_variable_dims_of_a_non_batching_model():
 
 def test_empty_shape_on_a_batching_model_is_refused():
     message = invalid(spec(inputs=[tensor_config("A")]), request(InputTensor("A", "FP32", [], b"")))
-    assert "'A'" in message and "'m'" in message
+    assert message == "input 'A' has no shape but model requires batch dimension for 'm'"
+
+
+def test_several_faults_get_the_message_triton_gives_first():
+    """Triton checks every input's batch dimension, then the batch size, then each input's
+    datatype and shape, inputs in name order."""
+    # B's datatype is wrong, and A's batch size is not B's: the batch sizes come first.
+    message = invalid(spec(), request(fp32("A", (2, 16)), InputTensor("B", "INT32", [1, 16], b"\0" * 64)))
+    assert message == "input 'B' batch size does not match other inputs for 'm'"
+    # A's shape is wrong and the batch is too large: the batch size comes first.
+    message = invalid(spec(), request(fp32("B", (9, 16)), fp32("A", (9, 15))))
+    assert message == "inference request batch-size must be <= 8 for 'm'"
+    # Both have a wrong datatype: A, first by name, though given second.
+    message = invalid(spec(), request(InputTensor("B", "INT32", [1, 16], b"\0" * 64),
+                                      InputTensor("A", "INT32", [1, 16], b"\0" * 64)))
+    assert message == "inference input 'A' data-type is 'INT32', but model 'm' expects 'FP32'"
 
 
 # -- batch size ----------------------------------------------------------------------------
