@@ -137,6 +137,7 @@ class ModelVersion:
     variable_shapes: bool = field(init=False)
     declared_inputs: dict[str, DeclaredInput] = field(init=False)   # what a BLS call's inputs are checked against
     stateful: bool = field(init=False)   # its requests form sequences bound to instance slots (sequence_batching)
+    iterative: bool = field(init=False)  # iterative_sequence: its model may release requests to run again
     # Triton's Python backend counts every execution in the statistics; its other backends only
     # those with a request that succeeded.
     counts_failed_executions: bool = field(init=False)
@@ -144,6 +145,7 @@ class ModelVersion:
     def __post_init__(self) -> None:
         config = self.definition.config
         self.stateful = config.HasField("sequence_batching")   # asked for every batch: read once
+        self.iterative = self.stateful and config.sequence_batching.iterative_sequence
         self.counts_failed_executions = config.backend == "python"
         queue_policy = QueuePolicy.from_config(config)
         self.batcher = SequenceBatcher(SequencePolicy.from_config(config)) if self.stateful \

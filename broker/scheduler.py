@@ -181,8 +181,8 @@ class Scheduler:
         if batch_size is None:  # BLS requests do not say; the gateway always does
             batch_size = header.inputs[0][2][0] if batching and header.inputs else 1
         correlation_id, flags = header.sequence_id or 0, header.sequence_flags
-        if not correlation_id and isinstance(batcher, SequenceBatcher) and batcher.policy.iterative:
-            correlation_id, flags = batcher.assign(), SEQUENCE_START   # a sequence of its own, as in Triton
+        if not correlation_id and version.iterative:
+            correlation_id, flags = batcher.assign(), SEQUENCE_START   # type: ignore[union-attr]  # as in Triton
             record = _with_sequence(record, correlation_id, flags)     # (its model sees them)
         request = PendingRequest(client, rid, record, external, batch_size, shape_key, now,
                                  from_backend=from_backend, level=level, deadline_ns=deadline,
@@ -589,7 +589,15 @@ class Scheduler:
         instance.execution_ns = _moved(instance.execution_ns, took)
         _note_execution(version, took, len(batch.requests))
         oks = done.ok
-        answered = batch.requests if done.rescheduled is None else self._run_again(batch, done.rescheduled, now)
+        answered = batch.requests
+        if done.rescheduled is not None:
+            if not _rescheduled_in(done.rescheduled, len(answered)):
+                self._fail_batch(batch, f"answered batch {done.number} of {len(answered)} request(s) with "
+                                 f"requests to run again that it does not hold: {done.rescheduled}", now)
+                self._end_iterations(version, answered)
+                self._dispatch_after(version, now)
+                return
+            answered = self._run_again(batch, done.rescheduled, now)
         if done.still_open is not None:
             if done.ran:
                 self.streams.executed(batch)
@@ -601,11 +609,15 @@ class Scheduler:
             if done.ran and (any(oks) or done.rescheduled or version.counts_failed_executions):
                 version.stats.record_execution(batch.batch_size, timings)
             self._route_responses(batch, answered, done.response_frames, oks, frames, now)
-        batcher = version.batcher
-        if isinstance(batcher, SequenceBatcher) and batcher.policy.iterative:
-            for request in answered:   # released for good: Triton's iterative sequencer ends its sequence
-                batcher.finish(request.correlation_id)
+        self._end_iterations(version, answered)
         self._dispatch_after(version, now)
+
+    def _end_iterations(self, version: ModelVersion, released: list[PendingRequest]) -> None:
+        """Iterative sequences: requests released for good end their sequences, as Triton's
+        iterative sequencer ends them (with an END of its own)."""
+        if version.iterative:
+            for request in released:
+                version.batcher.finish(request.correlation_id)   # type: ignore[union-attr]
 
     def _run_again(self, batch: Batch, rescheduled: list[int], now: int) -> list[PendingRequest]:
         """The requests of ``batch`` its model released to run again (request rescheduling) queue
@@ -614,24 +626,29 @@ class Scheduler:
         answered with the error. Each run counts as a successful inference in the statistics, as in
         Triton. Returns the batch's other requests."""
         version = batch.version
-        batcher = version.batcher
-        iterative = isinstance(batcher, SequenceBatcher) and batcher.policy.iterative
         for index in rescheduled:
             batch.finished.add(index)   # it leaves this batch either way
             request = batch.requests[index]
+            arrived = request.arrival_ns
             try:
-                if request.cancelled:   # its client left while it ran (its sequence ended then)
+                if request.cancelled:   # its client left while it ran
                     raise Cancelled.by_client()
-                if not iterative:
+                if not version.iterative:
                     log.error("Failed to release request: %s", NOT_RESCHEDULABLE)
                     raise InternalError(NOT_RESCHEDULABLE)
-                batch.record_outcome(request, True, now)   # each run counts, as in Triton's statistics
-                request.flags, request.arrival_ns = 0, now
-                request.record = _with_sequence(request.record, request.correlation_id, 0)
-                batcher.enqueue(request)
+                if request.flags:   # its model sees none on its later runs
+                    request.flags, request.record = 0, _with_sequence(request.record, request.correlation_id, 0)
+                request.arrival_ns = now   # its queue time and its sequence's idle time count from here
+                version.batcher.enqueue(request)
             except TritiumError as exc:
+                request.arrival_ns = arrived
                 self._answer_error(version, request, exc)
                 batch.record_outcome(request, False, now, exc.code is ErrorCode.CANCELLED)
+                self._end_iterations(version, [request])
+                continue
+            # Each run counts as a success, as in Triton's statistics.
+            version.stats.record_success(now - arrived, request.dispatch_ns - arrived, request.batch_size,
+                                         batch.timings)
         again = set(rescheduled)
         return [request for index, request in enumerate(batch.requests) if index not in again]
 
@@ -641,6 +658,7 @@ class Scheduler:
         batch = self._batch_ended(iid, number)
         if batch is not None:
             self._fail_batch(batch, f"answered batch {number} with a malformed result: {why}", self.last_done_ns)
+            self._end_iterations(batch.version, batch.requests)
             self._dispatch_after(batch.version, self.last_done_ns)
 
     def _batch_ended(self, iid: bytes, number: int) -> Batch | None:
@@ -851,6 +869,11 @@ def _with_sequence(record, correlation_id: int | str, flags: int) -> bytes:
     """The INFER ``record`` with its sequence fields set (its inline tensors kept)."""
     infer, view, offset = read_record(record)
     return msgspec.structs.replace(infer, sequence_id=correlation_id, sequence_flags=flags).encode((view[offset:],))
+
+
+def _rescheduled_in(rescheduled: list[int], requests: int) -> bool:
+    """Whether a BATCH_DONE's requests to run again are distinct places of its batch."""
+    return len(set(rescheduled)) == len(rescheduled) and all(0 <= index < requests for index in rescheduled)
 
 
 def _answers_every_request(done: BatchDone, requests: int, frames: int) -> bool:

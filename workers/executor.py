@@ -31,7 +31,7 @@ from tritium import datatypes
 from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumError
 from tritium.protocol import Batch, BatchDone, Infer, Response, ResponsePart, pack_tensors, read_record, tensor_views
 from tritium.tracing.stamps import CallTrace, stamped_responses, stream_stamps
-from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
+from tritium.workers.backends.base import RESCHEDULED, InferenceRequest, InferenceResponse, Instance
 from tritium.workers.sequence_state import SequenceInputs
 from tritium.workers.tensors import array_to_frame, check_tensor_size, frame_to_array, writable_rows
 
@@ -109,7 +109,7 @@ class BatchExecutor:
         parts, external_counts, oks, answered, again = [], [], [], [], []
         for index, item in enumerate(items):
             reply = replies.get(item.key) if item.error is None else (None, False)
-            if reply is _AGAIN:
+            if reply is RESCHEDULED:
                 again.append(index)
                 continue
             answered.append(item)
@@ -121,8 +121,10 @@ class BatchExecutor:
             external_counts.append(len(encoded) - 1)
             oks.append(ok)
         t3 = time.monotonic_ns()
-        if batch_header.trace is not None:   # traced requests: their stamps go back on their RESPONSE headers
-            parts = stamped_responses(parts, external_counts, [item.infer for item in answered], batch_header.trace,
+        trace = batch_header.trace if not again or batch_header.trace is None else _answered_only(batch_header.trace,
+                                                                                                  again, len(items))
+        if trace is not None and trace["r"]:   # traced requests: their stamps go back on their RESPONSE headers
+            parts = stamped_responses(parts, external_counts, [item.infer for item in answered], trace,
                                       batch_header.number, (t1, t2, t3), self.model,
                                       [item.trace and item.trace.calls for item in answered])
         done = BatchDone(batch_header.number, oks, external_counts, (t1 - t0, t2 - t1, t3 - t2), ran=ran,
@@ -265,12 +267,10 @@ class BatchExecutor:
             responses, failed = [InferenceResponse(error=error)] * len(requests), True
         self._executing = None
         t2 = time.monotonic_ns()
-        if not failed:
-            responses = [_AGAIN if request.rescheduled else response for (_, request), response in zip(requests, responses)]
         responses, overruled = sent.merged([item.key for item, _ in requests], responses, failed)
         for (item, request), response in zip(requests, responses):
-            if response is _AGAIN:
-                replies[item.key] = _AGAIN
+            if response is RESCHEDULED:   # no reply: the request runs again in a later batch
+                replies[item.key] = RESCHEDULED
                 continue
             if response is _LATER:   # its client may cancel it until it is answered
                 replies[item.key] = _LATER
@@ -291,7 +291,7 @@ class BatchExecutor:
             if reply is _LATER:
                 later.append(index)
                 continue
-            if reply is _AGAIN:
+            if reply is RESCHEDULED:
                 again.append(index)
                 continue
             encoded = reply[0] if reply is not None else [_error_record(item.rid, item.error or InternalError(
@@ -354,9 +354,10 @@ class BatchExecutor:
             self._answering[batch, index] = request
             requests.append((index, item, request))
         t1 = inputs_ready[0] = time.monotonic_ns()
+        returned: list = []
         try:
             if requests:
-                self.instance.execute([request for _, _, request in requests])
+                returned = self.instance.execute([request for _, _, request in requests]) or []
         except Exception as exc:
             error = self._execution_error(exc)
             if not still_open and error is exc:   # no client gets it, and it was not logged yet
@@ -366,7 +367,8 @@ class BatchExecutor:
                     still_open.discard(index)
                     self._answering.pop((batch, index), None)
                     fail(index, item, error)
-        again = [index for index, _, request in requests if request.rescheduled and index in still_open]
+        again = [index for (index, _, _), response in zip(requests, returned)
+                 if response is RESCHEDULED and index in still_open] if RESCHEDULED in returned else []
         for index in again:   # it runs again in a later batch, which its next responses belong to
             still_open.discard(index)
             self._answering.pop((batch, index), None)
@@ -571,7 +573,6 @@ class BatchExecutor:
 
 
 _LATER = object()   # a reply the model will send through the request's response sender
-_AGAIN = object()   # no reply: the model released the request to run again (request rescheduling)
 
 
 class _SentAnswers:
@@ -635,6 +636,13 @@ class _SentAnswers:
                 f"model '{executor.model}' keeps implicit sequence state, so it must answer each request "
                 "before its execute returns, by returning or sending its response"))
         return _LATER
+
+
+def _answered_only(trace: dict, rescheduled: list[int], count: int) -> dict:
+    """A batch's trace stamps without its rescheduled requests (no response of theirs follows),
+    the others' keyed by their places among the responses."""
+    places = {index: place for place, index in enumerate(i for i in range(count) if i not in rescheduled)}
+    return {**trace, "r": {places[int(index)]: stamps for index, stamps in trace["r"].items() if int(index) in places}}
 
 
 def _response_record(rid: int, tensors: list, parameters, final: bool | None = None) -> list:

@@ -424,7 +424,10 @@ def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: 
             message, _, _ = read_record(frames[0])
             kind = type(message)
             if kind is Batch:
-                outbox.send(executor.run(frames))
+                done = executor.run(frames)
+                if outbox.queue:   # responses the model's threads sent during the batch go before its BATCH_DONE
+                    outbox.flush()
+                outbox.send(done)
             elif kind is CancelRunning:
                 executor.cancel(message.batch, message.index)
             elif kind is LogSettings:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tritium.broker.sequences import END, START
 from tests.broker.scheduler_world import add_instance, done, error_of, lose, make_world, sent_batch
 from tritium.errors import ErrorCode
-from tritium.protocol import BatchDone, Cancel, Infer, Kind, Response, decode, read_record
+from tritium.protocol import BatchDone, Cancel, Infer, Kind, Response, ResponsePart, decode, read_record
 
 MS = 1_000_000
 
@@ -148,7 +148,48 @@ def test_a_released_request_whose_sequence_went_idle_meanwhile_gets_tritons_star
     scheduler.batch_done(b"i0", *rescheduled(sent_batch(to_instances[0])[1]["b"], [0]))
     assert error_of(to_gateways[0])["message"] == ("inference request for sequence 7 to model 'm' must specify "
                                                    "the START flag on the first request of the sequence")
-    assert version.stats.fail.count == 1 and len(to_instances) == 1
+    # Its one run is not counted a success: the request failed.
+    assert (version.stats.success.count, version.stats.fail.count, len(to_instances)) == (0, 1, 1)
+
+
+def test_a_decoupled_request_answers_from_each_run_and_its_stream_closes_with_its_last():
+    registry, version, scheduler, to_instances, to_gateways, clock = world(
+        "iterative_sequence: true direct { } } model_transaction_policy { decoupled: true")
+    add_instance(registry, version, "i0", credit=1)
+    submit(scheduler, 1, 0)
+    first = sent_batch(to_instances[0])[1]["b"]
+    scheduler.streams.response_part(b"i0", ResponsePart(first, 0), [Response(1, [], final=False).encode()])
+    scheduler.batch_done(b"i0", BatchDone(first, [], [], (1, 2, 3), [], rescheduled=[0]), [])
+    second = sent_batch(to_instances[1])[1]["b"]
+    assert sequence_fields(to_instances[1]) == [(1, 1, 0)]
+    scheduler.streams.response_part(b"i0", ResponsePart(second, 0), [Response(1, [], final=True).encode()])
+    scheduler.batch_done(b"i0", BatchDone(second, [], [], (1, 2, 3), []), [])
+    assert [decode(p[1])[0].get("final") for p in to_gateways] == [False, True]
+    assert scheduler.streams.batches == {} and version.stats.success.count == 2
+
+
+def test_a_request_cancelled_while_it_ran_and_released_to_run_again_is_answered_cancelled_and_frees_its_slot():
+    registry, version, scheduler, to_instances, to_gateways, clock = world("iterative_sequence: true direct { }")
+    add_instance(registry, version, "i0", credit=1)
+    submit(scheduler, 1, 0)
+    scheduler.cancel(b"gw", Cancel(1, "m", 1))   # it runs: its instance is told
+    scheduler.batch_done(b"i0", *rescheduled(sent_batch(to_instances[0])[1]["b"], [0]))
+    assert error_of(to_gateways[0])["code"] == ErrorCode.CANCELLED
+    submit(scheduler, 2, 0)
+    assert sent_batch(to_instances[-1])[1]["sl"] == [0]   # the slot of sequence 1 is free again
+
+
+def test_a_batch_done_naming_requests_to_run_again_that_its_batch_does_not_hold_fails_the_batch():
+    registry, version, scheduler, to_instances, to_gateways, clock = world("iterative_sequence: true direct { }")
+    add_instance(registry, version, "i0", credit=1)
+    submit(scheduler, 1, 0)
+    number = sent_batch(to_instances[0])[1]["b"]
+    scheduler.batch_done(b"i0", *rescheduled(number, [0, 0]))
+    assert error_of(to_gateways[0])["message"] == (f"instance 'i0' of model 'm' version 1 answered batch {number} of "
+                                                   "1 request(s) with requests to run again that it does not hold: "
+                                                   "[0, 0]")
+    submit(scheduler, 2, 0)
+    assert sent_batch(to_instances[-1])[1]["sl"] == [0]
 
 
 def test_a_model_that_is_not_iterative_releasing_a_request_to_run_again_gets_tritons_error():

@@ -392,6 +392,8 @@ def iterations(server, model: str, runs: list[int], sequence_id=0, start=False) 
             final = answer.get_response().parameters["triton_final_response"].bool_param
             out = answer.as_numpy("OUT")
             got.append((None if out is None else out.tolist(), final))
+        with pytest.raises(queue.Empty):   # nothing more: every request had one final answer
+            answers.get(timeout=0.1)
         client.stop_stream()
     return got
 

@@ -11,6 +11,7 @@ helpers ``infer_record``, ``batch_frames`` and ``parse_done`` know the wire form
 from __future__ import annotations
 
 import struct
+from types import SimpleNamespace
 
 import numpy as np
 from google.protobuf import text_format
@@ -18,7 +19,8 @@ from tritonclient.grpc import model_config_pb2
 
 from tritium.errors import ErrorCode, InternalError, InvalidArgument
 from tritium.protocol import INLINE_LIMIT, Batch, BatchDone, Infer, Response, pack_tensors, read_record
-from tritium.workers.backends.base import InferenceRequest, InferenceResponse, Instance
+from tritium.tracing.stamps import batch_stamps
+from tritium.workers.backends.base import RESCHEDULED, InferenceRequest, InferenceResponse, Instance
 from tritium.workers.executor import BatchExecutor
 from tests.workers.batch_done import parse_done
 
@@ -807,3 +809,49 @@ def test_requests_of_different_clients_with_the_same_rid_each_get_their_own_answ
         assert [h.rid for h, _ in responses] == [7, 7]
         np.testing.assert_array_equal(responses[0][1]["DOUBLE"], first * 2)
         np.testing.assert_array_equal(responses[1][1]["DOUBLE"], second * 2)
+
+
+# -- requests a model releases to run again (iterative sequences) -------------------------------
+
+def rescheduling(places: set[int]):
+    """A PerRequest answer: RESCHEDULED at ``places``, DOUBLE and PLUS1 elsewhere."""
+    def respond(requests):
+        return [RESCHEDULED if index in places else
+                InferenceResponse(outputs={"DOUBLE": r.inputs["IN"] * 2, "PLUS1": r.inputs["IN"] + 1})
+                for index, r in enumerate(requests)]
+    return respond
+
+
+def three_requests():
+    return [dict(rid=rid, inputs=[fp32_input(rows(1, rid))]) for rid in (1, 2, 3)]
+
+
+def test_a_request_released_to_run_again_gets_no_response_and_is_named_in_the_batch_done():
+    done, responses = run(PerRequest(rescheduling({1})), three_requests())
+    assert done.rescheduled == [1] and done.ok == [True, True]
+    assert [header.rid for header, _ in responses] == [1, 3]
+    np.testing.assert_array_equal(responses[1][1]["DOUBLE"], rows(1, 3) * 2)
+
+
+def test_trace_stamps_go_to_the_responses_of_their_own_requests_when_one_runs_again():
+    traced = [SimpleNamespace(traced=index != 1, arrival_ns=index) for index in range(3)]
+    frames = batch_frames(three_requests())
+    frames[0] = Batch(17, 3, trace=batch_stamps(traced)).encode()
+    executor = BatchExecutor(PerRequest(rescheduling({0})), config())
+    done, responses = parse_done(executor.run(frames))
+    assert done.rescheduled == [0]
+    assert [(header.rid, header.trace is not None) for header, _ in responses] == [(2, False), (3, True)]
+    # A batch whose only traced request runs again has no stamps to give, and nothing breaks.
+    frames = batch_frames(three_requests()[:1])
+    frames[0] = Batch(18, 1, trace=batch_stamps(traced[:1])).encode()
+    done, responses = parse_done(BatchExecutor(PerRequest(rescheduling({0})), config()).run(frames))
+    assert (done.rescheduled, responses) == ([0], [])
+
+
+def test_a_decoupled_request_released_to_run_again_is_not_left_open():
+    decoupled = config(BATCHING_CONFIG + "model_transaction_policy { decoupled: true }")
+    sent = []
+    executor = BatchExecutor(PerRequest(lambda requests: [RESCHEDULED, None]), decoupled, send=sent.append)
+    done, _, _ = read_record(executor.run(batch_frames(three_requests()[:2]))[0])
+    assert (done.rescheduled, done.still_open) == ([0], [1])
+    assert (17, 0) not in executor._answering and (17, 1) in executor._answering

@@ -31,6 +31,7 @@ class _Runtime:
     model_name = ""
     instance_name = ""    # named in the errors of custom metrics, as Triton names it
     _bls = None           # the BlsClient of this instance process
+    release_flags_set = False   # a request's set_release_flags was called: the instance looks after execute
 
     @property
     def bls(self):
@@ -449,6 +450,7 @@ class InferenceRequest:
 
     def set_release_flags(self, flags):
         self._release_flags = flags
+        runtime.release_flags_set = True
 
     def trace(self):
         return self._trace

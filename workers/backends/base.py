@@ -80,7 +80,14 @@ class InferenceRequest:
     response_sender: Callable[[Optional["InferenceResponse"], bool], None] | None = None
     trace: object = None                  # traced: a CallTrace (tritium/tracing/stamps.py), request.trace() in Python models
     cancelled: bool = False               # its client gave up on it (request.is_cancelled() in Python models)
-    rescheduled: bool = False             # its model released it to run again (a Python model's request rescheduling)
+
+
+class Rescheduled:
+    """What ``execute`` gives in the place of a request its model released to run again (a
+    Python model's request rescheduling): no response; the request comes back in a later batch."""
+
+
+RESCHEDULED = Rescheduled()
 
 
 @dataclass

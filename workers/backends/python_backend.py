@@ -32,7 +32,8 @@ from tritium.pb_utils import MODULE_DIR
 from tritium.pb_utils.types import InferenceRequest as PbRequest, InferenceResponse as PbResponse, Tensor, runtime
 from tritium.workers.bls import BlsClient
 from tritium.workers.backends.base import (
-    Backend, InferenceRequest, InferenceResponse, Instance, InstanceContext, Model, ModelContext,
+    RESCHEDULED, Backend, InferenceRequest, InferenceResponse, Instance, InstanceContext, Model, ModelContext,
+    Rescheduled,
 )
 
 log = logging.getLogger(__name__)
@@ -159,26 +160,26 @@ class PythonInstance(Instance):
 
     # -- Triton's interface: the separate requests ----------------------------------------
 
-    def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse | None]:
+    def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse | Rescheduled | None]:
         """One response per request; None where the model answers through the request's
-        response sender instead (Triton 24.06 and later let any model do so)."""
+        response sender instead (Triton 24.06 and later let any model do so), RESCHEDULED where
+        it released the request to run again."""
         pb_requests = [self._pb_request(r) for r in requests]
         slots = [pb_request._sender for pb_request in pb_requests]
         try:
             returned = self._checked(self._run_execute(pb_requests, slots), len(requests))
-            again = self._rescheduled(pb_requests, returned)
+            again = self._rescheduled(pb_requests, returned) if runtime.release_flags_set else ()
         except InternalError:
             for slot in slots:   # as in Triton, the model can send nothing more for these requests
                 if slot is not None:
                     slot.close()
             raise
-        answers = []
+        answers: list[InferenceResponse | Rescheduled | None] = []
         for index, (pb_request, slot, response) in enumerate(zip(pb_requests, slots, returned)):
-            if index in again:   # it runs again: its sender stays quiet until then
-                requests[index].rescheduled = True
+            if again and index in again:   # it runs again: its sender stays quiet until then
                 if slot is not None:
                     slot.close()
-                answers.append(None)
+                answers.append(RESCHEDULED)
                 continue
             answers.append(self._returned(slot, response))
             if answers[-1] is None and slot is not None:
@@ -188,6 +189,7 @@ class PythonInstance(Instance):
     def _rescheduled(self, pb_requests: list[PbRequest], returned: list) -> set[int]:
         """The places of the requests the model released to run again (``set_release_flags(RESCHEDULE)``),
         whose entries in what execute returned must be None (Triton's error otherwise)."""
+        runtime.release_flags_set = False
         again = set()
         for index, (pb_request, response) in enumerate(zip(pb_requests, returned)):
             if pb_request._release_flags == RELEASE_RESCHEDULE:
