@@ -432,6 +432,7 @@ class HostAgent:
                 "log_verbose": self.settings.log_verbose,
                 "log_file": self.settings.log_file,
                 "heartbeat_interval_s": self.settings.heartbeat_interval_s,
+                "exit_timeout_s": self.settings.exit_timeout_s,
                 "tensor_pool_bytes": self.settings.tensor_pool_bytes,
                 "boot": self._broker_boot,
                 "backend_directory": self.settings.backend_directory,
@@ -542,7 +543,8 @@ class HostAgent:
         live = [c for c in self.children if c.process is not None]
         for child in live:
             child.wanted = False
-            child.process.terminate()
+            if child.kill_at is None:   # (a second SIGTERM tells an instance to exit at once)
+                child.process.terminate()
         deadline = time.monotonic() + self.settings.exit_timeout_s
         for child in live:
             try:

@@ -434,6 +434,7 @@ class ResponseIterator:
         self._rid = rid
         self._called = (request.model_name(), request.model_version())   # what a cancel names
         self._done = False
+        self._cancelled = False
 
     def __iter__(self):
         return self
@@ -450,12 +451,16 @@ class ResponseIterator:
         return response if response is not None else pb.InferenceResponse()
 
     def cancel(self) -> None:
-        """Stop reading; the called model's request is cancelled (it sees ``is_cancelled()``)."""
-        if not self._done:
+        """Cancel the called model's request (it sees ``is_cancelled()``). As in Triton, the
+        iterator still gives every response that comes, up to the final one: the CANCELLED
+        error of a model that stops, or the rest of one that does not look."""
+        if not self._done and not self._cancelled:
+            self._cancelled = True
             self._client._cancel(self._rid, *self._called)
-        self._done = True
-        self._client._replies.pop(self._rid, None)
-        self._client._called.pop(self._rid, None)
+
+    def __del__(self) -> None:
+        if not self._done:   # given up on before its final response: what still comes is dropped
+            self._client._replies.pop(self._rid, None)
 
 
 class _TracedCall:

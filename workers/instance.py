@@ -63,6 +63,10 @@ from tritium.workers.warmup import warm_up
 
 log = logging.getLogger(__name__)
 
+# How much longer than its agent's exit timeout a stopping instance may take: its agent kills it
+# at that timeout, so only an instance whose agent is gone waits this long.
+FINALIZE_GRACE_S = 5.0
+
 _LINGER_S = 2.0   # how long a failing instance tries to deliver the message that says why
 _STOP_CHECK_S = 0.25   # how soon the heartbeat thread notices it is to stop
 _POOL_REPORT_S = 1.0   # how often the main thread refreshes the figures of its pool for the heartbeats
@@ -345,8 +349,9 @@ def main() -> None:
         sock.close(_LINGER_S)
         context.term()
         sys.exit(ExitCode.INIT_FAILED)
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    stopping: list = []
+    signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, stopping,
+                                                    spec.get("exit_timeout_s", 30.0) + FINALIZE_GRACE_S))
     os.register_at_fork(after_in_child=_signals_as_a_plain_process)
     interval_s = spec.get("heartbeat_interval_s", DEFAULT_HEARTBEAT_INTERVAL_S)
 
@@ -394,6 +399,18 @@ def main() -> None:
                 log.exception("finalize of %s failed", type(part).__name__)
         sock.close()
         context.term()
+
+
+def _on_sigterm(stopping: list, within_s: float, *_) -> None:
+    """The first SIGTERM stops the instance after its batch, its model finalized; a second one
+    (its agent gone: the kernel's parent-death signal), or ``within_s`` running out while the
+    model still finalizes, ends the process at once, so that no instance outlives its server."""
+    if stopping:
+        os._exit(ExitCode.ERROR)
+    stopping.append(True)
+    timer = threading.Timer(within_s, os._exit, (ExitCode.ERROR,))
+    timer.daemon = True
+    timer.start()
 
 
 def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: list, rejoin) -> None:
