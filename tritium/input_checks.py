@@ -20,9 +20,9 @@ class DeclaredInput(NamedTuple):
 def check_inputs(model: str, declared: Mapping[str, DeclaredInput], max_batch_size: int,
                  given: Sequence[tuple[str, str, Sequence[int]]]) -> int:
     """The (name, datatype, shape) of each input given, as Triton's core checks them and in its
-    order (a request with several faults gets the same first message): names; the batch
-    dimension of every input, then the batch size; then each input's datatype and shape, in
-    name order. Returns the batch size."""
+    order (names; the batch dimension of every input, then the batch size; then each input's
+    datatype and shape), inputs in name order (Triton's follow its hash map: no order a client
+    can count on). Returns the batch size."""
     check_input_names(model, declared, [name for name, spec in declared.items() if not spec.optional],
                       [name for name, _, _ in given])
     ordered = sorted(given) if len(given) > 1 else given   # (names are unique by now)
@@ -48,7 +48,7 @@ def _batch_size(model: str, max_batch_size: int, given: Sequence[tuple[str, str,
             raise InvalidArgument(f"input '{name}' batch size does not match other inputs for '{model}'")
     if batch_size > max_batch_size:
         raise InvalidArgument(f"inference request batch-size must be <= {max_batch_size} for '{model}'")
-    return batch_size
+    return batch_size if given else 1   # (no inputs at all: a model whose inputs are all optional)
 
 
 def check_input_names(model: str, declared: Collection[str], required: Sequence[str], given: Sequence[str]) -> None:

@@ -517,7 +517,7 @@ class HostAgent:
     def _stop_child(self, child: Child) -> None:
         child.wanted = False
         child.restart_at = None
-        if child.process is not None:
+        if child.process is not None and child.kill_at is None:   # (a second SIGTERM is "exit now")
             child.process.terminate()
             child.kill_at = time.monotonic() + self.settings.exit_timeout_s   # if SIGTERM is not enough
 

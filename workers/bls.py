@@ -66,6 +66,7 @@ class BlsClient:
         self._readable.register(self.sock.fileno(), select.POLLIN)
         self._next_rid = 1   # rids rise in send order (guarded by _lock): see ``broker_restarted``
         self._replies: dict[int, deque] = {}
+        self._abandoned: list[int] = []   # calls whose response iterators were dropped unfinished
         self._called: dict[int, str] = {}   # rid -> the model called, until its final answer
         self._waiters: dict[int, asyncio.Future] = {}
         # The model's threads may call at once. One thread at a time watches the socket and files
@@ -180,6 +181,8 @@ class BlsClient:
             return
         filed = False
         with self._filing:
+            while self._abandoned:
+                self._replies.pop(self._abandoned.pop(), None)
             while True:
                 with self._lock:
                     if not self.sock.has_message():
@@ -240,15 +243,17 @@ class BlsClient:
             traced.answered(response, record, offset, external)
             if response.final is not False:
                 del self._traced[rid]
-        if rid not in self._replies:
+        replies = self._replies.get(rid)
+        if replies is None:
             return  # an answer nobody waits for any more
-        self._replies[rid].append(_response(response, record, offset, external))
+        replies.append(_response(response, record, offset, external))
         self._tell_waiter(rid)
 
     def _file_reply(self, reply: ControlReply) -> None:
         self._called.pop(reply.rid, None)
-        if reply.rid in self._replies:
-            self._replies[reply.rid].append((True, reply))
+        replies = self._replies.get(reply.rid)
+        if replies is not None:
+            replies.append((True, reply))
 
     def _tell_waiter(self, rid: int) -> None:
         """Wake the coroutine awaiting ``rid``'s next answer, if one does (``execute_async``)."""
@@ -460,7 +465,7 @@ class ResponseIterator:
 
     def __del__(self) -> None:
         if not self._done:   # given up on before its final response: what still comes is dropped
-            self._client._replies.pop(self._rid, None)
+            self._client._abandoned.append(self._rid)   # (a garbage collection may run this anywhere)
 
 
 class _TracedCall:

@@ -8,6 +8,7 @@ BATCH it receives. If initialization fails it reports INSTANCE_FAILED and exits 
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import json
 import logging
@@ -350,7 +351,7 @@ def main() -> None:
         context.term()
         sys.exit(ExitCode.INIT_FAILED)
     stopping: list = []
-    signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, stopping,
+    signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, stopping, os.getppid(),
                                                     spec.get("exit_timeout_s", 30.0) + FINALIZE_GRACE_S))
     os.register_at_fork(after_in_child=_signals_as_a_plain_process)
     interval_s = spec.get("heartbeat_interval_s", DEFAULT_HEARTBEAT_INTERVAL_S)
@@ -401,16 +402,15 @@ def main() -> None:
         context.term()
 
 
-def _on_sigterm(stopping: list, within_s: float, *_) -> None:
-    """The first SIGTERM stops the instance after its batch, its model finalized; a second one
-    (its agent gone: the kernel's parent-death signal), or ``within_s`` running out while the
-    model still finalizes, ends the process at once, so that no instance outlives its server."""
-    if stopping:
-        os._exit(ExitCode.ERROR)
+def _on_sigterm(stopping: list, agent: int, within_s: float, *_) -> None:
+    """The first SIGTERM from its agent stops the instance after its batch, its model finalized.
+    A second one, one after its agent is gone (the kernel's parent-death signal), or ``within_s``
+    running out while the model still finalizes ends the process at once (the last with every
+    thread's stack in its log), so that no instance outlives its server."""
+    if stopping or os.getppid() != agent:
+        os._exit(ExitCode.FORCED)
     stopping.append(True)
-    timer = threading.Timer(within_s, os._exit, (ExitCode.ERROR,))
-    timer.daemon = True
-    timer.start()
+    faulthandler.dump_traceback_later(within_s, exit=True)   # a C thread: needs neither the GIL nor a lock
 
 
 def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: list, rejoin) -> None:

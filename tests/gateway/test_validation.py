@@ -367,3 +367,8 @@ def test_inputs_found_valid_are_remembered_and_what_differs_is_checked_again():
     assert len(one_in_the_same_bytes.data) == len(bytes_tensor("T", [1, 2], [b"ab", b"c"]).data)
     assert "expected 2 string elements" in error_of(texts, request(one_in_the_same_bytes)).message
     assert texts.valid_inputs == {}
+
+
+def test_a_request_without_inputs_to_a_model_whose_inputs_are_all_optional_has_batch_size_1():
+    s = spec(inputs=[tensor_config("A", optional=True)])
+    assert validate_request(s, request()) == 1
