@@ -20,7 +20,7 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from tritium.repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
-from tritium.repo.names import check_load_parameters, relative_file_problem, write_files
+from tritium.repo.names import check_load_parameters, model_file_path, relative_file_problem, write_files
 from tritium.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -123,14 +123,15 @@ def overrides_from(name: str, parameters: dict) -> tuple[ModelConfig | None, dic
         except json_format.ParseError as exc:
             raise InvalidArgument(f"failed to load '{name}': invalid 'config' parameter: {exc}") from exc
     decoded = {}
-    for path, content in files.items():
+    for given, content in files.items():
+        path = model_file_path(given)
         problem = relative_file_problem(path)
         if problem is not None:
-            raise InvalidArgument(f"failed to load '{name}': file override 'file:{path}' {problem}")
+            raise InvalidArgument(f"failed to load '{name}': file override 'file:{given}' {problem}")
         if isinstance(content, str):
             try:
                 content = base64.b64decode(content, validate=True)
             except ValueError as exc:
-                raise InvalidArgument(f"failed to load '{name}': 'file:{path}' is not base64") from exc
+                raise InvalidArgument(f"failed to load '{name}': 'file:{given}' is not base64") from exc
         decoded[path] = bytes(content)
     return config, decoded or None

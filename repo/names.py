@@ -37,6 +37,12 @@ def require_name(name: str, operation: str) -> None:
     raise InvalidArgument(f"failed to {operation} '{name}': {problem}")
 
 
+def model_file_path(path: str) -> str:
+    """A load API file path (``file:<path>``) as Triton reads it: below the model folder, a
+    leading ``/`` included (``file:/1/model.py`` is ``1/model.py``)."""
+    return path.lstrip("/")
+
+
 def relative_file_problem(path: str) -> str | None:
     """Why a file path of the load API (``<version>/<file>``) cannot be written, or None."""
     parts = PurePosixPath(path).parts
@@ -58,13 +64,14 @@ def write_files(load_dir: Path, name: str, files: dict[str, bytes]) -> Path:
     if problem is not None:
         raise ModelLoadError(str(name), f"failed to load '{name}': {problem}")
     model_dir = load_dir / name
-    for path, content in files.items():
+    for given, content in files.items():
+        path = model_file_path(given)
         problem = relative_file_problem(path)
         target = model_dir / path
         if problem is None and not target.resolve().is_relative_to(model_dir.resolve()):
             problem = "leaves the model folder"
         if problem is not None:
-            raise ModelLoadError(name, f"failed to load '{name}': file override 'file:{path}' {problem}")
+            raise ModelLoadError(name, f"failed to load '{name}': file override 'file:{given}' {problem}")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
     return model_dir

@@ -239,9 +239,10 @@ def test_config_override_and_shipped_files(server, client, repo):
     np.testing.assert_array_equal(scaled_infer(client), [5, 10, 15, 20])
     config = client.get_model_config("scaled")
     assert config["parameters"]["scale"]["string_value"] == "5"
-    # ...and files shipped with it make a model the repository does not have.
+    # ...and files shipped with it make a model the repository does not have (a leading '/' is
+    # below the model folder, as in Triton).
     files = {"config": scaled_config_json(7, "shipped"),
-             "file:1/model.py": base64.b64encode(SCALED_MODEL.encode()).decode()}
+             "file:/1/model.py": base64.b64encode(SCALED_MODEL.encode()).decode()}
     assert load(server, "shipped", files) == (200, b"")
     np.testing.assert_array_equal(scaled_infer(client, "shipped"), [7, 14, 21, 28])
     assert load(server, "scaled") == (200, b"")  # nothing changed on disk: the override stays

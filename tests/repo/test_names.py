@@ -56,6 +56,15 @@ def test_files_are_written_below_the_load_folder(tmp_path):
     assert (model_dir / "1" / "sub" / "w.bin").read_bytes() == b"\1"
 
 
+def test_a_leading_slash_is_below_the_model_folder_as_in_triton(tmp_path):
+    model_dir = write_files(tmp_path, "m", {"/1/model.py": b"code", "//2/model.py": b"two"})
+    assert (model_dir / "1" / "model.py").read_bytes() == b"code"
+    assert (model_dir / "2" / "model.py").read_bytes() == b"two"
+    with pytest.raises(ModelLoadError) as failure:
+        write_files(tmp_path, "n", {"/../1/model.py": b"x"})
+    assert failure.value.detail.startswith("failed to load 'n': file override 'file:/../1/model.py' must be a relative")
+
+
 def test_a_link_on_the_way_out_is_not_followed(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
