@@ -8,7 +8,9 @@ series; a gauge is the latest ``set`` heard of plus the increments every instanc
 A series goes away with the last instance that holds it, a family with its last series.
 
 Written by the broker's loop (``report``, ``forget``), read by the metrics server's thread
-(``families``): a lock between them.
+(``families``): a lock between them. A scrape first asks every instance of a Python model for
+its latest figures and waits for their heartbeats (``asked``, ``heard``), so that it shows
+every change a model made before it, as Triton's ``/metrics`` does.
 """
 
 from __future__ import annotations
@@ -106,6 +108,27 @@ class CustomMetrics:
         self._lock = threading.Lock()
         self._families: dict[str, _Family] = {}
         self._refused: set[tuple[str, str]] = set()   # (family, kind) conflicts already logged
+        self._scrapes: list[tuple[set[bytes], threading.Event]] = []   # scrapes waiting for these instances
+
+    def asked(self, iids: set[bytes], done: threading.Event) -> None:
+        """A scrape asked these instances for their latest figures; ``done`` is set once each answered."""
+        with self._lock:
+            if iids:
+                self._scrapes.append((iids, done))
+            else:
+                done.set()
+
+    def heard(self, iid: bytes) -> None:
+        """Instance ``iid``'s heartbeat came (or the instance is gone): newer than any scrape's ask."""
+        if not self._scrapes:
+            return
+        with self._lock:
+            for scrape in list(self._scrapes):
+                waiting, done = scrape
+                waiting.discard(iid)
+                if not waiting or done.is_set():   # answered, or the scrape stopped waiting
+                    done.set()
+                    self._scrapes.remove(scrape)
 
     def report(self, iid: bytes, families: list) -> None:
         """An instance's heartbeat: the state of every series it holds. A series it held before and
@@ -142,6 +165,7 @@ class CustomMetrics:
         """The instance is gone: what it counted stays in the series other instances hold."""
         with self._lock:
             self._forget(iid)
+        self.heard(iid)
 
     def _forget(self, iid: bytes, keep: AbstractSet[tuple[str, Labels]] = frozenset()) -> None:
         for name, family in list(self._families.items()):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -89,9 +90,11 @@ def _counter_families(table, versions):
 
 
 class TritonCollector:
-    def __init__(self, registry: Registry, settings: MetricsSettings) -> None:
+    def __init__(self, registry: Registry, settings: MetricsSettings,
+                 before_scrape: Callable[[], None] = lambda: None) -> None:
         self.registry = registry
         self.settings = settings
+        self.before_scrape = before_scrape   # in the metrics server's thread: brings the custom metrics up to date
 
     def collect(self):
         """Triton's families and tritium's own, then the models' custom families."""
@@ -253,6 +256,7 @@ def start_metrics_server(collector: TritonCollector, settings: MetricsSettings) 
             body = b""
             if self.path.split("?", 1)[0] in ("/metrics", "/metrics/"):
                 try:
+                    collector.before_scrape()
                     body = render(collector)
                 except Exception:
                     log.exception("rendering metrics failed")

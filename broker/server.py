@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from tritium.exit_codes import ExitCode
 from tritium.ports import PortInUse
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
+    HEARTBEAT_SUFFIX,
     PROTOCOL_VERSION,
     RECONNECT_IVL_MAX_MS,
     BatchDone,
@@ -63,6 +65,7 @@ from tritium.protocol import (
     Kind,
     LogSettings as LogSettingsMessage,
     Message,
+    MetricsAsk,
     Models,
     Placed,
     Refused,
@@ -85,6 +88,8 @@ _DRAIN_LIMIT = 512
 Handler = Callable[[bytes, list, int, Message], None]
 _NOBLOCK = int(zmq.NOBLOCK)
 _HWM = 100_000
+# How long a /metrics scrape waits for the instances' latest custom metrics.
+SCRAPE_WAIT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -236,6 +241,26 @@ class Broker:
         if self.settings.metrics is not None and self.settings.metrics.histogram_latencies:
             version.stats.enable_histogram(_histogram_buckets(version.definition.config))
 
+    # -- custom metrics ---------------------------------------------------------------------
+
+    def _scrape_custom_metrics(self) -> None:
+        """In the metrics server's thread, before a scrape: the loop asks every instance of a
+        Python model for its custom metrics, and the scrape waits for their answers (not past
+        ``SCRAPE_WAIT_S``: then it shows what the instances' last heartbeats said)."""
+        done = threading.Event()
+        self.lifecycle.reader.post(lambda: self._ask_custom_metrics(done))
+        done.wait(SCRAPE_WAIT_S)
+        done.set()
+
+    def _ask_custom_metrics(self, done: threading.Event) -> None:
+        asked = set()
+        for iid, instance in self.registry.instances.items():
+            version = self.registry.epochs.get(instance.epoch)
+            if version is not None and version.definition.config.backend == "python":
+                asked.add(iid)
+                self._send_backend([iid + HEARTBEAT_SUFFIX, MetricsAsk().encode()])
+        self.registry.custom_metrics.asked(asked, done)
+
     # -- the loop -----------------------------------------------------------------------
 
     def run(self) -> int:
@@ -244,8 +269,8 @@ class Broker:
         self._waiter.register(waker.fd, select.POLLIN)
         if self.settings.metrics is not None:
             try:
-                self.metrics_server = start_metrics_server(TritonCollector(self.registry, self.settings.metrics),
-                                                           self.settings.metrics)
+                collector = TritonCollector(self.registry, self.settings.metrics, self._scrape_custom_metrics)
+                self.metrics_server = start_metrics_server(collector, self.settings.metrics)
             except OSError as exc:   # a taken port: Triton's one line, not a traceback
                 metrics = self.settings.metrics
                 log.error("%s", PortInUse.from_error("Metrics", metrics.address, metrics.port, exc))

@@ -43,6 +43,7 @@ from tritium.protocol import (
     InstanceFailed,
     InstanceHealth,
     LogSettings,
+    MetricsAsk,
     Refused,
     Reset,
     ProtocolError,
@@ -234,6 +235,11 @@ class HeartbeatThread(threading.Thread):
             try:   # a failure here must not end the thread: the instance would look dead
                 if type(message) is CancelRunning and self.on_cancel is not None:
                     self.on_cancel(message.batch, message.index)
+                elif type(message) is MetricsAsk:   # a /metrics scrape: its model's custom metrics, now
+                    try:
+                        sock.send(self._beat(), zmq.NOBLOCK)
+                    except zmq.Again:   # (the scrape shows the last beat's figures)
+                        pass
                 elif type(message) is Reset and self.on_reset is not None:
                     self.on_reset(message)
             except Exception:

@@ -4,9 +4,11 @@ heartbeats, added up into one series per family and labels as Triton shows it on
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 
+from tritium.broker.custom_metrics import CustomMetrics
 from tritium.broker.metrics import MetricsSettings, TritonCollector, render
 from tritium.broker.registry import Registry
 
@@ -123,3 +125,15 @@ def test_a_family_made_another_kind_elsewhere_or_named_as_tritons_own_is_left_ou
     assert 'requests{model="m",version="1"} 3.0' in text and "made a gauge" not in text
     assert text.count("# HELP nv_inference_request_success ") == 1
     assert 'after_the_broken_one{model="m",version="1"} 1.0' in text and "broken " not in text
+
+
+def test_a_scrape_waits_until_every_instance_it_asked_answered():
+    metrics = CustomMetrics()
+    done, nobody = threading.Event(), threading.Event()
+    metrics.asked({b"i0", b"i1"}, done)
+    metrics.asked(set(), nobody)
+    assert nobody.is_set() and not done.is_set()
+    metrics.heard(b"i0")
+    assert not done.is_set()
+    metrics.forget(b"i1")   # gone: it will not answer
+    assert done.is_set()

@@ -8,6 +8,7 @@ from tritium.errors import InternalError, InvalidArgument, NotFound, ProtocolErr
 from tritium.protocol import (
     Cancel,
     CancelRunning,
+    MetricsAsk,
     MESSAGES,
     PROTOCOL_VERSION,
     Assign,
@@ -76,6 +77,7 @@ EXAMPLES = [
              empty=True, external=2),
     Cancel(3, "m", 2),
     CancelRunning(5, 1),
+    MetricsAsk(),
     Batch(5, 2, [0, 1]),
     BatchDone(5, [True, False], [1, 0], (1, 2, 3), [0]),
     ResponsePart(5, 1),

@@ -6,6 +6,8 @@ own families. Every instance keeps what it did to each series in this process (`
 and its heartbeat carries the whole of it to the broker, which adds up what the instances of
 every model did to the same series (broker/custom_metrics.py): the same family name and labels
 are one series on the server, as in Triton, where every instance updates one shared metric.
+A ``/metrics`` scrape asks every instance for its latest figures first (the heartbeat thread
+answers at once), so that it shows each change made before it, as Triton's does.
 
 The checks and their error texts are Triton's, including the instance named in them.
 """
@@ -16,6 +18,7 @@ import enum
 import os
 import re
 import threading
+import weakref
 from collections import deque
 from numbers import Real
 
@@ -90,11 +93,12 @@ class _Store:
             return series
 
     def wire(self) -> list | None:
-        """Every family with its series, for the heartbeat: [name, description, kind, [[labels, state]]]."""
+        """Every family with its series, for the heartbeat: [name, description, kind, [[labels, state]]];
+        None before the model made a family."""
         with self.lock:
             self._release()
-            if not self.series:
-                return None
+            if not self.series:   # none ever made, or none left (the broker forgets what it held)
+                return [] if self.families else None
             families: dict[str, list] = {}
             for (name, labels), series in self.series.items():
                 kind, description = self.families[name]
@@ -118,13 +122,19 @@ os.register_at_fork(after_in_child=lambda: setattr(SERIES, "lock", threading.Loc
 class Metric:
     """One series of a family: the labels it was created with."""
 
-    __slots__ = ("_series",)
+    __slots__ = ("_series", "_cleared", "__weakref__")
 
     def __init__(self, series: _Series) -> None:
         self._series = series
+        self._cleared = False   # its family was deleted first: it is gone from the server
 
     def __del__(self) -> None:
-        SERIES.released.append(self._series)
+        self._clear()
+
+    def _clear(self) -> None:
+        if not self._cleared:
+            self._cleared = True
+            SERIES.released.append(self._series)
 
     def increment(self, value: float) -> None:
         value = _number("increment", value)
@@ -158,6 +168,10 @@ class Metric:
 
     def _supporting(self, failed: str, operation: str, *kinds: MetricKind) -> _Series:
         """The series, if its kind supports ``operation`` (Triton's server refuses it otherwise)."""
+        if self._cleared:
+            raise TritonModelException(f"{failed}: Invalid metric operation as the corresponding 'MetricFamily' has "
+                                       "been deleted. The 'MetricFamily' object should be deleted AFTER its "
+                                       "corresponding 'Metric' objects have been deleted.")
         if self._series.kind not in kinds:
             raise refused_by_server(failed, f"TRITONSERVER_METRIC_KIND_{self._series.kind.name} does not support {operation}")
         return self._series
@@ -181,6 +195,13 @@ class MetricFamily:
         name, description = str(name), str(description)   # (a subclass of str would not reach the broker)
         SERIES.family(name, description, kind)
         self._name, self._kind = name, kind
+        self._metrics: weakref.WeakSet[Metric] = weakref.WeakSet()
+
+    def __del__(self) -> None:
+        """As in Triton, deleting a family deletes the metrics made from it: they leave the
+        server, and using one that is still held raises."""
+        for metric in list(getattr(self, "_metrics", ())):
+            metric._clear()
 
     def Metric(self, labels: dict | None = None, buckets: list | None = None) -> Metric:  # noqa: N802 (Triton's name)
         if labels is not None and not isinstance(labels, dict):
@@ -197,9 +218,11 @@ class MetricFamily:
         elif self._kind is MetricKind.HISTOGRAM:
             raise TritonModelException("Failed to create metric. Missing required buckets.")
         pairs = _label_pairs(labels or {})
-        if bounds is not None and any(a > b for a, b in zip(bounds, bounds[1:])):
+        if bounds is not None and any(a >= b for a, b in zip(bounds, bounds[1:])):
             raise refused_by_server("Error when creating Metric", "Bucket Boundaries must be strictly sorted")
-        return Metric(SERIES.add(self._name, pairs, self._kind, bounds))
+        metric = Metric(SERIES.add(self._name, pairs, self._kind, bounds))
+        self._metrics.add(metric)
+        return metric
 
 
 def _label_pairs(labels: dict) -> tuple[tuple[str, str], ...]:

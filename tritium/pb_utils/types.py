@@ -354,6 +354,9 @@ class InferenceRequest:
         if not isinstance(correlation_id, (int, str)):   # bytes too: Triton checks for str itself
             raise TritonModelException("Correlation ID must be integer or string")
         correlation_id = str(correlation_id) if isinstance(correlation_id, str) else int(correlation_id)
+        if isinstance(correlation_id, int) and not 0 <= correlation_id < 2 ** 64:   # Triton's is a uint64
+            raise RuntimeError("Unable to cast Python instance to C++ type (#define PYBIND11_DETAILED_ERROR_MESSAGES "
+                               "or compile in debug mode for details)")
         self._request_id = as_text(request_id)
         self._correlation_id = correlation_id
         self._inputs = _tensor_list(inputs, "InferenceRequest", "inputs")

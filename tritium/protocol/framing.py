@@ -56,6 +56,8 @@ class Kind(enum.IntEnum):
     RESPONSE_PART = 22
     # broker -> instance: the client of a request it runs gave up on it (the model may see it)
     CANCEL_RUNNING = 23
+    # broker -> instance (its heartbeat socket): a /metrics scrape wants the model's custom metrics now
+    METRICS_ASK = 24
     # gateway/serve -> broker: a control-plane question (models, stats, status)
     CONTROL = 30
     # broker -> asker: the answer to a CONTROL

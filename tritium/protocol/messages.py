@@ -34,7 +34,7 @@ __all__ = [
     "MESSAGES", "read_record", "error_record", "Message", "ControlOp", "Role",
     "RunningInstance", "Assignment", "ScaledAssignment", "LoadRef", "VersionRow", "ModelRow", "SharedMemoryRegion",
     "Hello", "Refused", "Reset", "Heartbeat", "Infer", "Response", "Cancel", "Batch", "BatchDone", "ResponsePart",
-    "CancelRunning",
+    "CancelRunning", "MetricsAsk",
     "Control", "ControlArgs", "ControlArgsUnion", "CONTROL_ARGS", "ModelsQuery", "StatsQuery", "StatusQuery",
     "IndexQuery", "LoadModel", "UnloadModel", "ChangeLogSettings", "RegisterRegion", "UnregisterRegion",
     "TraceSettingsQuery", "TraceDone",
@@ -395,6 +395,14 @@ class CancelRunning(Message, frozen=True, tag=int(Kind.CANCEL_RUNNING)):
 
     batch: Annotated[int, doc("the batch")] = field(name="b")
     index: Annotated[int, doc("the request's index in it")] = field(name="i")
+
+
+class MetricsAsk(Message, frozen=True, tag=int(Kind.METRICS_ASK)):
+    """A `/metrics` scrape: the instance's heartbeat thread answers at once with a HEARTBEAT
+    carrying its model's custom metrics (`cm`), so that the scrape shows every change the model
+    made before it. Sent to the heartbeat socket of each instance of a Python model."""
+
+    DIRECTION = "broker -> instance"
 
 
 # -- control plane ----------------------------------------------------------------------

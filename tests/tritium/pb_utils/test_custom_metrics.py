@@ -52,14 +52,15 @@ def test_a_counter_a_gauge_and_a_histogram_as_tritons_example_uses_them():
     metric.increment(2)
     metric.increment(np.float32(0.5))
     assert metric.value() == 2.5
-    gauge = pb_utils.MetricFamily(name="queue", description="now", kind=GAUGE).Metric()
+    gauges = pb_utils.MetricFamily(name="queue", description="now", kind=GAUGE)
+    gauge = gauges.Metric()
     gauge.increment(-2.5)
     assert gauge.value() == -2.5
     gauge.set(7.25)
     gauge.increment(1)
     assert gauge.value() == 8.25
-    histogram = pb_utils.MetricFamily(name="sizes", description="each", kind=HISTOGRAM).Metric(
-        labels={"k": "v"}, buckets=[0.5, 1, 2.5])
+    histograms = pb_utils.MetricFamily(name="sizes", description="each", kind=HISTOGRAM)
+    histogram = histograms.Metric(labels={"k": "v"}, buckets=[0.5, 1, 2.5])
     for observed in (0.5, 2, 5):
         histogram.observe(observed)
     assert sorted(SERIES.wire()) == [
@@ -127,7 +128,7 @@ def test_metrics_that_cannot_be_made_are_refused_with_tritons_words(kind, labels
     with pytest.raises(error) as caught:
         family.Metric(labels=labels, buckets=buckets)
     assert str(caught.value).startswith(message)
-    assert SERIES.wire() is None
+    assert not SERIES.wire()
 
 
 def test_families_that_cannot_be_made_are_refused():
@@ -148,7 +149,8 @@ def test_families_that_cannot_be_made_are_refused():
 
 
 def test_an_empty_list_of_buckets_is_one_bucket_up_to_infinity():
-    metric = pb_utils.MetricFamily(name="unbounded", description="d", kind=HISTOGRAM).Metric(buckets=[])
+    family = pb_utils.MetricFamily(name="unbounded", description="d", kind=HISTOGRAM)
+    metric = family.Metric(buckets=[])
     metric.observe(1e9)
     assert metric._series.wire() == [[], [1], 1e9]
 
@@ -160,7 +162,7 @@ def test_a_series_goes_with_the_last_metric_object_made_for_it_as_in_triton():
     del first
     assert SERIES.wire() == [["per_object", "d", 0, [[[["k", "v"]], [2.0]]]]]
     del second
-    assert SERIES.wire() is None
+    assert SERIES.wire() == []   # none left: the broker forgets what this instance held
     again = family.Metric(labels={"k": "v"})   # a new series, from zero
     assert again.value() == 0
 
@@ -169,8 +171,8 @@ def test_labels_and_names_given_as_subclasses_of_str_reach_the_broker_as_str():
     class Text(str):
         pass
 
-    metric = pb_utils.MetricFamily(name=Text("subclassed"), description=np.str_("d"), kind=GAUGE).Metric(
-        labels={"k": np.str_("v"), Text("j"): Text("w")})
+    family = pb_utils.MetricFamily(name=Text("subclassed"), description=np.str_("d"), kind=GAUGE)
+    metric = family.Metric(labels={"k": np.str_("v"), Text("j"): Text("w")})
     metric.set(1)
     beat = Heartbeat(iid="i", custom_metrics=SERIES.wire()).encode()
     assert read_record(beat)[0].custom_metrics == [["subclassed", "d", 1, [[[["j", "w"], ["k", "v"]], [1, 1.0, 0.0]]]]]
@@ -184,3 +186,24 @@ def test_metrics_that_cannot_be_sent_cost_a_heartbeat_its_metrics_not_the_heartb
         beat = read_record(thread._beat())[0]
         assert beat.iid == "m_0_0" and beat.joined and beat.custom_metrics is None
     assert caplog.text.count("custom metrics cannot be sent") == 1
+
+
+def test_a_metric_whose_family_was_deleted_first_is_gone_and_refuses_to_be_used_as_in_triton():
+    gone = ("Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The 'MetricFamily' "
+            "object should be deleted AFTER its corresponding 'Metric' objects have been deleted.")
+    gauge = pb_utils.MetricFamily(name="orphan", description="d", kind=GAUGE).Metric()   # the family: a temporary
+    for call, failed in ((lambda: gauge.set(1), "Failed to set metric value"),
+                         (lambda: gauge.increment(1), "Failed to increment metric value"),
+                         (gauge.value, "Failed to get metric value")):
+        with pytest.raises(pb_utils.TritonModelException) as caught:
+            call()
+        assert str(caught.value) == f"{failed}: {gone}"
+    assert SERIES.wire() == []   # its series left the server with its family
+
+
+def test_histogram_buckets_must_be_strictly_sorted():
+    family = pb_utils.MetricFamily(name="sorted", description="d", kind=HISTOGRAM)
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        family.Metric(buckets=[1, 1, 2, 5, 5])
+    assert "Bucket Boundaries must be strictly sorted" in str(caught.value)
+

@@ -142,9 +142,12 @@ def test_a_correlation_id_is_an_integer_or_a_string():
     for wrong in (1.5, b"seq"):   # bytes are not a string to Triton's check either
         with pytest.raises(pb_utils.TritonModelException, match="^Correlation ID must be integer or string$"):
             pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], correlation_id=wrong)
-    for right in (7, "seq"):
+    for right in (7, "seq", 2 ** 64 - 1):
         assert pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[],
                                          correlation_id=right).correlation_id() == right
+    for outside in (-1, 2 ** 64):   # not a uint64: Triton's binding cannot cast it
+        with pytest.raises(RuntimeError, match="^Unable to cast Python instance to C\\+\\+ type"):
+            pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], correlation_id=outside)
 
 
 def test_a_request_a_model_builds_has_no_sender_and_bls_needs_an_instance():

@@ -11,11 +11,14 @@ class TritonPythonModel:
         requests = pb_utils.MetricFamily(name="py_metrics_requests", description="Requests the model answered",
                                          kind=pb_utils.MetricFamily.COUNTER)
         self.requests = requests.Metric(labels=labels)
-        self.last = pb_utils.MetricFamily(name="py_metrics_last_x", description="The last X",
-                                          kind=pb_utils.MetricFamily.GAUGE).Metric(labels=labels)
-        self.sizes = pb_utils.MetricFamily(name="py_metrics_x", description="Every X",
-                                           kind=pb_utils.MetricFamily.HISTOGRAM).Metric(labels=labels,
-                                                                                        buckets=[1, 2.5, 10])
+        # The families are kept: as in Triton, a metric goes with the family it was made from.
+        self.families = [requests,
+                         pb_utils.MetricFamily(name="py_metrics_last_x", description="The last X",
+                                               kind=pb_utils.MetricFamily.GAUGE),
+                         pb_utils.MetricFamily(name="py_metrics_x", description="Every X",
+                                               kind=pb_utils.MetricFamily.HISTOGRAM)]
+        self.last = self.families[1].Metric(labels=labels)
+        self.sizes = self.families[2].Metric(labels=labels, buckets=[1, 2.5, 10])
 
     def execute(self, requests):
         responses = []
