@@ -8,9 +8,9 @@ series; a gauge is the latest ``set`` heard of plus the increments every instanc
 A series goes away with the last instance that holds it, a family with its last series.
 
 Written by the broker's loop (``report``, ``forget``), read by the metrics server's thread
-(``families``): a lock between them. A scrape first asks every instance of a Python model for
-its latest figures and waits for their heartbeats (``asked``, ``heard``), so that it shows
-every change a model made before it, as Triton's ``/metrics`` does.
+(``families``): a lock between them. A scrape first has the loop ask every instance of a
+Python model for its latest figures and waits for their answers (``asked``, ``heard``), so
+that it shows every change a model made before it, as Triton's ``/metrics`` does.
 """
 
 from __future__ import annotations
@@ -108,27 +108,41 @@ class CustomMetrics:
         self._lock = threading.Lock()
         self._families: dict[str, _Family] = {}
         self._refused: set[tuple[str, str]] = set()   # (family, kind) conflicts already logged
-        self._scrapes: list[tuple[set[bytes], threading.Event]] = []   # scrapes waiting for these instances
+        # The ask out (the broker loop's alone): its number, the instances yet to answer, and the
+        # scrapes waiting for it (one that comes meanwhile waits for it too rather than asking again).
+        self._ask: tuple[int, set[bytes], list[threading.Event]] | None = None
 
-    def asked(self, iids: set[bytes], done: threading.Event) -> None:
-        """A scrape asked these instances for their latest figures; ``done`` is set once each answered."""
-        with self._lock:
-            if iids:
-                self._scrapes.append((iids, done))
-            else:
-                done.set()
+    def waiting(self, done: threading.Event) -> bool:
+        """Whether an ask is out; if so, ``done`` is set with it (the loop's side)."""
+        if self._ask is None:
+            return False
+        self._ask[2].append(done)
+        return True
 
-    def heard(self, iid: bytes) -> None:
-        """Instance ``iid``'s heartbeat came (or the instance is gone): newer than any scrape's ask."""
-        if not self._scrapes:
+    def asked(self, number: int, iids: set[bytes], done: threading.Event) -> None:
+        """METRICS_ASK ``number`` went to these instances; ``done`` is set once each answered it."""
+        if iids:
+            self._ask = (number, iids, [done])
+        else:
+            done.set()
+
+    def heard(self, iid: bytes, answered: int | None = None) -> None:
+        """Instance ``iid``'s heartbeat came, the answer to METRICS_ASK ``answered`` (None: a
+        periodic one, which may have been made before the ask and does not count)."""
+        ask = self._ask
+        if ask is None or answered is None or answered < ask[0]:
             return
-        with self._lock:
-            for scrape in list(self._scrapes):
-                waiting, done = scrape
-                waiting.discard(iid)
-                if not waiting or done.is_set():   # answered, or the scrape stopped waiting
-                    done.set()
-                    self._scrapes.remove(scrape)
+        self._discard(iid)
+
+    def _discard(self, iid: bytes) -> None:
+        ask = self._ask
+        if ask is None:
+            return
+        ask[1].discard(iid)
+        if not ask[1] or all(done.is_set() for done in ask[2]):   # answered, or every scrape stopped waiting
+            for done in ask[2]:
+                done.set()
+            self._ask = None
 
     def report(self, iid: bytes, families: list) -> None:
         """An instance's heartbeat: the state of every series it holds. A series it held before and
@@ -165,7 +179,7 @@ class CustomMetrics:
         """The instance is gone: what it counted stays in the series other instances hold."""
         with self._lock:
             self._forget(iid)
-        self.heard(iid)
+        self._discard(iid)   # it will not answer
 
     def _forget(self, iid: bytes, keep: AbstractSet[tuple[str, Labels]] = frozenset()) -> None:
         for name, family in list(self._families.items()):

@@ -195,7 +195,7 @@ class Peers:
                     self.membership.record_tensor_pools(iid, beat.pools)
                 if beat.custom_metrics is not None:
                     self.membership.record_custom_metrics(iid, beat.custom_metrics)
-                self.registry.custom_metrics.heard(iid)
+                self.registry.custom_metrics.heard(iid, beat.metrics_for)
             elif beat.joined:
                 self._unknown_instance(iid, beat)
         elif beat.role is Role.AGENT and peer in self.registry.agents:

@@ -135,6 +135,7 @@ class Broker:
         self.membership = Membership(self.registry, self.scheduler, self.liveness)
         self._now = time.monotonic()
         self._next_heartbeat = 0.0
+        self._metrics_asks = 0   # METRICS_ASKs sent: the number of the last
         self._stop_deadline: float | None = None   # set by the first SIGTERM: draining until then
         # While draining: the gateways that hold their new requests for the next broker process (all
         # they sent before has arrived), and until when the drain waits for the others to say so.
@@ -196,15 +197,17 @@ class Broker:
     def _send_backend(self, parts: list) -> None:
         self._send(self.backend, parts)
 
-    def _send(self, sock: LinkSocket, parts: list) -> None:
+    def _send(self, sock: LinkSocket, parts: list) -> bool:
         """Never blocks the loop: a peer that stopped reading (paused, wedged) loses what does
-        not fit in its queue, rather than every other peer losing the broker."""
+        not fit in its queue, rather than every other peer losing the broker. Whether it was sent."""
         try:
             sock.send_parts(parts, _NOBLOCK)
+            return True
         except zmq.Again:
             log.warning("peer %r is not reading (its queue is full); dropped a message to it", parts[0])
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer's connection is gone
             self._peer_gone(parts, exc)
+        return False
 
     def _peer_gone(self, parts: list, exc: zmq.ZMQError) -> None:
         """A peer that left stops getting heartbeats and model tables. Only lost answers are
@@ -253,13 +256,18 @@ class Broker:
         done.set()
 
     def _ask_custom_metrics(self, done: threading.Event) -> None:
+        custom = self.registry.custom_metrics
+        if done.is_set() or custom.waiting(done):   # (the scrape gave up, or it waits for the ask out)
+            return
+        self._metrics_asks += 1
+        ask = MetricsAsk(self._metrics_asks).encode()
         asked = set()
         for iid, instance in self.registry.instances.items():
             version = self.registry.epochs.get(instance.epoch)
-            if version is not None and version.definition.config.backend == "python":
+            if version is not None and version.definition.config.backend == "python" \
+                    and self._send(self.backend, [iid + HEARTBEAT_SUFFIX, ask]):
                 asked.add(iid)
-                self._send_backend([iid + HEARTBEAT_SUFFIX, MetricsAsk().encode()])
-        self.registry.custom_metrics.asked(asked, done)
+        custom.asked(self._metrics_asks, asked, done)
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -594,7 +602,7 @@ class Broker:
 HOLD_HEARTBEATS = 10
 
 # What the broker tells a peer unasked: losing these to a peer that left loses nothing.
-_NOTICES = (Heartbeat, Models, LogSettingsMessage, Reset, Drained, CancelRunning)
+_NOTICES = (Heartbeat, Models, LogSettingsMessage, Reset, Drained, CancelRunning, MetricsAsk)
 
 
 def _only_notices(parts: list) -> bool:

@@ -208,12 +208,13 @@ class HeartbeatThread(threading.Thread):
             sock.close(0)
             context.term()
 
-    def _beat(self) -> bytes:
-        """This interval's heartbeat. Figures that cannot be read or sent cost only themselves:
-        the instance must not look dead for them."""
+    def _beat(self, metrics_for: int | None = None) -> bytes:
+        """This interval's heartbeat (or the answer to METRICS_ASK ``metrics_for``). Figures that
+        cannot be read or sent cost only themselves: the instance must not look dead for them."""
         try:
             return Heartbeat(heartbeat_s=self.interval_s, iid=self.iid, agent=self.agent, joined=True,
-                             pools=self.pools(), custom_metrics=self.custom_metrics()).encode()
+                             pools=self.pools(), custom_metrics=self.custom_metrics(),
+                             metrics_for=metrics_for).encode()
         except Exception:
             if not self._metrics_failed:
                 self._metrics_failed = True
@@ -237,7 +238,7 @@ class HeartbeatThread(threading.Thread):
                     self.on_cancel(message.batch, message.index)
                 elif type(message) is MetricsAsk:   # a /metrics scrape: its model's custom metrics, now
                     try:
-                        sock.send(self._beat(), zmq.NOBLOCK)
+                        sock.send(self._beat(message.number), zmq.NOBLOCK)
                     except zmq.Again:   # (the scrape shows the last beat's figures)
                         pass
                 elif type(message) is Reset and self.on_reset is not None:

@@ -127,13 +127,17 @@ def test_a_family_made_another_kind_elsewhere_or_named_as_tritons_own_is_left_ou
     assert 'after_the_broken_one{model="m",version="1"} 1.0' in text and "broken " not in text
 
 
-def test_a_scrape_waits_until_every_instance_it_asked_answered():
+def test_a_scrape_waits_until_every_instance_it_asked_answered_that_ask():
     metrics = CustomMetrics()
-    done, nobody = threading.Event(), threading.Event()
-    metrics.asked({b"i0", b"i1"}, done)
-    metrics.asked(set(), nobody)
-    assert nobody.is_set() and not done.is_set()
-    metrics.heard(b"i0")
+    done, nobody, joined = threading.Event(), threading.Event(), threading.Event()
+    metrics.asked(1, set(), nobody)
+    assert nobody.is_set() and not metrics.waiting(joined)
+    metrics.asked(2, {b"i0", b"i1"}, done)
+    assert metrics.waiting(joined)   # a scrape meanwhile waits for the same answers
+    metrics.heard(b"i0", None)        # a periodic heartbeat, perhaps made before the ask
+    metrics.heard(b"i0", 1)           # the answer to an older ask
+    assert not done.is_set()
+    metrics.heard(b"i0", 2)
     assert not done.is_set()
     metrics.forget(b"i1")   # gone: it will not answer
-    assert done.is_set()
+    assert done.is_set() and joined.is_set() and not metrics.waiting(threading.Event())

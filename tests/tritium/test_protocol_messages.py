@@ -77,7 +77,7 @@ EXAMPLES = [
              empty=True, external=2),
     Cancel(3, "m", 2),
     CancelRunning(5, 1),
-    MetricsAsk(),
+    MetricsAsk(3),
     Batch(5, 2, [0, 1]),
     BatchDone(5, [True, False], [1, 0], (1, 2, 3), [0]),
     ResponsePart(5, 1),

@@ -28,7 +28,7 @@ import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 11
+PROTOCOL_VERSION = 12   # 12: METRICS_ASK
 INLINE_LIMIT = 64 * 1024
 _PREFIX = struct.Struct("<I")
 

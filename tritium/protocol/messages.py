@@ -268,6 +268,8 @@ class Heartbeat(Message, frozen=True, tag=int(Kind.HEARTBEAT)):
         "2 histogram), [[labels, state]]], the state what this instance did to the series: a counter's [total], a "
         "gauge's [sets, last set, increments since], a histogram's [bounds, counts, sum]")] = field(
         default=None, name="cm")
+    metrics_for: Annotated[int | None, doc("instance: the METRICS_ASK this heartbeat answers (its number)")] = field(
+        default=None, name="ma")
     next_rid: Annotated[int | None, doc(
         "gateway, or an instance's BLS socket once it heard of a new broker process: the lowest rid it has not "
         "sent yet (every request it sent before this heartbeat has a lower one)")] = field(
@@ -399,10 +401,13 @@ class CancelRunning(Message, frozen=True, tag=int(Kind.CANCEL_RUNNING)):
 
 class MetricsAsk(Message, frozen=True, tag=int(Kind.METRICS_ASK)):
     """A `/metrics` scrape: the instance's heartbeat thread answers at once with a HEARTBEAT
-    carrying its model's custom metrics (`cm`), so that the scrape shows every change the model
-    made before it. Sent to the heartbeat socket of each instance of a Python model."""
+    carrying its model's custom metrics (`cm`) and this ask's number (`ma`), so that the scrape
+    shows every change the model made before it. Sent to the heartbeat socket of each instance
+    of a Python model."""
 
     DIRECTION = "broker -> instance"
+
+    number: Annotated[int, doc("the ask, echoed by the answering HEARTBEAT")] = field(name="n")
 
 
 # -- control plane ----------------------------------------------------------------------
