@@ -16,21 +16,23 @@ def main() -> None:
     os.dup2(2, 1)  # whatever the user's code prints goes to stderr, not into the answer
     sys.stdout = sys.stderr
     try:
-        model_file = Path(sys.argv[1])
+        model_file, version_dir = Path(sys.argv[1]), sys.argv[2]
         sys.argv = [""]   # what Triton's stub gives model code, not this process's arguments
-        answer = {"config": _complete(model_file, json.loads(sys.stdin.read()))}
+        answer = {"config": _complete(model_file, version_dir, json.loads(sys.stdin.read()))}
     except Exception as exc:  # report any failure of user code as the answer
         answer = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
     os.write(answer_fd, (json.dumps(answer) + "\n").encode())
 
 
-def _complete(model_file: Path, config: dict) -> dict:
+def _complete(model_file: Path, model_version_dir: str, config: dict) -> dict:
     from tritium.pb_utils import MODULE_DIR
+    from tritium.pb_utils.types import runtime
 
     version_dir = model_file.parent
     model_dir = version_dir.parent
     sys.path[:0] = [MODULE_DIR]
     sys.path.extend([str(version_dir), str(model_dir)])
+    runtime.model_dir = model_version_dir
     import triton_python_backend_utils as pb_utils
 
     if model_file.name == "model.py":

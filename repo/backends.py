@@ -80,6 +80,15 @@ def numeric_subdirs(model_dir: Path) -> list[int]:
     return sorted(found)
 
 
+def python_based_backend(backend: str, backend_directory: Path | None) -> Path | None:
+    """The ``model.py`` of a Python-based backend, ``<backend-directory>/<backend>/model.py`` (as
+    Triton finds one: a backend written as a Python model, such as vLLM's), or None."""
+    if backend_directory is None or not backend or backend in (ONNXRUNTIME, PYTORCH, PYTHON):
+        return None
+    candidate = backend_directory / backend / PYTHON_FILENAME
+    return candidate if candidate.is_file() else None
+
+
 def resolve_backend(model: str, config: ModelConfig, model_dir: Path) -> None:
     """Fill platform, backend and default_model_filename in place, as Triton does."""
     config.platform = _PLATFORM_ALIASES.get(config.platform, config.platform)

@@ -114,6 +114,13 @@ def _read(name: str, model_dir: Path, options: RepositoryOptions) -> tuple[Model
 
 def _auto_complete(name: str, config: ModelConfig, versions: tuple[VersionInfo, ...],
                    options: RepositoryOptions) -> ModelConfig:
+    backend_file = backends.python_based_backend(config.backend, options.backend_directory)
+    if backend_file is not None:   # its model.py completes the configs of the backend's models
+        if _defines_auto_complete(backend_file) and versions:
+            completed = run_auto_complete(name, backend_file, config_to_json_dict(config),
+                                          options.python_autocomplete_timeout_s, versions[-1].path)
+            config = _config_from_dict(name, completed)
+        return config
     model_file = _latest_model_file(config, versions)
     if model_file is None:
         return config

@@ -19,6 +19,7 @@ class RepositoryOptions:
     python_autocomplete_timeout_s: float = 30.0
     gpus: tuple[int, ...] | None = ()  # the loading host's GPUs, for KIND_AUTO and gpu checks; None: not here
     read_torchscript: bool = False     # open TorchScript files to check them (imports torch)
+    backend_directory: Path | None = None   # --backend-directory: Python-based backends' model.py complete configs
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,14 @@ from tritium.repo.errors import ModelLoadError
 CHILD_MODULE = "tritium.repo._autocomplete_child"
 
 
-def run_auto_complete(model: str, model_file: Path, config: dict, timeout_s: float) -> dict:
-    """Return the config dict as completed by the model, or raise ModelLoadError."""
+def run_auto_complete(model: str, model_file: Path, config: dict, timeout_s: float,
+                      version_dir: Path | None = None) -> dict:
+    """Return the config dict as completed by the model, or raise ModelLoadError. ``version_dir``:
+    what ``pb_utils.get_model_dir()`` gives (the model file's folder unless a Python-based
+    backend's ``model.py`` completes a model of its own)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", CHILD_MODULE, str(model_file)], stdin=subprocess.PIPE,
+        [sys.executable, "-m", CHILD_MODULE, str(model_file), str(version_dir or model_file.parent)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_child_env(),
         # Its own process group, so that a timeout also ends what user code started.
         start_new_session=True)

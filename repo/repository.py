@@ -66,7 +66,7 @@ class ModelRepository:
                 errors.append(f"model repository '{root}' cannot be read: {exc.strerror or exc}")
                 continue
             for entry in entries:
-                if entry.name.startswith("."):
+                if entry.name.startswith(".") or not entry.is_dir():   # a file beside the models is none (as in Triton)
                     continue
                 found.setdefault(entry.name, []).append(entry)
         return {name: tuple(paths) for name, paths in found.items()}, tuple(errors)

@@ -49,7 +49,8 @@ def _cache_bytes(values) -> int:
 _LOG_KEYS = ("log_verbose", "log_info", "log_warning", "log_error", "log_format", "log_file")
 _CONTROL_KEYS = ("model_control_mode", "load_model", "repository_poll_secs", "model_load_thread_count",
                  "model_load_retry_count")
-_REPOSITORY_KEYS = ("model_config_name", "disable_auto_complete_config", "strict_model_config", "backend_config")
+_REPOSITORY_KEYS = ("model_config_name", "disable_auto_complete_config", "strict_model_config", "backend_config",
+                    "backend_directory")
 
 
 def _pick(o: dict, keys: tuple[str, ...]) -> dict:
@@ -84,7 +85,9 @@ def control_settings(model_control_mode, load_model, repository_poll_secs, model
 
 
 def repository_settings(model_config_name, disable_auto_complete_config, strict_model_config,
-                        backend_config, gpus_here: bool = True):
+                        backend_config, backend_directory=None, gpus_here: bool = True):
+    from pathlib import Path
+
     from tritium.repo import RepositoryOptions
     from tritium.hosts import detect_gpus
 
@@ -102,6 +105,7 @@ def repository_settings(model_config_name, disable_auto_complete_config, strict_
         auto_complete=not (disable_auto_complete_config or _bool(strict_model_config)),
         default_max_batch_size=default_max_batch_size,
         gpus=detect_gpus() if gpus_here else None,
+        backend_directory=Path(backend_directory) if backend_directory else None,
     )
 
 

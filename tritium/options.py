@@ -116,8 +116,8 @@ OPTIONS: tuple[Option, ...] = (
     _option("--backend-config", on="serve, broker, worker, repo check", to="broker, worker", multiple=True,
             help="BACKEND,KEY=VALUE: an option given to that backend; default-max-batch-size (global or "
                  "per backend) is read when completing configs."),
-    _option("--backend-directory", on="serve, worker", to="worker", default=None,
-            help="Where custom backends are looked up (<dir>/<backend>/)."),
+    _option("--backend-directory", on="serve, broker, worker, repo check", to="broker, worker", default=None,
+            help="Where custom backends are looked up (<dir>/<backend>/), Python-based ones (model.py) too."),
     # -- model control
     _option("--model-control-mode", on="serve, broker", to="broker", default="none",
             type=click.Choice(["none", "poll", "explicit"]),

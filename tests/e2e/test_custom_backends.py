@@ -49,6 +49,38 @@ output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 2 ] }}, {{ name: "WHERE", d
 """
 
 
+# A Python-based backend, as Triton has them: a model.py in <backend-directory>/<backend>/ serving
+# every model that names it; its auto_complete_config gives the models their inputs and outputs,
+# and each model's operation comes from a file in its version folder (pb_utils.get_model_dir()).
+PYTHON_BASED = '''
+import json
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        for name in ("A", "B"):
+            config.add_input({"name": name, "data_type": "TYPE_FP32", "dims": [2]})
+        config.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [2]})
+        return config
+
+    def initialize(self, args):
+        with open(os.path.join(pb_utils.get_model_dir(), "operation.json")) as file:
+            self.operation = json.load(file)["operation"]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a, b = (pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in ("A", "B"))
+            out = a + b if self.operation == "add" else a - b
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
+        return responses
+'''
+
+
 def model(repo, name, backend):
     write_config(repo / name, CONFIG.format(backend=backend))
     (repo / name / "1").mkdir(exist_ok=True)
@@ -73,6 +105,12 @@ def server(tmp_path_factory):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-echo-backend\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[tritium.backends]\nep_echo = ep_echo_backend:TritiumBackend\n")
     model(repo, "nowhere", "missing")
+    (backends / "add_sub").mkdir(parents=True)
+    (backends / "add_sub" / "model.py").write_text(PYTHON_BASED)
+    for operation in ("add", "sub"):
+        write_config(repo / operation, 'backend: "add_sub"')
+        (repo / operation / "1").mkdir()
+        (repo / operation / "1" / "operation.json").write_text(f'{{"operation": "{operation}"}}')
     import os
 
     env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
@@ -96,11 +134,24 @@ def test_a_custom_backend_is_found_in_each_place(server, model_name, where, fact
     np.testing.assert_array_equal(result.as_numpy("Y"), x * factor)
 
 
+def test_a_python_based_backend_completes_and_serves_the_models_that_name_it(server):
+    client = httpclient.InferenceServerClient(server.url)
+    config = client.get_model_config("add")
+    assert [i["name"] for i in config["input"]] == ["A", "B"] and config["output"][0]["name"] == "OUT"
+    a, b = np.array([3.0, 4.0], dtype=np.float32), np.array([1.0, 2.5], dtype=np.float32)
+    tensors = [httpclient.InferInput(name, [2], "FP32") for name in ("A", "B")]
+    for tensor, array in zip(tensors, (a, b)):
+        tensor.set_data_from_numpy(array)
+    np.testing.assert_array_equal(client.infer("add", tensors).as_numpy("OUT"), a + b)
+    np.testing.assert_array_equal(client.infer("sub", tensors).as_numpy("OUT"), a - b)
+
+
 def test_a_backend_found_nowhere_fails_the_load_saying_where_it_looked(server):
     assert request(server.url, "GET", "/v2/models/nowhere/ready")[0] == 404
     logs = server.logs()
     assert "backend 'missing' not found: looked for tritium_missing.py or a package tritium_missing/ in " in logs
-    assert f"{server.backends / 'missing'}, then for entry point 'missing' in group 'tritium.backends'" in logs
+    assert (f"{server.backends / 'missing'}, then for a Python-based backend {server.backends / 'missing' / 'model.py'}, "
+            "then for entry point 'missing' in group 'tritium.backends'") in logs
     assert request(server.url, "GET", "/v2/models/in_model/ready")[0] == 200
 
 

@@ -117,6 +117,13 @@ def get_output_config_by_name(model_config, name):
     return None
 
 
+def get_model_dir():
+    """The model's version folder (``<repository>/<model>/<version>``), as Triton's stub gives it."""
+    from tritium.pb_utils.types import runtime
+
+    return runtime.model_dir
+
+
 def using_decoupled_model_transaction_policy(model_config):
     return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
 

@@ -29,6 +29,7 @@ class _Runtime:
     """Hooks into the instance process: set by workers/backends/python_backend.py."""
 
     model_name = ""
+    model_dir = ""        # the model's version folder: pb_utils.get_model_dir()
     instance_name = ""    # named in the errors of custom metrics, as Triton names it
     _bls = None           # the BlsClient of this instance process
     release_flags_set = False   # a request's set_release_flags was called: the instance looks after execute

@@ -5,17 +5,21 @@ custom backend: a Python module ``tritium_B.py`` (or a package ``tritium_B/``) l
 for, in Triton's order, in the model's version folder, the model's folder and
 ``<--backend-directory>/B/``, and then in the ``tritium.backends`` entry-point group.
 The module defines ``TritiumBackend``, a subclass of ``tritium.backend.Backend``;
-an entry point may name that class directly.
+an entry point may name that class directly. A Python-based backend, as Triton has them
+(``<--backend-directory>/B/model.py``, a Python model serving every model that names B), is
+looked for after the folders.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
 import sys
 from pathlib import Path
 
+from tritium.repo.backends import python_based_backend
 from tritium.workers.backends.base import Backend, BackendConfig
 
 ENTRY_POINT_GROUP = "tritium.backends"
@@ -40,12 +44,14 @@ def search_folders(name: str, version_dir: Path, model_dir: Path, backend_direct
 def load_backend(name: str, version_dir: Path, model_dir: Path, config: BackendConfig) -> Backend:
     """Instantiate and initialize backend ``name`` for this process."""
     backend_class = _builtin(name) or _from_folders(name, version_dir, model_dir, config.backend_directory) \
-        or _from_entry_points(name)
+        or _python_based(name, config.backend_directory) or _from_entry_points(name)
     if backend_class is None:
         searched = search_folders(name, version_dir, model_dir, config.backend_directory)
+        python_based = "" if config.backend_directory is None else \
+            f", then for a Python-based backend {config.backend_directory / name / 'model.py'}"
         raise BackendNotFound(
             f"backend '{name}' not found: looked for tritium_{name}.py or a package tritium_{name}/ in "
-            f"{', '.join(str(f) for f in searched)}, then for entry point '{name}' in group "
+            f"{', '.join(str(f) for f in searched)}{python_based}, then for entry point '{name}' in group "
             f"'{ENTRY_POINT_GROUP}' (built in: {', '.join(sorted(_BUILTIN))})")
     backend = backend_class()
     if not isinstance(backend, Backend):
@@ -67,6 +73,15 @@ def _from_folders(name: str, version_dir: Path, model_dir: Path, backend_directo
             if candidate.is_file():
                 return _backend_class(name, _import_file(f"tritium_{name}", candidate), candidate)
     return None
+
+
+def _python_based(name: str, backend_directory: Path | None):
+    model_file = python_based_backend(name, backend_directory)
+    if model_file is None:
+        return None
+    from tritium.workers.backends.python_backend import PythonBackend
+
+    return functools.partial(PythonBackend, model_file)
 
 
 def _import_file(module_name: str, path: Path):

@@ -24,6 +24,7 @@ import sys
 import threading
 import traceback
 import weakref
+from pathlib import Path
 
 import numpy as np
 
@@ -54,24 +55,36 @@ def pb_utils():
 
 
 class PythonBackend(Backend):
+    """``backend: "python"``; or, given ``model_file``, a Python-based backend: that ``model.py``
+    (``<backend-directory>/<backend>/model.py``) serves every model whose config names the backend."""
+
     name = "python"
 
+    def __init__(self, model_file: Path | None = None) -> None:
+        self.model_file = model_file
+
     def create_model(self, context: ModelContext) -> Model:
-        return PythonModel(context)
+        return PythonModel(context, self.model_file)
 
 
 class PythonModel(Model):
-    def __init__(self, context: ModelContext) -> None:
+    def __init__(self, context: ModelContext, backend_file: Path | None = None) -> None:
         self.context = context
         pb_utils()  # importable before model.py's own "import triton_python_backend_utils"
         sys.argv = [""]   # what Triton's stub gives model code (unittest.main(), argparse read it), not this process's
         runtime.model_name = context.name
         version_dir, model_dir = context.version_dir, context.model_dir
+        runtime.model_dir = str(version_dir)
         filename = context.config.default_model_filename or "model.py"
-        for folder in (str(version_dir), str(model_dir)):
+        folders = (str(version_dir), str(model_dir)) if backend_file is None else (str(backend_file.parent),)
+        for folder in folders:
             if folder not in sys.path:
                 sys.path.append(folder)
-        if filename == "model.py":
+        if backend_file is not None:   # a Python-based backend's model.py, imported as Triton's stub does: "model"
+            spec = importlib.util.spec_from_file_location("model", backend_file)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        elif filename == "model.py":
             module = importlib.import_module(f"{version_dir.name}.model")
         else:
             spec = importlib.util.spec_from_file_location(filename.removesuffix(".py"), version_dir / filename)
@@ -79,7 +92,7 @@ class PythonModel(Model):
             spec.loader.exec_module(module)
         self.model_class = getattr(module, "TritonPythonModel", None)
         if self.model_class is None:
-            raise InternalError(f"{version_dir / filename} defines no class TritonPythonModel")
+            raise InternalError(f"{backend_file or version_dir / filename} defines no class TritonPythonModel")
 
     def create_instance(self, context: InstanceContext) -> Instance:
         return PythonInstance(self, context)

@@ -272,3 +272,18 @@ def test_a_bf16_tensor_goes_through_dlpack_not_numpy():
         assert torch.from_dlpack(pb_utils.Tensor.from_dlpack("Z", tensor)).tolist() == [[1.5, -2.0]]
     shared = pb_utils.Tensor.from_dlpack("Y", torch.utils.dlpack.to_dlpack(torch.ones(2)))
     assert shared.as_numpy().tolist() == [1.0, 1.0]
+
+
+def test_c_python_backend_utils_holds_the_same_classes_and_the_shared_memory():
+    import c_python_backend_utils as c_utils
+
+    assert c_utils.Tensor is pb_utils.Tensor and c_utils.InferenceRequest is pb_utils.InferenceRequest
+    assert c_utils.TritonModelException is pb_utils.TritonModelException
+    assert c_utils.shared_memory.free_memory() > 0
+
+
+def test_get_model_dir_is_the_models_version_folder():
+    from tritium.pb_utils.types import runtime
+
+    runtime.model_dir = "/models/m/1"
+    assert pb_utils.get_model_dir() == "/models/m/1"
