@@ -22,6 +22,11 @@ from tritium.pb_utils.types import (  # noqa: F401
     TritonModelException,
 )
 
+# What triton_python_backend_utils takes from here (shared_memory stays here, as in Triton).
+__all__ = ["Metric", "MetricFamily", "MetricKind", "is_model_ready", "load_model", "unload_model",
+           "TRITONSERVER_MEMORY_CPU", "TRITONSERVER_MEMORY_GPU", "InferenceRequest", "InferenceResponse",
+           "InferenceResponseSender", "Logger", "PreferredMemory", "Tensor", "TritonError", "TritonModelException"]
+
 _SHARED_MEMORY = "/dev/shm"
 
 

@@ -228,21 +228,8 @@ class ModelConfig:
             policy["decoupled"] = wanted
 
 
-# The classes Triton binds in C++ (tritium/pb_utils/types.py).
-from tritium.pb_utils.types import (  # noqa: E402,F401
-    TRITONSERVER_MEMORY_CPU,
-    TRITONSERVER_MEMORY_GPU,
-    InferenceRequest,
-    InferenceResponse,
-    InferenceResponseSender,
-    Logger,
-    PreferredMemory,
-    Tensor,
-    TritonError,
-    TritonModelException,
-)
-from tritium.pb_utils.metrics import Metric, MetricFamily, MetricKind  # noqa: E402,F401
-from tritium.pb_utils.model_control import is_model_ready, load_model, unload_model  # noqa: E402,F401
+# The classes Triton binds in C++, as its stub puts them here.
+from tritium.pb_utils.c_python_backend_utils import *  # noqa: E402,F401,F403
 
 # The name some code uses for triton_to_numpy_type.
 triton_type_to_numpy = triton_to_numpy_type
