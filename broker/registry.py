@@ -146,7 +146,7 @@ class ModelVersion:
         config = self.definition.config
         self.stateful = config.HasField("sequence_batching")   # asked for every batch: read once
         self.iterative = self.stateful and config.sequence_batching.iterative_sequence
-        self.counts_failed_executions = config.backend == "python"
+        self.counts_failed_executions = self.definition.runs_python
         queue_policy = QueuePolicy.from_config(config)
         self.batcher = SequenceBatcher(SequencePolicy.from_config(config)) if self.stateful \
             else DynamicBatcher(BatchingPolicy.from_config(config), queue_policy)

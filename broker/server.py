@@ -264,7 +264,7 @@ class Broker:
         asked = set()
         for iid, instance in self.registry.instances.items():
             version = self.registry.epochs.get(instance.epoch)
-            if version is not None and version.definition.config.backend == "python" \
+            if version is not None and version.definition.runs_python \
                     and self._send(self.backend, [iid + HEARTBEAT_SUFFIX, ask]):
                 asked.add(iid)
         custom.asked(self._metrics_asks, asked, done)

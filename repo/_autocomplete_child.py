@@ -30,12 +30,15 @@ def _complete(model_file: Path, model_version_dir: str, config: dict) -> dict:
 
     version_dir = model_file.parent
     model_dir = version_dir.parent
+    python_based = Path(model_version_dir) != version_dir   # a Python-based backend's model.py
     sys.path[:0] = [MODULE_DIR]
-    sys.path.extend([str(version_dir), str(model_dir)])
+    sys.path.extend([str(version_dir)] if python_based else [str(version_dir), str(model_dir)])
     runtime.model_dir = model_version_dir
     import triton_python_backend_utils as pb_utils
 
-    if model_file.name == "model.py":
+    if python_based:   # imported as "model", as Triton's stub imports it
+        module = importlib.import_module("model")
+    elif model_file.name == "model.py":
         module = importlib.import_module(f"{version_dir.name}.model")
     else:
         spec = importlib.util.spec_from_file_location(model_file.stem, model_file)

@@ -52,7 +52,9 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
             name, f"config name '{config.name}' does not match the model folder name '{name}'",
             config_file)
     backends.resolve_backend(name, config, model_dir)
-    backends.check_supported(name, config)
+    python_based = backends.python_based_backend(config.backend, options.backend_directory) is not None
+    if not python_based:   # (vLLM's backend, say, is a Python-based one tritium can run)
+        backends.check_supported(name, config)
     normalize_version_policy(config)
     validate_basics(config)
     versions = select_versions(config, model_dir)
@@ -69,7 +71,8 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
     validate_config(config)
     versions = check_versions(config, versions, config_file, options.read_torchscript)
     return ModelDefinition(name=name, path=model_dir, config=config, portable_config=portable,
-                           versions=versions, config_file=config_file, labels=_read_labels(name, model_dir, config))
+                           versions=versions, config_file=config_file, labels=_read_labels(name, model_dir, config),
+                           python_based=python_based)
 
 
 def _read_labels(name: str, model_dir: Path, config: ModelConfig) -> dict[str, tuple[str, ...]]:
@@ -116,9 +119,10 @@ def _auto_complete(name: str, config: ModelConfig, versions: tuple[VersionInfo, 
                    options: RepositoryOptions) -> ModelConfig:
     backend_file = backends.python_based_backend(config.backend, options.backend_directory)
     if backend_file is not None:   # its model.py completes the configs of the backend's models
-        if _defines_auto_complete(backend_file) and versions:
+        version = next((info for info in reversed(versions) if info.error is None), None)
+        if version is not None and _defines_auto_complete(backend_file):
             completed = run_auto_complete(name, backend_file, config_to_json_dict(config),
-                                          options.python_autocomplete_timeout_s, versions[-1].path)
+                                          options.python_autocomplete_timeout_s, version.path)
             config = _config_from_dict(name, completed)
         return config
     model_file = _latest_model_file(config, versions)

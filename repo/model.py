@@ -48,6 +48,12 @@ class ModelDefinition:
     config_file: Path | None = None
     warnings: tuple[str, ...] = field(default=())
     labels: dict[str, tuple[str, ...]] = field(default_factory=dict)   # output -> its label_filename's lines
+    python_based: bool = False   # served by a Python-based backend (<backend-directory>/<backend>/model.py)
+
+    @property
+    def runs_python(self) -> bool:
+        """Whether a Python model serves it (Triton's Python backend, or a Python-based one)."""
+        return self.python_based or self.config.backend == "python"
 
     @property
     def loadable_versions(self) -> tuple[int, ...]:

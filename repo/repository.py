@@ -66,7 +66,7 @@ class ModelRepository:
                 errors.append(f"model repository '{root}' cannot be read: {exc.strerror or exc}")
                 continue
             for entry in entries:
-                if entry.name.startswith(".") or not entry.is_dir():   # a file beside the models is none (as in Triton)
+                if entry.name.startswith(".") or _plain_file(entry):   # a file beside the models is none (as in Triton)
                     continue
                 found.setdefault(entry.name, []).append(entry)
         return {name: tuple(paths) for name, paths in found.items()}, tuple(errors)
@@ -183,3 +183,12 @@ def _stat(entry: os.DirEntry) -> tuple:
     except OSError:
         return (0, 0)
     return (st.st_mtime_ns, st.st_size)
+
+
+def _plain_file(entry: Path) -> bool:
+    """A file that is not a model folder (a link that leads nowhere, or that cannot be looked
+    at, stays an entry: its load says what is wrong)."""
+    try:
+        return entry.exists() and not entry.is_dir()
+    except OSError:
+        return False

@@ -239,3 +239,30 @@ def test_run_auto_complete_directly(tmp_path):
     assert completed["max_batch_size"] == 8
     assert completed["dynamic_batching"] == {}
     assert [t["name"] for t in completed["input"]] == ["TEXT", "MASK"]
+
+
+def test_a_python_based_backend_completes_its_models_even_named_as_a_module_python_has(tmp_path):
+    """backend: "json": its model.py is imported as "model" (Triton's way), not as json.model."""
+    import textwrap
+
+    from tritium.repo import ModelRepository, RepositoryOptions
+
+    backends = tmp_path / "backends"
+    (backends / "json").mkdir(parents=True)
+    (backends / "json" / "model.py").write_text(textwrap.dedent(COMPLETING_MODEL))
+    repo = tmp_path / "repo"
+    write_model(repo, "m", 'backend: "json"', {"1/weights.txt": "w"})
+    definition = ModelRepository([repo], RepositoryOptions(backend_directory=backends)).load("m")
+    assert definition.python_based and definition.runs_python
+    assert summary(definition.config.output) == [("SCORE", "TYPE_FP32", [2, 3])]
+
+
+def test_vllms_backend_loads_when_the_backend_directory_has_it_as_a_python_based_one(tmp_path):
+    from tritium.repo import ModelRepository, RepositoryOptions
+
+    (tmp_path / "backends" / "vllm").mkdir(parents=True)
+    (tmp_path / "backends" / "vllm" / "model.py").write_text(PLAIN_PY_MODEL)
+    write_model(tmp_path / "repo", "llm", 'backend: "vllm"', {"1/model.json": "{}"})
+    assert "does not support" in load_error(tmp_path / "repo", "llm")
+    options = RepositoryOptions(backend_directory=tmp_path / "backends")
+    assert ModelRepository([tmp_path / "repo"], options).load("llm").python_based

@@ -328,3 +328,11 @@ def test_a_missing_label_file_fails_the_model(tmp_path):
     with pytest.raises(ModelLoadError) as failure:
         ModelRepository([tmp_path]).load("labelled")
     assert "output 'Y': cannot read label file 'labels.txt'" in str(failure.value)
+
+
+def test_a_link_at_the_root_that_leads_nowhere_is_still_reported(tmp_path):
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    (tmp_path / "README.md").write_text("not a model")
+    models = ModelRepository([tmp_path]).load_all().models
+    assert "README.md" not in models
+    assert models["dangling"].error.endswith("model folder does not exist")

@@ -83,6 +83,7 @@ class PythonModel(Model):
         if backend_file is not None:   # a Python-based backend's model.py, imported as Triton's stub does: "model"
             spec = importlib.util.spec_from_file_location("model", backend_file)
             module = importlib.util.module_from_spec(spec)
+            sys.modules["model"] = module   # (what its classes pickle as)
             spec.loader.exec_module(module)
         elif filename == "model.py":
             module = importlib.import_module(f"{version_dir.name}.model")
