@@ -151,7 +151,7 @@ def test_a_worker_host_that_vanishes_from_the_network_is_dropped_and_rejoins_whe
         cluster.wait_until(lambda: "is ready" in broker.logs().split("dropping it")[-1], timeout_s=30,
                            what="the host's instance registered again")
         back_at = time.monotonic()
-        time.sleep(3)
+        time.sleep(2)
     assert not [o for o in failures(load.outcomes) if o.status != "503"], failures(load.outcomes)[:3]
     assert all(o.ended - o.started < 15 for o in load.outcomes), "no request may wait on a vanished host"
     assert all(o.started < cut_at + 2 for o in failures(load.outcomes))
@@ -172,7 +172,7 @@ def test_a_worker_host_killed_under_load_leaves_no_request_unanswered(hosts):
         victim.start()
         victim.wait_ready()
         cluster.wait_until(lambda: len(instance_pids(victim)) == 1, what="the host's instance restarted")
-        time.sleep(3)
+        time.sleep(2.5)
     assert not [o for o in failures(load.outcomes) if o.status != "503"], failures(load.outcomes)[:3]
     assert all(o.started < killed_at + 2 for o in failures(load.outcomes))
     assert served_by(load.since(after_kill)) & instance_pids(survivor)
