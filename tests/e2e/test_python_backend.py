@@ -166,6 +166,8 @@ def test_initialize_gets_triton_args_and_requests_their_id_and_parameters(client
     assert sorted(seen["requested"]) == ["ARGS", "ENV"]
     assert seen["timeout"] == 0
     assert seen["argv"] == [""]   # as in Triton's stub: a model may run unittest.main() or argparse
+    assert seen["own_module"] == "py_args"   # its metrics.py, not one of tritium's
+    assert seen["model_dir"] == args["model_repository"] + "/1"   # pb_utils.get_model_dir(): the version folder
 
 
 def test_priority_and_timeout_are_request_fields_not_parameters_the_model_sees(client):

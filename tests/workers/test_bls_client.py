@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from tritium.pb_utils import types as pb
-from tritium.pb_utils.triton_python_backend_utils import get_output_tensor_by_name
+from tritium.pb_utils.triton_names.triton_python_backend_utils import get_output_tensor_by_name
 from tritium.protocol import Heartbeat, Infer, Response, read_record, tensor_views
 from tritium.workers.bls import BlsClient
 from tritium.zmqio import recv_parts, send_parts

@@ -7,4 +7,5 @@ This folder is put on ``sys.path`` of the processes that run user ``model.py`` c
 
 from pathlib import Path
 
-MODULE_DIR = str(Path(__file__).resolve().parent)
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
+MODULE_DIR = str(Path(PACKAGE_DIR) / "triton_names")   # on the models' sys.path

@@ -150,7 +150,7 @@ class Tensor:
         return list(self._array.shape)
 
     def triton_dtype(self):
-        from tritium.pb_utils.triton_python_backend_utils import numpy_to_triton_type
+        from tritium.pb_utils.triton_names.triton_python_backend_utils import numpy_to_triton_type
 
         return numpy_to_triton_type(self._array.dtype)
 

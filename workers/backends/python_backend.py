@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from tritium.errors import ErrorCode, InternalError, TritiumError, error_for_code
-from tritium.pb_utils import MODULE_DIR
+from tritium.pb_utils import MODULE_DIR, PACKAGE_DIR
 from tritium.pb_utils.types import InferenceRequest as PbRequest, InferenceResponse as PbResponse, Tensor, runtime
 from tritium.workers.bls import BlsClient
 from tritium.workers.backends.base import (
@@ -259,7 +259,7 @@ class PythonInstance(Instance):
         frames = traceback.extract_tb(exc.__traceback__)
         while frames and (frames[0].filename == __file__ or frames[0].filename.startswith(_AWAITING_DIRS)):
             frames.pop(0)
-        while frames and frames[-1].filename.startswith(MODULE_DIR):   # raised in pb_utils: Triton's is C++
+        while frames and frames[-1].filename.startswith(PACKAGE_DIR):   # raised in pb_utils: Triton's is C++
             frames.pop()
         where = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
         return InternalError(f"Failed to process the request(s) for model '{self.context.name}', "

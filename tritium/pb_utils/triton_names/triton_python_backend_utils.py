@@ -229,7 +229,7 @@ class ModelConfig:
 
 
 # The classes Triton binds in C++, as its stub puts them here.
-from tritium.pb_utils.c_python_backend_utils import *  # noqa: E402,F401,F403
+from tritium.pb_utils.triton_names.c_python_backend_utils import *  # noqa: E402,F401,F403
 
 # The name some code uses for triton_to_numpy_type.
 triton_type_to_numpy = triton_to_numpy_type
