@@ -488,7 +488,13 @@ class EnsembleRunner:
                 tensors[name, iteration] = Tensor(descriptor[1], descriptor[2], descriptor[3], data, descriptor[4],
                                                   call.batch_size)
                 produced = produced or name in requested
-        if descriptors:
+        if descriptors or not call.decoupled:
+            # An output the model left out is none, as in Triton: the answer goes without it, and a
+            # step reading it runs without it (as an optional input).
+            for name in writes.values():
+                if (name, iteration) not in tensors:
+                    tensors[name, iteration] = None
+                    produced = produced or name in requested
             # Readers of a tensor that was not produced now are not ready, or were started already.
             self._start_ready(request, request.plan.downstream[step.index], iteration)
         # Only a requested output's arrival completes an iteration (each is produced once per
@@ -525,6 +531,7 @@ class EnsembleRunner:
         for name in request.requested:
             tensor = request.tensors[name, iteration]
             if tensor is None:
+                log.debug("Composing models did not output tensor %s", name)
                 continue
             shape = _reshaped(tensor.shape, tensor.batch_size, plan.batching, plan.outputs[name])
             descriptors.append([name, tensor.datatype, shape, tensor.nbytes, tensor.external])

@@ -268,6 +268,9 @@ class ModelLifecycle:
             version.replaces = None
         load.waiting.add(version.epoch)
         if version.ensemble:  # no instances: READY once the models of its steps are
+            limit = definition.config.ensemble_scheduling.max_inflight_requests
+            if limit:   # (Triton's words)
+                log.info("Ensemble model '%s' configured with max_inflight_requests: %d", record.name, limit)
             self.ensembles.waiting.add(version)
             self.reader.post(self.ensembles.check)
             return

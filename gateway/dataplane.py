@@ -356,7 +356,7 @@ class DataPlane:
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidArgument(f"Unable to parse '{field}': expected an unsigned integer")
-        map_region(key, offset, byte_size).close()  # fails here, for this client, if it cannot be mapped
+        map_region(key, offset, byte_size, name).close()  # fails here, for this client, if it cannot be mapped
         await self._control(RegisterRegion(name, key, offset, byte_size))
 
     async def unregister_shared_memory(self, name: str | None) -> None:

@@ -51,8 +51,9 @@ class Region:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
-def map_region(key: str, offset: int, byte_size: int) -> mmap.mmap:
-    """Map the POSIX shared memory object ``key``; it must hold offset + byte_size bytes."""
+def map_region(key: str, offset: int, byte_size: int, name: str = "") -> mmap.mmap:
+    """Map the POSIX shared memory object ``key``; it must hold offset + byte_size bytes (region
+    ``name``'s, as Triton names it when they do not fit)."""
     path = os.path.join(_SHM_ROOT, key.lstrip("/"))
     if "/" in key.lstrip("/") or not key.strip("/"):
         raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
@@ -62,8 +63,10 @@ def map_region(key: str, offset: int, byte_size: int) -> mmap.mmap:
         raise InvalidArgument(f"Unable to open shared memory region: '{key}'") from None
     try:
         size = os.fstat(fd).st_size
-        if offset < 0 or byte_size <= 0 or offset + byte_size > size:
+        if offset < 0 or byte_size <= 0:
             raise InvalidArgument(f"Invalid shared memory region: '{key}'")
+        if offset + byte_size > size:   # (Triton's words)
+            raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
@@ -88,7 +91,7 @@ class SharedMemoryRegions:
             if name in self._regions:
                 continue
             try:
-                mapping = map_region(entry.key, entry.offset, entry.byte_size)
+                mapping = map_region(entry.key, entry.offset, entry.byte_size, name)
             except InvalidArgument as exc:  # gone since it was registered: requests naming it fail
                 log.warning("shared memory region '%s': %s", name, exc.message)
                 continue

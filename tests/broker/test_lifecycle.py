@@ -7,6 +7,7 @@ only when they serve, unloads ordered after the load in progress, late host erro
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -258,9 +259,9 @@ ensemble_scheduling { step [ { model_name: "comp" model_version: -1
 """
 
 
-def loaded_ensemble(world) -> None:
+def loaded_ensemble(world, config: str = ENSEMBLE) -> None:
     world.write("comp")
-    write_model(world.root, "ens", ENSEMBLE, {"1/.keep": ""})
+    write_model(world.root, "ens", config, {"1/.keep": ""})
     world.lifecycle.load("ens", {}, world.replies.append)
     # The ens read asks for comp first, then comp is read (both may finish before either is applied).
     while not any(v.name == "comp" and v.state == VersionState.LOADING for v in world.registry.epochs.values()):
@@ -272,6 +273,12 @@ def loaded_ensemble(world) -> None:
 
 def index_states(world) -> dict:
     return {e["name"]: (e.get("state"), e.get("reason")) for e in world.lifecycle.index(False)}
+
+
+def test_an_ensemble_with_max_inflight_requests_says_so_in_tritons_words(world, caplog):
+    caplog.set_level(logging.INFO)
+    loaded_ensemble(world, ENSEMBLE.replace("ensemble_scheduling {", "ensemble_scheduling { max_inflight_requests: 4"))
+    assert "Ensemble model 'ens' configured with max_inflight_requests: 4" in caplog.text
 
 
 def test_loading_back_a_composing_model_restores_its_ensemble(world):
