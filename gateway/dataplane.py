@@ -333,14 +333,14 @@ class DataPlane:
                 tensor.data = regions.read(tensor.shared_memory)
         for output in request.outputs or ():
             if output.shared_memory is not None:
-                regions.check(output.shared_memory)
+                output.region = regions.check(output.shared_memory)
 
     def _write_shared_memory(self, requested: list, outputs: list[OutputTensor]) -> None:
-        targets = {o.name: o.shared_memory for o in requested if o.shared_memory is not None}
+        targets = {o.name: o for o in requested if o.shared_memory is not None}
         for output in outputs:
             target = targets.get(output.name)
             if target is not None:
-                self.link.shared_memory.write(target, output.name, output.data)
+                self.link.shared_memory.write(target.shared_memory, output.name, output.data, target.region)
                 output.in_shared_memory = True
 
     def shared_memory_status(self, name: str | None) -> list[dict]:

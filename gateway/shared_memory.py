@@ -85,8 +85,9 @@ class SharedMemoryRegions:
             entry = wanted.get(name)
             if entry is None or (entry.key, entry.offset, entry.byte_size) != \
                     (region.key, region.offset, region.byte_size):
+                # Not closed here: a request that started with it still writes its outputs there,
+                # as Triton lets requests in flight finish; its mapping goes with the last of them.
                 del self._regions[name]
-                region.mapping.close()
         for name, entry in wanted.items():
             if name in self._regions:
                 continue
@@ -110,27 +111,41 @@ class SharedMemoryRegions:
         start = self._span(ref)
         return self._regions[ref.region].mapping[start:start + ref.byte_size]
 
-    def write(self, ref: SharedMemoryRef, output: str, data) -> None:
-        start = self._span(ref)
+    def write(self, ref: SharedMemoryRef, output: str, data, region: Region | None = None) -> None:
+        """``region``: the one ``check`` gave when the request started (still written to if it was
+        unregistered since)."""
+        region = region or self._region(ref)
+        start = _span(region, ref)
         view = memoryview(data).cast("B")
         if len(view) > ref.byte_size:
             raise InvalidArgument(
                 f"shared memory size specified with the request for output '{output}' ({ref.byte_size} bytes) "
                 f"should be at least {len(view)} bytes to hold the results")
-        self._regions[ref.region].mapping[start:start + len(view)] = view
+        region.mapping[start:start + len(view)] = view
 
-    def check(self, ref: SharedMemoryRef) -> None:
-        self._span(ref)
+    def check(self, ref: SharedMemoryRef) -> Region:
+        """The region ``ref`` names, if the reference fits it."""
+        region = self._region(ref)
+        _span(region, ref)
+        return region
 
     def _span(self, ref: SharedMemoryRef) -> int:
+        return _span(self._region(ref), ref)
+
+    def _region(self, ref: SharedMemoryRef) -> Region:
         region = self._regions.get(ref.region)
         if region is None:
             raise NotFound(f"Unable to find shared memory region: '{ref.region}'")
-        if ref.offset >= region.byte_size:
-            raise InvalidArgument(f"Invalid offset for shared memory region: '{ref.region}'")
-        if ref.byte_size <= 0 or ref.offset + ref.byte_size > region.byte_size:
-            raise InvalidArgument(f"Invalid offset + byte size for shared memory region: '{ref.region}'")
-        return region.offset + ref.offset
+        return region
+
+
+def _span(region: Region, ref: SharedMemoryRef) -> int:
+    """Where in ``region``'s mapping the reference starts; InvalidArgument if it does not fit."""
+    if ref.offset >= region.byte_size:
+        raise InvalidArgument(f"Invalid offset for shared memory region: '{ref.region}'")
+    if ref.byte_size <= 0 or ref.offset + ref.byte_size > region.byte_size:
+        raise InvalidArgument(f"Invalid offset + byte size for shared memory region: '{ref.region}'")
+    return region.offset + ref.offset
 
 
 def shared_memory_ref(owner: str, parameters: dict) -> SharedMemoryRef | None:
