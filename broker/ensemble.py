@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from tritium.broker.registry import ModelVersion, Registry
 from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumError
+from tritium.input_checks import check_input_names
 from tritium.protocol import Infer, ProtocolError, Response, read_record, split_record, tensor_views
 from tritium.tracing.stamps import ensemble_record, step_context, step_record
 from tritium.tracing.tensors import raw_answer_tensors, raw_tensors
@@ -370,15 +371,28 @@ class EnsembleRunner:
         inputs: list[list] = []
         inline: list[object] = []
         frames: list[object] = []
+        left_out = False
         for model_input, name in step.reads:
             tensor = request.tensors[name, iteration]
-            if tensor is None:
-                continue  # an optional ensemble input the client left out
+            if tensor is None:   # an optional ensemble input the client left out, or an output a step left out
+                left_out = True
+                continue
             shape = tensor.shape
             if model is not None:
                 shape = _reshaped(shape, tensor.batch_size, model.batching, model.dims.get(model_input))
             inputs.append([model_input, tensor.datatype, shape, tensor.nbytes, tensor.external])
             (frames if tensor.external else inline).append(tensor.data)
+        if left_out and member is not None:   # a required input missing: Triton's core refuses the step
+            declared = member.declared_inputs
+            try:
+                check_input_names(step.model, declared, [n for n, spec in declared.items() if not spec.optional],
+                                  [descriptor[0] for descriptor in inputs])
+            except InvalidArgument as exc:
+                self._fail(request, InvalidArgument(f"in ensemble '{request.plan.name}', {exc.message}"))
+                if limit is not None:   # the room it took at its step goes to the next start waiting there
+                    limit.out[step.index] -= 1
+                    self._start_waiting(limit, step.index)
+                return
         batching = model is not None and model.batching
         batch_size = inputs[0][2][0] if batching and inputs and inputs[0][2] else 1
         rid = next(self._rids)

@@ -469,6 +469,21 @@ def _without_outputs(answer):
     return reply
 
 
+def test_a_step_whose_required_input_another_step_left_out_fails_the_request_with_tritons_words(world):
+    world.add(model("half", "X", "Y Z"))
+    world.add(model("join", "Y Z", "W"))
+    world.add(ensemble("e", "IN", "W", [step("pre", {"IN": "IN"}, {"X": "x"}),
+                                        step("half", {"X": "x"}, {"Y": "y", "Z": "z"}),
+                                        step("join", {"Y": "y", "Z": "z"}, {"W": "W"})]))
+    world.infer("e", {"IN": values()})
+    world.run()
+    (header, _), = world.answers()
+    assert header["err"]["message"] == (
+        "in ensemble 'e', expected 2 inputs but got 1 inputs for model 'join'. Got input(s) ['Y'], but missing "
+        "required input(s) ['Z']. Please provide all required input(s).")
+    assert [name for name, _ in world.executed] == ["pre", "half"]   # join never ran
+
+
 def test_an_unknown_requested_output_is_refused(world):
     world.infer("pipeline", {"IN": values()}, outputs=["NOPE"])
     (header, _), = world.answers()
