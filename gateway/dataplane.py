@@ -271,10 +271,11 @@ class DataPlane:
 
     # -- generate ---------------------------------------------------------------------------
 
-    def generate_request(self, name: str, version: str | None, document: dict) -> InferRequest:
+    def generate_request(self, name: str, version: str | None, document: dict,
+                         repeated: list[str] = ()) -> InferRequest:
         """The inference request a ``/generate`` or ``/generate_stream`` body asks for."""
         spec, _ = self.link.models.resolve(name, version)
-        return generate_request(spec, version, document)
+        return generate_request(spec, version, document, repeated)
 
     async def generate(self, request: InferRequest) -> bytes:
         """``/generate``: the model's one response as flat JSON (decoupled models too). A sampled

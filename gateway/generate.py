@@ -11,6 +11,8 @@ parameter under its name.
 
 from __future__ import annotations
 
+import json
+
 import orjson
 
 from tritium.gateway.http_codec import json_to_bytes, output_to_json
@@ -23,7 +25,29 @@ SINGLE_RESPONSE_ONLY = ("generate expects model to produce exactly 1 response, u
                         "that generates various number of responses")
 
 
-def generate_request(spec: ModelSpec, version: str | None, document: dict) -> InferRequest:
+def repeated_keys(body: bytes) -> list[str]:
+    """The keys the body's top-level object gives more than once, in order (its parsed object
+    keeps one value of each, as JSON parsers do; Triton reads the keys in order and refuses a
+    repeated input)."""
+    objects: list[list] = []
+    try:
+        json.loads(body, object_pairs_hook=lambda pairs: objects.append(pairs) or {})
+    except ValueError:
+        return []
+    seen: set[str] = set()
+    repeated = []
+    for key, _ in objects[-1] if objects else ():   # the last object closed is the top-level one
+        if key in seen:
+            repeated.append(key)
+        seen.add(key)
+    return repeated
+
+
+def generate_request(spec: ModelSpec, version: str | None, document: dict, repeated: list[str] = ()) -> InferRequest:
+    """``repeated``: the keys the body gave more than once (``repeated_keys``). Messages are Triton's."""
+    for key in repeated:
+        if key in spec.inputs:
+            raise InvalidArgument(f"input '{key}' already exists in request")
     request_id = document.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgument("the request 'id' must be a string")
@@ -31,18 +55,21 @@ def generate_request(spec: ModelSpec, version: str | None, document: dict) -> In
     parameters: dict = {}
     nested = document.get("parameters", {})
     if not isinstance(nested, dict):
-        raise InvalidArgument("'parameters' must be a JSON object")
+        raise InvalidArgument("Expected JSON object for keyword: 'parameters': attempt to access JSON non-object as "
+                              "object")
     top = {k: v for k, v in document.items() if k not in ("id", "parameters")}
-    for source in (top, nested):
+    for source, context in ((top, ""), (nested, "Converting keyword: 'parameters': ")):
         for key, value in source.items():
             tensor = spec.inputs.get(key)
             if tensor is not None:
+                if any(given.name == key for given in inputs):
+                    raise InvalidArgument(f"{context}input '{key}' already exists in request")
                 inputs.append(_input(spec, tensor, value))
             elif isinstance(value, (str, int, float, bool)):
                 parameters[key] = value
-            else:  # Triton's wording
+            else:
                 raise InvalidArgument(
-                    f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+                    f"{context}parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
     return InferRequest(model=spec.name, version=version, inputs=inputs, id=request_id, parameters=parameters)
 
 
@@ -54,8 +81,13 @@ def _input(spec: ModelSpec, tensor: TensorSpec, value) -> InputTensor:
         dims[i] = 1
     if variable:
         dims[variable[-1]] = len(values)
-    if any(isinstance(v, (list, dict)) for v in values) or element_count(dims) != len(values):
+    if any(isinstance(v, list) for v in values) or element_count(dims) != len(values):
         raise InvalidArgument(f"The schema can not convert input '{tensor.name}' to tensor with proper shape")
+    datatype = tensor.datatype.name   # (an object is one element, whose type is wrong: Triton's words)
+    if datatype == "BYTES" and not all(isinstance(v, str) for v in values):
+        raise InvalidArgument("Unable to parse JSON bytes array: attempt to access JSON non-string as string")
+    if datatype == "BOOL" and not all(isinstance(v, bool) for v in values):
+        raise InvalidArgument("Unable to parse 'data': attempt to access JSON non-boolean as boolean")
     shape = ([1] if spec.max_batch_size > 0 else []) + dims
     data = json_to_bytes(spec.name, tensor.name, tensor.datatype.name, shape, values)
     return InputTensor(tensor.name, tensor.datatype.name, shape, data)

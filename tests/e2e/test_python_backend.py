@@ -589,6 +589,20 @@ def test_generate_stream_sends_each_response_as_an_event(server):
      "parameter 'extra' has invalid type. It should be either 'int', 'bool', or 'string'."),
     ("/v2/models/py_text/generate", {"suffix": "!"}, 400, "expected 1 inputs but got 0 inputs for model 'py_text'"),
     ("/v2/models/nowhere/generate_stream", {"x": 1}, 404, "Request for unknown model: 'nowhere' is not found"),
+    # Triton's words (Triton answers these with a 500; a client's mistake is a 400 here)
+    ("/v2/models/py_text/generate", {"text_input": {"USER": "x"}}, 400,
+     "Unable to parse JSON bytes array: attempt to access JSON non-string as string"),
+    ("/v2/models/py_text/generate", {"text_input": 5}, 400,
+     "Unable to parse JSON bytes array: attempt to access JSON non-string as string"),
+    ("/v2/models/py_text/generate", {"text_input": "x", "parameters": 1}, 400,
+     "Expected JSON object for keyword: 'parameters': attempt to access JSON non-object as object"),
+    ("/v2/models/py_text/generate", {"text_input": "x", "parameters": {"nested": {"a": 1}}}, 400,
+     "Converting keyword: 'parameters': parameter 'nested' has invalid type. It should be either 'int', 'bool', "
+     "or 'string'."),
+    ("/v2/models/py_text/generate", {"text_input": "x", "parameters": {"text_input": "y"}}, 400,
+     "Converting keyword: 'parameters': input 'text_input' already exists in request"),
+    ("/v2/models/py_text/generate", '{"text_input": "a", "suffix": "!", "text_input": "b"}', 400,
+     "input 'text_input' already exists in request"),
 ])
 def test_generate_errors(server, path, body, status, message):
     got, _, data = request(server.url, "POST", path, body)
