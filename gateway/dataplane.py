@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
@@ -272,7 +272,7 @@ class DataPlane:
     # -- generate ---------------------------------------------------------------------------
 
     def generate_request(self, name: str, version: str | None, document: dict,
-                         repeated: list[str] = ()) -> InferRequest:
+                         repeated: Sequence[str] = ()) -> InferRequest:
         """The inference request a ``/generate`` or ``/generate_stream`` body asks for."""
         spec, _ = self.link.models.resolve(name, version)
         return generate_request(spec, version, document, repeated)

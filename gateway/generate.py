@@ -12,6 +12,7 @@ parameter under its name.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import orjson
 
@@ -30,8 +31,13 @@ def repeated_keys(body: bytes) -> list[str]:
     keeps one value of each, as JSON parsers do; Triton reads the keys in order and refuses a
     repeated input)."""
     objects: list[list] = []
+
+    def kept(pairs: list) -> dict:
+        objects.append(pairs)
+        return {}
+
     try:
-        json.loads(body, object_pairs_hook=lambda pairs: objects.append(pairs) or {})
+        json.loads(body, object_pairs_hook=kept)
     except ValueError:
         return []
     seen: set[str] = set()
@@ -43,7 +49,8 @@ def repeated_keys(body: bytes) -> list[str]:
     return repeated
 
 
-def generate_request(spec: ModelSpec, version: str | None, document: dict, repeated: list[str] = ()) -> InferRequest:
+def generate_request(spec: ModelSpec, version: str | None, document: dict,
+                     repeated: Sequence[str] = ()) -> InferRequest:
     """``repeated``: the keys the body gave more than once (``repeated_keys``). Messages are Triton's."""
     for key in repeated:
         if key in spec.inputs:
