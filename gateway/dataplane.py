@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
@@ -271,11 +271,10 @@ class DataPlane:
 
     # -- generate ---------------------------------------------------------------------------
 
-    def generate_request(self, name: str, version: str | None, document: dict,
-                         repeated: Sequence[str] = ()) -> InferRequest:
-        """The inference request a ``/generate`` or ``/generate_stream`` body asks for."""
+    def generate_request(self, name: str, version: str | None, document: dict, body: bytes = b"") -> InferRequest:
+        """The inference request a ``/generate`` or ``/generate_stream`` body (``document``, parsed) asks for."""
         spec, _ = self.link.models.resolve(name, version)
-        return generate_request(spec, version, document, repeated)
+        return generate_request(spec, version, document, body)
 
     async def generate(self, request: InferRequest) -> bytes:
         """``/generate``: the model's one response as flat JSON (decoupled models too). A sampled

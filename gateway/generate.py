@@ -12,7 +12,6 @@ parameter under its name.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 
 import orjson
 
@@ -26,10 +25,16 @@ SINGLE_RESPONSE_ONLY = ("generate expects model to produce exactly 1 response, u
                         "that generates various number of responses")
 
 
-def repeated_keys(body: bytes) -> list[str]:
-    """The keys the body's top-level object gives more than once, in order (its parsed object
+def repeated_inputs(spec: ModelSpec, body: bytes) -> list[str]:
+    """The inputs the body's top-level object names more than once, in order (its parsed object
     keeps one value of each, as JSON parsers do; Triton reads the keys in order and refuses a
-    repeated input)."""
+    repeated input). The body is read again only when an input's quoted name occurs twice in it."""
+    if not any(body.count(b'"' + name.encode() + b'"') > 1 for name in spec.inputs):
+        return []
+    return [key for key in _repeated_keys(body) if key in spec.inputs]
+
+
+def _repeated_keys(body: bytes) -> list[str]:
     objects: list[list] = []
 
     def kept(pairs: list) -> dict:
@@ -49,12 +54,10 @@ def repeated_keys(body: bytes) -> list[str]:
     return repeated
 
 
-def generate_request(spec: ModelSpec, version: str | None, document: dict,
-                     repeated: Sequence[str] = ()) -> InferRequest:
-    """``repeated``: the keys the body gave more than once (``repeated_keys``). Messages are Triton's."""
-    for key in repeated:
-        if key in spec.inputs:
-            raise InvalidArgument(f"input '{key}' already exists in request")
+def generate_request(spec: ModelSpec, version: str | None, document: dict, body: bytes = b"") -> InferRequest:
+    """``document``: ``body`` parsed. Messages are Triton's."""
+    for key in repeated_inputs(spec, body):
+        raise InvalidArgument(f"input '{key}' already exists in request")
     request_id = document.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgument("the request 'id' must be a string")

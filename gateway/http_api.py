@@ -18,7 +18,6 @@ import orjson
 
 from tritium.gateway.compression import OFF_LOOP_BYTES, WBITS, compress_then, in_thread, response_encoding
 from tritium.gateway.dataplane import DataPlane
-from tritium.gateway.generate import repeated_keys
 from tritium.gateway.header_forwarding import forwarded_http_headers
 from tritium.gateway.http_codec import (
     decode_infer_request,
@@ -263,7 +262,7 @@ class HttpApp:
         generating = None
         try:
             body = self._body(request)
-            generating = self.dataplane.generate_request(model, version, parse_json_object(body), repeated_keys(body))
+            generating = self.dataplane.generate_request(model, version, parse_json_object(body), body)
             if self.dataplane.tracer.on:
                 generating.traceparent = request.headers.get(b"traceparent")
             if action == "generate":
