@@ -62,7 +62,8 @@ class ModelReader:
             pass
 
     def run_completed(self) -> None:
-        """In the broker's loop: apply what the thread pool finished."""
+        """In the broker's loop: apply what the thread pool finished, and what other threads posted
+        (a metrics scrape's ask)."""
         try:
             self.wake_read.recv(4096)
         except BlockingIOError:
@@ -75,7 +76,7 @@ class ModelReader:
             try:
                 action()
             except Exception:  # the broker keeps serving whatever one load did
-                log.exception("applying a model load failed")
+                log.exception("a task handed to the broker's loop failed")
 
     def read(self, name: str, config, files) -> ModelRead:
         """(definition, error, fingerprint, files): runs on the thread pool; never raises."""
