@@ -271,9 +271,11 @@ def _tensor_header(model: str, item: dict) -> tuple[str, str, list[int]]:
             f"input '{name}' for model '{model}' has invalid datatype {datatype!r}; expected one "
             f"of {', '.join(d.name for d in datatypes.DATATYPES)}")
     shape = item.get("shape")
-    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+    if type(shape) is not list:
         raise InvalidArgument(
             f"input '{name}' for model '{model}' must have a 'shape' list of non-negative integers")
+    if not all(type(d) is int and d >= 0 for d in shape):   # (Triton's words, which it answers with a 500)
+        raise InvalidArgument("Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer")
     return name, datatype, shape
 
 

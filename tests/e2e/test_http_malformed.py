@@ -67,6 +67,8 @@ CASES = {
     "wrong datatype": (with_input(datatype="INT32", data=[1] * 16), {}, 400,
                        "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'"),
     "unknown datatype": (with_input(datatype="FLOAT"), {}, 400, "input 'INPUT0' for model 'add_sub' has invalid datatype"),
+    "negative dimension": (with_input(shape=[-1, 16]), {}, 400,
+                           "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"),
     "shape not matching dims": (with_input(shape=[1, 15], data=ROW[:15]), {}, 400,
                                 "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,16], got [1,15]"),
     # INPUT0's batch size reads as 16, INPUT1's as 1: Triton compares the batch sizes first.
@@ -79,7 +81,7 @@ CASES = {
     "nested rows of the wrong length": (with_input(shape=[2, 16], data=[ROW, ROW[:3]]), {}, 400, "Shape does not match true shape of 'data' field"),
     "ragged data": (with_input(shape=[2, 16], data=[ROW, 1.0]), {}, 400, "is ragged"),
     "string in numeric data": (with_input(data=["a"] * 16), {}, 400, "'data' must hold numbers"),
-    "negative shape": (with_input(shape=[-1, 16]), {}, 400, "non-negative integers"),
+    "shape not a list": (with_input(shape=16), {}, 400, "must have a 'shape' list of non-negative integers"),
     "data and binary size both set": (with_input(parameters={"binary_data_size": 64}), {}, 400,
                                       "Input must set only one of the following fields"),
     "neither data nor binary size": ({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16]},
