@@ -111,10 +111,6 @@ class HttpConnection(asyncio.Protocol):
                  shared: OpenConnections[HttpConnection]) -> None:
         self.app, self.settings, self.loop, self.shared = app, settings, loop, shared
         self.parser = httptools.HttpRequestParser(self)
-        if hasattr(self.parser, "set_dangerous_leniencies"):
-            # A chunked body that also says Content-Length is read as chunked, as Triton reads it
-            # (Python's requests sends both for a generator body); strict llhttp refuses it.
-            self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
         self.queue: deque[tuple[HttpRequest, bool]] = deque()   # parsed, not yet answered (pipelining)
         self.busy = False              # a request is being answered
         self.closing = False

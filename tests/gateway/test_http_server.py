@@ -138,15 +138,6 @@ def test_a_chunked_body_is_joined(running):
     assert running.app.seen[-1].body == b"abcde"
 
 
-def test_a_chunked_body_that_also_says_content_length_is_read_as_chunked_as_triton_reads_it(running):
-    client = running.connect()   # (Python's requests sends both for a generator body)
-    client.sendall(b"POST /c HTTP/1.1\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\n"
-                   b"3\r\nabc\r\n0\r\n\r\n")
-    ((status, _, body),) = read_responses(client, 1)
-    assert (status, body) == (200, b"POST /c 3")
-    assert running.app.seen[-1].body == b"abc"
-
-
 def test_expect_100_continue_is_answered_before_the_body(running):
     client = running.connect()
     client.sendall(b"POST /e HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
