@@ -65,13 +65,13 @@ def test_a_burst_grows_the_instances_over_both_hosts_and_idleness_shrinks_them_b
                            what="more instances under load")
         grown = running(workers, "elastic")
         started = time.monotonic()
-        time.sleep(3)
+        time.sleep(2)
     assert not failures(load.outcomes)
     assert all(count >= 1 for count in grown), f"new instances go to both hosts: {grown}"
     late = load.since(started)
     assert len({o.pid for o in late}) >= 3, "the requests were served by the new instances"
     # One instance served 10 requests a second; the grown pool served more.
-    assert len(late) / 3 > 15
+    assert len(late) / 2 > 15
     assert 'tritium_instances{host=' in urllib.request.urlopen(broker.metrics_url).read().decode()
     cluster.wait_until(lambda: sum(running(workers, "elastic")) == 1, timeout_s=40, what="back to the minimum")
     assert "instance(s), stopping" in broker.logs() and "the oldest request waited" in broker.logs()
