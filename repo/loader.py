@@ -52,14 +52,15 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
             name, f"config name '{config.name}' does not match the model folder name '{name}'",
             config_file)
     backends.resolve_backend(name, config, model_dir)
-    python_based = backends.python_based_backend(config.backend, options.backend_directory) is not None
+    backend_file = backends.python_based_backend(config.backend, options.backend_directory)
+    python_based = backend_file is not None
     if not python_based:   # (vLLM's backend, say, is a Python-based one tritium can run)
         backends.check_supported(name, config)
     normalize_version_policy(config)
     validate_basics(config)
     versions = select_versions(config, model_dir)
     if options.auto_complete:
-        config = _auto_complete(name, config, versions, options)
+        config = _auto_complete(name, config, versions, options, backend_file)
     if config.backend == backends.PYTORCH and (len(config.input) == 0 or len(config.output) == 0):
         raise ModelLoadError(
             name, f"TorchScript model '{name}' must list its inputs and outputs in "
@@ -116,8 +117,8 @@ def _read(name: str, model_dir: Path, options: RepositoryOptions) -> tuple[Model
 
 
 def _auto_complete(name: str, config: ModelConfig, versions: tuple[VersionInfo, ...],
-                   options: RepositoryOptions) -> ModelConfig:
-    backend_file = backends.python_based_backend(config.backend, options.backend_directory)
+                   options: RepositoryOptions, backend_file: Path | None) -> ModelConfig:
+    """``backend_file``: the model.py of the Python-based backend serving the model, if one does."""
     if backend_file is not None:   # its model.py completes the configs of the backend's models
         version = next((info for info in reversed(versions) if info.error is None), None)
         if version is not None and _defines_auto_complete(backend_file):

@@ -22,12 +22,10 @@ import weakref
 from collections import deque
 from numbers import Real
 
-from tritium.pb_utils.types import TritonModelException, refused_by_server
+from tritium.pb_utils.types import PYBIND_CAST, TritonModelException, refused_by_server
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_PYBIND_CAST = ("Unable to cast Python instance to C++ type (#define PYBIND11_DETAILED_ERROR_MESSAGES or compile "
-                "in debug mode for details)")
 
 
 class MetricKind(enum.IntEnum):
@@ -213,7 +211,7 @@ class MetricFamily:
             if self._kind is not MetricKind.HISTOGRAM:
                 raise TritonModelException("Failed to create metric. Unexpected buckets found.")
             if not all(isinstance(bound, Real) for bound in buckets):
-                raise RuntimeError(_PYBIND_CAST)
+                raise RuntimeError(PYBIND_CAST)
             bounds = [float(bound) for bound in buckets]
         elif self._kind is MetricKind.HISTOGRAM:
             raise TritonModelException("Failed to create metric. Missing required buckets.")

@@ -23,6 +23,9 @@ from tritium import datatypes
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_MEMORY_GPU = 2
 TRITONSERVER_MEMORY_CPU = 0
+# What pybind11 raises for an argument it cannot convert (Triton's bindings, built without details).
+PYBIND_CAST = ("Unable to cast Python instance to C++ type (#define PYBIND11_DETAILED_ERROR_MESSAGES or compile "
+               "in debug mode for details)")
 
 
 class _Runtime:
@@ -356,8 +359,7 @@ class InferenceRequest:
             raise TritonModelException("Correlation ID must be integer or string")
         correlation_id = str(correlation_id) if isinstance(correlation_id, str) else int(correlation_id)
         if isinstance(correlation_id, int) and not 0 <= correlation_id < 2 ** 64:   # Triton's is a uint64
-            raise RuntimeError("Unable to cast Python instance to C++ type (#define PYBIND11_DETAILED_ERROR_MESSAGES "
-                               "or compile in debug mode for details)")
+            raise RuntimeError(PYBIND_CAST)
         self._request_id = as_text(request_id)
         self._correlation_id = correlation_id
         self._inputs = _tensor_list(inputs, "InferenceRequest", "inputs")

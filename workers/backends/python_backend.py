@@ -30,6 +30,7 @@ import numpy as np
 
 from tritium.errors import ErrorCode, InternalError, TritiumError, error_for_code
 from tritium.pb_utils import MODULE_DIR, PACKAGE_DIR
+from tritium.pb_utils.triton_names.triton_python_backend_utils import TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 from tritium.pb_utils.types import InferenceRequest as PbRequest, InferenceResponse as PbResponse, Tensor, runtime
 from tritium.workers.bls import BlsClient
 from tritium.workers.backends.base import (
@@ -206,7 +207,7 @@ class PythonInstance(Instance):
         runtime.release_flags_set = False
         again = set()
         for index, (pb_request, response) in enumerate(zip(pb_requests, returned)):
-            if pb_request._release_flags == RELEASE_RESCHEDULE:
+            if pb_request._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
                 if response is not None:
                     raise self._misuse("Expected a None object in the execute function return list for "
                                        f"reschduled request, found type '{type(response)}'.")   # (Triton's spelling)
@@ -342,8 +343,6 @@ class PythonInstance(Instance):
         if self._loop is not None and asynchronous:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
-
-RELEASE_RESCHEDULE = 2   # pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
 # Where the frames between the instance and an ``async def execute`` come from.
 _AWAITING_DIRS = (os.path.dirname(asyncio.__file__), os.path.dirname(concurrent.futures.__file__))
