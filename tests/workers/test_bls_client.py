@@ -279,27 +279,29 @@ def test_only_the_calls_below_the_new_processs_first_are_failed_the_others_get_t
         thread.start()
         return thread
 
-    threads = [call(1, 1.0), call(2, 2.0), call(3, 3.0)]
+    threads = {key: call(key, float(key)) for key in (1, 2, 3)}
     identity, requests = received(router, 3)
-    by_value = {int(values[0]): rid for rid, values in requests}
-    assert sorted(by_value.values()) == [1, 2, 3]
+    # The threads may send in any order: the two lowest rids went to the process that is gone.
+    by_rid = sorted((rid, int(values[0])) for rid, values in requests)
+    assert [rid for rid, _ in by_rid] == [1, 2, 3]
+    (_, lost_a), (_, lost_b), (third_rid, third) = by_rid
     client.broker_restarted(8)
     _, next_rid = boundary_asked(router)
     assert next_rid == 4
-    threads.append(call(4, 4.0))
+    threads[4] = call(4, 4.0)
     _, [(fourth, values)] = received(router, 1)
     assert fourth == 4
-    send_parts(router, [identity, Heartbeat(8, since=by_value[3]).encode()])
-    for key in (1, 2):
-        threads[key - 1].join(5)
-        assert not threads[key - 1].is_alive()
+    send_parts(router, [identity, Heartbeat(8, since=third_rid).encode()])
+    for key in (lost_a, lost_b):
+        threads[key].join(5)
+        assert not threads[key].is_alive()
         assert results[key].has_error(), key
         assert "restarted; the BLS request to model 'm' was lost" in results[key].error().message()
-    assert threads[2].is_alive() and threads[3].is_alive(), "a call the new process got was failed"
-    send_parts(router, [identity, answer(by_value[3], np.full(2, 30.0, np.float32)),
+    assert threads[third].is_alive() and threads[4].is_alive(), "a call the new process got was failed"
+    send_parts(router, [identity, answer(third_rid, np.full(2, 10.0 * third, np.float32)),
                         answer(fourth, np.full(2, 40.0, np.float32))])
-    for key in (3, 4):
-        threads[key - 1].join(5)
+    for key in (third, 4):
+        threads[key].join(5)
         np.testing.assert_array_equal(get_output_tensor_by_name(results[key], "Y").as_numpy(), [10.0 * key] * 2)
 
 
