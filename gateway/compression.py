@@ -14,7 +14,8 @@ import functools
 import re
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+
+from tritium.gateway.offload import in_thread
 
 _WEIGHT = re.compile(rb"\s*[+-]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)", re.IGNORECASE)
 _CHOICES = (b"identity", b"deflate", b"gzip")
@@ -24,7 +25,6 @@ _CHOICES = (b"identity", b"deflate", b"gzip")
 # serves every other client and the broker's heartbeats meanwhile. Below it, handing the work
 # over costs more than doing it.
 OFF_LOOP_BYTES = 128 * 1024
-_zlib_threads: ThreadPoolExecutor | None = None
 # zlib's window bits for each encoding, in HTTP's Content-Encoding as in gRPC's grpc-encoding
 WBITS = {b"deflate": zlib.MAX_WBITS, b"gzip": 16 + zlib.MAX_WBITS}
 
@@ -49,14 +49,6 @@ def response_encoding(accept_encoding: bytes) -> bytes | None:
 def compress(body: bytes, encoding: bytes) -> bytes:
     compressor = zlib.compressobj(wbits=WBITS[encoding])
     return compressor.compress(body) + compressor.flush()
-
-
-def in_thread(work: Callable[..., bytes], *args) -> asyncio.Future[bytes]:
-    """``work(*args)`` on one of the gateway's zlib threads (created on first use)."""
-    global _zlib_threads
-    if _zlib_threads is None:
-        _zlib_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tritium-zlib")
-    return asyncio.get_running_loop().run_in_executor(_zlib_threads, work, *args)
 
 
 def compress_then(body: bytes, encoding: bytes, deliver: Callable[[bytes], None],

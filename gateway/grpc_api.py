@@ -22,8 +22,8 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
-from tritium.gateway.grpc_codec import (FINAL_RESPONSE, InferRequestReader, InferResponseWriter,
-                                       decode_infer_request, encode_infer_response, stream_answer)
+from tritium.gateway.grpc_codec import (FINAL_RESPONSE, InferRequestReader, InferResponseWriter, ReadAhead,
+                                       costly_to_read, decode_infer_request, encode_infer_response, stream_answer)
 from tritium.gateway.grpc_health import SERVICE_NAME as HEALTH_SERVICE
 from tritium.gateway.grpc_health import HealthCheckRequest, HealthCheckResponse
 from tritium.gateway.grpc_keepalive import GrpcKeepalive
@@ -169,28 +169,32 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         (INTERNAL, from Triton's gRPC library, which parses before Triton looks), then a call the
         restriction refuses, then what the request asks that cannot be."""
         try:
-            request = self._decode(message, metadata)
+            request = self._decode(message)
         except Exception as exc:
             if self.restricted and not isinstance(exc, _Unparsable):
                 self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
             raise
         if self.restricted:
             self.restricted.check(RPC_CATEGORIES["ModelInfer"], metadata)
-        return request
+        return self._forwarded(request, metadata)
 
-    def _decode(self, message: Any, metadata: Sequence[tuple[bytes | str, bytes | str]]) -> InferRequest:
-        """The InferRequest ``message`` asks for (a ModelInferRequest, or ModelInfer's bytes),
-        with the call's forwarded headers among its parameters."""
-        if isinstance(message, bytes):
-            try:
-                request = self._reader.read(message)
-            except DecodeError:
-                raise _unparsable() from None
-        else:
-            request = decode_infer_request(message)
+    def _forwarded(self, request: InferRequest, metadata: Sequence[tuple[bytes | str, bytes | str]]) -> InferRequest:
+        """``request`` with the call's forwarded headers (--grpc-header-forward-pattern) among its parameters."""
         if self.header_forward is not None:
             request.parameters = {**request.parameters, **forwarded_grpc_metadata(self.header_forward, metadata)}
         return request
+
+    def _decode(self, message: Any) -> InferRequest:
+        """The InferRequest ``message`` asks for (ModelInfer's bytes, the same read on a thread
+        already, or a ModelInferRequest)."""
+        try:
+            if isinstance(message, bytes):
+                return self._reader.read(message)
+            if isinstance(message, ReadAhead):
+                return message.result()
+        except DecodeError:
+            raise _unparsable() from None
+        return decode_infer_request(message)
 
     # -- health and metadata ------------------------------------------------------------
 
@@ -413,7 +417,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         final response nobody asked to see) and whether it is the request's last. Returns what
         cancels the request, once sent."""
         try:
-            request = self._decode(message, metadata)
+            request = self._forwarded(self._decode(message), metadata)
         except TritiumError as exc:
             deliver(StreamError.before_start(exc, _request_id(message)), True)
             return None
@@ -554,7 +558,7 @@ def _request_id(message: Any) -> str:
     """The id of a stream request that could not be read into an InferRequest ("" if even
     protobuf cannot read it), for the error answering it."""
     if not isinstance(message, bytes):
-        return message.id
+        return message.id   # a ModelInferRequest's, or a ReadAhead's
     try:
         return service_pb2.ModelInferRequest.FromString(message).id
     except DecodeError:
@@ -613,9 +617,19 @@ def bind_grpc(service: GrpcInferenceService, address: str, port: int, max_messag
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 
-def rpc_methods() -> Iterator[tuple[str, bool, Callable, Callable]]:
-    """Every RPC of Triton's service: (name, streaming, lenient request parser (see UNPARSABLE),
-    response serializer)."""
+class RpcMethod(NamedTuple):
+    name: str
+    streaming: bool
+    parse: Callable[[bytes | memoryview], Any]   # bytes -> request message, or UNPARSABLE
+    serialize: Callable[[Any], bytes]             # response message -> bytes
+    # a request message whose reading would hold the event loop for long (``costly``) is read
+    # on a thread first (``read_ahead``), and what that gives is passed to the servicer instead
+    costly: Callable[[bytes | memoryview], bool] | None = None
+    read_ahead: Callable[[bytes | memoryview], Any] | None = None
+
+
+def rpc_methods() -> Iterator[RpcMethod]:
+    """Every RPC of Triton's service."""
     for method in SERVICE.methods:
         request_type = getattr(service_pb2, method.input_type.name)
         response_type = getattr(service_pb2, method.output_type.name)
@@ -623,9 +637,10 @@ def rpc_methods() -> Iterator[tuple[str, bool, Callable, Callable]]:
         # the metadata it has seen, and its stream answers are bytes already; every other
         # request is parsed here.
         if request_type is service_pb2.ModelInferRequest:
-            yield method.name, method.client_streaming, bytes, _as_bytes
+            yield RpcMethod(method.name, method.client_streaming, bytes, _as_bytes, costly_to_read, ReadAhead.of)
         else:
-            yield method.name, method.client_streaming, _lenient(request_type.FromString), response_type.SerializeToString
+            yield RpcMethod(method.name, method.client_streaming, _lenient(request_type.FromString),
+                            response_type.SerializeToString)
 
 
 def _as_bytes(answer: Any) -> bytes:
@@ -641,9 +656,10 @@ def health_check_method() -> tuple[str, Callable, Callable]:
 
 def _handlers(servicer: GrpcInferenceService) -> tuple[grpc.GenericRpcHandler, ...]:
     handlers = {}
-    for name, streaming, parse, serialize in rpc_methods():
-        make = grpc.stream_stream_rpc_method_handler if streaming else grpc.unary_unary_rpc_method_handler
-        handlers[name] = make(getattr(servicer, name), request_deserializer=parse, response_serializer=serialize)
+    for method in rpc_methods():
+        make = grpc.stream_stream_rpc_method_handler if method.streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(getattr(servicer, method.name), request_deserializer=method.parse,
+                                     response_serializer=method.serialize)
     _, parse, serialize = health_check_method()
     health = {"Check": grpc.unary_unary_rpc_method_handler(servicer.health.Check, request_deserializer=parse,
                                                             response_serializer=serialize)}

@@ -9,13 +9,16 @@ those).
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 
 import numpy as np
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from tritium.gateway.classification import classification_count
 from tritium.gateway.inference import (SEQUENCE_FLAGS, SEQUENCE_PARAMETERS, InferRequest, InferResult, InputTensor,
                                RequestedOutput)
+from tritium.gateway.offload import DECODE_OFF_LOOP_BYTES
 from tritium.gateway.shared_memory import shared_memory_ref
 from tritium import datatypes
 from tritium.errors import InvalidArgument
@@ -108,6 +111,41 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
     return InferRequest(model=model, version=message.model_version or None, inputs=inputs, outputs=outputs,
                         id=message.id, parameters=parameters,
                         sequence_id=sequence_id, sequence_flags=sequence_flags)
+
+
+def costly_to_read(data: bytes | memoryview) -> bool:
+    """Whether reading the message would hold the event loop for long: a large one whose values
+    protobuf and Python decode one by one (typed contents), not one of raw contents, which are
+    taken as they are."""
+    return len(data) >= DECODE_OFF_LOOP_BYTES and _plain_parts(data) is None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadAhead:
+    """A ModelInferRequest read on one of the gateway's threads (gateway/offload.py) before the
+    event loop takes it: the request, or what reading it raised, and the message's id."""
+
+    request: InferRequest | None
+    error: Exception | None
+    id: str
+
+    @classmethod
+    def of(cls, data: bytes | memoryview) -> "ReadAhead":
+        """Safe on any thread: it holds no reader's state."""
+        try:
+            message = service_pb2.ModelInferRequest.FromString(data)
+        except DecodeError as exc:
+            return cls(None, exc, "")
+        try:
+            return cls(decode_infer_request(message), None, message.id)
+        except Exception as exc:
+            return cls(None, exc, message.id)
+
+    def result(self) -> InferRequest:
+        if self.request is None:
+            assert self.error is not None
+            raise self.error
+        return self.request
 
 
 class InferRequestReader:

@@ -26,7 +26,8 @@ from typing import Any, cast
 
 import grpc
 
-from tritium.gateway.compression import OFF_LOOP_BYTES, in_thread
+from tritium.gateway.compression import OFF_LOOP_BYTES
+from tritium.gateway.offload import in_thread
 from tritium.gateway.connections import OpenConnections
 from tritium.gateway.grpc_api import (MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, InferStream,
                                      health_check_method, rpc_methods)
@@ -65,6 +66,15 @@ class Rpc:
     parse: Callable[[bytes | memoryview], Any]   # bytes -> request message, or UNPARSABLE
     serialize: Callable[[Any], bytes]    # response message -> bytes
     handler: Callable[..., Any]          # the servicer's coroutine function (unary calls)
+    costly: Callable[[bytes | memoryview], bool] | None = None        # see RpcMethod
+    read_ahead: Callable[[bytes | memoryview], Any] | None = None
+
+    def is_costly(self, message: bytes | memoryview) -> bool:
+        return self.costly is not None and self.costly(message)
+
+    def request(self, message: Any) -> Any:
+        """The request message the servicer takes: bytes parsed here, a read ahead's as it is."""
+        return self.parse(message) if isinstance(message, (bytes, memoryview)) else message
 
 
 def status_of(error: TritiumError) -> GrpcFailure:
@@ -96,14 +106,14 @@ class _Call:
     """One stream: its request bytes, the work answering it, and what waits on the send window."""
 
     __slots__ = ("id", "rpc", "headers", "reader", "messages", "stream", "task", "timer", "headers_sent",
-                 "done", "remote_closed", "pending", "trailers", "encoding", "cut", "give_up", "inflating")
+                 "done", "remote_closed", "pending", "trailers", "encoding", "cut", "give_up", "preparing")
 
     def __init__(self, stream_id: int, rpc: Rpc, headers: Headers, reader: MessageReader,
                  encoding: bytes | None = None) -> None:
         self.id, self.rpc, self.headers, self.reader = stream_id, rpc, headers, reader
         self.encoding = encoding   # what its responses are compressed with (None: they are not)
         self.cut = False           # part of a message is sent and the rest waits for the client's window
-        self.messages: list[bytes | memoryview] = []
+        self.messages: list[Any] = []   # a unary call's request: bytes, or a read ahead's
         self.stream: InferStream | None = None    # a streaming call's requests and answers
         self.task: asyncio.Task | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -114,8 +124,9 @@ class _Call:
         self.pending: deque[memoryview | asyncio.Future[bytes]] = deque()
         self.trailers: bytes | None = None     # the trailers' header block, sent after ``pending``
         self.give_up: Callable[[], None] | None = None   # cancels its request, should the call end unanswered
-        # requests read but not yet taken, in order, once one is being inflated on a thread
-        self.inflating: deque[bytes | memoryview | asyncio.Future[bytes]] = deque()
+        # requests read but not yet taken, in order, once one is being prepared on a thread
+        # (inflated, or read ahead: Rpc.read_ahead)
+        self.preparing: deque[Any] = deque()
 
     def abandon(self) -> None:
         """The client left the call (reset, deadline, connection lost) before its answers: its
@@ -259,38 +270,44 @@ class GrpcConnection(asyncio.Protocol):
             except GrpcFailure as failure:
                 self._fail(call, failure)
                 return
-            if call.inflating or any(isinstance(message, Compressed) for message in messages):
-                self._inflate(call, messages)
+            rpc = call.rpc
+            if call.preparing or any(isinstance(message, Compressed) or rpc.is_costly(message) for message in messages):
+                self._prepare(call, messages)
             else:
                 self._take(call, cast(list[bytes | memoryview], messages))
-        if end_stream and not call.done and not call.inflating:
+        if end_stream and not call.done and not call.preparing:
             self._ended(call)
 
-    def _take(self, call: _Call, messages: list[bytes | memoryview]) -> None:
+    def _take(self, call: _Call, messages: list[Any]) -> None:
         if call.stream is None:
             call.messages += messages
         else:
             for message in messages:
-                call.stream.request(call.rpc.parse(message))
+                call.stream.request(call.rpc.request(message))
 
-    def _inflate(self, call: _Call, messages: list[bytes | memoryview | Compressed]) -> None:
-        """Large compressed requests are inflated on a thread; the call's requests after one wait
-        behind it, so that they are taken in order (and the call's end after them)."""
+    def _prepare(self, call: _Call, messages: list[bytes | memoryview | Compressed]) -> None:
+        """Large compressed requests are inflated, and requests costly to read are read, on a
+        thread; the call's requests after one wait behind it, so that they are taken in order
+        (and the call's end after them)."""
+        rpc = call.rpc
         for message in messages:
             if isinstance(message, Compressed):
-                inflating = in_thread(call.reader.inflate, message.data)
-                inflating.add_done_callback(partial(self._inflated, call))
-                call.inflating.append(inflating)
+                preparing = in_thread(_inflated_and_read, call.reader, rpc, message.data)
+            elif rpc.is_costly(message):
+                assert rpc.read_ahead is not None
+                preparing = in_thread(rpc.read_ahead, message)
             else:
-                call.inflating.append(message)
+                call.preparing.append(message)
+                continue
+            preparing.add_done_callback(partial(self._prepared, call))
+            call.preparing.append(preparing)
 
-    def _inflated(self, call: _Call, _: asyncio.Future | None = None) -> None:
-        """Take the call's requests that are ready, up to the first still being inflated."""
-        if not call.inflating:   # taken already, by the callback of a message that finished before
+    def _prepared(self, call: _Call, _: asyncio.Future | None = None) -> None:
+        """Take the call's requests that are ready, up to the first still being prepared."""
+        if not call.preparing:   # taken already, by the callback of a message that finished before
             return
-        while call.inflating and not call.done:
-            head = call.inflating[0]
-            message: bytes | memoryview
+        while call.preparing and not call.done:
+            head = call.preparing[0]
             if isinstance(head, asyncio.Future):
                 if not head.done():
                     return
@@ -304,7 +321,7 @@ class GrpcConnection(asyncio.Protocol):
                     break
             else:
                 message = head
-            call.inflating.popleft()
+            call.preparing.popleft()
             self._take(call, [message])
         else:
             if call.remote_closed and not call.done:
@@ -320,7 +337,7 @@ class GrpcConnection(asyncio.Protocol):
         elif len(call.messages) != 1:
             self._fail(call, GrpcFailure(INTERNAL, f"a unary call needs one request message, got {len(call.messages)}"))
         else:
-            self._unary(call, call.rpc.parse(call.messages.pop()))
+            self._unary(call, call.rpc.request(call.messages.pop()))
 
     def _reset_by_client(self, stream_id: int) -> None:
         call = self.calls.get(stream_id)
@@ -557,7 +574,7 @@ class GrpcConnection(asyncio.Protocol):
         if call.stream is not None:
             call.stream.over = True
         _drop(call.pending)
-        _drop(call.inflating)
+        _drop(call.preparing)
         self.blocked.pop(call.id, None)
         if call.timer is not None:
             call.timer.cancel()
@@ -659,14 +676,21 @@ def _internal(call: _Call, exc: Exception) -> GrpcFailure:
     return GrpcFailure(INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
+def _inflated_and_read(reader: MessageReader, rpc: Rpc, data: bytes) -> Any:
+    """A compressed message inflated, then read ahead too if reading it is costly (on a thread)."""
+    message = reader.inflate(data)
+    return rpc.read_ahead(message) if rpc.read_ahead is not None and rpc.is_costly(message) else message
+
+
 class GrpcServer:
     """The listening socket, the connections, and the graceful drain; grpc.aio's start/stop shape."""
 
     def __init__(self, servicer: GrpcInferenceService, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  keepalive: GrpcKeepalive = GrpcKeepalive(), compression_level: str = "none",
                  tls: ssl.SSLContext | None = None) -> None:
-        rpcs = {f"/{SERVICE.full_name}/{name}".encode(): Rpc(name, streaming, parse, serialize, getattr(servicer, name))
-                for name, streaming, parse, serialize in rpc_methods()}
+        rpcs = {f"/{SERVICE.full_name}/{m.name}".encode(): Rpc(m.name, m.streaming, m.parse, m.serialize,
+                                                               getattr(servicer, m.name), m.costly, m.read_ahead)
+                for m in rpc_methods()}
         path, parse, serialize = health_check_method()
         rpcs[path.encode()] = Rpc("Check", False, parse, serialize, servicer.health.Check)
         self.shared = _Shared(servicer, rpcs, max_message_bytes, keepalive, compression_level)

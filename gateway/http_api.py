@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import orjson
 
-from tritium.gateway.compression import OFF_LOOP_BYTES, WBITS, compress_then, in_thread, response_encoding
+from tritium.gateway.compression import OFF_LOOP_BYTES, WBITS, compress_then, response_encoding
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.header_forwarding import forwarded_http_headers
 from tritium.gateway.http_codec import (
@@ -29,6 +29,7 @@ from tritium.gateway.http_codec import (
 from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
 from tritium.gateway.inference import InferRequest, InferResult
 from tritium.gateway.model_table import ModelSpec
+from tritium.gateway.offload import DECODE_OFF_LOOP_BYTES, in_thread
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED, unknown_cuda_region
 from tritium.gateway.tracing import traced_answer
@@ -187,40 +188,48 @@ class HttpApp:
         spec = self.dataplane.check_model(model, version)   # Triton looks the model up before the body
         encoding = request.headers.get(b"content-encoding")
         if encoding is not None and len(request.body) >= OFF_LOOP_BYTES and encoding.lower() in WBITS:
-            return self._infer_inflated(request, model, version, spec, encoding, answer)
+            return self._infer_off_loop(request, answer, in_thread(self._decode_inflated, request, model, version,
+                                                                   spec, encoding))
         body = self._decompress(request.body, encoding)
-        return self._infer_body(request, model, version, spec, body, answer)
+        header_length = _header_length(request)
+        if (len(body) if header_length is None else header_length) >= DECODE_OFF_LOOP_BYTES:   # that much JSON
+            return self._infer_off_loop(request, answer, in_thread(self._decode, request, model, version, spec, body,
+                                                                   header_length))
+        return self._send(request, *self._decode(request, model, version, spec, body, header_length), answer)
 
-    def _infer_inflated(self, request: HttpRequest, model: str, version: str | None, spec: ModelSpec,
-                        encoding: bytes, answer: Answer) -> Callable[[], None]:
-        """A large compressed body is inflated on a thread; the request goes on from there."""
-        inflating = in_thread(self._decompress, request.body, encoding)
+    def _infer_off_loop(self, request: HttpRequest, answer: Answer,
+                        decoding: asyncio.Future[tuple[InferRequest, bool]]) -> Callable[[], None]:
+        """A request read on a thread (gateway/offload.py); it goes on from the loop once read."""
         gave_up: list[Callable[[], None]] = []
         client_left = False
 
-        def inflated(done: asyncio.Future[bytes]) -> None:
+        def decoded(done: asyncio.Future[tuple[InferRequest, bool]]) -> None:
             if client_left:
                 return
             try:
-                gave_up.append(self._infer_body(request, model, version, spec, done.result(), answer))
+                gave_up.append(self._send(request, *done.result(), answer))
             except Exception as exc:
                 answer(_failure(request, exc))
 
         def give_up() -> None:
             nonlocal client_left
             client_left = True
-            inflating.cancel()
+            decoding.cancel()
             for cancel in gave_up:
                 cancel()
 
-        inflating.add_done_callback(inflated)
+        decoding.add_done_callback(decoded)
         return give_up
 
-    def _infer_body(self, request: HttpRequest, model: str, version: str | None, spec: ModelSpec, body: bytes,
-                    answer: Answer) -> Callable[[], None]:
-        headers = request.headers
-        header_length_text = headers.get(b"inference-header-content-length")
-        header_length = None if header_length_text is None else inference_header_length(header_length_text)
+    def _decode_inflated(self, request: HttpRequest, model: str, version: str | None, spec: ModelSpec,
+                         encoding: bytes) -> tuple[InferRequest, bool]:
+        body = self._decompress(request.body, encoding)
+        return self._decode(request, model, version, spec, body, _header_length(request))
+
+    def _decode(self, request: HttpRequest, model: str, version: str | None, spec: ModelSpec, body: bytes,
+                header_length: int | None) -> tuple[InferRequest, bool]:
+        """The request the body asks (its JSON the first ``header_length`` bytes, or all of it),
+        and whether its outputs are binary unless it says otherwise."""
         if header_length == 0 or (header_length is None and not body):   # Triton's default: the body's length
             infer_request, binary_default = decode_raw_request(spec, version, body), True
         else:
@@ -228,6 +237,11 @@ class HttpApp:
         if self.header_forward is not None and request.header_lines:
             infer_request.parameters = {**infer_request.parameters,
                                         **forwarded_http_headers(self.header_forward, request.header_lines)}
+        return infer_request, binary_default
+
+    def _send(self, request: HttpRequest, infer_request: InferRequest, binary_default: bool,
+              answer: Answer) -> Callable[[], None]:
+        headers = request.headers
         accept_encoding = headers.get(b"accept-encoding")
         encoding = None if accept_encoding is None else response_encoding(accept_encoding)
 
@@ -424,6 +438,11 @@ class HttpApp:
                 f"Decompressed data size exceeds the maximum allowed value of "
                 f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
         return data
+
+
+def _header_length(request: HttpRequest) -> int | None:
+    text = request.headers.get(b"inference-header-content-length")
+    return None if text is None else inference_header_length(text)
 
 
 def _failure(request: HttpRequest, exc: Exception) -> HttpResponse:

@@ -30,7 +30,7 @@ def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     add_sub_model(repo, "add_sub", max_batch_size=8)
     all_types_model(repo)
-    for name in ("py_decoupled", "py_errors", "py_cancellable", "bls_cancel", "py_cancel_polling"):
+    for name in ("py_decoupled", "py_errors", "py_cancellable", "bls_cancel", "py_cancel_polling", "py_text"):
         shutil.copytree(PYTHON_MODELS / name, repo / name)
     with TritiumServer(repo) as running:
         yield running
@@ -143,6 +143,37 @@ def test_typed_contents_are_accepted_and_mixing_them_with_raw_is_refused(server)
         assert "contents field must not be specified when using raw_input_contents for 'INPUT0'" in error.value.details()
     finally:
         channel.close()
+
+
+def test_typed_contents_of_megabytes_are_answered_in_full(server):
+    # A message this large of typed contents is read off the event loop (gateway/offload.py),
+    # on a stream in its place among the others.
+    text = bytes(range(97, 123)) * 80_000
+    large = service_pb2.ModelInferRequest(model_name="py_text", id="large")
+    large.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(text)
+    wrong = service_pb2.ModelInferRequest()
+    wrong.CopyFrom(large)
+    wrong.id, wrong.inputs[0].shape[:] = "wrong", [2]
+    small = service_pb2.ModelInferRequest(model_name="py_text", id="small")
+    small.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"ok")
+    channel, stub = _stub(server)
+    try:
+        response = stub.ModelInfer(large)
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ModelInfer(wrong)
+        streamed = list(stub.ModelStreamInfer(iter([large, wrong, small]), timeout=30))
+    finally:
+        channel.close()
+    named = dict(zip((output.name for output in response.outputs), response.raw_output_contents))
+    assert response.id == "large" and named["text_output"] == struct.pack("<I", len(text)) + text.upper()
+    assert np.frombuffer(named["length"], np.int32).tolist() == [len(text)]
+    expected_error = "unexpected shape for input 'text_input' for model 'py_text'. Expected [1], got [2]"
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and expected_error in error.value.details()
+    assert sorted((answer.infer_response.id, answer.error_message[:120]) for answer in streamed) == [
+        ("large", ""), ("small", ""), ("wrong", f"[request id: wrong] {expected_error}. ")]
+    for answer in streamed:
+        if answer.infer_response.id == "small":
+            assert answer.infer_response.raw_output_contents[0] == struct.pack("<I", 2) + b"OK"
 
 
 def test_raw_input_contents_left_over_are_ignored_and_one_missing_is_named(server):

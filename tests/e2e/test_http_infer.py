@@ -105,6 +105,22 @@ def test_every_datatype_round_trips(client, binary):
         np.testing.assert_array_equal(returned, array, err_msg=name)
 
 
+def test_a_json_body_of_megabytes_is_answered_in_full(client):
+    # Over a megabyte of JSON values is decoded off the event loop (gateway/offload.py).
+    arrays = _all_types_arrays(rows=1)
+    arrays["BYTES"] = np.array([str(i).encode() for i in range(200_000)], dtype=np.object_).reshape(1, -1)
+    arrays["INT32"] = np.arange(100_000, dtype=np.int32).reshape(1, -1)
+    inputs = []
+    for name, array in arrays.items():
+        tensor = httpclient.InferInput(f"IN_{name}", list(array.shape), name)
+        tensor.set_data_from_numpy(array, binary_data=name == "FP16")
+        inputs.append(tensor)
+    outputs = [httpclient.InferRequestedOutput(f"OUT_{name}", binary_data=True) for name in arrays]
+    result = client.infer("all_types", inputs, outputs=outputs)
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(result.as_numpy(f"OUT_{name}"), array, err_msg=name)
+
+
 def test_fp32_json_output_prints_the_double_it_widens_to(server):
     import json
     import urllib.request

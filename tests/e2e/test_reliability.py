@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests import cluster
 from tests.cluster import Load, failures, instance_pids, model_ready, served_by
@@ -57,6 +61,36 @@ def test_a_batch_running_much_longer_than_the_heartbeat_timeout_keeps_its_instan
     client = httpclient.InferenceServerClient(gateway.url, network_timeout=30)
     pid = int(cluster.whoami(client, delay_ms=2500)[0])   # ten heartbeat intervals
     assert pid in set().union(*(instance_pids(w) for w in world[1]))
+    assert "stopped answering heartbeats" not in broker.logs()[logged_before:]
+
+
+def test_requests_of_millions_of_typed_values_leave_the_gateway_serving_the_rest(world):
+    # Decoding one takes a second or more: on the gateway's event loop that would silence its
+    # heartbeats (a limit of 0.75 s here), and the broker would let it go with what it holds.
+    broker, _, gateway = world
+    logged_before = len(broker.logs())
+    values = 4_000_000
+    message = service_pb2.ModelInferRequest(model_name="whoami")
+    message.inputs.add(name="DELAY_MS", datatype="BYTES", shape=[1, values]).contents.bytes_contents.extend(
+        [b"a"] * values)
+    body = b'{"inputs":[{"name":"DELAY_MS","datatype":"FP32","shape":[1,%d],"data":[%s]}]}' % (
+        values, b",".join([b"1.5"] * values))
+    channel = grpc.insecure_channel(gateway.grpc_url, options=[("grpc.max_send_message_length", -1)])
+    with Load(gateway.url, threads=2, delay_ms=20) as load:
+        time.sleep(0.2)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(message, timeout=30)
+        streamed = list(stub.ModelStreamInfer(iter([message]), timeout=30))
+        with pytest.raises(urllib.error.HTTPError) as refused_json:
+            urllib.request.urlopen(f"http://{gateway.url}/v2/models/whoami/infer", data=body, timeout=30)
+    channel.close()
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "inference input 'DELAY_MS' data-type is 'BYTES', but model 'whoami' expects 'FP32'" in refused.value.details()
+    assert [answer.error_message for answer in streamed] == [refused.value.details()]
+    assert refused_json.value.code == 400
+    assert "Expected [-1,1], got [1,4000000]" in refused_json.value.read().decode()
+    assert not failures(load.outcomes) and len(load.outcomes) > 10
     assert "stopped answering heartbeats" not in broker.logs()[logged_before:]
 
 
