@@ -15,7 +15,7 @@ import re
 import zlib
 from collections.abc import Callable
 
-from tritium.gateway.offload import in_thread
+from tritium.gateway.offload import zlib_threads
 
 _WEIGHT = re.compile(rb"\s*[+-]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)", re.IGNORECASE)
 _CHOICES = (b"identity", b"deflate", b"gzip")
@@ -66,4 +66,4 @@ def compress_then(body: bytes, encoding: bytes, deliver: Callable[[bytes], None]
             return
         deliver(packed)
 
-    in_thread(compress, body, encoding).add_done_callback(compressed)
+    zlib_threads.run(compress, body, encoding).add_done_callback(compressed)

@@ -617,6 +617,10 @@ def bind_grpc(service: GrpcInferenceService, address: str, port: int, max_messag
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 
+def never_costly(message: bytes | memoryview) -> bool:
+    return False
+
+
 class RpcMethod(NamedTuple):
     name: str
     streaming: bool
@@ -624,8 +628,8 @@ class RpcMethod(NamedTuple):
     serialize: Callable[[Any], bytes]             # response message -> bytes
     # a request message whose reading would hold the event loop for long (``costly``) is read
     # on a thread first (``read_ahead``), and what that gives is passed to the servicer instead
-    costly: Callable[[bytes | memoryview], bool] | None = None
-    read_ahead: Callable[[bytes | memoryview], Any] | None = None
+    costly: Callable[[bytes | memoryview], bool] = never_costly
+    read_ahead: Callable[[bytes | memoryview], Any] = bytes
 
 
 def rpc_methods() -> Iterator[RpcMethod]:

@@ -370,12 +370,30 @@ def contents_to_bytes(model: str, tensor: service_pb2.ModelInferRequest.InferInp
     dtype = dt.numpy
     assert dtype is not None   # every datatype with a contents field but BYTES has one
     if dtype.kind in "iu" and dtype.itemsize < 4:   # carried in 32-bit contents: may not fit
-        wide = np.array(values, dtype=np.int32 if dtype.kind == "i" else np.uint32)
+        wide = _numbers(values, np.dtype(np.int32 if dtype.kind == "i" else np.uint32))
         info = np.iinfo(dtype)
         if wide.size and (wide.min() < info.min or wide.max() > info.max):
             raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has a value out of range for {dt.name}")
         return wide.astype(dtype).tobytes()
-    return np.array(values, dtype=dtype).tobytes()
+    return _numbers(values, dtype).tobytes()
+
+
+_CHUNK = 1 << 16
+
+
+def _numbers(values, dtype: np.dtype) -> np.ndarray:
+    """A repeated number field as an array, converted a chunk at a time: one numpy call over
+    millions of values would hold the GIL, and with it the event loop, for seconds (a large
+    message is read on a thread, and the loop runs between the chunks)."""
+    count = len(values)
+    if count <= _CHUNK:
+        return np.fromiter(values, dtype, count=count)
+    array = np.empty(count, dtype)
+    items = iter(values)
+    for start in range(0, count, _CHUNK):
+        stop = min(start + _CHUNK, count)
+        array[start:stop] = np.fromiter(items, dtype, count=stop - start)
+    return array
 
 
 def encode_infer_response(result: InferResult, parameters: dict | None = None) -> service_pb2.ModelInferResponse:

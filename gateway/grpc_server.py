@@ -27,15 +27,15 @@ from typing import Any, cast
 import grpc
 
 from tritium.gateway.compression import OFF_LOOP_BYTES
-from tritium.gateway.offload import in_thread
 from tritium.gateway.connections import OpenConnections
 from tritium.gateway.grpc_api import (MAX_MESSAGE_BYTES, SERVICE, GrpcInferenceService, InferStream,
-                                     health_check_method, rpc_methods)
+                                     health_check_method, never_costly, rpc_methods)
 from tritium.gateway.grpc_codec import joined
 from tritium.gateway.grpc_http2 import (CANCEL, ENHANCE_YOUR_CALM, LARGE_SEGMENT, NO_ERROR, REFUSED_STREAM,
                                         ConnectionFailure, Headers, Http2Connection, encode_headers)
 from tritium.gateway.grpc_keepalive import GrpcKeepalive, KeepaliveTimers, too_many_pings
 from tritium.gateway.grpc_tls import GrpcTls
+from tritium.gateway.offload import decode_threads, zlib_threads
 from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS, Compressed, GrpcFailure, MessageReader,
                                       compressed_frame, frame, parse_timeout, prefix, prefix_of, percent_encoded,
                                       response_encoding, too_large)
@@ -66,11 +66,8 @@ class Rpc:
     parse: Callable[[bytes | memoryview], Any]   # bytes -> request message, or UNPARSABLE
     serialize: Callable[[Any], bytes]    # response message -> bytes
     handler: Callable[..., Any]          # the servicer's coroutine function (unary calls)
-    costly: Callable[[bytes | memoryview], bool] | None = None        # see RpcMethod
-    read_ahead: Callable[[bytes | memoryview], Any] | None = None
-
-    def is_costly(self, message: bytes | memoryview) -> bool:
-        return self.costly is not None and self.costly(message)
+    costly: Callable[[bytes | memoryview], bool] = never_costly   # see RpcMethod
+    read_ahead: Callable[[bytes | memoryview], Any] = bytes
 
     def request(self, message: Any) -> Any:
         """The request message the servicer takes: bytes parsed here, a read ahead's as it is."""
@@ -271,10 +268,10 @@ class GrpcConnection(asyncio.Protocol):
                 self._fail(call, failure)
                 return
             rpc = call.rpc
-            if call.preparing or any(isinstance(message, Compressed) or rpc.is_costly(message) for message in messages):
+            if call.preparing or any(isinstance(message, Compressed) or rpc.costly(message) for message in messages):
                 self._prepare(call, messages)
             else:
-                self._take(call, cast(list[bytes | memoryview], messages))
+                self._take(call, messages)
         if end_stream and not call.done and not call.preparing:
             self._ended(call)
 
@@ -292,10 +289,9 @@ class GrpcConnection(asyncio.Protocol):
         rpc = call.rpc
         for message in messages:
             if isinstance(message, Compressed):
-                preparing = in_thread(_inflated_and_read, call.reader, rpc, message.data)
-            elif rpc.is_costly(message):
-                assert rpc.read_ahead is not None
-                preparing = in_thread(rpc.read_ahead, message)
+                preparing = zlib_threads.run(_inflated_and_read, call.reader, rpc, message.data)
+            elif rpc.costly(message):
+                preparing = decode_threads.run(rpc.read_ahead, message)
             else:
                 call.preparing.append(message)
                 continue
@@ -480,7 +476,7 @@ class GrpcConnection(asyncio.Protocol):
     def _compress_in_thread(self, call: _Call, payload: bytes, encoding: bytes) -> None:
         """The message waits in ``pending`` as a future, holding back what follows it (later
         messages, the trailers) until it is compressed."""
-        compressing = in_thread(compressed_frame, payload, encoding)
+        compressing = zlib_threads.run(compressed_frame, payload, encoding)
         call.pending.append(compressing)
 
         def compressed(done: asyncio.Future[bytes]) -> None:
@@ -664,7 +660,8 @@ def _trailers(code: int, message: str, headers_sent: bool) -> bytes:
 
 
 def _drop(waiting: deque) -> None:
-    """Empty a call's queue, stopping the zlib work of its futures that has not begun."""
+    """Empty a call's queue, stopping the threads' work for its futures that has not begun
+    (work begun runs to its end, its result unused)."""
     for item in waiting:
         if isinstance(item, asyncio.Future):
             item.cancel()
@@ -679,7 +676,7 @@ def _internal(call: _Call, exc: Exception) -> GrpcFailure:
 def _inflated_and_read(reader: MessageReader, rpc: Rpc, data: bytes) -> Any:
     """A compressed message inflated, then read ahead too if reading it is costly (on a thread)."""
     message = reader.inflate(data)
-    return rpc.read_ahead(message) if rpc.read_ahead is not None and rpc.is_costly(message) else message
+    return rpc.read_ahead(message) if rpc.costly(message) else message
 
 
 class GrpcServer:

@@ -29,7 +29,7 @@ from tritium.gateway.http_codec import (
 from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
 from tritium.gateway.inference import InferRequest, InferResult
 from tritium.gateway.model_table import ModelSpec
-from tritium.gateway.offload import DECODE_OFF_LOOP_BYTES, in_thread
+from tritium.gateway.offload import DECODE_OFF_LOOP_BYTES, decode_threads, zlib_threads
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED, unknown_cuda_region
 from tritium.gateway.tracing import traced_answer
@@ -188,13 +188,13 @@ class HttpApp:
         spec = self.dataplane.check_model(model, version)   # Triton looks the model up before the body
         encoding = request.headers.get(b"content-encoding")
         if encoding is not None and len(request.body) >= OFF_LOOP_BYTES and encoding.lower() in WBITS:
-            return self._infer_off_loop(request, answer, in_thread(self._decode_inflated, request, model, version,
-                                                                   spec, encoding))
+            inflating = zlib_threads.run(self._decode_inflated, request, model, version, spec, encoding)
+            return self._infer_off_loop(request, answer, inflating)
         body = self._decompress(request.body, encoding)
         header_length = _header_length(request)
         if (len(body) if header_length is None else header_length) >= DECODE_OFF_LOOP_BYTES:   # that much JSON
-            return self._infer_off_loop(request, answer, in_thread(self._decode, request, model, version, spec, body,
-                                                                   header_length))
+            decoding = decode_threads.run(self._decode, request, model, version, spec, body, header_length)
+            return self._infer_off_loop(request, answer, decoding)
         return self._send(request, *self._decode(request, model, version, spec, body, header_length), answer)
 
     def _infer_off_loop(self, request: HttpRequest, answer: Answer,

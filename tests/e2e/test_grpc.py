@@ -171,9 +171,29 @@ def test_typed_contents_of_megabytes_are_answered_in_full(server):
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and expected_error in error.value.details()
     assert sorted((answer.infer_response.id, answer.error_message[:120]) for answer in streamed) == [
         ("large", ""), ("small", ""), ("wrong", f"[request id: wrong] {expected_error}. ")]
-    for answer in streamed:
-        if answer.infer_response.id == "small":
-            assert answer.infer_response.raw_output_contents[0] == struct.pack("<I", 2) + b"OK"
+    # py_text runs one request at a time: "small", taken after "large" was read, is answered after it
+    answered = [answer.infer_response.id for answer in streamed if not answer.error_message]
+    assert answered == ["large", "small"]
+    assert streamed[-1].infer_response.raw_output_contents[0] == struct.pack("<I", 2) + b"OK"
+
+
+def test_a_large_message_that_cannot_be_read_gets_the_error_reading_it_gives(server):
+    channel, stub = _stub(server)
+    try:
+        request = service_pb2.ModelInferRequest(model_name="all_types")
+        request.inputs.add(name="IN_INT8", datatype="INT8", shape=[1, 600_000]).contents.int_contents.extend(
+            [300] * 600_000)   # 1.2 MB: read on a thread
+        with pytest.raises(grpc.RpcError) as out_of_range:
+            stub.ModelInfer(request)
+        send_bytes = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                         request_serializer=lambda data: data, response_deserializer=lambda data: data)
+        with pytest.raises(grpc.RpcError) as unparsable:
+            send_bytes(b"\xff" * (2 << 20))
+    finally:
+        channel.close()
+    assert out_of_range.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert out_of_range.value.details() == "input 'IN_INT8' for model 'all_types' has a value out of range for INT8"
+    assert (unparsable.value.code(), unparsable.value.details()) == (grpc.StatusCode.INTERNAL, "Unable to parse request")
 
 
 def test_raw_input_contents_left_over_are_ignored_and_one_missing_is_named(server):
