@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from tritium.gateway.classification import classify
 from tritium.gateway.generate import SINGLE_RESPONSE_ONLY, generate_request, generate_response
 from tritium.gateway.inference import InferRequest, InferResult, OutputTensor
 from tritium.gateway.model_table import ModelSpec, parse_version
-from tritium.gateway.shared_memory import SHM_DISABLED, map_region
+from tritium.gateway.shared_memory import SHM_DISABLED, open_region
 from tritium.gateway.tracing import NO_TRACING
 from tritium.gateway.validation import check_requested_outputs, check_single_response, validate_inputs
 from tritium.repo.names import check_load_parameters, require_name
@@ -356,7 +357,7 @@ class DataPlane:
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidArgument(f"Unable to parse '{field}': expected an unsigned integer")
-        map_region(key, offset, byte_size, name).close()  # fails here, for this client, if it cannot be mapped
+        os.close(open_region(key, offset, byte_size, name))  # fails here, for this client, if it cannot be opened
         await self._control(RegisterRegion(name, key, offset, byte_size))
 
     async def unregister_shared_memory(self, name: str | None) -> None:

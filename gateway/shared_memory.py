@@ -3,17 +3,22 @@
 Clients on the gateway's host put tensors in POSIX shared memory and name the region in
 a request instead of sending the bytes. Registrations go through the broker, which
 pushes the list of regions to every gateway process (they share the ports), and each
-gateway maps a region the first time it sees it. Only gateways touch client memory:
+gateway opens a region the first time it sees it. Only gateways touch client memory:
 workers may run on other hosts.
+
+A region is read and written through its file (``pread``/``pwrite``), not a mapping: a client
+that shrinks its shared memory object after registering it would make a read of the mapping
+past the new end kill the gateway (SIGBUS), every client's requests with it. Through the file,
+the request is refused instead.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
 import os
+import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tritium.errors import InvalidArgument, NotFound
 from tritium.protocol import SharedMemoryRegion
@@ -45,20 +50,40 @@ class Region:
     key: str
     offset: int
     byte_size: int
-    mapping: mmap.mmap
+    fd: int   # closed with the last reference to the region (a request in flight may hold one)
+    _closer: weakref.finalize = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._closer = weakref.finalize(self, os.close, self.fd)
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
+    def read(self, start: int, byte_size: int) -> bytes:
+        data = os.pread(self.fd, byte_size, start)
+        if len(data) < byte_size:
+            raise _truncated(self)
+        return data
 
-def map_region(key: str, offset: int, byte_size: int, name: str = "") -> mmap.mmap:
-    """Map the POSIX shared memory object ``key``; it must hold offset + byte_size bytes (region
-    ``name``'s, as Triton names it when they do not fit)."""
+    def write(self, start: int, data: memoryview) -> None:
+        if os.fstat(self.fd).st_size < start + len(data):   # not written past the client's new end
+            raise _truncated(self)
+        os.pwrite(self.fd, data, start)
+
+
+def _truncated(region: Region) -> InvalidArgument:
+    return InvalidArgument(f"shared memory region '{region.name}' is smaller than when it was registered: "
+                           f"its object '{region.key}' no longer holds {region.offset + region.byte_size} bytes")
+
+
+def open_region(key: str, offset: int, byte_size: int, name: str = "") -> int:
+    """A descriptor of the POSIX shared memory object ``key``; it must hold offset + byte_size
+    bytes (region ``name``'s, as Triton names it when they do not fit)."""
     path = os.path.join(_SHM_ROOT, key.lstrip("/"))
     if "/" in key.lstrip("/") or not key.strip("/"):
         raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except OSError:
         raise InvalidArgument(f"Unable to open shared memory region: '{key}'") from None
     try:
@@ -67,9 +92,10 @@ def map_region(key: str, offset: int, byte_size: int, name: str = "") -> mmap.mm
             raise InvalidArgument(f"Invalid shared memory region: '{key}'")
         if offset + byte_size > size:   # (Triton's words)
             raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
-        return mmap.mmap(fd, size)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
 class SharedMemoryRegions:
@@ -86,17 +112,17 @@ class SharedMemoryRegions:
             if entry is None or (entry.key, entry.offset, entry.byte_size) != \
                     (region.key, region.offset, region.byte_size):
                 # Not closed here: a request that started with it still writes its outputs there,
-                # as Triton lets requests in flight finish; its mapping goes with the last of them.
+                # as Triton lets requests in flight finish; its descriptor goes with the last of them.
                 del self._regions[name]
         for name, entry in wanted.items():
             if name in self._regions:
                 continue
             try:
-                mapping = map_region(entry.key, entry.offset, entry.byte_size, name)
+                fd = open_region(entry.key, entry.offset, entry.byte_size, name)
             except InvalidArgument as exc:  # gone since it was registered: requests naming it fail
                 log.warning("shared memory region '%s': %s", name, exc.message)
                 continue
-            self._regions[name] = Region(name, entry.key, entry.offset, entry.byte_size, mapping)
+            self._regions[name] = Region(name, entry.key, entry.offset, entry.byte_size, fd)
 
     def status(self, name: str | None) -> list[dict]:
         if name is None:
@@ -108,8 +134,8 @@ class SharedMemoryRegions:
 
     def read(self, ref: SharedMemoryRef) -> bytes:
         """An input's bytes, copied: the client may reuse the region once answered."""
-        start = self._span(ref)
-        return self._regions[ref.region].mapping[start:start + ref.byte_size]
+        region = self._region(ref)
+        return region.read(_span(region, ref), ref.byte_size)
 
     def write(self, ref: SharedMemoryRef, output: str, data, region: Region | None = None) -> None:
         """``region``: the one ``check`` gave when the request started (still written to if it was
@@ -121,16 +147,13 @@ class SharedMemoryRegions:
             raise InvalidArgument(
                 f"shared memory size specified with the request for output '{output}' ({ref.byte_size} bytes) "
                 f"should be at least {len(view)} bytes to hold the results")
-        region.mapping[start:start + len(view)] = view
+        region.write(start, view)
 
     def check(self, ref: SharedMemoryRef) -> Region:
         """The region ``ref`` names, if the reference fits it."""
         region = self._region(ref)
         _span(region, ref)
         return region
-
-    def _span(self, ref: SharedMemoryRef) -> int:
-        return _span(self._region(ref), ref)
 
     def _region(self, ref: SharedMemoryRef) -> Region:
         region = self._regions.get(ref.region)
@@ -140,7 +163,7 @@ class SharedMemoryRegions:
 
 
 def _span(region: Region, ref: SharedMemoryRef) -> int:
-    """Where in ``region``'s mapping the reference starts; InvalidArgument if it does not fit."""
+    """Where in ``region``'s object the reference starts; InvalidArgument if it does not fit."""
     if ref.offset >= region.byte_size:
         raise InvalidArgument(f"Invalid offset for shared memory region: '{ref.region}'")
     if ref.byte_size <= 0 or ref.offset + ref.byte_size > region.byte_size:

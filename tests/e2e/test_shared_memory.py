@@ -3,6 +3,7 @@ outputs written to them, by any of the gateway processes, and clear errors."""
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import numpy as np
@@ -169,6 +170,37 @@ def test_bad_regions_and_references_are_clear_errors(server, regions):
         "StatusCode.NOT_FOUND", "Unable to find cuda shared memory region: 'x'")
     assert client.get_cuda_shared_memory_status(as_json=True) == {}
     client.close()
+
+
+def test_a_region_shrunk_by_its_client_is_refused_and_the_server_serves_on(server, regions):
+    # Read or written through a mapping, the bytes past the object's new end would kill the
+    # gateway (SIGBUS) and every client's requests with it.
+    in_key, in_handle = regions.make(BYTES)
+    out_key, _ = regions.make(BYTES)
+    shm.set_shared_memory_region(in_handle, [B])
+    for name, key in (("shrunk_in", in_key), ("shrunk_out", out_key)):
+        assert request(server.url, "POST", f"/v2/systemsharedmemory/region/{name}/register",
+                       {"key": key, "byte_size": BYTES})[0] == 200
+    infer = "/v2/models/add_sub/infer"
+    reading = infer_body({"shared_memory_region": "shrunk_in", "shared_memory_byte_size": BYTES})
+    plain = {"datatype": "FP32", "shape": [1, 16], "data": A.ravel().tolist()}
+    writing = {"inputs": [{"name": "INPUT0", **plain}, {"name": "INPUT1", **plain}],
+               "outputs": [{"name": "OUTPUT0", "parameters": {"shared_memory_region": "shrunk_out",
+                                                              "shared_memory_byte_size": BYTES}}]}
+    assert request(server.url, "POST", infer, reading)[0] == 200
+    for key in (in_key, out_key):
+        os.truncate(f"/dev/shm/{key.lstrip('/')}", 16)
+    for body, name, key in ((reading, "shrunk_in", in_key), (writing, "shrunk_out", out_key)):
+        for _ in range(2):   # on either gateway
+            got, _, data = request(server.url, "POST", infer, body)
+            assert (got, error_of(data)) == (400, f"shared memory region '{name}' is smaller than when it was "
+                                                  f"registered: its object '{key}' no longer holds {BYTES} bytes")
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.is_server_live() and client.is_model_ready("add_sub")
+    raw = [httpclient.InferInput("INPUT0", [1, 16], "FP32"), httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    for tensor, array in zip(raw, (A, B)):
+        tensor.set_data_from_numpy(array)
+    np.testing.assert_array_equal(client.infer("add_sub", raw).as_numpy("OUTPUT0"), A + B)
 
 
 def test_client_shared_memory_is_off_by_default(tmp_path_factory):
