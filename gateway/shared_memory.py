@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -83,11 +84,16 @@ def open_region(key: str, offset: int, byte_size: int, name: str = "") -> int:
     if "/" in key.lstrip("/") or not key.strip("/"):
         raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        # As shm_open opens it: never through a link (a client could point one at any file the
+        # gateway may read or write); nor a FIFO, which would block the event loop on open.
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         raise InvalidArgument(f"Unable to open shared memory region: '{key}'") from None
     try:
-        size = os.fstat(fd).st_size
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
+        size = status.st_size
         if offset < 0 or byte_size <= 0:
             raise InvalidArgument(f"Invalid shared memory region: '{key}'")
         if offset + byte_size > size:   # (Triton's words)

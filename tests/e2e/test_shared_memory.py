@@ -122,7 +122,7 @@ def infer_body(input1_parameters: dict, output_parameters: dict | None = None) -
     return body
 
 
-def test_bad_regions_and_references_are_clear_errors(server, regions):
+def test_bad_regions_and_references_are_clear_errors(server, regions, tmp_path):
     key, handle = regions.make(BYTES)
     shm.set_shared_memory_region(handle, [B])
     register = "/v2/systemsharedmemory/region/{}/register"
@@ -134,9 +134,22 @@ def test_bad_regions_and_references_are_clear_errors(server, regions):
         (register.format("x"), {"key": key, "offset": 32, "byte_size": BYTES}, 400,
          "failed to register shared memory region 'x': invalid args"),   # (Triton's words)
     ]
-    for path, body, status, message in cases:
-        got, _, data = request(server.url, "POST", path, body)
-        assert (got, error_of(data)) == (status, message), path
+    # a link in /dev/shm is not followed (as shm_open opens), a FIFO not opened
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * BYTES)
+    link, fifo = f"/tritium-test-link-{uuid.uuid4().hex[:8]}", f"/tritium-test-fifo-{uuid.uuid4().hex[:8]}"
+    os.symlink(secret, f"/dev/shm{link}")
+    os.mkfifo(f"/dev/shm{fifo}")
+    try:
+        for name in (link, fifo):
+            cases.append((register.format("x"), {"key": name, "byte_size": 8}, 400,
+                          f"Unable to open shared memory region: '{name}'"))
+        for path, body, status, message in cases:
+            got, _, data = request(server.url, "POST", path, body)
+            assert (got, error_of(data)) == (status, message), path
+    finally:
+        os.unlink(f"/dev/shm{link}")
+        os.unlink(f"/dev/shm{fifo}")
     assert request(server.url, "POST", register.format("r"), {"key": key, "byte_size": BYTES})[0] == 200
     assert request(server.url, "GET", register.format("r"))[0] == 405
 
