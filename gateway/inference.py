@@ -26,7 +26,7 @@ class RequestedOutput:
     parameters: dict = field(default_factory=dict)
     shared_memory: SharedMemoryRef | None = None   # write the result there, not in the response
     classification: int | None = None              # the top-k classes instead of the values
-    region: object = None   # the mapped region shared_memory names, held from the request's start
+    region: object = None   # the open region shared_memory names, held from the request's start
 
 
 @dataclass(slots=True)

@@ -62,14 +62,26 @@ class Region:
 
     def read(self, start: int, byte_size: int) -> bytes:
         data = os.pread(self.fd, byte_size, start)
-        if len(data) < byte_size:
+        if len(data) == byte_size:
+            return data
+        parts = [data]   # a read returns at most 2 GiB less 4 KiB (Linux): a larger one comes in parts
+        got = len(data)
+        while got < byte_size and (part := os.pread(self.fd, byte_size - got, start + got)):
+            parts.append(part)
+            got += len(part)
+        if got < byte_size:
             raise _truncated(self)
-        return data
+        return b"".join(parts)
 
     def write(self, start: int, data: memoryview) -> None:
         if os.fstat(self.fd).st_size < start + len(data):   # not written past the client's new end
             raise _truncated(self)
-        os.pwrite(self.fd, data, start)
+        written = 0
+        try:
+            while written < len(data):   # a write, too, takes at most 2 GiB less 4 KiB
+                written += os.pwrite(self.fd, data[written:], start + written)
+        except OSError as exc:   # the object shrank meanwhile and /dev/shm is full, say
+            raise InvalidArgument(f"cannot write to shared memory region '{self.name}': {exc.strerror}") from None
 
 
 def _truncated(region: Region) -> InvalidArgument:
@@ -85,7 +97,7 @@ def open_region(key: str, offset: int, byte_size: int, name: str = "") -> int:
         raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
     try:
         # As shm_open opens it: never through a link (a client could point one at any file the
-        # gateway may read or write); nor a FIFO, which would block the event loop on open.
+        # gateway may read or write). Only a shared memory object is a region: not a FIFO, say.
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         raise InvalidArgument(f"Unable to open shared memory region: '{key}'") from None
@@ -105,13 +117,13 @@ def open_region(key: str, offset: int, byte_size: int, name: str = "") -> int:
 
 
 class SharedMemoryRegions:
-    """The regions registered with the broker, as this gateway has mapped them."""
+    """The regions registered with the broker, as this gateway has opened them."""
 
     def __init__(self) -> None:
         self._regions: dict[str, Region] = {}
 
     def apply(self, table: Iterable[SharedMemoryRegion]) -> None:
-        """Follow the broker's list: map new regions, unmap the ones that went away."""
+        """Follow the broker's list: open new regions, let go of the ones that went away."""
         wanted = {entry.name: entry for entry in table}
         for name, region in list(self._regions.items()):
             entry = wanted.get(name)

@@ -138,9 +138,9 @@ def test_bad_regions_and_references_are_clear_errors(server, regions, tmp_path):
     secret = tmp_path / "secret"
     secret.write_bytes(b"s" * BYTES)
     link, fifo = f"/tritium-test-link-{uuid.uuid4().hex[:8]}", f"/tritium-test-fifo-{uuid.uuid4().hex[:8]}"
-    os.symlink(secret, f"/dev/shm{link}")
-    os.mkfifo(f"/dev/shm{fifo}")
     try:
+        os.symlink(secret, f"/dev/shm{link}")
+        os.mkfifo(f"/dev/shm{fifo}")
         for name in (link, fifo):
             cases.append((register.format("x"), {"key": name, "byte_size": 8}, 400,
                           f"Unable to open shared memory region: '{name}'"))
@@ -148,8 +148,9 @@ def test_bad_regions_and_references_are_clear_errors(server, regions, tmp_path):
             got, _, data = request(server.url, "POST", path, body)
             assert (got, error_of(data)) == (status, message), path
     finally:
-        os.unlink(f"/dev/shm{link}")
-        os.unlink(f"/dev/shm{fifo}")
+        for name in (link, fifo):
+            if os.path.lexists(f"/dev/shm{name}"):
+                os.unlink(f"/dev/shm{name}")
     assert request(server.url, "POST", register.format("r"), {"key": key, "byte_size": BYTES})[0] == 200
     assert request(server.url, "GET", register.format("r"))[0] == 405
 
@@ -204,7 +205,7 @@ def test_a_region_shrunk_by_its_client_is_refused_and_the_server_serves_on(serve
     for key in (in_key, out_key):
         os.truncate(f"/dev/shm/{key.lstrip('/')}", 16)
     for body, name, key in ((reading, "shrunk_in", in_key), (writing, "shrunk_out", out_key)):
-        for _ in range(2):   # on either gateway
+        for _ in range(2):   # new connections: one gateway or the other
             got, _, data = request(server.url, "POST", infer, body)
             assert (got, error_of(data)) == (400, f"shared memory region '{name}' is smaller than when it was "
                                                   f"registered: its object '{key}' no longer holds {BYTES} bytes")

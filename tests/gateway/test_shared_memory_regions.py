@@ -1,4 +1,4 @@
-"""A gateway's mapped shared memory regions: an output region unregistered while its request runs
+"""A gateway's open shared memory regions: an output region unregistered while its request runs
 still gets the request's outputs, as Triton lets requests in flight finish."""
 
 from __future__ import annotations
