@@ -120,7 +120,7 @@ OPTIONS: tuple[Option, ...] = (
             help="Where custom backends are looked up (<dir>/<backend>/), Python-based ones (model.py) too."),
     # -- model control
     _option("--model-control-mode", on="serve, broker", to="broker", default="none",
-            type=click.Choice(["none", "poll", "explicit"]),
+            type=click.Choice(["none", "poll", "explicit"], case_sensitive=False),   # Triton lowercases it
             help="none: load all, never change; poll: follow the repository; "
                  "explicit: load and unload through the repository API."),
     _option("--load-model", on="serve, broker", to="broker", multiple=True,

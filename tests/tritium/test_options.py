@@ -56,3 +56,9 @@ def test_a_child_parses_the_flags_serve_builds_to_the_values_serve_got(child):
     expected = {"broker": ("model_repository", ("/models/a", "/models/b")), "gateway": ("server_id", "edge"),
                 "worker": ("model_repository", ("/models/a", "/models/b"))}[child]
     assert parsed[expected[0]] == expected[1]
+
+
+@pytest.mark.parametrize("given", ["EXPLICIT", "Explicit", "explicit"])
+def test_model_control_mode_is_read_whatever_its_case_as_triton_reads_it(given):
+    serve = main.commands["serve"].make_context("serve", ["--model-repository", "/m", "--model-control-mode", given])
+    assert serve.params["model_control_mode"] == "explicit"
