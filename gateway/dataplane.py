@@ -375,7 +375,7 @@ def _classified(spec: ModelSpec, requested: list, outputs: list[OutputTensor]) -
 
 
 # Found by Triton's model object rather than its request checks: said without the request.
-_WITHOUT_REQUEST_ID = ("unexpected inference input '",)
+_WITHOUT_REQUEST_ID = ("unexpected inference input '", "incomplete string data for inference input '")
 
 
 def _with_request_id(error: TritiumError, request_id: str) -> TritiumError:

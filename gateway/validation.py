@@ -41,7 +41,7 @@ def _validate_inputs(spec: ModelSpec, request: InferRequest) -> int:
     inputs = request.inputs
     batch_size = check_inputs(spec.name, spec.declared_inputs, spec.max_batch_size,
                               [(tensor.name, tensor.datatype, tensor.shape) for tensor in inputs])
-    for tensor in inputs:
+    for tensor in reversed(inputs):   # in Triton's order, as check_inputs
         _check_data_size(spec.name, spec.inputs[tensor.name], tensor.name, tensor.shape, tensor.data)
     return batch_size
 
@@ -76,11 +76,7 @@ def element_count(shape: list[int]) -> int:
 def _check_data_size(model: str, config: TensorSpec, name: str, shape: list[int], data) -> None:
     expected_elements = element_count(shape)
     if config.datatype.is_bytes:
-        found = count_bytes_elements(data, name, model)
-        if found != expected_elements:
-            raise InvalidArgument(
-                f"expected {expected_elements} string elements for inference input '{name}' "
-                f"for model '{model}', got {found}")
+        check_bytes_elements(data, name, model, expected_elements)
         return
     expected = expected_elements * config.datatype.itemsize
     if len(data) != expected:
@@ -89,19 +85,32 @@ def _check_data_size(model: str, config: TensorSpec, name: str, shape: list[int]
             f"{expected}, got {len(data)}")
 
 
-def count_bytes_elements(data, name: str, model: str) -> int:
-    """Elements of a length-prefixed BYTES tensor; malformed framing is a 400."""
+def check_bytes_elements(data, name: str, model: str, expected: int) -> None:
+    """A BYTES tensor's length-prefixed elements, refused as Triton refuses them: its core counts
+    the elements (stopping at one too many) and takes an element running past the end as the
+    rest of the data; then its backend finds that element short (an error without the request)."""
     view = memoryview(data)
     offset, end, count = 0, len(view), 0
+    short: tuple[int, int] | None = None   # (an element's length, the bytes there were for it)
     while offset < end:
-        if offset + 4 > end:
+        if end - offset < 4:
             raise InvalidArgument(
-                f"BYTES input '{name}' for model '{model}' ends inside an element length prefix")
+                f"incomplete string length indicator for inference input '{name}' for model '{model}', "
+                f"expecting 4 bytes but only {end - offset} bytes available. Please make sure the string "
+                "length indicator is in one buffer.")
         (length,) = _LENGTH.unpack_from(view, offset)
-        offset += 4 + length
-        if offset > end:
-            raise InvalidArgument(
-                f"BYTES input '{name}' for model '{model}' has an element of {length} bytes that "
-                "runs past the end of the data")
         count += 1
-    return count
+        if count > expected:
+            raise InvalidArgument(f"unexpected number of string elements {count} for inference input '{name}' "
+                                  f"for model '{model}', expecting {expected}")
+        offset += 4
+        if length > end - offset:
+            short, offset = (length, end - offset), end
+        else:
+            offset += length
+    if count != expected:
+        raise InvalidArgument(
+            f"expected {expected} string elements for inference input '{name}' for model '{model}', got {count}")
+    if short is not None:
+        raise InvalidArgument(f"incomplete string data for inference input '{name}', expecting string of length "
+                              f"{short[0]} but only {short[1]} bytes available")

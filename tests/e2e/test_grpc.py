@@ -98,7 +98,7 @@ def test_every_datatype_through_raw_contents(client):
 
 
 @pytest.mark.parametrize("change, status, message", [
-    ({"shape": [1, 15]}, "StatusCode.INVALID_ARGUMENT", "unexpected shape for input 'INPUT0' for model 'add_sub'"),
+    ({"shape": [1, 15]}, "StatusCode.INVALID_ARGUMENT", "unexpected shape for input 'INPUT1' for model 'add_sub'"),
     ({"model": "nope"}, "StatusCode.NOT_FOUND", "Request for unknown model: 'nope' is not found"),
     ({"batch": 9}, "StatusCode.INVALID_ARGUMENT", "inference request batch-size must be <= 8 for 'add_sub'"),
 ])

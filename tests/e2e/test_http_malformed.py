@@ -71,9 +71,10 @@ CASES = {
                            "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"),
     "shape not matching dims": (with_input(shape=[1, 15], data=ROW[:15]), {}, 400,
                                 "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,16], got [1,15]"),
-    # INPUT0's batch size reads as 16, INPUT1's as 1: Triton compares the batch sizes first.
+    # INPUT0's batch size reads as 16, INPUT1's as 1: Triton compares the batch sizes first,
+    # INPUT1's (given last) the one the others must match.
     "missing batch dimension": (with_input(shape=[16]), {}, 400,
-                                "input 'INPUT1' batch size does not match other inputs for 'add_sub'"),
+                                "input 'INPUT0' batch size does not match other inputs for 'add_sub'"),
     "batch above max_batch_size": (good_body(rows=9), {}, 400,
                                    "inference request batch-size must be <= 8 for 'add_sub'"),
     "element count not matching shape": (with_input(data=ROW[:10]), {}, 400,
@@ -229,5 +230,6 @@ def test_malformed_bytes_framing_in_binary(server):
     order = [t["name"] for t in body["inputs"] if "parameters" in t]
     data, headers = binary_request(body, b"".join(payloads[n] for n in order))
     status, _, reply = request(server.url, "POST", "/v2/models/all_types/infer", body=data, headers=headers)
-    assert status == 400 and "IN_BYTES" in error_of(reply) and "all_types" in error_of(reply)
+    assert (status, error_of(reply)) == (400, "incomplete string data for inference input 'IN_BYTES', expecting "
+                                              "string of length 10 but only 0 bytes available")   # (Triton's words)
     assert_still_serving(server)

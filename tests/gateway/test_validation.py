@@ -9,7 +9,7 @@ import pytest
 
 from tritium.gateway.inference import InferRequest, InputTensor, RequestedOutput
 from tritium.gateway.model_table import ModelSpec
-from tritium.gateway.validation import check_requested_outputs, count_bytes_elements, element_count, validate_inputs
+from tritium.gateway.validation import check_bytes_elements, check_requested_outputs, element_count, validate_inputs
 from tritium.errors import ErrorCode, InvalidArgument, TritiumError, Unsupported
 
 
@@ -196,14 +196,15 @@ def test_empty_shape_on_a_batching_model_is_refused():
 
 def test_several_faults_get_the_message_triton_gives_first():
     """Triton checks every input's batch dimension, then the batch size, then each input's
-    datatype and shape, inputs in name order."""
-    # B's datatype is wrong, and A's batch size is not B's: the batch sizes come first.
+    datatype and shape, inputs in the reverse of the request's order (its hash map's, for a few
+    inputs; each case checked with Triton 2.51)."""
+    # B's datatype is wrong, and A's batch size is not B's: the batch sizes come first, B's the reference.
     message = invalid(spec(), request(fp32("A", (2, 16)), InputTensor("B", "INT32", [1, 16], b"\0" * 64)))
-    assert message == "input 'B' batch size does not match other inputs for 'm'"
+    assert message == "input 'A' batch size does not match other inputs for 'm'"
     # A's shape is wrong and the batch is too large: the batch size comes first.
     message = invalid(spec(), request(fp32("B", (9, 16)), fp32("A", (9, 15))))
     assert message == "inference request batch-size must be <= 8 for 'm'"
-    # Both have a wrong datatype: A, first by name, though given second.
+    # Both have a wrong datatype: the one given last.
     message = invalid(spec(), request(InputTensor("B", "INT32", [1, 16], b"\0" * 64),
                                       InputTensor("A", "INT32", [1, 16], b"\0" * 64)))
     assert message == "inference input 'A' data-type is 'INT32', but model 'm' expects 'FP32'"
@@ -222,12 +223,12 @@ def test_batch_size_equal_to_max_batch_size_passes():
 
 def test_inconsistent_batch_sizes_across_inputs_are_refused():
     message = invalid(spec(), request(fp32("A", (2, 16)), fp32("B", (3, 16))))
-    assert "'B'" in message and "'m'" in message
+    assert "'A'" in message and "'m'" in message   # B, given last, is checked first (Triton's order)
 
 
 def test_inconsistent_batch_sizes_use_triton_wording():
     message = invalid(spec(), request(fp32("A", (2, 16)), fp32("B", (3, 16))))
-    assert message == "input 'B' batch size does not match other inputs for 'm'"
+    assert message == "input 'A' batch size does not match other inputs for 'm'"
 
 
 # -- byte sizes ------------------------------------------------------------------------------
@@ -274,28 +275,35 @@ def test_bytes_with_fewer_elements_than_the_shape():
     assert message == "expected 3 string elements for inference input 'S' for model 'm', got 2"
 
 
-def test_bytes_with_more_elements_than_the_shape():
-    message = invalid(bytes_spec(), request(bytes_tensor("S", (1, 1), [b"a", b"b"])))
-    assert "for inference input 'S' for model 'm'" in message
+def test_bytes_with_more_elements_than_the_shape_are_refused_at_the_first_too_many():
+    message = invalid(bytes_spec(), request(bytes_tensor("S", (1, 1), [b"a", b"b", b"c"])))
+    assert message == "unexpected number of string elements 2 for inference input 'S' for model 'm', expecting 1"
 
 
-@pytest.mark.parametrize("data", [
-    b"\x01\x00",                          # truncated length prefix
-    struct.pack("<I", 10) + b"abc",       # element runs past the end
-    struct.pack("<I", 1) + b"a" + b"\x05",
+LENGTH_CUT = ("incomplete string length indicator for inference input 'S' for model 'm', expecting 4 bytes but "
+              "only {} bytes available. Please make sure the string length indicator is in one buffer.")
+
+
+@pytest.mark.parametrize("shape, data, message", [   # Triton 2.51's words, core's then the backend's
+    ([1, 1], b"\x01\x00", LENGTH_CUT.format(2)),
+    ([1, 2], struct.pack("<I", 1) + b"a" + b"\x05", LENGTH_CUT.format(1)),
+    ([1, 1], struct.pack("<I", 10) + b"ab",
+     "incomplete string data for inference input 'S', expecting string of length 10 but only 2 bytes available"),
+    ([1, 2], struct.pack("<I", 10) + b"ab", "expected 2 string elements for inference input 'S' for model 'm', got 1"),
+    ([1, 1], struct.pack("<I", 1) + b"a" + struct.pack("<I", 9), "unexpected number of string elements 2 for "
+     "inference input 'S' for model 'm', expecting 1"),
 ])
-def test_malformed_bytes_framing_is_a_400(data):
-    message = invalid(bytes_spec(), request(InputTensor("S", "BYTES", [1, 1], data)))
-    assert "'S'" in message and "'m'" in message
+def test_malformed_bytes_framing_is_refused_as_triton_refuses_it(shape, data, message):
+    assert invalid(bytes_spec(), request(InputTensor("S", "BYTES", shape, data))) == message
 
 
-def test_count_bytes_elements():
+def test_check_bytes_elements():
     data = b"".join(struct.pack("<I", len(i)) + i for i in [b"", b"xy", b"\x00" * 5])
-    assert count_bytes_elements(data, "S", "m") == 3
-    assert count_bytes_elements(memoryview(data), "S", "m") == 3
-    assert count_bytes_elements(b"", "S", "m") == 0
+    check_bytes_elements(data, "S", "m", 3)
+    check_bytes_elements(memoryview(data), "S", "m", 3)
+    check_bytes_elements(b"", "S", "m", 0)
     with pytest.raises(InvalidArgument):
-        count_bytes_elements(data[:-1], "S", "m")
+        check_bytes_elements(data[:-1], "S", "m", 3)
 
 
 def test_element_count():
