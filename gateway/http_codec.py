@@ -9,6 +9,7 @@ after it, in output order, as ``Inference-Header-Content-Length`` says.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -42,12 +43,23 @@ def parse_json_object(data: bytes, key_count: Callable[[dict], int] | None = Non
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+        document = _with_non_finite_numbers(data, exc)
     if not isinstance(document, dict):
         raise InvalidArgument("the request body must be a JSON object")
     if (key_count or _key_count)(document) != data.count(b":"):   # a duplicate key, or a ':' in a string
         document = json.loads(data, object_pairs_hook=_first_value_wins)
     return document
+
+
+def _with_non_finite_numbers(data: bytes, error: orjson.JSONDecodeError) -> Any:
+    """JSON with NaN, Infinity or -Infinity for numbers, which Triton's reader takes (and orjson
+    refuses); any other text that is no JSON is refused with orjson's words."""
+    if b"NaN" in data or b"Infinity" in data:
+        try:
+            return json.loads(data, object_pairs_hook=_first_value_wins)
+        except ValueError:
+            pass
+    raise InvalidArgument(f"failed to parse the request JSON buffer: {error}") from None
 
 
 def _key_count(value: dict | list) -> int:
@@ -387,7 +399,7 @@ def encode_infer_response(result: InferResult, requested: list[RequestedOutput] 
             (b"inference-header-content-length", str(len(header)).encode())], body
 
 
-def output_to_json(name: str, datatype: str, data: bytes | memoryview) -> list[str] | np.ndarray:
+def output_to_json(name: str, datatype: str, data: bytes | memoryview) -> list | np.ndarray:
     dt = datatypes.BY_NAME[datatype]   # the worker's output names a datatype of the table
     if not dt.json_allowed or dt.numpy is None:   # (every datatype numpy lacks is one JSON cannot carry)
         raise InvalidArgument(
@@ -411,4 +423,16 @@ def output_to_json(name: str, datatype: str, data: bytes | memoryview) -> list[s
     array = np.frombuffer(data, dtype=dt.numpy)
     if dt.name == "FP32":  # Triton writes each float as the double it widens to
         array = array.astype(np.float64)
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        return _with_non_finite(array)
     return array
+
+
+_NON_FINITE = {"nan": orjson.Fragment(b"NaN"), "inf": orjson.Fragment(b"Infinity"),
+               "-inf": orjson.Fragment(b"-Infinity")}
+
+
+def _with_non_finite(array: np.ndarray) -> list:
+    """Floats as Triton writes them, NaN and the infinities as the tokens its JSON writer allows
+    (not valid JSON, but what Python's json, and so tritonclient, reads back; orjson would write null)."""
+    return [value if math.isfinite(value) else _NON_FINITE[repr(value)] for value in array.tolist()]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import urllib.request
+
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -103,6 +105,30 @@ def test_every_datatype_round_trips(client, binary):
                                 dtype=np.object_).reshape(returned.shape)
         assert returned.dtype == array.dtype or name == "BYTES", name
         np.testing.assert_array_equal(returned, array, err_msg=name)
+
+
+def test_nan_and_infinities_travel_as_json_as_triton_writes_them(client, server):
+    # Triton's JSON reader takes NaN, Infinity and -Infinity, and its writer sends them back so
+    # (Python's json reads them); orjson alone would refuse them, and write null.
+    arrays = _all_types_arrays(rows=1)
+    arrays["FP32"] = np.array([[np.nan, np.inf, -np.inf]], np.float32)
+    arrays["FP64"] = np.array([[-np.inf, 0.5, np.nan]], np.float64)
+    inputs, outputs = [], []
+    for name, array in arrays.items():
+        tensor = httpclient.InferInput(f"IN_{name}", list(array.shape), name)
+        tensor.set_data_from_numpy(array, binary_data=name == "FP16")
+        inputs.append(tensor)
+        outputs.append(httpclient.InferRequestedOutput(f"OUT_{name}", binary_data=name == "FP16"))
+    result = client.infer("all_types", inputs, outputs=outputs)
+    for name in ("FP32", "FP64"):
+        np.testing.assert_array_equal(result.as_numpy(f"OUT_{name}"), arrays[name], err_msg=name)
+    row = "[NaN, Infinity, -Infinity" + ", 1.5" * 13 + "]"
+    raw = ('{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": %s}, '
+           '{"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": [%s]}]}' % (row, ", ".join(["0"] * 16)))
+    with urllib.request.urlopen(urllib.request.Request(f"http://{server.url}/v2/models/add_sub/infer",
+                                                       data=raw.encode())) as response:
+        answer = response.read()
+    assert b'"name":"OUTPUT0","datatype":"FP32","shape":[1,16],"data":[NaN,Infinity,-Infinity,1.5,' in answer
 
 
 def test_a_json_body_of_megabytes_is_answered_in_full(client):
