@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import logging
 import queue
+import re
 import shutil
 import socket
 import tempfile
@@ -107,6 +108,40 @@ class ModelReader:
             return ()
 
 
+def _parsed_config(name: str, text: str) -> ModelConfig:
+    """The load API's ``config``: JSON, or JSON with object keys left unquoted, which Triton's
+    reader (protobuf's C++ one) takes as well."""
+    try:
+        return json_format.Parse(text, ModelConfig(), ignore_unknown_fields=False)
+    except json_format.ParseError as exc:
+        quoted = _with_quoted_keys(text)
+        if quoted != text:
+            try:
+                return json_format.Parse(quoted, ModelConfig(), ignore_unknown_fields=False)
+            except json_format.ParseError:
+                pass
+        raise InvalidArgument(f"failed to load '{name}': invalid 'config' parameter: {exc}") from exc
+
+
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[A-Za-z_][A-Za-z0-9_]*|\s+|.', re.S)
+
+
+def _with_quoted_keys(text: str) -> str:
+    """``text`` with each bare identifier that stands where an object key does (after '{' or ',',
+    before ':') put in quotes; strings are left as they are."""
+    tokens = [match.group() for match in _JSON_TOKEN.finditer(text)]
+    significant = [i for i, token in enumerate(tokens) if not token.isspace()]
+    for position, index in enumerate(significant):
+        token = tokens[index]
+        if not (token[0].isalpha() or token[0] == "_"):
+            continue
+        before = tokens[significant[position - 1]] if position else ""
+        after = tokens[significant[position + 1]] if position + 1 < len(significant) else ""
+        if before in ("{", ",") and after == ":":
+            tokens[index] = f'"{token}"'
+    return "".join(tokens)
+
+
 def overrides_from(name: str, parameters: dict) -> tuple[ModelConfig | None, dict | None]:
     """The load API's ``config`` and ``file:`` parameters, checked and decoded."""
     check_load_parameters(name, parameters)
@@ -118,11 +153,7 @@ def overrides_from(name: str, parameters: dict) -> tuple[ModelConfig | None, dic
     if config_text is not None:
         if not isinstance(config_text, str):
             raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON string")
-        config = ModelConfig()
-        try:
-            json_format.Parse(config_text, config, ignore_unknown_fields=False)
-        except json_format.ParseError as exc:
-            raise InvalidArgument(f"failed to load '{name}': invalid 'config' parameter: {exc}") from exc
+        config = _parsed_config(name, config_text)
     decoded = {}
     for given, content in files.items():
         path = model_file_path(given)
