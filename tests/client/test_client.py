@@ -59,7 +59,7 @@ def test_server_errors_carry_message_and_status(url):
             client.infer("add_sub", INPUT0=A[:, :3], INPUT1=B[:, :3])
         with pytest.raises(tritium.client.InferenceError) as missing_model:
             client.infer("no_such_model", INPUT0=A)
-    assert "unexpected shape for input 'INPUT0' for model 'add_sub'" in shape_error.value.message
+    assert "unexpected shape for input 'INPUT1' for model 'add_sub'" in shape_error.value.message   # the last given, as Triton
     assert shape_error.value.status in ("400", "StatusCode.INVALID_ARGUMENT")
     assert "no_such_model" in missing_model.value.message and missing_model.value.status
 
