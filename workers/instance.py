@@ -72,14 +72,18 @@ FINALIZE_GRACE_S = 5.0
 _LINGER_S = 2.0   # how long a failing instance tries to deliver the message that says why
 _STOP_CHECK_S = 0.25   # how soon the heartbeat thread notices it is to stop
 _POOL_REPORT_S = 1.0   # how often the main thread refreshes the figures of its pool for the heartbeats
+_SEND_WAIT_S = 0.05    # a model's thread waits this long for the main thread's send, then queues its message
 
 
 class Outbox:
-    """Sends on the instance's socket from any thread; the socket belongs to the main thread.
+    """Sends on the instance's socket from any thread.
 
-    A decoupled model may answer from threads of its own: those messages are queued and
-    the main loop, woken through a socket pair, sends them. On a local link each large output
-    is placed in the instance's pool as it is sent (``answers``; tritium/shared_pool.py).
+    Whoever uses the socket holds ``_lock``: the main thread all the time, but while the model
+    runs (``model_runs``). A decoupled model may answer from threads of its own: while its
+    ``execute`` runs (a model waiting for its threads to finish, say) they send at once, as
+    Triton's stub does; at other times their messages are queued and the main loop, woken
+    through a socket pair, sends them. On a local link each large output is placed in the
+    instance's pool as it is sent (``answers``; tritium/shared_pool.py).
     """
 
     def __init__(self, sock: LinkSocket, answers: AnswerSlots | None = None) -> None:
@@ -95,10 +99,23 @@ class Outbox:
         self.wake_read, self._wake_write = socket.socketpair()
         self.wake_read.setblocking(False)
         self._wake_write.setblocking(False)
+        self._lock = threading.RLock()
+        self._lock.acquire()   # by the main thread, which makes the outbox
+        self._model_running = False
 
     def send(self, parts: list) -> None:
         if threading.get_ident() == self.main_thread:
-            self._send_now(parts)
+            with self._lock:
+                self._send_now(parts)
+            return
+        # While the model runs, the main thread takes the lock only to send; at other times it
+        # holds it, and the message waits for the main loop.
+        if self._lock.acquire(timeout=_SEND_WAIT_S) if self._model_running else self._lock.acquire(blocking=False):
+            try:
+                self._drain()   # what waited goes first
+                self._send_now(parts)
+            finally:
+                self._lock.release()
             return
         self.queue.append(parts)
         try:
@@ -106,11 +123,25 @@ class Outbox:
         except BlockingIOError:
             pass  # already woken
 
+    def model_runs(self) -> None:
+        """The main thread lets go of the socket while the model runs (it sends with the lock then,
+        as the model's threads do), until ``model_ran``."""
+        self._drain()
+        self._model_running = True
+        self._lock.release()
+
+    def model_ran(self) -> None:
+        self._lock.acquire()
+        self._model_running = False
+
     def flush(self) -> None:
         try:
             self.wake_read.recv(4096)
         except BlockingIOError:
             pass
+        self._drain()
+
+    def _drain(self) -> None:
         while self.queue:
             self._send_now(self.queue.popleft())
 
@@ -448,7 +479,11 @@ def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: 
             message, _, _ = read_record(frames[0])
             kind = type(message)
             if kind is Batch:
-                done = executor.run(frames)
+                outbox.model_runs()
+                try:
+                    done = executor.run(frames)
+                finally:
+                    outbox.model_ran()
                 if outbox.queue:   # responses the model's threads sent during the batch go before its BATCH_DONE
                     outbox.flush()
                 outbox.send(done)

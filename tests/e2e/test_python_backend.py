@@ -319,6 +319,28 @@ def test_a_decoupled_async_execute_is_not_waited_for_so_the_next_request_runs_be
     assert got == {"0": [1], "1": [2]}
 
 
+def test_a_response_sent_from_a_thread_while_execute_runs_leaves_at_once(server, tmp_path):
+    """As from Triton's stub: the model's execute waits for a file the client makes only once the
+    response its thread sent has come (held until execute returned, it would come after 20 s)."""
+    import queue
+
+    answers: queue.Queue = queue.Queue()
+    release = tmp_path / "release"
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        count = grpcclient.InferInput("COUNT", [1], "INT32")
+        count.set_data_from_numpy(np.array([-4], np.int32))
+        client.async_stream_infer("py_decoupled", [count], parameters={"release": str(release)})
+        first, error = answers.get(timeout=15)
+        assert error is None and first.as_numpy("INDEX").tolist() == [0]
+        release.touch()
+        second, error = answers.get(timeout=30)
+    finally:
+        client.stop_stream()
+    assert error is None and second.as_numpy("INDEX").tolist() == [1]
+
+
 def test_a_decoupled_async_execute_that_raises_in_the_background_answers_its_request_with_the_error(server):
     import queue
 
