@@ -40,6 +40,14 @@ class Shout(torch.nn.Module):
         return [w.upper() for w in words]
 
 
+class RunningSum(torch.nn.Module):
+    """A stateful model: the sequence's START control and its implicit state come to forward()."""
+
+    def forward(self, value: torch.Tensor, start: torch.Tensor, state: torch.Tensor):
+        total = torch.where(start > 0, value, state + value)
+        return total, total
+
+
 def save(module: torch.nn.Module, repo, name: str, config: str) -> None:
     (repo / name / "1").mkdir(parents=True)
     torch.jit.script(module).save(str(repo / name / "1" / "model.pt"))
@@ -69,6 +77,13 @@ output [ {tensors("TYPE_FP32", "[ 3 ]", "Z")} ]""")
     save(Shout(), repo, "ts_strings", f"""max_batch_size: 0
 input [ {tensors("TYPE_STRING", "[ -1 ]", "WORDS")} ]
 output [ {tensors("TYPE_STRING", "[ -1 ]", "LOUD")} ]""")
+    save(RunningSum(), repo, "ts_running_sum", """max_batch_size: 2
+input [ { name: "VALUE__0", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "TOTAL__0", data_type: TYPE_INT32, dims: [ 1 ] } ]
+sequence_batching {
+  control_input [ { name: "START__1", control [ { kind: CONTROL_SEQUENCE_START, int32_false_true: [ 0, 1 ] } ] } ]
+  state [ { input_name: "STATE_IN__2", output_name: "STATE_OUT__1", data_type: TYPE_INT32, dims: [ 1 ] } ]
+}""")
     save(AddSub(), repo, "ts_wrong_inputs", f"""max_batch_size: 0
 input [ {tensors("TYPE_FP32", "[ 4 ]", "INPUT0", "INPUT1", "INPUT2")} ]
 output [ {tensors("TYPE_FP32", "[ 4 ]", "OUTPUT__0")} ]""")
@@ -155,3 +170,16 @@ def test_batched_requests_are_stacked_for_torch(server):
         results = list(pool.map(call, rows))
     for row, result in zip(rows, results):
         np.testing.assert_array_equal(result, row * 2)
+
+
+def test_sequence_controls_and_implicit_state_reach_forward(client):
+    """As Triton's pytorch backend binds them: START__1 and STATE_IN__2 by their indexes (two
+    slots: a batch of two, one row per sequence, shares one forward())."""
+    def add(value: int, sequence_id: int, start: bool = False) -> int:
+        tensor = httpclient.InferInput("VALUE__0", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], np.int32))
+        result = client.infer("ts_running_sum", [tensor], sequence_id=sequence_id, sequence_start=start)
+        return int(result.as_numpy("TOTAL__0")[0, 0])
+
+    assert [add(5, 7, start=True), add(3, 8, start=True), add(4, 7), add(10, 8), add(1, 7)] == [5, 3, 9, 13, 10]
+    assert add(2, 7, start=True) == 2   # a new sequence on the same id starts from its value

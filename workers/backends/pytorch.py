@@ -93,6 +93,13 @@ class PyTorchModel(Model):
         return PyTorchInstance(self, context)
 
 
+def _sequence_input_names(config) -> list[str]:
+    if not config.HasField("sequence_batching"):
+        return []
+    sequence = config.sequence_batching
+    return [c.name for c in sequence.control_input] + [s.input_name for s in sequence.state]
+
+
 class PyTorchInstance(Instance):
     def __init__(self, model: PyTorchModel, context: InstanceContext) -> None:
         torch = _import_torch()
@@ -110,10 +117,13 @@ class PyTorchInstance(Instance):
         self.module = torch.jit.load(str(model.path), map_location=self.device)
         self.module.eval()
         config = self.config = context.model.config
-        self.input_names = [i.name for i in config.input]
+        # The sequence batcher's control and implicit-state inputs come to forward() too, as
+        # Triton's backend binds them (by their __<index> names, or by forward's argument names).
+        self.input_names = [i.name for i in config.input] + _sequence_input_names(config)
         self.string_inputs = {i.name for i in config.input if i.data_type == 13}  # TYPE_STRING
         self.dict_input, self.input_order = self._bind_inputs()
-        self.output_index = self._bind_outputs([o.name for o in config.output])
+        state_outputs = [s.output_name for s in config.sequence_batching.state]
+        self.output_index = self._bind_outputs([o.name for o in config.output] + state_outputs)
         log.info("instance %s loaded %s on %s", context.name, model.path, self.device)
 
     # -- binding ------------------------------------------------------------------------
