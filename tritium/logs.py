@@ -63,6 +63,8 @@ class LogSettings:
 
 
 _FIELDS = frozenset(LogSettings.__dataclass_fields__)
+# Libraries whose debug lines are theirs, not the server's: hpack writes one per HTTP/2 header.
+_QUIET_LIBRARIES = ("hpack",)
 
 
 class _SettingsFilter(logging.Filter):
@@ -119,6 +121,8 @@ def apply(settings: LogSettings) -> None:
     _handler.setFormatter(formatter)
     _handler.filters[:] = [_SettingsFilter(settings)]
     logging.getLogger().setLevel(logging.DEBUG if settings.log_verbose_level > 0 else logging.INFO)
+    for name in _QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 def apply_wire(values: dict) -> None:

@@ -49,3 +49,12 @@ def test_no_log_file_means_stderr(capfd):
     logging.getLogger("tritium.test").debug("verbose line")
     assert capfd.readouterr().err.rstrip().endswith("D worker[%d] tritium.test: verbose line" % os.getpid())
 
+
+
+def test_verbose_lines_are_the_servers_not_hpacks(tmp_path):
+    target = tmp_path / "tritium.log"
+    logs.configure("gateway", 2, str(target))
+    logging.getLogger("tritium.test").debug("a verbose line")
+    logging.getLogger("hpack.hpack").debug("Decoding b'...'")   # one per HTTP/2 header
+    lines = target.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].endswith("tritium.test: a verbose line")
