@@ -9,7 +9,8 @@ each process role (CPU seconds divided by the requests the server counted) and t
 the machine's CPU time left idle are measured in every scenario. Writes ``bench/out/versus_triton.json`` and a plot.
 ``--pinned`` adds a third server: tritium with its gateways on one half of the CPUs and its
 broker and instances on the other; ``--variant NAME=FLAGS`` adds tritium started with FLAGS (``VARIABLE=value`` words
-among them go to its environment, e.g. ``--variant libzmq=TRITIUM_LIBZMQ_LINKS=1``).
+among them go to its environment, e.g. ``--variant libzmq=TRITIUM_LIBZMQ_LINKS=1``; an earlier build from
+another checkout: ``--variant previous=TRITIUM_ROOT=/path/to/that/checkout``).
 
     python -m bench.versus_triton [--rounds 3] [--window-ms 3000] [--pinned] [--variant NAME=FLAGS]
 """

@@ -79,10 +79,13 @@ class TritiumServer:
                    "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
                    "--http-workers", str(http_workers), "--exit-timeout-secs", "10", *extra_args]
         child_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-        child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), child_env.get("PYTHONPATH")]))
+        # TRITIUM_ROOT: serve another checkout's code (a benchmark's earlier build). It must be the
+        # working folder too: ``python -m`` puts that first on the path, before PYTHONPATH.
+        root = child_env.pop("TRITIUM_ROOT", None) or str(PROJECT_ROOT)
+        child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, child_env.get("PYTHONPATH")]))
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(exiting_with_test_run(command), stdout=subprocess.PIPE, stderr=self._log,
-                                        env=child_env, start_new_session=True)
+                                        env=child_env, start_new_session=True, cwd=root)
         self._wait_ready(ready_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
