@@ -357,7 +357,7 @@ def answer_slots(size: int) -> AnswerSlots | None:
 
 class AnswerSlots:
     """An instance's pool for its large outputs, released by their readers (see the module's
-    docstring). Not thread-safe: the instance's main thread places every answer it sends.
+    docstring). Not thread-safe: whoever holds the instance's Outbox lock places the answer it sends.
 
     A reader that dies (a gateway killed) never releases the slots of the answers it had not
     read yet. A pool full for ``RENEW_AFTER_S`` (far longer than any answer waits to be read) is

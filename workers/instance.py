@@ -106,13 +106,14 @@ class Outbox:
     def send(self, parts: list) -> None:
         if threading.get_ident() == self.main_thread:
             with self._lock:
+                self._drain()   # what the model's threads queued goes first
                 self._send_now(parts)
             return
         # While the model runs, the main thread takes the lock only to send; at other times it
         # holds it, and the message waits for the main loop.
         if self._lock.acquire(timeout=_SEND_WAIT_S) if self._model_running else self._lock.acquire(blocking=False):
             try:
-                self._drain()   # what waited goes first
+                self._drain()
                 self._send_now(parts)
             finally:
                 self._lock.release()
@@ -122,6 +123,13 @@ class Outbox:
             self._wake_write.send(b"\0")
         except BlockingIOError:
             pass  # already woken
+        # The model may have begun to run since the lock was refused: then nothing would send the
+        # message before the batch ends.
+        if self._model_running and self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
 
     def model_runs(self) -> None:
         """The main thread lets go of the socket while the model runs (it sends with the lock then,
@@ -131,8 +139,8 @@ class Outbox:
         self._lock.release()
 
     def model_ran(self) -> None:
+        self._model_running = False   # first: a thread sending now queues its message, not waits
         self._lock.acquire()
-        self._model_running = False
 
     def flush(self) -> None:
         try:
