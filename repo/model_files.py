@@ -235,6 +235,10 @@ def forward_arguments(module) -> list[ForwardArgument]:
 
 
 def torchscript_problem(config: ModelConfig, arguments: Sequence[ForwardArgument]) -> TensorProblem | None:
+    for control in config.sequence_batching.control_input:   # bound by the index in their names only
+        _, delimiter, index = control.name.partition("__")
+        if not delimiter or not all(c.isdigit() for c in index):
+            return TensorProblem(f"input '{control.name}' does not follow <name>__<index> naming convention.")
     if len(arguments) == 1 and arguments[0].kind == "DictType":
         return None  # one Dict[str, Tensor]: inputs are bound by name, whatever they are
     if any(a.kind == "DictType" for a in arguments[1:]):

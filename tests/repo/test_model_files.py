@@ -180,6 +180,20 @@ def test_torchscript_with_fewer_inputs_than_the_config(tmp_path):
     assert version_errors(tmp_path, "ts") == {1: None}
 
 
+@pytest.mark.parametrize("control, error", [
+    ("START__1", None), ("START", "input 'START' does not follow <name>__<index> naming convention."),
+    ("START__x", "input 'START__x' does not follow <name>__<index> naming convention.")])
+def test_torchscript_sequence_controls_are_named_by_index_as_triton_requires(tmp_path, control, error):
+    write_model(tmp_path, "ts", f"""platform: "pytorch_libtorch"
+        max_batch_size: 1
+        input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+        output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+        sequence_batching {{ control_input [ {{ name: "{control}"
+            control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }} ] }}
+    """, {"1/model.pt": lambda path: torch.jit.script(TwoInputs()).save(str(path))})
+    assert version_errors(tmp_path, "ts", read_torchscript=True)[1] == error
+
+
 @pytest.mark.parametrize("module, inputs", [
     (TwoInputs(), ["INPUT0", "INPUT1"]), (TwoInputs(), ["INPUT__1", "INPUT__0"]),
     (DictInputs(), ["A", "B", "C"])])
