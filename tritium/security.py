@@ -312,7 +312,12 @@ class _ClientEvents:
         if self.curve:
             return (f"the CURVE handshake with the broker at {endpoint} failed (is --curve-server-key "
                     "the broker's public key?); retrying")
-        return f"the handshake with the broker at {endpoint} failed; retrying"
+        # A broker that requires CURVE often hangs up before its greeting reaches us (a reset,
+        # not the mechanism mismatch), and may do so on every retry.
+        detail = f" ({os.strerror(value)})" if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and value > 0 else ""
+        return (f"the handshake with the broker at {endpoint} failed{detail}: "
+                f"if the broker requires CURVE, start this {self.who} with --curve-secret-key and "
+                "--curve-server-key; retrying")
 
 
 def broker_refusals(who: str) -> Callable[[str, Exception], None]:
