@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tritonclient.grpc import model_config_pb2
+from tritium.model_config_proto import model_config_pb2
 
 from tritium.broker.batcher import BatchingPolicy, DynamicBatcher
 from tritium.broker.custom_metrics import CustomMetrics

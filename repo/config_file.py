@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
+from tritium.model_config_proto import model_config_pb2
 
 from tritium.repo.errors import ModelLoadError
 

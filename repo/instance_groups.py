@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tritonclient.grpc import model_config_pb2
+from tritium.model_config_proto import model_config_pb2
 
 from tritium.repo.backends import ENSEMBLE_PLATFORM, ONNXRUNTIME
 from tritium.repo.config_file import ModelConfig

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tritonclient.grpc import model_config_pb2
+from tritium.model_config_proto import model_config_pb2
 
 from tritium.repo.backends import ONNXRUNTIME, PYTORCH
 from tritium.repo.config_file import ModelConfig

@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonclient.grpc import model_config_pb2
+from tritium.model_config_proto import model_config_pb2
 
 from tritium.repo.config_file import ModelConfig
 from tritium.repo.errors import ModelLoadError

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tritonclient.grpc import model_config_pb2
+from tritium.model_config_proto import model_config_pb2
 
 from tritium.repo.backends import ENSEMBLE_PLATFORM, ONNXRUNTIME, PYTORCH
 from tritium.repo.config_file import ModelConfig

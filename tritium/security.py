@@ -29,7 +29,6 @@ from typing import Callable
 import zmq
 import zmq.auth
 from zmq.utils import z85
-from zmq.utils.monitor import recv_monitor_message
 
 from tritium.errors import InvalidArgument
 
@@ -360,6 +359,10 @@ def _watch(sock: zmq.Socket, handle) -> None:
 
 
 def _read_events(monitor: zmq.Socket, handle) -> None:
+    # Imported here: pyzmq's monitor module imports asyncio (~30 ms), which a process whose
+    # links speak ZMTP themselves (every local instance) never needs.
+    from zmq.utils.monitor import recv_monitor_message
+
     try:
         while True:
             message = recv_monitor_message(monitor)

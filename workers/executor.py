@@ -24,7 +24,7 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
-from tritonclient.grpc import model_config_pb2
+from tritium.model_config_proto import model_config_pb2
 
 from tritium.repo import ModelConfig
 from tritium import datatypes

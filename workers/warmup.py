@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2
+from tritium.model_config_proto import model_config_pb2
 
 from tritium.repo import ModelConfig
 from tritium.datatypes import DataType, from_config_name, pack_bytes
