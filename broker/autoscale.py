@@ -40,7 +40,6 @@ from tritium.protocol import Scale
 
 log = logging.getLogger(__name__)
 
-COOLDOWN_S = 2.0       # between two scaling steps of one model
 RETRY_AFTER_S = 5.0    # after a failed cold start
 _GPU = ModelInstanceGroup.KIND_GPU
 
@@ -217,10 +216,10 @@ class Autoscaler:
             if self._clock() >= scale.next_step_ns:   # say it once per cooldown, not every evaluation
                 log.warning("model %s version %d: cannot add an instance (%s): no host has room",
                             version.name, version.version, why)
-                scale.next_step_ns = self._clock() + int(COOLDOWN_S * 1e9)
+                scale.next_step_ns = self._clock() + int(_policy(version).cooldown_s * 1e9)
             return False
         scale.targets[agent.identity] = scale.targets.get(agent.identity, 0) + 1
-        scale.next_step_ns = self._clock() + int(COOLDOWN_S * 1e9)
+        scale.next_step_ns = self._clock() + int(_policy(version).cooldown_s * 1e9)
         log.info("model %s version %d: %d -> %d instance(s), one more on host %s: %s", version.name,
                  version.version, scale.total - 1, scale.total, agent.host, why)
         self._tell(agent.identity, version)
@@ -237,7 +236,7 @@ class Autoscaler:
         instance.draining = True
         scale = _state(version)
         scale.targets[instance.agent] = max(0, scale.targets.get(instance.agent, 0) - 1)
-        scale.next_step_ns = self._clock() + int(COOLDOWN_S * 1e9)
+        scale.next_step_ns = self._clock() + int(_policy(version).cooldown_s * 1e9)
         host = self.registry.agents[instance.agent].host if instance.agent in self.registry.agents else "?"
         log.info("model %s version %d: %d -> %d instance(s), stopping %s on host %s: %s", version.name,
                  version.version, scale.total + 1, scale.total, instance.name, host, why)

@@ -1,6 +1,6 @@
 """tritium's autoscaling setting, read from a model's ``parameters`` so the config stays Triton's.
 
-    parameters { key: "tritium.autoscale" value: { string_value: "min=0,max=8,idle_s=300,target_queue_ms=20" } }
+    parameters { key: "tritium.autoscale" value: { string_value: "min=0,max=8,idle_s=300,target_queue_ms=20,cooldown_s=2" } }
 
 Every key is optional. Without the parameter a model keeps the fixed instance counts of
 its ``instance_group``, exactly as in Triton.
@@ -21,10 +21,11 @@ class AutoscalePolicy:
     max_instances: int = 4          # never more, over all worker hosts
     idle_s: float = 300.0           # no request for this long: one instance fewer
     target_queue_ms: float = 20.0   # the oldest queued request waiting longer: one instance more
+    cooldown_s: float = 2.0         # between two scaling steps of the model
 
 
 _KEYS = {"min": ("min_instances", int), "max": ("max_instances", int), "idle_s": ("idle_s", float),
-         "target_queue_ms": ("target_queue_ms", float)}
+         "target_queue_ms": ("target_queue_ms", float), "cooldown_s": ("cooldown_s", float)}
 
 
 def autoscale_policy(config) -> AutoscalePolicy | None:
@@ -48,9 +49,9 @@ def autoscale_policy(config) -> AutoscalePolicy | None:
     if policy.min_instances < 0 or policy.max_instances < max(1, policy.min_instances):
         raise ModelLoadError(config.name, f"parameter '{PARAMETER}': need 0 <= min <= max and max >= 1, "
                              f"got min={policy.min_instances}, max={policy.max_instances}")
-    if policy.idle_s <= 0 or policy.target_queue_ms < 0:
-        raise ModelLoadError(config.name, f"parameter '{PARAMETER}': 'idle_s' must be positive and "
-                             "'target_queue_ms' not negative")
+    if policy.idle_s <= 0 or policy.target_queue_ms < 0 or policy.cooldown_s < 0:
+        raise ModelLoadError(config.name, f"parameter '{PARAMETER}': 'idle_s' must be positive, "
+                             "'target_queue_ms' and 'cooldown_s' not negative")
     if config.HasField("sequence_batching") or config.model_transaction_policy.decoupled:
         raise ModelLoadError(config.name, f"parameter '{PARAMETER}': sequence and decoupled models "
                              "cannot scale their instances")

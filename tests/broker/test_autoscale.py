@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from tritium.broker.autoscale import COOLDOWN_S
+from tritium.repo.autoscale import AutoscalePolicy
 from tritium.broker.registry import InstanceRecord, ModelVersion, VersionState
 from tritium.broker.startup_hold import StartupHold
 from tests.broker.scheduler_world import definition, lose, submit
 from tritium.protocol import BatchDone, decode
 from tests.broker.autoscale_world import SCALED, World
+
+COOLDOWN_S = AutoscalePolicy().cooldown_s
 
 
 def errors(world: World) -> list[str]:
@@ -68,6 +70,23 @@ def test_a_queue_that_waits_too_long_adds_an_instance_then_cools_down():
     world.clock.now += 100_000_000
     world.autoscaler.evaluate()
     assert len(world.scales()) == 2, "no second step within the cooldown"
+
+
+def test_a_model_s_own_cooldown_spaces_its_steps():
+    world = World("min=1,max=4,target_queue_ms=20,cooldown_s=0.5", {b"a": 4})
+    world.autoscaler.start(world.version)
+    world.join(b"a", "m_0").credit = 0
+    submit(world.scheduler, b"gw", 1)
+    world.clock.now += 500_000_000
+    world.autoscaler.evaluate()
+    assert world.scales()[-1] == (b"a", 2, [])
+    world.join(b"a", "m_1").credit = 0
+    world.clock.now += 400_000_000
+    world.autoscaler.evaluate()
+    assert len(world.scales()) == 2, "no second step within the model's cooldown"
+    world.clock.now += 100_000_000
+    world.autoscaler.evaluate()
+    assert world.scales()[-1] == (b"a", 3, [])
 
 
 def test_idleness_drains_one_idle_instance_and_names_it_in_the_scale_down():

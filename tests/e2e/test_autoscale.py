@@ -2,7 +2,7 @@
 
 Broker, two worker hosts and a gateway as separate processes (tests/cluster.py). The
 models (tests/e2e/autoscale_repo) answer with their pid after DELAY_MS milliseconds:
-``elastic`` (min 1, max 4, one request per execution), ``lazy`` (min 0, idle after 2 s)
+``elastic`` (min 1, max 4, a 0.5 s cooldown, one request per execution), ``lazy`` (min 0, idle after 2 s)
 and ``broken`` (min 0; its initialize raises).
 """
 

@@ -23,7 +23,8 @@ def test_without_the_parameter_instances_stay_fixed():
 
 def test_every_key_is_optional_and_read_with_its_type():
     assert autoscale_policy(config("")) == AutoscalePolicy()
-    assert autoscale_policy(config("min=0, max=8,idle_s=2.5,target_queue_ms=15")) == AutoscalePolicy(0, 8, 2.5, 15.0)
+    assert autoscale_policy(config("min=0, max=8,idle_s=2.5,target_queue_ms=15,cooldown_s=0.5")) == \
+        AutoscalePolicy(0, 8, 2.5, 15.0, 0.5)
 
 
 @pytest.mark.parametrize("value, message", [
@@ -33,6 +34,7 @@ def test_every_key_is_optional_and_read_with_its_type():
     ("min=3,max=2", "need 0 <= min <= max and max >= 1, got min=3, max=2"),
     ("max=0", "need 0 <= min <= max and max >= 1, got min=1, max=0"),
     ("idle_s=0", "'idle_s' must be positive"),
+    ("cooldown_s=-1", "'target_queue_ms' and 'cooldown_s' not negative"),
 ])
 def test_a_malformed_value_fails_the_load_naming_the_setting(value, message):
     with pytest.raises(ModelLoadError) as failed:
