@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tritium.repo.autoscale import AutoscalePolicy
 from tritium.broker.registry import InstanceRecord, ModelVersion, VersionState
 from tritium.broker.startup_hold import StartupHold
@@ -57,33 +59,21 @@ def test_a_lost_host_is_replaced_on_another_below_the_minimum():
     assert world.scales()[-1] == (b"b", 1, [])
 
 
-def test_a_queue_that_waits_too_long_adds_an_instance_then_cools_down():
-    world = World("min=1,max=4,target_queue_ms=20", {b"a": 4})
+@pytest.mark.parametrize("setting, cooldown_s", [("", COOLDOWN_S), (",cooldown_s=0.5", 0.5)],
+                         ids=["default", "the model's own"])
+def test_a_queue_that_waits_too_long_adds_an_instance_then_cools_down(setting, cooldown_s):
+    world = World("min=1,max=4,target_queue_ms=20" + setting, {b"a": 4})
     world.autoscaler.start(world.version)
     busy = world.join(b"a", "m_0")
     busy.credit = 0
     submit(world.scheduler, b"gw", 1)
-    world.clock.now += int(COOLDOWN_S * 1e9)   # past the cooldown of the first placement
+    world.clock.now += int(cooldown_s * 1e9)   # past the cooldown of the first placement
     world.autoscaler.evaluate()
     assert world.scales()[-1] == (b"a", 2, [])
     world.join(b"a", "m_1").credit = 0
-    world.clock.now += 100_000_000
+    world.clock.now += int(cooldown_s * 1e9) - 100_000_000
     world.autoscaler.evaluate()
     assert len(world.scales()) == 2, "no second step within the cooldown"
-
-
-def test_a_model_s_own_cooldown_spaces_its_steps():
-    world = World("min=1,max=4,target_queue_ms=20,cooldown_s=0.5", {b"a": 4})
-    world.autoscaler.start(world.version)
-    world.join(b"a", "m_0").credit = 0
-    submit(world.scheduler, b"gw", 1)
-    world.clock.now += 500_000_000
-    world.autoscaler.evaluate()
-    assert world.scales()[-1] == (b"a", 2, [])
-    world.join(b"a", "m_1").credit = 0
-    world.clock.now += 400_000_000
-    world.autoscaler.evaluate()
-    assert len(world.scales()) == 2, "no second step within the model's cooldown"
     world.clock.now += 100_000_000
     world.autoscaler.evaluate()
     assert world.scales()[-1] == (b"a", 3, [])
