@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
+from tritium.model_config_proto import model_config_pb2
 
 from tritium.broker.batcher import DynamicBatcher
 from tritium.broker.registry import AgentRecord, ModelVersion, Registry, VersionState
@@ -41,7 +41,7 @@ from tritium.protocol import Scale
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5.0    # after a failed cold start
-_GPU = ModelInstanceGroup.KIND_GPU
+_GPU = model_config_pb2.ModelInstanceGroup.KIND_GPU
 
 
 @dataclass(eq=False)
