@@ -335,13 +335,21 @@ def json_to_bytes(model: str, name: str, datatype: str, shape: list[int], data: 
     return _numbers_to_bytes(model, name, dt.name, dt.numpy, values)
 
 
+def _as_json(value) -> str:
+    """A value as the client wrote it (null, not None)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return repr(value)
+
+
 def _numbers_to_bytes(model: str, name: str, datatype: str, dtype: np.dtype, values: list) -> bytes:
     integer = dtype.kind in "iu"
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
             kind = "integers" if integer else "numbers"
             raise InvalidArgument(
-                f"input '{name}' for model '{model}' is {datatype}: 'data' must hold {kind}, got {v!r}")
+                f"input '{name}' for model '{model}' is {datatype}: 'data' must hold {kind}, got {_as_json(v)}")
     if not datatypes.fits(dtype, values):
         raise InvalidArgument(f"input '{name}' for model '{model}' has a value out of range for {datatype}")
     return np.array(values, dtype=dtype).tobytes()
