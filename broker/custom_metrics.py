@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import Metric
 
+from tritium.broker.exposition import number_text
+
 log = logging.getLogger(__name__)
 
 KINDS = ("counter", "gauge", "histogram")
@@ -205,10 +207,6 @@ class CustomMetrics:
                 kept.append(_metric(family))
             return kept
 
-    def counter_names(self) -> list[str]:
-        with self._lock:
-            return [name for name, family in self._families.items() if family.kind == "counter"]
-
 
 def _checked_family(reported) -> tuple[str, str, str, list[tuple[Labels, list]]]:
     """(name, description, kind, [(labels, state)]) of a reported family; ValueError or TypeError
@@ -257,10 +255,8 @@ def _metric(family: _Family) -> Metric:
         cumulative = 0
         for bound, count in zip([*series.bounds, math.inf], counts):
             cumulative += count
-            metric.add_sample(f"{family.name}_bucket", {**sample_labels, "le": _le(bound)}, cumulative)
+            metric.add_sample(f"{family.name}_bucket", {**sample_labels, "le": number_text(bound)}, cumulative)
     return metric
 
 
-def _le(bound: float) -> str:
-    """A bucket's bound as Triton writes it (``1``, ``0.5``, ``+Inf``)."""
-    return "+Inf" if bound == math.inf else format(bound, ".16g")
+

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
+from tritium.broker.exposition import number_text, text_format
 from tritium.broker.registry import Registry, VersionState
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,6 @@ _CACHE_COUNTERS = (
 )
 _FAILURE = ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes")
 _FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
-_COUNTER_NAMES = tuple(name for name, _, _ in _COUNTERS) + (_FAILURE[0],)
 
 
 @dataclass(frozen=True)
@@ -101,10 +100,6 @@ class TritonCollector:
         own = list(self._own_families())
         yield from own
         yield from self.registry.custom_metrics.families({family.name for family in own})
-
-    def counter_names(self) -> list[str]:
-        """The counter families, whose names prometheus_client writes with ``_total``."""
-        return [*_COUNTER_NAMES, *self.registry.custom_metrics.counter_names()]
 
     def _own_families(self):
         versions = [v for v in list(self.registry.versions.values()) if v.state == VersionState.READY]
@@ -175,7 +170,7 @@ class TritonCollector:
             cumulative = 0
             for bound, count in zip(stats.histogram_bounds_ms + (float("inf"),), stats.histogram_counts):
                 cumulative += count
-                family.add_sample(f"{name}_bucket", {**labels, "le": _bound(bound)}, cumulative)
+                family.add_sample(f"{name}_bucket", {**labels, "le": number_text(bound)}, cumulative)
             family.add_sample(f"{name}_count", labels, cumulative)
             family.add_sample(f"{name}_sum", labels, stats.histogram_sum_ms)
         return family
@@ -201,12 +196,20 @@ class TritonCollector:
         }
         # Like Triton, no GPU families at all where no host has a GPU (not families without samples).
         with_gpus = self.settings.gpu and any(sample.gpus for sample in hosts.values())
+        # Labelled by gpu_uuid alone, as in Triton (perf_analyzer's --collect-metrics matches
+        # exactly `{gpu_uuid="..."} `); a UUID names one GPU of one host, tritium_gpus says which.
         for name, (documentation, key) in gpu_gauges.items() if with_gpus else ():
             family = Metric(name, documentation, "gauge")
+            for sample in hosts.values():
+                for gpu in sample.gpus:
+                    family.add_sample(name, {"gpu_uuid": gpu["uuid"]}, gpu.get(key, 0))
+            yield family
+        if with_gpus:
+            where = Metric("tritium_gpus", "A worker host's GPUs: 1 for each, labelled by host and gpu_uuid", "gauge")
             for host, sample in hosts.items():
                 for gpu in sample.gpus:
-                    family.add_sample(name, {"gpu_uuid": gpu["uuid"], "host": host}, gpu.get(key, 0))
-            yield family
+                    where.add_sample("tritium_gpus", {"gpu_uuid": gpu["uuid"], "host": host}, 1)
+            yield where
 
     def _tensor_pools(self):
         """tritium's own: each gateway's and instance's shared memory for large tensors (kind
@@ -234,20 +237,8 @@ class TritonCollector:
         yield renewals
 
 
-def _bound(value: float) -> str:
-    return "+Inf" if value == float("inf") else repr(float(value))
-
-
 def render(collector: TritonCollector) -> bytes:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    text = generate_latest(registry).decode()
-    # prometheus_client names counter families "<name>_total"; Triton's dashboards know them
-    # by Triton's names, which carry no suffix.
-    for name in collector.counter_names():
-        text = text.replace(f"# HELP {name}_total ", f"# HELP {name} ").replace(
-            f"# TYPE {name}_total counter", f"# TYPE {name} counter")
-    return text.encode()
+    return text_format(collector.collect()).encode()
 
 
 def start_metrics_server(collector: TritonCollector, settings: MetricsSettings) -> ThreadingHTTPServer:

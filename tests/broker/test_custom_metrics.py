@@ -40,10 +40,10 @@ def test_a_counter_is_the_sum_over_instances_and_keeps_what_a_gone_instance_coun
     metrics.report(b"a", [counter(3)])
     metrics.report(b"b", [counter(4, description="a later description")])
     assert lines(registry, "requests") == [
-        "# HELP requests Requests answered", "# TYPE requests counter", 'requests{model="m",version="1"} 7.0']
+        "# HELP requests Requests answered", "# TYPE requests counter", 'requests{model="m",version="1"} 7']
     metrics.forget(b"a")
     metrics.report(b"b", [counter(5)])
-    assert lines(registry, "requests")[-1] == 'requests{model="m",version="1"} 8.0'
+    assert lines(registry, "requests")[-1] == 'requests{model="m",version="1"} 8'
     metrics.forget(b"b")   # the last instance holding it: the series and its family go
     assert lines(registry, "requests") == []
 
@@ -53,10 +53,10 @@ def test_a_gauge_is_the_latest_set_plus_the_increments_made_since():
     metrics = registry.custom_metrics
     metrics.report(b"a", [gauge(0, None, 2)])
     metrics.report(b"b", [gauge(0, None, 3)])
-    assert lines(registry, "queue")[-1] == 'queue{model="m",version="1"} 5.0'
+    assert lines(registry, "queue")[-1] == 'queue{model="m",version="1"} 5'
     metrics.report(b"a", [gauge(1, 10, 0)])          # a sets 10: b's earlier increments are behind it
     metrics.report(b"b", [gauge(0, None, 4)])        # b adds 1 more since
-    assert lines(registry, "queue")[-1] == 'queue{model="m",version="1"} 11.0'
+    assert lines(registry, "queue")[-1] == 'queue{model="m",version="1"} 11'
     metrics.report(b"b", [gauge(1, 1, 0.5)])         # b sets 1 and adds a half
     metrics.report(b"a", [gauge(1, 10, 2)])          # a adds 2 after its own set
     assert lines(registry, "queue")[-1] == 'queue{model="m",version="1"} 3.5'
@@ -72,12 +72,12 @@ def test_a_histogram_adds_up_its_buckets_as_triton_writes_them():
     metrics.report(b"c", [histogram([2], [1, 1], 10)])   # other buckets: each count in the first that holds it
     assert lines(registry, "sizes") == [
         "# HELP sizes Batch sizes", "# TYPE sizes histogram",
-        'sizes_count{model="m",version="1"} 7.0',
-        'sizes_sum{model="m",version="1"} 5.0000145e+06',   # (prometheus_client's way of writing 5000014.5)
-        'sizes_bucket{le="0.5",model="m",version="1"} 1.0',
-        'sizes_bucket{le="1",model="m",version="1"} 3.0',
-        'sizes_bucket{le="1000000",model="m",version="1"} 5.0',
-        'sizes_bucket{le="+Inf",model="m",version="1"} 7.0',
+        'sizes_count{model="m",version="1"} 7',
+        'sizes_sum{model="m",version="1"} 5000014.5',
+        'sizes_bucket{model="m",version="1",le="0.5"} 1',
+        'sizes_bucket{model="m",version="1",le="1"} 3',
+        'sizes_bucket{model="m",version="1",le="1000000"} 5',
+        'sizes_bucket{model="m",version="1",le="+Inf"} 7',
     ]
 
 
@@ -87,7 +87,7 @@ def test_a_series_an_instance_reports_no_more_is_forgotten_for_it():
     metrics.report(b"a", [counter(3)])
     metrics.report(b"b", [counter(4)])
     metrics.report(b"a", [])   # its Metric objects deleted: what it counted stays while b holds the series
-    assert lines(registry, "requests")[-1] == 'requests{model="m",version="1"} 7.0'
+    assert lines(registry, "requests")[-1] == 'requests{model="m",version="1"} 7'
     metrics.report(b"b", [])
     assert lines(registry, "requests") == []
 
@@ -105,7 +105,7 @@ def test_a_report_that_cannot_be_read_is_left_out_whole(family, caplog):
         metrics.report(b"a", [family, counter(1, name="readable")])
     assert "cannot be read" in caplog.text
     text = render(TritonCollector(registry, MetricsSettings())).decode()
-    assert 'readable{model="m",version="1"} 1.0' in text
+    assert 'readable{model="m",version="1"} 1' in text
     assert [line for line in text.splitlines() if line.startswith(("requests", "queue", "sizes", "# HELP requests",
                                                                   "# HELP queue", "# HELP sizes"))] == []
     metrics.forget(b"a")
@@ -122,9 +122,9 @@ def test_a_family_made_another_kind_elsewhere_or_named_as_tritons_own_is_left_ou
     with caplog.at_level(logging.WARNING):
         text = render(TritonCollector(registry, MetricsSettings())).decode()
     assert "nv_inference_request_success is named as one of the server's own" in caplog.text
-    assert 'requests{model="m",version="1"} 3.0' in text and "made a gauge" not in text
+    assert 'requests{model="m",version="1"} 3' in text and "made a gauge" not in text
     assert text.count("# HELP nv_inference_request_success ") == 1
-    assert 'after_the_broken_one{model="m",version="1"} 1.0' in text and "broken " not in text
+    assert 'after_the_broken_one{model="m",version="1"} 1' in text and "broken " not in text
 
 
 def test_a_scrape_waits_until_every_instance_it_asked_answered_that_ask():
