@@ -15,6 +15,10 @@ from tritium.gateway.inference import OutputTensor
 from tritium import datatypes
 from tritium.errors import InvalidArgument
 
+# The types Triton ranks: integers and FP32/FP64 (not FP16 or BF16, not BOOL or BYTES).
+_CLASSIFIABLE = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"})
+
+
 def classification_count(owner: str, parameters: dict) -> int | None:
     """The k an output asks for, or None; 0 means no classification, as in Triton."""
     value = parameters.get("classification")
@@ -27,9 +31,10 @@ def classification_count(owner: str, parameters: dict) -> int | None:
 
 def classify(output: OutputTensor, count: int, labels: tuple[str, ...], batched: bool) -> OutputTensor:
     dt = datatypes.from_name(output.datatype)
-    if dt is None or dt.numpy is None or dt.is_bytes or dt.name == "BOOL":
-        raise InvalidArgument(f"class result not available for output '{output.name}' due to unsupported "
-                              f"type '{output.datatype}'")
+    if dt is None or dt.name not in _CLASSIFIABLE:
+        # Triton's words, then the output they leave unnamed.
+        raise InvalidArgument(f"class result not available for output due to unsupported type "
+                              f"'{output.datatype}' (output '{output.name}')")
     values = np.frombuffer(output.data, dtype=dt.numpy)
     rows = values.reshape(output.shape[0] if batched and output.shape else 1, -1)
     k = min(count, rows.shape[1])

@@ -560,6 +560,14 @@ def test_classification_zero_is_the_plain_output_and_bad_counts_are_refused(serv
     assert error_of(body) == "Unable to set 'classification' of output 'PROBS': expected an unsigned integer"
 
 
+@pytest.mark.parametrize("output, datatype", [("HALF", "FP16"), ("FLAG", "BOOL")])
+def test_classification_of_a_type_triton_does_not_rank_is_refused_with_its_words(server, output, datatype):
+    status, _, body = classify_http(server, output, {"classification": 2})
+    assert status == 400
+    assert error_of(body) == (f"class result not available for output due to unsupported type '{datatype}' "
+                              f"(output '{output}')")
+
+
 def test_classification_through_tritonclient_http_and_grpc(server):
     import tritonclient.grpc as grpcclient
 
