@@ -199,7 +199,7 @@ def _parameters(value: object, where: str, reserved_check: bool = False) -> dict
                 "should not be specified.")
         if not isinstance(item, (str, int, float, bool)):
             raise InvalidArgument(
-                f"parameter '{key}' has invalid type; parameters must be strings, numbers or booleans")
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
     return dict(value)
 
 

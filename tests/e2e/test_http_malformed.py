@@ -64,6 +64,8 @@ CASES = {
     "missing input": ({"inputs": good_body()["inputs"][:1]}, {}, 400,
                       "expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) ['INPUT0'], "
                       "but missing required input(s) ['INPUT1']"),
+    "input given twice": ({"inputs": [good_body()["inputs"][0]] * 2}, {}, 400,
+                          "input 'INPUT0' already exists in request for model 'add_sub'"),
     "wrong datatype": (with_input(datatype="INT32", data=[1] * 16), {}, 400,
                        "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'"),
     "unknown datatype": (with_input(datatype="FLOAT"), {}, 400, "input 'INPUT0' for model 'add_sub' has invalid datatype"),
@@ -88,6 +90,8 @@ CASES = {
                                       "Input must set only one of the following fields"),
     "neither data nor binary size": ({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16]},
                                                  good_body()["inputs"][1]]}, {}, 400, "But no field is set"),
+    "parameter of a list": (dict(good_body(), parameters={"x": [1]}), {}, 400,
+                            "parameter 'x' has invalid type. It should be either 'int', 'bool', or 'string'."),
     "reserved parameter": (dict(good_body(), parameters={"triton_x": 1}), {}, 400,
                            "parameter keys starting with 'triton_' are reserved"),
     "unknown output": (dict(good_body(), outputs=[{"name": "OUTPUT7"}]), {}, 400,
