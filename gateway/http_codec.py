@@ -320,7 +320,9 @@ def json_to_bytes(model: str, name: str, datatype: str, shape: list[int], data: 
         raise InvalidArgument(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data "
             f"format for input {name}")
-    if len(values) != element_count(shape):
+    # BYTES elements are counted later, as for binary data (Triton's core counts them, with
+    # its own words); other types here, as Triton's JSON reader does.
+    if len(values) != element_count(shape) and not dt.is_bytes:
         raise InvalidArgument("Unable to parse 'data': Shape does not match true shape of 'data' field")
     if not values or dt.numpy is None:   # (no elements: the type is not refused)
         return b""

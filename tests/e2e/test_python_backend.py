@@ -529,6 +529,16 @@ def test_is_ready_answering_no_boolean_or_too_late_counts_as_not_ready_and_the_i
     assert mode(0) == pid   # served while is_ready() sleeps
 
 
+@pytest.mark.parametrize("count, message", [
+    (0, "expected 1 string elements for inference input 'text_input' for model 'py_text', got 0"),
+    (3, "unexpected number of string elements 2 for inference input 'text_input' for model 'py_text', expecting 1"),
+])
+def test_json_strings_of_the_wrong_count_are_counted_as_triton_counts_them(server, count, message):
+    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["a"] * count}]}
+    status, _, answer = request(server.url, "POST", "/v2/models/py_text/infer", body)
+    assert status == 400 and error_of(answer) == "[request id: <id_unknown>] " + message
+
+
 # -- classification (expected values are what Triton 2.51 answers to the same requests) ----
 
 CLASS_INPUT = {"name": "X", "datatype": "FP32", "shape": [2, 4],
