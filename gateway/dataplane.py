@@ -315,13 +315,17 @@ class DataPlane:
 
     # -- trace ----------------------------------------------------------------------------
 
-    async def trace_settings(self, model: str | None, changes: dict | None = None) -> dict:
-        """Triton's trace settings (global, or ``model``'s), after applying ``changes``."""
+    def check_trace_model(self, model: str | None) -> None:
+        """A model's trace settings need the model ready; Triton checks before it reads the body."""
         if model is not None:
             try:
                 self.link.models.resolve(model, None)
             except TritiumError:
                 raise InvalidArgument(f"Request for unknown model : {model}") from None
+
+    async def trace_settings(self, model: str | None, changes: dict | None = None) -> dict:
+        """Triton's trace settings (global, or ``model``'s), after applying ``changes``."""
+        self.check_trace_model(model)
         return await self._control(TraceSettingsQuery(model, changes or {}, self.tracer.startup.as_wire()))
 
     # -- system shared memory ---------------------------------------------------------------

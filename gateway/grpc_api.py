@@ -328,6 +328,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def TraceSetting(self, request, context):
+        self.dataplane.check_trace_model(request.model_name or None)
         changes = changes_from_grpc({key: list(setting.value) for key, setting in request.settings.items()})
         settings = await self.dataplane.trace_settings(request.model_name or None, changes)
         response = service_pb2.TraceSettingResponse()

@@ -360,6 +360,7 @@ class HttpApp:
             return json_response(await self.dataplane.trace_settings(model))
         if method != "POST":
             return _NOT_ALLOWED
+        self.dataplane.check_trace_model(model)
         changes = changes_from_http(parse_json_object(self._body(request)))   # an empty body too is not JSON, as in Triton
         return json_response(await self.dataplane.trace_settings(model, changes))
 

@@ -135,6 +135,12 @@ def test_defaults_as_triton_writes_them(server, trace_dir):
     ({"trace_rate": "abc"}, 400, "Unable to parse 'trace_rate', got: abc"),
     ({"trace_rate": "99999999999"}, 400,
      "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: 99999999999"),
+    ({"trace_rate": "4294967295"}, 400,   # std::stoi: 32-bit signed, whatever the setting's range
+     "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: 4294967295"),
+    ({"trace_count": "2147483648"}, 400,
+     "Unable to parse 'trace_count', value is out of range [ -1, 2147483647 ], got: 2147483648"),
+    ({"log_frequency": "-2147483649"}, 400,
+     "Unable to parse 'log_frequency', value is out of range [ 0, 4294967295 ], got: -2147483649"),
     ({"trace_count": "-2"}, 400, "Unable to parse 'trace_count'. Expecting value >= -1, got:-2"),
     ({"trace_count": "x"}, 400, "Unable to parse 'trace_count', got: x"),
     ({"trace_level": ["OFF", "TIMESTAMPS"]}, 400, "Expect only one trace level 'OFF' is specified"),
@@ -173,6 +179,10 @@ def test_model_settings_override_and_fall_back_to_global(settings):
 
 def test_unknown_model_and_versioned_path(settings):
     assert post(settings, {}, "nosuch") == (400, {"error": "Request for unknown model : nosuch"})
+    # the model before the body, as Triton checks them
+    assert post(settings, {"trace_file": "x.log"}, "nosuch") == (400, {"error": "Request for unknown model : nosuch"})
+    status, _, data = request(settings.url, "POST", "/v2/models/nosuch/trace/setting", b"not json")
+    assert (status, error_of(data)) == (400, "Request for unknown model : nosuch")
     status, _, data = request(settings.url, "GET", "/v2/models/nosuch/trace/setting")
     assert (status, error_of(data)) == (400, "Request for unknown model : nosuch")
     assert request(settings.url, "GET", "/v2/models/triple/versions/1/trace/setting")[0] == 404
@@ -196,6 +206,8 @@ def test_grpc_round_trip_and_errors(settings):
         assert (caught.value.status(), caught.value.message()) == (f"StatusCode.{code}", message)
     with pytest.raises(InferenceServerException, match="Request for unknown model : nosuch"):
         client.get_trace_settings("nosuch")
+    with pytest.raises(InferenceServerException, match="Request for unknown model : nosuch"):
+        client.update_trace_settings("nosuch", {"trace_file": "x.log"})
 
 
 # -- the trace file --------------------------------------------------------------------------

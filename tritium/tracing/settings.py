@@ -16,6 +16,7 @@ from tritium.errors import InvalidArgument, Unsupported
 MODES = ("triton", "opentelemetry")
 LEVELS = ("TIMESTAMPS", "TENSORS")      # in the order Triton lists them
 UINT32_MAX = 4294967295
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 DEFAULT_OTEL_URL = "localhost:4318/v1/traces"
 FILE_NOT_SETTABLE = "trace file location can not be updated through network protocol"
 OTEL_MISSING = ("--trace-config mode=opentelemetry needs the OpenTelemetry SDK and its OTLP/HTTP exporter: "
@@ -150,17 +151,20 @@ def _level(values: list) -> tuple[str, ...] | None:
 
 
 def _number(key: str, text: str, got: str) -> int:
-    """Triton's reading: a signed integer; rate and log frequency wrap into uint32 as a C cast does."""
+    """Triton's reading (``std::stoi``): a 32-bit signed integer, the range it names in its
+    refusal that of the setting; rate and log frequency wrap into uint32 as a C cast does."""
     try:
         value = int(text.strip())
     except ValueError:
         raise InvalidArgument(f"Unable to parse '{key}', got: {text}") from None
-    if key == "trace_count":
+    counted = key == "trace_count"
+    if not INT32_MIN <= value <= INT32_MAX:
+        low, high = (-1, INT32_MAX) if counted else (0, UINT32_MAX)
+        raise InvalidArgument(f"Unable to parse '{key}', value is out of range [ {low}, {high} ], got: {text}")
+    if counted:
         if value < -1:
             raise InvalidArgument(f"Unable to parse 'trace_count'. Expecting value >= -1, {got}{text}")
         return value
-    if value > UINT32_MAX:
-        raise InvalidArgument(f"Unable to parse '{key}', value is out of range [ 0, {UINT32_MAX} ], got: {text}")
     return value & UINT32_MAX
 
 
