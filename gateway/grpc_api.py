@@ -313,7 +313,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def LogSettings(self, request, context):
         response = service_pb2.LogSettingsResponse()
         try:
-            settings = await self.dataplane.log_settings(_parameters(request.settings))
+            settings = await self.dataplane.log_settings(_log_changes(request.settings))
         except InvalidArgument as exc:   # Triton's gRPC text names the setting without the flag's dashes
             raise InvalidArgument(exc.message.replace("--log_format", "log_format")) from None
         for key, value in settings.items():
@@ -569,6 +569,25 @@ def _request_id(message: Any) -> str:
 def _no_repository_name(name: str) -> None:
     if name:
         raise Unsupported("'repository_name' specification is not supported")
+
+
+# Each log setting's one-of field and the word Triton's gRPC refusal uses for it, in the
+# order Triton checks them (a setting with no value set is refused as a wrong one).
+_LOG_SETTING_FIELDS = {"log_info": ("bool_param", "boolean"), "log_warning": ("bool_param", "boolean"),
+                       "log_error": ("bool_param", "boolean"), "log_verbose_level": ("uint32_param", "int32"),
+                       "log_format": ("string_param", "string")}
+
+
+def _log_changes(settings) -> dict:
+    if "log_file" in settings:
+        raise Unsupported("log file location can not be updated through network protocol")
+    changes = {}
+    for key, (field, kind) in _LOG_SETTING_FIELDS.items():
+        if key in settings:
+            if settings[key].WhichOneof("parameter_choice") != field:
+                raise InvalidArgument(f"expect {kind} for '{key}'")
+            changes[key] = getattr(settings[key], field)
+    return changes
 
 
 def _parameters(parameters) -> dict:

@@ -466,6 +466,26 @@ def test_a_log_format_triton_does_not_know_is_refused_with_triton_s_grpc_text(cl
         "StatusCode.INVALID_ARGUMENT", "invalid argument for log_format, got: bogus")
 
 
+@pytest.mark.parametrize("key, field, message", [
+    ("log_info", "string_param", "expect boolean for 'log_info'"),
+    ("log_error", None, "expect boolean for 'log_error'"),
+    ("log_verbose_level", "bool_param", "expect int32 for 'log_verbose_level'"),
+    ("log_format", "uint32_param", "expect string for 'log_format'"),
+])
+def test_a_log_setting_of_the_wrong_kind_is_refused_with_triton_s_grpc_text(server, key, field, message):
+    channel = grpc.insecure_channel(server.grpc_url)
+    try:
+        request = service_pb2.LogSettingsRequest()
+        setting = request.settings[key]
+        if field is not None:
+            setattr(setting, field, {"string_param": "1", "bool_param": True, "uint32_param": 1}[field])
+        with pytest.raises(grpc.RpcError) as failure:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).LogSettings(request, timeout=10)
+        assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+    finally:
+        channel.close()
+
+
 @pytest.mark.parametrize("kind", ["uint64_param", None])
 def test_a_model_parameter_of_a_kind_triton_does_not_pass_on_is_refused(server, kind):
     message = service_pb2.ModelInferRequest(model_name="add_sub")
