@@ -8,6 +8,7 @@ which keeps routing requests meanwhile.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import queue
 import re
@@ -109,18 +110,45 @@ class ModelReader:
 
 
 def _parsed_config(name: str, text: str) -> ModelConfig:
-    """The load API's ``config``: JSON, or JSON with object keys left unquoted, which Triton's
-    reader (protobuf's C++ one) takes as well."""
+    """The load API's ``config``: JSON, or what Triton's reader (protobuf's C++ one) takes as
+    well: object keys left unquoted, one object or value where a list is expected."""
     try:
         return json_format.Parse(text, ModelConfig(), ignore_unknown_fields=False)
     except json_format.ParseError as exc:
-        quoted = _with_quoted_keys(text)
-        if quoted != text:
+        for reading in {text, _with_quoted_keys(text)}:
             try:
-                return json_format.Parse(quoted, ModelConfig(), ignore_unknown_fields=False)
-            except json_format.ParseError:
+                document = json.loads(reading)
+                return json_format.ParseDict(_with_lists(document, ModelConfig.DESCRIPTOR), ModelConfig(),
+                                             ignore_unknown_fields=False)
+            except (ValueError, json_format.ParseError):
                 pass
         raise InvalidArgument(f"failed to load '{name}': invalid 'config' parameter: {exc}") from exc
+
+
+def _is_repeated(field) -> bool:
+    # protobuf 6 has the property and deprecates the label; earlier ones have only the label
+    return field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+
+
+def _with_lists(value, descriptor):
+    """``value`` (a message's JSON object) with a lone item of each repeated field put in a list."""
+    if not isinstance(value, dict):
+        return value
+    fixed = {}
+    for key, item in value.items():
+        field = descriptor.fields_by_name.get(key) or descriptor.fields_by_camelcase_name.get(key)
+        message = field.message_type if field is not None else None
+        if field is None:
+            fixed[key] = item
+        elif message is not None and message.GetOptions().map_entry:
+            entry = message.fields_by_name["value"].message_type
+            fixed[key] = {k: _with_lists(v, entry) for k, v in item.items()} if entry and isinstance(item, dict) \
+                else item
+        elif _is_repeated(field):
+            fixed[key] = [_with_lists(i, message) if message else i for i in (item if isinstance(item, list) else [item])]
+        else:
+            fixed[key] = _with_lists(item, message) if message else item
+    return fixed
 
 
 _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[A-Za-z_][A-Za-z0-9_]*|\s+|.', re.S)

@@ -243,6 +243,13 @@ def test_config_override_and_shipped_files(server, client, repo):
     np.testing.assert_array_equal(scaled_infer(client), [5, 10, 15, 20])
     config = client.get_model_config("scaled")
     assert config["parameters"]["scale"]["string_value"] == "5"
+    # one object where a list is expected, as Triton's reader takes it too
+    single = json.loads(scaled_config_json(6))
+    single["instance_group"] = {"kind": "KIND_CPU", "count": 2}
+    assert load(server, "scaled", {"config": json.dumps(single)}) == (200, b"")
+    np.testing.assert_array_equal(scaled_infer(client), [6, 12, 18, 24])
+    assert client.get_model_config("scaled")["instance_group"][0]["count"] == 2
+    assert load(server, "scaled", {"config": unquoted}) == (200, b"")
     # ...and files shipped with it make a model the repository does not have (a leading '/' is
     # below the model folder, as in Triton).
     files = {"config": scaled_config_json(7, "shipped"),
