@@ -31,7 +31,7 @@ def classification_count(owner: str, parameters: dict) -> int | None:
 
 def classify(output: OutputTensor, count: int, labels: tuple[str, ...], batched: bool) -> OutputTensor:
     dt = datatypes.from_name(output.datatype)
-    if dt is None or dt.name not in _CLASSIFIABLE:
+    if dt is None or dt.numpy is None or dt.name not in _CLASSIFIABLE:
         # Triton's words, then the output they leave unnamed.
         raise InvalidArgument(f"class result not available for output due to unsupported type "
                               f"'{output.datatype}' (output '{output.name}')")
