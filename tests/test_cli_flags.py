@@ -53,6 +53,15 @@ def test_unknown_flag_is_answered_as_tritonserver_does():
     assert result.output.splitlines()[0] == "tritonserver: unrecognized option '--bogus-flag=1'"
 
 
+def test_a_flag_given_by_a_prefix_of_its_name_is_read_as_tritonserver_reads_it(tmp_path):
+    result = CliRunner().invoke(serve, ["--model-repository", str(tmp_path), "--log-warn=maybe"], prog_name="tritonserver")
+    assert result.exit_code == 2 and "expected true or false, got 'maybe'" in result.output, result.output
+    result = CliRunner().invoke(serve, ["--model-repository", str(tmp_path), "--allow-g=1"], prog_name="tritonserver")
+    assert result.exit_code == 1
+    assert result.output.splitlines()[0] == ("tritonserver: option '--allow-g=1' is ambiguous; possibilities: "
+                                             "'--allow-gpu-metrics' '--allow-grpc'")
+
+
 @pytest.mark.parametrize("flag, message", [
     ("--allow-http=false --allow-grpc=0", "leave nothing to serve"),
     ("--grpc-use-ssl=true", "gRPC over TLS (--grpc-use-ssl) needs --grpc-server-cert and --grpc-server-key"),

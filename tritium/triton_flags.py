@@ -153,6 +153,7 @@ class TritonCommand(click.Command):
     ``unrecognized option '--flag'``, the usage line, exit status 1."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        args = self._expanded(ctx, args)
         given_args = list(args)  # click consumes the list it parses
         try:
             return super().parse_args(ctx, args)
@@ -162,3 +163,24 @@ class TritonCommand(click.Command):
             click.echo(f"Usage: {ctx.command_path} [options]\nTry '{ctx.command_path} --help' for the flags.",
                        err=True)
             sys.exit(1)
+
+    def _expanded(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Each long flag given by an unambiguous prefix of its name (``--log-warn=false``) under its
+        full name, as tritonserver's getopt_long takes it; an ambiguous one ends as getopt ends."""
+        names = sorted({opt for param in self.get_params(ctx) for opt in (*param.opts, *param.secondary_opts)
+                        if opt.startswith("--")})
+        expanded: list[str] = []
+        for position, arg in enumerate(args):
+            if arg == "--":
+                return expanded + args[position:]
+            flag, equals, value = arg.partition("=")
+            if flag.startswith("--") and flag not in names:
+                matches = [name for name in names if name.startswith(flag)]
+                if len(matches) == 1:
+                    arg = matches[0] + equals + value
+                elif matches:
+                    click.echo(f"{ctx.command_path}: option '{arg}' is ambiguous; possibilities: "
+                               + " ".join(f"'{name}'" for name in matches), err=True)
+                    sys.exit(1)
+            expanded.append(arg)
+        return expanded
