@@ -24,7 +24,7 @@ from tritium.gateway.tracing import NO_TRACING
 from tritium.gateway.validation import check_requested_outputs, check_single_response, validate_inputs
 from tritium.repo.names import check_load_parameters, require_name
 from tritium import __version__
-from tritium.errors import InternalError, InvalidArgument, TritiumError, Unavailable, Unsupported
+from tritium.errors import InternalError, InvalidArgument, NotFound, TritiumError, Unavailable, Unsupported
 from tritium.protocol import (ChangeLogSettings, Control, ControlArgsUnion, IndexQuery, Infer, LoadModel, RegisterRegion,
                               StatsQuery, TraceSettingsQuery, UnloadModel, UnregisterRegion, pack_tensors, tensor_views)
 
@@ -77,6 +77,13 @@ class DataPlane:
             _, number = self.link.models.resolve(name, version)
         except Unavailable:   # a known version that is not ready: readiness says so with a 400
             raise InvalidArgument("Model version not ready") from None
+        except NotFound:
+            # An unloaded model is one Triton still knows: not ready (400), where a model whose
+            # load failed has no version to ask about (404).
+            entry = self.link.models.models.get(name)
+            if entry is not None and ("UNAVAILABLE", "unloaded") in entry.versions.values():
+                raise InvalidArgument("Model version not ready") from None
+            raise
         if number in self.link.models.get(name).unhealthy or self.link.broker_lost:
             raise InvalidArgument("Model version not ready")
 
