@@ -41,6 +41,7 @@ from tritium.protocol import Scale
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5.0    # after a failed cold start
+NO_ROOM_REPEAT_S = 60.0
 _GPU = model_config_pb2.ModelInstanceGroup.KIND_GPU
 
 
@@ -54,6 +55,7 @@ class ScaleState:
     cold_start_since_ns: int | None = None    # the first request that found no instance
     cold_start_deferred: bool = False         # a request found no instance while hosts were awaited
     retry_after_ns: int = 0
+    no_room_said_ns: int = 0
     last_error: str = ""
     cold_starts: int = 0
     cold_start_ns_total: int = 0
@@ -213,9 +215,11 @@ class Autoscaler:
         scale = _state(version)
         agent = self._roomiest_host(version)
         if agent is None:
-            if self._clock() >= scale.next_step_ns:   # say it once per cooldown, not every evaluation
-                log.warning("model %s version %d: cannot add an instance (%s): no host has room",
-                            version.name, version.version, why)
+            if self._clock() >= scale.next_step_ns:   # not every evaluation: once per cooldown
+                if self._clock() >= scale.no_room_said_ns:   # and said once a minute at most
+                    log.warning("model %s version %d: cannot add an instance (%s): no host has room",
+                                version.name, version.version, why)
+                    scale.no_room_said_ns = self._clock() + int(NO_ROOM_REPEAT_S * 1e9)
                 scale.next_step_ns = self._clock() + int(_policy(version).cooldown_s * 1e9)
             return False
         scale.targets[agent.identity] = scale.targets.get(agent.identity, 0) + 1

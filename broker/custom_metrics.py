@@ -244,6 +244,7 @@ def _real(value) -> float:
 
 def _metric(family: _Family) -> Metric:
     metric = Metric(family.name, family.description, family.kind)
+    metric.name = family.name   # as the model named it (Metric drops a counter's "_total")
     for labels, series in family.series.items():
         sample_labels = dict(labels)
         if family.kind != "histogram":

@@ -10,11 +10,13 @@ patterns rather than a parser depend on it: perf_analyzer's ``--collect-metrics`
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
 _TYPES = {"unknown": "untyped"}
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 def number_text(value: float) -> str:
@@ -30,8 +32,17 @@ def number_text(value: float) -> str:
 
 def _ordered(labels: dict[str, str]) -> list[tuple[str, str]]:
     """Sorted by name, a bucket's ``le`` last: prometheus-cpp keeps labels in a sorted map and
-    appends ``le``."""
-    return sorted(labels.items(), key=lambda item: (item[0] == "le", item[0]))
+    appends ``le``. A name Prometheus would not read (a ``metric_tags`` key such as ``my-tag``)
+    has its other characters made ``_``: one bad name must not make the whole page unreadable."""
+    return sorted(((_label_name(key), value) for key, value in labels.items()),
+                  key=lambda item: (item[0] == "le", item[0]))
+
+
+def _label_name(name: str) -> str:
+    if _LABEL_NAME.fullmatch(name):
+        return name
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", name)
+    return name if not name[:1].isdigit() else "_" + name
 
 
 def _escaped_label(value: str) -> str:

@@ -72,6 +72,14 @@ class MetricsSettings:
     gpu: bool = True   # Triton's --allow-gpu-metrics: the hosts' nv_gpu_* families
 
 
+def _counter(name: str, documentation: str) -> Metric:
+    """A counter family declared as ``name``, ``_total`` included (prometheus_client's Metric
+    keeps a counter's name without it, and a family without samples is declared by it)."""
+    family = Metric(name, documentation, "counter")
+    family.name = name
+    return family
+
+
 def version_labels(version) -> dict[str, str]:
     labels = {"model": version.name, "version": str(version.version)}
     for key, value in version.definition.config.metric_tags.items():
@@ -143,7 +151,7 @@ class TritonCollector:
         scaled = [v for v in versions if v.scale is not None]
         if not scaled:
             return
-        starts = Metric("tritium_cold_starts", "Cold starts: a request found no instance of the model", "counter")
+        starts = _counter("tritium_cold_starts_total", "Cold starts: a request found no instance of the model")
         duration = Metric("tritium_cold_start_duration_us",
                           "Cumulative time from a cold start's first request to its instance being ready, in "
                           "microseconds", "counter")
@@ -198,11 +206,14 @@ class TritonCollector:
         with_gpus = self.settings.gpu and any(sample.gpus for sample in hosts.values())
         # Labelled by gpu_uuid alone, as in Triton (perf_analyzer's --collect-metrics matches
         # exactly `{gpu_uuid="..."} `); a UUID names one GPU of one host, tritium_gpus says which.
+        gpus = {}   # by UUID, once: hosts that share a GPU (containers of one machine) report it each
+        for sample in hosts.values():
+            for gpu in sample.gpus:
+                gpus.setdefault(gpu["uuid"], gpu)
         for name, (documentation, key) in gpu_gauges.items() if with_gpus else ():
             family = Metric(name, documentation, "gauge")
-            for sample in hosts.values():
-                for gpu in sample.gpus:
-                    family.add_sample(name, {"gpu_uuid": gpu["uuid"]}, gpu.get(key, 0))
+            for uuid, gpu in gpus.items():
+                family.add_sample(name, {"gpu_uuid": uuid}, gpu.get(key, 0))
             yield family
         if with_gpus:
             where = Metric("tritium_gpus", "A worker host's GPUs: 1 for each, labelled by host and gpu_uuid", "gauge")
@@ -220,10 +231,10 @@ class TritonCollector:
                       "in bytes", "gauge")
         used = Metric("tritium_tensor_pool_used_bytes", "Bytes of a process's tensor pool held by tensors in flight",
                       "gauge")
-        overflows = Metric("tritium_tensor_pool_overflows", "Large tensors a process sent as bytes because its "
-                           "tensor pool had no room", "counter")
-        renewals = Metric("tritium_tensor_pool_renewals", "Times a process replaced its tensor pool by a new one, "
-                          "the slots of the old given up for lost", "counter")
+        overflows = _counter("tritium_tensor_pool_overflows_total",
+                             "Large tensors a process sent as bytes because its tensor pool had no room")
+        renewals = _counter("tritium_tensor_pool_renewals_total",
+                            "Times a process replaced its tensor pool by a new one, the slots of the old given up for lost")
         for peer, reported in pools:
             for kind, total, in_use, overflowed, renewed in reported:
                 labels = {"process": peer.decode(errors="replace"), "kind": kind}

@@ -8,11 +8,13 @@ its ``instance_group``, exactly as in Triton.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tritium.repo.errors import ModelLoadError
 
 PARAMETER = "tritium.autoscale"
+MAX_COOLDOWN_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,10 @@ def autoscale_policy(config) -> AutoscalePolicy | None:
     if policy.min_instances < 0 or policy.max_instances < max(1, policy.min_instances):
         raise ModelLoadError(config.name, f"parameter '{PARAMETER}': need 0 <= min <= max and max >= 1, "
                              f"got min={policy.min_instances}, max={policy.max_instances}")
-    if policy.idle_s <= 0 or policy.target_queue_ms < 0 or policy.cooldown_s < 0:
-        raise ModelLoadError(config.name, f"parameter '{PARAMETER}': 'idle_s' must be positive, "
-                             "'target_queue_ms' and 'cooldown_s' not negative")
+    if not all(math.isfinite(v) for v in (policy.idle_s, policy.target_queue_ms, policy.cooldown_s)) \
+            or policy.idle_s <= 0 or policy.target_queue_ms < 0 or not 0 <= policy.cooldown_s <= MAX_COOLDOWN_S:
+        raise ModelLoadError(config.name, f"parameter '{PARAMETER}': 'idle_s' must be a positive number, "
+                             f"'target_queue_ms' a number not negative, 'cooldown_s' one from 0 to {MAX_COOLDOWN_S:g}")
     if config.HasField("sequence_batching") or config.model_transaction_policy.decoupled:
         raise ModelLoadError(config.name, f"parameter '{PARAMETER}': sequence and decoupled models "
                              "cannot scale their instances")

@@ -26,8 +26,12 @@ def _load():
     spec = importlib.util.spec_from_file_location(_NAME, Path(tritonclient.__file__).parent / "grpc" / "model_config_pb2.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[_NAME] = module
-    spec.loader.exec_module(module)
+    sys.modules[_NAME] = module   # (loaded while this module is imported, under the import lock)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[_NAME]   # no half-made module for a later import to find
+        raise
     return module
 
 

@@ -359,11 +359,11 @@ def _watch(sock: zmq.Socket, handle) -> None:
 
 
 def _read_events(monitor: zmq.Socket, handle) -> None:
-    # Imported here: pyzmq's monitor module imports asyncio (~30 ms), which a process whose
-    # links speak ZMTP themselves (every local instance) never needs.
-    from zmq.utils.monitor import recv_monitor_message
-
     try:
+        # Imported here: pyzmq's monitor module imports asyncio (~30 ms), which a process whose
+        # links speak ZMTP themselves (every local instance) never needs.
+        from zmq.utils.monitor import recv_monitor_message
+
         while True:
             message = recv_monitor_message(monitor)
             event = int(message["event"])

@@ -69,3 +69,9 @@ def test_gpu_lines_read_as_perf_analyzer_reads_them():
                                          (float("inf"), "+Inf"), (float("nan"), "Nan")])
 def test_values_are_written_as_triton_writes_them(value, text):
     assert number_text(value) == text
+
+
+def test_a_gpu_two_hosts_report_is_one_series():
+    shared = {**GPU, "uuid": "GPU-S"}
+    found = families({"a": HostMetrics("a", 0.5, 2, 1, [shared]), "b": HostMetrics("b", 0.5, 2, 1, [shared])})
+    assert found["nv_gpu_utilization"] == ['nv_gpu_utilization{gpu_uuid="GPU-S"} 0.5']

@@ -33,8 +33,11 @@ def test_every_key_is_optional_and_read_with_its_type():
     ("mni=1", "parameter 'tritium.autoscale': unknown setting 'mni=1'"),
     ("min=3,max=2", "need 0 <= min <= max and max >= 1, got min=3, max=2"),
     ("max=0", "need 0 <= min <= max and max >= 1, got min=1, max=0"),
-    ("idle_s=0", "'idle_s' must be positive"),
-    ("cooldown_s=-1", "'target_queue_ms' and 'cooldown_s' not negative"),
+    ("idle_s=0", "'idle_s' must be a positive number"),
+    ("idle_s=nan", "'idle_s' must be a positive number"),
+    ("cooldown_s=-1", "'cooldown_s' one from 0 to 86400"),
+    ("cooldown_s=inf", "'cooldown_s' one from 0 to 86400"),
+    ("target_queue_ms=nan", "'target_queue_ms' a number not negative"),
 ])
 def test_a_malformed_value_fails_the_load_naming_the_setting(value, message):
     with pytest.raises(ModelLoadError) as failed:

@@ -1,0 +1,26 @@
+"""The metrics page's text: readable by Prometheus's parser whatever the labels, named as declared."""
+
+from __future__ import annotations
+
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from tritium.broker.exposition import text_format
+from tritium.broker.metrics import MetricsSettings, TritonCollector, render
+from tritium.broker.registry import Registry
+
+
+def test_a_label_name_prometheus_would_refuse_is_made_readable():
+    family = Metric("nv_inference_count", "Number of inferences", "counter")
+    family.add_sample("nv_inference_count", {"model": "m", "_my-tag": 'a "quoted"\nvalue', "9lives": "y"}, 3)
+    text = text_format([family])
+    assert 'nv_inference_count{_9lives="y",_my_tag="a \\"quoted\\"\\nvalue",model="m"} 3\n' in text
+    (parsed,) = text_string_to_metric_families(text)
+    assert parsed.samples[0].labels == {"_9lives": "y", "_my_tag": 'a "quoted"\nvalue', "model": "m"}
+
+
+def test_a_counter_named_with_total_keeps_it_without_samples():
+    text = render(TritonCollector(Registry(), MetricsSettings())).decode()
+    assert "# TYPE tritium_tensor_pool_overflows_total counter\n" in text
+    assert "# TYPE nv_inference_request_success counter\n" in text
+    assert list(text_string_to_metric_families(text))
