@@ -226,6 +226,7 @@ class ModelLifecycle:
         if not serving:  # a first load shows its config at once; a reload's, once it serves
             _publish(record, definition)
         selected = {info.version: info for info in definition.versions}
+        started = False
         for number, info in selected.items():
             record.unloaded_versions.discard(number)
             current = record.versions.get(number) if not was_unloaded else None
@@ -245,6 +246,9 @@ class ModelLifecycle:
                     self._same_load(current, definition, files):
                 continue  # nothing changed for this version: keep it as it is
             self._start_version(record, number, definition, files, current, load)
+            started = True
+        if serving and not started:   # only the version policy changed: its config shows at once
+            _publish(record, definition)
         # Versions the policy dropped serve until the new ones are ready, so that a request
         # for the latest version always finds one.
         load.retiring.extend(v for n, v in record.versions.items() if n not in selected)
@@ -501,10 +505,19 @@ class ModelLifecycle:
     def _same_load(self, current: ModelVersion, definition: ModelDefinition, files) -> bool:
         """Whether ``current`` was loaded from what ``definition`` would load now (no reload then)."""
         return (files is None and current.files is None
-                and current.definition.portable_config == definition.portable_config
+                and _beside_the_policy(current.definition.portable_config) == _beside_the_policy(definition.portable_config)
                 and current.definition.labels == definition.labels
                 and current.definition.path == definition.path
                 and self._version_files.get(current.epoch) == _version_files(definition.path, current.version))
+
+
+def _beside_the_policy(config):
+    """The config without its version_policy: a change of policy alone loads and unloads other
+    versions but leaves a version that stays as it runs, as in Triton."""
+    copy = type(config)()
+    copy.CopyFrom(config)
+    copy.ClearField("version_policy")
+    return copy
 
 
 def _index_entries(record: ModelRecord) -> list[dict]:

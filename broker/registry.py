@@ -195,12 +195,17 @@ def _datatype_name(data_type: int) -> str:
     return known.name if known is not None else config_name
 
 
+_VERSION_POLICY_KEYS = ("version_policy", "versionPolicy")
+
+
 def load_identity(config_json: dict, files: dict | None, fingerprint: tuple) -> str:
     """What an instance of a load runs: its config, shipped files and the files of its folder.
 
     A host agent reports it for each running instance, so that a broker started again keeps
     (adopts) the instances whose load it would start anyway, rather than loading them again.
     """
+    # Which versions load is the model's business, not what one version's instance runs.
+    config_json = {key: value for key, value in config_json.items() if key not in _VERSION_POLICY_KEYS}
     digest = hashlib.sha256(json.dumps(config_json, sort_keys=True).encode())
     for path, content in sorted((files or {}).items()):
         digest.update(path.encode() + b"\0" + bytes(content))

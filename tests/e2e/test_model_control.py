@@ -228,6 +228,22 @@ def test_reload_under_load_drops_no_request(server, client, repo):
     np.testing.assert_array_equal(scaled_infer(client), [1, 2, 3, 4])
 
 
+def test_a_change_of_version_policy_alone_leaves_a_version_that_stays_running(server, client, repo):
+    for version in ("1", "2"):
+        (repo / "policy" / version).mkdir(parents=True)
+        (repo / "policy" / version / "model.py").write_text(SCALED_MODEL)
+    config = json.loads(scaled_config_json(2, "policy"))
+    config["version_policy"] = {"all": {}}
+    assert load(server, "policy", {"config": json.dumps(config)}) == (200, b"")
+    assert [index(server)[("policy", v)]["state"] for v in ("1", "2")] == ["READY", "READY"]
+    config["version_policy"] = {"specific": {"versions": [2]}}
+    assert load(server, "policy", {"config": json.dumps(config)}) == (200, b"")
+    assert index(server)[("policy", "1")]["reason"] == "unloaded"
+    np.testing.assert_array_equal(scaled_infer(client, "policy"), [2, 4, 6, 8])
+    assert server.logs().count("serving model policy version 2 ") == 1, "version 2 was loaded again"
+    assert client.get_model_config("policy")["version_policy"] == {"specific": {"versions": [2]}}
+
+
 def test_failed_reload_keeps_the_old_model_serving(server, client):
     before = scaled_infer(client)
     status, data = load(server, "scaled", {"config": scaled_config_json(0)})
