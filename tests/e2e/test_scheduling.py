@@ -107,7 +107,7 @@ def test_a_queue_timeout_is_enforced_while_the_request_waits_behind_a_long_execu
     assert refused.value.status() == "503" and refused.value.message() == "Request timeout expired"
     assert waited < 1.0, "the timeout must not wait for the running execution to end"
     metrics = urllib.request.urlopen(server.metrics_url).read().decode()
-    assert 'nv_inference_request_failure{model="deadline",reason="REJECTED",version="1"} 1.0' in metrics
+    assert 'nv_inference_request_failure{model="deadline",reason="REJECTED",version="1"} 1\n' in metrics
 
 
 def test_a_request_past_a_delay_timeout_runs_after_the_requests_still_in_time(server):
@@ -270,8 +270,8 @@ def test_identical_requests_are_answered_from_the_cache_on_http_and_grpc(server)
     assert inference["success"]["count"] == 3 and stats["execution_count"] == 2
     assert inference["compute_infer"]["count"] == 2   # success minus cache hits, as Triton counts
     metrics = urllib.request.urlopen(server.metrics_url).read().decode()
-    assert 'nv_cache_num_hits_per_model{model="cached",version="1"} 1.0' in metrics
-    assert 'nv_cache_num_misses_per_model{model="cached",version="1"} 2.0' in metrics
+    assert 'nv_cache_num_hits_per_model{model="cached",version="1"} 1\n' in metrics
+    assert 'nv_cache_num_misses_per_model{model="cached",version="1"} 2\n' in metrics
 
 
 def test_a_bad_cache_config_stops_serve_with_a_clear_message(tmp_path):
