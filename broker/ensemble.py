@@ -550,6 +550,8 @@ class EnsembleRunner:
             shape = _reshaped(tensor.shape, tensor.batch_size, plan.batching, plan.outputs[name])
             descriptors.append([name, tensor.datatype, shape, tensor.nbytes, tensor.external])
             (frames if tensor.external else inline).append(tensor.data)
+        if not request.answered:
+            request.version.stats.observe_first_response(self._clock() - request.arrival_ns)
         request.answered.add(iteration)
         if plan.decoupled and (request.calls or request.waiting):   # more may come: not the last response
             header = Response(request.rid, descriptors, params=_sequence_parameters(request), final=False,

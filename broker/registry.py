@@ -92,11 +92,15 @@ class Batch:
     answered: set[int] = field(default_factory=set)  # decoupled: requests that had any response
     timings: tuple = (0, 0, 0)
 
-    def record_outcome(self, request: PendingRequest, ok: bool, now: int, cancelled: bool = False) -> None:
+    def record_outcome(self, request: PendingRequest, ok: bool, now: int, cancelled: bool = False,
+                       first_response_counted: bool = False) -> None:
         """A request of this batch had its (final) answer: its version's statistics count it
-        (``cancelled``: a failure that is its client's cancellation, answered CANCELLED)."""
+        (``cancelled``: a failure that is its client's cancellation, answered CANCELLED;
+        ``first_response_counted``: a decoupled request whose first response was counted then)."""
         stats = self.version.stats
         if ok:
+            if not first_response_counted:
+                stats.observe_first_response(now - request.arrival_ns)
             stats.record_success(now - request.arrival_ns, request.dispatch_ns - request.arrival_ns,
                                  request.batch_size, self.timings)
         else:

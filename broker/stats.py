@@ -52,7 +52,7 @@ class ModelVersionStats:
     # Optional latency histogram (--metrics-config histogram_latencies=true): bucket bounds in ms.
     histogram_bounds_ms: tuple[float, ...] = ()
     histogram_counts: list[int] = field(default_factory=list)
-    histogram_sum_ms: float = 0.0
+    histogram_sum_ms: int = 0
 
     def record_execution(self, batch_size: int, timings: tuple[int, int, int]) -> None:
         compute_input, compute_infer, compute_output = timings
@@ -68,15 +68,16 @@ class ModelVersionStats:
         self.histogram_bounds_ms = tuple(sorted(bounds_ms))
         self.histogram_counts = [0] * (len(self.histogram_bounds_ms) + 1)
 
-    def _observe(self, total_ns: int) -> None:
-        milliseconds = total_ns / 1e6
-        self.histogram_counts[bisect.bisect_left(self.histogram_bounds_ms, milliseconds)] += 1
-        self.histogram_sum_ms += milliseconds
+    def observe_first_response(self, since_arrival_ns: int) -> None:
+        """A request's first response left (a decoupled model's first of many, or the one answer):
+        the first-response histogram counts it in whole milliseconds, as Triton does."""
+        if self.histogram_counts:
+            milliseconds = since_arrival_ns // 1_000_000
+            self.histogram_counts[bisect.bisect_left(self.histogram_bounds_ms, milliseconds)] += 1
+            self.histogram_sum_ms += milliseconds
 
     def record_success(self, total_ns: int, queue_ns: int, batch_size: int,
                        timings: tuple[int, int, int]) -> None:
-        if self.histogram_counts:
-            self._observe(total_ns)
         self.success.add(total_ns)
         self.queue.add(queue_ns)
         self.compute_input.add(timings[0])
@@ -87,8 +88,7 @@ class ModelVersionStats:
 
     def record_cache_hit(self, total_ns: int) -> None:
         """A request answered from the response cache: a success without queue or compute."""
-        if self.histogram_counts:
-            self._observe(total_ns)
+        self.observe_first_response(total_ns)
         self.success.add(total_ns)
         self.queue.add(0)
         self.cache_hit.add(total_ns)

@@ -35,6 +35,8 @@ class OpenStreams:
         request = batch.requests[index]
         first = index not in batch.answered
         batch.answered.add(index)
+        if first:
+            batch.version.stats.observe_first_response(self._clock() - request.arrival_ns)
         response, _, _ = read_record(frames[0])
         if not isinstance(response, Response):
             log.warning("a %s record instead of a RESPONSE for request %s/%s from instance %r dropped",
@@ -52,7 +54,8 @@ class OpenStreams:
             batch.finished.add(index)
             error = response.error
             batch.record_outcome(request, error is None, self._clock(),
-                                 request.cancelled and error is not None and error.code is ErrorCode.CANCELLED)
+                                 request.cancelled and error is not None and error.code is ErrorCode.CANCELLED,
+                                 first_response_counted=True)
             if number in self.batches and len(batch.finished) == len(batch.requests):
                 del self.batches[number]
         return first

@@ -240,3 +240,18 @@ def test_fail_everything_answers_queued_running_and_streaming_requests_once(worl
     scheduler.fail_everything(Unavailable("shutting down"))
     assert sorted(decode(p[1])[0]["rid"] for p in to_gateways) == [1, 2]
     assert scheduler.idle()
+
+
+def test_the_first_response_histogram_counts_a_decoupled_request_at_its_first_response_in_whole_ms():
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world(
+        "model_transaction_policy { decoupled: true }")
+    version.stats.enable_histogram((100.0, 500.0, 2000.0))
+    add_instance(registry, version, "i0")
+    submit(scheduler, b"gw", 1)
+    number = sent_batch(to_instances[0])[1]["b"]
+    clock.now += 1_000_999_999     # 1,000.999999 ms after arrival
+    scheduler.streams.response_part(b"i0", ResponsePart(number, 0), [Response(1, [], final=False).encode()])
+    clock.now += 2_000_000_000
+    scheduler.streams.response_part(b"i0", ResponsePart(number, 0), [Response(1, [], final=True).encode()])
+    assert version.stats.histogram_counts == [0, 0, 1, 0] and version.stats.histogram_sum_ms == 1000
+    assert version.stats.success.count == 1
