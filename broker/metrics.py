@@ -60,7 +60,7 @@ _CACHE_COUNTERS = (
      lambda s: s.cache_miss.ns // 1000),
 )
 _FAILURE = ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes")
-_FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+_FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")   # in the order Triton 2.51 writes them
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ class CachedResponse:
 def parse_cache_config(values: tuple[str, ...]) -> int:
     """Bytes of ``--cache-config local,size=N`` (0 when not given); ValueError on anything else."""
     size = 0
+    if len({value.partition(",")[0] for value in values}) > 1:
+        raise ValueError("found multiple cache configurations, but only a single cache is currently supported")
     for value in values:
         kind, _, setting = value.partition(",")
         if kind != "local":

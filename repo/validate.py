@@ -226,4 +226,5 @@ def _validate_transaction_policy(config: ModelConfig) -> None:
         _fail(model, f"'model_transaction_policy {{ decoupled: true }}' is not supported by "
               f"the {config.backend} backend; only python and custom backends can be decoupled")
     if config.response_cache.enable:
-        _fail(model, "the response cache cannot be enabled for a decoupled model")
+        _fail(model, f"Response Cache does not currently support model {model} with 'decoupled' transaction "
+              "policy. Please disable the response cache.")

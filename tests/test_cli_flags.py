@@ -68,6 +68,10 @@ def test_a_flag_given_by_a_prefix_of_its_name_is_read_as_tritonserver_reads_it(t
     ("--grpc-use-ssl-mutual=false --grpc-server-cert=/nowhere.pem --grpc-server-key=/nowhere.key",
      "--grpc-server-cert '/nowhere.pem' cannot be read: No such file or directory"),
     ("--allow-sagemaker=1", "--allow-sagemaker=true is not supported"),
+    ("--response-cache-byte-size=1024 --cache-config=local,size=2048",
+     "Incompatible flags --response-cache-byte-size and --cache-config both provided. Please provide one or the other."),
+    ("--cache-config=local,size=2048 --cache-config=redis,host=h",
+     "found multiple cache configurations, but only a single cache is currently supported"),
     ("--allow-grpc=maybe", "expected true or false, got 'maybe'"),
     ("--rate-limit=sometimes", "'sometimes' is not one of 'off', 'execution_count'"),
     ("--rate-limit-resource=R:2:0:1", "--rate-limit-resource option format is '<resource_name>:<count>:<device>' "

@@ -190,7 +190,10 @@ def serve(ctx, **o) -> None:
     _one_front_end(o)
     configure_logs("serve", **_pick(o, _LOG_KEYS))
     _warn_ignored(ignored + _foreign_backend_configs(o["backend_config"]))
-    if o["response_cache_byte_size"] is not None and not o["cache_config"]:
+    if o["response_cache_byte_size"] is not None:
+        if o["cache_config"]:
+            raise click.UsageError("Incompatible flags --response-cache-byte-size and --cache-config both provided. "
+                                   "Please provide one or the other.")
         o["cache_config"] = (f"local,size={o['response_cache_byte_size']}",)
     # fail early on bad flags, before starting anything
     repository_settings(**_pick(o, _REPOSITORY_KEYS))

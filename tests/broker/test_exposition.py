@@ -7,7 +7,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tritium.broker.exposition import text_format
 from tritium.broker.metrics import MetricsSettings, TritonCollector, render
-from tritium.broker.registry import Registry
+from tritium.broker.registry import ModelRecord, ModelVersion, Registry, VersionState
+from tests.broker.scheduler_world import CONFIG, definition
 
 
 def test_a_label_name_prometheus_would_refuse_is_made_readable():
@@ -24,3 +25,15 @@ def test_a_counter_named_with_total_keeps_it_without_samples():
     assert "# TYPE tritium_tensor_pool_overflows_total counter\n" in text
     assert "# TYPE nv_inference_request_success counter\n" in text
     assert list(text_string_to_metric_families(text))
+
+
+def test_failure_reasons_come_in_triton_s_order():
+    registry = Registry()
+    version = ModelVersion("m", 1, definition(CONFIG), epoch=1)
+    version.state = VersionState.READY
+    registry.models["m"] = ModelRecord("m")
+    registry.versions[version.key] = version
+    text = render(TritonCollector(registry, MetricsSettings())).decode()
+    reasons = [line.split('reason="')[1].split('"')[0] for line in text.splitlines()
+               if line.startswith("nv_inference_request_failure{")]
+    assert reasons == ["OTHER", "BACKEND", "CANCELED", "REJECTED"]

@@ -232,7 +232,8 @@ def test_decoupled_needs_a_backend_that_can_serve_it(backend, platform):
 def test_decoupled_python_is_fine_but_not_with_the_response_cache():
     check(IO + "model_transaction_policy { decoupled: true } dynamic_batching { }")
     assert invalid(IO + "model_transaction_policy { decoupled: true } response_cache { enable: true }") == (
-        "the response cache cannot be enabled for a decoupled model")
+        "Response Cache does not currently support model m with 'decoupled' transaction policy. "
+        "Please disable the response cache.")
 
 
 # -- through the loader: the file is named -------------------------------------------------
