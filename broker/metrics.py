@@ -122,7 +122,8 @@ class TritonCollector:
                          "Instantaneous number of pending requests awaiting execution per-model.", "gauge")
         load = Metric("nv_model_load_duration_secs", "Model load time in seconds", "gauge")
         for version in versions:
-            pending.add_sample("nv_inference_pending_request_count", version_labels(version), len(version.batcher))
+            pending.add_sample("nv_inference_pending_request_count", version_labels(version),
+                               version.pending_requests())
             if version.load_seconds is not None:
                 load.add_sample("nv_model_load_duration_secs", version_labels(version), version.load_seconds)
         yield pending

@@ -170,6 +170,14 @@ class ModelVersion:
     def key(self) -> tuple[str, int]:
         return (self.name, self.version)
 
+    def pending_requests(self) -> int:
+        """Requests not yet executing: those queued here, and those an instance holds behind the
+        batch it runs (its second credit), which Triton would still have in its queue."""
+        waiting = len(self.batcher)
+        for instance in list(self.instances):   # (read from the metrics thread: copies, not views)
+            waiting += sum(len(batch.requests) for batch in list(instance.inflight.values())[1:])
+        return waiting
+
     def assignment(self) -> Assignment:
         """What a host agent needs to start instances of this load: its config and shipped files."""
         return Assignment(self.name, self.version, self.epoch, config_to_json_dict(self.definition.portable_config),

@@ -44,6 +44,7 @@ def test_credit_bounds_what_an_instance_is_sent():
         submit(scheduler, b"gw", rid)
     assert [sent_batch(p)[2] for p in to_instances] == [[1], [2]]
     assert instance.credit == 0 and len(version.batcher) == 2
+    assert version.pending_requests() == 3   # request 2 waits at the instance behind request 1
     header, responses = done(sent_batch(to_instances[0])[1]["b"], [1])
     scheduler.batch_done(b"i0", header, responses)
     assert [sent_batch(p)[2] for p in to_instances] == [[1], [2], [3]]
