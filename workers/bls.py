@@ -390,7 +390,8 @@ class BlsClient:
         if self._reading_loop is not loop:
             loop.add_reader(self.sock.fileno(), self._pump, 0)
             self._reading_loop = loop
-        if decoupled:
+        if decoupled:   # as Triton's async_exec: back once the first response is here, the loop free meanwhile
+            await self._first_reply(loop, rid)
             return ResponseIterator(self, rid, request)
         last = None
         while True:
@@ -406,6 +407,20 @@ class BlsClient:
             self._waiters[rid] = future
             try:
                 if not queue:   # an answer filed by another thread just now would not wake it
+                    await future
+            finally:
+                self._waiters.pop(rid, None)
+
+    async def _first_reply(self, loop: asyncio.AbstractEventLoop, rid: int) -> None:
+        """Wait, letting ``loop`` run other coroutines, until request ``rid`` has a response filed."""
+        while True:
+            self._pump(0)
+            if self._replies[rid]:
+                return
+            future = loop.create_future()
+            self._waiters[rid] = future
+            try:
+                if not self._replies[rid]:
                     await future
             finally:
                 self._waiters.pop(rid, None)
@@ -440,9 +455,11 @@ class ResponseIterator:
         self._called = (request.model_name(), request.model_version())   # what a cancel names
         self._done = False
         self._cancelled = False
+        self._seen: list = []   # every response given: a loop begun after the final one gives them again
 
     def __iter__(self):
-        return self
+        # As Triton's iterator: once it has had its final response, iterating it again replays them.
+        return iter(list(self._seen)) if self._done else self
 
     def __next__(self):
         if self._done:
@@ -453,7 +470,9 @@ class ResponseIterator:
             self._client._replies.pop(self._rid, None)
         # A flags-only final response is yielded too, without outputs, as Triton's iterator does
         # (models written for Triton check for it: ``len(response.output_tensors()) > 0``).
-        return response if response is not None else pb.InferenceResponse()
+        response = response if response is not None else pb.InferenceResponse()
+        self._seen.append(response)
+        return response
 
     def cancel(self) -> None:
         """Cancel the called model's request (it sees ``is_cancelled()``). As in Triton, the

@@ -276,6 +276,14 @@ def test_a_decoupled_model_sends_several_responses_seen_through_bls(client, coun
     # The model's final flag, sent alone, reaches the caller as a last response without outputs
     # (as from Triton 2.51: [0] for 0 responses, [1, 0] for 1, [1, 1, 1, 0] for 3).
     assert result.as_numpy("OUTPUTS").tolist() == [1] * count + [0]
+    assert result.as_numpy("REPLAYED").tolist() == [count + 1]   # a second loop replays them all
+
+
+def test_an_async_decoupled_bls_call_frees_the_loop_until_its_first_response_and_not_in_initialize(client):
+    result = client.infer("bls_async_stream", [tensor("COUNT", np.array([3], dtype=np.int32))])
+    assert result.as_numpy("SEEN").tolist() == [0, 1, 2]
+    assert result.as_numpy("YIELDED").tolist() == [True]
+    assert result.as_numpy("IN_INITIALIZE").tolist() == [b"BLS is only supported during the 'execute' function."]
 
 
 def test_http_infer_on_a_decoupled_model_is_501(server):

@@ -35,6 +35,7 @@ class _Runtime:
     model_dir = ""        # the model's version folder: pb_utils.get_model_dir()
     instance_name = ""    # named in the errors of custom metrics, as Triton names it
     _bls = None           # the BlsClient of this instance process
+    bls_open = False      # between initialize and finalize: BLS is refused in both, as in Triton
     release_flags_set = False   # a request's set_release_flags was called: the instance looks after execute
 
     @property
@@ -463,17 +464,18 @@ class InferenceRequest:
 
     def exec(self, decoupled=False):
         """Run this request on ``model_name`` and return its response (BLS)."""
-        client = runtime.bls
-        if client is None:
-            raise TritonModelException("BLS requests can only be made while the model executes")
-        return client.execute(self, decoupled)
+        return _bls_client().execute(self, decoupled)
 
     def async_exec(self, decoupled=False):
         """The awaitable form of exec(), for ``async def execute``."""
-        client = runtime.bls
-        if client is None:
-            raise TritonModelException("BLS requests can only be made while the model executes")
-        return client.execute_async(self, decoupled)
+        return _bls_client().execute_async(self, decoupled)
+
+
+def _bls_client():
+    client = runtime.bls
+    if client is None or not runtime.bls_open:
+        raise TritonModelException("BLS is only supported during the 'execute' function.")
+    return client
 
 
 class LogLevel(enum.IntEnum):   # int() works on it, as on Triton's

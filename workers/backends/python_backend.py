@@ -127,6 +127,7 @@ class PythonInstance(Instance):
             result = initialize(args)
             if inspect.isawaitable(result):
                 self._run(result)
+        runtime.bls_open = True
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -330,6 +331,7 @@ class PythonInstance(Instance):
     def finalize(self) -> None:
         """As Triton's stub: the event loop stops first (what still runs on it stops with it),
         then ``finalize`` runs; a coroutine ``finalize`` (tritium runs it) runs on the loop, before it stops."""
+        runtime.bls_open = False
         finalize = getattr(self.model, "finalize", None)
         asynchronous = finalize is not None and inspect.iscoroutinefunction(finalize)
         if self._loop is not None and not asynchronous:

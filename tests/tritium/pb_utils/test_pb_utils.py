@@ -154,7 +154,7 @@ def test_a_request_a_model_builds_has_no_sender_and_bls_needs_an_instance():
     request = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
     with pytest.raises(pb_utils.TritonModelException, match="only available to requests given to execute"):
         request.get_response_sender()
-    with pytest.raises(pb_utils.TritonModelException, match="while the model executes"):
+    with pytest.raises(pb_utils.TritonModelException, match="BLS is only supported during the 'execute' function."):
         request.exec()
 
 
