@@ -65,6 +65,7 @@ class LoadInProgress:
     retiring: list[ModelVersion] = field(default_factory=list)  # versions the policy no longer selects
     members: set[str] = field(default_factory=set)   # an ensemble's composing models it waits to see loaded
     override: tuple | None = None   # the load API's (config, files) this load applies, if any
+    publish: ModelDefinition | None = None   # the config gateways get once a version of this load is READY
 
 
 class ModelLifecycle:
@@ -226,7 +227,7 @@ class ModelLifecycle:
         if not serving:  # a first load shows its config at once; a reload's, once it serves
             _publish(record, definition)
         selected = {info.version: info for info in definition.versions}
-        started = False
+        kept_all, failed = True, False   # every version kept as it runs; a version of this load failed
         for number, info in selected.items():
             record.unloaded_versions.discard(number)
             current = record.versions.get(number) if not was_unloaded else None
@@ -235,20 +236,24 @@ class ModelLifecycle:
                 load.errors.append(_version_error(number, info.error))
                 log.error("model %s version %d failed to reload (the previous load keeps serving): %s",
                           name, number, info.error)
+                kept_all, failed = False, True
                 continue
             if info.error:
                 record.version_errors[number] = info.error
                 load.errors.append(_version_error(number, info.error))
                 log.error("model %s version %d failed to load: %s", name, number, info.error)
+                kept_all, failed = False, True
                 continue
             record.version_errors.pop(number, None)
             if current is not None and current.state != VersionState.UNAVAILABLE and \
                     self._same_load(current, definition, files):
                 continue  # nothing changed for this version: keep it as it is
             self._start_version(record, number, definition, files, current, load)
-            started = True
-        if serving and not started:   # only the version policy changed: its config shows at once
+            kept_all = False
+        if serving and kept_all:   # only the version policy changed: its config shows at once
             _publish(record, definition)
+        elif serving and not failed:   # it shows once a version of this load serves
+            load.publish = definition
         # Versions the policy dropped serve until the new ones are ready, so that a request
         # for the latest version always finds one.
         load.retiring.extend(v for n, v in record.versions.items() if n not in selected)
@@ -328,6 +333,10 @@ class ModelLifecycle:
         record = self.registry.models.get(version.name)
         self._set_state(version, VersionState.READY)
         log.info("model %s version %d is READY (epoch %d)", version.name, version.version, version.epoch)
+        load = self._loads.get(version.name)
+        if load is not None and load.publish is not None and version.epoch in load.waiting and record is not None:
+            _publish(record, load.publish)   # a reload that only added versions beside kept ones
+            load.publish = None
         old = version.replaces
         if old is not None and record is not None:
             _publish(record, version.definition)  # gateways now check requests against the new config

@@ -145,7 +145,9 @@ def _with_lists(value, descriptor):
             fixed[key] = {k: _with_lists(v, entry) for k, v in item.items()} if entry and isinstance(item, dict) \
                 else item
         elif _is_repeated(field):
-            fixed[key] = [_with_lists(i, message) if message else i for i in (item if isinstance(item, list) else [item])]
+            fixed[key] = item if item is None or isinstance(item, list) else [item]
+            if message is not None and isinstance(fixed[key], list):
+                fixed[key] = [_with_lists(i, message) for i in fixed[key]]
         else:
             fixed[key] = _with_lists(item, message) if message else item
     return fixed

@@ -61,6 +61,8 @@ class PendingRequest:
     flags: int = 0                  # sequence START (1) / END (2)
     traced: bool = False            # its INFER has a trace context: its batch carries its stamps
     cancelled: bool = False         # its client gave up while its instance held it (told CANCEL_RUNNING)
+    responded: bool = False         # its first response left: the first-response histogram has it
+    received_ns: int = 0            # its first arrival, when a reschedule moved arrival_ns (0: arrival_ns)
 
 
 @dataclass(eq=False, slots=True)
@@ -92,19 +94,23 @@ class Batch:
     answered: set[int] = field(default_factory=set)  # decoupled: requests that had any response
     timings: tuple = (0, 0, 0)
 
-    def record_outcome(self, request: PendingRequest, ok: bool, now: int, cancelled: bool = False,
-                       first_response_counted: bool = False) -> None:
+    def record_outcome(self, request: PendingRequest, ok: bool, now: int, cancelled: bool = False) -> None:
         """A request of this batch had its (final) answer: its version's statistics count it
-        (``cancelled``: a failure that is its client's cancellation, answered CANCELLED;
-        ``first_response_counted``: a decoupled request whose first response was counted then)."""
+        (``cancelled``: a failure that is its client's cancellation, answered CANCELLED)."""
         stats = self.version.stats
         if ok:
-            if not first_response_counted:
-                stats.observe_first_response(now - request.arrival_ns)
+            first_response(self.version, request, now)
             stats.record_success(now - request.arrival_ns, request.dispatch_ns - request.arrival_ns,
                                  request.batch_size, self.timings)
         else:
             stats.record_failure(now - request.arrival_ns, "CANCELED" if cancelled else "BACKEND")
+
+
+def first_response(version: "ModelVersion", request: PendingRequest, now: int) -> None:
+    """A response to ``request`` leaves: the first-response histogram counts its first, once."""
+    if not request.responded:
+        request.responded = True
+        version.stats.observe_first_response(now - (request.received_ns or request.arrival_ns))
 
 
 @dataclass(eq=False)

@@ -638,6 +638,7 @@ class Scheduler:
                     raise InternalError(NOT_RESCHEDULABLE)
                 if request.flags:   # its model sees none on its later runs
                     request.flags, request.record = 0, _with_sequence(request.record, request.correlation_id, 0)
+                request.received_ns = request.received_ns or arrived   # (its first response is timed from then)
                 request.arrival_ns = now   # its queue time and its sequence's idle time count from here
                 version.batcher.enqueue(request)
             except TritiumError as exc:

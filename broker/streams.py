@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 
 from tritium.errors import ErrorCode
-from tritium.broker.registry import Batch, ModelVersion, Registry
+from tritium.broker.registry import Batch, ModelVersion, Registry, first_response
 from tritium.protocol import Response, ResponsePart, read_record
 
 log = logging.getLogger(__name__)
@@ -35,13 +35,12 @@ class OpenStreams:
         request = batch.requests[index]
         first = index not in batch.answered
         batch.answered.add(index)
-        if first:
-            batch.version.stats.observe_first_response(self._clock() - request.arrival_ns)
         response, _, _ = read_record(frames[0])
         if not isinstance(response, Response):
             log.warning("a %s record instead of a RESPONSE for request %s/%s from instance %r dropped",
                         response.kind.name, number, index, iid)
             return False
+        first_response(batch.version, request, self._clock())
         ordering = batch.version.ordering   # set only for models that are not decoupled (their one answer,
         # sent after execute returned: workers/executor.py _answered_later)
         if ordering is None or response.final is False:
@@ -54,8 +53,7 @@ class OpenStreams:
             batch.finished.add(index)
             error = response.error
             batch.record_outcome(request, error is None, self._clock(),
-                                 request.cancelled and error is not None and error.code is ErrorCode.CANCELLED,
-                                 first_response_counted=True)
+                                 request.cancelled and error is not None and error.code is ErrorCode.CANCELLED)
             if number in self.batches and len(batch.finished) == len(batch.requests):
                 del self.batches[number]
         return first

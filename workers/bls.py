@@ -391,7 +391,12 @@ class BlsClient:
             loop.add_reader(self.sock.fileno(), self._pump, 0)
             self._reading_loop = loop
         if decoupled:   # as Triton's async_exec: back once the first response is here, the loop free meanwhile
-            await self._first_reply(loop, rid)
+            try:
+                await self._first_reply(loop, rid)
+            except BaseException:   # cancelled while waiting (asyncio.wait_for): the call is given up
+                self._abandoned.append(rid)
+                self._cancel(rid, request.model_name(), request.model_version())
+                raise
             return ResponseIterator(self, rid, request)
         last = None
         while True:
@@ -421,7 +426,10 @@ class BlsClient:
             self._waiters[rid] = future
             try:
                 if not self._replies[rid]:
-                    await future
+                    # A libzmq descriptor is edge-triggered: another thread's send may take its
+                    # signal, so look again every few milliseconds rather than wait for the next.
+                    timeout = _RECHECK_MS / 1000 if self.sock.edge_triggered else None
+                    await asyncio.wait({future}, timeout=timeout)
             finally:
                 self._waiters.pop(rid, None)
 

@@ -315,3 +315,29 @@ def test_an_ensemble_that_no_longer_fits_a_reloaded_model_waits_unloaded(world):
     world.instance_ready(world.loading("comp"))
     world.finish_reads()
     assert index_states(world)["ens"] == ("READY", None)
+
+
+def test_a_failed_reload_keeps_the_config_the_serving_version_was_loaded_with(world):
+    world.write(batch=8)
+    world.load()
+    old = world.loading()
+    world.instance_ready(old)
+    world.write(batch=4)
+    (world.root / "m" / "1" / "model.py").unlink()
+    world.load()
+    assert isinstance(world.replies[-1], TritiumError)
+    assert world.registry.versions[("m", 1)] is old and old.state == VersionState.READY
+    assert world.table_config()["max_batch_size"] == 8
+
+
+def test_a_policy_change_that_adds_a_version_beside_a_kept_one_shows_the_new_policy_once_it_serves(world):
+    write_model(world.root, "m", CONFIG.format(batch=8), {"1/model.py": PLAIN_PY_MODEL, "2/model.py": PLAIN_PY_MODEL})
+    world.load()
+    kept = world.loading()
+    world.instance_ready(kept)
+    write_model(world.root, "m", CONFIG.format(batch=8) + "version_policy: { all { } }\n")
+    world.load()
+    added = world.loading()
+    assert added.version == 1 and world.table_config()["version_policy"] != {"all": {}}
+    world.instance_ready(added)
+    assert world.table_config()["version_policy"] == {"all": {}}

@@ -200,3 +200,20 @@ def test_a_model_that_is_not_iterative_releasing_a_request_to_run_again_gets_tri
     assert error_of(to_gateways[0])["message"] == ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, "
                                                    "while the model is not configured to handle such a flag.")
     assert version.stats.fail.count == 1 and len(to_instances) == 1
+
+
+def test_a_rescheduled_decoupled_request_counts_one_first_response_from_its_first_arrival():
+    registry, version, scheduler, to_instances, to_gateways, clock = world(
+        "iterative_sequence: true direct { } } model_transaction_policy { decoupled: true")
+    version.stats.enable_histogram((100.0, 500.0, 2000.0))
+    add_instance(registry, version, "i0", credit=1)
+    submit(scheduler, 1, 0)
+    first = sent_batch(to_instances[0])[1]["b"]
+    clock.now += 150_000_000
+    scheduler.streams.response_part(b"i0", ResponsePart(first, 0), [Response(1, [], final=False).encode()])
+    scheduler.batch_done(b"i0", BatchDone(first, [], [], (1, 2, 3), [], rescheduled=[0]), [])
+    second = sent_batch(to_instances[1])[1]["b"]
+    clock.now += 1_000_000_000
+    scheduler.streams.response_part(b"i0", ResponsePart(second, 0), [Response(1, [], final=True).encode()])
+    scheduler.batch_done(b"i0", BatchDone(second, [], [], (1, 2, 3), []), [])
+    assert version.stats.histogram_counts == [0, 1, 0, 0] and version.stats.histogram_sum_ms == 150
