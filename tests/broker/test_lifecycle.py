@@ -50,15 +50,20 @@ def test_a_reload_publishes_its_config_only_once_it_serves(world):
     assert world.replies == [{}, {}]
 
 
-def test_a_failed_reload_keeps_the_old_config_and_version(world):
+@pytest.mark.parametrize("failure", ["its instance", "its version folder"])
+def test_a_failed_reload_keeps_the_old_config_and_version(world, failure):
     world.write(batch=8)
     world.load()
     old = world.loading()
     world.instance_ready(old)
     world.write(batch=4)
+    if failure == "its version folder":   # the version fails as it is read, the old one kept
+        (world.root / "m" / "1" / "model.py").unlink()
     world.load()
-    world.lifecycle.version_failed(world.loading(), "boom")
-    assert isinstance(world.replies[-1], TritiumError) and "boom" in world.replies[-1].message
+    if failure == "its instance":
+        world.lifecycle.version_failed(world.loading(), "boom")
+        assert "boom" in world.replies[-1].message
+    assert isinstance(world.replies[-1], TritiumError)
     assert world.table_config()["max_batch_size"] == 8
     assert world.registry.versions[("m", 1)] is old and old.state == VersionState.READY
 
@@ -315,19 +320,6 @@ def test_an_ensemble_that_no_longer_fits_a_reloaded_model_waits_unloaded(world):
     world.instance_ready(world.loading("comp"))
     world.finish_reads()
     assert index_states(world)["ens"] == ("READY", None)
-
-
-def test_a_failed_reload_keeps_the_config_the_serving_version_was_loaded_with(world):
-    world.write(batch=8)
-    world.load()
-    old = world.loading()
-    world.instance_ready(old)
-    world.write(batch=4)
-    (world.root / "m" / "1" / "model.py").unlink()
-    world.load()
-    assert isinstance(world.replies[-1], TritiumError)
-    assert world.registry.versions[("m", 1)] is old and old.state == VersionState.READY
-    assert world.table_config()["max_batch_size"] == 8
 
 
 def test_a_policy_change_that_adds_a_version_beside_a_kept_one_shows_the_new_policy_once_it_serves(world):
