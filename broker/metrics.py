@@ -68,6 +68,7 @@ class MetricsSettings:
     address: str = "0.0.0.0"
     port: int = 8002
     histogram_latencies: bool = False
+    counter_latencies: bool = True   # Triton's counter_latencies: the *_duration_us counters
     cpu: bool = True   # Triton's --allow-cpu-metrics: the hosts' nv_cpu_* families
     gpu: bool = True   # Triton's --allow-gpu-metrics: the hosts' nv_gpu_* families
 
@@ -111,7 +112,9 @@ class TritonCollector:
 
     def _own_families(self):
         versions = [v for v in list(self.registry.versions.values()) if v.state == VersionState.READY]
-        yield from _counter_families(_COUNTERS, versions)
+        counters = _COUNTERS if self.settings.counter_latencies else \
+            tuple(row for row in _COUNTERS if not row[0].endswith("_duration_us"))
+        yield from _counter_families(counters, versions)
         failure = Metric(_FAILURE[0], _FAILURE[1], "counter")
         for version in versions:
             for reason in _FAILURE_REASONS:

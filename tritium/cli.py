@@ -45,6 +45,25 @@ def _cache_bytes(values) -> int:
         raise click.BadParameter(str(exc), param_hint="--cache-config") from None
 
 
+_METRICS_CONFIG_KEYS = {"histogram_latencies", "counter_latencies"}
+
+
+def metrics_settings(o: dict):
+    """The broker's metrics settings from its flags; a ``--metrics-config`` key tritium does not
+    read (Triton's summaries) is said to be ignored, once, at startup."""
+    import logging
+
+    from tritium.broker.metrics import MetricsSettings
+
+    options = dict(item.partition("=")[::2] for item in o["metrics_config"])
+    for key in sorted(set(options) - _METRICS_CONFIG_KEYS):
+        logging.getLogger("tritium.cli").warning(
+            "--metrics-config %s=%s is ignored: tritium reads histogram_latencies and counter_latencies "
+            "(it exports no summaries)", key, options[key])
+    return MetricsSettings(o["metrics_address"], o["metrics_port"], _bool(options.get("histogram_latencies", "false")),
+                           _bool(options.get("counter_latencies", "true")),
+                           cpu=_bool(o["allow_cpu_metrics"]), gpu=_bool(o["allow_gpu_metrics"]))
+
 # The options each settings helper below takes.
 _LOG_KEYS = ("log_verbose", "log_info", "log_warning", "log_error", "log_format", "log_file")
 _CONTROL_KEYS = ("model_control_mode", "load_model", "repository_poll_secs", "model_load_thread_count",
@@ -271,15 +290,10 @@ def polling_s(given_us: int | None, default_us: int, flag: str) -> float:
 def broker(**o) -> None:
     """Run the broker: model registry, queues, dynamic batching, statistics, metrics."""
     pin(o["broker_cpus"])   # before ZeroMQ starts its thread
-    from tritium.broker.metrics import MetricsSettings
     from tritium.broker.server import Broker, BrokerSettings
 
     log_settings = configure_logs("broker", **_pick(o, _LOG_KEYS))
-    metrics_options = dict(item.partition("=")[::2] for item in o["metrics_config"])
-    metrics = MetricsSettings(o["metrics_address"], o["metrics_port"],
-                              _bool(metrics_options.get("histogram_latencies", "false")),
-                              cpu=_bool(o["allow_cpu_metrics"]), gpu=_bool(o["allow_gpu_metrics"])) \
-        if _bool(o["allow_metrics"]) else None
+    metrics = metrics_settings(o) if _bool(o["allow_metrics"]) else None
     curve = curve_keys(o["curve_secret_key"], "--curve-authorized-keys", o["curve_authorized_keys"], server=True)
     settings = BrokerSettings(tuple(o["model_repository"]), o["frontend"], o["backend"],
                               repository_settings(**_pick(o, _REPOSITORY_KEYS), gpus_here=o["workers_on_this_host"]),

@@ -27,13 +27,33 @@ def test_a_counter_named_with_total_keeps_it_without_samples():
     assert list(text_string_to_metric_families(text))
 
 
-def test_failure_reasons_come_in_triton_s_order():
+def _one_model() -> Registry:
     registry = Registry()
     version = ModelVersion("m", 1, definition(CONFIG), epoch=1)
     version.state = VersionState.READY
     registry.models["m"] = ModelRecord("m")
     registry.versions[version.key] = version
+    return registry
+
+
+def test_failure_reasons_come_in_triton_s_order():
+    registry = _one_model()
     text = render(TritonCollector(registry, MetricsSettings())).decode()
     reasons = [line.split('reason="')[1].split('"')[0] for line in text.splitlines()
                if line.startswith("nv_inference_request_failure{")]
     assert reasons == ["OTHER", "BACKEND", "CANCELED", "REJECTED"]
+
+
+def test_counter_latencies_false_leaves_out_the_duration_counters_and_summaries_are_said_to_be_ignored(caplog):
+    from tritium.cli import metrics_settings
+
+    flags = {"metrics_address": "127.0.0.1", "metrics_port": 8002, "allow_cpu_metrics": "true",
+             "allow_gpu_metrics": "true", "metrics_config": ("counter_latencies=false", "summary_latencies=true")}
+    with caplog.at_level("WARNING"):
+        settings = metrics_settings(flags)
+    assert "--metrics-config summary_latencies=true is ignored" in caplog.text
+    registry = _one_model()
+    declared = [line.split()[2] for line in render(TritonCollector(registry, settings)).decode().splitlines()
+                if line.startswith("# TYPE nv_inference")]
+    assert not [name for name in declared if name.endswith("_duration_us")]
+    assert "nv_inference_request_success" in declared and "nv_inference_count" in declared
