@@ -79,9 +79,9 @@ class DataPlane:
             raise InvalidArgument("Model version not ready") from None
         except NotFound:
             # An unloaded model is one Triton still knows: not ready (400), where a model whose
-            # load failed has no version to ask about (404).
+            # load failed has no version to ask about (404), and so has a version it never had.
             entry = self.link.models.models.get(name)
-            if entry is not None and ("UNAVAILABLE", "unloaded") in entry.versions.values():
+            if version is None and entry is not None and ("UNAVAILABLE", "unloaded") in entry.versions.values():
                 raise InvalidArgument("Model version not ready") from None
             raise
         if number in self.link.models.get(name).unhealthy or self.link.broker_lost:
