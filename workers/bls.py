@@ -391,16 +391,11 @@ class BlsClient:
             loop.add_reader(self.sock.fileno(), self._pump, 0)
             self._reading_loop = loop
         if decoupled:   # as Triton's async_exec: back once the first response is here, the loop free meanwhile
-            try:
-                await self._first_reply(loop, rid)
-            except BaseException:   # cancelled while waiting (asyncio.wait_for): the call is given up
-                self._abandoned.append(rid)
-                self._cancel(rid, request.model_name(), request.model_version())
-                raise
+            await self._awaiting(loop, rid, request)
             return ResponseIterator(self, rid, request)
         last = None
         while True:
-            self._pump(0)  # a libzmq descriptor is edge-triggered: look before waiting
+            await self._awaiting(loop, rid, request)
             queue = self._replies[rid]
             while queue:
                 final, response = queue.popleft()
@@ -408,13 +403,16 @@ class BlsClient:
                 if final:
                     del self._replies[rid]
                     return last if last is not None else pb.InferenceResponse()
-            future = loop.create_future()
-            self._waiters[rid] = future
-            try:
-                if not queue:   # an answer filed by another thread just now would not wake it
-                    await future
-            finally:
-                self._waiters.pop(rid, None)
+
+    async def _awaiting(self, loop: asyncio.AbstractEventLoop, rid: int, request) -> None:
+        """``_first_reply``, with the call given up (cancelled at the called model, its answers
+        dropped) when the awaiting coroutine is cancelled (``asyncio.wait_for``)."""
+        try:
+            await self._first_reply(loop, rid)
+        except BaseException:
+            self._abandoned.append(rid)
+            self._cancel(rid, request.model_name(), request.model_version())
+            raise
 
     async def _first_reply(self, loop: asyncio.AbstractEventLoop, rid: int) -> None:
         """Wait, letting ``loop`` run other coroutines, until request ``rid`` has a response filed."""

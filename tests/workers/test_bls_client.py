@@ -15,7 +15,7 @@ import zmq
 
 from tritium.pb_utils import types as pb
 from tritium.pb_utils.triton_names.triton_python_backend_utils import get_output_tensor_by_name
-from tritium.protocol import Heartbeat, Infer, Response, read_record, tensor_views
+from tritium.protocol import Cancel, Heartbeat, Infer, Response, read_record, tensor_views
 from tritium.workers.bls import BlsClient
 from tritium.zmqio import recv_parts, send_parts
 from tritium.zmtp import ZmtpDealer
@@ -329,3 +329,27 @@ def test_an_unanswered_question_fails_the_calls_sent_before_it_once_its_time_is_
     message = results["exec"].error().message()
     assert message == (f"the broker at {client.broker} restarted and did not say which calls it got; the BLS "
                        "request to model 'm' was lost")
+
+
+def test_an_awaited_call_given_up_by_wait_for_is_cancelled_and_its_late_answer_dropped(broker_and_client):
+    """A model that bounds its call (``asyncio.wait_for``) cancels it at the called model, and the
+    answer that still comes is not kept for a caller that left."""
+    router, client = broker_and_client
+
+    async def give_up():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(client.execute_async(request_for(np.ones(2, dtype=np.float32))), 0.2)
+
+    asyncio.run(give_up())
+    seen = []
+    identity = b""
+    while len(seen) < 2:
+        assert router.poll(5000), "the client sent no cancel"
+        identity, *records = recv_parts(router)
+        seen.extend(read_record(part)[0] for part in records)
+    infer, cancel = seen
+    assert isinstance(infer, Infer) and isinstance(cancel, Cancel)
+    assert (cancel.rid, cancel.model) == (infer.rid, "m")
+    send_parts(router, [identity, answer(infer.rid, np.zeros(2, dtype=np.float32))])
+    client._pump(5000)   # the answer read and dropped
+    assert infer.rid not in client._replies and not client.sock.has_message()
