@@ -60,6 +60,10 @@ def test_a_flag_given_by_a_prefix_of_its_name_is_read_as_tritonserver_reads_it(t
     assert result.exit_code == 1
     assert result.output.splitlines()[0] == ("tritonserver: option '--allow-g=1' is ambiguous; possibilities: "
                                              "'--allow-gpu-metrics' '--allow-grpc'")
+    # As getopt: a flag's value is the next argument even when it looks like a flag's prefix.
+    result = CliRunner().invoke(serve, ["--model-repository", str(tmp_path), "--model-control-mode", "--log-w"],
+                                prog_name="tritonserver")
+    assert result.exit_code == 2 and "'--log-w' is not one of 'none', 'poll', 'explicit'" in result.output, result.output
 
 
 @pytest.mark.parametrize("flag, message", [

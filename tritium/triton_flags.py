@@ -167,10 +167,19 @@ class TritonCommand(click.Command):
     def _expanded(self, ctx: click.Context, args: list[str]) -> list[str]:
         """Each long flag given by an unambiguous prefix of its name (``--log-warn=false``) under its
         full name, as tritonserver's getopt_long takes it; an ambiguous one ends as getopt ends."""
-        names = sorted({opt for param in self.get_params(ctx) for opt in (*param.opts, *param.secondary_opts)
+        params = self.get_params(ctx)
+        names = sorted({opt for param in params for opt in (*param.opts, *param.secondary_opts)
                         if opt.startswith("--")})
+        # A flag that takes a value takes the next argument whatever it looks like (``--log-file --x``).
+        valued = {opt for param in params if isinstance(param, click.Option) and not param.is_flag
+                  for opt in param.opts}
         expanded: list[str] = []
+        value_next = False
         for position, arg in enumerate(args):
+            if value_next:
+                expanded.append(arg)
+                value_next = False
+                continue
             if arg == "--":
                 return expanded + args[position:]
             flag, equals, value = arg.partition("=")
@@ -183,4 +192,5 @@ class TritonCommand(click.Command):
                                + " ".join(f"'{name}'" for name in matches), err=True)
                     sys.exit(1)
             expanded.append(arg)
+            value_next = not equals and arg in valued
         return expanded
