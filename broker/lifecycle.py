@@ -38,7 +38,7 @@ from tritium.repo.json_form import config_to_json_dict
 from tritium.repo.names import require_name
 from tritium.repo.repository import version_fingerprint
 from tritium.errors import InvalidArgument, TritiumError, Unavailable
-from tritium.protocol import Assign, LoadRef, Placed, Unassign
+from tritium.protocol import UNLOADED, Assign, LoadRef, Placed, Unassign
 
 log = logging.getLogger(__name__)
 
@@ -454,7 +454,7 @@ class ModelLifecycle:
             self.membership.remove_stopped(version)
             self.registry.epochs.pop(version.epoch, None)
             self._version_files.pop(version.epoch, None)
-            self._set_state(version, VersionState.UNAVAILABLE, "unloaded")
+            self._set_state(version, VersionState.UNAVAILABLE, UNLOADED)
             log.info("model %s version %d (epoch %d) drained and stopped", version.name, version.version,
                      version.epoch)
 
@@ -534,7 +534,7 @@ def _index_entries(record: ModelRecord) -> list[dict]:
         return [{"name": record.name, "state": VersionState.UNAVAILABLE.value, "reason": record.error}]
     entries = {}
     for number in record.unloaded_versions:
-        entries[number] = (VersionState.UNAVAILABLE.value, "unloaded")
+        entries[number] = (VersionState.UNAVAILABLE.value, UNLOADED)
     for number, error in record.version_errors.items():
         entries[number] = (VersionState.UNAVAILABLE.value, error)
     if not record.unloaded:

@@ -24,7 +24,7 @@ from tritium.repo import ModelDefinition
 from tritium.repo.backends import ENSEMBLE_PLATFORM
 from tritium.repo.autoscale import AutoscalePolicy, autoscale_policy
 from tritium.repo.json_form import config_to_json_dict
-from tritium.protocol import Assignment, HostMetrics, ModelRow, Models, SharedMemoryRegion, VersionRow
+from tritium.protocol import UNLOADED, Assignment, HostMetrics, ModelRow, Models, SharedMemoryRegion, VersionRow
 
 if TYPE_CHECKING:
     from tritium.broker.autoscale import ScaleState
@@ -342,7 +342,7 @@ class Registry:
         """
         models = []
         for record in self.models.values():
-            rows = {number: VersionRow(number, VersionState.UNAVAILABLE.value, "unloaded", False)
+            rows = {number: VersionRow(number, VersionState.UNAVAILABLE.value, UNLOADED, False)
                     for number in record.unloaded_versions}
             if not record.unloaded:
                 for number, version in record.versions.items():

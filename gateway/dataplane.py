@@ -25,8 +25,9 @@ from tritium.gateway.validation import check_requested_outputs, check_single_res
 from tritium.repo.names import check_load_parameters, require_name
 from tritium import __version__
 from tritium.errors import InternalError, InvalidArgument, NotFound, TritiumError, Unavailable, Unsupported
-from tritium.protocol import (ChangeLogSettings, Control, ControlArgsUnion, IndexQuery, Infer, LoadModel, RegisterRegion,
-                              StatsQuery, TraceSettingsQuery, UnloadModel, UnregisterRegion, pack_tensors, tensor_views)
+from tritium.protocol import (UNLOADED, ChangeLogSettings, Control, ControlArgsUnion, IndexQuery, Infer, LoadModel,
+                              RegisterRegion, StatsQuery, TraceSettingsQuery, UnloadModel, UnregisterRegion,
+                              pack_tensors, tensor_views)
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class DataPlane:
             # An unloaded model is one Triton still knows: not ready (400), where a model whose
             # load failed has no version to ask about (404), and so has a version it never had.
             entry = self.link.models.models.get(name)
-            if version is None and entry is not None and ("UNAVAILABLE", "unloaded") in entry.versions.values():
+            if version is None and entry is not None and ("UNAVAILABLE", UNLOADED) in entry.versions.values():
                 raise InvalidArgument("Model version not ready") from None
             raise
         if number in self.link.models.get(name).unhealthy or self.link.broker_lost:

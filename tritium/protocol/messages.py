@@ -32,7 +32,7 @@ from tritium.protocol.framing import Kind, frame_record, split_record
 
 __all__ = [
     "MESSAGES", "read_record", "error_record", "Message", "ControlOp", "Role",
-    "RunningInstance", "Assignment", "ScaledAssignment", "LoadRef", "VersionRow", "ModelRow", "SharedMemoryRegion",
+    "RunningInstance", "Assignment", "ScaledAssignment", "LoadRef", "UNLOADED", "VersionRow", "ModelRow", "SharedMemoryRegion",
     "Hello", "Refused", "Reset", "Heartbeat", "Infer", "Response", "Cancel", "Batch", "BatchDone", "ResponsePart",
     "CancelRunning", "MetricsAsk",
     "Control", "ControlArgs", "ControlArgsUnion", "CONTROL_ARGS", "ModelsQuery", "StatsQuery", "StatusQuery",
@@ -167,6 +167,9 @@ class LoadRef(Record, frozen=True):
     model: Annotated[str, doc("model")] = field(name="m")
     version: Annotated[int, doc("version")] = field(name="v")
     epoch: Annotated[int, doc("the load's epoch")] = field(name="e")
+
+
+UNLOADED = "unloaded"   # the reason of a version unloaded on purpose: a model Triton still knows
 
 
 class VersionRow(Record, frozen=True, array_like=True):
