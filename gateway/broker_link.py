@@ -424,7 +424,7 @@ class BrokerLink:
     def _dispatch(self, parts: list, position: int) -> None:
         slice_ends = time.perf_counter() + ANSWER_SLICE_S
         while position < len(parts):
-            if self.waiting <= len(parts) - position and time.perf_counter() > slice_ends:
+            if time.perf_counter() > slice_ends and self.waiting <= len(parts) - position:
                 # Nothing else is out at the broker (all that waits may be in this message), so
                 # its instances idle while these answers are written: let the loop read the
                 # requests that came meanwhile and send them on before the rest.

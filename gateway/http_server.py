@@ -201,7 +201,9 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         declared = self._headers.get(b"content-length")
-        json_length = self._json_length_of_binary_infer()
+        size = int(declared) if declared is not None and declared.isdigit() else None
+        # A body within the limit needs no more look (its JSON header is within it too).
+        json_length = None if size is not None and size <= self._body_limit else self._json_length_of_binary_infer()
         if json_length is not None:
             # The limit is the JSON header's: the binary tensor data after it is bounded only by
             # what Triton parses as a Content-Length (--http-max-input-size bounds JSON, not
@@ -209,8 +211,8 @@ class HttpConnection(asyncio.Protocol):
             self._body_limit = _C_INT_MAX
             if json_length > self.settings.max_body_bytes:
                 self._too_large = json_length
-        if not self._too_large and declared is not None and declared.isdigit() and int(declared) > self._body_limit:
-            self._too_large = int(declared)
+        if not self._too_large and size is not None and size > self._body_limit:
+            self._too_large = size
         if not self._too_large and self._headers.get(b"expect", b"").lower() == b"100-continue":
             self.transport.write(_CONTINUE)
 
