@@ -709,6 +709,7 @@ class Scheduler:
         offset = 0
         outgoing: dict[tuple[bool, bytes], list] = {}
         ordering = batch.version.ordering
+        succeeded = []
         for request, external_count, ok in zip(requests, external_counts, oks):
             end = offset + 1 + external_count
             if request.cache_key is not None and ok and self.cache is not None:
@@ -726,8 +727,12 @@ class Scheduler:
                     if parts is None:
                         parts = outgoing[(from_backend, client)] = [client]
                     parts.extend(records)
-            batch.record_outcome(request, ok, now, not ok and request.cancelled and _cancelled_answer(frames[offset]))
+            if ok:
+                succeeded.append(request)
+            else:
+                batch.record_outcome(request, False, now, request.cancelled and _cancelled_answer(frames[offset]))
             offset = end
+        batch.record_successes(succeeded, now)
         for (from_backend, _), parts in outgoing.items():
             self._reply(from_backend, parts, batch.timings)
 

@@ -86,6 +86,17 @@ class ModelVersionStats:
         self.inference_count += batch_size
         self.last_inference_ms = time.time_ns() // 1_000_000
 
+    def record_successes(self, count: int, total_ns: int, queue_ns: int, inferences: int,
+                         timings: tuple[int, int, int]) -> None:
+        """``count`` successes of one batch at once: their summed durations, their batch's timings."""
+        self.success.add(total_ns, count)
+        self.queue.add(queue_ns, count)
+        self.compute_input.add(timings[0] * count, count)
+        self.compute_infer.add(timings[1] * count, count)
+        self.compute_output.add(timings[2] * count, count)
+        self.inference_count += inferences
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
     def record_cache_hit(self, total_ns: int) -> None:
         """A request answered from the response cache: a success without queue or compute."""
         self.observe_first_response(total_ns)
