@@ -73,7 +73,7 @@ def from_config_name(config_name: str) -> DataType | None:
 def _lookup_numpy(dtype: np.dtype) -> DataType | None:
     if dtype.kind in "OSU":
         return BY_NAME["BYTES"]
-    if dtype.name == "bfloat16":
+    if dtype.kind == "V" and dtype.name == "bfloat16":
         return BY_NAME["BF16"]
     for d in DATATYPES:
         if d.numpy is not None and d.numpy.kind == dtype.kind and d.numpy.itemsize == dtype.itemsize:
