@@ -26,6 +26,7 @@ after their timeout (``broker/queue_policy.py``); ``expire`` applies the timeout
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import deque
@@ -70,11 +71,16 @@ class BatchingPolicy:
 
 
 class RequestQueue(Generic[R]):
-    """Queued requests in the order batches take them: by level, then in-time before delayed."""
+    """Queued requests in the order batches take them: by level, then in-time before delayed.
 
-    def __init__(self, levels: int = 1) -> None:
-        self._parts: list[deque[R]] = [deque() for _ in range(2 * levels)]
-        self.level_sizes = [0] * levels
+    A level's two parts (in time, delayed) exist while it holds requests: ``priority_levels`` may
+    be as large as a uint64, so levels are made as requests use them, as Triton makes them.
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[deque[R]] = []   # each level's in-time then delayed part, levels in order
+        self._levels: list[int] = []       # the level of each pair of parts, ascending
+        self._level_sizes: dict[int, int] = {}
         self._size = 0
 
     def __len__(self) -> int:
@@ -91,12 +97,12 @@ class RequestQueue(Generic[R]):
         raise IndexError("the queue is empty")
 
     def append(self, request: R) -> None:
-        self._parts[2 * request.level + request.delayed].append(request)
+        self._part(request.level, request.delayed).append(request)
         self._added(request)
 
     def requeue(self, requests: list[R]) -> None:
         for request in reversed(requests):
-            self._parts[2 * request.level + request.delayed].appendleft(request)
+            self._part(request.level, request.delayed).appendleft(request)
             self._added(request)
 
     def popleft(self) -> R:
@@ -110,35 +116,49 @@ class RequestQueue(Generic[R]):
     def remove(self, request: R) -> bool:
         if not request.queued:
             return False
-        self._parts[2 * request.level + request.delayed].remove(request)
+        self._part(request.level, request.delayed).remove(request)
         self._removed(request)
         return True
 
     def delay(self, request: R) -> None:
         """Move a request behind every request of its level that is still in time."""
-        self._parts[2 * request.level].remove(request)
+        self._part(request.level, False).remove(request)
         request.delayed = True
-        self._parts[2 * request.level + 1].append(request)
+        self._part(request.level, True).append(request)
 
     def drain(self) -> list[R]:
         pending = list(self)
-        for part in self._parts:
-            part.clear()
         for request in pending:
             request.queued = False
-        self.level_sizes = [0] * len(self.level_sizes)
+        self._parts, self._levels = [], []
+        self._level_sizes.clear()
         self._size = 0
         return pending
 
+    def _part(self, level: int, delayed: bool) -> deque[R]:
+        index = bisect.bisect_left(self._levels, level)
+        if index == len(self._levels) or self._levels[index] != level:
+            self._levels.insert(index, level)
+            self._parts[2 * index:2 * index] = [deque(), deque()]
+        return self._parts[2 * index + delayed]
+
+    def size_of(self, level: int) -> int:
+        return self._level_sizes.get(level, 0)
+
     def _added(self, request: R) -> None:
         request.queued = True
-        self.level_sizes[request.level] += 1
+        self._level_sizes[request.level] = self._level_sizes.get(request.level, 0) + 1
         self._size += 1
 
     def _removed(self, request: R) -> None:
         request.queued = False
-        self.level_sizes[request.level] -= 1
         self._size -= 1
+        self._level_sizes[request.level] -= 1
+        if not self._level_sizes[request.level]:   # the level's parts go with its last request
+            del self._level_sizes[request.level]
+            index = bisect.bisect_left(self._levels, request.level)
+            del self._levels[index]
+            del self._parts[2 * index:2 * index + 2]
 
 
 class PlainQueue(deque[R]):
@@ -149,10 +169,12 @@ class PlainQueue(deque[R]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.level_sizes = (0,)   # no level is ever full: max_queue_size is a queue policy
 
     def head(self) -> R:
         return self[0]
+
+    def size_of(self, level: int) -> int:
+        return len(self)   # one level (and no max_queue_size: that is a queue policy)
 
     def requeue(self, requests: list[R]) -> None:
         self.extendleft(reversed(requests))
@@ -176,7 +198,7 @@ class DynamicBatcher(Generic[R]):
         self.queue_policy = queue_policy
         self.simple = queue_policy.trivial   # one level, no timeout, no bound: the fast path
         self._queue: PlainQueue[R] | RequestQueue[R] = \
-            PlainQueue() if self.simple else RequestQueue(len(queue_policy.levels))
+            PlainQueue() if self.simple else RequestQueue()
         self._preferred = frozenset(policy.preferred_batch_sizes)
         self._delay_ns = policy.max_queue_delay_us * 1000
         # Where a batch stops wanting to grow (Triton's max_preferred_batch_size_).
@@ -200,8 +222,8 @@ class DynamicBatcher(Generic[R]):
 
     def full(self, level: int) -> bool:
         """Whether ``level``'s queue holds its policy's ``max_queue_size`` already."""
-        limit = self.queue_policy.levels[level].max_queue_size
-        return bool(limit) and self._queue.level_sizes[level] >= limit
+        limit = self.queue_policy.policy(level).max_queue_size
+        return bool(limit) and self._queue.size_of(level) >= limit
 
     def enqueue(self, request: R) -> None:
         self._queue.append(request)
@@ -248,7 +270,7 @@ class DynamicBatcher(Generic[R]):
             request = entry[2]
             if _stale(entry) or request.delayed:
                 continue
-            if self.queue_policy.levels[request.level].delay_on_timeout:
+            if self.queue_policy.policy(request.level).delay_on_timeout:
                 queue.delay(request)
             else:
                 queue.remove(request)

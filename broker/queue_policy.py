@@ -11,7 +11,7 @@ above ``priority_levels`` means ``default_priority_level``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tritium.errors import InvalidArgument
 
@@ -35,8 +35,14 @@ class LevelPolicy:
 
 @dataclass(frozen=True, slots=True)
 class QueuePolicy:
-    levels: tuple[LevelPolicy, ...] = (LevelPolicy(),)   # index 0 is priority level 1
-    default_level: int = 0                                # an index into ``levels``
+    """Levels are indexes from 0 (priority level 1). Only the levels ``priority_queue_policy`` names
+    are kept; any other level has the default policy (``priority_levels`` may be as large as a
+    uint64: as Triton, levels exist as requests use them)."""
+
+    level_count: int = 1
+    default: LevelPolicy = LevelPolicy()
+    named: dict[int, LevelPolicy] = field(default_factory=dict)   # index -> its own policy
+    default_level: int = 0                                         # an index
     preserve_ordering: bool = False
 
     @classmethod
@@ -45,30 +51,35 @@ class QueuePolicy:
             return cls()
         batching = config.dynamic_batching
         default = LevelPolicy.from_proto(batching.default_queue_policy)
-        count = max(1, int(batching.priority_levels))
-        levels = tuple(LevelPolicy.from_proto(batching.priority_queue_policy[level])
-                       if level in batching.priority_queue_policy else default
-                       for level in range(1, count + 1))
-        default_level = int(batching.default_priority_level) - 1 if batching.priority_levels else 0
-        return cls(levels, max(0, default_level), bool(batching.preserve_ordering))
+        count = int(batching.priority_levels)
+        if count == 0:   # one queue, the default policy's: Triton ignores priority_queue_policy then
+            return cls(1, default, {}, 0, bool(batching.preserve_ordering))
+        named = {level - 1: LevelPolicy.from_proto(policy) for level, policy in batching.priority_queue_policy.items()
+                 if 1 <= level <= count}
+        return cls(count, default, named, max(0, int(batching.default_priority_level) - 1),
+                   bool(batching.preserve_ordering))
 
     @property
     def trivial(self) -> bool:
         """One level, no timeout, no bound: the batcher's fast path."""
-        return len(self.levels) == 1 and self.levels[0] == LevelPolicy()
+        return self.level_count == 1 and self.policy(0) == LevelPolicy()
+
+    def policy(self, level: int) -> LevelPolicy:
+        return self.named.get(level, self.default)
 
     def level_of(self, params: dict | None) -> int:
         priority = _unsigned(params, "priority")
-        if priority == 0 or priority > len(self.levels):
+        if priority == 0 or priority > self.level_count:
             return self.default_level
         return priority - 1
 
     def deadline_ns(self, level: int, arrival_ns: int, params: dict | None) -> int:
-        """When a request of ``level`` has waited too long (0: never)."""
-        policy = self.levels[level]
+        """When a request of ``level`` has waited too long (0: never). As Triton, a request's
+        ``timeout`` only shortens the policy's: it has no effect where the policy has none."""
+        policy = self.policy(level)
         timeout_ns = policy.timeout_ns
         requested_us = _unsigned(params, "timeout")
-        if policy.allow_override and requested_us and (timeout_ns == 0 or requested_us * 1000 < timeout_ns):
+        if policy.allow_override and requested_us and requested_us * 1000 < timeout_ns:
             timeout_ns = requested_us * 1000
         return arrival_ns + timeout_ns if timeout_ns else 0
 

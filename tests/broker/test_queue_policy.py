@@ -223,3 +223,42 @@ def test_a_cache_hit_keeps_its_place_when_responses_are_ordered():
     header, responses = done(sent_batch(to_instances[1])[1]["b"], [2])
     scheduler.batch_done(instance.iid, header, responses)
     assert [rid for rid, _ in answers(to_gateways)] == [1, 2, 3]
+
+
+def test_priority_levels_as_large_as_a_uint64_are_made_as_requests_use_them():
+    """Triton makes a level's queue when a request uses it; a config with 2^64-1 levels loads and
+    orders its requests by level."""
+    registry, version, scheduler, to_instances, _, _ = make_world(
+        "dynamic_batching { priority_levels: 18446744073709551615 default_priority_level: 1 }")
+    assert version.batcher.queue_policy.level_count == 2**64 - 1
+    instance = add_instance(registry, version, credit=1)
+    submit(scheduler, 1)                      # runs at once
+    submit(scheduler, 2, priority=2**63)
+    submit(scheduler, 3, priority=7)
+    submit(scheduler, 4)                      # the default level, 1
+    header, responses = done(sent_batch(to_instances[0])[1]["b"], [1])
+    scheduler.batch_done(instance.iid, header, responses)
+    assert sent_batch(to_instances[1])[2] == [4, 3, 2]
+
+
+def test_a_request_timeout_has_no_effect_where_the_policy_has_none():
+    """As in Triton, a request's timeout only shortens its level's default timeout."""
+    registry, version, scheduler, _, to_gateways, clock = make_world(
+        "dynamic_batching { default_queue_policy { allow_timeout_override: true } }")
+    add_instance(registry, version, credit=0)
+    submit(scheduler, 1, timeout=100)
+    assert scheduler.next_deadline_ns() is None
+    clock.now += 10_000_000
+    scheduler.run_due()
+    assert answers(to_gateways) == [] and len(version.batcher) == 1
+
+
+def test_without_priority_levels_the_level_policies_are_ignored():
+    registry, version, scheduler, _, to_gateways, _ = make_world(
+        "dynamic_batching { priority_queue_policy { key: 1 value: { max_queue_size: 1 } } }")
+    assert version.batcher.simple
+    add_instance(registry, version, credit=0)
+    for rid in range(1, 4):
+        submit(scheduler, rid, priority=1)
+    assert answers(to_gateways) == [] and len(version.batcher) == 3
+
