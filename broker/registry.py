@@ -159,6 +159,7 @@ class ModelVersion:
     autoscale: AutoscalePolicy | None = field(init=False)    # tritium.autoscale; None: fixed instances
     scale: ScaleState | None = None                    # the autoscaler's targets, once it started
     variable_shapes: bool = field(init=False)
+    ragged_inputs: frozenset[str] = field(init=False)   # inputs whose shapes need not match in a batch
     declared_inputs: dict[str, DeclaredInput] = field(init=False)   # what a BLS call's inputs are checked against
     stateful: bool = field(init=False)   # its requests form sequences bound to instance slots (sequence_batching)
     iterative: bool = field(init=False)  # iterative_sequence: its model may release requests to run again
@@ -183,6 +184,11 @@ class ModelVersion:
         # Only models with a variable non-batch dim (or optional inputs) need shape keys.
         self.variable_shapes = any(
             -1 in list(t.dims) or t.optional or t.allow_ragged_batch for t in config.input)
+        # allow_ragged_batch: a Python model gets each request's own arrays, so requests whose ragged
+        # inputs differ in shape share a batch, as in Triton. The stacking backends join a batch's
+        # rows into one tensor, which needs Triton's batch_input (not supported): they keep to one shape.
+        self.ragged_inputs = frozenset(t.name for t in config.input if t.allow_ragged_batch) \
+            if self.definition.runs_python else frozenset()
         self.declared_inputs = {t.name: DeclaredInput(_datatype_name(t.data_type), tuple(t.dims), t.optional)
                                 for t in config.input}
 

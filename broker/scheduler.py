@@ -171,12 +171,12 @@ class Scheduler:
             if batcher.full(level):
                 self._refuse(client, header, Unavailable(
                     f"[request id: {header.request_id or '<id_unknown>'}] Exceeds maximum queue size"), from_backend)
-                version.stats.record_failure(0, "REJECTED")
-                return
+                return   # refused before it was queued: Triton's statistics do not count it
         batching = version.definition.config.max_batch_size > 0
         shape_key = None
         if version.variable_shapes:
-            shape_key = tuple((d[0], tuple(d[2][1:] if batching else d[2])) for d in header.inputs)
+            ragged = version.ragged_inputs
+            shape_key = tuple((d[0], tuple(d[2][1:] if batching else d[2])) for d in header.inputs if d[0] not in ragged)
         batch_size = header.batch_size
         if batch_size is None:  # BLS requests do not say; the gateway always does
             batch_size = header.inputs[0][2][0] if batching and header.inputs else 1

@@ -6,7 +6,7 @@ import pytest
 
 from tests.broker.scheduler_world import add_instance, done, error_of, lose, make_world, sent_batch, submit
 from tritium.errors import ErrorCode, Unavailable
-from tritium.protocol import Kind, Response, ResponsePart, decode
+from tritium.protocol import Infer, Kind, Response, ResponsePart, decode, read_record
 
 
 @pytest.fixture
@@ -211,7 +211,8 @@ def test_a_full_queue_rejects_with_tritons_message():
     assert decode(parts[1])[0]["rid"] == 3
     assert error_of(parts) == {"code": ErrorCode.UNAVAILABLE, "message": "[request id: <id_unknown>] Exceeds maximum queue size"}
     assert len(version.batcher) == 2
-    assert version.stats.failures == {"REJECTED": 1}
+    # Refused before it entered the queue: Triton's statistics and failure metric do not count it.
+    assert version.stats.failures == {} and version.stats.fail.count == 0
     submit(scheduler, b"gw", 4, request_id="r4")
     assert error_of(to_gateways[1])["message"] == "[request id: r4] Exceeds maximum queue size"
 
@@ -256,3 +257,30 @@ def test_the_first_response_histogram_counts_a_decoupled_request_at_its_first_re
     scheduler.streams.response_part(b"i0", ResponsePart(number, 0), [Response(1, [], final=True).encode()])
     assert version.stats.histogram_counts == [0, 0, 1, 0] and version.stats.histogram_sum_ms == 1000
     assert version.stats.success.count == 1
+
+
+RAGGED = """backend: "python"
+input [ { name: "R" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+dynamic_batching { max_queue_delay_microseconds: 1000 }
+"""
+
+
+def submit_ragged(scheduler, rid: int, length: int) -> None:
+    record = Infer(rid, "m", [["IN", "FP32", [1, 4], 16, False], ["R", "FP32", [1, length], 4 * length, False]],
+                   version=1, batch_size=1).encode([b"\0" * 16, b"\0" * 4 * length])
+    scheduler.submit(b"gw", record, read_record(record)[0], None)
+
+
+@pytest.mark.parametrize("backend, batches", [("python", [[1, 2, 3]]), ("onnxruntime", [[1], [2], [3]])])
+def test_requests_whose_ragged_inputs_differ_share_a_batch_of_a_python_model(backend, batches):
+    """allow_ragged_batch: a Python model gets each request's own arrays, so shapes need not match (as
+    in Triton); a stacking backend, which would need Triton's batch_input, batches equal shapes only."""
+    registry, version, scheduler, to_instances, _, clock = make_world(RAGGED.replace("python", backend))
+    for name in ("i0", "i1", "i2"):
+        add_instance(registry, version, name, credit=1)
+    for rid, length in [(1, 16), (2, 8), (3, 4)]:
+        submit_ragged(scheduler, rid, length)
+    for _ in range(3):
+        clock.now += 2_000_000
+        scheduler.run_due()
+    assert [sent_batch(parts)[2] for parts in to_instances] == batches
