@@ -89,7 +89,8 @@ def test_a_full_queue_answers_503_with_tritons_message(server):
     assert len(outcomes) == 8 and refused and outcomes.count("ok") >= 3
     assert set(refused) == {("503", "[request id: <id_unknown>] Exceeds maximum queue size")}
     stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("bounded")["model_stats"][0]
-    assert stats["inference_stats"]["fail"]["count"] == len(refused)
+    # Refused before entering the queue: Triton 2.51 does not count them (checked side by side).
+    assert stats["inference_stats"]["fail"]["count"] == 0
 
 
 def test_a_queue_timeout_is_enforced_while_the_request_waits_behind_a_long_execution(server):
