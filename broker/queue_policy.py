@@ -84,6 +84,11 @@ class QueuePolicy:
         return arrival_ns + timeout_ns if timeout_ns else 0
 
 
+def request_timeout_us(params: dict | None) -> int:
+    """The request's own ``timeout`` parameter in µs (0: none); InvalidArgument when not unsigned."""
+    return _unsigned(params, "timeout")
+
+
 def _unsigned(params: dict | None, key: str) -> int:
     if not params or key not in params:
         return 0

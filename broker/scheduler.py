@@ -20,6 +20,7 @@ import msgspec
 from tritium.broker.batcher import DynamicBatcher
 from tritium.broker.ensemble import NO_TIMINGS, STEP_CLIENT, EnsembleRunner
 from tritium.broker.idle_instances import IdleInstances
+from tritium.broker.queue_policy import request_timeout_us
 from tritium.broker.rate_limiter import RateLimiter
 from tritium.broker.registry import (
     Batch,
@@ -172,6 +173,13 @@ class Scheduler:
                 self._refuse(client, header, Unavailable(
                     f"[request id: {header.request_id or '<id_unknown>'}] Exceeds maximum queue size"), from_backend)
                 return   # refused before it was queued: Triton's statistics do not count it
+        elif header.params and isinstance(batcher, SequenceBatcher):   # a timeout bounds its wait for a slot
+            try:
+                timeout_us = request_timeout_us(header.params)
+            except TritiumError as exc:
+                self._refuse(client, header, exc, from_backend)
+                return
+            deadline = now + timeout_us * 1000 if timeout_us else 0
         batching = version.definition.config.max_batch_size > 0
         shape_key = None
         if version.variable_shapes:
@@ -471,6 +479,9 @@ class Scheduler:
 
     def _dispatch_sequences(self, version: ModelVersion, batcher: SequenceBatcher[InstanceRecord], now: int) -> None:
         """The sequence batcher picks the instance (the one holding each sequence) and the slots."""
+        for request in batcher.expired_backlog(now):
+            self._answer_error(version, request, Unavailable("timeout of the corresponding sequence has been expired"))
+            version.stats.record_failure(now - request.arrival_ns, "REJECTED")
         accepting = [instance for instance in version.instances if not instance.draining]
         limiter = self.rate_limiter
         if limiter is None:

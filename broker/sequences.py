@@ -16,7 +16,10 @@ so tests drive it with a fake clock. The rules follow Triton's ``SequenceBatchSc
   sequence continues in the same slot (Triton logs a warning and does the same);
 * a bound sequence with no request for ``max_sequence_idle_microseconds`` is forgotten
   the same way, as if an END had come after its queued requests; sequences in the backlog
-  do not age;
+  do not age (a deliberate difference: docs/compatibility.md);
+* a sequence in the backlog whose requests asked for a ``timeout`` is rejected whole when the
+  earliest of them runs out (``expired_backlog``: Triton's "timeout of the corresponding
+  sequence has been expired"), and its correlation id is forgotten;
 * ``direct``: ``max(1, max_batch_size)`` slots per instance; a batch holds the head
   request of each slot that has one, in slot order (the instance pads the slots between
   with not-ready requests, as Triton does); it leaves at once unless both
@@ -63,6 +66,7 @@ DEFAULT_IDLE_US = 1_000_000
 class SequenceRequest(Batchable, Protocol):   # batchable: the oldest strategy batches them
     correlation_id: int | str
     flags: int
+    deadline_ns: int   # its own timeout, if it asked for one (0: none): it bounds its wait in the backlog
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +121,7 @@ class _Sequence:
     instance: Any = None   # the SequenceBatcher's Inst it is bound to (None: not bound)
     slot: int = -1
     ending: bool = False   # takes no more requests (END queued, or idle too long): unbind once drained
+    expires_ns: int = 0    # in the backlog: when its requests' earliest timeout runs out (0: never)
 
 
 @dataclass(eq=False, slots=True)
@@ -183,6 +188,9 @@ class SequenceBatcher(Generic[Inst]):
             self._instances[sequence.instance].queued += 1
             self._touch(sequence, now)
             self._offer(sequence)
+        elif request.deadline_ns:   # in the backlog: its requests' timeouts bound its wait
+            if not sequence.expires_ns or request.deadline_ns < sequence.expires_ns:
+                sequence.expires_ns = request.deadline_ns
         if request.flags & END:
             self._stop_taking(sequence)
 
@@ -207,6 +215,22 @@ class SequenceBatcher(Generic[Inst]):
             log.info("sequence %s of model '%s' had no request for %d us; releasing its slot %d",
                      sequence.correlation_id, self.policy.model, self.policy.max_idle_us, sequence.slot)
             self._stop_taking(sequence)
+
+    def expired_backlog(self, now_ns: int) -> list:
+        """The requests of backlog sequences whose timeout ran out, to be rejected; those
+        sequences are forgotten (a later request of theirs needs START)."""
+        expired = [s for s in self._backlog if s.expires_ns and s.expires_ns <= now_ns]
+        rejected = []
+        for sequence in expired:
+            self._backlog.remove(sequence)
+            rejected.extend(sequence.queue)
+            self._count -= len(sequence.queue)
+            sequence.queue.clear()
+            if self._active.get(sequence.correlation_id) is sequence:
+                del self._active[sequence.correlation_id]
+            log.info("sequence %s of model '%s' waited for a slot past its requests' timeout; rejected",
+                     sequence.correlation_id, self.policy.model)
+        return rejected
 
     def _touch(self, sequence: _Sequence, now_ns: int) -> None:
         if not sequence.ending:
@@ -237,6 +261,7 @@ class SequenceBatcher(Generic[Inst]):
             slot = heapq.heappop(best.free)
             best.sequences[slot] = sequence
             sequence.instance, sequence.slot = best.instance, slot
+            sequence.expires_ns = 0
             best.queued += len(sequence.queue)
             self._touch(sequence, now_ns)
             self._offer(sequence)
@@ -284,6 +309,9 @@ class SequenceBatcher(Generic[Inst]):
         self.expire(now_ns)
         self._bind_backlog(instances, now_ns)
         deadline = next(iter(self._aging.values())).idle_since_ns + self._idle_ns if self._aging else None
+        for sequence in self._backlog:
+            if sequence.expires_ns and (deadline is None or sequence.expires_ns < deadline):
+                deadline = sequence.expires_ns
         for instance, slots in self._instances.items():
             if not slots.queued or not can_take(instance):
                 continue

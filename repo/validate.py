@@ -191,6 +191,38 @@ def _validate_sequence_batching(config: ModelConfig) -> None:
         if utilization < 0.0 or utilization > 1.0:
             _fail(model, f"sequence_batching direct minimum_slot_utilization {utilization} must "
                   "be in range (0.0, 1.0]")
+    for state in batching.state:
+        _validate_state(model, state)
+
+
+def _validate_state(model: str, state) -> None:
+    """Implicit state: Triton's checks of ``initial_state``, with its texts (a state without a
+    data type, which Triton loads and cannot use, is refused here)."""
+    name = state.input_name
+    if state.data_type == model_config_pb2.TYPE_INVALID:
+        _fail(model, f"sequence_batching state '{name}' must specify a data_type")
+    if len(state.initial_state) > 1:
+        _fail(model, f"initial_state field for state input '{name}' must contain exactly one or zero element. "
+              f"Found '{len(state.initial_state)}' elements.")
+    if not state.initial_state:
+        return
+    initial = state.initial_state[0]
+    if initial.data_type != state.data_type:
+        _fail(model, f"The data type used for 'initial_state' field of state '{name}' does not match the state "
+              "data type.")
+    if not initial.name:
+        _fail(model, f"Field 'name' must be set when using initial_state for state input '{name}'.")
+    if len(initial.dims) != len(state.dims):
+        _fail(model, "Number of dimensions in 'initial_state' doesn't match the size of 'state' dimensions for "
+              f"state input '{name}'. {len(initial.dims)} != {len(state.dims)}")
+    for initial_dim, state_dim in zip(initial.dims, state.dims):
+        if initial_dim == -1:
+            _fail(model, f"'initial_state' field for state input name '{name}' contains variable dimensions.")
+        if state_dim != -1 and initial_dim != state_dim:
+            _fail(model, f"'initial_state' dim for input name '{name}' doesn't match 'state' dim description. "
+                  f"{initial_dim} != {state_dim}")
+    if initial.WhichOneof("state_data") is None:
+        _fail(model, f"initial_state setting expects state'{name}' to have state_data set")
 
 
 def _validate_control(model: str, tensor: str, control) -> None:

@@ -29,7 +29,7 @@ from google.protobuf import json_format
 from tritium.repo import ModelConfig
 from tritium import logs
 from tritium.gctune import tune_for_serving
-from tritium.errors import InternalError
+from tritium.errors import InternalError, TritiumError
 from tritium.exit_codes import ExitCode
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -382,7 +382,10 @@ def main() -> None:
     try:
         executor, lifecycle = build_executor(spec, outbox)
     except Exception as exc:
-        message = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
+        if isinstance(exc, TritiumError):   # tritium's own words (a config it could not apply)
+            message = exc.message
+        else:
+            message = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
         log.error("initialization failed: %s", message)
         sock.send_parts([failed(message)])
         sock.close(_LINGER_S)

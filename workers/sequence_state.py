@@ -35,6 +35,7 @@ from tritium.model_config_proto import model_config_pb2
 
 from tritium.repo import ModelConfig
 from tritium import datatypes
+from tritium.errors import InvalidArgument
 from tritium.protocol import Infer
 from tritium.workers.tensors import array_to_frame, deserialize_bytes, frame_to_array
 
@@ -94,10 +95,18 @@ def _initial_state(state, model_dir: Path | None) -> np.ndarray:
         return _zeros(datatype, dims)
     if model_dir is None:
         raise ValueError(f"state '{state.input_name}': initial_state data_file needs the model folder")
-    data = (model_dir / _INITIAL_STATE_FOLDER / initial.data_file).read_bytes()
+    path = model_dir / _INITIAL_STATE_FOLDER / initial.data_file
+    try:
+        data = path.read_bytes()
+    except OSError as exc:   # Triton's words
+        raise InvalidArgument(f"failed to open text file for read {path}: {exc.strerror}") from None
     if datatype.is_bytes:
         return deserialize_bytes(data, dims, state.input_name)
     count = int(np.prod(dims, dtype=np.int64))
+    expected = count * datatype.itemsize
+    if len(data) < expected:   # Triton's words, its missing space included
+        raise InvalidArgument(f"initial_state setting expects {expected} bytes, but the data provided from "
+                              f"{initial.data_file}only has {len(data)} bytes.")
     return np.frombuffer(data, dtype=datatypes.numpy_dtype(datatype), count=count).reshape(dims).copy()
 
 

@@ -17,9 +17,10 @@ def world(strategy: str = "direct { }", idle_us: int = 1_000_000):
     return make_world(f"sequence_batching {{ max_sequence_idle_microseconds: {idle_us} {strategy} }}")
 
 
-def submit(scheduler, rid: int, cid, flags: int = 0, batch_size: int = 1) -> None:
+def submit(scheduler, rid: int, cid, flags: int = 0, batch_size: int = 1, **params) -> None:
     record = Infer(rid, "m", [["IN", "FP32", [batch_size, 4], 16 * batch_size, False]], version=1,
-                   batch_size=batch_size, sequence_id=cid or None, sequence_flags=flags).encode([b"\0" * 16 * batch_size])
+                   batch_size=batch_size, sequence_id=cid or None, sequence_flags=flags,
+                   params=params or None).encode([b"\0" * 16 * batch_size])
     scheduler.submit(b"gw", record, read_record(record)[0], None)
 
 
@@ -65,6 +66,25 @@ def test_the_broker_wakes_up_when_a_sequence_goes_idle_and_gives_its_slot_to_the
     scheduler.run_due()
     instance, header, rids = sent_batch(to_instances[-1])
     assert (header["sl"], rids) == ([0], [9])
+
+
+def test_a_sequence_waiting_for_a_slot_past_its_requests_timeout_is_rejected_with_tritons_text():
+    registry, version, scheduler, to_instances, to_gateways, clock = world("direct { }", idle_us=60_000_000)
+    add_instance(registry, version, "i0", credit=1)
+    for cid in range(1, 9):   # the eight slots taken
+        submit(scheduler, cid, cid, START)
+    submit(scheduler, 9, 9, START, timeout=1000)
+    submit(scheduler, 10, 9, timeout=5000)
+    assert scheduler.next_deadline_ns() == clock.now + 1000 * 1000
+    clock.now += 1000 * 1000
+    scheduler.run_due()
+    assert [(decode(parts[1])[0]["rid"], error_of(parts)) for parts in to_gateways] == [
+        (rid, {"code": ErrorCode.UNAVAILABLE, "message": "timeout of the corresponding sequence has been expired"})
+        for rid in (9, 10)]
+    assert version.stats.failures == {"REJECTED": 2}
+    submit(scheduler, 11, 9)
+    assert error_of(to_gateways[-1])["message"].startswith("inference request for sequence 9 to model 'm' must "
+                                                           "specify the START flag")
 
 
 def test_a_lost_instance_fails_its_sequences_requests_and_they_are_not_run_elsewhere():

@@ -30,6 +30,7 @@ class Req:
     shape_key: object = None
     rid: int = 0
     client: bytes = b"gw"
+    deadline_ns: int = 0
 
     def __repr__(self) -> str:
         return self.name
@@ -248,6 +249,29 @@ def test_backlogged_sequences_do_not_age_and_an_ended_sequence_no_longer_does():
     assert batches(b, 5 * MS, [i0]) == [("i0", ["c1"], [0], 1)]
     b.enqueue(Req("c2", 3, arrival_ns=5 * MS + 1))
     assert batches(b, 5 * MS + 1, [i0]) == [("i0", ["c2"], [0], 1)]
+
+
+def test_a_backlogged_sequence_is_rejected_whole_once_its_requests_timeout_runs_out():
+    """Triton's backlog expiry: the earliest timeout of the sequence's queued requests."""
+    b, i0 = direct(slots=1), Instance("i0", room=False)
+    b.enqueue(Req("a1", 1, START, arrival_ns=0))
+    b.enqueue(Req("b1", 2, START, arrival_ns=0, deadline_ns=3 * MS))
+    b.enqueue(Req("b2", 2, arrival_ns=1 * MS, deadline_ns=2 * MS))
+    b.enqueue(Req("c1", 3, START, arrival_ns=0))
+    assert batches(b, 0, [i0]) == []
+    assert b.deadline_ns() == 2 * MS
+    assert b.expired_backlog(2 * MS - 1) == []
+    assert [r.name for r in b.expired_backlog(2 * MS)] == ["b1", "b2"]
+    assert len(b) == 2
+    message = refusal(b, Req("b3", 2, arrival_ns=2 * MS + 1))
+    assert message.startswith("inference request for sequence 2 to model 'm' must specify the START flag")
+    # A timeout bounds only the wait for a slot: once its sequence is bound, a request no longer expires.
+    b.enqueue(Req("a2", 1, END, arrival_ns=2 * MS))
+    b.enqueue(Req("c2", 3, arrival_ns=2 * MS, deadline_ns=2 * MS + 1))
+    i0.room = True
+    assert batches(b, 2 * MS, [i0]) == [("i0", ["a1"], [0], 1), ("i0", ["a2"], [0], 1), ("i0", ["c1"], [0], 1),
+                                        ("i0", ["c2"], [0], 1)]
+    assert b.expired_backlog(3 * MS) == [] and len(b) == 0
 
 
 # -- oldest ----------------------------------------------------------------------------------

@@ -199,6 +199,33 @@ def test_sequence_strategy_errors():
         "sequence_batching direct minimum_slot_utilization 1.5 must be in range (0.0, 1.0]")
 
 
+STATE = ('sequence_batching { state [ { input_name: "IS" output_name: "OS" data_type: TYPE_INT32 dims: [ 1 ] '
+         '%s } ] }')
+
+
+@pytest.mark.parametrize("initial, message", [
+    ("initial_state { data_type: TYPE_INT32 dims: [ 2 ] zero_data: true name: \"i\" }",
+     "'initial_state' dim for input name 'IS' doesn't match 'state' dim description. 2 != 1"),
+    ("initial_state { data_type: TYPE_INT32 dims: [ 1 ] name: \"i\" }",
+     "initial_state setting expects state'IS' to have state_data set"),
+    ("initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true }",
+     "Field 'name' must be set when using initial_state for state input 'IS'."),
+    ("initial_state { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: \"i\" }",
+     "The data type used for 'initial_state' field of state 'IS' does not match the state data type."),
+    ("initial_state { data_type: TYPE_INT32 dims: [ 1, 1 ] zero_data: true name: \"i\" }",
+     "Number of dimensions in 'initial_state' doesn't match the size of 'state' dimensions for state input "
+     "'IS'. 2 != 1"),
+])
+def test_initial_state_errors_are_tritons(initial, message):
+    assert invalid(BATCH_IO + STATE % initial) == message
+    check(BATCH_IO + STATE % 'initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "i" }')
+
+
+def test_a_state_without_a_data_type_is_refused_by_name():
+    assert invalid(BATCH_IO + STATE.replace("data_type: TYPE_INT32 ", "") % "") == (
+        "sequence_batching state 'IS' must specify a data_type")
+
+
 # -- ensembles and decoupled ---------------------------------------------------------------
 
 def test_ensemble_platform_needs_ensemble_scheduling():

@@ -15,6 +15,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tests.workers.batch_done import parse_done
+from tritium.errors import InvalidArgument
 from tritium.protocol import Batch, Infer
 from tritium.workers.backends.base import InferenceResponse, Instance
 from tritium.workers.executor import BatchExecutor
@@ -199,6 +200,20 @@ def test_initial_state_from_zero_data_and_from_a_file(tmp_path):
     zero = STATE % 'initial_state { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "z" }'
     executor = BatchExecutor(PythonAccumulator(), config(state=zero))
     assert totals(parse_done(executor.run(batch([record(1, 1.0, 5, START)], [0])))[1]) == [1.0]
+
+
+@pytest.mark.parametrize("data, message", [
+    (None, "failed to open text file for read {path}: No such file or directory"),
+    (b"\0\0", "initial_state setting expects 4 bytes, but the data provided from tenonly has 2 bytes."),
+])
+def test_an_initial_state_file_missing_or_short_is_refused_in_tritons_words(tmp_path, data, message):
+    (tmp_path / "initial_state").mkdir()
+    if data is not None:
+        (tmp_path / "initial_state" / "ten").write_bytes(data)
+    from_file = STATE % 'initial_state { data_type: TYPE_FP32 dims: [ 1 ] data_file: "ten" name: "ten" }'
+    with pytest.raises(InvalidArgument) as caught:
+        BatchExecutor(PythonAccumulator(), config(state=from_file), model_dir=tmp_path)
+    assert caught.value.message == message.format(path=tmp_path / "initial_state" / "ten")
 
 
 def test_a_declared_output_state_reaches_the_client_that_asks_for_it():
