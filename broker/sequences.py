@@ -220,7 +220,7 @@ class SequenceBatcher(Generic[Inst]):
         """The requests of backlog sequences whose timeout ran out, to be rejected; those
         sequences are forgotten (a later request of theirs needs START)."""
         expired = [s for s in self._backlog if s.expires_ns and s.expires_ns <= now_ns]
-        rejected = []
+        rejected: list = []
         for sequence in expired:
             self._backlog.remove(sequence)
             rejected.extend(sequence.queue)
