@@ -25,7 +25,7 @@ from tritium.gateway.validation import check_requested_outputs, check_single_res
 from tritium.repo.names import check_load_parameters, require_name
 from tritium import __version__
 from tritium.errors import InternalError, InvalidArgument, NotFound, TritiumError, Unavailable, Unsupported
-from tritium.protocol import (UNLOADED, ChangeLogSettings, Control, ControlArgsUnion, IndexQuery, Infer, LoadModel,
+from tritium.protocol import (ChangeLogSettings, Control, ControlArgsUnion, IndexQuery, Infer, LoadModel,
                               RegisterRegion, StatsQuery, TraceSettingsQuery, UnloadModel, UnregisterRegion,
                               pack_tensors, tensor_views)
 
@@ -73,18 +73,12 @@ class DataPlane:
         return table.server_ready or (not self.strict_readiness and table.started)
 
     def model_ready(self, name: str, version: str | None) -> None:
-        """Return if ready; raise NotFound (404) or InvalidArgument (400) as Triton does."""
+        """Return if ready, else InvalidArgument (400), as Triton 2.51 answers every model or
+        version that is not ready, one it never had or a name it does not know included."""
         try:
             _, number = self.link.models.resolve(name, version)
-        except Unavailable:   # a known version that is not ready: readiness says so with a 400
+        except (Unavailable, NotFound):
             raise InvalidArgument("Model version not ready") from None
-        except NotFound:
-            # An unloaded model is one Triton still knows: not ready (400), where a model whose
-            # load failed has no version to ask about (404), and so has a version it never had.
-            entry = self.link.models.models.get(name)
-            if version is None and entry is not None and ("UNAVAILABLE", UNLOADED) in entry.versions.values():
-                raise InvalidArgument("Model version not ready") from None
-            raise
         if number in self.link.models.get(name).unhealthy or self.link.broker_lost:
             raise InvalidArgument("Model version not ready")
 

@@ -147,7 +147,7 @@ def test_a_python_based_backend_completes_and_serves_the_models_that_name_it(ser
 
 
 def test_a_backend_found_nowhere_fails_the_load_saying_where_it_looked(server):
-    assert request(server.url, "GET", "/v2/models/nowhere/ready")[0] == 404
+    assert request(server.url, "GET", "/v2/models/nowhere/ready")[0] == 400
     logs = server.logs()
     assert "backend 'missing' not found: looked for tritium_missing.py or a package tritium_missing/ in " in logs
     assert (f"{server.backends / 'missing'}, then for a Python-based backend {server.backends / 'missing' / 'model.py'}, "

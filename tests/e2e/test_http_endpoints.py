@@ -66,15 +66,21 @@ def test_model_config_is_the_completed_config_with_defaults(server):
 
 @pytest.mark.parametrize("path, message", [
     ("/v2/models/nope", "Request for unknown model: 'nope' is not found"),
-    ("/v2/models/nope/ready", "Request for unknown model: 'nope' is not found"),
     ("/v2/models/add_sub/versions/7", "Request for unknown model: 'add_sub' version 7 is not found"),
-    ("/v2/models/add_sub/versions/7/ready", "Request for unknown model: 'add_sub' version 7 is not found"),
     ("/v2/models/nope/config", "Request for unknown model: 'nope' is not found"),
 ])
 def test_unknown_models_and_versions_are_404_with_triton_messages(server, path, message):
     status, _, body = request(server.url, "GET", path)
     assert status == 404
     assert error_of(body) == message
+
+
+@pytest.mark.parametrize("path", ["/v2/models/nope/ready", "/v2/models/nope/versions/1/ready",
+                                  "/v2/models/add_sub/versions/7/ready"])
+def test_readiness_of_an_unknown_model_or_version_is_not_ready_as_triton_answers_it(server, path):
+    """Triton 2.51's readiness answers 400 for anything not ready, names it does not know included."""
+    status, _, body = request(server.url, "GET", path)
+    assert (status, error_of(body)) == (400, "Model version not ready")
 
 
 @pytest.mark.parametrize("method, path", [

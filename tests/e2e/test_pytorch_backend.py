@@ -152,7 +152,7 @@ def test_runtime_failure_is_a_500_and_the_model_keeps_serving(client):
 
 
 def test_config_and_model_disagreeing_on_inputs_fails_the_load(server):
-    assert request(server.url, "GET", "/v2/models/ts_wrong_inputs/ready")[0] == 404
+    assert request(server.url, "GET", "/v2/models/ts_wrong_inputs/ready")[0] == 400
     assert ("unable to load model 'ts_wrong_inputs', configuration expects 3 inputs, model provides 2"
             in server.logs())
 
