@@ -26,10 +26,9 @@ so tests drive it with a fake clock. The rules follow Triton's ``SequenceBatchSc
   ``max_queue_delay_microseconds`` and ``minimum_slot_utilization`` are set, in which case
   it waits until the ready slots reach that fraction of the slots or the oldest head has
   waited the delay. Heads whose shapes differ from the first one's wait for a later batch;
-* a request whose client gives up while it is queued in a slot ends its sequence: every request
-  of the sequence still queued is answered CANCELLED, the slot frees and the correlation id is
-  forgotten (Triton releases a slot whose head request is cancelled the same way); one that
-  gives up while its sequence waits in the backlog leaves it alone, and the sequence goes on;
+* a request whose client gives up while it is queued ends its sequence: every request of
+  the sequence still queued is answered CANCELLED, the slot frees and the correlation id is
+  forgotten (Triton releases a slot whose head request is cancelled the same way);
 * ``oldest``: ``max_candidate_sequences`` slots per instance (or ``max(1, max_batch_size)``);
   each instance has a dynamic batcher (``preferred_batch_size``,
   ``max_queue_delay_microseconds``) holding the head request of each of its sequences, so
@@ -369,17 +368,10 @@ class SequenceBatcher(Generic[Inst]):
     # -- a client gives up ---------------------------------------------------------------------
 
     def cancel(self, client: bytes, rid: int) -> list:
-        """Request ``rid`` of ``client`` gave up while queued; returns what is to be answered
-        CANCELLED (none when it is not queued here). In the backlog, that request alone: its
-        sequence keeps its place. In a slot, its sequence is over, as in Triton: every request it
-        queued, the slot freed at once and the correlation id forgotten (a later request of the
-        sequence without START is refused)."""
-        for sequence in self._backlog:
-            for request in sequence.queue:
-                if request.rid == rid and request.client == client:
-                    sequence.queue.remove(request)
-                    self._count -= 1
-                    return [request]
+        """Request ``rid`` of ``client`` gave up while queued: its sequence is over, as in Triton.
+        Returns the sequence's queued requests, that one among them, to be answered CANCELLED
+        (none when it is not queued here). The slot frees at once and the correlation id is
+        forgotten: a later request of the sequence without START is refused."""
         for sequence in self._queued_sequences():
             if any(request.rid == rid and request.client == client for request in sequence.queue):
                 return self._end_cancelled(sequence)

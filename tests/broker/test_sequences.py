@@ -355,18 +355,16 @@ def test_a_cancelled_request_ends_its_sequence_its_queued_requests_cancelled_and
     assert b.cancel(b"gw", 3) == [] and b.cancel(b"other", 4) == []
 
 
-def test_a_request_cancelled_in_the_backlog_leaves_it_and_its_sequence_goes_on():
-    """As in Triton: a client that gives up on a request waiting for a slot (its START, say)
-    cancels that request alone; the sequence keeps its place and takes its next requests."""
+def test_a_cancelled_sequence_in_the_backlog_leaves_it():
     b, i0 = direct(slots=1), Instance("i0")
     b.enqueue(Req("a1", 1, START, rid=1))
     b.enqueue(Req("b1", 2, START, rid=2))
+    b.enqueue(Req("b2", 2, END, rid=3))
     b.enqueue(Req("c1", 3, START | END, rid=4))
-    assert [r.name for r in b.cancel(b"gw", 2)] == ["b1"]
-    b.enqueue(Req("b2", 2, END, rid=3))   # accepted without START: sequence 2 is still known
+    assert [r.name for r in b.cancel(b"gw", 2)] == ["b1", "b2"]
     assert batches(b, 0, [i0]) == [("i0", ["a1"], [0], 1)]
     b.enqueue(Req("a2", 1, END, rid=5))
-    assert batches(b, 0, [i0]) == [("i0", ["a2"], [0], 1), ("i0", ["b2"], [0], 1), ("i0", ["c1"], [0], 1)]
+    assert batches(b, 0, [i0]) == [("i0", ["a2"], [0], 1), ("i0", ["c1"], [0], 1)]
     assert len(b) == 0
 
 
