@@ -62,7 +62,8 @@ class QueuePolicy:
     @property
     def trivial(self) -> bool:
         """One level, no timeout, no bound: the batcher's fast path."""
-        return self.level_count == 1 and self.policy(0) == LevelPolicy()
+        policy = self.policy(0)   # (allow_override alone changes nothing: a request may only lower a timeout)
+        return self.level_count == 1 and not policy.timeout_ns and not policy.max_queue_size
 
     def policy(self, level: int) -> LevelPolicy:
         return self.named.get(level, self.default)

@@ -245,6 +245,7 @@ def test_a_request_timeout_has_no_effect_where_the_policy_has_none():
     """As in Triton, a request's timeout only shortens its level's default timeout."""
     registry, version, scheduler, _, to_gateways, clock = make_world(
         "dynamic_batching { default_queue_policy { allow_timeout_override: true } }")
+    assert version.batcher.simple   # nothing to time out: the plain queue
     add_instance(registry, version, credit=0)
     submit(scheduler, 1, timeout=100)
     assert scheduler.next_deadline_ns() is None

@@ -110,9 +110,6 @@ class PythonInstance(Instance):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._loop_made = threading.Lock()   # is_ready() asks from a thread of its own
-        # The requests' response-sender bookkeeping (_ResponseSenders): one lock for all, as its
-        # sections are short, rather than one made for every request.
-        self.senders_lock = threading.RLock()
         runtime.instance_name = context.name
         if context.broker and runtime.bls is None:
             runtime.bls = BlsClient(context.broker, f"{context.instance_id}/bls", context.curve)
@@ -378,7 +375,7 @@ class _SenderSlot:
         self._watching = False
         # The model may ask for the sender on another thread (its event loop's) while execute's
         # thread starts watching. Reentrant: a finalizer may run _let_go inside a section.
-        self._lock = instance.senders_lock
+        self._lock = threading.RLock()
 
     def __call__(self):
         """pb_utils.InferenceRequest.get_response_sender's factory."""
