@@ -291,7 +291,8 @@ class Autoscaler:
         scale.targets[agent] = max(0, scale.targets.get(agent, 0) - 1)
         if version.instances or scale.total:
             return
-        scale.last_error = (f"cold start of model '{version.name}' version {version.version} failed: {message}; "
+        summary = message.split("\n", 1)[0]   # (a Python model's frames follow on the lines after it)
+        scale.last_error = (f"cold start of model '{version.name}' version {version.version} failed: {summary}; "
                             f"retrying after {RETRY_AFTER_S:g} s")
         scale.retry_after_ns = self._clock() + int(RETRY_AFTER_S * 1e9)
         scale.cold_start_since_ns = None

@@ -98,7 +98,7 @@ def test_a_failed_cold_start_answers_with_its_cause_and_is_tried_again_later(wor
     client = httpclient.InferenceServerClient(gateway.url, network_timeout=60)
     x = httpclient.InferInput("X", [1, 1], "FP32")
     x.set_data_from_numpy(np.zeros((1, 1), dtype=np.float32))
-    expected = ("cold start of model 'broken' version 1 failed: RuntimeError: the weights are not there; "
+    expected = ("cold start of model 'broken' version 1 failed: Internal: RuntimeError: the weights are not there; "
                 "retrying after 5 s")
     for _ in range(2):   # the second is answered at once, within the retry delay
         with pytest.raises(InferenceServerException) as refused:

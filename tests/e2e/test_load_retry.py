@@ -66,15 +66,18 @@ def test_a_model_that_loads_on_its_third_try_serves_after_two_retries(served):
     x = httpclient.InferInput("X", [1], "FP32")
     x.set_data_from_numpy(np.array([4.0], dtype=np.float32))
     assert client.infer("flaky", [x]).as_numpy("Y").tolist() == [4.0]
-    assert "failed to load, trying again (retry 2 of 2): RuntimeError: try 2 fails" in server.logs()
+    assert "failed to load, trying again (retry 2 of 2): Internal: RuntimeError: try 2 fails" in server.logs()
 
 
 def test_a_load_that_fails_every_try_answers_the_last_error(served):
     server, repo = served
     answer = requests.post(f"http://{server.url}/v2/repository/models/broken/load", timeout=60)
     assert answer.status_code == 400
-    assert answer.json()["error"] == ("load failed for model 'broken': version 1 is at UNAVAILABLE state: "
-                                      "RuntimeError: try 3 fails;\n")
+    # As Triton's stub reports an exception of initialize: its status, the exception, the model's frames.
+    raises_at = next(n for n, text in enumerate(MODEL.splitlines(), 1) if "raise RuntimeError" in text)
+    reason = (f"Internal: RuntimeError: try 3 fails\n\nAt:\n  {repo / 'broken' / '1' / 'model.py'}({raises_at}): "
+              "initialize\n")
+    assert answer.json()["error"] == f"load failed for model 'broken': version 1 is at UNAVAILABLE state: {reason};\n"
     assert tries(repo, "broken") == 3
     index = requests.post(f"http://{server.url}/v2/repository/index", timeout=10).json()
-    assert {"name": "broken", "version": "1", "state": "UNAVAILABLE", "reason": "RuntimeError: try 3 fails"} in index
+    assert {"name": "broken", "version": "1", "state": "UNAVAILABLE", "reason": reason} in index

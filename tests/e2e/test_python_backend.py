@@ -135,9 +135,10 @@ def _outcome(server, code):
 
 def test_initialize_failure_fails_the_load_with_its_message(server, client):
     status, _, body = request(server.url, "GET", "/v2/models/py_init_fails/ready")
-    assert status == 404
+    assert status == 400
     assert "instance py_init_fails" in server.logs()
-    assert "RuntimeError: cannot find the weights file" in server.logs()
+    assert "Internal: RuntimeError: cannot find the weights file\n\nAt:\n  " in server.logs()
+    assert "py_init_fails/1/model.py(3): initialize" in server.logs()
     assert client.is_model_ready("py_add_sub")
 
 

@@ -124,9 +124,12 @@ class PythonInstance(Instance):
         }
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
-            result = initialize(args)
-            if inspect.isawaitable(result):
-                self._run(result)
+            try:
+                result = initialize(args)
+                if inspect.isawaitable(result):
+                    self._run(result)
+            except Exception as exc:
+                raise InternalError(_as_triton_reports(exc)) from exc
         runtime.bls_open = True
 
     @property
@@ -455,3 +458,14 @@ class _SenderSlot:
             threading.Thread(target=self._send, args=(answer, True), name="released-request", daemon=True).start()
         except RuntimeError:   # the interpreter is shutting down: nobody is left to answer
             pass
+
+
+def _as_triton_reports(exc: BaseException) -> str:
+    """A model's exception as Triton's stub reports one from ``initialize``: its status's
+    ``Internal: ``, the exception, and the model's frames innermost first (pybind11's form)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    here = os.path.abspath(__file__)
+    while frames and os.path.abspath(frames[0].filename) == here:   # this module's own call
+        frames = frames[1:]
+    lines = "".join(f"  {frame.filename}({frame.lineno}): {frame.name}\n" for frame in reversed(frames))
+    return f"Internal: {type(exc).__name__}: {exc}" + (f"\n\nAt:\n{lines}" if lines else "")
