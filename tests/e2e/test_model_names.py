@@ -107,6 +107,8 @@ def test_hostile_names_are_unknown_models_everywhere_else(server, layout):
             assert status in (400, 404), (name, suffix, data)
             if "/" in name:   # sent as %2F, decoded: a path with no route
                 assert (status, error_of(data)) == (404, "Not Found"), (name, suffix)
+            elif suffix == "/ready":   # readiness says only not ready, for any name it does not know
+                assert (status, error_of(data)) == (400, "Model version not ready"), name
             else:
                 assert (status, error_of(data)) == (404, f"Request for unknown model: '{name}' is not found"), \
                     (name, suffix)
