@@ -113,8 +113,12 @@ class Supervisor:
     def _spawn(self, role: str, args: list[str], env: dict) -> None:
         command = [sys.executable, "-m", "tritium.cli", role, *args]
         log.debug("starting %s", " ".join(command))
-        # A serve killed outright takes its children with it (tritium/lifetime.py).
-        process = subprocess.Popen(command, env=env, preexec_fn=partial(die_with_parent, os.getpid()))
+        # A serve killed outright takes its children with it (tritium/lifetime.py). Each child has a
+        # session of its own: a signal to serve's process group (Ctrl-C in a terminal, `kill -- -PGID`)
+        # reaches serve alone, which stops the children in order (gateways first, the broker last), so
+        # that what was accepted is answered; a child signalled too would drain out of order.
+        process = subprocess.Popen(command, env=env, preexec_fn=partial(die_with_parent, os.getpid()),
+                                   start_new_session=True)
         self.children.append(ChildProcess(role, process))
 
     def _start_and_wait(self, env, frontend, backend, notify_sock, stop) -> int | None:

@@ -468,8 +468,11 @@ class HostAgent:
         env["TRITIUM_MODEL"] = f"{child.model}/{child.version}"
         if child.plan.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(child.plan.gpu)
+        # A session of its own, as serve's children have: a signal to the agent's process group
+        # (Ctrl-C) reaches the agent alone, which stops its instances after their batch.
         child.process = subprocess.Popen(
-            [sys.executable, "-m", "tritium.workers.instance", child.iid], stdin=subprocess.PIPE, env=env)
+            [sys.executable, "-m", "tritium.workers.instance", child.iid], stdin=subprocess.PIPE, env=env,
+            start_new_session=True)
         child.process.stdin.write(json.dumps(spec).encode())
         child.process.stdin.close()
         child.started_at = time.monotonic()
