@@ -288,7 +288,12 @@ def test_an_unknown_method_is_unimplemented(raw):
 
 # -- the drain, and grpc.aio kept selectable ----------------------------------------------------
 
-def test_sigterm_finishes_calls_in_flight_then_refuses(tmp_path):
+@pytest.mark.parametrize("to_group, stop_signal", [(False, signal.SIGTERM), (True, signal.SIGINT),
+                                                   (True, signal.SIGTERM)])
+def test_sigterm_finishes_calls_in_flight_then_refuses(tmp_path, to_group, stop_signal):
+    """Also when the signal goes to the whole process group (Ctrl-C in a terminal sends SIGINT so,
+    `kill -- -PGID` SIGTERM): serve alone must get it and stop its children in order, or the
+    instance dies with its request."""
     shutil.copytree(WHOAMI, tmp_path / "whoami")
     with TritiumServer(tmp_path) as running:
         client = grpcclient.InferenceServerClient(running.grpc_url)
@@ -298,33 +303,17 @@ def test_sigterm_finishes_calls_in_flight_then_refuses(tmp_path):
         caller = threading.Thread(target=lambda: outcome.append(client.infer("whoami", [delay]).as_numpy("PID")))
         caller.start()
         time.sleep(0.3)
-        running.process.send_signal(signal.SIGTERM)
-        caller.join(timeout=10)
-        assert len(outcome) == 1 and outcome[0].shape == (1, 1)
-        assert running.process.wait(timeout=20) == 0
-        with pytest.raises(InferenceServerException) as failure:
-            grpcclient.InferenceServerClient(running.grpc_url).is_server_live()
-        assert failure.value.status() == "StatusCode.UNAVAILABLE"
-
-
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_signal_to_the_whole_process_group_still_answers_what_is_in_flight(tmp_path, stop_signal):
-    """Ctrl-C in a terminal (SIGINT) or `kill -- -PGID` signals every process of the group: serve
-    alone must get it and stop its children in order, or the instance dies with its request."""
-    shutil.copytree(WHOAMI, tmp_path / "whoami")
-    with TritiumServer(tmp_path) as running:
-        client = grpcclient.InferenceServerClient(running.grpc_url)
-        delay = grpcclient.InferInput("DELAY_MS", [1, 1], "FP32")
-        delay.set_data_from_numpy(np.array([[1000]], np.float32))
-        outcome = []
-        caller = threading.Thread(target=lambda: outcome.append(client.infer("whoami", [delay]).as_numpy("PID")))
-        caller.start()
-        time.sleep(0.3)
-        os.killpg(running.process.pid, stop_signal)
+        if to_group:
+            os.killpg(running.process.pid, stop_signal)
+        else:
+            running.process.send_signal(stop_signal)
         caller.join(timeout=10)
         assert len(outcome) == 1 and outcome[0].shape == (1, 1)
         assert running.process.wait(timeout=20) == 0
         assert "KeyboardInterrupt" not in running.logs() and "second stop signal" not in running.logs()
+        with pytest.raises(InferenceServerException) as failure:
+            grpcclient.InferenceServerClient(running.grpc_url).is_server_live()
+        assert failure.value.status() == "StatusCode.UNAVAILABLE"
 
 
 def test_sigterm_answers_a_stream_s_request_in_flight_then_ends_the_stream(tmp_path):
