@@ -147,6 +147,7 @@ def instance_processes(server: TritiumServer | None = None, marker: bytes = b"tr
     and environment (read from /proc). Other tests' servers may run on the same machine.
     ``marker``: an argument that names another kind of process (``b"gateway"``)."""
     found = []
+    ours = descendants(server.process.pid) if server is not None else set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -162,8 +163,31 @@ def instance_processes(server: TritiumServer | None = None, marker: bytes = b"tr
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        ppid, session = int(fields[1]), int(fields[3])
-        if server is not None and session != server.process.pid:   # serve starts a session of its own
+        ppid = int(fields[1])
+        if server is not None and int(entry.name) not in ours:
             continue
         found.append({"pid": int(entry.name), "ppid": ppid, "argv": [a.decode() for a in argv if a], "env": env})
+    return found
+
+
+def descendants(pid: int) -> set[int]:
+    """The live processes below ``pid`` (children, theirs, ...). serve's children run in sessions
+    of their own, so its process tree, not its session, says which are its."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
     return found

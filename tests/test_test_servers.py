@@ -11,21 +11,19 @@ import time
 from pathlib import Path
 
 from tests.models import add_sub_model
-from tests.servers import PROJECT_ROOT
+from tests.servers import PROJECT_ROOT, descendants
 
 
-def session_processes(session: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+def alive(pids: set[int]) -> set[int]:
+    living = set()
+    for pid in pids:
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if int(fields[3]) == session and fields[0] != "Z":
-            found.append(int(entry.name))
-    return found
+        if state != "Z":
+            living.add(pid)
+    return living
 
 
 def test_a_server_stops_with_its_children_when_the_test_run_is_killed(tmp_path):
@@ -40,16 +38,17 @@ def test_a_server_stops_with_its_children_when_the_test_run_is_killed(tmp_path):
         """)], stdout=subprocess.PIPE, text=True)
     try:
         serve = int(run.stdout.readline())
-        assert len(session_processes(serve)) >= 3      # serve, a gateway, the broker, the instance
+        server = {serve} | descendants(serve)
+        assert len(server) >= 4      # serve, a gateway, the broker, the agent, the instance
         run.send_signal(signal.SIGKILL)                  # as `timeout` does: no teardown runs
         run.wait()
         deadline = time.monotonic() + 30
-        while session_processes(serve) and time.monotonic() < deadline:
+        while alive(server) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert session_processes(serve) == []
+        assert alive(server) == set()
     finally:
         run.kill()
-        for pid in session_processes(serve) if "serve" in locals() else []:
+        for pid in alive(server) if "server" in locals() else set():
             os.kill(pid, signal.SIGKILL)
 
 

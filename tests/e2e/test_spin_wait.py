@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.models import add_sub_inputs, add_sub_model
-from tests.servers import TritiumServer
+from tests.servers import TritiumServer, descendants
 
 LONG_SPIN_US = 50_000
 
@@ -57,14 +57,12 @@ def test_answers_over_http_and_grpc_are_right(which, request):
 
 
 def _role_pids(server: TritiumServer, marker: bytes) -> list[int]:
-    """The server's processes whose command line holds ``marker`` (serve starts a session of its own)."""
+    """The server's processes whose command line holds ``marker``."""
     found = []
-    for entry in Path("/proc").iterdir():
+    for pid in descendants(server.process.pid):
         try:
-            if not entry.name.isdigit() or marker not in (entry / "cmdline").read_bytes():
-                continue
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3]) == server.process.pid:
-                found.append(int(entry.name))
+            if marker in (Path("/proc") / str(pid) / "cmdline").read_bytes():
+                found.append(pid)
         except OSError:
             continue
     return found

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 from tests.e2e.rawhttp import error_of, request
 from tests.models import add_sub_model, write_config
-from tests.servers import PROJECT_ROOT, TritiumServer, free_port, instance_processes, run_serve
+from tests.servers import PROJECT_ROOT, TritiumServer, descendants, free_port, instance_processes, run_serve
 from tritium.affinity import parse_cpu_list
 
 BAD_ONNX_CONFIG = """
@@ -249,15 +249,14 @@ def test_a_gateway_the_broker_refuses_exits_with_the_protocol_mismatch_code(tmp_
         broker.close()
 
 
-def _session_threads(session: int) -> dict[str, set[int]]:
-    """Each process role of a serve session ("gateway", "broker", "worker", "instance") and the
-    CPUs its threads may run on."""
+def _serve_threads(serve: int) -> dict[str, set[int]]:
+    """Each process role of a serve ("gateway", "broker", "worker", "instance") and the CPUs its
+    threads may run on."""
     roles = {b"gateway": "gateway", b"broker": "broker", b"worker": "worker", b"tritium.workers.instance": "instance"}
     found: dict[str, set[int]] = {}
-    for entry in Path("/proc").iterdir():
+    for pid in descendants(serve):
+        entry = Path("/proc") / str(pid)
         try:
-            if not entry.name.isdigit() or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3]) != session:
-                continue
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             role = next((name for word, name in roles.items() if word in argv), None)
             if role is None:
@@ -279,7 +278,7 @@ def test_each_part_runs_on_the_cpus_serve_was_given(repo):
             for name in ("INPUT0", "INPUT1")]})
         assert status == 200, body
         assert json.loads(body)["outputs"][0]["data"] == [2.0 * i for i in range(16)]
-        assert _session_threads(server.process.pid) == {
+        assert _serve_threads(server.process.pid) == {
             "gateway": {0}, "broker": {last}, "worker": {last}, "instance": {last}}
 
 
