@@ -56,6 +56,8 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
     python_based = backend_file is not None
     if not python_based:   # (vLLM's backend, say, is a Python-based one tritium can run)
         backends.check_supported(name, config)
+    elif not config.runtime:   # Triton names the file it runs such a backend from
+        config.runtime = "model.py"
     normalize_version_policy(config)
     validate_basics(config)
     versions = select_versions(config, model_dir)

@@ -255,6 +255,7 @@ def test_a_python_based_backend_completes_its_models_even_named_as_a_module_pyth
     definition = ModelRepository([repo], RepositoryOptions(backend_directory=backends)).load("m")
     assert definition.python_based and definition.runs_python
     assert summary(definition.config.output) == [("SCORE", "TYPE_FP32", [2, 3])]
+    assert definition.config.runtime == "model.py"   # as Triton's config says for such a backend
 
 
 def test_vllms_backend_loads_when_the_backend_directory_has_it_as_a_python_based_one(tmp_path):
