@@ -83,9 +83,9 @@ class Supervisor:
         notify_sock.bind(str(notify_path))
         notify_sock.settimeout(0.2)
         frontend, backend = f"ipc://{runtime}/frontend", f"ipc://{runtime}/backend"
-        stop = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.append(True))
+        stop: list[bool] = []
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # (SIGHUP: its terminal closed)
+            signal.signal(sig, lambda *_: self._on_stop_signal(stop))
         env = {name: value for name, value in os.environ.items() if name not in self.settings.resolved_env}
         env["NOTIFY_SOCKET"] = str(notify_path)
         try:
@@ -96,7 +96,17 @@ class Supervisor:
             self._stop_children()
             notify_sock.close()
             shutil.rmtree(runtime, ignore_errors=True)
-        return code
+        return ExitCode.FORCED if len(stop) > 1 else code
+
+    def _on_stop_signal(self, stop: list[bool]) -> None:
+        """The first stop signal stops the children in order (``_stop_children``); a second one
+        (Ctrl-C twice) ends them now, without waiting for the requests in flight."""
+        stop.append(True)
+        if len(stop) == 2:
+            log.warning("second stop signal: stopping every process now, without waiting for requests in flight")
+            for child in self.children:
+                if child.process.poll() is None:
+                    child.process.kill()
 
     def _check_ports(self) -> None:
         """A port in use by any other program stops serve before anything starts (its own

@@ -490,6 +490,7 @@ class HostAgent:
             code = child.process.poll()
             if code is None:
                 continue
+            _end_its_group(child.process.pid)
             child.process = None
             why = f"exited with status {code}" if code >= 0 else f"was killed by signal {-code}"
             if self._adoptable.pop(child.iid, None) is not None:
@@ -568,3 +569,12 @@ def _stopped(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state in ("T", "t")
+
+
+def _end_its_group(pid: int) -> None:
+    """What an instance that ended left of its own (it leads a process group: processes its model
+    started, which no terminal signal reaches any more) ends with it."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -28,7 +28,8 @@ from tests.e2e.grpc_requests import (SERVING, add_sub_request, check_add_sub, he
 from tests.e2e.rawh2 import (CANCEL_CODE, DATA, END_STREAM, GOAWAY, INITIAL_WINDOW_SIZE, PING, RST_STREAM, SETTINGS,
                              WINDOW_UPDATE, RawH2, grpc_message)
 from tests.models import add_sub_model
-from tests.servers import TritiumServer
+from tests.servers import TritiumServer, descendants
+from tritium.exit_codes import ExitCode
 
 WHOAMI = Path(__file__).parent / "cluster_repo" / "whoami"   # answers after DELAY_MS
 LIMIT = 1024 * 1024
@@ -314,6 +315,39 @@ def test_sigterm_finishes_calls_in_flight_then_refuses(tmp_path, to_group, stop_
         with pytest.raises(InferenceServerException) as failure:
             grpcclient.InferenceServerClient(running.grpc_url).is_server_live()
         assert failure.value.status() == "StatusCode.UNAVAILABLE"
+
+
+def test_a_second_ctrl_c_ends_every_process_at_once(tmp_path):
+    shutil.copytree(WHOAMI, tmp_path / "whoami")
+    with TritiumServer(tmp_path) as running:
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        delay = grpcclient.InferInput("DELAY_MS", [1, 1], "FP32")
+        delay.set_data_from_numpy(np.array([[5000]], np.float32))
+        outcome = []
+
+        def call() -> None:
+            try:
+                client.infer("whoami", [delay])
+                outcome.append("answered")
+            except InferenceServerException as exc:
+                outcome.append(exc.status())
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        time.sleep(0.3)
+        children = descendants(running.process.pid)
+        os.killpg(running.process.pid, signal.SIGINT)
+        time.sleep(0.3)
+        started = time.monotonic()
+        os.killpg(running.process.pid, signal.SIGINT)
+        assert running.process.wait(timeout=20) == ExitCode.FORCED
+        assert time.monotonic() - started < 3   # not the 5 s the request would have taken
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in children if Path(f"/proc/{pid}").exists()]
+        caller.join(timeout=10)
+        assert outcome == ["StatusCode.UNAVAILABLE"]   # cut short, not answered
 
 
 def test_sigterm_answers_a_stream_s_request_in_flight_then_ends_the_stream(tmp_path):

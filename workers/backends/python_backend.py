@@ -261,14 +261,8 @@ class PythonInstance(Instance):
 
     def _failure(self, exc: Exception) -> InternalError:
         """Triton's message for an exception out of the model, with the model's frames."""
-        frames = traceback.extract_tb(exc.__traceback__)
-        while frames and (frames[0].filename == __file__ or frames[0].filename.startswith(_AWAITING_DIRS)):
-            frames.pop(0)
-        while frames and frames[-1].filename.startswith(PACKAGE_DIR):   # raised in pb_utils: Triton's is C++
-            frames.pop()
-        where = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
         return InternalError(f"Failed to process the request(s) for model '{self.context.name}', "
-                             f"message: {type(exc).__name__}: {exc}" + (f"\n\nAt:\n{where}" if where else ""))
+                             f"message: {_with_model_frames(exc)}")
 
     def _pb_request(self, request: InferenceRequest) -> PbRequest:
         # Triton's inputs are writable (models may change them); a view of a received message is not.
@@ -462,10 +456,18 @@ class _SenderSlot:
 
 def _as_triton_reports(exc: BaseException) -> str:
     """A model's exception as Triton's stub reports one from ``initialize``: its status's
-    ``Internal: ``, the exception, and the model's frames innermost first (pybind11's form)."""
+    ``Internal: ``, then the exception with the model's frames."""
+    return f"Internal: {_with_model_frames(exc)}"
+
+
+def _with_model_frames(exc: BaseException) -> str:
+    """``<type>: <message>`` and, as pybind11 writes a Python error, the model's frames innermost
+    first (``\\n\\nAt:\\n  <file>(<line>): <function>``): tritium's own frames and the asyncio and
+    futures frames of an awaited call left out, and pb_utils' (C++ in Triton) too."""
     frames = traceback.extract_tb(exc.__traceback__)
-    here = os.path.abspath(__file__)
-    while frames and os.path.abspath(frames[0].filename) == here:   # this module's own call
-        frames = frames[1:]
-    lines = "".join(f"  {frame.filename}({frame.lineno}): {frame.name}\n" for frame in reversed(frames))
-    return f"Internal: {type(exc).__name__}: {exc}" + (f"\n\nAt:\n{lines}" if lines else "")
+    while frames and (frames[0].filename == __file__ or frames[0].filename.startswith(_AWAITING_DIRS)):
+        frames.pop(0)
+    while frames and frames[-1].filename.startswith(PACKAGE_DIR):   # raised in pb_utils: Triton's is C++
+        frames.pop()
+    where = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
+    return f"{type(exc).__name__}: {exc}" + (f"\n\nAt:\n{where}" if where else "")
