@@ -289,6 +289,27 @@ def test_an_unknown_method_is_unimplemented(raw):
 
 # -- the drain, and grpc.aio kept selectable ----------------------------------------------------
 
+def call_in_flight(running: TritiumServer, delay_ms: int) -> tuple[threading.Thread, list]:
+    """A call to whoami taking ``delay_ms``, running 0.3 s by the return; its outcome ("answered",
+    or the error's status) lands in the list."""
+    client = grpcclient.InferenceServerClient(running.grpc_url)
+    delay = grpcclient.InferInput("DELAY_MS", [1, 1], "FP32")
+    delay.set_data_from_numpy(np.array([[delay_ms]], np.float32))
+    outcome: list = []
+
+    def call() -> None:
+        try:
+            client.infer("whoami", [delay])
+            outcome.append("answered")
+        except InferenceServerException as exc:
+            outcome.append(exc.status())
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    time.sleep(0.3)
+    return caller, outcome
+
+
 @pytest.mark.parametrize("to_group, stop_signal", [(False, signal.SIGTERM), (True, signal.SIGINT),
                                                    (True, signal.SIGTERM)])
 def test_sigterm_finishes_calls_in_flight_then_refuses(tmp_path, to_group, stop_signal):
@@ -297,19 +318,13 @@ def test_sigterm_finishes_calls_in_flight_then_refuses(tmp_path, to_group, stop_
     instance dies with its request."""
     shutil.copytree(WHOAMI, tmp_path / "whoami")
     with TritiumServer(tmp_path) as running:
-        client = grpcclient.InferenceServerClient(running.grpc_url)
-        delay = grpcclient.InferInput("DELAY_MS", [1, 1], "FP32")
-        delay.set_data_from_numpy(np.array([[1000]], np.float32))
-        outcome = []
-        caller = threading.Thread(target=lambda: outcome.append(client.infer("whoami", [delay]).as_numpy("PID")))
-        caller.start()
-        time.sleep(0.3)
+        caller, outcome = call_in_flight(running, delay_ms=1000)
         if to_group:
             os.killpg(running.process.pid, stop_signal)
         else:
             running.process.send_signal(stop_signal)
         caller.join(timeout=10)
-        assert len(outcome) == 1 and outcome[0].shape == (1, 1)
+        assert outcome == ["answered"]
         assert running.process.wait(timeout=20) == 0
         assert "KeyboardInterrupt" not in running.logs() and "second stop signal" not in running.logs()
         with pytest.raises(InferenceServerException) as failure:
@@ -320,21 +335,7 @@ def test_sigterm_finishes_calls_in_flight_then_refuses(tmp_path, to_group, stop_
 def test_a_second_ctrl_c_ends_every_process_at_once(tmp_path):
     shutil.copytree(WHOAMI, tmp_path / "whoami")
     with TritiumServer(tmp_path) as running:
-        client = grpcclient.InferenceServerClient(running.grpc_url)
-        delay = grpcclient.InferInput("DELAY_MS", [1, 1], "FP32")
-        delay.set_data_from_numpy(np.array([[5000]], np.float32))
-        outcome = []
-
-        def call() -> None:
-            try:
-                client.infer("whoami", [delay])
-                outcome.append("answered")
-            except InferenceServerException as exc:
-                outcome.append(exc.status())
-
-        caller = threading.Thread(target=call, daemon=True)
-        caller.start()
-        time.sleep(0.3)
+        caller, outcome = call_in_flight(running, delay_ms=5000)
         children = descendants(running.process.pid)
         os.killpg(running.process.pid, signal.SIGINT)
         time.sleep(0.3)
