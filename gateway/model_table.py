@@ -163,7 +163,5 @@ class ModelTable:
         if not ready or entry.spec is None:
             if any(state == "LOADING" for state, _ in entry.versions.values()):
                 raise InvalidArgument("Model version not ready")
-            if entry.error is not None and not entry.versions:   # its config failed: Triton never made the model
-                raise NotFound(f"Request for unknown model: '{name}' is not found")
             raise NotFound(f"Request for unknown model: '{name}' has no available versions")
         return entry.spec, ready[-1]

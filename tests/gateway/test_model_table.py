@@ -105,11 +105,6 @@ def test_a_failed_explicit_version_is_not_at_ready_state():
     assert error.message == "Request for unknown model: 'm' version 2 is not at ready state"
 
 
-def test_a_model_whose_config_failed_is_not_found_as_in_triton():
-    t = table(model(versions=(), config=False, error="bad config"))
-    assert error_of(t, "m", None).message == "Request for unknown model: 'm' is not found"
-
-
 def test_a_model_without_versions_has_no_available_versions():
     t = table(model(versions=(), config=False))
     error = error_of(t, "m", None)
