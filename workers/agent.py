@@ -465,6 +465,7 @@ class HostAgent:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
         env["TRITIUM_INSTANCE_NAME"] = child.plan.name
+        env["TRITIUM_AGENT_PID"] = str(os.getpid())
         env["TRITIUM_MODEL"] = f"{child.model}/{child.version}"
         if child.plan.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(child.plan.gpu)

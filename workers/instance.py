@@ -361,8 +361,11 @@ def build_executor(spec: dict, outbox: Outbox | None = None) -> tuple[BatchExecu
 
 
 def main() -> None:
+    # The agent's pid as the agent gave it: were it gone before this line, getppid() would name
+    # whoever adopted the process, and the instance would serve on with no agent.
+    agent = int(os.environ.get("TRITIUM_AGENT_PID", os.getppid()))
+    die_with_parent(agent)   # if the agent is gone already, this exits
     spec = json.loads(sys.stdin.read())
-    die_with_parent(os.getppid())   # the agent's: if it is gone already, this exits
     logs.configure(f"instance:{spec['model']}:{spec['key']}", spec.get("log_verbose", 0), spec.get("log_file"))
     if spec.get("log_settings"):
         logs.apply_wire(spec["log_settings"])
@@ -400,7 +403,7 @@ def main() -> None:
         context.term()
         sys.exit(ExitCode.INIT_FAILED)
     stopping: list = []
-    signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, stopping, os.getppid(),
+    signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, stopping, agent,
                                                     spec.get("exit_timeout_s", 30.0) + FINALIZE_GRACE_S))
     os.register_at_fork(after_in_child=_signals_as_a_plain_process)
     interval_s = spec.get("heartbeat_interval_s", DEFAULT_HEARTBEAT_INTERVAL_S)
