@@ -97,13 +97,10 @@ class Batch:
     def record_outcome(self, request: PendingRequest, ok: bool, now: int, cancelled: bool = False) -> None:
         """A request of this batch had its (final) answer: its version's statistics count it
         (``cancelled``: a failure that is its client's cancellation, answered CANCELLED)."""
-        stats = self.version.stats
         if ok:
-            first_response(self.version, request, now)
-            stats.record_success(now - request.arrival_ns, request.dispatch_ns - request.arrival_ns,
-                                 request.batch_size, self.timings)
+            self.record_successes([request], now)
         else:
-            stats.record_failure(now - request.arrival_ns, "CANCELED" if cancelled else "BACKEND")
+            self.version.stats.record_failure(now - request.arrival_ns, "CANCELED" if cancelled else "BACKEND")
 
     def record_successes(self, requests: list[PendingRequest], now: int) -> None:
         """``record_outcome`` of each of ``requests``, all answered at ``now`` with success, counted

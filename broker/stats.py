@@ -78,13 +78,7 @@ class ModelVersionStats:
 
     def record_success(self, total_ns: int, queue_ns: int, batch_size: int,
                        timings: tuple[int, int, int]) -> None:
-        self.success.add(total_ns)
-        self.queue.add(queue_ns)
-        self.compute_input.add(timings[0])
-        self.compute_infer.add(timings[1])
-        self.compute_output.add(timings[2])
-        self.inference_count += batch_size
-        self.last_inference_ms = time.time_ns() // 1_000_000
+        self.record_successes(1, total_ns, queue_ns, batch_size, timings)
 
     def record_successes(self, count: int, total_ns: int, queue_ns: int, inferences: int,
                          timings: tuple[int, int, int]) -> None:

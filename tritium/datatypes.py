@@ -70,10 +70,16 @@ def from_config_name(config_name: str) -> DataType | None:
     return BY_CONFIG_NAME.get(config_name)
 
 
+def is_bf16(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is ml_dtypes' bfloat16. ``kind`` first: numpy computes ``name`` in Python
+    (about 1.7 us a look, on the path of every request's inputs)."""
+    return dtype.kind == "V" and dtype.name == "bfloat16"
+
+
 def _lookup_numpy(dtype: np.dtype) -> DataType | None:
     if dtype.kind in "OSU":
         return BY_NAME["BYTES"]
-    if dtype.kind == "V" and dtype.name == "bfloat16":
+    if is_bf16(dtype):
         return BY_NAME["BF16"]
     for d in DATATYPES:
         if d.numpy is not None and d.numpy.kind == dtype.kind and d.numpy.itemsize == dtype.itemsize:

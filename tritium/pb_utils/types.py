@@ -116,11 +116,6 @@ def as_text(value):
     return str(value) if isinstance(value, str) else value
 
 
-def _is_bf16(dtype: np.dtype) -> bool:
-    # ``kind`` first: ``name`` is computed in Python by numpy, a microsecond per look.
-    return dtype.kind == "V" and dtype.name == "bfloat16"
-
-
 class Tensor:
     def __init__(self, name, data):
         if type(name) is not str:
@@ -151,8 +146,7 @@ class Tensor:
         return self._name
 
     def as_numpy(self):
-        dtype = self._array.dtype
-        if dtype.kind == "V" and _is_bf16(dtype):   # numpy has no BF16 of its own: Triton refuses
+        if datatypes.is_bf16(self._array.dtype):   # numpy has no BF16 of its own: Triton refuses
             raise TritonModelException("Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() "
                                        "and from_dlpack() instead.")
         return self._array
@@ -182,7 +176,7 @@ class Tensor:
         """What exports the tensor's memory through DLPack: its array, or for BF16, which numpy
         cannot export, a PyTorch view of it (a model using BF16 through DLPack has PyTorch)."""
         array = self._array
-        if not _is_bf16(array.dtype):
+        if not datatypes.is_bf16(array.dtype):
             return array
         try:
             import torch

@@ -129,7 +129,8 @@ class PythonInstance(Instance):
                 if inspect.isawaitable(result):
                     self._run(result)
             except Exception as exc:
-                raise InternalError(_as_triton_reports(exc)) from exc
+                # As Triton's stub reports it: its status's "Internal: ", the exception, the model's frames.
+                raise InternalError(f"Internal: {_with_model_frames(exc)}") from exc
         runtime.bls_open = True
 
     @property
@@ -452,12 +453,6 @@ class _SenderSlot:
             threading.Thread(target=self._send, args=(answer, True), name="released-request", daemon=True).start()
         except RuntimeError:   # the interpreter is shutting down: nobody is left to answer
             pass
-
-
-def _as_triton_reports(exc: BaseException) -> str:
-    """A model's exception as Triton's stub reports one from ``initialize``: its status's
-    ``Internal: ``, then the exception with the model's frames."""
-    return f"Internal: {_with_model_frames(exc)}"
 
 
 def _with_model_frames(exc: BaseException) -> str:

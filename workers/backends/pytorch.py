@@ -17,6 +17,7 @@ import warnings
 
 import numpy as np
 
+from tritium import datatypes
 from tritium.cpu_quota import threads_within_quota
 from tritium.repo.model_files import forward_arguments, torchscript_problem
 from tritium.errors import InternalError, InvalidArgument
@@ -180,7 +181,7 @@ class PyTorchInstance(Instance):
     def _to_torch(self, name: str, array: np.ndarray):
         if name in self.string_inputs:  # TorchScript takes strings as List[str]
             return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
-        if array.dtype.kind == "V" and array.dtype.name == "bfloat16":   # kind first: name is slow
+        if datatypes.is_bf16(array.dtype):
             return self.torch.from_numpy(array.view(np.int16)).view(self.torch.bfloat16).to(self.device)
         return self.torch.from_numpy(array).to(self.device)
 
