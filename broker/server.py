@@ -135,6 +135,7 @@ class Broker:
         self.membership = Membership(self.registry, self.scheduler, self.liveness)
         self._now = time.monotonic()
         self._next_heartbeat = 0.0
+        self._last_heartbeat = self._now
         self._metrics_asks = 0   # METRICS_ASKs sent: the number of the last
         self._stop_deadline: float | None = None   # set by the first SIGTERM: draining until then
         # While draining: the gateways that hold their new requests for the next broker process (all
@@ -423,6 +424,9 @@ class Broker:
     def _heartbeat(self) -> None:
         """Tell gateways and agents the broker lives; drop the peers that went silent."""
         self._next_heartbeat = self._now + self.settings.heartbeat_interval_s
+        if self._now - self._last_heartbeat > self.liveness.limit_s:
+            self.liveness.restart_clocks(self._now)
+        self._last_heartbeat = self._now
         beat = Heartbeat(self.boot, self.settings.heartbeat_interval_s,
                          draining=self._stop_deadline is not None).encode()
         for gateway in list(self.membership.gateways):

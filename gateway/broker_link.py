@@ -126,7 +126,7 @@ class BrokerLink:
         self.holding = False
         self._held: list[tuple[int, bytes, list]] = []
         self._broker_interval = 0.0   # the broker's heartbeat interval, as its heartbeats say
-        self._last_heard = self.loop.time()
+        self._last_heard = self._last_beat = self.loop.time()
         self._beat_handle = self.loop.call_later(heartbeat_interval_s, self._beat)
 
     async def start(self, timeout_s: float | None = None) -> None:
@@ -204,8 +204,12 @@ class BrokerLink:
     def _beat(self) -> None:
         self._beat_handle = self.loop.call_later(self.heartbeat_interval_s, self._beat)
         self._send_heartbeat()
-        silent_s = self.loop.time() - self._last_heard
-        if not self.broker_lost and silent_s > max(self.heartbeat_interval_s, self._broker_interval) * MISSED_HEARTBEATS:
+        now, limit_s = self.loop.time(), max(self.heartbeat_interval_s, self._broker_interval) * MISSED_HEARTBEATS
+        if now - self._last_beat > limit_s:   # this process was stopped (Ctrl-Z): the silence was its own
+            self._last_heard = now
+        self._last_beat = now
+        silent_s = now - self._last_heard
+        if not self.broker_lost and silent_s > limit_s:
             self.broker_lost = True
             log.error("the broker at %s has not answered for %.1f s; failing %d request(s) waiting on it",
                       self.address, silent_s, self.waiting)

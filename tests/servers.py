@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+from tritium.lifetime import descendants
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 _LAUNCHER = PROJECT_ROOT / "tests" / "exit_with_test_run.py"
@@ -167,27 +169,4 @@ def instance_processes(server: TritiumServer | None = None, marker: bytes = b"tr
         if server is not None and int(entry.name) not in ours:
             continue
         found.append({"pid": int(entry.name), "ppid": ppid, "argv": [a.decode() for a in argv if a], "env": env})
-    return found
-
-
-def descendants(pid: int) -> set[int]:
-    """The live processes below ``pid`` (children, theirs, ...). serve's children run in sessions
-    of their own, so its process tree, not its session, says which are its."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found: set[int] = set()
-    pending = [pid]
-    while pending:
-        for child in children.get(pending.pop(), []):
-            if child not in found:
-                found.add(child)
-                pending.append(child)
     return found

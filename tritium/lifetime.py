@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from pathlib import Path
 from typing import Callable
 
 _PR_SET_PDEATHSIG = 1
@@ -33,3 +34,27 @@ def die_with_parent(parent: int) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:
         os._exit(1)
+
+
+def descendants(pid: int) -> set[int]:
+    """The live processes below ``pid`` (children, theirs, ...). serve's children and the
+    instances run in sessions of their own, so the process tree, not a session or a process
+    group, says which processes are a server's."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
+    return found

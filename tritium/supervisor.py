@@ -4,8 +4,8 @@ The parts are the same processes ``tritium broker|worker|gateway`` run on their 
 this module only composes them. Children report readiness over an ``sd_notify``
 socket; once every child is ready and the broker has finished its first load, one
 line says what is served. A child that dies takes the whole server down (each part
-is restartable on its own under systemd, see deploy/systemd), and SIGINT/SIGTERM stop
-the children in order: gateways, agent, broker.
+is restartable on its own under systemd, see deploy/systemd), SIGINT/SIGTERM/SIGHUP stop
+the children in order: gateways, agent, broker, and SIGTSTP (Ctrl-Z) pauses them all.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import zmq
 
 from tritium.exit_codes import ExitCode
-from tritium.lifetime import die_with_parent
+from tritium.lifetime import descendants, die_with_parent
 from tritium.ports import PortInUse, check_free
 from tritium.protocol import Control, ControlReply, StatusQuery, read_record
 
@@ -86,6 +86,7 @@ class Supervisor:
         stop: list[bool] = []
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # (SIGHUP: its terminal closed)
             signal.signal(sig, lambda *_: self._on_stop_signal(stop))
+        signal.signal(signal.SIGTSTP, lambda *_: self._suspend())
         env = {name: value for name, value in os.environ.items() if name not in self.settings.resolved_env}
         env["NOTIFY_SOCKET"] = str(notify_path)
         try:
@@ -107,6 +108,15 @@ class Supervisor:
             for child in self.children:
                 if child.process.poll() is None:
                     child.process.kill()
+
+    def _suspend(self) -> None:
+        """Ctrl-Z: every process of the server stops with serve and resumes with it, as Triton's
+        stubs do in its process group (the children's own sessions keep the terminal's signal
+        from them). serve stops itself last and, once continued, continues them."""
+        tree = descendants(os.getpid())
+        _signal_each(tree, signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        _signal_each(tree, signal.SIGCONT)
 
     def _check_ports(self) -> None:
         """A port in use by any other program stops serve before anything starts (its own
@@ -219,3 +229,11 @@ class Supervisor:
                     log.warning("%s (pid %d) did not stop in time; killing it", role, process.pid)
                     process.kill()
                     process.wait()
+
+
+def _signal_each(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass

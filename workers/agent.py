@@ -152,6 +152,7 @@ class HostAgent:
         self._broker_lost = False
         self._broker_interval = 0.0   # the broker's heartbeat interval, as its heartbeats say
         self._next_heartbeat = 0.0
+        self._last_heartbeat = self._last_heard
         self._sampler = HostSampler()
         self._log_settings: dict | None = None
         self._shipped = Path(tempfile.mkdtemp(prefix="tritium-shipped-"))  # load API file overrides
@@ -262,7 +263,11 @@ class HostAgent:
         interval = self.settings.heartbeat_interval_s
         self._next_heartbeat = now + interval
         self._send(Heartbeat(heartbeat_s=interval, role=Role.AGENT, working=self._working()))
-        if not self._broker_lost and now - self._last_heard > max(interval, self._broker_interval) * MISSED_HEARTBEATS:
+        limit_s = max(interval, self._broker_interval) * MISSED_HEARTBEATS
+        if now - self._last_heartbeat > limit_s:   # this process was stopped (Ctrl-Z): the silence was its own
+            self._last_heard = now
+        self._last_heartbeat = now
+        if not self._broker_lost and now - self._last_heard > limit_s:
             self._broker_lost = True
             log.warning("lost contact with the broker at %s; instances keep running while reconnecting",
                         self.settings.broker)

@@ -351,6 +351,34 @@ def test_a_second_ctrl_c_ends_every_process_at_once(tmp_path):
         assert outcome == ["StatusCode.UNAVAILABLE"]   # cut short, not answered
 
 
+def test_ctrl_z_stops_every_process_and_fg_resumes_them_all(tmp_path):
+    """The terminal's SIGTSTP reaches serve alone (its children have sessions of their own):
+    serve stops them with itself. Stopped for longer than the heartbeats' limit, none takes
+    another's silence for a loss once continued."""
+    shutil.copytree(WHOAMI, tmp_path / "whoami")
+    with TritiumServer(tmp_path) as running:
+        server = [running.process.pid, *descendants(running.process.pid)]
+        assert len(server) >= 5   # serve, broker, agent, gateway, the instance
+
+        def states() -> set[str]:
+            return {Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] for pid in server}
+
+        os.killpg(running.process.pid, signal.SIGTSTP)
+        deadline = time.monotonic() + 10
+        while states() != {"T"} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert states() == {"T"}
+        time.sleep(4)   # past the 3 s a silent peer is given
+        os.killpg(running.process.pid, signal.SIGCONT)   # the shell's fg
+        caller, outcome = call_in_flight(running, delay_ms=0)
+        caller.join(timeout=10)
+        assert outcome == ["answered"]
+        assert "T" not in states()
+        logs = running.logs()
+        assert "stopped answering heartbeats" not in logs and "lost contact" not in logs
+        assert "has not answered" not in logs
+
+
 def test_sigterm_answers_a_stream_s_request_in_flight_then_ends_the_stream(tmp_path):
     shutil.copytree(WHOAMI, tmp_path / "whoami")
     with TritiumServer(tmp_path) as running:
