@@ -90,6 +90,7 @@ def _code(client, code):
     (6, "503", "failed with code 6"),
     (4, "500", "Failed to process the request(s) for model 'py_errors_0', message: "
                "TritonModelException: the model raised on purpose\n\nAt:\n  "),
+    (7, "500", "Failed to process the request(s) for model 'py_errors_0', message: SystemExit: 3\n\nAt:\n  "),
 ])
 def test_errors_from_the_model_get_their_status_and_the_model_keeps_serving(client, code, status, message):
     with pytest.raises(InferenceServerException) as error:

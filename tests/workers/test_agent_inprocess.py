@@ -66,6 +66,13 @@ BROKEN_MODEL = """
         def initialize(self, args):
             raise RuntimeError("no weights here")
 """
+EXITING_MODEL = """
+    import sys
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            sys.exit(3)   # not an Exception: Triton's stub reports it all the same
+"""
 
 
 def config(name: str, instances: int = 1) -> str:
@@ -88,7 +95,7 @@ class Host:
     def __init__(self, root, exit_timeout_s: float = 5.0) -> None:
         self.repo = root / "repo"
         for name, instances, model in (("echo", 1, ECHO_MODEL), ("pair", 2, ECHO_MODEL), ("broken", 1, BROKEN_MODEL),
-                                       ("stuck", 1, STUCK_MODEL)):
+                                       ("exits", 1, EXITING_MODEL), ("stuck", 1, STUCK_MODEL)):
             write_model(self.repo, name, config(name, instances), {"1/model.py": model})
         self.address, self.folder = ipc_address("broker")
         self.broker = ScriptedBroker(self.address)
@@ -233,16 +240,18 @@ def test_a_killed_instance_is_reported_with_its_signal_and_started_again(host):
     assert hellos[-1][1]["name"] == "echo_0_0"
 
 
-def test_an_instance_that_fails_to_initialize_says_why_exits_init_failed_and_is_not_restarted(host):
+@pytest.mark.parametrize("model, why", [("broken", "Internal: RuntimeError: no weights here\n\nAt:\n"),
+                                       ("exits", "Internal: SystemExit: 3\n\nAt:\n")])
+def test_an_instance_that_fails_to_initialize_says_why_exits_init_failed_and_is_not_restarted(host, model, why):
     host.joined()
-    assignment = host.assignment("broken")
+    assignment = host.assignment(model)
     host.broker.tell(host.peer, Assign((assignment,)))
-    assert host.placed(assignment.epoch)["instances"] == ["broken_0_0"]
+    assert host.placed(assignment.epoch)["instances"] == [f"{model}_0_0"]
     (exited,) = host.exits(assignment.epoch, 1)
     assert (exited["code"], exited["stopped"]) == (ExitCode.INIT_FAILED, False)
     (failed,) = host.broker.of(Kind.INSTANCE_FAILED)
-    assert (failed["m"], failed["name"]) == ("broken", "broken_0_0")
-    assert "no weights here" in failed["err"]["message"]
+    assert (failed["m"], failed["name"]) == (model, f"{model}_0_0")
+    assert failed["err"]["message"].startswith(why)
     assert host.agent.children == []
 
 

@@ -128,7 +128,7 @@ class PythonInstance(Instance):
                 result = initialize(args)
                 if inspect.isawaitable(result):
                     self._run(result)
-            except Exception as exc:
+            except BaseException as exc:   # sys.exit() too: pybind11 reports any Python error alike
                 # As Triton's stub reports it: its status's "Internal: ", the exception, the model's frames.
                 raise InternalError(f"Internal: {_with_model_frames(exc)}") from exc
         runtime.bls_open = True
@@ -228,7 +228,7 @@ class PythonInstance(Instance):
                     return None
                 result = self._run(result)
             return result
-        except Exception as exc:
+        except BaseException as exc:   # sys.exit() too: Triton's stub answers it as any error
             raise self._failure(exc) from exc
 
     def _checked(self, result, count: int) -> list:
@@ -260,7 +260,7 @@ class PythonInstance(Instance):
                       "Non-decoupled model cannot send more than one response.", self.context.name)
         return self._response(response)
 
-    def _failure(self, exc: Exception) -> InternalError:
+    def _failure(self, exc: BaseException) -> InternalError:
         """Triton's message for an exception out of the model, with the model's frames."""
         return InternalError(f"Failed to process the request(s) for model '{self.context.name}', "
                              f"message: {_with_model_frames(exc)}")
@@ -306,7 +306,7 @@ class PythonInstance(Instance):
                 outputs = self._run(outputs)
         except TritiumError:
             raise
-        except Exception as exc:
+        except BaseException as exc:
             raise self._failure(exc) from exc
         if not isinstance(outputs, dict):
             raise InternalError(f"execute_batch of model '{self.context.model.name}' must return a "
