@@ -19,8 +19,12 @@ def main() -> None:
         model_file, version_dir = Path(sys.argv[1]), sys.argv[2]
         sys.argv = [""]   # what Triton's stub gives model code, not this process's arguments
         answer = {"config": _complete(model_file, version_dir, json.loads(sys.stdin.read()))}
-    except Exception as exc:  # report any failure of user code as the answer
-        answer = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    except BaseException as exc:  # report any failure of user code as the answer (sys.exit() too)
+        from tritium.pb_utils.python_errors import with_model_frames
+
+        # As Triton's stub reports it: its status's "Internal: ", the exception, the model's frames.
+        answer = {"error": f"Internal: {with_model_frames(exc, (__file__,))}",
+                  "traceback": traceback.format_exc()}
     os.write(answer_fd, (json.dumps(answer) + "\n").encode())
 
 

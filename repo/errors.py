@@ -16,3 +16,9 @@ class ModelLoadError(InvalidArgument):
         self.detail = message
         where = f"{path}: " if path is not None else ""
         super().__init__(f"{where}{message}")
+
+
+class ModelCodeFailed(ModelLoadError):
+    """The model's own code failed while its config was completed (``auto_complete_config``
+    raised, hung or ended its process). Triton runs that code when it loads a version, so
+    each selected version fails with this reason and the model is listed with them."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from google.protobuf import json_format
 
 from tritium.repo import backends
 from tritium.repo.config_file import ModelConfig, config_path, read_config
-from tritium.repo.errors import ModelLoadError
+from tritium.repo.errors import ModelCodeFailed, ModelLoadError
 from tritium.repo.instance_groups import resolve_instance_groups
 from tritium.repo.json_form import config_to_json_dict
 from tritium.repo.model import ModelDefinition, RepositoryOptions, VersionInfo
@@ -62,20 +63,41 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
     validate_basics(config)
     versions = select_versions(config, model_dir)
     if options.auto_complete:
-        config = _auto_complete(name, config, versions, options, backend_file)
+        try:
+            config = _auto_complete(name, config, versions, options, backend_file)
+        except ModelCodeFailed as exc:
+            failed = tuple(replace(info, error=info.error or exc.detail) for info in versions)
+            return _failed_by_its_code(name, model_dir, config, config_file, options, failed, python_based)
     if config.backend == backends.PYTORCH and (len(config.input) == 0 or len(config.output) == 0):
         raise ModelLoadError(
             name, f"TorchScript model '{name}' must list its inputs and outputs in "
             "config.pbtxt: the pytorch backend cannot read them from model.pt", config_file)
-    normalize(config)
-    portable = ModelConfig()
-    portable.CopyFrom(config)
-    resolve_instance_groups(config, options.gpus)
+    portable = _normalized(config, options)
     validate_config(config)
     versions = check_versions(config, versions, config_file, options.read_torchscript)
     return ModelDefinition(name=name, path=model_dir, config=config, portable_config=portable,
                            versions=versions, config_file=config_file, labels=_read_labels(name, model_dir, config),
                            python_based=python_based)
+
+
+def _normalized(config: ModelConfig, options: RepositoryOptions) -> ModelConfig:
+    """Normalize ``config`` and resolve its instance groups for this host; return the portable
+    copy from between the two (what a worker host resolves with its own GPUs)."""
+    normalize(config)
+    portable = ModelConfig()
+    portable.CopyFrom(config)
+    resolve_instance_groups(config, options.gpus)
+    return portable
+
+
+def _failed_by_its_code(name: str, model_dir: Path, config: ModelConfig, config_file: Path | None,
+                        options: RepositoryOptions, versions: tuple[VersionInfo, ...],
+                        python_based: bool) -> ModelDefinition:
+    """The model as its files say, its versions failed by its code: Triton lists them UNAVAILABLE
+    with the reason, as it runs that code (``auto_complete_config``) when a version loads."""
+    portable = _normalized(config, options)
+    return ModelDefinition(name=name, path=model_dir, config=config, portable_config=portable,
+                           versions=versions, config_file=config_file, labels={}, python_based=python_based)
 
 
 def _read_labels(name: str, model_dir: Path, config: ModelConfig) -> dict[str, tuple[str, ...]]:

@@ -14,14 +14,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tritium.repo.errors import ModelLoadError
+from tritium.repo.errors import ModelCodeFailed
 
 CHILD_MODULE = "tritium.repo._autocomplete_child"
 
 
 def run_auto_complete(model: str, model_file: Path, config: dict, timeout_s: float,
                       version_dir: Path | None = None) -> dict:
-    """Return the config dict as completed by the model, or raise ModelLoadError. ``version_dir``:
+    """Return the config dict as completed by the model, or raise ModelCodeFailed. ``version_dir``:
     what ``pb_utils.get_model_dir()`` gives (the model file's folder unless a Python-based
     backend's ``model.py`` completes a model of its own)."""
     proc = subprocess.Popen(
@@ -34,17 +34,17 @@ def run_auto_complete(model: str, model_file: Path, config: dict, timeout_s: flo
         stdout, stderr = proc.communicate(json.dumps(config).encode(), timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
         _kill_group(proc)
-        raise ModelLoadError(
+        raise ModelCodeFailed(
             model, f"auto_complete_config of model '{model}' ({model_file}) did not finish "
             f"within {timeout_s:g} s") from exc
     answer = _last_json_line(stdout)
     if answer is None:
         tail = stderr.decode(errors="replace").strip().splitlines()[-3:]
-        raise ModelLoadError(
+        raise ModelCodeFailed(
             model, f"auto_complete_config of model '{model}' ({model_file}) ended with exit "
             f"status {proc.returncode} and no answer" + (f": {' | '.join(tail)}" if tail else ""))
     if "error" in answer:
-        raise ModelLoadError(model, f"auto_complete_config of model '{model}' failed: {answer['error']}")
+        raise ModelCodeFailed(model, answer["error"])
     return answer["config"]
 
 

@@ -52,6 +52,8 @@ def repo(tmp_path_factory):
     write_scaled(repo, "spare", 3)
     write_scaled(repo, "slow", 1)
     (repo / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
+    (repo / "py_config_fails" / "1").mkdir(parents=True)
+    (repo / "py_config_fails" / "1" / "model.py").write_text(CONFIG_FAILS_MODEL)
     return repo
 
 
@@ -146,20 +148,30 @@ def test_unload_lets_running_requests_finish(server, client):
     np.testing.assert_array_equal(results[0], [1, 2, 3, 4])
 
 
-def test_a_model_that_fails_to_load_is_reported_and_others_keep_serving(server, client):
-    status, data = load(server, "py_init_fails")
+CONFIG_FAILS_MODEL = '''class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        raise ValueError("no tokenizer to read the inputs from")
+'''
+
+
+@pytest.mark.parametrize("model, reason", [
+    ("py_init_fails", "Internal: RuntimeError: cannot find the weights file\n\nAt:\n  {file}(3): initialize\n"),
+    # Triton runs auto_complete_config as a version loads: the model is listed, its version failed.
+    ("py_config_fails", "Internal: ValueError: no tokenizer to read the inputs from\n\nAt:\n"
+                        "  {file}(4): auto_complete_config\n")])
+def test_a_model_that_fails_to_load_is_reported_and_others_keep_serving(repo, server, client, model, reason):
+    status, data = load(server, model)
     assert status == 400
-    message = error_of(data)
-    assert message.startswith("load failed for model 'py_init_fails': version 1 is at UNAVAILABLE state: ")
-    assert "cannot find the weights file" in message
-    entry = index(server)[("py_init_fails", "1")]
-    assert entry["state"] == "UNAVAILABLE" and "cannot find the weights file" in entry["reason"]
+    reason = reason.format(file=repo / model / "1" / "model.py")
+    assert error_of(data) == f"load failed for model '{model}': version 1 is at UNAVAILABLE state: {reason};\n"
+    assert index(server)[(model, "1")] == {"name": model, "version": "1", "state": "UNAVAILABLE", "reason": reason}
     np.testing.assert_array_equal(scaled_infer(client), [1, 2, 3, 4])
     # A failed model keeps the server not ready (strict readiness) until it is unloaded; gRPC's
     # health checking protocol says the same, as Triton's.
     assert request(server.url, "GET", "/v2/health/ready")[0] == 400
     assert health_check(server.grpc_url) == NOT_SERVING
-    assert request(server.url, "POST", "/v2/repository/models/py_init_fails/unload")[0] == 200
+    assert request(server.url, "POST", f"/v2/repository/models/{model}/unload")[0] == 200
     assert request(server.url, "GET", "/v2/health/ready")[0] == 200
     assert health_check(server.grpc_url) == SERVING
 

@@ -99,6 +99,14 @@ def load_error(root: Path, name: str, **kwargs) -> str:
     return message
 
 
+def version_error(root: Path, name: str, **kwargs) -> str:
+    """The reason every selected version of ``root/name`` fails with: the model's own code failed
+    while it loads (Triton lists the model, its versions UNAVAILABLE with the reason)."""
+    reasons = {info.error for info in load(root, name, **kwargs).versions}
+    assert len(reasons) == 1 and None not in reasons, reasons
+    return reasons.pop()
+
+
 def minimal_io(max_batch_size: int = 0, dims: str = "[ 4 ]", data_type: str = "TYPE_FP32") -> str:
     """Config text listing one input and one output, for models that need them."""
     return f"""

@@ -7,7 +7,7 @@ import time
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritium.repo.python_autocomplete import run_auto_complete
-from tests.repo.helpers import PLAIN_PY_MODEL, load, load_error, write_model
+from tests.repo.helpers import PLAIN_PY_MODEL, load, load_error, version_error, write_model
 
 COMPLETING_MODEL = """
     import triton_python_backend_utils as pb_utils
@@ -60,21 +60,21 @@ def test_auto_complete_merges_with_config_pbtxt(tmp_path):
 
 def test_auto_complete_cannot_lower_a_configured_max_batch_size(tmp_path):
     write_model(tmp_path, "m", "max_batch_size: 16", {"1/model.py": COMPLETING_MODEL})
-    message = load_error(tmp_path, "m")
-    assert "auto_complete_config of model 'm' failed: ValueError:" in message
+    message = version_error(tmp_path, "m")
+    assert message.startswith("Internal: ValueError: ")
     assert "max_batch_size 16 is greater than the max_batch_size 8" in message
 
 
 def test_auto_complete_conflicting_datatype_is_an_error(tmp_path):
     write_model(tmp_path, "m", 'input [ { name: "TEXT" data_type: TYPE_INT32 dims: [ 1 ] } ]',
                 {"1/model.py": COMPLETING_MODEL})
-    message = load_error(tmp_path, "m")
+    message = version_error(tmp_path, "m")
     assert "configuration expects datatype TYPE_INT32 for input 'TEXT', model provides TYPE_STRING" in message
 
 
 def test_set_dynamic_batching_refused_with_sequence_batching(tmp_path):
     write_model(tmp_path, "m", "sequence_batching { }", {"1/model.py": COMPLETING_MODEL})
-    message = load_error(tmp_path, "m")
+    message = version_error(tmp_path, "m")
     assert "scheduling_choice as 'sequence_batching'" in message
 
 
@@ -103,9 +103,9 @@ def test_auto_complete_that_raises(tmp_path):
             def auto_complete_config(config):
                 raise RuntimeError("no GPU tokenizer here")
     """})
-    message = load_error(tmp_path, "m")
-    assert message == (f"{tmp_path / 'm'}: auto_complete_config of model 'm' failed: "
-                       "RuntimeError: no GPU tokenizer here")
+    # As Triton's stub reports it, each version failed with it (the model itself is listed).
+    assert version_error(tmp_path, "m") == ("Internal: RuntimeError: no GPU tokenizer here\n\nAt:\n"
+                                            f"  {tmp_path / 'm' / '1' / 'model.py'}(5): auto_complete_config\n")
 
 
 def test_model_py_that_fails_to_import(tmp_path):
@@ -117,8 +117,8 @@ def test_model_py_that_fails_to_import(tmp_path):
             def auto_complete_config(config):
                 return config
     """})
-    message = load_error(tmp_path, "m")
-    assert "auto_complete_config of model 'm' failed: ModuleNotFoundError" in message
+    message = version_error(tmp_path, "m")
+    assert message.startswith("Internal: ModuleNotFoundError: ")
     assert "module_that_does_not_exist" in message
 
 
@@ -133,7 +133,7 @@ def test_auto_complete_that_hangs_times_out(tmp_path):
                 return config
     """})
     start = time.monotonic()
-    message = load_error(tmp_path, "m", python_autocomplete_timeout_s=0.5)
+    message = version_error(tmp_path, "m", python_autocomplete_timeout_s=0.5)
     assert time.monotonic() - start < 5
     model_file = tmp_path / "m" / "1" / "model.py"
     assert f"auto_complete_config of model 'm' ({model_file}) did not finish within 0.5 s" in message
@@ -168,7 +168,7 @@ def test_auto_complete_that_exits_the_process(tmp_path):
                 sys.stderr.flush()
                 os._exit(3)
     """})
-    message = load_error(tmp_path, "m")
+    message = version_error(tmp_path, "m")
     assert "auto_complete_config of model 'm'" in message
     assert "ended with exit status 3 and no answer: fatal: giving up" in message
 
@@ -180,7 +180,7 @@ def test_auto_complete_returning_something_else(tmp_path):
             def auto_complete_config(config):
                 return config.as_dict()
     """})
-    message = load_error(tmp_path, "m")
+    message = version_error(tmp_path, "m")
     assert "auto_complete_config must return the pb_utils.ModelConfig it was given, got dict" in message
 
 

@@ -66,6 +66,9 @@ BROKEN_MODEL = """
         def initialize(self, args):
             raise RuntimeError("no weights here")
 """
+UNIMPORTABLE_MODEL = """
+    import module_that_is_not_installed
+"""
 EXITING_MODEL = """
     import sys
 
@@ -95,7 +98,8 @@ class Host:
     def __init__(self, root, exit_timeout_s: float = 5.0) -> None:
         self.repo = root / "repo"
         for name, instances, model in (("echo", 1, ECHO_MODEL), ("pair", 2, ECHO_MODEL), ("broken", 1, BROKEN_MODEL),
-                                       ("exits", 1, EXITING_MODEL), ("stuck", 1, STUCK_MODEL)):
+                                       ("exits", 1, EXITING_MODEL), ("unimportable", 1, UNIMPORTABLE_MODEL),
+                                       ("stuck", 1, STUCK_MODEL)):
             write_model(self.repo, name, config(name, instances), {"1/model.py": model})
         self.address, self.folder = ipc_address("broker")
         self.broker = ScriptedBroker(self.address)
@@ -241,7 +245,10 @@ def test_a_killed_instance_is_reported_with_its_signal_and_started_again(host):
 
 
 @pytest.mark.parametrize("model, why", [("broken", "Internal: RuntimeError: no weights here\n\nAt:\n"),
-                                       ("exits", "Internal: SystemExit: 3\n\nAt:\n")])
+                                       ("exits", "Internal: SystemExit: 3\n\nAt:\n"),
+                                       # Triton's stub shows the import machinery's frames too
+                                       ("unimportable", "Internal: ModuleNotFoundError: No module named "
+                                                        "'module_that_is_not_installed'\n\nAt:\n")])
 def test_an_instance_that_fails_to_initialize_says_why_exits_init_failed_and_is_not_restarted(host, model, why):
     host.joined()
     assignment = host.assignment(model)
@@ -252,6 +259,7 @@ def test_an_instance_that_fails_to_initialize_says_why_exits_init_failed_and_is_
     (failed,) = host.broker.of(Kind.INSTANCE_FAILED)
     assert (failed["m"], failed["name"]) == (model, f"{model}_0_0")
     assert failed["err"]["message"].startswith(why)
+    assert "python_backend.py" not in failed["err"]["message"] and "import_module" not in failed["err"]["message"]
     assert host.agent.children == []
 
 

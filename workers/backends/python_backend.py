@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from tritium.errors import ErrorCode, InternalError, TritiumError, error_for_code
-from tritium.pb_utils import MODULE_DIR, PACKAGE_DIR
+from tritium.pb_utils import MODULE_DIR
+from tritium.pb_utils.python_errors import with_model_frames
 from tritium.pb_utils.triton_names.triton_python_backend_utils import TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 from tritium.pb_utils.types import InferenceRequest as PbRequest, InferenceResponse as PbResponse, Tensor, runtime
 from tritium.workers.bls import BlsClient
@@ -81,23 +82,31 @@ class PythonModel(Model):
         for folder in folders:
             if folder not in sys.path:
                 sys.path.append(folder)
-        if backend_file is not None:   # a Python-based backend's model.py, imported as Triton's stub does: "model"
-            spec = importlib.util.spec_from_file_location("model", backend_file)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["model"] = module   # (what its classes pickle as)
-            spec.loader.exec_module(module)
-        elif filename == "model.py":
-            module = importlib.import_module(f"{version_dir.name}.model")
-        else:
-            spec = importlib.util.spec_from_file_location(filename.removesuffix(".py"), version_dir / filename)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+        try:
+            module = _import_model_file(version_dir, filename, backend_file)
+        except BaseException as exc:   # as Triton's stub reports a model.py that fails to import
+            raise InternalError(f"Internal: {_with_model_frames(exc)}") from exc
         self.model_class = getattr(module, "TritonPythonModel", None)
         if self.model_class is None:
             raise InternalError(f"{backend_file or version_dir / filename} defines no class TritonPythonModel")
 
     def create_instance(self, context: InstanceContext) -> Instance:
         return PythonInstance(self, context)
+
+
+def _import_model_file(version_dir: Path, filename: str, backend_file: Path | None):
+    if backend_file is not None:   # a Python-based backend's model.py, imported as Triton's stub does: "model"
+        spec = importlib.util.spec_from_file_location("model", backend_file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model"] = module   # (what its classes pickle as)
+        spec.loader.exec_module(module)
+    elif filename == "model.py":
+        module = importlib.import_module(f"{version_dir.name}.model")
+    else:
+        spec = importlib.util.spec_from_file_location(filename.removesuffix(".py"), version_dir / filename)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
 
 
 class PythonInstance(Instance):
@@ -456,13 +465,5 @@ class _SenderSlot:
 
 
 def _with_model_frames(exc: BaseException) -> str:
-    """``<type>: <message>`` and, as pybind11 writes a Python error, the model's frames innermost
-    first (``\\n\\nAt:\\n  <file>(<line>): <function>``): tritium's own frames and the asyncio and
-    futures frames of an awaited call left out, and pb_utils' (C++ in Triton) too."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    while frames and (frames[0].filename == __file__ or frames[0].filename.startswith(_AWAITING_DIRS)):
-        frames.pop(0)
-    while frames and frames[-1].filename.startswith(PACKAGE_DIR):   # raised in pb_utils: Triton's is C++
-        frames.pop()
-    where = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
-    return f"{type(exc).__name__}: {exc}" + (f"\n\nAt:\n{where}" if where else "")
+    """As pybind11 writes it: tritium's frames and an awaited call's asyncio and futures frames left out."""
+    return with_model_frames(exc, (__file__, *_AWAITING_DIRS))
