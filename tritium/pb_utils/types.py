@@ -501,24 +501,29 @@ class Logger:
 
     @classmethod
     def log(cls, message, level=INFO):
-        message = as_text(message)
-        if not isinstance(message, str) or not isinstance(level, LogLevel):
-            raise TypeError("log(): incompatible function arguments: a message (str) and a "
-                            f"pb_utils.Logger.LogLevel, got {type(message).__name__} and {type(level).__name__}")
-        cls._log.log(cls._LEVELS[level], "%s", message)
+        cls._write("log", message, level)
 
     @classmethod
     def log_info(cls, message):
-        cls.log(message, cls.INFO)
+        cls._write("log_info", message, cls.INFO)
 
     @classmethod
     def log_warn(cls, message):
-        cls.log(message, cls.WARNING)
+        cls._write("log_warn", message, cls.WARNING)
 
     @classmethod
     def log_error(cls, message):
-        cls.log(message, cls.ERROR)
+        cls._write("log_error", message, cls.ERROR)
 
     @classmethod
     def log_verbose(cls, message):
-        cls.log(message, cls.VERBOSE)
+        cls._write("log_verbose", message, cls.VERBOSE)
+
+    @classmethod
+    def _write(cls, function: str, message, level) -> None:
+        """``function``: the one the model called, which the TypeError names as pybind11's does."""
+        message = as_text(message)
+        if not isinstance(message, str) or not isinstance(level, LogLevel):
+            raise TypeError(f"{function}(): incompatible function arguments: a message (str) and a "
+                            f"pb_utils.Logger.LogLevel, got {type(message).__name__} and {type(level).__name__}")
+        cls._log.log(cls._LEVELS[level], "%s", message)
