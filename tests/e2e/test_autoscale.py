@@ -37,13 +37,21 @@ def world():
     try:
         for part in parts[1:]:
             part.wait_ready()
-        client = httpclient.InferenceServerClient(gateway.url)
-        cluster.wait_until(lambda: client.is_model_ready("elastic"), what="elastic ready")
+        with httpclient.InferenceServerClient(gateway.url) as client:
+            cluster.wait_until(lambda: client.is_model_ready("elastic"), what="elastic ready")
         broker.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         yield broker, workers, gateway
     finally:
         for part in reversed(parts):
             part.stop(timeout_s=20)
+
+
+@pytest.fixture
+def client(world):
+    # Closed here, in the thread that made it: collected on another thread (a garbage collection
+    # runs wherever it happens to start), its gevent pool fails in __del__.
+    with httpclient.InferenceServerClient(world[2].url, network_timeout=60) as client:
+        yield client
 
 
 def running(workers, model: str) -> list[int]:
@@ -77,9 +85,8 @@ def test_a_burst_grows_the_instances_over_both_hosts_and_idleness_shrinks_them_b
     assert "instance(s), stopping" in broker.logs() and "the oldest request waited" in broker.logs()
 
 
-def test_an_idle_model_scales_to_zero_stays_ready_and_wakes_on_the_next_request(world):
-    broker, workers, gateway = world
-    client = httpclient.InferenceServerClient(gateway.url, network_timeout=60)
+def test_an_idle_model_scales_to_zero_stays_ready_and_wakes_on_the_next_request(world, client):
+    broker, workers, _ = world
     whoami(client, 0, "lazy")
     assert sum(running(workers, "lazy")) == 1
     cluster.wait_until(lambda: sum(running(workers, "lazy")) == 0, timeout_s=20, what="scaled to zero")
@@ -93,9 +100,8 @@ def test_an_idle_model_scales_to_zero_stays_ready_and_wakes_on_the_next_request(
     assert stats["queue"]["ns"] > 0   # the wait for the cold start is queue time
 
 
-def test_a_failed_cold_start_answers_with_its_cause_and_is_tried_again_later(world):
-    broker, _, gateway = world
-    client = httpclient.InferenceServerClient(gateway.url, network_timeout=60)
+def test_a_failed_cold_start_answers_with_its_cause_and_is_tried_again_later(world, client):
+    broker, _, _ = world
     x = httpclient.InferInput("X", [1, 1], "FP32")
     x.set_data_from_numpy(np.zeros((1, 1), dtype=np.float32))
     expected = ("cold start of model 'broken' version 1 failed: Internal: RuntimeError: the weights are not there; "
@@ -112,9 +118,7 @@ def test_a_failed_cold_start_answers_with_its_cause_and_is_tried_again_later(wor
     assert client.is_model_ready("elastic")
 
 
-def test_a_new_instance_runs_the_models_warmup_before_it_takes_traffic(world):
-    _, _, gateway = world
-    client = httpclient.InferenceServerClient(gateway.url, network_timeout=60)
+def test_a_new_instance_runs_the_models_warmup_before_it_takes_traffic(client):
     delay = httpclient.InferInput("DELAY_MS", [1, 1], "FP32")
     delay.set_data_from_numpy(np.zeros((1, 1), dtype=np.float32))
     executions = client.infer("warm", [delay]).as_numpy("EXECUTIONS")
