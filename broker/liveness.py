@@ -31,11 +31,11 @@ class PeerLiveness:
         self._last_heard.pop(peer, None)
         self._limits.pop(peer, None)
 
-    def restart_clocks(self, now: float) -> None:
-        """Every peer counts as heard ``now``: the broker itself did not run for a whole limit
-        (stopped by Ctrl-Z or SIGSTOP, a suspended machine), so their silence was its own."""
-        for peer in self._last_heard:
-            self._last_heard[peer] = now
+    def excuse(self, stall_s: float, now: float) -> None:
+        """The broker itself did not run for ``stall_s`` (``own_stall``): that much of every
+        peer's silence was its own."""
+        for peer, last in self._last_heard.items():
+            self._last_heard[peer] = min(now, last + stall_s)
 
     def silent(self, now: float) -> list[bytes]:
         """Peers not heard from for too long; each is reported once."""

@@ -72,6 +72,7 @@ from tritium.protocol import (
     Reset,
     ResponsePart,
     decode,
+    own_stall,
     read_record,
 )
 from tritium.protocol import Control as ControlRequest
@@ -424,8 +425,7 @@ class Broker:
     def _heartbeat(self) -> None:
         """Tell gateways and agents the broker lives; drop the peers that went silent."""
         self._next_heartbeat = self._now + self.settings.heartbeat_interval_s
-        if self._now - self._last_heartbeat > self.liveness.limit_s:
-            self.liveness.restart_clocks(self._now)
+        self.liveness.excuse(own_stall(self._last_heartbeat, self._now, self.settings.heartbeat_interval_s), self._now)
         self._last_heartbeat = self._now
         beat = Heartbeat(self.boot, self.settings.heartbeat_interval_s,
                          draining=self._stop_deadline is not None).encode()

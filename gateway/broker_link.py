@@ -38,6 +38,7 @@ from tritium.protocol import (
     Refused,
     Response,
     Role,
+    own_stall,
     read_record,
 )
 from tritium.links import LinkSocket, connect_dealer
@@ -204,12 +205,11 @@ class BrokerLink:
     def _beat(self) -> None:
         self._beat_handle = self.loop.call_later(self.heartbeat_interval_s, self._beat)
         self._send_heartbeat()
-        now, limit_s = self.loop.time(), max(self.heartbeat_interval_s, self._broker_interval) * MISSED_HEARTBEATS
-        if now - self._last_beat > limit_s:   # this process was stopped (Ctrl-Z): the silence was its own
-            self._last_heard = now
+        now = self.loop.time()
+        self._last_heard = min(now, self._last_heard + own_stall(self._last_beat, now, self.heartbeat_interval_s))
         self._last_beat = now
         silent_s = now - self._last_heard
-        if not self.broker_lost and silent_s > limit_s:
+        if not self.broker_lost and silent_s > max(self.heartbeat_interval_s, self._broker_interval) * MISSED_HEARTBEATS:
             self.broker_lost = True
             log.error("the broker at %s has not answered for %.1f s; failing %d request(s) waiting on it",
                       self.address, silent_s, self.waiting)

@@ -38,18 +38,15 @@ def die_with_parent(parent: int) -> None:
 
 def descendants(pid: int) -> set[int]:
     """The live processes below ``pid`` (children, theirs, ...). serve's children and the
-    instances run in sessions of their own, so the process tree, not a session or a process
-    group, says which processes are a server's."""
+    instances lead process groups of their own, so the process tree, not a process group, says
+    which processes are a server's."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
+        stat = _stat(int(entry.name))
+        if stat is not None and stat[0] != "Z":
+            children.setdefault(int(stat[1]), []).append(int(entry.name))
     found: set[int] = set()
     pending = [pid]
     while pending:
@@ -58,3 +55,17 @@ def descendants(pid: int) -> set[int]:
                 found.add(child)
                 pending.append(child)
     return found
+
+
+def process_state(pid: int) -> str | None:
+    """The kernel's one-letter state of ``pid`` (R, S, T for stopped...); None once it is gone."""
+    stat = _stat(pid)
+    return stat[0] if stat is not None else None
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, parent, ...)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None

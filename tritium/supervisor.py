@@ -26,7 +26,7 @@ from pathlib import Path
 import zmq
 
 from tritium.exit_codes import ExitCode
-from tritium.lifetime import descendants, die_with_parent
+from tritium.lifetime import descendants, die_with_parent, process_state
 from tritium.ports import PortInUse, check_free
 from tritium.protocol import Control, ControlReply, StatusQuery, read_record
 
@@ -111,12 +111,11 @@ class Supervisor:
 
     def _suspend(self) -> None:
         """Ctrl-Z: every process of the server stops with serve and resumes with it, as Triton's
-        stubs do in its process group (the children's own sessions keep the terminal's signal
-        from them). serve stops itself last and, once continued, continues them."""
-        tree = descendants(os.getpid())
-        _signal_each(tree, signal.SIGSTOP)
+        stubs do in its process group (the children's own groups keep the terminal's signal
+        from them). serve stops itself last and, once continued, continues what it stopped."""
+        stopped = _stop_tree(os.getpid())
         os.kill(os.getpid(), signal.SIGSTOP)
-        _signal_each(tree, signal.SIGCONT)
+        _signal_each(stopped, signal.SIGCONT)
 
     def _check_ports(self) -> None:
         """A port in use by any other program stops serve before anything starts (its own
@@ -133,12 +132,14 @@ class Supervisor:
     def _spawn(self, role: str, args: list[str], env: dict) -> None:
         command = [sys.executable, "-m", "tritium.cli", role, *args]
         log.debug("starting %s", " ".join(command))
-        # A serve killed outright takes its children with it (tritium/lifetime.py). Each child has a
-        # session of its own: a signal to serve's process group (Ctrl-C in a terminal, `kill -- -PGID`)
+        # A serve killed outright takes its children with it (tritium/lifetime.py). Each child leads a
+        # process group of its own: a signal to serve's group (Ctrl-C in a terminal, `kill -- -PGID`)
         # reaches serve alone, which stops the children in order (gateways first, the broker last), so
-        # that what was accepted is answered; a child signalled too would drain out of order.
+        # that what was accepted is answered; a child signalled too would drain out of order. Groups,
+        # not sessions: a child stopped with serve (Ctrl-Z) whose serve is then killed is in a group
+        # that the kernel finds orphaned, and continues (SIGHUP, SIGCONT) to take its parent-death SIGTERM.
         process = subprocess.Popen(command, env=env, preexec_fn=partial(die_with_parent, os.getpid()),
-                                   start_new_session=True)
+                                   process_group=0)
         self.children.append(ChildProcess(role, process))
 
     def _start_and_wait(self, env, frontend, backend, notify_sock, stop) -> int | None:
@@ -229,6 +230,19 @@ class Supervisor:
                     log.warning("%s (pid %d) did not stop in time; killing it", role, process.pid)
                     process.kill()
                     process.wait()
+
+
+def _stop_tree(root: int) -> set[int]:
+    """SIGSTOP every running process below ``root``; the ones it stopped. Scanned again until no new
+    process shows (one may fork between a scan and its parent's stop); one stopped before is left be."""
+    seen: set[int] = set()
+    stopped: set[int] = set()
+    while new := descendants(root) - seen:
+        seen |= new
+        running = {pid for pid in new if process_state(pid) not in (None, "T", "t")}
+        _signal_each(running, signal.SIGSTOP)
+        stopped |= running
+    return stopped
 
 
 def _signal_each(pids: set[int], sig: int) -> None:

@@ -56,6 +56,7 @@ from tritium.protocol import (
     RunningInstance,
     Scale,
     Unassign,
+    own_stall,
     read_record,
 )
 from tritium.security import CurveKeys, secure_client
@@ -263,11 +264,9 @@ class HostAgent:
         interval = self.settings.heartbeat_interval_s
         self._next_heartbeat = now + interval
         self._send(Heartbeat(heartbeat_s=interval, role=Role.AGENT, working=self._working()))
-        limit_s = max(interval, self._broker_interval) * MISSED_HEARTBEATS
-        if now - self._last_heartbeat > limit_s:   # this process was stopped (Ctrl-Z): the silence was its own
-            self._last_heard = now
+        self._last_heard = min(now, self._last_heard + own_stall(self._last_heartbeat, now, interval))
         self._last_heartbeat = now
-        if not self._broker_lost and now - self._last_heard > limit_s:
+        if not self._broker_lost and now - self._last_heard > max(interval, self._broker_interval) * MISSED_HEARTBEATS:
             self._broker_lost = True
             log.warning("lost contact with the broker at %s; instances keep running while reconnecting",
                         self.settings.broker)
@@ -474,11 +473,11 @@ class HostAgent:
         env["TRITIUM_MODEL"] = f"{child.model}/{child.version}"
         if child.plan.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(child.plan.gpu)
-        # A session of its own, as serve's children have: a signal to the agent's process group
-        # (Ctrl-C) reaches the agent alone, which stops its instances after their batch.
+        # A process group of its own, as serve's children have (see tritium/supervisor.py): a signal
+        # to the agent's group (Ctrl-C) reaches the agent alone, which stops its instances after their batch.
         child.process = subprocess.Popen(
             [sys.executable, "-m", "tritium.workers.instance", child.iid], stdin=subprocess.PIPE, env=env,
-            start_new_session=True)
+            process_group=0)
         child.process.stdin.write(json.dumps(spec).encode())
         child.process.stdin.close()
         child.started_at = time.monotonic()

@@ -352,7 +352,7 @@ def test_a_second_ctrl_c_ends_every_process_at_once(tmp_path):
 
 
 def test_ctrl_z_stops_every_process_and_fg_resumes_them_all(tmp_path):
-    """The terminal's SIGTSTP reaches serve alone (its children have sessions of their own):
+    """The terminal's SIGTSTP reaches serve alone (its children lead process groups of their own):
     serve stops them with itself. Stopped for longer than the heartbeats' limit, none takes
     another's silence for a loss once continued."""
     shutil.copytree(WHOAMI, tmp_path / "whoami")

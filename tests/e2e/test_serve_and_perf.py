@@ -10,7 +10,8 @@ import pytest
 
 from tests.e2e.rawhttp import request
 from tests.models import add_sub_model
-from tests.servers import PROJECT_ROOT, TritiumServer
+from tests.servers import PROJECT_ROOT, TritiumServer, descendants
+from tritium.lifetime import process_state
 
 
 @pytest.fixture(scope="module")
@@ -76,35 +77,14 @@ def test_gateway_and_broker_never_import_onnxruntime(module):
     assert result.stdout.decode().split() == ["False", "False"], result.stderr.decode()
 
 
-def _descendants(root: int) -> set[int]:
-    from pathlib import Path
-
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        children = {child for child, parent in parents.items() if parent == pid}
-        found |= children
-        todo.extend(children)
-    return found
-
-
 def _running(pid: int) -> bool:
-    from pathlib import Path
-
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return process_state(pid) not in (None, "Z")
 
 
-def test_a_serve_killed_outright_takes_its_processes_with_it(tmp_path):
+@pytest.mark.parametrize("stopped_first", [False, True], ids=["running", "after-ctrl-z"])
+def test_a_serve_killed_outright_takes_its_processes_with_it(tmp_path, stopped_first):
+    """Also when Ctrl-Z stopped them all first: a stopped process keeps its parent-death SIGTERM
+    pending; the kernel continues it once its process group is orphaned."""
     import os
     import signal
     import socket
@@ -114,8 +94,14 @@ def test_a_serve_killed_outright_takes_its_processes_with_it(tmp_path):
     running = TritiumServer(tmp_path)
     children: set[int] = set()
     try:
-        children = _descendants(running.process.pid)
+        children = descendants(running.process.pid)
         assert len(children) >= 4   # broker, agent, gateway, instance
+        if stopped_first:
+            os.killpg(running.process.pid, signal.SIGTSTP)
+            deadline = time.monotonic() + 10
+            while {process_state(pid) for pid in children} != {"T"} and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert {process_state(pid) for pid in children} == {"T"}
         os.kill(running.process.pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while any(_running(pid) for pid in children) and time.monotonic() < deadline:

@@ -495,6 +495,24 @@ def test_a_next_broker_process_that_drains_already_gets_the_held_requests_and_th
     assert holding and not after_done
 
 
+def test_a_gateway_that_was_stopped_does_not_take_the_broker_s_silence_for_a_loss(gateway):
+    """Ctrl-Z stops every process of a server at once: once continued, the gateway's beat comes
+    round before any heartbeat of the broker's, and the silence it finds was its own: the request
+    the broker holds is not failed for a lost contact."""
+    async def scenario():
+        await gateway.started()
+        during = infer(gateway.link, "during")
+        (sent,) = await gateway.requests(1)
+        await asyncio.sleep(0.02)   # what the broker sent is read: nothing of it waits in the socket
+        time.sleep(HEARTBEAT_S * MISSED_HEARTBEATS * 3)   # the loop stopped, and the broker's beats with it
+        await asyncio.sleep(0.02)   # the gateway's beat comes round first
+        gateway.broker.send(gateway.peer, response(sent.header["rid"], "during"))
+        await gateway.until(lambda: during.done(), "the answer")
+        return during.result()
+
+    assert gateway.run(scenario()).message.params["for"] == "during"
+
+
 def test_requests_held_for_a_broker_that_never_comes_back_fail_once_contact_is_lost(gateway):
     async def scenario():
         await gateway.started()

@@ -35,6 +35,7 @@ from tritium.protocol.framing import (  # noqa: F401  (re-exported)
     decode,
     encode,
     frame_record,
+    own_stall,
     pack_tensors,
     record_body,
     split_record,

@@ -103,6 +103,14 @@ HEARTBEAT_SUFFIX = b"/hb"
 BLS_SUFFIX = b"/bls"
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 
+
+def own_stall(last_beat: float, now: float, interval_s: float) -> float:
+    """How much later than its interval this process's heartbeat loop came round (it was
+    stopped, by Ctrl-Z or SIGSTOP, or not scheduled): its peers' silence over that time is its
+    own, and is not counted against them. 0 for the usual lateness, under half an interval."""
+    stall = now - last_beat - interval_s
+    return stall if stall > interval_s / 2 else 0.0
+
 # Gateways and agents reconnect to a lost broker after 100 ms, backing off to one attempt a
 # second: a restarted broker is found within a second of binding (an attempt on a closed
 # port costs next to nothing).
