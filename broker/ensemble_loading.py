@@ -143,8 +143,9 @@ class EnsembleLoader:
                 configs[name] = max(record.versions.items())[1].definition.config
             elif record.error is not None and not record.unloaded:
                 failures[name] = record.error
-            elif record.versions and not record.unloaded:
-                failures[name] = "; ".join(f"version {n}: {v.reason}" for n, v in sorted(record.versions.items()))
+            elif (record.versions or record.version_errors) and not record.unloaded:
+                reasons = {**record.version_errors, **{n: v.reason for n, v in record.versions.items()}}
+                failures[name] = "; ".join(f"version {n}: {reason}" for n, reason in sorted(reasons.items()))
         try:
             validate_ensemble(definition.config, configs, failures)
         except ModelLoadError as exc:
@@ -228,8 +229,10 @@ def _unavailable_reason(record: ModelRecord | None, number: int) -> str:
         return "it is not loaded"
     if record.error:
         return record.error
-    versions = record.versions if number < 0 else {n: v for n, v in record.versions.items() if n == number}
-    return versions[max(versions)].reason if versions else ""
+    reasons = {**record.version_errors, **{n: v.reason for n, v in record.versions.items()}}
+    if number >= 0:
+        reasons = {n: reason for n, reason in reasons.items() if n == number}
+    return reasons[max(reasons)] if reasons else ""
 
 
 def is_ensemble(definition: ModelDefinition | None) -> TypeGuard[ModelDefinition]:

@@ -111,8 +111,8 @@ class ModelRepository:
         changed = True
         while changed:
             changed = False
-            configs = {n: e.definition.config for n, e in entries.items() if e.ok}
-            failures = {n: e.error for n, e in entries.items() if not e.ok}
+            failures = {n: why for n, e in entries.items() if (why := _failure(e)) is not None}
+            configs = {n: e.definition.config for n, e in entries.items() if n not in failures}
             for name, entry in list(entries.items()):
                 if not entry.ok or entry.definition.config.platform != ENSEMBLE_PLATFORM:
                     continue
@@ -127,6 +127,17 @@ class ModelRepository:
         """A cheap summary of a model's files: it changes when config or versions change."""
         paths = self.discover()[0].get(name, ())
         return tuple(_folder_fingerprint(p) for p in paths)
+
+
+def _failure(entry: ModelEntry) -> str | None:
+    """Why an ensemble cannot use the model: its error, or every version's when all failed
+    (its code failed as it loaded, or no version's files fit the config)."""
+    if not entry.ok:
+        return entry.error
+    versions = entry.definition.versions
+    if versions and all(info.error for info in versions):
+        return "; ".join(f"version {info.version}: {info.error}" for info in versions)
+    return None
 
 
 def _duplicate_message(name: str, paths: Sequence[Path]) -> str:

@@ -9,7 +9,7 @@ import pytest
 from tritium.broker.lifecycle import ControlSettings, ModelLifecycle
 from tritium.broker.registry import VersionState
 from tests.broker.lifecycle_world import World
-from tests.repo.helpers import write_model
+from tests.repo.helpers import config_fails_model, write_model
 from tritium.errors import TritiumError
 from tritium.protocol import Kind
 
@@ -84,6 +84,19 @@ def test_an_ensemble_whose_model_fails_to_start_fails_naming_the_step(world):
     assert isinstance(reply, TritiumError)
     assert reply.message == ("load failed for model 'ens': ensemble 'ens': step 0 (model 'm'): model 'm' "
                              "failed to load: version 1: instance m_0 exited with status 1 before it was ready")
+
+
+def test_an_ensemble_whose_model_s_versions_all_failed_to_load_names_their_reason(world):
+    """A model whose auto_complete_config raised is listed with its version failed (Triton's way):
+    the ensemble fails with that reason, not over the config the model never completed."""
+    write_model(world.root, "pm", 'backend: "python"', {"1/model.py": config_fails_model("no tokenizer")})
+    write_ensemble(world, "ens", ["pm"])
+    world.lifecycle.load("ens", {}, world.replies.append)
+    pump(world, lambda: world.replies)
+    (reply,) = world.replies
+    assert isinstance(reply, TritiumError)
+    assert reply.message.startswith("load failed for model 'ens': ensemble 'ens': step 0 (model 'pm'): model 'pm' "
+                                    "failed to load: version 1: Internal: ValueError: no tokenizer\n\nAt:\n")
 
 
 def test_ensembles_that_use_each_other_fail_to_load_instead_of_waiting_forever(world):

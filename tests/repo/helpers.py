@@ -81,6 +81,16 @@ PLAIN_PY_MODEL = """
 """
 
 
+def config_fails_model(message: str) -> str:
+    """A Python model whose auto_complete_config raises ``ValueError(message)``."""
+    return f"""
+    class TritonPythonModel:
+        @staticmethod
+        def auto_complete_config(config):
+            raise ValueError("{message}")
+"""
+
+
 def options(**kwargs) -> RepositoryOptions:
     return RepositoryOptions(**kwargs)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tritium.repo import ModelRepository
-from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, write_model
+from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, config_fails_model, write_model
 
 
 def tensor(name: str, dims: str = "[ 16 ]", data_type: str = "TYPE_FP32") -> str:
@@ -100,6 +100,13 @@ def test_failed_member_is_reported_with_its_error(root):
     message = error_of(root)
     assert message.startswith("step 0 (model 'broken'): model 'broken' failed to load: ")
     assert 'has no field named "bogus"' in message
+
+
+def test_a_member_whose_versions_all_failed_is_reported_with_their_reason(root):
+    write_model(root, "pm", 'backend: "python"', {"1/model.py": config_fails_model("no tokenizer")})
+    write_ensemble(root, "ens", ensemble([step("pm", {"X": "A"}, {"Y": "SUM"})]))
+    assert error_of(root).startswith("step 0 (model 'pm'): model 'pm' failed to load: version 1: "
+                                     "Internal: ValueError: no tokenizer\n\nAt:\n")
 
 
 def test_unmapped_input(root):

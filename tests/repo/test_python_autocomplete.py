@@ -7,7 +7,7 @@ import time
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritium.repo.python_autocomplete import run_auto_complete
-from tests.repo.helpers import PLAIN_PY_MODEL, load, load_error, version_error, write_model
+from tests.repo.helpers import PLAIN_PY_MODEL, config_fails_model, load, load_error, version_error, write_model
 
 COMPLETING_MODEL = """
     import triton_python_backend_utils as pb_utils
@@ -216,12 +216,7 @@ def test_auto_complete_sees_the_config_and_relative_imports_work(tmp_path):
 
 
 def test_auto_complete_disabled_skips_user_code(tmp_path):
-    write_model(tmp_path, "m", 'backend: "python"', {"1/model.py": """
-        class TritonPythonModel:
-            @staticmethod
-            def auto_complete_config(config):
-                raise RuntimeError("must not run")
-    """})
+    write_model(tmp_path, "m", 'backend: "python"', {"1/model.py": config_fails_model("must not run")})
     config = load(tmp_path, "m", auto_complete=False).config
     assert config.max_batch_size == 0
 
