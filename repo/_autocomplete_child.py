@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 import sys
 import traceback
 from pathlib import Path
+
+from tritium.pb_utils.python_errors import with_model_frames
 
 
 def main() -> None:
@@ -20,8 +20,6 @@ def main() -> None:
         sys.argv = [""]   # what Triton's stub gives model code, not this process's arguments
         answer = {"config": _complete(model_file, version_dir, json.loads(sys.stdin.read()))}
     except BaseException as exc:  # report any failure of user code as the answer (sys.exit() too)
-        from tritium.pb_utils.python_errors import with_model_frames
-
         # As Triton's stub reports it: its status's "Internal: ", the exception, the model's frames.
         answer = {"error": f"Internal: {with_model_frames(exc, (__file__,))}",
                   "traceback": traceback.format_exc()}
@@ -30,6 +28,7 @@ def main() -> None:
 
 def _complete(model_file: Path, model_version_dir: str, config: dict) -> dict:
     from tritium.pb_utils import MODULE_DIR
+    from tritium.pb_utils.model_file import import_model_file
     from tritium.pb_utils.types import runtime
 
     version_dir = model_file.parent
@@ -40,14 +39,7 @@ def _complete(model_file: Path, model_version_dir: str, config: dict) -> dict:
     runtime.model_dir = model_version_dir
     import triton_python_backend_utils as pb_utils
 
-    if python_based:   # imported as "model", as Triton's stub imports it
-        module = importlib.import_module("model")
-    elif model_file.name == "model.py":
-        module = importlib.import_module(f"{version_dir.name}.model")
-    else:
-        spec = importlib.util.spec_from_file_location(model_file.stem, model_file)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    module = import_model_file(model_file, python_based)
     model_class = getattr(module, "TritonPythonModel", None)
     if model_class is None:
         raise AttributeError(f"{model_file} defines no class TritonPythonModel")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from tritium.errors import TritiumError
-from tritium.pb_utils.types import TritonModelException, as_text, refused_by_server, runtime
+from tritium.pb_utils.types import TritonModelException, as_text, incompatible_arguments, refused_by_server, runtime
 from tritium.protocol import LoadModel, ModelsQuery, UnloadModel
 
 _STOL = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")   # what C++'s std::stol reads of a version string
@@ -95,5 +95,4 @@ def _text(function: str, signature: str, value) -> str:
     value = as_text(value)
     if isinstance(value, str):
         return value
-    raise TypeError(f"{function}(): incompatible function arguments. The following argument types are supported:"
-                    f"\n    1. {signature}\n\nInvoked with: {value!r}")
+    raise incompatible_arguments(function, signature, value)

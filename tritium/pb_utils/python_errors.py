@@ -22,7 +22,8 @@ def with_model_frames(exc: BaseException, callers: tuple[str, ...]) -> str:
     """``callers``: where the frames between the catch and the model's code come from (file
     names or their prefixes); they are dropped from the outer end."""
     frames = traceback.extract_tb(exc.__traceback__)
-    while frames and (frames[0].filename.startswith((*callers, _IMPORT_MODULE)) or frames[0].name == "_gcd_import"):
+    outer = (*callers, PACKAGE_DIR, _IMPORT_MODULE)   # (pb_utils imports the model's file)
+    while frames and (frames[0].filename.startswith(outer) or frames[0].name == "_gcd_import"):
         frames.pop(0)
     while frames and frames[-1].filename.startswith(PACKAGE_DIR):   # raised in pb_utils
         frames.pop()

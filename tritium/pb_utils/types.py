@@ -116,6 +116,12 @@ def as_text(value):
     return str(value) if isinstance(value, str) else value
 
 
+def incompatible_arguments(function: str, signature: str, *invoked) -> TypeError:
+    """pybind11's TypeError for arguments that fit none of a function's signatures."""
+    return TypeError(f"{function}(): incompatible function arguments. The following argument types are supported:"
+                     f"\n    1. {signature}\n\nInvoked with: {', '.join(repr(a) for a in invoked)}")
+
+
 class Tensor:
     def __init__(self, name, data):
         if type(name) is not str:
@@ -501,29 +507,31 @@ class Logger:
 
     @classmethod
     def log(cls, message, level=INFO):
-        cls._write("log", message, level)
+        text = as_text(message)
+        if not isinstance(text, str) or not isinstance(level, LogLevel):
+            raise incompatible_arguments("log", "(message: str, level: c_python_backend_utils.Logger.LogLevel = "
+                                         "<LogLevel.INFO: 0>) -> None", message, level)
+        cls._log.log(cls._LEVELS[level], "%s", text)
 
     @classmethod
     def log_info(cls, message):
-        cls._write("log_info", message, cls.INFO)
+        cls._log_at("log_info", message, cls.INFO)
 
     @classmethod
     def log_warn(cls, message):
-        cls._write("log_warn", message, cls.WARNING)
+        cls._log_at("log_warn", message, cls.WARNING)
 
     @classmethod
     def log_error(cls, message):
-        cls._write("log_error", message, cls.ERROR)
+        cls._log_at("log_error", message, cls.ERROR)
 
     @classmethod
     def log_verbose(cls, message):
-        cls._write("log_verbose", message, cls.VERBOSE)
+        cls._log_at("log_verbose", message, cls.VERBOSE)
 
     @classmethod
-    def _write(cls, function: str, message, level) -> None:
-        """``function``: the one the model called, which the TypeError names as pybind11's does."""
-        message = as_text(message)
-        if not isinstance(message, str) or not isinstance(level, LogLevel):
-            raise TypeError(f"{function}(): incompatible function arguments: a message (str) and a "
-                            f"pb_utils.Logger.LogLevel, got {type(message).__name__} and {type(level).__name__}")
-        cls._log.log(cls._LEVELS[level], "%s", message)
+    def _log_at(cls, function: str, message, level) -> None:
+        text = as_text(message)
+        if not isinstance(text, str):
+            raise incompatible_arguments(function, "(message: str) -> None", message)
+        cls._log.log(cls._LEVELS[level], "%s", text)

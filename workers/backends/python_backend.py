@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import importlib
-import importlib.util
 import inspect
 import json
 import logging
@@ -30,6 +28,7 @@ import numpy as np
 
 from tritium.errors import ErrorCode, InternalError, TritiumError, error_for_code
 from tritium.pb_utils import MODULE_DIR
+from tritium.pb_utils.model_file import import_model_file
 from tritium.pb_utils.python_errors import with_model_frames
 from tritium.pb_utils.triton_names.triton_python_backend_utils import TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 from tritium.pb_utils.types import InferenceRequest as PbRequest, InferenceResponse as PbResponse, Tensor, runtime
@@ -83,7 +82,7 @@ class PythonModel(Model):
             if folder not in sys.path:
                 sys.path.append(folder)
         try:
-            module = _import_model_file(version_dir, filename, backend_file)
+            module = import_model_file(backend_file or version_dir / filename, backend_file is not None)
         except BaseException as exc:   # as Triton's stub reports a model.py that fails to import
             raise InternalError(f"Internal: {_with_model_frames(exc)}") from exc
         self.model_class = getattr(module, "TritonPythonModel", None)
@@ -92,21 +91,6 @@ class PythonModel(Model):
 
     def create_instance(self, context: InstanceContext) -> Instance:
         return PythonInstance(self, context)
-
-
-def _import_model_file(version_dir: Path, filename: str, backend_file: Path | None):
-    if backend_file is not None:   # a Python-based backend's model.py, imported as Triton's stub does: "model"
-        spec = importlib.util.spec_from_file_location("model", backend_file)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["model"] = module   # (what its classes pickle as)
-        spec.loader.exec_module(module)
-    elif filename == "model.py":
-        module = importlib.import_module(f"{version_dir.name}.model")
-    else:
-        spec = importlib.util.spec_from_file_location(filename.removesuffix(".py"), version_dir / filename)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
 
 
 class PythonInstance(Instance):

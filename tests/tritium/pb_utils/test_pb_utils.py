@@ -234,10 +234,13 @@ def _request(**arguments):
      "`__dlpack_device__` attributes"),
     (lambda: pb_utils.Logger.log("text", None), TypeError, None),
     (lambda: pb_utils.Logger.log("text", 1), TypeError, None),
-    (lambda: pb_utils.Logger.log_info(None), TypeError, "log_info(): incompatible function arguments: a message "
-                                                         "(str) and a pb_utils.Logger.LogLevel, got NoneType and LogLevel"),
-    (lambda: pb_utils.Logger.log_verbose(None), TypeError, "log_verbose(): incompatible function arguments: a message "
-                                                            "(str) and a pb_utils.Logger.LogLevel, got NoneType and LogLevel"),
+    # pybind11's words, as Triton 2.51 says them
+    (lambda: pb_utils.Logger.log_info(None), TypeError, "log_info(): incompatible function arguments. The following "
+                                                        "argument types are supported:\n    1. (message: str) -> None"
+                                                        "\n\nInvoked with: None"),
+    (lambda: pb_utils.Logger.log_verbose(None), TypeError, "log_verbose(): incompatible function arguments. The "
+                                                           "following argument types are supported:\n    1. (message: "
+                                                           "str) -> None\n\nInvoked with: None"),
 ], ids=["request-none-input", "request-empty-output-name", "request-none-output-name", "request-array-input",
         "request-output-names-str", "request-output-names-set",
         "request-none-flags", "response-none-tensor", "response-none-list", "response-text-error",
