@@ -1,8 +1,8 @@
 """Triton's generate extension: flat JSON in and out, for ``/generate`` and ``/generate_stream``.
 
 A request is one JSON object. A key naming one of the model's inputs becomes that input,
-shaped to fit the input's dims (the innermost variable dim takes the element count, the
-others 1; a batching model gets a batch of 1); any other key, and every key of a nested
+shaped to fit the input's dims (the fixed dims divide the element count, the innermost
+variable dim takes the rest, the others 1; a batching model gets a batch of 1); any other key, and every key of a nested
 ``parameters`` object that is not an input, becomes a request parameter. A response is
 one JSON object: ``model_name``, ``model_version``, ``id`` when the request had one, every
 output under its name (one element as a scalar, more as a flat list), and every response
@@ -18,7 +18,6 @@ import orjson
 from tritium.gateway.http_codec import json_to_bytes, output_to_json
 from tritium.gateway.inference import InferRequest, InferResult, InputTensor
 from tritium.gateway.model_table import ModelSpec, TensorSpec
-from tritium.gateway.validation import element_count
 from tritium.errors import InvalidArgument
 
 SINGLE_RESPONSE_ONLY = ("generate expects model to produce exactly 1 response, use generate stream for model "
@@ -84,23 +83,48 @@ def generate_request(spec: ModelSpec, version: str | None, document: dict, body:
 
 
 def _input(spec: ModelSpec, tensor: TensorSpec, value) -> InputTensor:
+    """As Triton converts it: the top-level array's length is the element count, and nested
+    arrays are read flat against it."""
     values = value if isinstance(value, list) else [value]
-    dims = list(tensor.dims)
-    variable = [i for i, d in enumerate(dims) if d == -1]
-    for i in variable:
-        dims[i] = 1
-    if variable:
-        dims[variable[-1]] = len(values)
-    if any(isinstance(v, list) for v in values) or element_count(dims) != len(values):
-        raise InvalidArgument(f"The schema can not convert input '{tensor.name}' to tensor with proper shape")
+    shape = _shape(tensor.name, ([-1] if spec.max_batch_size > 0 else []) + list(tensor.dims), len(values))
+    flat = _flat(values)
+    if len(flat) != len(values):
+        raise InvalidArgument("Unable to parse 'data': Shape does not match true shape of 'data' field")
     datatype = tensor.datatype.name   # (an object is one element, whose type is wrong: Triton's words)
-    if datatype == "BYTES" and not all(isinstance(v, str) for v in values):
+    if datatype == "BYTES" and not all(isinstance(v, str) for v in flat):
         raise InvalidArgument("Unable to parse JSON bytes array: attempt to access JSON non-string as string")
-    if datatype == "BOOL" and not all(isinstance(v, bool) for v in values):
+    if datatype == "BOOL" and not all(isinstance(v, bool) for v in flat):
         raise InvalidArgument("Unable to parse 'data': attempt to access JSON non-boolean as boolean")
-    shape = ([1] if spec.max_batch_size > 0 else []) + dims
-    data = json_to_bytes(spec.name, tensor.name, tensor.datatype.name, shape, values)
-    return InputTensor(tensor.name, tensor.datatype.name, shape, data)
+    data = json_to_bytes(spec.name, tensor.name, datatype, shape, flat)
+    return InputTensor(tensor.name, datatype, shape, data)
+
+
+def _shape(name: str, dims: list[int], count: int) -> list[int]:
+    """``dims`` (the batch dim included) filled for ``count`` elements, as Triton does: the fixed
+    dims divide the count, the innermost variable dim takes what is left, the others 1."""
+    left = count
+    for d in dims:
+        if d != -1:
+            if d == 0 or left % d:
+                raise InvalidArgument(f"The schema can not convert input '{name}' to tensor with proper shape")
+            left //= d
+    shape = list(dims)
+    for i in reversed(range(len(shape))):
+        if shape[i] == -1:
+            shape[i], left = left, 1
+    if left != 1:
+        raise InvalidArgument(f"The schema can not convert input '{name}' to tensor with proper shape")
+    return shape
+
+
+def _flat(values: list) -> list:
+    flat: list = []
+    for v in values:
+        if isinstance(v, list):
+            flat.extend(_flat(v))
+        else:
+            flat.append(v)
+    return flat
 
 
 def generate_response(result: InferResult) -> bytes:
