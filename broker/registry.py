@@ -93,6 +93,20 @@ class Batch:
     finished: set[int] = field(default_factory=set)  # decoupled: requests that had their final response
     answered: set[int] = field(default_factory=set)  # decoupled: requests that had any response
     timings: tuple = (0, 0, 0)
+    # Decoupled: final answers sent while the batch still executes, counted once its timings come
+    # (record_outcome's arguments after the request), as Triton counts a request's compute times.
+    held_outcomes: list | None = None
+
+    def hold_outcome(self, request: PendingRequest, ok: bool, now: int, cancelled: bool) -> None:
+        if self.held_outcomes is None:
+            self.held_outcomes = []
+        self.held_outcomes.append((request, ok, now, cancelled))
+
+    def record_held_outcomes(self) -> None:
+        """The batch has its timings (or will have none: its instance is gone)."""
+        held, self.held_outcomes = self.held_outcomes, None
+        for request, ok, now, cancelled in held or ():
+            self.record_outcome(request, ok, now, cancelled)
 
     def record_outcome(self, request: PendingRequest, ok: bool, now: int, cancelled: bool = False) -> None:
         """A request of this batch had its (final) answer: its version's statistics count it

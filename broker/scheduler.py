@@ -353,7 +353,8 @@ class Scheduler:
             cancelled = batcher.end(running.correlation_id)
         now = self._clock()
         for request in cancelled:
-            self._answer_error(version, request, Cancelled.by_client())
+            its_own = request.client == client and request.rid == cancel.rid
+            self._answer_error(version, request, Cancelled.by_client() if its_own else Cancelled.with_its_sequence())
             version.stats.record_failure(now - request.arrival_ns, "CANCELED")
         if isinstance(batcher, SequenceBatcher):   # a freed slot may take a sequence of the backlog
             self.dispatch(version, now)
@@ -596,6 +597,7 @@ class Scheduler:
         now = self.last_done_ns
         version, instance = batch.version, batch.instance
         batch.timings = timings = done.timings
+        batch.record_held_outcomes()
         took = sum(timings)
         instance.execution_ns = _moved(instance.execution_ns, took)
         _note_execution(version, took, len(batch.requests))
@@ -809,6 +811,7 @@ class Scheduler:
         retry = []
         for batch in held:
             self.streams.batches.pop(batch.number, None)
+            batch.record_held_outcomes()   # answered before the instance went: they count, without timings
             for index, request in enumerate(batch.requests):
                 if index not in batch.finished:
                     if not request.retried and index not in batch.answered and batch.version.state in _DISPATCHING \

@@ -52,8 +52,12 @@ class OpenStreams:
         if response.final is not False:
             batch.finished.add(index)
             error = response.error
-            batch.record_outcome(request, error is None, self._clock(),
-                                 request.cancelled and error is not None and error.code is ErrorCode.CANCELLED)
+            outcome = (request, error is None, self._clock(),
+                       request.cancelled and error is not None and error.code is ErrorCode.CANCELLED)
+            if instance is not None and number in instance.inflight:   # still executing: no timings yet
+                batch.hold_outcome(*outcome)
+            else:
+                batch.record_outcome(*outcome)
             if number in self.batches and len(batch.finished) == len(batch.requests):
                 del self.batches[number]
         return first

@@ -6,7 +6,7 @@ import pytest
 
 from tests.broker.scheduler_world import add_instance, done, error_of, lose, make_world, sent_batch, submit
 from tritium.errors import ErrorCode, Unavailable
-from tritium.protocol import Infer, Kind, Response, ResponsePart, decode, read_record
+from tritium.protocol import BatchDone, Infer, Kind, Response, ResponsePart, decode, read_record
 
 
 @pytest.fixture
@@ -256,7 +256,26 @@ def test_the_first_response_histogram_counts_a_decoupled_request_at_its_first_re
     clock.now += 2_000_000_000
     scheduler.streams.response_part(b"i0", ResponsePart(number, 0), [Response(1, [], final=True).encode()])
     assert version.stats.histogram_counts == [0, 0, 1, 0] and version.stats.histogram_sum_ms == 1000
+    scheduler.batch_done(b"i0", BatchDone(number, [], [], (5, 3_000_000_000, 7), still_open=[]), [])
     assert version.stats.success.count == 1
+
+
+def test_a_decoupled_request_answered_while_its_batch_executes_counts_the_batch_s_compute_times():
+    """Its final response leaves before the instance says how long the batch took: the request is
+    counted once it does, with those times, as Triton counts a request's compute times."""
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world(
+        "model_transaction_policy { decoupled: true }")
+    add_instance(registry, version, "i0")
+    submit(scheduler, b"gw", 1)
+    number = sent_batch(to_instances[0])[1]["b"]
+    clock.now += 300_000_000
+    scheduler.streams.response_part(b"i0", ResponsePart(number, 0), [Response(1, [], final=True).encode()])
+    assert version.stats.success.count == 0   # not yet: the batch's times are not known
+    scheduler.batch_done(b"i0", BatchDone(number, [], [], (11, 300_000_000, 13), still_open=[]), [])
+    stats = version.stats
+    assert (stats.success.count, stats.success.ns) == (1, 300_000_000)
+    assert [(d.count, d.ns) for d in (stats.compute_input, stats.compute_infer, stats.compute_output)] == \
+        [(1, 11), (1, 300_000_000), (1, 13)]
 
 
 RAGGED = """backend: "python"
