@@ -116,6 +116,12 @@ class Cancelled(TritiumError):
         """What a request the client cancelled (or whose deadline passed) is answered with."""
         return cls("the client cancelled the request")
 
+    @classmethod
+    def with_its_sequence(cls) -> Cancelled:
+        """What the other queued requests of a sequence whose request was cancelled are answered
+        with (Triton's message is empty)."""
+        return cls("cancelled with its sequence: another request of the sequence was cancelled")
+
 
 class Restricted(Unavailable):
     """A call to an API restricted by --http-restricted-api or --grpc-restricted-protocol,

@@ -124,6 +124,20 @@ def test_cancelling_a_decoupled_request_still_answering_leaves_its_sequence_runn
     assert sent_batch(to_instances[-1])[2] == [3]
 
 
+def test_a_cancelled_request_s_queued_siblings_are_told_their_sequence_was_cancelled():
+    registry, version, scheduler, to_instances, to_gateways, clock = world()
+    add_instance(registry, version, "i0", credit=1)
+    submit(scheduler, 1, 10, START)   # runs
+    submit(scheduler, 2, 10)
+    submit(scheduler, 3, 10)          # both queued behind it
+    scheduler.cancel(b"gw", Cancel(2, "m", 1))
+    answers = {decode(parts[1])[0]["rid"]: error_of(parts) for parts in to_gateways}
+    assert answers == {
+        2: {"code": ErrorCode.CANCELLED.value, "message": "the client cancelled the request"},
+        3: {"code": ErrorCode.CANCELLED.value,
+            "message": "cancelled with its sequence: another request of the sequence was cancelled"}}
+
+
 # -- iterative sequences: requests a model releases to run again (request rescheduling) ----------
 
 
