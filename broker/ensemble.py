@@ -605,7 +605,7 @@ class EnsembleRunner:
             return []
         steps = [(step_rid, call.step.model, call.version) for step_rid in request.calls
                  if (call := self._calls.get(step_rid)) is not None]
-        self._fail(request, Cancelled.by_client(), "CANCELED")
+        self._fail(request, Cancelled.by_client())   # (reason OTHER, as Triton counts a cancelled ensemble request)
         return steps
 
     def _waiting_request(self, client: bytes, rid: int) -> EnsembleRequest | None:
