@@ -138,7 +138,7 @@ class Supervisor:
         # that what was accepted is answered; a child signalled too would drain out of order. Groups,
         # not sessions: a child stopped with serve (Ctrl-Z) whose serve is then killed is in a group
         # that the kernel finds orphaned, and continues (SIGHUP, SIGCONT) to take its parent-death SIGTERM.
-        process = subprocess.Popen(command, env=env, preexec_fn=partial(die_with_parent, os.getpid()),
+        process = subprocess.Popen(command, env=env, preexec_fn=partial(_as_serve_s_child, os.getpid()),
                                    process_group=0)
         self.children.append(ChildProcess(role, process))
 
@@ -230,6 +230,14 @@ class Supervisor:
                     log.warning("%s (pid %d) did not stop in time; killing it", role, process.pid)
                     process.kill()
                     process.wait()
+
+
+def _as_serve_s_child(serve: int) -> None:
+    """Run in each child between fork and exec. A child's process group is not the terminal's
+    foreground one: with `stty tostop` its log lines to the terminal would stop it (SIGTTOU), where
+    serve's own go out. Ignored, the signal lets them out; the instances inherit that."""
+    die_with_parent(serve)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
 
 
 def _stop_tree(root: int) -> set[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -93,6 +94,20 @@ def test_an_instance_that_cannot_initialize_is_not_restarted(tolerant_server):
                     and time.monotonic() > deadline - 2.0]
         time.sleep(0.1)
     assert tolerant_server.logs().count("started instance bad_file_0_0") == 1
+
+
+def test_each_process_leads_a_group_in_serve_s_session_and_may_write_to_its_terminal(tolerant_server):
+    """A signal to serve's group (Ctrl-C) reaches serve alone, a stopped server killed outright is
+    continued by the kernel (its groups orphaned in the session), and a child's log line to a
+    terminal with `stty tostop` does not stop it: SIGTTOU is ignored in every child."""
+    serve = tolerant_server.process.pid
+    processes = descendants(serve)
+    assert len(processes) >= 4   # broker, agent, gateway, the instances
+    for pid in processes:
+        assert os.getpgid(pid) == pid and os.getsid(pid) == os.getsid(serve)
+        ignored = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                       if line.startswith("SigIgn:"))
+        assert int(ignored.split()[1], 16) & (1 << (signal.SIGTTOU - 1)), pid
 
 
 def test_strict_readiness_false_reports_ready_despite_failed_models(repo):
