@@ -106,7 +106,7 @@ def render_table(rows: list[CheckRow], repository_errors: tuple[str, ...]) -> st
     for error in repository_errors:
         lines.append(f"error: {error}")
     for row in failures:
-        lines.append(f"{row.name}: {row.error}")
+        lines.append(f"{row.name}: {(row.error or '').rstrip()}")   # (a Python error ends its frames with a newline)
     return "\n".join(lines)
 
 
