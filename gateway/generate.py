@@ -15,7 +15,7 @@ import json
 
 import orjson
 
-from tritium.gateway.http_codec import json_to_bytes, output_to_json
+from tritium.gateway.http_codec import flatten_json, json_to_bytes, output_to_json
 from tritium.gateway.inference import InferRequest, InferResult, InputTensor
 from tritium.gateway.model_table import ModelSpec, TensorSpec
 from tritium.errors import InvalidArgument
@@ -87,7 +87,7 @@ def _input(spec: ModelSpec, tensor: TensorSpec, value) -> InputTensor:
     arrays are read flat against it."""
     values = value if isinstance(value, list) else [value]
     shape = _shape(tensor.name, ([-1] if spec.max_batch_size > 0 else []) + list(tensor.dims), len(values))
-    flat = _flat(values)
+    flat = flatten_json(values)
     if len(flat) != len(values):
         raise InvalidArgument("Unable to parse 'data': Shape does not match true shape of 'data' field")
     datatype = tensor.datatype.name   # (an object is one element, whose type is wrong: Triton's words)
@@ -115,16 +115,6 @@ def _shape(name: str, dims: list[int], count: int) -> list[int]:
     if left != 1:
         raise InvalidArgument(f"The schema can not convert input '{name}' to tensor with proper shape")
     return shape
-
-
-def _flat(values: list) -> list:
-    flat: list = []
-    for v in values:
-        if isinstance(v, list):
-            flat.extend(_flat(v))
-        else:
-            flat.append(v)
-    return flat
 
 
 def generate_response(result: InferResult) -> bytes:

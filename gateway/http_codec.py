@@ -360,15 +360,33 @@ def _numbers_to_bytes(model: str, name: str, datatype: str, dtype: np.dtype, val
 def _flatten(data: object, model: str, name: str) -> list:
     if not isinstance(data, list):
         return [data]
-    if not data or not isinstance(data[0], list):
+    if not data or not isinstance(data[0], list):   # the usual flat list
         if any(isinstance(v, list) for v in data):
             raise InvalidArgument(f"'data' of input '{name}' for model '{model}' is ragged")
         return data
+    return flatten_json(data, InvalidArgument(f"'data' of input '{name}' for model '{model}' is ragged"))
+
+
+def flatten_json(data: list, ragged: Exception | None = None) -> list:
+    """The scalars of nested JSON arrays, in order. ``ragged``: raised for an array that holds
+    arrays and scalars both (None: read them all the same). Iterative: JSON may nest deeper than
+    Python's recursion limit, and Triton reads any depth."""
     flat: list = []
-    for item in data:
-        if not isinstance(item, list):
-            raise InvalidArgument(f"'data' of input '{name}' for model '{model}' is ragged")
-        flat.extend(_flatten(item, model, name))
+    levels: list[list] = [[iter(data), None]]   # [the array's iterator, whether it holds arrays]
+    while levels:
+        level = levels[-1]
+        for item in level[0]:
+            nested = isinstance(item, list)
+            if level[1] is None:
+                level[1] = nested
+            elif level[1] != nested and ragged is not None:
+                raise ragged
+            if nested:
+                levels.append([iter(item), None])
+                break
+            flat.append(item)
+        else:
+            levels.pop()
     return flat
 
 

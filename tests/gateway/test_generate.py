@@ -28,6 +28,8 @@ def test_an_input_name_that_appears_again_as_a_value_is_no_repeat():
 
 # As Triton shapes an input: the top-level array's length is the element count, the fixed dims
 # divide it, the innermost variable dim takes the rest, the others 1 (the batch dim included).
+# Each case, the empty array and the error texts too, checked side by side with Triton 2.51 (its
+# later sources word a count too small differently, and refuse an empty array).
 @pytest.mark.parametrize("max_batch_size, dims, value, shape, data", [
     (64, (-1,), [[1], [2]], [1, 2], [1.0, 2.0]),   # nested arrays read flat against that count
     (64, (-1,), [1, 2, 3], [1, 3], [1.0, 2.0, 3.0]),
@@ -35,6 +37,7 @@ def test_an_input_name_that_appears_again_as_a_value_is_no_repeat():
     (8, (4,), [1, 2, 3, 4], [1, 4], [1.0, 2.0, 3.0, 4.0]),
     (0, (-1, -1), 5, [1, 1], [5.0]),
     (64, (-1,), [], [1, 0], []),
+    (64, (-1,), [[[[[[[[1.5]]]]]]]], [1, 1], [1.5]),
 ])
 def test_an_input_is_shaped_as_triton_shapes_it(max_batch_size, dims, value, shape, data):
     model = spec(inputs=[tensor_config("X", dims=dims)], max_batch_size=max_batch_size)
@@ -54,3 +57,12 @@ def test_an_input_that_does_not_fit_gets_triton_s_words(dims, value, message):
     with pytest.raises(InvalidArgument) as refused:
         generate_request(model, None, {"X": value})
     assert refused.value.message == message
+
+
+def test_an_input_nested_deeper_than_python_s_recursion_limit_is_read():
+    deep: list = [3]
+    for _ in range(2000):
+        deep = [deep]
+    model = spec(inputs=[tensor_config("X", dims=(-1,))], max_batch_size=64)
+    (given,) = generate_request(model, None, {"X": deep}).inputs
+    assert np.frombuffer(given.data, np.float32).tolist() == [3.0]

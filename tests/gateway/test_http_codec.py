@@ -199,9 +199,18 @@ def test_element_count_must_match_the_shape():
         assert error.code.http_status == 400
 
 
-def test_ragged_nesting_is_refused():
-    error = decode_error(one_input("INT32", [2, 2], [[1, 2], 3, 4]))
-    assert isinstance(error, InvalidArgument)
+@pytest.mark.parametrize("data", [[[1, 2], 3, 4], [[[1], 2]], [[1, [2]]]])
+def test_ragged_nesting_is_refused_at_any_depth(data):
+    error = decode_error(one_input("INT32", [2, 2], data))
+    assert isinstance(error, InvalidArgument) and error.message.endswith("is ragged")
+
+
+def test_data_nested_deeper_than_python_s_recursion_limit_is_read():
+    """Triton 2.51 reads JSON data of any depth (990 arrays deep checked)."""
+    data = "[" * 990 + "7" + "]" * 990
+    body = b'{"inputs": [{"name": "A", "datatype": "INT32", "shape": [1], "data": %s}]}' % data.encode()
+    request, _ = decode_infer_request("m", None, body, None)
+    assert bytes(request.inputs[0].data) == struct.pack("<i", 7)
 
 
 def test_element_count_mismatch_uses_triton_wording():
