@@ -605,7 +605,7 @@ class EnsembleRunner:
             return []
         steps = [(step_rid, call.step.model, call.version) for step_rid in request.calls
                  if (call := self._calls.get(step_rid)) is not None]
-        self._fail(request, Cancelled.by_client())   # (reason OTHER, as Triton counts a cancelled ensemble request)
+        self._fail(request, Cancelled.by_client())
         return steps
 
     def _waiting_request(self, client: bytes, rid: int) -> EnsembleRequest | None:
@@ -617,15 +617,16 @@ class EnsembleRunner:
                         return request
         return None
 
-    def _fail(self, request: EnsembleRequest, error: TritiumError, reason: str = "OTHER") -> None:
-        """Answer the ensemble's request with ``error`` (and, traced, the steps that ran)."""
+    def _fail(self, request: EnsembleRequest, error: TritiumError) -> None:
+        """Answer the ensemble's request with ``error`` (and, traced, the steps that ran); Triton
+        counts every failure of an ensemble, a cancellation too, with reason OTHER."""
         now = self._clock()
         trace = self._trace_of(request, now)
         self._finish(request)
         for rid in request.unexecuted:   # a failure is counted without compute times
             self._executing.pop(rid, None)
         request.unexecuted.clear()
-        request.version.stats.record_failure(now - request.arrival_ns, reason)
+        request.version.stats.record_failure(now - request.arrival_ns, "OTHER")
         self._reply(request.from_backend, [request.client, Response(request.rid, error=error, trace=trace).encode()],
                     NO_TIMINGS)
 

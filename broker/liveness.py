@@ -34,6 +34,8 @@ class PeerLiveness:
     def excuse(self, stall_s: float, now: float) -> None:
         """The broker itself did not run for ``stall_s`` (``own_stall``): that much of every
         peer's silence was its own."""
+        if not stall_s:
+            return
         for peer, last in self._last_heard.items():
             self._last_heard[peer] = min(now, last + stall_s)
 

@@ -591,13 +591,11 @@ class Scheduler:
 
     def batch_done(self, iid: bytes, done: BatchDone, frames: list) -> None:
         """Route a batch's RESPONSE records (``frames``), one message per client."""
-        batch = self._batch_ended(iid, done.number)
+        batch = self._batch_ended(iid, done.number, done.timings)
         if batch is None:
             return
         now = self.last_done_ns
-        version, instance = batch.version, batch.instance
-        batch.timings = timings = done.timings
-        batch.record_held_outcomes()
+        version, instance, timings = batch.version, batch.instance, done.timings
         took = sum(timings)
         instance.execution_ns = _moved(instance.execution_ns, took)
         _note_execution(version, took, len(batch.requests))
@@ -675,13 +673,16 @@ class Scheduler:
             self._end_iterations(batch.version, batch.requests)
             self._dispatch_after(batch.version, self.last_done_ns)
 
-    def _batch_ended(self, iid: bytes, number: int) -> Batch | None:
-        """The instance is done with batch ``number``: it leaves the instance, which takes work again."""
+    def _batch_ended(self, iid: bytes, number: int, timings: tuple = NO_TIMINGS) -> Batch | None:
+        """The instance is done with batch ``number``, which took ``timings``: it leaves the instance,
+        which takes work again, and the answers it gave while it ran are counted."""
         instance = self.registry.instances.get(iid)
         batch = instance.inflight.pop(number, None) if instance is not None else None
         if instance is None or batch is None:
             log.warning("result for unknown batch %s from instance %r dropped", number, iid)
             return None
+        batch.timings = timings
+        batch.record_held_outcomes()
         self.requests_running -= len(batch.requests)
         instance.credit += 1
         if self.rate_limiter is not None:
@@ -775,6 +776,7 @@ class Scheduler:
         self.ensembles.fail_waiting(error)
         batches = [b for i in self.registry.instances.values() for b in i.inflight.values()]
         for batch in [*batches, *self.streams.batches.values()]:
+            batch.record_held_outcomes()
             for index, request in enumerate(batch.requests):
                 if index not in batch.finished:
                     batch.finished.add(index)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tritium.lifetime import own_process_group
 from tritium.repo.errors import ModelCodeFailed
 
 CHILD_MODULE = "tritium.repo._autocomplete_child"
@@ -28,8 +29,9 @@ def run_auto_complete(model: str, model_file: Path, config: dict, timeout_s: flo
         [sys.executable, "-m", CHILD_MODULE, str(model_file), str(version_dir or model_file.parent)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_child_env(),
-        # Its own process group, so that a timeout also ends what user code started.
-        start_new_session=True)
+        # Its own process group, so that a timeout also ends what user code started; in the
+        # broker's session, so that a stopped one whose broker is killed is continued (orphaned).
+        **own_process_group())
     try:
         stdout, stderr = proc.communicate(json.dumps(config).encode(), timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:

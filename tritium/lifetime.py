@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +35,18 @@ def die_with_parent(parent: int) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:
         os._exit(1)
+
+
+def own_process_group() -> dict:
+    """Popen's arguments for a child that leads a process group of its own: Python 3.11's
+    ``process_group``, or on 3.10 a preexec function (which gives up Popen's vfork)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": _lead_a_group}
+
+
+def _lead_a_group() -> None:
+    os.setpgid(0, 0)
 
 
 def descendants(pid: int) -> set[int]:

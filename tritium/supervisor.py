@@ -138,8 +138,7 @@ class Supervisor:
         # that what was accepted is answered; a child signalled too would drain out of order. Groups,
         # not sessions: a child stopped with serve (Ctrl-Z) whose serve is then killed is in a group
         # that the kernel finds orphaned, and continues (SIGHUP, SIGCONT) to take its parent-death SIGTERM.
-        process = subprocess.Popen(command, env=env, preexec_fn=partial(_as_serve_s_child, os.getpid()),
-                                   process_group=0)
+        process = subprocess.Popen(command, env=env, preexec_fn=partial(_as_serve_s_child, os.getpid()))
         self.children.append(ChildProcess(role, process))
 
     def _start_and_wait(self, env, frontend, backend, notify_sock, stop) -> int | None:
@@ -233,10 +232,11 @@ class Supervisor:
 
 
 def _as_serve_s_child(serve: int) -> None:
-    """Run in each child between fork and exec. A child's process group is not the terminal's
-    foreground one: with `stty tostop` its log lines to the terminal would stop it (SIGTTOU), where
-    serve's own go out. Ignored, the signal lets them out; the instances inherit that."""
+    """Run in each child between fork and exec: a process group of its own (see ``_spawn``). That
+    group is not the terminal's foreground one: with `stty tostop` its log lines to the terminal
+    would stop it (SIGTTOU), where serve's own go out. Ignored, the signal lets them out."""
     die_with_parent(serve)
+    os.setpgid(0, 0)
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)
 
 

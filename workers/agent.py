@@ -34,6 +34,7 @@ from tritium.hostmetrics import HostSampler
 from tritium.hosts import host_name
 from tritium.errors import InternalError, Unavailable
 from tritium.exit_codes import ExitCode
+from tritium.lifetime import own_process_group
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     MISSED_HEARTBEATS,
@@ -477,7 +478,7 @@ class HostAgent:
         # to the agent's group (Ctrl-C) reaches the agent alone, which stops its instances after their batch.
         child.process = subprocess.Popen(
             [sys.executable, "-m", "tritium.workers.instance", child.iid], stdin=subprocess.PIPE, env=env,
-            process_group=0)
+            **own_process_group())
         child.process.stdin.write(json.dumps(spec).encode())
         child.process.stdin.close()
         child.started_at = time.monotonic()

@@ -365,6 +365,9 @@ def main() -> None:
     # whoever adopted the process, and the instance would serve on with no agent.
     agent = int(os.environ.get("TRITIUM_AGENT_PID", os.getppid()))
     die_with_parent(agent)   # if the agent is gone already, this exits
+    # Its own process group is not a terminal's foreground one: with `stty tostop` a log line to the
+    # agent's terminal would stop it (an agent run by hand; serve's children ignore the signal already).
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     spec = json.loads(sys.stdin.read())
     logs.configure(f"instance:{spec['model']}:{spec['key']}", spec.get("log_verbose", 0), spec.get("log_file"))
     if spec.get("log_settings"):

@@ -278,6 +278,24 @@ def test_a_decoupled_request_answered_while_its_batch_executes_counts_the_batch_
         [(1, 11), (1, 300_000_000), (1, 13)]
 
 
+@pytest.mark.parametrize("ending", ["unreadable BATCH_DONE", "instance lost", "broker exiting"])
+def test_a_decoupled_request_answered_while_its_batch_executes_counts_however_the_batch_ends(ending):
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world(
+        "model_transaction_policy { decoupled: true }")
+    add_instance(registry, version, "i0")
+    submit(scheduler, b"gw", 1)
+    number = sent_batch(to_instances[0])[1]["b"]
+    scheduler.streams.response_part(b"i0", ResponsePart(number, 0), [Response(1, [], final=True).encode()])
+    if ending == "unreadable BATCH_DONE":
+        scheduler.batch_unreadable(b"i0", number, "truncated")
+    elif ending == "instance lost":
+        lose(scheduler, b"i0", "exited")
+    else:
+        scheduler.fail_everything(Unavailable("the broker is stopping"))
+    assert (version.stats.success.count, version.stats.failures) == (1, {})   # answered once, counted once
+    assert len(to_gateways) == 1
+
+
 RAGGED = """backend: "python"
 input [ { name: "R" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
 dynamic_batching { max_queue_delay_microseconds: 1000 }

@@ -116,6 +116,9 @@ def as_text(value):
     return str(value) if isinstance(value, str) else value
 
 
+_NOT_GIVEN = object()   # an argument the caller left out
+
+
 def incompatible_arguments(function: str, signature: str, *invoked) -> TypeError:
     """pybind11's TypeError for arguments that fit none of a function's signatures."""
     return TypeError(f"{function}(): incompatible function arguments. The following argument types are supported:"
@@ -506,12 +509,13 @@ class Logger:
     _LEVELS = {INFO: logging.INFO, WARNING: logging.WARNING, ERROR: logging.ERROR, VERBOSE: logging.DEBUG}
 
     @classmethod
-    def log(cls, message, level=INFO):
+    def log(cls, message, level=_NOT_GIVEN):
         text = as_text(message)
-        if not isinstance(text, str) or not isinstance(level, LogLevel):
+        if not isinstance(text, str) or not isinstance(level, LogLevel) and level is not _NOT_GIVEN:
+            given = (message,) if level is _NOT_GIVEN else (message, level)   # pybind11 lists what was passed
             raise incompatible_arguments("log", "(message: str, level: c_python_backend_utils.Logger.LogLevel = "
-                                         "<LogLevel.INFO: 0>) -> None", message, level)
-        cls._log.log(cls._LEVELS[level], "%s", text)
+                                         "<LogLevel.INFO: 0>) -> None", *given)
+        cls._log.log(cls._LEVELS[cls.INFO if level is _NOT_GIVEN else level], "%s", text)
 
     @classmethod
     def log_info(cls, message):

@@ -238,6 +238,10 @@ def _request(**arguments):
     (lambda: pb_utils.Logger.log_info(None), TypeError, "log_info(): incompatible function arguments. The following "
                                                         "argument types are supported:\n    1. (message: str) -> None"
                                                         "\n\nInvoked with: None"),
+    (lambda: pb_utils.Logger.log(None), TypeError, "log(): incompatible function arguments. The following argument "
+                                                   "types are supported:\n    1. (message: str, level: "
+                                                   "c_python_backend_utils.Logger.LogLevel = <LogLevel.INFO: 0>) -> None"
+                                                   "\n\nInvoked with: None"),
     (lambda: pb_utils.Logger.log_verbose(None), TypeError, "log_verbose(): incompatible function arguments. The "
                                                            "following argument types are supported:\n    1. (message: "
                                                            "str) -> None\n\nInvoked with: None"),
@@ -246,7 +250,7 @@ def _request(**arguments):
         "request-none-flags", "response-none-tensor", "response-none-list", "response-text-error",
         "tensor-none-name", "tensor-none-data", "tensor-list-data", "tensor-empty-name-none-data",
         "tensor-empty-name", "dlpack-empty-name", "dlpack-none", "log-none-level", "log-int-level",
-        "log-info-none", "log-verbose-none"])
+        "log-info-none", "log-none", "log-verbose-none"])
 def test_arguments_triton_refuses_are_refused_with_its_error_types_and_words(make, error, message):
     with pytest.raises(error) as raised:
         make()
