@@ -39,6 +39,8 @@ def check_inputs(model: str, declared: Mapping[str, DeclaredInput], max_batch_si
 
 
 def _batch_size(model: str, max_batch_size: int, given: Sequence[tuple[str, str, Sequence[int]]]) -> int:
+    if not given:   # a batching model's inputs all optional and none given: Triton reads the first one's batch
+        raise InvalidArgument("out of bounds index 0: request has 0 inputs")
     batch_size = -1
     for name, _, shape in given:
         if not shape:
@@ -49,7 +51,7 @@ def _batch_size(model: str, max_batch_size: int, given: Sequence[tuple[str, str,
             raise InvalidArgument(f"input '{name}' batch size does not match other inputs for '{model}'")
     if batch_size > max_batch_size:
         raise InvalidArgument(f"inference request batch-size must be <= {max_batch_size} for '{model}'")
-    return batch_size if given else 1   # (no inputs at all: a model whose inputs are all optional)
+    return batch_size
 
 
 def check_input_names(model: str, declared: Collection[str], required: Sequence[str], given: Sequence[str]) -> None:

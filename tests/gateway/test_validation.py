@@ -377,6 +377,10 @@ def test_inputs_found_valid_are_remembered_and_what_differs_is_checked_again():
     assert texts.valid_inputs == {}
 
 
-def test_a_request_without_inputs_to_a_model_whose_inputs_are_all_optional_has_batch_size_1():
-    s = spec(inputs=[tensor_config("A", optional=True)])
-    assert validate_request(s, request()) == 1
+def test_a_request_without_inputs_to_a_model_whose_inputs_are_all_optional():
+    """A model without batching takes it; a batching one refuses it as Triton 2.51 does (checked side
+    by side: its core reads the batch size from the first input)."""
+    assert validate_request(spec(inputs=[tensor_config("A", optional=True)], max_batch_size=0), request()) == 1
+    with pytest.raises(InvalidArgument) as refused:
+        validate_request(spec(inputs=[tensor_config("A", optional=True)]), request())
+    assert refused.value.message.endswith("out of bounds index 0: request has 0 inputs")
