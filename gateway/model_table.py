@@ -14,7 +14,7 @@ import orjson
 from tritium import datatypes
 from tritium.datatypes import DataType
 from tritium.errors import InvalidArgument, NotFound, ProtocolError, Unavailable
-from tritium.input_checks import DeclaredInput
+from tritium.input_checks import DeclaredInput, runs_without_inputs
 from tritium.protocol import Models
 
 READY = "READY"
@@ -58,10 +58,12 @@ class ModelSpec:
     declared_inputs: dict[str, DeclaredInput] = field(default_factory=dict, compare=False, repr=False)
     # inputs found valid: (name, datatype, shape, size) of each -> the batch size (gateway/validation.py)
     valid_inputs: dict[tuple, int] = field(default_factory=dict, compare=False, repr=False)
+    runs_without_inputs: bool = False   # (tritium/input_checks.py)
 
     @classmethod
     def from_config(cls, config: dict, labels: dict | None = None) -> "ModelSpec":
         inputs = {t["name"]: _tensor(t) for t in config.get("input", [])}
+        sequence = config.get("sequence_batching") or {}
         return cls(
             name=config["name"],
             platform=config.get("platform") or config.get("backend", ""),
@@ -72,6 +74,8 @@ class ModelSpec:
             decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),
             config_json=orjson.dumps(config),
             labels={name: tuple(lines) for name, lines in (labels or {}).items()},
+            runs_without_inputs=runs_without_inputs(config.get("platform", ""), len(sequence.get("control_input", [])),
+                                                    len(sequence.get("state", []))),
         )
 
     @property

@@ -40,7 +40,7 @@ _VALID_INPUTS_KEPT = 256
 def _validate_inputs(spec: ModelSpec, request: InferRequest) -> int:
     inputs = request.inputs
     batch_size = check_inputs(spec.name, spec.declared_inputs, spec.max_batch_size,
-                              [(tensor.name, tensor.datatype, tensor.shape) for tensor in inputs])
+                              [(tensor.name, tensor.datatype, tensor.shape) for tensor in inputs], spec.runs_without_inputs)
     for tensor in reversed(inputs):   # in Triton's order, as check_inputs
         _check_data_size(spec.name, spec.inputs[tensor.name], tensor.name, tensor.shape, tensor.data)
     return batch_size

@@ -18,17 +18,21 @@ class DeclaredInput(NamedTuple):
 
 
 def check_inputs(model: str, declared: Mapping[str, DeclaredInput], max_batch_size: int,
-                 given: Sequence[tuple[str, str, Sequence[int]]]) -> int:
+                 given: Sequence[tuple[str, str, Sequence[int]]], runs_without_inputs: bool = False) -> int:
     """The (name, datatype, shape) of each input given, as Triton's core checks them and in its
     order (names; the batch dimension of every input, then the batch size; then each input's
     datatype and shape), inputs in Triton's order: its core holds them in a hash map, which
     gives a few inputs (up to 13, in distinct buckets) in the reverse of the order the request
-    lists them (checked with Triton 2.51). Returns the batch size."""
+    lists them (checked with Triton 2.51). Returns the batch size. ``runs_without_inputs``: the
+    model's scheduler gives its requests inputs of its own (sequence controls, implicit state) or it
+    is an ensemble, so a batching model given none runs as a batch of one."""
     check_input_names(model, declared, [name for name, spec in declared.items() if not spec.optional],
                       [name for name, _, _ in given])
     ordered = given[::-1]
     batching = max_batch_size > 0
-    batch_size = _batch_size(model, max_batch_size, ordered) if batching else 1
+    if batching and not given and not runs_without_inputs:   # Triton's backend reads the batch from input 0
+        raise InvalidArgument("out of bounds index 0: request has 0 inputs")
+    batch_size = _batch_size(model, max_batch_size, ordered) if batching and given else 1
     for name, datatype, shape in ordered:
         spec = declared[name]
         check_datatype(model, name, datatype, spec.datatype)
@@ -38,9 +42,12 @@ def check_inputs(model: str, declared: Mapping[str, DeclaredInput], max_batch_si
     return batch_size
 
 
+def runs_without_inputs(platform: str, control_inputs: int, states: int) -> bool:
+    """Whether a request given no inputs still reaches its model with some (``check_inputs``)."""
+    return platform == "ensemble" or control_inputs > 0 or states > 0
+
+
 def _batch_size(model: str, max_batch_size: int, given: Sequence[tuple[str, str, Sequence[int]]]) -> int:
-    if not given:   # a batching model's inputs all optional and none given: Triton reads the first one's batch
-        raise InvalidArgument("out of bounds index 0: request has 0 inputs")
     batch_size = -1
     for name, _, shape in given:
         if not shape:

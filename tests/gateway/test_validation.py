@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+import orjson
 import pytest
 
 from tritium.gateway.inference import InferRequest, InputTensor, RequestedOutput
@@ -384,3 +385,17 @@ def test_a_request_without_inputs_to_a_model_whose_inputs_are_all_optional():
     with pytest.raises(InvalidArgument) as refused:
         validate_request(spec(inputs=[tensor_config("A", optional=True)]), request())
     assert refused.value.message.endswith("out of bounds index 0: request has 0 inputs")
+
+
+@pytest.mark.parametrize("config", [
+    {"sequence_batching": {"control_input": [{"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START"}]}]}},
+    {"sequence_batching": {"state": [{"input_name": "S_IN", "output_name": "S_OUT", "data_type": "TYPE_FP32",
+                                      "dims": [1]}]}},
+    {"platform": "ensemble"},
+])
+def test_a_batching_model_whose_scheduler_adds_inputs_runs_a_request_given_none(config):
+    """Sequence controls and implicit state reach the model as inputs (Triton's backend finds an
+    input 0), and an ensemble's steps get what they get: a batch of one."""
+    model = spec(inputs=[tensor_config("A", optional=True)])
+    model = ModelSpec.from_config({**orjson.loads(model.config_json), **config})
+    assert validate_request(model, request()) == 1
