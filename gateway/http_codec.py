@@ -362,27 +362,44 @@ def _flatten(data: object, model: str, name: str) -> list:
         return [data]
     if not data or not isinstance(data[0], list):   # the usual flat list
         if any(isinstance(v, list) for v in data):
-            raise InvalidArgument(f"'data' of input '{name}' for model '{model}' is ragged")
+            raise _ragged(model, name)
         return data
-    return flatten_json(data, InvalidArgument(f"'data' of input '{name}' for model '{model}' is ragged"))
+    flat: list = []
+    for row in data:   # the usual rows of scalars, read here; deeper arrays the general way
+        if not isinstance(row, list) or (row and isinstance(row[0], list)):
+            return flatten_json(data, _ragged(model, name))
+        if any(isinstance(v, list) for v in row):
+            raise _ragged(model, name)
+        flat.extend(row)
+    return flat
+
+
+def _ragged(model: str, name: str) -> InvalidArgument:
+    return InvalidArgument(f"'data' of input '{name}' for model '{model}' is ragged")
 
 
 def flatten_json(data: list, ragged: Exception | None = None) -> list:
     """The scalars of nested JSON arrays, in order. ``ragged``: raised for an array that holds
     arrays and scalars both (None: read them all the same). Iterative: JSON may nest deeper than
-    Python's recursion limit, and Triton reads any depth."""
+    Python's recursion limit, and Triton reads any depth. An array of scalars is taken whole."""
     flat: list = []
-    levels: list[list] = [[iter(data), None]]   # [the array's iterator, whether it holds arrays]
+    levels: list[list] = [[data, 0]]   # [an array, where to go on reading it]
     while levels:
         level = levels[-1]
-        for item in level[0]:
-            nested = isinstance(item, list)
-            if level[1] is None:
-                level[1] = nested
-            elif level[1] != nested and ragged is not None:
+        array, start = level
+        if start == 0:
+            arrays = sum(isinstance(v, list) for v in array)
+            if not arrays:
+                flat.extend(array)
+                levels.pop()
+                continue
+            if ragged is not None and arrays != len(array):
                 raise ragged
-            if nested:
-                levels.append([iter(item), None])
+        for position in range(start, len(array)):
+            item = array[position]
+            if isinstance(item, list):
+                level[1] = position + 1
+                levels.append([item, 0])
                 break
             flat.append(item)
         else:
