@@ -102,11 +102,12 @@ class Batch:
             self.held_outcomes = []
         self.held_outcomes.append((request, ok, now, cancelled))
 
-    def record_held_outcomes(self) -> None:
-        """The batch has its timings (or will have none: its instance is gone)."""
+    def record_held_outcomes(self, failed: bool = False) -> None:
+        """The batch has its timings (or will have none: its instance is gone). ``failed``: its
+        execute raised, which fails the requests it answered before too, as Triton counts them."""
         held, self.held_outcomes = self.held_outcomes, None
         for request, ok, now, cancelled in held or ():
-            self.record_outcome(request, ok, now, cancelled)
+            self.record_outcome(request, ok and not failed, now, cancelled)
 
     def record_outcome(self, request: PendingRequest, ok: bool, now: int, cancelled: bool = False) -> None:
         """A request of this batch had its (final) answer: its version's statistics count it

@@ -591,7 +591,7 @@ class Scheduler:
 
     def batch_done(self, iid: bytes, done: BatchDone, frames: list) -> None:
         """Route a batch's RESPONSE records (``frames``), one message per client."""
-        batch = self._batch_ended(iid, done.number, done.timings)
+        batch = self._batch_ended(iid, done.number, done.timings, done.raised)
         if batch is None:
             return
         now = self.last_done_ns
@@ -611,7 +611,7 @@ class Scheduler:
             answered = self._run_again(batch, done.rescheduled, now)
         if done.still_open is not None:
             if done.ran:
-                self.streams.executed(batch)
+                self.streams.executed(batch, counted=not done.raised)
             self._steps_executed(batch, timings)
         elif not _answers_every_request(done, len(answered), len(frames)):
             self._fail_batch(batch, f"answered batch {done.number} of {len(answered)} request(s) with "
@@ -673,7 +673,7 @@ class Scheduler:
             self._end_iterations(batch.version, batch.requests)
             self._dispatch_after(batch.version, self.last_done_ns)
 
-    def _batch_ended(self, iid: bytes, number: int, timings: tuple = NO_TIMINGS) -> Batch | None:
+    def _batch_ended(self, iid: bytes, number: int, timings: tuple = NO_TIMINGS, raised: bool = False) -> Batch | None:
         """The instance is done with batch ``number``, which took ``timings``: it leaves the instance,
         which takes work again, and the answers it gave while it ran are counted."""
         instance = self.registry.instances.get(iid)
@@ -682,7 +682,7 @@ class Scheduler:
             log.warning("result for unknown batch %s from instance %r dropped", number, iid)
             return None
         batch.timings = timings
-        batch.record_held_outcomes()
+        batch.record_held_outcomes(raised)
         self.requests_running -= len(batch.requests)
         instance.credit += 1
         if self.rate_limiter is not None:

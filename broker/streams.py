@@ -62,13 +62,15 @@ class OpenStreams:
                 del self.batches[number]
         return first
 
-    def executed(self, batch: Batch) -> None:
+    def executed(self, batch: Batch, counted: bool = True) -> None:
         """The instance is done executing a decoupled batch; its requests may still be answering.
+        ``counted``: false for an execute that raised (Triton counts no execution for it).
 
         The broker counts final responses itself rather than trusting the BATCH_DONE's
         ``open`` list: a response sent from a model's own thread can leave after it.
         """
-        batch.version.stats.record_execution(batch.batch_size, batch.timings)
+        if counted:
+            batch.version.stats.record_execution(batch.batch_size, batch.timings)
         if len(batch.finished) < len(batch.requests):
             self.batches[batch.number] = batch
 

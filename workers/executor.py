@@ -355,10 +355,12 @@ class BatchExecutor:
             requests.append((index, item, request))
         t1 = inputs_ready[0] = time.monotonic_ns()
         returned: list = []
+        raised = False
         try:
             if requests:
                 returned = self.instance.execute([request for _, _, request in requests]) or []
         except Exception as exc:
+            raised = True
             error = self._execution_error(exc)
             if not still_open and error is exc:   # no client gets it, and it was not logged yet
                 log.error("%s", error.message)
@@ -374,7 +376,7 @@ class BatchExecutor:
             self._answering.pop((batch, index), None)
         t2 = time.monotonic_ns()
         return [BatchDone(batch, [], [], (t1 - t0, t2 - t1, 0), sorted(still_open), ran=ran,
-                          rescheduled=again or None).encode()]
+                          rescheduled=again or None, raised=raised).encode()]
 
     def _sender(self, batch: int, index: int, item: _Item, still_open: set[int], first: list[bool],
                 stamps: Callable[[], dict] | None = None):

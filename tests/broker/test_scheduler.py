@@ -278,6 +278,19 @@ def test_a_decoupled_request_answered_while_its_batch_executes_counts_the_batch_
         [(1, 11), (1, 300_000_000), (1, 13)]
 
 
+def test_a_decoupled_request_answered_before_its_execute_raised_counts_as_failed_as_in_triton():
+    registry, version, scheduler, to_instances, to_gateways, clock = make_world(
+        "model_transaction_policy { decoupled: true }")
+    add_instance(registry, version, "i0")
+    submit(scheduler, b"gw", 1)
+    number = sent_batch(to_instances[0])[1]["b"]
+    scheduler.streams.response_part(b"i0", ResponsePart(number, 0), [Response(1, [], final=True).encode()])
+    scheduler.batch_done(b"i0", BatchDone(number, [], [], (1, 2, 3), still_open=[], raised=True), [])
+    stats = version.stats
+    assert (stats.success.count, stats.failures, stats.execution_count) == (0, {"BACKEND": 1}, 0)
+    assert len(to_gateways) == 1   # its answer went out as it was
+
+
 @pytest.mark.parametrize("ending", ["unreadable BATCH_DONE", "instance lost", "broker exiting"])
 def test_a_decoupled_request_answered_while_its_batch_executes_counts_however_the_batch_ends(ending):
     registry, version, scheduler, to_instances, to_gateways, clock = make_world(

@@ -763,9 +763,10 @@ def test_a_decoupled_models_failure_after_every_request_was_answered_is_logged(c
     cfg = config(BATCHING_CONFIG + "model_transaction_policy { decoupled: true }")
     executor = BatchExecutor(PerRequest(respond), cfg, send=sent.append)
     with caplog.at_level("ERROR", logger="tritium.workers.executor"):
-        executor.run(batch_frames([{"rid": 1, "inputs": [fp32_input(rows(1))]}]))
+        (done,) = executor.run(batch_frames([{"rid": 1, "inputs": [fp32_input(rows(1))]}]))
     assert len(sent) == 1   # the final flag only: the error has no request left to go to
     assert [r.getMessage() for r in caplog.records] == ["returned a list"]
+    assert read_record(done)[0].raised   # the broker counts the answered request failed, as Triton
 
 
 def test_a_response_both_sent_and_returned_is_answered_by_the_sent_one_and_counts_as_a_failure():

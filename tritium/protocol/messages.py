@@ -379,6 +379,9 @@ class BatchDone(Message, frozen=True, tag=int(Kind.BATCH_DONE)):
     rescheduled: Annotated[list[int] | None, doc("iterative sequences: requests the model released to run again "
                                                  "(no response follows for them; `ok` and `rx` skip them)")] = field(
         default=None, name="rs")
+    raised: Annotated[bool, doc("decoupled batches: execute raised, which fails each request of the batch, "
+                                "one answered before too, and counts no execution (Triton's statistics)")] = field(
+        default=False, name="x")
 
 
 class ResponsePart(Message, frozen=True, tag=int(Kind.RESPONSE_PART)):
