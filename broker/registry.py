@@ -19,7 +19,7 @@ from tritium.broker.queue_policy import QueuePolicy
 from tritium.broker.sequences import SequenceBatcher, SequencePolicy
 from tritium.broker.stats import ModelVersionStats
 from tritium.datatypes import BY_CONFIG_NAME
-from tritium.input_checks import DeclaredInput
+from tritium.input_checks import DeclaredInput, runs_without_inputs
 from tritium.repo import ModelDefinition
 from tritium.repo.backends import ENSEMBLE_PLATFORM
 from tritium.repo.autoscale import AutoscalePolicy, autoscale_policy
@@ -173,6 +173,7 @@ class ModelVersion:
     variable_shapes: bool = field(init=False)
     ragged_inputs: frozenset[str] = field(init=False)   # inputs whose shapes need not match in a batch
     declared_inputs: dict[str, DeclaredInput] = field(init=False)   # what a BLS call's inputs are checked against
+    runs_without_inputs: bool = field(init=False)   # (tritium/input_checks.py)
     stateful: bool = field(init=False)   # its requests form sequences bound to instance slots (sequence_batching)
     iterative: bool = field(init=False)  # iterative_sequence: its model may release requests to run again
     # Triton's Python backend counts every execution in the statistics; its other backends only
@@ -203,6 +204,8 @@ class ModelVersion:
             if self.definition.runs_python else frozenset()
         self.declared_inputs = {t.name: DeclaredInput(_datatype_name(t.data_type), tuple(t.dims), t.optional)
                                 for t in config.input}
+        self.runs_without_inputs = runs_without_inputs(config.platform, len(config.sequence_batching.control_input),
+                                                       len(config.sequence_batching.state))
 
     @property
     def key(self) -> tuple[str, int]:

@@ -30,7 +30,7 @@ from tritium.broker.registry import (
     Registry,
     VersionState,
 )
-from tritium.input_checks import check_inputs, runs_without_inputs
+from tritium.input_checks import check_inputs
 from tritium.errors import Cancelled, ErrorCode, InternalError, InvalidArgument, NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
 from tritium.broker.sequences import END as SEQUENCE_END, START as SEQUENCE_START, SequenceBatcher
@@ -923,12 +923,10 @@ def _no_instance_error(version: ModelVersion) -> Unavailable:
 def _bls_inputs_refused(version: ModelVersion, header: Infer) -> TritiumError | None:
     """A model's BLS call whose inputs the called model does not take (names, datatypes, shapes), as
     Triton's core refuses it (a gateway checks its clients' requests, and their sizes, before they come)."""
-    config = version.definition.config
-    sequence = config.sequence_batching
     try:
-        check_inputs(version.name, version.declared_inputs, config.max_batch_size,
+        check_inputs(version.name, version.declared_inputs, version.definition.config.max_batch_size,
                      [(descriptor[0], descriptor[1], descriptor[2]) for descriptor in header.inputs],
-                     runs_without_inputs(config.platform, len(sequence.control_input), len(sequence.state)))
+                     version.runs_without_inputs)
     except InvalidArgument as exc:
         return InvalidArgument(f"[request id: {header.request_id or '<id_unknown>'}] {exc.message}")
     return None

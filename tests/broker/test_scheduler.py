@@ -260,16 +260,23 @@ def test_the_first_response_histogram_counts_a_decoupled_request_at_its_first_re
     assert version.stats.success.count == 1
 
 
-def test_a_decoupled_request_answered_while_its_batch_executes_counts_the_batch_s_compute_times():
-    """Its final response leaves before the instance says how long the batch took: the request is
-    counted once it does, with those times, as Triton counts a request's compute times."""
+def answered_while_executing(wait_ns: int = 0):
+    """A decoupled model's one request, its batch sent to instance i0 and its final response given
+    ``wait_ns`` after, while the batch still executes: (version, scheduler, gateway messages, batch number)."""
     registry, version, scheduler, to_instances, to_gateways, clock = make_world(
         "model_transaction_policy { decoupled: true }")
     add_instance(registry, version, "i0")
     submit(scheduler, b"gw", 1)
     number = sent_batch(to_instances[0])[1]["b"]
-    clock.now += 300_000_000
+    clock.now += wait_ns
     scheduler.streams.response_part(b"i0", ResponsePart(number, 0), [Response(1, [], final=True).encode()])
+    return version, scheduler, to_gateways, number
+
+
+def test_a_decoupled_request_answered_while_its_batch_executes_counts_the_batch_s_compute_times():
+    """Its final response leaves before the instance says how long the batch took: the request is
+    counted once it does, with those times, as Triton counts a request's compute times."""
+    version, scheduler, _, number = answered_while_executing(300_000_000)
     assert version.stats.success.count == 0   # not yet: the batch's times are not known
     scheduler.batch_done(b"i0", BatchDone(number, [], [], (11, 300_000_000, 13), still_open=[]), [])
     stats = version.stats
@@ -279,12 +286,7 @@ def test_a_decoupled_request_answered_while_its_batch_executes_counts_the_batch_
 
 
 def test_a_decoupled_request_answered_before_its_execute_raised_counts_as_failed_as_in_triton():
-    registry, version, scheduler, to_instances, to_gateways, clock = make_world(
-        "model_transaction_policy { decoupled: true }")
-    add_instance(registry, version, "i0")
-    submit(scheduler, b"gw", 1)
-    number = sent_batch(to_instances[0])[1]["b"]
-    scheduler.streams.response_part(b"i0", ResponsePart(number, 0), [Response(1, [], final=True).encode()])
+    version, scheduler, to_gateways, number = answered_while_executing()
     scheduler.batch_done(b"i0", BatchDone(number, [], [], (1, 2, 3), still_open=[], raised=True), [])
     stats = version.stats
     assert (stats.success.count, stats.failures, stats.execution_count) == (0, {"BACKEND": 1}, 0)
@@ -293,12 +295,7 @@ def test_a_decoupled_request_answered_before_its_execute_raised_counts_as_failed
 
 @pytest.mark.parametrize("ending", ["unreadable BATCH_DONE", "instance lost", "broker exiting"])
 def test_a_decoupled_request_answered_while_its_batch_executes_counts_however_the_batch_ends(ending):
-    registry, version, scheduler, to_instances, to_gateways, clock = make_world(
-        "model_transaction_policy { decoupled: true }")
-    add_instance(registry, version, "i0")
-    submit(scheduler, b"gw", 1)
-    number = sent_batch(to_instances[0])[1]["b"]
-    scheduler.streams.response_part(b"i0", ResponsePart(number, 0), [Response(1, [], final=True).encode()])
+    version, scheduler, to_gateways, number = answered_while_executing()
     if ending == "unreadable BATCH_DONE":
         scheduler.batch_unreadable(b"i0", number, "truncated")
     elif ending == "instance lost":
