@@ -71,9 +71,6 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _BACKOFF_START_S = 1.0
 _BACKOFF_MAX_S = 32.0
 _HEALTHY_AFTER_S = 60.0  # a process that ran this long starts its next backoff from the beginning
-# Instances that would fail the same way again: their exit status, and what it says.
-_NOT_RESTARTED = {ExitCode.INIT_FAILED: "failed to initialize",
-                  ExitCode.PROTOCOL_MISMATCH: "was refused by the broker"}
 
 
 @dataclass(frozen=True)
@@ -114,6 +111,7 @@ class Child:
     kill_at: float | None = None   # stopped on purpose: SIGKILL if still running then
     identity: str = ""  # the load identity the broker gave (what the process runs), for adoption
     scaled: bool = False   # started by SCALE (an autoscaled model), not from instance groups
+    final_word: int | None = None   # the pipe on which the running process says why it ends for good
 
     def running(self) -> RunningInstance:
         """How the HELLO to a new broker describes this instance, so that it may keep it."""
@@ -476,9 +474,21 @@ class HostAgent:
             env["CUDA_VISIBLE_DEVICES"] = str(child.plan.gpu)
         # A process group of its own, as serve's children have (see tritium/supervisor.py): a signal
         # to the agent's group (Ctrl-C) reaches the agent alone, which stops its instances after their batch.
-        child.process = subprocess.Popen(
-            [sys.executable, "-m", "tritium.workers.instance", child.iid], stdin=subprocess.PIPE, env=env,
-            **own_process_group())
+        # The instance writes here why it ends for good (it could not initialize, the broker refused
+        # it): an exit status alone could as well come from its model's code, which is restarted.
+        final_read, final_write = os.pipe()
+        spec["final_fd"] = final_write
+        try:
+            child.process = subprocess.Popen(
+                [sys.executable, "-m", "tritium.workers.instance", child.iid], stdin=subprocess.PIPE, env=env,
+                pass_fds=(final_write,), **own_process_group())
+        except BaseException:
+            os.close(final_read)
+            raise
+        finally:
+            os.close(final_write)
+        os.set_blocking(final_read, False)
+        child.final_word = final_read
         child.process.stdin.write(json.dumps(spec).encode())
         child.process.stdin.close()
         child.started_at = time.monotonic()
@@ -498,17 +508,17 @@ class HostAgent:
                 continue
             _end_its_group(child.process.pid)
             child.process = None
+            final = _final_word(child)
             why = f"exited with status {code}" if code >= 0 else f"was killed by signal {-code}"
             if self._adoptable.pop(child.iid, None) is not None:
                 child.wanted = False   # it belonged to the previous broker: the new one starts its own
             self._send(InstanceExited(child.iid, why, code, child.epoch, child.plan.key, not child.wanted,
-                                      child.spec.get("boot")))
+                                      child.spec.get("boot"), final=bool(final)))
             if not child.wanted or not self._running or self._drain_deadline is not None:
                 self.children.remove(child)
                 continue
-            if code in _NOT_RESTARTED:
-                log.error("instance %s of %s %s; not restarting it", child.plan.key, child.model,
-                          _NOT_RESTARTED[code])
+            if final:
+                log.error("instance %s of %s %s; not restarting it", child.plan.key, child.model, final)
                 self.children.remove(child)
                 continue
             if time.monotonic() - child.started_at >= _HEALTHY_AFTER_S:
@@ -584,3 +594,17 @@ def _end_its_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _final_word(child: Child) -> str:
+    """Why the instance that just exited ended for good, in its own words; "" when it did not say
+    (a crash, or its model ended the process): it is then started again."""
+    if child.final_word is None:
+        return ""
+    try:
+        return os.read(child.final_word, 4096).decode(errors="replace")
+    except BlockingIOError:
+        return ""
+    finally:
+        os.close(child.final_word)
+        child.final_word = None

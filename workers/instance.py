@@ -2,8 +2,8 @@
 
 Started by the host agent as ``python -m tritium.workers.instance <iid>`` with its spec as JSON
 on stdin. It initializes the model, says HELLO (granting credit), then executes every
-BATCH it receives. If initialization fails it reports INSTANCE_FAILED and exits with
-``ExitCode.INIT_FAILED``, which tells the agent not to restart it.
+BATCH it receives. If initialization fails it reports INSTANCE_FAILED, tells the agent not to
+start it again and exits with ``ExitCode.INIT_FAILED``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import zmq
 from google.protobuf import json_format
@@ -369,6 +370,9 @@ def main() -> None:
     # agent's terminal would stop it (an agent run by hand; serve's children ignore the signal already).
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     spec = json.loads(sys.stdin.read())
+    final_fd = spec.get("final_fd")   # where it tells its agent why it ends for good
+    if final_fd is not None:
+        os.set_inheritable(final_fd, False)   # not for the programs its model may start
     logs.configure(f"instance:{spec['model']}:{spec['key']}", spec.get("log_verbose", 0), spec.get("log_file"))
     if spec.get("log_settings"):
         logs.apply_wire(spec["log_settings"])
@@ -396,7 +400,7 @@ def main() -> None:
         sock.send_parts([failed(message)])
         sock.close(_LINGER_S)
         context.term()
-        sys.exit(ExitCode.INIT_FAILED)
+        _end_for_good(final_fd, "failed to initialize", ExitCode.INIT_FAILED)
     try:
         warm_up(executor, executor.config, Path(spec["model_dir"]))
     except Exception as exc:   # a model that cannot run its warmup is not ready, as in Triton
@@ -404,7 +408,7 @@ def main() -> None:
         sock.send_parts([failed(f"warmup failed: {exc}")])
         sock.close(_LINGER_S)
         context.term()
-        sys.exit(ExitCode.INIT_FAILED)
+        _end_for_good(final_fd, "failed its warmup", ExitCode.INIT_FAILED)
     stopping: list = []
     signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, stopping, agent,
                                                     spec.get("exit_timeout_s", 30.0) + FINALIZE_GRACE_S))
@@ -445,7 +449,7 @@ def main() -> None:
     heartbeat.start()
     tune_for_serving()
     try:
-        _serve(sock, executor, outbox, stopping, rejoin)
+        _serve(sock, executor, outbox, stopping, rejoin, final_fd)
     finally:
         heartbeat.stopped.set()
         for part in lifecycle:  # instance, model, backend
@@ -468,7 +472,18 @@ def _on_sigterm(stopping: list, agent: int, within_s: float, *_) -> None:
     faulthandler.dump_traceback_later(within_s, exit=True)   # a C thread: needs neither the GIL nor a lock
 
 
-def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: list, rejoin) -> None:
+def _end_for_good(fd: int | None, why: str, code: ExitCode) -> NoReturn:
+    """Exit, telling the agent first not to start this instance again: it would end the same way."""
+    if fd is not None:
+        try:
+            os.write(fd, why.encode())
+        except OSError:   # the agent is gone: nobody to tell
+            pass
+    sys.exit(code)
+
+
+def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: list, rejoin,
+           final_fd: int | None) -> None:
     """Read and answer the broker's messages until stopped.
 
     The loop asks the socket whether a message is queued and blocks on its descriptor only
@@ -510,7 +525,7 @@ def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: 
                 logs.apply_wire(message.settings)
             elif kind is Refused:   # its agent does not restart it: it would be refused again
                 log.error("broker refused this instance: %s", message.reason)
-                sys.exit(ExitCode.PROTOCOL_MISMATCH)
+                _end_for_good(final_fd, "was refused by the broker", ExitCode.PROTOCOL_MISMATCH)
             elif kind is Reset:
                 reset = message
                 if reset.epoch is None:

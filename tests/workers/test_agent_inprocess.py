@@ -76,6 +76,15 @@ EXITING_MODEL = """
         def initialize(self, args):
             sys.exit(3)   # not an Exception: Triton's stub reports it all the same
 """
+# Exits with the status of an init failure once serving: only the instance's own word, not its exit
+# status, keeps the agent from starting it again.
+EXITS_IN_EXECUTE_MODEL = """
+    import os
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            os._exit(3)
+"""
 
 
 def config(name: str, instances: int = 1) -> str:
@@ -99,7 +108,7 @@ class Host:
         self.repo = root / "repo"
         for name, instances, model in (("echo", 1, ECHO_MODEL), ("pair", 2, ECHO_MODEL), ("broken", 1, BROKEN_MODEL),
                                        ("exits", 1, EXITING_MODEL), ("unimportable", 1, UNIMPORTABLE_MODEL),
-                                       ("stuck", 1, STUCK_MODEL)):
+                                       ("stuck", 1, STUCK_MODEL), ("exits_later", 1, EXITS_IN_EXECUTE_MODEL)):
             write_model(self.repo, name, config(name, instances), {"1/model.py": model})
         self.address, self.folder = ipc_address("broker")
         self.broker = ScriptedBroker(self.address)
@@ -255,7 +264,7 @@ def test_an_instance_that_fails_to_initialize_says_why_exits_init_failed_and_is_
     host.broker.tell(host.peer, Assign((assignment,)))
     assert host.placed(assignment.epoch)["instances"] == [f"{model}_0_0"]
     (exited,) = host.exits(assignment.epoch, 1)
-    assert (exited["code"], exited["stopped"]) == (ExitCode.INIT_FAILED, False)
+    assert (exited["code"], exited["stopped"], exited["final"]) == (ExitCode.INIT_FAILED, False, True)
     (failed,) = host.broker.of(Kind.INSTANCE_FAILED)
     assert (failed["m"], failed["name"]) == (model, f"{model}_0_0")
     assert failed["err"]["message"].startswith(why)
@@ -270,8 +279,21 @@ def test_an_instance_the_broker_refuses_exits_and_is_not_restarted(host):
     ((iid, _),) = host.instance_hellos(assignment.epoch, 1)
     host.broker.tell(iid, Refused('Invalid argument: Resource count for "R" is limited to 0 ...'))
     (exited,) = host.exits(assignment.epoch, 1)
-    assert (exited["code"], exited["stopped"]) == (ExitCode.PROTOCOL_MISMATCH, False)
+    assert (exited["code"], exited["stopped"], exited["final"]) == (ExitCode.PROTOCOL_MISMATCH, False, True)
     assert host.agent.children == []
+
+
+def test_an_instance_whose_model_ends_the_process_with_any_status_is_started_again(host):
+    host.joined()
+    assignment = host.assignment("exits_later")
+    host.broker.tell(host.peer, Assign((assignment,)))
+    ((first, _),) = host.instance_hellos(assignment.epoch, 1)
+    host.broker.send(first, Batch(1, 1).encode(),
+                     Infer(1, "exits_later", [["X", "FP32", [1, 2], 8, False]], version=1, batch_size=1).encode([bytes(8)]))
+    (exited,) = host.exits(assignment.epoch, 1)
+    assert (exited["code"], exited["stopped"], exited.get("final")) == (ExitCode.INIT_FAILED, False, None)
+    hellos = host.instance_hellos(assignment.epoch, 2)   # after the first backoff (1 s)
+    assert hellos[-1][0] != first and hellos[-1][1]["name"] == "exits_later_0_0"
 
 
 def test_an_assignment_it_cannot_place_is_answered_with_the_reason(host):

@@ -618,6 +618,7 @@ class InstanceExited(Message, frozen=True, tag=int(Kind.INSTANCE_EXITED)):
     name: Annotated[str, doc("instance key")]
     stopped: Annotated[bool, doc("stopped on purpose")]
     boot: Annotated[int | None, doc("the broker process it was started for")]
+    final: Annotated[bool, doc("it said why it ended for good (init failed, refused): not restarted")] = False
 
 
 class InstanceHealth(Message, frozen=True, tag=int(Kind.INSTANCE_HEALTH)):
