@@ -411,17 +411,19 @@ def flatten_json(data: list, ragged: Exception | None = None) -> list:
 
 def encode_infer_response(result: InferResult, requested: list[RequestedOutput] | None,
                           binary_default: bool) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """(headers, body) of a successful inference response."""
+    """(headers, body) of a successful inference response. ``binary_default`` (the request's
+    ``binary_data_output``) applies to the outputs the request did not name, as in Triton: a named
+    output is binary only if its own ``binary_data`` says so."""
     wanted = {o.name: o.parameters for o in requested} if requested else {}
     outputs: list[dict[str, object]] = []
     chunks: list[bytes | memoryview] = []
     for output in result.outputs:
-        parameters = wanted.get(output.name, {})
+        parameters = wanted.get(output.name)
         entry: dict[str, object] = {"name": output.name, "datatype": output.datatype, "shape": output.shape}
         if output.in_shared_memory:  # name, datatype and shape only, as in Triton
             outputs.append(entry)
             continue
-        if parameters.get("binary_data", binary_default):
+        if binary_default if parameters is None else parameters.get("binary_data", False):
             data = output.data
             entry["parameters"] = {"binary_data_size": len(data)}
             chunks.append(data)

@@ -442,15 +442,22 @@ def test_binary_outputs_follow_the_json_in_order_with_the_header_length():
     assert len(body) == header_length + sum(sizes)
 
 
+def test_binary_data_output_applies_to_the_outputs_the_request_does_not_name():
+    a, b = fp32_output("A", (1.0,)), fp32_output("B", (2.0,))
+    # Triton's HTTP server reads a named output's own binary_data (default false), never the
+    # request's binary_data_output
+    for requested in ([RequestedOutput("A", {"binary_data": False}), RequestedOutput("B")],
+                      [RequestedOutput("A"), RequestedOutput("B", {"classification": 0})]):
+        headers, body = encode_infer_response(result(a, b), requested, True)
+        assert dict(headers) == {b"content-type": b"application/json"}
+        assert [o["data"] for o in orjson.loads(body)["outputs"]] == [[1.0], [2.0]]
+    headers, body = encode_infer_response(result(a, b), None, True)
+    header_length = int(dict(headers)[b"inference-header-content-length"])
+    assert [o["parameters"] for o in orjson.loads(body[:header_length])["outputs"]] == [{"binary_data_size": 4}] * 2
+
+
 def test_per_output_binary_data_overrides_the_default():
     a, b = fp32_output("A", (1.0,)), fp32_output("B", (2.0,))
-    requested = [RequestedOutput("A", {"binary_data": False}), RequestedOutput("B")]
-    headers, body = encode_infer_response(result(a, b), requested, True)
-    header_length = int(dict(headers)[b"inference-header-content-length"])
-    document = orjson.loads(body[:header_length])
-    assert document["outputs"][0]["data"] == [1.0]
-    assert document["outputs"][1]["parameters"] == {"binary_data_size": 4}
-    assert body[header_length:] == b.data
 
     requested = [RequestedOutput("A", {"binary_data": True}), RequestedOutput("B")]
     headers, body = encode_infer_response(result(a, b), requested, False)
