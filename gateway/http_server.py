@@ -36,7 +36,7 @@ _SWEEP_INTERVAL_S = 5.0
 MAX_PIPELINED = 32   # requests parsed ahead of their answers; past it the connection is not read
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_C_INT_MAX = 2**31 - 1   # the largest Inference-Header-Content-Length Triton parses
+C_INT_MAX = 2**31 - 1   # the largest Inference-Header-Content-Length Triton parses
 
 
 @dataclass(slots=True)
@@ -208,7 +208,7 @@ class HttpConnection(asyncio.Protocol):
             # The limit is the JSON header's: the binary tensor data after it is bounded only by
             # what Triton parses as a Content-Length (--http-max-input-size bounds JSON, not
             # binary inputs, in Triton).
-            self._body_limit = _C_INT_MAX
+            self._body_limit = C_INT_MAX
             if json_length > self.settings.max_body_bytes:
                 self._too_large = json_length
         if not self._too_large and size is not None and size > self._body_limit:
@@ -217,15 +217,15 @@ class HttpConnection(asyncio.Protocol):
             self.transport.write(_CONTINUE)
 
     def _json_length_of_binary_infer(self) -> int | None:
-        """The JSON header's length of an inference request with binary data after it; None for
-        any other request (a raw body, ``Inference-Header-Content-Length: 0``, is all input,
-        which the limit bounds; a length past the body is refused by the request's decoder)."""
+        """The JSON header's length of an inference request with binary data after it (0 for a raw
+        body, ``Inference-Header-Content-Length: 0``, all binary input); None for any other request
+        (a length past the body is refused by the request's decoder)."""
         text = self._headers.get(b"inference-header-content-length")
         if text is None or not text.isdigit() or not self._url.split(b"?", 1)[0].endswith(b"/infer"):
             return None
         length = int(text)
         declared = self._headers.get(b"content-length")
-        if length == 0 or length > _C_INT_MAX or (declared is not None and declared.isdigit() and length > int(declared)):
+        if length > C_INT_MAX or (declared is not None and declared.isdigit() and length > int(declared)):
             return None
         return length
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.e2e.rawhttp import error_of, request
-from tests.models import add_sub_model, all_types_model
+from tests.models import add_sub_model, all_types_model, python_model
 from tests.servers import TritiumServer
 
 MAX_INPUT = 256 * 1024
@@ -21,9 +21,27 @@ def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     add_sub_model(repo, "add_sub", max_batch_size=8)
     all_types_model(repo)
+    python_model(repo, "total", TOTAL_MODEL, TOTAL_CONFIG)
     with TritiumServer(repo, "--http-max-input-size", str(MAX_INPUT)) as running:
         yield running
 
+
+# One input of any length: a raw body (all binary input) can be as large as a test needs.
+TOTAL_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "Y", np.array([pb_utils.get_input_tensor_by_name(r, "X").as_numpy().size], np.float32))])
+                for r in requests]
+"""
+TOTAL_CONFIG = """
+backend: "python"
+input [ { name: "X", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]
+"""
 
 ROW = [float(i) for i in range(16)]
 
@@ -172,13 +190,44 @@ def test_body_over_the_limit_is_refused(server):
     assert_still_serving(server)
 
 
-def test_a_raw_body_over_the_limit_is_refused_with_tritons_words(server):
-    body = bytes(MAX_INPUT + 8)
-    status, _, reply = request(server.url, "POST", "/v2/models/add_sub/infer", body=body,
-                              headers={"Inference-Header-Content-Length": "0"})
+def elements_counted(status, headers, reply) -> float:
+    assert status == 200, reply
+    return float(np.frombuffer(reply[int(headers["inference-header-content-length"]):], np.float32)[0])
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_binary_data_over_the_json_limit_is_read_as_in_triton(server, compress):
+    """The limit is on JSON: a raw body's input, or the binary tensor data after a JSON header, is not
+    bounded by it (Triton 2.51 reads a raw body of 64 MiB and more), also when compressed."""
+    data = bytes(MAX_INPUT + 8)
+    encoding = {"Content-Encoding": "gzip"} if compress else {}
+    pack = gzip.compress if compress else bytes
+    status, headers, reply = request(server.url, "POST", "/v2/models/total/infer", body=pack(data),
+                                     headers={"Inference-Header-Content-Length": "0", **encoding})
+    assert elements_counted(status, headers, reply) == len(data) // 4
+    header = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [len(data) // 4],
+                          "parameters": {"binary_data_size": len(data)}}],
+              "outputs": [{"name": "Y", "parameters": {"binary_data": True}}]}
+    body, binary = binary_request(header, data)
+    status, headers, reply = request(server.url, "POST", "/v2/models/total/infer", body=pack(body),
+                                     headers={**binary, **encoding})
+    assert elements_counted(status, headers, reply) == len(data) // 4
+
+
+def test_compressed_json_over_the_limit_is_refused(server):
+    body = b"{" + b" " * (MAX_INPUT + 16) + b"}"
+    status, _, reply = request(server.url, "POST", "/v2/models/add_sub/infer", body=gzip.compress(body),
+                               headers={"Content-Encoding": "gzip"})
     assert status == 400 and error_of(reply) == (
-        f"Raw input has a byte_size ({len(body)} bytes) that exceeds the maximum allowed value of {MAX_INPUT} "
-        "bytes. Use --http-max-input-size to increase the limit.")
+        f"Decompressed data size exceeds the maximum allowed value of {MAX_INPUT} bytes. Use "
+        "--http-max-input-size to increase the limit.")
+    header = json.dumps(binary_header([64, 64])).encode() + b" " * MAX_INPUT
+    status, _, reply = request(server.url, "POST", "/v2/models/add_sub/infer",
+                               body=gzip.compress(header + bytes(128)),
+                               headers={"Content-Encoding": "gzip", "Inference-Header-Content-Length": str(len(header))})
+    assert status == 400 and error_of(reply) == (
+        f"request JSON size of {len(header)} bytes exceeds the maximum allowed input size of {MAX_INPUT} bytes. "
+        "Use --http-max-input-size to increase the limit.")
     assert_still_serving(server)
 
 
