@@ -337,6 +337,13 @@ def json_to_bytes(model: str, name: str, datatype: str, shape: list[int], data: 
     return _numbers_to_bytes(model, name, dt.name, dt.numpy, values)
 
 
+def _json_kind(value) -> str:
+    """What a JSON value is, in JSON's words (the value itself may be large)."""
+    if isinstance(value, bool) or value is None:
+        return _as_json(value)
+    return {str: "a string", dict: "an object"}.get(type(value), "a number")
+
+
 def _as_json(value) -> str:
     """A value as the client wrote it (null, not None)."""
     try:
@@ -358,8 +365,8 @@ def _numbers_to_bytes(model: str, name: str, datatype: str, dtype: np.dtype, val
 
 
 def _flatten(data: object, model: str, name: str) -> list:
-    if not isinstance(data, list):
-        return [data]
+    if not isinstance(data, list):   # (Triton: a 500, "attempt to access JSON non-array as array")
+        raise InvalidArgument(f"input '{name}' for model '{model}': 'data' must be a JSON array, got {_json_kind(data)}")
     if not data or not isinstance(data[0], list):   # the usual flat list
         if any(isinstance(v, list) for v in data):
             raise _ragged(model, name)

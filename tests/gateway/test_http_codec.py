@@ -199,6 +199,16 @@ def test_element_count_must_match_the_shape():
         assert error.code.http_status == 400
 
 
+@pytest.mark.parametrize("datatype, data, kind", [("FP32", 2.0, "a number"), ("BYTES", "x", "a string"),
+                                                  ("INT32", 5, "a number"), ("BOOL", True, "true"),
+                                                  ("FP32", {"a": 1}, "an object"), ("FP32", None, "null")])
+def test_data_that_is_not_an_array_is_refused(datatype, data, kind):
+    """Triton refuses it (a 500, "attempt to access JSON non-array as array"); it was read as one element."""
+    error = decode_error(one_input(datatype, [1], data))
+    assert isinstance(error, InvalidArgument)
+    assert error.message == f"input 'A' for model 'm': 'data' must be a JSON array, got {kind}"
+
+
 @pytest.mark.parametrize("data", [[[1, 2], 3, 4], [[[1], 2]], [[1, [2]]]])
 def test_ragged_nesting_is_refused_at_any_depth(data):
     error = decode_error(one_input("INT32", [2, 2], data))
