@@ -66,6 +66,7 @@ class LoadInProgress:
     members: set[str] = field(default_factory=set)   # an ensemble's composing models it waits to see loaded
     override: tuple | None = None   # the load API's (config, files) this load applies, if any
     publish: ModelDefinition | None = None   # the config gateways get once a version of this load is READY
+    fresh: list[ModelVersion] = field(default_factory=list)   # versions it loads where none served
 
 
 class ModelLifecycle:
@@ -148,7 +149,16 @@ class ModelLifecycle:
         require_name(name, "unload")
         self.ensembles.forget_dependent(name)   # unloaded on purpose: loading its models does not bring it back
         if name in self._loads:  # after the load in progress, as Triton orders them
-            self._queued.setdefault(name, []).append(lambda: self.unload_now(name, unload_dependents))
+            self._queued.setdefault(name, []).append(lambda: self._unload_asked(name, unload_dependents))
+            return
+        self._unload_asked(name, unload_dependents)
+
+    def _unload_asked(self, name: str, unload_dependents: bool) -> None:
+        record = self.registry.models.get(name)
+        if record is not None and not unload_dependents and not any(
+                v.state in (VersionState.READY, VersionState.LOADING) for v in record.versions.values()):
+            # Nothing of it is loaded (its load failed): as in Triton, unloading it changes nothing,
+            # and its failure keeps the server not ready until a load succeeds.
             return
         self.unload_now(name, unload_dependents)
 
@@ -275,6 +285,7 @@ class ModelLifecycle:
             record.versions[number] = version
             self.registry.versions[version.key] = version
             version.replaces = None
+            load.fresh.append(version)
         load.waiting.add(version.epoch)
         if version.ensemble:  # no instances: READY once the models of its steps are
             limit = definition.config.ensemble_scheduling.max_inflight_requests
@@ -317,6 +328,8 @@ class ModelLifecycle:
             self._queued.setdefault(name, [])[:0] = queued
 
     def _retire_dropped(self, load: LoadInProgress) -> None:
+        if load.errors:
+            self._undo_fresh(load)
         if load.errors and load.retiring:
             log.warning("model %s: keeping version(s) %s serving, since the load that drops them failed",
                         load.name, ", ".join(str(v.version) for v in load.retiring))
@@ -326,6 +339,19 @@ class ModelLifecycle:
                 self._retire(version, unload=True)
         if load.retiring:
             self.membership.changed()
+
+    def _undo_fresh(self, load: LoadInProgress) -> None:
+        """A load that failed unloads the versions it loaded where none served, as Triton does
+        ("If any of the versions fails to load, abort the load and unload all newly loaded
+        versions"): the model is then not half there."""
+        record = self.registry.models.get(load.name)
+        undone = [v for v in load.fresh if v.state == VersionState.READY
+                  and record is not None and record.versions.get(v.version) is v]
+        if undone:
+            log.warning("model %s: unloading version(s) %s, since the load that brought them failed",
+                        load.name, ", ".join(str(v.version) for v in undone))
+        for version in undone:
+            self._retire(version, unload=True)
 
     # -- versions becoming ready, failing, draining -------------------------------------
 

@@ -167,13 +167,55 @@ def test_a_model_that_fails_to_load_is_reported_and_others_keep_serving(repo, se
     assert error_of(data) == f"load failed for model '{model}': version 1 is at UNAVAILABLE state: {reason};\n"
     assert index(server)[(model, "1")] == {"name": model, "version": "1", "state": "UNAVAILABLE", "reason": reason}
     np.testing.assert_array_equal(scaled_infer(client), [1, 2, 3, 4])
-    # A failed model keeps the server not ready (strict readiness) until it is unloaded; gRPC's
-    # health checking protocol says the same, as Triton's.
+    # A failed model keeps the server not ready (strict readiness), unloaded or not, until a load of
+    # it succeeds, as in Triton 2.51 (unloading what is not loaded changes nothing); gRPC's health
+    # checking protocol says the same, as Triton's.
     assert request(server.url, "GET", "/v2/health/ready")[0] == 400
     assert health_check(server.grpc_url) == NOT_SERVING
     assert request(server.url, "POST", f"/v2/repository/models/{model}/unload")[0] == 200
+    assert request(server.url, "GET", "/v2/health/ready")[0] == 400
+    assert index(server)[(model, "1")]["reason"] == reason
+    clear_failure(repo, server, model)
     assert request(server.url, "GET", "/v2/health/ready")[0] == 200
     assert health_check(server.grpc_url) == SERVING
+
+
+def test_a_load_where_one_version_fails_unloads_the_versions_it_loaded(server, client, repo):
+    """As Triton: "If any of the versions fails to load, abort the load and unload all newly loaded
+    versions" (2.51 side by side: version 1 'unloaded', version 2 its failure, the server not ready)."""
+    write_scaled(repo, "halves", 1)
+    (repo / "halves" / "2").mkdir()
+    (repo / "halves" / "2" / "model.py").write_text(
+        "class TritonPythonModel:\n    def initialize(self, args):\n        raise RuntimeError('half of it')\n")
+    with open(repo / "halves" / "config.pbtxt", "a") as config:
+        config.write("version_policy: { all { } }\n")
+    status, data = load(server, "halves")
+    assert status == 400 and error_of(data).startswith(
+        "load failed for model 'halves': version 2 is at UNAVAILABLE state: Internal: RuntimeError: half of it")
+    entries = index(server)
+    assert entries[("halves", "1")] == {"name": "halves", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+    assert entries[("halves", "2")]["reason"].startswith("Internal: RuntimeError: half of it")
+    with pytest.raises(InferenceServerException) as failure:
+        scaled_infer(client, "halves")
+    assert failure.value.status() == "404"
+    assert failure.value.message() == "Request for unknown model: 'halves' has no available versions"
+    assert request(server.url, "GET", "/v2/health/ready")[0] == 400
+    clear_failure(repo, server, "halves")
+    assert request(server.url, "GET", "/v2/health/ready")[0] == 200
+
+
+def clear_failure(repo: Path, server, model: str) -> None:
+    """Load a model that failed from good files, then unload it and put its files back."""
+    saved = {path: path.read_bytes() for path in (repo / model).rglob("*") if path.is_file()}
+    write_scaled(repo, model, 1)
+    try:
+        assert load(server, model) == (200, b"")
+        assert request(server.url, "POST", f"/v2/repository/models/{model}/unload")[0] == 200
+    finally:
+        shutil.rmtree(repo / model)
+        for path, data in saved.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
 
 
 def test_an_instance_that_dies_while_starting_fails_the_load(server, repo):
@@ -183,7 +225,7 @@ def test_an_instance_that_dies_while_starting_fails_the_load(server, repo):
     status, data = load(server, "crasher")
     assert status == 400
     assert "instance crasher_0 exited with status 7 before it was ready" in error_of(data)
-    assert request(server.url, "POST", "/v2/repository/models/crasher/unload")[0] == 200
+    clear_failure(repo, server, "crasher")
     assert load(server, "spare")[0] == 200   # and loads go on
     assert request(server.url, "POST", "/v2/repository/models/spare/unload")[0] == 200
 
@@ -453,7 +495,7 @@ def test_log_settings_reach_every_process(server, repo):
     finally:
         assert log_settings(server, {k: v for k, v in DEFAULT_LOG_SETTINGS.items() if k != "log_file"}) \
             == DEFAULT_LOG_SETTINGS
-        request(server.url, "POST", "/v2/repository/models/py_init_fails/unload")
+        clear_failure(repo, server, "py_init_fails")
 
 
 @pytest.mark.parametrize("changes, status, message", [
