@@ -55,11 +55,11 @@ def _repeated_keys(body: bytes) -> list[str]:
 
 def generate_request(spec: ModelSpec, version: str | None, document: dict, body: bytes = b"") -> InferRequest:
     """``document``: ``body`` parsed. Messages are Triton's."""
-    for key in repeated_inputs(spec, body):
-        raise InvalidArgument(f"input '{key}' already exists in request")
     request_id = document.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgument("the request 'id' must be a string")
+    for key in repeated_inputs(spec, body):   # found by Triton's core, which names the request
+        raise InvalidArgument(f"[request id: {request_id or '<id_unknown>'}] input '{key}' already exists in request")
     inputs: list[InputTensor] = []
     parameters: dict = {}
     nested = document.get("parameters", {})

@@ -35,6 +35,8 @@ _CONTENTS_FIELD = {
     "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
     "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }
+_CONTENTS_ORDER = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents",
+                   "fp32_contents", "fp64_contents", "bytes_contents")   # the order Triton looks at them in
 
 
 def parameter_value(parameter: service_pb2.InferParameter) -> bool | int | float | str | None:
@@ -360,10 +362,10 @@ def contents_to_bytes(model: str, tensor: service_pb2.ModelInferRequest.InferInp
     dt = datatypes.from_name(tensor.datatype)
     if dt is None:
         raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has invalid datatype '{tensor.datatype}'")
+    _check_contents_fields(model, tensor, dt.name)
     field = _CONTENTS_FIELD.get(dt.name)
-    if field is None:
-        raise InvalidArgument(
-            f"{dt.name} input '{tensor.name}' for model '{model}' must be sent in raw_input_contents")
+    if field is None:   # FP16, BF16: no typed field; none given (checked), so no data
+        return b""
     values = getattr(tensor.contents, field)
     if dt.is_bytes:
         return datatypes.pack_bytes(values)
@@ -376,6 +378,18 @@ def contents_to_bytes(model: str, tensor: service_pb2.ModelInferRequest.InferInp
             raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has a value out of range for {dt.name}")
         return wide.astype(dtype).tobytes()
     return _numbers(values, dtype).tobytes()
+
+
+def _check_contents_fields(model: str, tensor: service_pb2.ModelInferRequest.InferInputTensor, datatype: str) -> None:
+    """One typed field holds the data, the datatype's: refused as Triton words it otherwise."""
+    given = [field for field in _CONTENTS_ORDER if len(getattr(tensor.contents, field))]
+    where = f"unexpected explicit tensor data for input tensor '{tensor.name}' for model '{model}'"
+    if len(given) > 1:
+        raise InvalidArgument(f"{where}, binary data was already supplied.")
+    if given and _CONTENTS_FIELD.get(datatype) != given[0]:
+        field_type = {"int_contents": "INT32", "uint_contents": "UINT32"}.get(given[0]) or \
+            given[0].removesuffix("_contents").upper()
+        raise InvalidArgument(f"{where} of type '{field_type}', expected datatype '{datatype}'")
 
 
 _CHUNK = 1 << 16

@@ -399,8 +399,8 @@ class HttpApp:
         if action == "unregister":
             await self.dataplane.unregister_shared_memory(region)
             return _EMPTY_OK_JSON
-        if region is None:
-            return _NOT_FOUND
+        if region is None:   # (Triton's words)
+            raise InvalidArgument("'region name' is necessary to register system shared memory region")
         document = self._optional_json_body(request)
         await self.dataplane.register_shared_memory(region, document.get("key"), document.get("offset", 0),
                                                     document.get("byte_size"))

@@ -32,6 +32,9 @@ _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _NO_ID = "[request id: <id_unknown>] "   # Triton's prefix for a request without an id (a raw one never has one)
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def parse_json_object(data: bytes, key_count: Callable[[dict], int] | None = None) -> dict:
     """The JSON object in ``data``; a key given twice keeps its first value, as Triton reads it.
 
@@ -43,6 +46,8 @@ def parse_json_object(data: bytes, key_count: Callable[[dict], int] | None = Non
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        if data[:3] == _UTF8_BOM:   # Triton's reader skips it
+            return parse_json_object(data[3:], key_count)
         document = _with_non_finite_numbers(data, exc)
     if not isinstance(document, dict):
         raise InvalidArgument("the request body must be a JSON object")
@@ -244,10 +249,13 @@ def _inputs(model: str, value: object, binary: memoryview, has_header_length: bo
         size = parameters.get("binary_data_size")
         sources = ("data" in item) + (size is not None) + ("shared_memory_region" in parameters)
         if sources != 1:
+            set_fields = [f" '{key}'" for key, given in (("data", "data" in item), ("binary_data_size", size is not None),
+                                                        ("shared_memory_region", "shared_memory_region" in parameters))
+                          if given]
             raise InvalidArgument(
                 "Input must set only one of the following fields: 'data', 'binary_data_size' in "
                 "'parameters', 'shared_memory_region' in 'parameters'. But "
-                + ("no field is set" if sources == 0 else "more than one field is set"))
+                + (f"set{''.join(set_fields)}" if set_fields else "no field is set"))
         shared = shared_memory_ref(f"input '{name}'", parameters)
         data: bytes | memoryview
         if shared is not None:

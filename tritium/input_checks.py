@@ -71,7 +71,7 @@ def check_input_names(model: str, declared: Collection[str], required: Sequence[
         if name not in declared:
             raise InvalidArgument(f"unexpected inference input '{name}' for model '{model}'")
         if name in seen:
-            raise InvalidArgument(f"input '{name}' already exists in request for model '{model}'")
+            raise InvalidArgument(f"input '{name}' already exists in request")   # (Triton's words)
         seen.add(name)
     if any(name not in seen for name in required):
         raise _missing(model, declared, required, given)

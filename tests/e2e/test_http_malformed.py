@@ -83,7 +83,7 @@ CASES = {
                       "expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) ['INPUT0'], "
                       "but missing required input(s) ['INPUT1']"),
     "input given twice": ({"inputs": [good_body()["inputs"][0]] * 2}, {}, 400,
-                          "input 'INPUT0' already exists in request for model 'add_sub'"),
+                          "[request id: <id_unknown>] input 'INPUT0' already exists in request"),
     "wrong datatype": (with_input(datatype="INT32", data=[1] * 16), {}, 400,
                        "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'"),
     "unknown datatype": (with_input(datatype="FLOAT"), {}, 400, "input 'INPUT0' for model 'add_sub' has invalid datatype"),

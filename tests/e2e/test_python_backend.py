@@ -652,7 +652,7 @@ def test_generate_stream_sends_each_response_as_an_event(server):
     ("/v2/models/py_text/generate", {"text_input": "x", "parameters": {"text_input": "y"}}, 400,
      "Converting keyword: 'parameters': input 'text_input' already exists in request"),
     ("/v2/models/py_text/generate", '{"text_input": "a", "suffix": "!", "text_input": "b"}', 400,
-     "input 'text_input' already exists in request"),
+     "[request id: <id_unknown>] input 'text_input' already exists in request"),
 ])
 def test_generate_errors(server, path, body, status, message):
     got, _, data = request(server.url, "POST", path, body)

@@ -133,6 +133,8 @@ def test_bad_regions_and_references_are_clear_errors(server, regions, tmp_path):
          "Unable to open shared memory region: '/no-such-region'"),
         (register.format("x"), {"key": key, "offset": 32, "byte_size": BYTES}, 400,
          "failed to register shared memory region 'x': invalid args"),   # (Triton's words)
+        ("/v2/systemsharedmemory/register", {"key": key, "byte_size": 8}, 400,
+         "'region name' is necessary to register system shared memory region"),
     ]
     # a link in /dev/shm is not followed (as shm_open opens), a FIFO not opened
     secret = tmp_path / "secret"

@@ -19,7 +19,7 @@ MODEL = spec(inputs=[tensor_config("A", data_type="TYPE_STRING", dims=(1,))], ma
 def test_an_input_given_twice_is_refused_however_its_key_is_written(body):
     with pytest.raises(InvalidArgument) as refused:
         generate_request(MODEL, None, {"A": "y"}, body)
-    assert refused.value.message == "input 'A' already exists in request"
+    assert refused.value.message == "[request id: <id_unknown>] input 'A' already exists in request"
 
 
 def test_an_input_name_that_appears_again_as_a_value_is_no_repeat():

@@ -277,3 +277,20 @@ def test_typed_contents_out_of_their_datatypes_range_are_the_clients_mistake(dat
     with pytest.raises(InvalidArgument, match=f"^input 'X' for model 'm' has a value out of range for {datatype}$"):
         decode_infer_request(message)
 
+
+
+@pytest.mark.parametrize("datatype, fields, message", [
+    ("FP32", {"int_contents": [1]}, " of type 'INT32', expected datatype 'FP32'"),
+    ("FP16", {"fp32_contents": [1.0]}, " of type 'FP32', expected datatype 'FP16'"),
+    ("INT64", {"uint_contents": [1]}, " of type 'UINT32', expected datatype 'INT64'"),
+    ("BYTES", {"bool_contents": [True]}, " of type 'BOOL', expected datatype 'BYTES'"),
+    ("FP32", {"fp32_contents": [1.0], "fp64_contents": [1.0]}, ", binary data was already supplied."),
+])
+def test_typed_contents_in_another_datatypes_field_are_refused_in_tritons_words(datatype, fields, message):
+    request = service_pb2.ModelInferRequest(model_name="m")
+    tensor = request.inputs.add(name="X", datatype=datatype, shape=[1])
+    for field, values in fields.items():
+        getattr(tensor.contents, field).extend(values)
+    with pytest.raises(InvalidArgument) as refused:
+        decode_infer_request(request)
+    assert refused.value.message == f"unexpected explicit tensor data for input tensor 'X' for model 'm'{message}"

@@ -108,11 +108,19 @@ def test_an_input_with_no_data_source():
         "'parameters', 'shared_memory_region' in 'parameters'. But no field is set")
 
 
-def test_an_input_with_two_data_sources():
+@pytest.mark.parametrize("parameters, named", [({"binary_data_size": 4}, "'data' 'binary_data_size'"),
+                                               ({"shared_memory_region": "r"}, "'data' 'shared_memory_region'")])
+def test_an_input_with_two_data_sources(parameters, named):
     error = decode_error({"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1.0],
-                                      "parameters": {"binary_data_size": 4}}]}, b"\x00" * 4)
+                                      "parameters": parameters}]}, b"\x00" * 4)
     assert isinstance(error, InvalidArgument)
-    assert error.message.startswith("Input must set only one of the following fields")
+    assert error.message == ("Input must set only one of the following fields: 'data', 'binary_data_size' in "
+                             f"'parameters', 'shared_memory_region' in 'parameters'. But set {named}")
+
+
+def test_a_byte_order_mark_before_the_json_is_skipped_as_triton_skips_it():
+    request, _ = decode_infer_request("m", None, b"\xef\xbb\xbf" + orjson.dumps(one_input("INT8", [1], [7])), None)
+    assert bytes(request.inputs[0].data) == b"\x07"
 
 
 # -- parameters ------------------------------------------------------------------------------
