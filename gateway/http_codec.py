@@ -349,7 +349,9 @@ def _json_kind(value) -> str:
     """What a JSON value is, in JSON's words (the value itself may be large)."""
     if isinstance(value, bool) or value is None:
         return _as_json(value)
-    return {str: "a string", dict: "an object"}.get(type(value), "a number")
+    if isinstance(value, str):
+        return "a string"
+    return "an object" if isinstance(value, dict) else "a number"
 
 
 def _as_json(value) -> str:
