@@ -426,11 +426,13 @@ class HttpApp:
     def _inference_body(self, request: HttpRequest, encoding: bytes | None) -> bytes:
         """An inference request's body, inflated: as for a plain body, the limit is on its JSON, not
         on the binary tensor data after it (or a raw body's), as in Triton."""
+        if encoding is None:   # the server checked the limit as the body came
+            return request.body
         header_length = _header_length(request)
         if header_length is None:   # all JSON
             return self._decompress(request.body, encoding)
         body = self._decompress(request.body, encoding, C_INT_MAX)
-        if encoding is not None and header_length > self.max_body_bytes:
+        if header_length > self.max_body_bytes:
             raise InvalidArgument(f"request JSON size of {header_length} bytes exceeds the maximum allowed input "
                                   f"size of {self.max_body_bytes} bytes. Use --http-max-input-size to increase "
                                   "the limit.")
