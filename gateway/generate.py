@@ -88,9 +88,9 @@ def _input(spec: ModelSpec, tensor: TensorSpec, value) -> InputTensor:
     values = value if isinstance(value, list) else [value]
     shape = _shape(tensor.name, ([-1] if spec.max_batch_size > 0 else []) + list(tensor.dims), len(values))
     flat = flatten_json(values)
-    if len(flat) != len(values):
-        raise InvalidArgument("Unable to parse 'data': Shape does not match true shape of 'data' field")
     datatype = tensor.datatype.name   # (an object is one element, whose type is wrong: Triton's words)
+    if len(flat) != len(values) and datatype != "BYTES":   # (strings are counted later, by the core's words)
+        raise InvalidArgument("Unable to parse 'data': Shape does not match true shape of 'data' field")
     if datatype == "BYTES" and not all(isinstance(v, str) for v in flat):
         raise InvalidArgument("Unable to parse JSON bytes array: attempt to access JSON non-string as string")
     if datatype == "BOOL" and not all(isinstance(v, bool) for v in flat):

@@ -651,6 +651,8 @@ def test_generate_stream_sends_each_response_as_an_event(server):
      "or 'string'."),
     ("/v2/models/py_text/generate", {"text_input": "x", "parameters": {"text_input": "y"}}, 400,
      "Converting keyword: 'parameters': input 'text_input' already exists in request"),
+    ("/v2/models/py_text/generate", {"text_input": [["a", "b"]]}, 400,
+     "unexpected number of string elements 2 for inference input 'text_input' for model 'py_text', expecting 1"),
     ("/v2/models/py_text/generate", '{"text_input": "a", "suffix": "!", "text_input": "b"}', 400,
      "[request id: <id_unknown>] input 'text_input' already exists in request"),
 ])
