@@ -42,7 +42,7 @@ class _Series:
 
     def __init__(self, key: tuple, kind: MetricKind, bounds: list[float] | None) -> None:
         self.key = key            # (family name, labels)
-        self.refs = 0             # the Metric objects made for it: the series goes with the last
+        self.refs = 0             # the MetricFamily objects that made it: the series goes with the last
         self.kind = kind
         self.total = 0.0          # counter: the sum of increments; gauge: the increments since the last set
         self.sets = 0             # gauge: how many times it was set (the broker orders sets by it)
@@ -63,9 +63,11 @@ class _Store:
     """The families and series of this process; a lock, since a decoupled model updates its
     metrics from threads of its own while the heartbeat thread reads them.
 
-    A series lives while a ``Metric`` object made for it does, as Triton's server deletes a metric
-    with the last of its Python objects; a ``Metric`` collected only queues its release (a
-    collection may run anywhere, even while this lock is held), applied under the lock next time."""
+    A series lives while a ``MetricFamily`` object that made it does: in Triton 2.51 a metric
+    stays on the server when its ``Metric`` objects are gone (a ``Metric`` made and used in each
+    ``execute`` keeps counting) and leaves with its family. A family collected only queues its
+    series' release (a collection may run anywhere, even while this lock is held), applied under
+    the lock next time."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -80,14 +82,17 @@ class _Store:
             raise refused_by_server("Error when creating MetricFamily", "Family name already exists with different type")
 
     def add(self, name: str, labels: tuple[tuple[str, str], ...], kind: MetricKind,
-            bounds: list[float] | None) -> _Series:
-        """The series of these labels; an existing one is shared, as Triton's are."""
+            bounds: list[float] | None, holder: set[_Series]) -> _Series:
+        """The series of these labels, an existing one shared, as Triton's are; held by ``holder``
+        (its family's series) until the family lets its series go."""
         with self.lock:
             self._release()
             series = self.series.get((name, labels))
             if series is None:
                 series = self.series[(name, labels)] = _Series((name, labels), kind, bounds)
-            series.refs += 1
+            if series not in holder:
+                series.refs += 1
+                holder.add(series)
             return series
 
     def wire(self) -> list | None:
@@ -125,14 +130,6 @@ class Metric:
     def __init__(self, series: _Series) -> None:
         self._series = series
         self._cleared = False   # its family was deleted first: it is gone from the server
-
-    def __del__(self) -> None:
-        self._clear()
-
-    def _clear(self) -> None:
-        if not self._cleared:
-            self._cleared = True
-            SERIES.released.append(self._series)
 
     def increment(self, value: float) -> None:
         value = _number("increment", value)
@@ -194,12 +191,14 @@ class MetricFamily:
         SERIES.family(name, description, kind)
         self._name, self._kind = name, kind
         self._metrics: weakref.WeakSet[Metric] = weakref.WeakSet()
+        self._series: set[_Series] = set()
 
     def __del__(self) -> None:
         """As in Triton, deleting a family deletes the metrics made from it: they leave the
         server, and using one that is still held raises."""
         for metric in list(getattr(self, "_metrics", ())):
-            metric._clear()
+            metric._cleared = True
+        SERIES.released.extend(getattr(self, "_series", ()))
 
     def Metric(self, labels: dict | None = None, buckets: list | None = None) -> Metric:  # noqa: N802 (Triton's name)
         if labels is not None and not isinstance(labels, dict):
@@ -218,7 +217,7 @@ class MetricFamily:
         pairs = _label_pairs(labels or {})
         if bounds is not None and any(a >= b for a, b in zip(bounds, bounds[1:])):
             raise refused_by_server("Error when creating Metric", "Bucket Boundaries must be strictly sorted")
-        metric = Metric(SERIES.add(self._name, pairs, self._kind, bounds))
+        metric = Metric(SERIES.add(self._name, pairs, self._kind, bounds, self._series))
         self._metrics.add(metric)
         return metric
 

@@ -155,16 +155,21 @@ def test_an_empty_list_of_buckets_is_one_bucket_up_to_infinity():
     assert metric._series.wire() == [[], [1], 1e9]
 
 
-def test_a_series_goes_with_the_last_metric_object_made_for_it_as_in_triton():
+def test_a_series_outlives_its_metric_objects_and_goes_with_its_family_as_in_triton():
+    """Triton 2.51 side by side: a Metric made, incremented and dropped in each execute keeps counting."""
     family = pb_utils.MetricFamily(name="per_object", description="d", kind=COUNTER)
     first, second = family.Metric(labels={"k": "v"}), family.Metric(labels={"k": "v"})
     first.increment(2)
-    del first
-    assert SERIES.wire() == [["per_object", "d", 0, [[[["k", "v"]], [2.0]]]]]
-    del second
+    del first, second
+    family.Metric(labels={"k": "v"}).increment(3)
+    assert SERIES.wire() == [["per_object", "d", 0, [[[["k", "v"]], [5.0]]]]]
+    assert family.Metric(labels={"k": "v"}).value() == 5
+    twin = pb_utils.MetricFamily(name="per_object", description="d", kind=COUNTER)   # the same family
+    twin.Metric(labels={"k": "v"}).increment(1)
+    del family
+    assert SERIES.wire() == [["per_object", "d", 0, [[[["k", "v"]], [6.0]]]]]   # the twin still holds it
+    del twin
     assert SERIES.wire() == []   # none left: the broker forgets what this instance held
-    again = family.Metric(labels={"k": "v"})   # a new series, from zero
-    assert again.value() == 0
 
 
 def test_labels_and_names_given_as_subclasses_of_str_reach_the_broker_as_str():
