@@ -173,6 +173,7 @@ class ModelVersion:
     variable_shapes: bool = field(init=False)
     ragged_inputs: frozenset[str] = field(init=False)   # inputs whose shapes need not match in a batch
     declared_inputs: dict[str, DeclaredInput] = field(init=False)   # what a BLS call's inputs are checked against
+    declared_outputs: frozenset[str] = field(init=False)   # and the outputs it asks for
     runs_without_inputs: bool = field(init=False)   # (tritium/input_checks.py)
     stateful: bool = field(init=False)   # its requests form sequences bound to instance slots (sequence_batching)
     iterative: bool = field(init=False)  # iterative_sequence: its model may release requests to run again
@@ -204,6 +205,7 @@ class ModelVersion:
             if self.definition.runs_python else frozenset()
         self.declared_inputs = {t.name: DeclaredInput(_datatype_name(t.data_type), tuple(t.dims), t.optional)
                                 for t in config.input}
+        self.declared_outputs = frozenset(t.name for t in config.output)
         self.runs_without_inputs = runs_without_inputs(config.platform, len(config.sequence_batching.control_input),
                                                        len(config.sequence_batching.state))
 

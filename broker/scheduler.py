@@ -133,7 +133,7 @@ class Scheduler:
             self._refuse(client, header, _not_ready_error(header.model, number, version,
                                                              header.model in self.registry.models), from_backend)
             return
-        if from_backend and (refused := _bls_inputs_refused(version, header)) is not None:
+        if from_backend and (refused := _bls_call_refused(version, header)) is not None:
             self._refuse(client, header, refused, from_backend)
             return
         if version.ensemble:  # no queue of its own: its steps join their models' queues
@@ -920,9 +920,19 @@ def _no_instance_error(version: ModelVersion) -> Unavailable:
     return Unavailable(f"no instance of model '{version.name}' version {version.version} is running")
 
 
-def _bls_inputs_refused(version: ModelVersion, header: Infer) -> TritiumError | None:
-    """A model's BLS call whose inputs the called model does not take (names, datatypes, shapes), as
-    Triton's core refuses it (a gateway checks its clients' requests, and their sizes, before they come)."""
+def _bls_call_refused(version: ModelVersion, header: Infer) -> TritiumError | None:
+    """A model's BLS call the called model does not take, as Triton refuses it, in its order: a call
+    for one answer (``exec()`` without ``decoupled=True``) of a decoupled model (Triton's Python
+    backend), outputs it does not have, inputs it does not take (names, datatypes, shapes; Triton's
+    core). A gateway checks its clients' requests, and their sizes, before they come."""
+    if header.one_answer and version.decoupled:   # (Triton's words, its closing quote included)
+        return InternalError(
+            f"Model {version.name} is using the decoupled. The current BLS request call doesn't support models "
+            "using the decoupled transaction policy. Please use 'decoupled=True' argument to the 'exec' or "
+            "'async_exec' calls for decoupled models.'")
+    for name in header.outputs or ():
+        if name not in version.declared_outputs:
+            return InvalidArgument(f"unexpected inference output '{name}' for model '{version.name}'")
     try:
         check_inputs(version.name, version.declared_inputs, version.definition.config.max_batch_size,
                      [(descriptor[0], descriptor[1], descriptor[2]) for descriptor in header.inputs],

@@ -220,11 +220,11 @@ class DataPlane:
         self._read_shared_memory(request)
         if single_response_only is not None:   # the front end's refusal, not the core's: no request id
             check_single_response(spec, single_response_only)
+        check_requested_outputs(spec, request)   # before the inputs, as Triton's core checks them
         try:
             batch_size = validate_inputs(spec, request)
         except TritiumError as exc:   # Triton's core finds these, and names even a request without an id
             raise _with_request_id(exc, request.id or "<id_unknown>") from None
-        check_requested_outputs(spec, request)
         descriptors, inline, external = pack_tensors((t.name, t.datatype, t.shape, t.data) for t in request.inputs)
         if self.tracer.on and traced:
             request.trace = self.tracer.sample(spec.name, version, request.traceparent)

@@ -94,7 +94,7 @@ class BlsClient:
 
     # -- sending ----------------------------------------------------------------------------
 
-    def _send(self, request) -> int:
+    def _send(self, request, decoupled: bool) -> int:
         tensors = [(tensor.name(), *array_to_frame(np.asarray(tensor._array), tensor.name()))
                    for tensor in request.inputs()]
         descriptors, inline, external = pack_tensors(tensors)
@@ -117,7 +117,8 @@ class BlsClient:
                           outputs=sorted(request.requested_output_names()) or None,
                           params=params or None,
                           sequence_id=request.correlation_id() or None, sequence_flags=request.flags() or 0,
-                          external=len(external), trace=context, trace_tensors=tensors_traced)
+                          external=len(external), trace=context, trace_tensors=tensors_traced,
+                          one_answer=not decoupled)
             if trace is not None:
                 self._traced[rid] = _TracedCall(trace, request.model_name(), request.model_version(), context,
                                                 traced_inputs)
@@ -373,7 +374,7 @@ class BlsClient:
         return queue.popleft()
 
     def execute(self, request, decoupled: bool = False):
-        rid = self._send(request)
+        rid = self._send(request, decoupled)
         if decoupled:
             return ResponseIterator(self, rid, request)
         last = None
@@ -385,7 +386,7 @@ class BlsClient:
                 return last if last is not None else pb.InferenceResponse()
 
     async def execute_async(self, request, decoupled: bool = False):
-        rid = self._send(request)
+        rid = self._send(request, decoupled)
         loop = asyncio.get_running_loop()
         if self._reading_loop is not loop:
             loop.add_reader(self.sock.fileno(), self._pump, 0)
@@ -469,7 +470,7 @@ class ResponseIterator:
 
     def __next__(self):
         if self._done:
-            raise StopIteration
+            raise StopIteration("Iteration is done for the responses.")   # (Triton's words)
         final, response = self._client._next(self._rid)
         if final:
             self._done = True

@@ -305,9 +305,10 @@ class BatchExecutor:
             response = InferenceResponse(error=InternalError(f"model '{self.model}' gave no response"))
         if response.error is not None:
             return [_error_record(rid, response.error, final)], False
-        # In the order the model gave them, whatever the request's, and a requested output the
-        # model did not produce left out: as Triton does.
-        names = list(response.outputs) if requested is None else [n for n in response.outputs if n in requested]
+        # In the order the model gave them, whatever the request's; an output not asked for (when the
+        # request names none: not declared in the config) or not produced left out, as Triton does.
+        wanted = self.output_types if requested is None else requested
+        names = [name for name in response.outputs if name in wanted]
         tensors = []
         try:
             for name in names:

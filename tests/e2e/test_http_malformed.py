@@ -79,6 +79,9 @@ CASES = {
     "body is not an object": ("[1, 2]", {}, 400, "must be a JSON object"),
     "no inputs list": ({"outputs": []}, {}, 400, "must have an 'inputs' list"),
     "unknown input": (with_input(name="INPUT9"), {}, 400, "unexpected inference input 'INPUT9' for model 'add_sub'"),
+    # Triton's core looks at the requested outputs first
+    "unknown input and output": ({**with_input(name="INPUT9"), "outputs": [{"name": "NOPE"}]}, {}, 400,
+                                 "unexpected inference output 'NOPE' for model 'add_sub'"),
     "missing input": ({"inputs": good_body()["inputs"][:1]}, {}, 400,
                       "expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) ['INPUT0'], "
                       "but missing required input(s) ['INPUT1']"),

@@ -271,6 +271,22 @@ def test_async_exec_calls_to_one_model_answered_in_one_batch_each_get_their_answ
     assert inferences == 18 and executions < 18, "the calls never shared a batch"
 
 
+@pytest.mark.parametrize("case, error", [
+    ("single answer of a decoupled model",
+     "Model py_decoupled - Error when running inference: Model py_decoupled is using the decoupled. The current BLS "
+     "request call doesn't support models using the decoupled transaction policy. Please use 'decoupled=True' "
+     "argument to the 'exec' or 'async_exec' calls for decoupled models.'"),
+    ("an output the model does not have",
+     "Model py_add_sub - Error when running inference: unexpected inference output 'NOPE' for model 'py_add_sub'")])
+def test_a_bls_call_the_called_model_does_not_take_is_answered_with_tritons_error(client, case, error):
+    """Triton 2.51 side by side: refused before the called model runs (tritium ran it and answered
+    the first response, or the outputs it had). The caller's own undeclared output is left out."""
+    result = client.infer("bls_misuse", [tensor("CASE", np.array([case.encode()], dtype=np.object_), "BYTES")])
+    assert result.as_numpy("ERROR")[0].decode() == error
+    assert result.as_numpy("OUTPUTS")[0] == 0
+    assert [output["name"] for output in result.get_response()["outputs"]] == ["ERROR", "OUTPUTS"]
+
+
 @pytest.mark.parametrize("count", [0, 1, 4, 7])
 def test_a_decoupled_model_sends_several_responses_seen_through_bls(client, count):
     result = client.infer("bls_decoupled", [tensor("COUNT", np.array([count], dtype=np.int32))])

@@ -315,6 +315,8 @@ class Infer(Message, frozen=True, tag=int(Kind.INFER)):
         default=None, name="tr")
     trace_tensors: Annotated[bool, doc("traced requests: its ensemble steps' and BLS calls' tensors are traced too "
                                        "(trace level TENSORS)")] = field(default=False, name="tt")
+    one_answer: Annotated[bool, doc("a BLS call made without decoupled=True: a decoupled model refuses it")] = field(
+        default=False, name="one")
 
 
 class Response(Message, frozen=True, tag=int(Kind.RESPONSE)):
