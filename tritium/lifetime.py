@@ -82,3 +82,33 @@ def _stat(pid: int) -> list[str] | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
+
+
+def stop_with_descendants() -> None:
+    """Ctrl-Z (SIGTSTP) of a process whose children lead process groups of their own, so that the
+    terminal's signal reaches it alone: it stops every process below it, then itself, and once
+    continued, continues what it stopped."""
+    stopped = _stop_tree(os.getpid())
+    os.kill(os.getpid(), signal.SIGSTOP)
+    _signal_each(stopped, signal.SIGCONT)
+
+
+def _stop_tree(root: int) -> set[int]:
+    """SIGSTOP every running process below ``root``; the ones it stopped. Scanned again until no new
+    process shows (one may fork between a scan and its parent's stop); one stopped before is left be."""
+    seen: set[int] = set()
+    stopped: set[int] = set()
+    while new := descendants(root) - seen:
+        seen |= new
+        running = {pid for pid in new if process_state(pid) not in (None, "T", "t")}
+        _signal_each(running, signal.SIGSTOP)
+        stopped |= running
+    return stopped
+
+
+def _signal_each(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass

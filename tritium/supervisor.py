@@ -26,7 +26,7 @@ from pathlib import Path
 import zmq
 
 from tritium.exit_codes import ExitCode
-from tritium.lifetime import descendants, die_with_parent, process_state
+from tritium.lifetime import die_with_parent, stop_with_descendants
 from tritium.ports import PortInUse, check_free
 from tritium.protocol import Control, ControlReply, StatusQuery, read_record
 
@@ -112,10 +112,8 @@ class Supervisor:
     def _suspend(self) -> None:
         """Ctrl-Z: every process of the server stops with serve and resumes with it, as Triton's
         stubs do in its process group (the children's own groups keep the terminal's signal
-        from them). serve stops itself last and, once continued, continues what it stopped."""
-        stopped = _stop_tree(os.getpid())
-        os.kill(os.getpid(), signal.SIGSTOP)
-        _signal_each(stopped, signal.SIGCONT)
+        from them)."""
+        stop_with_descendants()
 
     def _check_ports(self) -> None:
         """A port in use by any other program stops serve before anything starts (its own
@@ -238,24 +236,3 @@ def _as_serve_s_child(serve: int) -> None:
     die_with_parent(serve)
     os.setpgid(0, 0)
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-
-
-def _stop_tree(root: int) -> set[int]:
-    """SIGSTOP every running process below ``root``; the ones it stopped. Scanned again until no new
-    process shows (one may fork between a scan and its parent's stop); one stopped before is left be."""
-    seen: set[int] = set()
-    stopped: set[int] = set()
-    while new := descendants(root) - seen:
-        seen |= new
-        running = {pid for pid in new if process_state(pid) not in (None, "T", "t")}
-        _signal_each(running, signal.SIGSTOP)
-        stopped |= running
-    return stopped
-
-
-def _signal_each(pids: set[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass

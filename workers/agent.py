@@ -34,7 +34,7 @@ from tritium.hostmetrics import HostSampler
 from tritium.hosts import host_name
 from tritium.errors import InternalError, Unavailable
 from tritium.exit_codes import ExitCode
-from tritium.lifetime import own_process_group
+from tritium.lifetime import own_process_group, stop_with_descendants
 from tritium.protocol import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     MISSED_HEARTBEATS,
@@ -162,6 +162,9 @@ class HostAgent:
 
     def run(self) -> int:
         waker = SignalWaker(self._stop, also_wake_on=[signal.SIGCHLD])  # a child's end wakes the loop
+        # Ctrl-Z of a worker run by hand: its instances lead groups of their own, out of the
+        # terminal's reach, so it stops them with itself (under serve, serve stops them all).
+        signal.signal(signal.SIGTSTP, lambda *_: stop_with_descendants())
         self._poller.register(waker.fd, zmq.POLLIN)
         self.start()
         notify.ready(f"worker agent {self.identity} -> {self.settings.broker}")

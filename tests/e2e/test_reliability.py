@@ -7,7 +7,9 @@ request sent under load must come back with a result or a clear 503: never silen
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +23,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tests import cluster
 from tests.cluster import Load, failures, instance_pids, model_ready, served_by
 from tests.servers import instance_processes
+from tritium.lifetime import descendants, process_state
 
 REPO = Path(__file__).parent / "cluster_repo"
 HEARTBEAT = ("--heartbeat-interval-secs", "0.25")
@@ -176,6 +179,26 @@ def test_a_broker_killed_and_restarted_under_load_is_back_without_restarting_any
     assert late and not failures(late)
     assert served_by(late) <= set().union(*(instance_pids(w) for w in workers))
     assert gateway.process.poll() is None and all(w.process.poll() is None for w in workers)
+
+
+def test_ctrl_z_on_a_worker_host_stops_its_instances_with_it_and_fg_resumes_them(world):
+    """A worker run by hand: the terminal's SIGTSTP reaches its agent alone (its instances lead
+    process groups of their own), which stops them with itself; the shell's fg continues them all."""
+    broker, (worker, _), gateway = world
+    processes = [worker.pid, *descendants(worker.pid)]
+    assert instance_pids(worker) <= set(processes) and len(processes) >= 2
+
+    def states() -> set[str | None]:
+        return {process_state(pid) for pid in processes}
+
+    os.killpg(worker.pid, signal.SIGTSTP)
+    cluster.wait_until(lambda: states() == {"T"}, what="the agent and its instances stopped")
+    os.killpg(worker.pid, signal.SIGCONT)
+    cluster.wait_until(lambda: "T" not in states(), what="all of them running again")
+    assert None not in states()   # none ended
+    client = httpclient.InferenceServerClient(gateway.url)
+    assert len({int(pid) for pid in cluster.whoami(client)}) == 1
+    client.close()
 
 
 def test_sigterm_on_a_worker_host_drains_it_while_the_other_serves(world):
