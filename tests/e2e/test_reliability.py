@@ -191,14 +191,20 @@ def test_ctrl_z_on_a_worker_host_stops_its_instances_with_it_and_fg_resumes_them
     def states() -> set[str | None]:
         return {process_state(pid) for pid in processes}
 
-    os.killpg(worker.pid, signal.SIGTSTP)
-    cluster.wait_until(lambda: states() == {"T"}, what="the agent and its instances stopped")
-    os.killpg(worker.pid, signal.SIGCONT)
-    cluster.wait_until(lambda: "T" not in states(), what="all of them running again")
-    assert None not in states()   # none ended
-    client = httpclient.InferenceServerClient(gateway.url)
-    assert len({int(pid) for pid in cluster.whoami(client)}) == 1
-    client.close()
+    logged_before = len(broker.logs())
+    with Load(gateway.url, threads=4, delay_ms=20) as load:
+        os.killpg(worker.pid, signal.SIGTSTP)
+        cluster.wait_until(lambda: states() == {"T"}, what="the agent and its instances stopped")
+        # Stopped past the heartbeats' limit, the host is dropped, as one cut off would be...
+        cluster.wait_until(lambda: "stopped answering heartbeats" in broker.logs()[logged_before:], timeout_s=15,
+                           what="the host dropped")
+        os.killpg(worker.pid, signal.SIGCONT)
+        cluster.wait_until(lambda: "T" not in states(), what="all of them running again")
+        back_at = time.monotonic()
+        # ... and serves again once continued.
+        cluster.wait_until(lambda: served_by(load.since(back_at)) & instance_pids(worker), timeout_s=30,
+                           what="traffic on the host continued")
+    assert not [o for o in failures(load.outcomes) if o.status != "503"], failures(load.outcomes)[:3]
 
 
 def test_sigterm_on_a_worker_host_drains_it_while_the_other_serves(world):
