@@ -110,6 +110,9 @@ class Host:
                                        ("exits", 1, EXITING_MODEL), ("unimportable", 1, UNIMPORTABLE_MODEL),
                                        ("stuck", 1, STUCK_MODEL), ("exits_later", 1, EXITS_IN_EXECUTE_MODEL)):
             write_model(self.repo, name, config(name, instances), {"1/model.py": model})
+        # Triton's stub imports a default_model_filename as "<version>.<name>" too
+        write_model(self.repo, "unimportable_named", config("unimportable_named") + 'default_model_filename: "net.py"',
+                    {"1/net.py": UNIMPORTABLE_MODEL})
         self.address, self.folder = ipc_address("broker")
         self.broker = ScriptedBroker(self.address)
         self.agent = HostAgent(WorkerSettings(
@@ -257,7 +260,9 @@ def test_a_killed_instance_is_reported_with_its_signal_and_started_again(host):
                                        ("exits", "Internal: SystemExit: 3\n\nAt:\n"),
                                        # Triton's stub shows the import machinery's frames too
                                        ("unimportable", "Internal: ModuleNotFoundError: No module named "
-                                                        "'module_that_is_not_installed'\n\nAt:\n")])
+                                                        "'module_that_is_not_installed'\n\nAt:\n"),
+                                       ("unimportable_named", "Internal: ModuleNotFoundError: No module named "
+                                                              "'module_that_is_not_installed'\n\nAt:\n")])
 def test_an_instance_that_fails_to_initialize_says_why_exits_init_failed_and_is_not_restarted(host, model, why):
     host.joined()
     assignment = host.assignment(model)
@@ -269,6 +274,8 @@ def test_an_instance_that_fails_to_initialize_says_why_exits_init_failed_and_is_
     assert (failed["m"], failed["name"]) == (model, f"{model}_0_0")
     assert failed["err"]["message"].startswith(why)
     assert "python_backend.py" not in failed["err"]["message"] and "import_module" not in failed["err"]["message"]
+    if model.startswith("unimportable"):   # the import machinery's frames, as Triton's stub shows them
+        assert "_find_and_load" in failed["err"]["message"]
     assert host.agent.children == []
 
 

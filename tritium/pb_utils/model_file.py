@@ -15,13 +15,15 @@ from types import ModuleType
 
 def import_model_file(model_file: Path, python_based: bool) -> ModuleType:
     """``python_based``: ``model_file`` is a Python-based backend's model.py, imported as
-    "model" (what its classes pickle as); a model's own model.py is "<version>.model"; a file
-    of another name (``default_model_filename``) is imported from its path."""
+    "model" (what its classes pickle as), from its path (the instance's working folder may hold
+    another "model"); a model's own file, model.py or its ``default_model_filename``, is
+    "<version>.<name>", as Triton's stub imports it (an import error then shows the import
+    machinery's frames, as Triton's does); a name Python cannot import (a dot in it), from its path."""
     if python_based:
         module = _from_path("model", model_file)
         sys.modules["model"] = module
-    elif model_file.name == "model.py":
-        return importlib.import_module(f"{model_file.parent.name}.model")
+    elif "." not in model_file.stem:
+        return importlib.import_module(f"{model_file.parent.name}.{model_file.stem}")
     else:
         module = _from_path(model_file.stem, model_file)
     spec = module.__spec__
