@@ -174,7 +174,8 @@ class EnsembleLoader:
         waiting = False
         for index, step in enumerate(version.definition.config.ensemble_scheduling.step):
             member = self.registry.resolve_step(step.model_name, step.model_version)
-            if member is not None and member.state == VersionState.READY:
+            # (a member still loading may yet fail, which unloads the versions its load brought)
+            if member is not None and member.state == VersionState.READY and step.model_name not in self._loads:
                 continue
             if step.model_name in self._loads or any(
                     v.name == step.model_name and v.state == VersionState.LOADING

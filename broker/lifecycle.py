@@ -317,6 +317,8 @@ class ModelLifecycle:
             reply(result)
         if not load.errors:
             self.ensembles.follow(load.name)
+        if self.ensembles.waiting:   # an ensemble waits for its models' loads to end, not only their versions
+            self.ensembles.check()
         self._run_queued(load.name)
 
     def _run_queued(self, name: str) -> None:

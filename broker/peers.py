@@ -17,6 +17,7 @@ from tritium.broker.registry import AgentRecord, InstanceRecord, ModelVersion, R
 from tritium.broker.scheduler import Scheduler
 from tritium.broker.startup_hold import StartupHold
 from tritium.errors import InvalidArgument, ProtocolError
+from tritium.exit_codes import ExitCode
 from tritium.protocol import (
     HEARTBEAT_SUFFIX,
     Assign,
@@ -328,9 +329,9 @@ class Peers:
         self.adoption.forget(iid)
         version = self._epoch_of(exited.epoch, exited.boot)
         name = exited.name
-        # An instance stopped on purpose, or one that ended for good (it reported its own init
-        # failure), fails no load and is not coming back.
-        expected = exited.stopped or exited.final
+        # An instance stopped on purpose, or one that ended for good after it reported its own init
+        # failure, fails no load and is not coming back (one the broker refused fails its load).
+        expected = exited.stopped or (exited.final and exited.code == ExitCode.INIT_FAILED)
         if version is not None and expected:
             version.awaited.pop(name, None)
         if version is not None and version.state == VersionState.LOADING and name not in version.seen_ready \

@@ -26,7 +26,7 @@ from tritium.gateway.http_codec import (
     inference_header_length,
     parse_json_object,
 )
-from tritium.gateway.http_server import C_INT_MAX, Answer, HttpRequest, HttpResponse, Streaming
+from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
 from tritium.gateway.inference import InferRequest, InferResult
 from tritium.gateway.model_table import ModelSpec
 from tritium.gateway.offload import DECODE_OFF_LOOP_BYTES, decode_threads, zlib_threads
@@ -190,7 +190,7 @@ class HttpApp:
         if encoding is not None and len(request.body) >= OFF_LOOP_BYTES and encoding.lower() in WBITS:
             inflating = zlib_threads.run(self._decode_inflated, request, model, version, spec, encoding)
             return self._infer_off_loop(request, answer, inflating)
-        body = self._inference_body(request, encoding)
+        body = self._decompress(request.body, encoding)
         header_length = _header_length(request)
         if (len(body) if header_length is None else header_length) >= DECODE_OFF_LOOP_BYTES:   # that much JSON
             decoding = decode_threads.run(self._decode, request, model, version, spec, body, header_length)
@@ -223,7 +223,7 @@ class HttpApp:
 
     def _decode_inflated(self, request: HttpRequest, model: str, version: str | None, spec: ModelSpec,
                          encoding: bytes) -> tuple[InferRequest, bool]:
-        body = self._inference_body(request, encoding)
+        body = self._decompress(request.body, encoding)
         return self._decode(request, model, version, spec, body, _header_length(request))
 
     def _decode(self, request: HttpRequest, model: str, version: str | None, spec: ModelSpec, body: bytes,
@@ -423,37 +423,23 @@ class HttpApp:
         return InvalidArgument(f"request JSON size of {request.too_large} bytes exceeds the maximum allowed input "
                                f"size of {self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
 
-    def _inference_body(self, request: HttpRequest, encoding: bytes | None) -> bytes:
-        """An inference request's body, inflated: as for a plain body, the limit is on its JSON, not
-        on the binary tensor data after it (or a raw body's), as in Triton."""
-        if encoding is None:   # the server checked the limit as the body came
-            return request.body
-        header_length = _header_length(request)
-        if header_length is None:   # all JSON
-            return self._decompress(request.body, encoding)
-        body = self._decompress(request.body, encoding, C_INT_MAX)
-        if header_length > self.max_body_bytes:
-            raise InvalidArgument(f"request JSON size of {header_length} bytes exceeds the maximum allowed input "
-                                  f"size of {self.max_body_bytes} bytes. Use --http-max-input-size to increase "
-                                  "the limit.")
-        return body
-
-    def _decompress(self, body: bytes, encoding: bytes | None, limit: int | None = None) -> bytes:
+    def _decompress(self, body: bytes, encoding: bytes | None) -> bytes:
+        """The body inflated, binary tensor data included, up to --http-max-input-size, as later
+        Tritons limit it (2.51 has no bound): a small body must not inflate to gigabytes."""
         if encoding is None or encoding.lower() == b"identity":
             return body
         kind = encoding.lower()
         if kind not in WBITS:
             raise Unsupported("Unsupported compression type")
-        limit = self.max_body_bytes if limit is None else limit
         decompressor = zlib.decompressobj(WBITS[kind])
         try:
-            data = decompressor.decompress(body, limit + 1)
+            data = decompressor.decompress(body, self.max_body_bytes + 1)
         except zlib.error as exc:
             raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: {exc}") from exc
-        if len(data) > limit:
+        if len(data) > self.max_body_bytes:
             raise InvalidArgument(
                 f"Decompressed data size exceeds the maximum allowed value of "
-                f"{limit} bytes. Use --http-max-input-size to increase the limit.")
+                f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
         return data
 
 

@@ -46,9 +46,14 @@ def parse_json_object(data: bytes, key_count: Callable[[dict], int] | None = Non
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        if data[:3] == _UTF8_BOM:   # Triton's reader skips it
-            return parse_json_object(data[3:], key_count)
-        document = _with_non_finite_numbers(data, exc)
+        if data[:3] == _UTF8_BOM:   # Triton's reader skips one
+            data = data[3:]
+            try:
+                document = orjson.loads(data)
+            except orjson.JSONDecodeError as again:
+                document = _with_non_finite_numbers(data, again)
+        else:
+            document = _with_non_finite_numbers(data, exc)
     if not isinstance(document, dict):
         raise InvalidArgument("the request body must be a JSON object")
     if (key_count or _key_count)(document) != data.count(b":"):   # a duplicate key, or a ':' in a string

@@ -165,7 +165,8 @@ OPTIONS: tuple[Option, ...] = (
                  "false: a port in use stops startup."),
     _option("--http-max-input-size", on="serve, gateway", to="gateway", default=64 * 1024 * 1024, type=int,
             help="Largest JSON of an HTTP request (all of a body without binary data), and largest "
-                 "decompressed body, in bytes; binary tensor data is not limited, as in Triton."),
+                 "compressed body once inflated, in bytes; binary tensor data sent uncompressed is not "
+                 "limited, as in Triton."),
     _option("--grpc-max-message-size", on="serve, gateway", to="gateway", default=2**31 - 1, type=int,
             help="Largest gRPC message, in bytes, either way (Triton's fixed limit by default)."),
     _option("--grpc-keepalive-time", on="serve, gateway", to="gateway", default=7_200_000, type=click.IntRange(min=0),

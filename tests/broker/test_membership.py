@@ -14,7 +14,8 @@ import pytest
 
 from tritium.broker.metrics import MetricsSettings, TritonCollector, render
 from tests.broker.inprocess_world import HEARTBEAT_S, Peer, World, answer, infer
-from tritium.protocol import HEARTBEAT_SUFFIX, PROTOCOL_VERSION, Drain, Heartbeat, Hello, InstanceExited, InstanceHealth, Kind, Role
+from tritium.protocol import (HEARTBEAT_SUFFIX, PROTOCOL_VERSION, Drain, Heartbeat, Hello, InstanceExited, InstanceHealth,
+                              Kind, Placed, Role)
 
 
 @pytest.fixture
@@ -222,3 +223,26 @@ def test_what_the_bls_sockets_of_an_instance_and_of_its_forked_processes_left_go
         membership.note_bls_call(peer, 1)
     exited(world, agent, b"instance-1", "m_0")
     assert list(membership._first_bls_rid) == [b"instance-10/bls/7"]   # another instance's stays
+
+
+@pytest.mark.parametrize("code, fails_the_load", [(5, True), (3, False)])
+def test_an_instance_that_ends_for_good_while_loading_fails_the_load_unless_it_reported_its_init_failure(
+        world, code, fails_the_load):
+    """An instance the broker refused (status 5) ends for good and must fail its load, or the load
+    would wait for it forever; one that failed to initialize (3) fails it with its own report."""
+    agent = world.peer("back", b"agent-1")
+    agent.send(Hello(Role.AGENT, PROTOCOL_VERSION, heartbeat_s=HEARTBEAT_S, host="h", gpus=()).encode())
+    world.until(lambda: agent.headers(Kind.ASSIGN))
+    (assignment,) = agent.headers(Kind.ASSIGN)[0]["models"]
+    boot = agent.headers(Kind.HEARTBEAT)[0]["boot"]
+    agent.send(Placed("m", 1, assignment["e"], boot, instances=["m_0"]).encode())
+    version = world.broker.registry.versions[("m", 1)]
+    world.until(lambda: "m_0" in version.placed)
+    agent.send(InstanceExited("agent-1/m/1/x/m_0/1", "exited with status 5", code, assignment["e"], "m_0", False,
+                              boot, final=True).encode())
+    if fails_the_load:
+        world.until(lambda: version.state.value == "UNAVAILABLE")
+        assert version.reason == "instance m_0 exited with status 5 before it was ready"
+    else:
+        world.until(lambda: True)
+        assert version.state.value == "LOADING"   # its INSTANCE_FAILED, on its own socket, says why

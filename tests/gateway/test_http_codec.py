@@ -121,6 +121,10 @@ def test_an_input_with_two_data_sources(parameters, named):
 def test_a_byte_order_mark_before_the_json_is_skipped_as_triton_skips_it():
     request, _ = decode_infer_request("m", None, b"\xef\xbb\xbf" + orjson.dumps(one_input("INT8", [1], [7])), None)
     assert bytes(request.inputs[0].data) == b"\x07"
+    for marks in (2, 200_000):   # one only, read without recursion
+        with pytest.raises(InvalidArgument) as refused:
+            decode_infer_request("m", None, b"\xef\xbb\xbf" * marks + b"{}", None)
+        assert refused.value.message.startswith("failed to parse the request JSON buffer: ")
 
 
 # -- parameters ------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 12   # 12: METRICS_ASK
+PROTOCOL_VERSION = 13   # 13: INSTANCE_EXITED says whether the instance ended for good (final)
 INLINE_LIMIT = 64 * 1024
 _PREFIX = struct.Struct("<I")
 
