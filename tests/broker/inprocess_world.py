@@ -101,14 +101,19 @@ class World:
         self.until(lambda: gateway.headers(Kind.MODELS))
         return gateway
 
-    def serving_instance(self) -> tuple[Peer, Peer]:
-        """An agent that places the model, and its instance, READY."""
+    def placing_agent(self) -> tuple[Peer, dict, int]:
+        """An agent that placed the model's instance m_0 (not yet started): it, its assignment, the boot."""
         agent = self.peer("back", b"agent-1")
         agent.send(Hello(Role.AGENT, PROTOCOL_VERSION, heartbeat_s=HEARTBEAT_S, host="h", gpus=()).encode())
         self.until(lambda: agent.headers(Kind.ASSIGN))
         (assignment,) = agent.headers(Kind.ASSIGN)[0]["models"]
         boot = agent.headers(Kind.HEARTBEAT)[0]["boot"]
         agent.send(Placed("m", 1, assignment["e"], boot, instances=["m_0"]).encode())
+        return agent, assignment, boot
+
+    def serving_instance(self) -> tuple[Peer, Peer]:
+        """An agent that places the model, and its instance, READY."""
+        agent, assignment, boot = self.placing_agent()
         instance = self.peer("back", b"instance-1")
         instance.send(Hello(Role.INSTANCE, PROTOCOL_VERSION, heartbeat_s=HEARTBEAT_S, agent="agent-1", model="m",
                             version=1, epoch=assignment["e"], name="m_0", boot=boot, credit=2,

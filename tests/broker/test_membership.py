@@ -14,8 +14,7 @@ import pytest
 
 from tritium.broker.metrics import MetricsSettings, TritonCollector, render
 from tests.broker.inprocess_world import HEARTBEAT_S, Peer, World, answer, infer
-from tritium.protocol import (HEARTBEAT_SUFFIX, PROTOCOL_VERSION, Drain, Heartbeat, Hello, InstanceExited, InstanceHealth,
-                              Kind, Placed, Role)
+from tritium.protocol import HEARTBEAT_SUFFIX, PROTOCOL_VERSION, Drain, Heartbeat, Hello, InstanceExited, InstanceHealth, Kind, Role
 
 
 @pytest.fixture
@@ -230,12 +229,7 @@ def test_an_instance_that_ends_for_good_while_loading_fails_the_load_unless_it_r
         world, code, fails_the_load):
     """An instance the broker refused (status 5) ends for good and must fail its load, or the load
     would wait for it forever; one that failed to initialize (3) fails it with its own report."""
-    agent = world.peer("back", b"agent-1")
-    agent.send(Hello(Role.AGENT, PROTOCOL_VERSION, heartbeat_s=HEARTBEAT_S, host="h", gpus=()).encode())
-    world.until(lambda: agent.headers(Kind.ASSIGN))
-    (assignment,) = agent.headers(Kind.ASSIGN)[0]["models"]
-    boot = agent.headers(Kind.HEARTBEAT)[0]["boot"]
-    agent.send(Placed("m", 1, assignment["e"], boot, instances=["m_0"]).encode())
+    agent, assignment, boot = world.placing_agent()
     version = world.broker.registry.versions[("m", 1)]
     world.until(lambda: "m_0" in version.placed)
     agent.send(InstanceExited("agent-1/m/1/x/m_0/1", "exited with status 5", code, assignment["e"], "m_0", False,
