@@ -62,7 +62,7 @@ from tritium.workers.backends import load_backend
 from tritium.workers.backends.base import BackendConfig, InstanceContext, ModelContext
 from tritium.workers.executor import BatchExecutor
 from tritium.workers.sequence_state import SequenceInputs
-from tritium.workers.warmup import warm_up
+from tritium.workers.warmup import WarmupFailed, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -404,8 +404,9 @@ def main() -> None:
     try:
         warm_up(executor, executor.config, Path(spec["model_dir"]))
     except Exception as exc:   # a model that cannot run its warmup is not ready, as in Triton
-        log.error("warmup failed: %s", exc)
-        sock.send_parts([failed(f"warmup failed: {exc}")])
+        message = str(exc) if isinstance(exc, WarmupFailed) else f"warmup failed: {exc}"
+        log.error("%s", message)
+        sock.send_parts([failed(message)])
         sock.close(_LINGER_S)
         context.term()
         _end_for_good(final_fd, "failed its warmup", ExitCode.INIT_FAILED)

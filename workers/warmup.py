@@ -1,15 +1,17 @@
 """``model_warmup``: requests an instance runs before it says hello, so no client pays for them.
 
-Each warmup sample is ``count`` executions (at least one) of one request of ``batch_size``
-with the inputs it describes: zeros, random values, or the bytes of a file in the
-model's ``warmup/`` folder. It goes through the same executor as real batches; a sample
-that fails makes the instance fail to initialize, as in Triton (the model is not ready
-until its warmup succeeds).
+As in Triton, each warmup sample is ``count`` executions (at least one) of one batch of
+``batch_size`` requests, each a request of batch 1 with the inputs the sample describes: zeros,
+random values, or the bytes of a file in the model's ``warmup/`` folder (each request's own
+data). The requests are checked as a client's are and go through the same executor as real
+batches; a sample that cannot be built, or whose execution fails, makes the instance fail to
+initialize, with Triton's words (the model is not ready until its warmup succeeds).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,47 +19,81 @@ from tritium.model_config_proto import model_config_pb2
 
 from tritium.repo import ModelConfig
 from tritium.datatypes import DataType, from_config_name, pack_bytes
-from tritium.errors import InternalError
-from tritium.protocol import Batch, Infer, pack_tensors, read_record
+from tritium.errors import InvalidArgument
+from tritium.input_checks import DeclaredInput, check_inputs
+from tritium.protocol import Batch, Infer, Response, pack_tensors, read_record
 
 log = logging.getLogger(__name__)
 
 
+class WarmupFailed(Exception):
+    """The load error of a warmup that failed, as Triton words it (its status's words first)."""
+
+
 def warm_up(executor, config: ModelConfig, model_dir: Path) -> int:
-    """Run every warmup sample of ``config``; return how many executions ran."""
+    """Run every warmup sample of ``config``; return how many executions ran. WarmupFailed if one fails."""
     executions = 0
     if config.model_warmup and (config.model_transaction_policy.decoupled or config.HasField("sequence_batching")):
         log.warning("model_warmup is not run for decoupled or sequence models in this tritium release")
         return 0
-    for sample in config.model_warmup:
-        frames = _sample_frames(config, model_dir, sample)
-        for _ in range(max(1, sample.count)):
-            done, _, _ = read_record(executor.run(list(frames))[0])
+    instance = os.environ.get("TRITIUM_INSTANCE_NAME", config.name)
+    samples = [(sample, _sample_frames(config, model_dir, sample, instance)) for sample in config.model_warmup]
+    for sample, frames in samples:   # every sample's data is built before any runs, as in Triton
+        for iteration in range(1, max(1, sample.count) + 1):
+            log.info("model '%s' instance %s is running warmup sample '%s' for iteration %d", config.name,
+                     instance, sample.name, iteration)
+            parts = executor.run(list(frames))
+            done, _, _ = read_record(parts[0])
             if not all(done.ok):
-                raise InternalError(f"warmup sample '{sample.name}' of model '{config.name}' failed")
+                raise WarmupFailed(f"Invalid argument: failed to run warmup sample '{sample.name}': "
+                                   f"{_first_error(parts[1:], done.response_frames)}")
             executions += 1
-        log.info("warmup sample '%s': %d execution(s) of batch size %d", sample.name, max(1, sample.count),
-                 max(1, sample.batch_size))
     return executions
 
 
-def _sample_frames(config: ModelConfig, model_dir: Path, sample) -> list:
+def _sample_frames(config: ModelConfig, model_dir: Path, sample, instance: str) -> list:
+    """The BATCH of the sample's ``batch_size`` requests of batch 1, checked as Triton checks them."""
     batch = max(1, sample.batch_size)
+    batching = config.max_batch_size > 0
+    if batching and batch > config.max_batch_size:
+        raise WarmupFailed(f"Invalid argument: failed to run warmup sample '{sample.name}': batch size {batch} for "
+                           f"'{instance}', max allowed is {config.max_batch_size}")
     tensors = []
     for name, spec in sample.inputs.items():
         datatype = from_config_name(model_config_pb2.DataType.Name(spec.data_type))
-        shape = ([batch] if config.max_batch_size > 0 else []) + list(spec.dims)
+        shape = ([1] if batching else []) + list(spec.dims)
         tensors.append((name, datatype.name, shape, _input_bytes(spec, datatype, shape, model_dir / "warmup")))
+    declared = {i.name: DeclaredInput(_datatype_name(i.data_type), tuple(i.dims), i.optional) for i in config.input}
+    try:
+        check_inputs(config.name, declared, config.max_batch_size, [(n, d, s) for n, d, s, _ in tensors])
+    except InvalidArgument as exc:
+        raise WarmupFailed(f"Invalid argument: [request id: <id_unknown>] {exc.message}") from None
     descriptors, inline, external = pack_tensors(tensors)
-    infer = Infer(0, config.name, descriptors, batch_size=batch, external=len(external))
-    return [Batch(0, 1).encode(), infer.encode(inline), *external]
+    frames = [Batch(0, batch).encode()]
+    for rid in range(batch):
+        frames += [Infer(rid, config.name, descriptors, batch_size=1, external=len(external)).encode(inline), *external]
+    return frames
+
+
+def _datatype_name(data_type: int) -> str:
+    datatype = from_config_name(model_config_pb2.DataType.Name(data_type))
+    return datatype.name if datatype is not None else model_config_pb2.DataType.Name(data_type)
 
 
 def _input_bytes(spec, datatype: DataType, shape: list[int], folder: Path) -> bytes:
     count = int(np.prod(shape)) if shape else 1
     source = spec.WhichOneof("input_data_type")
     if source == "input_data_file":
-        return (folder / spec.input_data_file).read_bytes()
+        path = folder / spec.input_data_file
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise WarmupFailed(f"Internal: failed to open text file for read {path}: {exc.strerror}") from None
+        expected = count * datatype.itemsize
+        if not datatype.is_bytes and len(data) != expected:
+            raise WarmupFailed(f"Invalid argument: [request id: <id_unknown>] warmup setting expects {expected} bytes, "
+                               f"but the data provided from {spec.input_data_file} has {len(data)} bytes")
+        return data
     if datatype.is_bytes:   # length-prefixed elements: empty ones, or short made-up ones
         return pack_bytes([b"" if source == "zero_data" else b"warmup"] * count)
     dtype = datatype.numpy or np.dtype("<u2")   # BF16: its bits
@@ -66,3 +102,15 @@ def _input_bytes(spec, datatype: DataType, shape: list[int], folder: Path) -> by
             np.random.default_rng(0).integers(0, 2, count)
         return values.astype(dtype).tobytes()
     return np.zeros(count, dtype=dtype).tobytes()
+
+
+def _first_error(responses: list, external_counts: list[int]) -> str:
+    """The message of the first failed response among a batch's RESPONSE parts (each record
+    followed by its external frames)."""
+    position = 0
+    for count in external_counts:
+        record, _, _ = read_record(responses[position])
+        if isinstance(record, Response) and record.error is not None:
+            return record.error.message
+        position += 1 + count
+    return "the model failed"

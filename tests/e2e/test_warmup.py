@@ -1,0 +1,119 @@
+"""model_warmup as Triton runs it (Triton 2.51 side by side): each sample is ``count`` executions of
+``batch_size`` requests of batch 1, each with the sample's data; samples whose inputs a client's
+request could not have, or whose execution fails, fail the load with Triton's words."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from tests.e2e.rawhttp import request
+from tests.servers import TritiumServer
+
+RECORDER = '''
+import json
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        values = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
+        with open(Path(__file__).parent.parent / "executions.jsonl", "a") as log:
+            log.write(json.dumps([[list(v.shape), v.ravel()[0].decode() if v.dtype == object else float(v.ravel()[0])]
+                                  for v in values]) + "\\n")
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", v)]) for v in values]
+'''
+FAILING = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("An Error Occurred")) for _ in requests]
+'''
+
+
+def config(name: str, datatype: str, sample: str, inputs: int = 1) -> str:
+    declared = ", ".join(f'{{ name: "INPUT{i}", data_type: {datatype}, dims: [ 4 ] }}' for i in range(inputs))
+    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 4\ninput [ {declared} ]\n'
+            f'output [ {{ name: "OUTPUT0", data_type: {datatype}, dims: [ 4 ] }} ]\nmodel_warmup [ {sample} ]\n')
+
+
+def sample(batch_size: int = 1, count: int = 1, inputs: str = "", name: str = "s1") -> str:
+    return f'{{ name: "{name}" batch_size: {batch_size} count: {count} {inputs} }}'
+
+
+def data(name: str, datatype: str = "TYPE_FP32", dims: int = 4, source: str = "zero_data: true") -> str:
+    return f'inputs {{ key: "{name}" value: {{ data_type: {datatype} dims: [ {dims} ] {source} }} }}'
+
+
+FP32 = "TYPE_FP32"
+MODELS = {
+    # name: (config, model.py, warmup files)
+    "from_file": (config("from_file", "TYPE_STRING", sample(2, 2, data("INPUT0", "TYPE_STRING", 1, 'input_data_file: "raw"'))
+                         ).replace("dims: [ 4 ]", "dims: [ 1 ]"), RECORDER, {"raw": struct.pack("<I", 3) + b"233"}),
+    "zeros": (config("zeros", FP32, sample(3, 1, data("INPUT0"))), RECORDER, {}),
+    "bad_shape": (config("bad_shape", FP32, sample(1, 1, data("INPUT0", dims=3))), RECORDER, {}),
+    "missing_input": (config("missing_input", FP32, sample(1, 1, data("INPUT0")), inputs=2), RECORDER, {}),
+    "wrong_type": (config("wrong_type", FP32, sample(1, 1, data("INPUT0", "TYPE_INT32"))), RECORDER, {}),
+    "big_batch": (config("big_batch", FP32, sample(9, 1, data("INPUT0"))), RECORDER, {}),
+    "failing": (config("failing", FP32, sample(1, 1, data("INPUT0"), name="zero sample")), FAILING, {}),
+    "short_file": (config("short_file", FP32, sample(1, 1, data("INPUT0", source='input_data_file: "short"'))),
+                   RECORDER, {"short": bytes(4)}),
+    "no_file": (config("no_file", FP32, sample(1, 1, data("INPUT0", source='input_data_file: "absent"'))), RECORDER, {}),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    for name, (text, source, files) in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(text)
+        (repo / name / "1" / "model.py").write_text(source)
+        for file, content in files.items():
+            (repo / name / "warmup").mkdir(exist_ok=True)
+            (repo / name / "warmup" / file).write_bytes(content)
+    with TritiumServer(repo, "--exit-on-error=false") as running:
+        running.repo = repo
+        yield running
+
+
+def reasons(server) -> dict[str, str]:
+    _, _, body = request(server.url, "POST", "/v2/repository/index", {})
+    return {entry["name"]: entry.get("reason", entry.get("state")) for entry in json.loads(body)}
+
+
+def executions(server, model: str) -> list:
+    return [json.loads(line) for line in (server.repo / model / "executions.jsonl").read_text().splitlines()]
+
+
+def test_each_sample_is_batch_size_requests_of_batch_1_each_with_the_samples_data(server):
+    # a BYTES file holds one request's elements: each of the batch's requests gets them
+    assert reasons(server)["from_file"] == "READY" and reasons(server)["zeros"] == "READY"
+    assert executions(server, "from_file") == [[[[1, 1], "233"]] * 2] * 2
+    assert executions(server, "zeros") == [[[[1, 4], 0.0]] * 3]
+
+
+@pytest.mark.parametrize("model, reason", [
+    ("bad_shape", "Invalid argument: [request id: <id_unknown>] unexpected shape for input 'INPUT0' for model "
+                  "'bad_shape'. Expected [-1,4], got [1,3]. "),
+    ("missing_input", "Invalid argument: [request id: <id_unknown>] expected 2 inputs but got 1 inputs for model "
+                      "'missing_input'. Got input(s) ['INPUT0'], but missing required input(s) ['INPUT1']. "
+                      "Please provide all required input(s)."),
+    ("wrong_type", "Invalid argument: [request id: <id_unknown>] inference input 'INPUT0' data-type is 'INT32', but "
+                   "model 'wrong_type' expects 'FP32'"),
+    ("big_batch", "Invalid argument: failed to run warmup sample 's1': batch size 9 for 'big_batch_0', max allowed "
+                  "is 4"),
+    ("failing", "Invalid argument: failed to run warmup sample 'zero sample': An Error Occurred"),
+    ("short_file", "Invalid argument: [request id: <id_unknown>] warmup setting expects 16 bytes, but the data "
+                   "provided from short has 4 bytes"),
+    ("no_file", "Internal: failed to open text file for read {repo}/no_file/warmup/absent: No such file or directory"),
+])
+def test_a_sample_a_request_could_not_be_or_that_fails_fails_the_load_in_tritons_words(server, model, reason):
+    assert reasons(server)[model].startswith(reason.format(repo=server.repo))
+    assert not (server.repo / model / "executions.jsonl").exists()
