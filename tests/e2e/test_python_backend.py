@@ -420,11 +420,18 @@ def test_a_model_that_is_not_decoupled_may_answer_through_its_response_sender(se
     (8, "Expected a list in the execute return, found type '<class 'int'>'."),
     (9, "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
         "InferenceRequest(s) size is:1, and InferenceResponse(s) size is:2\n"),
+    (15, "Expected an 'InferenceResponse' object in the execute function return list, found type '<class 'int'>'."),
+    (16, "Expected an 'InferenceResponse' object in the execute function return list, found type "
+         "'<class 'c_python_backend_utils.Tensor'>'."),
+    (17, "TritonModelException: Unable to send response. Unsupported flag provided.\n\nAt:\n  "),
 ])
 def test_a_sender_or_return_misused_by_a_model_that_is_not_decoupled_fails_with_triton_s_text(server, mode, problem):
+    mark = len(server.logs())
     status, reply = _sender_mode(server, mode)
     assert status == 500
-    assert error_of(reply).startswith(f"Failed to process the request(s) for model 'py_sender_0_0', message: {problem}")
+    message = f"Failed to process the request(s) for model 'py_sender_0_0', message: {problem}"
+    assert error_of(reply).startswith(message)
+    assert message.splitlines()[0] in server.logs()[mark:]   # logged, as Triton's stub logs it
     assert "pb_utils" not in error_of(reply)   # only the model's own frames, as Triton's
     status, reply = _sender_mode(server, 0)   # and it keeps serving
     assert (status, json.loads(reply)["outputs"][0]["data"]) == (200, [10])

@@ -315,9 +315,12 @@ class InferenceResponseSender:
     def send(self, response=None, flags=0):
         if response is not None and not isinstance(response, InferenceResponse):
             raise TritonModelException("send() takes a pb_utils.InferenceResponse or None")
-        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):   # (Triton's checks and texts)
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if response is None and not final:
-            raise TritonModelException("send() without a response must carry the FINAL flag")
+            raise TritonModelException("Inference Response object must be provided when the response flags is "
+                                       "set to zero.")
         if not self._decoupled:   # Triton's checks and texts
             if response is not None and self._sent:
                 raise TritonModelException(

@@ -240,8 +240,10 @@ class PythonInstance(Instance):
         return result
 
     def _misuse(self, message: str) -> InternalError:
-        """Triton's message for an execute that returned what it must not."""
-        return InternalError(f"Failed to process the request(s) for model '{self.context.name}', message: {message}")
+        """Triton's message for an execute that returned what it must not (logged, as Triton's stub logs it)."""
+        error = InternalError(f"Failed to process the request(s) for model '{self.context.name}', message: {message}")
+        log.error("%s", error.message)
+        return error
 
     def _returned(self, slot: _SenderSlot | None, response) -> InferenceResponse | None:
         if response is None:
@@ -255,8 +257,7 @@ class PythonInstance(Instance):
 
     def _failure(self, exc: BaseException) -> InternalError:
         """Triton's message for an exception out of the model, with the model's frames."""
-        return InternalError(f"Failed to process the request(s) for model '{self.context.name}', "
-                             f"message: {_with_model_frames(exc)}")
+        return self._misuse(_with_model_frames(exc))
 
     def _pb_request(self, request: InferenceRequest) -> PbRequest:
         # Triton's inputs are writable (models may change them); a view of a received message is not.
@@ -278,9 +279,9 @@ class PythonInstance(Instance):
 
     def _response(self, response) -> InferenceResponse:
         if not isinstance(response, PbResponse):
-            return InferenceResponse(error=InternalError(
-                f"model '{self.context.model.name}' returned {type(response).__name__} instead of "
-                "a pb_utils.InferenceResponse"))
+            kind = "<class 'c_python_backend_utils.Tensor'>" if isinstance(response, Tensor) else str(type(response))
+            return InferenceResponse(error=self._misuse(
+                f"Expected an 'InferenceResponse' object in the execute function return list, found type '{kind}'."))
         text = response.parameters()
         parameters = json.loads(text) if text != "{}" and text else {}
         if response.has_error():

@@ -102,8 +102,13 @@ def test_response_sender_closes_after_the_final_flag():
     assert sent == [(response, False), (None, True)]
     with pytest.raises(pb_utils.TritonModelException, match="closed"):
         sender.send(response)
-    with pytest.raises(pb_utils.TritonModelException, match="FINAL"):
+    with pytest.raises(pb_utils.TritonModelException) as refused:
         pb_utils.InferenceResponseSender(lambda *a: None).send()
+    assert str(refused.value) == "Inference Response object must be provided when the response flags is set to zero."
+    for flags in (2, 3, 7):   # (Triton's words)
+        with pytest.raises(pb_utils.TritonModelException) as refused:
+            pb_utils.InferenceResponseSender(lambda *a: None).send(response, flags=flags)
+        assert str(refused.value) == "Unable to send response. Unsupported flag provided."
 
 
 def test_a_non_decoupled_sender_sends_one_response_then_closes_with_triton_s_texts():

@@ -19,7 +19,7 @@ class TritonPythonModel:
     alone; 7 return [response] (no sender); 8 return 5; 9 return two responses; 10 return None,
     never asking for the sender; 11 ask for the sender, send nothing, return None; 12 send, then
     raise; 13 return None, the request kept only by a reference cycle; 14 collect garbage,
-    return a response."""
+    return a response; 15 return [5]; 16 return [a Tensor]; 17 send with flags 7."""
 
     def execute(self, requests):
         returned = []
@@ -61,6 +61,12 @@ class TritonPythonModel:
                 return [response(17) for _ in requests]
             elif mode == 8:
                 return 5
+            elif mode == 15:
+                return [5]
+            elif mode == 16:
+                return [pb_utils.Tensor("OUT", np.array([16], np.int32))]
+            elif mode == 17:
+                sender.send(response(17), flags=7)
             elif mode == 12:
                 sender.send(response(22), FINAL)
                 raise ValueError("after sending")
