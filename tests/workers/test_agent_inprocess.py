@@ -69,6 +69,9 @@ BROKEN_MODEL = """
 UNIMPORTABLE_MODEL = """
     import module_that_is_not_installed
 """
+CLASSLESS_MODEL = """
+    x = 1
+"""
 EXITING_MODEL = """
     import sys
 
@@ -108,7 +111,8 @@ class Host:
         self.repo = root / "repo"
         for name, instances, model in (("echo", 1, ECHO_MODEL), ("pair", 2, ECHO_MODEL), ("broken", 1, BROKEN_MODEL),
                                        ("exits", 1, EXITING_MODEL), ("unimportable", 1, UNIMPORTABLE_MODEL),
-                                       ("stuck", 1, STUCK_MODEL), ("exits_later", 1, EXITS_IN_EXECUTE_MODEL)):
+                                       ("stuck", 1, STUCK_MODEL), ("exits_later", 1, EXITS_IN_EXECUTE_MODEL),
+                                       ("classless", 1, CLASSLESS_MODEL)):
             write_model(self.repo, name, config(name, instances), {"1/model.py": model})
         # Triton's stub imports a default_model_filename as "<version>.<name>" too
         write_model(self.repo, "unimportable_named", config("unimportable_named") + 'default_model_filename: "net.py"',
@@ -262,7 +266,9 @@ def test_a_killed_instance_is_reported_with_its_signal_and_started_again(host):
                                        ("unimportable", "Internal: ModuleNotFoundError: No module named "
                                                         "'module_that_is_not_installed'\n\nAt:\n"),
                                        ("unimportable_named", "Internal: ModuleNotFoundError: No module named "
-                                                              "'module_that_is_not_installed'\n\nAt:\n")])
+                                                              "'module_that_is_not_installed'\n\nAt:\n"),
+                                       ("classless", "Internal: AttributeError: module '1.model' has no attribute "
+                                                     "'TritonPythonModel'")])
 def test_an_instance_that_fails_to_initialize_says_why_exits_init_failed_and_is_not_restarted(host, model, why):
     host.joined()
     assignment = host.assignment(model)

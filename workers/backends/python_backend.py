@@ -86,8 +86,9 @@ class PythonModel(Model):
         except BaseException as exc:   # as Triton's stub reports a model.py that fails to import
             raise InternalError(f"Internal: {_with_model_frames(exc)}") from exc
         self.model_class = getattr(module, "TritonPythonModel", None)
-        if self.model_class is None:
-            raise InternalError(f"{backend_file or version_dir / filename} defines no class TritonPythonModel")
+        if self.model_class is None:   # (Triton's stub's words)
+            raise InternalError(f"Internal: AttributeError: module '{module.__name__}' has no attribute "
+                                "'TritonPythonModel'")
 
     def create_instance(self, context: InstanceContext) -> Instance:
         return PythonInstance(self, context)
