@@ -174,8 +174,9 @@ class EnsembleLoader:
         waiting = False
         for index, step in enumerate(version.definition.config.ensemble_scheduling.step):
             member = self.registry.resolve_step(step.model_name, step.model_version)
-            # (a member still loading may yet fail, which unloads the versions its load brought)
-            if member is not None and member.state == VersionState.READY and step.model_name not in self._loads:
+            # (a member's load still in progress may yet fail, which unloads the versions it brought)
+            load = self._loads.get(step.model_name)
+            if member is not None and member.state == VersionState.READY and (load is None or member not in load.fresh):
                 continue
             if step.model_name in self._loads or any(
                     v.name == step.model_name and v.state == VersionState.LOADING

@@ -8,6 +8,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from tritium.pb_utils.model_file import NotAPythonFile
 from tritium.pb_utils.python_errors import with_model_frames
 
 
@@ -20,9 +21,10 @@ def main() -> None:
         sys.argv = [""]   # what Triton's stub gives model code, not this process's arguments
         answer = {"config": _complete(model_file, version_dir, json.loads(sys.stdin.read()))}
     except BaseException as exc:  # report any failure of user code as the answer (sys.exit() too)
-        # As Triton's stub reports it: its status's "Internal: ", the exception, the model's frames.
-        answer = {"error": f"Internal: {with_model_frames(exc, (__file__,))}",
-                  "traceback": traceback.format_exc()}
+        # As Triton's stub reports it: its status's "Internal: ", the exception, the model's frames
+        # (a file name it refuses: its words alone).
+        reported = str(exc) if isinstance(exc, NotAPythonFile) else with_model_frames(exc, (__file__,))
+        answer = {"error": f"Internal: {reported}", "traceback": traceback.format_exc()}
     os.write(answer_fd, (json.dumps(answer) + "\n").encode())
 
 

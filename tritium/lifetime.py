@@ -87,10 +87,19 @@ def _stat(pid: int) -> list[str] | None:
 def stop_with_descendants() -> None:
     """Ctrl-Z (SIGTSTP) of a process whose children lead process groups of their own, so that the
     terminal's signal reaches it alone: it stops every process below it, then itself, and once
-    continued, continues what it stopped."""
-    stopped = _stop_tree(os.getpid())
-    os.kill(os.getpid(), signal.SIGSTOP)
-    _signal_each(stopped, signal.SIGCONT)
+    continued, continues what it stopped. A second Ctrl-Z while the first is at work is the same stop."""
+    if _stopping:
+        return
+    _stopping.append(True)
+    try:
+        stopped = _stop_tree(os.getpid())
+        os.kill(os.getpid(), signal.SIGSTOP)
+        _signal_each(stopped, signal.SIGCONT)
+    finally:
+        _stopping.clear()
+
+
+_stopping: list[bool] = []   # a stop_with_descendants in progress (a signal handler may run within it)
 
 
 def _stop_tree(root: int) -> set[int]:

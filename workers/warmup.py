@@ -37,29 +37,31 @@ def warm_up(executor, config: ModelConfig, model_dir: Path) -> int:
         log.warning("model_warmup is not run for decoupled or sequence models in this tritium release")
         return 0
     instance = os.environ.get("TRITIUM_INSTANCE_NAME", config.name)
-    samples = [(sample, _sample_frames(config, model_dir, sample, instance)) for sample in config.model_warmup]
-    for sample, frames in samples:   # every sample's data is built before any runs, as in Triton
+    # Every sample's data is built before any runs, as in Triton, which skips a sample of batch 0.
+    samples = [(sample, _sample_frames(config, model_dir, sample, instance))
+               for sample in config.model_warmup if sample.batch_size > 0]
+    for sample, frames in samples:
         for iteration in range(1, max(1, sample.count) + 1):
-            log.info("model '%s' instance %s is running warmup sample '%s' for iteration %d", config.name,
-                     instance, sample.name, iteration)
+            log.debug("model '%s' instance %s is running warmup sample '%s' for iteration %d", config.name,
+                      instance, sample.name, iteration)
             parts = executor.run(list(frames))
             done, _, _ = read_record(parts[0])
-            if not all(done.ok):
-                raise WarmupFailed(f"Invalid argument: failed to run warmup sample '{sample.name}': "
-                                   f"{_first_error(parts[1:], done.response_frames)}")
+            if not all(done.ok):   # every request's error, each followed by "; ", as Triton joins them
+                errors = "".join(f"{error}; " for error in _errors(parts[1:], done.response_frames))
+                raise WarmupFailed(f"Invalid argument: failed to run warmup sample '{sample.name}': {errors}")
             executions += 1
     return executions
 
 
 def _sample_frames(config: ModelConfig, model_dir: Path, sample, instance: str) -> list:
     """The BATCH of the sample's ``batch_size`` requests of batch 1, checked as Triton checks them."""
-    batch = max(1, sample.batch_size)
+    batch = sample.batch_size
     batching = config.max_batch_size > 0
-    if batching and batch > config.max_batch_size:
-        raise WarmupFailed(f"Invalid argument: failed to run warmup sample '{sample.name}': batch size {batch} for "
-                           f"'{instance}', max allowed is {config.max_batch_size}")
     tensors = []
     for name, spec in sample.inputs.items():
+        if any(d < 0 for d in spec.dims):
+            raise WarmupFailed("Invalid argument: warmup setting expects all variable-size dimensions are specified "
+                               f"for input '{name}'")
         datatype = from_config_name(model_config_pb2.DataType.Name(spec.data_type))
         shape = ([1] if batching else []) + list(spec.dims)
         tensors.append((name, datatype.name, shape, _input_bytes(spec, datatype, shape, model_dir / "warmup")))
@@ -68,6 +70,9 @@ def _sample_frames(config: ModelConfig, model_dir: Path, sample, instance: str) 
         check_inputs(config.name, declared, config.max_batch_size, [(n, d, s) for n, d, s, _ in tensors])
     except InvalidArgument as exc:
         raise WarmupFailed(f"Invalid argument: [request id: <id_unknown>] {exc.message}") from None
+    if batch != 1 and batch > config.max_batch_size:   # each request of the batch refused by the backend
+        refusal = f"batch size {batch} for '{instance}', max allowed is {config.max_batch_size}; "
+        raise WarmupFailed(f"Invalid argument: failed to run warmup sample '{sample.name}': {refusal * batch}")
     descriptors, inline, external = pack_tensors(tensors)
     frames = [Batch(0, batch).encode()]
     for rid in range(batch):
@@ -89,11 +94,13 @@ def _input_bytes(spec, datatype: DataType, shape: list[int], folder: Path) -> by
             data = path.read_bytes()
         except OSError as exc:
             raise WarmupFailed(f"Internal: failed to open text file for read {path}: {exc.strerror}") from None
-        expected = count * datatype.itemsize
-        if not datatype.is_bytes and len(data) != expected:
+        if datatype.is_bytes:
+            return data
+        expected = count * datatype.itemsize   # (a larger file: its first bytes)
+        if len(data) < expected:
             raise WarmupFailed(f"Invalid argument: [request id: <id_unknown>] warmup setting expects {expected} bytes, "
                                f"but the data provided from {spec.input_data_file} has {len(data)} bytes")
-        return data
+        return data[:expected]
     if datatype.is_bytes:   # length-prefixed elements: empty ones, or short made-up ones
         return pack_bytes([b"" if source == "zero_data" else b"warmup"] * count)
     dtype = datatype.numpy or np.dtype("<u2")   # BF16: its bits
@@ -104,13 +111,13 @@ def _input_bytes(spec, datatype: DataType, shape: list[int], folder: Path) -> by
     return np.zeros(count, dtype=dtype).tobytes()
 
 
-def _first_error(responses: list, external_counts: list[int]) -> str:
-    """The message of the first failed response among a batch's RESPONSE parts (each record
-    followed by its external frames)."""
-    position = 0
+def _errors(responses: list, external_counts: list[int]) -> list[str]:
+    """The messages of the failed responses among a batch's RESPONSE parts (each record followed
+    by its external frames)."""
+    errors, position = [], 0
     for count in external_counts:
         record, _, _ = read_record(responses[position])
         if isinstance(record, Response) and record.error is not None:
-            return record.error.message
+            errors.append(record.error.message)
         position += 1 + count
-    return "the model failed"
+    return errors or ["the model failed"]

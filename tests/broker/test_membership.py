@@ -224,19 +224,13 @@ def test_what_the_bls_sockets_of_an_instance_and_of_its_forked_processes_left_go
     assert list(membership._first_bls_rid) == [b"instance-10/bls/7"]   # another instance's stays
 
 
-@pytest.mark.parametrize("code, fails_the_load", [(5, True), (3, False)])
-def test_an_instance_that_ends_for_good_while_loading_fails_the_load_unless_it_reported_its_init_failure(
-        world, code, fails_the_load):
+def test_an_instance_the_broker_refused_while_loading_fails_the_load(world):
     """An instance the broker refused (status 5) ends for good and must fail its load, or the load
-    would wait for it forever; one that failed to initialize (3) fails it with its own report."""
+    would wait for it forever (one that failed to initialize, 3, fails it with its own report)."""
     agent, assignment, boot = world.placing_agent()
     version = world.broker.registry.versions[("m", 1)]
     world.until(lambda: "m_0" in version.placed)
-    agent.send(InstanceExited("agent-1/m/1/x/m_0/1", "exited with status 5", code, assignment["e"], "m_0", False,
+    agent.send(InstanceExited("agent-1/m/1/x/m_0/1", "exited with status 5", 5, assignment["e"], "m_0", False,
                               boot, final=True).encode())
-    if fails_the_load:
-        world.until(lambda: version.state.value == "UNAVAILABLE")
-        assert version.reason == "instance m_0 exited with status 5 before it was ready"
-    else:
-        world.until(lambda: True)
-        assert version.state.value == "LOADING"   # its INSTANCE_FAILED, on its own socket, says why
+    world.until(lambda: version.state.value == "UNAVAILABLE")
+    assert version.reason == "instance m_0 exited with status 5 before it was ready"

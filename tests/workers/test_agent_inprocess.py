@@ -117,6 +117,9 @@ class Host:
         # Triton's stub imports a default_model_filename as "<version>.<name>" too
         write_model(self.repo, "unimportable_named", config("unimportable_named") + 'default_model_filename: "net.py"',
                     {"1/net.py": UNIMPORTABLE_MODEL})
+        # ... and refuses one whose name does not end with .py, even beside a model.py
+        write_model(self.repo, "not_python", config("not_python") + 'default_model_filename: "model.txt"',
+                    {"1/model.txt": ECHO_MODEL, "1/model.py": ECHO_MODEL})
         self.address, self.folder = ipc_address("broker")
         self.broker = ScriptedBroker(self.address)
         self.agent = HostAgent(WorkerSettings(
@@ -268,7 +271,9 @@ def test_a_killed_instance_is_reported_with_its_signal_and_started_again(host):
                                        ("unimportable_named", "Internal: ModuleNotFoundError: No module named "
                                                               "'module_that_is_not_installed'\n\nAt:\n"),
                                        ("classless", "Internal: AttributeError: module '1.model' has no attribute "
-                                                     "'TritonPythonModel'")])
+                                                     "'TritonPythonModel'"),
+                                       ("not_python", "Internal: Model name must end with '.py'. Model name is "
+                                                      '"model.txt".')])
 def test_an_instance_that_fails_to_initialize_says_why_exits_init_failed_and_is_not_restarted(host, model, why):
     host.joined()
     assignment = host.assignment(model)

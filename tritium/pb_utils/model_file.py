@@ -13,19 +13,22 @@ from pathlib import Path
 from types import ModuleType
 
 
+class NotAPythonFile(Exception):
+    """A model file whose name does not end with ``.py``, which Triton's stub refuses (its words)."""
+
+
 def import_model_file(model_file: Path, python_based: bool) -> ModuleType:
     """``python_based``: ``model_file`` is a Python-based backend's model.py, imported as
     "model" (what its classes pickle as), from its path (the instance's working folder may hold
-    another "model"); a model's own file, model.py or its ``default_model_filename``, is
+    another "model"); a model's own file (``*.py``), model.py or its ``default_model_filename``, is
     "<version>.<name>", as Triton's stub imports it (an import error then shows the import
-    machinery's frames, as Triton's does); a name Python cannot import (a dot in it), from its path."""
-    if python_based:
-        module = _from_path("model", model_file)
-        sys.modules["model"] = module
-    elif "." not in model_file.stem:
+    machinery's frames, as Triton's does, and a dot in the name fails as it does in Triton)."""
+    if not python_based:
+        if model_file.suffix != ".py":
+            raise NotAPythonFile(f"Model name must end with '.py'. Model name is \"{model_file.name}\".")
         return importlib.import_module(f"{model_file.parent.name}.{model_file.stem}")
-    else:
-        module = _from_path(model_file.stem, model_file)
+    module = _from_path("model", model_file)
+    sys.modules["model"] = module
     spec = module.__spec__
     assert spec is not None and spec.loader is not None
     spec.loader.exec_module(module)

@@ -20,7 +20,6 @@ import logging
 import os
 import sys
 import threading
-import traceback
 import weakref
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 
 from tritium.errors import ErrorCode, InternalError, TritiumError, error_for_code
 from tritium.pb_utils import MODULE_DIR
-from tritium.pb_utils.model_file import import_model_file
+from tritium.pb_utils.model_file import NotAPythonFile, import_model_file
 from tritium.pb_utils.python_errors import with_model_frames
 from tritium.pb_utils.triton_names.triton_python_backend_utils import TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 from tritium.pb_utils.types import InferenceRequest as PbRequest, InferenceResponse as PbResponse, Tensor, runtime
@@ -83,6 +82,8 @@ class PythonModel(Model):
                 sys.path.append(folder)
         try:
             module = import_model_file(backend_file or version_dir / filename, backend_file is not None)
+        except NotAPythonFile as exc:
+            raise InternalError(f"Internal: {exc}") from None
         except BaseException as exc:   # as Triton's stub reports a model.py that fails to import
             raise InternalError(f"Internal: {_with_model_frames(exc)}") from exc
         self.model_class = getattr(module, "TritonPythonModel", None)
@@ -161,8 +162,7 @@ class PythonInstance(Instance):
         if future.cancelled() or (exc := future.exception()) is None:
             return
         # Triton logs it and leaves the requests it did not finish unanswered; here they are
-        # answered with the error, as an execute that raised answers its requests.
-        log.error("".join(traceback.TracebackException.from_exception(exc).format()))
+        # answered with the error (logged once, with the model's frames), as an execute that raised answers its requests.
         error = self._failure(exc)
         for slot in slots:
             if slot is not None:
