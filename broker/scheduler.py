@@ -822,7 +822,8 @@ class Scheduler:
                         request.deadline_ns = 0   # a retried request is not timed out again: it already waited
                         retry.append(request)
                         continue
-                    self._fail_request(batch.version, instance, request, why, now)
+                    # (the instance failed it: a BACKEND failure, as Triton counts a request its stub died with)
+                    self._fail_request(batch.version, instance, request, why, now, "BACKEND")
                 if request.client is STEP_CLIENT:   # its batch's compute times will never come
                     self.ensembles.step_executed(request.rid, NO_TIMINGS)
         instance.inflight.clear()
@@ -856,14 +857,14 @@ class Scheduler:
             self.dispatch(version, now)
 
     def _fail_request(self, version: ModelVersion, instance: InstanceRecord, request: PendingRequest,
-                      why: str, now: int) -> None:
+                      why: str, now: int, reason: str = "OTHER") -> None:
         lost = f"instance '{instance.name}' of model '{version.name}' version {version.version} {why}"
         if version.stateful:
             error = Unavailable(f"{lost}; the state of sequence {request.correlation_id} was lost with it")
         else:
             error = Unavailable(f"{lost} while running this request")
         self._answer_error(version, request, error)
-        version.stats.record_failure(now - request.arrival_ns)
+        version.stats.record_failure(now - request.arrival_ns, reason)
 
     def fail_queued(self, version: ModelVersion, error: TritiumError, refused: bool = False) -> None:
         """Answer every queued request of a version that cannot serve them any more; ``refused``:

@@ -164,6 +164,7 @@ def test_a_request_lost_twice_fails_with_503_naming_the_model(world):
     assert error["message"] == (f"instance '{second.decode()}' of model 'm' version 1 was killed by signal 9 "
                                 "while running this request")
     assert version.stats.as_dict("m", 1)["inference_stats"]["fail"]["count"] == 1
+    assert version.stats.failures == {"BACKEND": 1}   # as Triton counts a request whose stub died
 
 
 def test_a_request_waits_for_a_restarting_instance_when_it_was_the_only_one(world):
