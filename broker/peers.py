@@ -122,6 +122,9 @@ class Peers:
         if not self._rate_limited(instance, version):
             return
         self.membership.add_instance(instance, version)
+        for requests, *timings in hello.warmed or ():   # its warmup counts in the statistics, as in Triton
+            version.stats.record_execution(requests, tuple(timings))
+            version.stats.record_successes(requests, requests * sum(timings), 0, requests, tuple(timings))
         log.info("instance %s of model %s version %d is ready", instance.name, version.name, version.version)
         self.lifecycle.instance_joined(version, instance.name)
         self.autoscaler.instance_joined(version)

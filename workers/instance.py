@@ -402,7 +402,7 @@ def main() -> None:
         context.term()
         _end_for_good(final_fd, "failed to initialize", ExitCode.INIT_FAILED)
     try:
-        warm_up(executor, executor.config, Path(spec["model_dir"]))
+        warmed = warm_up(executor, executor.config, Path(spec["model_dir"]))
     except Exception as exc:   # a model that cannot run its warmup is not ready, as in Triton
         message = str(exc) if isinstance(exc, WarmupFailed) else f"warmup failed: {exc}"
         log.error("%s", message)
@@ -421,7 +421,8 @@ def main() -> None:
                         agent=spec["agent"], model=spec["model"], version=spec["version"], epoch=load["epoch"],
                         boot=load["boot"], name=spec["key"], instance_kind=spec.get("kind", "CPU"),
                         credit=spec.get("credit", 2), device=spec.get("device_id", 0),
-                        group=spec.get("group", 0)).encode()])
+                        group=spec.get("group", 0), warmed=warmed or None).encode()])
+        warmed.clear()   # counted once: a HELLO said again (a new broker process) brings none
 
     def rejoin(reset: Reset) -> None:
         """A new broker process keeps this instance: what the old one bound to it is gone."""

@@ -30,12 +30,14 @@ class WarmupFailed(Exception):
     """The load error of a warmup that failed, as Triton words it (its status's words first)."""
 
 
-def warm_up(executor, config: ModelConfig, model_dir: Path) -> int:
-    """Run every warmup sample of ``config``; return how many executions ran. WarmupFailed if one fails."""
-    executions = 0
+def warm_up(executor, config: ModelConfig, model_dir: Path) -> list[list[int]]:
+    """Run every warmup sample of ``config``; WarmupFailed if one fails. The executions that ran, each
+    [requests, compute_input_ns, compute_infer_ns, compute_output_ns], which the statistics count as
+    Triton's do."""
+    executions: list[list[int]] = []
     if config.model_warmup and (config.model_transaction_policy.decoupled or config.HasField("sequence_batching")):
         log.warning("model_warmup is not run for decoupled or sequence models in this tritium release")
-        return 0
+        return executions
     instance = os.environ.get("TRITIUM_INSTANCE_NAME", config.name)
     # Every sample's data is built before any runs, as in Triton, which skips a sample of batch 0.
     samples = [(sample, _sample_frames(config, model_dir, sample, instance))
@@ -49,7 +51,7 @@ def warm_up(executor, config: ModelConfig, model_dir: Path) -> int:
             if not all(done.ok):   # every request's error, each followed by "; ", as Triton joins them
                 errors = "".join(f"{error}; " for error in _errors(parts[1:], done.response_frames))
                 raise WarmupFailed(f"Invalid argument: failed to run warmup sample '{sample.name}': {errors}")
-            executions += 1
+            executions.append([sample.batch_size, *done.timings])
     return executions
 
 

@@ -133,3 +133,13 @@ def test_each_sample_is_batch_size_requests_of_batch_1_each_with_the_samples_dat
 def test_a_sample_a_request_could_not_be_or_that_fails_fails_the_load_in_tritons_words(server, model, reason):
     assert reasons(server)[model] == reason.format(repo=server.repo)
     assert not (server.repo / model / "executions.jsonl").exists()
+
+
+def test_warmup_executions_count_in_the_statistics_as_in_triton(server):
+    """Triton 2.51 side by side: a model's warmup shows in its statistics before any request."""
+    for model, inferences, executions, batch_size in (("zeros", 3, 1, 3), ("from_file", 4, 2, 2)):
+        _, _, body = request(server.url, "GET", f"/v2/models/{model}/stats")
+        (stats,) = json.loads(body)["model_stats"]
+        assert (stats["inference_count"], stats["execution_count"]) == (inferences, executions)
+        assert stats["inference_stats"]["success"]["count"] == inferences
+        assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [(batch_size, executions)]
