@@ -84,12 +84,15 @@ def _missing(model: str, declared: Collection[str], required: Sequence[str], giv
     else:
         expected = f"expected number of inputs between {len(required)} and {len(declared)}"
     return InvalidArgument(
-        f"{expected} but got {len(given)} inputs for model '{model}'. Got input(s) {_names(given)}, but "
-        f"missing required input(s) {_names(missing)}. Please provide all required input(s).")
+        f"{expected} but got {len(given)} inputs for model '{model}'. Got input(s) {_names(given[::-1], '[]')}, "
+        f"but missing required input(s) {_names(missing, ']')}. Please provide all required input(s).")
 
 
-def _names(names: Sequence[str]) -> str:
-    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+def _names(names: Sequence[str], none: str) -> str:
+    """As Triton's core lists them (the given inputs in its hash map's order, see check_inputs),
+    ``none`` when there are none: its list of missing inputs then loses its "[" (2.51: "... missing
+    required input(s) ]. Please ...")."""
+    return "[" + ",".join(f"'{n}'" for n in names) + "]" if names else none
 
 
 def check_datatype(model: str, name: str, given: str, expected: str) -> None:

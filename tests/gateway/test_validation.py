@@ -100,6 +100,15 @@ def test_missing_required_input_uses_triton_wording():
         "required input(s) ['B']. Please provide all required input(s).")
 
 
+def test_an_input_too_many_is_listed_as_triton_lists_it():
+    """Triton 2.51 side by side: its hash map's order (the reverse of the request's, for a few
+    inputs), and its list of missing inputs, when empty, without its "["."""
+    message = invalid(spec(), request(fp32("A", (1, 16)), fp32("B", (1, 16)), fp32("X", (1, 16))))
+    assert message == (
+        "expected 2 inputs but got 3 inputs for model 'm'. Got input(s) ['X','B','A'], but missing "
+        "required input(s) ]. Please provide all required input(s).")
+
+
 def test_no_inputs_at_all():
     message = invalid(spec(), request())
     assert message == (
