@@ -209,9 +209,14 @@ class ModelLifecycle:
             self._finish_if_done(load)
             return
         record = self.registry.models.get(name)
-        if isinstance(error, MissingModel) and load.replies:
-            # A load request for a name the repository does not have: refused, not recorded.
+        if isinstance(error, MissingModel):
+            # A name the repository does not have: a load request's is refused, one named at startup
+            # (--load-model) fails the startup, as in Triton; neither is recorded.
             load.errors.append(error)
+            if not load.replies:
+                missing = f"failed to poll model '{name}': model not found in any model repository."
+                log.error("%s", missing)
+                self.repository_errors += (missing,)
             self._finish_if_done(load, prefix=False)
             return
         if record is None:

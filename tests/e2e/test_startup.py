@@ -59,6 +59,23 @@ def test_a_failed_model_stops_startup_by_default(repo):
     assert b"tritium ready" not in result.stdout
 
 
+def test_a_model_named_at_startup_that_the_repository_lacks_stops_startup_or_is_left_out(repo):
+    """As Triton 2.51 (side by side): "failed to poll model 'nosuch': model not found in any model
+    repository.", then "failed to load all models", or with --exit-on-error=false a server that
+    serves the others, ready, the name in no index (the broker crashed on it)."""
+    named = ("--model-control-mode=explicit", "--load-model=good", "--load-model=nosuch")
+    result = run_serve(repo, *named)
+    assert result.returncode == 4
+    log = result.stderr.decode()
+    assert "failed to poll model 'nosuch': model not found in any model repository." in log
+    assert "failed to load all models" in log
+    with TritiumServer(repo, *named, "--exit-on-error=false") as running:
+        assert request(running.url, "GET", "/v2/health/ready")[0] == 200
+        _, _, body = request(running.url, "POST", "/v2/repository/index", {})
+        assert {entry["name"]: entry.get("state") for entry in json.loads(body)} == {
+            "good": "READY", "bad_config": None, "bad_file": None}
+
+
 @pytest.fixture(scope="module")
 def tolerant_server(repo):
     with TritiumServer(repo, "--exit-on-error=false") as running:
