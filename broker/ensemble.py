@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from tritium.broker.registry import ModelVersion, Registry
 from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumError
-from tritium.input_checks import check_input_names
+from tritium.input_checks import check_input_names, unexpected_output
 from tritium.protocol import Infer, ProtocolError, Response, read_record, split_record, tensor_views
 from tritium.tracing.stamps import ensemble_record, step_context, step_record
 from tritium.tracing.tensors import raw_answer_tensors, raw_tensors
@@ -267,8 +267,7 @@ class EnsembleRunner:
                                   trace_tensors=header.trace is not None and header.trace_tensors)
         if not needs.known:
             unknown = next(name for name in requested if name not in plan.outputs)   # the first the client named
-            self._fail(request, InvalidArgument(f"unexpected inference output '{unknown}' for model "
-                                                f"'{plan.name}'"))
+            self._fail(request, unexpected_output(plan.name, unknown))
             return
         try:
             descriptors = header.inputs

@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tritium.model_config_proto import model_config_pb2
 
 from tritium.broker.batcher import BatchingPolicy, DynamicBatcher
 from tritium.broker.custom_metrics import CustomMetrics
@@ -18,8 +17,7 @@ from tritium.broker.ordering import ResponseOrder
 from tritium.broker.queue_policy import QueuePolicy
 from tritium.broker.sequences import SequenceBatcher, SequencePolicy
 from tritium.broker.stats import ModelVersionStats
-from tritium.datatypes import BY_CONFIG_NAME
-from tritium.input_checks import DeclaredInput, runs_without_inputs
+from tritium.input_checks import DeclaredInput, declared_inputs, runs_without_inputs
 from tritium.repo import ModelDefinition
 from tritium.repo.backends import ENSEMBLE_PLATFORM
 from tritium.repo.autoscale import AutoscalePolicy, autoscale_policy
@@ -203,8 +201,7 @@ class ModelVersion:
         # rows into one tensor, which needs Triton's batch_input (not supported): they keep to one shape.
         self.ragged_inputs = frozenset(t.name for t in config.input if t.allow_ragged_batch) \
             if self.definition.runs_python else frozenset()
-        self.declared_inputs = {t.name: DeclaredInput(_datatype_name(t.data_type), tuple(t.dims), t.optional)
-                                for t in config.input}
+        self.declared_inputs = declared_inputs(config)
         self.declared_outputs = frozenset(t.name for t in config.output)
         self.runs_without_inputs = runs_without_inputs(config.platform, len(config.sequence_batching.control_input),
                                                        len(config.sequence_batching.state))
@@ -240,14 +237,6 @@ class ModelVersion:
     @property
     def decoupled(self) -> bool:
         return self.definition.config.model_transaction_policy.decoupled
-
-
-def _datatype_name(data_type: int) -> str:
-    """The protocol name ("FP32") of a config's data type; an unknown one as the config names it
-    (a config that loads has none)."""
-    config_name = model_config_pb2.DataType.Name(data_type)
-    known = BY_CONFIG_NAME.get(config_name)
-    return known.name if known is not None else config_name
 
 
 _VERSION_POLICY_KEYS = ("version_policy", "versionPolicy")

@@ -30,7 +30,7 @@ from tritium.broker.registry import (
     Registry,
     VersionState,
 )
-from tritium.input_checks import check_inputs
+from tritium.input_checks import check_inputs, unexpected_output
 from tritium.errors import Cancelled, ErrorCode, InternalError, InvalidArgument, NotFound, TritiumError, Unavailable
 from tritium.broker.response_cache import ResponseCache, cached_response, request_key
 from tritium.broker.sequences import END as SEQUENCE_END, START as SEQUENCE_START, SequenceBatcher
@@ -933,7 +933,7 @@ def _bls_call_refused(version: ModelVersion, header: Infer) -> TritiumError | No
             "'async_exec' calls for decoupled models.'")
     for name in header.outputs or ():
         if name not in version.declared_outputs:
-            return InvalidArgument(f"unexpected inference output '{name}' for model '{version.name}'")
+            return unexpected_output(version.name, name)
     try:
         check_inputs(version.name, version.declared_inputs, version.definition.config.max_batch_size,
                      [(descriptor[0], descriptor[1], descriptor[2]) for descriptor in header.inputs],

@@ -36,7 +36,7 @@ _SWEEP_INTERVAL_S = 5.0
 MAX_PIPELINED = 32   # requests parsed ahead of their answers; past it the connection is not read
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-C_INT_MAX = 2**31 - 1   # the largest Inference-Header-Content-Length Triton parses
+_C_INT_MAX = 2**31 - 1   # the largest Inference-Header-Content-Length Triton parses
 
 
 @dataclass(slots=True)
@@ -208,7 +208,7 @@ class HttpConnection(asyncio.Protocol):
             # The limit is the JSON header's: the binary tensor data after it is bounded only by
             # what Triton parses as a Content-Length (--http-max-input-size bounds JSON, not
             # binary inputs, in Triton).
-            self._body_limit = C_INT_MAX
+            self._body_limit = _C_INT_MAX
             if json_length > self.settings.max_body_bytes:
                 self._too_large = json_length
         if not self._too_large and size is not None and size > self._body_limit:
@@ -225,7 +225,7 @@ class HttpConnection(asyncio.Protocol):
             return None
         length = int(text)
         declared = self._headers.get(b"content-length")
-        if length > C_INT_MAX or (declared is not None and declared.isdigit() and length > int(declared)):
+        if length > _C_INT_MAX or (declared is not None and declared.isdigit() and length > int(declared)):
             return None
         return length
 

@@ -11,7 +11,7 @@ import struct
 from tritium.gateway.inference import InferRequest, RequestedOutput
 from tritium.gateway.model_table import ModelSpec, TensorSpec
 from tritium.errors import InvalidArgument, Unsupported
-from tritium.input_checks import check_inputs
+from tritium.input_checks import check_inputs, unexpected_output
 
 _LENGTH = struct.Struct("<I")
 
@@ -54,7 +54,7 @@ def check_requested_outputs(spec: ModelSpec, request: InferRequest) -> None:
     named: dict[str, RequestedOutput] = {}
     for output in request.outputs:
         if output.name not in spec.outputs:
-            raise InvalidArgument(f"unexpected inference output '{output.name}' for model '{spec.name}'")
+            raise unexpected_output(spec.name, output.name)
         named.setdefault(output.name, output)
     if len(named) < len(request.outputs):
         request.outputs = list(named.values())

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple
 
+from tritium.datatypes import BY_CONFIG_NAME
 from tritium.errors import InvalidArgument
+from tritium.model_config_proto import model_config_pb2
 
 
 class DeclaredInput(NamedTuple):
@@ -40,6 +42,24 @@ def check_inputs(model: str, declared: Mapping[str, DeclaredInput], max_batch_si
     if batching and batch_size == 0:   # Triton refuses it too (as a byte size mismatch)
         raise InvalidArgument(f"inference request batch-size must be >= 1 for '{model}'")
     return batch_size
+
+
+def declared_inputs(config: model_config_pb2.ModelConfig) -> dict[str, DeclaredInput]:
+    """A config's inputs, as ``check_inputs`` takes them."""
+    return {t.name: DeclaredInput(_datatype_name(t.data_type), tuple(t.dims), t.optional) for t in config.input}
+
+
+def _datatype_name(data_type: int) -> str:
+    """The protocol name ("FP32") of a config's data type; an unknown one as the config names it
+    (a config that loads has none)."""
+    config_name = model_config_pb2.DataType.Name(data_type)
+    known = BY_CONFIG_NAME.get(config_name)
+    return known.name if known is not None else config_name
+
+
+def unexpected_output(model: str, name: str) -> InvalidArgument:
+    """A requested output the model does not have, in Triton's words (they name no request)."""
+    return InvalidArgument(f"unexpected inference output '{name}' for model '{model}'")
 
 
 def runs_without_inputs(platform: str, control_inputs: int, states: int) -> bool:

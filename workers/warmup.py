@@ -20,7 +20,7 @@ from tritium.model_config_proto import model_config_pb2
 from tritium.repo import ModelConfig
 from tritium.datatypes import DataType, from_config_name, pack_bytes
 from tritium.errors import InvalidArgument
-from tritium.input_checks import DeclaredInput, check_inputs
+from tritium.input_checks import check_inputs, declared_inputs
 from tritium.protocol import Batch, Infer, Response, pack_tensors, read_record
 
 log = logging.getLogger(__name__)
@@ -67,9 +67,8 @@ def _sample_frames(config: ModelConfig, model_dir: Path, sample, instance: str) 
         datatype = from_config_name(model_config_pb2.DataType.Name(spec.data_type))
         shape = ([1] if batching else []) + list(spec.dims)
         tensors.append((name, datatype.name, shape, _input_bytes(spec, datatype, shape, model_dir / "warmup")))
-    declared = {i.name: DeclaredInput(_datatype_name(i.data_type), tuple(i.dims), i.optional) for i in config.input}
     try:
-        check_inputs(config.name, declared, config.max_batch_size, [(n, d, s) for n, d, s, _ in tensors])
+        check_inputs(config.name, declared_inputs(config), config.max_batch_size, [(n, d, s) for n, d, s, _ in tensors])
     except InvalidArgument as exc:
         raise WarmupFailed(f"Invalid argument: [request id: <id_unknown>] {exc.message}") from None
     if batch != 1 and batch > config.max_batch_size:   # each request of the batch refused by the backend
@@ -80,11 +79,6 @@ def _sample_frames(config: ModelConfig, model_dir: Path, sample, instance: str) 
     for rid in range(batch):
         frames += [Infer(rid, config.name, descriptors, batch_size=1, external=len(external)).encode(inline), *external]
     return frames
-
-
-def _datatype_name(data_type: int) -> str:
-    datatype = from_config_name(model_config_pb2.DataType.Name(data_type))
-    return datatype.name if datatype is not None else model_config_pb2.DataType.Name(data_type)
 
 
 def _input_bytes(spec, datatype: DataType, shape: list[int], folder: Path) -> bytes:
