@@ -8,7 +8,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from tritium.pb_utils.model_file import NotAPythonFile
+from tritium.pb_utils.model_file import NotAPythonFile, import_model_file
 from tritium.pb_utils.python_errors import with_model_frames
 
 
@@ -30,7 +30,6 @@ def main() -> None:
 
 def _complete(model_file: Path, model_version_dir: str, config: dict) -> dict:
     from tritium.pb_utils import MODULE_DIR
-    from tritium.pb_utils.model_file import import_model_file
     from tritium.pb_utils.types import runtime
 
     version_dir = model_file.parent
