@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritium.broker.ensemble_loading import EnsembleLoader, is_ensemble, members_of
+from tritium.broker.instance_updates import InstanceUpdates
 from tritium.broker.membership import Membership
 from tritium.broker.model_reads import MissingModel, ModelReader, overrides_from
 from tritium.broker.polling import RepositoryPoller
@@ -85,6 +86,7 @@ class ModelLifecycle:
         self._loads: dict[str, LoadInProgress] = {}
         self._queued: dict[str, list[Callable[[], None]]] = {}   # loads/unloads asked for during a load
         self.draining: set[ModelVersion] = set()
+        self.instance_updates = InstanceUpdates(registry, scheduler, send_backend, self._instances_updated)
         self.reader = ModelReader(repository, settings.load_threads)
         self.ensembles = EnsembleLoader(registry, self._loads, self, self.reader, settings.mode == "poll")
         self.poller = RepositoryPoller(registry, repository, self._loads, self, self.reader, self.ensembles,
@@ -263,8 +265,12 @@ class ModelLifecycle:
             if current is not None and current.state != VersionState.UNAVAILABLE and \
                     self._same_load(current, definition, files):
                 continue  # nothing changed for this version: keep it as it is
-            self._start_version(record, number, definition, files, current, load)
             kept_all = False
+            if current is not None and current.state == VersionState.READY and \
+                    self._only_instance_groups_changed(current, definition, files):
+                self._update_instance_groups(current, definition, load)
+                continue
+            self._start_version(record, number, definition, files, current, load)
         if serving and kept_all:   # only the version policy changed: its config shows at once
             _publish(record, definition)
         elif serving and not failed:   # it shows once a version of this load serves
@@ -308,6 +314,15 @@ class ModelLifecycle:
         for agent in self.registry.agents.values():
             if agent.serves(record.name) and not agent.draining:
                 self._send_backend([agent.identity, Assign((version.assignment(),)).encode()])
+
+    def _update_instance_groups(self, version: ModelVersion, definition: ModelDefinition,
+                                load: LoadInProgress) -> None:
+        """Give a serving version ``definition``'s instance groups in place (instance_updates.py)."""
+        load.waiting.add(version.epoch)
+        self._version_files[version.epoch] = _version_files(definition.path, version.version)   # (a new config file)
+        identity = load_identity(config_to_json_dict(definition.portable_config), None,
+                                 self._version_files[version.epoch])
+        self.instance_updates.start(version, definition, identity)
 
     def _finish_if_done(self, load: LoadInProgress, prefix: bool = True) -> None:
         if load.waiting:
@@ -382,6 +397,20 @@ class ModelLifecycle:
             self.scheduler.dispatch(version)
         if self.ensembles.waiting:
             self.ensembles.check()
+
+    def _instances_updated(self, version: ModelVersion, error: str | None) -> None:
+        """A serving version's instance update ended (InstanceUpdates): its load goes on."""
+        record = self.registry.models.get(version.name)
+        if error is None and record is not None:
+            _publish(record, version.definition)
+        self.membership.changed()
+        load = self._loads.get(version.name)
+        if load is None or version.epoch not in load.waiting:
+            return
+        load.waiting.discard(version.epoch)
+        if error is not None:   # (Triton's words: the version is still READY)
+            load.errors.append(f"version {version.version} is at READY state: {error};\n")
+        self._finish_if_done(load)
 
     def version_failed(self, version: ModelVersion, message: str) -> None:
         record = self.registry.models.get(version.name)
@@ -507,7 +536,7 @@ class ModelLifecycle:
 
     def placed(self, placed: Placed, agent: bytes = b"") -> None:
         version = self.registry.epochs.get(placed.epoch)
-        if version is None:
+        if version is None or self.instance_updates.placed(version, agent, placed):
             return
         if placed.error is not None:
             why = placed.error.message
@@ -526,6 +555,7 @@ class ModelLifecycle:
 
     def host_gone(self, agent: bytes, why: str) -> None:
         """A host lost or draining takes its not-yet-ready instances out of the loads in progress."""
+        self.instance_updates.host_gone(agent)
         for version in [v for v in self.registry.epochs.values() if v.state == VersionState.LOADING]:
             gone = {name for name, where in version.placed_on.items()
                     if where == agent and name not in version.seen_ready}
@@ -543,22 +573,56 @@ class ModelLifecycle:
         version.seen_ready.add(name)
         if version.state == VersionState.LOADING and version.placed <= version.seen_ready:
             self.version_ready(version)
+        elif self.instance_updates:
+            self.instance_updates.check()
 
     def _same_load(self, current: ModelVersion, definition: ModelDefinition, files) -> bool:
-        """Whether ``current`` was loaded from what ``definition`` would load now (no reload then)."""
+        """Whether ``current`` was loaded from what ``definition`` would load now (no reload then).
+        A change of version policy alone loads and unloads other versions but leaves a version that
+        stays as it runs, as in Triton."""
+        return self._same_files(current, definition, files) and \
+            _without(current.definition.portable_config, "version_policy") == \
+            _without(definition.portable_config, "version_policy")
+
+    def _only_instance_groups_changed(self, current: ModelVersion, definition: ModelDefinition, files) -> bool:
+        """Whether ``definition`` changes only the instance groups of ``current``, which Triton then
+        updates in place (instance_updates.py); not for a model whose sequences hold instances."""
+        if current.ensemble or current.stateful or current.autoscale is not None:
+            return False
+        # The config file was rewritten, so its own time is not asked, only what it says (Triton's).
+        configs = {_top_entry(d) for d in (current.definition, definition)} - {None}
+        return self._same_files(current, definition, files, besides=configs) and \
+            _without(current.definition.portable_config, "version_policy", "instance_group") == \
+            _without(definition.portable_config, "version_policy", "instance_group")
+
+    def _same_files(self, current: ModelVersion, definition: ModelDefinition, files,
+                    besides: frozenset | set = frozenset()) -> bool:
+        """Whether the same files back both loads; ``besides``: the model folder's entries left out."""
+        def kept(fingerprint: tuple | None) -> tuple:
+            return tuple(item for item in fingerprint or () if item[0].split("/", 1)[0] not in besides)
+
         return (files is None and current.files is None
-                and _beside_the_policy(current.definition.portable_config) == _beside_the_policy(definition.portable_config)
                 and current.definition.labels == definition.labels
                 and current.definition.path == definition.path
-                and self._version_files.get(current.epoch) == _version_files(definition.path, current.version))
+                and kept(self._version_files.get(current.epoch)) == kept(_version_files(definition.path,
+                                                                                       current.version)))
 
 
-def _beside_the_policy(config):
-    """The config without its version_policy: a change of policy alone loads and unloads other
-    versions but leaves a version that stays as it runs, as in Triton."""
+def _top_entry(definition: ModelDefinition) -> str | None:
+    """The entry of the model folder that holds its config file (the file, or its folder)."""
+    if definition.config_file is None:
+        return None
+    try:
+        return definition.config_file.relative_to(definition.path).parts[0]
+    except ValueError:   # (a config file outside the model folder)
+        return None
+
+
+def _without(config, *fields: str):
     copy = type(config)()
     copy.CopyFrom(config)
-    copy.ClearField("version_policy")
+    for name in fields:
+        copy.ClearField(name)
     return copy
 
 

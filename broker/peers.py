@@ -117,7 +117,9 @@ class Peers:
         self.adoption.forget(peer)
         instance = InstanceRecord(peer, hello.agent.encode(), hello.model, hello.version, hello.name,
                                   hello.credit or 1, epoch=version.epoch,
-                                  draining=agent is None or agent.draining, kind=hello.instance_kind or "CPU",
+                                  draining=agent is None or agent.draining
+                                  or self.lifecycle.instance_updates.holds(version, hello.name),
+                                  kind=hello.instance_kind or "CPU",
                                   device=hello.device or 0, group=hello.group or 0)
         if not self._rate_limited(instance, version):
             return
@@ -148,6 +150,7 @@ class Peers:
             else:
                 self._send_backend([instance.iid, Refused(message).encode()])
                 self.autoscaler.instance_failed(version, instance.agent, message)
+                self.lifecycle.instance_updates.failed(version, instance.name, message)
             return False
         return True
 
@@ -320,6 +323,8 @@ class Peers:
             self.lifecycle.version_failed(version, message)
         elif version is not None and version.autoscale is not None:
             self.autoscaler.instance_failed(version, failed.agent.encode(), message)
+        elif version is not None:
+            self.lifecycle.instance_updates.failed(version, failed.name, message)
 
     def instance_exited(self, exited: InstanceExited) -> None:
         iid = exited.iid.encode()
@@ -337,6 +342,8 @@ class Peers:
         expected = exited.stopped or (exited.final and exited.code == ExitCode.INIT_FAILED)
         if version is not None and expected:
             version.awaited.pop(name, None)
+        if version is not None:
+            self.lifecycle.instance_updates.exited(version, name, why, expected)
         if version is not None and version.state == VersionState.LOADING and name not in version.seen_ready \
                 and not expected:
             # It died before it was ready (a crash, not a reported init failure): the load fails,

@@ -314,6 +314,8 @@ class Broker:
         self.scheduler.run_due()
         if self.lifecycle.draining:
             self.lifecycle.check_drained()
+        if self.lifecycle.instance_updates:
+            self.lifecycle.instance_updates.check()
         if self.lifecycle.poller.poll_due():
             self.lifecycle.poller.poll()
         self._push_models_if_changed()

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -63,7 +63,13 @@ from tritium.protocol import (
 from tritium.security import CurveKeys, secure_client
 from tritium.shared_pool import DEFAULT_POOL_BYTES
 from tritium.signals import SignalWaker
-from tritium.workers.placement import InstancePlan, plan_instances, plan_scaled
+from tritium.workers.placement import (
+    InstancePlan,
+    plan_instances,
+    plan_scaled,
+    plan_signature,
+    update_instance_groups,
+)
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +324,7 @@ class HostAgent:
                 self._assign(message.assignment, count=message.count, stop=message.stop)
             elif kind is Unassign:
                 for load in message.models:
-                    self._unassign(load.epoch)
+                    self._unassign(load.epoch, load.instances)
             elif kind is Heartbeat:
                 if self._broker_boot is not None and message.boot != self._broker_boot:
                     self._register_again("the broker restarted")
@@ -355,16 +361,14 @@ class HostAgent:
         placed = partial(Placed, model, version, epoch, self._broker_boot)
         running = [child for child in self.children
                    if child.epoch == epoch and child.wanted and child.iid not in self._adoptable]
-        if running and count is None:
+        if running and count is None and not assignment.update:
             return  # already serving this load (the broker re-sent its assignments)
         if self._drain_deadline is not None:
             self._send(placed(error=Unavailable(f"host {host_name()} is draining")))
             return
         try:
             model_dir = self._model_dir(model, epoch, assignment.files)
-            config = ModelConfig()
-            json_format.ParseDict(assignment.config, config)
-            resolve_instance_groups(config, self.settings.gpus)
+            config = self._host_config(assignment.config)
             plans = plan_instances(config) if count is None else plan_scaled(config, count, self.settings.gpus)
             if not plans and count is None:
                 raise ModelLoadError(model, f"model '{model}' has no instance to start on this host")
@@ -372,6 +376,9 @@ class HostAgent:
             message = getattr(exc, "message", str(exc))
             log.error("cannot place model %s version %d: %s", model, version, message)
             self._send(placed(error=InternalError(message)))
+            return
+        if running and count is None:
+            self._update_groups(assignment, model_dir, config, plans, running)
             return
         adopted = self._adopt(assignment, plans if count is None else None)
         if count is None:
@@ -385,6 +392,38 @@ class HostAgent:
                     for plan in new_plans]
         self._send(placed(instances=[c.plan.key for c in [*adopted, *children]],
                           adopted={c.plan.key: c.iid for c in adopted}))
+        for child in children:
+            self.children.append(child)
+            self._start(child)
+
+    def _host_config(self, config_json: dict) -> ModelConfig:
+        """A load's host-independent config with its instance groups resolved for this host."""
+        config = ModelConfig()
+        json_format.ParseDict(config_json, config)
+        resolve_instance_groups(config, self.settings.gpus)
+        return config
+
+    def _update_groups(self, assignment: Assignment, model_dir: Path, config: ModelConfig,
+                       plans: list[InstancePlan], running: list[Child]) -> None:
+        """New instance groups for a serving load, as Triton updates them in place: the running
+        instances they match go on as they run (their names kept), the others are started; those
+        left over are listed as leaving, and the broker stops them once their work is done."""
+        signatures = [(child, plan_signature(self._host_config(child.spec["config"]), child.plan), child.plan.key)
+                      for child in running]
+        update = update_instance_groups(config, plans, signatures)
+        config_json = config_to_json_dict(config)
+        for child, plan in update.kept:   # (started again from the new config, should it die)
+            child.plan = replace(plan, name=child.plan.name, key=child.plan.key)
+            child.spec = dict(child.spec, config=config_json, group=plan.group)
+            child.identity = assignment.identity or ""
+        model, version, epoch = assignment.model, assignment.version, assignment.epoch
+        children = [Child(plan, model, version, epoch, self._spec(model, version, epoch, model_dir, config_json, plan),
+                          identity=assignment.identity or "") for plan in update.new]
+        log.info("model %s version %d: instance groups updated: %d kept, %d to start, %d leaving", model, version,
+                 len(update.kept), len(children), len(update.leaving))
+        self._send(Placed(model, version, epoch, self._broker_boot,
+                          instances=[child.plan.key for child, _ in update.kept] + [c.plan.key for c in children],
+                          leaving=[child.plan.key for child in update.leaving]))
         for child in children:
             self.children.append(child)
             self._start(child)
@@ -554,9 +593,11 @@ class HostAgent:
                 child.process.kill()
                 child.kill_at = None
 
-    def _unassign(self, epoch: int) -> None:
+    def _unassign(self, epoch: int, keys: tuple[str, ...] = ()) -> None:
+        """Stop a load's instances: all of them, or those ``keys`` name (an update's leaving ones)."""
         for child in self.children:
-            if child.epoch == epoch and child.iid not in self._adoptable:   # epochs are per broker process
+            if child.epoch == epoch and child.iid not in self._adoptable \
+                    and (not keys or child.plan.key in keys):   # (epochs are per broker process)
                 self._stop_child(child)
         self.children = [c for c in self.children if c.wanted or c.process is not None]
         shutil.rmtree(self._shipped / str(epoch), ignore_errors=True)

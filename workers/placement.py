@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
 
 from tritium.repo import ModelConfig
+from tritium.model_config_proto import model_config_pb2
 from tritium.repo.instance_groups import instance_kind_name
 
 
@@ -52,3 +55,57 @@ def plan_scaled(config: ModelConfig, count: int, gpus: tuple[int, ...]) -> list[
         else:
             plans.append(InstancePlan(f"{group.name}_{index}", f"{group.name}_{index}", kind, 0, None))
     return plans
+
+
+Running = TypeVar("Running")
+Signature = tuple[bytes, int]
+
+
+def instance_signature(group: model_config_pb2.ModelInstanceGroup, device_id: int) -> Signature:
+    """What makes two instances interchangeable, as Triton decides it when it updates instance
+    groups in place: their group's settings but its name and count, and the device."""
+    settings = model_config_pb2.ModelInstanceGroup()
+    settings.CopyFrom(group)
+    settings.ClearField("name")
+    settings.ClearField("count")
+    return settings.SerializeToString(deterministic=True), device_id
+
+
+def plan_signature(config: ModelConfig, plan: InstancePlan) -> Signature:
+    return instance_signature(config.instance_group[plan.group], plan.device_id)
+
+
+@dataclass
+class InstanceGroupsUpdate(Generic[Running]):
+    """New instance groups laid over the instances running for the old ones."""
+
+    kept: list[tuple[Running, InstancePlan]] = field(default_factory=list)   # each with the plan it now fills
+    new: list[InstancePlan] = field(default_factory=list)                    # plans no running instance fills
+    leaving: list[Running] = field(default_factory=list)                     # running instances no plan keeps
+
+
+def update_instance_groups(config: ModelConfig, plans: Sequence[InstancePlan],
+                           running: Sequence[tuple[Running, Signature, str]]) -> InstanceGroupsUpdate[Running]:
+    """Match ``plans`` (of the new ``config``) with ``running`` instances (each with its signature
+    and key): a plan takes a running instance of its signature, the lowest key first, as Triton
+    reuses an existing instance; a new plan whose key a running instance holds gets another."""
+    update: InstanceGroupsUpdate[Running] = InstanceGroupsUpdate()
+    free: dict[Signature, list[tuple[str, Running]]] = {}
+    for item, signature, key in sorted(running, key=lambda entry: entry[2]):
+        free.setdefault(signature, []).append((key, item))
+    for plan in plans:
+        candidates = free.get(plan_signature(config, plan))
+        if candidates:
+            update.kept.append((candidates.pop(0)[1], plan))
+        else:
+            update.new.append(plan)
+    update.leaving = [item for candidates in free.values() for _, item in candidates]
+    taken = {key for _, _, key in running}
+    for index, plan in enumerate(update.new):
+        key, suffix = plan.key, 1
+        while key in taken:
+            suffix += 1
+            key = f"{plan.key}~{suffix}"
+        taken.add(key)
+        update.new[index] = replace(plan, key=key)
+    return update

@@ -248,6 +248,38 @@ def test_assign_starts_each_instance_of_the_groups_answers_placed_and_unassign_s
             os.kill(pid, 0)
 
 
+def test_an_update_keeps_the_instances_the_new_groups_match_and_stops_only_those_named(host):
+    host.joined(boot=7)
+    assignment = host.assignment("pair", identity="load-a")
+    host.broker.tell(host.peer, Assign((assignment,)))
+    host.instance_hellos(assignment.epoch, 2)
+    pids = host.pids()
+    # New groups: the first group renamed and down to one instance, a second group of two with
+    # other settings (a rate limiter), so matching no running instance.
+    config = dict(assignment.config, instance_group=[
+        {"name": "renamed", "count": 1, "kind": "KIND_CPU"},
+        {"name": "pair_0", "count": 2, "kind": "KIND_CPU", "rate_limiter": {"priority": 2}}])
+    update = msgspec.structs.replace(assignment, config=config, identity="load-b", update=True)
+    host.broker.tell(host.peer, Assign((update,)))
+    host.until(lambda: len(host.broker.of(Kind.PLACED)) == 2, what="the update's PLACED")
+    placed = host.broker.of(Kind.PLACED)[-1]
+    # The lowest-keyed running instance stays as it is, keeping its name; the new group's first
+    # instance would take the name the leaving one still holds, so it gets another key.
+    assert placed == {"k": Kind.PLACED, "m": "pair", "v": 1, "e": assignment.epoch, "boot": 7,
+                      "instances": ["pair_0_0", "pair_0_0~2", "pair_0_1~2"], "leaving": ["pair_0_1"]}
+    hellos = host.instance_hellos(assignment.epoch, 4)
+    assert sorted(h["name"] for _, h in hellos[2:]) == ["pair_0_0~2", "pair_0_1~2"]
+    assert {h["group"] for _, h in hellos[2:]} == {1}
+    assert host.pids()["pair_0_0"] == pids["pair_0_0"] and host.pids()["pair_0_1"] == pids["pair_0_1"]
+    kept = next(c for c in host.agent.children if c.plan.key == "pair_0_0")
+    assert (kept.identity, kept.spec["config"]["instance_group"][0]["name"]) == ("load-b", "renamed")
+
+    host.broker.tell(host.peer, Unassign((LoadRef("pair", 1, assignment.epoch, instances=("pair_0_1",)),)))
+    (exited,) = host.exits(assignment.epoch, 1)
+    assert (exited["name"], exited["stopped"]) == ("pair_0_1", True)
+    assert sorted(c.plan.key for c in host.agent.children) == ["pair_0_0", "pair_0_0~2", "pair_0_1~2"]
+
+
 def test_a_killed_instance_is_reported_with_its_signal_and_started_again(host):
     host.joined()
     assignment = host.assignment("echo")

@@ -28,7 +28,7 @@ import msgpack
 
 from tritium.errors import ProtocolError
 
-PROTOCOL_VERSION = 13   # 13: INSTANCE_EXITED says whether the instance ended for good (final)
+PROTOCOL_VERSION = 14   # 14: instance groups updated in place (ASSIGN update, PLACED leaving, UNASSIGN instances)
 INLINE_LIMIT = 64 * 1024
 _PREFIX = struct.Struct("<I")
 

@@ -156,6 +156,8 @@ class Assignment(Record, frozen=True):
     files: Annotated[dict | None, doc("the load API's file overrides")] = None
     identity: Annotated[str | None, doc("the load identity")] = field(default=None, name="id")
     adopt: Annotated[tuple[str, ...], doc("running instances (iids) it may keep for this load")] = ()
+    update: Annotated[bool, doc("the serving load's instance groups changed: keep the running instances the "
+                                "new groups match, start the others, list the rest as leaving")] = False
 
 
 class ScaledAssignment(Record, frozen=True):
@@ -167,6 +169,7 @@ class LoadRef(Record, frozen=True):
     model: Annotated[str, doc("model")] = field(name="m")
     version: Annotated[int, doc("version")] = field(name="v")
     epoch: Annotated[int, doc("the load's epoch")] = field(name="e")
+    instances: Annotated[tuple[str, ...], doc("only these instance keys of it (none: all)")] = ()
 
 
 UNLOADED = "unloaded"   # the reason of a version unloaded on purpose: a model Triton still knows
@@ -591,6 +594,7 @@ class Placed(Message, frozen=True, tag=int(Kind.PLACED)):
     boot: Annotated[int | None, doc("the broker process that assigned it")]
     instances: Annotated[list | None, doc("instance keys")] = None
     adopted: Annotated[dict | None, doc("{key: iid} the running instances it kept for this load")] = None
+    leaving: Annotated[list | None, doc("an update's running instance keys the new groups do not keep")] = None
     error: Annotated[TritiumError | None, doc("why it could not")] = field(default=None, name="err")
 
 

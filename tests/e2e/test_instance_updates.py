@@ -1,0 +1,221 @@
+"""A reload that changes only a model's instance groups updates them in place, as Triton does:
+the instances the new groups match go on running, only the missing ones start, the leftover
+ones stop before the load returns, and a failure leaves everything as it was."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.e2e.rawhttp import error_of, request
+from tests.servers import TritiumServer
+
+MODEL = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.events = os.path.join(args["model_repository"], "..", "events.log")
+        self.name = args["model_instance_name"]
+        self._note("init")
+        if os.path.exists(os.path.join(args["model_repository"], "..", "fail_init")):
+            raise pb_utils.TritonModelException("initialize refused on purpose")
+
+    def _note(self, what):
+        with open(self.events, "a") as events:
+            events.write(f"{what} {self.name} {os.getpid()}\\n")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * 2)]) for r in requests]
+
+    def finalize(self):
+        self._note("fini")
+'''
+
+
+def write_config(repo: Path, groups: str, max_batch_size: int = 8) -> None:
+    path = repo / "grouped" / "config.pbtxt"
+    staging = path.with_name("config.new")
+    staging.write_text(f'''backend: "python"
+max_batch_size: {max_batch_size}
+dynamic_batching {{}}
+input [{{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }}]
+output [{{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }}]
+instance_group [ {groups} ]
+''')
+    staging.replace(path)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    (repo / "grouped" / "1").mkdir(parents=True)
+    (repo / "grouped" / "1" / "model.py").write_text(MODEL)
+    write_config(repo, "{ count: 2 kind: KIND_CPU }")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    with TritiumServer(repo, "--model-control-mode=explicit", "--load-model=grouped") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return httpclient.InferenceServerClient(server.url, network_timeout=60)
+
+
+class Events:
+    """The model's initialize and finalize calls, read from the file its instances write."""
+
+    def __init__(self, repo: Path) -> None:
+        self.path = repo / "events.log"
+        self.seen = 0
+
+    def new(self) -> list[tuple[str, str]]:
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        fresh, self.seen = lines[self.seen:], len(lines)
+        return sorted((what, name) for what, name, _ in (line.split() for line in fresh))
+
+
+@pytest.fixture(scope="module")
+def events(repo, server):
+    return Events(repo)
+
+
+def load(server, body: dict | None = None) -> tuple[int, str]:
+    status, _, data = request(server.url, "POST", "/v2/repository/models/grouped/load",
+                              json.dumps(body).encode() if body else b"")
+    return status, error_of(data) if status != 200 else ""
+
+
+def infer(client) -> np.ndarray:
+    tensor = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+    tensor.set_data_from_numpy(np.array([[1, 2, 3]], dtype=np.float32))
+    return client.infer("grouped", [tensor]).as_numpy("OUTPUT0")
+
+
+def served_groups(client) -> list[tuple[str, int]]:
+    return [(g["name"], g["count"]) for g in client.get_model_config("grouped")["instance_group"]]
+
+
+def index_entry(server) -> dict:
+    status, _, data = request(server.url, "POST", "/v2/repository/index", b"{}")
+    assert status == 200
+    return next(e for e in json.loads(data) if e["name"] == "grouped")
+
+
+def test_more_instances_start_only_the_new_one(server, client, repo, events):
+    events.new()
+    write_config(repo, "{ count: 3 kind: KIND_CPU }")
+    assert load(server) == (200, "")
+    assert events.new() == [("init", "grouped_0_2")]
+    assert served_groups(client) == [("grouped_0", 3)]
+    np.testing.assert_array_equal(infer(client), [[2, 4, 6]])
+
+
+def test_fewer_instances_stop_the_leftover_ones_before_the_load_returns(server, client, repo, events):
+    events.new()
+    write_config(repo, "{ count: 1 kind: KIND_CPU }")
+    assert load(server) == (200, "")
+    assert events.new() == [("fini", "grouped_0_1"), ("fini", "grouped_0_2")]   # the lowest one stays
+    assert served_groups(client) == [("grouped_0", 1)]
+    np.testing.assert_array_equal(infer(client), [[2, 4, 6]])
+
+
+def test_renamed_groups_keep_their_instances(server, client, repo, events):
+    write_config(repo, "{ count: 2 kind: KIND_CPU }")
+    assert load(server) == (200, "")
+    events.new()
+    write_config(repo, '{ name: "a" count: 1 kind: KIND_CPU }, { name: "b" count: 1 kind: KIND_CPU }')
+    assert load(server) == (200, "")
+    assert events.new() == []
+    assert served_groups(client) == [("a", 1), ("b", 1)]
+    write_config(repo, '{ name: "b" count: 1 kind: KIND_CPU }')   # one fewer, whichever group it was named by
+    assert load(server) == (200, "")
+    assert [what for what, _ in events.new()] == ["fini"]
+
+
+def test_the_load_api_config_updates_the_groups_too(server, client, events):
+    config = client.get_model_config("grouped")
+    config["instance_group"] = [{"name": "b", "count": 3, "kind": "KIND_CPU"}]
+    events.new()
+    assert load(server, {"parameters": {"config": json.dumps(config)}}) == (200, "")
+    assert [what for what, _ in events.new()] == ["init", "init"]
+    assert served_groups(client) == [("b", 3)]
+
+
+def test_a_failed_update_leaves_the_instances_as_they_were(server, client, repo, events):
+    before = served_groups(client)
+    (repo / "fail_init").touch()
+    try:
+        write_config(repo, "{ count: 5 kind: KIND_CPU }")
+        events.new()
+        status, message = load(server)
+    finally:
+        (repo / "fail_init").unlink()
+    assert status == 400
+    assert message.startswith("load failed for model 'grouped': version 1 is at READY state: ")
+    assert "initialize refused on purpose" in message
+    assert [what for what, _ in events.new()] == ["init", "init"]   # the two it tried; none of the others stopped
+    assert served_groups(client) == before
+    entry = index_entry(server)   # as in Triton: READY, the failure as its reason
+    assert entry["state"] == "READY"
+    assert "initialize refused on purpose" in entry["reason"]
+    assert request(server.url, "GET", "/v2/models/grouped/ready")[0] == 200
+    np.testing.assert_array_equal(infer(client), [[2, 4, 6]])
+    # The next update starts from what serves, and clears the reason.
+    write_config(repo, "{ count: 4 kind: KIND_CPU }")
+    assert load(server) == (200, "")
+    assert [what for what, _ in events.new()] == ["init"]
+    assert "reason" not in index_entry(server)
+
+
+def test_any_other_config_change_reloads_the_whole_model(server, client, repo, events):
+    count = sum(count for _, count in served_groups(client))
+    events.new()
+    write_config(repo, "{ count: 2 kind: KIND_CPU }", max_batch_size=4)
+    assert load(server) == (200, "")
+    seen = events.new()
+    assert [what for what, _ in seen].count("init") == 2
+    # The old load's instances stop once the new one serves (they drain after the load returns).
+    assert client.get_model_config("grouped")["max_batch_size"] == 4
+    assert [what for what, _ in seen].count("fini") <= count
+
+
+def test_requests_during_updates_are_all_answered(server, client, repo):
+    failures: list[BaseException] = []
+    answered = [0]
+    stop = threading.Event()
+
+    def keep_inferring() -> None:
+        own = httpclient.InferenceServerClient(server.url, network_timeout=60)
+        while not stop.is_set():
+            try:
+                np.testing.assert_array_equal(infer(own), [[2, 4, 6]])
+                answered[0] += 1
+            except BaseException as exc:   # noqa: BLE001 (reported below)
+                failures.append(exc)
+
+    threads = [threading.Thread(target=keep_inferring) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        for groups in ("{ count: 3 kind: KIND_CPU }", "{ count: 1 kind: KIND_CPU }", "{ count: 2 kind: KIND_CPU }"):
+            write_config(repo, groups, max_batch_size=4)
+            assert load(server) == (200, "")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert failures == []
+    assert answered[0] > 0
