@@ -12,7 +12,11 @@ the model as it was. Here, for one serving load (``ModelVersion``, its epoch unc
    that leave instead, and the load fails with the version still READY, as in Triton;
 3. otherwise the new instances take batches and the leaving ones drain: each is stopped
    (UNASSIGN of its key) once it holds no work, and the load is answered when they are gone
-   (their ``finalize`` has run, as Triton's load returns after it).
+   (their ``finalize`` has run, as Triton's load returns after it). A failed update is then
+   sent back to the hosts as an update to the old groups, so that what they keep running is
+   described by the config the broker serves.
+
+Instance keys are unique per host, so every instance is tracked as (agent, key).
 
 Models with sequence batching, ensembles and autoscaled models reload as before.
 """
@@ -26,12 +30,14 @@ from dataclasses import dataclass, field
 import msgspec
 
 from tritium.broker.registry import InstanceRecord, ModelVersion, Registry, VersionState
+from tritium.broker.scheduler import Scheduler
 from tritium.protocol import Assign, LoadRef, Placed, Unassign
 from tritium.repo import ModelDefinition
 
 log = logging.getLogger(__name__)
 
 Done = Callable[[ModelVersion, "str | None"], None]   # the update ended: None, or why it failed
+Entry = tuple[bytes, str]   # (agent, instance key)
 
 
 @dataclass(eq=False)
@@ -39,11 +45,12 @@ class InstanceUpdate:
     version: ModelVersion
     old: ModelDefinition
     old_identity: str
-    hosts: set[bytes]                                           # agents yet to answer the new groups
-    started: dict[str, bytes] = field(default_factory=dict)    # new instance key -> its agent
-    leaving: dict[str, bytes] = field(default_factory=dict)    # instance key -> agent: to drain and stop
-    told: set[str] = field(default_factory=set)                # leaving keys whose stop was sent
-    exited: set[str] = field(default_factory=set)              # new instance keys whose process ended
+    hosts: set[bytes]                                      # agents yet to answer the new groups
+    started: set[Entry] = field(default_factory=set)       # the new instances
+    leaving: set[Entry] = field(default_factory=set)       # to drain and stop
+    told: set[Entry] = field(default_factory=set)          # leaving ones whose stop was sent
+    joined: set[Entry] = field(default_factory=set)        # new ones that said HELLO at least once
+    ended: set[Entry] = field(default_factory=set)         # new ones whose process is gone (until it says HELLO again)
     switched: bool = False   # the new instances take batches, the leaving ones drain
     error: str | None = None
 
@@ -51,7 +58,8 @@ class InstanceUpdate:
 class InstanceUpdates:
     """The loads whose instance groups are being updated; the one owner of that state."""
 
-    def __init__(self, registry: Registry, scheduler, send_backend, done: Done) -> None:
+    def __init__(self, registry: Registry, scheduler: Scheduler, send_backend: Callable[[list], None],
+                 done: Done) -> None:
         self.registry = registry
         self.scheduler = scheduler
         self._send_backend = send_backend
@@ -62,16 +70,15 @@ class InstanceUpdates:
         return bool(self._updates)
 
     def start(self, version: ModelVersion, definition: ModelDefinition, identity: str) -> None:
-        """Send ``version``'s hosts the instance groups of ``definition`` (it differs from the
-        serving config only there)."""
-        hosts = {a.identity for a in self.registry.agents.values() if a.serves(version.name) and not a.draining}
+        """Send the hosts running ``version`` the instance groups of ``definition`` (it differs from
+        the serving config only there)."""
+        running = {i.agent for i in version.instances} | set(version.placed_on.values())
+        hosts = {a.identity for a in self.registry.agents.values() if a.identity in running and not a.draining}
         self._updates[version.epoch] = InstanceUpdate(version, version.definition, version.identity, hosts)
         version.definition, version.identity = definition, identity   # what new instances start from
         version.reason = ""
         log.info("model %s version %d: updating its instance groups in place", version.name, version.version)
-        message = Assign((msgspec.structs.replace(version.assignment(), update=True),)).encode()
-        for agent in hosts:
-            self._send_backend([agent, message])
+        self._tell_hosts(version, hosts)
 
     def placed(self, version: ModelVersion, agent: bytes, placed: Placed) -> bool:
         """An agent's answer to the new groups; False when ``placed`` is not one."""
@@ -82,47 +89,55 @@ class InstanceUpdates:
         if placed.error is not None:
             self._fail(update, placed.error.message)
         else:
+            running = {i.name for i in version.instances if i.agent == agent}
             for key in placed.instances or ():
-                if key not in version.placed:
-                    update.started[key] = agent
+                if key not in running:
+                    update.started.add((agent, key))
                     version.placed.add(key)
                     version.placed_on[key] = agent
-            for key in placed.leaving or ():
-                update.leaving[key] = agent
-            if update.error is not None:   # failed meanwhile: what it started leaves, what it kept stays
-                update.leaving = dict(update.started)
+            update.leaving.update((agent, key) for key in placed.leaving or ())
+            if update.error is not None:
+                update.leaving = set(update.started)
         self.check()
         return True
 
-    def holds(self, version: ModelVersion, key: str) -> bool:
+    def holds(self, version: ModelVersion, agent: bytes, key: str) -> bool:
         """Whether a new instance saying HELLO is held out of scheduling (its update is not through)."""
         update = self._updates.get(version.epoch)
-        return update is not None and not update.switched and key in update.started
+        return update is not None and not update.switched and (agent, key) in update.started
 
-    def failed(self, version: ModelVersion, key: str, message: str) -> bool:
-        """A new instance could not start; False when ``key`` is none of an update's new ones."""
+    def joined(self, version: ModelVersion, agent: bytes, key: str) -> None:
         update = self._updates.get(version.epoch)
-        if update is None or update.switched or key not in update.started:
-            return False
-        self._fail(update, message)
+        if update is not None and (agent, key) in update.started:
+            update.joined.add((agent, key))
+            update.ended.discard((agent, key))
         self.check()
-        return True
 
-    def exited(self, version: ModelVersion, key: str, why: str, expected: bool) -> None:
-        """An instance of ``version`` ended: a new one that ends before it was ready fails the update."""
+    def failed(self, version: ModelVersion, agent: bytes, key: str, message: str) -> None:
+        """A new instance could not start (its initialize raised, the rate limiter refused it)."""
         update = self._updates.get(version.epoch)
-        if update is None or key not in update.started:
+        if update is not None and not update.switched and (agent, key) in update.started:
+            self._fail(update, message)
+            self.check()
+
+    def exited(self, version: ModelVersion, agent: bytes, key: str, why: str, expected: bool) -> None:
+        """An instance of ``version`` ended; a new one that ends before it was ever ready, not
+        stopped on purpose, fails the update (one that was ready is started again by its agent)."""
+        update = self._updates.get(version.epoch)
+        if update is None or (agent, key) not in update.started:
             return
-        update.exited.add(key)
-        if not expected and key not in version.seen_ready:
-            self.failed(version, key, f"instance {key} {why} before it was ready")
+        update.ended.add((agent, key))
+        if not expected and (agent, key) not in update.joined:
+            self._fail(update, f"instance {key} {why} before it was ready")
         self.check()
 
     def host_gone(self, agent: bytes) -> None:
-        """A host lost: it answers no more, and the instances it ran are gone with it."""
+        """A host lost or draining: it answers no more, and what it runs leaves with it."""
         for update in self._updates.values():
             update.hosts.discard(agent)
-            update.exited.update(key for key, where in update.started.items() if where == agent)
+            update.ended.update(entry for entry in update.started if entry[0] == agent)
+            update.leaving = {entry for entry in update.leaving if entry[0] != agent}
+            update.told = {entry for entry in update.told if entry[0] != agent}
         self.check()
 
     def check(self) -> None:
@@ -136,20 +151,18 @@ class InstanceUpdates:
             if update.hosts:
                 continue
             if update.error is None and not update.switched:
-                if not set(update.started) <= version.seen_ready:
+                if not all(_present(version, entry) or entry in update.ended for entry in update.started):
                     continue
                 self._switch(update)
             self._stop_idle(update)
-            if update.told == set(update.leaving) and all(self._gone(update, key) for key in update.told):
+            if update.told == update.leaving and all(self._gone(update, entry) for entry in update.told):
                 self._end(update, update.error)
 
     @staticmethod
-    def _gone(update: InstanceUpdate, key: str) -> bool:
+    def _gone(update: InstanceUpdate, entry: Entry) -> bool:
         """A stopped instance is gone once it left the version (it exited, or its host was lost);
-        a new one that may never have joined, once its process ended."""
-        if any(i.name == key for i in update.version.instances):
-            return False
-        return key not in update.started or key in update.exited
+        a new one, which may never have joined, once its process ended."""
+        return not _present(update.version, entry) and (entry not in update.started or entry in update.ended)
 
     def _fail(self, update: InstanceUpdate, message: str) -> None:
         if update.error is not None:
@@ -158,48 +171,61 @@ class InstanceUpdates:
         log.error("model %s version %d: the instance update failed, its instances stay as they were: %s",
                   version.name, version.version, message)
         update.error = message
-        update.leaving = dict(update.started)
+        update.leaving = set(update.started)   # what it started leaves; what it kept stays
+        update.told &= update.leaving
         version.definition, version.identity = update.old, update.old_identity
 
     def _switch(self, update: InstanceUpdate) -> None:
         version = update.version
         update.switched = True
-        for key, agent in update.leaving.items():
-            for instance in _instances(version, key, agent):
+        for agent, key in update.leaving:
+            for instance in _instances(version, agent, key):
                 instance.draining = True
-        for key, agent in update.started.items():
+        for agent, key in update.started:
             host = self.registry.agents.get(agent)
-            for instance in _instances(version, key, agent):
+            for instance in _instances(version, agent, key):
                 instance.draining = host is None or host.draining
                 self.scheduler.instance_ready(instance)
 
     def _stop_idle(self, update: InstanceUpdate) -> None:
         version = update.version
-        for key, agent in update.leaving.items():
-            if key in update.told:
-                continue
-            if key in update.started and key not in version.seen_ready and key not in update.exited:
+        for entry in update.leaving - update.told:
+            if entry in update.started and entry not in update.joined and entry not in update.ended:
                 continue   # still starting: Triton, too, sees every creation through before it fails
-            instances = _instances(version, key, agent)
+            agent, key = entry
+            instances = _instances(version, agent, key)
             for instance in instances:
                 instance.draining = True
             if self.scheduler.holds_work(instances):
                 continue
-            update.told.add(key)
+            update.told.add(entry)
             ref = LoadRef(version.name, version.version, version.epoch, instances=(key,))
             self._send_backend([agent, Unassign((ref,)).encode()])
 
     def _end(self, update: InstanceUpdate, error: str | None) -> None:
         version = update.version
         del self._updates[version.epoch]
-        for key in update.told:
-            version.placed.discard(key)
-            version.placed_on.pop(key, None)
-            version.seen_ready.discard(key)
-        if error is not None:
+        for agent, key in update.told:
+            version.awaited.pop(key, None)   # stopped on purpose: not coming back
+            if not any(i.name == key for i in version.instances):
+                version.placed.discard(key)
+                version.placed_on.pop(key, None)
+                version.seen_ready.discard(key)
+        if error is not None and version.state == VersionState.READY:
             version.reason = error
+            # What the hosts kept is described again by the config that serves.
+            self._tell_hosts(version, {a for a in self.registry.agents if a in {i.agent for i in version.instances}})
         self._done(version, error)
 
+    def _tell_hosts(self, version: ModelVersion, hosts: set[bytes]) -> None:
+        message = Assign((msgspec.structs.replace(version.assignment(), update=True),)).encode()
+        for agent in hosts:
+            self._send_backend([agent, message])
 
-def _instances(version: ModelVersion, key: str, agent: bytes) -> list[InstanceRecord]:
+
+def _instances(version: ModelVersion, agent: bytes, key: str) -> list[InstanceRecord]:
     return [i for i in version.instances if i.name == key and i.agent == agent]
+
+
+def _present(version: ModelVersion, entry: Entry) -> bool:
+    return bool(_instances(version, *entry))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +93,7 @@ class ModelLifecycle:
                                        settings.poll_seconds, settings.mode == "poll")
         self.repository_errors: tuple[str, ...] = ()
         self._version_files: dict[int, tuple] = {}   # epoch -> the files its version was loaded from
+        self._files_before_update: dict[int, tuple] = {}   # epoch -> its files, while its instance groups change
 
     # -- startup ------------------------------------------------------------------------
 
@@ -319,6 +320,7 @@ class ModelLifecycle:
                                 load: LoadInProgress) -> None:
         """Give a serving version ``definition``'s instance groups in place (instance_updates.py)."""
         load.waiting.add(version.epoch)
+        self._files_before_update[version.epoch] = self._version_files[version.epoch]
         self._version_files[version.epoch] = _version_files(definition.path, version.version)   # (a new config file)
         identity = load_identity(config_to_json_dict(definition.portable_config), None,
                                  self._version_files[version.epoch])
@@ -401,6 +403,9 @@ class ModelLifecycle:
     def _instances_updated(self, version: ModelVersion, error: str | None) -> None:
         """A serving version's instance update ended (InstanceUpdates): its load goes on."""
         record = self.registry.models.get(version.name)
+        files_before = self._files_before_update.pop(version.epoch, None)
+        if error is not None and files_before is not None and version.epoch in self._version_files:
+            self._version_files[version.epoch] = files_before   # it still runs what it ran
         if error is None and record is not None:
             _publish(record, version.definition)
         self.membership.changed()
@@ -536,8 +541,10 @@ class ModelLifecycle:
 
     def placed(self, placed: Placed, agent: bytes = b"") -> None:
         version = self.registry.epochs.get(placed.epoch)
-        if version is None or self.instance_updates.placed(version, agent, placed):
+        if version is None:
             return
+        if self.instance_updates.placed(version, agent, placed):
+            return   # an answer to new instance groups
         if placed.error is not None:
             why = placed.error.message
             if version.autoscale is not None and self.autoscaler is not None:
@@ -569,12 +576,12 @@ class ModelLifecycle:
             elif version.placed <= version.seen_ready:
                 self.version_ready(version)
 
-    def instance_joined(self, version: ModelVersion, name: str) -> None:
+    def instance_joined(self, version: ModelVersion, name: str, agent: bytes = b"") -> None:
         version.seen_ready.add(name)
         if version.state == VersionState.LOADING and version.placed <= version.seen_ready:
             self.version_ready(version)
         elif self.instance_updates:
-            self.instance_updates.check()
+            self.instance_updates.joined(version, agent, name)
 
     def _same_load(self, current: ModelVersion, definition: ModelDefinition, files) -> bool:
         """Whether ``current`` was loaded from what ``definition`` would load now (no reload then).
@@ -590,16 +597,18 @@ class ModelLifecycle:
         if current.ensemble or current.stateful or current.autoscale is not None:
             return False
         # The config file was rewritten, so its own time is not asked, only what it says (Triton's).
-        configs = {_top_entry(d) for d in (current.definition, definition)} - {None}
+        configs = {entry for entry in map(_top_entry, (current.definition, definition)) if entry is not None}
         return self._same_files(current, definition, files, besides=configs) and \
             _without(current.definition.portable_config, "version_policy", "instance_group") == \
             _without(definition.portable_config, "version_policy", "instance_group")
 
     def _same_files(self, current: ModelVersion, definition: ModelDefinition, files,
-                    besides: frozenset | set = frozenset()) -> bool:
+                    besides: AbstractSet[str] = frozenset()) -> bool:
         """Whether the same files back both loads; ``besides``: the model folder's entries left out."""
-        def kept(fingerprint: tuple | None) -> tuple:
-            return tuple(item for item in fingerprint or () if item[0].split("/", 1)[0] not in besides)
+        def kept(fingerprint: tuple | None) -> tuple | None:
+            if fingerprint is None:
+                return None
+            return tuple(item for item in fingerprint if item[0].split("/", 1)[0] not in besides)
 
         return (files is None and current.files is None
                 and current.definition.labels == definition.labels
@@ -609,7 +618,8 @@ class ModelLifecycle:
 
 
 def _top_entry(definition: ModelDefinition) -> str | None:
-    """The entry of the model folder that holds its config file (the file, or its folder)."""
+    """The entry of the model folder that holds its config file: the file, or the whole folder
+    it is in (as Triton leaves out of its timestamps the entry the config path starts with)."""
     if definition.config_file is None:
         return None
     try:

@@ -118,7 +118,7 @@ class Peers:
         instance = InstanceRecord(peer, hello.agent.encode(), hello.model, hello.version, hello.name,
                                   hello.credit or 1, epoch=version.epoch,
                                   draining=agent is None or agent.draining
-                                  or self.lifecycle.instance_updates.holds(version, hello.name),
+                                  or self.lifecycle.instance_updates.holds(version, hello.agent.encode(), hello.name),
                                   kind=hello.instance_kind or "CPU",
                                   device=hello.device or 0, group=hello.group or 0)
         if not self._rate_limited(instance, version):
@@ -128,7 +128,7 @@ class Peers:
             version.stats.record_execution(requests, tuple(timings))
             version.stats.record_successes(requests, requests * sum(timings), 0, requests, tuple(timings))
         log.info("instance %s of model %s version %d is ready", instance.name, version.name, version.version)
-        self.lifecycle.instance_joined(version, instance.name)
+        self.lifecycle.instance_joined(version, instance.name, instance.agent)
         self.autoscaler.instance_joined(version)
         self.scheduler.instance_ready(instance)
 
@@ -150,7 +150,7 @@ class Peers:
             else:
                 self._send_backend([instance.iid, Refused(message).encode()])
                 self.autoscaler.instance_failed(version, instance.agent, message)
-                self.lifecycle.instance_updates.failed(version, instance.name, message)
+                self.lifecycle.instance_updates.failed(version, instance.agent, instance.name, message)
             return False
         return True
 
@@ -324,9 +324,10 @@ class Peers:
         elif version is not None and version.autoscale is not None:
             self.autoscaler.instance_failed(version, failed.agent.encode(), message)
         elif version is not None:
-            self.lifecycle.instance_updates.failed(version, failed.name, message)
+            self.lifecycle.instance_updates.failed(version, failed.agent.encode(), failed.name, message)
 
-    def instance_exited(self, exited: InstanceExited) -> None:
+    def instance_exited(self, peer: bytes, exited: InstanceExited) -> None:
+        """``peer``: the agent that reports it."""
         iid = exited.iid.encode()
         why = exited.why
         instance = self.registry.instances.get(iid)
@@ -343,7 +344,7 @@ class Peers:
         if version is not None and expected:
             version.awaited.pop(name, None)
         if version is not None:
-            self.lifecycle.instance_updates.exited(version, name, why, expected)
+            self.lifecycle.instance_updates.exited(version, peer, name, why, expected)
         if version is not None and version.state == VersionState.LOADING and name not in version.seen_ready \
                 and not expected:
             # It died before it was ready (a crash, not a reported init failure): the load fails,

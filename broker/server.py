@@ -569,7 +569,7 @@ class Broker:
         elif type(message) is InstanceFailed:
             self.peers.instance_failed(message)
         elif type(message) is InstanceExited:
-            self.peers.instance_exited(message)
+            self.peers.instance_exited(peer, message)
         elif type(message) is InstanceHealth:
             self.peers.instance_health(peer, message)
         elif type(message) is HostMetrics:

@@ -380,7 +380,7 @@ class HostAgent:
         if running and count is None:
             self._update_groups(assignment, model_dir, config, plans, running)
             return
-        adopted = self._adopt(assignment, plans if count is None else None)
+        adopted = self._adopt(assignment, config, plans if count is None else None)
         if count is None:
             new_plans = [plan for plan in plans if plan.key not in {c.plan.key for c in adopted}]
         else:
@@ -428,18 +428,22 @@ class HostAgent:
             self.children.append(child)
             self._start(child)
 
-    def _adopt(self, assignment: Assignment, plans: list[InstancePlan] | None) -> list[Child]:
-        """The running instances the broker offered for this load that its plan (when given) names."""
+    def _adopt(self, assignment: Assignment, config: ModelConfig, plans: list[InstancePlan] | None) -> list[Child]:
+        """The running instances the broker offered for this load that its plan (when given) names,
+        with the settings of the plan's group (after an in-place update, a kept instance's name may
+        be another group's)."""
         offered = set(assignment.adopt)
-        wanted = None if plans is None else {plan.key for plan in plans}
+        wanted = None if plans is None else {plan.key: plan_signature(config, plan) for plan in plans}
         adopted = []
         for iid in sorted(offered & set(self._adoptable)):
             child = self._adoptable[iid]
             if child.identity != assignment.identity or child.model != assignment.model \
-                    or child.version != assignment.version or (wanted is not None and child.plan.key not in wanted):
+                    or child.version != assignment.version:
                 continue
             if wanted is not None:
-                wanted.discard(child.plan.key)   # one instance per plan
+                if wanted.get(child.plan.key) != plan_signature(self._host_config(child.spec["config"]), child.plan):
+                    continue
+                del wanted[child.plan.key]   # one instance per plan
             del self._adoptable[iid]
             child.adopted(assignment.epoch, self._broker_boot)
             adopted.append(child)
@@ -600,7 +604,8 @@ class HostAgent:
                     and (not keys or child.plan.key in keys):   # (epochs are per broker process)
                 self._stop_child(child)
         self.children = [c for c in self.children if c.wanted or c.process is not None]
-        shutil.rmtree(self._shipped / str(epoch), ignore_errors=True)
+        if not keys:   # (the load's shipped files go with the whole load)
+            shutil.rmtree(self._shipped / str(epoch), ignore_errors=True)
 
     def _shutdown(self) -> None:
         log.info("worker agent stopping %d instance(s)", len(self.children))

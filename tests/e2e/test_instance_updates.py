@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests import cluster
 from tests.e2e.rawhttp import error_of, request
 from tests.servers import TritiumServer
 
@@ -92,8 +93,8 @@ def events(repo, server):
     return Events(repo)
 
 
-def load(server, body: dict | None = None) -> tuple[int, str]:
-    status, _, data = request(server.url, "POST", "/v2/repository/models/grouped/load",
+def load(url: str, body: dict | None = None) -> tuple[int, str]:
+    status, _, data = request(url, "POST", "/v2/repository/models/grouped/load",
                               json.dumps(body).encode() if body else b"")
     return status, error_of(data) if status != 200 else ""
 
@@ -117,7 +118,7 @@ def index_entry(server) -> dict:
 def test_more_instances_start_only_the_new_one(server, client, repo, events):
     events.new()
     write_config(repo, "{ count: 3 kind: KIND_CPU }")
-    assert load(server) == (200, "")
+    assert load(server.url) == (200, "")
     assert events.new() == [("init", "grouped_0_2")]
     assert served_groups(client) == [("grouped_0", 3)]
     np.testing.assert_array_equal(infer(client), [[2, 4, 6]])
@@ -126,7 +127,7 @@ def test_more_instances_start_only_the_new_one(server, client, repo, events):
 def test_fewer_instances_stop_the_leftover_ones_before_the_load_returns(server, client, repo, events):
     events.new()
     write_config(repo, "{ count: 1 kind: KIND_CPU }")
-    assert load(server) == (200, "")
+    assert load(server.url) == (200, "")
     assert events.new() == [("fini", "grouped_0_1"), ("fini", "grouped_0_2")]   # the lowest one stays
     assert served_groups(client) == [("grouped_0", 1)]
     np.testing.assert_array_equal(infer(client), [[2, 4, 6]])
@@ -134,14 +135,14 @@ def test_fewer_instances_stop_the_leftover_ones_before_the_load_returns(server, 
 
 def test_renamed_groups_keep_their_instances(server, client, repo, events):
     write_config(repo, "{ count: 2 kind: KIND_CPU }")
-    assert load(server) == (200, "")
+    assert load(server.url) == (200, "")
     events.new()
     write_config(repo, '{ name: "a" count: 1 kind: KIND_CPU }, { name: "b" count: 1 kind: KIND_CPU }')
-    assert load(server) == (200, "")
+    assert load(server.url) == (200, "")
     assert events.new() == []
     assert served_groups(client) == [("a", 1), ("b", 1)]
     write_config(repo, '{ name: "b" count: 1 kind: KIND_CPU }')   # one fewer, whichever group it was named by
-    assert load(server) == (200, "")
+    assert load(server.url) == (200, "")
     assert [what for what, _ in events.new()] == ["fini"]
 
 
@@ -149,7 +150,7 @@ def test_the_load_api_config_updates_the_groups_too(server, client, events):
     config = client.get_model_config("grouped")
     config["instance_group"] = [{"name": "b", "count": 3, "kind": "KIND_CPU"}]
     events.new()
-    assert load(server, {"parameters": {"config": json.dumps(config)}}) == (200, "")
+    assert load(server.url, {"parameters": {"config": json.dumps(config)}}) == (200, "")
     assert [what for what, _ in events.new()] == ["init", "init"]
     assert served_groups(client) == [("b", 3)]
 
@@ -160,7 +161,7 @@ def test_a_failed_update_leaves_the_instances_as_they_were(server, client, repo,
     try:
         write_config(repo, "{ count: 5 kind: KIND_CPU }")
         events.new()
-        status, message = load(server)
+        status, message = load(server.url)
     finally:
         (repo / "fail_init").unlink()
     assert status == 400
@@ -175,7 +176,7 @@ def test_a_failed_update_leaves_the_instances_as_they_were(server, client, repo,
     np.testing.assert_array_equal(infer(client), [[2, 4, 6]])
     # The next update starts from what serves, and clears the reason.
     write_config(repo, "{ count: 4 kind: KIND_CPU }")
-    assert load(server) == (200, "")
+    assert load(server.url) == (200, "")
     assert [what for what, _ in events.new()] == ["init"]
     assert "reason" not in index_entry(server)
 
@@ -184,7 +185,7 @@ def test_any_other_config_change_reloads_the_whole_model(server, client, repo, e
     count = sum(count for _, count in served_groups(client))
     events.new()
     write_config(repo, "{ count: 2 kind: KIND_CPU }", max_batch_size=4)
-    assert load(server) == (200, "")
+    assert load(server.url) == (200, "")
     seen = events.new()
     assert [what for what, _ in seen].count("init") == 2
     # The old load's instances stop once the new one serves (they drain after the load returns).
@@ -212,10 +213,51 @@ def test_requests_during_updates_are_all_answered(server, client, repo):
     try:
         for groups in ("{ count: 3 kind: KIND_CPU }", "{ count: 1 kind: KIND_CPU }", "{ count: 2 kind: KIND_CPU }"):
             write_config(repo, groups, max_batch_size=4)
-            assert load(server) == (200, "")
+            assert load(server.url) == (200, "")
     finally:
         stop.set()
         for thread in threads:
             thread.join()
     assert failures == []
     assert answered[0] > 0
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory):
+    """A broker, two worker hosts and a gateway, each its own process, serving one repository."""
+    repo = tmp_path_factory.mktemp("two_hosts")
+    (repo / "grouped" / "1").mkdir(parents=True)
+    (repo / "grouped" / "1" / "model.py").write_text(MODEL)
+    write_config(repo, "{ count: 2 kind: KIND_CPU }")
+    broker = cluster.broker(repo, "--model-control-mode=explicit", "--load-model=grouped")
+    workers = [cluster.worker(broker.backend, repo) for _ in range(2)]
+    gateway = cluster.gateway(broker.frontend)
+    try:
+        for part in (broker, *workers, gateway):
+            part.wait_ready()
+        cluster.wait_until(lambda: request(gateway.url, "GET", "/v2/models/grouped/ready")[0] == 200,
+                           what="grouped ready")
+        yield repo, gateway, workers
+    finally:
+        for part in (gateway, *workers, broker):
+            part.stop(timeout_s=20)
+
+
+def test_each_host_updates_its_own_instances(two_hosts):
+    repo, gateway, workers = two_hosts
+    events, client = Events(repo), httpclient.InferenceServerClient(gateway.url, network_timeout=60)
+    cluster.wait_until(lambda: [line.split()[0] for line in events.path.read_text().splitlines()] == ["init"] * 4,
+                       what="both hosts' instances initialized")
+    pids = [cluster.instance_pids(worker, "grouped") for worker in workers]
+    assert [len(p) for p in pids] == [2, 2]
+    events.new()
+    write_config(repo, "{ count: 1 kind: KIND_CPU }")
+    assert load(gateway.url) == (200, "")   # each host stops its own leftover instance
+    assert events.new() == [("fini", "grouped_0_1")] * 2
+    kept = [cluster.instance_pids(worker, "grouped") for worker in workers]
+    assert [len(k) for k in kept] == [1, 1] and all(k < p for k, p in zip(kept, pids))
+    write_config(repo, "{ count: 3 kind: KIND_CPU }")
+    assert load(gateway.url) == (200, "")
+    assert events.new() == [("init", "grouped_0_1")] * 2 + [("init", "grouped_0_2")] * 2
+    assert [len(cluster.instance_pids(worker, "grouped")) for worker in workers] == [3, 3]
+    np.testing.assert_array_equal(infer(client), [[2, 4, 6]])
