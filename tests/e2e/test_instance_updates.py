@@ -55,13 +55,16 @@ instance_group [ {groups} ]
     staging.replace(path)
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repo")
+def grouped_repository(repo: Path) -> Path:
     (repo / "grouped" / "1").mkdir(parents=True)
     (repo / "grouped" / "1" / "model.py").write_text(MODEL)
     write_config(repo, "{ count: 2 kind: KIND_CPU }")
     return repo
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return grouped_repository(tmp_path_factory.mktemp("repo"))
 
 
 @pytest.fixture(scope="module")
@@ -225,10 +228,7 @@ def test_requests_during_updates_are_all_answered(server, client, repo):
 @pytest.fixture(scope="module")
 def two_hosts(tmp_path_factory):
     """A broker, two worker hosts and a gateway, each its own process, serving one repository."""
-    repo = tmp_path_factory.mktemp("two_hosts")
-    (repo / "grouped" / "1").mkdir(parents=True)
-    (repo / "grouped" / "1" / "model.py").write_text(MODEL)
-    write_config(repo, "{ count: 2 kind: KIND_CPU }")
+    repo = grouped_repository(tmp_path_factory.mktemp("two_hosts"))
     broker = cluster.broker(repo, "--model-control-mode=explicit", "--load-model=grouped")
     workers = [cluster.worker(broker.backend, repo) for _ in range(2)]
     gateway = cluster.gateway(broker.frontend)
