@@ -12,13 +12,16 @@ the model as it was. Here, for one serving load (``ModelVersion``, its epoch unc
    that leave instead, and the load fails with the version still READY, as in Triton;
 3. otherwise the new instances take batches and the leaving ones drain: each is stopped
    (UNASSIGN of its key) once it holds no work, and the load is answered when they are gone
-   (their ``finalize`` has run, as Triton's load returns after it). A failed update is then
-   sent back to the hosts as an update to the old groups, so that what they keep running is
-   described by the config the broker serves.
+   (their ``finalize`` has run, as Triton's load returns after it). A leaving instance of a
+   stateful model lives on until the sequences bound to it end, as in Triton: the load is
+   answered without waiting for it (the update lingers until it is stopped). A failed update is
+   undone by a second round, an update to the old groups (``failure`` says why the first failed),
+   so that what the hosts keep running is what the serving config describes (a host that joined
+   meanwhile started the new groups); its load is answered when that round is through.
 
 Instance keys are unique per host, so every instance is tracked as (agent, key).
 
-Models with sequence batching, ensembles and autoscaled models reload as before.
+Ensembles and autoscaled models reload as before.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import msgspec
 
 from tritium.broker.registry import InstanceRecord, ModelVersion, Registry, VersionState
 from tritium.broker.scheduler import Scheduler
+from tritium.broker.sequences import SequenceBatcher
 from tritium.protocol import Assign, LoadRef, Placed, Unassign
 from tritium.repo import ModelDefinition
 
@@ -51,8 +55,11 @@ class InstanceUpdate:
     told: set[Entry] = field(default_factory=set)          # leaving ones whose stop was sent
     joined: set[Entry] = field(default_factory=set)        # new ones that said HELLO at least once
     ended: set[Entry] = field(default_factory=set)         # new ones whose process is gone (until it says HELLO again)
+    asked: set[bytes] = field(default_factory=set)         # every agent sent the new groups
     switched: bool = False   # the new instances take batches, the leaving ones drain
+    answered: bool = False   # its load was answered (only leaving instances holding sequences are left)
     error: str | None = None
+    failure: str | None = None   # a round undoing a failed update: why that one failed
 
 
 class InstanceUpdates:
@@ -69,6 +76,11 @@ class InstanceUpdates:
     def __bool__(self) -> bool:
         return bool(self._updates)
 
+    def lingering(self, version: ModelVersion) -> bool:
+        """Whether an update of ``version`` is still on: its load answered, leaving instances still
+        held by their sequences (loads of one model run one at a time, so no other can be)."""
+        return version.epoch in self._updates
+
     def start(self, version: ModelVersion, definition: ModelDefinition, identity: str) -> None:
         """Send the hosts running ``version`` the instance groups of ``definition`` (it differs from
         the serving config only there)."""
@@ -78,7 +90,7 @@ class InstanceUpdates:
         version.definition, version.identity = definition, identity   # what new instances start from
         version.reason = ""
         log.info("model %s version %d: updating its instance groups in place", version.name, version.version)
-        self._tell_hosts(version, hosts)
+        self._tell_hosts(self._updates[version.epoch], hosts)
 
     def placed(self, version: ModelVersion, agent: bytes, placed: Placed) -> bool:
         """An agent's answer to the new groups; False when ``placed`` is not one."""
@@ -89,9 +101,9 @@ class InstanceUpdates:
         if placed.error is not None:
             self._fail(update, placed.error.message)
         else:
-            running = {i.name for i in version.instances if i.agent == agent}
+            kept = set(placed.kept or ())
             for key in placed.instances or ():
-                if key not in running:
+                if key not in kept:
                     update.started.add((agent, key))
                     version.placed.add(key)
                     version.placed_on[key] = agent
@@ -127,7 +139,7 @@ class InstanceUpdates:
         if update is None or (agent, key) not in update.started:
             return
         update.ended.add((agent, key))
-        if not expected and (agent, key) not in update.joined:
+        if not expected and (agent, key) not in update.joined and not update.switched:
             self._fail(update, f"instance {key} {why} before it was ready")
         self.check()
 
@@ -155,8 +167,14 @@ class InstanceUpdates:
                     continue
                 self._switch(update)
             self._stop_idle(update)
-            if update.told == update.leaving and all(self._gone(update, entry) for entry in update.told):
+            if not all(self._gone(update, entry) for entry in update.told):
+                continue
+            if update.told == update.leaving:
                 self._end(update, update.error)
+            elif update.error is None and not update.answered and all(
+                    _binds_sequences(version, _instances(version, *entry)) for entry in update.leaving - update.told):
+                update.answered = True   # the rest wait for their sequences to end
+                self._done(version, update.failure)
 
     @staticmethod
     def _gone(update: InstanceUpdate, entry: Entry) -> bool:
@@ -190,13 +208,13 @@ class InstanceUpdates:
     def _stop_idle(self, update: InstanceUpdate) -> None:
         version = update.version
         for entry in update.leaving - update.told:
-            if entry in update.started and entry not in update.joined and entry not in update.ended:
-                continue   # still starting: Triton, too, sees every creation through before it fails
+            if _starting(update, entry):
+                continue   # Triton, too, sees every creation through before it fails
             agent, key = entry
             instances = _instances(version, agent, key)
             for instance in instances:
                 instance.draining = True
-            if self.scheduler.holds_work(instances):
+            if self.scheduler.holds_work(instances) or _binds_sequences(version, instances):
                 continue
             update.told.add(entry)
             ref = LoadRef(version.name, version.version, version.epoch, instances=(key,))
@@ -211,20 +229,42 @@ class InstanceUpdates:
                 version.placed.discard(key)
                 version.placed_on.pop(key, None)
                 version.seen_ready.discard(key)
-        if error is not None and version.state == VersionState.READY:
-            version.reason = error
-            # What the hosts kept is described again by the config that serves.
-            self._tell_hosts(version, {a for a in self.registry.agents if a in {i.agent for i in version.instances}})
-        self._done(version, error)
+        if error is not None and update.failure is None and version.state == VersionState.READY:
+            self._undo(update, error)
+        elif not update.answered:
+            self._done(version, update.failure or error)
 
-    def _tell_hosts(self, version: ModelVersion, hosts: set[bytes]) -> None:
-        message = Assign((msgspec.structs.replace(version.assignment(), update=True),)).encode()
+    def _undo(self, update: InstanceUpdate, error: str) -> None:
+        """Send the hosts the serving groups again: what they run is then what it describes."""
+        version = update.version
+        version.reason = error
+        hosts = {a.identity for a in self.registry.agents.values() if not a.draining and (
+            a.identity in update.asked or any(i.agent == a.identity for i in version.instances))}
+        undo = self._updates[version.epoch] = InstanceUpdate(version, update.old, update.old_identity, hosts,
+                                                             failure=error)
+        log.info("model %s version %d: giving its hosts the instance groups that serve again", version.name,
+                 version.version)
+        self._tell_hosts(undo, hosts)
+
+    def _tell_hosts(self, update: InstanceUpdate, hosts: set[bytes]) -> None:
+        update.asked |= hosts
+        message = Assign((msgspec.structs.replace(update.version.assignment(), update=True),)).encode()
         for agent in hosts:
             self._send_backend([agent, message])
 
 
 def _instances(version: ModelVersion, agent: bytes, key: str) -> list[InstanceRecord]:
     return [i for i in version.instances if i.name == key and i.agent == agent]
+
+
+def _starting(update: InstanceUpdate, entry: Entry) -> bool:
+    """A new instance that neither said HELLO yet nor ended."""
+    return entry in update.started and entry not in update.joined and entry not in update.ended
+
+
+def _binds_sequences(version: ModelVersion, instances: list[InstanceRecord]) -> bool:
+    batcher = version.batcher
+    return isinstance(batcher, SequenceBatcher) and any(batcher.binds(i) for i in instances)
 
 
 def _present(version: ModelVersion, entry: Entry) -> bool:

@@ -540,6 +540,8 @@ class ModelLifecycle:
                 if v.state in (VersionState.LOADING, VersionState.READY) and agent.serves(v.name) and not v.ensemble]
 
     def placed(self, placed: Placed, agent: bytes = b"") -> None:
+        """An agent's answer to ASSIGN: the instances it starts for a load, or why it cannot (an
+        answer to new instance groups is InstanceUpdates')."""
         version = self.registry.epochs.get(placed.epoch)
         if version is None:
             return
@@ -576,7 +578,7 @@ class ModelLifecycle:
             elif version.placed <= version.seen_ready:
                 self.version_ready(version)
 
-    def instance_joined(self, version: ModelVersion, name: str, agent: bytes = b"") -> None:
+    def instance_joined(self, version: ModelVersion, name: str, agent: bytes) -> None:
         version.seen_ready.add(name)
         if version.state == VersionState.LOADING and version.placed <= version.seen_ready:
             self.version_ready(version)
@@ -593,8 +595,9 @@ class ModelLifecycle:
 
     def _only_instance_groups_changed(self, current: ModelVersion, definition: ModelDefinition, files) -> bool:
         """Whether ``definition`` changes only the instance groups of ``current``, which Triton then
-        updates in place (instance_updates.py); not for a model whose sequences hold instances."""
-        if current.ensemble or current.stateful or current.autoscale is not None:
+        updates in place (instance_updates.py); not while a previous update's leaving instances
+        still hold sequences."""
+        if current.ensemble or current.autoscale is not None or self.instance_updates.lingering(current):
             return False
         # The config file was rewritten, so its own time is not asked, only what it says (Triton's).
         configs = {entry for entry in map(_top_entry, (current.definition, definition)) if entry is not None}

@@ -407,6 +407,11 @@ class SequenceBatcher(Generic[Inst]):
         self._stop_taking(sequence)   # unbinds it, its queue being empty
         return cancelled
 
+    def binds(self, instance: Inst) -> bool:
+        """Whether sequences are bound to ``instance`` (it must live until they end)."""
+        slots = self._instances.get(instance)
+        return slots is not None and slots.bound > 0
+
     # -- the queue goes away ------------------------------------------------------------------
 
     def instance_lost(self, instance: Inst) -> list:

@@ -423,6 +423,7 @@ class HostAgent:
                  len(update.kept), len(children), len(update.leaving))
         self._send(Placed(model, version, epoch, self._broker_boot,
                           instances=[child.plan.key for child, _ in update.kept] + [c.plan.key for c in children],
+                          kept=[child.plan.key for child, _ in update.kept],
                           leaving=[child.plan.key for child in update.leaving]))
         for child in children:
             self.children.append(child)

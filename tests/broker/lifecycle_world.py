@@ -63,7 +63,7 @@ class World:
         instance = InstanceRecord(iid, b"agent", version.name, version.version, "i0", 2, epoch=version.epoch)
         self.registry.instances[iid] = instance
         version.instances.append(instance)
-        self.lifecycle.instance_joined(version, "i0")
+        self.lifecycle.instance_joined(version, "i0", b"agent")
 
     def table_config(self, name: str = "m") -> dict:
         return next(m for m in self.registry.table().models if m.name == name).config

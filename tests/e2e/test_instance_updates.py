@@ -4,8 +4,10 @@ ones stop before the load returns, and a failure leaves everything as it was."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -261,3 +263,76 @@ def test_each_host_updates_its_own_instances(two_hosts):
     assert events.new() == [("init", "grouped_0_1")] * 2 + [("init", "grouped_0_2")] * 2
     assert [len(cluster.instance_pids(worker, "grouped")) for worker in workers] == [3, 3]
     np.testing.assert_array_equal(infer(client), [[2, 4, 6]])
+
+
+def test_a_load_queued_behind_a_failed_update_applies_its_own_groups(server, client, repo, events):
+    write_config(repo, "{ count: 2 kind: KIND_CPU }", max_batch_size=4)
+    assert load(server.url) == (200, "")
+    config = client.get_model_config("grouped")
+    config["instance_group"] = [{"count": 1, "kind": "KIND_CPU"}]
+    events.new()
+    (repo / "fail_init").touch()
+    try:
+        write_config(repo, "{ count: 3 kind: KIND_CPU }", max_batch_size=4)
+        with concurrent.futures.ThreadPoolExecutor() as pool:
+            failing = pool.submit(load, server.url)
+            time.sleep(0.2)   # (the second load waits for the first, as loads of one model do)
+            shrinking = pool.submit(load, server.url, {"parameters": {"config": json.dumps(config)}})
+            assert failing.result()[0] == 400
+            assert shrinking.result() == (200, "")
+    finally:
+        (repo / "fail_init").unlink()
+    assert sorted(what for what, _ in events.new()) == ["fini", "init"]   # the one it tried; the one it stopped
+    assert served_groups(client) == [("grouped_0", 1)]
+
+
+SEQUENCE_CONFIG = '''backend: "python"
+max_batch_size: 4
+input [{{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] }}]
+output [{{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }}]
+sequence_batching {{ direct {{ }} max_sequence_idle_microseconds: 60000000 }}
+instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+'''
+SEQUENCE_MODEL = MODEL.replace(
+    '''        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * 2)]) for r in requests]''',
+    '''        return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", np.array([[os.getpid()]], dtype=np.int64))])
+                for r in requests]''')
+
+
+def step(client, sequence: int, start: bool = False, end: bool = False) -> int:
+    """One request of a sequence; the pid of the instance process that ran it."""
+    tensor = httpclient.InferInput("INPUT0", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[1]], dtype=np.float32))
+    result = client.infer("stateful", [tensor], sequence_id=sequence, sequence_start=start, sequence_end=end)
+    return int(result.as_numpy("PID")[0, 0])
+
+
+def test_a_stateful_model_keeps_its_sequences_on_the_instances_that_leave(server, client, repo, events):
+    (repo / "stateful" / "1").mkdir(parents=True)
+    (repo / "stateful" / "1" / "model.py").write_text(SEQUENCE_MODEL)
+    (repo / "stateful" / "config.pbtxt").write_text(SEQUENCE_CONFIG.format(count=3))
+    events.new()
+    assert request(server.url, "POST", "/v2/repository/models/stateful/load")[0] == 200
+    pid_of = {pid: name for _, name, pid in (line.split() for line in events.path.read_text().splitlines())
+              if name.startswith("stateful")}
+    events.new()
+    first, second = step(client, 1, start=True), step(client, 2, start=True)
+    assert first != second   # two instances, one sequence each
+
+    replace_config = SEQUENCE_CONFIG.format(count=1)
+    (repo / "stateful" / "config.new").write_text(replace_config)
+    (repo / "stateful" / "config.new").replace(repo / "stateful" / "config.pbtxt")
+    assert request(server.url, "POST", "/v2/repository/models/stateful/load")[0] == 200
+    busy = {pid_of[str(first)], pid_of[str(second)]} - {"stateful_0_0"}
+    # The load stops at once only the leaving instance that holds no sequence.
+    assert events.new() == [("fini", name) for name in sorted({"stateful_0_1", "stateful_0_2"} - busy)]
+    assert (step(client, 1), step(client, 2)) == (first, second)   # each sequence stays where its state is
+    kept = int(next(pid for pid, name in pid_of.items() if name == "stateful_0_0"))
+    assert step(client, 3, start=True) == kept   # a new sequence goes to the instance that stays (it has 4 slots)
+    step(client, 1, end=True)
+    step(client, 2, end=True)
+    cluster.wait_until(lambda: len(busy) == 0 or events.path.read_text().count("fini stateful") == 2,
+                       what="the leaving instances stopped once their sequences ended")
+    assert sorted(events.new()) == [("fini", name) for name in sorted(busy)]
+    assert step(client, 3, end=True) == kept
