@@ -55,7 +55,6 @@ class InstanceUpdate:
     told: set[Entry] = field(default_factory=set)          # leaving ones whose stop was sent
     joined: set[Entry] = field(default_factory=set)        # new ones that said HELLO at least once
     ended: set[Entry] = field(default_factory=set)         # new ones whose process is gone (until it says HELLO again)
-    asked: set[bytes] = field(default_factory=set)         # every agent sent the new groups
     switched: bool = False   # the new instances take batches, the leaving ones drain
     answered: bool = False   # its load was answered (only leaving instances holding sequences are left)
     error: str | None = None
@@ -77,28 +76,31 @@ class InstanceUpdates:
         return bool(self._updates)
 
     def lingering(self, version: ModelVersion) -> bool:
-        """Whether an update of ``version`` is still on: its load answered, leaving instances still
-        held by their sequences (loads of one model run one at a time, so no other can be)."""
+        """Whether an update of ``version`` is still on. Loads of one model run one at a time, so for
+        a new load this means one whose load was answered while leaving instances still serve
+        their sequences."""
         return version.epoch in self._updates
 
     def start(self, version: ModelVersion, definition: ModelDefinition, identity: str) -> None:
-        """Send the hosts running ``version`` the instance groups of ``definition`` (it differs from
-        the serving config only there)."""
-        running = {i.agent for i in version.instances} | set(version.placed_on.values())
-        hosts = {a.identity for a in self.registry.agents.values() if a.identity in running and not a.draining}
-        self._updates[version.epoch] = InstanceUpdate(version, version.definition, version.identity, hosts)
+        """Send the hosts of ``version`` the instance groups of ``definition`` (it differs from the
+        serving config only there)."""
+        update = self._updates[version.epoch] = InstanceUpdate(version, version.definition, version.identity,
+                                                               self._hosts_of(version))
         version.definition, version.identity = definition, identity   # what new instances start from
         version.reason = ""
         log.info("model %s version %d: updating its instance groups in place", version.name, version.version)
-        self._tell_hosts(self._updates[version.epoch], hosts)
+        self._tell_hosts(update)
 
     def placed(self, version: ModelVersion, agent: bytes, placed: Placed) -> bool:
-        """An agent's answer to the new groups; False when ``placed`` is not one."""
+        """An agent's answer to an update; False when ``placed`` is not one."""
         update = self._updates.get(version.epoch)
-        if update is None or agent not in update.hosts:
+        if not placed.update or update is None or agent not in update.hosts:
             return False
         update.hosts.discard(agent)
-        if placed.error is not None:
+        if placed.error is not None and not any(i.agent == agent for i in version.instances):
+            log.error("model %s version %d cannot be placed on a host: %s", version.name, version.version,
+                      placed.error.message)   # a host that did not serve it before: the others go on
+        elif placed.error is not None:
             self._fail(update, placed.error.message)
         else:
             kept = set(placed.kept or ())
@@ -114,9 +116,13 @@ class InstanceUpdates:
         return True
 
     def holds(self, version: ModelVersion, agent: bytes, key: str) -> bool:
-        """Whether a new instance saying HELLO is held out of scheduling (its update is not through)."""
+        """Whether an instance saying HELLO is held out of scheduling: a new one before its update is
+        through, or a leaving one started again after it (it would be given a sequence it cannot keep)."""
         update = self._updates.get(version.epoch)
-        return update is not None and not update.switched and (agent, key) in update.started
+        if update is None:
+            return False
+        entry = (agent, key)
+        return entry in update.leaving if update.switched or update.error else entry in update.started
 
     def joined(self, version: ModelVersion, agent: bytes, key: str) -> None:
         update = self._updates.get(version.epoch)
@@ -157,6 +163,8 @@ class InstanceUpdates:
         as they become idle, end once they are gone. Run each broker turn while any is on."""
         for update in list(self._updates.values()):
             version = update.version
+            if self._updates.get(version.epoch) is not update:
+                continue   # ended, or replaced by its undo, earlier in this loop
             if version.state != VersionState.READY:   # unloaded or stopped meanwhile: nothing left to update
                 self._end(update, update.error or "the model was unloaded during its instance update")
                 continue
@@ -171,10 +179,14 @@ class InstanceUpdates:
                 continue
             if update.told == update.leaving:
                 self._end(update, update.error)
-            elif update.error is None and not update.answered and all(
-                    _binds_sequences(version, _instances(version, *entry)) for entry in update.leaving - update.told):
+            elif update.error is None and not update.answered and self._held_only_by_sequences(update):
                 update.answered = True   # the rest wait for their sequences to end
                 self._done(version, update.failure)
+
+    @staticmethod
+    def _held_only_by_sequences(update: InstanceUpdate) -> bool:
+        return all(_binds_sequences(update.version, _instances(update.version, *entry))
+                   for entry in update.leaving - update.told)
 
     @staticmethod
     def _gone(update: InstanceUpdate, entry: Entry) -> bool:
@@ -189,7 +201,10 @@ class InstanceUpdates:
         log.error("model %s version %d: the instance update failed, its instances stay as they were: %s",
                   version.name, version.version, message)
         update.error = message
-        update.leaving = set(update.started)   # what it started leaves; what it kept stays
+        if update.failure is None:
+            update.leaving = set(update.started)   # what it started leaves; what it kept stays
+        else:   # an undo that fails: what does not belong to the serving groups leaves all the same
+            update.leaving |= update.started
         update.told &= update.leaving
         version.definition, version.identity = update.old, update.old_identity
 
@@ -222,7 +237,8 @@ class InstanceUpdates:
 
     def _end(self, update: InstanceUpdate, error: str | None) -> None:
         version = update.version
-        del self._updates[version.epoch]
+        if self._updates.get(version.epoch) is update:
+            del self._updates[version.epoch]
         for agent, key in update.told:
             version.awaited.pop(key, None)   # stopped on purpose: not coming back
             if not any(i.name == key for i in version.instances):
@@ -238,18 +254,20 @@ class InstanceUpdates:
         """Send the hosts the serving groups again: what they run is then what it describes."""
         version = update.version
         version.reason = error
-        hosts = {a.identity for a in self.registry.agents.values() if not a.draining and (
-            a.identity in update.asked or any(i.agent == a.identity for i in version.instances))}
-        undo = self._updates[version.epoch] = InstanceUpdate(version, update.old, update.old_identity, hosts,
-                                                             failure=error)
+        undo = self._updates[version.epoch] = InstanceUpdate(version, update.old, update.old_identity,
+                                                             self._hosts_of(version), failure=error)
         log.info("model %s version %d: giving its hosts the instance groups that serve again", version.name,
                  version.version)
-        self._tell_hosts(undo, hosts)
+        self._tell_hosts(undo)
 
-    def _tell_hosts(self, update: InstanceUpdate, hosts: set[bytes]) -> None:
-        update.asked |= hosts
+    def _hosts_of(self, version: ModelVersion) -> set[bytes]:
+        """The hosts that were sent ``version`` (as a load is: every one serving the model, not draining);
+        one that joined during an update was sent the new groups."""
+        return {a.identity for a in self.registry.agents.values() if a.serves(version.name) and not a.draining}
+
+    def _tell_hosts(self, update: InstanceUpdate) -> None:
         message = Assign((msgspec.structs.replace(update.version.assignment(), update=True),)).encode()
-        for agent in hosts:
+        for agent in update.hosts:
             self._send_backend([agent, message])
 
 

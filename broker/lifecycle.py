@@ -413,8 +413,8 @@ class ModelLifecycle:
         if load is None or version.epoch not in load.waiting:
             return
         load.waiting.discard(version.epoch)
-        if error is not None:   # (Triton's words: the version is still READY)
-            load.errors.append(f"version {version.version} is at READY state: {error};\n")
+        if error is not None:   # (Triton's words: the version is still READY, unless it was unloaded meanwhile)
+            load.errors.append(f"version {version.version} is at {version.state.value} state: {error};\n")
         self._finish_if_done(load)
 
     def version_failed(self, version: ModelVersion, message: str) -> None:

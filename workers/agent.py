@@ -358,7 +358,7 @@ class HostAgent:
     def _assign(self, assignment: Assignment, count: int | None = None, stop: tuple[str, ...] = ()) -> None:
         """Start a model version's instances: its instance groups, or ``count`` when the broker scales it."""
         model, version, epoch = assignment.model, assignment.version, assignment.epoch
-        placed = partial(Placed, model, version, epoch, self._broker_boot)
+        placed = partial(Placed, model, version, epoch, self._broker_boot, update=assignment.update)
         running = [child for child in self.children
                    if child.epoch == epoch and child.wanted and child.iid not in self._adoptable]
         if running and count is None and not assignment.update:
@@ -421,7 +421,7 @@ class HostAgent:
                           identity=assignment.identity or "") for plan in update.new]
         log.info("model %s version %d: instance groups updated: %d kept, %d to start, %d leaving", model, version,
                  len(update.kept), len(children), len(update.leaving))
-        self._send(Placed(model, version, epoch, self._broker_boot,
+        self._send(Placed(model, version, epoch, self._broker_boot, update=True,
                           instances=[child.plan.key for child, _ in update.kept] + [c.plan.key for c in children],
                           kept=[child.plan.key for child, _ in update.kept],
                           leaving=[child.plan.key for child in update.leaving]))

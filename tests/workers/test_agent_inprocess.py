@@ -265,7 +265,7 @@ def test_an_update_keeps_the_instances_the_new_groups_match_and_stops_only_those
     placed = host.broker.of(Kind.PLACED)[-1]
     # The lowest-keyed running instance stays as it is, keeping its name; the new group's first
     # instance would take the name the leaving one still holds, so it gets another key.
-    assert placed == {"k": Kind.PLACED, "m": "pair", "v": 1, "e": assignment.epoch, "boot": 7,
+    assert placed == {"k": Kind.PLACED, "m": "pair", "v": 1, "e": assignment.epoch, "boot": 7, "update": True,
                       "instances": ["pair_0_0", "pair_0_0~2", "pair_0_1~2"], "kept": ["pair_0_0"],
                       "leaving": ["pair_0_1"]}
     hellos = host.instance_hellos(assignment.epoch, 4)

@@ -594,6 +594,7 @@ class Placed(Message, frozen=True, tag=int(Kind.PLACED)):
     boot: Annotated[int | None, doc("the broker process that assigned it")]
     instances: Annotated[list | None, doc("instance keys")] = None
     adopted: Annotated[dict | None, doc("{key: iid} the running instances it kept for this load")] = None
+    update: Annotated[bool, doc("it answers an ASSIGN update")] = False
     kept: Annotated[list[str] | None, doc("an update's running instance keys the new groups keep")] = None
     leaving: Annotated[list[str] | None, doc("an update's running instance keys the new groups do not keep")] = None
     error: Annotated[TritiumError | None, doc("why it could not")] = field(default=None, name="err")
