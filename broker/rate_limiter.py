@@ -16,6 +16,7 @@ the counts.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from tritium.broker.registry import InstanceRecord, ModelVersion
 from tritium.errors import InvalidArgument
 from tritium.repo import ModelConfig
+
+log = logging.getLogger(__name__)
 
 GLOBAL_DEVICE = -2   # the key of resources shared by every device
 EVERY_DEVICE = -1    # a --rate-limit-resource without a device: the count of each device
@@ -104,6 +107,7 @@ class RateLimiter:
             del self._holders[instance]
             self._limits = self._compute_limits()
             raise
+        self._log_limits()
 
     def forget(self, instance: InstanceRecord) -> None:
         holder = self._holders.pop(instance, None)
@@ -114,7 +118,20 @@ class RateLimiter:
         try:
             self._limits = self._compute_limits()
         except InvalidArgument:   # cannot newly fail with fewer instances; keep the old limits if it did
-            pass
+            return
+        self._log_limits()
+
+    def _log_limits(self) -> None:
+        """The counts, as Triton's verbose log shows them each time an instance comes or goes (one
+        line, its tabs and line breaks escaped as in Triton's log)."""
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        text = "\\nMax Resource Map===>\\n"
+        for device in sorted({device for device, _, _ in self._limits}):
+            text += f"\\tDevice: {'GLOBAL' if device == GLOBAL_DEVICE else device}\\n"
+            for (_, name, _), count in ((k, c) for k, c in self._limits.items() if k[0] == device):
+                text += f"\\t\\tResource: {name}\\t Count: {count}\\n"
+        log.debug("%s", text)
 
     def _compute_limits(self) -> dict[Key, int]:
         """Per resource, the most any instance needs, or what the flags give (checked against it

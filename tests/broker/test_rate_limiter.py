@@ -3,6 +3,8 @@ Triton's load errors, and the flag's format."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from tritium.broker.rate_limiter import EVERY_DEVICE, RateLimiter, ResourceFlag
@@ -47,6 +49,21 @@ def test_the_limit_shrinks_when_the_instance_that_asked_most_is_gone():
         limiter.register(each, [("R", False, count)], 1)
     limiter.forget(big)
     assert not running_together(limiter, small_a, small_b)
+
+
+def test_the_verbose_log_shows_the_counts_as_triton_does_as_instances_come_and_go(caplog):
+    limiter = RateLimiter()
+    four, three = instance("four"), instance("three", device=1)
+    with caplog.at_level(logging.DEBUG, logger="tritium.broker.rate_limiter"):
+        limiter.register(four, [("R1", False, 4), ("G", True, 2)], 1)
+        limiter.register(three, [("R1", False, 3)], 1)
+        limiter.forget(four)
+    assert [r.getMessage() for r in caplog.records] == [
+        r"\nMax Resource Map===>\n\tDevice: GLOBAL\n\t\tResource: G\t Count: 2\n"
+        r"\tDevice: 0\n\t\tResource: R1\t Count: 4\n",
+        r"\nMax Resource Map===>\n\tDevice: GLOBAL\n\t\tResource: G\t Count: 2\n"
+        r"\tDevice: 0\n\t\tResource: R1\t Count: 4\n\tDevice: 1\n\t\tResource: R1\t Count: 3\n",
+        r"\nMax Resource Map===>\n\tDevice: 1\n\t\tResource: R1\t Count: 3\n"]
 
 
 def test_a_resource_counts_per_device_unless_global():
