@@ -111,7 +111,7 @@ class InstanceUpdates:
                     version.placed_on[key] = agent
             update.leaving.update((agent, key) for key in placed.leaving or ())
             if update.error is not None:
-                update.leaving = set(update.started)
+                _started_leave(update)
         self.check()
         return True
 
@@ -201,10 +201,7 @@ class InstanceUpdates:
         log.error("model %s version %d: the instance update failed, its instances stay as they were: %s",
                   version.name, version.version, message)
         update.error = message
-        if update.failure is None:
-            update.leaving = set(update.started)   # what it started leaves; what it kept stays
-        else:   # an undo that fails: what does not belong to the serving groups leaves all the same
-            update.leaving |= update.started
+        _started_leave(update)
         update.told &= update.leaving
         version.definition, version.identity = update.old, update.old_identity
 
@@ -273,6 +270,15 @@ class InstanceUpdates:
 
 def _instances(version: ModelVersion, agent: bytes, key: str) -> list[InstanceRecord]:
     return [i for i in version.instances if i.name == key and i.agent == agent]
+
+
+def _started_leave(update: InstanceUpdate) -> None:
+    """A failed round: what it started leaves, what it kept stays; an undo that fails also lets go
+    what does not belong to the serving groups."""
+    if update.failure is None:
+        update.leaving = set(update.started)
+    else:
+        update.leaving |= update.started
 
 
 def _starting(update: InstanceUpdate, entry: Entry) -> bool:
