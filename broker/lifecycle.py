@@ -588,8 +588,9 @@ class ModelLifecycle:
     def _same_load(self, current: ModelVersion, definition: ModelDefinition, files) -> bool:
         """Whether ``current`` was loaded from what ``definition`` would load now (no reload then).
         A change of version policy alone loads and unloads other versions but leaves a version that
-        stays as it runs, as in Triton."""
-        return self._same_files(current, definition, files) and \
+        stays as it runs, as in Triton. The config file's own time is not asked, only what it says
+        (Triton's timestamps leave it out): a config written again the same reloads nothing."""
+        return self._same_files(current, definition, files, besides=_config_entries(current, definition)) and \
             _without(current.definition.portable_config, "version_policy") == \
             _without(definition.portable_config, "version_policy")
 
@@ -599,9 +600,7 @@ class ModelLifecycle:
         still hold sequences."""
         if current.ensemble or current.autoscale is not None or self.instance_updates.lingering(current):
             return False
-        # The config file was rewritten, so its own time is not asked, only what it says (Triton's).
-        configs = {entry for entry in map(_top_entry, (current.definition, definition)) if entry is not None}
-        return self._same_files(current, definition, files, besides=configs) and \
+        return self._same_files(current, definition, files, besides=_config_entries(current, definition)) and \
             _without(current.definition.portable_config, "version_policy", "instance_group") == \
             _without(definition.portable_config, "version_policy", "instance_group")
 
@@ -618,6 +617,10 @@ class ModelLifecycle:
                 and current.definition.path == definition.path
                 and kept(self._version_files.get(current.epoch)) == kept(_version_files(definition.path,
                                                                                        current.version)))
+
+
+def _config_entries(current: ModelVersion, definition: ModelDefinition) -> set[str]:
+    return {entry for entry in map(_top_entry, (current.definition, definition)) if entry is not None}
 
 
 def _top_entry(definition: ModelDefinition) -> str | None:

@@ -186,6 +186,14 @@ def test_a_failed_update_leaves_the_instances_as_they_were(server, client, repo,
     assert "reason" not in index_entry(server)
 
 
+def test_a_config_written_again_the_same_reloads_nothing(server, client, repo, events):
+    groups = ", ".join(f'{{ name: "{name}" count: {count} kind: KIND_CPU }}' for name, count in served_groups(client))
+    events.new()
+    write_config(repo, groups)   # (as an editor saves it: a new file, a new time, the same text)
+    assert load(server.url) == (200, "")
+    assert events.new() == []
+
+
 def test_any_other_config_change_reloads_the_whole_model(server, client, repo, events):
     count = sum(count for _, count in served_groups(client))
     events.new()
