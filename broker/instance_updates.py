@@ -97,7 +97,7 @@ class InstanceUpdates:
         if not placed.update or update is None or agent not in update.hosts:
             return False
         update.hosts.discard(agent)
-        if placed.error is not None and not any(i.agent == agent for i in version.instances):
+        if placed.error is not None and not _placed_on(version, agent):
             log.error("model %s version %d cannot be placed on a host: %s", version.name, version.version,
                       placed.error.message)   # a host that did not serve it before: the others go on
         elif placed.error is not None:
@@ -117,7 +117,8 @@ class InstanceUpdates:
 
     def holds(self, version: ModelVersion, agent: bytes, key: str) -> bool:
         """Whether an instance saying HELLO is held out of scheduling: a new one before its update is
-        through, or a leaving one started again after it (it would be given a sequence it cannot keep)."""
+        through, or one that is leaving (once the update switched, or failed: what it started leaves),
+        started again (it would be given a sequence it cannot keep)."""
         update = self._updates.get(version.epoch)
         if update is None:
             return False
@@ -289,6 +290,11 @@ def _starting(update: InstanceUpdate, entry: Entry) -> bool:
 def _binds_sequences(version: ModelVersion, instances: list[InstanceRecord]) -> bool:
     batcher = version.batcher
     return isinstance(batcher, SequenceBatcher) and any(batcher.binds(i) for i in instances)
+
+
+def _placed_on(version: ModelVersion, agent: bytes) -> bool:
+    """Whether ``agent`` runs instances of ``version`` (some may be starting again)."""
+    return agent in version.placed_on.values() or any(i.agent == agent for i in version.instances)
 
 
 def _present(version: ModelVersion, entry: Entry) -> bool:

@@ -19,7 +19,6 @@ import itertools
 import logging
 from collections.abc import Callable, Set as AbstractSet
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tritium.broker.ensemble_loading import EnsembleLoader, is_ensemble, members_of
 from tritium.broker.instance_updates import InstanceUpdates
@@ -286,7 +285,7 @@ class ModelLifecycle:
                        current: ModelVersion | None, load: LoadInProgress, attempt: int = 0) -> None:
         version = ModelVersion(record.name, number, definition, epoch=next(self._epochs),
                                replaces=current, files=files, load_attempt=attempt)
-        self._version_files[version.epoch] = _version_files(definition.path, number)
+        self._version_files[version.epoch] = _version_files(definition, number)
         version.identity = load_identity(config_to_json_dict(definition.portable_config), files,
                                          self._version_files[version.epoch])
         self._new_version_hook(version)
@@ -321,7 +320,7 @@ class ModelLifecycle:
         """Give a serving version ``definition``'s instance groups in place (instance_updates.py)."""
         load.waiting.add(version.epoch)
         self._files_before_update[version.epoch] = self._version_files[version.epoch]
-        self._version_files[version.epoch] = _version_files(definition.path, version.version)   # (a new config file)
+        self._version_files[version.epoch] = _version_files(definition, version.version)
         identity = load_identity(config_to_json_dict(definition.portable_config), None,
                                  self._version_files[version.epoch])
         self.instance_updates.start(version, definition, identity)
@@ -615,7 +614,7 @@ class ModelLifecycle:
         return (files is None and current.files is None
                 and current.definition.labels == definition.labels
                 and current.definition.path == definition.path
-                and kept(self._version_files.get(current.epoch)) == kept(_version_files(definition.path,
+                and kept(self._version_files.get(current.epoch)) == kept(_version_files(definition,
                                                                                        current.version)))
 
 
@@ -625,7 +624,8 @@ def _config_entries(current: ModelVersion, definition: ModelDefinition) -> set[s
 
 def _top_entry(definition: ModelDefinition) -> str | None:
     """The entry of the model folder that holds its config file: the file, or the whole folder
-    it is in (as Triton leaves out of its timestamps the entry the config path starts with)."""
+    it is in (as Triton leaves out of its timestamps the entry the config path starts with: a
+    change to another file of a `configs/` folder is not seen either)."""
     if definition.config_file is None:
         return None
     try:
@@ -673,8 +673,13 @@ def _version_error(number: int, reason: str) -> str:
     return f"version {number} is at UNAVAILABLE state: {reason};\n"   # Triton's wording
 
 
-def _version_files(model_dir: Path, number: int) -> tuple:
+def _version_files(definition: ModelDefinition, number: int) -> tuple:
+    """What a version's instances read besides the config (repo/repository.py), the config file's
+    own entry left out: a config saved again unchanged is the same load, and has the same identity
+    (load_identity: what a restarted broker adopts instances by)."""
+    config = _top_entry(definition)
     try:
-        return version_fingerprint(model_dir, number)
+        return tuple(item for item in version_fingerprint(definition.path, number)
+                     if item[0].split("/", 1)[0] != config)
     except OSError:
         return ()

@@ -126,10 +126,12 @@ class RateLimiter:
         line, its tabs and line breaks escaped as in Triton's log)."""
         if not log.isEnabledFor(logging.DEBUG):
             return
+        hosts = {host for _, _, host in self._limits}
         text = "\\nMax Resource Map===>\\n"
-        for device in sorted({device for device, _, _ in self._limits}):
-            text += f"\\tDevice: {'GLOBAL' if device == GLOBAL_DEVICE else device}\\n"
-            for (_, name, _), count in ((k, c) for k, c in self._limits.items() if k[0] == device):
+        for host, device in sorted({(host, device) for device, _, host in self._limits}):
+            where = f" of host {host.decode(errors='replace')}" if len(hosts) > 1 else ""   # (each host its own)
+            text += f"\\tDevice: {'GLOBAL' if device == GLOBAL_DEVICE else device}{where}\\n"
+            for (_, name, _), count in ((k, c) for k, c in self._limits.items() if k[0] == device and k[2] == host):
                 text += f"\\t\\tResource: {name}\\t Count: {count}\\n"
         log.debug("%s", text)
 

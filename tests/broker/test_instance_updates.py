@@ -103,3 +103,18 @@ def test_a_leaving_instance_holding_a_sequence_lets_the_load_answer_and_stops_on
     world.lifecycle.instance_updates.check()
     assert not world.lifecycle.instance_updates.lingering(version)
     assert world.replies == [{}], "the load is answered once"
+
+
+def test_a_config_saved_again_unchanged_keeps_the_load_and_its_identity(tmp_path):
+    world = World(tmp_path)
+    version = serving(world)
+    config = world.root / "m" / "config.pbtxt"
+    text = config.read_text()
+    config.unlink()
+    config.write_text(text)   # a new file, a new time, the same text
+    world.load()
+    assert world.replies == [{}] and world.sent == [], "nothing is reloaded or updated"
+    # A broker started again computes the same identity, so it adopts the running instances.
+    again = World(tmp_path)
+    again.load()
+    assert again.loading().identity == version.identity

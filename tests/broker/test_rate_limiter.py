@@ -66,6 +66,17 @@ def test_the_verbose_log_shows_the_counts_as_triton_does_as_instances_come_and_g
         r"\nMax Resource Map===>\n\tDevice: 1\n\t\tResource: R1\t Count: 3\n"]
 
 
+def test_the_verbose_log_names_the_host_when_several_have_counts(caplog):
+    first, second = instance("a"), InstanceRecord(b"b", b"other", "m", 1, "b", 1)
+    limiter = RateLimiter()
+    with caplog.at_level(logging.DEBUG, logger="tritium.broker.rate_limiter"):
+        limiter.register(first, [("R1", False, 4)], 1)
+        limiter.register(second, [("R1", False, 2)], 1)
+    assert caplog.records[-1].getMessage() == (
+        r"\nMax Resource Map===>\n\tDevice: 0 of host agent\n\t\tResource: R1\t Count: 4\n"
+        r"\tDevice: 0 of host other\n\t\tResource: R1\t Count: 2\n")
+
+
 def test_a_resource_counts_per_device_unless_global():
     limiter = RateLimiter()
     on_0, on_1 = instance("a", device=0), instance("b", device=1)
