@@ -97,7 +97,11 @@ class ModelLifecycle:
     # -- startup ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load what the control mode loads at startup, in the caller's thread."""
+        """Load what the control mode loads at startup, in the caller's thread. A model repository
+        that cannot be read fails the server's start, as in Triton: with --exit-on-error=false it
+        then serves, neither live nor ready (the gateways answer model calls 'Server not ready')."""
+        unreadable = self.repository.discover()[1]
+        self.registry.startup_failure = unreadable[0] if unreadable else None
         if self.settings.mode == "explicit":
             names = self.settings.load_models
             if "*" in names:

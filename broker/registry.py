@@ -310,6 +310,7 @@ class Registry:
         self.generation = 0  # what gateways see changed when it moves: only Membership.changed moves it
         self.startup_begun = False     # the startup loads have begun (BrokerServer.load_repository)
         self._startup_settled = False  # ... and all settled once (later loads do not count)
+        self.startup_failure: str | None = None   # a model repository it could not read at startup
 
     def set_state(self, version: ModelVersion, state: VersionState, reason: str = "") -> None:
         if state == VersionState.READY and version.load_seconds is None:
@@ -381,4 +382,4 @@ class Registry:
             else:
                 models.append(ModelRow(record.name, record.error, versions, record.config_json, record.labels))
         return Models(self.generation, tuple(models), self.server_ready(), tuple(self.shared_memory.values()),
-                      self.trace_settings, started=self.started())
+                      self.trace_settings, started=self.started(), failed=self.startup_failure)

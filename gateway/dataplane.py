@@ -18,7 +18,7 @@ from tritium.gateway.broker_link import BrokerLink
 from tritium.gateway.classification import classify
 from tritium.gateway.generate import SINGLE_RESPONSE_ONLY, generate_request, generate_response
 from tritium.gateway.inference import InferRequest, InferResult, OutputTensor
-from tritium.gateway.model_table import ModelSpec, parse_version
+from tritium.gateway.model_table import ModelSpec, parse_version, server_not_ready
 from tritium.gateway.shared_memory import SHM_DISABLED, open_region
 from tritium.gateway.tracing import NO_TRACING
 from tritium.gateway.validation import check_requested_outputs, check_single_response, validate_inputs
@@ -62,19 +62,25 @@ class DataPlane:
     # -- health and metadata ------------------------------------------------------------
 
     def live(self) -> bool:
-        return True
+        return self.link.models.failed is None   # (a server that could not start is not live, as in Triton)
+
+    def require_started(self) -> None:
+        """Unavailable ('Server not ready', Triton's words) when the server could not start."""
+        if self.link.models.failed is not None:
+            raise server_not_ready()
 
     def ready(self) -> bool:
         """Strict: every model version is READY; otherwise: the models loaded at startup have
         settled (Triton opens its endpoints only then)."""
         table = self.link.models
-        if self.shutting_down or not table.received or self.link.broker_lost:
+        if self.shutting_down or not table.received or self.link.broker_lost or table.failed is not None:
             return False
         return table.server_ready or (not self.strict_readiness and table.started)
 
     def model_ready(self, name: str, version: str | None) -> None:
         """Return if ready, else InvalidArgument (400), as Triton 2.51 answers every model or
         version that is not ready, one it never had or a name it does not know included."""
+        self.require_started()
         try:
             _, number = self.link.models.resolve(name, version)
         except (Unavailable, NotFound):
@@ -104,21 +110,25 @@ class DataPlane:
         return spec.config_json
 
     async def statistics(self, name: str | None, version: str | None) -> dict:
+        self.require_started()
         query = StatsQuery(name, parse_version(version) if version else None)
         return {"model_stats": await self._control(query)}
 
     # -- the model repository extension ----------------------------------------------------
 
     async def repository_index(self, ready_only: bool) -> list[dict]:
+        self.require_started()
         return await self._control(IndexQuery(ready_only))
 
     async def load_model(self, name: str, parameters: dict) -> None:
         """Returns once the model is loaded (its table already here), or raises why it is not."""
+        self.require_started()
         require_name(name, "load")
         check_load_parameters(name, parameters)   # before it is sent (the broker checks a model's own loads too)
         await self._control(LoadModel(name, parameters))
 
     async def unload_model(self, name: str, unload_dependents: bool) -> None:
+        self.require_started()
         require_name(name, "unload")
         await self._control(UnloadModel(name, unload_dependents))
 

@@ -210,6 +210,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request, context):
         if request.version:
             parse_version(request.version)   # a version that is no number is an error, as on Triton
+        self.dataplane.require_started()   # (an error, not ready=false: Triton's UNAVAILABLE)
         try:
             self.dataplane.model_ready(request.name, request.version or None)
         except TritiumError:  # unknown or not ready: Triton answers ready=false, never an error

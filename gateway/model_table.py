@@ -18,6 +18,11 @@ from tritium.input_checks import DeclaredInput, runs_without_inputs
 from tritium.protocol import Models
 
 READY = "READY"
+
+
+def server_not_ready() -> Unavailable:
+    """Triton's answer to the model calls of a server that could not start."""
+    return Unavailable("Server not ready")
 _LEADING_INTEGER = re.compile(r"\s*([+-]?[0-9]+)")
 
 
@@ -125,6 +130,7 @@ class ModelTable:
         self.server_ready = False
         self.started = False   # the broker's startup loads have settled
         self.received = False
+        self.failed: str | None = None   # the server could not start: no model call is served
 
     def update(self, table: Models) -> None:
         models = {}
@@ -140,9 +146,12 @@ class ModelTable:
         self.generation = table.generation
         self.server_ready = bool(table.ready)
         self.started = self.started or bool(table.started)   # a new broker taking over loads again: still started
+        self.failed = table.failed
         self.received = True
 
     def get(self, name: str) -> ModelEntry:
+        if self.failed is not None:
+            raise server_not_ready()
         entry = self.models.get(name)
         if entry is None:
             raise NotFound(f"Request for unknown model: '{name}' is not found")

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import onnx
 import pytest
+import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
+from tritonclient.utils import InferenceServerException
 
 from tests.e2e.rawhttp import error_of, request
 from tests.models import add_sub_model, write_config
@@ -74,6 +76,29 @@ def test_a_model_named_at_startup_that_the_repository_lacks_stops_startup_or_is_
         _, _, body = request(running.url, "POST", "/v2/repository/index", {})
         assert {entry["name"]: entry.get("state") for entry in json.loads(body)} == {
             "good": "READY", "bad_config": None, "bad_file": None}
+
+
+def test_a_repository_that_cannot_be_read_leaves_a_server_neither_live_nor_ready(tmp_path):
+    """As Triton 2.51 with --exit-on-error=false: its endpoints answer, its model calls do not."""
+    with TritiumServer(tmp_path / "missing", "--exit-on-error=false", "--model-control-mode=explicit") as running:
+        for path in ("/v2/health/live", "/v2/health/ready"):
+            assert request(running.url, "GET", path)[0] == 400
+        assert request(running.url, "GET", "/v2")[0] == 200
+        assert request(running.url, "GET", "/v2/logging")[0] == 200
+        for method, path in (("GET", "/v2/models/m"), ("GET", "/v2/models/m/ready"), ("GET", "/v2/models/m/config"),
+                             ("GET", "/v2/models/stats"), ("POST", "/v2/models/m/infer"),
+                             ("POST", "/v2/repository/index"), ("POST", "/v2/repository/models/m/load"),
+                             ("POST", "/v2/repository/models/m/unload")):
+            status, _, data = request(running.url, method, path, {} if method == "POST" else None)
+            assert (status, error_of(data)) == (503, "Server not ready"), path
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        assert (client.is_server_live(), client.is_server_ready()) == (False, False)
+        for call in (lambda: client.is_model_ready("m"), client.get_model_repository_index,
+                     lambda: client.get_model_metadata("m")):
+            with pytest.raises(InferenceServerException) as failure:
+                call()
+            assert (failure.value.status(), failure.value.message()) == ("StatusCode.UNAVAILABLE",
+                                                                        "Server not ready")
 
 
 @pytest.fixture(scope="module")

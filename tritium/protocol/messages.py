@@ -546,6 +546,8 @@ class Models(Message, frozen=True, tag=int(Kind.MODELS)):
         name="shm")
     trace: Annotated[dict | None, doc("Triton's trace settings, which every gateway samples with")] = None
     started: Annotated[bool, doc("the startup loads have settled (non-strict readiness)")] = True
+    failed: Annotated[str | None, doc("why the server could not start (a model repository it cannot read): "
+                                      "neither live nor ready, its model calls answered 'Server not ready'")] = None
 
 
 class LogSettings(Message, frozen=True, tag=int(Kind.LOG_SETTINGS)):
