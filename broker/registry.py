@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-
 from tritium.broker.batcher import BatchingPolicy, DynamicBatcher
 from tritium.broker.custom_metrics import CustomMetrics
 from tritium.broker.ordering import ResponseOrder

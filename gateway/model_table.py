@@ -18,12 +18,12 @@ from tritium.input_checks import DeclaredInput, runs_without_inputs
 from tritium.protocol import Models
 
 READY = "READY"
+_LEADING_INTEGER = re.compile(r"\s*([+-]?[0-9]+)")
 
 
 def server_not_ready() -> Unavailable:
     """Triton's answer to the model calls of a server that could not start."""
     return Unavailable("Server not ready")
-_LEADING_INTEGER = re.compile(r"\s*([+-]?[0-9]+)")
 
 
 def parse_version(text: str) -> int:
