@@ -213,12 +213,15 @@ def test_requests_during_updates_are_all_answered(server, client, repo):
 
     def keep_inferring() -> None:
         own = httpclient.InferenceServerClient(server.url, network_timeout=60)
-        while not stop.is_set():
-            try:
-                np.testing.assert_array_equal(infer(own), [[2, 4, 6]])
-                answered[0] += 1
-            except BaseException as exc:   # noqa: BLE001 (reported below)
-                failures.append(exc)
+        try:
+            while not stop.is_set():
+                try:
+                    np.testing.assert_array_equal(infer(own), [[2, 4, 6]])
+                    answered[0] += 1
+                except BaseException as exc:   # noqa: BLE001 (reported below)
+                    failures.append(exc)
+        finally:
+            own.close()   # in its own thread: closed from the collector's, its gevent pool has no loop
 
     threads = [threading.Thread(target=keep_inferring) for _ in range(4)]
     for thread in threads:
