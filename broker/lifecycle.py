@@ -33,7 +33,7 @@ from tritium.broker.registry import (
     VersionState,
     load_identity,
 )
-from tritium.repo import ModelDefinition, ModelRepository
+from tritium.repo import ModelDefinition, ModelRepository, stage_of
 from tritium.repo.json_form import config_to_json_dict
 from tritium.repo.names import require_name
 from tritium.repo.repository import version_fingerprint
@@ -233,7 +233,7 @@ class ModelLifecycle:
             if record.versions and not record.unloaded:
                 record.last_error = f"reload failed, the previous load keeps serving: {error}"
             else:
-                record.error, record.unloaded = error, False
+                record.error, record.error_stage, record.unloaded = str(error), stage_of(error), False
                 record.config_json = record.labels = None
             load.errors.append(error)
             self.membership.changed()
@@ -647,11 +647,18 @@ def _without(config, *fields: str):
 
 
 def _index_entries(record: ModelRecord) -> list[dict]:
-    if record.error is not None and not record.versions:
-        return [{"name": record.name, "state": VersionState.UNAVAILABLE.value, "reason": record.error}]
     entries = {}
     for number in record.unloaded_versions:
         entries[number] = (VersionState.UNAVAILABLE.value, UNLOADED)
+    if record.error is not None and not record.versions:
+        # As Triton's index shows a model by how far its load got: a config refused while polling
+        # never entered its lifecycle (its name alone); no version to load leaves it there with
+        # none (no entry); any other failure is the model's, with the reason.
+        stage = record.error_stage
+        if stage == "load":
+            return [{"name": record.name, "state": VersionState.UNAVAILABLE.value, "reason": record.error}]
+        if not entries:
+            return [{"name": record.name}] if stage == "config" else []
     for number, error in record.version_errors.items():
         entries[number] = (VersionState.UNAVAILABLE.value, error)
     if not record.unloaded:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from tritium.repo import ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
+from tritium.repo import LoadFailure, ModelConfig, ModelDefinition, ModelLoadError, ModelRepository
 from tritium.repo.names import check_load_parameters, model_file_path, relative_file_problem, write_files
 from tritium.errors import InvalidArgument
 
@@ -92,7 +92,7 @@ class ModelReader:
                 model_dir = write_files(Path(tempfile.mkdtemp(dir=self._overrides)), name, files)
             return self.repository.load(name, config, model_dir), None, fingerprint, files
         except ModelLoadError as exc:
-            return None, exc.message, fingerprint, files
+            return None, LoadFailure.of(exc), fingerprint, files
         except OSError as exc:
             return None, f"cannot write the files of the load request: {exc}", fingerprint, files
         except Exception as exc:  # a bug of ours must fail this load, not the broker

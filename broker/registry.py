@@ -262,6 +262,7 @@ class ModelRecord:
 
     name: str
     error: str | None = None
+    error_stage: str = "load"   # where its load failed (tritium.repo.errors.ModelLoadError.stage)
     versions: dict[int, ModelVersion] = field(default_factory=dict)   # the versions requests go to
     version_errors: dict[int, str] = field(default_factory=dict)
     config_json: dict | None = None
@@ -271,6 +272,13 @@ class ModelRecord:
     last_error: str | None = None       # a reload that failed while the old versions kept serving
     fingerprint: tuple | None = None    # the repository files this load read (poll mode, and a plain load)
     override: tuple | None = None       # the load API's (config, files) it was loaded with: a plain load keeps them
+
+    @property
+    def rejected(self) -> bool:
+        """Its config failed where Triton checks it while polling the repository, and nothing of it
+        serves: in Triton such a model never entered its lifecycle, so it is listed by name only,
+        unknown to requests, and not counted by strict readiness."""
+        return self.error is not None and not self.versions and self.error_stage == "config"
 
 
 @dataclass(eq=False)
@@ -348,7 +356,7 @@ class Registry:
 
     def server_ready(self) -> bool:
         """Triton's strict readiness: every loaded model version is READY; unloaded ones do not count."""
-        loaded = [r for r in self.models.values() if not r.unloaded]
+        loaded = [r for r in self.models.values() if not r.unloaded and not r.rejected]
         return (all(r.error is None and not r.version_errors for r in loaded)
                 and self.loading_done()
                 and all(v.state == VersionState.READY and self.healthy(v) for v in self.versions.values()))
@@ -368,6 +376,8 @@ class Registry:
         """
         models = []
         for record in self.models.values():
+            if record.rejected and not record.unloaded_versions:
+                continue   # unknown to requests, as in Triton: "Request for unknown model: 'm' is not found"
             rows = {number: VersionRow(number, VersionState.UNAVAILABLE.value, UNLOADED, False)
                     for number in record.unloaded_versions}
             if not record.unloaded:

@@ -12,6 +12,8 @@ import importlib
 _EXPORTS = {
     "ModelConfig": "tritium.repo.config_file",
     "ModelLoadError": "tritium.repo.errors",
+    "LoadFailure": "tritium.repo.errors",
+    "stage_of": "tritium.repo.errors",
     "ModelDefinition": "tritium.repo.model",
     "RepositoryOptions": "tritium.repo.model",
     "VersionInfo": "tritium.repo.model",

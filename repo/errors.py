@@ -8,7 +8,13 @@ from tritium.errors import InvalidArgument
 
 
 class ModelLoadError(InvalidArgument):
-    """A model (or one of its versions) cannot be loaded; Triton answers a failed load with 400."""
+    """A model (or one of its versions) cannot be loaded; Triton answers a failed load with 400.
+
+    ``stage`` says where Triton meets the problem, which decides how the failed model shows:
+    ``config`` (ConfigRejected) while it polls the repository, ``versions`` (NoVersions) when
+    no version folder can be picked, ``load`` while a version loads."""
+
+    stage = "load"
 
     def __init__(self, model: str, message: str, path: Path | None = None) -> None:
         self.model = model
@@ -16,6 +22,38 @@ class ModelLoadError(InvalidArgument):
         self.detail = message
         where = f"{path}: " if path is not None else ""
         super().__init__(f"{where}{message}")
+
+
+class ConfigRejected(ModelLoadError):
+    """The config cannot be read, names another model, or breaks a rule Triton checks while it
+    polls the repository (before the model enters its lifecycle): such a model is listed in the
+    index by name only, is unknown to requests, and does not keep the server from being ready."""
+
+    stage = "config"
+
+
+class NoVersions(ModelLoadError):
+    """No version folder is there for the version policy: Triton's lifecycle then holds the model
+    without versions, which keeps the server not ready and leaves it out of the index."""
+
+    stage = "versions"
+
+
+class LoadFailure(str):
+    """A failed load's text, carrying its error's ``stage`` to the broker's records."""
+
+    stage = "load"
+
+    @classmethod
+    def of(cls, error: ModelLoadError) -> LoadFailure:
+        failure = cls(error.message)
+        failure.stage = error.stage
+        return failure
+
+
+def stage_of(error: str | None) -> str:
+    """The stage a model's recorded load error failed at (``load`` for plain texts)."""
+    return getattr(error, "stage", "load")
 
 
 class ModelCodeFailed(ModelLoadError):

@@ -10,7 +10,7 @@ from google.protobuf import json_format
 
 from tritium.repo import backends
 from tritium.repo.config_file import ModelConfig, config_path, read_config
-from tritium.repo.errors import ModelCodeFailed, ModelLoadError
+from tritium.repo.errors import ConfigRejected, ModelCodeFailed, ModelLoadError
 from tritium.repo.instance_groups import resolve_instance_groups
 from tritium.repo.json_form import config_to_json_dict
 from tritium.repo.model import ModelDefinition, RepositoryOptions, VersionInfo
@@ -34,14 +34,17 @@ def load_model(name: str, model_dir: Path, options: RepositoryOptions,
     if config_override is not None:
         config, config_file = config_override, None
     else:
-        config, config_file = _read(name, model_dir, options)
+        try:
+            config, config_file = _read(name, model_dir, options)
+        except ModelLoadError as exc:
+            raise ConfigRejected(name, exc.detail, exc.path) from exc
     try:
         return _complete(name, model_dir, config, config_file, options)
     except ModelLoadError as exc:
         if exc.path is not None:
             raise
         # Say which file the problem is in (or the folder, when there is no config file).
-        raise ModelLoadError(name, exc.detail, config_file or model_dir) from exc
+        raise type(exc)(name, exc.detail, config_file or model_dir) from exc
 
 
 def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path | None,
@@ -49,7 +52,7 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
     if not config.name:
         config.name = name
     elif config.name != name:
-        raise ModelLoadError(
+        raise ConfigRejected(
             name, f"config name '{config.name}' does not match the model folder name '{name}'",
             config_file)
     backends.resolve_backend(name, config, model_dir)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tritium.repo.backends import ENSEMBLE_PLATFORM, numeric_subdirs
 from tritium.repo.ensembles import validate_ensemble
-from tritium.repo.errors import ModelLoadError
+from tritium.repo.errors import LoadFailure, ModelLoadError
 from tritium.repo.loader import load_model
 from tritium.repo.model import ModelDefinition, RepositoryOptions
 
@@ -100,7 +100,7 @@ class ModelRepository:
             return ModelEntry(name, paths, definition=load_model(name, paths[0], self.options))
         except ModelLoadError as exc:
             log.debug("model %s failed to load: %s", name, exc.message)
-            return ModelEntry(name, paths, error=exc.message)
+            return ModelEntry(name, paths, error=LoadFailure.of(exc))
         except Exception as exc:  # a bug of ours must still not hide the other models
             log.exception("unexpected failure loading model %s", name)
             return ModelEntry(name, paths, error=f"internal error loading model '{name}': {exc!r}")

@@ -7,7 +7,7 @@ from tritium.model_config_proto import model_config_pb2
 from tritium.repo.backends import ENSEMBLE_PLATFORM, ONNXRUNTIME, PYTORCH
 from tritium.repo.config_file import ModelConfig
 from tritium.repo.autoscale import autoscale_policy
-from tritium.repo.errors import ModelLoadError
+from tritium.repo.errors import ConfigRejected, ModelLoadError, NoVersions
 
 _Input = model_config_pb2.ModelInput
 _QueuePolicy = model_config_pb2.ModelQueuePolicy
@@ -22,7 +22,9 @@ def validate_basics(config: ModelConfig) -> None:
     as the ONNX auto-complete's "does not support batching".
     """
     if config.max_batch_size < 0:
-        _fail(config.name, f"'max_batch_size' must be non-negative, got {config.max_batch_size}")
+        _reject(config.name, f"'max_batch_size' must be non-negative, got {config.max_batch_size}")
+    if config.HasField("dynamic_batching"):   # as Triton checks it while polling: against the config as written
+        _validate_dynamic_batching(config)
     _validate_version_policy(config)
 
 
@@ -35,10 +37,10 @@ def validate_config(config: ModelConfig) -> None:
     if config.HasField("sequence_batching"):
         _validate_sequence_batching(config)
     if config.platform == ENSEMBLE_PLATFORM and not config.HasField("ensemble_scheduling"):
-        _fail(model, f"ensemble scheduling must be set for ensemble '{model}' whose platform "
+        _reject(model, f"ensemble scheduling must be set for ensemble '{model}' whose platform "
               "is ensemble")
     if config.HasField("ensemble_scheduling") and config.platform != ENSEMBLE_PLATFORM:
-        _fail(model, f"'ensemble_scheduling' is set but platform is '{config.platform}', "
+        _reject(model, f"'ensemble_scheduling' is set but platform is '{config.platform}', "
               "not 'ensemble'")
     _validate_transaction_policy(config)
     autoscale_policy(config)   # a malformed tritium.autoscale fails the load, naming the setting
@@ -48,17 +50,28 @@ def _fail(model: str, message: str) -> None:
     raise ModelLoadError(model, f"model '{model}': {message}")
 
 
+def _reject(model: str, message: str) -> None:
+    """A rule Triton checks while it polls the repository (ValidateModelConfig), not as a version loads."""
+    raise ConfigRejected(model, f"model '{model}': {message}")
+
+
+def _no_versions(model: str, message: str) -> None:
+    """A version policy Triton finds wrong as it picks the versions to load (its lifecycle then holds
+    the model without versions)."""
+    raise NoVersions(model, f"model '{model}': {message}")
+
+
 def _validate_version_policy(config: ModelConfig) -> None:
     policy = config.version_policy
     if policy.WhichOneof("policy_choice") == "latest" and policy.latest.num_versions < 1:
-        _fail(config.name, "version_policy latest must have num_versions >= 1, got "
+        _no_versions(config.name, "version_policy latest must have num_versions >= 1, got "
               f"{policy.latest.num_versions}")
     if policy.WhichOneof("policy_choice") == "specific":
         if len(policy.specific.versions) == 0:
-            _fail(config.name, "version_policy specific must list at least one version")
+            _no_versions(config.name, "version_policy specific must list at least one version")
         for version in policy.specific.versions:
             if version < 0:
-                _fail(config.name, f"version_policy specific lists version {version}; "
+                _no_versions(config.name, f"version_policy specific lists version {version}; "
                       "versions are non-negative")
 
 
@@ -141,26 +154,26 @@ def _validate_dynamic_batching(config: ModelConfig) -> None:
     model, batching = config.name, config.dynamic_batching
     for size in batching.preferred_batch_size:
         if size <= 0:
-            _fail(model, f"dynamic_batching preferred_batch_size {size} must be positive")
+            _reject(model, f"dynamic_batching preferred_batch_size {size} must be positive")
         if size > config.max_batch_size:
-            _fail(model, f"dynamic_batching preferred_batch_size {size} is larger than "
+            _reject(model, f"dynamic_batching preferred_batch_size {size} is larger than "
                   f"max_batch_size {config.max_batch_size}")
     levels = batching.priority_levels
     if levels != 0:
         if batching.default_priority_level == 0 or batching.default_priority_level > levels:
-            _fail(model, f"dynamic_batching default_priority_level must be in range [1, "
+            _reject(model, f"dynamic_batching default_priority_level must be in range [1, "
                   f"{levels}], got {batching.default_priority_level}")
         for level in batching.priority_queue_policy:
             if level == 0 or level > levels:
-                _fail(model, f"dynamic_batching priority_queue_policy level {level} must be "
+                _reject(model, f"dynamic_batching priority_queue_policy level {level} must be "
                       f"in range [1, {levels}]")
     if batching.preserve_ordering:
         if levels > 1:
-            _fail(model, "only one priority level is allowed when 'preserve_ordering' is true")
+            _reject(model, "only one priority level is allowed when 'preserve_ordering' is true")
         policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
         for policy in policies:
             if policy.default_timeout_microseconds != 0 and policy.timeout_action == _QueuePolicy.DELAY:
-                _fail(model, "a queue policy cannot have timeout_action DELAY when "
+                _reject(model, "a queue policy cannot have timeout_action DELAY when "
                       "'preserve_ordering' is true")
 
 

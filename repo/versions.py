@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tritium.repo.backends import ENSEMBLE_PLATFORM, is_builtin, numeric_subdirs
 from tritium.repo.config_file import ModelConfig
-from tritium.repo.errors import ModelLoadError
+from tritium.repo.errors import NoVersions
 from tritium.repo.model import VersionInfo
 
 
@@ -29,7 +29,7 @@ def select_versions(config: ModelConfig, model_dir: Path) -> tuple[VersionInfo, 
     if not chosen:
         # Triton fails the whole model here; versions listed but absent are only logged.
         absent = f"; version folders listed but absent: {missing}" if missing else ""
-        raise ModelLoadError(
+        raise NoVersions(
             model, f"model '{model}' has no version folder that its version policy selects "
             f"(numeric folders found: {available or 'none'}{absent}); at least one version "
             "must be available under the version policy", model_dir)

@@ -48,6 +48,9 @@ def repo(tmp_path_factory):
     # A config that fits its ONNX file, whose operator onnxruntime lacks: fails in its instance.
     write_config(repo / "bad_file", BAD_ONNX_CONFIG)
     unknown_operator_model(repo / "bad_file" / "1" / "model.onnx")
+    add_sub_model(repo, "no_version", extra='backend: "onnxruntime"')
+    (repo / "no_version" / "1" / "model.onnx").unlink()
+    (repo / "no_version" / "1").rmdir()
     return repo
 
 
@@ -75,7 +78,7 @@ def test_a_model_named_at_startup_that_the_repository_lacks_stops_startup_or_is_
         assert request(running.url, "GET", "/v2/health/ready")[0] == 200
         _, _, body = request(running.url, "POST", "/v2/repository/index", {})
         assert {entry["name"]: entry.get("state") for entry in json.loads(body)} == {
-            "good": "READY", "bad_config": None, "bad_file": None}
+            "good": "READY", "bad_config": None, "bad_file": None, "no_version": None}
 
 
 def test_a_repository_that_cannot_be_read_leaves_a_server_neither_live_nor_ready(tmp_path):
@@ -118,13 +121,58 @@ def test_with_exit_on_error_false_good_models_serve_and_readiness_is_false(toler
     assert status == 200
 
 
-@pytest.mark.parametrize("model", ["bad_config", "bad_file"])
-def test_failed_models_have_no_available_versions(tolerant_server, model):
-    """As Triton 2.51 answers (checked side by side): readiness 400, inference 404."""
+@pytest.mark.parametrize("model, unknown", [("bad_config", "is not found"), ("bad_file", "has no available versions"),
+                                            ("no_version", "has no available versions")])
+def test_failed_models_are_not_ready_and_not_served(tolerant_server, model, unknown):
+    """As Triton 2.51 answers (checked side by side): readiness 400, inference 404; a config that does
+    not parse never entered Triton's lifecycle, so it is "not found"."""
     status, _, body = request(tolerant_server.url, "GET", f"/v2/models/{model}/ready")
     assert (status, error_of(body)) == (400, "Model version not ready")
     status, _, body = request(tolerant_server.url, "POST", f"/v2/models/{model}/infer", body={"inputs": []})
-    assert (status, error_of(body)) == (404, f"Request for unknown model: '{model}' has no available versions")
+    assert (status, error_of(body)) == (404, f"Request for unknown model: '{model}' {unknown}")
+
+
+def test_the_index_shows_how_far_each_failed_load_got(tolerant_server):
+    """As Triton 2.51's index (side by side): a config refused while polling, by name only; a model
+    without a version folder, not at all (its lifecycle holds it without versions); a version that
+    failed, with its state and reason."""
+    _, _, body = request(tolerant_server.url, "POST", "/v2/repository/index", {})
+    entries = {entry["name"]: entry for entry in json.loads(body)}
+    assert entries["bad_config"] == {"name": "bad_config"}
+    assert "no_version" not in entries
+    assert entries["bad_file"]["state"] == "UNAVAILABLE" and "InvalidGraph" in entries["bad_file"]["reason"]
+    assert entries["good"] == {"name": "good", "version": "1", "state": "READY"}
+
+
+REFUSED_WHILE_POLLING = {   # configs Triton 2.51 refuses as it polls the repository (its log: "Poll failed for ...")
+    "unparsable": "max_batch_size: [",
+    "misnamed": 'name: "another" backend: "python"',
+    "negative_batch": 'backend: "python" max_batch_size: -1',
+    "preferred_too_large": 'backend: "python" max_batch_size: 4 dynamic_batching { preferred_batch_size: [ 8 ] }',
+}
+
+
+def test_configs_refused_while_polling_leave_the_server_ready(tmp_path):
+    """Checked side by side with Triton 2.51 (--exit-on-error=false): such a model never enters its
+    lifecycle, so strict readiness does not count it; the index names it, requests do not know it."""
+    add_sub_model(tmp_path, "good")
+    for name, config in REFUSED_WHILE_POLLING.items():
+        write_config(tmp_path / name, config)
+    with TritiumServer(tmp_path, "--exit-on-error=false") as running:
+        assert request(running.url, "GET", "/v2/health/ready")[0] == 200
+        _, _, body = request(running.url, "POST", "/v2/repository/index", {})
+        assert sorted(json.loads(body), key=lambda entry: entry["name"]) == sorted(
+            [{"name": name} for name in REFUSED_WHILE_POLLING] + [{"name": "good", "version": "1", "state": "READY"}],
+            key=lambda entry: entry["name"])
+        for name in REFUSED_WHILE_POLLING:
+            status, _, body = request(running.url, "GET", f"/v2/models/{name}")
+            assert (status, error_of(body)) == (404, f"Request for unknown model: '{name}' is not found")
+        with grpcclient.InferenceServerClient(running.grpc_url) as client, \
+                pytest.raises(InferenceServerException) as failure:
+            client.get_model_metadata("unparsable")
+        assert (failure.value.status(), failure.value.message()) == (
+            "StatusCode.NOT_FOUND", "Request for unknown model: 'unparsable' is not found")
+        assert "model misnamed failed to load" in running.logs()
 
 
 def test_an_instance_that_cannot_initialize_is_not_restarted(tolerant_server):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tritium.repo import ModelLoadError, ModelRepository, RepositoryOptions
+from tritium.repo import ModelLoadError, ModelRepository, RepositoryOptions, stage_of
 from tritium.repo.config_file import MAX_CONFIG_BYTES
 from tritium.repo.repository import version_fingerprint
 from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, identity, write_model
@@ -65,6 +65,40 @@ def test_broken_models_each_get_a_one_line_error_and_the_others_load(tmp_path):
     assert errors["syntax"].startswith(f"{tmp_path / 'syntax' / 'config.pbtxt'}:2:17: ")
     assert "platform 'tensorrt_plan' (TensorRT)" in errors["unsupported"]
     assert "must list its inputs and outputs" in errors["ts"]
+
+
+AUTO_COMPLETED_BATCH = """
+    class TritonPythonModel:
+        @staticmethod
+        def auto_complete_config(config):
+            config.set_max_batch_size(8)
+            return config
+
+        def execute(self, requests):
+            return []
+"""
+
+
+def test_each_failure_says_where_triton_meets_it(tmp_path):
+    """The stage decides how a failed model shows (checked side by side with Triton 2.51): a config
+    refused while Triton polls the repository, no version to load, or a failure as a version loads."""
+    write_model(tmp_path, "syntax", 'backend: "python"\nmax_batch_size: [\n', PY)
+    write_model(tmp_path, "unknown_field", 'backend: "python"\nno_such_field: 1', PY)
+    write_model(tmp_path, "misnamed", 'name: "other"\nbackend: "python"', PY)
+    write_model(tmp_path, "negative", 'backend: "python"\nmax_batch_size: -2', PY)
+    # Checked against the config as written, before the model's auto_complete_config raises it to 8.
+    write_model(tmp_path, "preferred", 'backend: "python"\ndynamic_batching { preferred_batch_size: [ 4 ] }',
+                {"1/model.py": AUTO_COMPLETED_BATCH})
+    write_model(tmp_path, "no_version", 'backend: "python"', {"notes/.keep": b""})
+    write_model(tmp_path, "latest_zero", 'backend: "python"\nversion_policy { latest { num_versions: 0 } }', PY)
+    write_model(tmp_path, "bad_dims", """
+        backend: "python"
+        input [ { name: "IN", data_type: TYPE_FP32, dims: [ -2 ] } ]""", PY)
+    models = ModelRepository([tmp_path]).load_all().models
+    stages = {name: stage_of(entry.error) for name, entry in models.items()}
+    assert stages == {"syntax": "config", "unknown_field": "config", "misnamed": "config", "negative": "config",
+                      "preferred": "config", "no_version": "versions", "latest_zero": "versions", "bad_dims": "load"}
+    assert "preferred_batch_size 4 is larger than max_batch_size 0" in models["preferred"].error
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
