@@ -169,9 +169,10 @@ class ModelLifecycle:
         self.unload_now(name, unload_dependents)
 
     def index(self, ready_only: bool) -> list[dict]:
-        # A model whose folder went away leaves the index, as in Triton; the gateways still
-        # know its versions, so that a request for one is told it is not ready.
-        names = set(self.repository.discover()[0]) | (set(self.registry.models) - self.poller.removed)
+        # The repository's model folders, as Triton lists them: a model whose folder went away leaves
+        # the index (while it still serves, in explicit mode), and a model loaded only from the load
+        # API's files is not in it.
+        names = set(self.repository.discover()[0])
         entries = []
         for name in sorted(names):
             record = self.registry.models.get(name)

@@ -337,6 +337,24 @@ def test_config_override_and_shipped_files(server, client, repo):
     np.testing.assert_array_equal(scaled_infer(client), [1, 2, 3, 4])
 
 
+def test_the_index_lists_the_repository_s_folders_as_triton_does(server, client, repo):
+    """As Triton 2.51 (side by side, explicit mode): a model loaded from the load API's files alone
+    is not in the index, and a loaded model whose folder is removed leaves it while it still serves."""
+    files = {"config": scaled_config_json(9, "unlisted"),
+             "file:1/model.py": base64.b64encode(SCALED_MODEL.encode()).decode()}
+    assert load(server, "unlisted", files) == (200, b"")
+    write_scaled(repo, "moved_away", 3)
+    assert load(server, "moved_away") == (200, b"")
+    assert ("moved_away", "1") in index(server)
+    (repo / "moved_away").rename(repo.parent / ".moved_away")
+    listed = {name for name, _ in index(server)}
+    assert "unlisted" not in listed and "moved_away" not in listed and "spare" in listed
+    np.testing.assert_array_equal(scaled_infer(client, "unlisted"), [9, 18, 27, 36])
+    np.testing.assert_array_equal(scaled_infer(client, "moved_away"), [3, 6, 9, 12])
+    for name in ("unlisted", "moved_away"):
+        assert request(server.url, "POST", f"/v2/repository/models/{name}/unload")[0] == 200
+
+
 @pytest.mark.parametrize("path, body, status, message", [
     ("/v2/repository/index", {"ready": 1}, 400, "Unable to parse 'ready', expect bool"),
     ("/v2/repository/index", "[1", 400, "failed to parse the request JSON buffer"),
@@ -448,7 +466,8 @@ def test_poll_mode_follows_the_repository(polled):
     np.testing.assert_array_equal(scaled_infer(client, "broken"), [2, 4, 6, 8])
 
     (repo / "added").rename(repo.parent / ".removed-added")               # a removed model
-    wait_for(lambda: not any(name == "added" for name, _ in index(server)))   # leaves the index, as in Triton
+    assert not any(name == "added" for name, _ in index(server))          # leaves the index at once, as in Triton
+    wait_for(lambda: not client.is_model_ready("added"))                  # and is unloaded at the next poll
     with pytest.raises(InferenceServerException):
         scaled_infer(client, "added")
 
