@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 from tritium.broker.registry import ModelRecord, ModelVersion, Registry, VersionState
 from tritium.repo import ModelDefinition, ModelLoadError
+from tritium.repo.errors import ConfigRejected, LoadFailure
 from tritium.repo.backends import ENSEMBLE_PLATFORM
 from tritium.repo.ensembles import composing_models, validate_ensemble
 
@@ -99,8 +100,9 @@ class EnsembleLoader:
             return False
         cycle = next((m for m in missing if self._waits_on(m, load.name)), None)
         if cycle is not None:
-            self._steps.begin(load.name, None, f"ensemble '{load.name}': ensembles form a cycle through model "
-                        f"'{cycle}'", fingerprint, files, reply=None)
+            self._steps.begin(load.name, None, LoadFailure.at(f"ensemble '{load.name}': ensembles form a cycle through "
+                                                              f"model '{cycle}'", ConfigRejected.stage),
+                              fingerprint, files, reply=None)
             return True
         load.members = set(missing)
         log.info("ensemble %s: loading its composing model(s) %s first", load.name, ", ".join(missing))
@@ -148,8 +150,8 @@ class EnsembleLoader:
                 failures[name] = "; ".join(f"version {n}: {reason}" for n, reason in sorted(reasons.items()))
         try:
             validate_ensemble(definition.config, configs, failures)
-        except ModelLoadError as exc:
-            return exc.message
+        except ModelLoadError as exc:   # Triton drops such an ensemble before its lifecycle
+            return LoadFailure.of(exc, ConfigRejected.stage)
         return None
 
     def check(self) -> None:

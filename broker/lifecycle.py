@@ -233,6 +233,9 @@ class ModelLifecycle:
             log.error("model %s failed to load: %s", name, error)
             if record.versions and not record.unloaded:
                 record.last_error = f"reload failed, the previous load keeps serving: {error}"
+            elif stage_of(error) == "config" and not record.unloaded and (
+                    record.version_errors or (record.error is not None and record.error_stage != "config")):
+                pass   # a failure its lifecycle holds stays: Triton falls back to the state before the poll
             else:
                 record.error, record.error_stage, record.unloaded = str(error), stage_of(error), False
                 record.config_json = record.labels = None

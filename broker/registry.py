@@ -324,6 +324,12 @@ class Registry:
             version.load_seconds = (time.monotonic_ns() - version.load_started_ns) / 1e9
         version.state, version.reason = state, reason
 
+    def knows(self, model: str) -> bool:
+        """Whether requests for ``model`` hear of it ("has no available versions") rather than "is not
+        found": the gateways' model table holds the same records (table())."""
+        record = self.models.get(model)
+        return record is not None and not (record.rejected and not record.unloaded_versions)
+
     def latest_ready(self, model: str) -> ModelVersion | None:
         record = self.models.get(model)
         if record is None:
@@ -376,7 +382,7 @@ class Registry:
         """
         models = []
         for record in self.models.values():
-            if record.rejected and not record.unloaded_versions:
+            if not self.knows(record.name):
                 continue   # unknown to requests, as in Triton: "Request for unknown model: 'm' is not found"
             rows = {number: VersionRow(number, VersionState.UNAVAILABLE.value, UNLOADED, False)
                     for number in record.unloaded_versions}

@@ -131,7 +131,7 @@ class Scheduler:
             version = self.registry.versions.get((header.model, number))
         if version is None or (version.state != VersionState.READY and not self._held(version)):
             self._refuse(client, header, _not_ready_error(header.model, number, version,
-                                                             header.model in self.registry.models), from_backend)
+                                                             self.registry.knows(header.model)), from_backend)
             return
         if from_backend and (refused := _bls_call_refused(version, header)) is not None:
             self._refuse(client, header, refused, from_backend)

@@ -45,9 +45,13 @@ class LoadFailure(str):
     stage = "load"
 
     @classmethod
-    def of(cls, error: ModelLoadError) -> LoadFailure:
-        failure = cls(error.message)
-        failure.stage = error.stage
+    def of(cls, error: ModelLoadError, stage: str | None = None) -> LoadFailure:
+        return cls.at(error.message, stage or error.stage)
+
+    @classmethod
+    def at(cls, text: str, stage: str) -> LoadFailure:
+        failure = cls(text)
+        failure.stage = stage
         return failure
 
 

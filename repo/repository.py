@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tritium.repo.backends import ENSEMBLE_PLATFORM, numeric_subdirs
 from tritium.repo.ensembles import validate_ensemble
-from tritium.repo.errors import LoadFailure, ModelLoadError
+from tritium.repo.errors import ConfigRejected, LoadFailure, ModelLoadError
 from tritium.repo.loader import load_model
 from tritium.repo.model import ModelDefinition, RepositoryOptions
 
@@ -118,8 +118,8 @@ class ModelRepository:
                     continue
                 try:
                     validate_ensemble(entry.definition.config, configs, failures)
-                except ModelLoadError as exc:
-                    entries[name] = ModelEntry(name, entry.paths, error=exc.message)
+                except ModelLoadError as exc:   # Triton drops such an ensemble before its lifecycle
+                    entries[name] = ModelEntry(name, entry.paths, error=LoadFailure.of(exc, ConfigRejected.stage))
                     changed = True
         return entries
 

@@ -333,3 +333,43 @@ def test_a_policy_change_that_adds_a_version_beside_a_kept_one_shows_the_new_pol
     assert added.version == 1 and world.table_config()["version_policy"] != {"all": {}}
     world.instance_ready(added)
     assert world.table_config()["version_policy"] == {"all": {}}
+
+
+# -- how a failed model shows: the stage its load failed at (checked side by side with Triton 2.51) --------
+
+def test_a_config_refused_after_a_failed_load_leaves_that_failure_standing(world):
+    """Triton falls back to the state a model had before a poll whose config it refuses: a model its
+    lifecycle holds without versions stays so (not ready, not indexed), it does not become unknown."""
+    write_model(world.root, "m", CONFIG.format(batch=8), {"notes/.keep": ""})   # no version folder
+    world.load()
+    assert not world.registry.server_ready() and "m" not in index_states(world)
+    (world.root / "m" / "config.pbtxt").write_text("max_batch_size: [")
+    world.load()
+    assert isinstance(world.replies[-1], TritiumError) and "Couldn't parse integer" in world.replies[-1].message
+    assert not world.registry.server_ready() and "m" not in index_states(world)
+    assert world.registry.knows("m") and any(row.name == "m" for row in world.registry.table().models)
+
+
+def test_a_config_refused_on_first_load_leaves_the_server_ready_and_the_model_unknown(world):
+    world.write("good")
+    world.load("good")
+    world.instance_ready(world.loading("good"))
+    write_model(world.root, "m", 'backend: "python"\nmax_batch_size: -1', {"1/model.py": PLAIN_PY_MODEL})
+    world.load()
+    assert isinstance(world.replies[-1], TritiumError)
+    assert world.registry.server_ready()
+    assert index_states(world) == {"good": ("READY", None), "m": (None, None)}
+    assert not world.registry.knows("m") and [row.name for row in world.registry.table().models] == ["good"]
+
+
+def test_an_ensemble_of_a_refused_model_is_left_out_as_its_model_is(world):
+    """Triton never lets such an ensemble into its lifecycle: it does not hold the server back either."""
+    write_model(world.root, "comp", CONFIG.format(batch=-1), {"1/model.py": PLAIN_PY_MODEL})
+    write_model(world.root, "ens", ENSEMBLE, {"1/.keep": ""})
+    world.lifecycle.load("ens", {}, world.replies.append)
+    while not world.replies:
+        world.finish_reads()
+    assert isinstance(world.replies[-1], TritiumError)
+    assert world.registry.server_ready()
+    assert index_states(world) == {"comp": (None, None), "ens": (None, None)}
+    assert not world.registry.knows("ens") and not world.registry.knows("comp")

@@ -342,17 +342,19 @@ def test_the_index_lists_the_repository_s_folders_as_triton_does(server, client,
     is not in the index, and a loaded model whose folder is removed leaves it while it still serves."""
     files = {"config": scaled_config_json(9, "unlisted"),
              "file:1/model.py": base64.b64encode(SCALED_MODEL.encode()).decode()}
-    assert load(server, "unlisted", files) == (200, b"")
     write_scaled(repo, "moved_away", 3)
-    assert load(server, "moved_away") == (200, b"")
-    assert ("moved_away", "1") in index(server)
-    (repo / "moved_away").rename(repo.parent / ".moved_away")
-    listed = {name for name, _ in index(server)}
-    assert "unlisted" not in listed and "moved_away" not in listed and "spare" in listed
-    np.testing.assert_array_equal(scaled_infer(client, "unlisted"), [9, 18, 27, 36])
-    np.testing.assert_array_equal(scaled_infer(client, "moved_away"), [3, 6, 9, 12])
-    for name in ("unlisted", "moved_away"):
-        assert request(server.url, "POST", f"/v2/repository/models/{name}/unload")[0] == 200
+    try:
+        assert load(server, "unlisted", files) == (200, b"")
+        assert load(server, "moved_away") == (200, b"")
+        assert ("moved_away", "1") in index(server)
+        (repo / "moved_away").rename(repo.parent / ".moved_away")
+        listed = {name for name, _ in index(server)}
+        assert "unlisted" not in listed and "moved_away" not in listed and "spare" in listed
+        np.testing.assert_array_equal(scaled_infer(client, "unlisted"), [9, 18, 27, 36])
+        np.testing.assert_array_equal(scaled_infer(client, "moved_away"), [3, 6, 9, 12])
+    finally:
+        for name in ("unlisted", "moved_away"):
+            request(server.url, "POST", f"/v2/repository/models/{name}/unload")
 
 
 @pytest.mark.parametrize("path, body, status, message", [
