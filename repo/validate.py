@@ -179,30 +179,33 @@ def _validate_dynamic_batching(config: ModelConfig) -> None:
 
 def _validate_sequence_batching(config: ModelConfig) -> None:
     model, batching = config.name, config.sequence_batching
+    if config.response_cache.enable:   # (Triton's words)
+        _reject(model, f"Response Cache does not currently support model {model} with sequence batching scheduler. "
+                "Please disable the response cache.")
     seen_tensors: set[str] = set()
     seen_kinds: set[int] = set()
     for control_input in batching.control_input:
         if not control_input.name:
-            _fail(model, "every sequence_batching control_input must have a name")
+            _reject(model, "every sequence_batching control_input must have a name")
         if control_input.name in seen_tensors:
-            _fail(model, f"sequence_batching control tensor '{control_input.name}' is "
+            _reject(model, f"sequence_batching control tensor '{control_input.name}' is "
                   "specified more than once")
         seen_tensors.add(control_input.name)
         for control in control_input.control:
             kind = _Control.Kind.Name(control.kind)
             if control.kind in seen_kinds:
-                _fail(model, f"sequence_batching specifies more than one {kind} tensor")
+                _reject(model, f"sequence_batching specifies more than one {kind} tensor")
             seen_kinds.add(control.kind)
             _validate_control(model, control_input.name, control)
     if batching.WhichOneof("strategy_choice") == "oldest":
         for size in batching.oldest.preferred_batch_size:
             if size <= 0 or size > config.max_batch_size:
-                _fail(model, f"sequence_batching oldest preferred_batch_size {size} must be in "
+                _reject(model, f"sequence_batching oldest preferred_batch_size {size} must be in "
                       f"range [1, max_batch_size {config.max_batch_size}]")
     if batching.WhichOneof("strategy_choice") == "direct":
         utilization = batching.direct.minimum_slot_utilization
         if utilization < 0.0 or utilization > 1.0:
-            _fail(model, f"sequence_batching direct minimum_slot_utilization {utilization} must "
+            _reject(model, f"sequence_batching direct minimum_slot_utilization {utilization} must "
                   "be in range (0.0, 1.0]")
     for state in batching.state:
         _validate_state(model, state)
@@ -244,22 +247,22 @@ def _validate_control(model: str, tensor: str, control) -> None:
               len(control.bool_false_true)]
     if control.kind == _Control.CONTROL_SEQUENCE_CORRID:
         if any(values):
-            _fail(model, f"sequence_batching control '{tensor}' ({kind}) must not specify "
+            _reject(model, f"sequence_batching control '{tensor}' ({kind}) must not specify "
                   "false/true values")
         # TYPE_STRING as Triton 2.51 loads it (CORRID as a one-element BYTES tensor).
         allowed = (model_config_pb2.TYPE_UINT64, model_config_pb2.TYPE_INT64,
                    model_config_pb2.TYPE_UINT32, model_config_pb2.TYPE_INT32, model_config_pb2.TYPE_STRING)
         if control.data_type not in allowed:
-            _fail(model, f"sequence_batching control '{tensor}' ({kind}) has data type "
+            _reject(model, f"sequence_batching control '{tensor}' ({kind}) has data type "
                   f"{model_config_pb2.DataType.Name(control.data_type)}; allowed are "
                   "TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 and TYPE_STRING")
         return
     given = [n for n in values if n]
     if len(given) != 1:
-        _fail(model, f"sequence_batching control '{tensor}' ({kind}) must specify exactly one "
+        _reject(model, f"sequence_batching control '{tensor}' ({kind}) must specify exactly one "
               "of int32_false_true, fp32_false_true or bool_false_true")
     if given[0] != 2:
-        _fail(model, f"sequence_batching control '{tensor}' ({kind}) must have exactly 2 "
+        _reject(model, f"sequence_batching control '{tensor}' ({kind}) must have exactly 2 "
               f"false/true values, got {given[0]}")
 
 
@@ -271,5 +274,5 @@ def _validate_transaction_policy(config: ModelConfig) -> None:
         _fail(model, f"'model_transaction_policy {{ decoupled: true }}' is not supported by "
               f"the {config.backend} backend; only python and custom backends can be decoupled")
     if config.response_cache.enable:
-        _fail(model, f"Response Cache does not currently support model {model} with 'decoupled' transaction "
+        _reject(model, f"Response Cache does not currently support model {model} with 'decoupled' transaction "
               "policy. Please disable the response cache.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tritium.repo import ModelLoadError
+from tritium.repo.errors import ConfigRejected
 from tritium.repo.config_file import parse_config_text
 from tritium.repo.normalize import normalize
 from tritium.repo.validate import validate_config
@@ -261,6 +262,29 @@ def test_decoupled_python_is_fine_but_not_with_the_response_cache():
     assert invalid(IO + "model_transaction_policy { decoupled: true } response_cache { enable: true }") == (
         "Response Cache does not currently support model m with 'decoupled' transaction policy. "
         "Please disable the response cache.")
+
+
+def test_a_stateful_model_cannot_use_the_response_cache():
+    """Triton 2.51 refuses it as it polls the repository (side by side), in these words."""
+    with pytest.raises(ConfigRejected) as info:
+        check(BATCH_IO + "sequence_batching { } response_cache { enable: true }")
+    assert info.value.message == (
+        "model 'm': Response Cache does not currently support model m with sequence batching scheduler. "
+        "Please disable the response cache.")
+
+
+def test_the_rules_triton_checks_while_polling_refuse_the_config():
+    for text in ("max_batch_size: -2", BATCH_IO + "dynamic_batching { preferred_batch_size: [ 16 ] }",
+                 BATCH_IO + "sequence_batching { oldest { preferred_batch_size: [ 9 ] } }",
+                 BATCH_IO + 'sequence_batching { control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START '
+                 "int32_false_true: [ 0 ] } ] } ] }",
+                 IO + "model_transaction_policy { decoupled: true } response_cache { enable: true }"):
+        with pytest.raises(ConfigRejected):
+            check(text)
+    with pytest.raises(ModelLoadError) as info:   # inputs and outputs: as a version loads
+        check('max_batch_size: 8 input [ { name: "X" data_type: TYPE_FP32 dims: [ -2 ] } ] '
+              'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]')
+    assert info.value.stage == "load"
 
 
 # -- through the loader: the file is named -------------------------------------------------
