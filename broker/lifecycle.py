@@ -249,8 +249,8 @@ class ModelLifecycle:
         was_unloaded, record.unloaded = record.unloaded, False
         serving = not was_unloaded and any(v.state == VersionState.READY for v in record.versions.values())
         record.error, record.last_error = None, None
-        if not serving:  # a first load shows its config at once; a reload's, once it serves
-            _publish(record, definition)
+        if not serving and any(info.error is None for info in definition.versions):
+            _publish(record, definition)   # a first load shows its config at once; a reload's, once it serves
         selected = {info.version: info for info in definition.versions}
         kept_all, failed = True, False   # every version kept as it runs; a version of this load failed
         for number, info in selected.items():

@@ -76,7 +76,16 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
             name, f"TorchScript model '{name}' must list its inputs and outputs in "
             "config.pbtxt: the pytorch backend cannot read them from model.pt", config_file)
     portable = _normalized(config, options)
-    validate_config(config)
+    try:
+        validate_config(config)
+    except ModelLoadError as exc:
+        if exc.stage != "load" or config.platform == backends.ENSEMBLE_PLATFORM:
+            raise
+        # Triton checks inputs and outputs as each version loads: every selected version fails with it.
+        reason = ModelLoadError(name, exc.detail, config_file or model_dir).message
+        failed = tuple(replace(info, error=info.error or reason) for info in versions)
+        return ModelDefinition(name=name, path=model_dir, config=config, portable_config=portable,
+                               versions=failed, config_file=config_file, labels={}, python_based=python_based)
     versions = check_versions(config, versions, config_file, options.read_torchscript)
     return ModelDefinition(name=name, path=model_dir, config=config, portable_config=portable,
                            versions=versions, config_file=config_file, labels=_read_labels(name, model_dir, config),

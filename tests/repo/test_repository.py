@@ -99,6 +99,9 @@ def test_each_failure_says_where_triton_meets_it(tmp_path):
     assert stages == {"syntax": "config", "unknown_field": "config", "misnamed": "config", "negative": "config",
                       "preferred": "config", "no_version": "versions", "latest_zero": "versions", "bad_dims": "load"}
     assert "preferred_batch_size 4 is larger than max_batch_size 0" in models["preferred"].error
+    # inputs and outputs are checked as each version loads: the model reads, its versions fail
+    assert models["bad_dims"].ok and [bool(info.error and "dimension -2" in info.error)
+                                      for info in models["bad_dims"].definition.versions] == [True]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
