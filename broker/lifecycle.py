@@ -279,6 +279,10 @@ class ModelLifecycle:
                 self._update_instance_groups(current, definition, load)
                 continue
             self._start_version(record, number, definition, files, current, load)
+        for number in [n for n in record.version_errors if n not in selected]:
+            # a failed version the policy no longer selects is unloaded, as Triton's lifecycle says of it
+            del record.version_errors[number]
+            record.unloaded_versions.add(number)
         if serving and kept_all:   # only the version policy changed: its config shows at once
             _publish(record, definition)
         elif serving and not failed:   # it shows once a version of this load serves

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from tritium.model_config_proto import model_config_pb2
 
 from tritium.repo.autoscale import autoscale_policy
+from tritium.repo.errors import ModelLoadError
 from tritium.repo.model import ModelDefinition
 from tritium.repo.repository import ModelEntry, RepositoryScan
 
@@ -78,7 +79,10 @@ def _scheduler(definition: ModelDefinition) -> str:
 def _groups(config) -> str:
     if len(config.instance_group) == 0:
         return "-"
-    policy = autoscale_policy(config)
+    try:
+        policy = autoscale_policy(config)
+    except ModelLoadError:   # a model whose versions failed before its autoscale setting was read
+        policy = None
     if policy is not None:  # the broker places min..max instances, not the groups' counts
         kind = model_config_pb2.ModelInstanceGroup.Kind.Name(config.instance_group[0].kind)
         return f"{policy.min_instances}-{policy.max_instances}x{kind.removeprefix('KIND_')}(autoscale)"

@@ -32,6 +32,11 @@ class ConfigRejected(ModelLoadError):
     stage = "config"
 
 
+class InvalidInputsOutputs(ModelLoadError):
+    """An input or output the config declares wrongly: Triton checks them as each version loads, so
+    each selected version fails with it (the model is listed with them)."""
+
+
 class NoVersions(ModelLoadError):
     """No version folder is there for the version policy: Triton's lifecycle then holds the model
     without versions, which keeps the server not ready and leaves it out of the index."""

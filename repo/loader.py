@@ -10,7 +10,7 @@ from google.protobuf import json_format
 
 from tritium.repo import backends
 from tritium.repo.config_file import ModelConfig, config_path, read_config
-from tritium.repo.errors import ConfigRejected, ModelCodeFailed, ModelLoadError
+from tritium.repo.errors import ConfigRejected, InvalidInputsOutputs, ModelCodeFailed, ModelLoadError
 from tritium.repo.instance_groups import resolve_instance_groups
 from tritium.repo.json_form import config_to_json_dict
 from tritium.repo.model import ModelDefinition, RepositoryOptions, VersionInfo
@@ -78,8 +78,8 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
     portable = _normalized(config, options)
     try:
         validate_config(config)
-    except ModelLoadError as exc:
-        if exc.stage != "load" or config.platform == backends.ENSEMBLE_PLATFORM:
+    except InvalidInputsOutputs as exc:
+        if config.platform == backends.ENSEMBLE_PLATFORM:
             raise
         # Triton checks inputs and outputs as each version loads: every selected version fails with it.
         reason = ModelLoadError(name, exc.detail, config_file or model_dir).message

@@ -1,4 +1,4 @@
-"""Validation of a completed, normalized config; every message names the model and the field."""
+"""Validation of a model config, as written and completed; every message names the model and the field."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from tritium.model_config_proto import model_config_pb2
 from tritium.repo.backends import ENSEMBLE_PLATFORM, ONNXRUNTIME, PYTORCH
 from tritium.repo.config_file import ModelConfig
 from tritium.repo.autoscale import autoscale_policy
-from tritium.repo.errors import ConfigRejected, ModelLoadError, NoVersions
+from tritium.repo.errors import ConfigRejected, InvalidInputsOutputs, ModelLoadError, NoVersions
 
 _Input = model_config_pb2.ModelInput
 _QueuePolicy = model_config_pb2.ModelQueuePolicy
@@ -16,38 +16,56 @@ WILDCARD = -1
 
 
 def validate_basics(config: ModelConfig) -> None:
-    """What must hold before versions are picked and auto-complete runs.
+    """What must hold before versions are picked and auto-complete runs: the rules Triton checks
+    while it polls the repository, on the config as written (refusing it: ConfigRejected), and the
+    version policy.
 
     Checked first so that, say, a negative max_batch_size is reported as such and not
     as the ONNX auto-complete's "does not support batching".
     """
-    if config.max_batch_size < 0:
-        _reject(config.name, f"'max_batch_size' must be non-negative, got {config.max_batch_size}")
-    if config.HasField("dynamic_batching"):   # as Triton checks it while polling: against the config as written
-        _validate_dynamic_batching(config)
+    _polling_rules(config)
     _validate_version_policy(config)
 
 
 def validate_config(config: ModelConfig) -> None:
-    model = config.name
-    validate_basics(config)
+    """The completed config: the polling rules again (what only auto-complete broke, Triton meets as a
+    version loads), then the inputs and outputs (InvalidInputsOutputs) and the rules of loading."""
+    try:
+        _polling_rules(config)
+    except ConfigRejected as exc:
+        raise ModelLoadError(exc.model, exc.detail) from exc
+    _validate_version_policy(config)
     _validate_io(config)
+    for state in config.sequence_batching.state:
+        _validate_state(config.name, state)
+    _validate_transaction_policy(config)
+    autoscale_policy(config)   # a malformed tritium.autoscale fails the load, naming the setting
+
+
+def _polling_rules(config: ModelConfig) -> None:
+    """Triton's ValidateModelConfig, which it runs while polling the repository."""
+    model = config.name
+    if config.max_batch_size < 0:
+        _reject(model, f"'max_batch_size' must be non-negative, got {config.max_batch_size}")
     if config.HasField("dynamic_batching"):
         _validate_dynamic_batching(config)
     if config.HasField("sequence_batching"):
         _validate_sequence_batching(config)
     if config.platform == ENSEMBLE_PLATFORM and not config.HasField("ensemble_scheduling"):
-        _reject(model, f"ensemble scheduling must be set for ensemble '{model}' whose platform "
-              "is ensemble")
+        _reject(model, f"ensemble scheduling must be set for ensemble '{model}' whose platform is ensemble")
     if config.HasField("ensemble_scheduling") and config.platform != ENSEMBLE_PLATFORM:
-        _reject(model, f"'ensemble_scheduling' is set but platform is '{config.platform}', "
-              "not 'ensemble'")
-    _validate_transaction_policy(config)
-    autoscale_policy(config)   # a malformed tritium.autoscale fails the load, naming the setting
+        _reject(model, f"'ensemble_scheduling' is set but platform is '{config.platform}', not 'ensemble'")
+    if config.model_transaction_policy.decoupled and config.response_cache.enable:
+        _reject(model, f"Response Cache does not currently support model {model} with 'decoupled' transaction "
+                "policy. Please disable the response cache.")
 
 
 def _fail(model: str, message: str) -> None:
     raise ModelLoadError(model, f"model '{model}': {message}")
+
+
+def _fail_io(model: str, message: str) -> None:
+    raise InvalidInputsOutputs(model, f"model '{model}': {message}")
 
 
 def _reject(model: str, message: str) -> None:
@@ -81,54 +99,54 @@ def _validate_io(config: ModelConfig) -> None:
         names = [t.name for t in tensors]
         for tensor in tensors:
             if not tensor.name:
-                _fail(model, f"every {kind} must specify 'name'")
+                _fail_io(model, f"every {kind} must specify 'name'")
             if names.count(tensor.name) > 1:
-                _fail(model, f"{kind} '{tensor.name}' is listed more than once")
+                _fail_io(model, f"{kind} '{tensor.name}' is listed more than once")
             _validate_tensor(config, kind, tensor)
     clash = {t.name for t in config.input} & {t.name for t in config.output}
     if clash and config.platform == ENSEMBLE_PLATFORM:
-        _fail(model, f"ensemble tensor '{sorted(clash)[0]}' is both an input and an output")
+        _fail_io(model, f"ensemble tensor '{sorted(clash)[0]}' is both an input and an output")
 
 
 def _validate_tensor(config: ModelConfig, kind: str, tensor) -> None:
     model, name = config.name, tensor.name
     where = f"{kind} '{name}'"
     if tensor.data_type == model_config_pb2.TYPE_INVALID:
-        _fail(model, f"{where} must specify 'data_type'")
+        _fail_io(model, f"{where} must specify 'data_type'")
     if len(tensor.dims) == 0:
-        _fail(model, f"{where} must specify 'dims' (use dims: [ 1 ] with reshape: "
+        _fail_io(model, f"{where} must specify 'dims' (use dims: [ 1 ] with reshape: "
               "{ shape: [ ] } for a scalar)")
     for dim in tensor.dims:
         if dim < 1 and dim != WILDCARD:
-            _fail(model, f"{where} has dimension {dim}; a dimension must be an integer >= 1, "
+            _fail_io(model, f"{where} has dimension {dim}; a dimension must be an integer >= 1, "
                   "or -1 for a variable-size dimension")
     if tensor.HasField("reshape"):
         if len(tensor.reshape.shape) == 0 and config.max_batch_size == 0:
-            _fail(model, f"{where} cannot have an empty reshape for a non-batching model "
+            _fail_io(model, f"{where} cannot have an empty reshape for a non-batching model "
                   "(scalar tensors need max_batch_size > 0)")
         _check_reshape(model, where, list(tensor.dims), list(tensor.reshape.shape))
     if kind == "input" and tensor.format in (_Input.FORMAT_NHWC, _Input.FORMAT_NCHW) \
             and len(tensor.dims) != 3:
-        _fail(model, f"{where} has format {_Input.Format.Name(tensor.format)}, which needs "
+        _fail_io(model, f"{where} has format {_Input.Format.Name(tensor.format)}, which needs "
               f"exactly 3 dims, got {len(tensor.dims)}")
     if tensor.is_shape_tensor:
-        _fail(model, f"{where} sets is_shape_tensor, which only TensorRT models support")
+        _fail_io(model, f"{where} sets is_shape_tensor, which only TensorRT models support")
 
 
 def _check_reshape(model: str, where: str, dims: list[int], shape: list[int]) -> None:
     for dim in shape:
         if dim < 1 and dim != WILDCARD:
-            _fail(model, f"{where} has reshape dimension {dim}; a dimension must be >= 1 or -1")
+            _fail_io(model, f"{where} has reshape dimension {dim}; a dimension must be >= 1 or -1")
     if (WILDCARD in dims) != (WILDCARD in shape):
-        _fail(model, f"{where} has different sizes for dims {dims} and reshape {shape}")
+        _fail_io(model, f"{where} has different sizes for dims {dims} and reshape {shape}")
     if WILDCARD not in dims:
         if _product(dims) != _product(shape):
-            _fail(model, f"{where} has dims {dims} ({_product(dims)} elements) but reshape "
+            _fail_io(model, f"{where} has dims {dims} ({_product(dims)} elements) but reshape "
                   f"{shape} ({_product(shape)} elements)")
         return
     # Variable dims: the fixed runs between wildcards must hold the same element counts.
     if _runs(dims) != _runs(shape):
-        _fail(model, f"{where} has different sizes for dims {dims} and reshape {shape}")
+        _fail_io(model, f"{where} has different sizes for dims {dims} and reshape {shape}")
 
 
 def _product(dims: list[int]) -> int:
@@ -207,8 +225,6 @@ def _validate_sequence_batching(config: ModelConfig) -> None:
         if utilization < 0.0 or utilization > 1.0:
             _reject(model, f"sequence_batching direct minimum_slot_utilization {utilization} must "
                   "be in range (0.0, 1.0]")
-    for state in batching.state:
-        _validate_state(model, state)
 
 
 def _validate_state(model: str, state) -> None:
@@ -273,6 +289,3 @@ def _validate_transaction_policy(config: ModelConfig) -> None:
     if config.backend in (ONNXRUNTIME, PYTORCH):
         _fail(model, f"'model_transaction_policy {{ decoupled: true }}' is not supported by "
               f"the {config.backend} backend; only python and custom backends can be decoupled")
-    if config.response_cache.enable:
-        _reject(model, f"Response Cache does not currently support model {model} with 'decoupled' transaction "
-              "policy. Please disable the response cache.")

@@ -373,3 +373,46 @@ def test_an_ensemble_of_a_refused_model_is_left_out_as_its_model_is(world):
     assert world.registry.server_ready()
     assert index_states(world) == {"comp": (None, None), "ens": (None, None)}
     assert not world.registry.knows("ens") and not world.registry.knows("comp")
+
+
+BAD_DIMS = CONFIG.replace("dims: [ 4 ] }} ]\noutput", "dims: [ -2 ] }} ]\noutput")
+
+
+def test_inputs_triton_refuses_as_a_version_loads_fail_each_version_and_publish_no_config(world):
+    assert "dims: [ -2 ]" in BAD_DIMS
+    write_model(world.root, "m", BAD_DIMS.format(batch=8), {"1/model.py": PLAIN_PY_MODEL})
+    world.load()
+    assert isinstance(world.replies[-1], TritiumError)
+    assert world.replies[-1].message.startswith("load failed for model 'm': version 1 is at UNAVAILABLE state: ")
+    assert "dimension -2" in world.replies[-1].message and world.replies[-1].message.endswith(";\n")
+    state, reason = index_states(world)["m"]
+    assert state == "UNAVAILABLE" and "dimension -2" in reason
+    assert world.lifecycle.index(False) == [{"name": "m", "version": "1", "state": "UNAVAILABLE", "reason": reason}]
+    assert world.table_config("m") is None and not world.registry.server_ready()
+
+
+def test_a_reload_with_inputs_triton_refuses_keeps_the_serving_version_and_its_config(world):
+    world.write(batch=8)
+    world.load()
+    world.instance_ready(world.loading())
+    write_model(world.root, "m", BAD_DIMS.format(batch=4), {"1/model.py": PLAIN_PY_MODEL})
+    world.load()
+    assert isinstance(world.replies[-1], TritiumError) and "dimension -2" in world.replies[-1].message
+    assert world.registry.versions[("m", 1)].state == VersionState.READY and world.registry.server_ready()
+    assert world.table_config("m")["max_batch_size"] == 8
+
+
+def test_a_failed_version_the_policy_no_longer_selects_is_unloaded(world):
+    write_model(world.root, "m", CONFIG.format(batch=8) + "version_policy { all { } }",
+                {"1/model.py": PLAIN_PY_MODEL, "2/notes.txt": "no model.py"})
+    world.load()
+    world.instance_ready(world.loading())   # version 1 ready, version 2 failed: the load fails, 1 is undone
+    assert not world.registry.server_ready()
+    (world.root / "m" / "config.pbtxt").write_text(
+        CONFIG.format(batch=8) + "version_policy { specific { versions: [ 1 ] } }")
+    world.load()
+    world.instance_ready(world.loading())
+    entries = {entry["version"]: entry for entry in world.lifecycle.index(False)}
+    assert entries["1"]["state"] == "READY" and entries["2"] == {
+        "name": "m", "version": "2", "state": "UNAVAILABLE", "reason": "unloaded"}
+    assert world.registry.server_ready()

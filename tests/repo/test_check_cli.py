@@ -104,6 +104,17 @@ def test_failures_give_exit_status_1_and_their_message(tmp_path):
     assert f"nofile: version 2 of model 'nofile' has no model.py in {tmp_path / 'nofile' / '2'}" in lines
 
 
+def test_a_model_whose_inputs_fail_each_version_is_a_failure_with_its_reason(tmp_path):
+    write_model(tmp_path, "dims", """
+        backend: "python"
+        input [ { name: "IN", data_type: TYPE_FP32, dims: [ -2 ] } ]
+        parameters { key: "tritium.autoscale" value: { string_value: "min=one" } }""", {"1/model.py": PLAIN_PY_MODEL})
+    result = run(tmp_path)
+    assert result.exit_code == 1, result.output
+    assert table_rows(result.output)["dims"][-1] == "FAIL"
+    assert "input 'IN' has dimension -2" in result.output
+
+
 def test_missing_repository_fails(tmp_path):
     good_repo(tmp_path)
     result = run(tmp_path, tmp_path / "nowhere")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tritium.repo import ModelLoadError
-from tritium.repo.errors import ConfigRejected
+from tritium.repo.errors import ConfigRejected, InvalidInputsOutputs
 from tritium.repo.config_file import parse_config_text
 from tritium.repo.normalize import normalize
-from tritium.repo.validate import validate_config
+from tritium.repo.validate import validate_basics, validate_config
 from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, load, load_error, minimal_io, version_error, write_model
 
 IO = minimal_io()
@@ -264,27 +264,46 @@ def test_decoupled_python_is_fine_but_not_with_the_response_cache():
         "Please disable the response cache.")
 
 
+def as_written(text: str) -> None:
+    """The checks of the config as written, before auto-complete (Triton's while polling)."""
+    config = parse_config_text("m", text)
+    config.name, config.backend = "m", config.backend or "python"
+    validate_basics(config)
+
+
 def test_a_stateful_model_cannot_use_the_response_cache():
     """Triton 2.51 refuses it as it polls the repository (side by side), in these words."""
     with pytest.raises(ConfigRejected) as info:
-        check(BATCH_IO + "sequence_batching { } response_cache { enable: true }")
+        as_written(BATCH_IO + "sequence_batching { } response_cache { enable: true }")
     assert info.value.message == (
         "model 'm': Response Cache does not currently support model m with sequence batching scheduler. "
         "Please disable the response cache.")
 
 
-def test_the_rules_triton_checks_while_polling_refuse_the_config():
-    for text in ("max_batch_size: -2", BATCH_IO + "dynamic_batching { preferred_batch_size: [ 16 ] }",
-                 BATCH_IO + "sequence_batching { oldest { preferred_batch_size: [ 9 ] } }",
-                 BATCH_IO + 'sequence_batching { control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START '
-                 "int32_false_true: [ 0 ] } ] } ] }",
-                 IO + "model_transaction_policy { decoupled: true } response_cache { enable: true }"):
-        with pytest.raises(ConfigRejected):
-            check(text)
-    with pytest.raises(ModelLoadError) as info:   # inputs and outputs: as a version loads
-        check('max_batch_size: 8 input [ { name: "X" data_type: TYPE_FP32 dims: [ -2 ] } ] '
-              'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]')
+POLLING_RULES_BROKEN = (
+    "max_batch_size: -2", BATCH_IO + "dynamic_batching { preferred_batch_size: [ 16 ] }",
+    IO + "sequence_batching { oldest { preferred_batch_size: [ 4 ] } }",   # against max_batch_size 0 as written
+    BATCH_IO + 'sequence_batching { control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START '
+    "int32_false_true: [ 0 ] } ] } ] }",
+    IO + "model_transaction_policy { decoupled: true } response_cache { enable: true }")
+
+
+@pytest.mark.parametrize("text", POLLING_RULES_BROKEN)
+def test_the_rules_triton_checks_while_polling_refuse_the_config_as_written(text):
+    with pytest.raises(ConfigRejected):
+        as_written(text)
+    with pytest.raises(ModelLoadError) as info:   # broken only once completed: Triton meets it as a version loads
+        check(text)
     assert info.value.stage == "load"
+
+
+def test_inputs_and_outputs_fail_as_a_version_loads_after_the_polling_rules():
+    wrong_dims = 'input [ { name: "X" data_type: TYPE_FP32 dims: [ -2 ] } ] '
+    with pytest.raises(InvalidInputsOutputs):
+        check("max_batch_size: 8 " + wrong_dims + 'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]')
+    with pytest.raises(ModelLoadError) as info:   # a polling rule broken too is found first
+        check("max_batch_size: 8 " + wrong_dims + "sequence_batching { } response_cache { enable: true }")
+    assert "Response Cache" in info.value.message and not isinstance(info.value, InvalidInputsOutputs)
 
 
 # -- through the loader: the file is named -------------------------------------------------
