@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 from tritium.broker.registry import ModelRecord, ModelVersion, Registry, VersionState
 from tritium.repo import ModelDefinition, ModelLoadError
-from tritium.repo.errors import ConfigRejected, LoadFailure
+from tritium.repo.errors import LoadFailure, LoadStage
 from tritium.repo.backends import ENSEMBLE_PLATFORM
 from tritium.repo.ensembles import composing_models, validate_ensemble
 
@@ -101,7 +101,7 @@ class EnsembleLoader:
         cycle = next((m for m in missing if self._waits_on(m, load.name)), None)
         if cycle is not None:
             self._steps.begin(load.name, None, LoadFailure.at(f"ensemble '{load.name}': ensembles form a cycle through "
-                                                              f"model '{cycle}'", ConfigRejected.stage),
+                                                              f"model '{cycle}'", LoadStage.CONFIG),
                               fingerprint, files, reply=None)
             return True
         load.members = set(missing)
@@ -151,7 +151,7 @@ class EnsembleLoader:
         try:
             validate_ensemble(definition.config, configs, failures)
         except ModelLoadError as exc:   # Triton drops such an ensemble before its lifecycle
-            return LoadFailure.of(exc, ConfigRejected.stage)
+            return LoadFailure.of(exc, LoadStage.CONFIG)
         return None
 
     def check(self) -> None:

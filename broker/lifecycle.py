@@ -33,7 +33,7 @@ from tritium.broker.registry import (
     VersionState,
     load_identity,
 )
-from tritium.repo import ModelDefinition, ModelRepository, stage_of
+from tritium.repo import LoadStage, ModelDefinition, ModelRepository, stage_of
 from tritium.repo.json_form import config_to_json_dict
 from tritium.repo.names import require_name
 from tritium.repo.repository import version_fingerprint
@@ -233,9 +233,8 @@ class ModelLifecycle:
             log.error("model %s failed to load: %s", name, error)
             if record.versions and not record.unloaded:
                 record.last_error = f"reload failed, the previous load keeps serving: {error}"
-            elif stage_of(error) == "config" and not record.unloaded and (
-                    record.version_errors or (record.error is not None and record.error_stage != "config")):
-                pass   # a failure its lifecycle holds stays: Triton falls back to the state before the poll
+            elif stage_of(error) is LoadStage.CONFIG and record.failed_in_lifecycle:
+                pass   # it stays: Triton falls back to the state before the poll
             else:
                 record.error, record.error_stage, record.unloaded = str(error), stage_of(error), False
                 record.config_json = record.labels = None
@@ -663,10 +662,10 @@ def _index_entries(record: ModelRecord) -> list[dict]:
         # never entered its lifecycle (its name alone); no version to load leaves it there with
         # none (no entry); any other failure is the model's, with the reason.
         stage = record.error_stage
-        if stage == "load":
+        if stage is LoadStage.LOAD:
             return [{"name": record.name, "state": VersionState.UNAVAILABLE.value, "reason": record.error}]
         if not entries:
-            return [{"name": record.name}] if stage == "config" else []
+            return [{"name": record.name}] if stage is LoadStage.CONFIG else []
     for number, error in record.version_errors.items():
         entries[number] = (VersionState.UNAVAILABLE.value, error)
     if not record.unloaded:

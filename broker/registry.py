@@ -17,7 +17,7 @@ from tritium.broker.queue_policy import QueuePolicy
 from tritium.broker.sequences import SequenceBatcher, SequencePolicy
 from tritium.broker.stats import ModelVersionStats
 from tritium.input_checks import DeclaredInput, declared_inputs, runs_without_inputs
-from tritium.repo import ModelDefinition
+from tritium.repo import LoadStage, ModelDefinition
 from tritium.repo.backends import ENSEMBLE_PLATFORM
 from tritium.repo.autoscale import AutoscalePolicy, autoscale_policy
 from tritium.repo.json_form import config_to_json_dict
@@ -262,7 +262,7 @@ class ModelRecord:
 
     name: str
     error: str | None = None
-    error_stage: str = "load"   # where its load failed (tritium.repo.errors.ModelLoadError.stage)
+    error_stage: LoadStage = LoadStage.LOAD   # where its load failed
     versions: dict[int, ModelVersion] = field(default_factory=dict)   # the versions requests go to
     version_errors: dict[int, str] = field(default_factory=dict)
     config_json: dict | None = None
@@ -278,7 +278,18 @@ class ModelRecord:
         """Its config failed where Triton checks it while polling the repository, and nothing of it
         serves: in Triton such a model never entered its lifecycle, so it is listed by name only,
         unknown to requests, and not counted by strict readiness."""
-        return self.error is not None and not self.versions and self.error_stage == "config"
+        return self.error is not None and not self.versions and self.error_stage is LoadStage.CONFIG
+
+    @property
+    def known_to_requests(self) -> bool:
+        """Requests for it hear of it ("has no available versions") rather than "is not found"."""
+        return not self.rejected or bool(self.unloaded_versions)
+
+    @property
+    def failed_in_lifecycle(self) -> bool:
+        """A failure Triton's lifecycle holds (past its polling): a later refused config leaves it standing."""
+        return not self.unloaded and bool(
+            self.version_errors or (self.error is not None and self.error_stage is not LoadStage.CONFIG))
 
 
 @dataclass(eq=False)
@@ -328,7 +339,7 @@ class Registry:
         """Whether requests for ``model`` hear of it ("has no available versions") rather than "is not
         found": the gateways' model table holds the same records (table())."""
         record = self.models.get(model)
-        return record is not None and not (record.rejected and not record.unloaded_versions)
+        return record is not None and record.known_to_requests
 
     def latest_ready(self, model: str) -> ModelVersion | None:
         record = self.models.get(model)
@@ -382,7 +393,7 @@ class Registry:
         """
         models = []
         for record in self.models.values():
-            if not self.knows(record.name):
+            if not record.known_to_requests:
                 continue   # unknown to requests, as in Triton: "Request for unknown model: 'm' is not found"
             rows = {number: VersionRow(number, VersionState.UNAVAILABLE.value, UNLOADED, False)
                     for number in record.unloaded_versions}

@@ -13,6 +13,7 @@ _EXPORTS = {
     "ModelConfig": "tritium.repo.config_file",
     "ModelLoadError": "tritium.repo.errors",
     "LoadFailure": "tritium.repo.errors",
+    "LoadStage": "tritium.repo.errors",
     "stage_of": "tritium.repo.errors",
     "ModelDefinition": "tritium.repo.model",
     "RepositoryOptions": "tritium.repo.model",

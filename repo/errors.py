@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 
 from tritium.errors import InvalidArgument
 
 
+class LoadStage(str, enum.Enum):
+    """Where Triton meets a model's load error, which decides how the failed model shows."""
+
+    CONFIG = "config"       # while it polls the repository (ConfigRejected): the model never enters its lifecycle
+    VERSIONS = "versions"   # picking the versions to load (NoVersions): in its lifecycle without versions
+    LOAD = "load"           # as a version loads
+
+
 class ModelLoadError(InvalidArgument):
     """A model (or one of its versions) cannot be loaded; Triton answers a failed load with 400.
+    ``stage``: where Triton meets the problem."""
 
-    ``stage`` says where Triton meets the problem, which decides how the failed model shows:
-    ``config`` (ConfigRejected) while it polls the repository, ``versions`` (NoVersions) when
-    no version folder can be picked, ``load`` while a version loads."""
-
-    stage = "load"
+    stage = LoadStage.LOAD
 
     def __init__(self, model: str, message: str, path: Path | None = None) -> None:
         self.model = model
@@ -29,7 +35,7 @@ class ConfigRejected(ModelLoadError):
     polls the repository (before the model enters its lifecycle): such a model is listed in the
     index by name only, is unknown to requests, and does not keep the server from being ready."""
 
-    stage = "config"
+    stage = LoadStage.CONFIG
 
 
 class InvalidInputsOutputs(ModelLoadError):
@@ -41,28 +47,28 @@ class NoVersions(ModelLoadError):
     """No version folder is there for the version policy: Triton's lifecycle then holds the model
     without versions, which keeps the server not ready and leaves it out of the index."""
 
-    stage = "versions"
+    stage = LoadStage.VERSIONS
 
 
 class LoadFailure(str):
     """A failed load's text, carrying its error's ``stage`` to the broker's records."""
 
-    stage = "load"
+    stage = LoadStage.LOAD
 
     @classmethod
-    def of(cls, error: ModelLoadError, stage: str | None = None) -> LoadFailure:
+    def of(cls, error: ModelLoadError, stage: LoadStage | None = None) -> LoadFailure:
         return cls.at(error.message, stage or error.stage)
 
     @classmethod
-    def at(cls, text: str, stage: str) -> LoadFailure:
+    def at(cls, text: str, stage: LoadStage) -> LoadFailure:
         failure = cls(text)
         failure.stage = stage
         return failure
 
 
-def stage_of(error: str | None) -> str:
-    """The stage a model's recorded load error failed at (``load`` for plain texts)."""
-    return getattr(error, "stage", "load")
+def stage_of(error: str | None) -> LoadStage:
+    """The stage a model's load error failed at (LOAD for plain texts)."""
+    return getattr(error, "stage", LoadStage.LOAD)
 
 
 class ModelCodeFailed(ModelLoadError):

@@ -69,8 +69,8 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
         try:
             config = _auto_complete(name, config, versions, options, backend_file)
         except ModelCodeFailed as exc:
-            failed = tuple(replace(info, error=info.error or exc.detail) for info in versions)
-            return _failed_by_its_code(name, model_dir, config, config_file, options, failed, python_based)
+            return _versions_failed(name, model_dir, config, _normalized(config, options), config_file, versions,
+                                    exc.detail, python_based)
     if config.backend == backends.PYTORCH and (len(config.input) == 0 or len(config.output) == 0):
         raise ModelLoadError(
             name, f"TorchScript model '{name}' must list its inputs and outputs in "
@@ -82,10 +82,8 @@ def _complete(name: str, model_dir: Path, config: ModelConfig, config_file: Path
         if config.platform == backends.ENSEMBLE_PLATFORM:
             raise
         # Triton checks inputs and outputs as each version loads: every selected version fails with it.
-        reason = ModelLoadError(name, exc.detail, config_file or model_dir).message
-        failed = tuple(replace(info, error=info.error or reason) for info in versions)
-        return ModelDefinition(name=name, path=model_dir, config=config, portable_config=portable,
-                               versions=failed, config_file=config_file, labels={}, python_based=python_based)
+        return _versions_failed(name, model_dir, config, portable, config_file, versions,
+                                ModelLoadError(name, exc.detail, config_file or model_dir).message, python_based)
     versions = check_versions(config, versions, config_file, options.read_torchscript)
     return ModelDefinition(name=name, path=model_dir, config=config, portable_config=portable,
                            versions=versions, config_file=config_file, labels=_read_labels(name, model_dir, config),
@@ -102,14 +100,15 @@ def _normalized(config: ModelConfig, options: RepositoryOptions) -> ModelConfig:
     return portable
 
 
-def _failed_by_its_code(name: str, model_dir: Path, config: ModelConfig, config_file: Path | None,
-                        options: RepositoryOptions, versions: tuple[VersionInfo, ...],
-                        python_based: bool) -> ModelDefinition:
-    """The model as its files say, its versions failed by its code: Triton lists them UNAVAILABLE
-    with the reason, as it runs that code (``auto_complete_config``) when a version loads."""
-    portable = _normalized(config, options)
+def _versions_failed(name: str, model_dir: Path, config: ModelConfig, portable: ModelConfig,
+                     config_file: Path | None, versions: tuple[VersionInfo, ...], reason: str,
+                     python_based: bool) -> ModelDefinition:
+    """The model as its files say, each selected version failed with ``reason`` (or its own error):
+    what Triton meets as a version loads (the model's ``auto_complete_config`` failing, inputs or
+    outputs it refuses) lists the versions UNAVAILABLE with the reason."""
+    failed = tuple(replace(info, error=info.error or reason) for info in versions)
     return ModelDefinition(name=name, path=model_dir, config=config, portable_config=portable,
-                           versions=versions, config_file=config_file, labels={}, python_based=python_based)
+                           versions=failed, config_file=config_file, labels={}, python_based=python_based)
 
 
 def _read_labels(name: str, model_dir: Path, config: ModelConfig) -> dict[str, tuple[str, ...]]:

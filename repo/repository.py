@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tritium.repo.backends import ENSEMBLE_PLATFORM, numeric_subdirs
 from tritium.repo.ensembles import validate_ensemble
-from tritium.repo.errors import ConfigRejected, LoadFailure, ModelLoadError
+from tritium.repo.errors import LoadFailure, LoadStage, ModelLoadError
 from tritium.repo.loader import load_model
 from tritium.repo.model import ModelDefinition, RepositoryOptions
 
@@ -119,7 +119,7 @@ class ModelRepository:
                 try:
                     validate_ensemble(entry.definition.config, configs, failures)
                 except ModelLoadError as exc:   # Triton drops such an ensemble before its lifecycle
-                    entries[name] = ModelEntry(name, entry.paths, error=LoadFailure.of(exc, ConfigRejected.stage))
+                    entries[name] = ModelEntry(name, entry.paths, error=LoadFailure.of(exc, LoadStage.CONFIG))
                     changed = True
         return entries
 

@@ -83,14 +83,14 @@ def _validate_version_policy(config: ModelConfig) -> None:
     policy = config.version_policy
     if policy.WhichOneof("policy_choice") == "latest" and policy.latest.num_versions < 1:
         _no_versions(config.name, "version_policy latest must have num_versions >= 1, got "
-              f"{policy.latest.num_versions}")
+                     f"{policy.latest.num_versions}")
     if policy.WhichOneof("policy_choice") == "specific":
         if len(policy.specific.versions) == 0:
             _no_versions(config.name, "version_policy specific must list at least one version")
         for version in policy.specific.versions:
             if version < 0:
                 _no_versions(config.name, f"version_policy specific lists version {version}; "
-                      "versions are non-negative")
+                             "versions are non-negative")
 
 
 def _validate_io(config: ModelConfig) -> None:
@@ -115,20 +115,20 @@ def _validate_tensor(config: ModelConfig, kind: str, tensor) -> None:
         _fail_io(model, f"{where} must specify 'data_type'")
     if len(tensor.dims) == 0:
         _fail_io(model, f"{where} must specify 'dims' (use dims: [ 1 ] with reshape: "
-              "{ shape: [ ] } for a scalar)")
+                 "{ shape: [ ] } for a scalar)")
     for dim in tensor.dims:
         if dim < 1 and dim != WILDCARD:
             _fail_io(model, f"{where} has dimension {dim}; a dimension must be an integer >= 1, "
-                  "or -1 for a variable-size dimension")
+                     "or -1 for a variable-size dimension")
     if tensor.HasField("reshape"):
         if len(tensor.reshape.shape) == 0 and config.max_batch_size == 0:
             _fail_io(model, f"{where} cannot have an empty reshape for a non-batching model "
-                  "(scalar tensors need max_batch_size > 0)")
+                     "(scalar tensors need max_batch_size > 0)")
         _check_reshape(model, where, list(tensor.dims), list(tensor.reshape.shape))
     if kind == "input" and tensor.format in (_Input.FORMAT_NHWC, _Input.FORMAT_NCHW) \
             and len(tensor.dims) != 3:
         _fail_io(model, f"{where} has format {_Input.Format.Name(tensor.format)}, which needs "
-              f"exactly 3 dims, got {len(tensor.dims)}")
+                 f"exactly 3 dims, got {len(tensor.dims)}")
     if tensor.is_shape_tensor:
         _fail_io(model, f"{where} sets is_shape_tensor, which only TensorRT models support")
 
@@ -142,7 +142,7 @@ def _check_reshape(model: str, where: str, dims: list[int], shape: list[int]) ->
     if WILDCARD not in dims:
         if _product(dims) != _product(shape):
             _fail_io(model, f"{where} has dims {dims} ({_product(dims)} elements) but reshape "
-                  f"{shape} ({_product(shape)} elements)")
+                     f"{shape} ({_product(shape)} elements)")
         return
     # Variable dims: the fixed runs between wildcards must hold the same element counts.
     if _runs(dims) != _runs(shape):
@@ -175,16 +175,16 @@ def _validate_dynamic_batching(config: ModelConfig) -> None:
             _reject(model, f"dynamic_batching preferred_batch_size {size} must be positive")
         if size > config.max_batch_size:
             _reject(model, f"dynamic_batching preferred_batch_size {size} is larger than "
-                  f"max_batch_size {config.max_batch_size}")
+                    f"max_batch_size {config.max_batch_size}")
     levels = batching.priority_levels
     if levels != 0:
         if batching.default_priority_level == 0 or batching.default_priority_level > levels:
             _reject(model, f"dynamic_batching default_priority_level must be in range [1, "
-                  f"{levels}], got {batching.default_priority_level}")
+                    f"{levels}], got {batching.default_priority_level}")
         for level in batching.priority_queue_policy:
             if level == 0 or level > levels:
                 _reject(model, f"dynamic_batching priority_queue_policy level {level} must be "
-                      f"in range [1, {levels}]")
+                        f"in range [1, {levels}]")
     if batching.preserve_ordering:
         if levels > 1:
             _reject(model, "only one priority level is allowed when 'preserve_ordering' is true")
@@ -192,7 +192,7 @@ def _validate_dynamic_batching(config: ModelConfig) -> None:
         for policy in policies:
             if policy.default_timeout_microseconds != 0 and policy.timeout_action == _QueuePolicy.DELAY:
                 _reject(model, "a queue policy cannot have timeout_action DELAY when "
-                      "'preserve_ordering' is true")
+                        "'preserve_ordering' is true")
 
 
 def _validate_sequence_batching(config: ModelConfig) -> None:
@@ -207,7 +207,7 @@ def _validate_sequence_batching(config: ModelConfig) -> None:
             _reject(model, "every sequence_batching control_input must have a name")
         if control_input.name in seen_tensors:
             _reject(model, f"sequence_batching control tensor '{control_input.name}' is "
-                  "specified more than once")
+                    "specified more than once")
         seen_tensors.add(control_input.name)
         for control in control_input.control:
             kind = _Control.Kind.Name(control.kind)
@@ -219,12 +219,12 @@ def _validate_sequence_batching(config: ModelConfig) -> None:
         for size in batching.oldest.preferred_batch_size:
             if size <= 0 or size > config.max_batch_size:
                 _reject(model, f"sequence_batching oldest preferred_batch_size {size} must be in "
-                      f"range [1, max_batch_size {config.max_batch_size}]")
+                        f"range [1, max_batch_size {config.max_batch_size}]")
     if batching.WhichOneof("strategy_choice") == "direct":
         utilization = batching.direct.minimum_slot_utilization
         if utilization < 0.0 or utilization > 1.0:
             _reject(model, f"sequence_batching direct minimum_slot_utilization {utilization} must "
-                  "be in range (0.0, 1.0]")
+                    "be in range (0.0, 1.0]")
 
 
 def _validate_state(model: str, state) -> None:
@@ -264,22 +264,22 @@ def _validate_control(model: str, tensor: str, control) -> None:
     if control.kind == _Control.CONTROL_SEQUENCE_CORRID:
         if any(values):
             _reject(model, f"sequence_batching control '{tensor}' ({kind}) must not specify "
-                  "false/true values")
+                    "false/true values")
         # TYPE_STRING as Triton 2.51 loads it (CORRID as a one-element BYTES tensor).
         allowed = (model_config_pb2.TYPE_UINT64, model_config_pb2.TYPE_INT64,
                    model_config_pb2.TYPE_UINT32, model_config_pb2.TYPE_INT32, model_config_pb2.TYPE_STRING)
         if control.data_type not in allowed:
             _reject(model, f"sequence_batching control '{tensor}' ({kind}) has data type "
-                  f"{model_config_pb2.DataType.Name(control.data_type)}; allowed are "
-                  "TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 and TYPE_STRING")
+                    f"{model_config_pb2.DataType.Name(control.data_type)}; allowed are "
+                    "TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 and TYPE_STRING")
         return
     given = [n for n in values if n]
     if len(given) != 1:
         _reject(model, f"sequence_batching control '{tensor}' ({kind}) must specify exactly one "
-              "of int32_false_true, fp32_false_true or bool_false_true")
+                "of int32_false_true, fp32_false_true or bool_false_true")
     if given[0] != 2:
         _reject(model, f"sequence_batching control '{tensor}' ({kind}) must have exactly 2 "
-              f"false/true values, got {given[0]}")
+                f"false/true values, got {given[0]}")
 
 
 def _validate_transaction_policy(config: ModelConfig) -> None:
