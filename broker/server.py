@@ -160,6 +160,7 @@ class Broker:
         self._next_scaling = 0.0
         self._waiter = select.poll()
         self._socket_fds = [(sock, sock.fileno()) for sock in (self.backend, self.frontend)]
+        self._socket_of = {fd: sock for sock, fd in self._socket_fds}
         for fd in [fd for _, fd in self._socket_fds] + [self.lifecycle.reader.wake_read.fileno()]:
             self._waiter.register(fd, select.POLLIN)
 
@@ -332,16 +333,26 @@ class Broker:
     def _wait(self, timeout_ms: int | None) -> tuple[list[LinkSocket], set[int]]:
         """The sockets to drain and the descriptors that woke the wait.
 
-        Blocks only when neither socket has a message queued, even after polling for
+        Blocks only when neither socket has a message read and waiting, even after polling for
         ``spin_s``, on the sockets' descriptors (``select.poll``, not ``zmq.Poller``, whose
         zero-timeout first pass and repeated ``EVENTS`` checks cost five system calls a turn);
         after a wait, a socket is drained if its descriptor fired, the drain's last receive
-        clearing the edge.
+        clearing the edge. What arrived and was not read yet keeps a tritium socket's descriptor
+        readable, so the wait returns at once for it without a check of its own (a system call
+        per socket and turn); a libzmq socket, whose descriptor signals an arrival once, is asked.
         """
-        ready = self._spin_for_message(self._wait_ms(timeout_ms))
-        if ready:
-            return ready, set()
-        fired = {fd for fd, _ in self._waiter.poll(self._wait_ms(timeout_ms))}   # the polling took some of it
+        wait_ms = self._wait_ms(timeout_ms)
+        if self.backend.has_message_read() or self.frontend.has_message_read():
+            return [sock for sock, _ in self._socket_fds if sock.has_message_read()], set()
+        if self.settings.spin_s:
+            ready = self._spin_for_message(wait_ms)
+            if ready:
+                return ready, set()
+            wait_ms = self._wait_ms(timeout_ms)   # the polling took some of it
+        fired = {fd for fd, _ in self._waiter.poll(wait_ms)}
+        if len(fired) == 1:   # (the usual: one socket; a list built for one costs more, once per turn)
+            sock = self._socket_of.get(next(iter(fired)))
+            return ([] if sock is None else [sock]), fired
         return [sock for sock, fd in self._socket_fds if fd in fired], fired
 
     def _wait_ms(self, timeout_ms: int | None) -> int:
@@ -358,13 +369,12 @@ class Broker:
         comes sooner than that. Between checks the CPU is yielded, and the polling stops as
         soon as another thread takes it: it uses only time the CPU would have spent idle.
         """
-        ready = self._queued()
-        until = None if ready or not self.settings.spin_s else self._polling_ends(wait_ms)
+        until = self._polling_ends(wait_ms)
         while until is not None and time.monotonic() < until and cpu_is_free():
             ready = self._queued()
             if ready:
                 return ready
-        return ready
+        return []
 
     def _polling_ends(self, wait_ms: int) -> float | None:
         """When polling should end (``time.monotonic``); None: not worth it, as requests do not

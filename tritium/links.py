@@ -34,6 +34,8 @@ class LinkSocket(Protocol):
 
     def has_message(self) -> bool: ...
 
+    def has_message_read(self) -> bool: ...
+
     def close(self, linger_s: float = 0.0) -> None: ...
 
 
@@ -62,6 +64,9 @@ class LibzmqSocket:
 
     def has_message(self) -> bool:
         return has_message(self.sock)
+
+    def has_message_read(self) -> bool:
+        return has_message(self.sock)   # (its descriptor would not signal what already arrived)
 
     def close(self, linger_s: float = 0.0) -> None:
         self.sock.close(int(linger_s * 1000))

@@ -758,6 +758,11 @@ class ZmtpDealer:
         self._service()
         return bool(self._inbox) or (self._connection is not None and bool(self._connection.reader.messages))
 
+    def has_message_read(self) -> bool:
+        """Whether a message was read and waits, without a system call: what has not been read
+        keeps the descriptor readable (the poller is level-triggered)."""
+        return bool(self._inbox) or (self._connection is not None and bool(self._connection.reader.messages))
+
     def recv_parts(self) -> list:
         """One multipart message, without blocking (zmq.Again when none has arrived whole)."""
         if not self.has_message():
@@ -908,6 +913,11 @@ class ZmtpRouter:
         if self._messages:
             return True
         self._service()
+        return bool(self._messages)
+
+    def has_message_read(self) -> bool:
+        """Whether a message was read and waits, without a system call: what has not been read
+        keeps the descriptor readable (the poller is level-triggered)."""
         return bool(self._messages)
 
     def recv_parts(self) -> list:
