@@ -85,6 +85,9 @@ class BatchExecutor:
         # second batch while one runs), by (batch, index); the heartbeat thread adds to it.
         self._cancelled_ahead: set[tuple[int, int]] = set()
         self._ahead_lock = threading.Lock()
+        # Guards each batch's _SentAnswers against the model's own threads (one lock for all: a
+        # lock made per batch costs more than it would ever be waited for).
+        self.answers_lock = threading.Lock()
         self._started = 0   # the number of the batch started last
 
     def run(self, frames: list) -> list:
@@ -584,11 +587,13 @@ class _SentAnswers:
     execute returns is answered when the model sends (from a thread of its own), each answer
     sent on at once, as a decoupled model's."""
 
+    __slots__ = ("_executor", "_received", "_number", "_lock", "_running", "_sent", "_later")
+
     def __init__(self, executor: BatchExecutor, received: list[_Item], number: int) -> None:
         self._executor = executor
         self._received = received    # the batch's requests as they came: a request's index is its place
         self._number = number
-        self._lock = threading.Lock()
+        self._lock = executor.answers_lock
         self._running = True
         self._sent: dict[int, InferenceResponse] = {}   # a request's key -> sent while execute ran
         self._later: dict[int, int] = {}                # key -> its index: requests to answer when the model sends
@@ -613,10 +618,14 @@ class _SentAnswers:
         thread); and the requests whose sent answer stands though their execution failed or
         returned one too: in Triton the sent answer reached the client first, and the request
         counts as a failure."""
+        if not self._sent and (failed or _none_missing(returned)):
+            # Every request answered by its return (the usual): a send racing this check came after
+            # the returns, and is dropped, as a later one is.
+            return returned, frozenset()
         with self._lock:
             self._running = False
             sent = self._sent
-            if not sent and (failed or None not in returned):
+            if not sent and (failed or _none_missing(returned)):
                 return returned, frozenset()
             if failed:
                 log.error("model %s failed after answering through a response sender: %s",
@@ -639,6 +648,15 @@ class _SentAnswers:
                 f"model '{executor.model}' keeps implicit sequence state, so it must answer each request "
                 "before its execute returns, by returning or sending its response"))
         return _LATER
+
+
+def _none_missing(returned: list) -> bool:
+    """Whether every request's response was returned (not ``None in returned``, which compares
+    each response with None through its dataclass ``__eq__``)."""
+    for response in returned:
+        if response is None:
+            return False
+    return True
 
 
 def _answered_only(trace: dict, rescheduled: list[int], count: int) -> dict:

@@ -155,10 +155,11 @@ class Tensor:
         return self._name
 
     def as_numpy(self):
-        if datatypes.is_bf16(self._array.dtype):   # numpy has no BF16 of its own: Triton refuses
+        array = self._array
+        if array.dtype.kind == "V" and datatypes.is_bf16(array.dtype):   # numpy has no BF16 of its own: Triton refuses
             raise TritonModelException("Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() "
                                        "and from_dlpack() instead.")
-        return self._array
+        return array
 
     def shape(self):
         return list(self._array.shape)

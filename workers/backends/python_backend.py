@@ -105,6 +105,10 @@ class PythonInstance(Instance):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._loop_made = threading.Lock()   # is_ready() asks from a thread of its own
+        # The requests' sender slots' (one for all: a lock made per request costs more than it would
+        # ever be waited for). The model may ask for a sender on another thread (its event loop's)
+        # while execute's thread starts watching. Reentrant: a finalizer may run _let_go inside a section.
+        self.slots_lock = threading.RLock()
         runtime.instance_name = context.name
         if context.broker and runtime.bls is None:
             runtime.bls = BlsClient(context.broker, f"{context.instance_id}/bls", context.curve)
@@ -181,7 +185,9 @@ class PythonInstance(Instance):
         pb_requests = [self._pb_request(r) for r in requests]
         slots = [pb_request._sender for pb_request in pb_requests]
         try:
-            returned = self._checked(self._run_execute(pb_requests, slots), len(requests))
+            returned = self._run_execute(pb_requests, slots)
+            if type(returned) is not list or len(returned) != len(requests) or self.decoupled:   # (the usual: a list)
+                returned = self._checked(returned, len(requests))
             again = self._rescheduled(pb_requests, returned) if runtime.release_flags_set else ()
         except InternalError:
             for slot in slots:   # as in Triton, the model can send nothing more for these requests
@@ -194,10 +200,17 @@ class PythonInstance(Instance):
                 if slot is not None:
                     slot.close()
                 answers.append(RESCHEDULED)
-                continue
-            answers.append(self._returned(slot, response))
-            if answers[-1] is None and slot is not None:
-                slot.watch(pb_request)
+            elif response is None:
+                answers.append(None)
+                if slot is not None:
+                    slot.watch(pb_request)
+            else:
+                if slot is not None and slot.returned():
+                    # Triton logs this; the client keeps the response that was sent, and the request
+                    # counts as a failure (the executor sees a response both sent and returned).
+                    log.error("Failed to process the request(s) for model '%s', message: Unable to send response. "
+                              "Non-decoupled model cannot send more than one response.", self.context.name)
+                answers.append(self._response(response))
         return answers
 
     def _rescheduled(self, pb_requests: list[PbRequest], returned: list) -> set[int]:
@@ -246,16 +259,6 @@ class PythonInstance(Instance):
         log.error("%s", error.message)
         return error
 
-    def _returned(self, slot: _SenderSlot | None, response) -> InferenceResponse | None:
-        if response is None:
-            return None
-        if slot is not None and slot.returned():
-            # Triton logs this; the client keeps the response that was sent, and the request
-            # counts as a failure (the executor sees a response both sent and returned).
-            log.error("Failed to process the request(s) for model '%s', message: Unable to send response. "
-                      "Non-decoupled model cannot send more than one response.", self.context.name)
-        return self._response(response)
-
     def _failure(self, exc: BaseException) -> InternalError:
         """Triton's message for an exception out of the model, with the model's frames."""
         return self._misuse(_with_model_frames(exc))
@@ -283,14 +286,14 @@ class PythonInstance(Instance):
             kind = "<class 'c_python_backend_utils.Tensor'>" if isinstance(response, Tensor) else str(type(response))
             return InferenceResponse(error=self._misuse(
                 f"Expected an 'InferenceResponse' object in the execute function return list, found type '{kind}'."))
-        text = response.parameters()
+        # (pb_utils' own classes: their fields read directly, on the path of every response)
+        text = response._parameters
         parameters = json.loads(text) if text != "{}" and text else {}
-        if response.has_error():
-            error = response.error()
+        error = response._error
+        if error is not None:
             return InferenceResponse(error=error_for_code(_CODES.get(error.code(), ErrorCode.INTERNAL),
                                                           error.message()), parameters=parameters)
-        return InferenceResponse(outputs={t.name(): t._array for t in response.output_tensors()},
-                                 parameters=parameters)
+        return InferenceResponse(outputs={t._name: t._array for t in response._tensors}, parameters=parameters)
 
     # -- tritium's batched interface --------------------------------------------------------
 
@@ -366,9 +369,7 @@ class _SenderSlot:
         self._answered = False     # its final answer went out, or it can have none (its execution failed)
         self._alive = 0            # once watched: how many of the request and its sender the model holds
         self._watching = False
-        # The model may ask for the sender on another thread (its event loop's) while execute's
-        # thread starts watching. Reentrant: a finalizer may run _let_go inside a section.
-        self._lock = threading.RLock()
+        self._lock = instance.slots_lock
 
     def __call__(self):
         """pb_utils.InferenceRequest.get_response_sender's factory."""
@@ -398,7 +399,9 @@ class _SenderSlot:
         """The model returned this request's response: it counts as sent with FINAL, as in Triton.
         True when its sender had sent one already."""
         sent, self._answered = self._answered, True
-        sender = self._made()
+        if self._sender is None:   # never made (most models)
+            return sent
+        sender = self._sender()
         if sender is not None:
             sender._sent, sender._closed = sender._sent + 1, True
         return sent
