@@ -13,7 +13,7 @@ ensemble, its steps' bookkeeping, with the broker's system calls; the peers' wor
 it. The deterministic figure to compare builds with (the broker under real load:
 ``bench.ensemble_versus_triton``, ``bench.serving_overhead``).
 
-    python -m bench.broker_cpu [--seconds 3] [--rounds 3] [--profile pair]
+    python -m bench.broker_cpu [--seconds 3] [--rounds 3] [--window 16] [--profile pair]
 """
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ def _answer(rid: int) -> bytes:
 class Bench:
     """The broker and its peers, driven turn by turn from this thread."""
 
-    def __init__(self, repo: Path, sockets: Path) -> None:
+    def __init__(self, repo: Path, sockets: Path, window: int = WINDOW) -> None:
         self.context = zmq.Context()
         frontend, backend = f"ipc://{sockets}/frontend", f"ipc://{sockets}/backend"
         self.broker = Broker(BrokerSettings(model_repositories=(str(repo),), frontend=frontend, backend=backend,
                                             metrics=None, heartbeat_interval_s=1.0), self.context)
         self.broker.load_repository()
         self.peers = SimulatedPeers(self.context, frontend, backend, agents=1, instances=1, gateways=1,
-                                    window=WINDOW, request=_request, answer=_answer)
+                                    window=window, request=_request, answer=_answer)
         self.turn_cpu = 0.0
 
     def run_for(self, seconds: float) -> None:
@@ -108,10 +108,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--window", type=int, default=WINDOW, help="requests kept in flight (perf_analyzer's concurrency)")
     parser.add_argument("--profile", choices=SCENARIOS, help="print a cProfile of the broker under this load")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as sockets:
-        bench = Bench(prepared_repository(Path(folder)), Path(sockets))
+        bench = Bench(prepared_repository(Path(folder)), Path(sockets), args.window)
         try:
             bench.ready()
             if args.profile:

@@ -488,10 +488,11 @@ def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: 
            final_fd: int | None) -> None:
     """Read and answer the broker's messages until stopped.
 
-    The loop asks the socket whether a message is queued and blocks on its descriptor only
-    when none is (right for both kinds of link: a libzmq socket's descriptor is edge-triggered,
-    a ZMTP socket's level-triggered): a batch costs one wait, one receive and one send, without
-    the zero-timeout poll and the failed receive that ``zmq.Poller`` and draining until
+    The loop asks the socket whether a message was read and waits, and blocks on its descriptor
+    only when none does (right for both kinds of link: a libzmq socket's descriptor is
+    edge-triggered, and asking it looks at what arrived; a ZMTP socket's is level-triggered, and
+    what arrived unread keeps it readable): a batch costs one wait, one receive and one send,
+    without the zero-timeout poll and the failed receive that ``zmq.Poller`` and draining until
     ``zmq.Again`` add to every batch.
     """
     waiter = select.poll()
@@ -505,10 +506,11 @@ def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: 
             outbox.report_pools(time.monotonic())
             if outbox.queue:   # a model's own threads queued answers: checked every turn, so a busy socket cannot starve them
                 outbox.flush()
-            if not sock.has_message():
+            if not sock.has_message_read():
                 if any(fd == wake for fd, _ in waiter.poll(500)):   # also reads the wake-up, or the poll would spin on it
                     outbox.flush()
-                continue
+                if not sock.has_message():   # reads what woke the wait (or writes what waited for room)
+                    continue
             frames = sock.recv_parts()
             message, _, _ = read_record(frames[0])
             kind = type(message)
