@@ -36,7 +36,7 @@ from tritium.broker.registry import (
 from tritium.repo import LoadStage, ModelDefinition, ModelRepository, stage_of
 from tritium.repo.json_form import config_to_json_dict
 from tritium.repo.names import require_name
-from tritium.repo.repository import version_fingerprint
+from tritium.repo.repository import DUPLICATE_REASON, version_fingerprint
 from tritium.errors import InvalidArgument, TritiumError, Unavailable
 from tritium.protocol import UNLOADED, Assign, LoadRef, Placed, Unassign
 
@@ -172,9 +172,12 @@ class ModelLifecycle:
         # The repository's model folders, as Triton lists them: a model whose folder went away leaves
         # the index (while it still serves, in explicit mode), and a model loaded only from the load
         # API's files is not in it.
-        names = set(self.repository.discover()[0])
+        folders = self.repository.discover()[0]
         entries = []
-        for name in sorted(names):
+        for name in sorted(folders):
+            if len(folders[name]) > 1:   # never loaded, whatever was loaded of it before (Triton's)
+                entries.append({"name": name, "state": VersionState.UNAVAILABLE.value, "reason": DUPLICATE_REASON})
+                continue
             record = self.registry.models.get(name)
             if record is None:
                 if not ready_only:

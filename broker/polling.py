@@ -47,7 +47,9 @@ class RepositoryPoller:
             log.exception("polling the model repository failed; polling goes on")
 
     def _poll_repository(self) -> None:
-        on_disk = set(self.repository.discover()[0])
+        # A folder found in several repositories is not unique: Triton's poll neither loads it nor
+        # keeps what was loaded of it (its index says so: lifecycle.index).
+        on_disk = {name for name, folders in self.repository.discover()[0].items() if len(folders) == 1}
         for name in sorted(on_disk):
             if name in self._loads:
                 continue
@@ -58,7 +60,8 @@ class RepositoryPoller:
                 self._steps.schedule_read(name, None, None, None)
         for name, record in list(self.registry.models.items()):
             if name not in on_disk and name not in self.removed and name not in self._loads:
-                log.info("repository change: model %s was removed; unloading it", name)
+                log.info("repository change: model %s was removed, or is in several repositories now; unloading it",
+                         name)
                 self.removed.add(name)
                 self._ensembles.forget_dependent(name)
                 record.fingerprint = ()   # the same folder moved back in is a new load

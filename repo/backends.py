@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tritium.repo.config_file import ModelConfig
-from tritium.repo.errors import ModelLoadError
+from tritium.repo.errors import ConfigRejected, ModelLoadError
 
 ONNXRUNTIME = "onnxruntime"
 PYTORCH = "pytorch"
@@ -136,8 +136,8 @@ def resolve_backend(model: str, config: ModelConfig, model_dir: Path) -> None:
 
     if not config.backend and not config.platform and not config.default_model_filename:
         # Triton's last resort: a model named "<anything>.<backend>".
-        if "." not in model:
-            raise ModelLoadError(
+        if "." not in model:   # refused while Triton polls (its index: the name alone)
+            raise ConfigRejected(
                 model, f"cannot tell which backend runs model '{model}': the configuration "
                 "names no 'backend' or 'platform' and the version folder holds none of "
                 f"{ONNX_FILENAME}, {TORCHSCRIPT_FILENAME} or {PYTHON_FILENAME} "

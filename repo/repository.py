@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tritium.repo.backends import ENSEMBLE_PLATFORM, numeric_subdirs
 from tritium.repo.ensembles import validate_ensemble
-from tritium.repo.errors import LoadFailure, LoadStage, ModelLoadError
+from tritium.repo.errors import ConfigRejected, LoadFailure, LoadStage, ModelLoadError
 from tritium.repo.loader import load_model
 from tritium.repo.model import ModelDefinition, RepositoryOptions
 
@@ -82,7 +82,7 @@ class ModelRepository:
             if not paths:
                 raise ModelLoadError(name, f"model '{name}' is not in the model repository")
             if len(paths) > 1:
-                raise ModelLoadError(name, _duplicate_message(name, paths))
+                raise ConfigRejected(name, _duplicate_message(name, paths))
             model_dir = paths[0]
         return load_model(name, model_dir, self.options, config_override)
 
@@ -94,8 +94,8 @@ class ModelRepository:
         return RepositoryScan(self._check_ensembles(entries), errors)
 
     def _load_entry(self, name: str, paths: tuple[Path, ...]) -> ModelEntry:
-        if len(paths) > 1:
-            return ModelEntry(name, paths, error=_duplicate_message(name, paths))
+        if len(paths) > 1:   # as Triton's poll: not unique, so never loaded (repository index: DUPLICATE_REASON)
+            return ModelEntry(name, paths, error=LoadFailure.of(ConfigRejected(name, _duplicate_message(name, paths))))
         try:
             return ModelEntry(name, paths, definition=load_model(name, paths[0], self.options))
         except ModelLoadError as exc:
@@ -138,6 +138,10 @@ def _failure(entry: ModelEntry) -> str | None:
     if versions and all(info.error for info in versions):
         return "; ".join(f"version {info.version}: {info.error}" for info in versions)
     return None
+
+
+# What Triton's repository index says of a model folder found in several repositories.
+DUPLICATE_REASON = "model appears in two or more repositories"
 
 
 def _duplicate_message(name: str, paths: Sequence[Path]) -> str:

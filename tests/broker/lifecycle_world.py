@@ -24,14 +24,14 @@ output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 4 ] }} ]
 
 
 class World:
-    def __init__(self, root, load_retries: int = 0) -> None:
+    def __init__(self, root, load_retries: int = 0, more_roots: tuple = ()) -> None:
         self.root = root
         self.sent: list[dict] = []
         self.registry = Registry()
         self.registry.agents[b"agent"] = AgentRecord(b"agent", "host", (), None)
         scheduler = Scheduler(self.registry, self._record, self._record)
         self.membership = Membership(self.registry, scheduler, PeerLiveness(1.0))
-        self.lifecycle = ModelLifecycle(self.registry, ModelRepository([root]), scheduler, self._record,
+        self.lifecycle = ModelLifecycle(self.registry, ModelRepository([root, *more_roots]), scheduler, self._record,
                                         ControlSettings(mode="explicit", load_retries=load_retries),
                                         self.membership)
         self.replies: list = []

@@ -8,6 +8,7 @@ only when they serve, unloads ordered after the load in progress, late host erro
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 
 import pytest
@@ -373,6 +374,64 @@ def test_an_ensemble_of_a_refused_model_is_left_out_as_its_model_is(world):
     assert world.registry.server_ready()
     assert index_states(world) == {"comp": (None, None), "ens": (None, None)}
     assert not world.registry.knows("ens") and not world.registry.knows("comp")
+
+
+def test_a_model_without_a_backend_to_tell_is_refused_while_polling(world):
+    """Triton's poll refuses a config naming no backend whose folder holds no model file it knows:
+    the name alone in the index, unknown to requests, the server ready."""
+    world.write("good")
+    world.load("good")
+    world.instance_ready(world.loading("good"))
+    write_model(world.root, "nob", CONFIG.format(batch=0).replace('backend: "python"', ""), {"1/.keep": ""})
+    world.load("nob")
+    assert isinstance(world.replies[-1], TritiumError) and "cannot tell which backend" in world.replies[-1].message
+    assert world.registry.server_ready()
+    assert index_states(world) == {"good": ("READY", None), "nob": (None, None)}
+    assert not world.registry.knows("nob")
+
+
+@pytest.fixture
+def two_repositories(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    made = World(tmp_path / "a", more_roots=(tmp_path / "b",))
+    yield made
+    made.lifecycle.close()
+
+
+DUPLICATE = ("UNAVAILABLE", "model appears in two or more repositories")
+
+
+def test_a_model_in_two_repositories_is_never_loaded_and_indexed_as_tritons_duplicate(two_repositories):
+    world = two_repositories
+    world.write("good")
+    world.load("good")
+    world.instance_ready(world.loading("good"))
+    world.write("m")
+    write_model(world.root.parent / "b", "m", CONFIG.format(batch=8), {"1/model.py": PLAIN_PY_MODEL})
+    assert index_states(world) == {"good": ("READY", None), "m": DUPLICATE}
+    world.load("m")
+    assert isinstance(world.replies[-1], TritiumError)
+    assert "'m' appears in more than one model repository" in world.replies[-1].message
+    assert world.registry.server_ready() and not world.registry.knows("m")
+    assert index_states(world) == {"good": ("READY", None), "m": DUPLICATE}
+
+
+def test_polling_unloads_a_model_that_appears_in_a_second_repository_and_loads_it_once_unique(two_repositories):
+    """As Triton's poll: a folder no longer unique is not kept loaded; unique again, it loads."""
+    world = two_repositories
+    world.write("m")
+    world.load("m")
+    world.instance_ready(world.loading("m"))
+    write_model(world.root.parent / "b", "m", CONFIG.format(batch=8), {"1/model.py": PLAIN_PY_MODEL})
+    world.lifecycle.poller.poll()
+    assert index_states(world) == {"m": DUPLICATE}
+    assert not any(v.state is VersionState.READY for v in world.registry.epochs.values() if v.name == "m")
+    shutil.rmtree(world.root.parent / "b" / "m")
+    world.lifecycle.poller.poll()
+    world.finish_reads()
+    world.instance_ready(world.loading("m"))
+    assert index_states(world) == {"m": ("READY", None)}
 
 
 BAD_DIMS = CONFIG.replace("dims: [ 4 ] }} ]\noutput", "dims: [ -2 ] }} ]\noutput")

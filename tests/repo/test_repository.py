@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tritium.repo import ModelLoadError, ModelRepository, RepositoryOptions, stage_of
+from tritium.repo import LoadStage, ModelLoadError, ModelRepository, RepositoryOptions, stage_of
 from tritium.repo.config_file import MAX_CONFIG_BYTES
 from tritium.repo.repository import version_fingerprint
 from tests.repo.helpers import PLAIN_PY_MODEL, add_sub, identity, write_model
@@ -193,7 +193,7 @@ def test_duplicate_model_name_across_repositories(tmp_path):
     models = repository.load_all().models
     expected = (f"model 'same' appears in more than one model repository "
                 f"({first / 'same'}, {second / 'same'})")
-    assert models["same"].error == expected
+    assert models["same"].error == expected and stage_of(models["same"].error) is LoadStage.CONFIG   # never loaded
     assert models["same"].paths == (first / "same", second / "same")
     assert models["other"].ok
     with pytest.raises(ModelLoadError) as info:
