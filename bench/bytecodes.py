@@ -8,8 +8,9 @@ bench/serving_overhead.py) one at a time, as at concurrency 1: the instance's ex
 BATCH messages of ``--batch`` requests (as bench/instance_cpu.py), and the broker's turns with
 scripted peers keeping ``--window`` requests in flight (as bench/broker_cpu.py). What C code does
 (numpy, msgspec, system calls) is not counted; the Python around it is where a build's own cost
-per request grows. ``--save`` keeps a build's counts; ``--against`` compares with them, by function
-(run it in each build's checkout).
+per request grows. The instance's count is the same on every run; the broker's moves by a few tenths
+of a percent (its peers' answers sometimes come a turn later). ``--save`` keeps a build's counts;
+``--against`` compares with them, by function (run it in each build's checkout).
 
     python -m bench.bytecodes [--batch 1] [--window 1] [--top 15] [--save before.json] [--against before.json]
 """
@@ -37,7 +38,7 @@ class Counter:
 
     def _trace(self, frame, event, _arg):
         code = frame.f_code
-        where = f"{code.co_qualname} ({Path(code.co_filename).name})"
+        where = f"{getattr(code, 'co_qualname', code.co_name)} ({Path(code.co_filename).name})"   # (3.10: no qualname)
         if event == "call":
             frame.f_trace_opcodes = True
             self.calls[where] += 1

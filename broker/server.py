@@ -343,7 +343,9 @@ class Broker:
         """
         wait_ms = self._wait_ms(timeout_ms)
         if self.backend.has_message_read() or self.frontend.has_message_read():
-            return [sock for sock, _ in self._socket_fds if sock.has_message_read()], set()
+            # The other socket's arrivals too: a backlog of one must not starve the other.
+            fired = {fd for fd, _ in self._waiter.poll(0)}
+            return [sock for sock, fd in self._socket_fds if fd in fired or sock.has_message_read()], fired
         if self.settings.spin_s:
             ready = self._spin_for_message(wait_ms)
             if ready:

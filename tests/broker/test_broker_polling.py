@@ -8,9 +8,12 @@ import threading
 import time
 
 import pytest
+import zmq
 
 from tests.broker.inprocess_world import CONFIG, World, answer, infer
-from tritium.protocol import BatchDone, Kind, Response, ResponsePart
+from tritium.broker.server import Broker, BrokerSettings
+from tritium.protocol import (PROTOCOL_VERSION, BatchDone, Cancel, Hello, Kind, Response, ResponsePart, Role)
+from tritium.zmtp import ZmtpDealer
 
 DELAYED = CONFIG.replace("dynamic_batching { }",
                          "dynamic_batching { preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 20000 }")
@@ -235,3 +238,31 @@ def test_a_streams_first_response_leaves_alone_once_requests_come_one_at_a_time(
         assert lone["lone"] is True and messages == [[3], [3, 3, 3]]
     finally:
         world.close()
+
+
+def test_a_backlog_on_one_local_link_leaves_the_other_read_every_turn(tmp_path):
+    """A local link's socket reads all that arrived at once, more than a turn drains: a backlog of
+    an instance's messages must not keep the broker from the gateways' (each turn drains both)."""
+    context = zmq.Context()
+    broker = Broker(BrokerSettings(model_repositories=(str(tmp_path),), frontend=f"ipc://{tmp_path}/front",
+                                   backend=f"ipc://{tmp_path}/back", metrics=None, heartbeat_interval_s=1.0),
+                    context)
+    instance, gateway = ZmtpDealer(f"{tmp_path}/back", b"bls-1"), ZmtpDealer(f"{tmp_path}/front", b"gw-1")
+    try:
+        for _ in range(20):   # the handshakes
+            broker.turn(1)
+            instance.has_message()
+            gateway.has_message()
+        for rid in range(3 * 512):   # each a turn's whole drain ahead of the gateway
+            instance.send_parts([Cancel(rid, "absent", 1).encode()])
+        instance.has_message()   # (writes what waits)
+        assert broker.backend.has_message()   # all read at once
+        gateway.send_parts([Hello(Role.GATEWAY, PROTOCOL_VERSION, heartbeat_s=1.0).encode()])
+        gateway.has_message()
+        broker.turn(0)
+        assert b"gw-1" in broker.gateways
+    finally:
+        instance.close()
+        gateway.close()
+        broker.close()
+        context.destroy(0)

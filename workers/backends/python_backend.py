@@ -105,10 +105,6 @@ class PythonInstance(Instance):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._loop_made = threading.Lock()   # is_ready() asks from a thread of its own
-        # The requests' sender slots' (one for all: a lock made per request costs more than it would
-        # ever be waited for). The model may ask for a sender on another thread (its event loop's)
-        # while execute's thread starts watching. Reentrant: a finalizer may run _let_go inside a section.
-        self.slots_lock = threading.RLock()
         runtime.instance_name = context.name
         if context.broker and runtime.bls is None:
             runtime.bls = BlsClient(context.broker, f"{context.instance_id}/bls", context.curve)
@@ -369,7 +365,11 @@ class _SenderSlot:
         self._answered = False     # its final answer went out, or it can have none (its execution failed)
         self._alive = 0            # once watched: how many of the request and its sender the model holds
         self._watching = False
-        self._lock = instance.slots_lock
+        # The model may ask for the sender on another thread (its event loop's) while execute's
+        # thread starts watching. Reentrant: a finalizer may run _let_go inside a section. One per
+        # slot: a lock shared by all would let a finalizer's logging, run inside another slot's
+        # section, wait on a thread that waits for that section.
+        self._lock = threading.RLock()
 
     def __call__(self):
         """pb_utils.InferenceRequest.get_response_sender's factory."""
