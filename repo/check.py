@@ -32,7 +32,7 @@ def check_rows(scan: RepositoryScan) -> list[CheckRow]:
 def _row(entry: ModelEntry) -> CheckRow:
     path = ", ".join(str(p) for p in entry.paths)
     definition = entry.definition
-    if definition is None:
+    if definition is None or entry.error is not None:
         return CheckRow(entry.name, "-", [], None, "-", "-", False, entry.error, path)
     version_errors = _version_errors(definition)
     config = definition.config

@@ -26,7 +26,8 @@ _BYTECODE_CACHE = "__pycache__"
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """The outcome of loading one model name: a definition, or the error that stopped it."""
+    """The outcome of loading one model name: a definition, or the error that stopped it (an
+    ensemble its models cannot serve keeps its definition too: it is tried again when they load)."""
 
     name: str
     paths: tuple[Path, ...]
@@ -35,7 +36,7 @@ class ModelEntry:
 
     @property
     def ok(self) -> bool:
-        return self.definition is not None
+        return self.definition is not None and self.error is None
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,8 @@ class ModelRepository:
                 try:
                     validate_ensemble(entry.definition.config, configs, failures)
                 except ModelLoadError as exc:   # Triton drops such an ensemble before its lifecycle
-                    entries[name] = ModelEntry(name, entry.paths, error=LoadFailure.of(exc, LoadStage.CONFIG))
+                    entries[name] = ModelEntry(name, entry.paths, entry.definition,
+                                               error=LoadFailure.of(exc, LoadStage.CONFIG))
                     changed = True
         return entries
 

@@ -181,6 +181,20 @@ def test_poll_mode_checks_a_changed_ensemble_against_the_loaded_models(world):
     assert world.registry.versions[("ens", 1)].state == VersionState.READY
 
 
+def test_poll_mode_loads_an_ensemble_refused_at_startup_once_the_model_it_lacked_appears(world):
+    """As Triton's poll (checked side by side): the ensemble is tried again when its missing model loads."""
+    write_ensemble(world, "pair", ["m", "later"])
+    start_scanning(world, mode="poll")
+    world.instance_ready(world.loading("m"))
+    assert state(world, "pair") is None and not world.registry.knows("pair")
+    world.write("later")
+    world.lifecycle.poller.poll()
+    pump(world, lambda: state(world, "later") == VersionState.LOADING)
+    world.instance_ready(world.loading("later"))
+    pump(world, lambda: state(world, "pair") == VersionState.READY)
+    assert world.registry.knows("pair") and world.registry.server_ready()
+
+
 def test_an_ensemble_named_at_explicit_startup_loads_its_models_and_startup_waits_for_it(world):
     write_ensemble(world, "inner", ["m"])
     write_ensemble(world, "outer", ["inner"])
