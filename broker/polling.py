@@ -60,13 +60,11 @@ class RepositoryPoller:
                 self._steps.schedule_read(name, None, None, None)
         for name, record in list(self.registry.models.items()):
             if name not in on_disk and name not in self.removed and name not in self._loads:
+                self.removed.add(name)
+                self._ensembles.forget_dependent(name)   # (a refused ensemble is not tried again either)
+                record.fingerprint = ()   # the same folder moved back in is a new load
                 if record.rejected:   # nothing of it serves (a duplicate since the start, say): nothing to unload
-                    self.removed.add(name)
-                    record.fingerprint = ()
                     continue
                 log.info("repository change: model %s was removed, or is in several repositories now; unloading it",
                          name)
-                self.removed.add(name)
-                self._ensembles.forget_dependent(name)
-                record.fingerprint = ()   # the same folder moved back in is a new load
                 self._steps.unload_now(name)

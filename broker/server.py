@@ -300,7 +300,7 @@ class Broker:
         """One turn of the loop: wait for a message or a deadline, handle what is ready, send.
 
         ``timeout_ms`` caps the wait (tests drive the broker turn by turn); returns the
-        descriptors the wait found readable (none when messages were already queued).
+        descriptors the wait found readable.
         """
         ready, fired = self._wait(timeout_ms)
         self._now = time.monotonic()
@@ -341,11 +341,11 @@ class Broker:
         readable, so the wait returns at once for it without a check of its own (a system call
         per socket and turn); a libzmq socket, whose descriptor signals an arrival once, is asked.
         """
-        wait_ms = self._wait_ms(timeout_ms)
         if self.backend.has_message_read() or self.frontend.has_message_read():
             # The other socket's arrivals too: a backlog of one must not starve the other.
             fired = {fd for fd, _ in self._waiter.poll(0)}
             return [sock for sock, fd in self._socket_fds if fd in fired or sock.has_message_read()], fired
+        wait_ms = self._wait_ms(timeout_ms)
         if self.settings.spin_s:
             ready = self._spin_for_message(wait_ms)
             if ready:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritium.repo.backends import ENSEMBLE_PLATFORM, numeric_subdirs
-from tritium.repo.ensembles import validate_ensemble
+from tritium.repo.ensembles import composing_models, validate_ensemble
 from tritium.repo.errors import ConfigRejected, LoadFailure, LoadStage, ModelLoadError
 from tritium.repo.loader import load_model
 from tritium.repo.model import ModelDefinition, RepositoryOptions
@@ -120,7 +120,11 @@ class ModelRepository:
                 try:
                     validate_ensemble(entry.definition.config, configs, failures)
                 except ModelLoadError as exc:   # Triton drops such an ensemble before its lifecycle
-                    entries[name] = ModelEntry(name, entry.paths, entry.definition,
+                    # Kept with its definition when a model it uses is missing or failed: it is tried
+                    # again once that model loads (poll mode), as Triton's dependency graph does.
+                    lacking = any(member in failures or member not in configs
+                                  for member in composing_models(entry.definition.config))
+                    entries[name] = ModelEntry(name, entry.paths, entry.definition if lacking else None,
                                                error=LoadFailure.of(exc, LoadStage.CONFIG))
                     changed = True
         return entries

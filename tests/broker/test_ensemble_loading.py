@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import pytest
@@ -193,6 +194,20 @@ def test_poll_mode_loads_an_ensemble_refused_at_startup_once_the_model_it_lacked
     world.instance_ready(world.loading("later"))
     pump(world, lambda: state(world, "pair") == VersionState.READY)
     assert world.registry.knows("pair") and world.registry.server_ready()
+
+
+def test_poll_mode_forgets_a_refused_ensemble_whose_folder_went_away(world):
+    write_ensemble(world, "pair", ["m", "later"])
+    start_scanning(world, mode="poll")
+    world.instance_ready(world.loading("m"))
+    shutil.rmtree(world.root / "pair")
+    world.lifecycle.poller.poll()
+    world.write("later")
+    world.lifecycle.poller.poll()
+    pump(world, lambda: state(world, "later") == VersionState.LOADING)
+    world.instance_ready(world.loading("later"))
+    world.lifecycle.reader.run_completed()
+    assert "pair" not in world.lifecycle._loads and world.lifecycle.repository_errors == ()
 
 
 def test_an_ensemble_named_at_explicit_startup_loads_its_models_and_startup_waits_for_it(world):

@@ -212,6 +212,16 @@ def test_failure_propagates_to_ensembles_of_ensembles(root):
         "ensemble 'outer': step 0 (model 'ens'): model 'ens' failed to load: ensemble 'ens': step 0")
 
 
+def test_an_ensemble_refused_over_a_model_it_lacks_keeps_its_definition_to_be_tried_again(root):
+    """Missing or failed: it may load once that model does (poll mode). Refused for its own
+    mistakes (a tensor the model does not have), it has nothing to wait for."""
+    write_ensemble(root, "lacking", ensemble([step("nope", {"X": "A"}, {"Y": "SUM"})]))
+    write_ensemble(root, "wrong", ensemble([step("add_sub", {"INPUT0": "A", "INPUT1": "B"}, {"NOPE": "SUM"})]))
+    models = scan(root)
+    assert not models["lacking"].ok and models["lacking"].definition is not None
+    assert not models["wrong"].ok and models["wrong"].definition is None
+
+
 def test_no_steps(root):
     write_ensemble(root, "ens", ensemble([]))
     assert error_of(root) == "must have at least one step in 'ensemble_scheduling'"
