@@ -45,6 +45,8 @@ class LoadSteps(Protocol):
 
     def version_failed(self, version: ModelVersion, message: str) -> None: ...
 
+    def ensemble_refused(self, version: ModelVersion, message: str) -> None: ...
+
     def unload_now(self, name: str, with_members: bool = False) -> None: ...
 
 
@@ -169,7 +171,7 @@ class EnsembleLoader:
             if problem is None:
                 self._steps.version_ready(version)
             else:
-                self._steps.version_failed(version, problem)
+                self._steps.ensemble_refused(version, problem)
 
     def _members_problem(self, version: ModelVersion):
         """None when every step's model is READY, _WAITING while one still loads, else why not."""

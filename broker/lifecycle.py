@@ -34,6 +34,7 @@ from tritium.broker.registry import (
     load_identity,
 )
 from tritium.repo import LoadStage, ModelDefinition, ModelRepository, stage_of
+from tritium.repo.errors import LoadFailure
 from tritium.repo.json_form import config_to_json_dict
 from tritium.repo.names import require_name
 from tritium.repo.repository import DUPLICATE_REASON, version_fingerprint
@@ -451,6 +452,35 @@ class ModelLifecycle:
         self._progress(version, message)
         if self.ensembles.waiting:
             self.ensembles.check()
+
+    def ensemble_refused(self, version: ModelVersion, message: str) -> None:
+        """A first load of an ensemble whose models did not load: Triton's dependency graph never lets
+        such an ensemble into its lifecycle, so it ends as a config refused while polling does (its
+        name alone in the repository index, unknown to requests, not counted by readiness); its load
+        is answered with the reason, and polling tries it again once its models load. An ensemble
+        with a version serving fails as any version does."""
+        record = self.registry.models.get(version.name)
+        if record is None or version.replaces is not None or any(v is not version for v in record.versions.values()):
+            self.version_failed(version, message)
+            return
+        self._unassign(version)
+        self.registry.epochs.pop(version.epoch, None)
+        self._version_files.pop(version.epoch, None)
+        if self.registry.versions.get(version.key) is version:
+            del self.registry.versions[version.key]
+        del record.versions[version.version]
+        error = LoadFailure.at(f"ensemble '{version.name}': {message}", LoadStage.CONFIG)
+        log.error("model %s failed to load: %s", version.name, error)
+        record.error, record.error_stage = error, LoadStage.CONFIG
+        record.config_json = record.labels = None
+        self.scheduler.fail_queued(version, Unavailable(f"model '{version.name}' failed to load: {error}"))
+        self.ensembles.waits_for_members(version.name, version.definition, error, restoring=False)
+        self.membership.changed()
+        load = self._loads.get(version.name)
+        if load is not None and version.epoch in load.waiting:
+            load.waiting.discard(version.epoch)
+            load.errors.append(error)
+            self._finish_if_done(load)
 
     def _load_again(self, record: ModelRecord, version: ModelVersion, message: str) -> bool:
         """Triton's --model-load-retry-count: a version that failed to load (its instances already

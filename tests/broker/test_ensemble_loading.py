@@ -9,8 +9,8 @@ import pytest
 
 from tritium.broker.lifecycle import ControlSettings, ModelLifecycle
 from tritium.broker.registry import VersionState
-from tests.broker.lifecycle_world import World
-from tests.repo.helpers import config_fails_model, write_model
+from tests.broker.lifecycle_world import CONFIG, World
+from tests.repo.helpers import PLAIN_PY_MODEL, config_fails_model, write_model
 from tritium.errors import TritiumError
 from tritium.protocol import Kind
 
@@ -157,12 +157,28 @@ def test_at_startup_an_ensemble_is_ready_once_its_models_are(world):
     assert world.registry.loading_done() and world.registry.server_ready()
 
 
-def test_at_startup_an_ensemble_fails_with_the_model_it_needs(world):
+def test_at_startup_an_ensemble_whose_model_fails_is_left_out_as_triton_leaves_it(world):
+    """Triton's dependency graph never lets it into the lifecycle (checked side by side): the name
+    alone in the index, unknown to requests; the failed model itself keeps the server not ready."""
     start_scanning(world)
     world.lifecycle.version_failed(world.loading("m"), "boom")
-    version = world.registry.models["ens"].versions[1]
-    assert version.state == VersionState.UNAVAILABLE
-    assert version.reason == "step 0 (model 'm'): model 'm' is not available: boom"
+    record = world.registry.models["ens"]
+    assert not record.versions and record.error == "ensemble 'ens': step 0 (model 'm'): model 'm' is not available: boom"
+    assert {e["name"]: e.get("state") for e in world.lifecycle.index(False)} == {"ens": None, "m": "UNAVAILABLE"}
+    assert not world.registry.knows("ens") and not world.registry.server_ready()
+    assert world.registry.loading_done()
+
+
+def test_poll_mode_loads_an_ensemble_left_out_over_its_failed_model_once_the_model_loads(world):
+    start_scanning(world, mode="poll")
+    world.lifecycle.version_failed(world.loading("m"), "boom")
+    assert not world.registry.knows("ens")
+    write_model(world.root, "m", CONFIG.format(batch=8), {"1/model.py": PLAIN_PY_MODEL + "# fixed\n"})
+    world.lifecycle.poller.poll()
+    pump(world, lambda: state(world, "m") == VersionState.LOADING)
+    world.instance_ready(world.loading("m"))
+    pump(world, lambda: state(world, "ens") == VersionState.READY)
+    assert world.registry.knows("ens") and world.registry.server_ready()
 
 
 def test_poll_mode_checks_a_changed_ensemble_against_the_loaded_models(world):
