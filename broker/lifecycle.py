@@ -68,6 +68,7 @@ class LoadInProgress:
     override: tuple | None = None   # the load API's (config, files) this load applies, if any
     publish: ModelDefinition | None = None   # the config gateways get once a version of this load is READY
     fresh: list[ModelVersion] = field(default_factory=list)   # versions it loads where none served
+    first: bool = True   # the model was neither loaded nor unloaded before this load (its record is new)
 
 
 class ModelLifecycle:
@@ -250,6 +251,7 @@ class ModelLifecycle:
         assert definition is not None
         record.override = load.override
         was_unloaded, record.unloaded = record.unloaded, False
+        load.first = not (was_unloaded or record.versions or record.unloaded_versions)
         serving = not was_unloaded and any(v.state == VersionState.READY for v in record.versions.values())
         record.error, record.last_error = None, None
         if not serving and any(info.error is None for info in definition.versions):
@@ -460,7 +462,11 @@ class ModelLifecycle:
         is answered with the reason, and polling tries it again once its models load. An ensemble
         with a version serving fails as any version does."""
         record = self.registry.models.get(version.name)
-        if record is None or version.replaces is not None or any(v is not version for v in record.versions.values()):
+        load = self._loads.get(version.name)
+        # Only a first load of one version with nothing asked behind it: a record with a history (an
+        # unload, versions) or more versions keeps failing as versions do.
+        if record is None or load is None or not load.first or version.name in self._queued \
+                or list(record.versions.values()) != [version]:
             self.version_failed(version, message)
             return
         self._unassign(version)
@@ -469,15 +475,14 @@ class ModelLifecycle:
         if self.registry.versions.get(version.key) is version:
             del self.registry.versions[version.key]
         del record.versions[version.version]
+        version.state = VersionState.UNAVAILABLE
         error = LoadFailure.at(f"ensemble '{version.name}': {message}", LoadStage.CONFIG)
         log.error("model %s failed to load: %s", version.name, error)
-        record.error, record.error_stage = error, LoadStage.CONFIG
+        record.error, record.error_stage = str(error), LoadStage.CONFIG   # (a plain str: the model table encodes it)
         record.config_json = record.labels = None
-        self.scheduler.fail_queued(version, Unavailable(f"model '{version.name}' failed to load: {error}"))
         self.ensembles.waits_for_members(version.name, version.definition, error, restoring=False)
         self.membership.changed()
-        load = self._loads.get(version.name)
-        if load is not None and version.epoch in load.waiting:
+        if version.epoch in load.waiting:
             load.waiting.discard(version.epoch)
             load.errors.append(error)
             self._finish_if_done(load)

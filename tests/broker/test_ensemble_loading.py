@@ -167,6 +167,26 @@ def test_at_startup_an_ensemble_whose_model_fails_is_left_out_as_triton_leaves_i
     assert {e["name"]: e.get("state") for e in world.lifecycle.index(False)} == {"ens": None, "m": "UNAVAILABLE"}
     assert not world.registry.knows("ens") and not world.registry.server_ready()
     assert world.registry.loading_done()
+    assert type(record.error) is str and world.registry.table().encode()   # what the gateways are sent
+
+
+def test_an_ensemble_with_a_history_fails_as_its_versions_do_when_its_model_fails(world):
+    """Loaded and unloaded before: its index entry keeps its versions' story, as a failed load of a
+    model with versions does."""
+    write_ensemble(world, "ens", ["m"])
+    load_until_m_loads(world)
+    world.instance_ready(world.loading("m"))
+    pump(world, lambda: state(world, "ens") == VersionState.READY)
+    world.lifecycle.unload("ens")
+    world.lifecycle.unload("m")
+    world.lifecycle.load("m", {}, world.replies.append)
+    pump(world, lambda: state(world, "m") == VersionState.LOADING)
+    world.lifecycle.load("ens", {}, world.replies.append)
+    pump(world, lambda: state(world, "ens") == VersionState.LOADING)   # waiting for m
+    world.lifecycle.version_failed(world.loading("m"), "boom")
+    pump(world, lambda: len(world.replies) == 3)
+    assert world.replies[-1].message.startswith("load failed for model 'ens': version 1 is at UNAVAILABLE state: ")
+    assert world.registry.knows("ens") and world.registry.table().encode()
 
 
 def test_poll_mode_loads_an_ensemble_left_out_over_its_failed_model_once_the_model_loads(world):
