@@ -1,12 +1,13 @@
-"""Python bytecodes each request costs in an instance's executor and in the broker's turn: counted,
+"""Python bytecodes each request costs in an instance's executor, the broker's turn and the gateway: counted,
 not timed, so that two builds can be compared on a machine whose timings move by tens of percent.
 
 A change of a few microseconds per request is lost in this machine's noise (the same build's
 ``bench.instance_cpu`` rounds spread over 25-45 us); the bytecodes it runs are the same on every
 run. Counted with ``sys.settrace`` opcode events over requests of add_sub (the Python model of
 bench/serving_overhead.py) one at a time, as at concurrency 1: the instance's executor running
-BATCH messages of ``--batch`` requests (as bench/instance_cpu.py), and the broker's turns with
-scripted peers keeping ``--window`` requests in flight (as bench/broker_cpu.py). What C code does
+BATCH messages of ``--batch`` requests (as bench/instance_cpu.py), the broker's turns with
+scripted peers keeping ``--window`` requests in flight (as bench/broker_cpu.py), and the gateway's
+HTTP front end with ``--window`` clients a turn (as bench/gateway_cpu.py). What C code does
 (numpy, msgspec, system calls) is not counted; the Python around it is where a build's own cost
 per request grows. The instance's count is the same on every run; the broker's moves by a few tenths
 of a percent (its peers' answers sometimes come a turn later). ``--save`` keeps a build's counts;
@@ -97,8 +98,23 @@ def count_broker(window: int) -> dict:
     return counter.per_request(served)
 
 
+def count_gateway(clients: int) -> dict:
+    """HTTP requests of ``clients`` connections per turn through the gateway in-process (as
+    bench/gateway_cpu.py: parsing, checks, the INFER record, the answer's encoding and framing)."""
+    import asyncio
+
+    import uvloop
+
+    from bench.gateway_cpu import measure
+
+    counter = Counter()
+    uvloop.install()
+    asyncio.run(measure("http", COUNTED, clients, counter._trace))
+    return counter.per_request(COUNTED * clients)
+
+
 def counts(batch: int, window: int) -> dict:
-    return {"instance": count_instance(batch), "broker": count_broker(window)}
+    return {"instance": count_instance(batch), "broker": count_broker(window), "gateway": count_gateway(window)}
 
 
 def report(part: str, figures: dict, before: dict | None, top: int) -> None:
@@ -135,8 +151,8 @@ def main() -> None:
     if args.save:
         args.save.write_text(json.dumps(figures))
     before = json.loads(args.against.read_text()) if args.against else None
-    for part in ("instance", "broker"):
-        report(part, figures[part], before and before[part], args.top)
+    for part in ("instance", "broker", "gateway"):
+        report(part, figures[part], before and before.get(part), args.top)
     print(f"({time.monotonic() - started:.0f} s)")
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 from collections.abc import Callable
 
@@ -131,8 +132,10 @@ class GrpcClient:
                 + self.frame(8, 0, 0, (len(self.message) * len(ids)).to_bytes(4, "big")))
 
 
-async def measure(protocol: str, turns: int) -> float:
-    """CPU microseconds per request over ``turns`` turns of CLIENTS requests."""
+async def measure(protocol: str, turns: int, clients: int = CLIENTS, traced: Callable | None = None) -> float:
+    """CPU microseconds per request over ``turns`` turns of ``clients`` requests (HTTP: any number;
+    gRPC: a multiple of GRPC_CONNECTIONS). ``traced``: a ``sys.settrace`` function that sees the
+    gateway's work of the measured turns (bench/bytecodes.py), not the benchmark's own."""
     broker = ScriptedBroker(f"inproc://gateway-cpu-{protocol}-{time.monotonic_ns()}")
     link = await attached_gateway_link(broker, TABLE, 5.0)
     sent: list[list] = []
@@ -142,7 +145,7 @@ async def measure(protocol: str, turns: int) -> float:
     if protocol == "http":
         app, settings, shared = HttpApp(DataPlane(link)), HttpSettings(max_body_bytes=1 << 26), OpenConnections()
         request = http_request()
-        for _ in range(CLIENTS):
+        for _ in range(clients):
             http = HttpConnection(app, settings, loop, shared)
             http.connection_made(CountingTransport())
             feed.append(lambda http=http: http.data_received(request))
@@ -152,7 +155,7 @@ async def measure(protocol: str, turns: int) -> float:
             client, grpc = GrpcClient(), GrpcConnection(server.shared, loop)
             grpc.connection_made(CountingTransport())
             grpc.data_received(client.preface())
-            calls = CLIENTS // GRPC_CONNECTIONS   # made ahead: the clients' work is not the gateway's
+            calls = clients // GRPC_CONNECTIONS   # made ahead: the clients' work is not the gateway's
             if protocol == "grpc-stream":   # a stream per client, one request on each per turn
                 opening, ids = client.open_streams(calls)
                 grpc.data_received(opening)
@@ -162,30 +165,34 @@ async def measure(protocol: str, turns: int) -> float:
             feed.append(lambda grpc=grpc, chunks=chunks: grpc.data_received(next(chunks)))
     answering = 0.0
 
-    async def turn() -> None:
+    async def turn(trace: Callable | None = None) -> None:
         nonlocal answering
+        sys.settrace(trace)
         for send in feed:
             send()
         await asyncio.sleep(0)   # the link's turn-end send
+        sys.settrace(None)
         started = time.process_time()
         answers = [Response(message.rid, OUTPUTS).encode([TENSOR, TENSOR])
                    for parts in sent for message in (read_record(part)[0] for part in parts) if isinstance(message, Infer)]
         sent.clear()
         answering += time.process_time() - started
-        assert len(answers) == CLIENTS, f"{len(answers)} of {CLIENTS} requests reached the broker: the gateway refused some"
+        assert len(answers) == clients, f"{len(answers)} of {clients} requests reached the broker: the gateway refused some"
+        sys.settrace(trace)
         link._dispatch(answers, 0)   # as a message from the broker is dispatched
         await asyncio.sleep(0)   # the connections' writes
+        sys.settrace(None)
 
     for _ in range(WARM_TURNS):
         await turn()
     answering = 0.0
     started = time.process_time()
     for _ in range(turns):
-        await turn()
+        await turn(traced)
     spent = time.process_time() - started - answering
     link.close()
     broker.close()
-    return spent / (turns * CLIENTS) * 1e6
+    return spent / (turns * clients) * 1e6
 
 
 def main() -> None:
