@@ -96,7 +96,7 @@ class ModelRepository:
 
     def _load_entry(self, name: str, paths: tuple[Path, ...]) -> ModelEntry:
         if len(paths) > 1:   # as Triton's poll: not unique, so never loaded (repository index: DUPLICATE_REASON)
-            return ModelEntry(name, paths, error=LoadFailure.of(ConfigRejected(name, _duplicate_message(name, paths))))
+            return ModelEntry(name, paths, error=LoadFailure.at(_duplicate_message(name, paths), LoadStage.CONFIG))
         try:
             return ModelEntry(name, paths, definition=load_model(name, paths[0], self.options))
         except ModelLoadError as exc:

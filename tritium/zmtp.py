@@ -753,10 +753,10 @@ class ZmtpDealer:
 
     def has_message(self) -> bool:
         """Whether a message can be read now (after flushing what waits, reading what arrived)."""
-        if self._inbox or (self._connection is not None and self._connection.reader.messages):
+        if self.has_message_read():
             return True
         self._service()
-        return bool(self._inbox) or (self._connection is not None and bool(self._connection.reader.messages))
+        return self.has_message_read()
 
     def has_message_read(self) -> bool:
         """Whether a message was read and waits, without a system call: what has not been read

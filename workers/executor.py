@@ -622,11 +622,9 @@ class _SentAnswers:
             # Every request answered by its return (the usual): a send racing this check came after
             # the returns, and is dropped, as a later one is.
             return returned, frozenset()
-        with self._lock:
+        with self._lock:   # (sends only add to _sent: what the check above let through still needs merging)
             self._running = False
             sent = self._sent
-            if not sent and (failed or _none_missing(returned)):
-                return returned, frozenset()
             if failed:
                 log.error("model %s failed after answering through a response sender: %s",
                           self._executor.model, returned[0].error.message)

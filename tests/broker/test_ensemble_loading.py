@@ -139,6 +139,13 @@ def test_unload_dependents_leaves_a_model_another_ensemble_uses(world):
     assert unloaded == {"one", "n"}
 
 
+def polled_in(world: World, name: str) -> None:
+    """A poll picks up ``name``'s files, and its instance comes up."""
+    world.lifecycle.poller.poll()
+    pump(world, lambda: state(world, name) == VersionState.LOADING)
+    world.instance_ready(world.loading(name))
+
+
 def start_scanning(world: World, mode: str = "none") -> None:
     """What tritium serve does without explicit model control: load the whole repository."""
     write_ensemble(world, "ens", ["m"])
@@ -194,9 +201,7 @@ def test_poll_mode_loads_an_ensemble_left_out_over_its_failed_model_once_the_mod
     world.lifecycle.version_failed(world.loading("m"), "boom")
     assert not world.registry.knows("ens")
     write_model(world.root, "m", CONFIG.format(batch=8), {"1/model.py": PLAIN_PY_MODEL + "# fixed\n"})
-    world.lifecycle.poller.poll()
-    pump(world, lambda: state(world, "m") == VersionState.LOADING)
-    world.instance_ready(world.loading("m"))
+    polled_in(world, "m")
     pump(world, lambda: state(world, "ens") == VersionState.READY)
     assert world.registry.knows("ens") and world.registry.server_ready()
 
@@ -225,9 +230,7 @@ def test_poll_mode_loads_an_ensemble_refused_at_startup_once_the_model_it_lacked
     world.instance_ready(world.loading("m"))
     assert state(world, "pair") is None and not world.registry.knows("pair")
     world.write("later")
-    world.lifecycle.poller.poll()
-    pump(world, lambda: state(world, "later") == VersionState.LOADING)
-    world.instance_ready(world.loading("later"))
+    polled_in(world, "later")
     pump(world, lambda: state(world, "pair") == VersionState.READY)
     assert world.registry.knows("pair") and world.registry.server_ready()
 
@@ -239,9 +242,7 @@ def test_poll_mode_forgets_a_refused_ensemble_whose_folder_went_away(world):
     shutil.rmtree(world.root / "pair")
     world.lifecycle.poller.poll()
     world.write("later")
-    world.lifecycle.poller.poll()
-    pump(world, lambda: state(world, "later") == VersionState.LOADING)
-    world.instance_ready(world.loading("later"))
+    polled_in(world, "later")
     world.lifecycle.reader.run_completed()
     assert "pair" not in world.lifecycle._loads and world.lifecycle.repository_errors == ()
 

@@ -181,9 +181,7 @@ class PythonInstance(Instance):
         pb_requests = [self._pb_request(r) for r in requests]
         slots = [pb_request._sender for pb_request in pb_requests]
         try:
-            returned = self._run_execute(pb_requests, slots)
-            if type(returned) is not list or len(returned) != len(requests) or self.decoupled:   # (the usual: a list)
-                returned = self._checked(returned, len(requests))
+            returned = self._checked(self._run_execute(pb_requests, slots), len(requests))
             again = self._rescheduled(pb_requests, returned) if runtime.release_flags_set else ()
         except InternalError:
             for slot in slots:   # as in Triton, the model can send nothing more for these requests
@@ -236,6 +234,8 @@ class PythonInstance(Instance):
 
     def _checked(self, result, count: int) -> list:
         """What ``execute`` returned, one entry per request, or Triton's error for what it must not return."""
+        if type(result) is list and len(result) == count and not self.decoupled:   # the usual, checked first
+            return result
         if result is None:
             return [None] * count
         if self.decoupled:
