@@ -68,6 +68,7 @@ _IOV_MAX = 512               # buffers per sendmsg (the kernel allows 1024)
 _SEND_BUFFER = 4 * 1024 * 1024
 _LARGEST_FRAME = 1 << 40     # more is no tensor: a peer that is not ours
 _HANDSHAKE_S = 30.0          # a connection that has not finished its handshake by then is dropped (libzmq's HANDSHAKE_IVL)
+_ACCEPT_PAUSE_S = 0.1         # out of descriptors, the router tries accepting again after this
 
 
 def _command(name: bytes, properties: dict[bytes, bytes]) -> bytes:
@@ -653,6 +654,10 @@ class _Alarm:
         self._read.setblocking(False)
         self._watched = False
         self._timer: threading.Timer | None = None
+        # A timer that has already woken can no longer be cancelled: it rings only if it is still
+        # the latest one set, checked under the lock that cancelling takes.
+        self._lock = threading.Lock()
+        self._setting = 0
 
     def watch(self, watched: bool) -> None:
         if watched != self._watched:
@@ -665,13 +670,18 @@ class _Alarm:
     def ring_in(self, delay_s: float) -> None:
         """Turn readable after ``delay_s`` (one timer at a time: this replaces the last)."""
         self.cancel()
-        self._timer = threading.Timer(delay_s, self._ring)
+        self._timer = threading.Timer(delay_s, self._ring, (self._setting,))
         self._timer.daemon = True
         self._timer.start()
 
     def cancel(self) -> None:
+        """No ring from a timer set before, not even one already on its way."""
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
+            with self._lock:
+                self._setting += 1
+                self._read_off()
 
     def stop(self) -> None:
         """No longer needed: cancelled, read off and unwatched."""
@@ -681,6 +691,14 @@ class _Alarm:
 
     def rang(self) -> bool:
         """Whether it rang since last asked (read off, so that it is no longer readable)."""
+        return self._read_off()
+
+    def close(self) -> None:
+        self.cancel()
+        self._read.close()
+        self._write.close()
+
+    def _read_off(self) -> bool:
         rang = False
         try:
             while self._read.recv(64):
@@ -689,16 +707,14 @@ class _Alarm:
             pass
         return rang
 
-    def close(self) -> None:
-        self.cancel()
-        self._read.close()
-        self._write.close()
-
-    def _ring(self) -> None:
-        try:
-            self._write.send(b"\0")
-        except OSError:
-            pass   # closed meanwhile
+    def _ring(self, setting: int) -> None:
+        with self._lock:
+            if setting != self._setting:
+                return   # cancelled after its timer woke
+            try:
+                self._write.send(b"\0")
+            except OSError:
+                pass   # closed meanwhile
 
 
 class ZmtpDealer:
@@ -814,7 +830,12 @@ class ZmtpDealer:
             self._alarm.stop()
 
     def _connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as exc:   # out of descriptors: tried again after the backoff
+            log.warning("connecting to ipc://%s: %s", self.path, exc)
+            self._retry_later()
+            return
         sock.setblocking(False)   # a full backlog answers EAGAIN (retried) instead of blocking the owner
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
@@ -895,6 +916,10 @@ class ZmtpRouter:
         self._anonymous = itertools.count(1)
         self._handshakes: dict[_Connection, float] = {}   # connections before their READY, by deadline
         self._alarm = _Alarm(self._poller)                 # watched while there are any
+        # Out of descriptors, the listener stays readable with nothing it can accept: it is left
+        # out of the poller for a while (the owner's loop would spin on it), this alarm its way back.
+        self._accept_alarm = _Alarm(self._poller)
+        self._accepting = True
 
     def fileno(self) -> int:
         return self._poller.fileno()
@@ -937,6 +962,7 @@ class ZmtpRouter:
         self._handshakes.clear()
         self._poller.close()
         self._alarm.close()
+        self._accept_alarm.close()
         self._listener.close()
         try:
             if os.stat(self.path).st_ino == self._inode:   # not a newer router's socket at the same path
@@ -968,6 +994,8 @@ class ZmtpRouter:
                 self._drop(connection)
         if self._handshakes:
             self._end_overdue_handshakes()
+        if not self._accepting and self._accept_alarm.rang():
+            self._resume_accepting()
 
     def _end_overdue_handshakes(self) -> None:
         rang = self._alarm.rang()
@@ -990,8 +1018,8 @@ class ZmtpRouter:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:   # out of descriptors, say: the peer retries
-                log.warning("accepting a connection on ipc://%s: %s", self.path, exc)
+            except OSError as exc:   # out of descriptors, say: the peer waits in the backlog
+                self._pause_accepting(exc)
                 return
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
             connection = _Connection(sock, self._poller, b"ROUTER", pools=self.pools)
@@ -1001,6 +1029,19 @@ class ZmtpRouter:
                 self._alarm.ring_in(self.handshake_s)
                 self._alarm.watch(True)
             self._handshakes[connection] = time.monotonic() + self.handshake_s
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        log.warning("cannot accept a connection on ipc://%s (%s): trying again in %g s", self.path, exc, _ACCEPT_PAUSE_S)
+        self._accepting = False
+        self._poller.modify(self._listener.fileno(), 0)
+        self._accept_alarm.watch(True)
+        self._accept_alarm.ring_in(_ACCEPT_PAUSE_S)
+
+    def _resume_accepting(self) -> None:
+        self._accept_alarm.stop()
+        self._accepting = True
+        self._poller.modify(self._listener.fileno(), select.EPOLLIN)
+        self._accept()
 
     def _named(self, connection: _Connection) -> None:
         """Route to ``connection`` by the identity of its READY. As libzmq's ROUTER, an identity

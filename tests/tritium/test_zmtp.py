@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import random
+import resource
 import select
 import socket
 import time
@@ -11,7 +14,7 @@ import time
 import pytest
 import zmq
 
-from tritium.zmtp import _NULL_GREETING, ZmtpDealer, ZmtpError, ZmtpRouter, _command, _Reader, encode
+from tritium.zmtp import _NULL_GREETING, ZmtpDealer, ZmtpError, ZmtpRouter, _Alarm, _command, _Reader, encode
 
 
 @pytest.fixture
@@ -185,10 +188,10 @@ def test_an_identity_held_by_a_live_peer_is_refused_and_passes_on_when_it_ends(p
         router.close()
 
 
-def said_hello(path) -> tuple[ZmtpRouter, ZmtpDealer]:
+def said_hello(path, **dealer_options) -> tuple[ZmtpRouter, ZmtpDealer]:
     """A ZMTP ROUTER and a DEALER named gw, connected: the router has had the dealer's first message."""
     router = ZmtpRouter(path)
-    dealer = ZmtpDealer(path, b"gw")
+    dealer = ZmtpDealer(path, b"gw", **dealer_options)
     dealer.send_parts([b"hello"])
     assert receive(router, [dealer]) == [b"gw", b"hello"]
     return router, dealer
@@ -331,7 +334,7 @@ def test_the_reader_finds_the_same_messages_however_the_bytes_arrive():
 def test_a_reconnection_timer_that_fires_late_leaves_the_descriptor_quiet(path):
     router, dealer = said_hello(path)
     try:
-        dealer._alarm._ring()   # as a timer does that fires after a send has reconnected already
+        dealer._alarm._ring(dealer._alarm._setting)   # as a timer does that fires after a send has reconnected already
         poller = select.poll()
         poller.register(dealer.fileno(), select.POLLIN)
         assert poller.poll(100) == []   # nothing to do: an owner's loop would sleep, not spin
@@ -417,4 +420,108 @@ def test_a_client_that_leaves_before_its_handshake_leaves_the_router_quiet(path)
         poller.register(router.fileno(), select.POLLIN)
         assert poller.poll(100) == []   # nothing left to time: an owner's loop would sleep, not spin
     finally:
+        router.close()
+
+
+@pytest.fixture
+def few_descriptors():
+    """Lowers this process's descriptor limit so that a test can run out of them; yields a
+    function that opens descriptors until none is left, and closes them all afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    opened: list[int] = []
+
+    def exhaust() -> None:
+        while True:
+            try:
+                opened.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as exc:
+                assert exc.errno == errno.EMFILE
+                return
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 64, hard))
+    try:
+        yield exhaust, opened
+    finally:
+        for fd in opened:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_router_out_of_descriptors_waits_instead_of_spinning_and_accepts_afterwards(path, few_descriptors, caplog):
+    exhaust, opened = few_descriptors
+    router = ZmtpRouter(path)
+    client = socket.socket(socket.AF_UNIX)
+    try:
+        exhaust()
+        client.connect(path)   # waits in the listener's backlog: nothing left to accept it with
+        client.sendall(_NULL_GREETING)
+        poller = select.poll()
+        poller.register(router.fileno(), select.POLLIN)
+        with caplog.at_level(logging.WARNING, logger="tritium.zmtp"):
+            started = time.monotonic()
+            wakeups = 0
+            while time.monotonic() - started < 0.05:   # as an owner: called in only when readable
+                if poller.poll(10):
+                    wakeups += 1
+                    assert not router.has_message()
+        assert wakeups <= 2, "the owner's loop spun on a listener it could not accept from"
+        assert [r.getMessage() for r in caplog.records] == [
+            f"cannot accept a connection on ipc://{path} ([Errno 24] Too many open files): trying again in 0.1 s"]
+        for fd in opened:
+            os.close(fd)
+        opened.clear()
+        assert poller.poll(1000), "the router never tried again"
+        router.has_message()
+        client.settimeout(2)
+        assert client.recv(1)[:1] == b"\xff"   # accepted at last: our greeting
+        assert len(router._connections) == 1
+    finally:
+        client.close()
+        router.close()
+
+
+def test_a_cancelled_alarm_does_not_ring_even_from_a_timer_already_woken():
+    poller = select.epoll()
+    alarm = _Alarm(poller)
+    try:
+        alarm.ring_in(60)
+        woken = alarm._setting   # what its timer thread holds once it wakes
+        alarm.cancel()
+        alarm._ring(woken)       # the timer, woken just before the cancel, rings late
+        assert not alarm.rang()
+        alarm.ring_in(0.01)
+        time.sleep(0.1)
+        assert alarm.rang()
+        alarm.ring_in(0.01)      # rang but not read off: cancelling reads it off
+        time.sleep(0.1)
+        alarm.cancel()
+        assert not alarm.rang()
+    finally:
+        alarm.close()
+        poller.close()
+
+
+def test_a_dealer_out_of_descriptors_keeps_trying_to_reconnect(path, few_descriptors):
+    exhaust, opened = few_descriptors
+    router, dealer = said_hello(path, reconnect_ivl_s=0.02, reconnect_ivl_max_s=0.05)
+    try:
+        router.close()
+        deadline = time.monotonic() + 5
+        while dealer._connection is not None and time.monotonic() < deadline:   # sees its connection end
+            if select.select([dealer.fileno()], [], [], 0.02)[0]:
+                dealer.has_message()
+        router = ZmtpRouter(path)
+        exhaust()
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:   # its reconnections cannot make a socket: tried again later
+            if select.select([dealer.fileno()], [], [], 0.02)[0]:
+                assert not dealer.has_message()
+        assert dealer._connection is None
+        for fd in opened:
+            os.close(fd)
+        opened.clear()
+        dealer.send_parts([b"two"])
+        assert receive(router, [dealer]) == [b"gw", b"two"]
+    finally:
+        dealer.close()
         router.close()
