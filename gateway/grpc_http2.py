@@ -115,6 +115,7 @@ class Http2Connection:
         self.last_stream_id = 0
         self.going_away = False
         self._unacknowledged = 0
+        self.withholding = False   # the connection's window is not handed back: the client sends no more than it has
         self._buffer = bytearray()
         self._piecing: tuple[int, int, int] | None = None   # a large DATA frame handed on as it comes: stream, flags, to come
         self._preface = False
@@ -275,9 +276,10 @@ class Http2Connection:
             raise ConnectionFailure(PROTOCOL_ERROR, "DATA on stream 0")
         length = len(payload)
         self._unacknowledged += length
-        if self._unacknowledged > self.window // 2:
-            self._out.append(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._unacknowledged)))
-            self._unacknowledged = 0
+        if self._unacknowledged > self.window // 2 and not self.withholding:
+            self._hand_back()
+        elif self._unacknowledged > self.window:
+            raise ConnectionFailure(FLOW_CONTROL_ERROR, "DATA past the connection's window")
         stream = self.streams.get(stream_id)
         if stream is None or stream.remote_closed:   # one we reset or answered: its data is dropped
             if stream_id > self.last_stream_id:
@@ -295,6 +297,18 @@ class Http2Connection:
                 self._out.append(frame(WINDOW_UPDATE, 0, stream_id, struct.pack(">I", stream.unacknowledged)))
                 stream.unacknowledged = 0
         self.on_data(stream_id, payload, end)
+
+    def withhold(self, withholding: bool) -> None:
+        """While ``withholding``, what the client sends is not handed back on the connection's
+        window, so that it can send no more than the window it holds; once that ends, what was
+        taken is handed back as it would have been."""
+        self.withholding = withholding
+        if not withholding and self._unacknowledged > self.window // 2:
+            self._hand_back()
+
+    def _hand_back(self) -> None:
+        self._out.append(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._unacknowledged)))
+        self._unacknowledged = 0
 
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id % 2 == 0:

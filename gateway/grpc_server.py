@@ -55,6 +55,9 @@ _OK_BLOCK = encode_headers([(b"grpc-status", b"0")])
 _NOT_GRPC_BLOCK = encode_headers([(b":status", b"415"), (b"content-type", b"text/plain")])
 _WINDOW = 16 * 1024 * 1024         # what a client may send ahead of our acknowledgements
 _MAX_FRAME = 1024 * 1024           # the largest DATA frame we take (fewer frames for big tensors)
+# Answers a connection holds for a client that does not read them: past this, it takes no new
+# calls (and hands back none of its window) until the client has read enough of them.
+MAX_HELD_BYTES = 64 * 1024 * 1024
 _NOT_METADATA = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 _DEADLINE_EXCEEDED = GrpcFailure(STATUS["DEADLINE_EXCEEDED"], "Deadline Exceeded")
 
@@ -140,9 +143,10 @@ class _Shared(OpenConnections["GrpcConnection"]):
     """What every connection of one server shares: the RPCs, the limit, the open connections."""
 
     def __init__(self, servicer: GrpcInferenceService, rpcs: dict[bytes, Rpc], max_message_bytes: int,
-                 keepalive: GrpcKeepalive, compression_level: str) -> None:
+                 keepalive: GrpcKeepalive, compression_level: str, max_held_bytes: int = MAX_HELD_BYTES) -> None:
         super().__init__()
         self.servicer, self.rpcs, self.max_message_bytes = servicer, rpcs, max_message_bytes
+        self.max_held_bytes = max_held_bytes
         self.keepalive = keepalive
         self.compression_level = compression_level   # Triton's, for inference responses
 
@@ -161,6 +165,12 @@ class GrpcConnection(asyncio.Protocol):
         # The calls whose data waits for the client's window: a connection WINDOW_UPDATE (one
         # per answer read, from most clients) wakes these, not every call on the connection.
         self.blocked: dict[int, _Call] = {}
+        # While the client leaves too many answers unread (``holding``), the calls it starts and
+        # the requests of its streams wait here, in order, each as (call, what starts it).
+        self.holding = False
+        self.write_paused = False
+        self.held_back: deque[tuple[_Call, Callable[[], None]]] = deque()
+        self.recheck_scheduled = False
         self.flush_scheduled = False
         self.closed = False
         self.aged = False        # past its maximum age: told GOAWAY, closes when its calls are done
@@ -187,11 +197,14 @@ class GrpcConnection(asyncio.Protocol):
         for call in list(self.calls.values()):
             call.abandon()
             self._forget(call)
+        self.held_back.clear()
         self.shared.lost(self)
 
     def data_received(self, data: bytes) -> None:
         if self.timers is not None:
             self.timers.heard()
+        if self.blocked or self.holding or self.write_paused:
+            self._hold_if_unread()   # before the calls this data starts
         try:
             self.http2.receive(data)
         except ConnectionFailure as failure:
@@ -200,7 +213,18 @@ class GrpcConnection(asyncio.Protocol):
             self._flush()
             self.close()
             return
+        if self.holding:   # what it read (window updates, resets) may have made room
+            self._hold_if_unread()
         self._flush()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.holding:
+            self._hold_if_unread()
+            self._flush_soon()
 
     # -- HTTP/2 callbacks ----------------------------------------------------------------
 
@@ -278,6 +302,9 @@ class GrpcConnection(asyncio.Protocol):
     def _take(self, call: _Call, messages: list[Any]) -> None:
         if call.stream is None:
             call.messages += messages
+        elif self.holding or self.held_back:
+            for message in messages:
+                self.held_back.append((call, partial(call.stream.request, call.rpc.request(message))))
         else:
             for message in messages:
                 call.stream.request(call.rpc.request(message))
@@ -328,10 +355,13 @@ class GrpcConnection(asyncio.Protocol):
         """The client has sent all of the call's requests."""
         if call.reader.partial:
             self._fail(call, GrpcFailure(INTERNAL, "the request stream ended inside a message"))
+        elif len(call.messages) != 1 and call.stream is None:
+            self._fail(call, GrpcFailure(INTERNAL, f"a unary call needs one request message, got {len(call.messages)}"))
+        elif self.holding or self.held_back:   # after what is held back, in order
+            self.held_back.append((call, call.stream.client_done if call.stream is not None else
+                                   partial(self._unary, call, call.rpc.request(call.messages.pop()))))
         elif call.stream is not None:
             call.stream.client_done()
-        elif len(call.messages) != 1:
-            self._fail(call, GrpcFailure(INTERNAL, f"a unary call needs one request message, got {len(call.messages)}"))
         else:
             self._unary(call, call.rpc.request(call.messages.pop()))
 
@@ -349,6 +379,29 @@ class GrpcConnection(asyncio.Protocol):
         else:
             for call in list(self.blocked.values()):
                 self._send_pending(call)
+
+    def _hold_if_unread(self) -> None:
+        """Hold back new calls (and the connection's window) while the answers the client has
+        not read pass ``max_held_bytes``; start those held back once they no longer do."""
+        held = self.transport.get_write_buffer_size()
+        for call in self.blocked.values():
+            held += sum(len(piece) for piece in call.pending if not isinstance(piece, asyncio.Future))
+        holding = held > self.shared.max_held_bytes
+        if holding != self.holding:
+            self.holding = holding
+            self.http2.withhold(holding)
+            if holding:
+                log.debug("gRPC connection: %d bytes of answers unread, no new calls taken until they are", held)
+        while self.held_back and not self.holding:
+            call, start = self.held_back.popleft()
+            if not call.done:   # not reset, expired or failed meanwhile
+                start()
+
+    def _recheck(self) -> None:
+        self.recheck_scheduled = False
+        if self.holding and not self.closed:
+            self._hold_if_unread()
+            self._flush_soon()
 
     def _client_going_away(self) -> None:
         if not self.calls:
@@ -579,6 +632,9 @@ class GrpcConnection(asyncio.Protocol):
         self.calls.pop(call.id, None)
         if self._closing_when_idle() and not self.calls:
             self._flush_soon()
+        if self.holding and not self.recheck_scheduled:   # its unread answers gone (reset, deadline): room, maybe
+            self.recheck_scheduled = True
+            self.loop.call_soon(self._recheck)
 
     def _flush_soon(self) -> None:
         if not self.flush_scheduled:
@@ -684,13 +740,13 @@ class GrpcServer:
 
     def __init__(self, servicer: GrpcInferenceService, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  keepalive: GrpcKeepalive = GrpcKeepalive(), compression_level: str = "none",
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, max_held_bytes: int = MAX_HELD_BYTES) -> None:
         rpcs = {f"/{SERVICE.full_name}/{m.name}".encode(): Rpc(m.name, m.streaming, m.parse, m.serialize,
                                                                getattr(servicer, m.name), m.costly, m.read_ahead)
                 for m in rpc_methods()}
         path, parse, serialize = health_check_method()
         rpcs[path.encode()] = Rpc("Check", False, parse, serialize, servicer.health.Check)
-        self.shared = _Shared(servicer, rpcs, max_message_bytes, keepalive, compression_level)
+        self.shared = _Shared(servicer, rpcs, max_message_bytes, keepalive, compression_level, max_held_bytes)
         self._sock: socket.socket | None = None
         self._server: asyncio.AbstractServer | None = None
         self._tls = tls   # the server's TLS context (None: plain HTTP/2)
@@ -724,7 +780,7 @@ class GrpcServer:
 def bind_grpc_tritium(service: GrpcInferenceService, address: str, port: int,
                       max_message_bytes: int = MAX_MESSAGE_BYTES, reuse_port: bool = False,
                       keepalive: GrpcKeepalive = GrpcKeepalive(), tls: GrpcTls | None = None,
-                      compression_level: str = "none") -> tuple[GrpcServer, int]:
+                      compression_level: str = "none", max_held_bytes: int = MAX_HELD_BYTES) -> tuple[GrpcServer, int]:
     """``bind_grpc``'s counterpart: a server bound to ``address:port``, to be started."""
     context = None
     if tls is not None:   # loaded now: files that cannot serve stop startup with one line, as a taken port does
@@ -732,5 +788,5 @@ def bind_grpc_tritium(service: GrpcInferenceService, address: str, port: int,
             context = tls.server_context()
         except InvalidArgument as exc:
             raise PortInUse("GRPC", address, port, f"cannot serve TLS: {exc.message}") from None
-    server = GrpcServer(service, max_message_bytes, keepalive, compression_level, context)
+    server = GrpcServer(service, max_message_bytes, keepalive, compression_level, context, max_held_bytes)
     return server, server.bind(address, port, reuse_port)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import struct
 
-from tritium.gateway.grpc_http2 import DATA, END_HEADERS, END_STREAM, HEADERS, Http2Connection, _Stream
+import pytest
+
+from tritium.gateway.grpc_http2 import (DATA, END_HEADERS, END_STREAM, FLOW_CONTROL_ERROR, HEADERS, WINDOW_UPDATE,
+                                        ConnectionFailure, Http2Connection, _Stream)
 
 
 def _connection() -> Http2Connection:
@@ -98,3 +101,36 @@ def test_the_pieces_of_a_large_frame_count_against_the_windows_as_the_frame_woul
                   for position in range(0, len(wire), 13)]   # WINDOW_UPDATE frames only: 9 + 4 bytes each
     assert sum(len(data) for _, data, _ in got) == len(payload)
     assert sum(increments) == 2 * 200_000   # past half the window twice: the connection's and the stream's, each once
+
+
+def _window_updates(h2: Http2Connection) -> list[tuple[int, int]]:
+    """The (stream, increment) of each WINDOW_UPDATE the connection has to send."""
+    wire = b"".join(bytes(segment) for segment in h2.data_to_send())
+    updates, position = [], 0
+    while position < len(wire):
+        length_kind, _, stream_id = struct.unpack_from(">IBI", wire, position)
+        if length_kind & 0xFF == WINDOW_UPDATE:
+            updates.append((stream_id, struct.unpack_from(">I", wire, position + 9)[0]))
+        position += 9 + (length_kind >> 8)
+    return updates
+
+
+def test_a_withheld_connection_window_is_handed_back_when_withholding_ends():
+    h2, got = _receiving(window=200_000)
+    h2.withhold(True)
+    for _ in range(3):
+        h2.receive(_head(50_000, DATA, 0) + bytes(50_000))
+    assert sum(len(data) for _, data, _ in got) == 150_000
+    assert _window_updates(h2) == [(1, 150_000)]   # the stream's, not the connection's
+    h2.withhold(False)
+    assert _window_updates(h2) == [(0, 150_000)]
+
+
+def test_data_past_the_connection_window_ends_the_connection():
+    h2, _ = _receiving(window=200_000)
+    h2.withhold(True)
+    for _ in range(4):
+        h2.receive(_head(50_000, DATA, 0) + bytes(50_000))
+    with pytest.raises(ConnectionFailure) as failure:
+        h2.receive(_head(1, DATA, 0) + b"x")
+    assert failure.value.code == FLOW_CONTROL_ERROR

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from tests.e2e.rawh2 import DATA, END_STREAM, INITIAL_WINDOW_SIZE, WINDOW_UPDATE, Answer, RawH2, grpc_message
+from tests.e2e.rawh2 import DATA, END_STREAM, INITIAL_WINDOW_SIZE, SETTINGS, WINDOW_UPDATE, Answer, RawH2, grpc_message
 from tests.scripted_peers import Received, ScriptedBroker, attached_gateway_link
 from tritium.errors import InvalidArgument
 from tritium.gateway.dataplane import DataPlane
@@ -38,8 +38,9 @@ class GrpcFront:
     """The gateway's gRPC side (responses compressed at level ``high``) on a loop in a thread;
     ``on_infers`` sees every INFER read so far and returns the broker messages to send now."""
 
-    def __init__(self, on_infers: Callable[[list[Received]], list[tuple[bytes, list[bytes]]]]) -> None:
+    def __init__(self, on_infers: Callable[[list[Received]], list[tuple[bytes, list[bytes]]]], **server_options) -> None:
         self.on_infers = on_infers
+        self.server_options = server_options
         self.infers: list[Received] = []
         self.broker = ScriptedBroker(f"inproc://grpc-front-{next(_names)}")
         self.loop = asyncio.new_event_loop()
@@ -58,7 +59,7 @@ class GrpcFront:
     async def _start(self):
         link = await attached_gateway_link(self.broker, TABLE, HEARTBEAT_S)
         server, port = bind_grpc_tritium(GrpcInferenceService(DataPlane(link)), "127.0.0.1", 0,
-                                         compression_level="high")
+                                         compression_level="high", **self.server_options)
         await server.start()
         return link, server, port
 
@@ -217,3 +218,104 @@ def test_a_large_answer_arrives_whole_in_frames_the_client_takes(method, max_fra
     assert max(sizes) <= (max_frame or 16384)
     if method == "ModelInfer" and max_frame:
         assert len(sizes) == 1
+
+
+def answer_each(values: np.ndarray) -> Callable[[list[Received]], list[tuple[bytes, list[bytes]]]]:
+    """A broker that answers every INFER with ``values``, as it reads it."""
+    answered = 0
+
+    def on_infers(infers: list[Received]) -> list[tuple[bytes, list[bytes]]]:
+        nonlocal answered
+        new, answered = infers[answered:], len(infers)
+        return [(r.peer, [answer(r, values)]) for r in new]
+    return on_infers
+
+
+def settled_count(front: GrpcFront, quiet_s: float = 0.3) -> int:
+    """How many INFERs the broker has read, once no new one came for ``quiet_s``."""
+    count, since = len(front.infers), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        time.sleep(0.02)
+        if len(front.infers) != count:
+            count, since = len(front.infers), time.monotonic()
+    return count
+
+
+def test_a_client_that_does_not_read_its_answers_gets_no_new_calls_started_until_it_does():
+    """Past 1 MB of answers unread, the connection starts no new call (the broker reads no new
+    request); once the client reads, the calls held back start, in order, and every one is answered."""
+    front = GrpcFront(answer_each(HELD), max_held_bytes=1_000_000)
+    raw = RawH2(f"127.0.0.1:{front.port}")
+    try:
+        streams = unread_answers_past_the_limit(front, raw)
+        for i in range(16, 40):
+            streams.append(raw.start_call("ModelInfer"))
+            raw.send(DATA, END_STREAM, streams[-1], infer(np.ones(1, np.float32), f"r{i}"))
+        assert settled_count(front) == 16   # held back: the client has 1.5 MB of answers to read first
+        reads_again(raw)
+        got = [raw.wait(stream) for stream in streams]
+    finally:
+        raw.close()
+        front.close()
+    assert [r.header["id"] for r in front.infers] == [f"r{i}" for i in range(40)]
+    for i, answered in enumerate(got):
+        assert answered.status == 0, (i, answered.message)
+        (message,) = answered.messages
+        np.testing.assert_array_equal(
+            np.frombuffer(service_pb2.ModelInferResponse.FromString(message).raw_output_contents[0], np.float32), HELD)
+
+
+def test_a_stream_held_back_keeps_its_order_and_its_end():
+    front = GrpcFront(answer_each(HELD), max_held_bytes=1_000_000)
+    raw = RawH2(f"127.0.0.1:{front.port}")
+    try:
+        unread_answers_past_the_limit(front, raw)
+        stream = raw.start_call("ModelStreamInfer")
+        for i in range(3):
+            raw.send(DATA, END_STREAM if i == 2 else 0, stream, infer(np.ones(1, np.float32), f"s{i}"))
+        assert settled_count(front) == 16
+        reads_again(raw)
+        got = raw.wait(stream)
+    finally:
+        raw.close()
+        front.close()
+    assert got.status == 0
+    assert [service_pb2.ModelStreamInferResponse.FromString(m).infer_response.id for m in got.messages] == \
+        ["s0", "s1", "s2"]
+
+
+def test_a_call_held_back_past_its_deadline_ends_without_reaching_the_broker():
+    front = GrpcFront(answer_each(HELD), max_held_bytes=1_000_000)
+    raw = RawH2(f"127.0.0.1:{front.port}")
+    try:
+        unread_answers_past_the_limit(front, raw)
+        late = raw.start_call("ModelInfer", (("grpc-timeout", "100m"),))
+        raw.send(DATA, END_STREAM, late, infer(np.ones(1, np.float32), "late"))
+        time.sleep(0.3)
+        reads_again(raw)
+        got = raw.wait(late)
+        assert settled_count(front) == 16
+    finally:
+        raw.close()
+        front.close()
+    assert (got.status, got.messages) == (4, [])
+
+
+HELD = np.arange(25_000, dtype=np.float32)   # a 100 KB answer
+
+
+def unread_answers_past_the_limit(front: GrpcFront, raw: RawH2) -> list[int]:
+    """16 calls answered with 100 KB each to a client that never hands back its 64 KB window:
+    1.5 MB of answers unread, past a 1 MB limit. Their streams."""
+    streams = []
+    for i in range(16):
+        streams.append(raw.start_call("ModelInfer"))
+        raw.send(DATA, END_STREAM, streams[-1], infer(np.ones(1, np.float32), f"r{i}"))
+    assert settled_count(front) == 16
+    return streams
+
+
+def reads_again(raw: RawH2) -> None:
+    """The client opens its windows wide: every answer can come."""
+    raw.send(SETTINGS, 0, 0, INITIAL_WINDOW_SIZE.to_bytes(2, "big") + (1 << 30).to_bytes(4, "big"))
+    raw.send(WINDOW_UPDATE, 0, 0, (1 << 30).to_bytes(4, "big"))
