@@ -278,7 +278,7 @@ class Http2Connection:
         self._unacknowledged += length
         if self._unacknowledged > self.window // 2 and not self.withholding:
             self._hand_back()
-        elif self._unacknowledged > self.window:
+        elif self._unacknowledged > max(self.window, DEFAULT_WINDOW):   # (a smaller window is never announced)
             raise ConnectionFailure(FLOW_CONTROL_ERROR, "DATA past the connection's window")
         stream = self.streams.get(stream_id)
         if stream is None or stream.remote_closed:   # one we reset or answered: its data is dropped

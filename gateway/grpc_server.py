@@ -58,6 +58,7 @@ _MAX_FRAME = 1024 * 1024           # the largest DATA frame we take (fewer frame
 # Answers a connection holds for a client that does not read them: past this, it takes no new
 # calls (and hands back none of its window) until the client has read enough of them.
 MAX_HELD_BYTES = 64 * 1024 * 1024
+MAX_HELD_CALLS = 4096   # calls and stream requests held back so; past it, new calls are refused (REFUSED_STREAM)
 _NOT_METADATA = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 _DEADLINE_EXCEEDED = GrpcFailure(STATUS["DEADLINE_EXCEEDED"], "Deadline Exceeded")
 
@@ -169,6 +170,7 @@ class GrpcConnection(asyncio.Protocol):
         # the requests of its streams wait here, in order, each as (call, what starts it).
         self.holding = False
         self.write_paused = False
+        self.pending_bytes = 0   # of answers in the calls' ``pending``, compressed ones once they are
         self.held_back: deque[tuple[_Call, Callable[[], None]]] = deque()
         self.recheck_scheduled = False
         self.flush_scheduled = False
@@ -203,7 +205,7 @@ class GrpcConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.timers is not None:
             self.timers.heard()
-        if self.blocked or self.holding or self.write_paused:
+        if self.holding or self.write_paused or self.pending_bytes > self.shared.max_held_bytes:
             self._hold_if_unread()   # before the calls this data starts
         try:
             self.http2.receive(data)
@@ -222,7 +224,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self.holding:
+        if self.holding and not self.closed:
             self._hold_if_unread()
             self._flush_soon()
 
@@ -247,8 +249,8 @@ class GrpcConnection(asyncio.Protocol):
                 accepted = value
             elif name not in _NOT_METADATA:
                 metadata.append((name, value))
-        if self.shared.draining or self.aged:   # past our GOAWAY: the client may retry it elsewhere
-            self.http2.reset(stream_id, REFUSED_STREAM)
+        if self.shared.draining or self.aged or (self.holding and len(self.held_back) >= MAX_HELD_CALLS):
+            self.http2.reset(stream_id, REFUSED_STREAM)   # past our GOAWAY, or too much held: the client may retry
             return
         if content_type is None or not content_type.startswith(b"application/grpc"):
             self.http2.send_headers(stream_id, _NOT_GRPC_BLOCK, end_stream=True)
@@ -383,16 +385,14 @@ class GrpcConnection(asyncio.Protocol):
     def _hold_if_unread(self) -> None:
         """Hold back new calls (and the connection's window) while the answers the client has
         not read pass ``max_held_bytes``; start those held back once they no longer do."""
-        held = self.transport.get_write_buffer_size()
-        for call in self.blocked.values():
-            held += sum(len(piece) for piece in call.pending if not isinstance(piece, asyncio.Future))
+        held = self.transport.get_write_buffer_size() + self.pending_bytes
         holding = held > self.shared.max_held_bytes
         if holding != self.holding:
             self.holding = holding
             self.http2.withhold(holding)
             if holding:
                 log.debug("gRPC connection: %d bytes of answers unread, no new calls taken until they are", held)
-        while self.held_back and not self.holding:
+        while self.held_back and not self.holding and not self.closed:
             call, start = self.held_back.popleft()
             if not call.done:   # not reset, expired or failed meanwhile
                 start()
@@ -497,12 +497,12 @@ class GrpcConnection(asyncio.Protocol):
             if call.task is not None:
                 call.task.cancel()
             if not call.cut:   # past the deadline nothing more goes out, compressed or not
-                _drop(call.pending)
+                self._drop_pending(call)
             self._fail(call, _DEADLINE_EXCEEDED)
         elif call.cut:   # answered, but the client's window held the answer back past the deadline
             self._cancel(call)
         elif call.pending:
-            _drop(call.pending)
+            self._drop_pending(call)
             call.trailers = _trailers(_DEADLINE_EXCEEDED.code, _DEADLINE_EXCEEDED.message, headers_sent=True)
             self._send_pending(call)
         self._flush_soon()
@@ -519,11 +519,15 @@ class GrpcConnection(asyncio.Protocol):
             self._compress_in_thread(call, payload, call.encoding)
             return
         if call.encoding is not None:
-            call.pending.append(memoryview(compressed_frame(payload, call.encoding)))
+            message = memoryview(compressed_frame(payload, call.encoding))
+            call.pending.append(message)
+            self.pending_bytes += len(message)
         elif len(payload) < LARGE_SEGMENT:
             call.pending.append(memoryview(frame(payload)))   # sliced into DATA frames without copies
+            self.pending_bytes += len(payload) + 5
         else:   # a large answer's bytes are not copied behind its prefix
             call.pending += (memoryview(prefix(payload)), memoryview(payload))
+            self.pending_bytes += len(payload) + 5
         self._send_pending(call)
 
     def _compress_in_thread(self, call: _Call, payload: bytes, encoding: bytes) -> None:
@@ -541,6 +545,7 @@ class GrpcConnection(asyncio.Protocol):
                 self._fail_compressing(call, compressing, _internal(call, exc))
             else:
                 call.pending[call.pending.index(compressing)] = memoryview(message)
+                self.pending_bytes += len(message)
                 self._send_pending(call)
             self._flush_soon()
 
@@ -564,6 +569,7 @@ class GrpcConnection(asyncio.Protocol):
             if call.cut:
                 call.pending.appendleft(data[room:])
                 data = data[:room]
+            self.pending_bytes -= len(data)
             http2.send_data(call.id, data)
         if self.blocked:
             self.blocked.pop(call.id, None)
@@ -596,14 +602,14 @@ class GrpcConnection(asyncio.Protocol):
         # is ahead of them, to keep the order).
         last = max((i for i, item in enumerate(call.pending) if isinstance(item, asyncio.Future)), default=-1)
         while len(call.pending) > last + 1:
-            call.pending.pop()
+            self.pending_bytes -= _size(call.pending.pop())
         self._finish(call, failure.code, failure.message)
 
     def _fail_compressing(self, call: _Call, compressing: asyncio.Future[bytes], failure: GrpcFailure) -> None:
         """A message that could not be compressed: the call ends with ``failure`` in its place
         (in place of its OK trailers too, when its end was already decided)."""
         while call.pending and call.pending[-1] is not compressing:
-            call.pending.pop()
+            self.pending_bytes -= _size(call.pending.pop())
         call.pending.pop()
         if not call.done:
             self._fail(call, failure)
@@ -611,6 +617,11 @@ class GrpcConnection(asyncio.Protocol):
             if call.trailers is _OK_BLOCK:   # a failure decided earlier keeps its own status
                 call.trailers = _trailers(failure.code, failure.message, headers_sent=True)
             self._send_pending(call)
+
+    def _drop_pending(self, call: _Call) -> None:
+        if call.pending:
+            self.pending_bytes -= sum(map(_size, call.pending))
+            _drop(call.pending)
 
     def _cancel(self, call: _Call) -> None:
         """End a call whose message is partly sent: its stream is reset (CANCEL) and forgotten."""
@@ -622,7 +633,7 @@ class GrpcConnection(asyncio.Protocol):
         call.done = True
         if call.stream is not None:
             call.stream.over = True
-        _drop(call.pending)
+        self._drop_pending(call)
         _drop(call.preparing)
         self.blocked.pop(call.id, None)
         if call.timer is not None:
@@ -713,6 +724,11 @@ def _trailers(code: int, message: str, headers_sent: bool) -> bytes:
     if not headers_sent:
         trailers = _RESPONSE_HEADERS + trailers
     return encode_headers(trailers)
+
+
+def _size(piece: memoryview | asyncio.Future) -> int:
+    """Bytes a piece of ``_Call.pending`` holds (a message being compressed: counted once it is)."""
+    return 0 if isinstance(piece, asyncio.Future) else len(piece)
 
 
 def _drop(waiting: deque) -> None:

@@ -920,6 +920,7 @@ class ZmtpRouter:
         # out of the poller for a while (the owner's loop would spin on it), this alarm its way back.
         self._accept_alarm = _Alarm(self._poller)
         self._accepting = True
+        self._accept_failed = False   # since the last connection accepted
 
     def fileno(self) -> int:
         return self._poller.fileno()
@@ -1018,9 +1019,14 @@ class ZmtpRouter:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:   # out of descriptors, say: the peer waits in the backlog
-                self._pause_accepting(exc)
+            except OSError as exc:
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO):   # that client's, gone already
+                    continue
+                self._pause_accepting(exc)   # out of descriptors, say: the peer waits in the backlog
                 return
+            if self._accept_failed:
+                self._accept_failed = False
+                log.info("accepting connections on ipc://%s again", self.path)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
             connection = _Connection(sock, self._poller, b"ROUTER", pools=self.pools)
             self._connections[connection.fd] = connection
@@ -1031,7 +1037,10 @@ class ZmtpRouter:
             self._handshakes[connection] = time.monotonic() + self.handshake_s
 
     def _pause_accepting(self, exc: OSError) -> None:
-        log.warning("cannot accept a connection on ipc://%s (%s): trying again in %g s", self.path, exc, _ACCEPT_PAUSE_S)
+        if not self._accept_failed:   # once, not every pause while it lasts
+            log.warning("cannot accept a connection on ipc://%s (%s): trying again every %g s", self.path, exc,
+                        _ACCEPT_PAUSE_S)
+            self._accept_failed = True
         self._accepting = False
         self._poller.modify(self._listener.fileno(), 0)
         self._accept_alarm.watch(True)

@@ -12,6 +12,7 @@ import itertools
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -23,6 +24,8 @@ from tests.scripted_peers import Received, ScriptedBroker, attached_gateway_link
 from tritium.errors import InvalidArgument
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.grpc_api import GrpcInferenceService
+from tritium.gateway import grpc_server
+from tritium.gateway.grpc_http2 import REFUSED_STREAM
 from tritium.gateway.grpc_server import bind_grpc_tritium
 from tritium.protocol import Kind, ModelRow, Models, Response, VersionRow, error_record
 
@@ -252,8 +255,11 @@ def test_a_client_that_does_not_read_its_answers_gets_no_new_calls_started_until
             streams.append(raw.start_call("ModelInfer"))
             raw.send(DATA, END_STREAM, streams[-1], infer(np.ones(1, np.float32), f"r{i}"))
         assert settled_count(front) == 16   # held back: the client has 1.5 MB of answers to read first
+        (connection,) = front.server.shared.open
+        assert connection.holding and 1_400_000 < connection.pending_bytes < 1_600_000
         reads_again(raw)
         got = [raw.wait(stream) for stream in streams]
+        assert (connection.holding, connection.pending_bytes, connection.held_back) == (False, 0, deque())
     finally:
         raw.close()
         front.close()
@@ -276,6 +282,8 @@ def test_a_stream_held_back_keeps_its_order_and_its_end():
         assert settled_count(front) == 16
         reads_again(raw)
         got = raw.wait(stream)
+        (connection,) = front.server.shared.open
+        assert (connection.holding, connection.pending_bytes) == (False, 0)
     finally:
         raw.close()
         front.close()
@@ -299,6 +307,27 @@ def test_a_call_held_back_past_its_deadline_ends_without_reaching_the_broker():
         raw.close()
         front.close()
     assert (got.status, got.messages) == (4, [])
+
+
+def test_calls_past_what_may_be_held_back_are_refused(monkeypatch):
+    monkeypatch.setattr(grpc_server, "MAX_HELD_CALLS", 3)
+    front = GrpcFront(answer_each(HELD), max_held_bytes=1_000_000)
+    raw = RawH2(f"127.0.0.1:{front.port}")
+    try:
+        unread_answers_past_the_limit(front, raw)
+        held = []
+        for i in range(4):
+            held.append(raw.start_call("ModelInfer"))
+            raw.send(DATA, END_STREAM, held[-1], infer(np.ones(1, np.float32), f"h{i}"))
+        refused = raw.wait(held.pop())
+        reads_again(raw)
+        got = [raw.wait(stream) for stream in held]
+    finally:
+        raw.close()
+        front.close()
+    assert refused.reset == REFUSED_STREAM
+    assert [answered.status for answered in got] == [0, 0, 0]
+    assert [r.header["id"] for r in front.infers[16:]] == ["h0", "h1", "h2"]
 
 
 HELD = np.arange(25_000, dtype=np.float32)   # a 100 KB answer

@@ -460,13 +460,13 @@ def test_a_router_out_of_descriptors_waits_instead_of_spinning_and_accepts_after
         with caplog.at_level(logging.WARNING, logger="tritium.zmtp"):
             started = time.monotonic()
             wakeups = 0
-            while time.monotonic() - started < 0.05:   # as an owner: called in only when readable
+            while time.monotonic() - started < 0.35:   # as an owner: called in only when readable
                 if poller.poll(10):
                     wakeups += 1
                     assert not router.has_message()
-        assert wakeups <= 2, "the owner's loop spun on a listener it could not accept from"
+        assert wakeups <= 10, "the owner's loop spun on a listener it could not accept from"
         assert [r.getMessage() for r in caplog.records] == [
-            f"cannot accept a connection on ipc://{path} ([Errno 24] Too many open files): trying again in 0.1 s"]
+            f"cannot accept a connection on ipc://{path} ([Errno 24] Too many open files): trying again every 0.1 s"]
         for fd in opened:
             os.close(fd)
         opened.clear()
