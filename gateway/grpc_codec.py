@@ -166,6 +166,10 @@ class InferRequestReader:
     would make the walk over the message's fields a cost with no return: metadata is kept only
     the second time it is seen, and after MISSES_BEFORE_RESTING walks in a row that found
     nothing kept, the next RESTING messages go straight to protobuf.
+
+    The walk itself is most of what a known message costs: a message that repeats, byte for
+    byte, the fields around the id of the last known one (``_Layout``) has only its id and its
+    contents walked.
     """
 
     LIMIT = 256   # kinds of metadata kept, and seen once (a client sending ever new ones clears them now and then)
@@ -177,6 +181,7 @@ class InferRequestReader:
         self._seen_once: set[bytes] = set()
         self._misses = 0    # walks in a row that found no metadata kept
         self._resting = 0   # messages still to read without walking them
+        self._last: _Layout | None = None   # of the last message whose metadata was kept
 
     def read(self, data: bytes | memoryview) -> InferRequest:
         """The request; InvalidArgument as ``decode_infer_request`` raises it, DecodeError for
@@ -184,12 +189,20 @@ class InferRequestReader:
         if self._resting:
             self._resting -= 1
             return decode_infer_request(service_pb2.ModelInferRequest.FromString(data))
+        last = self._last
+        if last is not None:
+            known = last.parts(data)
+            if known is not None:
+                self._misses = 0
+                view = memoryview(data)   # the contents as views of the message, never copied
+                return last.metadata.request(known[0], [view[start:stop] for start, stop in known[1]])
         parts = _plain_parts(data)
         if parts is not None:
             metadata = self._seen.get(parts[0])
             if metadata is not None:
                 self._misses = 0
-                view = memoryview(data)   # the contents as views of the message, never copied
+                self._last = _Layout(parts, metadata)
+                view = memoryview(data)
                 return metadata.request(parts[1], [view[start:stop] for start, stop in parts[2]])
         self._misses += 1
         if self._misses >= self.MISSES_BEFORE_RESTING:
@@ -234,6 +247,66 @@ class _Metadata:
                             self.sequence_id, self.sequence_flags)
 
 
+class _Layout:
+    """A known message's fields around its id (``head``, the id's field or none, ``tail``),
+    then only contents: a message of the same bytes there reads to the same metadata."""
+
+    __slots__ = ("head", "with_id", "tail", "metadata")
+
+    def __init__(self, parts: _PlainParts, metadata: _Metadata) -> None:
+        key, _, _, self.head, self.with_id = parts
+        self.tail = key[len(self.head):]
+        self.metadata = metadata
+
+    def parts(self, data: bytes | memoryview) -> tuple[str, list[tuple[int, int]]] | None:
+        """The id and where each raw content is, as ``_plain_parts`` would find them; None
+        when ``data`` is laid out otherwise (``_plain_parts`` then decides)."""
+        head, tail = self.head, self.tail
+        position, end = len(head), len(data)
+        try:
+            if data[:position] != head:
+                return None
+            request_id = ""
+            if self.with_id:
+                if data[position] != _ID:
+                    return None
+                start, position = _value_span(data, position, end)
+                request_id = bytes(data[start:position]).decode()
+            stop = position + len(tail)
+            if data[position:stop] != tail:
+                return None
+            raw = _raw_contents(data, stop, end)
+            return None if raw is None else (request_id, raw)
+        except (IndexError, UnicodeDecodeError):
+            return None
+
+
+def _raw_contents(data: bytes | memoryview, position: int, end: int) -> list[tuple[int, int]] | None:
+    """Where each raw content is, from ``position`` to the end; None if anything else is there
+    (IndexError for a message cut short)."""
+    raw = []
+    while position < end:
+        if data[position] != _RAW_INPUT_CONTENTS:
+            return None
+        field = _value_span(data, position, end)
+        raw.append(field)
+        position = field[1]
+    return raw
+
+
+def _value_span(data: bytes | memoryview, position: int, end: int) -> tuple[int, int]:
+    """Where the value of the length-delimited field whose tag is at ``position`` starts and
+    ends (IndexError when it ends past ``end``)."""
+    length = data[position + 1]
+    position += 2
+    if length & 0x80:
+        length, position = _varint(data, position - 1)
+    stop = position + length
+    if stop > end:
+        raise IndexError("a field past the message's end")
+    return position, stop
+
+
 _RAW_INPUT_CONTENTS = 7 << 3 | 2   # the tags (field number, wire type 2) ModelInferRequest's fields start with
 _ID = 3 << 3 | 2
 # Metadata larger, or messages of more fields, are left to protobuf: a key that size is not kept,
@@ -242,10 +315,14 @@ _METADATA_BYTES = 16 * 1024
 _FIELDS = 256
 
 
-def _plain_parts(data: bytes | memoryview) -> tuple[bytes, str, list[tuple[int, int]]] | None:
-    """(the metadata's bytes, the id, where each raw content is) of a message whose fields come
-    in field-number order, as protobuf writes them; None for any other. The metadata is bytes
-    (a key) even when the message is a view (a large one's)."""
+_PlainParts = tuple[bytes, str, list[tuple[int, int]], bytes, bool]
+
+
+def _plain_parts(data: bytes | memoryview) -> _PlainParts | None:
+    """(the metadata's bytes, the id, where each raw content is, the metadata's bytes before the
+    id, whether there is an id) of a message whose fields come in field-number order, as
+    protobuf writes them; None for any other. The metadata is bytes (a key) even when the
+    message is a view (a large one's)."""
     raw: list[tuple[int, int]] = []
     first_raw = id_start = id_value = id_end = -1
     position, end = 0, len(data)
@@ -259,13 +336,7 @@ def _plain_parts(data: bytes | memoryview) -> tuple[bytes, str, list[tuple[int, 
             if tag & 0x87 != 2:   # every field of the message is length-delimited, numbered under 16
                 return None
             start = position
-            length = data[position + 1]
-            position += 2
-            if length & 0x80:
-                length, position = _varint(data, position - 1)
-            stop = position + length
-            if stop > end:
-                return None
+            position, stop = _value_span(data, position, end)
             if tag == _RAW_INPUT_CONTENTS:
                 if first_raw < 0:
                     first_raw = start
@@ -277,8 +348,10 @@ def _plain_parts(data: bytes | memoryview) -> tuple[bytes, str, list[tuple[int, 
             position = stop
         metadata_end = end if first_raw < 0 else first_raw
         if id_start < 0:
-            return bytes(data[:metadata_end]), "", raw
-        return bytes(data[:id_start]) + data[id_end:metadata_end], bytes(data[id_value:id_end]).decode(), raw
+            metadata = bytes(data[:metadata_end])
+            return metadata, "", raw, metadata, False
+        head = bytes(data[:id_start])
+        return head + data[id_end:metadata_end], bytes(data[id_value:id_end]).decode(), raw, head, True
     except (IndexError, UnicodeDecodeError):
         return None
 

@@ -33,12 +33,31 @@ def protobuf_alone(data: bytes):
 
 
 def primed(data: bytes) -> InferRequestReader:
-    """A reader that keeps ``data``'s metadata (it keeps what it has seen twice)."""
+    """A reader that keeps ``data``'s metadata (it keeps what it has seen twice) and knows its
+    layout (from the first message read with kept metadata)."""
     reader = InferRequestReader()
-    reader.read(data)
-    reader.read(data)
-    assert len(reader._seen) == 1
+    for _ in range(3):
+        reader.read(data)
+    assert len(reader._seen) == 1 and reader._last is not None
     return reader
+
+
+@pytest.mark.parametrize("known_id", ["", "req-1"])
+def test_messages_laid_out_as_the_last_known_one_or_not_read_the_same(known_id):
+    """Ids of other lengths (a two-byte length past 127), none, or one where the known message
+    had none; other contents; other metadata: each reads as protobuf reads it."""
+    reader = primed(add_sub(known_id).SerializeToString())
+    messages = [add_sub("x" * 300, seed=1), add_sub("", seed=2), add_sub("é", seed=3), add_sub(known_id, seed=4),
+                add_sub(known_id, model_version="2"), add_sub(known_id, seed=5)]
+    extra = add_sub(known_id, seed=6)
+    extra.raw_input_contents.append(bytes(200))
+    fewer_outputs, other_output = add_sub(known_id, seed=7), add_sub(known_id, seed=8)   # other metadata after the id
+    del fewer_outputs.outputs[1]
+    other_output.outputs[1].name = "OUTPUTX"   # of the same length
+    messages += [extra, fewer_outputs, other_output]
+    for message in messages:
+        data = message.SerializeToString()
+        assert reader.read(data) == protobuf_alone(data)
 
 
 def test_a_message_reads_the_same_the_first_time_and_after_its_metadata_is_remembered():
@@ -145,6 +164,16 @@ def test_unparsable_bytes_fail_as_protobuf_fails_also_when_their_metadata_is_kno
             service_pb2.ModelInferRequest.FromString(data)
         with pytest.raises(DecodeError):
             reader.read(data)
+
+
+def test_a_message_cut_inside_its_id_fails_as_protobuf_fails_when_nothing_follows_the_id():
+    """A known layout with nothing after the id: the id's length must still be checked."""
+    reader = primed(service_pb2.ModelInferRequest(model_name="m", id="abc").SerializeToString())
+    cut = service_pb2.ModelInferRequest(model_name="m", id="abd").SerializeToString()[:-1]
+    with pytest.raises(DecodeError):
+        service_pb2.ModelInferRequest.FromString(cut)
+    with pytest.raises(DecodeError):
+        reader.read(cut)
 
 
 def test_metadata_is_kept_the_second_time_it_is_seen():
