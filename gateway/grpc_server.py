@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import grpc
 
@@ -103,6 +103,40 @@ class CallContext:
         raise GrpcFailure(code.value[0], details)
 
 
+class _RequestHead(NamedTuple):
+    """What a call's request headers say; ``metadata`` (read only: calls of the same headers share it)
+    is what is not HTTP/2's or gRPC's own."""
+
+    path: bytes
+    content_type: bytes | None
+    encoding: bytes | None
+    timeout: float | None
+    accepted: bytes | None
+    metadata: Headers
+
+    @classmethod
+    def of(cls, headers: Headers) -> _RequestHead:
+        path = b""
+        content_type = encoding = accepted = None
+        timeout: float | None = None
+        metadata: Headers = []
+        for name, value in headers:
+            if name[:1] == b":":
+                if name == b":path":
+                    path = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"grpc-encoding":
+                encoding = value
+            elif name == b"grpc-timeout":
+                timeout = parse_timeout(value)
+            elif name == b"grpc-accept-encoding":
+                accepted = value
+            elif name not in _NOT_METADATA:
+                metadata.append((name, value))
+        return cls(path, content_type, encoding, timeout, accepted, metadata)
+
+
 class _Call:
     """One stream: its request bytes, the work answering it, and what waits on the send window."""
 
@@ -173,6 +207,8 @@ class GrpcConnection(asyncio.Protocol):
         self.pending_bytes = 0   # of answers in the calls' ``pending``, compressed ones once they are
         self.held_back: deque[tuple[_Call, Callable[[], None]]] = deque()
         self.recheck_scheduled = False
+        self.last_headers: Headers | None = None   # the last call's header block, and what it says
+        self.last_head = _RequestHead(b"", None, None, None, None, [])
         self.flush_scheduled = False
         self.closed = False
         self.aged = False        # past its maximum age: told GOAWAY, closes when its calls are done
@@ -231,24 +267,9 @@ class GrpcConnection(asyncio.Protocol):
     # -- HTTP/2 callbacks ----------------------------------------------------------------
 
     def _request(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
-        path = b""
-        content_type = encoding = accepted = None
-        timeout: float | None = None
-        metadata: Headers = []
-        for name, value in headers:
-            if name[:1] == b":":
-                if name == b":path":
-                    path = value
-            elif name == b"content-type":
-                content_type = value
-            elif name == b"grpc-encoding":
-                encoding = value
-            elif name == b"grpc-timeout":
-                timeout = parse_timeout(value)
-            elif name == b"grpc-accept-encoding":
-                accepted = value
-            elif name not in _NOT_METADATA:
-                metadata.append((name, value))
+        if headers is not self.last_headers:   # (a client's repeated block is decoded to the same list)
+            self.last_head, self.last_headers = _RequestHead.of(headers), headers
+        path, content_type, encoding, timeout, accepted, metadata = self.last_head
         if self.shared.draining or self.aged or (self.holding and len(self.held_back) >= MAX_HELD_CALLS):
             self.http2.reset(stream_id, REFUSED_STREAM)   # past our GOAWAY, or too much held: the client may retry
             return
