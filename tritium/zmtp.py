@@ -977,7 +977,9 @@ class ZmtpRouter:
                 self._accept()
                 continue
             connection = self._connections.get(fd)
-            if connection is None:
+            if connection is None:   # an alarm's descriptor
+                if not self._accepting and self._accept_alarm.rang():
+                    self._resume_accepting()
                 continue
             try:
                 if events & select.EPOLLOUT:
@@ -995,8 +997,6 @@ class ZmtpRouter:
                 self._drop(connection)
         if self._handshakes:
             self._end_overdue_handshakes()
-        if not self._accepting and self._accept_alarm.rang():
-            self._resume_accepting()
 
     def _end_overdue_handshakes(self) -> None:
         rang = self._alarm.rang()
