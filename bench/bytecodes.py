@@ -7,7 +7,8 @@ run. Counted with ``sys.settrace`` opcode events over requests of add_sub (the P
 bench/serving_overhead.py) one at a time, as at concurrency 1: the instance's executor running
 BATCH messages of ``--batch`` requests (as bench/instance_cpu.py), the broker's turns with
 scripted peers keeping ``--window`` requests in flight (as bench/broker_cpu.py), and the gateway's
-HTTP front end with ``--window`` clients a turn (as bench/gateway_cpu.py). What C code does
+HTTP front end with ``--window`` clients a turn and its gRPC front end with ``--window`` rounded up to
+a multiple of four (its four connections; as bench/gateway_cpu.py). What C code does
 (numpy, msgspec, system calls) is not counted; the Python around it is where a build's own cost
 per request grows. The instance's count is the same on every run; the broker's moves by a few tenths
 of a percent (its peers' answers sometimes come a turn later). ``--save`` keeps a build's counts;
@@ -98,23 +99,30 @@ def count_broker(window: int) -> dict:
     return counter.per_request(served)
 
 
-def count_gateway(clients: int) -> dict:
-    """HTTP requests of ``clients`` connections per turn through the gateway in-process (as
-    bench/gateway_cpu.py: parsing, checks, the INFER record, the answer's encoding and framing)."""
+def count_gateway(protocol: str, clients: int) -> dict:
+    """Requests of ``clients`` clients per turn through the gateway in-process (as
+    bench/gateway_cpu.py: parsing, checks, the INFER record, the answer's encoding and framing):
+    HTTP, one connection each; gRPC, on four connections (``clients`` rounded up to a multiple)."""
     import asyncio
 
     import uvloop
 
-    from bench.gateway_cpu import measure
+    from bench.gateway_cpu import GRPC_CONNECTIONS, measure
 
+    if protocol == "grpc":
+        clients = -(-clients // GRPC_CONNECTIONS) * GRPC_CONNECTIONS
     counter = Counter()
     uvloop.install()
-    asyncio.run(measure("http", COUNTED, clients, counter._trace))
+    asyncio.run(measure(protocol, COUNTED, clients, counter._trace))
     return counter.per_request(COUNTED * clients)
 
 
+PARTS = ("instance", "broker", "gateway", "gateway-grpc")
+
+
 def counts(batch: int, window: int) -> dict:
-    return {"instance": count_instance(batch), "broker": count_broker(window), "gateway": count_gateway(window)}
+    return {"instance": count_instance(batch), "broker": count_broker(window), "gateway": count_gateway("http", window),
+            "gateway-grpc": count_gateway("grpc", window)}
 
 
 def report(part: str, figures: dict, before: dict | None, top: int) -> None:
@@ -151,7 +159,9 @@ def main() -> None:
     if args.save:
         args.save.write_text(json.dumps(figures))
     before = json.loads(args.against.read_text()) if args.against else None
-    for part in ("instance", "broker", "gateway"):
+    if before is not None:   # saved by a build that counted fewer parts: those are shown alone
+        before = {part: before.get(part) for part in PARTS}
+    for part in PARTS:
         report(part, figures[part], before and before.get(part), args.top)
     print(f"({time.monotonic() - started:.0f} s)")
 
