@@ -282,11 +282,11 @@ class _Layout:
 
 
 def _raw_contents(data: bytes | memoryview, position: int, end: int) -> list[tuple[int, int]] | None:
-    """Where each raw content is, from ``position`` to the end; None if anything else is there
-    (IndexError for a message cut short)."""
-    raw = []
+    """Where each raw content is, from ``position`` to the end; None if anything else is there,
+    or more than ``_FIELDS`` of them (IndexError for a message cut short)."""
+    raw: list[tuple[int, int]] = []
     while position < end:
-        if data[position] != _RAW_INPUT_CONTENTS:
+        if data[position] != _RAW_INPUT_CONTENTS or len(raw) == _FIELDS:
             return None
         field = _value_span(data, position, end)
         raw.append(field)

@@ -357,12 +357,14 @@ class Http2Connection:
         if cached is not None:
             return cached
         entries = self._decoder.header_table.dynamic_entries
-        before = (len(entries), entries[0] if entries else None)
+        # An insertion puts a new tuple first (hpack makes one each time): the same length and the
+        # same first object (held here, so that no new one can take its place) mean no change.
+        size, first = len(entries), entries[0] if entries else None
         try:
             headers = cast(Headers, self._decoder.decode(block, raw=True))   # raw=True: a list of bytes pairs
         except HPACKError as exc:
             raise ConnectionFailure(COMPRESSION_ERROR, f"a header block that cannot be decoded: {exc}") from None
-        if before == (len(entries), entries[0] if entries else None):
+        if size == len(entries) and (entries[0] if entries else None) is first:
             if len(self._decoded) >= _CACHE_LIMIT:
                 self._decoded.clear()
             self._decoded[block] = headers

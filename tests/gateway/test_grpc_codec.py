@@ -176,6 +176,17 @@ def test_a_message_cut_inside_its_id_fails_as_protobuf_fails_when_nothing_follow
         reader.read(cut)
 
 
+def test_a_known_layout_followed_by_more_contents_than_protobufs_walk_takes_is_left_to_protobuf():
+    """Thousands of empty raw contents after a known layout: not walked in Python past the limit
+    the first walk keeps (the event loop would stall), read by protobuf as before."""
+    good = add_sub("req-1").SerializeToString()
+    reader = primed(good)
+    data = good + b"\x3a\x00" * 5000
+    assert reader._last.parts(data) is None
+    assert reader._last.parts(good + b"\x3a\x00" * 10) is not None
+    assert reader.read(data) == protobuf_alone(data)
+
+
 def test_metadata_is_kept_the_second_time_it_is_seen():
     reader = InferRequestReader()
     data = add_sub().SerializeToString()

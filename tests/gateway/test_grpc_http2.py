@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import hpack
 import pytest
 
 from tritium.gateway.grpc_http2 import (DATA, END_HEADERS, END_STREAM, FLOW_CONTROL_ERROR, HEADERS, WINDOW_UPDATE,
@@ -134,3 +135,16 @@ def test_data_past_the_connection_window_ends_the_connection():
     with pytest.raises(ConnectionFailure) as failure:
         h2.receive(_head(1, DATA, 0) + b"x")
     assert failure.value.code == FLOW_CONTROL_ERROR
+
+
+def test_a_cached_header_block_is_not_reused_once_the_table_means_something_else():
+    """P fills the table, Q (index 63) is cached; R rebuilds the table to the same size with an
+    equal first entry: Q must now be decoded afresh, as hpack decodes it."""
+    def literal(name: bytes, value: bytes) -> bytes:   # literal with incremental indexing, new name
+        return b"\x40" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+    p, q = literal(b"x-a", b"1") + literal(b"x-b", b"2"), b"\xbf"
+    r = b"\x20\x3f\xe1\x1f" + literal(b"x-c", b"3") + literal(b"x-b", b"2")   # size 0, back to 4096, two entries
+    h2, reference = Http2Connection(*(lambda *a: None,) * 5), hpack.Decoder()
+    for block in (p, q, r, q):
+        assert h2._decode(block) == reference.decode(block, raw=True)
