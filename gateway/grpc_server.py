@@ -260,9 +260,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self.holding and not self.closed:
-            self._hold_if_unread()
-            self._flush_soon()
+        self._room_made()
 
     # -- HTTP/2 callbacks ----------------------------------------------------------------
 
@@ -420,6 +418,10 @@ class GrpcConnection(asyncio.Protocol):
 
     def _recheck(self) -> None:
         self.recheck_scheduled = False
+        self._room_made()
+
+    def _room_made(self) -> None:
+        """Unread answers left (read, dropped or written out): the calls held back may start."""
         if self.holding and not self.closed:
             self._hold_if_unread()
             self._flush_soon()
