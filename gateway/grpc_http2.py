@@ -41,6 +41,10 @@ DEFAULT_WINDOW = 65535
 LARGE_SEGMENT = 64 * 1024
 DEFAULT_FRAME = 16384
 MAX_WINDOW = 2**31 - 1
+# Streams a client may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS). Each costs the gateway
+# about 2 KB while it waits for its request; unbounded, one connection's HEADERS alone could fill
+# the memory. A client's gRPC library queues calls past it; one that opens more is refused.
+MAX_OPEN_STREAMS = 4096
 _HEAD = struct.Struct(">IBI")   # length << 8 | type, flags, stream id
 _PIECES_FROM = 64 * 1024        # a DATA frame this large is handed on in pieces as it arrives
 _VIEW_FROM = 4096               # a DATA payload this large is handed on as a view (a smaller one's copy costs less)
@@ -112,6 +116,7 @@ class Http2Connection:
         self.peer_max_frame = DEFAULT_FRAME
         self.send_window = DEFAULT_WINDOW                    # the connection's, for what we send
         self.streams: dict[int, _Stream] = {}
+        self.max_streams = MAX_OPEN_STREAMS
         self.last_stream_id = 0
         self.going_away = False
         self._unacknowledged = 0
@@ -133,7 +138,7 @@ class Http2Connection:
 
     def start(self) -> None:
         """Our SETTINGS (the first frame a server sends) and the connection window."""
-        settings = struct.pack(">HIHIHI", MAX_CONCURRENT_STREAMS, MAX_WINDOW, INITIAL_WINDOW_SIZE, self.window,
+        settings = struct.pack(">HIHIHI", MAX_CONCURRENT_STREAMS, self.max_streams, INITIAL_WINDOW_SIZE, self.window,
                                MAX_FRAME_SIZE, self.max_frame)
         self._out.append(frame(SETTINGS, 0, 0, settings))
         if self.window > DEFAULT_WINDOW:
@@ -347,6 +352,9 @@ class Http2Connection:
         if stream_id <= self.last_stream_id:   # a stream we reset or finished: decoded (for HPACK), then ignored
             return
         self.last_stream_id = stream_id
+        if len(self.streams) >= self.max_streams:   # past what we advertised: the client may retry it later
+            self.reset(stream_id, REFUSED_STREAM)
+            return
         stream = self.streams[stream_id] = _Stream(self.peer_window)
         stream.remote_closed = end
         self.on_headers(stream_id, headers, end)

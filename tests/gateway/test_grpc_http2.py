@@ -7,8 +7,9 @@ import struct
 import hpack
 import pytest
 
-from tritium.gateway.grpc_http2 import (DATA, END_HEADERS, END_STREAM, FLOW_CONTROL_ERROR, HEADERS, WINDOW_UPDATE,
-                                        ConnectionFailure, Http2Connection, _Stream)
+from tritium.gateway.grpc_http2 import (DATA, END_HEADERS, END_STREAM, FLOW_CONTROL_ERROR, HEADERS, MAX_CONCURRENT_STREAMS,
+                                        PREFACE, REFUSED_STREAM, RST_STREAM, SETTINGS, WINDOW_UPDATE, ConnectionFailure,
+                                        Http2Connection, _Stream)
 
 
 def _connection() -> Http2Connection:
@@ -148,3 +149,32 @@ def test_a_cached_header_block_is_not_reused_once_the_table_means_something_else
     h2, reference = Http2Connection(*(lambda *a: None,) * 5), hpack.Decoder()
     for block in (p, q, r, q):
         assert h2._decode(block) == reference.decode(block, raw=True)
+
+
+# -- how many streams a client may open ------------------------------------------------------
+
+def _frames(wire: bytes) -> list[tuple[int, int, int, bytes]]:
+    frames, position = [], 0
+    while position < len(wire):
+        length_kind, flags, stream_id = struct.unpack_from(">IBI", wire, position)
+        payload = wire[position + 9:position + 9 + (length_kind >> 8)]
+        frames.append((length_kind & 0xFF, flags, stream_id, payload))
+        position += 9 + len(payload)
+    return frames
+
+
+def test_streams_past_the_advertised_limit_are_refused_and_a_closed_one_makes_room():
+    opened: list[int] = []
+    h2 = Http2Connection(lambda stream, headers, end: opened.append(stream), *(lambda *a: None,) * 4)
+    h2.max_streams = 2
+    h2.start()
+    settings = _frames(b"".join(h2.data_to_send()))[0]
+    assert settings[0] == SETTINGS and struct.unpack(">HI", settings[3][:6]) == (MAX_CONCURRENT_STREAMS, 2)
+    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/p"), ("content-type", "application/grpc")])
+    h2.receive(PREFACE + b"".join(struct.pack(">IBI", len(block) << 8 | HEADERS, END_HEADERS, stream) + block
+                                  for stream in (1, 3, 5)))
+    assert opened == [1, 3]
+    assert _frames(b"".join(h2.data_to_send())) == [(RST_STREAM, 0, 5, struct.pack(">I", REFUSED_STREAM))]
+    h2.reset(1, REFUSED_STREAM)   # stream 1 ends: room for one more
+    h2.receive(struct.pack(">IBI", 1 << 8 | HEADERS, END_HEADERS, 7) + b"\xbe")   # the same block, from the table
+    assert opened == [1, 3, 7] and sorted(h2.streams) == [3, 7]

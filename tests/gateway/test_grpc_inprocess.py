@@ -24,7 +24,7 @@ from tests.scripted_peers import Received, ScriptedBroker, attached_gateway_link
 from tritium.errors import InvalidArgument
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.grpc_api import GrpcInferenceService
-from tritium.gateway import grpc_server
+from tritium.gateway import grpc_http2, grpc_server
 from tritium.gateway.grpc_http2 import REFUSED_STREAM
 from tritium.gateway.grpc_server import bind_grpc_tritium
 from tritium.protocol import Kind, ModelRow, Models, Response, VersionRow, error_record
@@ -328,6 +328,29 @@ def test_calls_past_what_may_be_held_back_are_refused(monkeypatch):
     assert refused.reset == REFUSED_STREAM
     assert [answered.status for answered in got] == [0, 0, 0]
     assert [r.header["id"] for r in front.infers[16:]] == ["h0", "h1", "h2"]
+
+
+def test_calls_past_the_open_streams_limit_are_refused_and_served_once_one_ends(monkeypatch):
+    """A client that opens streams and sends nothing on them (each held by the gateway) gets no
+    more than the limit; the calls it opened are still served."""
+    monkeypatch.setattr(grpc_http2, "MAX_OPEN_STREAMS", 3)
+    front = GrpcFront(answer_each(np.full(2, 7, np.float32)))
+    raw = RawH2(f"127.0.0.1:{front.port}")
+    try:
+        silent = [raw.start_call("ModelInfer") for _ in range(3)]
+        refused = raw.wait(raw.start_call("ModelInfer"))
+        raw.send(DATA, END_STREAM, silent[0], infer(np.ones(1, np.float32), "first"))
+        first = raw.wait(silent[0])
+        later = raw.call("ModelInfer", service_pb2.ModelInferRequest(
+            model_name="m", id="later", raw_input_contents=[np.ones(1, np.float32).tobytes()],
+            inputs=[service_pb2.ModelInferRequest.InferInputTensor(name="X", datatype="FP32", shape=[1])]
+        ).SerializeToString())
+    finally:
+        raw.close()
+        front.close()
+    assert refused.reset == REFUSED_STREAM
+    assert (first.status, later.status) == (0, 0)
+    assert [r.header["id"] for r in front.infers] == ["first", "later"]
 
 
 HELD = np.arange(25_000, dtype=np.float32)   # a 100 KB answer
