@@ -4,14 +4,17 @@ As in Triton, each warmup sample is ``count`` executions (at least one) of one b
 ``batch_size`` requests, each a request of batch 1 with the inputs the sample describes: zeros,
 random values, or the bytes of a file in the model's ``warmup/`` folder (each request's own
 data). The requests are checked as a client's are and go through the same executor as real
-batches; a sample that cannot be built, or whose execution fails, makes the instance fail to
-initialize, with Triton's words (the model is not ready until its warmup succeeds).
+batches; an execution is over once every request has its final response (a decoupled model's
+may come from its own threads after execute returns). A sample that cannot be built, or a
+response that is an error, makes the instance fail to initialize, with Triton's words (the model
+is not ready until its warmup succeeds).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +24,7 @@ from tritium.repo import ModelConfig
 from tritium.datatypes import DataType, from_config_name, pack_bytes
 from tritium.errors import InvalidArgument
 from tritium.input_checks import check_inputs, declared_inputs
-from tritium.protocol import Batch, Infer, Response, pack_tensors, read_record
+from tritium.protocol import Batch, BatchDone, Infer, Response, pack_tensors, read_record
 
 log = logging.getLogger(__name__)
 
@@ -35,24 +38,70 @@ def warm_up(executor, config: ModelConfig, model_dir: Path) -> list[list[int]]:
     [requests, compute_input_ns, compute_infer_ns, compute_output_ns], which the statistics count as
     Triton's do."""
     executions: list[list[int]] = []
-    if config.model_warmup and (config.model_transaction_policy.decoupled or config.HasField("sequence_batching")):
-        log.warning("model_warmup is not run for decoupled or sequence models in this tritium release")
-        return executions
     instance = os.environ.get("TRITIUM_INSTANCE_NAME", config.name)
     # Every sample's data is built before any runs, as in Triton, which skips a sample of batch 0.
     samples = [(sample, _sample_frames(config, model_dir, sample, instance))
                for sample in config.model_warmup if sample.batch_size > 0]
-    for sample, frames in samples:
-        for iteration in range(1, max(1, sample.count) + 1):
-            log.debug("model '%s' instance %s is running warmup sample '%s' for iteration %d", config.name,
-                      instance, sample.name, iteration)
-            parts = executor.run(list(frames))
-            done, _, _ = read_record(parts[0])
-            if not all(done.ok):   # every request's error, each followed by "; ", as Triton joins them
-                errors = "".join(f"{error}; " for error in _errors(parts[1:], done.response_frames))
-                raise WarmupFailed(f"Invalid argument: failed to run warmup sample '{sample.name}': {errors}")
-            executions.append([sample.batch_size, *done.timings])
+    # A sequence model's warmup requests belong to no sequence: as in Triton, the model gets them
+    # without control inputs or state, with correlation ID 0.
+    sequences, executor.sequences = executor.sequences, None
+    try:
+        for sample, frames in samples:
+            _run_sample(executor, sample, frames, instance, executions)
+    finally:
+        executor.sequences = sequences
     return executions
+
+
+def _run_sample(executor, sample, frames: list, instance: str, executions: list[list[int]]) -> None:
+    for iteration in range(1, max(1, sample.count) + 1):
+        log.debug("model '%s' instance %s is running warmup sample '%s' for iteration %d", executor.model,
+                  instance, sample.name, iteration)
+        done, errors = _run(executor, frames)
+        if errors:   # every request's error, each followed by "; ", as Triton joins them
+            raise WarmupFailed(f"Invalid argument: failed to run warmup sample '{sample.name}': "
+                               + "".join(f"{error}; " for error in errors))
+        executions.append([sample.batch_size, *done.timings])
+
+
+def _run(executor, frames: list) -> tuple[BatchDone, list[str]]:
+    """One execution of a sample's batch, once each of its requests has its final response;
+    the errors among its responses. Responses sent through the requests' response senders (a
+    decoupled model's) are kept here: a warmup's answers go to no client."""
+    sent = _SentResponses()
+    send, executor.send = executor.send, sent.take
+    try:
+        parts = executor.run(list(frames))
+        done, _, _ = read_record(parts[0])
+        sent.wait_for(done.still_open or [])
+    finally:
+        executor.send = send
+    return done, ([] if all(done.ok) else _errors(parts[1:], done.response_frames)) + sent.errors
+
+
+class _SentResponses:
+    """What a warmup batch's response senders send, perhaps from the model's own threads."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self._finished: set[int] = set()
+        self._changed = threading.Condition()
+
+    def take(self, parts: list) -> None:
+        """A RESPONSE_PART and its RESPONSE (``BatchExecutor.send``)."""
+        part, _, _ = read_record(parts[0])
+        response, _, _ = read_record(parts[1])
+        with self._changed:
+            if response.error is not None:
+                self.errors.append(response.error.message)
+            if response.final is not False:   # (a model that is not decoupled answers once)
+                self._finished.add(part.index)
+                self._changed.notify_all()
+
+    def wait_for(self, indexes: list[int]) -> None:
+        """Until each of these requests has its final response; as in Triton, however long that takes."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._finished.issuperset(indexes))
 
 
 def _sample_frames(config: ModelConfig, model_dir: Path, sample, instance: str) -> list:

@@ -36,6 +36,67 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse(error=pb_utils.TritonError("An Error Occurred")) for _ in requests]
 '''
 
+# A decoupled model: two responses to each request, the second final; sent from a thread of its
+# own after execute returns when the request's first value is 1, and an error first when it is 2.
+DECOUPLED = '''
+import json
+import threading
+import time
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+LOG = Path(__file__).parent.parent / "executions.jsonl"
+
+
+def note(entry):
+    with open(LOG, "a") as log:
+        log.write(json.dumps(entry) + "\\n")
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        values = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
+        note(["execute", len(requests)])
+
+        def answer():
+            note(["answering", len(requests)])
+            for request, value in zip(requests, values):
+                sender = request.get_response_sender()
+                first = pb_utils.InferenceResponse(error=pb_utils.TritonError("warm fail")) if value[0, 0] == 2 \\
+                    else pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", value)])
+                sender.send(first)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", value * 2)]),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+        if values[0][0, 0] == 1:
+            threading.Thread(target=lambda: (time.sleep(0.3), answer())).start()
+        else:
+            answer()
+        return None
+'''
+
+# A sequence model noting which inputs each request brings and its correlation ID.
+SEQUENCE = '''
+import json
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+
+def value(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else float(tensor.as_numpy().ravel()[0])
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        with open(Path(__file__).parent.parent / "executions.jsonl", "a") as log:
+            log.write(json.dumps([[value(r, "INPUT0"), value(r, "START"), r.correlation_id()] for r in requests]) + "\\n")
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0")
+                                                            .as_numpy())]) for r in requests]
+'''
+
 
 def config(name: str, datatype: str, sample: str, inputs: int = 1) -> str:
     declared = ", ".join(f'{{ name: "INPUT{i}", data_type: {datatype}, dims: [ 4 ] }}' for i in range(inputs))
@@ -49,6 +110,11 @@ def sample(batch_size: int = 1, count: int = 1, inputs: str = "", name: str = "s
 
 def data(name: str, datatype: str = "TYPE_FP32", dims: int = 4, source: str = "zero_data: true") -> str:
     return f'inputs {{ key: "{name}" value: {{ data_type: {datatype} dims: [ {dims} ] {source} }} }}'
+
+
+def decoupled(name: str, source: str) -> str:
+    return (config(name, "TYPE_FP32", sample(2, 2, data("INPUT0", source=source), name="w1"))
+            + "model_transaction_policy { decoupled: true }\n")
 
 
 FP32 = "TYPE_FP32"
@@ -72,6 +138,16 @@ MODELS = {
     "unbatched": (config("unbatched", FP32, sample(3, 1, data("INPUT0"))).replace("max_batch_size: 4", "max_batch_size: 0"),
                   RECORDER, {}),
     "variable": (config("variable", FP32, sample(1, 1, data("INPUT0", dims=-1))), RECORDER, {}),
+    # decoupled models: an execution ends with its requests' final responses (Triton 2.51 side by side)
+    "decoupled": (decoupled("decoupled", "zero_data: true"), DECOUPLED, {}),
+    "decoupled_later": (decoupled("decoupled_later", 'input_data_file: "ones"'), DECOUPLED,
+                        {"ones": struct.pack("<4f", 1, 1, 1, 1)}),
+    "decoupled_error": (decoupled("decoupled_error", 'input_data_file: "twos"'), DECOUPLED,
+                        {"twos": struct.pack("<4f", 2, 2, 2, 2)}),
+    # a sequence model's warmup requests: no control inputs, correlation ID 0 (Triton 2.51 side by side)
+    "sequence": (config("sequence", FP32, sample(2, 1, data("INPUT0"))) + 'sequence_batching { control_input [ '
+                 '{ name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] } ] }\n',
+                 SEQUENCE, {}),
 }
 
 
@@ -126,18 +202,38 @@ def test_each_sample_is_batch_size_requests_of_batch_1_each_with_the_samples_dat
     ("failing", "Invalid argument: failed to run warmup sample 'zero sample': An Error Occurred; "),
     ("variable", "Invalid argument: warmup setting expects all variable-size dimensions are specified for input "
                  "'INPUT0'"),
+    ("decoupled_error", "Invalid argument: failed to run warmup sample 'w1': warm fail; warm fail; "),
     ("short_file", "Invalid argument: [request id: <id_unknown>] warmup setting expects 16 bytes, but the data "
                    "provided from short has 4 bytes"),
     ("no_file", "Internal: failed to open text file for read {repo}/no_file/warmup/absent: No such file or directory"),
 ])
 def test_a_sample_a_request_could_not_be_or_that_fails_fails_the_load_in_tritons_words(server, model, reason):
     assert reasons(server)[model] == reason.format(repo=server.repo)
-    assert not (server.repo / model / "executions.jsonl").exists()
+    if model != "decoupled_error":   # (its model ran: an error response fails it)
+        assert not (server.repo / model / "executions.jsonl").exists()
+
+
+def test_a_decoupled_models_execution_ends_with_its_requests_final_responses(server):
+    assert (reasons(server)["decoupled"], reasons(server)["decoupled_later"]) == ("READY", "READY")
+    assert executions(server, "decoupled") == [["execute", 2], ["answering", 2]] * 2
+    # answered from a thread 0.3 s after execute returned: the next execution waits for them
+    assert executions(server, "decoupled_later") == [["execute", 2], ["answering", 2]] * 2
+    assert executions(server, "decoupled_error") == [["execute", 2], ["answering", 2]]
+
+
+def test_a_sequence_models_warmup_requests_have_no_control_inputs_and_its_sequences_then_do(server):
+    assert reasons(server)["sequence"] == "READY"
+    body = {"parameters": {"sequence_id": 7, "sequence_start": True, "sequence_end": True},
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [5, 5, 5, 5]}]}
+    status, _, _ = request(server.url, "POST", "/v2/models/sequence/infer", body)
+    assert status == 200
+    assert executions(server, "sequence") == [[[0.0, None, 0], [0.0, None, 0]], [[5.0, 1.0, 7]]]
 
 
 def test_warmup_executions_count_in_the_statistics_as_in_triton(server):
     """Triton 2.51 side by side: a model's warmup shows in its statistics before any request."""
-    for model, inferences, executions, batch_size in (("zeros", 3, 1, 3), ("from_file", 4, 2, 2)):
+    for model, inferences, executions, batch_size in (("zeros", 3, 1, 3), ("from_file", 4, 2, 2),
+                                                      ("decoupled_later", 4, 2, 2)):
         _, _, body = request(server.url, "GET", f"/v2/models/{model}/stats")
         (stats,) = json.loads(body)["model_stats"]
         assert (stats["inference_count"], stats["execution_count"]) == (inferences, executions)
