@@ -25,6 +25,7 @@ from tritium.gateway.validation import check_requested_outputs, check_single_res
 from tritium.repo.names import check_load_parameters, require_name
 from tritium import __version__
 from tritium.errors import InternalError, InvalidArgument, NotFound, TritiumError, Unavailable, Unsupported
+from tritium.logs import known_changes
 from tritium.protocol import (ChangeLogSettings, Control, ControlArgsUnion, IndexQuery, Infer, LoadModel,
                               RegisterRegion, StatsQuery, TraceSettingsQuery, UnloadModel, UnregisterRegion,
                               pack_tensors, tensor_views)
@@ -323,7 +324,7 @@ class DataPlane:
 
     async def log_settings(self, changes: dict | None = None) -> dict:
         """Triton's logging settings, after applying ``changes`` to every process."""
-        return await self._control(ChangeLogSettings(changes or {}))
+        return await self._control(ChangeLogSettings(known_changes(changes) if changes else {}))
 
     # -- trace ----------------------------------------------------------------------------
 

@@ -63,6 +63,14 @@ class LogSettings:
 
 
 _FIELDS = frozenset(LogSettings.__dataclass_fields__)
+
+
+def known_changes(changes: dict) -> dict:
+    """A client's changes as every process takes them: Triton's keys, checked (a client's mistake is
+    raised here); the other keys and nulls are left out, as Triton ignores them (whatever they hold:
+    numbers past 64 bits and NaN too)."""
+    LogSettings().updated(changes)
+    return {key: value for key, value in changes.items() if key in _FIELDS and value is not None}
 # Libraries whose debug lines are theirs, not the server's: hpack writes one per HTTP/2 header.
 _QUIET_LIBRARIES = ("hpack",)
 

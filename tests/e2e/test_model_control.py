@@ -535,6 +535,14 @@ def test_bad_log_settings(server, changes, status, message):
     assert log_settings(server) == DEFAULT_LOG_SETTINGS
 
 
+def test_log_settings_ignore_unknown_keys_whatever_they_hold(server):
+    """As Triton: a key it does not know is ignored, numbers no process could carry (past 64 bits,
+    NaN) included."""
+    body = '{"log_verbose_level": 0, "junk": [NaN, -1108362631823252004218, 99999999999999999999999]}'
+    status, _, data = request(server.url, "POST", "/v2/logging", body)
+    assert (status, json.loads(data)) == (200, DEFAULT_LOG_SETTINGS)
+
+
 def test_grpc_log_settings_round_trip(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     settings = client.get_log_settings(as_json=True)["settings"]
