@@ -103,7 +103,8 @@ class HttpConnection(asyncio.Protocol):
 
     __slots__ = ("app", "settings", "loop", "shared", "transport", "parser", "queue", "busy", "closing",
                  "last_active", "_url", "_headers", "_body", "_body_size", "_body_limit", "_too_large", "_write_paused",
-                 "_reading", "_begun", "_header_lines", "_give_up", "_streaming", "_event_source")
+                 "_reading", "_begun", "_header_lines", "_give_up", "_streaming", "_event_source", "_unreadable",
+                 "_ended")
 
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
 
@@ -120,6 +121,8 @@ class HttpConnection(asyncio.Protocol):
         self._give_up: Callable[[], None] | None = None   # cancels the request being answered
         self._streaming: asyncio.Task | None = None   # writing a stream of events (generate_stream)
         self._event_source = False     # the request being answered asks for a stream of events
+        self._unreadable: tuple[int, str] | None = None   # what cannot be parsed, answered after what came before
+        self._ended = False            # the client ended its side: no request comes after those read
         self._reset()
 
     def _reset(self) -> None:
@@ -156,9 +159,18 @@ class HttpConnection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(400, "upgrades are not supported")
+            self._stop_reading(400, "upgrades are not supported")
         except httptools.HttpParserError as exc:
-            self._fail(400, f"invalid HTTP request: {exc}")
+            self._stop_reading(400, f"invalid HTTP request: {exc}")
+
+    def _stop_reading(self, status: int, message: str) -> None:
+        """Nothing past this point of the stream can be read: the requests that came before it are
+        answered first (as Triton answers them), then the error, then the connection closes."""
+        if not self.busy and not self.queue:
+            self._fail(status, message)
+            return
+        self._unreadable = (status, message)
+        self._read_when_it_can_keep_up()
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -171,7 +183,7 @@ class HttpConnection(asyncio.Protocol):
     def _read_when_it_can_keep_up(self) -> None:
         """A client that does not read its answers, or pipelines past MAX_PIPELINED requests,
         stops being read from until it catches up: what the connection holds stays bounded."""
-        reading = not self._write_paused and len(self.queue) < MAX_PIPELINED
+        reading = not self._write_paused and len(self.queue) < MAX_PIPELINED and self._unreadable is None
         if reading != self._reading and not self.closing:
             self._reading = reading
             (self.transport.resume_reading if reading else self.transport.pause_reading)()
@@ -184,6 +196,7 @@ class HttpConnection(asyncio.Protocol):
             self._leave()
             self.close()
             return False
+        self._ended = True   # closed once what was asked before is answered
         return bool(self.busy or self.queue)
 
     # -- parser callbacks --------------------------------------------------------------
@@ -315,7 +328,9 @@ class HttpConnection(asyncio.Protocol):
             self._next()
             if not self._reading:
                 self._read_when_it_can_keep_up()
-        elif self.shared.draining:
+        elif self._unreadable is not None:
+            self._fail(*self._unreadable)
+        elif self.shared.draining or self._ended:
             self.close()
 
     def _fail(self, status: int, message: str) -> None:

@@ -208,6 +208,28 @@ def test_garbage_gets_a_400_and_the_connection_closes(running):
     assert read_responses(other, 1)[0][2] == b"GET /fine 0"
 
 
+def test_requests_before_unreadable_bytes_are_answered_then_the_400(running):
+    """As Triton answers them: what came before the point the stream cannot be read past is answered
+    (one request still being answered, one waiting behind it), then the error, then the close."""
+    client = running.connect()
+    client.sendall(b"GET /slow HTTP/1.1\r\n\r\nPOST /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcnot http\r\n\r\n")
+    responses = read_responses(client, 3)
+    assert [(status, body) for status, _, body in responses[:2]] == [(200, b"GET /slow 0"), (200, b"POST /b 3")]
+    status, headers, body = responses[2]
+    assert (status, headers[b"connection"]) == (400, b"close") and b"invalid HTTP request" in body
+    assert client.recv(10) == b""
+    assert running.app.given_up == []
+
+
+def test_a_connection_its_client_ended_closes_once_its_requests_are_answered(running):
+    client = running.connect()
+    client.sendall(b"GET /slow HTTP/1.1\r\n\r\nGET /a HTTP/1.1\r\n\r\n")
+    client.shutdown(socket.SHUT_WR)
+    assert [body for _, _, body in read_responses(client, 2)] == [b"GET /slow 0", b"GET /a 0"]
+    client.settimeout(0.3)   # (the keep-alive timeout is 0.5 s: closed before it)
+    assert client.recv(10) == b""
+
+
 def test_server_sent_events_are_sent_in_chunks(running):
     client = running.connect()
     client.sendall(b"POST /stream HTTP/1.1\r\n\r\n")
