@@ -73,10 +73,14 @@ def _run(executor, frames: list) -> tuple[BatchDone, list[str]]:
     try:
         parts = executor.run(list(frames))
         done, _, _ = read_record(parts[0])
-        sent.wait_for(done.still_open or [])
+        if done.still_open is not None:   # answered through the response senders: each request's final
+            # (every request's, not only those still open: a model's thread may send a final as
+            # execute returns, the batch's record no longer naming it, its response not yet here)
+            count, rescheduled = read_record(frames[0])[0].count, set(done.rescheduled or ())
+            sent.wait_for([index for index in range(count) if index not in rescheduled])
     finally:
         executor.send = send
-    return done, ([] if all(done.ok) else _errors(parts[1:], done.response_frames)) + sent.errors
+    return done, ([] if all(done.ok) else _errors(parts[1:], done.response_frames)) + sent.taken_errors()
 
 
 class _SentResponses:
@@ -97,6 +101,10 @@ class _SentResponses:
             if response.final is not False:   # (a model that is not decoupled answers once)
                 self._finished.add(part.index)
                 self._changed.notify_all()
+
+    def taken_errors(self) -> list[str]:
+        with self._changed:
+            return list(self.errors)
 
     def wait_for(self, indexes: list[int]) -> None:
         """Until each of these requests has its final response; as in Triton, however long that takes."""
