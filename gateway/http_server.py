@@ -104,7 +104,7 @@ class HttpConnection(asyncio.Protocol):
     __slots__ = ("app", "settings", "loop", "shared", "transport", "parser", "queue", "busy", "closing",
                  "last_active", "_url", "_headers", "_body", "_body_size", "_body_limit", "_too_large", "_write_paused",
                  "_reading", "_begun", "_header_lines", "_give_up", "_streaming", "_event_source", "_unreadable",
-                 "_ended")
+                 "_ended", "_upgrade")
 
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
 
@@ -123,6 +123,9 @@ class HttpConnection(asyncio.Protocol):
         self._event_source = False     # the request being answered asks for a stream of events
         self._unreadable: tuple[int, str] | None = None   # what cannot be parsed, answered after what came before
         self._ended = False            # the client ended its side: no request comes after those read
+        # A request asking for an upgrade (curl --http2 asks for h2c) is read as HTTP/1.1, as Triton
+        # reads it: its method and keep-alive, and the bytes of its body still to come.
+        self._upgrade: tuple[str, bool, int] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -156,12 +159,36 @@ class HttpConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._stop_reading(400, "upgrades are not supported")
-        except httptools.HttpParserError as exc:
-            self._stop_reading(400, f"invalid HTTP request: {exc}")
+        if self._upgrade is not None:
+            data = self._upgrade_body(data)
+        while data:
+            try:
+                self.parser.feed_data(data)
+                return
+            except httptools.HttpParserUpgrade as upgrade:
+                if self._upgrade is None:   # (a chunked body: not read past)
+                    self._stop_reading(400, "upgrades are not supported with a chunked body")
+                    return
+                self.parser = httptools.HttpRequestParser(self)   # the stream goes on as HTTP/1.1
+                data = self._upgrade_body(data[upgrade.args[0]:])
+            except httptools.HttpParserError as exc:
+                self._stop_reading(400, f"invalid HTTP request: {exc}")
+                return
+
+    def _upgrade_body(self, data: bytes) -> bytes:
+        """The body of the request that asked for an upgrade, which the parser left unread; what
+        comes after it. The request is complete once its body is."""
+        assert self._upgrade is not None
+        method, keep_alive, left = self._upgrade
+        taken = min(left, len(data))
+        if taken:
+            self.on_body(data if taken == len(data) else data[:taken])
+        if taken < left:
+            self._upgrade = (method, keep_alive, left - taken)
+            return b""
+        self._upgrade = None
+        self._complete(method, keep_alive)
+        return data[taken:]
 
     def _stop_reading(self, status: int, message: str) -> None:
         """Nothing past this point of the stream can be read: the requests that came before it are
@@ -252,12 +279,19 @@ class HttpConnection(asyncio.Protocol):
         self._body.append(chunk)
 
     def on_message_complete(self) -> None:
+        parser = self.parser
+        if parser.should_upgrade():   # its body, which the parser leaves unread, is read by data_received
+            if b"transfer-encoding" not in self._headers:
+                length = self._headers.get(b"content-length", b"0")
+                self._upgrade = (parser.get_method().decode(), parser.should_keep_alive(), int(length))
+            return
+        self._complete(parser.get_method().decode(), parser.should_keep_alive())
+
+    def _complete(self, method: str, keep_alive: bool) -> None:
         url = httptools.parse_url(self._url)
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        request = HttpRequest(self.parser.get_method().decode(), unquote(url.path.decode("latin-1")),
-                              self._headers, body, self._too_large, self._begun, time.monotonic_ns(),
-                              self._header_lines)
-        keep_alive = self.parser.should_keep_alive()
+        request = HttpRequest(method, unquote(url.path.decode("latin-1")), self._headers, body, self._too_large,
+                              self._begun, time.monotonic_ns(), self._header_lines)
         self._reset()
         self.queue.append((request, keep_alive))
         if not self.busy:

@@ -221,6 +221,33 @@ def test_requests_before_unreadable_bytes_are_answered_then_the_400(running):
     assert running.app.given_up == []
 
 
+UPGRADE = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n"
+
+
+def test_a_request_asking_for_an_upgrade_is_served_as_http_1_1_with_its_body(running):
+    """As Triton serves what curl --http2 sends to an http:// URL: the upgrade is not taken."""
+    client = running.connect()
+    client.sendall(b"POST /up HTTP/1.1\r\n" + UPGRADE + b"Content-Length: 13\r\n\r\n{\"con")
+    time.sleep(0.05)   # the body in two reads, a request pipelined behind it
+    client.sendall(b"fig\": 1}GET /after HTTP/1.1\r\n\r\n")
+    responses = read_responses(client, 2)
+    assert [(status, body) for status, _, body in responses] == [(200, b"POST /up 13"), (200, b"GET /after 0")]
+    assert running.app.seen[0].body == b'{"config": 1}'
+    bodiless = running.connect()
+    bodiless.sendall(b"GET /up HTTP/1.1\r\n" + UPGRADE + b"\r\nGET /next HTTP/1.1\r\n\r\n")
+    assert [body for _, _, body in read_responses(bodiless, 2)] == [b"GET /up 0", b"GET /next 0"]
+
+
+def test_a_request_asking_for_an_upgrade_with_a_chunked_body_is_refused(running):
+    client = running.connect()
+    client.sendall(b"GET /a HTTP/1.1\r\n\r\nPOST /up HTTP/1.1\r\n" + UPGRADE
+                   + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+    (first, _, _), (status, _, body) = read_responses(client, 2)
+    assert (first, status) == (200, 400) and b"upgrades are not supported with a chunked body" in body
+    assert client.recv(10) == b""
+    assert [request.path for request in running.app.seen] == ["/a"]
+
+
 def test_a_connection_its_client_ended_closes_once_its_requests_are_answered(running):
     client = running.connect()
     client.sendall(b"GET /slow HTTP/1.1\r\n\r\nGET /a HTTP/1.1\r\n\r\n")
