@@ -164,17 +164,20 @@ def _frames(wire: bytes) -> list[tuple[int, int, int, bytes]]:
 
 
 def test_streams_past_the_advertised_limit_are_refused_and_a_closed_one_makes_room():
-    opened: list[int] = []
-    h2 = Http2Connection(lambda stream, headers, end: opened.append(stream), *(lambda *a: None,) * 4)
+    opened: list[tuple[int, list]] = []
+    h2 = Http2Connection(lambda stream, headers, end: opened.append((stream, headers)), *(lambda *a: None,) * 4)
     h2.max_streams = 2
     h2.start()
     settings = _frames(b"".join(h2.data_to_send()))[0]
     assert settings[0] == SETTINGS and struct.unpack(">HI", settings[3][:6]) == (MAX_CONCURRENT_STREAMS, 2)
-    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/p"), ("content-type", "application/grpc")])
+    encoder = hpack.Encoder()
+    blocks = {stream: encoder.encode([(":method", "POST"), (":path", "/p"), (f"x-{stream}", str(stream))])
+              for stream in (1, 3, 5)}   # each adds its own header to the table
     h2.receive(PREFACE + b"".join(struct.pack(">IBI", len(block) << 8 | HEADERS, END_HEADERS, stream) + block
-                                  for stream in (1, 3, 5)))
-    assert opened == [1, 3]
+                                  for stream, block in blocks.items()))
+    assert [stream for stream, _ in opened] == [1, 3]
     assert _frames(b"".join(h2.data_to_send())) == [(RST_STREAM, 0, 5, struct.pack(">I", REFUSED_STREAM))]
     h2.reset(1, REFUSED_STREAM)   # stream 1 ends: room for one more
-    h2.receive(struct.pack(">IBI", 1 << 8 | HEADERS, END_HEADERS, 7) + b"\xbe")   # the same block, from the table
-    assert opened == [1, 3, 7] and sorted(h2.streams) == [3, 7]
+    # index 62, the table's newest entry: the refused stream's header, which was decoded all the same
+    h2.receive(struct.pack(">IBI", 1 << 8 | HEADERS, END_HEADERS, 7) + b"\xbe")
+    assert opened[-1] == (7, [(b"x-5", b"5")]) and sorted(h2.streams) == [3, 7]

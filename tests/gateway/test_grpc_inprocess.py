@@ -358,11 +358,17 @@ HELD = np.arange(25_000, dtype=np.float32)   # a 100 KB answer
 
 def unread_answers_past_the_limit(front: GrpcFront, raw: RawH2) -> list[int]:
     """16 calls answered with 100 KB each to a client that never hands back its 64 KB window:
-    1.5 MB of answers unread, past a 1 MB limit. Their streams."""
-    streams = []
-    for i in range(16):
-        streams.append(raw.start_call("ModelInfer"))
-        raw.send(DATA, END_STREAM, streams[-1], infer(np.ones(1, np.float32), f"r{i}"))
+    1.5 MB of answers unread, past a 1 MB limit. Their streams. The calls go in one write, so that
+    all start before the first answers come back (after those, the gateway would hold the rest)."""
+    streams, frames = [], []
+    raw.send = lambda kind, flags, stream_id, payload=b"": frames.append(raw.frame(kind, flags, stream_id, payload))
+    try:
+        for i in range(16):
+            streams.append(raw.start_call("ModelInfer"))
+            raw.send(DATA, END_STREAM, streams[-1], infer(np.ones(1, np.float32), f"r{i}"))
+    finally:
+        del raw.send   # the class's again
+    raw.sock.sendall(b"".join(frames))
     assert settled_count(front) == 16
     return streams
 
