@@ -166,8 +166,8 @@ class HttpConnection(asyncio.Protocol):
                 self.parser.feed_data(data)
                 return
             except httptools.HttpParserUpgrade as upgrade:
-                if self._upgrade is None:   # (a chunked body: not read past)
-                    self._stop_reading(400, "upgrades are not supported with a chunked body")
+                if self._upgrade is None:   # (CONNECT, or a chunked body: not read past)
+                    self._stop_reading(400, "upgrades are not supported with CONNECT or a chunked body")
                     return
                 self.parser = httptools.HttpRequestParser(self)   # the stream goes on as HTTP/1.1
                 data = self._upgrade_body(data[upgrade.args[0]:])
@@ -281,9 +281,11 @@ class HttpConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         parser = self.parser
         if parser.should_upgrade():   # its body, which the parser leaves unread, is read by data_received
-            if b"transfer-encoding" not in self._headers:
+            method = parser.get_method().decode()
+            if method != "CONNECT" and b"transfer-encoding" not in self._headers:
+                httptools.parse_url(self._url)   # a URL it cannot take fails here, the parser's error (a 400)
                 length = self._headers.get(b"content-length", b"0")
-                self._upgrade = (parser.get_method().decode(), parser.should_keep_alive(), int(length))
+                self._upgrade = (method, parser.should_keep_alive(), int(length))
             return
         self._complete(parser.get_method().decode(), parser.should_keep_alive())
 

@@ -238,14 +238,25 @@ def test_a_request_asking_for_an_upgrade_is_served_as_http_1_1_with_its_body(run
     assert [body for _, _, body in read_responses(bodiless, 2)] == [b"GET /up 0", b"GET /next 0"]
 
 
-def test_a_request_asking_for_an_upgrade_with_a_chunked_body_is_refused(running):
+@pytest.mark.parametrize("request_text", [
+    b"POST /up HTTP/1.1\r\n" + UPGRADE + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    b"CONNECT a:1 HTTP/1.1\r\nHost: a\r\n\r\n",
+], ids=["chunked", "connect"])
+def test_a_request_asking_for_an_upgrade_with_a_chunked_body_or_connect_is_refused(running, request_text):
     client = running.connect()
-    client.sendall(b"GET /a HTTP/1.1\r\n\r\nPOST /up HTTP/1.1\r\n" + UPGRADE
-                   + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+    client.sendall(b"GET /slow HTTP/1.1\r\n\r\n" + request_text)
     (first, _, _), (status, _, body) = read_responses(client, 2)
-    assert (first, status) == (200, 400) and b"upgrades are not supported with a chunked body" in body
+    assert (first, status) == (200, 400) and b"upgrades are not supported with CONNECT or a chunked body" in body
     assert client.recv(10) == b""
-    assert [request.path for request in running.app.seen] == ["/a"]
+    assert [request.path for request in running.app.seen] == ["/slow"] and running.app.given_up == []
+
+
+def test_a_request_asking_for_an_upgrade_with_a_url_that_cannot_be_read_gets_a_400_after_those_before(running):
+    client = running.connect()
+    client.sendall(b"GET /slow HTTP/1.1\r\n\r\nGET http://a:99999/x HTTP/1.1\r\n" + UPGRADE + b"\r\n")
+    (first, _, _), (status, _, body) = read_responses(client, 2)
+    assert (first, status) == (200, 400) and b"invalid HTTP request" in body
+    assert client.recv(10) == b""
 
 
 def test_a_connection_its_client_ended_closes_once_its_requests_are_answered(running):
