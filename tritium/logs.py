@@ -63,6 +63,8 @@ class LogSettings:
 
 
 _FIELDS = frozenset(LogSettings.__dataclass_fields__)
+# Libraries whose debug lines are theirs, not the server's: hpack writes one per HTTP/2 header.
+_QUIET_LIBRARIES = ("hpack",)
 
 
 def known_changes(changes: dict) -> dict:
@@ -71,8 +73,6 @@ def known_changes(changes: dict) -> dict:
     numbers past 64 bits and NaN too)."""
     LogSettings().updated(changes)
     return {key: value for key, value in changes.items() if key in _FIELDS and value is not None}
-# Libraries whose debug lines are theirs, not the server's: hpack writes one per HTTP/2 header.
-_QUIET_LIBRARIES = ("hpack",)
 
 
 class _SettingsFilter(logging.Filter):

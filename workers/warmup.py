@@ -87,7 +87,7 @@ class _SentResponses:
     """What a warmup batch's response senders send, perhaps from the model's own threads."""
 
     def __init__(self) -> None:
-        self.errors: list[str] = []
+        self._error_messages: list[str] = []
         self._finished: set[int] = set()
         self._changed = threading.Condition()
 
@@ -97,14 +97,14 @@ class _SentResponses:
         response, _, _ = read_record(parts[1])
         with self._changed:
             if response.error is not None:
-                self.errors.append(response.error.message)
+                self._error_messages.append(response.error.message)
             if response.final is not False:   # (a model that is not decoupled answers once)
                 self._finished.add(part.index)
                 self._changed.notify_all()
 
     def taken_errors(self) -> list[str]:
         with self._changed:
-            return list(self.errors)
+            return list(self._error_messages)
 
     def wait_for(self, indexes: list[int]) -> None:
         """Until each of these requests has its final response; as in Triton, however long that takes."""
