@@ -57,15 +57,15 @@ def _run_sample(executor, sample, frames: list, instance: str, executions: list[
     for iteration in range(1, max(1, sample.count) + 1):
         log.debug("model '%s' instance %s is running warmup sample '%s' for iteration %d", executor.model,
                   instance, sample.name, iteration)
-        done, errors = _run(executor, frames)
+        done, errors = _run(executor, frames, sample.batch_size)
         if errors:   # every request's error, each followed by "; ", as Triton joins them
             raise WarmupFailed(f"Invalid argument: failed to run warmup sample '{sample.name}': "
                                + "".join(f"{error}; " for error in errors))
         executions.append([sample.batch_size, *done.timings])
 
 
-def _run(executor, frames: list) -> tuple[BatchDone, list[str]]:
-    """One execution of a sample's batch, once each of its requests has its final response;
+def _run(executor, frames: list, count: int) -> tuple[BatchDone, list[str]]:
+    """One execution of a sample's batch of ``count`` requests, once each has its final response;
     the errors among its responses. Responses sent through the requests' response senders (a
     decoupled model's) are kept here: a warmup's answers go to no client."""
     sent = _SentResponses()
@@ -76,7 +76,7 @@ def _run(executor, frames: list) -> tuple[BatchDone, list[str]]:
         if done.still_open is not None:   # answered through the response senders: each request's final
             # (every request's, not only those still open: a model's thread may send a final as
             # execute returns, the batch's record no longer naming it, its response not yet here)
-            count, rescheduled = read_record(frames[0])[0].count, set(done.rescheduled or ())
+            rescheduled = set(done.rescheduled or ())
             sent.wait_for([index for index in range(count) if index not in rescheduled])
     finally:
         executor.send = send
