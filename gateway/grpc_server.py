@@ -58,7 +58,6 @@ _MAX_FRAME = 1024 * 1024           # the largest DATA frame we take (fewer frame
 # Answers a connection holds for a client that does not read them: past this, it takes no new
 # calls (and hands back none of its window) until the client has read enough of them.
 MAX_HELD_BYTES = 64 * 1024 * 1024
-MAX_HELD_CALLS = 4096   # calls and stream requests held back so; past it, new calls are refused (REFUSED_STREAM)
 _NOT_METADATA = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 _DEADLINE_EXCEEDED = GrpcFailure(STATUS["DEADLINE_EXCEEDED"], "Deadline Exceeded")
 
@@ -268,8 +267,8 @@ class GrpcConnection(asyncio.Protocol):
         if headers is not self.last_headers:   # (a client's repeated block is decoded to the same list)
             self.last_head, self.last_headers = _RequestHead.of(headers), headers
         path, content_type, encoding, timeout, accepted, metadata = self.last_head
-        if self.shared.draining or self.aged or (self.holding and len(self.held_back) >= MAX_HELD_CALLS):
-            self.http2.reset(stream_id, REFUSED_STREAM)   # past our GOAWAY, or too much held: the client may retry
+        if self.shared.draining or self.aged:
+            self.http2.reset(stream_id, REFUSED_STREAM)   # past our GOAWAY: the client may retry
             return
         if content_type is None or not content_type.startswith(b"application/grpc"):
             self.http2.send_headers(stream_id, _NOT_GRPC_BLOCK, end_stream=True)

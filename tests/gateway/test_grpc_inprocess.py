@@ -24,7 +24,7 @@ from tests.scripted_peers import Received, ScriptedBroker, attached_gateway_link
 from tritium.errors import InvalidArgument
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.grpc_api import GrpcInferenceService
-from tritium.gateway import grpc_http2, grpc_server
+from tritium.gateway import grpc_http2
 from tritium.gateway.grpc_http2 import REFUSED_STREAM
 from tritium.gateway.grpc_server import bind_grpc_tritium
 from tritium.protocol import Kind, ModelRow, Models, Response, VersionRow, error_record
@@ -309,8 +309,10 @@ def test_a_call_held_back_past_its_deadline_ends_without_reaching_the_broker():
     assert (got.status, got.messages) == (4, [])
 
 
-def test_calls_past_what_may_be_held_back_are_refused(monkeypatch):
-    monkeypatch.setattr(grpc_server, "MAX_HELD_CALLS", 3)
+def test_calls_held_back_count_against_the_open_streams_limit(monkeypatch):
+    """A held call keeps its stream open: past the limit (16 streams with unread answers, three
+    held), the next call is refused, and the held ones are served once the client reads."""
+    monkeypatch.setattr(grpc_http2, "MAX_OPEN_STREAMS", 19)
     front = GrpcFront(answer_each(HELD), max_held_bytes=1_000_000)
     raw = RawH2(f"127.0.0.1:{front.port}")
     try:
