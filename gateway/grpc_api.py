@@ -93,6 +93,15 @@ class _Unparsable(InternalError):
     """Bytes that are no protobuf message of the RPC's type (INTERNAL, as Triton's gRPC library answers)."""
 
 
+def _model_named(message: Any) -> tuple[str, str]:
+    """The model and version a ModelInferRequest (its bytes, or them read ahead) names."""
+    if isinstance(message, ReadAhead):
+        return message.model, message.version
+    if not isinstance(message, service_pb2.ModelInferRequest):
+        message = service_pb2.ModelInferRequest.FromString(message)
+    return message.model_name, message.model_version
+
+
 def _unparsable() -> InternalError:
     """A new error each time: raising one shared exception object would grow its traceback
     (and the frames it holds) with every bad message."""
@@ -192,9 +201,13 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 return self._reader.read(message)
             if isinstance(message, ReadAhead):
                 return message.result()
+            return decode_infer_request(message)
         except DecodeError:
             raise _unparsable() from None
-        return decode_infer_request(message)
+        except InvalidArgument:   # Triton looks for the model before it reads the inputs
+            model, version = _model_named(message)
+            self.dataplane.check_model(model, version or None)
+            raise
 
     # -- health and metadata ------------------------------------------------------------
 

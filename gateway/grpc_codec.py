@@ -19,7 +19,7 @@ from tritium.gateway.classification import classification_count
 from tritium.gateway.inference import (SEQUENCE_FLAGS, SEQUENCE_PARAMETERS, InferRequest, InferResult, InputTensor,
                                RequestedOutput)
 from tritium.gateway.offload import DECODE_OFF_LOOP_BYTES
-from tritium.gateway.shared_memory import shared_memory_ref
+from tritium.gateway.shared_memory import SharedMemoryRef, shared_memory_ref
 from tritium import datatypes
 from tritium.errors import InvalidArgument
 
@@ -83,7 +83,9 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
             raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has a negative dimension")
         # An input in shared memory has no raw_input_contents entry (tritonclient sends none);
         # the others take theirs in order, and entries left over are ignored, as by Triton.
-        ref = shared_memory_ref(f"input '{tensor.name}'", parameters_to_dict(tensor.parameters)) if tensor.parameters else None
+        ref = None
+        if tensor.parameters:
+            ref = _shared_memory(f"input '{tensor.name}'", tensor.name, parameters_to_dict(tensor.parameters))
         if ref is not None:
             data = b""
         elif tensor.HasField("contents"):
@@ -107,12 +109,27 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
                 continue
             parameters = parameters_to_dict(output.parameters)
             owner = f"output '{output.name}'"
-            outputs.append(RequestedOutput(output.name, parameters, shared_memory_ref(owner, parameters),
+            outputs.append(RequestedOutput(output.name, parameters, _shared_memory(owner, output.name, parameters),
                                            classification_count(owner, parameters)))
     sequence_id, sequence_flags, parameters = _request_parameters(message.parameters)
     return InferRequest(model=model, version=message.model_version or None, inputs=inputs, outputs=outputs,
                         id=message.id, parameters=parameters,
                         sequence_id=sequence_id, sequence_flags=sequence_flags)
+
+
+def _shared_memory(owner: str, name: str, parameters: dict) -> SharedMemoryRef | None:
+    """The shared memory a tensor's parameters name, with Triton's gRPC rules first: an offset or
+    size needs a region, and a region needs a size (HTTP lets both pass)."""
+    if "shared_memory_region" not in parameters:
+        for key in ("shared_memory_offset", "shared_memory_byte_size"):
+            if key in parameters:
+                raise InvalidArgument(f"'{key}' can not be specified without 'shared_memory_region' parameter "
+                                      f"for tensor '{name}'")
+        return None
+    if "shared_memory_byte_size" not in parameters:
+        raise InvalidArgument("'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
+                              f"parameter for tensor '{name}'")
+    return shared_memory_ref(owner, parameters)
 
 
 def costly_to_read(data: bytes | memoryview) -> bool:
@@ -125,11 +142,14 @@ def costly_to_read(data: bytes | memoryview) -> bool:
 @dataclass(frozen=True, slots=True)
 class ReadAhead:
     """A ModelInferRequest read on one of the gateway's threads (gateway/offload.py) before the
-    event loop takes it: the request, or what reading it raised, and the message's id."""
+    event loop takes it: the request, or what reading it raised, and the message's id (and, with
+    an error, the model it names)."""
 
     request: InferRequest | None
     error: Exception | None
     id: str
+    model: str = ""
+    version: str = ""
 
     @classmethod
     def of(cls, data: bytes | memoryview) -> "ReadAhead":
@@ -141,7 +161,7 @@ class ReadAhead:
         try:
             return cls(decode_infer_request(message), None, message.id)
         except Exception as exc:
-            return cls(None, exc, message.id)
+            return cls(None, exc, message.id, message.model_name, message.model_version)
 
     def result(self) -> InferRequest:
         if self.request is None:

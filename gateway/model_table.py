@@ -163,9 +163,9 @@ class ModelTable:
         Unknown model or version: 404 (NotFound). Known but not ready: Triton's 400
         "Model version not ready" (InvalidArgument).
         """
+        number = parse_version(version) if version else None   # a version that is no number first, as Triton
         entry = self.get(name)
-        if version:
-            number = parse_version(version)
+        if number is not None:
             if number not in entry.versions:
                 raise NotFound(f"Request for unknown model: '{name}' version {number} is not found")
             if entry.versions[number][0] != READY or entry.spec is None:

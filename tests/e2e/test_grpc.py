@@ -375,6 +375,63 @@ def test_a_version_that_is_no_number_is_invalid_everywhere(client, version, mess
         assert (failure.value.status(), failure.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
 
 
+@pytest.mark.parametrize("version, message", [
+    ("abc", STOL_ERROR.format("abc")),
+    ("-1", "invalid model version specified '-1' , version should be an integral value > 0"),
+])
+def test_a_version_that_is_no_number_is_invalid_before_the_model_is_looked_for(client, version, message):
+    calls = [lambda: client.get_model_metadata("nope", version), lambda: client.get_model_config("nope", version),
+             lambda: client.infer("nope", add_sub_inputs(np.ones((1, 16), np.float32), np.ones((1, 16), np.float32)),
+                                  model_version=version)]
+    for call in calls:
+        with pytest.raises(InferenceServerException) as failure:
+            call()
+        assert (failure.value.status(), failure.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
+
+
+def test_an_unknown_model_is_named_before_what_is_wrong_with_the_inputs(server):
+    """As Triton: the model is looked for first, so a bad request to an unknown model is NOT_FOUND."""
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+    no_data = service_pb2.ModelInferRequest(model_name="nope")
+    no_data.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 16])
+    both = service_pb2.ModelInferRequest(model_name="add_sub", model_version="7",
+                                         raw_input_contents=[np.ones(16, np.float32).tobytes()])
+    both.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 16]).contents.fp32_contents.extend([1.0] * 16)
+    errors = []
+    for request in (no_data, both):
+        with pytest.raises(grpc.RpcError) as failure:
+            stub.ModelInfer(request, timeout=10)
+        errors.append((failure.value.code(), failure.value.details()))
+    assert errors == [(grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'nope' is not found"),
+                      (grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'add_sub' version 7 is not found")]
+
+
+@pytest.mark.parametrize("where", ["input", "output"])
+@pytest.mark.parametrize("parameters, message", [
+    ({"shared_memory_offset": 4}, "'shared_memory_offset' can not be specified without 'shared_memory_region' parameter"),
+    ({"shared_memory_byte_size": 64, "shared_memory_offset": 0},
+     "'shared_memory_offset' can not be specified without 'shared_memory_region' parameter"),
+    ({"shared_memory_byte_size": 64}, "'shared_memory_byte_size' can not be specified without 'shared_memory_region' parameter"),
+    ({"shared_memory_region": "r", "shared_memory_offset": 0},
+     "'shared_memory_byte_size' must be specified along with 'shared_memory_region' parameter"),
+])
+def test_shared_memory_parameters_missing_their_region_or_size_are_refused_as_by_triton(server, where, parameters, message):
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+    request = service_pb2.ModelInferRequest(model_name="add_sub", raw_input_contents=[np.ones(16, np.float32).tobytes()] * 2)
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+    tensor = request.inputs[0] if where == "input" else request.outputs.add(name="OUTPUT0")
+    for key, value in parameters.items():
+        if isinstance(value, str):
+            tensor.parameters[key].string_param = value
+        else:
+            tensor.parameters[key].int64_param = value
+    with pytest.raises(grpc.RpcError) as failure:
+        stub.ModelInfer(request, timeout=10)
+    name = "INPUT0" if where == "input" else "OUTPUT0"
+    assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, f"{message} for tensor '{name}'")
+
+
 @pytest.mark.parametrize("method", ["ModelInfer", "ModelMetadata", "ModelConfig", "RepositoryModelLoad"])
 def test_bytes_that_are_no_protobuf_are_refused_without_a_traceback(server, method):
     with grpc.insecure_channel(server.grpc_url) as channel:
