@@ -56,7 +56,7 @@ class Control:
         args = request.args
         try:
             if isinstance(args, LoadModel):  # answered when the load is done, which may take a while
-                self.lifecycle.load(_model_name(args.model), args.parameters, reply)
+                self.lifecycle.load(args.model, args.parameters, reply)
             else:
                 reply(self._control(args))
         except TritiumError as exc:
@@ -76,7 +76,7 @@ class Control:
         if isinstance(args, IndexQuery):
             return self.lifecycle.index(args.ready)
         if isinstance(args, UnloadModel):
-            self.lifecycle.unload(_model_name(args.model), args.unload_dependents)
+            self.lifecycle.unload(args.model, args.unload_dependents)
             return {}
         if isinstance(args, ChangeLogSettings):
             return self._change_log_settings(args.changes)
@@ -169,9 +169,3 @@ class Control:
                 raise InvalidArgument(f"requested model version is not available for model '{model}'")
             return [ready[version].stats.as_dict(model, version)]
         return [v.stats.as_dict(model, n) for n, v in sorted(ready.items())]
-
-
-def _model_name(name: str) -> str:
-    if not name:
-        raise InvalidArgument("a model name is required")
-    return name

@@ -22,7 +22,7 @@ from tritium.gateway.model_table import ModelSpec, parse_version, server_not_rea
 from tritium.gateway.shared_memory import SHM_DISABLED, open_region
 from tritium.gateway.tracing import NO_TRACING
 from tritium.gateway.validation import check_requested_outputs, check_single_response, validate_inputs
-from tritium.repo.names import check_load_parameters, require_name
+from tritium.repo.names import check_load_parameters
 from tritium import __version__
 from tritium.errors import InternalError, InvalidArgument, NotFound, TritiumError, Unavailable, Unsupported
 from tritium.logs import known_changes
@@ -124,13 +124,13 @@ class DataPlane:
     async def load_model(self, name: str, parameters: dict) -> None:
         """Returns once the model is loaded (its table already here), or raises why it is not."""
         self.require_started()
-        require_name(name, "load")
-        check_load_parameters(name, parameters)   # before it is sent (the broker checks a model's own loads too)
+        # The parameters before it is sent, as Triton reads them before it looks at its mode (the
+        # broker checks a model's own loads too); the name after the mode, in the broker.
+        check_load_parameters(name, parameters)
         await self._control(LoadModel(name, parameters))
 
     async def unload_model(self, name: str, unload_dependents: bool) -> None:
         self.require_started()
-        require_name(name, "unload")
         await self._control(UnloadModel(name, unload_dependents))
 
     async def _control(self, args: ControlArgsUnion):

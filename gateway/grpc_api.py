@@ -273,17 +273,16 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def RepositoryModelLoad(self, request, context):
         _no_repository_name(request.repository_name)
-        await self.dataplane.load_model(request.model_name, _parameters(request.parameters))
+        await self.dataplane.load_model(request.model_name, _load_parameters(request.parameters))
         return service_pb2.RepositoryModelLoadResponse()
 
     @_rpc
     async def RepositoryModelUnload(self, request, context):
         _no_repository_name(request.repository_name)
-        parameters = _parameters(request.parameters)
-        dependents = parameters.get("unload_dependents", False)
-        if not isinstance(dependents, bool):
-            raise InvalidArgument("Unable to parse 'unload_dependents', expect bool")
-        await self.dataplane.unload_model(request.model_name, dependents)
+        dependents = request.parameters.get("unload_dependents")
+        if dependents is not None and dependents.WhichOneof("parameter_choice") != "bool_param":
+            raise InvalidArgument("invalid value type for 'unload_dependents' parameter, expected bool_param.")
+        await self.dataplane.unload_model(request.model_name, dependents is not None and dependents.bool_param)
         return service_pb2.RepositoryModelUnloadResponse()
 
     # -- system shared memory ---------------------------------------------------------------
@@ -602,6 +601,18 @@ def _log_changes(settings) -> dict:
                 raise InvalidArgument(f"expect {kind} for '{key}'")
             changes[key] = getattr(settings[key], field)
     return changes
+
+
+def _load_parameters(parameters) -> dict:
+    """The load's parameters as plain values, each of the type Triton's gRPC takes: ``config`` a
+    string, a file's contents bytes (HTTP's base64 text is not taken here)."""
+    values = _parameters(parameters)
+    for key, value in values.items():
+        if key == "config" and not isinstance(value, str):
+            raise InvalidArgument("invalid value type for load parameter 'config', expected string_param.")
+        if key.startswith("file:") and not isinstance(value, bytes):
+            raise InvalidArgument(f"invalid value type for load parameter '{key}', expected bytes_param.")
+    return values
 
 
 def _parameters(parameters) -> dict:

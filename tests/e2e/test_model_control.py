@@ -12,10 +12,12 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.grpc_requests import NOT_SERVING, SERVING, health_check
@@ -411,12 +413,48 @@ def test_grpc_index_load_unload(server):
     client.load_model("scaled")
 
 
+def _grpc_control(server, rpc: str, name: str, **parameters) -> tuple[str, str]:
+    """``rpc`` (RepositoryModelLoad or RepositoryModelUnload) with ``parameters`` as {key: (kind, value)}:
+    its status code's name and its details."""
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+    request = getattr(service_pb2, f"{rpc}Request")(model_name=name)
+    for key, (kind, value) in parameters.items():
+        setattr(request.parameters[key.replace("__", ":")], kind, value)
+    try:
+        getattr(stub, rpc)(request, timeout=60)
+    except grpc.RpcError as exc:
+        return exc.code().name, exc.details()
+    return "OK", ""
+
+
+@pytest.mark.parametrize("rpc, parameters, message", [
+    ("RepositoryModelLoad", {"config": ("bytes_param", b"{}")},
+     "invalid value type for load parameter 'config', expected string_param."),
+    ("RepositoryModelLoad", {"config": ("string_param", "{}"), "file__1/model.py": ("string_param", "eA==")},
+     "invalid value type for load parameter 'file:1/model.py', expected bytes_param."),
+    ("RepositoryModelUnload", {"unload_dependents": ("string_param", "true")},
+     "invalid value type for 'unload_dependents' parameter, expected bool_param."),
+])
+def test_grpc_load_parameters_of_the_wrong_type_get_triton_s_words(server, client, rpc, parameters, message):
+    """gRPC takes a file's contents as bytes only (HTTP's base64 text is refused, as by Triton)."""
+    assert _grpc_control(server, rpc, "scaled", **parameters) == ("INVALID_ARGUMENT", message)
+    assert client.is_model_ready("scaled")
+
+
 @pytest.fixture(scope="module")
 def polled(tmp_path_factory):
     repo = tmp_path_factory.mktemp("polled")
     write_scaled(repo, "scaled", 1)
     with TritiumServer(repo, "--model-control-mode=poll", "--repository-poll-secs=1") as running:
         yield running, repo
+
+
+@pytest.mark.parametrize("rpc, name", [("RepositoryModelLoad", "../x"), ("RepositoryModelLoad", ""),
+                                       ("RepositoryModelUnload", "a/b"), ("RepositoryModelUnload", "")])
+def test_outside_explicit_mode_any_name_is_refused_for_the_mode_first(polled, rpc, name):
+    """As Triton: the mode is checked before the name, so every load and unload gets the mode's refusal."""
+    server, _ = polled
+    assert _grpc_control(server, rpc, name) == ("UNAVAILABLE", "explicit model load / unload is not allowed if polling is enabled")
 
 
 def wait_for(condition, timeout_s: float = 20.0):
