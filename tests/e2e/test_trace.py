@@ -149,6 +149,10 @@ def test_defaults_as_triton_writes_them(server, trace_dir):
     ({"trace_level": "TIMESTAMPS"}, 400, "attempt to access JSON non-array as array"),
     ({"trace_level": ["TIMESTAMPS"], "trace_rate": "0"}, 400,
      "Attempting to set invalid trace setting :sample rate must be non-zero"),
+    # several wrong: the first in Triton's order (file, level, rate, count, log frequency), not the body's
+    ({"log_frequency": "x", "trace_file": "y"}, 501, "trace file location can not be updated through network protocol"),
+    ({"log_frequency": "x", "trace_count": "y", "trace_rate": "z"}, 400, "Unable to parse 'trace_rate', got: z"),
+    ({"trace_rate": "z", "trace_level": ["OFF", "TIMESTAMPS"]}, 400, "Expect only one trace level 'OFF' is specified"),
 ])
 def test_http_update_refused_with_tritons_words(settings, body, status, message):
     before = get(settings)
@@ -199,7 +203,10 @@ def test_grpc_round_trip_and_errors(settings):
     assert cleared["trace_rate"] == {"value": ["1"]}
     refusals = [({"trace_count": "-2"}, "INVALID_ARGUMENT", "Unable to parse 'trace_count'. Expecting value >= -1, got: -2"),
                 ({"trace_rate": ["1", "2"]}, "INVALID_ARGUMENT", "expect only 1 value for 'trace_rate'"),
-                ({"trace_file": "/tmp/x"}, "UNIMPLEMENTED", "trace file location can not be updated through network protocol")]
+                ({"trace_file": "/tmp/x"}, "UNIMPLEMENTED", "trace file location can not be updated through network protocol"),
+                ({"log_frequency": "x", "trace_file": "/tmp/x"}, "UNIMPLEMENTED",
+                 "trace file location can not be updated through network protocol"),
+                ({"log_frequency": "x", "trace_count": "y"}, "INVALID_ARGUMENT", "Unable to parse 'trace_count', got: y")]
     for update, code, message in refusals:
         with pytest.raises(InferenceServerException) as caught:
             client.update_trace_settings(None, update)

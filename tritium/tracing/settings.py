@@ -69,6 +69,7 @@ class TraceSettings:
 
 
 # The extension's keys and the settings fields they change.
+# In the order Triton reads them, whatever the order they came in: its first refusal is the one answered.
 _FIELDS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency"}
 
 
@@ -94,13 +95,13 @@ def _check_can_trace(settings: TraceSettings) -> None:
 
 def changes_from_http(document: dict) -> Changes:
     """{field: value, or None to clear} from a POSTed JSON object, checked as Triton checks it."""
+    if "trace_file" in document:
+        raise Unsupported(FILE_NOT_SETTABLE)
     changes: Changes = {}
-    for key, value in document.items():
-        if key == "trace_file":
-            raise Unsupported(FILE_NOT_SETTABLE)
-        name = _FIELDS.get(key)
-        if name is None:
-            continue   # trace_mode and keys Triton does not know are ignored, as there
+    for key, name in _FIELDS.items():   # trace_mode and keys Triton does not know are ignored, as there
+        if key not in document:
+            continue
+        value = document[key]
         if value is None:
             changes[name] = None
         elif key == "trace_level":
@@ -118,13 +119,13 @@ def changes_from_http(document: dict) -> Changes:
 
 def changes_from_grpc(settings: dict[str, list[str]]) -> Changes:
     """The same from gRPC's map of string lists: an empty list clears."""
+    if settings.get("trace_file"):
+        raise Unsupported(FILE_NOT_SETTABLE)
     changes: Changes = {}
-    for key, values in settings.items():
-        if key == "trace_file" and values:
-            raise Unsupported(FILE_NOT_SETTABLE)
-        name = _FIELDS.get(key)
-        if name is None:
+    for key, name in _FIELDS.items():
+        if key not in settings:
             continue
+        values = settings[key]
         if not values:
             changes[name] = None
         elif key == "trace_level":
