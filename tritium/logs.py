@@ -41,9 +41,10 @@ class LogSettings:
 
     def updated(self, changes: dict) -> "LogSettings":
         """These settings with a client's changes (Triton's keys; unknown keys and nulls are ignored)."""
-        values = {}
-        for key, value in changes.items():
-            if value is None or key not in _FIELDS:
+        values: dict = {}
+        for key in _FIELDS:   # in Triton's order, whatever the order they came in: its first refusal is the one answered
+            value = changes.get(key)
+            if value is None:
                 continue
             if key == "log_file":
                 raise Unsupported("log file location can not be updated through network protocol")
@@ -62,7 +63,7 @@ class LogSettings:
         return replace(self, **values)
 
 
-_FIELDS = frozenset(LogSettings.__dataclass_fields__)
+_FIELDS = tuple(LogSettings.__dataclass_fields__)   # file, info, warning, error, verbose level, format
 # Libraries whose debug lines are theirs, not the server's: hpack writes one per HTTP/2 header.
 _QUIET_LIBRARIES = ("hpack",)
 

@@ -273,6 +273,18 @@ def test_a_log_format_that_is_not_a_string_is_a_400(server, value):
     assert (status, error_of(data)) == (400, "log_format must be a string")
 
 
+@pytest.mark.parametrize("body, status, message", [
+    ({"log_info": 1, "log_file": "x"}, 501, "log file location can not be updated through network protocol"),
+    ({"log_format": "x", "log_verbose_level": "y"}, 400, "log_verbose_level must be an unsigned integer"),
+    ({"log_format": "x", "log_error": "y", "log_info": "z"}, 400, "log_info must be a boolean"),
+])
+def test_several_wrong_log_settings_answer_the_first_in_triton_s_order(server, body, status, message):
+    """Triton reads the file, info, warning, error, verbose level and format in that order,
+    whatever the order of the body."""
+    got, _, data = request(server.url, "POST", "/v2/logging", body)
+    assert (got, error_of(data)) == (status, message)
+
+
 def test_a_shared_memory_offset_past_the_region_names_the_offset(server):
     key = f"tritium-parity-{uuid.uuid4().hex[:8]}"
     with open(f"/dev/shm/{key}", "wb") as region:
