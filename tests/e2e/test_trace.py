@@ -204,6 +204,7 @@ def test_grpc_round_trip_and_errors(settings):
     refusals = [({"trace_count": "-2"}, "INVALID_ARGUMENT", "Unable to parse 'trace_count'. Expecting value >= -1, got: -2"),
                 ({"trace_rate": ["1", "2"]}, "INVALID_ARGUMENT", "expect only 1 value for 'trace_rate'"),
                 ({"trace_file": "/tmp/x"}, "UNIMPLEMENTED", "trace file location can not be updated through network protocol"),
+                ({"trace_file": None}, "UNIMPLEMENTED", "trace file location can not be updated through network protocol"),
                 ({"log_frequency": "x", "trace_file": "/tmp/x"}, "UNIMPLEMENTED",
                  "trace file location can not be updated through network protocol"),
                 ({"log_frequency": "x", "trace_count": "y"}, "INVALID_ARGUMENT", "Unable to parse 'trace_count', got: y")]

@@ -119,7 +119,7 @@ def changes_from_http(document: dict) -> Changes:
 
 def changes_from_grpc(settings: dict[str, list[str]]) -> Changes:
     """The same from gRPC's map of string lists: an empty list clears."""
-    if settings.get("trace_file"):
+    if "trace_file" in settings:   # even empty (a clear), as Triton
         raise Unsupported(FILE_NOT_SETTABLE)
     changes: Changes = {}
     for key, name in _FIELDS.items():
