@@ -296,8 +296,8 @@ class DataPlane:
         results = [result async for result in self._generated(request, False)]
         if len(results) != 1:   # an error after a response counts as a second response, as in Triton
             raise InvalidArgument(SINGLE_RESPONSE_ONLY)
-        if isinstance(results[0], TritiumError):
-            raise results[0]
+        if isinstance(results[0], TritiumError):   # 400 whatever its code, as from Triton (and /generate_stream)
+            raise InvalidArgument(results[0].message)
         return results[0]
 
     def generate_stream(self, request: InferRequest) -> AsyncGenerator[bytes | TritiumError, None]:

@@ -247,6 +247,17 @@ def test_generate_stream_answers_a_first_error_with_400_and_the_error_as_an_even
     assert body == b'data: {"error":"failed with code 6"}\n\n'
 
 
+@pytest.mark.parametrize("code, infer_status", [(2, 500), (3, 404), (4, 500), (6, 503)])
+def test_generate_answers_a_models_error_with_400_whatever_its_code(server, code, infer_status):
+    """As Triton 2.51 (side by side): /infer maps the model's error code to a status, /generate
+    answers 400 for every error of the response."""
+    infer_body = {"inputs": [{"name": "CODE", "datatype": "INT32", "shape": [1], "data": [code]}]}
+    infer_status_got, _, infer_data = request(server.url, "POST", "/v2/models/py_errors/infer", infer_body)
+    status, _, data = request(server.url, "POST", "/v2/models/py_errors/generate", {"CODE": code})
+    assert (infer_status_got, status) == (infer_status, 400)
+    assert error_of(data) == error_of(infer_data)
+
+
 def test_a_decoupled_models_error_event_is_the_models_text(server):
     status, _, body = request(server.url, "POST", "/v2/models/decoupled_failure/generate_stream", {"IN": 1, "id": "r1"})
     assert status == 200
