@@ -23,7 +23,8 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from tritium.gateway.grpc_codec import (FINAL_RESPONSE, InferRequestReader, InferResponseWriter, ReadAhead,
-                                       costly_to_read, decode_infer_request, encode_infer_response, stream_answer)
+                                       costly_to_read, decode_infer_request, encode_infer_response, model_and_version,
+                                       stream_answer)
 from tritium.gateway.grpc_health import SERVICE_NAME as HEALTH_SERVICE
 from tritium.gateway.grpc_health import HealthCheckRequest, HealthCheckResponse
 from tritium.gateway.grpc_keepalive import GrpcKeepalive
@@ -93,13 +94,13 @@ class _Unparsable(InternalError):
     """Bytes that are no protobuf message of the RPC's type (INTERNAL, as Triton's gRPC library answers)."""
 
 
-def _model_named(message: Any) -> tuple[str, str]:
-    """The model and version a ModelInferRequest (its bytes, or them read ahead) names."""
+def _model_and_version(message: Any) -> tuple[str, str]:
+    """The model and version a ModelInferRequest names: the message, its bytes, or its reading ahead."""
     if isinstance(message, ReadAhead):
         return message.model, message.version
-    if not isinstance(message, service_pb2.ModelInferRequest):
-        message = service_pb2.ModelInferRequest.FromString(message)
-    return message.model_name, message.model_version
+    if isinstance(message, service_pb2.ModelInferRequest):
+        return message.model_name, message.model_version
+    return model_and_version(message)
 
 
 def _unparsable() -> InternalError:
@@ -204,8 +205,11 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             return decode_infer_request(message)
         except DecodeError:
             raise _unparsable() from None
-        except InvalidArgument:   # Triton looks for the model before it reads the inputs
-            model, version = _model_named(message)
+        except InvalidArgument as exc:   # Triton looks for the model before it reads the inputs
+            try:
+                model, version = _model_and_version(message)
+            except DecodeError:
+                raise exc from None
             self.dataplane.check_model(model, version or None)
             raise
 
@@ -604,21 +608,22 @@ def _log_changes(settings) -> dict:
 
 
 def _load_parameters(parameters) -> dict:
-    """The load's parameters as plain values, each of the type Triton's gRPC takes: ``config`` a
-    string, a file's contents bytes (HTTP's base64 text is not taken here)."""
-    values = _parameters(parameters)
-    for key, value in values.items():
-        if key == "config" and not isinstance(value, str):
-            raise InvalidArgument("invalid value type for load parameter 'config', expected string_param.")
-        if key.startswith("file:") and not isinstance(value, bytes):
-            raise InvalidArgument(f"invalid value type for load parameter '{key}', expected bytes_param.")
+    """The load's parameters as plain values, each of the type Triton's gRPC takes (``config`` a
+    string, a file's contents bytes: HTTP's base64 text is not taken here), refused with its words."""
+    values: dict[str, str | bytes] = {}
+    for key, parameter in parameters.items():
+        kind = parameter.WhichOneof("parameter_choice")
+        if key == "config":
+            if kind != "string_param":
+                raise InvalidArgument("invalid value type for load parameter 'config', expected string_param.")
+            values[key] = parameter.string_param
+        elif key.startswith("file:"):
+            if kind != "bytes_param":
+                raise InvalidArgument(f"invalid value type for load parameter '{key}', expected bytes_param.")
+            values[key] = parameter.bytes_param
+        else:
+            raise InvalidArgument(f"unrecognized load parameter '{key}'.")
     return values
-
-
-def _parameters(parameters) -> dict:
-    """A map of one-of settings (ModelRepositoryParameter, LogSettings' SettingValue) as plain values."""
-    return {key: getattr(value, value.WhichOneof("parameter_choice"))
-            for key, value in parameters.items() if value.WhichOneof("parameter_choice")}
 
 
 def bind_grpc(service: GrpcInferenceService, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_BYTES,

@@ -118,18 +118,47 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
 
 
 def _shared_memory(owner: str, name: str, parameters: dict) -> SharedMemoryRef | None:
-    """The shared memory a tensor's parameters name, with Triton's gRPC rules first: an offset or
-    size needs a region, and a region needs a size (HTTP lets both pass)."""
+    """The shared memory a tensor's parameters name, refused in the order and words of Triton's
+    gRPC front end: an offset or size needs a region, a region a string and a size, a size and
+    an offset integers (HTTP lets the first two pass)."""
     if "shared_memory_region" not in parameters:
         for key in ("shared_memory_offset", "shared_memory_byte_size"):
             if key in parameters:
                 raise InvalidArgument(f"'{key}' can not be specified without 'shared_memory_region' parameter "
                                       f"for tensor '{name}'")
         return None
+    if not isinstance(parameters["shared_memory_region"], str):
+        raise InvalidArgument(f"invalid value type for 'shared_memory_region' parameter for tensor '{name}', "
+                              "expected string_param.")
     if "shared_memory_byte_size" not in parameters:
         raise InvalidArgument("'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
                               f"parameter for tensor '{name}'")
+    for key in ("shared_memory_byte_size", "shared_memory_offset"):
+        value = parameters.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidArgument(f"invalid value type for '{key}' parameter for tensor '{name}', expected int64_param.")
     return shared_memory_ref(owner, parameters)
+
+
+def model_and_version(data: bytes | memoryview) -> tuple[str, str]:
+    """The model and version ModelInferRequest bytes name, read from the message's first fields
+    where protobuf writes them (model_name 1, model_version 2) without parsing the rest; a
+    message laid out otherwise is parsed (DecodeError for bytes that are no message)."""
+    try:
+        model = version = ""
+        position = 0
+        if data[0] == _MODEL_NAME:
+            start, position = _value_span(data, 0, len(data))
+            model = bytes(data[start:position]).decode()
+        if position < len(data) and data[position] == _MODEL_VERSION:
+            start, position = _value_span(data, position, len(data))
+            version = bytes(data[start:position]).decode()
+        if model:
+            return model, version
+    except (IndexError, UnicodeDecodeError):
+        pass
+    message = service_pb2.ModelInferRequest.FromString(data)
+    return message.model_name, message.model_version
 
 
 def costly_to_read(data: bytes | memoryview) -> bool:
@@ -143,7 +172,7 @@ def costly_to_read(data: bytes | memoryview) -> bool:
 class ReadAhead:
     """A ModelInferRequest read on one of the gateway's threads (gateway/offload.py) before the
     event loop takes it: the request, or what reading it raised, and the message's id (and, with
-    an error, the model it names)."""
+    an error, the model and version it names)."""
 
     request: InferRequest | None
     error: Exception | None
@@ -329,6 +358,7 @@ def _value_span(data: bytes | memoryview, position: int, end: int) -> tuple[int,
 
 _RAW_INPUT_CONTENTS = 7 << 3 | 2   # the tags (field number, wire type 2) ModelInferRequest's fields start with
 _ID = 3 << 3 | 2
+_MODEL_NAME, _MODEL_VERSION = 1 << 3 | 2, 2 << 3 | 2
 # Metadata larger, or messages of more fields, are left to protobuf: a key that size is not kept,
 # and walking that many fields in Python would cost the event loop more than protobuf does.
 _METADATA_BYTES = 16 * 1024

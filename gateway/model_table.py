@@ -160,7 +160,8 @@ class ModelTable:
     def resolve(self, name: str, version: str | None) -> tuple[ModelSpec, int]:
         """The spec and concrete version a request for ``name``/``version`` goes to.
 
-        Unknown model or version: 404 (NotFound). Known but not ready: Triton's 400
+        A version that is no number: 400 (InvalidArgument), before the model is looked for, as
+        Triton checks. Unknown model or version: 404 (NotFound). Known but not ready: Triton's 400
         "Model version not ready" (InvalidArgument).
         """
         number = parse_version(version) if version else None   # a version that is no number first, as Triton

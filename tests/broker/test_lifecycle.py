@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from dataclasses import replace
 
 import pytest
 
 from tritium.broker.registry import VersionState
 from tritium.broker.startup_hold import StartupHold
 from tests.repo.helpers import PLAIN_PY_MODEL, write_model
-from tritium.errors import InvalidArgument, TritiumError
+from tritium.errors import InvalidArgument, TritiumError, Unavailable
 from tritium.protocol import Infer, Kind, Placed
 from tests.broker.lifecycle_world import CONFIG, World
 
@@ -240,9 +241,9 @@ def test_file_overrides_that_cannot_be_written_fail_the_load_only(world):
     assert world.replies[-1] == {}
 
 
-@pytest.mark.parametrize("name", ["../../victim", "/abs/victim", "a/b", "..", "x\0y"])
+@pytest.mark.parametrize("name", ["../../victim", "/abs/victim", "a/b", "..", "x\0y", ""])
 def test_a_model_name_that_is_a_path_is_refused_before_any_file_is_written(tmp_path, name):
-    """The broker's own check, for whatever reaches it without the gateway's."""
+    """The only check of the name of a load or unload (from HTTP, gRPC or a model's own call)."""
     world = World(tmp_path / "repo")
     (tmp_path / "repo").mkdir()
     world.lifecycle.load(name, {"config": "{}", "file:1/model.py": b"x"}, world.replies.append)
@@ -253,6 +254,19 @@ def test_a_model_name_that_is_a_path_is_refused_before_any_file_is_written(tmp_p
         world.lifecycle.unload(name)
     assert not (tmp_path / "victim").exists() and not (tmp_path / "abs").exists()
     assert world.lifecycle.reader.completed.empty() and world.sent == []
+
+
+@pytest.mark.parametrize("name", ["../../victim", ""])
+def test_outside_explicit_mode_a_load_or_unload_is_refused_for_the_mode_before_its_name(tmp_path, name):
+    world = World(tmp_path / "repo")
+    (tmp_path / "repo").mkdir()
+    world.lifecycle.settings = replace(world.lifecycle.settings, mode="poll")
+    world.lifecycle.load(name, {"config": "{}", "file:1/model.py": b"x"}, world.replies.append)
+    (error,) = world.replies
+    assert (type(error), error.message) == (Unavailable, "explicit model load / unload is not allowed if polling is enabled")
+    with pytest.raises(Unavailable):
+        world.lifecycle.unload(name)
+    assert not (tmp_path / "victim").exists() and world.sent == []
 
 
 ENSEMBLE = """

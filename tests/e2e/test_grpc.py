@@ -406,6 +406,18 @@ def test_an_unknown_model_is_named_before_what_is_wrong_with_the_inputs(server):
                       (grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'add_sub' version 7 is not found")]
 
 
+def test_a_large_request_read_off_the_event_loop_names_its_unknown_model_first(server):
+    """A request of over 1 MiB of typed contents is read on one of the gateway's threads; its
+    error is still the unknown model's, not its inputs' (typed contents beside raw ones)."""
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+    request = service_pb2.ModelInferRequest(model_name="nope", model_version="3", raw_input_contents=[b"x"])
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 7]).contents.fp32_contents.extend([1.0] * 300_000)
+    with pytest.raises(grpc.RpcError) as failure:
+        stub.ModelInfer(request, timeout=30)
+    assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.NOT_FOUND,
+                                                               "Request for unknown model: 'nope' is not found")
+
+
 @pytest.mark.parametrize("where", ["input", "output"])
 @pytest.mark.parametrize("parameters, message", [
     ({"shared_memory_offset": 4}, "'shared_memory_offset' can not be specified without 'shared_memory_region' parameter"),
@@ -414,6 +426,13 @@ def test_an_unknown_model_is_named_before_what_is_wrong_with_the_inputs(server):
     ({"shared_memory_byte_size": 64}, "'shared_memory_byte_size' can not be specified without 'shared_memory_region' parameter"),
     ({"shared_memory_region": "r", "shared_memory_offset": 0},
      "'shared_memory_byte_size' must be specified along with 'shared_memory_region' parameter"),
+    ({"shared_memory_region": None, "shared_memory_byte_size": 64},
+     "invalid value type for 'shared_memory_region' parameter"),
+    ({"shared_memory_region": 5}, "invalid value type for 'shared_memory_region' parameter"),
+    ({"shared_memory_region": "r", "shared_memory_byte_size": "64"},
+     "invalid value type for 'shared_memory_byte_size' parameter"),
+    ({"shared_memory_region": "r", "shared_memory_byte_size": 64, "shared_memory_offset": "0"},
+     "invalid value type for 'shared_memory_offset' parameter"),
 ])
 def test_shared_memory_parameters_missing_their_region_or_size_are_refused_as_by_triton(server, where, parameters, message):
     stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
@@ -424,12 +443,17 @@ def test_shared_memory_parameters_missing_their_region_or_size_are_refused_as_by
     for key, value in parameters.items():
         if isinstance(value, str):
             tensor.parameters[key].string_param = value
+        elif value is None:
+            tensor.parameters[key].SetInParent()   # present, with no value
         else:
             tensor.parameters[key].int64_param = value
     with pytest.raises(grpc.RpcError) as failure:
         stub.ModelInfer(request, timeout=10)
     name = "INPUT0" if where == "input" else "OUTPUT0"
-    assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, f"{message} for tensor '{name}'")
+    expected = f"{message} for tensor '{name}'"
+    if "invalid value type" in message:   # Triton's words: the type it expected after the tensor
+        expected += ", expected string_param." if "region" in message else ", expected int64_param."
+    assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, expected)
 
 
 @pytest.mark.parametrize("method", ["ModelInfer", "ModelMetadata", "ModelConfig", "RepositoryModelLoad"])

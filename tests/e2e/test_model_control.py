@@ -419,7 +419,9 @@ def _grpc_control(server, rpc: str, name: str, **parameters) -> tuple[str, str]:
     stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
     request = getattr(service_pb2, f"{rpc}Request")(model_name=name)
     for key, (kind, value) in parameters.items():
-        setattr(request.parameters[key.replace("__", ":")], kind, value)
+        parameter = request.parameters[key.replace("__", ":")]   # a kind of None: present, no value
+        if kind is not None:
+            setattr(parameter, kind, value)
     try:
         getattr(stub, rpc)(request, timeout=60)
     except grpc.RpcError as exc:
@@ -434,6 +436,8 @@ def _grpc_control(server, rpc: str, name: str, **parameters) -> tuple[str, str]:
      "invalid value type for load parameter 'file:1/model.py', expected bytes_param."),
     ("RepositoryModelUnload", {"unload_dependents": ("string_param", "true")},
      "invalid value type for 'unload_dependents' parameter, expected bool_param."),
+    ("RepositoryModelLoad", {"config": (None, None)}, "invalid value type for load parameter 'config', expected string_param."),
+    ("RepositoryModelLoad", {"p": (None, None)}, "unrecognized load parameter 'p'."),
 ])
 def test_grpc_load_parameters_of_the_wrong_type_get_triton_s_words(server, client, rpc, parameters, message):
     """gRPC takes a file's contents as bytes only (HTTP's base64 text is refused, as by Triton)."""

@@ -12,7 +12,7 @@ from tritonclient.grpc import service_pb2
 
 from tritium.errors import InvalidArgument
 from tritium.gateway.grpc_codec import (FINAL_RESPONSE, InferRequestReader, InferResponseWriter, decode_infer_request,
-                                       encode_infer_response, stream_answer)
+                                       encode_infer_response, model_and_version, stream_answer)
 from tritium.gateway.inference import InferResult, OutputTensor
 
 
@@ -334,3 +334,17 @@ def test_typed_contents_in_another_datatypes_field_are_refused_in_tritons_words(
     with pytest.raises(InvalidArgument) as refused:
         decode_infer_request(request)
     assert refused.value.message == f"unexpected explicit tensor data for input tensor 'X' for model 'm'{message}"
+
+
+def test_the_model_and_version_are_read_from_the_message_s_first_fields_or_from_all_of_it():
+    message = service_pb2.ModelInferRequest(model_name="m\u00e9", model_version="12", id="r",
+                                            raw_input_contents=[b"\0" * 300])
+    assert model_and_version(message.SerializeToString()) == ("m\u00e9", "12")
+    assert model_and_version(service_pb2.ModelInferRequest(model_name="m").SerializeToString()) == ("m", "")
+    # fields in another order than protobuf writes them: the whole message is parsed
+    reordered = service_pb2.ModelInferRequest(id="r").SerializeToString() + \
+        service_pb2.ModelInferRequest(model_name="m", model_version="2").SerializeToString()
+    assert model_and_version(reordered) == ("m", "2")
+    assert model_and_version(memoryview(message.SerializeToString())) == ("m\u00e9", "12")
+    with pytest.raises(DecodeError):
+        model_and_version(b"\x0a\xff\xff\xff\xff\x0f garbage")
