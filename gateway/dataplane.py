@@ -174,8 +174,8 @@ class DataPlane:
         return partial(self.link.cancel, header.rid, spec.name, version)
 
     def check_model(self, name: str, version: str | None) -> ModelSpec:
-        """The model's spec; InvalidArgument for a version that is no number, then NotFound for a
-        model or version the table does not have (Triton looks before it reads the inputs)."""
+        """The model's spec, or why a request for it is refused (ModelTable.resolve): Triton looks
+        for the model before it reads the inputs."""
         return self.link.models.resolve(name, version)[0]
 
     def infer_stream_then(self, request: InferRequest,

@@ -23,8 +23,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from tritium.gateway.dataplane import GRPC_DECOUPLED, DataPlane
 from tritium.gateway.grpc_codec import (FINAL_RESPONSE, InferRequestReader, InferResponseWriter, ReadAhead,
-                                       costly_to_read, decode_infer_request, encode_infer_response, model_and_version,
-                                       stream_answer)
+                                       costly_to_read, decode_infer_request, encode_infer_response, stream_answer)
 from tritium.gateway.grpc_health import SERVICE_NAME as HEALTH_SERVICE
 from tritium.gateway.grpc_health import HealthCheckRequest, HealthCheckResponse
 from tritium.gateway.grpc_keepalive import GrpcKeepalive
@@ -92,15 +91,6 @@ class StreamError(NamedTuple):
 
 class _Unparsable(InternalError):
     """Bytes that are no protobuf message of the RPC's type (INTERNAL, as Triton's gRPC library answers)."""
-
-
-def _model_and_version(message: Any) -> tuple[str, str]:
-    """The model and version a ModelInferRequest names: the message, its bytes, or its reading ahead."""
-    if isinstance(message, ReadAhead):
-        return message.model, message.version
-    if isinstance(message, service_pb2.ModelInferRequest):
-        return message.model_name, message.model_version
-    return model_and_version(message)
 
 
 def _unparsable() -> InternalError:
@@ -196,7 +186,8 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _decode(self, message: Any) -> InferRequest:
         """The InferRequest ``message`` asks for (ModelInfer's bytes, the same read on a thread
-        already, or a ModelInferRequest)."""
+        already, or a ModelInferRequest); a request refused for its inputs is refused for its
+        model first when the model or version is unknown."""
         try:
             if isinstance(message, bytes):
                 return self._reader.read(message)
@@ -205,13 +196,17 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             return decode_infer_request(message)
         except DecodeError:
             raise _unparsable() from None
-        except InvalidArgument as exc:   # Triton looks for the model before it reads the inputs
-            try:
-                model, version = _model_and_version(message)
-            except DecodeError:
-                raise exc from None
-            self.dataplane.check_model(model, version or None)
+        except InvalidArgument:   # Triton looks for the model before it reads the inputs
+            self.dataplane.check_model(*self._named_model(message))
             raise
+
+    def _named_model(self, message: Any) -> tuple[str, str | None]:
+        """The model and version (None: the latest) of a ModelInferRequest ``_decode`` refused."""
+        if isinstance(message, ReadAhead):
+            return message.model, message.version or None
+        if isinstance(message, service_pb2.ModelInferRequest):
+            return message.model_name, message.model_version or None
+        return self._reader.named_model()
 
     # -- health and metadata ------------------------------------------------------------
 

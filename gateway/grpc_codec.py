@@ -83,9 +83,7 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
             raise InvalidArgument(f"input '{tensor.name}' for model '{model}' has a negative dimension")
         # An input in shared memory has no raw_input_contents entry (tritonclient sends none);
         # the others take theirs in order, and entries left over are ignored, as by Triton.
-        ref = None
-        if tensor.parameters:
-            ref = _shared_memory(f"input '{tensor.name}'", tensor.name, parameters_to_dict(tensor.parameters))
+        ref = _shared_memory("input", tensor.name, tensor.parameters) if tensor.parameters else None
         if ref is not None:
             data = b""
         elif tensor.HasField("contents"):
@@ -109,7 +107,7 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
                 continue
             parameters = parameters_to_dict(output.parameters)
             owner = f"output '{output.name}'"
-            outputs.append(RequestedOutput(output.name, parameters, _shared_memory(owner, output.name, parameters),
+            outputs.append(RequestedOutput(output.name, parameters, _shared_memory("output", output.name, output.parameters),
                                            classification_count(owner, parameters)))
     sequence_id, sequence_flags, parameters = _request_parameters(message.parameters)
     return InferRequest(model=model, version=message.model_version or None, inputs=inputs, outputs=outputs,
@@ -117,48 +115,28 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
                         sequence_id=sequence_id, sequence_flags=sequence_flags)
 
 
-def _shared_memory(owner: str, name: str, parameters: dict) -> SharedMemoryRef | None:
-    """The shared memory a tensor's parameters name, refused in the order and words of Triton's
-    gRPC front end: an offset or size needs a region, a region a string and a size, a size and
-    an offset integers (HTTP lets the first two pass)."""
-    if "shared_memory_region" not in parameters:
-        for key in ("shared_memory_offset", "shared_memory_byte_size"):
-            if key in parameters:
-                raise InvalidArgument(f"'{key}' can not be specified without 'shared_memory_region' parameter "
-                                      f"for tensor '{name}'")
-        return None
-    if not isinstance(parameters["shared_memory_region"], str):
+def _shared_memory(kind: str, name: str, parameters: Mapping[str, service_pb2.InferParameter]) -> SharedMemoryRef | None:
+    """The shared memory an input's or output's parameters name, refused in the order and words of
+    Triton's gRPC front end: the region's type, then the offset and the size (each needs a region
+    and an int64), then a region without a size. (HTTP takes an offset or size without a region.)"""
+    has_region = "shared_memory_region" in parameters
+    if has_region and parameters["shared_memory_region"].WhichOneof("parameter_choice") != "string_param":
         raise InvalidArgument(f"invalid value type for 'shared_memory_region' parameter for tensor '{name}', "
                               "expected string_param.")
+    for key in ("shared_memory_offset", "shared_memory_byte_size"):
+        if key not in parameters:
+            continue
+        if not has_region:
+            raise InvalidArgument(f"'{key}' can not be specified without 'shared_memory_region' parameter "
+                                  f"for tensor '{name}'")
+        if parameters[key].WhichOneof("parameter_choice") != "int64_param":
+            raise InvalidArgument(f"invalid value type for '{key}' parameter for tensor '{name}', expected int64_param.")
+    if not has_region:
+        return None
     if "shared_memory_byte_size" not in parameters:
         raise InvalidArgument("'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
                               f"parameter for tensor '{name}'")
-    for key in ("shared_memory_byte_size", "shared_memory_offset"):
-        value = parameters.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidArgument(f"invalid value type for '{key}' parameter for tensor '{name}', expected int64_param.")
-    return shared_memory_ref(owner, parameters)
-
-
-def model_and_version(data: bytes | memoryview) -> tuple[str, str]:
-    """The model and version ModelInferRequest bytes name, read from the message's first fields
-    where protobuf writes them (model_name 1, model_version 2) without parsing the rest; a
-    message laid out otherwise is parsed (DecodeError for bytes that are no message)."""
-    try:
-        model = version = ""
-        position = 0
-        if data[0] == _MODEL_NAME:
-            start, position = _value_span(data, 0, len(data))
-            model = bytes(data[start:position]).decode()
-        if position < len(data) and data[position] == _MODEL_VERSION:
-            start, position = _value_span(data, position, len(data))
-            version = bytes(data[start:position]).decode()
-        if model:
-            return model, version
-    except (IndexError, UnicodeDecodeError):
-        pass
-    message = service_pb2.ModelInferRequest.FromString(data)
-    return message.model_name, message.model_version
+    return shared_memory_ref(f"{kind} '{name}'", parameters_to_dict(parameters))
 
 
 def costly_to_read(data: bytes | memoryview) -> bool:
@@ -231,18 +209,23 @@ class InferRequestReader:
         self._misses = 0    # walks in a row that found no metadata kept
         self._resting = 0   # messages still to read without walking them
         self._last: _Layout | None = None   # of the last message whose metadata was kept
+        # What the message last read names (its model and version), for the error it raised:
+        # Triton refuses an unknown model before it looks at the inputs.
+        self.named: _Metadata | service_pb2.ModelInferRequest | None = None
 
     def read(self, data: bytes | memoryview) -> InferRequest:
         """The request; InvalidArgument as ``decode_infer_request`` raises it, DecodeError for
         bytes protobuf cannot parse."""
         if self._resting:
             self._resting -= 1
-            return decode_infer_request(service_pb2.ModelInferRequest.FromString(data))
+            self.named = message = service_pb2.ModelInferRequest.FromString(data)
+            return decode_infer_request(message)
         last = self._last
         if last is not None:
             known = last.parts(data)
             if known is not None:
                 self._misses = 0
+                self.named = last.metadata
                 view = memoryview(data)   # the contents as views of the message, never copied
                 return last.metadata.request(known[0], [view[start:stop] for start, stop in known[1]])
         parts = _plain_parts(data)
@@ -251,16 +234,25 @@ class InferRequestReader:
             if metadata is not None:
                 self._misses = 0
                 self._last = _Layout(parts, metadata)
+                self.named = metadata
                 view = memoryview(data)
                 return metadata.request(parts[1], [view[start:stop] for start, stop in parts[2]])
         self._misses += 1
         if self._misses >= self.MISSES_BEFORE_RESTING:
             self._misses, self._resting = 0, self.RESTING
-        message = service_pb2.ModelInferRequest.FromString(data)
+        self.named = message = service_pb2.ModelInferRequest.FromString(data)
         request = decode_infer_request(message)
         if parts is not None and _plain(message):
             self._remember(parts[0], request)
         return request
+
+    def named_model(self) -> tuple[str, str | None]:
+        """The model and version (None: the latest) the message last read names."""
+        named = self.named
+        if isinstance(named, _Metadata):
+            return named.model, named.version
+        assert named is not None
+        return named.model_name, named.model_version or None
 
     def _remember(self, key: bytes, request: InferRequest) -> None:
         once = self._seen_once

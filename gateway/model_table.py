@@ -158,13 +158,13 @@ class ModelTable:
         return entry
 
     def resolve(self, name: str, version: str | None) -> tuple[ModelSpec, int]:
-        """The spec and concrete version a request for ``name``/``version`` goes to.
-
-        A version that is no number: 400 (InvalidArgument), before the model is looked for, as
-        Triton checks. Unknown model or version: 404 (NotFound). Known but not ready: Triton's 400
-        "Model version not ready" (InvalidArgument).
+        """The spec and concrete version a request for ``name``/``version`` goes to, or Triton's
+        refusal, in its order: a version that is no number, 400 (InvalidArgument), before the model
+        is looked for; an unknown model or version, 404 (NotFound); a version named that is known but
+        not ready, 503 (Unavailable); no version ready while one loads, 400 "Model version not
+        ready"; none ready otherwise, 404.
         """
-        number = parse_version(version) if version else None   # a version that is no number first, as Triton
+        number = parse_version(version) if version else None
         entry = self.get(name)
         if number is not None:
             if number not in entry.versions:

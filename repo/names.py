@@ -3,8 +3,9 @@
 Every API takes a model name from the client (load, unload, infer, config, statistics),
 and the load API writes the files it is sent into a folder for that model. A name that
 is a path (``../x``, ``/abs``, ``a/b``) or that a file system reads differently (NUL,
-control characters) would reach outside that folder, so it is refused wherever a name
-comes in or is turned into a path.
+control characters) would reach outside that folder, so a load or unload refuses it in
+the broker (whichever way it came) and the worker agent, and a file is never written
+outside the load's folder.
 """
 
 from __future__ import annotations

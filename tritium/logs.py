@@ -42,7 +42,7 @@ class LogSettings:
     def updated(self, changes: dict) -> "LogSettings":
         """These settings with a client's changes (Triton's keys; unknown keys and nulls are ignored)."""
         values: dict = {}
-        for key in _FIELDS:   # in Triton's order, whatever the order they came in: its first refusal is the one answered
+        for key in _FIELDS:   # in Triton's order, whatever the order they came in
             value = changes.get(key)
             if value is None:
                 continue
@@ -63,7 +63,9 @@ class LogSettings:
         return replace(self, **values)
 
 
-_FIELDS = tuple(LogSettings.__dataclass_fields__)   # file, info, warning, error, verbose level, format
+# Triton's order of reading them (its first refusal is the one answered): not the dataclass's by chance.
+_FIELDS = ("log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format")
+assert set(_FIELDS) == set(LogSettings.__dataclass_fields__)
 # Libraries whose debug lines are theirs, not the server's: hpack writes one per HTTP/2 header.
 _QUIET_LIBRARIES = ("hpack",)
 

@@ -266,7 +266,7 @@ def test_outside_explicit_mode_a_load_or_unload_is_refused_for_the_mode_before_i
     assert (type(error), error.message) == (Unavailable, "explicit model load / unload is not allowed if polling is enabled")
     with pytest.raises(Unavailable):
         world.lifecycle.unload(name)
-    assert not (tmp_path / "victim").exists() and world.sent == []
+    assert world.lifecycle.reader.completed.empty() and world.sent == []   # nothing read, nothing sent
 
 
 ENSEMBLE = """

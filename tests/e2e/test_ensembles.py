@@ -338,6 +338,14 @@ def test_unload_dependents_keeps_models_another_ensemble_uses(explicit):
                                "unbatched_scale": "READY"})
 
 
+def test_unload_dependents_over_grpc(explicit, explicit_server):
+    grpc_client = grpcclient.InferenceServerClient(explicit_server.grpc_url)
+    grpc_client.unload_model("outer")
+    explicit.load_model("pipeline")
+    grpc_client.unload_model("pipeline", unload_dependents=True)
+    wait_for_states(explicit, dict.fromkeys(["pipeline", "combine", "double", "triple"], "UNAVAILABLE"))
+
+
 def test_unloading_a_composing_model_unloads_the_ensembles_using_it(explicit):
     explicit.load_model("outer")
     explicit.unload_model("double")

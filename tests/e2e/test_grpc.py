@@ -418,23 +418,30 @@ def test_a_large_request_read_off_the_event_loop_names_its_unknown_model_first(s
                                                                "Request for unknown model: 'nope' is not found")
 
 
+WITHOUT_REGION = "can not be specified without 'shared_memory_region' parameter for tensor '{}'"
+WRONG_TYPE = "invalid value type for '{}' parameter for tensor '{{}}', expected {}."
+
+
+# Each as Triton 2.51 answers it (checked side by side): the region's type first, then the offset
+# and the size (each needs a region, and an int64), then a region without a size.
 @pytest.mark.parametrize("where", ["input", "output"])
 @pytest.mark.parametrize("parameters, message", [
-    ({"shared_memory_offset": 4}, "'shared_memory_offset' can not be specified without 'shared_memory_region' parameter"),
-    ({"shared_memory_byte_size": 64, "shared_memory_offset": 0},
-     "'shared_memory_offset' can not be specified without 'shared_memory_region' parameter"),
-    ({"shared_memory_byte_size": 64}, "'shared_memory_byte_size' can not be specified without 'shared_memory_region' parameter"),
+    ({"shared_memory_offset": 4}, "'shared_memory_offset' " + WITHOUT_REGION),
+    ({"shared_memory_byte_size": 64, "shared_memory_offset": 0}, "'shared_memory_offset' " + WITHOUT_REGION),
+    ({"shared_memory_byte_size": 64}, "'shared_memory_byte_size' " + WITHOUT_REGION),
     ({"shared_memory_region": "r", "shared_memory_offset": 0},
-     "'shared_memory_byte_size' must be specified along with 'shared_memory_region' parameter"),
-    ({"shared_memory_region": None, "shared_memory_byte_size": 64},
-     "invalid value type for 'shared_memory_region' parameter"),
-    ({"shared_memory_region": 5}, "invalid value type for 'shared_memory_region' parameter"),
+     "'shared_memory_byte_size' must be specified along with 'shared_memory_region' parameter for tensor '{}'"),
+    ({"shared_memory_region": None, "shared_memory_byte_size": 64}, WRONG_TYPE.format("shared_memory_region", "string_param")),
+    ({"shared_memory_region": 5}, WRONG_TYPE.format("shared_memory_region", "string_param")),
     ({"shared_memory_region": "r", "shared_memory_byte_size": "64"},
-     "invalid value type for 'shared_memory_byte_size' parameter"),
-    ({"shared_memory_region": "r", "shared_memory_byte_size": 64, "shared_memory_offset": "0"},
-     "invalid value type for 'shared_memory_offset' parameter"),
+     WRONG_TYPE.format("shared_memory_byte_size", "int64_param")),
+    ({"shared_memory_region": "r", "shared_memory_byte_size": "64", "shared_memory_offset": "0"},
+     WRONG_TYPE.format("shared_memory_offset", "int64_param")),
+    ({"shared_memory_region": "r", "shared_memory_offset": "0"}, WRONG_TYPE.format("shared_memory_offset", "int64_param")),
+    ({"shared_memory_region": "r", "shared_memory_byte_size": 2**63},   # a uint64_param
+     WRONG_TYPE.format("shared_memory_byte_size", "int64_param")),
 ])
-def test_shared_memory_parameters_missing_their_region_or_size_are_refused_as_by_triton(server, where, parameters, message):
+def test_shared_memory_parameters_are_refused_in_triton_s_order_and_words(server, where, parameters, message):
     stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
     request = service_pb2.ModelInferRequest(model_name="add_sub", raw_input_contents=[np.ones(16, np.float32).tobytes()] * 2)
     for name in ("INPUT0", "INPUT1"):
@@ -445,14 +452,13 @@ def test_shared_memory_parameters_missing_their_region_or_size_are_refused_as_by
             tensor.parameters[key].string_param = value
         elif value is None:
             tensor.parameters[key].SetInParent()   # present, with no value
+        elif value >= 2**63:
+            tensor.parameters[key].uint64_param = value
         else:
             tensor.parameters[key].int64_param = value
     with pytest.raises(grpc.RpcError) as failure:
         stub.ModelInfer(request, timeout=10)
-    name = "INPUT0" if where == "input" else "OUTPUT0"
-    expected = f"{message} for tensor '{name}'"
-    if "invalid value type" in message:   # Triton's words: the type it expected after the tensor
-        expected += ", expected string_param." if "region" in message else ", expected int64_param."
+    expected = message.format("INPUT0" if where == "input" else "OUTPUT0")
     assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, expected)
 
 

@@ -413,6 +413,16 @@ def test_grpc_index_load_unload(server):
     client.load_model("scaled")
 
 
+def test_grpc_load_takes_files_as_bytes(server, client):
+    grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        grpc_client.load_model("from_grpc", config=scaled_config_json(5, "from_grpc"),
+                               files={"file:1/model.py": SCALED_MODEL.encode()})
+        np.testing.assert_array_equal(scaled_infer(client, "from_grpc"), [5, 10, 15, 20])
+    finally:
+        grpc_client.unload_model("from_grpc")
+
+
 def _grpc_control(server, rpc: str, name: str, **parameters) -> tuple[str, str]:
     """``rpc`` (RepositoryModelLoad or RepositoryModelUnload) with ``parameters`` as {key: (kind, value)}:
     its status code's name and its details."""

@@ -12,7 +12,7 @@ from tritonclient.grpc import service_pb2
 
 from tritium.errors import InvalidArgument
 from tritium.gateway.grpc_codec import (FINAL_RESPONSE, InferRequestReader, InferResponseWriter, decode_infer_request,
-                                       encode_infer_response, model_and_version, stream_answer)
+                                       encode_infer_response, stream_answer)
 from tritium.gateway.inference import InferResult, OutputTensor
 
 
@@ -336,15 +336,21 @@ def test_typed_contents_in_another_datatypes_field_are_refused_in_tritons_words(
     assert refused.value.message == f"unexpected explicit tensor data for input tensor 'X' for model 'm'{message}"
 
 
-def test_the_model_and_version_are_read_from_the_message_s_first_fields_or_from_all_of_it():
-    message = service_pb2.ModelInferRequest(model_name="m\u00e9", model_version="12", id="r",
-                                            raw_input_contents=[b"\0" * 300])
-    assert model_and_version(message.SerializeToString()) == ("m\u00e9", "12")
-    assert model_and_version(service_pb2.ModelInferRequest(model_name="m").SerializeToString()) == ("m", "")
-    # fields in another order than protobuf writes them: the whole message is parsed
-    reordered = service_pb2.ModelInferRequest(id="r").SerializeToString() + \
-        service_pb2.ModelInferRequest(model_name="m", model_version="2").SerializeToString()
-    assert model_and_version(reordered) == ("m", "2")
-    assert model_and_version(memoryview(message.SerializeToString())) == ("m\u00e9", "12")
-    with pytest.raises(DecodeError):
-        model_and_version(b"\x0a\xff\xff\xff\xff\x0f garbage")
+def test_the_reader_tells_what_a_message_it_refused_names_on_each_of_its_paths():
+    """Parsed by protobuf, or known from its metadata (the fast path): either way the model and
+    version of the refused request are the ones protobuf would read, a later field's included."""
+    reader = InferRequestReader()
+    good = service_pb2.ModelInferRequest(model_name="m", model_version="2", raw_input_contents=[b"\0" * 4])
+    good.inputs.add(name="X", datatype="FP32", shape=[1])
+    for _ in range(2):   # kept the second time it is seen
+        reader.read(good.SerializeToString())
+    missing = service_pb2.ModelInferRequest(model_name="m", model_version="2")
+    missing.inputs.add(name="X", datatype="FP32", shape=[1])
+    with pytest.raises(InvalidArgument):   # the same metadata without its contents: the fast path
+        reader.read(missing.SerializeToString())
+    assert reader.named_model() == ("m", "2") and not isinstance(reader.named, service_pb2.ModelInferRequest)
+    late_version = service_pb2.ModelInferRequest(model_name="n").SerializeToString() + \
+        service_pb2.ModelInferRequest(model_version="7", inputs=[missing.inputs[0]]).SerializeToString()
+    with pytest.raises(InvalidArgument):   # fields out of protobuf's order: parsed, the version read late
+        reader.read(late_version)
+    assert reader.named_model() == ("n", "7")
