@@ -423,13 +423,13 @@ def test_grpc_load_takes_files_as_bytes(server, client):
         grpc_client.unload_model("from_grpc")
 
 
-def _grpc_control(server, rpc: str, name: str, **parameters) -> tuple[str, str]:
+def _grpc_control(server, rpc: str, name: str, parameters: dict | None = None) -> tuple[str, str]:
     """``rpc`` (RepositoryModelLoad or RepositoryModelUnload) with ``parameters`` as {key: (kind, value)}:
     its status code's name and its details."""
     stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
     request = getattr(service_pb2, f"{rpc}Request")(model_name=name)
-    for key, (kind, value) in parameters.items():
-        parameter = request.parameters[key.replace("__", ":")]   # a kind of None: present, no value
+    for key, (kind, value) in (parameters or {}).items():
+        parameter = request.parameters[key]   # a kind of None: present, no value
         if kind is not None:
             setattr(parameter, kind, value)
     try:
@@ -442,7 +442,7 @@ def _grpc_control(server, rpc: str, name: str, **parameters) -> tuple[str, str]:
 @pytest.mark.parametrize("rpc, parameters, message", [
     ("RepositoryModelLoad", {"config": ("bytes_param", b"{}")},
      "invalid value type for load parameter 'config', expected string_param."),
-    ("RepositoryModelLoad", {"config": ("string_param", "{}"), "file__1/model.py": ("string_param", "eA==")},
+    ("RepositoryModelLoad", {"config": ("string_param", "{}"), "file:1/model.py": ("string_param", "eA==")},
      "invalid value type for load parameter 'file:1/model.py', expected bytes_param."),
     ("RepositoryModelUnload", {"unload_dependents": ("string_param", "true")},
      "invalid value type for 'unload_dependents' parameter, expected bool_param."),
@@ -450,8 +450,9 @@ def _grpc_control(server, rpc: str, name: str, **parameters) -> tuple[str, str]:
     ("RepositoryModelLoad", {"p": (None, None)}, "unrecognized load parameter 'p'."),
 ])
 def test_grpc_load_parameters_of_the_wrong_type_get_triton_s_words(server, client, rpc, parameters, message):
-    """gRPC takes a file's contents as bytes only (HTTP's base64 text is refused, as by Triton)."""
-    assert _grpc_control(server, rpc, "scaled", **parameters) == ("INVALID_ARGUMENT", message)
+    """Each refused with Triton's words: a parameter of the wrong type (a file's contents as text
+    included: base64 is HTTP's way), a value left unset, a parameter Triton does not know."""
+    assert _grpc_control(server, rpc, "scaled", parameters) == ("INVALID_ARGUMENT", message)
     assert client.is_model_ready("scaled")
 
 
