@@ -105,6 +105,8 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
             if not output.parameters:
                 outputs.append(RequestedOutput(output.name, {}, None, None))
                 continue
+            if "shared_memory_region" in output.parameters and "classification" in output.parameters:
+                raise InvalidArgument("output can't set both 'shared_memory_region' and 'classification'")   # Triton's words
             parameters = parameters_to_dict(output.parameters)
             owner = f"output '{output.name}'"
             outputs.append(RequestedOutput(output.name, parameters, _shared_memory("output", output.name, output.parameters),

@@ -304,6 +304,13 @@ def _tensor_header(model: str, item: dict) -> tuple[str, str, list[int]]:
     return name, datatype, shape
 
 
+def _shared_memory_or_classification(parameters: object) -> None:
+    """Triton's first check of an output's parameters: an answer cannot go both into shared memory
+    and out as classes (whatever their values)."""
+    if isinstance(parameters, dict) and "shared_memory_region" in parameters and "classification" in parameters:
+        raise InvalidArgument("Output can't set both 'shared_memory_region' and 'classification'")
+
+
 def _outputs(value: object) -> list[RequestedOutput] | None:
     if value is None or value == []:   # Triton reads an empty list as every output
         return None
@@ -313,6 +320,7 @@ def _outputs(value: object) -> list[RequestedOutput] | None:
     for item in value:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgument("every entry of 'outputs' must be a JSON object with a 'name'")
+        _shared_memory_or_classification(item.get("parameters"))
         _boolean_parameter(item.get("parameters"), "binary_data")
         parameters = _parameters(item.get("parameters"), f"output '{item['name']}'")
         owner = f"output '{item['name']}'"

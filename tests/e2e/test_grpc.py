@@ -462,6 +462,20 @@ def test_shared_memory_parameters_are_refused_in_triton_s_order_and_words(server
     assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, expected)
 
 
+def test_an_output_cannot_go_both_to_shared_memory_and_out_as_classes(server):
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+    request = service_pb2.ModelInferRequest(model_name="add_sub", raw_input_contents=[np.ones(16, np.float32).tobytes()] * 2)
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+    output = request.outputs.add(name="OUTPUT0")
+    output.parameters["classification"].int64_param = 2
+    output.parameters["shared_memory_region"].string_param = "nowhere"   # refused before it is looked for
+    with pytest.raises(grpc.RpcError) as failure:
+        stub.ModelInfer(request, timeout=10)
+    assert (failure.value.code(), failure.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "output can't set both 'shared_memory_region' and 'classification'")
+
+
 @pytest.mark.parametrize("method", ["ModelInfer", "ModelMetadata", "ModelConfig", "RepositoryModelLoad"])
 def test_bytes_that_are_no_protobuf_are_refused_without_a_traceback(server, method):
     with grpc.insecure_channel(server.grpc_url) as channel:

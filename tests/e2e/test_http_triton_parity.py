@@ -296,6 +296,18 @@ def test_several_wrong_log_settings_answer_the_first_in_triton_s_order(server, b
     assert (got, error_of(data)) == (status, message)
 
 
+@pytest.mark.parametrize("parameters", [
+    {"classification": 2, "shared_memory_region": "nowhere", "shared_memory_byte_size": 24},
+    {"classification": 0, "shared_memory_region": "nowhere"},      # whatever the values, before the region is looked for
+    {"classification": "x", "shared_memory_region": 5, "binary_data": True},
+])
+def test_an_output_cannot_go_both_to_shared_memory_and_out_as_classes(server, parameters):
+    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [2, 3], "data": [1, 2, 3, 4, 5, 6]}],
+            "outputs": [{"name": "OUT", "parameters": parameters}]}
+    status, _, data = request(server.url, "POST", "/v2/models/fixed/infer", body)
+    assert (status, error_of(data)) == (400, "Output can't set both 'shared_memory_region' and 'classification'")
+
+
 def test_a_shared_memory_offset_past_the_region_names_the_offset(server):
     key = f"tritium-parity-{uuid.uuid4().hex[:8]}"
     with open(f"/dev/shm/{key}", "wb") as region:
