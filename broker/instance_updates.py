@@ -215,7 +215,7 @@ class InstanceUpdates:
         for agent, key in update.started:
             host = self.registry.agents.get(agent)
             for instance in _instances(version, agent, key):
-                instance.draining = host is None or host.draining
+                instance.draining = instance.passive or host is None or host.draining
                 self.scheduler.instance_ready(instance)
 
     def _stop_idle(self, update: InstanceUpdate) -> None:

@@ -115,20 +115,24 @@ class Peers:
             return
         version.awaited.pop(hello.name, None)
         self.adoption.forget(peer)
+        passive = _in_passive_group(version, hello.group or 0)
         instance = InstanceRecord(peer, hello.agent.encode(), hello.model, hello.version, hello.name,
                                   hello.credit or 1, epoch=version.epoch,
-                                  draining=agent is None or agent.draining
+                                  draining=passive or agent is None or agent.draining
                                   or self.lifecycle.instance_updates.holds(version, hello.agent.encode(), hello.name),
                                   kind=hello.instance_kind or "CPU",
-                                  device=hello.device or 0, group=hello.group or 0)
-        if not self._rate_limited(instance, version):
+                                  device=hello.device or 0, group=hello.group or 0, passive=passive)
+        if not passive and not self._rate_limited(instance, version):
             return
         self.membership.add_instance(instance, version)
         for requests, *timings in hello.warmed or ():   # its warmup counts in the statistics, as in Triton
             version.stats.record_execution(requests, tuple(timings))
             version.stats.record_successes(requests, requests * sum(timings), 0, requests, tuple(timings))
-        log.info("instance %s of model %s version %d is ready", instance.name, version.name, version.version)
+        log.info("instance %s of model %s version %d is ready%s", instance.name, version.name, version.version,
+                 " (passive: it gets no requests)" if passive else "")
         self.lifecycle.instance_joined(version, instance.name, instance.agent)
+        if passive:
+            return
         self.autoscaler.instance_joined(version)
         self.scheduler.instance_ready(instance)
 
@@ -350,3 +354,10 @@ class Peers:
             # It died before it was ready (a crash, not a reported init failure): the load fails,
             # rather than waiting on restarts that may never succeed.
             self.lifecycle.version_failed(version, f"instance {name} {why} before it was ready")
+
+
+def _in_passive_group(version: ModelVersion, group: int) -> bool:
+    """Whether an instance of ``group`` (its index in the config) is passive: Triton loads and
+    initializes such an instance and never schedules a request on it."""
+    groups = version.definition.config.instance_group
+    return 0 <= group < len(groups) and groups[group].passive

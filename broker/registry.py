@@ -78,6 +78,7 @@ class InstanceRecord:
     kind: str = "CPU"           # CPU, GPU or MODEL: which capacity of its host it takes
     device: int = 0             # its GPU on its host (0 for CPU instances): where its rate-limiter resources count
     group: int = 0              # the index of its instance group in the config
+    passive: bool = False       # of a passive group: initialized, kept draining, never given work
 
 
 @dataclass(eq=False, slots=True)

@@ -370,7 +370,7 @@ class HostAgent:
             model_dir = self._model_dir(model, epoch, assignment.files)
             config = self._host_config(assignment.config)
             plans = plan_instances(config) if count is None else plan_scaled(config, count, self.settings.gpus)
-            if not plans and count is None:
+            if count is None and all(plan.passive for plan in plans):   # none, or none taking requests
                 raise ModelLoadError(model, f"model '{model}' has no instance to start on this host")
         except (ModelLoadError, json_format.ParseError, OSError) as exc:
             message = getattr(exc, "message", str(exc))

@@ -19,22 +19,22 @@ class InstancePlan:
     device_id: int         # GPU id on this host; 0 for CPU instances
     gpu: int | None        # the GPU the process is pinned to (CUDA_VISIBLE_DEVICES), if any
     group: int = 0         # the index of its instance group in the config
+    passive: bool = False  # started and initialized, never given requests (Triton's passive groups)
 
 
 def plan_instances(config: ModelConfig) -> list[InstancePlan]:
-    """One plan per instance: ``count`` per listed GPU for GPU groups, ``count`` for others."""
+    """One plan per instance: ``count`` per listed GPU for GPU groups, ``count`` for others;
+    passive groups' instances too (started and initialized as in Triton; the broker sends them nothing)."""
     plans = []
     for group_index, group in enumerate(config.instance_group):
-        if group.passive:
-            continue  # passive instances take no traffic from the scheduler
         kind = instance_kind_name(group)
         for index in range(group.count):
             name = f"{group.name}_{index}"  # Triton's: the group's name and the index, always
             if kind == "GPU":
                 for gpu in group.gpus:
-                    plans.append(InstancePlan(name, f"{name}@gpu{gpu}", kind, gpu, gpu, group_index))
+                    plans.append(InstancePlan(name, f"{name}@gpu{gpu}", kind, gpu, gpu, group_index, group.passive))
             else:
-                plans.append(InstancePlan(name, name, kind, 0, None, group_index))
+                plans.append(InstancePlan(name, name, kind, 0, None, group_index, group.passive))
     return plans
 
 

@@ -21,9 +21,41 @@ from tests.models import PYTHON_IDENTITY, add_sub_model, python_model, slow_mode
 from tests.servers import TritiumServer, instance_processes
 
 
+WHO_ANSWERS = """
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = args["model_instance_name"]
+        open(os.path.join({marks!r}, self.name), "w").close()
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("WHO", np.array([self.name.encode()], np.object_))])
+                for _ in requests]
+"""
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def initialized(tmp_path_factory) -> Path:
+    """Where each instance of ``standby`` leaves its name once its ``initialize`` has run."""
+    return tmp_path_factory.mktemp("initialized")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, initialized):
     repo = tmp_path_factory.mktemp("repo")
+    python_model(repo, "standby", WHO_ANSWERS.replace("{marks!r}", repr(str(initialized))), """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "WHO", data_type: TYPE_STRING, dims: [ 1 ] } ]
+instance_group [ { name: "active", kind: KIND_CPU, count: 1 },
+                 { name: "spare", kind: KIND_CPU, count: 2, passive: true } ]
+""")
     add_sub_model(repo, "batched", max_batch_size=32,
                   extra="dynamic_batching { max_queue_delay_microseconds: 300000 }")
     add_sub_model(repo, "pinned", max_batch_size=8)
@@ -55,6 +87,18 @@ def _infer(url, model, a, b=None):
     # Closed in the thread that made it: the HTTP client's gevent pool cannot be joined from another.
     with httpclient.InferenceServerClient(url, network_timeout=120) as client:
         return client.infer(model, inputs)
+
+
+def test_passive_instances_are_initialized_and_given_no_request(server, initialized):
+    """As Triton: a passive group's instances are started and initialized (the load waits for
+    them), and the scheduler sends them nothing."""
+    tensor = grpcclient.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.ones(1, np.float32))
+    client = grpcclient.InferenceServerClient(server.grpc_url)   # (safe to share between threads)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: client.infer("standby", [tensor]).as_numpy("WHO")[0], range(40)))
+    assert set(answers) == {b"active_0"}
+    assert sorted(os.listdir(initialized)) == ["active_0", "spare_0", "spare_1"]
 
 
 def test_concurrent_requests_are_batched_and_answered_each_with_its_own_result(server):

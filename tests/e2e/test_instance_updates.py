@@ -36,6 +36,8 @@ class TritonPythonModel:
             events.write(f"{what} {self.name} {os.getpid()}\\n")
 
     def execute(self, requests):
+        with open(os.path.join(os.path.dirname(self.events), "executed.log"), "a") as executed:
+            executed.write(f"{self.name}\\n")
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
             "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * 2)]) for r in requests]
 
@@ -127,6 +129,23 @@ def test_more_instances_start_only_the_new_one(server, client, repo, events):
     assert events.new() == [("init", "grouped_0_2")]
     assert served_groups(client) == [("grouped_0", 3)]
     np.testing.assert_array_equal(infer(client), [[2, 4, 6]])
+
+
+def test_a_passive_group_added_in_place_initializes_its_instance_and_gets_no_request(server, client, repo, events):
+    events.new()
+    write_config(repo, '{ count: 3 kind: KIND_CPU }, { name: "standby" count: 1 kind: KIND_CPU passive: true }')
+    assert load(server.url) == (200, "")
+    assert events.new() == [("init", "standby_0")]
+    executed = repo / "executed.log"
+    executed.unlink(missing_ok=True)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:   # each thread its own client (gevent's rule)
+        answers = list(pool.map(lambda _: infer(httpclient.InferenceServerClient(server.url)), range(30)))
+    assert all(np.array_equal(a, [[2, 4, 6]]) for a in answers)
+    served_by = set(executed.read_text().split())
+    assert served_by and "standby_0" not in served_by
+    write_config(repo, "{ count: 3 kind: KIND_CPU }")
+    assert load(server.url) == (200, "")
+    assert events.new() == [("fini", "standby_0")]
 
 
 def test_fewer_instances_stop_the_leftover_ones_before_the_load_returns(server, client, repo, events):

@@ -114,6 +114,8 @@ class Host:
                                        ("stuck", 1, STUCK_MODEL), ("exits_later", 1, EXITS_IN_EXECUTE_MODEL),
                                        ("classless", 1, CLASSLESS_MODEL)):
             write_model(self.repo, name, config(name, instances), {"1/model.py": model})
+        write_model(self.repo, "all_passive", config("all_passive").replace("count: 1", "count: 2, passive: true"),
+                    {"1/model.py": ECHO_MODEL})
         # Triton's stub imports a default_model_filename as "<version>.<name>" too
         write_model(self.repo, "unimportable_named", config("unimportable_named") + 'default_model_filename: "net.py"',
                     {"1/net.py": UNIMPORTABLE_MODEL})
@@ -354,6 +356,16 @@ def test_an_assignment_it_cannot_place_is_answered_with_the_reason(host):
     placed = host.placed(assignment.epoch)
     assert placed["err"]["message"] == f"model 'absent' is not in this host's model repositories ({host.repo})"
     assert "instances" not in placed and host.agent.children == []
+
+
+def test_a_model_of_passive_instances_only_cannot_be_placed(host):
+    """Nothing would ever serve it (Triton loads it, and crashes on its first request)."""
+    host.joined()
+    assignment = host.assignment("all_passive")
+    host.broker.tell(host.peer, Assign((assignment,)))
+    placed = host.placed(assignment.epoch)
+    assert placed["err"]["message"] == "model 'all_passive' has no instance to start on this host"
+    assert host.agent.children == []
 
 
 def test_an_instance_deaf_to_sigterm_is_killed_once_the_exit_timeout_passes(impatient_host):
