@@ -215,7 +215,9 @@ class InstanceUpdates:
         for agent, key in update.started:
             host = self.registry.agents.get(agent)
             for instance in _instances(version, agent, key):
-                instance.draining = instance.passive or host is None or host.draining
+                if instance.passive:
+                    continue   # never given work
+                instance.draining = host is None or host.draining
                 self.scheduler.instance_ready(instance)
 
     def _stop_idle(self, update: InstanceUpdate) -> None:

@@ -116,7 +116,8 @@ class Membership:
     def add_instance(self, instance: InstanceRecord, version: ModelVersion) -> None:
         self.registry.instances[instance.iid] = instance
         version.instances.append(instance)
-        if len(version.instances) == 1:
+        version.passive_instances += instance.passive
+        if not instance.passive and len(version.instances) - version.passive_instances == 1:
             self.changed()   # ready again: gateways must hear of it
 
     def remove_instance(self, iid: bytes, why: str, restart_expected: bool = True) -> None:
@@ -128,7 +129,8 @@ class Membership:
         version = self.registry.epochs.get(instance.epoch)
         if version is not None and instance in version.instances:
             version.instances.remove(instance)
-            if not version.instances:
+            version.passive_instances -= instance.passive
+            if not instance.passive and not version.serving:
                 self.changed()   # its readiness changed: gateways must hear of it
         self.scheduler.instance_gone(instance, version, why, restart_expected)
 
@@ -154,6 +156,7 @@ class Membership:
             self._forget_reports(instance.iid)
         self.scheduler.instances_stopped(version.instances)
         version.instances.clear()
+        version.passive_instances = 0
 
     def set_health(self, instance: InstanceRecord, healthy: bool) -> None:
         instance.healthy = healthy

@@ -146,6 +146,8 @@ class TritonCollector:
         counts = self._no_instances(versions)
         for version in versions:
             for instance in version.instances:
+                if instance.passive:   # never given work: not serving
+                    continue
                 agent = self.registry.agents.get(instance.agent)
                 key = (version.name, version.version, agent.host if agent else "?")
                 counts[key] = counts.get(key, 0) + 1

@@ -115,7 +115,7 @@ class Peers:
             return
         version.awaited.pop(hello.name, None)
         self.adoption.forget(peer)
-        passive = _in_passive_group(version, hello.group or 0)
+        passive = bool(hello.passive)
         instance = InstanceRecord(peer, hello.agent.encode(), hello.model, hello.version, hello.name,
                                   hello.credit or 1, epoch=version.epoch,
                                   draining=passive or agent is None or agent.draining
@@ -355,9 +355,3 @@ class Peers:
             # rather than waiting on restarts that may never succeed.
             self.lifecycle.version_failed(version, f"instance {name} {why} before it was ready")
 
-
-def _in_passive_group(version: ModelVersion, group: int) -> bool:
-    """Whether an instance of ``group`` (its index in the config) is passive: Triton loads and
-    initializes such an instance and never schedules a request on it."""
-    groups = version.definition.config.instance_group
-    return 0 <= group < len(groups) and groups[group].passive

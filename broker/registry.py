@@ -74,7 +74,7 @@ class InstanceRecord:
     execution_ns: float = 0.0   # moving average of how long a batch takes in the instance
     healthy: bool = True        # what the instance last reported (Python models' is_ready)
     epoch: int = 0              # the load (ModelVersion.epoch) it serves
-    draining: bool = False      # its host is stopping: it finishes what it holds and gets nothing new
+    draining: bool = False      # it finishes what it holds and gets nothing new (its host stopping, an update, passive)
     kind: str = "CPU"           # CPU, GPU or MODEL: which capacity of its host it takes
     device: int = 0             # its GPU on its host (0 for CPU instances): where its rate-limiter resources count
     group: int = 0              # the index of its instance group in the config
@@ -152,6 +152,7 @@ class ModelVersion:
     reason: str = ""
     stats: ModelVersionStats = field(default_factory=ModelVersionStats)
     instances: list[InstanceRecord] = field(default_factory=list)
+    passive_instances: int = 0   # of ``instances``, those of passive groups (membership keeps both)
     placed: set[str] = field(default_factory=set)       # instance names announced by agents
     placed_on: dict[str, bytes] = field(default_factory=dict)   # instance name -> the agent that announced it
     awaited: dict[str, int] = field(default_factory=dict)       # lost instances coming back: name -> deadline ns
@@ -229,9 +230,14 @@ class ModelVersion:
 
         A serving version with no instance left (its hosts lost or restarting) is not ready either.
         """
-        if not self.instances and self.state == VersionState.READY:
+        if not self.serving and self.state == VersionState.READY:
             return self.autoscale is not None and self.autoscale.min_instances == 0   # scaled to zero on purpose
         return all(instance.healthy for instance in self.instances)
+
+    @property
+    def serving(self) -> bool:
+        """Whether it has an instance that may be given work (a passive one never is)."""
+        return len(self.instances) > self.passive_instances
 
 
     @property

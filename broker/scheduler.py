@@ -146,7 +146,7 @@ class Scheduler:
                                                 from_backend, now)
             if cache_key is None:
                 return
-        if not version.instances and not self._instances_coming(version, now):
+        if not version.serving and not self._instances_coming(version, now):
             self._refuse(client, header, _no_instance_error(version), from_backend)
             return
         if version.scale is not None and self.autoscaler is not None:
@@ -303,7 +303,7 @@ class Scheduler:
         """Answer the queues of versions whose instances are gone and not coming back (in time)."""
         now = self._clock()
         for version in self.registry.versions.values():
-            if len(version.batcher) and not version.instances and not self._instances_coming(version, now):
+            if len(version.batcher) and not version.serving and not self._instances_coming(version, now):
                 self.fail_queued(version, _no_instance_error(version))
 
     def cancel(self, client: bytes, cancel: Cancel) -> None:
@@ -841,7 +841,7 @@ class Scheduler:
             log.warning("instance %s of model %s version %d %s; running its %d request(s) again elsewhere",
                         instance.name, version.name, version.version, why, len(retry))
             batcher.requeue(sorted(retry, key=lambda r: r.arrival_ns))
-        if not version.instances and not self._instances_coming(version, now):
+        if not version.serving and not self._instances_coming(version, now):
             self.fail_queued(version, Unavailable(
                 f"no instance of model '{version.name}' version {version.version} is left: "
                 f"instance '{instance.name}' {why}"))

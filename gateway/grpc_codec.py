@@ -105,12 +105,13 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
             if not output.parameters:
                 outputs.append(RequestedOutput(output.name, {}, None, None))
                 continue
-            if "shared_memory_region" in output.parameters and "classification" in output.parameters:
-                raise InvalidArgument("output can't set both 'shared_memory_region' and 'classification'")   # Triton's words
             parameters = parameters_to_dict(output.parameters)
             owner = f"output '{output.name}'"
-            outputs.append(RequestedOutput(output.name, parameters, _shared_memory("output", output.name, output.parameters),
-                                           classification_count(owner, parameters)))
+            shared = _shared_memory("output", output.name, output.parameters)
+            classes = classification_count(owner, parameters)
+            if shared is not None and "classification" in parameters:   # Triton's order, before any lookup
+                raise InvalidArgument("output can't set both 'shared_memory_region' and 'classification'")
+            outputs.append(RequestedOutput(output.name, parameters, shared, classes))
     sequence_id, sequence_flags, parameters = _request_parameters(message.parameters)
     return InferRequest(model=model, version=message.model_version or None, inputs=inputs, outputs=outputs,
                         id=message.id, parameters=parameters,

@@ -401,8 +401,8 @@ def main() -> None:
         sock.close(_LINGER_S)
         context.term()
         _end_for_good(final_fd, "failed to initialize", ExitCode.INIT_FAILED)
-    try:
-        warmed = warm_up(executor, executor.config, Path(spec["model_dir"]))
+    try:   # Triton warms up only the instances it schedules on: not a passive group's
+        warmed = [] if spec.get("passive") else warm_up(executor, executor.config, Path(spec["model_dir"]))
     except Exception as exc:   # a model that cannot run its warmup is not ready, as in Triton
         message = str(exc) if isinstance(exc, WarmupFailed) else f"warmup failed: {exc}"
         log.error("%s", message)
@@ -421,7 +421,8 @@ def main() -> None:
                         agent=spec["agent"], model=spec["model"], version=spec["version"], epoch=load["epoch"],
                         boot=load["boot"], name=spec["key"], instance_kind=spec.get("kind", "CPU"),
                         credit=spec.get("credit", 2), device=spec.get("device_id", 0),
-                        group=spec.get("group", 0), warmed=warmed or None).encode()])
+                        group=spec.get("group", 0), passive=spec.get("passive") or None,
+                        warmed=warmed or None).encode()])
         warmed.clear()   # counted once: a HELLO said again (a new broker process) brings none
 
     def rejoin(reset: Reset) -> None:

@@ -51,10 +51,13 @@ def make_world(scheduling: str):
     return registry, version, scheduler, to_instances, to_gateways, clock
 
 
-def add_instance(registry, version, name="i0", credit=2):
-    instance = InstanceRecord(name.encode(), b"agent", "m", 1, name, credit, epoch=version.epoch)
+def add_instance(registry, version, name="i0", credit=2, passive=False):
+    """An instance as the broker's membership adds one (a passive one draining for good)."""
+    instance = InstanceRecord(name.encode(), b"agent", "m", 1, name, credit, epoch=version.epoch,
+                              draining=passive, passive=passive)
     registry.instances[instance.iid] = instance
     version.instances.append(instance)
+    version.passive_instances += passive
     return instance
 
 

@@ -193,6 +193,18 @@ def test_a_model_without_instances_and_none_coming_answers_at_once():
     assert answers(to_gateways) == [(1, "no instance of model 'm' version 1 is running")]
 
 
+def test_passive_instances_alone_serve_nothing():
+    """They are never given work: a model left with only them refuses at once, and is not ready."""
+    registry, version, scheduler, _, to_gateways, clock = make_world(TWO_LEVELS % "REJECT")
+    active = add_instance(registry, version, "active")
+    add_instance(registry, version, "standby", passive=True)
+    assert version.serving and version.healthy
+    lose(scheduler, active.iid, "failed to initialize", restart_expected=False)
+    submit(scheduler, 1)
+    assert answers(to_gateways) == [(1, "no instance of model 'm' version 1 is running")]
+    assert not version.serving and not version.healthy
+
+
 def test_requests_wait_for_a_restarting_instance_only_so_long():
     registry, version, scheduler, _, to_gateways, clock = make_world(TWO_LEVELS % "REJECT")
     instance = add_instance(registry, version, credit=0)

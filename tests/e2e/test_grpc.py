@@ -470,6 +470,7 @@ def test_an_output_cannot_go_both_to_shared_memory_and_out_as_classes(server):
     output = request.outputs.add(name="OUTPUT0")
     output.parameters["classification"].int64_param = 2
     output.parameters["shared_memory_region"].string_param = "nowhere"   # refused before it is looked for
+    output.parameters["shared_memory_byte_size"].int64_param = 64   # (without it, that is the first refusal)
     with pytest.raises(grpc.RpcError) as failure:
         stub.ModelInfer(request, timeout=10)
     assert (failure.value.code(), failure.value.details()) == (

@@ -20,6 +20,7 @@ from tests.servers import TritiumServer
 
 MODEL = '''
 import os
+import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -36,6 +37,8 @@ class TritonPythonModel:
             events.write(f"{what} {self.name} {os.getpid()}\\n")
 
     def execute(self, requests):
+        if any(pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy().flat[0] < 0 for r in requests):
+            time.sleep(1)   # a slow request: its instance is busy meanwhile
         with open(os.path.join(os.path.dirname(self.events), "executed.log"), "a") as executed:
             executed.write(f"{self.name}\\n")
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
@@ -133,19 +136,22 @@ def test_more_instances_start_only_the_new_one(server, client, repo, events):
 
 def test_a_passive_group_added_in_place_initializes_its_instance_and_gets_no_request(server, client, repo, events):
     events.new()
-    write_config(repo, '{ count: 3 kind: KIND_CPU }, { name: "standby" count: 1 kind: KIND_CPU passive: true }')
+    write_config(repo, '{ count: 1 kind: KIND_CPU }, { name: "standby" count: 1 kind: KIND_CPU passive: true }')
     assert load(server.url) == (200, "")
-    assert events.new() == [("init", "standby_0")]
+    assert events.new() == [("fini", "grouped_0_1"), ("fini", "grouped_0_2"), ("init", "standby_0")]
     executed = repo / "executed.log"
     executed.unlink(missing_ok=True)
-    with concurrent.futures.ThreadPoolExecutor(6) as pool:   # each thread its own client (gevent's rule)
-        answers = list(pool.map(lambda _: infer(httpclient.InferenceServerClient(server.url)), range(30)))
-    assert all(np.array_equal(a, [[2, 4, 6]]) for a in answers)
-    served_by = set(executed.read_text().split())
-    assert served_by and "standby_0" not in served_by
+    slow = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+    slow.set_data_from_numpy(np.array([[-1, 2, 3]], dtype=np.float32))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:   # the one active instance busy for a second...
+        busy = pool.submit(lambda: httpclient.InferenceServerClient(server.url).infer("grouped", [slow]))
+        time.sleep(0.3)
+        np.testing.assert_array_equal(infer(client), [[2, 4, 6]])   # ...this one waits for it, not for standby_0
+        busy.result()
+    assert sorted(executed.read_text().split()) == ["grouped_0_0", "grouped_0_0"]
     write_config(repo, "{ count: 3 kind: KIND_CPU }")
     assert load(server.url) == (200, "")
-    assert events.new() == [("fini", "standby_0")]
+    assert events.new() == [("fini", "standby_0"), ("init", "grouped_0_1"), ("init", "grouped_0_2")]
 
 
 def test_fewer_instances_stop_the_leftover_ones_before_the_load_returns(server, client, repo, events):

@@ -227,6 +227,8 @@ class Hello(Message, frozen=True, tag=int(Kind.HELLO)):
     device: Annotated[int | None, doc("instance: its GPU on its host (0 for CPU instances)")] = field(
         default=None, name="dev")
     group: Annotated[int | None, doc("instance: the index of its instance group in the config")] = None
+    passive: Annotated[bool | None, doc("instance: of a passive instance group (initialized, never given a "
+                                        "request)")] = None
     warmed: Annotated[list | None, doc("instance, its first HELLO: the warmup executions it ran, [requests, "
                                        "compute_input_ns, compute_infer_ns, compute_output_ns] each")] = None
 
