@@ -143,8 +143,12 @@ def test_a_passive_group_added_in_place_initializes_its_instance_and_gets_no_req
     executed.unlink(missing_ok=True)
     slow = httpclient.InferInput("INPUT0", [1, 3], "FP32")
     slow.set_data_from_numpy(np.array([[-1, 2, 3]], dtype=np.float32))
+    def slow_request():
+        with httpclient.InferenceServerClient(server.url) as own:   # (a client per thread: gevent's rule)
+            return own.infer("grouped", [slow])
+
     with concurrent.futures.ThreadPoolExecutor(1) as pool:   # the one active instance busy for a second...
-        busy = pool.submit(lambda: httpclient.InferenceServerClient(server.url).infer("grouped", [slow]))
+        busy = pool.submit(slow_request)
         time.sleep(0.3)
         np.testing.assert_array_equal(infer(client), [[2, 4, 6]])   # ...this one waits for it, not for standby_0
         busy.result()
