@@ -135,6 +135,8 @@ def test_more_instances_start_only_the_new_one(server, client, repo, events):
 
 
 def test_a_passive_group_added_in_place_initializes_its_instance_and_gets_no_request(server, client, repo, events):
+    write_config(repo, "{ count: 3 kind: KIND_CPU }")   # from three instances, whatever ran before
+    assert load(server.url) == (200, "")
     events.new()
     write_config(repo, '{ count: 1 kind: KIND_CPU }, { name: "standby" count: 1 kind: KIND_CPU passive: true }')
     assert load(server.url) == (200, "")
