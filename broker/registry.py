@@ -232,7 +232,7 @@ class ModelVersion:
         """
         if not self.serving and self.state == VersionState.READY:
             return self.autoscale is not None and self.autoscale.min_instances == 0   # scaled to zero on purpose
-        return all(instance.healthy for instance in self.instances)
+        return all(instance.healthy for instance in self.instances if not instance.passive)
 
     @property
     def serving(self) -> bool:

@@ -795,7 +795,7 @@ class Scheduler:
         never return. ``Membership.remove_instance`` took it out of the registry and its version.
         """
         now = self._clock()
-        if version is not None and restart_expected:
+        if version is not None and restart_expected and not instance.passive:   # (a passive one serves nothing)
             version.awaited[instance.name] = now + RESTART_WAIT_NS
         if self.rate_limiter is not None:   # what it held is free, and it no longer counts in the limits
             self.rate_limiter.forget(instance)

@@ -197,8 +197,11 @@ def test_passive_instances_alone_serve_nothing():
     """They are never given work: a model left with only them refuses at once, and is not ready."""
     registry, version, scheduler, _, to_gateways, clock = make_world(TWO_LEVELS % "REJECT")
     active = add_instance(registry, version, "active")
-    add_instance(registry, version, "standby", passive=True)
+    standby = add_instance(registry, version, "standby", passive=True)
     assert version.serving and version.healthy
+    standby.healthy = False   # its is_ready() says no: it serves nothing anyway
+    assert version.healthy
+    lose(scheduler, standby.iid, "exited with status 1", restart_expected=True)   # coming back, but to serve nothing
     lose(scheduler, active.iid, "failed to initialize", restart_expected=False)
     submit(scheduler, 1)
     assert answers(to_gateways) == [(1, "no instance of model 'm' version 1 is running")]
