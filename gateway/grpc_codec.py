@@ -15,7 +15,6 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
-from tritium.gateway.classification import classification_count
 from tritium.gateway.inference import (SEQUENCE_FLAGS, SEQUENCE_PARAMETERS, InferRequest, InferResult, InputTensor,
                                RequestedOutput)
 from tritium.gateway.offload import DECODE_OFF_LOOP_BYTES
@@ -106,9 +105,8 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
                 outputs.append(RequestedOutput(output.name, {}, None, None))
                 continue
             parameters = parameters_to_dict(output.parameters)
-            owner = f"output '{output.name}'"
             shared = _shared_memory("output", output.name, output.parameters)
-            classes = classification_count(owner, parameters)
+            classes = _classification(output.parameters)
             if shared is not None and "classification" in parameters:   # Triton's order, before any lookup
                 raise InvalidArgument("output can't set both 'shared_memory_region' and 'classification'")
             outputs.append(RequestedOutput(output.name, parameters, shared, classes))
@@ -116,6 +114,19 @@ def decode_infer_request(message: service_pb2.ModelInferRequest) -> InferRequest
     return InferRequest(model=model, version=message.model_version or None, inputs=inputs, outputs=outputs,
                         id=message.id, parameters=parameters,
                         sequence_id=sequence_id, sequence_flags=sequence_flags)
+
+
+def _classification(parameters: Mapping[str, service_pb2.InferParameter]) -> int | None:
+    """The classes an output asks for, checked as Triton's gRPC front end checks them (an
+    int64 above 0: HTTP takes 0 as none)."""
+    if "classification" not in parameters:
+        return None
+    parameter = parameters["classification"]
+    if parameter.WhichOneof("parameter_choice") != "int64_param":
+        raise InvalidArgument("invalid value type for 'classification' parameter, expected int64_param")
+    if parameter.int64_param <= 0:
+        raise InvalidArgument("invalid value for 'classification' parameter, expected >= 0")
+    return parameter.int64_param
 
 
 def _shared_memory(kind: str, name: str, parameters: Mapping[str, service_pb2.InferParameter]) -> SharedMemoryRef | None:

@@ -462,6 +462,23 @@ def test_shared_memory_parameters_are_refused_in_triton_s_order_and_words(server
     assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, expected)
 
 
+@pytest.mark.parametrize("kind, value, message", [
+    ("int64_param", 0, "invalid value for 'classification' parameter, expected >= 0"),   # (HTTP takes 0 as none)
+    ("int64_param", -1, "invalid value for 'classification' parameter, expected >= 0"),
+    ("string_param", "2", "invalid value type for 'classification' parameter, expected int64_param"),
+    ("uint64_param", 2, "invalid value type for 'classification' parameter, expected int64_param"),
+])
+def test_a_classification_that_is_no_positive_int64_is_refused_with_triton_s_words(server, kind, value, message):
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
+    request = service_pb2.ModelInferRequest(model_name="add_sub", raw_input_contents=[np.ones(16, np.float32).tobytes()] * 2)
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+    setattr(request.outputs.add(name="OUTPUT0").parameters["classification"], kind, value)
+    with pytest.raises(grpc.RpcError) as failure:
+        stub.ModelInfer(request, timeout=10)
+    assert (failure.value.code(), failure.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
 def test_an_output_cannot_go_both_to_shared_memory_and_out_as_classes(server):
     stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(server.grpc_url))
     request = service_pb2.ModelInferRequest(model_name="add_sub", raw_input_contents=[np.ones(16, np.float32).tobytes()] * 2)
