@@ -354,4 +354,3 @@ class Peers:
             # It died before it was ready (a crash, not a reported init failure): the load fails,
             # rather than waiting on restarts that may never succeed.
             self.lifecycle.version_failed(version, f"instance {name} {why} before it was ready")
-

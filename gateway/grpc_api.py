@@ -206,7 +206,7 @@ class GrpcInferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             return message.model, message.version or None
         if isinstance(message, service_pb2.ModelInferRequest):
             return message.model_name, message.model_version or None
-        return self._reader.named_model()
+        return self._reader.named
 
     # -- health and metadata ------------------------------------------------------------
 

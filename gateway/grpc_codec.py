@@ -223,23 +223,24 @@ class InferRequestReader:
         self._misses = 0    # walks in a row that found no metadata kept
         self._resting = 0   # messages still to read without walking them
         self._last: _Layout | None = None   # of the last message whose metadata was kept
-        # What the message last read names (its model and version), for the error it raised:
-        # Triton refuses an unknown model before it looks at the inputs.
-        self.named: _Metadata | service_pb2.ModelInferRequest | None = None
+        # The model and version (None: the latest) the message last read names, for the error it
+        # raised: Triton refuses an unknown model before it looks at the inputs.
+        self.named: tuple[str, str | None] = ("", None)
 
     def read(self, data: bytes | memoryview) -> InferRequest:
         """The request; InvalidArgument as ``decode_infer_request`` raises it, DecodeError for
         bytes protobuf cannot parse."""
         if self._resting:
             self._resting -= 1
-            self.named = message = service_pb2.ModelInferRequest.FromString(data)
+            message = service_pb2.ModelInferRequest.FromString(data)
+            self.named = (message.model_name, message.model_version or None)
             return decode_infer_request(message)
         last = self._last
         if last is not None:
             known = last.parts(data)
             if known is not None:
                 self._misses = 0
-                self.named = last.metadata
+                self.named = last.metadata.named
                 view = memoryview(data)   # the contents as views of the message, never copied
                 return last.metadata.request(known[0], [view[start:stop] for start, stop in known[1]])
         parts = _plain_parts(data)
@@ -248,25 +249,18 @@ class InferRequestReader:
             if metadata is not None:
                 self._misses = 0
                 self._last = _Layout(parts, metadata)
-                self.named = metadata
+                self.named = metadata.named
                 view = memoryview(data)
                 return metadata.request(parts[1], [view[start:stop] for start, stop in parts[2]])
         self._misses += 1
         if self._misses >= self.MISSES_BEFORE_RESTING:
             self._misses, self._resting = 0, self.RESTING
-        self.named = message = service_pb2.ModelInferRequest.FromString(data)
+        message = service_pb2.ModelInferRequest.FromString(data)
+        self.named = (message.model_name, message.model_version or None)
         request = decode_infer_request(message)
         if parts is not None and _plain(message):
             self._remember(parts[0], request)
         return request
-
-    def named_model(self) -> tuple[str, str | None]:
-        """The model and version (None: the latest) the message last read names."""
-        named = self.named
-        if isinstance(named, _Metadata):
-            return named.model, named.version
-        assert named is not None
-        return named.model_name, named.model_version or None
 
     def _remember(self, key: bytes, request: InferRequest) -> None:
         once = self._seen_once
@@ -283,10 +277,11 @@ class InferRequestReader:
 class _Metadata:
     """What a request's metadata says, read once: a new InferRequest of it for each message."""
 
-    __slots__ = ("model", "version", "inputs", "outputs", "parameters", "sequence_id", "sequence_flags")
+    __slots__ = ("model", "version", "named", "inputs", "outputs", "parameters", "sequence_id", "sequence_flags")
 
     def __init__(self, request: InferRequest) -> None:
         self.model, self.version = request.model, request.version
+        self.named = (request.model, request.version)   # (what the reader says a refused message names)
         self.inputs = [(tensor.name, tensor.datatype, tuple(tensor.shape)) for tensor in request.inputs]
         self.outputs = None if request.outputs is None else [output.name for output in request.outputs]
         self.parameters = dict(request.parameters)
@@ -364,7 +359,6 @@ def _value_span(data: bytes | memoryview, position: int, end: int) -> tuple[int,
 
 _RAW_INPUT_CONTENTS = 7 << 3 | 2   # the tags (field number, wire type 2) ModelInferRequest's fields start with
 _ID = 3 << 3 | 2
-_MODEL_NAME, _MODEL_VERSION = 1 << 3 | 2, 2 << 3 | 2
 # Metadata larger, or messages of more fields, are left to protobuf: a key that size is not kept,
 # and walking that many fields in Python would cost the event loop more than protobuf does.
 _METADATA_BYTES = 16 * 1024

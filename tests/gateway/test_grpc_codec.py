@@ -348,9 +348,10 @@ def test_the_reader_tells_what_a_message_it_refused_names_on_each_of_its_paths()
     missing.inputs.add(name="X", datatype="FP32", shape=[1])
     with pytest.raises(InvalidArgument):   # the same metadata without its contents: the fast path
         reader.read(missing.SerializeToString())
-    assert reader.named_model() == ("m", "2") and not isinstance(reader.named, service_pb2.ModelInferRequest)
+    assert reader.named == ("m", "2") and not isinstance(reader.named, service_pb2.ModelInferRequest)
+    assert reader.named is reader._last.metadata.named   # from the kept metadata: the fast path
     late_version = service_pb2.ModelInferRequest(model_name="n").SerializeToString() + \
         service_pb2.ModelInferRequest(model_version="7", inputs=[missing.inputs[0]]).SerializeToString()
     with pytest.raises(InvalidArgument):   # fields out of protobuf's order: parsed, the version read late
         reader.read(late_version)
-    assert reader.named_model() == ("n", "7")
+    assert reader.named == ("n", "7")
