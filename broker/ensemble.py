@@ -49,6 +49,7 @@ _MEMO_LIMIT = 64   # requested-output combinations remembered per ensemble
 
 Submit = Callable[[bytes, object, Infer, list | None, bool], None]
 Reply = Callable[[bool, list, tuple], None]
+Remember = Callable[[ModelVersion, bytes, list], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,7 @@ class EnsembleRequest:
     trace: bytes | None = None         # its trace context, when traced
     trace_tensors: bool = False        # traced at level TENSORS: its steps' tensors too
     traced_steps: list = field(default_factory=list)   # the finished steps' trace records
+    cache_key: bytes | None = None     # response_cache: the key its answer is kept under
 
 
 @dataclass(eq=False, slots=True)
@@ -231,11 +233,13 @@ class StepCall:
 class EnsembleRunner:
     """Every ensemble request in flight, and the step requests it waits for."""
 
-    def __init__(self, registry: Registry, submit: Submit, reply: Reply, clock: Callable[[], int]) -> None:
+    def __init__(self, registry: Registry, submit: Submit, reply: Reply, clock: Callable[[], int],
+                 remember: Remember) -> None:
         self.registry = registry
         self._submit = submit   # Scheduler.submit: a step joins its model's queue
         self._reply = reply     # Scheduler._reply: an answer to a gateway, an instance or an outer ensemble
         self._clock = clock
+        self._remember = remember   # Scheduler.remember: an answer into the response cache
         self._rids = itertools.count(1)
         self._calls: dict[int, StepCall] = {}
         # Step requests of ensembles with max_inflight_requests, until their final answer (their
@@ -255,7 +259,8 @@ class EnsembleRunner:
     # -- a request arrives -------------------------------------------------------------------
 
     def submit(self, client: bytes, record, header: Infer, external: list | None, from_backend: bool,
-               version: ModelVersion) -> None:
+               version: ModelVersion, cache_key: bytes | None = None) -> None:
+        """``cache_key``: the ensemble caches its answers (``response_cache``) and this one is not kept yet."""
         now = self._clock()
         plan = self._plan(version)
         requested = list(header.outputs or plan.outputs)   # none named (or []): all, as Triton
@@ -264,7 +269,8 @@ class EnsembleRunner:
         request = EnsembleRequest(client, header.rid, from_backend, version, plan, requested, needs.steps,
                                   needs.wants, batch_size, now, header.request_id, header.params,
                                   header.sequence_id or 0, header.sequence_flags, trace=header.trace,
-                                  trace_tensors=header.trace is not None and header.trace_tensors)
+                                  trace_tensors=header.trace is not None and header.trace_tensors,
+                                  cache_key=cache_key)
         if not needs.known:
             unknown = next(name for name in requested if name not in plan.outputs)   # the first the client named
             self._fail(request, unexpected_output(plan.name, unknown))
@@ -572,7 +578,10 @@ class EnsembleRunner:
             request.stats_due = True
         else:
             self._record_success(request, now)
-        self._reply(request.from_backend, [request.client, header.encode(inline), *frames], compute)
+        parts = [request.client, header.encode(inline), *frames]
+        if request.cache_key is not None:   # (never a decoupled ensemble's: Triton refuses to cache those)
+            self._remember(request.version, request.cache_key, parts[1:])
+        self._reply(request.from_backend, parts, compute)
 
     def _trace_of(self, request: EnsembleRequest, now: int) -> dict | None:
         """A traced request's stamps and steps, as it ends (a step still answering is in it as it stands)."""

@@ -21,6 +21,7 @@ from prometheus_client.core import Metric
 
 from tritium.broker.exposition import number_text, text_format
 from tritium.broker.registry import Registry, VersionState
+from tritium.broker.response_cache import ResponseCache
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +54,24 @@ _COUNTERS = (
 # Triton's per-model response cache families, exported for the models that cache.
 _CACHE_COUNTERS = (
     ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda s: s.cache_hit.count),
-    ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda s: s.cache_miss.count),
     ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
      lambda s: s.cache_hit.ns // 1000),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda s: s.cache_miss.count),
     ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
      lambda s: s.cache_miss.ns // 1000),
+)
+# Triton's summary of the response cache, exported while the server has one (values read as a scrape comes).
+_CACHE_SUMMARY = (
+    ("nv_cache_util", "Cache utilization [0.0 - 1.0]", lambda c: c.used_bytes / c.capacity_bytes),
+    ("nv_cache_num_entries", "Number of responses stored in response cache", len),
+    ("nv_cache_num_hits", "Number of cache hits in response cache", lambda c: c.hits),
+    ("nv_cache_num_misses", "Number of cache misses in response cache", lambda c: c.misses),
+    ("nv_cache_num_lookups", "Number of cache lookups in response cache", lambda c: c.hits + c.misses),
+    ("nv_cache_num_evictions", "Number of cache evictions in response cache", lambda c: c.evictions),
+    ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds",
+     lambda c: c.lookup_ns // 1000),
+    ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
+     lambda c: c.insertion_ns // 1000),
 )
 _FAILURE = ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes")
 _FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")   # in the order Triton 2.51 writes them
@@ -99,9 +113,10 @@ def _counter_families(table, versions):
 
 class TritonCollector:
     def __init__(self, registry: Registry, settings: MetricsSettings,
-                 before_scrape: Callable[[], None] = lambda: None) -> None:
+                 before_scrape: Callable[[], None] = lambda: None, cache: ResponseCache | None = None) -> None:
         self.registry = registry
         self.settings = settings
+        self.cache = cache   # the broker's response cache, if the server has one
         self.before_scrape = before_scrape   # in the metrics server's thread: brings the custom metrics up to date
 
     def collect(self):
@@ -138,6 +153,11 @@ class TritonCollector:
         if self.settings.histogram_latencies:
             yield self._histogram(versions)
         yield from self._hosts()
+        if self.cache is not None:
+            for name, documentation, value in _CACHE_SUMMARY:
+                family = Metric(name, documentation, "gauge")
+                family.add_sample(name, {}, value(self.cache))
+                yield family
         yield from self._tensor_pools()
 
     def _scaling(self, versions):

@@ -13,6 +13,7 @@ copying) for models that enable the cache, and keeps a copy of their responses.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -66,31 +67,45 @@ def cached_response(frames: list) -> CachedResponse | None:
     header, view, offset = read_record(frames[0])
     if not isinstance(header, Response):
         return None
+    if header.trace is not None:   # the first asker's trace is not a later one's
+        header = msgspec.structs.replace(header, trace=None)
     inline = bytes(view[offset:])
     external = tuple(bytes(f.buffer if hasattr(f, "buffer") else f) for f in frames[1:])
     return CachedResponse(header, inline, external, len(inline) + sum(len(e) for e in external) + 256)
 
 
 class ResponseCache:
+    """The entries, and Triton's summary of the cache's use (``nv_cache_*`` without a model label)."""
+
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
         self.used_bytes = 0
         self._entries: OrderedDict[bytes, CachedResponse] = OrderedDict()
+        self.hits = self.misses = self.evictions = 0
+        self.lookup_ns = self.insertion_ns = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def lookup(self, key: bytes) -> CachedResponse | None:
+        started = time.perf_counter_ns()
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
+            self.hits += 1
+        else:
+            self.misses += 1
+        self.lookup_ns += time.perf_counter_ns() - started
         return entry
 
     def insert(self, key: bytes, entry: CachedResponse) -> None:
         if entry.size > self.capacity_bytes or key in self._entries:
             return
+        started = time.perf_counter_ns()
         while self.used_bytes + entry.size > self.capacity_bytes:
             _, evicted = self._entries.popitem(last=False)
             self.used_bytes -= evicted.size
+            self.evictions += 1
         self._entries[key] = entry
         self.used_bytes += entry.size
+        self.insertion_ns += time.perf_counter_ns() - started

@@ -109,7 +109,7 @@ class Scheduler:
         self._timed: dict[ModelVersion, DynamicBatcher[PendingRequest]] = {}
         self.streams = OpenStreams(registry, self._reply, clock)   # decoupled requests still answering
         self._idle = IdleInstances(registry)
-        self.ensembles = EnsembleRunner(registry, self.submit, self._reply, clock)
+        self.ensembles = EnsembleRunner(registry, self.submit, self._reply, clock, self.remember)
 
     # -- requests in --------------------------------------------------------------------
 
@@ -136,16 +136,16 @@ class Scheduler:
         if from_backend and (refused := _bls_call_refused(version, header)) is not None:
             self._refuse(client, header, refused, from_backend)
             return
-        if version.ensemble:  # no queue of its own: its steps join their models' queues
-            self.ensembles.submit(client, record, header, external, from_backend, version)
-            return
         now = self._clock()
         cache_key = None
-        if version.caches and self.cache is not None:   # a hit needs no instance at all
+        if version.caches and self.cache is not None:   # a hit needs no instance (nor step) at all
             cache_key = self._answer_from_cache(self.cache, version, client, rid, record, header, external,
                                                 from_backend, now)
             if cache_key is None:
                 return
+        if version.ensemble:  # no queue of its own: its steps join their models' queues
+            self.ensembles.submit(client, record, header, external, from_backend, version, cache_key)
+            return
         if not version.serving and not self._instances_coming(version, now):
             self._refuse(client, header, _no_instance_error(version), from_backend)
             return
@@ -248,12 +248,14 @@ class Scheduler:
             version.scale.last_request_ns = now   # traffic, even if no instance saw it
         return None
 
-    def _remember(self, cache: ResponseCache, batch: Batch, key: bytes, frames: list) -> None:
+    def remember(self, version: ModelVersion, key: bytes, frames: list) -> None:
+        """Keep a response (its RESPONSE record and external frames) under the key its request missed."""
+        assert self.cache is not None   # (a request gets a key only where there is a cache)
         started = self._clock()
         response = cached_response(frames)
         if response is not None:
-            cache.insert(key, response)
-        batch.version.stats.cache_miss.ns += self._clock() - started
+            self.cache.insert(key, response)
+        version.stats.cache_miss.ns += self._clock() - started
 
     def _held(self, version: ModelVersion) -> bool:
         """Whether a request for a version that is not ready queues for it: a gateway's or a BLS
@@ -718,8 +720,8 @@ class Scheduler:
         succeeded = []
         for request, external_count, ok in zip(requests, external_counts, oks):
             end = offset + 1 + external_count
-            if request.cache_key is not None and ok and self.cache is not None:
-                self._remember(self.cache, batch, request.cache_key, frames[offset:end])
+            if request.cache_key is not None and ok:
+                self.remember(batch.version, request.cache_key, frames[offset:end])
             if ordering is None:   # the common case, kept free of per-request lists
                 key = (request.from_backend, request.client)
                 parts = outgoing.get(key)

@@ -280,7 +280,8 @@ class Broker:
         self._waiter.register(waker.fd, select.POLLIN)
         if self.settings.metrics is not None:
             try:
-                collector = TritonCollector(self.registry, self.settings.metrics, self._scrape_custom_metrics)
+                collector = TritonCollector(self.registry, self.settings.metrics, self._scrape_custom_metrics,
+                                            self.scheduler.cache)
                 self.metrics_server = start_metrics_server(collector, self.settings.metrics)
             except OSError as exc:   # a taken port: Triton's one line, not a traceback
                 metrics = self.settings.metrics

@@ -48,6 +48,9 @@ def validate_ensemble(config: ModelConfig, configs: Mapping[str, ModelConfig],
     _check_no_nested_cycle(config, configs)
     # As Triton: an ensemble with a decoupled step (or nested ensemble) is decoupled itself.
     config.model_transaction_policy.decoupled = _check_decoupled_flow(config, steps, configs)
+    if config.model_transaction_policy.decoupled and config.response_cache.enable:   # (Triton's words)
+        raise ModelLoadError(name, f"Response Cache does not currently support model {name} with 'decoupled' "
+                             "transaction policy. Please disable the response cache.")
 
 
 def _member_config(name, label, model, configs, failures) -> ModelConfig:

@@ -275,6 +275,31 @@ def test_identical_requests_are_answered_from_the_cache_on_http_and_grpc(server)
     assert 'nv_cache_num_misses_per_model{model="cached",version="1"} 2\n' in metrics
 
 
+def test_an_ensemble_that_caches_answers_a_repeated_request_without_running_its_steps(server):
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    before = http.get_inference_statistics("plain")["model_stats"][0]["inference_count"]
+    first = http.infer("cached_ensemble", delay_input(httpclient, 3)).as_numpy("WAITED_MS")
+    again = grpc.infer("cached_ensemble", delay_input(grpcclient, 3)).as_numpy("WAITED_MS")
+    other = http.infer("cached_ensemble", delay_input(httpclient, 4)).as_numpy("WAITED_MS")
+    assert first.tolist() == again.tolist() == [[3.0]] and other.tolist() == [[4.0]]
+    assert http.get_inference_statistics("plain")["model_stats"][0]["inference_count"] == before + 2
+    stats = http.get_inference_statistics("cached_ensemble")["model_stats"][0]
+    inference = stats["inference_stats"]   # as Triton 2.51 counts them
+    assert inference["cache_hit"]["count"] == 1 and inference["cache_miss"]["count"] == 2
+    assert inference["success"]["count"] == 3 and inference["queue"]["count"] == 3
+    assert stats["inference_count"] == 2 and stats["execution_count"] == 2
+    assert inference["compute_infer"]["count"] == 2
+    families = scrape(server)[1]
+    assert value(families, "nv_cache_num_hits_per_model", model="cached_ensemble", version="1") == 1.0
+    assert value(families, "nv_cache_num_misses_per_model", model="cached_ensemble", version="1") == 2.0
+    # the cache's summary, shared with the other models that cache
+    lookups, hits, misses = (value(families, name) for name in
+                             ("nv_cache_num_lookups", "nv_cache_num_hits", "nv_cache_num_misses"))
+    assert lookups == hits + misses and hits >= 1 and misses >= 2
+    assert value(families, "nv_cache_num_entries") >= 2 and 0 < value(families, "nv_cache_util") < 1
+
+
 def test_a_bad_cache_config_stops_serve_with_a_clear_message(tmp_path):
     from tests.servers import run_serve
 

@@ -286,6 +286,16 @@ def test_a_decoupled_step_makes_the_ensemble_decoupled_as_in_triton(root):
         assert models[name].definition.config_json()["model_transaction_policy"] == {"decoupled": True}
 
 
+def test_an_ensemble_made_decoupled_by_its_step_may_not_cache_as_in_triton(root):
+    write_python_model(root, "stream", 4, "[ 16 ]", "model_transaction_policy { decoupled: true }")
+    write_ensemble(root, "ens", ensemble([step("stream", {"X": "A"}, {"Y": "SUM"})], inputs=("A",))
+                   + "response_cache { enable: true }\n")
+    entry = scan(root)["ens"]
+    assert not entry.ok
+    assert entry.error == ("Response Cache does not currently support model ens with 'decoupled' transaction "
+                           "policy. Please disable the response cache.")
+
+
 def test_a_step_reading_responses_of_different_decoupled_models_is_refused(root):
     write_python_model(root, "stream", 4, "[ 16 ]", "model_transaction_policy { decoupled: true }")
     write_ensemble(root, "ens", ensemble([step("stream", {"X": "A"}, {"Y": "MID"}),
