@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -166,12 +167,19 @@ def decode_infer_request(model: str, version: str | None, body: bytes, header_le
     return request, binary_default
 
 
+_LEADING_INTEGER = re.compile(rb"\s*([+-]?[0-9]+)")
+
+
 def inference_header_length(text: bytes) -> int:
-    """The ``Inference-Header-Content-Length`` header's value, read as Triton reads it (a C int)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise InvalidArgument(f"Unable to parse Inference-Header-Content-Length, got: {text.decode('latin-1')}") from None
+    """The ``Inference-Header-Content-Length`` header's value, read as Triton reads it: C++'s
+    ``stoi`` (blanks, a signed integer, and whatever follows ignored: ``82abc`` is 82) into a C
+    int; an empty value is 0 (a raw request), as Triton's HTTP library hands it over."""
+    if not text.strip():
+        return 0
+    match = _LEADING_INTEGER.match(text)
+    if match is None:
+        raise InvalidArgument(f"Unable to parse Inference-Header-Content-Length, got: {text.decode('latin-1')}")
+    value = int(match.group(1))
     if not -2**31 <= value < 2**31:
         raise InvalidArgument("Unable to parse Inference-Header-Content-Length, value is out of range "
                               f"[ {-2**31}, {2**31 - 1} ], got: {text.decode('latin-1')}")

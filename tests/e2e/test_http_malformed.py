@@ -122,6 +122,9 @@ CASES = {
     "unsupported compression": (good_body(), {"Content-Encoding": "br"}, 501, "Unsupported compression type"),
     "header length not a number": (good_body(), {"Inference-Header-Content-Length": "ten"}, 400,
                                    "Unable to parse Inference-Header-Content-Length, got: ten"),
+    "header length empty: a raw request, as Triton reads it": (
+        good_body(), {"Inference-Header-Content-Length": ""}, 400,
+        "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in 'add_sub' model configuration"),
     "header length past a C int": (good_body(), {"Inference-Header-Content-Length": "2147483648"}, 400,
                                    "Unable to parse Inference-Header-Content-Length, value is out of range "
                                    "[ -2147483648, 2147483647 ], got: 2147483648"),
@@ -152,6 +155,15 @@ def test_binary_data_with_bytes_left_over(server):
     status, _, reply = request(server.url, "POST", "/v2/models/add_sub/infer", body=body, headers=headers)
     assert status == 400 and error_of(reply) == "unexpected additional input data for model 'add_sub'"
     assert_still_serving(server)
+
+
+def test_a_header_length_is_read_as_triton_reads_it_up_to_what_follows_its_digits(server):
+    body, headers = binary_request(binary_header([64, 64]), b"\0" * 128)
+    length = headers["Inference-Header-Content-Length"]
+    for value in (f"{length}abc", f"{length}.5", f"+{length}"):
+        status, _, reply = request(server.url, "POST", "/v2/models/add_sub/infer", body=body,
+                                   headers={"Inference-Header-Content-Length": value})
+        assert status == 200, (value, reply)
 
 
 def test_binary_size_not_matching_shape(server):
