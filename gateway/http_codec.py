@@ -312,11 +312,18 @@ def _tensor_header(model: str, item: dict) -> tuple[str, str, list[int]]:
     return name, datatype, shape
 
 
-def _shared_memory_or_classification(parameters: object) -> None:
-    """Triton's first check of an output's parameters: an answer cannot go both into shared memory
-    and out as classes (whatever their values)."""
-    if isinstance(parameters, dict) and "shared_memory_region" in parameters and "classification" in parameters:
+def _shared_memory_conflicts(parameters: object) -> None:
+    """Triton's first check of an output, before its name: an answer going into shared memory can
+    go neither out as classes (whatever the values) nor as binary data."""
+    if not isinstance(parameters, dict) or "shared_memory_region" not in parameters:
+        return
+    if "classification" in parameters:
         raise InvalidArgument("Output can't set both 'shared_memory_region' and 'classification'")
+    binary = parameters.get("binary_data", False)
+    if not isinstance(binary, bool):
+        raise InternalError("Unable to set 'binary_data': attempt to access JSON non-boolean as boolean")
+    if binary:
+        raise InvalidArgument("Output can't set both 'shared_memory_region' and 'binary_data'")
 
 
 def _outputs(value: object) -> list[RequestedOutput] | None:
@@ -326,15 +333,14 @@ def _outputs(value: object) -> list[RequestedOutput] | None:
         raise InvalidArgument("'outputs' must be a list")
     outputs: list[RequestedOutput] = []
     for item in value:
+        if isinstance(item, dict):
+            _shared_memory_conflicts(item.get("parameters"))
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgument("every entry of 'outputs' must be a JSON object with a 'name'")
-        _shared_memory_or_classification(item.get("parameters"))
         _boolean_parameter(item.get("parameters"), "binary_data")
         parameters = _parameters(item.get("parameters"), f"output '{item['name']}'")
         owner = f"output '{item['name']}'"
         shared = shared_memory_ref(owner, parameters)
-        if shared is not None and parameters.get("binary_data") is True:
-            raise InvalidArgument("Output can't set both 'shared_memory_region' and 'binary_data'")
         outputs.append(RequestedOutput(item["name"], parameters, shared, classification_count(owner, parameters)))
     return outputs
 

@@ -347,11 +347,26 @@ def test_shared_memory_references_are_read_from_parameters():
       "outputs": [{"name": "O", "parameters": {"shared_memory_region": "s", "shared_memory_byte_size": 8,
                                                "binary_data": True}}]},
      "Output can't set both 'shared_memory_region' and 'binary_data'"),
+    # Triton checks an output's shared memory before its name
+    ({"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1.0]}],
+      "outputs": [{"parameters": {"shared_memory_region": "s", "binary_data": True}}]},
+     "Output can't set both 'shared_memory_region' and 'binary_data'"),
+    ({"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1.0]}],
+      "outputs": [{"name": 5, "parameters": {"shared_memory_region": "s", "classification": 1}}]},
+     "Output can't set both 'shared_memory_region' and 'classification'"),
 ])
 def test_bad_shared_memory_parameters(document, message):
     error = decode_error(document)
     assert error.code.http_status == 400
     assert message in error.message
+
+
+def test_a_binary_switch_beside_shared_memory_that_is_not_a_boolean_gets_triton_s_words():
+    document = {"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1.0]}],
+                "outputs": [{"name": "O", "parameters": {"shared_memory_region": "s", "binary_data": "yes"}}]}
+    error = decode_error(document)
+    assert error.code.http_status == 500   # as Triton's JSON reader fails it
+    assert error.message == "Unable to set 'binary_data': attempt to access JSON non-boolean as boolean"
 
 
 def test_outputs_in_shared_memory_carry_no_data():
