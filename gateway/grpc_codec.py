@@ -43,18 +43,8 @@ def parameter_value(parameter: service_pb2.InferParameter) -> bool | int | float
     return getattr(parameter, choice) if choice else None
 
 
-def parameters_to_dict(parameters: Mapping[str, service_pb2.InferParameter], reserved_check: bool = False,
-                       skip: tuple = ()) -> dict:
-    values = {}
-    for key, parameter in parameters.items():
-        if key in skip:
-            continue
-        if reserved_check and key.startswith("triton_") and key not in _ALLOWED_TRITON_PARAMETERS:
-            raise InvalidArgument(
-                "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
-                "keys starting with 'triton_' are allowed: " + ", ".join(sorted(_ALLOWED_TRITON_PARAMETERS)))
-        values[key] = parameter_value(parameter)
-    return values
+def parameters_to_dict(parameters: Mapping[str, service_pb2.InferParameter], skip: tuple = ()) -> dict:
+    return {key: parameter_value(parameter) for key, parameter in parameters.items() if key not in skip}
 
 
 def fill_parameters(target: MutableMapping[str, service_pb2.InferParameter], values: dict) -> None:
@@ -432,7 +422,7 @@ def _request_parameters(message_parameters: Mapping[str, service_pb2.InferParame
     if not message_parameters:
         return 0, 0, {}
     sequence_id, sequence_flags = _sequence(message_parameters)
-    parameters = parameters_to_dict(message_parameters, True, SEQUENCE_PARAMETERS)
+    parameters = parameters_to_dict(message_parameters, SEQUENCE_PARAMETERS)
     if parameters.get("timeout", 0) < 0:
         parameters["timeout"] %= 2**64   # Triton reads the int64 as uint64
     return sequence_id, sequence_flags, parameters
@@ -453,12 +443,18 @@ _MODEL_PARAMETER_KINDS = ("int64_param", "bool_param", "string_param", "double_p
 
 def check_parameter_kinds(parameters: Mapping[str, service_pb2.InferParameter]) -> None:
     """Triton's INVALID_ARGUMENT for a reserved parameter of the wrong kind (a string priority,
-    a NaN timeout); a negative priority is refused, a negative timeout wraps to uint64 as on Triton."""
+    a NaN timeout) or a triton_ key it does not know, in the message's order and before the
+    inputs, as Triton checks them; a negative priority is refused, a negative timeout wraps to
+    uint64 as on Triton."""
     for key, parameter in parameters.items():
         kind = parameter.WhichOneof("parameter_choice")
         kinds = _PARAMETER_KINDS.get(key)
-        if kinds is None:   # the model's own (the triton_ ones are checked where they are read)
-            if kind not in _MODEL_PARAMETER_KINDS and not key.startswith("triton_"):
+        if kinds is None:   # the model's own
+            if key.startswith("triton_"):
+                raise InvalidArgument(
+                    "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
+                    "keys starting with 'triton_' are allowed: " + ", ".join(sorted(_ALLOWED_TRITON_PARAMETERS)))
+            if kind not in _MODEL_PARAMETER_KINDS:
                 raise InvalidArgument(f"invalid value type for '{key}' parameter, expected int64_param, "
                                       "bool_param, or string_param.")
         elif kind not in kinds:

@@ -355,3 +355,12 @@ def test_the_reader_tells_what_a_message_it_refused_names_on_each_of_its_paths()
     with pytest.raises(InvalidArgument):   # fields out of protobuf's order: parsed, the version read late
         reader.read(late_version)
     assert reader.named == ("n", "7")
+
+
+def test_request_parameters_are_checked_before_the_inputs_as_triton_checks_them():
+    message = service_pb2.ModelInferRequest(model_name="m")
+    message.parameters["triton_other"].bool_param = True
+    message.inputs.add(name="X", datatype="FP32", shape=[-1])   # a negative dimension: refused, but later
+    with pytest.raises(InvalidArgument) as refused:
+        decode_infer_request(message)
+    assert refused.value.message.startswith("parameter keys starting with 'triton_' are reserved for Triton usage.")
