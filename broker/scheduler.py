@@ -423,7 +423,7 @@ class Scheduler:
             if requests is None:
                 self._waiting.add(version)
                 return
-            self._send_batch(version, instance, requests, now)
+            self._send_batch(version, instance, requests)
         self._waiting.discard(version)
         if limiter is not None:
             limiter.blocked.pop(version, None)
@@ -481,7 +481,7 @@ class Scheduler:
         limiter = self.rate_limiter
         if limiter is None:
             while (batch := batcher.next_batch(now, accepting, _sequence_room)) is not None:
-                self._send_batch(version, batch.instance, batch.requests, now, batch.slots, batch.size)
+                self._send_batch(version, batch.instance, batch.requests, batch.slots, batch.size)
         else:
             self._dispatch_sequences_limited(version, batcher, accepting, limiter, now)
         if batcher.deadline_ns() is None:
@@ -505,14 +505,14 @@ class Scheduler:
             return False
 
         while (batch := batcher.next_batch(now, accepting, room)) is not None:
-            self._send_batch(version, batch.instance, batch.requests, now, batch.slots, batch.size)
+            self._send_batch(version, batch.instance, batch.requests, batch.slots, batch.size)
         if refused:
             limiter.blocked[version] = min(limiter.rank(instance) for instance in refused)
         else:
             limiter.blocked.pop(version, None)
 
     def _send_batch(self, version: ModelVersion, instance: InstanceRecord, requests: list[PendingRequest],
-                    now: int, slots: list[int] | None = None, size: int | None = None) -> None:
+                    slots: list[int] | None = None, size: int | None = None) -> None:
         """``slots``: the sequence slot of each request (stateful models), told to the instance."""
         self._batch_numbers += 1
         number = self._batch_numbers
@@ -523,8 +523,11 @@ class Scheduler:
         batch_size = 0
         header = BatchHeader(number, len(requests), slots, batch_stamps(requests), self.one_at_a_time)
         parts: list[object] = [instance.iid, header.encode()]
+        # The clock read afresh: a caller's ``now`` may predate requests submitted since (an
+        # ensemble's next step, submitted while the batch that answered its last one is handled).
+        sent = self._clock()
         for request in requests:
-            request.dispatch_ns = now
+            request.dispatch_ns = sent
             batch_size += request.batch_size
             parts.append(request.record)
             if request.external:

@@ -86,8 +86,10 @@ MODELS = [model("pre", "IN", "X"), model("double", "X", "Y"), model("triple", "X
 class Clock:
     def __init__(self) -> None:
         self.now = 1_000_000_000
+        self.tick = 0   # ns it moves on at each reading
 
     def __call__(self) -> int:
+        self.now += self.tick
         return self.now
 
 
@@ -219,6 +221,21 @@ def test_steps_start_when_their_inputs_exist_and_the_answer_has_every_output(wor
     np.testing.assert_array_equal(outputs["X"], values() + 1)
     assert header["params"] == {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
     assert not world.scheduler.ensembles.busy and world.scheduler.idle()
+
+
+def test_a_step_request_is_never_counted_as_leaving_its_queue_before_it_came():
+    """An ensemble whose two steps run one model: the second step's request, submitted while the
+    first step's batch is handled, leaves in the batch the model's queue sends at the end of that
+    handling; its queue time counts from its arrival to then, never below 0."""
+    world = World(MODELS + [ensemble("twice", "IN", "OUT", [step("double", {"X": "IN"}, {"Y": "MID"}),
+                                                            step("double", {"X": "MID"}, {"Y": "OUT"})])])
+    world.clock.tick = 1_000
+    world.infer("twice", {"IN": values()})
+    world.run(in_turns=True)
+    (_, outputs), = world.answers()
+    np.testing.assert_array_equal(outputs["OUT"], values() * 4)
+    queue = world.versions["double"].stats.queue
+    assert queue.count == 2 and queue.ns >= 0
 
 
 def test_the_ensemble_requests_of_one_turn_run_each_step_as_one_batch():
