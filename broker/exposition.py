@@ -17,6 +17,7 @@ from prometheus_client.core import Metric
 
 _TYPES = {"unknown": "untyped"}
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_LAST = ("le", "quantile")   # a bucket's bound, a summary's quantile: written after the other labels
 
 
 def number_text(value: float) -> str:
@@ -31,11 +32,11 @@ def number_text(value: float) -> str:
 
 
 def _ordered(labels: dict[str, str]) -> list[tuple[str, str]]:
-    """Sorted by name, a bucket's ``le`` last: prometheus-cpp keeps labels in a sorted map and
-    appends ``le``. A name Prometheus would not read (a ``metric_tags`` key such as ``my-tag``)
+    """Sorted by name, a bucket's ``le`` (a summary's ``quantile``) last: prometheus-cpp keeps
+    labels in a sorted map and appends those. A name Prometheus would not read (a ``metric_tags`` key such as ``my-tag``)
     has its other characters made ``_``: one bad name must not make the whole page unreadable."""
     return sorted(((_label_name(key), value) for key, value in labels.items()),
-                  key=lambda item: (item[0] == "le", item[0]))
+                  key=lambda item: (item[0] in _LAST, item[0]))
 
 
 def _label_name(name: str) -> str:
@@ -59,7 +60,8 @@ def text_format(families: Iterable[Metric]) -> str:
     ``_total``; Triton's counters have no such suffix, tritium's own do)."""
     lines = []
     for family in families:
-        name = family.samples[0].name if family.samples and family.type != "histogram" else family.name
+        name = family.samples[0].name if family.samples and family.type not in ("histogram", "summary") \
+            else family.name
         lines.append(f"# HELP {name} {_escaped_help(family.documentation)}")
         lines.append(f"# TYPE {name} {_TYPES.get(family.type, family.type)}")
         for sample in family.samples:

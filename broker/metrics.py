@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client.core import Metric
 
 from tritium.broker.exposition import number_text, text_format
+from tritium.broker.latency_summary import DEFAULT_QUANTILES, WindowedQuantiles
 from tritium.broker.registry import Registry, VersionState
 from tritium.broker.response_cache import ResponseCache
 
@@ -73,6 +75,25 @@ _CACHE_SUMMARY = (
     ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
      lambda c: c.insertion_ns // 1000),
 )
+# Triton's latency summaries, (name, help, the summary of a version's LatencySummaries); the
+# request summary is left out for a model that caches, and the cache's two are only for those.
+_SUMMARIES = (
+    ("nv_inference_request_summary_us",
+     "Summary of inference request duration in microseconds (includes cached requests)", "request"),
+    ("nv_inference_queue_summary_us",
+     "Summary of inference queuing duration in microseconds (includes cached requests)", "queue"),
+    ("nv_inference_compute_input_summary_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)", "compute_input"),
+    ("nv_inference_compute_infer_summary_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)", "compute_infer"),
+    ("nv_inference_compute_output_summary_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+     "compute_output"),
+    ("nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in microseconds.",
+     "cache_hit"),
+    ("nv_cache_miss_summary_per_model", "Summary of cache miss counts/durations per model, in microseconds.",
+     "cache_miss"),
+)
 _FAILURE = ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes")
 _FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")   # in the order Triton 2.51 writes them
 
@@ -83,6 +104,8 @@ class MetricsSettings:
     port: int = 8002
     histogram_latencies: bool = False
     counter_latencies: bool = True   # Triton's counter_latencies: the *_duration_us counters
+    summary_latencies: bool = False  # Triton's summary_latencies: the *_summary_us families
+    summary_quantiles: tuple[float, ...] = tuple(rank for rank, _ in DEFAULT_QUANTILES)
     cpu: bool = True   # Triton's --allow-cpu-metrics: the hosts' nv_cpu_* families
     gpu: bool = True   # Triton's --allow-gpu-metrics: the hosts' nv_gpu_* families
 
@@ -109,6 +132,13 @@ def _counter_families(table, versions):
         for version in versions:
             family.add_sample(name, version_labels(version), value(version.stats))
         yield family
+
+
+def _has_summary(version, which: str) -> bool:
+    """As Triton: no request summary for a model that caches, cache summaries only for those."""
+    if which == "request":
+        return not version.caches
+    return version.caches or not which.startswith("cache")
 
 
 class TritonCollector:
@@ -152,6 +182,8 @@ class TritonCollector:
         yield from self._scaling(versions)
         if self.settings.histogram_latencies:
             yield self._histogram(versions)
+        if self.settings.summary_latencies:
+            yield from self._summaries(versions)
         yield from self._hosts()
         if self.cache is not None:
             for name, documentation, value in _CACHE_SUMMARY:
@@ -208,6 +240,24 @@ class TritonCollector:
             family.add_sample(f"{name}_count", labels, cumulative)
             family.add_sample(f"{name}_sum", labels, stats.histogram_sum_ms)
         return family
+
+    def _summaries(self, versions):
+        now = time.monotonic_ns()
+        ranks = self.settings.summary_quantiles
+        for name, documentation, which in _SUMMARIES:
+            family = Metric(name, documentation, "summary")
+            for version in versions:
+                summaries = version.stats.summaries
+                if summaries is None or not _has_summary(version, which):
+                    continue
+                summary: WindowedQuantiles = getattr(summaries, which)
+                labels = version_labels(version)
+                family.add_sample(f"{name}_count", labels, summary.count)
+                family.add_sample(f"{name}_sum", labels, summary.total)
+                for rank, value in zip(ranks, summary.quantiles(ranks, now)):
+                    family.add_sample(name, {**labels, "quantile": number_text(rank)}, value)
+            if family.samples:   # (as prometheus-cpp, which writes no family without one)
+                yield family
 
     def _hosts(self):
         hosts = dict(self.registry.host_metrics)

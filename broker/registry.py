@@ -128,6 +128,11 @@ class Batch:
             queue_ns += request.dispatch_ns - request.arrival_ns
             inferences += request.batch_size
         stats.record_successes(len(requests), total_ns, queue_ns, inferences, self.timings)
+        if stats.summaries is not None:   # (only with --metrics-config summary_latencies=true)
+            clock = time.monotonic_ns()
+            for request in requests:
+                stats.summaries.observe_success(now - request.arrival_ns, request.dispatch_ns - request.arrival_ns,
+                                                self.timings, clock)
 
 
 def first_response(version: "ModelVersion", request: PendingRequest, now: int) -> None:

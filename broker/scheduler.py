@@ -235,7 +235,7 @@ class Scheduler:
         entry = cache.lookup(key)
         took = self._clock() - now
         if entry is None:
-            version.stats.cache_miss.add(took)
+            version.stats.record_cache_miss(took)
             return key
         parts = [client, *entry.parts_for(rid)]
         if version.ordering is None:

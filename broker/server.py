@@ -27,6 +27,7 @@ from tritium.broker.liveness import PeerLiveness
 from tritium.broker.membership import Membership
 from tritium.broker.peers import Peers
 from tritium.broker.rate_limiter import RateLimiter, ResourceFlag
+from tritium.broker.latency_summary import LatencySummaries
 from tritium.broker.response_cache import ResponseCache
 from tritium.broker.metrics import (
     DEFAULT_HISTOGRAM_BUCKETS_MS,
@@ -244,8 +245,11 @@ class Broker:
         self.membership.changed()   # gateways hear of it even when nothing was to load
 
     def _new_version(self, version: ModelVersion) -> None:
-        if self.settings.metrics is not None and self.settings.metrics.histogram_latencies:
+        metrics = self.settings.metrics
+        if metrics is not None and metrics.histogram_latencies:
             version.stats.enable_histogram(_histogram_buckets(version.definition.config))
+        if metrics is not None and metrics.summary_latencies:
+            version.stats.summaries = LatencySummaries()
 
     # -- custom metrics ---------------------------------------------------------------------
 

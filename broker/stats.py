@@ -12,6 +12,8 @@ import bisect
 import time
 from dataclasses import dataclass, field
 
+from tritium.broker.latency_summary import LatencySummaries
+
 
 @dataclass(slots=True)
 class Duration:
@@ -53,6 +55,8 @@ class ModelVersionStats:
     histogram_bounds_ms: tuple[float, ...] = ()
     histogram_counts: list[int] = field(default_factory=list)
     histogram_sum_ms: int = 0
+    # Optional latency summaries (--metrics-config summary_latencies=true).
+    summaries: LatencySummaries | None = None
 
     def record_execution(self, batch_size: int, timings: tuple[int, int, int]) -> None:
         compute_input, compute_infer, compute_output = timings
@@ -79,6 +83,8 @@ class ModelVersionStats:
     def record_success(self, total_ns: int, queue_ns: int, batch_size: int,
                        timings: tuple[int, int, int]) -> None:
         self.record_successes(1, total_ns, queue_ns, batch_size, timings)
+        if self.summaries is not None:
+            self.summaries.observe_success(total_ns, queue_ns, timings, time.monotonic_ns())
 
     def record_successes(self, count: int, total_ns: int, queue_ns: int, inferences: int,
                          timings: tuple[int, int, int]) -> None:
@@ -98,6 +104,16 @@ class ModelVersionStats:
         self.queue.add(0)
         self.cache_hit.add(total_ns)
         self.last_inference_ms = time.time_ns() // 1_000_000
+        if self.summaries is not None:
+            now = time.monotonic_ns()
+            self.summaries.queue.observe(0, now)
+            self.summaries.cache_hit.observe(total_ns // 1000, now)
+
+    def record_cache_miss(self, lookup_ns: int) -> None:
+        """A lookup that found nothing (the insert after it adds to ``cache_miss.ns`` alone)."""
+        self.cache_miss.add(lookup_ns)
+        if self.summaries is not None:
+            self.summaries.cache_miss.observe(lookup_ns // 1000, time.monotonic_ns())
 
     def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
         self.fail.add(total_ns)

@@ -45,23 +45,31 @@ def _cache_bytes(values) -> int:
         raise click.BadParameter(str(exc), param_hint="--cache-config") from None
 
 
-_METRICS_CONFIG_KEYS = {"histogram_latencies", "counter_latencies"}
+_METRICS_CONFIG_KEYS = {"histogram_latencies", "counter_latencies", "summary_latencies", "summary_quantiles"}
 
 
 def metrics_settings(o: dict):
     """The broker's metrics settings from its flags; a ``--metrics-config`` key tritium does not
-    read (Triton's summaries) is said to be ignored, once, at startup."""
+    read, and a ``summary_quantiles`` pair that does not parse, are said to be ignored, once, at
+    startup (Triton logs the pair and goes on)."""
     import logging
 
+    from tritium.broker.latency_summary import DEFAULT_QUANTILES, parse_quantiles
     from tritium.broker.metrics import MetricsSettings
 
+    log = logging.getLogger("tritium.cli")
     options = dict(item.partition("=")[::2] for item in o["metrics_config"])
     for key in sorted(set(options) - _METRICS_CONFIG_KEYS):
-        logging.getLogger("tritium.cli").warning(
-            "--metrics-config %s=%s is ignored: tritium reads histogram_latencies and counter_latencies "
-            "(it exports no summaries)", key, options[key])
+        log.warning("--metrics-config %s=%s is ignored: tritium reads %s", key, options[key],
+                    ", ".join(sorted(_METRICS_CONFIG_KEYS)))
+    quantiles, bad = parse_quantiles(options["summary_quantiles"]) if "summary_quantiles" in options else ((), [])
+    for item in bad:
+        log.warning("--metrics-config summary_quantiles: '%s' is ignored: expected <quantile>:<error>, the "
+                    "quantile between 0 and 1", item)
     return MetricsSettings(o["metrics_address"], o["metrics_port"], _bool(options.get("histogram_latencies", "false")),
                            _bool(options.get("counter_latencies", "true")),
+                           _bool(options.get("summary_latencies", "false")),
+                           tuple(rank for rank, _ in quantiles or DEFAULT_QUANTILES),
                            cpu=_bool(o["allow_cpu_metrics"]), gpu=_bool(o["allow_gpu_metrics"]))
 
 # The options each settings helper below takes.

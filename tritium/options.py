@@ -234,7 +234,8 @@ OPTIONS: tuple[Option, ...] = (
     _option("--allow-gpu-metrics", on="serve, broker", to="broker", type=BOOLEAN, default="true",
             help="Export the hosts' GPU figures (nv_gpu_*)."),
     _option("--metrics-config", on="serve, broker", to="broker", multiple=True,
-            help="KEY=VALUE; tritium reads histogram_latencies and counter_latencies."),
+            help="KEY=VALUE; tritium reads histogram_latencies, counter_latencies, summary_latencies and "
+                 "summary_quantiles."),
     _option("--metrics-interval-ms", on="serve, worker", to="worker", default=2000, type=click.FloatRange(min=1),
             help="How often the host's CPU, memory and GPU figures are measured and reach the broker."),
     # -- the response cache

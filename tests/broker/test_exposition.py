@@ -44,14 +44,18 @@ def test_failure_reasons_come_in_triton_s_order():
     assert reasons == ["OTHER", "BACKEND", "CANCELED", "REJECTED"]
 
 
-def test_counter_latencies_false_leaves_out_the_duration_counters_and_summaries_are_said_to_be_ignored(caplog):
+def test_counter_latencies_false_leaves_out_the_duration_counters_and_unknown_keys_are_said_to_be_ignored(caplog):
     from tritium.cli import metrics_settings
 
     flags = {"metrics_address": "127.0.0.1", "metrics_port": 8002, "allow_cpu_metrics": "true",
-             "allow_gpu_metrics": "true", "metrics_config": ("counter_latencies=false", "summary_latencies=true")}
+             "allow_gpu_metrics": "true",
+             "metrics_config": ("counter_latencies=false", "summary_latencies=true", "summary_max_age=5",
+                                "summary_quantiles=0.5:0.05,0.99,0.9:0.01")}
     with caplog.at_level("WARNING"):
         settings = metrics_settings(flags)
-    assert "--metrics-config summary_latencies=true is ignored" in caplog.text
+    assert "--metrics-config summary_max_age=5 is ignored" in caplog.text
+    assert "summary_quantiles: '0.99' is ignored" in caplog.text
+    assert settings.summary_latencies and settings.summary_quantiles == (0.5, 0.9)
     registry = _one_model()
     declared = [line.split()[2] for line in render(TritonCollector(registry, settings)).decode().splitlines()
                 if line.startswith("# TYPE nv_inference")]

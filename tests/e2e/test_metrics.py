@@ -22,7 +22,8 @@ def server(tmp_path_factory):
     add_sub_model(repo, "add_sub", max_batch_size=8, extra='metric_tags { key: "team" value: "vision" }')
     shutil.copytree(Path(__file__).parent / "python_repo" / "py_errors", repo / "py_errors")
     shutil.copytree(Path(__file__).parent / "autoscale_repo" / "lazy", repo / "lazy")   # min 0, idle after 2 s
-    with TritiumServer(repo, "--metrics-config", "histogram_latencies=true", "--metrics-interval-ms", "200") as running:
+    with TritiumServer(repo, "--metrics-config", "histogram_latencies=true", "--metrics-config", "summary_latencies=true",
+                       "--metrics-interval-ms", "200") as running:
         yield running
 
 
@@ -62,6 +63,29 @@ def test_counters_move_with_traffic(server):
         value(before, "nv_inference_first_response_histogram_ms_count", **labels) == 4
     assert value(after, "nv_inference_first_response_histogram_ms_bucket", **labels, le="100") >= 4
     assert ("nv_model_load_duration_secs", tuple(sorted(labels.items()))) in after
+
+
+def test_latency_summaries_as_triton_writes_them(server):
+    text, before = scrape(server)
+    assert "# TYPE nv_inference_request_summary_us summary\n" in text
+    assert "# TYPE nv_inference_compute_infer_summary_us summary\n" in text
+    assert "nv_cache_hit_summary_per_model" not in text   # no model caches
+    client = httpclient.InferenceServerClient(server.url)
+    inputs = [httpclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(np.ones((1, 16), dtype=np.float32))
+    for _ in range(5):
+        client.infer("add_sub", inputs)
+    text, after = scrape(server)
+    labels = {"model": "add_sub", "version": "1", "_team": "vision"}
+    for family in ("nv_inference_request_summary_us", "nv_inference_queue_summary_us",
+                   "nv_inference_compute_infer_summary_us"):
+        assert value(after, f"{family}_count", **labels) - value(before, f"{family}_count", **labels) == 5, family
+    median = value(after, "nv_inference_request_summary_us", **labels, quantile="0.5")
+    assert 0 < median <= value(after, "nv_inference_request_summary_us", **labels, quantile="0.999")
+    assert value(after, "nv_inference_request_summary_us_sum", **labels) >= 5 * median / 2
+    # the quantile label last, as Triton writes it
+    assert 'nv_inference_request_summary_us{_team="vision",model="add_sub",version="1",quantile="0.99"} ' in text
 
 
 def test_failures_count_by_reason(server):
