@@ -338,8 +338,11 @@ def _outputs(value: object) -> list[RequestedOutput] | None:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgument("every entry of 'outputs' must be a JSON object with a 'name'")
         _boolean_parameter(item.get("parameters"), "binary_data")
-        parameters = _parameters(item.get("parameters"), f"output '{item['name']}'")
         owner = f"output '{item['name']}'"
+        parameters = item.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise InvalidArgument(f"'parameters' of the {owner} must be a JSON object")
+        # (the values of keys Triton does not read are not checked: no model sees an output's parameters)
         shared = shared_memory_ref(owner, parameters)
         outputs.append(RequestedOutput(item["name"], parameters, shared, classification_count(owner, parameters)))
     return outputs

@@ -361,6 +361,13 @@ def test_bad_shared_memory_parameters(document, message):
     assert message in error.message
 
 
+def test_an_output_s_parameters_triton_does_not_read_are_not_checked_as_in_triton():
+    document = {"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1.0]}],
+                "outputs": [{"name": "O", "parameters": {"x": [1, {"y": None}], "binary_data": True}}]}
+    request, _ = decode_infer_request("m", None, orjson.dumps(document), None)
+    assert request.outputs[0].name == "O" and request.outputs[0].parameters["binary_data"] is True
+
+
 def test_a_binary_switch_beside_shared_memory_that_is_not_a_boolean_gets_triton_s_words():
     document = {"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1.0]}],
                 "outputs": [{"name": "O", "parameters": {"shared_memory_region": "s", "binary_data": "yes"}}]}
