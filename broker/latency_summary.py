@@ -65,7 +65,10 @@ class WindowedQuantiles:
         """The values at ``ranks`` among the observations of the window ending ``now_ns``; NaN
         when there are none, as prometheus-cpp writes an empty summary's quantiles."""
         oldest = now_ns // self._period_ns - self._ages + 1
-        windows = [np.frombuffer(s.values, dtype=np.float64) for s in list(self._slices) if s.index >= oldest]
+        # Copies (tobytes), not views: a view would hold the array's buffer, and the broker's loop,
+        # appending meanwhile on its own thread, may not grow an array whose buffer is held.
+        windows = [np.frombuffer(s.values.tobytes(), dtype=np.float64) for s in list(self._slices)
+                   if s.index >= oldest]
         values = np.concatenate(windows) if windows else np.empty(0)
         if not len(values):
             return [float("nan")] * len(ranks)

@@ -70,3 +70,29 @@ def test_the_metrics_page_writes_summaries_as_triton_does():
     assert 'nv_inference_compute_output_summary_us{model="m",version="1",quantile="0.5"} 3\n' in text
     assert "nv_cache_hit_summary_per_model" not in text
     assert "summary" not in render(TritonCollector(registry, MetricsSettings())).decode()
+
+
+def test_a_scrape_holds_no_buffer_an_observation_on_another_thread_would_need_to_grow():
+    import threading
+
+    summary = WindowedQuantiles()
+    stop, failures = threading.Event(), []
+
+    def observe():
+        try:
+            value = 0
+            while not stop.is_set():
+                summary.observe(value % 1000, SECOND)
+                value += 1
+        except Exception as exc:   # BufferError, were a view of the slice held
+            failures.append(exc)
+
+    thread = threading.Thread(target=observe)
+    thread.start()
+    try:
+        for _ in range(100):
+            summary.quantiles((0.5,), SECOND)
+    finally:
+        stop.set()
+        thread.join()
+    assert failures == []
