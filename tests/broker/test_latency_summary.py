@@ -90,7 +90,7 @@ def test_a_scrape_holds_no_buffer_an_observation_on_another_thread_would_need_to
     thread = threading.Thread(target=observe)
     thread.start()
     try:
-        for _ in range(100):
+        for _ in range(40):
             summary.quantiles((0.5,), SECOND)
     finally:
         stop.set()
