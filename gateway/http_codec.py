@@ -179,7 +179,9 @@ def inference_header_length(text: bytes) -> int:
     match = _LEADING_INTEGER.match(text)
     if match is None:
         raise InvalidArgument(f"Unable to parse Inference-Header-Content-Length, got: {text.decode('latin-1')}")
-    value = int(match.group(1))
+    digits = match.group(1).lstrip(b"+-").lstrip(b"0")
+    # (ten digits hold any C int; Python's int() refuses texts past 4300 digits)
+    value = int(match.group(1)) if len(digits) <= 10 else 2**63
     if not -2**31 <= value < 2**31:
         raise InvalidArgument("Unable to parse Inference-Header-Content-Length, value is out of range "
                               f"[ {-2**31}, {2**31 - 1} ], got: {text.decode('latin-1')}")
@@ -339,8 +341,10 @@ def _outputs(value: object) -> list[RequestedOutput] | None:
             raise InvalidArgument("every entry of 'outputs' must be a JSON object with a 'name'")
         _boolean_parameter(item.get("parameters"), "binary_data")
         owner = f"output '{item['name']}'"
-        parameters = item.get("parameters") or {}
-        if not isinstance(parameters, dict):
+        parameters = item.get("parameters")
+        if parameters is None:
+            parameters = {}
+        elif not isinstance(parameters, dict):
             raise InvalidArgument(f"'parameters' of the {owner} must be a JSON object")
         # (the values of keys Triton does not read are not checked: no model sees an output's parameters)
         shared = shared_memory_ref(owner, parameters)

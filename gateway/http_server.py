@@ -26,7 +26,9 @@ from urllib.parse import unquote
 
 import httptools
 
+from tritium.errors import TritiumError
 from tritium.gateway.connections import OpenConnections
+from tritium.gateway.http_codec import inference_header_length
 
 log = logging.getLogger(__name__)
 
@@ -261,11 +263,14 @@ class HttpConnection(asyncio.Protocol):
         body, ``Inference-Header-Content-Length: 0``, all binary input); None for any other request
         (a length past the body is refused by the request's decoder)."""
         text = self._headers.get(b"inference-header-content-length")
-        if text is None or not text.isdigit() or not self._url.split(b"?", 1)[0].endswith(b"/infer"):
+        if text is None or not self._url.split(b"?", 1)[0].endswith(b"/infer"):
             return None
-        length = int(text)
+        try:
+            length = inference_header_length(text)   # as the request's decoder will read it
+        except TritiumError:
+            return None
         declared = self._headers.get(b"content-length")
-        if length > _C_INT_MAX or (declared is not None and declared.isdigit() and length > int(declared)):
+        if length < 0 or (declared is not None and declared.isdigit() and length > int(declared)):
             return None
         return length
 

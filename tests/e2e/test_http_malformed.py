@@ -125,6 +125,8 @@ CASES = {
     "header length empty: a raw request, as Triton reads it": (
         good_body(), {"Inference-Header-Content-Length": ""}, 400,
         "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in 'add_sub' model configuration"),
+    "header length of 5000 digits": (good_body(), {"Inference-Header-Content-Length": "9" * 5000}, 400,
+                                     "Unable to parse Inference-Header-Content-Length, value is out of range"),
     "header length past a C int": (good_body(), {"Inference-Header-Content-Length": "2147483648"}, 400,
                                    "Unable to parse Inference-Header-Content-Length, value is out of range "
                                    "[ -2147483648, 2147483647 ], got: 2147483648"),
@@ -233,6 +235,10 @@ def test_binary_data_over_the_json_limit_is_read_as_in_triton(server):
               "outputs": [{"name": "Y", "parameters": {"binary_data": True}}]}
     body, binary = binary_request(header, data)
     status, headers, reply = request(server.url, "POST", "/v2/models/total/infer", body=body, headers=binary)
+    assert elements_counted(status, headers, reply) == len(data) // 4
+    # the header length read as the decoder reads it (C++'s stoi), for the limit too
+    signed = {"Inference-Header-Content-Length": f"+{binary['Inference-Header-Content-Length']}"}
+    status, headers, reply = request(server.url, "POST", "/v2/models/total/infer", body=body, headers=signed)
     assert elements_counted(status, headers, reply) == len(data) // 4
 
 

@@ -368,6 +368,14 @@ def test_an_output_s_parameters_triton_does_not_read_are_not_checked_as_in_trito
     assert request.outputs[0].name == "O" and request.outputs[0].parameters["binary_data"] is True
 
 
+@pytest.mark.parametrize("parameters", [[], 0, "", False, [1], 5])
+def test_an_output_s_parameters_that_are_not_an_object_are_refused(parameters):
+    document = {"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1.0]}],
+                "outputs": [{"name": "O", "parameters": parameters}]}
+    error = decode_error(document)
+    assert (error.code.http_status, error.message) == (400, "'parameters' of the output 'O' must be a JSON object")
+
+
 def test_a_binary_switch_beside_shared_memory_that_is_not_a_boolean_gets_triton_s_words():
     document = {"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1.0]}],
                 "outputs": [{"name": "O", "parameters": {"shared_memory_region": "s", "binary_data": "yes"}}]}
