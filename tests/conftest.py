@@ -28,7 +28,8 @@ def run_folder(request, tmp_path_factory):
     else:
         os.environ["TMPDIR"] = previous[0]
     tempfile.tempdir = previous[1]
-    if request.session.testsfailed:
+    session = request.session
+    if session.testsfailed or session.shouldstop or session.shouldfail:   # (an interrupted run too)
         print(f"\nthe servers' logs and temporary files of this run: {folder}")
     else:
         shutil.rmtree(folder, ignore_errors=True)
