@@ -51,10 +51,11 @@ def parse_cache_config(values: tuple[str, ...]) -> int:
     return size
 
 
-def request_key(model: str, version: int, header: Infer, record, external) -> bytes:
-    """The cache key of an INFER record (header already decoded)."""
+def request_key(model: str, computed_by: int | list, header: Infer, record, external) -> bytes:
+    """The cache key of an INFER record (header already decoded); ``computed_by``: the loads that
+    would compute its answer (Scheduler._computed_by)."""
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(msgpack.packb([model, version, [d[:3] for d in header.inputs], header.outputs]))
+    digest.update(msgpack.packb([model, computed_by, [d[:3] for d in header.inputs], header.outputs]))
     view, offset = record_body(record)
     for tensor in tensor_views(header.inputs, view, offset, external or ()):
         digest.update(tensor)

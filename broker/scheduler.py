@@ -138,7 +138,9 @@ class Scheduler:
             return
         now = self._clock()
         cache_key = None
-        if version.caches and self.cache is not None:   # a hit needs no instance (nor step) at all
+        # A hit needs no instance (nor step) at all. An ensemble's answer carries the request's
+        # sequence parameters: one with a sequence is neither answered from the cache nor kept.
+        if version.caches and self.cache is not None and not (version.ensemble and header.sequence_id):
             cache_key = self._answer_from_cache(self.cache, version, client, rid, record, header, external,
                                                 from_backend, now)
             if cache_key is None:
@@ -231,7 +233,7 @@ class Scheduler:
                            record: object, header: Infer, external: list | None, from_backend: bool,
                            now: int) -> bytes | None:
         """Answer a request from the response cache; on a miss, the key its response goes under."""
-        key = request_key(version.name, version.epoch, header, record, external)   # a reload starts afresh
+        key = request_key(version.name, self._computed_by(version), header, record, external)
         entry = cache.lookup(key)
         took = self._clock() - now
         if entry is None:
@@ -247,6 +249,18 @@ class Scheduler:
         if version.scale is not None:
             version.scale.last_request_ns = now   # traffic, even if no instance saw it
         return None
+
+    def _computed_by(self, version: ModelVersion) -> int | list:
+        """What an answer of ``version`` was computed by, in its cache key: the load of the version
+        (a reload starts afresh), and for an ensemble also the loads its steps go to now (so that
+        reloading one of its models starts the ensemble's answers afresh too)."""
+        if not version.ensemble:
+            return version.epoch
+        computed: list = [version.epoch]
+        for step in version.definition.config.ensemble_scheduling.step:
+            member = self.registry.resolve_step(step.model_name, step.model_version)
+            computed.append(0 if member is None else self._computed_by(member))
+        return computed
 
     def remember(self, version: ModelVersion, key: bytes, frames: list) -> None:
         """Keep a response (its RESPONSE record and external frames) under the key its request missed."""

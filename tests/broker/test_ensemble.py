@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2
 
 from tritium.broker.ensemble import STEP_CLIENT, EnsembleRunner, _reshaped
 from tritium.broker.registry import InstanceRecord, ModelRecord, ModelVersion, Registry, VersionState
+from tritium.broker.response_cache import ResponseCache
 from tritium.broker.scheduler import Scheduler
 from tests.broker.scheduler_world import lose
 from tritium.repo.model import ModelDefinition
@@ -127,10 +128,10 @@ class World:
         self.versions[config.name] = version
         return version
 
-    def infer(self, name: str, tensors: dict[str, np.ndarray], rid: int = 1, outputs=None) -> None:
+    def infer(self, name: str, tensors: dict[str, np.ndarray], rid: int = 1, outputs=None, **fields) -> None:
         descriptors, inline, external = pack_tensors((n, "FP32", list(a.shape), a.tobytes()) for n, a in tensors.items())
         infer = Infer(rid, name, descriptors, version=1, batch_size=next(iter(tensors.values())).shape[0],
-                      outputs=outputs, external=len(external))
+                      outputs=outputs, external=len(external), **fields)
         self.scheduler.submit(GATEWAY, infer.encode(inline), infer, external or None)
 
     def batches(self) -> list[tuple[bytes, int, list]]:
@@ -911,3 +912,50 @@ def test_a_broker_forced_to_exit_answers_a_request_waiting_for_room():
     assert sorted(h["rid"] for h, _ in world.answers()) == [1, 2]
     assert not world.batches(), "nothing new is sent to an instance"
     assert not world.scheduler.ensembles.busy
+
+
+# -- the response cache --------------------------------------------------------------------------
+
+def caching_world() -> World:
+    cached = ensemble("cached", "X", "Y", [step("double", {"X": "X"}, {"Y": "Y"})]) + " response_cache { enable: true }"
+    world = World(MODELS + [cached])
+    world.scheduler.cache = ResponseCache(1 << 20)
+    return world
+
+
+def test_an_ensemble_that_caches_answers_a_repeated_request_without_its_steps_and_without_the_first_trace():
+    world = caching_world()
+    world.infer("cached", {"X": values()}, rid=1, trace=bytes(24))
+    world.run()
+    world.infer("cached", {"X": values()}, rid=2)
+    world.run()
+    assert world.executed == [("double", 2)]
+    (first, outputs), (again, repeated) = world.answers()
+    assert (first["rid"], again["rid"]) == (1, 2)
+    assert "tr" in first and "tr" not in again   # the first asker's trace is its own
+    np.testing.assert_array_equal(repeated["Y"], values() * 2)
+    np.testing.assert_array_equal(outputs["Y"], repeated["Y"])
+    stats = world.versions["cached"].stats
+    assert (stats.cache_hit.count, stats.cache_miss.count, stats.success.count) == (1, 1, 2)
+
+
+def test_an_ensemble_request_with_a_sequence_is_neither_answered_from_the_cache_nor_kept():
+    world = caching_world()
+    for rid, sequence in ((1, 5), (2, 7), (3, 0), (4, 9)):
+        world.infer("cached", {"X": values()}, rid=rid, sequence_id=sequence or None, sequence_flags=1 if sequence else 0)
+        world.run()
+    assert len(world.executed) == 4   # each ran its step: 1, 2 and 4 carry sequences, 3 came first
+    assert [header["params"]["sequence_id"] for header, _ in world.answers()] == [5, 7, 0, 9]
+    world.infer("cached", {"X": values()}, rid=5)
+    world.run()
+    assert len(world.executed) == 4   # answered from 3's entry
+
+
+def test_reloading_a_model_an_ensemble_runs_starts_the_ensemble_s_cached_answers_afresh():
+    world = caching_world()
+    world.infer("cached", {"X": values()}, rid=1)
+    world.run()
+    world.add(model("double", "X", "Y"))   # a reload: a new load of the step's model
+    world.infer("cached", {"X": values()}, rid=2)
+    world.run()
+    assert world.executed == [("double", 2), ("double", 2)]
