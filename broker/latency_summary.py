@@ -21,7 +21,7 @@ import numpy as np
 DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
 MAX_AGE_NS = 60 * 1_000_000_000   # prometheus-cpp's default window
 AGE_BUCKETS = 5
-SLICE_CAPACITY = 50_000
+SLICE_CAPACITY = 8_192
 
 
 class _Slice:
@@ -65,14 +65,20 @@ class WindowedQuantiles:
         """The values at ``ranks`` among the observations of the window ending ``now_ns``; NaN
         when there are none, as prometheus-cpp writes an empty summary's quantiles."""
         oldest = now_ns // self._period_ns - self._ages + 1
+        slices = [s for s in list(self._slices) if s.index >= oldest and len(s.values)]
+        if not slices:
+            return [float("nan")] * len(ranks)
         # Copies (tobytes), not views: a view would hold the array's buffer, and the broker's loop,
         # appending meanwhile on its own thread, may not grow an array whose buffer is held.
-        windows = [np.frombuffer(s.values.tobytes(), dtype=np.float64) for s in list(self._slices)
-                   if s.index >= oldest]
-        values = np.concatenate(windows) if windows else np.empty(0)
-        if not len(values):
-            return [float("nan")] * len(ranks)
-        return [float(v) for v in np.quantile(values, ranks, method="inverted_cdf")]
+        copies = [(np.frombuffer(s.values.tobytes(), dtype=np.float64), s.seen) for s in slices]
+        values = np.concatenate([kept for kept, _ in copies])
+        # Each kept value stands for seen/kept observations of its slice: a busy slice's sample
+        # weighs what the slice saw, not what it kept.
+        weights = np.concatenate([np.full(len(kept), max(seen, len(kept)) / len(kept)) for kept, seen in copies])
+        order = np.argsort(values, kind="stable")
+        cumulative = np.cumsum(weights[order])
+        places = np.searchsorted(cumulative, np.asarray(ranks) * cumulative[-1] * (1 - 1e-12), side="left")
+        return [float(values[order[min(place, len(order) - 1)]]) for place in places]
 
 
 @dataclass(slots=True)
@@ -100,16 +106,18 @@ def parse_quantiles(text: str) -> tuple[tuple[tuple[float, float], ...], list[st
     pair that does not parse is skipped (and returned in the second list, for a warning)."""
     pairs, bad = [], []
     for item in text.split(","):
-        rank, colon, error = item.partition(":")
-        try:
-            if not colon:
-                raise ValueError
-            pair = (float(rank), float(error))
-        except ValueError:
+        pair = _quantile_pair(item)
+        if pair is None:
             bad.append(item)
-            continue
-        if not 0 <= pair[0] <= 1:
-            bad.append(item)
-            continue
-        pairs.append(pair)
+        else:
+            pairs.append(pair)
     return tuple(pairs), bad
+
+
+def _quantile_pair(text: str) -> tuple[float, float] | None:
+    rank, colon, error = text.partition(":")
+    try:
+        pair = (float(rank), float(error))
+    except ValueError:
+        return None
+    return pair if colon and 0 <= pair[0] <= 1 else None

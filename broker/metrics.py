@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -22,7 +22,7 @@ from prometheus_client.core import Metric
 
 from tritium.broker.exposition import number_text, text_format
 from tritium.broker.latency_summary import DEFAULT_QUANTILES, WindowedQuantiles
-from tritium.broker.registry import Registry, VersionState
+from tritium.broker.registry import ModelVersion, Registry, VersionState
 from tritium.broker.response_cache import ResponseCache
 
 log = logging.getLogger(__name__)
@@ -185,12 +185,16 @@ class TritonCollector:
         if self.settings.summary_latencies:
             yield from self._summaries(versions)
         yield from self._hosts()
-        if self.cache is not None:
-            for name, documentation, value in _CACHE_SUMMARY:
-                family = Metric(name, documentation, "gauge")
-                family.add_sample(name, {}, value(self.cache))
-                yield family
+        yield from self._cache_summary()
         yield from self._tensor_pools()
+
+    def _cache_summary(self):
+        if self.cache is None:
+            return
+        for name, documentation, value in _CACHE_SUMMARY:
+            family = Metric(name, documentation, "gauge")
+            family.add_sample(name, {}, value(self.cache))
+            yield family
 
     def _scaling(self, versions):
         """tritium's own: instances per host, and the cold starts of autoscaled models."""
@@ -241,7 +245,7 @@ class TritonCollector:
             family.add_sample(f"{name}_sum", labels, stats.histogram_sum_ms)
         return family
 
-    def _summaries(self, versions):
+    def _summaries(self, versions: list[ModelVersion]) -> Iterator[Metric]:
         now = time.monotonic_ns()
         ranks = self.settings.summary_quantiles
         for name, documentation, which in _SUMMARIES:

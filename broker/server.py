@@ -22,12 +22,12 @@ import zmq
 from tritium.broker.adoption import Adoption
 from tritium.broker.autoscale import Autoscaler
 from tritium.broker.control import Control
+from tritium.broker.latency_summary import LatencySummaries
 from tritium.broker.lifecycle import ControlSettings, ModelLifecycle
 from tritium.broker.liveness import PeerLiveness
 from tritium.broker.membership import Membership
 from tritium.broker.peers import Peers
 from tritium.broker.rate_limiter import RateLimiter, ResourceFlag
-from tritium.broker.latency_summary import LatencySummaries
 from tritium.broker.response_cache import ResponseCache
 from tritium.broker.metrics import (
     DEFAULT_HISTOGRAM_BUCKETS_MS,

@@ -69,7 +69,7 @@ def metrics_settings(o: dict):
     return MetricsSettings(o["metrics_address"], o["metrics_port"], _bool(options.get("histogram_latencies", "false")),
                            _bool(options.get("counter_latencies", "true")),
                            _bool(options.get("summary_latencies", "false")),
-                           tuple(rank for rank, _ in quantiles or DEFAULT_QUANTILES),
+                           tuple(dict.fromkeys(rank for rank, _ in quantiles or DEFAULT_QUANTILES)),   # (one series each)
                            cpu=_bool(o["allow_cpu_metrics"]), gpu=_bool(o["allow_gpu_metrics"]))
 
 # The options each settings helper below takes.

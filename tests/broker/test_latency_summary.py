@@ -47,6 +47,16 @@ def test_a_slice_keeps_a_bounded_sample_of_what_it_saw(monkeypatch):
     assert 2_500 < median < 7_500   # a sample of 100 from a uniform spread
 
 
+def test_a_busy_slice_s_sample_weighs_for_every_observation_it_stands_for(monkeypatch):
+    monkeypatch.setattr(latency_summary, "SLICE_CAPACITY", 1000)
+    summary = WindowedQuantiles()
+    for _ in range(10_000):
+        summary.observe(100, 1 * SECOND)    # a busy slice: 1,000 of its 10,000 kept
+    for _ in range(1_000):
+        summary.observe(1, 13 * SECOND)     # a quiet one: all kept
+    assert summary.quantiles((0.05, 0.5, 0.95), 13 * SECOND) == [1.0, 100.0, 100.0]
+
+
 def test_summary_quantiles_are_read_as_triton_reads_them():
     assert parse_quantiles("0.5:0.05,0.9:0.01") == (((0.5, 0.05), (0.9, 0.01)), [])
     assert parse_quantiles("0.5:0.05,bad,0.99:x,1.5:0.1,0.999:0.001") == (
@@ -80,7 +90,8 @@ def test_an_observation_made_while_a_scrape_reads_the_slices_succeeds(monkeypatc
     concatenate = latency_summary.np.concatenate
 
     def observing_meanwhile(arrays, *args, **kwargs):
-        summary.observe(2, SECOND)   # the loop, between the scrape's reads (BufferError, were a view held)
+        if summary.count == 1:
+            summary.observe(2, SECOND)   # the loop, between the scrape's reads (BufferError, were a view held)
         return concatenate(arrays, *args, **kwargs)
 
     monkeypatch.setattr(latency_summary.np, "concatenate", observing_meanwhile)
