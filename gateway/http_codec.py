@@ -20,7 +20,7 @@ import orjson
 
 from tritium.gateway.classification import classification_count
 from tritium.gateway.http_fast_decode import decode_usual_request
-from tritium.gateway.inference import (SEQUENCE_FLAGS, SEQUENCE_PARAMETERS, InferRequest, InferResult, InputTensor,
+from tritium.gateway.inference import (SEQUENCE_FLAGS, InferRequest, InferResult, InputTensor,
                                RequestedOutput)
 from tritium.gateway.model_table import ModelSpec
 from tritium.gateway.shared_memory import shared_memory_ref
@@ -154,12 +154,7 @@ def decode_infer_request(model: str, version: str | None, body: bytes, header_le
     request_id = document.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgument("the request 'id' must be a string")
-    raw_parameters = document.get("parameters")
-    binary_default = _boolean_parameter(raw_parameters, "binary_data_output")
-    parameters = _parameters(raw_parameters, "request", reserved_check=True)
-    parameters.pop("binary_data_output", None)
-    sequence_id, sequence_flags = _sequence(parameters)
-    _check_unsigned(parameters, ("priority", "timeout"))
+    parameters, sequence_id, sequence_flags, binary_default = _request_parameters(document.get("parameters"))
     inputs = _inputs(model, document.get("inputs"), binary, header_length is not None)
     outputs = _outputs(document.get("outputs"))
     request = InferRequest(model=model, version=version, inputs=inputs, outputs=outputs, id=request_id,
@@ -207,48 +202,59 @@ def _boolean_parameter(parameters: object, key: str) -> bool:
     return value
 
 
-def _parameters(value: object, where: str, reserved_check: bool = False) -> dict:
+def _parameters(value: object, where: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise InvalidArgument(f"'parameters' of the {where} must be a JSON object")
     for key, item in value.items():
-        if reserved_check and key.startswith("triton_"):
-            raise InvalidArgument(
-                "parameter keys starting with 'triton_' are reserved for Triton usage and "
-                "should not be specified.")
-        if not isinstance(item, (str, int, float, bool)):
-            raise InvalidArgument(
-                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+        _check_parameter_type(key, item)
     return dict(value)
 
 
-def _check_unsigned(parameters: dict, keys: tuple[str, ...]) -> None:
-    """Triton reads these as unsigned 64-bit integers; anything else, as its JSON parser words it (a 500)."""
-    for key in keys:
-        if key in parameters:
-            value = parameters[key]
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+def _check_parameter_type(key: str, value: object) -> None:
+    if not isinstance(value, (str, int, float, bool)):
+        raise InvalidArgument(
+            f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+
+
+def _request_parameters(value: object) -> tuple[dict, int | str, int, bool]:
+    """The request's parameters read as Triton's HTTP front end reads them, one after another in
+    the body's order, each of its own keys with its own parser and words (a 500 for a JSON type
+    error): the parameters a model sees, the sequence id and flags, and whether outputs default
+    to binary (``binary_data_output``). The sequence keys and ``binary_data_output`` become request
+    fields, which a model does not see among its parameters; ``priority`` and ``timeout`` stay."""
+    if value is None:
+        return {}, 0, 0, False
+    if not isinstance(value, dict):
+        raise InvalidArgument("'parameters' of the request must be a JSON object")
+    parameters: dict = {}
+    sequence_id, flags, binary_default = 0, 0, False
+    for key, item in value.items():
+        if key == "sequence_id":
+            unsigned = isinstance(item, int) and not isinstance(item, bool) and 0 <= item < 2**64
+            if not unsigned and not isinstance(item, str):
+                raise InternalError("Unable to parse 'sequence_id': attempt to access JSON non-string as string")
+            sequence_id = item
+        elif key in SEQUENCE_FLAGS or key == "binary_data_output":
+            if not isinstance(item, bool):
+                raise InternalError(f"Unable to parse '{key}': attempt to access JSON non-boolean as boolean")
+            if key == "binary_data_output":
+                binary_default = item
+            elif item:
+                flags |= SEQUENCE_FLAGS[key]
+        elif key in ("priority", "timeout"):
+            if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < 2**64:
                 raise InternalError(f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as "
                                     "unsigned-integer")
-
-
-def _sequence(parameters: dict) -> tuple[int | str, int]:
-    """Take Triton's sequence parameters out of ``parameters`` (they become request fields, which a
-    model does not see among its parameters); errors as Triton's JSON parser words them (a 500)."""
-    sequence_id, flags = 0, 0
-    for key in [k for k in parameters if k in SEQUENCE_PARAMETERS]:
-        value = parameters.pop(key)
-        if key == "sequence_id":
-            unsigned = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
-            if not unsigned and not isinstance(value, str):
-                raise InternalError("Unable to parse 'sequence_id': attempt to access JSON non-string as string")
-            sequence_id = value
-        elif not isinstance(value, bool):
-            raise InternalError(f"Unable to parse '{key}': attempt to access JSON non-boolean as boolean")
-        elif value:
-            flags |= SEQUENCE_FLAGS[key]
-    return sequence_id, flags
+            parameters[key] = item
+        elif key.startswith("triton_"):
+            raise InvalidArgument(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified.")
+        else:
+            _check_parameter_type(key, item)
+            parameters[key] = item
+    return parameters, sequence_id, flags, binary_default
 
 
 def _inputs(model: str, value: object, binary: memoryview, has_header_length: bool) -> list[InputTensor]:

@@ -136,6 +136,24 @@ def test_triton_prefixed_request_parameters_are_reserved():
                              "and should not be specified.")
 
 
+@pytest.mark.parametrize("parameters, status, message", [
+    ({"sequence_id": [1]}, 500, "Unable to parse 'sequence_id': attempt to access JSON non-string as string"),
+    ({"sequence_id": [1], "x": [1]}, 500, "Unable to parse 'sequence_id': attempt to access JSON non-string as string"),
+    ({"x": [1], "sequence_id": [1]}, 400,
+     "parameter 'x' has invalid type. It should be either 'int', 'bool', or 'string'."),
+    ({"priority": [1]}, 500, "Unable to parse 'priority': attempt to access JSON non-unsigned-integer as unsigned-integer"),
+    ({"timeout": -1, "triton_x": 1}, 500,
+     "Unable to parse 'timeout': attempt to access JSON non-unsigned-integer as unsigned-integer"),
+    ({"triton_x": 1, "sequence_start": 5}, 400,
+     "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."),
+    ({"sequence_end": "yes", "binary_data_output": 1}, 500,
+     "Unable to parse 'sequence_end': attempt to access JSON non-boolean as boolean"),
+])
+def test_request_parameters_are_refused_in_their_order_each_in_triton_s_words(parameters, status, message):
+    error = decode_error({"parameters": parameters, "inputs": []})
+    assert (error.code.http_status, error.message) == (status, message)
+
+
 def test_binary_data_output_is_the_output_default_and_not_a_request_parameter():
     request, binary_default = decode({"parameters": {"binary_data_output": True, "k": "v"},
                                       **one_input("INT8", [1], [1])})
