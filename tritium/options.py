@@ -70,6 +70,25 @@ class HeaderPattern(click.ParamType):
 HEADER_PATTERN = HeaderPattern()
 
 
+class RepositoryFolder(click.ParamType):
+    """A model repository: a folder. Triton's cloud storage locations (``s3://``, ``gs://``,
+    ``as://``) are refused when the command line is read, saying what to do instead, rather than
+    read as a folder that does not exist."""
+
+    name = "FOLDER"
+
+    def convert(self, value, param, ctx) -> str:
+        scheme, separator, _ = str(value).partition("://")
+        if separator:
+            self.fail(f"'{value}': tritium reads model repositories from folders, not from {scheme}:// storage; "
+                      "mount the bucket as a folder (s3fs, gcsfuse, blobfuse2) or copy it to a volume, and give "
+                      "that folder", param, ctx)
+        return value
+
+
+REPOSITORY_FOLDER = RepositoryFolder()
+
+
 class RateLimitResource(click.ParamType):
     """A --rate-limit-resource, checked when the command line is read; kept as the text given."""
 
@@ -106,7 +125,8 @@ OPTIONS: tuple[Option, ...] = (
                  "use, its CPU quota counted)."),
     # -- where models come from
     _option("--model-repository", "--model-store", dest="model_repository", on="serve, broker, worker",
-            to="broker, worker", multiple=True, required=True, help="A model repository folder (repeatable)."),
+            to="broker, worker", multiple=True, required=True, type=REPOSITORY_FOLDER,
+            help="A model repository folder (repeatable)."),
     _option("--model-config-name", on="serve, broker, repo check", to="broker", default=None,
             help="Use <model>/configs/NAME.pbtxt when present."),
     _option("--disable-auto-complete-config", on="serve, broker, repo check", to="broker", is_flag=True,

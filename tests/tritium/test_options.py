@@ -62,3 +62,16 @@ def test_a_child_parses_the_flags_serve_builds_to_the_values_serve_got(child):
 def test_model_control_mode_is_read_whatever_its_case_as_triton_reads_it(given):
     serve = main.commands["serve"].make_context("serve", ["--model-repository", "/m", "--model-control-mode", given])
     assert serve.params["model_control_mode"] == "explicit"
+
+
+@pytest.mark.parametrize("role, location", [("serve", "s3://bucket/models"), ("broker", "gs://bucket/models"),
+                                            ("worker", "as://account/container/models")])
+def test_a_cloud_storage_repository_is_a_usage_error_that_says_what_to_do(role, location):
+    from click.testing import CliRunner
+
+    required = {"worker": ["--broker", "ipc:///nowhere"]}.get(role, [])
+    result = CliRunner().invoke(main, [role, *required, "--model-repository", location])
+    assert result.exit_code == 2
+    scheme = location.partition("://")[0]
+    assert f"'{location}': tritium reads model repositories from folders, not from {scheme}:// storage" \
+        in " ".join(result.output.split())
