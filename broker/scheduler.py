@@ -139,8 +139,9 @@ class Scheduler:
         now = self._clock()
         cache_key = None
         # A hit needs no instance (nor step) at all. An ensemble's answer carries the request's
-        # sequence parameters: one with a sequence is neither answered from the cache nor kept.
-        if version.caches and self.cache is not None and not (version.ensemble and header.sequence_id):
+        # sequence parameters: one with a sequence id or flags is neither answered from the cache nor kept.
+        if version.caches and self.cache is not None and not (
+                version.ensemble and (header.sequence_id or header.sequence_flags)):
             cache_key = self._answer_from_cache(self.cache, version, client, rid, record, header, external,
                                                 from_backend, now)
             if cache_key is None:

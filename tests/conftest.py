@@ -29,7 +29,7 @@ def run_folder(request, tmp_path_factory):
         os.environ["TMPDIR"] = previous[0]
     tempfile.tempdir = previous[1]
     session = request.session
-    if session.testsfailed or session.shouldstop or session.shouldfail:   # (an interrupted run too)
+    if session.testsfailed or session.exitstatus == pytest.ExitCode.INTERRUPTED:   # (Ctrl-C: exitstatus is set)
         print(f"\nthe servers' logs and temporary files of this run: {folder}")
     else:
         shutil.rmtree(folder, ignore_errors=True)

@@ -15,8 +15,8 @@ import orjson
 from tritium import __version__, config_file
 from tritium.affinity import pin
 from tritium.cpu_quota import cpu_quota, usable_cpus
-from tritium.options import (BROKER, BROKER_SPIN_US, GATEWAY, GATEWAY_SPIN_US, REPO_CHECK, SERVE, WORKER,
-                             child_args, options_of)
+from tritium.options import (BROKER, BROKER_SPIN_US, GATEWAY, GATEWAY_SPIN_US, REPO_CHECK, REPOSITORY_FOLDER, SERVE,
+                             WORKER, child_args, options_of)
 from tritium.triton_flags import TritonCommand, ignored_flag_options, ignored_flags_given, trace_flags, trace_settings
 
 
@@ -446,7 +446,7 @@ def repo_group() -> None:
 
 
 @repo_group.command("check")
-@click.argument("repositories", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.argument("repositories", nargs=-1, required=True, type=REPOSITORY_FOLDER)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @options_of(REPO_CHECK)
 def repo_check(repositories, as_json, **repository) -> None:

@@ -70,6 +70,9 @@ class HeaderPattern(click.ParamType):
 HEADER_PATTERN = HeaderPattern()
 
 
+_STORAGE_URL = re.compile(r"(s3|gs|as)://")   # Triton's cloud storage schemes
+
+
 class RepositoryFolder(click.ParamType):
     """A model repository: a folder. Triton's cloud storage locations (``s3://``, ``gs://``,
     ``as://``) are refused when the command line is read, saying what to do instead, rather than
@@ -78,8 +81,9 @@ class RepositoryFolder(click.ParamType):
     name = "FOLDER"
 
     def convert(self, value, param, ctx) -> str:
-        scheme, separator, _ = str(value).partition("://")
-        if separator:
+        location = _STORAGE_URL.match(str(value))
+        if location is not None:
+            scheme = location.group(1)
             self.fail(f"'{value}': tritium reads model repositories from folders, not from {scheme}:// storage; "
                       "mount the bucket as a folder (s3fs, gcsfuse, blobfuse2) or copy it to a volume, and give "
                       "that folder", param, ctx)

@@ -951,6 +951,19 @@ def test_an_ensemble_request_with_a_sequence_is_neither_answered_from_the_cache_
     assert len(world.executed) == 4   # answered from 3's entry
 
 
+def test_an_ensemble_request_with_sequence_flags_alone_is_neither_answered_from_the_cache_nor_kept():
+    world = caching_world()
+    world.infer("cached", {"X": values()}, rid=1, sequence_flags=1)
+    world.run()
+    world.infer("cached", {"X": values()}, rid=2)
+    world.run()
+    world.infer("cached", {"X": values()}, rid=3, sequence_flags=2)
+    world.run()
+    assert len(world.executed) == 3
+    assert [header["params"]["sequence_start"] for header, _ in world.answers()] == [True, False, False]
+    assert [header["params"]["sequence_end"] for header, _ in world.answers()] == [False, False, True]
+
+
 def test_reloading_a_model_an_ensemble_runs_starts_the_ensemble_s_cached_answers_afresh():
     world = caching_world()
     world.infer("cached", {"X": values()}, rid=1)

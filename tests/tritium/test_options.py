@@ -65,13 +65,21 @@ def test_model_control_mode_is_read_whatever_its_case_as_triton_reads_it(given):
 
 
 @pytest.mark.parametrize("role, location", [("serve", "s3://bucket/models"), ("broker", "gs://bucket/models"),
-                                            ("worker", "as://account/container/models")])
+                                            ("worker", "as://account/container/models"), ("repo", "s3://b/m")])
 def test_a_cloud_storage_repository_is_a_usage_error_that_says_what_to_do(role, location):
     from click.testing import CliRunner
 
-    required = {"worker": ["--broker", "ipc:///nowhere"]}.get(role, [])
-    result = CliRunner().invoke(main, [role, *required, "--model-repository", location])
+    arguments = {"worker": ["--broker", "ipc:///nowhere", "--model-repository", location],
+                 "repo": ["check", location]}.get(role, ["--model-repository", location])
+    result = CliRunner().invoke(main, [role, *arguments])
     assert result.exit_code == 2
     scheme = location.partition("://")[0]
     assert f"'{location}': tritium reads model repositories from folders, not from {scheme}:// storage" \
         in " ".join(result.output.split())
+
+
+def test_a_local_folder_whose_name_holds_a_colon_and_slashes_is_a_folder():
+    from tritium.options import REPOSITORY_FOLDER
+
+    assert REPOSITORY_FOLDER.convert("./a://b", None, None) == "./a://b"
+    assert REPOSITORY_FOLDER.convert("/data/x://models", None, None) == "/data/x://models"
