@@ -36,11 +36,14 @@ def test_type_helpers_follow_the_proto_enum():
     assert pb_utils.triton_type_to_numpy(1) is bool
 
 
-def test_serialize_and_deserialize_byte_tensors():
+def test_serialize_and_deserialize_byte_tensors_as_triton_2_51_s_helpers_do():
     data = np.array([b"one", b"", "\u00e9".encode()], dtype=np.object_)
-    blob = pb_utils.serialize_byte_tensor(data)[0]
-    assert blob[:4] == (3).to_bytes(4, "little")
+    blob = pb_utils.serialize_byte_tensor(data)
+    assert blob == b"\x03\x00\x00\x00one\x00\x00\x00\x00\x02\x00\x00\x00\xc3\xa9"   # bytes, as 2.51 returns
     assert list(pb_utils.deserialize_bytes_tensor(blob)) == list(data)
+    assert pb_utils.serialize_byte_tensor(np.array(["a", 1], dtype=np.object_)) == b"\x01\x00\x00\x00a\x01\x00\x00\x001"
+    assert pb_utils.serialize_byte_tensor(np.array([], dtype=np.object_)) == ()
+    assert pb_utils.serialize_byte_tensor(np.array([1.0])) is None
 
 
 def test_response_with_error_and_parameters():

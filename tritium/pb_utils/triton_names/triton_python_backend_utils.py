@@ -61,20 +61,19 @@ def numpy_to_triton_type(data_type):
 
 
 def serialize_byte_tensor(input_tensor):
-    """Length-prefixed serialization of a BYTES tensor, as Triton's helper returns it."""
+    """Length-prefixed serialization of a BYTES tensor, returned as Triton 2.51's Python backend
+    returns it: the bytes (``()`` for an empty tensor, None for a tensor of another datatype)."""
     if input_tensor.size == 0:
-        return np.empty([0], dtype=np.object_)
-    if input_tensor.dtype != np.object_ and input_tensor.dtype.type not in (np.bytes_, np.str_):
-        raise ValueError("cannot serialize bytes tensor: invalid datatype")
+        return ()
+    if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
+        return None
     chunks = []
     for item in input_tensor.flatten(order="C"):
-        if isinstance(item, str):
-            item = item.encode("utf-8")
-        elif not isinstance(item, bytes):
+        if not isinstance(item, bytes):
             item = str(item).encode("utf-8")
         chunks.append(struct.pack("<I", len(item)))
         chunks.append(item)
-    return np.array([b"".join(chunks)], dtype=np.object_)
+    return b"".join(chunks)
 
 
 def deserialize_bytes_tensor(encoded_tensor):
