@@ -33,7 +33,9 @@ def test_type_helpers_follow_the_proto_enum():
     assert pb_utils.numpy_to_triton_type(np.int64) == 9
     assert pb_utils.numpy_to_triton_type(np.object_) == 13
     assert pb_utils.triton_to_numpy_type(11) is np.float32
-    assert pb_utils.triton_type_to_numpy(1) is bool
+    assert pb_utils.triton_type_to_numpy(1) is np.bool_   # as Triton's helper maps it
+    assert pb_utils.numpy_to_triton_type(np.bool_) == 1 and pb_utils.numpy_to_triton_type(np.bytes_) == 13
+    assert pb_utils.numpy_to_triton_type(np.str_) is None   # (text has no Triton type)
 
 
 def test_serialize_and_deserialize_byte_tensors_as_triton_2_51_s_helpers_do():

@@ -34,9 +34,9 @@ TRITON_STRING_TO_NUMPY = {
     "TYPE_STRING": np.object_,
 }
 
-# The proto enum numbers of inference.DataType.
+# The proto enum numbers of inference.DataType, and the numpy types Triton's helpers map them to.
 _TYPE_ENUM = {
-    1: bool, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8,
+    1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8,
     7: np.int16, 8: np.int32, 9: np.int64, 10: np.float16, 11: np.float32,
     12: np.float64, 13: np.object_,
 }
@@ -51,8 +51,9 @@ def triton_to_numpy_type(data_type):
 
 
 def numpy_to_triton_type(data_type):
+    """As Triton's: objects and bytes are BYTES (13); text (numpy's ``str_``) has no Triton type."""
     data_type = np.dtype(data_type) if data_type not in (np.object_, bytes) else np.dtype(object)
-    if data_type.kind in "OSU":
+    if data_type.kind in "OS":
         return 13
     for enum_value, np_type in _TYPE_ENUM.items():
         if np_type is not np.object_ and np.dtype(np_type) == data_type:
