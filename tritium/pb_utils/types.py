@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import operator
 import os
 import sys
 import threading
@@ -365,6 +366,27 @@ def _check_required(**arguments) -> None:
                         + " (inputs, requested_output_names and model_name are required)")
 
 
+# The integer arguments of a BLS request and the C types Triton's bindings read them as.
+_INTEGER_RANGES = {"model_version": (-2**63, 2**63), "flags": (0, 2**32), "timeout": (0, 2**64)}
+
+
+def _check_integers(**arguments) -> dict[str, int]:
+    """The arguments as integers; as Triton's bindings, anything else (a string, a float, a value
+    its C type cannot hold) is a TypeError when the request is made, not an error when it runs."""
+    checked = {}
+    for name, value in arguments.items():
+        low, high = _INTEGER_RANGES[name]
+        try:
+            number = operator.index(value)   # (numpy integers too, as pybind11 takes them)
+        except TypeError:
+            number = None
+        if number is None or not low <= number < high:
+            raise TypeError(f"InferenceRequest(): incompatible constructor arguments: {name} must be an integer "
+                            f"from {low} to {high - 1}, got {value!r}")
+        checked[name] = number
+    return checked
+
+
 class InferenceRequest:
     """A request given to ``execute``, or one a model builds to call another model (BLS)."""
 
@@ -388,9 +410,10 @@ class InferenceRequest:
         self._requested_output_names = [as_text(name) for name in requested_output_names]
         self._model_name = as_text(model_name)
         self._check_entries()
-        self._model_version = int(model_version)
-        self._flags = flags
-        self._timeout = timeout
+        integers = _check_integers(model_version=model_version, flags=flags, timeout=timeout)
+        self._model_version = integers["model_version"]
+        self._flags = integers["flags"]
+        self._timeout = integers["timeout"]
         self._parameters = _parameters_json(parameters)
         self._sender = None
         self._origin = None   # a request given to execute: the instance's request (its client may cancel it)

@@ -148,6 +148,20 @@ def test_a_request_without_what_triton_requires_is_a_type_error(arguments, probl
     assert problem in str(raised.value)
 
 
+@pytest.mark.parametrize("argument, value", [("model_version", "1"), ("model_version", 1.0), ("flags", "x"),
+                                             ("flags", 2 ** 32), ("timeout", -1), ("timeout", 0.5)])
+def test_a_request_s_integer_arguments_of_another_type_or_out_of_range_are_a_type_error(argument, value):
+    """As Triton's bindings, when the request is made (a flag of text failed only when it ran)."""
+    with pytest.raises(TypeError, match=f"incompatible constructor arguments: {argument} must be an integer"):
+        pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], **{argument: value})
+
+
+def test_a_request_s_integer_arguments_may_be_numpy_integers():
+    request = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[],
+                                        model_version=np.int64(2), flags=np.uint32(1), timeout=np.int64(5))
+    assert (request.flags(), request.timeout()) == (1, 5)
+
+
 def test_a_correlation_id_is_an_integer_or_a_string():
     for wrong in (1.5, b"seq"):   # bytes are not a string to Triton's check either
         with pytest.raises(pb_utils.TritonModelException, match="^Correlation ID must be integer or string$"):
