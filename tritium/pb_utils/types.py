@@ -316,7 +316,8 @@ class InferenceResponseSender:
 
     def send(self, response=None, flags=0):
         if response is not None and not isinstance(response, InferenceResponse):
-            raise TritonModelException("send() takes a pb_utils.InferenceResponse or None")
+            raise TypeError("send(): incompatible function arguments: response must be a pb_utils.InferenceResponse "
+                            f"or None, got {type(response).__name__}")   # (a TypeError, as from Triton's binding)
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):   # (Triton's checks and texts)
             raise TritonModelException("Unable to send response. Unsupported flag provided.")
         final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL

@@ -133,6 +133,12 @@ def test_a_non_decoupled_sender_sends_one_response_then_closes_with_triton_s_tex
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
+def test_a_sender_given_something_else_than_a_response_raises_a_type_error_as_triton_s_binding_does():
+    sender = pb_utils.InferenceResponseSender(lambda response, final: None)
+    with pytest.raises(TypeError, match="^send\\(\\): incompatible function arguments"):
+        sender.send("x")
+
+
 @pytest.mark.parametrize("arguments, problem", [
     ({"model_name": "m"}, "missing required argument(s): inputs, requested_output_names"),
     ({"inputs": [], "requested_output_names": []}, "missing required argument(s): model_name"),
