@@ -169,6 +169,17 @@ def inference_header_length(text: bytes) -> int:
     """The ``Inference-Header-Content-Length`` header's value, read as Triton reads it: C++'s
     ``stoi`` (blanks, a signed integer, and whatever follows ignored: ``82abc`` is 82) into a C
     int; an empty value is 0 (a raw request), as Triton's HTTP library hands it over."""
+    if text.isdigit() and len(text) <= 10:   # what every client sends (read per request, twice)
+        value = int(text)
+    else:
+        value = _stoi(text)
+    if not -2**31 <= value < 2**31:
+        raise InvalidArgument("Unable to parse Inference-Header-Content-Length, value is out of range "
+                              f"[ {-2**31}, {2**31 - 1} ], got: {text.decode('latin-1')}")
+    return value
+
+
+def _stoi(text: bytes) -> int:
     if not text.strip():
         return 0
     match = _LEADING_INTEGER.match(text)
@@ -176,11 +187,7 @@ def inference_header_length(text: bytes) -> int:
         raise InvalidArgument(f"Unable to parse Inference-Header-Content-Length, got: {text.decode('latin-1')}")
     digits = match.group(1).lstrip(b"+-").lstrip(b"0")
     # (ten digits hold any C int; Python's int() refuses texts past 4300 digits)
-    value = int(match.group(1)) if len(digits) <= 10 else 2**63
-    if not -2**31 <= value < 2**31:
-        raise InvalidArgument("Unable to parse Inference-Header-Content-Length, value is out of range "
-                              f"[ {-2**31}, {2**31 - 1} ], got: {text.decode('latin-1')}")
-    return value
+    return int(match.group(1)) if len(digits) <= 10 else 2**63
 
 
 def _split_body(model: str, body: bytes, header_length: int | None) -> tuple[bytes, memoryview]:
