@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from tritium.gateway.http_codec import decode_infer_request, encode_infer_response, output_to_json
+from tritium.gateway.http_codec import decode_infer_request, encode_infer_response, inference_header_length, output_to_json
 from tritium.gateway.inference import InferResult, OutputTensor, RequestedOutput
 from tritium.gateway.shared_memory import SharedMemoryRef
 from tritium.errors import InvalidArgument, TritiumError
@@ -564,3 +564,15 @@ def test_bytes_binary_output_keeps_the_length_prefixes():
     assert body[header_length:] == raw
     assert orjson.loads(body[:header_length])["outputs"][0]["parameters"] == {
         "binary_data_size": len(raw)}
+
+
+@pytest.mark.parametrize("text, expected", [(b"2147483647", 2147483647), (b"0000000000082", 82), (b"", 0), (b" 5", 5),
+                                            (b"82abc", 82), (b"+82", 82), (b"-0", 0)])
+def test_the_header_length_is_read_as_stoi_reads_it_on_either_path(text, expected):
+    assert inference_header_length(text) == expected
+
+
+@pytest.mark.parametrize("text", [b"2147483648", b"9999999999", b"9" * 5000, b"-2147483649"])
+def test_a_header_length_outside_a_c_int_is_out_of_range_on_either_path(text):
+    with pytest.raises(InvalidArgument, match="value is out of range"):
+        inference_header_length(text)

@@ -316,8 +316,9 @@ class InferenceResponseSender:
 
     def send(self, response=None, flags=0):
         if response is not None and not isinstance(response, InferenceResponse):
-            raise TypeError("send(): incompatible function arguments: response must be a pb_utils.InferenceResponse "
-                            f"or None, got {type(response).__name__}")   # (a TypeError, as from Triton's binding)
+            raise incompatible_arguments(
+                "send", "(self: c_python_backend_utils.InferenceResponseSender, response: "
+                "c_python_backend_utils.InferenceResponse = None, flags: int = 0) -> None", self, response)
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):   # (Triton's checks and texts)
             raise TritonModelException("Unable to send response. Unsupported flag provided.")
         final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -397,6 +398,8 @@ class InferenceRequest:
         _check_required(request_id=request_id, correlation_id=correlation_id, inputs=inputs,
                         requested_output_names=requested_output_names, model_name=model_name,
                         model_version=model_version, flags=flags, timeout=timeout)
+        # (first, as pybind11 converts the arguments before the constructor's own checks)
+        integers = _check_integers(model_version=model_version, flags=flags, timeout=timeout)
         if not isinstance(correlation_id, (int, str)):   # bytes too: Triton checks for str itself
             raise TritonModelException("Correlation ID must be integer or string")
         correlation_id = str(correlation_id) if isinstance(correlation_id, str) else int(correlation_id)
@@ -411,7 +414,6 @@ class InferenceRequest:
         self._requested_output_names = [as_text(name) for name in requested_output_names]
         self._model_name = as_text(model_name)
         self._check_entries()
-        integers = _check_integers(model_version=model_version, flags=flags, timeout=timeout)
         self._model_version = integers["model_version"]
         self._flags = integers["flags"]
         self._timeout = integers["timeout"]
@@ -465,7 +467,7 @@ class InferenceRequest:
         return self._flags
 
     def set_flags(self, flags):
-        self._flags = flags
+        self._flags = _check_integers(flags=flags)["flags"]
 
     def timeout(self):
         return self._timeout

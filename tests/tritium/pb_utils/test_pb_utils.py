@@ -135,8 +135,9 @@ def test_a_non_decoupled_sender_sends_one_response_then_closes_with_triton_s_tex
 
 def test_a_sender_given_something_else_than_a_response_raises_a_type_error_as_triton_s_binding_does():
     sender = pb_utils.InferenceResponseSender(lambda response, final: None)
-    with pytest.raises(TypeError, match="^send\\(\\): incompatible function arguments"):
+    with pytest.raises(TypeError, match="^send\\(\\): incompatible function arguments") as raised:
         sender.send("x")
+    assert "Invoked with: " in str(raised.value) and str(raised.value).endswith(", 'x'")
 
 
 @pytest.mark.parametrize("arguments, problem", [
@@ -160,6 +161,14 @@ def test_a_request_s_integer_arguments_of_another_type_or_out_of_range_are_a_typ
     """As Triton's bindings, when the request is made (a flag of text failed only when it ran)."""
     with pytest.raises(TypeError, match=f"incompatible constructor arguments: {argument} must be an integer"):
         pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], **{argument: value})
+
+
+def test_set_flags_takes_what_the_constructor_takes():
+    request = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
+    request.set_flags(np.uint32(2))
+    assert request.flags() == 2
+    with pytest.raises(TypeError, match="flags must be an integer"):
+        request.set_flags("x")
 
 
 def test_a_request_s_integer_arguments_may_be_numpy_integers():
