@@ -33,8 +33,9 @@ def number_text(value: float) -> str:
 
 def _ordered(labels: dict[str, str]) -> list[tuple[str, str]]:
     """Sorted by name, a bucket's ``le`` (a summary's ``quantile``) last: prometheus-cpp keeps
-    labels in a sorted map and appends those. A name Prometheus would not read (a ``metric_tags`` key such as ``my-tag``)
-    has its other characters made ``_``: one bad name must not make the whole page unreadable."""
+    labels in a sorted map and appends those. A name Prometheus would not read (a ``metric_tags``
+    key such as ``my-tag``) has its other characters made ``_``: one bad name must not make the
+    whole page unreadable."""
     return sorted(((_label_name(key), value) for key, value in labels.items()),
                   key=lambda item: (item[0] in _LAST, item[0]))
 

@@ -243,12 +243,10 @@ def _request_parameters(value: object) -> tuple[dict, int | str, int, bool]:
             if not unsigned and not isinstance(item, str):
                 raise InternalError("Unable to parse 'sequence_id': attempt to access JSON non-string as string")
             sequence_id = item
-        elif key in SEQUENCE_FLAGS or key == "binary_data_output":
-            if not isinstance(item, bool):
-                raise InternalError(f"Unable to parse '{key}': attempt to access JSON non-boolean as boolean")
-            if key == "binary_data_output":
-                binary_default = item
-            elif item:
+        elif key == "binary_data_output":
+            binary_default = _boolean_parameter(value, key)
+        elif key in SEQUENCE_FLAGS:
+            if _boolean_parameter(value, key):
                 flags |= SEQUENCE_FLAGS[key]
         elif key in ("priority", "timeout"):
             if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < 2**64:

@@ -9,6 +9,7 @@ from tritium.model_config_proto import model_config_pb2
 from tritium.repo.backends import ENSEMBLE_PLATFORM
 from tritium.repo.config_file import ModelConfig
 from tritium.repo.errors import ModelLoadError
+from tritium.repo.validate import decoupled_cache_refusal
 
 WILDCARD = -1
 
@@ -48,9 +49,8 @@ def validate_ensemble(config: ModelConfig, configs: Mapping[str, ModelConfig],
     _check_no_nested_cycle(config, configs)
     # As Triton: an ensemble with a decoupled step (or nested ensemble) is decoupled itself.
     config.model_transaction_policy.decoupled = _check_decoupled_flow(config, steps, configs)
-    if config.model_transaction_policy.decoupled and config.response_cache.enable:   # (Triton's words)
-        raise ModelLoadError(name, f"Response Cache does not currently support model {name} with 'decoupled' "
-                             "transaction policy. Please disable the response cache.")
+    if config.model_transaction_policy.decoupled and config.response_cache.enable:
+        raise ModelLoadError(name, decoupled_cache_refusal(name))
 
 
 def _member_config(name, label, model, configs, failures) -> ModelConfig:

@@ -56,8 +56,7 @@ def _polling_rules(config: ModelConfig) -> None:
     if config.HasField("ensemble_scheduling") and config.platform != ENSEMBLE_PLATFORM:
         _reject(model, f"'ensemble_scheduling' is set but platform is '{config.platform}', not 'ensemble'")
     if config.model_transaction_policy.decoupled and config.response_cache.enable:
-        _reject(model, f"Response Cache does not currently support model {model} with 'decoupled' transaction "
-                "policy. Please disable the response cache.")
+        _reject(model, decoupled_cache_refusal(model))
 
 
 def _fail(model: str, message: str) -> None:
@@ -66,6 +65,12 @@ def _fail(model: str, message: str) -> None:
 
 def _fail_io(model: str, message: str) -> None:
     raise InvalidInputsOutputs(model, f"model '{model}': {message}")
+
+
+def decoupled_cache_refusal(model: str) -> str:
+    """Triton's words for a decoupled model (or an ensemble made decoupled by a step) that caches."""
+    return (f"Response Cache does not currently support model {model} with 'decoupled' transaction policy. "
+            "Please disable the response cache.")
 
 
 def _reject(model: str, message: str) -> None:
