@@ -17,7 +17,9 @@ import socket
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from google.protobuf import json_format
 
@@ -26,6 +28,7 @@ from tritium.repo.names import check_load_parameters, model_file_path, relative_
 from tritium.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class MissingModel(str):
@@ -53,7 +56,11 @@ class ModelReader:
 
     def read_later(self, name: str, config, files, then: Callable[[ModelRead], None]) -> None:
         """``read`` on the pool; ``then(result)`` runs in the broker's loop."""
-        future = self._pool.submit(self.read, name, config, files)
+        self.run_later(partial(self.read, name, config, files), then)
+
+    def run_later(self, work: Callable[[], T], then: Callable[[T], None]) -> None:
+        """``work()`` on the pool (it must not raise); ``then(result)`` runs in the broker's loop."""
+        future = self._pool.submit(work)
         future.add_done_callback(lambda f: self.post(lambda: then(f.result())))
 
     def post(self, action: Callable[[], None]) -> None:
@@ -82,6 +89,10 @@ class ModelReader:
 
     def read(self, name: str, config, files) -> ModelRead:
         """(definition, error, fingerprint, files): runs on the thread pool; never raises."""
+        if self.repository.remote and not files:   # the model's folder as it is in the bucket now
+            failure = self.repository.fetch(name)
+            if failure is not None:
+                return None, f"failed to load '{name}': {failure}", self.fingerprint(name), files
         fingerprint = self.fingerprint(name)
         model_dir = None
         try:

@@ -34,13 +34,30 @@ class RepositoryPoller:
         self._enabled = enabled
         self._next_poll = time.monotonic() + poll_seconds
         self.removed: set[str] = set()   # models whose folder went away
+        self._fetching = False   # an S3 repository's fetch for the next poll is running
 
     def poll_due(self) -> bool:
-        return self._enabled and time.monotonic() >= self._next_poll
+        return self._enabled and not self._fetching and time.monotonic() >= self._next_poll
 
     def poll(self) -> None:
-        """Load what was added or changed on disk, unload what was removed; never stop polling."""
+        """Load what was added or changed on disk, unload what was removed; never stop polling.
+        An S3 repository's mirror is fetched first, on the reader's threads."""
         self._next_poll = time.monotonic() + self._poll_seconds
+        if self.repository.remote:
+            self._fetching = True
+            self._reader.run_later(self.repository.fetch, self._poll_fetched)
+            return
+        self._poll_now()
+
+    def _poll_fetched(self, failure: str | None) -> None:
+        self._fetching = False
+        self._next_poll = time.monotonic() + self._poll_seconds
+        if failure is not None:   # nothing is unloaded for a bucket that could not be listed
+            log.error("polling the model repository failed; polling goes on: %s", failure)
+            return
+        self._poll_now()
+
+    def _poll_now(self) -> None:
         try:
             self._poll_repository()
         except Exception:  # the next poll tries again, as Triton's does

@@ -18,6 +18,7 @@ from tritium.repo.ensembles import composing_models, validate_ensemble
 from tritium.repo.errors import ConfigRejected, LoadFailure, LoadStage, ModelLoadError
 from tritium.repo.loader import load_model
 from tritium.repo.model import ModelDefinition, RepositoryOptions
+from tritium.repo.s3 import S3Error, S3Mirror, is_s3, parse_location
 
 log = logging.getLogger(__name__)
 # Importing a model.py (auto-complete, Python instances) may write this; it is no edit.
@@ -47,24 +48,50 @@ class RepositoryScan:
 
 class ModelRepository:
     def __init__(self, roots: Sequence[str | Path], options: RepositoryOptions | None = None) -> None:
-        self.roots = tuple(Path(r) for r in roots)
+        """``roots``: folders, or S3 locations (``s3://...``), each read through a local mirror
+        that ``fetch`` brings in step with its bucket."""
+        self.locations = tuple(str(r) for r in roots)
+        self._mirrors = {location: S3Mirror(parse_location(location)) for location in self.locations if is_s3(location)}
+        self.roots = tuple(self._mirrors[loc].root if loc in self._mirrors else Path(loc) for loc in self.locations)
         self.options = options or RepositoryOptions()
+        self._fetch_errors: dict[str, str] = {}   # S3 location -> why its last fetch failed
+
+    @property
+    def remote(self) -> bool:
+        """Whether some of the repositories are in S3 (read after a ``fetch``)."""
+        return bool(self._mirrors)
+
+    def fetch(self, model: str | None = None) -> str | None:
+        """Bring the S3 repositories' mirrors in step with their buckets (only ``model``'s
+        folder when named); blocks on the network. The first failure's text, or None. A
+        repository whose last fetch failed is reported by ``discover`` and read as last fetched."""
+        failure = None
+        for location, mirror in self._mirrors.items():
+            try:
+                mirror.sync(model)
+                self._fetch_errors.pop(location, None)
+            except S3Error as exc:
+                self._fetch_errors[location] = str(exc)
+                failure = failure or f"model repository '{location}' cannot be read: {exc}"
+        return failure
 
     def discover(self) -> tuple[dict[str, tuple[Path, ...]], tuple[str, ...]]:
         """Model names mapped to the folders that hold them, and errors about the roots."""
         found: dict[str, list[Path]] = {}
-        errors = []
-        for root in self.roots:
+        errors = [f"model repository '{location}' cannot be read: {why}" for location, why in self._fetch_errors.items()]
+        for location, root in zip(self.locations, self.roots):
+            shown = location if location in self._mirrors else root
             if not root.exists():
-                errors.append(f"model repository '{root}' does not exist")
+                if location not in self._fetch_errors:
+                    errors.append(f"model repository '{shown}' does not exist")
                 continue
             if not root.is_dir():
-                errors.append(f"model repository '{root}' is not a folder")
+                errors.append(f"model repository '{shown}' is not a folder")
                 continue
             try:
                 entries = sorted(root.iterdir())
             except OSError as exc:
-                errors.append(f"model repository '{root}' cannot be read: {exc.strerror or exc}")
+                errors.append(f"model repository '{shown}' cannot be read: {exc.strerror or exc}")
                 continue
             for entry in entries:
                 if entry.name.startswith(".") or _plain_file(entry):   # a file beside the models is none (as in Triton)

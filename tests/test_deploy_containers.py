@@ -247,9 +247,15 @@ def test_cpu_image_installs_the_torch_release_pyproject_pins():
 
 def test_gpu_image_replaces_onnxruntime_with_its_gpu_build():
     build = " ".join(i["value"] for i in dockerfile("gpu").structure if i["instruction"] == "RUN")
-    assert '"/src[gpu]"' in build
+    assert '"/src[gpu,s3]"' in build
     assert "pip uninstall -y onnxruntime onnxruntime-gpu" in build
     assert "CUDAExecutionProvider" in build
+
+
+def test_both_images_read_s3_repositories():
+    build = " ".join(i["value"] for i in dockerfile().structure if i["instruction"] == "RUN")
+    installs = re.findall(r'pip install --no-cache-dir "?(/src[^" ]*)"?', build)
+    assert installs == ["/src[s3]", "/src[gpu,s3]"]
 
 
 def test_build_context_holds_only_what_the_package_needs():

@@ -456,7 +456,9 @@ def repo_check(repositories, as_json, **repository) -> None:
 
     # Open every model file, TorchScript too, to report what a load would refuse.
     options = dataclasses.replace(repository_settings(**repository), read_torchscript=True)
-    scan = ModelRepository(repositories, options).load_all()
+    model_repository = ModelRepository(repositories, options)
+    model_repository.fetch()   # S3 repositories' mirrors (a failure is one of the scan's errors)
+    scan = model_repository.load_all()
     rows = check_rows(scan)
     if as_json:
         sys.stdout.write(orjson.dumps(rows_as_json(rows, scan.errors), option=orjson.OPT_INDENT_2).decode() + "\n")

@@ -74,20 +74,36 @@ _STORAGE_URL = re.compile(r"(s3|gs|as)://")   # Triton's cloud storage schemes
 
 
 class RepositoryFolder(click.ParamType):
-    """A model repository: a folder. Triton's cloud storage locations (``s3://``, ``gs://``,
-    ``as://``) are refused when the command line is read, saying what to do instead, rather than
-    read as a folder that does not exist."""
+    """A model repository: a folder, or an S3 location (``s3://bucket/path``, read through a
+    mirror on each host). Triton's other cloud storage locations (``gs://``, ``as://``) are
+    refused when the command line is read, saying what to do instead, rather than read as a
+    folder that does not exist."""
 
     name = "FOLDER"
 
     def convert(self, value, param, ctx) -> str:
         location = _STORAGE_URL.match(str(value))
-        if location is not None:
-            scheme = location.group(1)
-            self.fail(f"'{value}': tritium reads model repositories from folders, not from {scheme}:// storage; "
-                      "mount the bucket as a folder (s3fs, gcsfuse, blobfuse2) or copy it to a volume, and give "
-                      "that folder", param, ctx)
-        return value
+        if location is None:
+            return value
+        scheme = location.group(1)
+        if scheme == "s3":
+            self._check_s3(str(value), param, ctx)
+            return value
+        self.fail(f"'{value}': tritium reads model repositories from folders and s3:// locations, not from "
+                  f"{scheme}:// storage; mount the bucket as a folder (gcsfuse, blobfuse2) or copy it to a volume, "
+                  "and give that folder", param, ctx)
+
+    def _check_s3(self, value: str, param, ctx) -> None:
+        from tritium.repo.s3 import S3Error, parse_location
+
+        try:
+            parse_location(value)
+            import boto3  # noqa: F401  (the S3 client, an optional dependency)
+        except S3Error as exc:
+            self.fail(f"'{value}': {exc}", param, ctx)
+        except ImportError:
+            self.fail(f"'{value}': reading a model repository from S3 needs boto3: pip install 'tritium[s3]'",
+                      param, ctx)
 
 
 REPOSITORY_FOLDER = RepositoryFolder()

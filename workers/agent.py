@@ -63,6 +63,7 @@ from tritium.protocol import (
 from tritium.security import CurveKeys, secure_client
 from tritium.shared_pool import DEFAULT_POOL_BYTES
 from tritium.signals import SignalWaker
+from tritium.workers.repository_fetch import RepositoryFetcher
 from tritium.workers.placement import (
     InstancePlan,
     plan_instances,
@@ -146,6 +147,9 @@ class HostAgent:
         self.sock.connect(settings.broker)
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
+        self._fetcher = RepositoryFetcher(settings.model_repositories)
+        if self._fetcher.wake_fd is not None:
+            self._poller.register(self._fetcher.wake_fd, zmq.POLLIN)
         self.children: list[Child] = []
         self._running = True
         self._exit_code = ExitCode.OK
@@ -195,6 +199,9 @@ class HostAgent:
         events = dict(self._poller.poll(timeout_ms))
         if self.sock in events:
             self._drain()
+        if self._fetcher.wake_fd in events:
+            for message in self._fetcher.completed():
+                self._handle(message)
         self._reap()
         self._kill_overdue()
         self._restart_due()
@@ -312,39 +319,45 @@ class HostAgent:
             if self._broker_lost:
                 self._broker_lost = False
                 log.info("the broker at %s answers again", self.settings.broker)
-            kind = type(message)
-            if kind is Assign:
-                for assignment in message.models:
-                    self._assign(assignment)
-                for scaled in message.scale:
-                    self._assign(scaled.assignment, count=scaled.count)
-                if message.complete:
-                    self._stop_unadopted()
-            elif kind is Scale:
-                self._assign(message.assignment, count=message.count, stop=message.stop)
-            elif kind is Unassign:
-                for load in message.models:
-                    self._unassign(load.epoch, load.instances)
-            elif kind is Heartbeat:
-                if self._broker_boot is not None and message.boot != self._broker_boot:
-                    self._register_again("the broker restarted")
-                self._broker_boot = message.boot
-                self._broker_interval = message.heartbeat_s or 0.0
-            elif kind is Reset:
-                # RESETs queued before this host's last HELLO was answered are stale.
-                if self._broker_boot is not None:
-                    self._register_again("the broker does not know this host")
-            elif kind is Drained:
-                log.info("the broker moved all work away from this host")
-                self._running = False
-            elif kind is LogSettings:
-                self._log_settings = message.settings   # instances started from now on log so too
-                logs.apply_wire(self._log_settings)
-            elif kind is Refused:
-                log.error("the broker refused this agent: %s", message.reason)
-                self._running = False
-                self._exit_code = ExitCode.PROTOCOL_MISMATCH
+            for ready in self._fetcher.arrived(message):
+                self._handle(ready)
+            if self._exit_code is ExitCode.PROTOCOL_MISMATCH:   # refused: nothing more is read
                 return
+
+    def _handle(self, message) -> None:
+        """One message of the broker's, in the order they came."""
+        kind = type(message)
+        if kind is Assign:
+            for assignment in message.models:
+                self._assign(assignment)
+            for scaled in message.scale:
+                self._assign(scaled.assignment, count=scaled.count)
+            if message.complete:
+                self._stop_unadopted()
+        elif kind is Scale:
+            self._assign(message.assignment, count=message.count, stop=message.stop)
+        elif kind is Unassign:
+            for load in message.models:
+                self._unassign(load.epoch, load.instances)
+        elif kind is Heartbeat:
+            if self._broker_boot is not None and message.boot != self._broker_boot:
+                self._register_again("the broker restarted")
+            self._broker_boot = message.boot
+            self._broker_interval = message.heartbeat_s or 0.0
+        elif kind is Reset:
+            # RESETs queued before this host's last HELLO was answered are stale.
+            if self._broker_boot is not None:
+                self._register_again("the broker does not know this host")
+        elif kind is Drained:
+            log.info("the broker moved all work away from this host")
+            self._running = False
+        elif kind is LogSettings:
+            self._log_settings = message.settings   # instances started from now on log so too
+            logs.apply_wire(self._log_settings)
+        elif kind is Refused:
+            log.error("the broker refused this agent: %s", message.reason)
+            self._running = False
+            self._exit_code = ExitCode.PROTOCOL_MISMATCH
 
     def _report_host(self) -> None:
         now = time.monotonic()
@@ -500,8 +513,11 @@ class HostAgent:
         problem = name_problem(model)
         if problem is not None:
             raise ModelLoadError(str(model), f"cannot place model '{model}': {problem}")
-        for root in self.settings.model_repositories:
-            candidate = Path(root) / model
+        failure = self._fetcher.failure(model)
+        if failure is not None:
+            raise ModelLoadError(model, f"cannot fetch model '{model}': {failure}")
+        for root in self._fetcher.roots:
+            candidate = root / model
             if candidate.is_dir():
                 return candidate
         raise ModelLoadError(model, f"model '{model}' is not in this host's model repositories "
@@ -625,6 +641,7 @@ class HostAgent:
                 child.process.wait()
         self._reap()   # tells the broker each one is gone, so that nothing waits for them
         shutil.rmtree(self._shipped, ignore_errors=True)
+        self._fetcher.close()
         self.sock.close(linger=1000)
 
 
