@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from tritium.repo.ensembles import composing_models, validate_ensemble
 from tritium.repo.errors import ConfigRejected, LoadFailure, LoadStage, ModelLoadError
 from tritium.repo.loader import load_model
 from tritium.repo.model import ModelDefinition, RepositoryOptions
+from tritium.repo.names import name_problem
 from tritium.repo.s3 import S3Error, S3Mirror, is_s3, parse_location
 
 log = logging.getLogger(__name__)
@@ -54,35 +56,70 @@ class ModelRepository:
         self._mirrors = {location: S3Mirror(parse_location(location)) for location in self.locations if is_s3(location)}
         self.roots = tuple(self._mirrors[loc].root if loc in self._mirrors else Path(loc) for loc in self.locations)
         self.options = options or RepositoryOptions()
-        self._fetch_errors: dict[str, str] = {}   # S3 location -> why its last fetch failed
+        self._fetch_errors: dict[str, str] = {}   # S3 location -> why its last full fetch failed
+        self._model_failures: dict[str, str] = {}   # model -> why some of its objects were not fetched
+        self._fetch_lock = threading.Lock()   # fetches run on the reader's threads; discover in the loop
 
     @property
     def remote(self) -> bool:
         """Whether some of the repositories are in S3 (read after a ``fetch``)."""
         return bool(self._mirrors)
 
+    @property
+    def mirrors(self) -> dict[str, S3Mirror]:
+        """S3 location -> its mirror on this host."""
+        return dict(self._mirrors)
+
     def fetch(self, model: str | None = None) -> str | None:
         """Bring the S3 repositories' mirrors in step with their buckets (only ``model``'s
-        folder when named); blocks on the network. The first failure's text, or None. A
-        repository whose last fetch failed is reported by ``discover`` and read as last fetched."""
-        failure = None
+        folder when named); blocks on the network; never raises. Why the repository (or the
+        model) could not be fetched, or None. A repository whose last full fetch failed is
+        reported by ``discover``; a model some of whose objects failed does not load until a
+        fetch brings them."""
+        if model is not None and name_problem(model) is not None:
+            return None   # no folder to fetch: the load says what is wrong with the name
+        failure, failed = None, {}
         for location, mirror in self._mirrors.items():
             try:
-                mirror.sync(model)
-                self._fetch_errors.pop(location, None)
+                failed.update(mirror.sync(model))
+                why = None
             except S3Error as exc:
-                self._fetch_errors[location] = str(exc)
-                failure = failure or f"model repository '{location}' cannot be read: {exc}"
+                why = str(exc)
+            except Exception as exc:  # a bug of ours: one more failure to report, not an escape
+                log.exception("fetching %s failed", location)
+                why = repr(exc)
+            if why is not None:
+                failure = failure or f"model repository '{location}' cannot be read: {why}"
+            if model is None:
+                with self._fetch_lock:
+                    if why is None:
+                        self._fetch_errors.pop(location, None)
+                    else:
+                        self._fetch_errors[location] = why
+        with self._fetch_lock:
+            if model is None:
+                self._model_failures = dict(failed)
+            else:
+                self._model_failures.pop(model, None)
+                self._model_failures.update(failed if failure is None else {model: failure})
+        if model is not None:
+            return failure or failed.get(model)
         return failure
+
+    def model_failure(self, name: str) -> str | None:
+        """Why the model's objects could not all be fetched the last time, or None."""
+        return self._model_failures.get(name)
 
     def discover(self) -> tuple[dict[str, tuple[Path, ...]], tuple[str, ...]]:
         """Model names mapped to the folders that hold them, and errors about the roots."""
         found: dict[str, list[Path]] = {}
-        errors = [f"model repository '{location}' cannot be read: {why}" for location, why in self._fetch_errors.items()]
+        with self._fetch_lock:
+            fetch_errors = dict(self._fetch_errors)
+        errors = [f"model repository '{location}' cannot be read: {why}" for location, why in fetch_errors.items()]
         for location, root in zip(self.locations, self.roots):
             shown = location if location in self._mirrors else root
             if not root.exists():
-                if location not in self._fetch_errors:
+                if location not in fetch_errors:
                     errors.append(f"model repository '{shown}' does not exist")
                 continue
             if not root.is_dir():
@@ -112,7 +149,13 @@ class ModelRepository:
             if len(paths) > 1:
                 raise ConfigRejected(name, _duplicate_message(name, paths))
             model_dir = paths[0]
+            self._check_fetched(name)
         return load_model(name, model_dir, self.options, config_override)
+
+    def _check_fetched(self, name: str) -> None:
+        failure = self._model_failures.get(name)
+        if failure is not None:
+            raise ModelLoadError(name, f"failed to load '{name}': {failure}")
 
     def load_all(self) -> RepositoryScan:
         found, errors = self.discover()
@@ -125,6 +168,7 @@ class ModelRepository:
         if len(paths) > 1:   # as Triton's poll: not unique, so never loaded (repository index: DUPLICATE_REASON)
             return ModelEntry(name, paths, error=LoadFailure.at(_duplicate_message(name, paths), LoadStage.CONFIG))
         try:
+            self._check_fetched(name)
             return ModelEntry(name, paths, definition=load_model(name, paths[0], self.options))
         except ModelLoadError as exc:
             log.debug("model %s failed to load: %s", name, exc.message)

@@ -12,7 +12,8 @@ Locations are parsed as Triton parses them: ``s3://bucket/path``, or, for an S3-
 server that is not AWS, ``s3://host:port/bucket/path`` with an optional ``http://`` or
 ``https://`` before the host (http by default). Credentials come from where boto3 (and
 Triton) look: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
-``AWS_DEFAULT_REGION``, ``AWS_PROFILE``, then the instance's role.
+``AWS_DEFAULT_REGION``, ``AWS_PROFILE``, then the instance's role; or, as in Triton, from the
+file ``TRITON_CLOUD_CREDENTIAL_PATH`` names.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import fcntl
 import hashlib
 import json
 import os
+import logging
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +37,10 @@ SCHEME = "s3://"
 _WITH_ENDPOINT = re.compile(r"(http://|https://|)([0-9a-zA-Z\-.]+):([0-9]+)/([0-9a-z.\-]+)(((/[0-9a-zA-Z.\-_]+)*)?)")
 # Where the mirrors are kept: Triton's variable for where it copies S3 models to.
 MOUNT_DIRECTORY_VARIABLE = "TRITON_AWS_MOUNT_DIRECTORY"
+# Triton's file of credentials per location (JSON: {"s3": {"s3://bucket": {"key_id": ...}}}).
+CREDENTIAL_PATH_VARIABLE = "TRITON_CLOUD_CREDENTIAL_PATH"
 _MANIFEST = "manifest.json"
+log = logging.getLogger(__name__)
 _BYTECODE_CACHE = "__pycache__"
 
 
@@ -68,6 +74,9 @@ def parse_location(url: str) -> S3Location:
     if matched is not None:
         host, port, bucket, path = matched.group(2), matched.group(3), matched.group(4), matched.group(5)
         endpoint: str | None = f"{scheme or 'http://'}{host}:{port}"
+    elif scheme or ":" in rest.partition("/")[0]:   # not AWS's bucket 'minio.example.com', silently
+        raise S3Error(f"'{url}': a server's location is s3://[http(s)://]host:port/bucket[/path], "
+                      "the bucket's name in lowercase letters, digits, dots and hyphens")
     else:
         bucket, _, path = rest.partition("/")
         endpoint = None
@@ -76,14 +85,21 @@ def parse_location(url: str) -> S3Location:
 
 
 def mirror_folder(location: S3Location) -> Path:
-    """The folder this host keeps the location's mirror in (the same for each process)."""
-    base = os.environ.get(MOUNT_DIRECTORY_VARIABLE) or tempfile.gettempdir()
+    """The folder this host keeps the location's mirror in: the same for each process of one
+    user, in a folder of that user's alone (checked by ``S3Mirror``)."""
+    base = Path(os.environ.get(MOUNT_DIRECTORY_VARIABLE) or tempfile.gettempdir()) / f"tritium-s3-{os.geteuid()}"
     digest = hashlib.sha256(f"{location.endpoint}|{location.bucket}|{location.prefix}".encode()).hexdigest()[:16]
-    return Path(base) / f"tritium-s3-{digest}"
+    return base / digest
 
 
 class S3Mirror:
-    """One S3 repository's copy on this host: ``root`` is the folder to read as the repository."""
+    """One S3 repository's copy on this host: ``root`` is the folder to read as the repository.
+
+    A sync never raises for one object: the objects that could not be fetched are returned by
+    model, and the others are in step. A snapshot of a model's folder (hard links, so that a
+    later sync, which replaces files rather than writing into them, leaves it as it was) is
+    what a version's instances run from.
+    """
 
     def __init__(self, location: S3Location, folder: Path | None = None, client=None) -> None:
         self.location = location
@@ -91,24 +107,47 @@ class S3Mirror:
         self.root = self._folder / "repository"
         self._client = client
 
-    def sync(self, model: str | None = None) -> None:
-        """Bring the mirror (or one model's folder of it) in step with the bucket; raises S3Error."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise S3Error(f"cannot make the folder {self.root}: {exc.strerror or exc}") from exc
+    def sync(self, model: str | None = None) -> dict[str, str]:
+        """Bring the mirror (or one model's folder of it) in step with the bucket. Raises S3Error
+        when the bucket cannot be listed (or the mirror's folder is not this user's); returns
+        model -> why, for the models some of whose objects could not be fetched."""
+        if model is not None and (not _safe_relative(model) or "/" in model):
+            raise S3Error(f"'{model}' is not a model folder's name")
+        self._prepare()
         with self._locked():
             manifest = self._read_manifest()
             scope = self.location.key_prefix(model)
             objects = self._list(scope)
             kept = {key: etag for key, etag in manifest.items() if not key.startswith(scope)}
-            for key, etag in objects.items():
-                relative = key[len(self.location.prefix):]
-                if manifest.get(key) != etag or not (self.root / relative).exists():
-                    self._download(key, self.root / relative)
-                kept[key] = etag
-            self._remove_missing(model, {key[len(self.location.prefix):] for key in objects})
-            self._write_manifest(kept)
+            failures: dict[str, str] = {}
+            try:
+                # Removed first: a file that became a folder ('a' gone, 'a/b' new) is then free.
+                self._remove_missing(model, {key[len(self.location.prefix):] for key in objects})
+                for key, etag in objects.items():
+                    relative = key[len(self.location.prefix):]
+                    try:
+                        if manifest.get(key) != etag or not (self.root / relative).exists():
+                            self._fetch_object(key, relative)
+                        kept[key] = etag
+                    except S3Error as exc:
+                        failures.setdefault(relative.split("/", 1)[0], str(exc))
+            except OSError as exc:
+                raise S3Error(f"cannot update the mirror {self.root}: {exc.strerror or exc}") from exc
+            finally:
+                self._write_manifest(kept)   # what is in step, so that it is not fetched again
+            return failures
+
+    def snapshot(self, model: str, target: Path) -> Path:
+        """The model's folder as it is now, linked into ``target`` (same file system: the mirror's
+        own ``snapshots`` folder is one), for instances to run from whatever later syncs do."""
+        with self._locked():
+            shutil.copytree(self.root / model, target, copy_function=_link_or_copy, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(_BYTECODE_CACHE))
+        return target
+
+    @property
+    def snapshots(self) -> Path:
+        return self._folder / "snapshots"
 
     # -- S3 -------------------------------------------------------------------------------
 
@@ -119,7 +158,8 @@ class S3Mirror:
         return self._client
 
     def _list(self, prefix: str) -> dict[str, str]:
-        """key -> ETag of every file object under ``prefix`` (folder markers left out)."""
+        """key -> ETag of every object under ``prefix`` that stays inside the mirror once
+        written as a path; folder markers (keys ending in '/', as consoles make empty folders) too."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         objects = {}
@@ -128,15 +168,20 @@ class S3Mirror:
             for page in pages:
                 for item in page.get("Contents", ()):
                     key = item["Key"]
-                    if not key.endswith("/") and _safe_relative(key[len(self.location.prefix):]):
+                    if _safe_relative(key[len(self.location.prefix):].rstrip("/")):
                         objects[key] = item["ETag"]
         except (BotoCoreError, ClientError) as exc:
             raise S3Error(f"cannot list {self._url(prefix)}: {exc}") from exc
         return objects
 
-    def _download(self, key: str, target: Path) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
+    def _fetch_object(self, key: str, relative: str) -> None:
+        target = self.root / relative
+        if key.endswith("/"):   # a folder marker: an empty version folder is a version
+            try:
+                target.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise S3Error(f"cannot make the folder of {self._url(key)}: {exc.strerror or exc}") from exc
+            return
         partial = None
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -144,20 +189,37 @@ class S3Mirror:
             with os.fdopen(handle, "wb") as out:
                 self.client.download_fileobj(self.location.bucket, key, out)
             os.replace(partial, target)
-        except (BotoCoreError, ClientError) as exc:
-            raise S3Error(f"cannot download {self._url(key)}: {exc}") from exc
         except OSError as exc:   # a key that is also a folder's prefix ('a' and 'a/b'), a full disk
             raise S3Error(f"cannot write {self._url(key)} to {target}: {exc.strerror or exc}") from exc
+        except Exception as exc:  # botocore's and s3transfer's errors (retries exhausted, access denied)
+            raise S3Error(f"cannot download {self._url(key)}: {exc}") from exc
         finally:
             if partial is not None and os.path.exists(partial):
                 os.unlink(partial)
 
     def _url(self, key: str) -> str:
-        return f"s3://{self.location.bucket}/{key}"
+        server = f"{self.location.endpoint.split('://', 1)[1]}/" if self.location.endpoint else ""
+        return f"s3://{server}{self.location.bucket}/{key}"
 
     # -- the local copy -----------------------------------------------------------------
 
+    def _prepare(self) -> None:
+        """The mirror's folders, in a folder only this user may write: anyone else could put
+        models there that the server would run."""
+        base = self._folder.parent
+        try:
+            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            info = os.lstat(base)
+            if stat.S_ISLNK(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+                raise S3Error(f"the mirror folder {base} is not this user's alone (a link, another owner, "
+                              "or writable by others); remove it or set TRITON_AWS_MOUNT_DIRECTORY")
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise S3Error(f"cannot make the mirror folder {self.root}: {exc.strerror or exc}") from exc
+
     def _remove_missing(self, model: str | None, present: set[str]) -> None:
+        """Files whose object is gone, then folders left empty that no marker keeps."""
+        markers = {relative.rstrip("/") for relative in present if relative.endswith("/")}
         top = self.root / model if model is not None else self.root
         if not top.exists():
             return
@@ -169,12 +231,17 @@ class S3Mirror:
                 path = here / name
                 if path.relative_to(self.root).as_posix() not in present:   # (a crashed download's leftover too)
                     path.unlink(missing_ok=True)
-            if here != self.root and os.listdir(here) in ([], [_BYTECODE_CACHE]):
+            if here != self.root and here.relative_to(self.root).as_posix() not in markers \
+                    and os.listdir(here) in ([], [_BYTECODE_CACHE]):
                 shutil.rmtree(here, ignore_errors=True)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        with open(self._folder / "lock", "a") as lock:
+        try:
+            lock = open(self._folder / "lock", "a")
+        except OSError as exc:
+            raise S3Error(f"cannot open the mirror's lock {self._folder / 'lock'}: {exc.strerror or exc}") from exc
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -188,9 +255,19 @@ class S3Mirror:
             return {}
 
     def _write_manifest(self, manifest: dict[str, str]) -> None:
-        partial = self._folder / f".{_MANIFEST}.partial"
-        partial.write_text(json.dumps(manifest))
-        os.replace(partial, self._folder / _MANIFEST)
+        try:
+            partial = self._folder / f".{_MANIFEST}.partial"
+            partial.write_text(json.dumps(manifest))
+            os.replace(partial, self._folder / _MANIFEST)
+        except OSError:   # the next sync fetches again what this one could not record
+            log.warning("cannot write the manifest of the mirror %s", self._folder, exc_info=True)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:   # another file system, or one without hard links
+        shutil.copy2(source, target)
 
 
 def _safe_relative(relative: str) -> bool:
@@ -206,4 +283,55 @@ def make_client(location: S3Location):
         from botocore.config import Config
     except ImportError as exc:
         raise S3Error("reading a model repository from S3 needs boto3: pip install 'tritium[s3]'") from exc
-    return boto3.client("s3", endpoint_url=location.endpoint, config=Config(s3={"addressing_style": "path"}))
+    credential = credential_for(location)
+    session = boto3.Session(profile_name=credential.profile) if credential.profile and not credential.keys else boto3
+    return session.client("s3", endpoint_url=location.endpoint, config=Config(s3={"addressing_style": "path"}),
+                          **credential.client_arguments())
+
+
+@dataclass(frozen=True)
+class S3Credential:
+    """One credential of Triton's credentials file; all empty: boto3's own chain (AWS's
+    variables, profile, then the host's role)."""
+
+    key_id: str = ""
+    secret_key: str = ""
+    session_token: str = ""
+    region: str = ""
+    profile: str = ""
+
+    @property
+    def keys(self) -> bool:
+        return bool(self.key_id and self.secret_key)
+
+    def client_arguments(self) -> dict[str, str]:
+        if not self.keys:
+            return {}
+        arguments = {"aws_access_key_id": self.key_id, "aws_secret_access_key": self.secret_key}
+        if self.session_token:
+            arguments["aws_session_token"] = self.session_token
+        if self.region:
+            arguments["region_name"] = self.region
+        return arguments
+
+
+def credential_for(location: S3Location) -> S3Credential:
+    """From the file ``TRITON_CLOUD_CREDENTIAL_PATH`` names, as Triton reads it: under ``"s3"``,
+    the credential whose name is the longest prefix of the location (``""`` matches every
+    one); without the variable, boto3's own chain."""
+    path = os.environ.get(CREDENTIAL_PATH_VARIABLE)
+    if not path:
+        return S3Credential()
+    try:
+        document = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise S3Error(f"cannot read the credentials in {path} ({CREDENTIAL_PATH_VARIABLE}): {exc}") from exc
+    named = document.get("s3", {}) if isinstance(document, dict) else None
+    if not isinstance(named, dict):
+        raise S3Error(f"the credentials in {path} ({CREDENTIAL_PATH_VARIABLE}) are not a JSON object of objects")
+    for name in sorted(named, key=len, reverse=True):
+        if location.url.startswith(name) and isinstance(named[name], dict):
+            fields = named[name]
+            return S3Credential(**{key: str(fields.get(key, "")) for key in
+                                   ("key_id", "secret_key", "session_token", "region", "profile")})
+    raise S3Error(f"Cannot match credential for path  {location.url}")

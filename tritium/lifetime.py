@@ -70,6 +70,17 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def is_alive(pid: int) -> bool:
+    """Whether a process of that id exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def process_state(pid: int) -> str | None:
     """The kernel's one-letter state of ``pid`` (R, S, T for stopped...); None once it is gone."""
     stat = _stat(pid)

@@ -297,6 +297,8 @@ class HostAgent:
     def _register_again(self, why: str) -> None:
         """A new broker (or one that dropped this host) knows none of this host's instances: they are
         offered to it (it keeps those it would start anyway); a draining host stops them."""
+        for message in self._fetcher.reset():   # the old broker's unloads still apply; its loads do not
+            self._handle(message)
         keep = self._drain_deadline is None
         for child in self.children:
             if not (keep and child.wanted and child.process is not None):
@@ -380,7 +382,7 @@ class HostAgent:
             self._send(placed(error=Unavailable(f"host {host_name()} is draining")))
             return
         try:
-            model_dir = self._model_dir(model, epoch, assignment.files)
+            model_dir = self._model_dir(assignment)
             config = self._host_config(assignment.config)
             plans = plan_instances(config) if count is None else plan_scaled(config, count, self.settings.gpus)
             if count is None and all(plan.passive for plan in plans):   # none, or none taking requests
@@ -503,19 +505,21 @@ class HostAgent:
                 "backend_config": self.settings.backend_config,
                 "curve": self.settings.curve.as_spec() if self.settings.curve else None}
 
-    def _model_dir(self, model: str, epoch: int, files: dict | None) -> Path:
-        """The repository's folder, or one holding the files a load request shipped."""
-        if not files:
-            return self._find_model(model)
-        return write_files(self._shipped / str(epoch), model, files)
-
-    def _find_model(self, model: str) -> Path:
+    def _model_dir(self, assignment: Assignment) -> Path:
+        """The repository's folder (an S3 repository's: the snapshot its load was fetched into),
+        or one holding the files a load request shipped."""
+        model = assignment.model
+        if assignment.files:
+            return write_files(self._shipped / str(assignment.epoch), model, assignment.files)
         problem = name_problem(model)
         if problem is not None:
             raise ModelLoadError(str(model), f"cannot place model '{model}': {problem}")
-        failure = self._fetcher.failure(model)
-        if failure is not None:
-            raise ModelLoadError(model, f"cannot fetch model '{model}': {failure}")
+        try:
+            snapshot = self._fetcher.model_dir(assignment)
+        except LookupError as exc:
+            raise ModelLoadError(model, f"cannot fetch model '{model}': {exc.args[0]}") from None
+        if snapshot is not None:
+            return snapshot
         for root in self._fetcher.roots:
             candidate = root / model
             if candidate.is_dir():
@@ -622,8 +626,9 @@ class HostAgent:
                     and (not keys or child.plan.key in keys):   # (epochs are per broker process)
                 self._stop_child(child)
         self.children = [c for c in self.children if c.wanted or c.process is not None]
-        if not keys:   # (the load's shipped files go with the whole load)
+        if not keys:   # (the load's shipped files, or its snapshot, go with the whole load)
             shutil.rmtree(self._shipped / str(epoch), ignore_errors=True)
+            self._fetcher.release(epoch)
 
     def _shutdown(self) -> None:
         log.info("worker agent stopping %d instance(s)", len(self.children))

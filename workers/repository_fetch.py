@@ -1,24 +1,34 @@
 """The worker agent's model repositories, S3 ones fetched off its loop.
 
 A folder repository is read where it is. An S3 repository is read through this host's mirror
-of it (repo/s3.py), and a model's folder is fetched before its instances start: the fetch may
-download gigabytes, so it runs on a thread while the loop goes on heartbeating and supervising.
-The broker's messages that arrive meanwhile wait behind the one being fetched for and are
-handled in the order they came, so an unload never overtakes the load it follows.
+of it (repo/s3.py): before a load's instances first start on this host, the model's folder is
+fetched and a snapshot of it taken (hard links), which that load's instances run from, so
+that later fetches (the broker's polls in the shared mirror, the next load) never change the
+files under a running version. The fetch may download gigabytes, so it runs on a thread while
+the loop goes on heartbeating and supervising; the broker's loads, scalings and unloads that
+arrive meanwhile wait behind it and are handled in the order they came, so an unload never
+overtakes the load it follows. Its other messages (heartbeats, resets, refusals, log
+settings) are handled at once.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import socket
+import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from itertools import count
 from pathlib import Path
 
-from tritium.protocol import Assign, Scale
+from tritium.protocol import Assign, Assignment, Scale, Unassign
+from tritium.lifetime import is_alive
 from tritium.repo import ModelRepository
 
 log = logging.getLogger(__name__)
+_HELD = (Assign, Scale, Unassign)   # the messages that keep their order behind a fetch
 
 
 class RepositoryFetcher:
@@ -30,17 +40,18 @@ class RepositoryFetcher:
         self._running: Future | None = None
         self._fetched: object = None    # the held message whose models are fetched
         self._failures: dict[str, str] = {}   # model -> why its last fetch failed
-        self._pool: ThreadPoolExecutor | None = None
+        self._snapshots: dict[tuple[str, int], Path] = {}   # (model, epoch) -> the folder its instances run from
+        self._taken = count(1)
         self.wake_fd: int | None = None   # readable when a fetch is done: the loop polls it
         if self._repository.remote:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="s3-fetch")
             self._wake_read, self._wake_write = socket.socketpair()
             self._wake_read.setblocking(False)
             self.wake_fd = self._wake_read.fileno()
+            _remove_stale_snapshots(self._repository)
 
     def arrived(self, message) -> list:
         """The messages to handle now, in order, ``message`` last if nothing waits for a fetch."""
-        if self._pool is None:
+        if self.wake_fd is None or not isinstance(message, _HELD):
             return [message]
         self._held.append(message)
         return self._release()
@@ -52,49 +63,121 @@ class RepositoryFetcher:
         except BlockingIOError:
             pass
         if self._running is None or not self._running.done():
-            return []
-        self._failures.update(self._running.result())
-        self._failures = {model: why for model, why in self._failures.items() if why is not None}
+            return []   # (a fetch that a reset left behind ends unheard)
+        failures, snapshots = self._running.result()
         self._running = None
+        for model, failure in failures.items():
+            if failure is None:
+                self._failures.pop(model, None)
+            else:
+                self._failures[model] = failure
+        self._snapshots.update(snapshots)
         return self._release()
 
-    def failure(self, model: str) -> str | None:
-        """Why the model's folder could not be fetched the last time, or None."""
-        return self._failures.get(model)
+    def reset(self) -> list:
+        """The broker changed (or forgot this host): its held unloads, to handle now; its held
+        loads and scalings are dropped (the broker that answers the new HELLO sends its own), and
+        a fetch running for them is not waited for. Epochs are per broker process, so the
+        snapshots are found again by the new broker's loads (those running stay until unloaded)."""
+        unloads = [message for message in self._held if isinstance(message, Unassign)]
+        self._held.clear()
+        self._running = None
+        self._fetched = None
+        self._snapshots.clear()
+        return unloads
+
+    def model_dir(self, assignment: Assignment) -> Path | None:
+        """The snapshot the load's instances run from; None when the model is read from a
+        folder repository. Raises ModelLoadError-worthy text as LookupError when it could not
+        be fetched."""
+        snapshot = self._snapshots.get((assignment.model, assignment.epoch))
+        if snapshot is not None or self.wake_fd is None:
+            return snapshot
+        failure = self._failures.get(assignment.model)
+        raise LookupError(failure or f"model '{assignment.model}' was not fetched")
+
+    def release(self, epoch: int) -> None:
+        """A load was unloaded: its snapshots go."""
+        for key in [key for key in self._snapshots if key[1] == epoch]:
+            shutil.rmtree(self._snapshots.pop(key).parent, ignore_errors=True)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        """The agent stops: the snapshots it took go (its instances have stopped)."""
+        for mirror in self._repository.mirrors.values():
+            for folder in _own_snapshots(mirror.snapshots):
+                shutil.rmtree(folder, ignore_errors=True)
 
     def _release(self) -> list:
         ready = []
         while self._held and self._running is None:
             message = self._held[0]
-            models = _models_placed_by(message) if message is not self._fetched else set()
-            if models:
+            assignments = self._to_fetch(message) if message is not self._fetched else []
+            if assignments:
                 self._fetched = message
-                self._running = self._pool.submit(self._fetch, models)
-                self._running.add_done_callback(lambda _: self._wake_write.send(b"\0"))
+                self._running = done = Future()
+                # A daemon thread: an agent told to stop does not wait for a download to end.
+                threading.Thread(target=self._fetch, args=(assignments, done), name="s3-fetch", daemon=True).start()
                 break
             ready.append(self._held.popleft())
         return ready
 
-    def _fetch(self, models: set[str]) -> dict[str, str | None]:
-        """(On the fetch thread.) Each model's failure, or None once its folder is in step."""
-        failures = {}
-        for model in sorted(models):
-            failures[model] = self._repository.fetch(model)
-            if failures[model] is not None:
-                log.error("cannot fetch model %s: %s", model, failures[model])
-        return failures
+    def _to_fetch(self, message) -> list[Assignment]:
+        """The loads the message starts instances of from the repository, not yet fetched here."""
+        if isinstance(message, Assign):
+            assignments = [*message.models, *(scaled.assignment for scaled in message.scale)]
+        elif isinstance(message, Scale):
+            assignments = [message.assignment]
+        else:
+            return []
+        return [a for a in assignments if not a.files and (a.model, a.epoch) not in self._snapshots]
+
+    def _fetch(self, assignments: list[Assignment], done: Future) -> None:
+        """(On the fetch thread.) Fetch each model's folder and take its load's snapshot; the
+        loop takes the outcome (``completed``): model -> failure or None, and the snapshots."""
+        failures: dict[str, str | None] = {}
+        snapshots: dict[tuple[str, int], Path] = {}
+        for assignment in assignments:
+            model = assignment.model
+            try:
+                failure = self._repository.fetch(model)
+                if failure is not None and not assignment.adopt:
+                    log.error("cannot fetch model %s: %s", model, failure)
+                    failures[model] = failure
+                    continue
+                if failure is not None:   # its running instances are kept: start any others from the last copy
+                    log.error("cannot fetch model %s, using the copy fetched before: %s", model, failure)
+                failures[model] = None
+                snapshot = self._snapshot(model)
+                if snapshot is not None:
+                    snapshots[(model, assignment.epoch)] = snapshot
+            except Exception as exc:  # a bug of ours, or the disk: this load fails, not the agent
+                log.exception("fetching model %s failed", model)
+                failures[model] = f"cannot fetch model '{model}': {exc!r}"
+        done.set_result((failures, snapshots))
+        self._wake_write.send(b"\0")
+
+    def _snapshot(self, model: str) -> Path | None:
+        for mirror in self._repository.mirrors.values():
+            if (mirror.root / model).is_dir():
+                return mirror.snapshot(model, mirror.snapshots / f"{os.getpid()}-{next(self._taken)}" / model)
+        return None   # in a folder repository (or nowhere: the load says so)
 
 
-def _models_placed_by(message) -> set[str]:
-    """The models whose instances the message starts from the repository (not from shipped files)."""
-    if isinstance(message, Assign):
-        assignments = [*message.models, *(scaled.assignment for scaled in message.scale)]
-    elif isinstance(message, Scale):
-        assignments = [message.assignment]
-    else:
-        return set()
-    return {assignment.model for assignment in assignments if not assignment.files}
+def _own_snapshots(folder: Path) -> list[Path]:
+    return [path for path in _entries(folder) if path.name.split("-", 1)[0] == str(os.getpid())]
+
+
+def _remove_stale_snapshots(repository: ModelRepository) -> None:
+    """Snapshots of agents that ended without removing theirs (killed)."""
+    for mirror in repository.mirrors.values():
+        for path in _entries(mirror.snapshots):
+            pid = path.name.split("-", 1)[0]
+            if pid.isdigit() and not is_alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []

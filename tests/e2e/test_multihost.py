@@ -18,6 +18,7 @@ import pytest
 
 from tests import cluster
 from tests.cluster import Load, failures, instance_pids, model_ready, served_by
+from tritium.lifetime import is_alive
 
 REPO = Path(__file__).parent / "cluster_repo"
 HEARTBEAT = ("--heartbeat-interval-secs", "0.25")
@@ -37,22 +38,12 @@ def _remove_leftovers() -> None:
         name = name.rstrip(":").split("@")[0]
         tag = name[len("trbr"):] if name.startswith("trbr") else name.rsplit("-", 1)[-1] \
             if name.startswith("tritium-") else ""
-        if not tag.isdigit() or _alive(int(tag)):
+        if not tag.isdigit() or is_alive(int(tag)):
             continue
         if name.startswith("trbr"):
             _ip("link", "del", name)
         else:
             _ip("netns", "del", name)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 class Network:

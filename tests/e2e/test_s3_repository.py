@@ -89,6 +89,25 @@ def test_polling_follows_the_bucket(s3):
         assert infer(server.url, "scale") == [3.0, 6.0]
 
 
+ENSEMBLE = """
+name: "ens"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 2 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 2 ] } ]
+ensemble_scheduling { step [ { model_name: "twice" model_version: -1
+  input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }
+"""
+
+
+def test_an_ensemble_whose_version_folder_is_a_folder_marker_serves(s3):
+    put_model(s3, "ensemble", "twice", factor=2)
+    s3.put("models", "ensemble/ens/config.pbtxt", ENSEMBLE)
+    s3.put("models", "ensemble/ens/1/", "")   # the empty version folder, as the S3 console makes it
+    with TritiumServer(s3.location("models", "ensemble")) as server:
+        assert infer(server.url, "ens") == [2.0, 4.0]
+
+
 def test_a_load_reads_the_bucket_as_it_is_then(s3):
     put_model(s3, "explicit", "m", factor=2, batch=4)
     with TritiumServer(s3.location("models", "explicit"), "--model-control-mode", "explicit",
@@ -117,10 +136,12 @@ def test_a_worker_host_with_a_mirror_of_its_own_fetches_the_models_it_serves(s3,
         for part in parts[1:]:
             part.wait_ready()
         assert wait_for(lambda: infer(parts[2].url, "m") == [4.0, 8.0], "m served by the worker host")
-        [mirror] = worker_mirrors.glob("tritium-s3-*/repository")
+        [mirror] = worker_mirrors.glob("tritium-s3-*/*/repository")
         fetched = [path.relative_to(mirror).as_posix() for path in mirror.rglob("*")
                    if path.is_file() and path.parent.name != "__pycache__"]
         assert sorted(fetched) == ["m/1/model.py", "m/config.pbtxt"]
+        [snapshot] = mirror.parent.glob("snapshots/*/m")   # what the instance runs from
+        assert (snapshot / "1" / "model.py").read_text() == MODEL.format(factor=4)
     finally:
         for part in reversed(parts):
             part.stop()
@@ -134,7 +155,8 @@ def test_a_bucket_that_cannot_be_read_stops_startup_naming_the_location(s3):
                             capture_output=True, timeout=60, env=dict(os.environ), cwd=Path(__file__).parents[2])
     assert result.returncode != 0
     output = result.stdout.decode() + result.stderr.decode()
-    assert f"model repository '{location}' cannot be read: cannot list s3://no-such-bucket/models/: " in output
+    assert f"model repository '{location}' cannot be read: cannot list s3://{s3.host_port}/no-such-bucket/models/: " \
+        in output
     assert "NoSuchBucket" in output
 
 
@@ -152,4 +174,5 @@ def test_repo_check_reads_an_s3_repository_as_serve_would(s3):
     code, report = check(location)
     assert (code, report["ok"], report["models"]) == (1, False, [])
     [error] = report["repository_errors"]
-    assert error.startswith(f"model repository '{location}' cannot be read: cannot list s3://no-such-bucket/: ")
+    assert error.startswith(f"model repository '{location}' cannot be read: "
+                            f"cannot list s3://{s3.host_port}/no-such-bucket/: ")

@@ -3,13 +3,15 @@ real S3 server (moto's, over HTTP) as objects are added, replaced and deleted.""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
 from tests.s3_server import CREDENTIALS, s3_server
 from tritium.repo import ModelRepository
-from tritium.repo.s3 import S3Error, S3Location, S3Mirror, mirror_folder, parse_location
+from tritium.repo.s3 import (S3Credential, S3Error, S3Location, S3Mirror, credential_for, make_client,
+                             mirror_folder, parse_location)
 
 CONFIG = 'name: "{name}"\nbackend: "python"\nmax_batch_size: 4\n' \
          'input [ { name: "X", data_type: TYPE_FP32, dims: [ 2 ] } ]\n' \
@@ -39,9 +41,26 @@ def test_a_location_without_a_bucket_is_refused(url):
 def test_each_location_has_its_own_mirror_folder_under_triton_s_mount_directory(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_AWS_MOUNT_DIRECTORY", str(tmp_path))
     one, other = parse_location("s3://b/models"), parse_location("s3://b/other")
-    assert mirror_folder(one).parent == tmp_path
+    assert mirror_folder(one).parent == tmp_path / f"tritium-s3-{os.geteuid()}"   # this user's alone
     assert mirror_folder(one) == mirror_folder(parse_location("s3://b//models/"))
     assert mirror_folder(one) != mirror_folder(other)
+
+
+@pytest.mark.parametrize("url", ["s3://https://minio.example.com/models/repo", "s3://http://minio/b",
+                                 "s3://localhost:9000/Bucket/models"])
+def test_a_server_without_a_port_or_a_bucket_s3_cannot_name_is_refused_not_read_from_aws(url):
+    with pytest.raises(S3Error, match="a server's location is s3://\\[http\\(s\\)://\\]host:port/bucket"):
+        parse_location(url)
+
+
+def test_a_mirror_folder_another_user_could_write_is_refused(tmp_path):
+    base = tmp_path / "shared"
+    base.mkdir(mode=0o777)
+    base.chmod(0o777)
+    mirror = S3Mirror(parse_location("s3://b/models"), base / "mirror")
+    with pytest.raises(S3Error, match=f"the mirror folder {base} is not this user's alone"):
+        mirror.sync()
+    assert not (base / "mirror").exists()
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +143,7 @@ def test_keys_that_would_leave_the_mirror_are_not_written(server, mirror):
 
 def test_a_bucket_that_does_not_exist_is_an_error_naming_it(server, mirror, tmp_path):
     missing = S3Mirror(parse_location(server.location("no-such-bucket", "repo")), tmp_path / "missing")
-    with pytest.raises(S3Error, match="cannot list s3://no-such-bucket/repo/: .*NoSuchBucket"):
+    with pytest.raises(S3Error, match=f"cannot list s3://{server.host_port}/no-such-bucket/repo/: .*NoSuchBucket"):
         missing.sync()
 
 
@@ -146,14 +165,117 @@ def test_a_repository_that_cannot_be_fetched_says_so_by_its_location(server, mir
     location = server.location("no-such-bucket")
     repository = ModelRepository([location])
     failure = repository.fetch()
-    assert failure.startswith(f"model repository '{location}' cannot be read: cannot list s3://no-such-bucket/: ")
+    assert failure.startswith(f"model repository '{location}' cannot be read: "
+                              f"cannot list s3://{server.host_port}/no-such-bucket/: ")
     found, errors = repository.discover()
     assert found == {} and errors == (failure,)
 
 
-def test_a_key_that_is_also_a_folder_fails_the_sync_naming_it(server, mirror):
+def test_a_model_whose_objects_were_not_all_fetched_does_not_load(server, mirror, monkeypatch, tmp_path):
+    _, prefix = mirror
+    monkeypatch.setenv("TRITON_AWS_MOUNT_DIRECTORY", str(tmp_path))
+    put_files(server, prefix, {"m/config.pbtxt": CONFIG.replace("{name}", "m"), "m/1": "a file",
+                               "m/1/model.py": "and a folder"})
+    repository = ModelRepository([server.location("models", prefix)])
+    assert repository.fetch() is None   # the repository itself is read
+    failure = repository.model_failure("m")
+    assert failure.startswith(f"cannot write s3://{server.host_port}/models/{prefix}/m/1/model.py to ")
+    assert repository.fetch("m") == failure
+    assert repository.load_all().models["m"].error == f"failed to load 'm': {failure}"
+    assert repository.fetch("..") is None and repository.fetch("") is None   # names left to the load to refuse
+
+
+def test_an_object_that_cannot_be_written_fails_its_model_alone(server, mirror):
     mirror, prefix = mirror
-    put_files(server, prefix, {"m/1": "a file", "m/1/model.py": "and a folder"})
-    with pytest.raises(S3Error, match=f"cannot write s3://models/{prefix}/m/1/model.py to .*/m/1/model.py: "):
-        mirror.sync()
-    assert files_of(mirror.root) == {"m/1": b"a file"}
+    put_files(server, prefix, {"bad/1": "a file", "bad/1/model.py": "and a folder", "good/config.pbtxt": "fine"})
+    failures = mirror.sync()
+    assert list(failures) == ["bad"]
+    assert failures["bad"].startswith(f"cannot write s3://{server.host_port}/models/{prefix}/bad/1/model.py to ")
+    assert files_of(mirror.root) == {"bad/1": b"a file", "good/config.pbtxt": b"fine"}
+    server.delete_prefix("models", f"{prefix}/bad/1")   # both keys
+    put_files(server, prefix, {"bad/1/model.py": "now a folder"})
+    assert mirror.sync("bad") == {}
+    assert files_of(mirror.root) == {"bad/1/model.py": b"now a folder", "good/config.pbtxt": b"fine"}
+
+
+def test_a_folder_marker_is_an_empty_folder_as_an_ensemble_s_version_folder_is(server, mirror):
+    mirror, prefix = mirror
+    put_files(server, prefix, {"ens/config.pbtxt": "ensemble", "ens/1/": ""})
+    mirror.sync()
+    assert (mirror.root / "ens" / "1").is_dir() and files_of(mirror.root) == {"ens/config.pbtxt": b"ensemble"}
+    mirror.sync()   # a marker keeps its folder
+    assert (mirror.root / "ens" / "1").is_dir()
+    server.delete_prefix("models", f"{prefix}/ens/1/")
+    mirror.sync()
+    assert not (mirror.root / "ens" / "1").exists()
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "../other", "a/b"])
+def test_a_name_that_is_no_model_folder_s_is_refused_before_anything_is_removed(server, mirror, name):
+    mirror, prefix = mirror
+    put_files(server, prefix, {"m/config.pbtxt": "kept"})
+    mirror.sync()
+    (mirror.root.parent / "beside.txt").write_text("beside the mirror")
+    with pytest.raises(S3Error, match="is not a model folder's name"):
+        mirror.sync(name)
+    assert files_of(mirror.root) == {"m/config.pbtxt": b"kept"}
+    assert (mirror.root.parent / "beside.txt").exists()
+
+
+def test_a_snapshot_keeps_the_files_a_later_sync_replaces_or_removes(server, mirror, tmp_path):
+    mirror, prefix = mirror
+    put_files(server, prefix, {"m/config.pbtxt": "one", "m/1/model.py": "first"})
+    mirror.sync()
+    snapshot = mirror.snapshot("m", mirror.snapshots / "1" / "m")
+    put_files(server, prefix, {"m/config.pbtxt": "two"})
+    server.delete_prefix("models", f"{prefix}/m/1/")
+    mirror.sync()
+    assert files_of(snapshot) == {"config.pbtxt": b"one", "1/model.py": b"first"}
+    assert files_of(mirror.root) == {"m/config.pbtxt": b"two"}
+
+
+CREDENTIALS_FILE = {"s3": {
+    "": {"key_id": "everywhere", "secret_key": "s0"},
+    "s3://bucket": {"key_id": "bucket", "secret_key": "s1", "region": "eu-west-1", "session_token": "t"},
+    "s3://bucket/private": {"profile": "ops"},
+}}
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("s3://bucket/private/models", S3Credential(profile="ops")),
+    ("s3://bucket/models", S3Credential("bucket", "s1", "t", "eu-west-1")),
+    ("s3://other/models", S3Credential("everywhere", "s0")),
+])
+def test_triton_s_credentials_file_gives_the_longest_matching_name_s_credential(url, expected, monkeypatch, tmp_path):
+    (tmp_path / "credentials.json").write_text(json.dumps(CREDENTIALS_FILE))
+    monkeypatch.setenv("TRITON_CLOUD_CREDENTIAL_PATH", str(tmp_path / "credentials.json"))
+    assert credential_for(parse_location(url)) == expected
+
+
+def test_without_the_credentials_file_boto3_s_own_chain_is_used(monkeypatch):
+    monkeypatch.delenv("TRITON_CLOUD_CREDENTIAL_PATH", raising=False)
+    assert credential_for(parse_location("s3://bucket/models")).client_arguments() == {}
+
+
+def test_a_location_no_credential_matches_or_a_broken_file_is_an_error(monkeypatch, tmp_path):
+    path = tmp_path / "credentials.json"
+    monkeypatch.setenv("TRITON_CLOUD_CREDENTIAL_PATH", str(path))
+    path.write_text(json.dumps({"s3": {"s3://bucket": {"key_id": "k", "secret_key": "s"}}}))
+    with pytest.raises(S3Error, match="^Cannot match credential for path  s3://elsewhere/m$"):
+        credential_for(parse_location("s3://elsewhere/m"))
+    path.write_text("{not json")
+    with pytest.raises(S3Error, match=f"cannot read the credentials in {path} \\(TRITON_CLOUD_CREDENTIAL_PATH\\)"):
+        credential_for(parse_location("s3://bucket/m"))
+
+
+def test_a_mirror_reads_the_bucket_with_the_file_s_keys_over_aws_s_variables(server, mirror, monkeypatch, tmp_path):
+    mirror, prefix = mirror
+    location = parse_location(server.location("models", prefix))
+    (tmp_path / "credentials.json").write_text(json.dumps({"s3": {location.url: {
+        "key_id": "from-the-file", "secret_key": "secret", "region": "us-east-1"}}}))
+    monkeypatch.setenv("TRITON_CLOUD_CREDENTIAL_PATH", str(tmp_path / "credentials.json"))
+    client = make_client(location)
+    assert client._request_signer._credentials.access_key == "from-the-file"   # not AWS_ACCESS_KEY_ID's
+    put_files(server, prefix, {"m/config.pbtxt": "read"})
+    S3Mirror(location, tmp_path / "keyed", client).sync()
+    assert files_of(tmp_path / "keyed" / "repository") == {"m/config.pbtxt": b"read"}

@@ -28,8 +28,12 @@ def mount(tmp_path, monkeypatch):
     return tmp_path
 
 
-def assign(model: str, files: dict | None = None) -> Assign:
-    return Assign((Assignment(model, 1, 7, {}, files=files),))
+def assign(model: str, files: dict | None = None, epoch: int = 7) -> Assign:
+    return Assign((Assignment(model, 1, epoch, {}, files=files),))
+
+
+def files_of(root):
+    return {path.relative_to(root).as_posix(): path.read_bytes() for path in root.rglob("*") if path.is_file()}
 
 
 def completed_after_wake(fetcher: RepositoryFetcher) -> list:
@@ -45,41 +49,60 @@ def test_a_folder_repository_hands_every_message_back_at_once(tmp_path):
     assert fetcher.wake_fd is None and fetcher.roots == (tmp_path,)
 
 
-def test_messages_after_a_load_wait_for_its_fetch_and_keep_their_order(s3, mount):
+def test_loads_scalings_and_unloads_wait_for_a_fetch_in_order_and_the_rest_is_handled_at_once(s3, mount):
     fetcher = RepositoryFetcher((s3.location("models", "repo"),))
-    before, load, unload, heartbeat = Heartbeat(boot=1), assign("m"), Unassign((LoadRef("m", 1, 7),)), Heartbeat(boot=1)
-    try:
-        assert fetcher.arrived(before) == [before]   # nothing to fetch for it
-        assert fetcher.arrived(load) == []
-        assert fetcher.arrived(unload) == []
-        assert fetcher.arrived(heartbeat) == []
-        assert completed_after_wake(fetcher) == [load, unload, heartbeat]
-        model = fetcher.roots[0] / "m"
-        assert (model / "config.pbtxt").read_text() == "config" and (model / "1" / "model.py").read_text() == "code"
-        assert fetcher.failure("m") is None
-    finally:
-        fetcher.close()
+    load, unload, heartbeat = assign("m"), Unassign((LoadRef("m", 1, 7),)), Heartbeat(boot=1)
+    scale = Scale(Assignment("m", 1, 7, {}), count=2)
+    assert fetcher.arrived(load) == []
+    assert fetcher.arrived(scale) == []
+    assert fetcher.arrived(heartbeat) == [heartbeat]   # the broker's liveness is not held up
+    assert fetcher.arrived(unload) == []
+    assert completed_after_wake(fetcher) == [load, scale, unload]   # the load's snapshot serves the scaling
+    snapshot = fetcher.model_dir(load.models[0])
+    assert files_of(snapshot) == {"config.pbtxt": b"config", "1/model.py": b"code"}
+    assert snapshot.parent.parent.name == "snapshots"
 
 
-def test_a_load_with_shipped_files_fetches_nothing_and_a_scale_fetches_its_model(s3, mount):
+def test_a_load_s_instances_run_from_its_snapshot_whatever_the_bucket_does_next(s3, mount):
+    fetcher = RepositoryFetcher((s3.location("models", "repo"),))
+    first, second = assign("m", epoch=1), assign("m", epoch=2)
+    assert fetcher.arrived(first) == [] and completed_after_wake(fetcher) == [first]
+    s3.put("models", "repo/m/1/model.py", "new code")
+    assert fetcher.arrived(second) == [] and completed_after_wake(fetcher) == [second]
+    first_dir, second_dir = fetcher.model_dir(first.models[0]), fetcher.model_dir(second.models[0])
+    assert (first_dir / "1" / "model.py").read_text() == "code"
+    assert (second_dir / "1" / "model.py").read_text() == "new code"
+    fetcher.release(1)   # the first load unloaded
+    assert not first_dir.exists() and second_dir.exists()
+    fetcher.close()   # the agent stops
+    assert not second_dir.exists()
+
+
+def test_a_load_with_shipped_files_fetches_nothing(s3, mount):
     fetcher = RepositoryFetcher((s3.location("models", "repo"),))
     shipped = assign("m", files={"config.pbtxt": "c2FtZQ=="})
-    scale = Scale(Assignment("m", 1, 7, {}), count=2)
-    try:
-        assert fetcher.arrived(shipped) == [shipped]
-        assert fetcher.arrived(scale) == []
-        assert completed_after_wake(fetcher) == [scale]
-    finally:
-        fetcher.close()
+    assert fetcher.arrived(shipped) == [shipped]
 
 
-def test_a_fetch_that_fails_is_remembered_for_its_model_until_one_succeeds(s3, mount):
-    fetcher = RepositoryFetcher((s3.location("no-such-bucket", "repo"),))
-    load = assign("m")
-    try:
-        assert fetcher.arrived(load) == []
-        assert completed_after_wake(fetcher) == [load]
-        assert "cannot list s3://no-such-bucket/repo/m/: " in fetcher.failure("m")
-        assert fetcher.failure("other") is None
-    finally:
-        fetcher.close()
+def test_a_fetch_that_failed_fails_its_load_until_one_succeeds(s3, mount):
+    fetcher = RepositoryFetcher((s3.location("made-later", "repo"),))
+    load, again = assign("m"), assign("m", epoch=8)
+    assert fetcher.arrived(load) == []
+    assert completed_after_wake(fetcher) == [load]
+    with pytest.raises(LookupError, match=f"cannot list s3://{s3.host_port}/made-later/repo/m/: "):
+        fetcher.model_dir(load.models[0])
+    s3.client.create_bucket(Bucket="made-later")
+    s3.put("made-later", "repo/m/config.pbtxt", "config")
+    assert fetcher.arrived(again) == []
+    assert completed_after_wake(fetcher) == [again]
+    assert files_of(fetcher.model_dir(again.models[0])) == {"config.pbtxt": b"config"}
+
+
+def test_a_new_broker_gets_the_held_unloads_and_not_the_held_loads(s3, mount):
+    fetcher = RepositoryFetcher((s3.location("models", "repo"),))
+    load, unload, later = assign("m"), Unassign((LoadRef("m", 1, 3),)), assign("m", epoch=9)
+    assert fetcher.arrived(load) == [] and fetcher.arrived(unload) == [] and fetcher.arrived(later) == []
+    assert fetcher.reset() == [unload]
+    completed_after_wake(fetcher)   # the fetch started before the reset ends unheard
+    with pytest.raises(LookupError):
+        fetcher.model_dir(load.models[0])
