@@ -145,8 +145,11 @@ class ModelLifecycle:
             return
         record = self.registry.models.get(name)
         if config is None and not files and record is not None and record.override is not None \
-                and not record.unloaded and record.fingerprint == self.reader.fingerprint(name):
-            config, files = record.override   # as Triton: nothing changed on disk, so the override stays
+                and not record.unloaded and not self.repository.remote \
+                and record.fingerprint == self.reader.fingerprint(name):
+            # As Triton: nothing changed on disk, so the override stays. (An S3 repository's copy
+            # is fetched by the load itself: it would say nothing changed before the fetch.)
+            config, files = record.override
         self.schedule_read(name, config, files, reply)
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:

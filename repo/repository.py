@@ -96,6 +96,8 @@ class ModelRepository:
                         self._fetch_errors.pop(location, None)
                     else:
                         self._fetch_errors[location] = why
+        if model is not None and failure is not None and self._in_a_folder(model):
+            failure = None   # a bucket that cannot be read says nothing of a model in a folder repository
         with self._fetch_lock:
             if model is None:
                 self._model_failures = dict(failed)
@@ -105,6 +107,10 @@ class ModelRepository:
         if model is not None:
             return failure or failed.get(model)
         return failure
+
+    def _in_a_folder(self, model: str) -> bool:
+        return any((root / model).is_dir() for location, root in zip(self.locations, self.roots)
+                   if location not in self._mirrors)
 
     def model_failure(self, name: str) -> str | None:
         """Why the model's objects could not all be fetched the last time, or None."""

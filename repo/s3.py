@@ -111,8 +111,8 @@ class S3Mirror:
         """Bring the mirror (or one model's folder of it) in step with the bucket. Raises S3Error
         when the bucket cannot be listed (or the mirror's folder is not this user's); returns
         model -> why, for the models some of whose objects could not be fetched."""
-        if model is not None and (not _safe_relative(model) or "/" in model):
-            raise S3Error(f"'{model}' is not a model folder's name")
+        if model is not None:
+            _check_model_name(model)
         self._prepare()
         with self._locked():
             manifest = self._read_manifest()
@@ -140,8 +140,9 @@ class S3Mirror:
     def snapshot(self, model: str, target: Path) -> Path:
         """The model's folder as it is now, linked into ``target`` (same file system: the mirror's
         own ``snapshots`` folder is one), for instances to run from whatever later syncs do."""
+        _check_model_name(model)
         with self._locked():
-            shutil.copytree(self.root / model, target, copy_function=_link_or_copy, dirs_exist_ok=True,
+            shutil.copytree(self.root / model, target, copy_function=_link_or_copy,
                             ignore=shutil.ignore_patterns(_BYTECODE_CACHE))
         return target
 
@@ -268,6 +269,11 @@ def _link_or_copy(source: str, target: str) -> None:
         os.link(source, target)
     except OSError:   # another file system, or one without hard links
         shutil.copy2(source, target)
+
+
+def _check_model_name(model: str) -> None:
+    if not _safe_relative(model) or "/" in model:
+        raise S3Error(f"'{model}' is not a model folder's name")
 
 
 def _safe_relative(relative: str) -> bool:

@@ -262,6 +262,8 @@ class HostAgent:
         log.info("draining: the broker moves work away from this host before it stops")
         self._drain_deadline = time.monotonic() + self.settings.exit_timeout_s
         self._send(Drain())
+        for message in self._fetcher.start_draining():   # loads are refused now: none waits for a download
+            self._handle(message)
 
     def _send(self, message) -> None:
         """Never blocks: while the broker is away, what does not fit in ZeroMQ's queue is dropped
@@ -294,11 +296,13 @@ class HostAgent:
                 if child.iid and child.process is not None and child.process.poll() is None
                 and not _stopped(child.process.pid)]
 
-    def _register_again(self, why: str) -> None:
+    def _register_again(self, why: str, new_broker: bool = False) -> None:
         """A new broker (or one that dropped this host) knows none of this host's instances: they are
         offered to it (it keeps those it would start anyway); a draining host stops them."""
         for message in self._fetcher.reset():   # the old broker's unloads still apply; its loads do not
             self._handle(message)
+        if new_broker:
+            self._fetcher.forget_loads()
         keep = self._drain_deadline is None
         for child in self.children:
             if not (keep and child.wanted and child.process is not None):
@@ -343,7 +347,7 @@ class HostAgent:
                 self._unassign(load.epoch, load.instances)
         elif kind is Heartbeat:
             if self._broker_boot is not None and message.boot != self._broker_boot:
-                self._register_again("the broker restarted")
+                self._register_again("the broker restarted", new_broker=True)
             self._broker_boot = message.boot
             self._broker_interval = message.heartbeat_s or 0.0
         elif kind is Reset:

@@ -13,19 +13,20 @@ settings) are handled at once.
 
 from __future__ import annotations
 
+import fcntl
 import logging
-import os
 import shutil
 import socket
+import tempfile
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
-from itertools import count
 from pathlib import Path
 
 from tritium.protocol import Assign, Assignment, Scale, Unassign
-from tritium.lifetime import is_alive
 from tritium.repo import ModelRepository
+from tritium.repo.names import name_problem
 
 log = logging.getLogger(__name__)
 _HELD = (Assign, Scale, Unassign)   # the messages that keep their order behind a fetch
@@ -41,13 +42,13 @@ class RepositoryFetcher:
         self._fetched: object = None    # the held message whose models are fetched
         self._failures: dict[str, str] = {}   # model -> why its last fetch failed
         self._snapshots: dict[tuple[str, int], Path] = {}   # (model, epoch) -> the folder its instances run from
-        self._taken = count(1)
+        self._areas: dict[str, SnapshotArea] = {}   # S3 location -> this agent's snapshots in its mirror
+        self.draining = False   # set by the agent: loads are refused, so nothing is fetched for them
         self.wake_fd: int | None = None   # readable when a fetch is done: the loop polls it
         if self._repository.remote:
             self._wake_read, self._wake_write = socket.socketpair()
             self._wake_read.setblocking(False)
             self.wake_fd = self._wake_read.fileno()
-            _remove_stale_snapshots(self._repository)
 
     def arrived(self, message) -> list:
         """The messages to handle now, in order, ``message`` last if nothing waits for a fetch."""
@@ -75,37 +76,50 @@ class RepositoryFetcher:
         return self._release()
 
     def reset(self) -> list:
-        """The broker changed (or forgot this host): its held unloads, to handle now; its held
-        loads and scalings are dropped (the broker that answers the new HELLO sends its own), and
-        a fetch running for them is not waited for. Epochs are per broker process, so the
-        snapshots are found again by the new broker's loads (those running stay until unloaded)."""
+        """The broker forgot this host, or another broker process answers: its held unloads, to
+        handle now; its held loads and scalings are dropped (the broker that answers the new
+        HELLO sends its own), and a fetch running for them is not waited for."""
         unloads = [message for message in self._held if isinstance(message, Unassign)]
         self._held.clear()
         self._running = None
         self._fetched = None
-        self._snapshots.clear()
         return unloads
+
+    def start_draining(self) -> list:
+        """The host drains: every held message, to handle now (the agent refuses the loads), and
+        nothing is fetched from now on."""
+        self.draining = True
+        held = list(self._held)
+        self._held.clear()
+        self._running = None
+        self._fetched = None
+        return held
+
+    def forget_loads(self) -> None:
+        """Another broker process answers: epochs are its own, so its loads are fetched again
+        (the snapshots of the instances it adopts stay until the agent stops)."""
+        self._snapshots.clear()
 
     def model_dir(self, assignment: Assignment) -> Path | None:
         """The snapshot the load's instances run from; None when the model is read from a
-        folder repository. Raises ModelLoadError-worthy text as LookupError when it could not
-        be fetched."""
-        snapshot = self._snapshots.get((assignment.model, assignment.epoch))
-        if snapshot is not None or self.wake_fd is None:
-            return snapshot
+        folder repository. Raises LookupError, saying why, when it could not be fetched."""
+        key = (assignment.model, assignment.epoch)
+        if key in self._snapshots or self.wake_fd is None:
+            return self._snapshots.get(key)
         failure = self._failures.get(assignment.model)
         raise LookupError(failure or f"model '{assignment.model}' was not fetched")
 
     def release(self, epoch: int) -> None:
         """A load was unloaded: its snapshots go."""
         for key in [key for key in self._snapshots if key[1] == epoch]:
-            shutil.rmtree(self._snapshots.pop(key).parent, ignore_errors=True)
+            snapshot = self._snapshots.pop(key)
+            if snapshot is not None:
+                shutil.rmtree(snapshot.parent, ignore_errors=True)
 
     def close(self) -> None:
         """The agent stops: the snapshots it took go (its instances have stopped)."""
-        for mirror in self._repository.mirrors.values():
-            for folder in _own_snapshots(mirror.snapshots):
-                shutil.rmtree(folder, ignore_errors=True)
+        for area in self._areas.values():
+            area.close()
 
     def _release(self) -> list:
         ready = []
@@ -129,15 +143,21 @@ class RepositoryFetcher:
             assignments = [message.assignment]
         else:
             return []
+        if self.draining:   # the agent refuses them: nothing to fetch, nothing to hold up
+            return []
         return [a for a in assignments if not a.files and (a.model, a.epoch) not in self._snapshots]
 
     def _fetch(self, assignments: list[Assignment], done: Future) -> None:
         """(On the fetch thread.) Fetch each model's folder and take its load's snapshot; the
         loop takes the outcome (``completed``): model -> failure or None, and the snapshots."""
         failures: dict[str, str | None] = {}
-        snapshots: dict[tuple[str, int], Path] = {}
+        snapshots: dict[tuple[str, int], Path | None] = {}
         for assignment in assignments:
             model = assignment.model
+            problem = name_problem(model)
+            if problem is not None:
+                failures[model] = f"cannot place model '{model}': {problem}"
+                continue
             try:
                 failure = self._repository.fetch(model)
                 if failure is not None and not assignment.adopt:
@@ -147,9 +167,7 @@ class RepositoryFetcher:
                 if failure is not None:   # its running instances are kept: start any others from the last copy
                     log.error("cannot fetch model %s, using the copy fetched before: %s", model, failure)
                 failures[model] = None
-                snapshot = self._snapshot(model)
-                if snapshot is not None:
-                    snapshots[(model, assignment.epoch)] = snapshot
+                snapshots[(model, assignment.epoch)] = self._snapshot(model)   # None: in a folder repository
             except Exception as exc:  # a bug of ours, or the disk: this load fails, not the agent
                 log.exception("fetching model %s failed", model)
                 failures[model] = f"cannot fetch model '{model}': {exc!r}"
@@ -157,27 +175,45 @@ class RepositoryFetcher:
         self._wake_write.send(b"\0")
 
     def _snapshot(self, model: str) -> Path | None:
-        for mirror in self._repository.mirrors.values():
+        for location, mirror in self._repository.mirrors.items():
             if (mirror.root / model).is_dir():
-                return mirror.snapshot(model, mirror.snapshots / f"{os.getpid()}-{next(self._taken)}" / model)
-        return None   # in a folder repository (or nowhere: the load says so)
+                if location not in self._areas:
+                    self._areas[location] = SnapshotArea(mirror.snapshots)
+                return mirror.snapshot(model, self._areas[location].new_folder() / model)
+        return None
 
 
-def _own_snapshots(folder: Path) -> list[Path]:
-    return [path for path in _entries(folder) if path.name.split("-", 1)[0] == str(os.getpid())]
+class SnapshotArea:
+    """This agent's folder of snapshots in one mirror. It holds a lock on it while it lives,
+    so that an agent (of this host, or of another container sharing the mount) can tell an
+    abandoned area (its agent was killed) from one in use, and remove it."""
+
+    def __init__(self, snapshots: Path) -> None:
+        snapshots.mkdir(exist_ok=True)
+        _remove_abandoned(snapshots)
+        self.folder = Path(tempfile.mkdtemp(prefix=_AREA_PREFIX, dir=snapshots))
+        self._lock = open(self.folder / _AREA_LOCK, "w")
+        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def new_folder(self) -> Path:
+        return Path(tempfile.mkdtemp(dir=self.folder))
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self._lock.close()
 
 
-def _remove_stale_snapshots(repository: ModelRepository) -> None:
-    """Snapshots of agents that ended without removing theirs (killed)."""
-    for mirror in repository.mirrors.values():
-        for path in _entries(mirror.snapshots):
-            pid = path.name.split("-", 1)[0]
-            if pid.isdigit() and not is_alive(int(pid)):
-                shutil.rmtree(path, ignore_errors=True)
+_AREA_PREFIX, _AREA_LOCK = "agent-", ".lock"
+_AREA_GRACE_S = 60   # an area this young may be one whose agent has not taken its lock yet
 
 
-def _entries(folder: Path) -> list[Path]:
-    try:
-        return list(folder.iterdir())
-    except OSError:
-        return []
+def _remove_abandoned(snapshots: Path) -> None:
+    for area in snapshots.glob(f"{_AREA_PREFIX}*"):
+        try:
+            if time.time() - area.stat().st_mtime < _AREA_GRACE_S:
+                continue
+            with open(area / _AREA_LOCK, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)   # raises while its agent lives
+        except OSError:
+            continue
+        shutil.rmtree(area, ignore_errors=True)

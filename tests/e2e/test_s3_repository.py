@@ -140,7 +140,7 @@ def test_a_worker_host_with_a_mirror_of_its_own_fetches_the_models_it_serves(s3,
         fetched = [path.relative_to(mirror).as_posix() for path in mirror.rglob("*")
                    if path.is_file() and path.parent.name != "__pycache__"]
         assert sorted(fetched) == ["m/1/model.py", "m/config.pbtxt"]
-        [snapshot] = mirror.parent.glob("snapshots/*/m")   # what the instance runs from
+        [snapshot] = mirror.parent.glob("snapshots/agent-*/*/m")   # what the instance runs from
         assert (snapshot / "1" / "model.py").read_text() == MODEL.format(factor=4)
     finally:
         for part in reversed(parts):

@@ -279,3 +279,13 @@ def test_a_mirror_reads_the_bucket_with_the_file_s_keys_over_aws_s_variables(ser
     put_files(server, prefix, {"m/config.pbtxt": "read"})
     S3Mirror(location, tmp_path / "keyed", client).sync()
     assert files_of(tmp_path / "keyed" / "repository") == {"m/config.pbtxt": b"read"}
+
+
+def test_a_bucket_that_cannot_be_read_fails_no_model_of_a_folder_repository(server, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_AWS_MOUNT_DIRECTORY", str(tmp_path))
+    (tmp_path / "local" / "here").mkdir(parents=True)
+    location = server.location("no-such-bucket")
+    repository = ModelRepository([location, str(tmp_path / "local")])
+    assert repository.fetch("here") is None
+    assert repository.fetch("elsewhere").startswith(f"model repository '{location}' cannot be read: ")
+    assert list(repository.discover()[0]) == ["here"]

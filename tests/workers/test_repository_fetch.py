@@ -3,7 +3,9 @@ behind it in the order they came, against a real S3 server (moto's, over HTTP)."
 
 from __future__ import annotations
 
+import os
 import select
+import time
 
 import pytest
 
@@ -60,7 +62,7 @@ def test_loads_scalings_and_unloads_wait_for_a_fetch_in_order_and_the_rest_is_ha
     assert completed_after_wake(fetcher) == [load, scale, unload]   # the load's snapshot serves the scaling
     snapshot = fetcher.model_dir(load.models[0])
     assert files_of(snapshot) == {"config.pbtxt": b"config", "1/model.py": b"code"}
-    assert snapshot.parent.parent.name == "snapshots"
+    assert snapshot.parent.parent.parent.name == "snapshots"   # snapshots/agent-*/*/m
 
 
 def test_a_load_s_instances_run_from_its_snapshot_whatever_the_bucket_does_next(s3, mount):
@@ -75,7 +77,7 @@ def test_a_load_s_instances_run_from_its_snapshot_whatever_the_bucket_does_next(
     fetcher.release(1)   # the first load unloaded
     assert not first_dir.exists() and second_dir.exists()
     fetcher.close()   # the agent stops
-    assert not second_dir.exists()
+    assert not second_dir.exists() and list(second_dir.parents[2].iterdir()) == []
 
 
 def test_a_load_with_shipped_files_fetches_nothing(s3, mount):
@@ -98,11 +100,66 @@ def test_a_fetch_that_failed_fails_its_load_until_one_succeeds(s3, mount):
     assert files_of(fetcher.model_dir(again.models[0])) == {"config.pbtxt": b"config"}
 
 
-def test_a_new_broker_gets_the_held_unloads_and_not_the_held_loads(s3, mount):
+def test_a_broker_that_forgot_the_host_gets_the_held_unloads_and_not_the_held_loads(s3, mount):
     fetcher = RepositoryFetcher((s3.location("models", "repo"),))
-    load, unload, later = assign("m"), Unassign((LoadRef("m", 1, 3),)), assign("m", epoch=9)
-    assert fetcher.arrived(load) == [] and fetcher.arrived(unload) == [] and fetcher.arrived(later) == []
+    first = assign("m", epoch=3)
+    assert fetcher.arrived(first) == [] and completed_after_wake(fetcher) == [first]
+    load, unload = assign("m", epoch=4), Unassign((LoadRef("m", 1, 3),))
+    assert fetcher.arrived(load) == [] and fetcher.arrived(unload) == []
     assert fetcher.reset() == [unload]
     completed_after_wake(fetcher)   # the fetch started before the reset ends unheard
     with pytest.raises(LookupError):
         fetcher.model_dir(load.models[0])
+    assert fetcher.model_dir(first.models[0]).is_dir()   # the same broker: its loads keep their snapshots
+    fetcher.forget_loads()   # another broker process: its epochs are its own
+    with pytest.raises(LookupError):
+        fetcher.model_dir(first.models[0])
+
+
+def test_a_model_in_a_folder_repository_beside_a_bucket_is_read_where_it_is(s3, mount, tmp_path):
+    local = tmp_path / "local"
+    (local / "here").mkdir(parents=True)
+    fetcher = RepositoryFetcher((s3.location("models", "repo"), str(local)))
+    load = assign("here")
+    assert fetcher.arrived(load) == [] and completed_after_wake(fetcher) == [load]
+    assert fetcher.model_dir(load.models[0]) is None   # the agent reads its roots
+    unreadable = RepositoryFetcher((s3.location("no-such-bucket", "repo"), str(local)))
+    assert unreadable.arrived(load) == [] and completed_after_wake(unreadable) == [load]
+    assert unreadable.model_dir(load.models[0]) is None   # the bucket's failure is not the folder's model's
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "a/b"])
+def test_a_name_that_is_no_model_folder_s_fails_its_load_and_links_nothing(s3, mount, name):
+    fetcher = RepositoryFetcher((s3.location("models", "repo"),))
+    load = assign(name)
+    assert fetcher.arrived(load) == [] and completed_after_wake(fetcher) == [load]
+    with pytest.raises(LookupError, match=f"cannot place model '{name}': "):
+        fetcher.model_dir(load.models[0])
+    assert not list(mount.rglob("snapshots/*/*"))
+
+
+def test_a_draining_host_gets_its_held_messages_back_and_fetches_nothing_more(s3, mount):
+    fetcher = RepositoryFetcher((s3.location("models", "repo"),))
+    load, unload, later = assign("m"), Unassign((LoadRef("m", 1, 2),)), assign("m", epoch=9)
+    assert fetcher.arrived(load) == [] and fetcher.arrived(unload) == []
+    assert fetcher.start_draining() == [load, unload]
+    assert fetcher.arrived(later) == [later]
+
+
+def test_an_agent_s_abandoned_snapshots_are_removed_and_a_live_agent_s_kept(s3, mount):
+    first = RepositoryFetcher((s3.location("models", "repo"),))
+    load = assign("m")
+    assert first.arrived(load) == [] and completed_after_wake(first) == [load]
+    live = first.model_dir(load.models[0])
+    snapshots = live.parents[2]
+    abandoned = snapshots / "agent-killed"
+    (abandoned / "tmp1" / "m").mkdir(parents=True)
+    (abandoned / ".lock").touch()
+    long_ago = time.time() - 3600
+    for path in (abandoned, live.parents[1]):   # both old enough; only the first has no agent
+        os.utime(path, (long_ago, long_ago))
+    second = RepositoryFetcher((s3.location("models", "repo"),))
+    again = assign("m", epoch=8)
+    assert second.arrived(again) == [] and completed_after_wake(second) == [again]
+    assert not abandoned.exists()
+    assert live.is_dir() and second.model_dir(again.models[0]).is_dir()
