@@ -102,9 +102,7 @@ class ModelLifecycle:
         """Load what the control mode loads at startup, in the caller's thread. A model repository
         that cannot be read fails the server's start, as in Triton: with --exit-on-error=false it
         then serves, neither live nor ready (the gateways answer model calls 'Server not ready')."""
-        failure = self.repository.fetch()   # an S3 repository's mirror, before anything reads it
-        if failure is not None:
-            log.error("%s", failure)
+        self.repository.fetch()   # an S3 repository's mirror, before anything reads it (discover reports a failure)
         unreadable = self.repository.discover()[1]
         self.registry.startup_failure = unreadable[0] if unreadable else None
         if self.settings.mode == "explicit":
