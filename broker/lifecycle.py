@@ -106,6 +106,8 @@ class ModelLifecycle:
         unreadable = self.repository.discover()[1]
         self.registry.startup_failure = unreadable[0] if unreadable else None
         if self.settings.mode == "explicit":
+            for error in unreadable:   # (the other modes log them with the scan's errors)
+                log.error("%s", error)
             names = self.settings.load_models
             if "*" in names:
                 names = tuple(self.repository.discover()[0])
@@ -143,7 +145,7 @@ class ModelLifecycle:
             return
         record = self.registry.models.get(name)
         if config is None and not files and record is not None and record.override is not None \
-                and not record.unloaded and not self.repository.remote \
+                and not record.unloaded and (not self.repository.remote or self.repository.in_a_folder(name)) \
                 and record.fingerprint == self.reader.fingerprint(name):
             # As Triton: nothing changed on disk, so the override stays. (An S3 repository's copy
             # is fetched by the load itself: it would say nothing changed before the fetch.)

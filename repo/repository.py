@@ -79,9 +79,11 @@ class ModelRepository:
         if model is not None and name_problem(model) is not None:
             return None   # no folder to fetch: the load says what is wrong with the name
         failure, failed = None, {}
+        read = []   # the roots of the mirrors fetched
         for location, mirror in self._mirrors.items():
             try:
                 failed.update(mirror.sync(model))
+                read.append(mirror.root)
                 why = None
             except S3Error as exc:
                 why = str(exc)
@@ -96,8 +98,9 @@ class ModelRepository:
                         self._fetch_errors.pop(location, None)
                     else:
                         self._fetch_errors[location] = why
-        if model is not None and failure is not None and self._in_a_folder(model):
-            failure = None   # a bucket that cannot be read says nothing of a model in a folder repository
+        if model is not None and failure is not None and (
+                self.in_a_folder(model) or any((root / model).is_dir() for root in read)):
+            failure = None   # a bucket that cannot be read says nothing of a model found elsewhere
         with self._fetch_lock:
             if model is None:
                 self._model_failures = dict(failed)
@@ -108,7 +111,8 @@ class ModelRepository:
             return failure or failed.get(model)
         return failure
 
-    def _in_a_folder(self, model: str) -> bool:
+    def in_a_folder(self, model: str) -> bool:
+        """Whether the model is in one of the folder repositories (not in an S3 one)."""
         return any((root / model).is_dir() for location, root in zip(self.locations, self.roots)
                    if location not in self._mirrors)
 

@@ -203,6 +203,8 @@ class HostAgent:
             for message in self._fetcher.completed():
                 self._handle(message)
         self._reap()
+        if self._fetcher.wake_fd is not None:   # S3 snapshots of no load, once no instance runs from them
+            self._fetcher.collect({Path(child.spec["model_dir"]) for child in self.children})
         self._kill_overdue()
         self._restart_due()
         self._report_host()
@@ -296,13 +298,11 @@ class HostAgent:
                 if child.iid and child.process is not None and child.process.poll() is None
                 and not _stopped(child.process.pid)]
 
-    def _register_again(self, why: str, new_broker: bool = False) -> None:
+    def _register_again(self, why: str) -> None:
         """A new broker (or one that dropped this host) knows none of this host's instances: they are
         offered to it (it keeps those it would start anyway); a draining host stops them."""
         for message in self._fetcher.reset():   # the old broker's unloads still apply; its loads do not
             self._handle(message)
-        if new_broker:
-            self._fetcher.forget_loads()
         keep = self._drain_deadline is None
         for child in self.children:
             if not (keep and child.wanted and child.process is not None):
@@ -347,13 +347,15 @@ class HostAgent:
                 self._unassign(load.epoch, load.instances)
         elif kind is Heartbeat:
             if self._broker_boot is not None and message.boot != self._broker_boot:
-                self._register_again("the broker restarted", new_broker=True)
+                self._register_again("the broker restarted")
             self._broker_boot = message.boot
             self._broker_interval = message.heartbeat_s or 0.0
+            self._fetcher.broker_is(message.boot)
         elif kind is Reset:
             # RESETs queued before this host's last HELLO was answered are stale.
             if self._broker_boot is not None:
                 self._register_again("the broker does not know this host")
+            self._fetcher.broker_is(message.boot)   # (a restarted broker says so with a reset)
         elif kind is Drained:
             log.info("the broker moved all work away from this host")
             self._running = False

@@ -32,17 +32,27 @@ log = logging.getLogger(__name__)
 _HELD = (Assign, Scale, Unassign)   # the messages that keep their order behind a fetch
 
 
+# What a fetch thread hands the loop: model -> its failure (None: fetched), and the snapshots
+# it took, (model, epoch) -> folder (None: the model is in a folder repository).
+FetchOutcome = tuple[dict[str, str | None], dict[tuple[str, int], Path | None]]
+
+
 class RepositoryFetcher:
     def __init__(self, locations: tuple[str, ...]) -> None:
         self.locations = locations
         self._repository = ModelRepository(locations)
         self.roots: tuple[Path, ...] = self._repository.roots
         self._held: deque = deque()   # messages waiting behind a fetch, in arrival order
-        self._running: Future | None = None
+        self._running: Future[FetchOutcome] | None = None
+        self._abandoned: list[Future[FetchOutcome]] = []   # fetches a reset or a drain stopped waiting for
         self._fetched: object = None    # the held message whose models are fetched
         self._failures: dict[str, str] = {}   # model -> why its last fetch failed
-        self._snapshots: dict[tuple[str, int], Path] = {}   # (model, epoch) -> the folder its instances run from
+        self._snapshots: dict[tuple[str, int], Path | None] = {}   # (model, epoch) -> the folder its instances run from
+        self._retired: set[Path] = set()   # snapshots of no load any more, removed once no instance runs from them
+        self._boot: int | None = None   # the broker process whose epochs ``_snapshots`` holds
         self._areas: dict[str, SnapshotArea] = {}   # S3 location -> this agent's snapshots in its mirror
+        self._areas_lock = threading.Lock()   # fetch threads make areas; the loop closes them
+        self._closed = False
         self.draining = False   # set by the agent: loads are refused, so nothing is fetched for them
         self.wake_fd: int | None = None   # readable when a fetch is done: the loop polls it
         if self._repository.remote:
@@ -63,8 +73,11 @@ class RepositoryFetcher:
             self._wake_read.recv(64)
         except BlockingIOError:
             pass
+        for done in [future for future in self._abandoned if future.done()]:   # nobody waits for their snapshots
+            self._abandoned.remove(done)
+            self._retired.update(path for path in done.result()[1].values() if path is not None)
         if self._running is None or not self._running.done():
-            return []   # (a fetch that a reset left behind ends unheard)
+            return []
         failures, snapshots = self._running.result()
         self._running = None
         for model, failure in failures.items():
@@ -75,14 +88,24 @@ class RepositoryFetcher:
         self._snapshots.update(snapshots)
         return self._release()
 
+    def broker_is(self, boot: int | None) -> None:
+        """The broker process that speaks now (a heartbeat's or a reset's boot): epochs are per
+        broker process, so another one's loads are fetched again (the snapshots of what it adopts
+        stay until no instance runs from them)."""
+        if boot is None:
+            return
+        if self._boot is not None and boot != self._boot:
+            self._retired.update(path for path in self._snapshots.values() if path is not None)
+            self._snapshots.clear()
+        self._boot = boot
+
     def reset(self) -> list:
         """The broker forgot this host, or another broker process answers: its held unloads, to
         handle now; its held loads and scalings are dropped (the broker that answers the new
         HELLO sends its own), and a fetch running for them is not waited for."""
         unloads = [message for message in self._held if isinstance(message, Unassign)]
         self._held.clear()
-        self._running = None
-        self._fetched = None
+        self._abandon()
         return unloads
 
     def start_draining(self) -> list:
@@ -91,14 +114,8 @@ class RepositoryFetcher:
         self.draining = True
         held = list(self._held)
         self._held.clear()
-        self._running = None
-        self._fetched = None
+        self._abandon()
         return held
-
-    def forget_loads(self) -> None:
-        """Another broker process answers: epochs are its own, so its loads are fetched again
-        (the snapshots of the instances it adopts stay until the agent stops)."""
-        self._snapshots.clear()
 
     def model_dir(self, assignment: Assignment) -> Path | None:
         """The snapshot the load's instances run from; None when the model is read from a
@@ -110,16 +127,31 @@ class RepositoryFetcher:
         raise LookupError(failure or f"model '{assignment.model}' was not fetched")
 
     def release(self, epoch: int) -> None:
-        """A load was unloaded: its snapshots go."""
+        """A load was unloaded: its snapshots go once its instances have stopped (``collect``)."""
         for key in [key for key in self._snapshots if key[1] == epoch]:
             snapshot = self._snapshots.pop(key)
             if snapshot is not None:
-                shutil.rmtree(snapshot.parent, ignore_errors=True)
+                self._retired.add(snapshot)
+
+    def collect(self, in_use: set[Path]) -> None:
+        """Remove the retired snapshots no instance runs from (``in_use``: the instances' folders)."""
+        for snapshot in self._retired - in_use:
+            shutil.rmtree(snapshot.parent, ignore_errors=True)
+            self._retired.discard(snapshot)
 
     def close(self) -> None:
         """The agent stops: the snapshots it took go (its instances have stopped)."""
-        for area in self._areas.values():
+        with self._areas_lock:
+            self._closed = True
+            areas = list(self._areas.values())
+        for area in areas:
             area.close()
+
+    def _abandon(self) -> None:
+        if self._running is not None:
+            self._abandoned.append(self._running)
+        self._running = None
+        self._fetched = None
 
     def _release(self) -> list:
         ready = []
@@ -147,39 +179,48 @@ class RepositoryFetcher:
             return []
         return [a for a in assignments if not a.files and (a.model, a.epoch) not in self._snapshots]
 
-    def _fetch(self, assignments: list[Assignment], done: Future) -> None:
+    def _fetch(self, assignments: list[Assignment], done: Future[FetchOutcome]) -> None:
         """(On the fetch thread.) Fetch each model's folder and take its load's snapshot; the
-        loop takes the outcome (``completed``): model -> failure or None, and the snapshots."""
+        loop takes the outcome (``completed``). Always answers, whatever fails."""
         failures: dict[str, str | None] = {}
         snapshots: dict[tuple[str, int], Path | None] = {}
-        for assignment in assignments:
-            model = assignment.model
-            problem = name_problem(model)
-            if problem is not None:
-                failures[model] = f"cannot place model '{model}': {problem}"
-                continue
-            try:
-                failure = self._repository.fetch(model)
-                if failure is not None and not assignment.adopt:
-                    log.error("cannot fetch model %s: %s", model, failure)
-                    failures[model] = failure
-                    continue
-                if failure is not None:   # its running instances are kept: start any others from the last copy
-                    log.error("cannot fetch model %s, using the copy fetched before: %s", model, failure)
-                failures[model] = None
-                snapshots[(model, assignment.epoch)] = self._snapshot(model)   # None: in a folder repository
-            except Exception as exc:  # a bug of ours, or the disk: this load fails, not the agent
-                log.exception("fetching model %s failed", model)
-                failures[model] = f"cannot fetch model '{model}': {exc!r}"
-        done.set_result((failures, snapshots))
-        self._wake_write.send(b"\0")
+        try:
+            for assignment in assignments:
+                failures[assignment.model], snapshot = self._fetch_one(assignment)
+                if failures[assignment.model] is None:
+                    snapshots[(assignment.model, assignment.epoch)] = snapshot
+        finally:
+            for assignment in assignments:
+                failures.setdefault(assignment.model, f"cannot fetch model '{assignment.model}'")
+            done.set_result((failures, snapshots))
+            self._wake_write.send(b"\0")
+
+    def _fetch_one(self, assignment: Assignment) -> tuple[str | None, Path | None]:
+        """(failure, snapshot): the snapshot is None for a model in a folder repository."""
+        model = assignment.model
+        problem = name_problem(model)
+        if problem is not None:
+            return f"cannot place model '{model}': {problem}", None
+        try:
+            failure = self._repository.fetch(model)
+            if failure is not None and not assignment.adopt:
+                log.error("cannot fetch model %s: %s", model, failure)
+                return failure, None
+            if failure is not None:   # its running instances are kept: start any others from the last copy
+                log.error("cannot fetch model %s, using the copy fetched before: %s", model, failure)
+            return None, self._snapshot(model)
+        except Exception as exc:  # a bug of ours, or the disk: this load fails, not the agent
+            log.exception("fetching model %s failed", model)
+            return f"cannot fetch model '{model}': {exc!r}", None
 
     def _snapshot(self, model: str) -> Path | None:
         for location, mirror in self._repository.mirrors.items():
             if (mirror.root / model).is_dir():
-                if location not in self._areas:
-                    self._areas[location] = SnapshotArea(mirror.snapshots)
-                return mirror.snapshot(model, self._areas[location].new_folder() / model)
+                with self._areas_lock:
+                    if self._closed:
+                        raise RuntimeError("the agent is stopping")
+                    area = self._areas.get(location) or self._areas.setdefault(location, SnapshotArea(mirror.snapshots))
+                return mirror.snapshot(model, area.new_folder() / model)
         return None
 
 

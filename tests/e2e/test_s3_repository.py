@@ -142,6 +142,12 @@ def test_a_worker_host_with_a_mirror_of_its_own_fetches_the_models_it_serves(s3,
         assert sorted(fetched) == ["m/1/model.py", "m/config.pbtxt"]
         [snapshot] = mirror.parent.glob("snapshots/agent-*/*/m")   # what the instance runs from
         assert (snapshot / "1" / "model.py").read_text() == MODEL.format(factor=4)
+        broker.kill()   # a new broker process: its epochs start again, the worker keeps its instance
+        broker.start()
+        broker.wait_ready()
+        assert wait_for(lambda: infer(parts[2].url, "m") == [4.0, 8.0], "m served again after the broker's restart")
+        assert "adopting running instance" in broker.logs()
+        assert snapshot.is_dir()   # the adopted instance still runs from it
     finally:
         for part in reversed(parts):
             part.stop()

@@ -75,6 +75,7 @@ def test_a_load_s_instances_run_from_its_snapshot_whatever_the_bucket_does_next(
     assert (first_dir / "1" / "model.py").read_text() == "code"
     assert (second_dir / "1" / "model.py").read_text() == "new code"
     fetcher.release(1)   # the first load unloaded
+    fetcher.collect({second_dir})
     assert not first_dir.exists() and second_dir.exists()
     fetcher.close()   # the agent stops
     assert not second_dir.exists() and list(second_dir.parents[2].iterdir()) == []
@@ -106,14 +107,38 @@ def test_a_broker_that_forgot_the_host_gets_the_held_unloads_and_not_the_held_lo
     assert fetcher.arrived(first) == [] and completed_after_wake(fetcher) == [first]
     load, unload = assign("m", epoch=4), Unassign((LoadRef("m", 1, 3),))
     assert fetcher.arrived(load) == [] and fetcher.arrived(unload) == []
+    fetcher.broker_is(1)
     assert fetcher.reset() == [unload]
-    completed_after_wake(fetcher)   # the fetch started before the reset ends unheard
+    assert completed_after_wake(fetcher) == []   # the fetch started before the reset ends unheard
     with pytest.raises(LookupError):
         fetcher.model_dir(load.models[0])
-    assert fetcher.model_dir(first.models[0]).is_dir()   # the same broker: its loads keep their snapshots
-    fetcher.forget_loads()   # another broker process: its epochs are its own
+    abandoned = [path for path in fetcher.model_dir(first.models[0]).parents[1].glob("*/m")
+                 if path != fetcher.model_dir(first.models[0])]
+    assert len(abandoned) == 1   # what the abandoned fetch took: retired, removed when unused
+    fetcher.collect(set())
+    assert not abandoned[0].exists()
+    fetcher.broker_is(1)
+    kept = fetcher.model_dir(first.models[0])
+    assert kept.is_dir()   # the same broker: its loads keep their snapshots
+    fetcher.broker_is(2)   # another broker process (a heartbeat's or a reset's boot): its epochs are its own
     with pytest.raises(LookupError):
         fetcher.model_dir(first.models[0])
+    fetcher.collect({kept})   # an adopted instance still runs from it
+    assert kept.is_dir()
+    fetcher.collect(set())
+    assert not kept.exists()
+
+
+def test_an_unloaded_load_s_snapshot_goes_once_no_instance_runs_from_it(s3, mount):
+    fetcher = RepositoryFetcher((s3.location("models", "repo"),))
+    load = assign("m", epoch=5)
+    assert fetcher.arrived(load) == [] and completed_after_wake(fetcher) == [load]
+    snapshot = fetcher.model_dir(load.models[0])
+    fetcher.release(5)
+    fetcher.collect({snapshot})   # its instances are still stopping
+    assert snapshot.is_dir()
+    fetcher.collect(set())
+    assert not snapshot.exists()
 
 
 def test_a_model_in_a_folder_repository_beside_a_bucket_is_read_where_it_is(s3, mount, tmp_path):
@@ -144,6 +169,7 @@ def test_a_draining_host_gets_its_held_messages_back_and_fetches_nothing_more(s3
     assert fetcher.arrived(load) == [] and fetcher.arrived(unload) == []
     assert fetcher.start_draining() == [load, unload]
     assert fetcher.arrived(later) == [later]
+    assert completed_after_wake(fetcher) == []   # the fetch the drain stopped waiting for ends unheard
 
 
 def test_an_agent_s_abandoned_snapshots_are_removed_and_a_live_agent_s_kept(s3, mount):
