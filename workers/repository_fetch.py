@@ -160,7 +160,8 @@ class RepositoryFetcher:
             assignments = self._to_fetch(message) if message is not self._fetched else []
             if assignments:
                 self._fetched = message
-                self._running = done = Future()
+                done: Future[FetchOutcome] = Future()
+                self._running = done
                 # A daemon thread: an agent told to stop does not wait for a download to end.
                 threading.Thread(target=self._fetch, args=(assignments, done), name="s3-fetch", daemon=True).start()
                 break
