@@ -52,9 +52,8 @@ class RepositoryPoller:
     def _poll_fetched(self, failure: str | None) -> None:
         self._fetching = False
         self._next_poll = time.monotonic() + self._poll_seconds
-        if failure is not None:   # nothing is unloaded for a bucket that could not be listed
-            log.error("polling the model repository failed; polling goes on: %s", failure)
-            return
+        if failure is not None:   # its copy stays as last fetched: nothing of it is unloaded
+            log.error("polling the model repository: %s; its copy is read as last fetched", failure)
         self._poll_now()
 
     def _poll_now(self) -> None:

@@ -7,7 +7,7 @@ tested over real HTTP with boto3, as it reaches a bucket in production.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,7 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "tritium-tests", "AWS_SECRET_ACCESS_KEY": "t
 class S3Server:
     host_port: str     # "127.0.0.1:PORT"
     client: object     # a boto3 S3 client for the tests' own uploads and deletions
+    stop: Callable[[], None]   # the server goes away (its port refuses connections)
 
     def location(self, bucket: str, path: str = "") -> str:
         """The repository location as a Triton user writes it for a server that is not AWS."""
@@ -54,6 +55,9 @@ def s3_server(*buckets: str) -> Iterator[S3Server]:
                               aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
         for bucket in buckets:
             client.create_bucket(Bucket=bucket)
-        yield S3Server(f"{host}:{port}", client)
+        yield S3Server(f"{host}:{port}", client, server.stop)
     finally:
-        server.stop()
+        try:
+            server.stop()
+        except Exception:  # stopped by the test already
+            pass

@@ -108,6 +108,24 @@ def test_an_ensemble_whose_version_folder_is_a_folder_marker_serves(s3):
         assert infer(server.url, "ens") == [2.0, 4.0]
 
 
+def test_a_bucket_that_stops_answering_keeps_its_models_and_the_folders_beside_it_are_polled(s3, tmp_path):
+    local = tmp_path / "local"
+    local.mkdir()
+    with s3_server("flaky") as flaky:
+        flaky.put("flaky", "repo/remote/config.pbtxt", CONFIG.format(name="remote", batch=4))
+        flaky.put("flaky", "repo/remote/1/model.py", MODEL.format(factor=2))
+        with TritiumServer(flaky.location("flaky", "repo"), "--model-repository", str(local),
+                           "--model-control-mode", "poll", "--repository-poll-secs", "1") as server:
+            assert infer(server.url, "remote") == [2.0, 4.0]
+            flaky.stop()
+            (local / "here" / "1").mkdir(parents=True)
+            (local / "here" / "config.pbtxt").write_text(CONFIG.format(name="here", batch=4))
+            (local / "here" / "1" / "model.py").write_text(MODEL.format(factor=3))
+            wait_for(lambda: infer(server.url, "here") == [3.0, 6.0], "the folder's new model served")
+            assert infer(server.url, "remote") == [2.0, 4.0]   # read as last fetched: not unloaded
+            assert "its copy is read as last fetched" in server.logs()
+
+
 def test_a_load_reads_the_bucket_as_it_is_then(s3):
     put_model(s3, "explicit", "m", factor=2, batch=4)
     with TritiumServer(s3.location("models", "explicit"), "--model-control-mode", "explicit",
