@@ -102,7 +102,10 @@ class ModelLifecycle:
         """Load what the control mode loads at startup, in the caller's thread. A model repository
         that cannot be read fails the server's start, as in Triton: with --exit-on-error=false it
         then serves, neither live nor ready (the gateways answer model calls 'Server not ready')."""
-        self.repository.fetch()   # an S3 repository's mirror, before anything reads it (discover reports a failure)
+        # An S3 repository's copy, before anything reads it (discover reports a failure). Explicit
+        # mode loads few models of what may be a large bucket: the names for the index, and each
+        # load fetches its model's files.
+        self.repository.fetch(names_only=self.settings.mode == "explicit")
         unreadable = self.repository.discover()[1]
         self.registry.startup_failure = unreadable[0] if unreadable else None
         if self.settings.mode == "explicit":

@@ -70,19 +70,23 @@ class ModelRepository:
         """S3 location -> its mirror on this host."""
         return dict(self._mirrors)
 
-    def fetch(self, model: str | None = None) -> str | None:
+    def fetch(self, model: str | None = None, names_only: bool = False) -> str | None:
         """Bring the S3 repositories' mirrors in step with their buckets (only ``model``'s
         folder when named); blocks on the network; never raises. Why the repository (or the
         model) could not be fetched, or None. A repository whose last full fetch failed is
         reported by ``discover``; a model some of whose objects failed does not load until a
-        fetch brings them."""
+        fetch brings them. ``names_only``: only the model folders' names (each model's files
+        come with its own fetch)."""
         if model is not None and name_problem(model) is not None:
             return None   # no folder to fetch: the load says what is wrong with the name
         failure, failed = None, {}
         read = []   # the roots of the mirrors fetched
         for location, mirror in self._mirrors.items():
             try:
-                failed.update(mirror.sync(model))
+                if names_only:
+                    mirror.sync_names()
+                else:
+                    failed.update(mirror.sync(model))
                 read.append(mirror.root)
                 why = None
             except S3Error as exc:

@@ -137,6 +137,35 @@ class S3Mirror:
                 self._write_manifest(kept)   # what is in step, so that it is not fetched again
             return failures
 
+    def sync_names(self) -> None:
+        """Only the model folders' names: an empty folder for each model the bucket has (its
+        files are fetched when it loads), and the folders of models it no longer has removed.
+        Raises S3Error when the bucket cannot be listed."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        self._prepare()
+        with self._locked():
+            try:
+                pages = self.client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.location.bucket, Prefix=self.location.prefix, Delimiter="/")
+                names = {entry["Prefix"][len(self.location.prefix):].rstrip("/")
+                         for page in pages for entry in page.get("CommonPrefixes", ())}
+            except (BotoCoreError, ClientError) as exc:
+                raise S3Error(f"cannot list {self._url(self.location.prefix)}: {exc}") from exc
+            names = {name for name in names if _safe_relative(name) and "/" not in name}
+            try:
+                for name in names:
+                    (self.root / name).mkdir(exist_ok=True)
+                gone = [entry for entry in self.root.iterdir() if entry.is_dir() and entry.name not in names]
+                for entry in gone:
+                    shutil.rmtree(entry)
+            except OSError as exc:
+                raise S3Error(f"cannot update the mirror {self.root}: {exc.strerror or exc}") from exc
+            if gone:
+                removed = tuple(f"{self.location.prefix}{entry.name}/" for entry in gone)
+                self._write_manifest({key: etag for key, etag in self._read_manifest().items()
+                                      if not key.startswith(removed)})
+
     def snapshot(self, model: str, target: Path) -> Path:
         """The model's folder as it is now, linked into ``target`` (same file system: the mirror's
         own ``snapshots`` folder is one), for instances to run from whatever later syncs do."""

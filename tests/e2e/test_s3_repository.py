@@ -126,11 +126,19 @@ def test_a_bucket_that_stops_answering_keeps_its_models_and_the_folders_beside_i
             assert "its copy is read as last fetched" in server.logs()
 
 
-def test_a_load_reads_the_bucket_as_it_is_then(s3):
+def test_a_load_reads_the_bucket_as_it_is_then(s3, tmp_path):
     put_model(s3, "explicit", "m", factor=2, batch=4)
+    put_model(s3, "explicit", "other", factor=5)
     with TritiumServer(s3.location("models", "explicit"), "--model-control-mode", "explicit",
-                       "--load-model", "m") as server:
+                       "--load-model", "m", env={"TRITON_AWS_MOUNT_DIRECTORY": str(tmp_path)}) as server:
         assert request(server.url, "GET", "/v2/models/m/config")[2].count(b'"max_batch_size":4') == 1
+        # Explicit mode fetched the names for the index, and the files of what it loaded only.
+        index = json.loads(request(server.url, "POST", "/v2/repository/index", b"{}")[2])
+        assert sorted(entry["name"] for entry in index) == ["m", "other"]
+        [mirror] = tmp_path.glob("tritium-s3-*/*/repository")
+        assert (mirror / "other").is_dir() and not any((mirror / "other").iterdir())
+        assert request(server.url, "POST", "/v2/repository/models/other/load", b"")[0] == 200
+        assert infer(server.url, "other") == [5.0, 10.0]
         put_model(s3, "explicit", "m", factor=7, batch=8)
         assert infer(server.url, "m") == [2.0, 4.0]   # nothing changes until the load
         status, _, _ = request(server.url, "POST", "/v2/repository/models/m/load", b"")

@@ -289,3 +289,20 @@ def test_a_bucket_that_cannot_be_read_fails_no_model_of_a_folder_repository(serv
     assert repository.fetch("here") is None
     assert repository.fetch("elsewhere").startswith(f"model repository '{location}' cannot be read: ")
     assert list(repository.discover()[0]) == ["here"]
+
+
+def test_names_only_gives_an_empty_folder_per_model_and_removes_the_gone_ones(server, mirror):
+    mirror, prefix = mirror
+    put_files(server, prefix, {"a/config.pbtxt": "a", "a/1/model.py": "code", "b/config.pbtxt": "b"})
+    mirror.sync("b")
+    mirror.sync_names()
+    assert sorted(path.name for path in mirror.root.iterdir()) == ["a", "b"]
+    assert not any((mirror.root / "a").iterdir())   # its files come with its own fetch
+    assert files_of(mirror.root) == {"b/config.pbtxt": b"b"}   # a fetched model keeps its files
+    server.delete_prefix("models", f"{prefix}/b/")
+    mirror.sync_names()
+    assert sorted(path.name for path in mirror.root.iterdir()) == ["a"]
+    server.delete_prefix("models", f"{prefix}/a/")
+    put_files(server, prefix, {"b/config.pbtxt": "b again"})
+    mirror.sync("b")   # the manifest forgot b's old object when its folder went: fetched again
+    assert files_of(mirror.root) == {"b/config.pbtxt": b"b again"}
