@@ -167,7 +167,7 @@ class ModelRepository:
         return load_model(name, model_dir, self.options, config_override)
 
     def _check_fetched(self, name: str) -> None:
-        failure = self._model_failures.get(name)
+        failure = self.model_failure(name)
         if failure is not None:
             raise ModelLoadError(name, f"failed to load '{name}': {failure}")
 

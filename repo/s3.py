@@ -141,17 +141,11 @@ class S3Mirror:
         """Only the model folders' names: an empty folder for each model the bucket has (its
         files are fetched when it loads), and the folders of models it no longer has removed.
         Raises S3Error when the bucket cannot be listed."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         self._prepare()
         with self._locked():
-            try:
-                pages = self.client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self.location.bucket, Prefix=self.location.prefix, Delimiter="/")
-                names = {entry["Prefix"][len(self.location.prefix):].rstrip("/")
-                         for page in pages for entry in page.get("CommonPrefixes", ())}
-            except (BotoCoreError, ClientError) as exc:
-                raise S3Error(f"cannot list {self._url(self.location.prefix)}: {exc}") from exc
+            names = {entry["Prefix"][len(self.location.prefix):].rstrip("/")
+                     for page in self._pages(self.location.prefix, Delimiter="/")
+                     for entry in page.get("CommonPrefixes", ())}
             names = {name for name in names if _safe_relative(name) and "/" not in name}
             try:
                 for name in names:
@@ -190,19 +184,18 @@ class S3Mirror:
     def _list(self, prefix: str) -> dict[str, str]:
         """key -> ETag of every object under ``prefix`` that stays inside the mirror once
         written as a path; folder markers (keys ending in '/', as consoles make empty folders) too."""
+        return {item["Key"]: item["ETag"] for page in self._pages(prefix) for item in page.get("Contents", ())
+                if _safe_relative(item["Key"][len(self.location.prefix):].rstrip("/"))}
+
+    def _pages(self, prefix: str, **listing) -> list[dict]:
+        """Every page of the bucket's listing under ``prefix``; S3Error when it cannot be listed."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        objects = {}
         try:
-            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.location.bucket, Prefix=prefix)
-            for page in pages:
-                for item in page.get("Contents", ()):
-                    key = item["Key"]
-                    if _safe_relative(key[len(self.location.prefix):].rstrip("/")):
-                        objects[key] = item["ETag"]
+            return list(self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.location.bucket, Prefix=prefix, **listing))
         except (BotoCoreError, ClientError) as exc:
             raise S3Error(f"cannot list {self._url(prefix)}: {exc}") from exc
-        return objects
 
     def _fetch_object(self, key: str, relative: str) -> None:
         target = self.root / relative

@@ -39,7 +39,6 @@ FetchOutcome = tuple[dict[str, str | None], dict[tuple[str, int], Path | None]]
 
 class RepositoryFetcher:
     def __init__(self, locations: tuple[str, ...]) -> None:
-        self.locations = locations
         self._repository = ModelRepository(locations)
         self.roots: tuple[Path, ...] = self._repository.roots
         self._held: deque = deque()   # messages waiting behind a fetch, in arrival order
@@ -192,7 +191,7 @@ class RepositoryFetcher:
                     snapshots[(assignment.model, assignment.epoch)] = snapshot
         finally:
             for assignment in assignments:
-                failures.setdefault(assignment.model, f"cannot fetch model '{assignment.model}'")
+                failures.setdefault(assignment.model, "the fetch stopped before this model")
             done.set_result((failures, snapshots))
             self._wake_write.send(b"\0")
 
@@ -212,7 +211,7 @@ class RepositoryFetcher:
             return None, self._snapshot(model)
         except Exception as exc:  # a bug of ours, or the disk: this load fails, not the agent
             log.exception("fetching model %s failed", model)
-            return f"cannot fetch model '{model}': {exc!r}", None
+            return repr(exc), None   # (the agent says which model could not be fetched)
 
     def _snapshot(self, model: str) -> Path | None:
         for location, mirror in self._repository.mirrors.items():
