@@ -69,8 +69,9 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-class TritonError:
-    """An error a model returns in a response (not an exception: Triton's API)."""
+class _ErrorCode(enum.Enum):
+    """TritonError's codes as Triton binds them (a pybind11 enum): equal to their numbers and
+    hashed as them, so that a dict keyed by either finds them, yet not ints and not ordered."""
 
     UNKNOWN = 0
     INTERNAL = 1
@@ -81,7 +82,40 @@ class TritonError:
     ALREADY_EXISTS = 6
     CANCELLED = 7
 
-    def __init__(self, message, code=INTERNAL):
+    def __eq__(self, other):
+        if type(other) is int:
+            return self.value == other
+        return self is other
+
+    def __hash__(self):
+        return hash(self.value)
+
+    def __int__(self):
+        return self.value
+
+    __index__ = __int__
+
+
+_ErrorCode.__name__ = _ErrorCode.__qualname__ = "__ErrorCode"   # its repr, as Triton's: <__ErrorCode.NOT_FOUND: 2>
+
+
+class TritonError:
+    """An error a model returns in a response (not an exception: Triton's API)."""
+
+    UNKNOWN = _ErrorCode.UNKNOWN
+    INTERNAL = _ErrorCode.INTERNAL
+    NOT_FOUND = _ErrorCode.NOT_FOUND
+    INVALID_ARG = _ErrorCode.INVALID_ARG
+    UNAVAILABLE = _ErrorCode.UNAVAILABLE
+    UNSUPPORTED = _ErrorCode.UNSUPPORTED
+    ALREADY_EXISTS = _ErrorCode.ALREADY_EXISTS
+    CANCELLED = _ErrorCode.CANCELLED
+
+    def __init__(self, message, code=_ErrorCode.INTERNAL):
+        if type(code) is not _ErrorCode:   # Triton's constructor takes one of the codes only, not a number
+            raise incompatible_arguments(
+                "__init__", "c_python_backend_utils.TritonError(message: str, code: "
+                "c_python_backend_utils.TritonError.__ErrorCode = <__ErrorCode.INTERNAL: 1>)", message, code)
         self._message = str(message)
         self._code = code
 
@@ -121,8 +155,9 @@ _NOT_GIVEN = object()   # an argument the caller left out
 
 
 def incompatible_arguments(function: str, signature: str, *invoked) -> TypeError:
-    """pybind11's TypeError for arguments that fit none of a function's signatures."""
-    return TypeError(f"{function}(): incompatible function arguments. The following argument types are supported:"
+    """pybind11's TypeError for arguments that fit none of a function's (or a constructor's) signatures."""
+    kind = "constructor" if function == "__init__" else "function"
+    return TypeError(f"{function}(): incompatible {kind} arguments. The following argument types are supported:"
                      f"\n    1. {signature}\n\nInvoked with: {', '.join(repr(a) for a in invoked)}")
 
 
@@ -135,10 +170,8 @@ class Tensor:
                             f"got {type(name).__name__} and {type(data).__name__}")
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
-        array = data
-        if array.dtype.kind in "SU":
-            array = array.astype(np.object_)
-        if datatypes.from_numpy(array.dtype) is None:
+        array = data   # fixed-width bytes (numpy's S) too are kept as given, as Triton keeps them
+        if array.dtype.kind == "U" or datatypes.from_numpy(array.dtype) is None:   # Triton refuses text as well
             raise TritonModelException(
                 f"tensor '{name}' has numpy dtype {array.dtype}, which has no Triton datatype")
         self._name = name
@@ -168,7 +201,8 @@ class Tensor:
     def triton_dtype(self):
         from tritium.pb_utils.triton_names.triton_python_backend_utils import numpy_to_triton_type
 
-        return numpy_to_triton_type(self._array.dtype)
+        dtype = self._array.dtype
+        return 13 if dtype.kind == "S" else numpy_to_triton_type(dtype)   # (the helper has no type for S5)
 
     def is_cpu(self):
         return True

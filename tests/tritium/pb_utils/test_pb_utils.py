@@ -14,17 +14,24 @@ sys.path.insert(0, MODULE_DIR)
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 
-def test_tensor_from_numpy_including_bytes_and_strings():
+def test_tensor_from_numpy_including_bytes():
     tensor = pb_utils.Tensor("T", np.array([b"a", b"bc"], dtype=np.object_))
     assert (tensor.name(), tensor.shape(), tensor.triton_dtype()) == ("T", [2], 13)
-    assert pb_utils.Tensor("S", np.array(["x", "y"])).as_numpy().dtype == np.object_
     assert pb_utils.Tensor("F", np.zeros((2, 3), np.float16)).triton_dtype() == 10
     assert pb_utils.Tensor("F", np.zeros(3, np.float32)).is_cpu()
 
 
-def test_tensor_refuses_what_has_no_triton_datatype():
-    with pytest.raises(pb_utils.TritonModelException, match="no Triton datatype"):
-        pb_utils.Tensor("C", np.zeros(2, np.complex64))
+def test_a_tensor_of_fixed_width_bytes_keeps_its_dtype_as_triton_s_does():
+    tensor = pb_utils.Tensor("S", np.array([[b"ab", b"c"]], dtype="S2"))
+    assert tensor.as_numpy().dtype == np.dtype("S2") and tensor.as_numpy().tolist() == [[b"ab", b"c"]]
+    assert (tensor.shape(), tensor.triton_dtype()) == ([1, 2], 13)
+
+
+@pytest.mark.parametrize("array", [np.zeros(2, np.complex64), np.array(["x", "y"])], ids=["complex", "text"])
+def test_tensor_refuses_what_has_no_triton_datatype(array):
+    with pytest.raises(pb_utils.TritonModelException, match=f"tensor 'C' has numpy dtype {array.dtype}, which has "
+                                                            "no Triton datatype"):
+        pb_utils.Tensor("C", array)
 
 
 def test_type_helpers_follow_the_proto_enum():
@@ -35,7 +42,16 @@ def test_type_helpers_follow_the_proto_enum():
     assert pb_utils.triton_to_numpy_type(11) is np.float32
     assert pb_utils.triton_type_to_numpy(1) is np.bool_   # as Triton's helper maps it
     assert pb_utils.numpy_to_triton_type(np.bool_) == 1 and pb_utils.numpy_to_triton_type(np.bytes_) == 13
-    assert pb_utils.numpy_to_triton_type(np.str_) is None   # (text has no Triton type)
+
+
+@pytest.mark.parametrize("data_type, expected", [
+    (np.dtype("float32"), 11), (np.dtype(object), 13), (np.dtype("S"), 13),
+    # What Triton's helper compares unequal to every numpy type has no type, as there:
+    (np.dtype("S5"), None), (bytes, None), (float, None), (bool, None), (int, None), (object, None),
+    ("float32", None), (np.str_, None), (np.dtype("U3"), None),
+])
+def test_numpy_to_triton_type_compares_as_triton_s_helper(data_type, expected):
+    assert pb_utils.numpy_to_triton_type(data_type) == expected
 
 
 def test_serialize_and_deserialize_byte_tensors_as_triton_2_51_s_helpers_do():
@@ -55,6 +71,23 @@ def test_response_with_error_and_parameters():
     assert response.error().code() == pb_utils.TritonError.INVALID_ARG == 3
     assert json.loads(response.parameters()) == {"n": 3, "ok": True}
     assert pb_utils.TritonError("x").code() == pb_utils.TritonError.INTERNAL
+
+
+def test_error_codes_are_an_enum_that_equals_and_hashes_as_its_numbers_as_triton_s_binding():
+    code = pb_utils.TritonError("x", pb_utils.TritonError.NOT_FOUND).code()
+    assert (repr(code), str(code), code.name, code.value, int(code)) == (
+        "<__ErrorCode.NOT_FOUND: 2>", "__ErrorCode.NOT_FOUND", "NOT_FOUND", 2, 2)
+    assert code == 2 and code != 5 and code != pb_utils.TritonError.INTERNAL and not isinstance(code, int)
+    assert {2: "by number"}[code] == "by number" and {pb_utils.TritonError.NOT_FOUND: "by code"}[2] == "by code"
+    with pytest.raises(TypeError, match="not supported between"):
+        assert code < pb_utils.TritonError.UNAVAILABLE
+
+
+def test_an_error_takes_one_of_the_codes_not_a_number_as_triton_s_constructor():
+    with pytest.raises(TypeError) as refused:
+        pb_utils.TritonError("x", 2)
+    assert str(refused.value).startswith("__init__(): incompatible constructor arguments.")
+    assert str(refused.value).endswith("Invoked with: 'x', 2")
 
 
 @pytest.mark.parametrize("parameters, message", [

@@ -51,14 +51,13 @@ def triton_to_numpy_type(data_type):
 
 
 def numpy_to_triton_type(data_type):
-    """As Triton's: objects and bytes are BYTES (13); text (numpy's ``str_``) has no Triton type."""
-    data_type = np.dtype(data_type) if data_type not in (np.object_, bytes) else np.dtype(object)
-    if data_type.kind in "OS":
-        return 13
+    """The enum number of what equals one of numpy's types (a numpy type or dtype), as Triton's
+    helper compares: ``np.bytes_`` and ``dtype("S")`` are BYTES (13), but a sized ``dtype("S5")``,
+    Python's own types (``float``, ``bytes``), names (``"float32"``) and text have none (None)."""
     for enum_value, np_type in _TYPE_ENUM.items():
-        if np_type is not np.object_ and np.dtype(np_type) == data_type:
+        if data_type == np_type:
             return enum_value
-    return None
+    return 13 if data_type == np.bytes_ else None
 
 
 def serialize_byte_tensor(input_tensor):
