@@ -19,7 +19,7 @@ def main() -> None:
     try:
         model_file, version_dir = Path(sys.argv[1]), sys.argv[2]
         sys.argv = [""]   # what Triton's stub gives model code, not this process's arguments
-        answer = {"config": _complete(model_file, version_dir, json.loads(sys.stdin.read()))}
+        answer: dict[str, object] = {"config": _complete(model_file, version_dir, json.loads(sys.stdin.read()))}
     except BaseException as exc:  # report any failure of user code as the answer (sys.exit() too)
         # As Triton's stub reports it: its status's "Internal: ", the exception, the model's frames
         # (a file name it refuses: its words alone).

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeAlias
 
 from google.protobuf import text_format
 from tritium.model_config_proto import model_config_pb2
 
 from tritium.repo.errors import ModelLoadError
 
-ModelConfig = model_config_pb2.ModelConfig
+ModelConfig: TypeAlias = model_config_pb2.ModelConfig
 
 CONFIG_FILENAME = "config.pbtxt"
 CUSTOM_CONFIG_FOLDER = "configs"

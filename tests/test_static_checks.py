@@ -18,7 +18,7 @@ def test_ruff_finds_nothing():
 # that `pip install .` gives them.
 MYPY_TARGETS = ("tritium/*.py", "tritium/analyze/*.py", "tritium/perf/*.py", "tritium/client/*.py",
                 "tritium/pb_utils/*.py", "tritium/pb_utils/triton_names/*.py", "tritium/gateway/*.py", "tritium/protocol/*.py", "tritium/broker/*.py",
-                "tritium/tracing/*.py", "tritium/repo/s3.py", "tritium/workers/repository_fetch.py")
+                "tritium/tracing/*.py", "tritium/workers/*.py", "tritium/workers/backends/*.py", "tritium/repo/*.py")
 ROLE_FOLDERS = ("gateway", "broker", "workers", "repo")
 
 

@@ -122,6 +122,7 @@ class Child:
 
     def running(self) -> RunningInstance:
         """How the HELLO to a new broker describes this instance, so that it may keep it."""
+        assert self.process is not None   # offered while it runs (_reap withdraws one that ended)
         return RunningInstance(self.iid, self.model, self.version, self.identity, self.plan.key, self.plan.name,
                                self.plan.kind, self.plan.device_id, self.spec.get("credit", 1), self.scaled,
                                self.process.pid)
@@ -136,7 +137,7 @@ class HostAgent:
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.identity = f"agent-{host_name()}-{os.getpid()}"
-        self.context = zmq.Context.instance()
+        self.context: zmq.Context = zmq.Context.instance()
         self.sock = self.context.socket(zmq.DEALER)
         secure_client(self.sock, settings.curve, "worker")
         self.sock.setsockopt(zmq.IDENTITY, self.identity.encode())
@@ -203,7 +204,7 @@ class HostAgent:
             for message in self._fetcher.completed():
                 self._handle(message)
         self._reap()
-        if self._fetcher.wake_fd is not None:   # S3 snapshots of no load, once no instance runs from them
+        if self._fetcher.wake_fd is not None:   # bucket snapshots of no load, once no instance runs from them
             self._fetcher.collect({Path(child.spec["model_dir"]) for child in self.children})
         self._kill_overdue()
         self._restart_due()
@@ -243,9 +244,9 @@ class HostAgent:
 
     def _hello(self) -> None:
         self._send(Hello(Role.AGENT, PROTOCOL_VERSION, heartbeat_s=self.settings.heartbeat_interval_s,
-                         host=host_name(), gpus=list(self.settings.gpus), models=list(self.settings.models or []),
+                         host=host_name(), gpus=tuple(self.settings.gpus), models=tuple(self.settings.models or ()),
                          cpu_slots=self.settings.max_cpu_instances,
-                         running=[child.running() for child in self._adoptable.values()]))
+                         running=tuple(child.running() for child in self._adoptable.values())))
 
     def _stop(self, signum, _frame) -> None:
         self._stop_signals += 1   # handled in the loop: a signal handler must not touch the socket
@@ -467,6 +468,7 @@ class HostAgent:
                     continue
                 del wanted[child.plan.key]   # one instance per plan
             del self._adoptable[iid]
+            assert child.process is not None   # an offered instance runs (_reap withdraws one that ended)
             child.adopted(assignment.epoch, self._broker_boot)
             adopted.append(child)
             log.info("kept running instance %s of %s version %d (pid %d) for the new broker", child.plan.key,
@@ -483,7 +485,7 @@ class HostAgent:
 
     def _rescale(self, running: list[Child], count: int, stop: tuple[str, ...], config: ModelConfig) -> list:
         """Match ``count`` instances: stop those named (or the last ones), plan new ones under free names."""
-        keep = []
+        keep: list[Child] = []
         for child in sorted(running, key=lambda c: c.plan.key):
             if child.plan.key in stop or len(keep) >= count:
                 self._stop_child(child)
@@ -512,7 +514,7 @@ class HostAgent:
                 "curve": self.settings.curve.as_spec() if self.settings.curve else None}
 
     def _model_dir(self, assignment: Assignment) -> Path:
-        """The repository's folder (an S3 repository's: the snapshot its load was fetched into),
+        """The repository's folder (a bucket repository's: the snapshot its load was fetched into),
         or one holding the files a load request shipped."""
         model = assignment.model
         if assignment.files:
@@ -563,8 +565,10 @@ class HostAgent:
             os.close(final_write)
         os.set_blocking(final_read, False)
         child.final_word = final_read
-        child.process.stdin.write(json.dumps(spec).encode())
-        child.process.stdin.close()
+        stdin = child.process.stdin
+        assert stdin is not None   # (stdin=PIPE)
+        stdin.write(json.dumps(spec).encode())
+        stdin.close()
         child.started_at = time.monotonic()
         child.restart_at = None
         child.kill_at = None
@@ -638,18 +642,18 @@ class HostAgent:
 
     def _shutdown(self) -> None:
         log.info("worker agent stopping %d instance(s)", len(self.children))
-        live = [c for c in self.children if c.process is not None]
-        for child in live:
+        live = [(c, c.process) for c in self.children if c.process is not None]
+        for child, process in live:
             child.wanted = False
             if child.kill_at is None:   # (a second SIGTERM tells an instance to exit at once)
-                child.process.terminate()
+                process.terminate()
         deadline = time.monotonic() + self.settings.exit_timeout_s
-        for child in live:
+        for _, process in live:
             try:
-                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                child.process.kill()
-                child.process.wait()
+                process.kill()
+                process.wait()
         self._reap()   # tells the broker each one is gone, so that nothing waits for them
         shutil.rmtree(self._shipped, ignore_errors=True)
         self._fetcher.close()

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import zmq
 
-from tritium.errors import ErrorCode, Unavailable
+from tritium.errors import ErrorCode, ProtocolError, Unavailable
 from tritium.pb_utils import types as pb
 from tritium.protocol import (
     RECONNECT_IVL_MAX_MS,
@@ -195,19 +195,18 @@ class BlsClient:
                 position = 0
                 while position < len(parts):
                     response, record, offset = read_record(parts[position])
-                    if type(response) is Heartbeat:   # where a new broker process's calls begin
+                    if type(response) is Response:
+                        external = parts[position + 1:position + 1 + response.external]
+                        position += 1 + response.external
+                        self._file(response, record, offset, external)
+                    elif type(response) is Heartbeat:   # where a new broker process's calls begin
                         self._boundary_told(response)
                         position += 1
-                        filed = True
-                        continue
-                    if type(response) is ControlReply:
+                    elif type(response) is ControlReply:
                         self._file_reply(response)
                         position += 1
-                        filed = True
-                        continue
-                    external = parts[position + 1:position + 1 + response.external]
-                    position += 1 + response.external
-                    self._file(response, record, offset, external)
+                    else:
+                        raise ProtocolError(f"unexpected {response.kind.name} on a BLS socket")
                     filed = True
         if filed:
             with self._arrived:

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from tritium.errors import Cancelled, InternalError, InvalidArgument, TritiumErr
 from tritium.protocol import Batch, BatchDone, Infer, Response, ResponsePart, pack_tensors, read_record, tensor_views
 from tritium.tracing.stamps import CallTrace, stamped_responses, stream_stamps
 from tritium.workers.backends.base import RESCHEDULED, InferenceRequest, InferenceResponse, Instance
+from tritium.workers.records import read_batch, read_infer
 from tritium.workers.sequence_state import SequenceInputs
 from tritium.workers.tensors import array_to_frame, check_tensor_size, frame_to_array, writable_rows
 
@@ -48,8 +49,8 @@ class _Item:
 
     rid: int                           # its client's number: requests of different clients may share one
     infer: Infer
-    key: int = 0                       # its place in the batch (a padding's, below 0): what answers are kept by
-    views: list | None = None          # raw bytes of each input, in descriptor order
+    key: int                           # its place in the batch (a padding's, below 0): what answers are kept by
+    views: list                        # raw bytes of each input, in descriptor order (none if unreadable)
     error: TritiumError | None = None
     slot: int | None = None            # stateful models: the sequence slot it runs in
     padding: bool = False              # a not-ready request filling a slot of a direct batch
@@ -93,11 +94,11 @@ class BatchExecutor:
     def run(self, frames: list) -> list:
         """Execute the batch in ``frames`` (BATCH record first); return the BATCH_DONE parts."""
         t0 = time.monotonic_ns()
-        batch_header, _, _ = read_record(frames[0])
+        batch_header, _, _ = read_batch(frames[0])
         items = self._decode_all(frames, batch_header.count)
         dropped = self._start(batch_header.number, items)
         ran = not dropped or dropped < len(items)
-        batch = items if self.sequences is None else self._with_sequences(batch_header, items)
+        batch = items if self.sequences is None else self._with_sequences(self.sequences, batch_header, items)
         if self.decoupled:
             return self._run_decoupled(batch_header, items, t0, ran)
         good = [item for item in batch if item.error is None]
@@ -109,6 +110,7 @@ class BatchExecutor:
             replies, t1, t2 = self._run_separately(good, items, batch_header.number)
             if _LATER in replies.values():
                 return self._answered_later(batch_header.number, items, replies, (t1 - t0, t2 - t1, 0))
+        parts: list[bytes | memoryview]
         parts, external_counts, oks, answered, again = [], [], [], [], []
         for index, item in enumerate(items):
             reply = replies.get(item.key) if item.error is None else (None, False)
@@ -137,25 +139,25 @@ class BatchExecutor:
     # -- decoding -----------------------------------------------------------------------
 
     def _decode_all(self, frames: list, count: int) -> list[_Item]:
-        items, position = [], 1
+        items: list[_Item] = []
+        position = 1
         for _ in range(count):
-            infer, record, offset = read_record(frames[position])
+            infer, record, offset = read_infer(frames[position])
             external = frames[position + 1:position + 1 + infer.external]
             position += 1 + infer.external
-            item = _Item(infer.rid, infer, len(items))
             try:
-                item.views = tensor_views(infer.inputs, record, offset, external)
-                for descriptor, view in zip(infer.inputs, item.views):
+                views = tensor_views(infer.inputs, record, offset, external)
+                for descriptor, view in zip(infer.inputs, views):
                     check_tensor_size(descriptor[0], descriptor[1], descriptor[2], view)
             except TritiumError as exc:
-                item.error = exc
-            items.append(item)
+                items.append(_Item(infer.rid, infer, len(items), [], exc))
+            else:
+                items.append(_Item(infer.rid, infer, len(items), views))
         return items
 
-    def _with_sequences(self, batch_header: Batch, items: list[_Item]) -> list[_Item]:
+    def _with_sequences(self, sequences: SequenceInputs, batch_header: Batch, items: list[_Item]) -> list[_Item]:
         """Each request with its control and state inputs; a direct batch with a not-ready request in
         each slot up to the highest one, as Triton pads it, so that a request's batch row is its slot."""
-        sequences = self.sequences
         slots = batch_header.slots or list(range(len(items)))
         for item, slot in zip(items, slots):
             item.slot = slot
@@ -167,15 +169,12 @@ class BatchExecutor:
         by_slot = {item.slot: item for item in items if item.error is None}
         batch = []
         for slot in range(max(slots) + 1):
-            item = by_slot.get(slot)
-            if item is None:
+            row = by_slot.get(slot)
+            if row is None:
                 null_infer, null_views = sequences.null_request(template.infer, template.views)
-                item = _Item(-1 - slot, null_infer, -1 - slot, null_views, slot=slot, padding=True)
-            batch.append(item)
+                row = _Item(-1 - slot, null_infer, -1 - slot, null_views, slot=slot, padding=True)
+            batch.append(row)
         return batch
-
-    def _keeps_state(self, item: _Item) -> bool:
-        return self.sequences is not None and item.slot is not None and not item.padding
 
     def _with_states(self, wanted: list[str]) -> list[str]:
         """The outputs to ask of the model: ``wanted`` and the output states it must produce."""
@@ -194,7 +193,7 @@ class BatchExecutor:
             arrays[name] = array
         return arrays
 
-    def _rows(self, items: list[_Item]) -> list[dict[str, np.ndarray] | None]:
+    def _rows(self, items: list[_Item]) -> Sequence[dict[str, np.ndarray] | None]:
         """Each request's input arrays, as rows of one writable array per input when all requests line
         up (batching models, fixed-size inputs of the same shapes past the batch dimension); else None."""
         if not self.batching or len(items) < 2:
@@ -279,8 +278,8 @@ class BatchExecutor:
                 replies[item.key] = _LATER
                 self._answering[number, item.key] = request   # (its key is its place in the batch)
                 continue
-            if self._keeps_state(item) and isinstance(response, InferenceResponse) and response.error is None:
-                self.sequences.keep(item.slot, item.infer.sequence_flags, response.outputs)
+            if self.sequences is not None and isinstance(response, InferenceResponse) and response.error is None:
+                _keep_state(self.sequences, item, response.outputs)
             encoded, ok = self._encode_response(item.rid, request.requested_outputs, response)
             replies[item.key] = encoded, ok and not failed and item.key not in overruled
         return replies, t1, t2
@@ -330,15 +329,18 @@ class BatchExecutor:
         batch = header.number
         still_open: set[int] = set()
         first = [header.lone]   # the batch's first response is still to come, and should leave at once
-        traced = {int(index): stamps for index, stamps in header.trace["r"].items()} if header.trace else {}
+        if header.trace:
+            trace = header.trace   # read by the stamps below, made only for the requests in ``traced``
+            traced = {int(index): stamps for index, stamps in trace["r"].items()}
+        else:
+            traced = {}
         inputs_ready = [t0]     # when the model got its inputs: a traced request's COMPUTE_INPUT_END
 
         def stamps_of(index: int) -> Callable[[], dict] | None:
             """What a traced request's final response carries (its stamps, made when it leaves)."""
             if index not in traced:
                 return None
-            return lambda: stream_stamps(header.trace["at"], traced[index], batch, len(items), inputs_ready[0],
-                                         self.model)
+            return lambda: stream_stamps(trace["at"], traced[index], batch, len(items), inputs_ready[0], self.model)
 
         def fail(index: int, item: _Item, error: TritiumError) -> None:
             stamps = stamps_of(index)   # a traced request's stamps ride its final response, an error too
@@ -451,7 +453,9 @@ class BatchExecutor:
         return dropped
 
     def _send_part(self, batch: int, index: int, parts: list) -> None:
-        self.send([ResponsePart(batch, index).encode(), *parts])
+        # send is None only in an executor made without a broker link (a test's, a benchmark's), whose
+        # models answer by returning: narrowing it here would cost a check on every response sent.
+        self.send([ResponsePart(batch, index).encode(), *parts])  # type: ignore[misc]
 
     # -- models without batching: one execute_batch per request -------------------------
 
@@ -464,8 +468,8 @@ class BatchExecutor:
                 started = time.monotonic_ns()
                 outputs = self.instance.execute_batch(request.inputs, wanted)
                 infer_ns += time.monotonic_ns() - started
-                if self._keeps_state(item):
-                    self.sequences.keep(item.slot, item.infer.sequence_flags, outputs)
+                if self.sequences is not None:
+                    _keep_state(self.sequences, item, outputs)
                 response = InferenceResponse(outputs=outputs)
             except Exception as exc:
                 response = InferenceResponse(error=self._execution_error(exc))
@@ -475,7 +479,7 @@ class BatchExecutor:
     # -- stacked along the batch dimension (the model gets one tensor per input) ---------
 
     def _run_stacked(self, items: list[_Item]):
-        replies = {}
+        replies: dict = {}
         items = self._same_layout(items, replies)
         if not items:
             now = time.monotonic_ns()
@@ -488,7 +492,8 @@ class BatchExecutor:
             outputs = self.instance.execute_batch(inputs, wanted)
             t2 = time.monotonic_ns()
             if self.sequences is not None:
-                self.sequences.keep_rows([(item.slot, item.infer.sequence_flags) if self._keeps_state(item) else None
+                self.sequences.keep_rows([(item.slot, item.infer.sequence_flags)
+                                          if item.slot is not None and not item.padding else None
                                           for item in items], outputs)
             replies.update(self._split(items, sizes, outputs))
         except Exception as exc:
@@ -526,10 +531,11 @@ class BatchExecutor:
         return inputs
 
     def _union_outputs(self, items: list[_Item]) -> list[str]:
-        requested = [item.infer.outputs for item in items]
-        if any(r is None for r in requested):
-            return list(self.output_names)
-        wanted = {name for names in requested for name in names}
+        wanted: set[str] = set()
+        for item in items:
+            if item.infer.outputs is None:   # a request asking for every output
+                return list(self.output_names)
+            wanted.update(item.infer.outputs)
         return [name for name in self.output_names if name in wanted]
 
     def _split(self, items: list[_Item], sizes: list[int], outputs: dict[str, np.ndarray]) -> dict:
@@ -646,6 +652,12 @@ class _SentAnswers:
                 f"model '{executor.model}' keeps implicit sequence state, so it must answer each request "
                 "before its execute returns, by returning or sending its response"))
         return _LATER
+
+
+def _keep_state(sequences: SequenceInputs, item: _Item, outputs: dict[str, np.ndarray]) -> None:
+    """A stateful model's output states, for the next request in the request's slot (none from a padding)."""
+    if item.slot is not None and not item.padding:
+        sequences.keep(item.slot, item.infer.sequence_flags, outputs)
 
 
 def _none_missing(returned: list) -> bool:

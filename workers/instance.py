@@ -514,8 +514,7 @@ def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: 
                     continue
             frames = sock.recv_parts()
             message, _, _ = read_record(frames[0])
-            kind = type(message)
-            if kind is Batch:
+            if type(message) is Batch:
                 outbox.model_runs()
                 try:
                     done = executor.run(frames)
@@ -524,14 +523,14 @@ def _serve(sock: LinkSocket, executor: BatchExecutor, outbox: Outbox, stopping: 
                 if outbox.queue:   # responses the model's threads sent during the batch go before its BATCH_DONE
                     outbox.flush()
                 outbox.send(done)
-            elif kind is CancelRunning:
+            elif type(message) is CancelRunning:
                 executor.cancel(message.batch, message.index)
-            elif kind is LogSettings:
+            elif type(message) is LogSettings:
                 logs.apply_wire(message.settings)
-            elif kind is Refused:   # its agent does not restart it: it would be refused again
+            elif type(message) is Refused:   # its agent does not restart it: it would be refused again
                 log.error("broker refused this instance: %s", message.reason)
                 _end_for_good(final_fd, "was refused by the broker", ExitCode.PROTOCOL_MISMATCH)
-            elif kind is Reset:
+            elif type(message) is Reset:
                 reset = message
                 if reset.epoch is None:
                     log.error("the broker no longer knows this instance; exiting so that the agent restarts it")

@@ -66,7 +66,8 @@ class _State:
 
 
 def _datatype(config_type: int) -> datatypes.DataType:
-    return datatypes.from_config_name(model_config_pb2.DataType.Name(config_type))
+    # (a validated config's: TYPE_INVALID, the one type without an entry, is refused)
+    return datatypes.BY_CONFIG_NAME[model_config_pb2.DataType.Name(config_type)]
 
 
 def _controls(config: ModelConfig) -> list[_Control]:
@@ -183,7 +184,7 @@ class SequenceInputs:
             else:
                 on = {_Kind.CONTROL_SEQUENCE_START: bool(flags & START), _Kind.CONTROL_SEQUENCE_END: bool(flags & END),
                       _Kind.CONTROL_SEQUENCE_READY: ready}[control.kind]
-                dtype = datatypes.numpy_dtype(datatypes.from_name(control.datatype))
+                dtype = datatypes.numpy_dtype(datatypes.BY_NAME[control.datatype])
                 data = np.array([control.values[on]], dtype=dtype).tobytes()
             tensors.append((control.name, control.datatype, list(self._shape), data))
         return tensors
@@ -197,7 +198,7 @@ class SequenceInputs:
         unsigned = _UNSIGNED[datatype]
         mask = (1 << (8 * np.dtype(unsigned).itemsize)) - 1
         value = np.array([correlation_id & mask], dtype=unsigned)
-        return value.view(datatypes.numpy_dtype(datatypes.from_name(datatype))).tobytes()
+        return value.view(datatypes.numpy_dtype(datatypes.BY_NAME[datatype])).tobytes()
 
     def _state_tensors(self, stored: dict[str, np.ndarray]) -> list[tuple]:
         tensors = []

@@ -98,12 +98,14 @@ def serialize_bytes(array: np.ndarray) -> bytes:
 
 
 def _as_bytes(item) -> bytes:
-    if isinstance(item, (bytes, bytearray)):
+    if isinstance(item, bytes):
         return item
-    return (item if isinstance(item, str) else str(item)).encode("utf-8")
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    return bytes(item) if isinstance(item, bytearray) else str(item).encode("utf-8")
 
 
-def array_to_frame(array: np.ndarray, name: str) -> tuple[str, list[int], object]:
+def array_to_frame(array: np.ndarray, name: str) -> tuple[str, list[int], bytes | memoryview]:
     """(datatype, shape, frame) for an output array; a frame too large to go inline in a record
     shares the array's memory."""
     dt = datatypes.from_numpy(array.dtype)
@@ -119,7 +121,7 @@ def array_to_frame(array: np.ndarray, name: str) -> tuple[str, list[int], object
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     # A uint8 view exports every dtype as bytes (memoryview cannot export bfloat16 itself).
-    return dt.name, shape, memoryview(array.reshape(-1).view(np.uint8))
+    return dt.name, shape, array.reshape(-1).view(np.uint8).data
 
 
 def check_tensor_size(name: str, datatype: str, shape: list[int], buffer) -> None:

@@ -25,6 +25,7 @@ from tritium.datatypes import DataType, from_config_name, pack_bytes
 from tritium.errors import InvalidArgument
 from tritium.input_checks import check_inputs, declared_inputs
 from tritium.protocol import Batch, BatchDone, Infer, Response, pack_tensors, read_record
+from tritium.workers.records import read_batch_done, read_response, read_response_part
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def _run(executor, frames: list, count: int) -> tuple[BatchDone, list[str]]:
     send, executor.send = executor.send, sent.take
     try:
         parts = executor.run(list(frames))
-        done, _, _ = read_record(parts[0])
+        done, _, _ = read_batch_done(parts[0])
         if done.still_open is not None:   # answered through the response senders: each request's final
             # (every request's, not only those still open: a model's thread may send a final as
             # execute returns, the batch's record no longer naming it, its response not yet here)
@@ -93,8 +94,8 @@ class _SentResponses:
 
     def take(self, parts: list) -> None:
         """A RESPONSE_PART and its RESPONSE (``BatchExecutor.send``)."""
-        part, _, _ = read_record(parts[0])
-        response, _, _ = read_record(parts[1])
+        part, _, _ = read_response_part(parts[0])
+        response, _, _ = read_response(parts[1])
         with self._changed:
             if response.error is not None:
                 self._error_messages.append(response.error.message)
@@ -123,7 +124,10 @@ def _sample_frames(config: ModelConfig, model_dir: Path, sample, instance: str) 
                                f"for input '{name}'")
         datatype = from_config_name(model_config_pb2.DataType.Name(spec.data_type))
         shape = ([1] if batching else []) + list(spec.dims)
-        tensors.append((name, datatype.name, shape, _input_bytes(spec, datatype, shape, model_dir / "warmup")))
+        if datatype is None:   # no data_type: no data, and the check below refuses it in Triton's words
+            tensors.append((name, "<invalid>", shape, b""))
+        else:
+            tensors.append((name, datatype.name, shape, _input_bytes(spec, datatype, shape, model_dir / "warmup")))
     try:
         check_inputs(config.name, declared_inputs(config), config.max_batch_size, [(n, d, s) for n, d, s, _ in tensors])
     except InvalidArgument as exc:

@@ -126,6 +126,8 @@ MODELS = {
     "bad_shape": (config("bad_shape", FP32, sample(1, 1, data("INPUT0", dims=3))), RECORDER, {}),
     "missing_input": (config("missing_input", FP32, sample(1, 1, data("INPUT0")), inputs=2), RECORDER, {}),
     "wrong_type": (config("wrong_type", FP32, sample(1, 1, data("INPUT0", "TYPE_INT32"))), RECORDER, {}),
+    "no_type": (config("no_type", FP32, sample(1, 1, data("INPUT0").replace("data_type: TYPE_FP32 ", ""))),
+                RECORDER, {}),
     "big_batch": (config("big_batch", FP32, sample(9, 1, data("INPUT0"))), RECORDER, {}),
     "failing": (config("failing", FP32, sample(1, 1, data("INPUT0"), name="zero sample")), FAILING, {}),
     "short_file": (config("short_file", FP32, sample(1, 1, data("INPUT0", source='input_data_file: "short"'))),
@@ -195,6 +197,8 @@ def test_each_sample_is_batch_size_requests_of_batch_1_each_with_the_samples_dat
                       "Please provide all required input(s)."),
     ("wrong_type", "Invalid argument: [request id: <id_unknown>] inference input 'INPUT0' data-type is 'INT32', but "
                    "model 'wrong_type' expects 'FP32'"),
+    ("no_type", "Invalid argument: [request id: <id_unknown>] inference input 'INPUT0' data-type is '<invalid>', "
+                "but model 'no_type' expects 'FP32'"),   # (Triton 2.51 side by side)
     ("big_batch", "Invalid argument: failed to run warmup sample 's1': "
                   + "batch size 9 for 'big_batch_0', max allowed is 4; " * 9),
     ("unbatched", "Invalid argument: failed to run warmup sample 's1': "

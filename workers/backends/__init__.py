@@ -87,6 +87,7 @@ def _python_based(name: str, backend_directory: Path | None):
 def _import_file(module_name: str, path: Path):
     spec = importlib.util.spec_from_file_location(
         module_name, path, submodule_search_locations=[str(path.parent)] if path.name == "__init__.py" else None)
+    assert spec is not None and spec.loader is not None   # (a .py file's location always has both)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # the backend's own relative imports need it
     spec.loader.exec_module(module)

@@ -98,7 +98,9 @@ class InferenceResponse:
 
 
 class Instance:
-    def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse]:
+    def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse | Rescheduled | None]:
+        """One entry per request: its response, None where the model answers it through its
+        ``response_sender``, or RESCHEDULED where it runs again in a later batch."""
         raise NotImplementedError
 
     def execute_batch(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:

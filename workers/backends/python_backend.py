@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -86,10 +87,11 @@ class PythonModel(Model):
             raise InternalError(f"Internal: {exc}") from None
         except BaseException as exc:   # as Triton's stub reports a model.py that fails to import
             raise InternalError(f"Internal: {_with_model_frames(exc)}") from exc
-        self.model_class = getattr(module, "TritonPythonModel", None)
-        if self.model_class is None:   # (Triton's stub's words)
+        model_class = getattr(module, "TritonPythonModel", None)
+        if model_class is None:   # (Triton's stub's words)
             raise InternalError(f"Internal: AttributeError: module '{module.__name__}' has no attribute "
                                 "'TritonPythonModel'")
+        self.model_class = model_class
 
     def create_instance(self, context: InstanceContext) -> Instance:
         return PythonInstance(self, context)
@@ -273,8 +275,8 @@ class PythonInstance(Instance):
             request.trace)
         pb_request._timeout = request.timeout_us
         pb_request._origin = request
-        if request.response_sender is not None:
-            pb_request._sender = _SenderSlot(self, request)
+        if (send := request.response_sender) is not None:
+            pb_request._sender = _SenderSlot(self, request, send)
         return pb_request
 
     def _response(self, response) -> InferenceResponse:
@@ -357,11 +359,12 @@ class _SenderSlot:
 
     __slots__ = ("_instance", "_request", "_send", "_sender", "_answered", "_alive", "_watching", "_lock")
 
-    def __init__(self, instance: PythonInstance, request: InferenceRequest) -> None:
+    def __init__(self, instance: PythonInstance, request: InferenceRequest,
+                 send: Callable[[InferenceResponse | None, bool], None]) -> None:
         self._instance = instance
         self._request = request
-        self._send = request.response_sender   # the executor's: (InferenceResponse | None, final)
-        self._sender = None        # a weak reference to the model's InferenceResponseSender, once made
+        self._send = send   # the request's response sender (the executor's)
+        self._sender: weakref.ref | None = None   # a weak reference to the model's InferenceResponseSender, once made
         self._answered = False     # its final answer went out, or it can have none (its execution failed)
         self._alive = 0            # once watched: how many of the request and its sender the model holds
         self._watching = False

@@ -139,17 +139,16 @@ class PyTorchInstance(Instance):
         argument_names = [a.name for a in arguments]
         if all(name in argument_names for name in self.input_names):
             return False, argument_names
-        indexes = [_NAMED_INDEX.match(name) for name in self.input_names]
-        if all(indexes):
-            order = sorted(self.input_names, key=lambda n: int(_NAMED_INDEX.match(n).group(1)))
-            return False, order
+        indexes = {name: int(m.group(1)) for name in self.input_names if (m := _NAMED_INDEX.match(name))}
+        if all(name in indexes for name in self.input_names):
+            return False, sorted(self.input_names, key=indexes.__getitem__)
         return False, list(self.input_names)
 
     @staticmethod
     def _bind_outputs(names: list[str]) -> dict[str, int]:
-        matches = [_NAMED_INDEX.match(name) for name in names]
-        if all(matches):
-            return {name: int(m.group(1)) for name, m in zip(names, matches)}
+        indexes = {name: int(m.group(1)) for name in names if (m := _NAMED_INDEX.match(name))}
+        if all(name in indexes for name in names):
+            return indexes
         return {name: index for index, name in enumerate(names)}
 
     # -- execution ----------------------------------------------------------------------
