@@ -102,7 +102,7 @@ class ModelLifecycle:
         """Load what the control mode loads at startup, in the caller's thread. A model repository
         that cannot be read fails the server's start, as in Triton: with --exit-on-error=false it
         then serves, neither live nor ready (the gateways answer model calls 'Server not ready')."""
-        # An S3 repository's copy, before anything reads it (discover reports a failure). Explicit
+        # A bucket repository's copy, before anything reads it (discover reports a failure). Explicit
         # mode loads few models of what may be a large bucket: the names for the index, and each
         # load fetches its model's files.
         self.repository.fetch(names_only=self.settings.mode == "explicit")
@@ -150,7 +150,7 @@ class ModelLifecycle:
         if config is None and not files and record is not None and record.override is not None \
                 and not record.unloaded and (not self.repository.remote or self.repository.in_a_folder(name)) \
                 and record.fingerprint == self.reader.fingerprint(name):
-            # As Triton: nothing changed on disk, so the override stays. (An S3 repository's copy
+            # As Triton: nothing changed on disk, so the override stays. (A bucket repository's copy
             # is fetched by the load itself: it would say nothing changed before the fetch.)
             config, files = record.override
         self.schedule_read(name, config, files, reply)

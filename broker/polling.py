@@ -34,14 +34,14 @@ class RepositoryPoller:
         self._enabled = enabled
         self._next_poll = time.monotonic() + poll_seconds
         self.removed: set[str] = set()   # models whose folder went away
-        self._fetching = False   # an S3 repository's fetch for the next poll is running
+        self._fetching = False   # a bucket repository's fetch for the next poll is running
 
     def poll_due(self) -> bool:
         return self._enabled and not self._fetching and time.monotonic() >= self._next_poll
 
     def poll(self) -> None:
         """Load what was added or changed on disk, unload what was removed; never stop polling.
-        An S3 repository's mirror is fetched first, on the reader's threads."""
+        A bucket repository's mirror is fetched first, on the reader's threads."""
         self._next_poll = time.monotonic() + self._poll_seconds
         if self.repository.remote:
             self._fetching = True

@@ -20,7 +20,7 @@ from tritium.repo.errors import ConfigRejected, LoadFailure, LoadStage, ModelLoa
 from tritium.repo.loader import load_model
 from tritium.repo.model import ModelDefinition, RepositoryOptions
 from tritium.repo.names import name_problem
-from tritium.repo.s3 import S3Error, S3Mirror, is_s3, parse_location
+from tritium.repo.cloud_mirror import CloudMirror, StorageError, bucket_for, is_cloud
 
 log = logging.getLogger(__name__)
 # Importing a model.py (auto-complete, Python instances) may write this; it is no edit.
@@ -50,28 +50,29 @@ class RepositoryScan:
 
 class ModelRepository:
     def __init__(self, roots: Sequence[str | Path], options: RepositoryOptions | None = None) -> None:
-        """``roots``: folders, or S3 locations (``s3://...``), each read through a local mirror
+        """``roots``: folders, or bucket locations (``s3://...``, ``gs://...``), each read through a local mirror
         that ``fetch`` brings in step with its bucket."""
         self.locations = tuple(str(r) for r in roots)
-        self._mirrors = {location: S3Mirror(parse_location(location)) for location in self.locations if is_s3(location)}
+        self._mirrors = {location: CloudMirror(bucket_for(location)) for location in self.locations
+                         if is_cloud(location)}
         self.roots = tuple(self._mirrors[loc].root if loc in self._mirrors else Path(loc) for loc in self.locations)
         self.options = options or RepositoryOptions()
-        self._fetch_errors: dict[str, str] = {}   # S3 location -> why its last full fetch failed
+        self._fetch_errors: dict[str, str] = {}   # bucket location -> why its last full fetch failed
         self._model_failures: dict[str, str] = {}   # model -> why some of its objects were not fetched
         self._fetch_lock = threading.Lock()   # fetches run on the reader's threads; discover in the loop
 
     @property
     def remote(self) -> bool:
-        """Whether some of the repositories are in S3 (read after a ``fetch``)."""
+        """Whether some of the repositories are in buckets (read after a ``fetch``)."""
         return bool(self._mirrors)
 
     @property
-    def mirrors(self) -> dict[str, S3Mirror]:
-        """S3 location -> its mirror on this host."""
+    def mirrors(self) -> dict[str, CloudMirror]:
+        """Bucket location -> its mirror on this host."""
         return dict(self._mirrors)
 
     def fetch(self, model: str | None = None, names_only: bool = False) -> str | None:
-        """Bring the S3 repositories' mirrors in step with their buckets (only ``model``'s
+        """Bring the bucket repositories' mirrors in step with their buckets (only ``model``'s
         folder when named); blocks on the network; never raises. Why the repository (or the
         model) could not be fetched, or None. A repository whose last full fetch failed is
         reported by ``discover``; a model some of whose objects failed does not load until a
@@ -89,7 +90,7 @@ class ModelRepository:
                     failed.update(mirror.sync(model))
                 read.append(mirror.root)
                 why = None
-            except S3Error as exc:
+            except StorageError as exc:
                 why = str(exc)
             except Exception as exc:  # a bug of ours: one more failure to report, not an escape
                 log.exception("fetching %s failed", location)
@@ -116,7 +117,7 @@ class ModelRepository:
         return failure
 
     def in_a_folder(self, model: str) -> bool:
-        """Whether the model is in one of the folder repositories (not in an S3 one)."""
+        """Whether the model is in one of the folder repositories (not in a bucket)."""
         return any((root / model).is_dir() for location, root in zip(self.locations, self.roots)
                    if location not in self._mirrors)
 
@@ -198,18 +199,20 @@ class ModelRepository:
         while changed:
             changed = False
             failures = {n: why for n, e in entries.items() if (why := _failure(e)) is not None}
-            configs = {n: e.definition.config for n, e in entries.items() if n not in failures}
+            configs = {n: e.definition.config for n, e in entries.items()
+                       if n not in failures and e.definition is not None}   # (always, for one not failing)
             for name, entry in list(entries.items()):
-                if not entry.ok or entry.definition.config.platform != ENSEMBLE_PLATFORM:
+                definition = entry.definition
+                if not entry.ok or definition is None or definition.config.platform != ENSEMBLE_PLATFORM:
                     continue
                 try:
-                    validate_ensemble(entry.definition.config, configs, failures)
+                    validate_ensemble(definition.config, configs, failures)
                 except ModelLoadError as exc:   # Triton drops such an ensemble before its lifecycle
                     # Kept with its definition when a model it uses is missing or failed: it is tried
                     # again once that model loads (poll mode), as Triton's dependency graph does.
                     lacking = any(member in failures or member not in configs
-                                  for member in composing_models(entry.definition.config))
-                    entries[name] = ModelEntry(name, entry.paths, entry.definition if lacking else None,
+                                  for member in composing_models(definition.config))
+                    entries[name] = ModelEntry(name, entry.paths, definition if lacking else None,
                                                error=LoadFailure.of(exc, LoadStage.CONFIG))
                     changed = True
         return entries
@@ -223,7 +226,7 @@ class ModelRepository:
 def _failure(entry: ModelEntry) -> str | None:
     """Why an ensemble cannot use the model: its error, or every version's when all failed
     (its code failed as it loaded, or no version's files fit the config)."""
-    if not entry.ok:
+    if not entry.ok or entry.definition is None:
         return entry.error
     versions = entry.definition.versions
     if versions and all(info.error for info in versions):

@@ -457,7 +457,7 @@ def repo_check(repositories, as_json, **repository) -> None:
     # Open every model file, TorchScript too, to report what a load would refuse.
     options = dataclasses.replace(repository_settings(**repository), read_torchscript=True)
     model_repository = ModelRepository(repositories, options)
-    model_repository.fetch()   # S3 repositories' mirrors (a failure is one of the scan's errors)
+    model_repository.fetch()   # bucket repositories' mirrors (a failure is one of the scan's errors)
     scan = model_repository.load_all()
     rows = check_rows(scan)
     if as_json:

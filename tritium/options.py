@@ -10,6 +10,7 @@ have no ``to``. Flag names are Triton's where Triton has one.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -74,36 +75,40 @@ _STORAGE_URL = re.compile(r"(s3|gs|as)://")   # Triton's cloud storage schemes
 
 
 class RepositoryFolder(click.ParamType):
-    """A model repository: a folder, or an S3 location (``s3://bucket/path``, read through a
-    mirror on each host). Triton's other cloud storage locations (``gs://``, ``as://``) are
-    refused when the command line is read, saying what to do instead, rather than read as a
-    folder that does not exist."""
+    """A model repository: a folder, or a location in S3 (``s3://bucket/path``) or Google Cloud
+    Storage (``gs://bucket/path``), read through a mirror on each host. Triton's Azure locations
+    (``as://``) are refused when the command line is read, saying what to do instead, rather
+    than read as a folder that does not exist."""
 
     name = "FOLDER"
+    # The client library each store needs (an optional dependency) and the extra that installs it.
+    _CLIENTS = {"s3": ("boto3", "boto3", "S3", "s3"),
+                "gs": ("google.cloud.storage", "google-cloud-storage", "Google Cloud Storage", "gcs")}
 
     def convert(self, value, param, ctx) -> str:
         location = _STORAGE_URL.match(str(value))
         if location is None:
             return value
         scheme = location.group(1)
-        if scheme == "s3":
-            self._check_s3(str(value), param, ctx)
+        if scheme in self._CLIENTS:
+            self._check_cloud(scheme, str(value), param, ctx)
             return value
-        self.fail(f"'{value}': tritium reads model repositories from folders and s3:// locations, not from "
-                  f"{scheme}:// storage; mount the bucket as a folder (gcsfuse, blobfuse2) or copy it to a volume, "
+        self.fail(f"'{value}': tritium reads model repositories from folders, s3:// and gs:// locations, not from "
+                  f"{scheme}:// storage; mount the container as a folder (blobfuse2) or copy it to a volume, "
                   "and give that folder", param, ctx)
 
-    def _check_s3(self, value: str, param, ctx) -> None:
-        from tritium.repo.s3 import S3Error, parse_location
+    def _check_cloud(self, scheme: str, value: str, param, ctx) -> None:
+        from tritium.repo.cloud_mirror import StorageError, bucket_for
 
+        module, package, store, extra = self._CLIENTS[scheme]
         try:
-            parse_location(value)
-            import boto3  # noqa: F401  (the S3 client, an optional dependency)
-        except S3Error as exc:
+            bucket_for(value)
+            importlib.import_module(module)
+        except StorageError as exc:
             self.fail(f"'{value}': {exc}", param, ctx)
         except ImportError:
-            self.fail(f"'{value}': reading a model repository from S3 needs boto3: pip install 'tritium[s3]'",
-                      param, ctx)
+            self.fail(f"'{value}': reading a model repository from {store} needs {package}: "
+                      f"pip install 'tritium[{extra}]'", param, ctx)
 
 
 REPOSITORY_FOLDER = RepositoryFolder()

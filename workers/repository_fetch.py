@@ -1,7 +1,7 @@
-"""The worker agent's model repositories, S3 ones fetched off its loop.
+"""The worker agent's model repositories, those in buckets (S3, GCS) fetched off its loop.
 
-A folder repository is read where it is. An S3 repository is read through this host's mirror
-of it (repo/s3.py): before a load's instances first start on this host, the model's folder is
+A folder repository is read where it is. A repository in a bucket is read through this host's
+mirror of it (repo/cloud_mirror.py): before a load's instances first start on this host, the model's folder is
 fetched and a snapshot of it taken (hard links), which that load's instances run from, so
 that later fetches (the broker's polls in the shared mirror, the next load) never change the
 files under a running version. The fetch may download gigabytes, so it runs on a thread while
@@ -49,7 +49,7 @@ class RepositoryFetcher:
         self._snapshots: dict[tuple[str, int], Path | None] = {}   # (model, epoch) -> the folder its instances run from
         self._retired: set[Path] = set()   # snapshots of no load any more, removed once no instance runs from them
         self._boot: int | None = None   # the broker process whose epochs ``_snapshots`` holds
-        self._areas: dict[str, SnapshotArea] = {}   # S3 location -> this agent's snapshots in its mirror
+        self._areas: dict[str, SnapshotArea] = {}   # bucket location -> this agent's snapshots in its mirror
         self._areas_lock = threading.Lock()   # fetch threads make areas; the loop closes them
         self._closed = False
         self.draining = False   # set by the agent: loads are refused, so nothing is fetched for them
@@ -162,7 +162,7 @@ class RepositoryFetcher:
                 done: Future[FetchOutcome] = Future()
                 self._running = done
                 # A daemon thread: an agent told to stop does not wait for a download to end.
-                threading.Thread(target=self._fetch, args=(assignments, done), name="s3-fetch", daemon=True).start()
+                threading.Thread(target=self._fetch, args=(assignments, done), name="repository-fetch", daemon=True).start()
                 break
             ready.append(self._held.popleft())
         return ready

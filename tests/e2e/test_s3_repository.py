@@ -79,14 +79,20 @@ def test_polling_follows_the_bucket(s3):
     put_model(s3, "poll", "scale", factor=2)
     with TritiumServer(s3.location("models", "poll"), "--model-control-mode", "poll",
                        "--repository-poll-secs", "1") as server:
-        assert infer(server.url, "scale") == [2.0, 4.0]
-        s3.put("models", "poll/scale/1/model.py", MODEL.format(factor=3))
-        wait_for(lambda: infer(server.url, "scale") == [3.0, 6.0], "the replaced model.py served")
-        put_model(s3, "poll", "added", factor=5)
-        wait_for(lambda: infer(server.url, "added") == [5.0, 10.0], "the added model served")
-        s3.delete_prefix("models", "poll/added/")
-        wait_for(lambda: request(server.url, "GET", "/v2/models/added/ready")[0] == 400, "the deleted model unloaded")
-        assert infer(server.url, "scale") == [3.0, 6.0]
+        polling_follows(s3, server.url, "poll", "scale")
+
+
+def polling_follows(store, url: str, prefix: str, model: str) -> None:
+    """A server polling the bucket's ``prefix``, ``model`` served at factor 2: a replaced
+    model.py, an added model and a deleted one are each polled in."""
+    assert infer(url, model) == [2.0, 4.0]
+    store.put("models", f"{prefix}/{model}/1/model.py", MODEL.format(factor=3))
+    wait_for(lambda: infer(url, model) == [3.0, 6.0], "the replaced model.py served")
+    put_model(store, prefix, "added", factor=5)
+    wait_for(lambda: infer(url, "added") == [5.0, 10.0], "the added model served")
+    store.delete_prefix("models", f"{prefix}/added/")
+    wait_for(lambda: request(url, "GET", "/v2/models/added/ready")[0] == 400, "the deleted model unloaded")
+    assert infer(url, model) == [3.0, 6.0]
 
 
 ENSEMBLE = """
@@ -181,15 +187,20 @@ def test_a_worker_host_with_a_mirror_of_its_own_fetches_the_models_it_serves(s3,
 
 def test_a_bucket_that_cannot_be_read_stops_startup_naming_the_location(s3):
     location = s3.location("no-such-bucket", "models")
+    output = failed_start(location)
+    assert f"model repository '{location}' cannot be read: cannot list s3://{s3.host_port}/no-such-bucket/models/: " \
+        in output
+    assert "NoSuchBucket" in output
+
+
+def failed_start(location: str) -> str:
+    """What ``tritium serve`` of the repository says, given that it fails to start."""
     result = subprocess.run([sys.executable, "-m", "tritium.cli", "serve", "--model-repository", location,
                              "--http-port", str(free_port()), "--grpc-port", str(free_port()),
                              "--metrics-port", str(free_port())],
                             capture_output=True, timeout=60, env=dict(os.environ), cwd=Path(__file__).parents[2])
     assert result.returncode != 0
-    output = result.stdout.decode() + result.stderr.decode()
-    assert f"model repository '{location}' cannot be read: cannot list s3://{s3.host_port}/no-such-bucket/models/: " \
-        in output
-    assert "NoSuchBucket" in output
+    return result.stdout.decode() + result.stderr.decode()
 
 
 def test_repo_check_reads_an_s3_repository_as_serve_would(s3):

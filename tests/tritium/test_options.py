@@ -64,29 +64,33 @@ def test_model_control_mode_is_read_whatever_its_case_as_triton_reads_it(given):
     assert serve.params["model_control_mode"] == "explicit"
 
 
-@pytest.mark.parametrize("role, location", [("serve", "gs://bucket/models"), ("broker", "gs://bucket/models"),
+@pytest.mark.parametrize("role, location", [("serve", "as://account/container/models"),
                                             ("worker", "as://account/container/models"), ("repo", "as://a/c/m")])
-def test_a_gcs_or_azure_repository_is_a_usage_error_that_says_what_to_do(role, location):
+def test_an_azure_repository_is_a_usage_error_that_says_what_to_do(role, location):
     from click.testing import CliRunner
 
     arguments = {"worker": ["--broker", "ipc:///nowhere", "--model-repository", location],
                  "repo": ["check", location]}.get(role, ["--model-repository", location])
     result = CliRunner().invoke(main, [role, *arguments])
     assert result.exit_code == 2
-    scheme = location.partition("://")[0]
-    assert f"'{location}': tritium reads model repositories from folders and s3:// locations, not from " \
-        f"{scheme}:// storage" in " ".join(result.output.split())
+    assert f"'{location}': tritium reads model repositories from folders, s3:// and gs:// locations, not from " \
+        "as:// storage; mount the container as a folder (blobfuse2)" in " ".join(result.output.split())
 
 
-def test_an_s3_location_is_a_repository_and_one_without_a_bucket_a_usage_error():
+@pytest.mark.parametrize("locations, without_a_bucket, refusal", [
+    (("s3://bucket/models", "s3://localhost:9000/b/m"), "s3:///", "Invalid bucket name: 's3:///'"),
+    (("gs://bucket/models", "gs://other"), "gs://", "No bucket name found in path: gs://"),
+])
+def test_a_bucket_s_location_is_a_repository_and_one_without_a_bucket_a_usage_error(locations, without_a_bucket,
+                                                                                     refusal):
     from click.testing import CliRunner
 
-    serve = main.commands["serve"].make_context("serve", ["--model-repository", "s3://bucket/models",
-                                                          "--model-repository", "s3://localhost:9000/b/m"])
-    assert serve.params["model_repository"] == ("s3://bucket/models", "s3://localhost:9000/b/m")
-    result = CliRunner().invoke(main, ["serve", "--model-repository", "s3:///"])
+    serve = main.commands["serve"].make_context("serve", [word for location in locations
+                                                          for word in ("--model-repository", location)])
+    assert serve.params["model_repository"] == locations
+    result = CliRunner().invoke(main, ["serve", "--model-repository", without_a_bucket])
     assert result.exit_code == 2
-    assert "'s3:///': Invalid bucket name: 's3:///'" in " ".join(result.output.split())
+    assert f"'{without_a_bucket}': {refusal}" in " ".join(result.output.split())
 
 
 def test_a_local_folder_whose_name_holds_a_colon_and_slashes_is_a_folder():
