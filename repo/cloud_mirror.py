@@ -23,6 +23,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any, BinaryIO, Generic, Protocol, TypeVar
 CREDENTIAL_PATH_VARIABLE = "TRITON_CLOUD_CREDENTIAL_PATH"
 SCHEMES = ("s3://", "gs://")
 _MANIFEST = "manifest.json"
+_NAME_MAX = 255   # bytes in one file name (Linux's file systems)
 _BYTECODE_CACHE = "__pycache__"
 log = logging.getLogger(__name__)
 
@@ -286,12 +288,15 @@ class CloudMirror:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
+        """The mirror to this sync alone: the lock file keeps the host's processes apart (and the
+        threads of one, on a local file system); the thread lock keeps threads apart where a
+        network file system makes flock a process's lock."""
         try:
             lock = open(self._folder / "lock", "a")
         except OSError as exc:
             raise StorageError(f"cannot open the mirror's lock {self._folder / 'lock'}: "
                                f"{exc.strerror or exc}") from exc
-        with lock:
+        with lock, _thread_lock(self._folder):
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -313,6 +318,15 @@ class CloudMirror:
             log.warning("cannot write the manifest of the mirror %s", self._folder, exc_info=True)
 
 
+_THREAD_LOCKS: dict[Path, threading.Lock] = {}
+_THREAD_LOCKS_LOCK = threading.Lock()
+
+
+def _thread_lock(folder: Path) -> threading.Lock:
+    with _THREAD_LOCKS_LOCK:
+        return _THREAD_LOCKS.setdefault(folder, threading.Lock())
+
+
 def _link_or_copy(source: str, target: str) -> None:
     try:
         os.link(source, target)
@@ -326,6 +340,8 @@ def _check_model_name(model: str) -> None:
 
 
 def _safe_relative(relative: str) -> bool:
-    """A key that stays inside the mirror once written as a path (no '..', no absolute part)."""
+    """A key that stays inside the mirror once written as a path (no '..', no absolute part)
+    and can be one (no NUL, no name longer than a file system takes)."""
     parts = relative.split("/")
-    return bool(relative) and all(part not in ("", ".", "..") for part in parts)
+    return bool(relative) and "\0" not in relative and all(
+        part not in ("", ".", "..") and len(part.encode("utf-8", "surrogateescape")) <= _NAME_MAX for part in parts)

@@ -28,6 +28,8 @@ SCHEME = "gs://"
 MOUNT_DIRECTORY_VARIABLE = "TRITON_GCS_MOUNT_DIRECTORY"
 EMULATOR_VARIABLES = ("CLOUD_STORAGE_EMULATOR_ENDPOINT", "STORAGE_EMULATOR_HOST")
 _READ_ONLY = ("https://www.googleapis.com/auth/devstorage.read_only",)
+REQUEST_TIMEOUT_S = 60   # one request's connection and each read of its answer
+RETRY_TIMEOUT_S = 20     # the retries of one call, for the errors the client retries (503, connection refused)
 
 
 @dataclass(frozen=True)
@@ -61,18 +63,18 @@ class GcsBucket(Bucket[GcsLocation]):
     def objects(self, prefix: str) -> dict[str, str]:
         with _reading(f"cannot list {self.url_of(prefix)}"):
             return {blob.name: str(blob.generation or blob.etag)
-                    for blob in self.client.list_blobs(self.location.bucket, prefix=prefix)}
+                    for blob in self.client.list_blobs(self.location.bucket, prefix=prefix, **_patience())}
 
     def folders(self, prefix: str) -> set[str]:
         with _reading(f"cannot list {self.url_of(prefix)}"):
-            listing = self.client.list_blobs(self.location.bucket, prefix=prefix, delimiter="/")
+            listing = self.client.list_blobs(self.location.bucket, prefix=prefix, delimiter="/", **_patience())
             for _ in listing.pages:   # the folders come with the pages
                 pass
             return set(listing.prefixes)
 
     def download(self, key: str, out: BinaryIO) -> None:
         with _reading(f"cannot download {self.url_of(key)}"):
-            self.client.bucket(self.location.bucket).blob(key).download_to_file(out)
+            self.client.bucket(self.location.bucket).blob(key).download_to_file(out, **_patience())
 
     def url_of(self, key: str) -> str:
         return f"gs://{self.location.bucket}/{key}"
@@ -80,16 +82,37 @@ class GcsBucket(Bucket[GcsLocation]):
 
 @contextmanager
 def _reading(what: str) -> Iterator[None]:
-    """The client's errors (the service's answers, credentials, the connection) as StorageError;
-    an OSError of writing the mirror's file passes, for the mirror to say."""
-    from google.api_core.exceptions import GoogleAPIError
-    from google.auth.exceptions import GoogleAuthError
-    from requests.exceptions import RequestException
-
+    """Whatever the client raises (the service's answers, credentials, the connection, a checksum
+    that does not match) as StorageError; an OSError of writing the mirror's file passes, for the
+    mirror to say."""
     try:
         yield
-    except (GoogleAPIError, GoogleAuthError, RequestException) as exc:   # (requests' are OSErrors too)
+    except StorageError:
+        raise
+    except OSError as exc:
+        if not _is_connection_error(exc):
+            raise
         raise StorageError(f"{what}: {exc}") from exc
+    except Exception as exc:
+        raise StorageError(f"{what}: {exc}") from exc
+
+
+def _is_connection_error(error: OSError) -> bool:
+    """requests' errors are OSErrors too."""
+    try:
+        from requests.exceptions import RequestException
+    except ImportError:
+        return False
+    return isinstance(error, RequestException)
+
+
+def _patience() -> dict:
+    """How long one call of the client may take, retries included: the client's own default
+    retries for two minutes, which a sync of many objects, holding the mirror's lock, would pay
+    for each object while the server is away."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    return {"timeout": REQUEST_TIMEOUT_S, "retry": DEFAULT_RETRY.with_timeout(RETRY_TIMEOUT_S)}
 
 
 def emulator_endpoint() -> str | None:

@@ -72,11 +72,15 @@ class S3Bucket(Bucket[S3Location]):
         return {entry["Prefix"] for page in self._pages(prefix, Delimiter="/") for entry in page.get("CommonPrefixes", ())}
 
     def download(self, key: str, out: BinaryIO) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         try:
             self.client.download_fileobj(self.location.bucket, key, out)
+        except (BotoCoreError, ClientError) as exc:   # (botocore's timeouts are OSErrors too)
+            raise StorageError(f"cannot download {self.url_of(key)}: {exc}") from exc
         except OSError:   # writing ``out``: the mirror's to say
             raise
-        except Exception as exc:  # botocore's and s3transfer's errors (retries exhausted, access denied)
+        except Exception as exc:  # s3transfer's errors (retries exhausted)
             raise StorageError(f"cannot download {self.url_of(key)}: {exc}") from exc
 
     def url_of(self, key: str) -> str:
@@ -138,7 +142,10 @@ def credential_for(location: S3Location) -> S3Credential:
     the credential whose name is the longest prefix of the location; without the variable,
     boto3's own chain."""
     fields = named_credential("s3", location.url)
-    if not isinstance(fields, dict):
+    if fields is None:
         return S3Credential()
+    if not isinstance(fields, dict):
+        raise StorageError(f"the credential for {location.url} in TRITON_CLOUD_CREDENTIAL_PATH's file is not "
+                           "a JSON object")
     return S3Credential(**{key: str(fields.get(key, "")) for key in
                            ("key_id", "secret_key", "session_token", "region", "profile")})

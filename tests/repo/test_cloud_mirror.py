@@ -135,6 +135,13 @@ def test_keys_that_would_leave_the_mirror_are_not_written(server, mirror):
     assert not (mirror.root.parent / "escaped.txt").exists()
 
 
+def test_keys_that_cannot_be_a_path_here_are_not_written_and_the_rest_is(server, mirror):
+    mirror, prefix = mirror
+    put_files(server, prefix, {"m/config.pbtxt": "kept", f"m/{'n' * 256}.txt": "a name too long for a file system"})
+    assert mirror.sync() == {}
+    assert files_of(mirror.root) == {"m/config.pbtxt": b"kept"}
+
+
 def test_a_bucket_that_does_not_exist_is_an_error_naming_it(server, mirror, tmp_path):
     missing = CloudMirror(bucket_for(server.location("no-such-bucket", "repo")), tmp_path / "missing")
     with pytest.raises(StorageError, match=f"cannot list {server.url('no-such-bucket/repo/')}: .*(NoSuchBucket|404)"):

@@ -10,7 +10,8 @@ import os
 import pytest
 
 from tritium.repo.cloud_mirror import StorageError, mirror_folder
-from tritium.repo.gcs import GcsBucket, GcsLocation, credentials_for, emulator_endpoint, key_file_for, parse_location
+from tritium.repo.gcs import (GcsBucket, GcsLocation, _reading, credentials_for, emulator_endpoint, key_file_for,
+                              parse_location)
 
 
 @pytest.mark.parametrize("url, expected", [
@@ -151,3 +152,29 @@ def test_without_any_credentials_a_public_bucket_is_read_anonymously(monkeypatch
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))   # no gcloud login on this host
     monkeypatch.setenv("NO_GCE_CHECK", "True")              # and not a Google Cloud machine
     assert isinstance(credentials_for(parse_location("gs://public/models")), AnonymousCredentials)
+
+
+def data_corruption() -> Exception:
+    from google.cloud.storage.exceptions import DataCorruption
+
+    return DataCorruption(None, "Checksum mismatch while downloading")
+
+
+def connection_refused() -> Exception:
+    from requests.exceptions import ConnectionError
+
+    return ConnectionError("Connection refused")
+
+
+@pytest.mark.parametrize("raised", [data_corruption, connection_refused, lambda: ValueError("the client's own")],
+                         ids=["checksum", "connection", "other"])
+def test_whatever_the_client_raises_is_a_storage_error_that_fails_the_object_alone(raised):
+    with pytest.raises(StorageError, match="^cannot download gs://b/k: "):
+        with _reading("cannot download gs://b/k"):
+            raise raised()
+
+
+def test_an_error_of_writing_the_mirror_s_file_is_left_to_the_mirror_to_say():
+    with pytest.raises(OSError, match="No space left"):
+        with _reading("cannot download gs://b/k"):
+            raise OSError(28, "No space left on device")

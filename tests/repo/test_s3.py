@@ -100,6 +100,10 @@ def test_a_location_no_credential_matches_or_a_broken_file_is_an_error(monkeypat
     path.write_text(json.dumps({"s3": {"s3://bucket": {"key_id": "k", "secret_key": "s"}}}))
     with pytest.raises(StorageError, match="^Cannot match credential for path  s3://elsewhere/m$"):
         credential_for(parse_location("s3://elsewhere/m"))
+    path.write_text(json.dumps({"s3": {"s3://bucket": "not an object"}}))
+    with pytest.raises(StorageError, match="the credential for s3://bucket/m in TRITON_CLOUD_CREDENTIAL_PATH's file is "
+                                           "not a JSON object"):
+        credential_for(parse_location("s3://bucket/m"))
     path.write_text("{not json")
     with pytest.raises(StorageError, match=f"cannot read the credentials in {path} \\(TRITON_CLOUD_CREDENTIAL_PATH\\)"):
         credential_for(parse_location("s3://bucket/m"))
