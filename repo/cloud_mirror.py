@@ -1,4 +1,4 @@
-"""Model repositories in cloud storage (``s3://``, ``gs://``), read through a copy on this host.
+"""Model repositories in cloud storage (``s3://``, ``gs://``, ``as://``), read through a copy on this host.
 
 Everything that reads a repository reads folders, so a repository in a bucket is copied into a
 folder of this host and kept in step with the bucket: ``CloudMirror.sync`` lists the objects
@@ -10,7 +10,7 @@ serve``) share a mirror: it is named after the location, and a lock file keeps t
 
 What differs between the stores (the location's syntax, the client, the credentials) is a
 ``Bucket``: repo/s3.py for S3 and the servers that speak its protocol, repo/gcs.py for Google
-Cloud Storage.
+Cloud Storage, repo/azure.py for Azure Storage (a container is its bucket).
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Generic, Protocol, TypeVar
 
-# Triton's file of credentials per location: {"s3": {"s3://bucket": {...}}, "gs": {"gs://bucket": "key.json"}}.
+# Triton's file of credentials per location:
+# {"s3": {"s3://bucket": {...}}, "gs": {"gs://bucket": "key.json"}, "as": {"as://account/container": {...}}}.
 CREDENTIAL_PATH_VARIABLE = "TRITON_CLOUD_CREDENTIAL_PATH"
-SCHEMES = ("s3://", "gs://")
+SCHEMES = ("s3://", "gs://", "as://")
 _MANIFEST = "manifest.json"
 _NAME_MAX = 255   # bytes in one file name (Linux's file systems)
 _BYTECODE_CACHE = "__pycache__"
@@ -59,7 +60,7 @@ L = TypeVar("L", bound=Location)
 class Bucket(Generic[L]):
     """One repository's bucket, as the mirror reads it; repo/s3.py and repo/gcs.py say how."""
 
-    scheme = ""            # "s3", "gs": the mirrors' folder is tritium-<scheme>-<uid>
+    scheme = ""            # "s3", "gs", "as": the mirrors' folder is tritium-<scheme>-<uid>
     mount_variable = ""    # Triton's variable for where it copies the store's models to
 
     def __init__(self, location: L, client: Any = None) -> None:
@@ -105,11 +106,15 @@ def is_cloud(location: str | Path) -> bool:
 
 
 def bucket_for(url: str) -> Bucket[Any]:
-    """The bucket a ``s3://`` or ``gs://`` location names (StorageError for a malformed one)."""
+    """The bucket an ``s3://``, ``gs://`` or ``as://`` location names (StorageError for a malformed one)."""
     if url.startswith("gs://"):
         from tritium.repo.gcs import GcsBucket, parse_location as parse_gcs
 
         return GcsBucket(parse_gcs(url))
+    if url.startswith("as://"):
+        from tritium.repo.azure import AzureBucket, parse_location as parse_azure
+
+        return AzureBucket(parse_azure(url))
     from tritium.repo.s3 import S3Bucket, parse_location as parse_s3
 
     return S3Bucket(parse_s3(url))
@@ -125,7 +130,7 @@ def mirror_folder(bucket: Bucket[Any]) -> Path:
 
 def named_credential(store: str, url: str) -> object | None:
     """The entry of Triton's credentials file for the location, as Triton picks it: under
-    ``store`` ("s3", "gs"), the one whose name is the longest prefix of the location (``""``
+    ``store`` ("s3", "gs", "as"), the one whose name is the longest prefix of the location (``""``
     matches every one). None without the variable: the store's own default chain."""
     path = os.environ.get(CREDENTIAL_PATH_VARIABLE)
     if not path:

@@ -247,15 +247,15 @@ def test_cpu_image_installs_the_torch_release_pyproject_pins():
 
 def test_gpu_image_replaces_onnxruntime_with_its_gpu_build():
     build = " ".join(i["value"] for i in dockerfile("gpu").structure if i["instruction"] == "RUN")
-    assert '"/src[gpu,s3,gcs]"' in build
+    assert '"/src[gpu,s3,gcs,azure]"' in build
     assert "pip uninstall -y onnxruntime onnxruntime-gpu" in build
     assert "CUDAExecutionProvider" in build
 
 
-def test_both_images_read_repositories_in_s3_and_google_cloud_storage():
+def test_both_images_read_repositories_in_s3_google_cloud_storage_and_azure_storage():
     build = " ".join(i["value"] for i in dockerfile().structure if i["instruction"] == "RUN")
     installs = re.findall(r'pip install --no-cache-dir "?(/src[^" ]*)"?', build)
-    assert installs == ["/src[s3,gcs]", "/src[gpu,s3,gcs]"]
+    assert installs == ["/src[s3,gcs,azure]", "/src[gpu,s3,gcs,azure]"]
 
 
 def test_build_context_holds_only_what_the_package_needs():
@@ -654,9 +654,11 @@ def test_the_documented_secrets_hold_every_key_file_the_pods_read():
                     assert Path(path).name in documented[secret], (workload, name)
     # made only to serve gRPC over TLS, which the base manifests leave off
     assert documented.pop("tritium-grpc-tls") == {"server.pem", "server.key", "ca.pem"}
-    # made only to read the repository from S3 (AWS's variables, no files) or Google Cloud Storage
+    # made only to read the repository from S3 (AWS's variables, no files), Google Cloud Storage (a key
+    # file) or Azure Storage (the account's key in a variable)
     assert documented.pop("tritium-s3") == set()
     assert documented.pop("tritium-gcs") == {"reader.json"}
+    assert documented.pop("tritium-azure") == set()
     assert used == set(documented)
 
 

@@ -75,27 +75,22 @@ _STORAGE_URL = re.compile(r"(s3|gs|as)://")   # Triton's cloud storage schemes
 
 
 class RepositoryFolder(click.ParamType):
-    """A model repository: a folder, or a location in S3 (``s3://bucket/path``) or Google Cloud
-    Storage (``gs://bucket/path``), read through a mirror on each host. Triton's Azure locations
-    (``as://``) are refused when the command line is read, saying what to do instead, rather
-    than read as a folder that does not exist."""
+    """A model repository: a folder, or a location in S3 (``s3://bucket/path``), Google Cloud
+    Storage (``gs://bucket/path``) or Azure Storage (``as://account/container/path``), read
+    through a mirror on each host; a malformed location, or one whose client library is not
+    installed, is refused when the command line is read."""
 
     name = "FOLDER"
     # The client library each store needs (an optional dependency) and the extra that installs it.
     _CLIENTS = {"s3": ("boto3", "boto3", "S3", "s3"),
-                "gs": ("google.cloud.storage", "google-cloud-storage", "Google Cloud Storage", "gcs")}
+                "gs": ("google.cloud.storage", "google-cloud-storage", "Google Cloud Storage", "gcs"),
+                "as": ("azure.storage.blob", "azure-storage-blob", "Azure Storage", "azure")}
 
     def convert(self, value, param, ctx) -> str:
         location = _STORAGE_URL.match(str(value))
-        if location is None:
-            return value
-        scheme = location.group(1)
-        if scheme in self._CLIENTS:
-            self._check_cloud(scheme, str(value), param, ctx)
-            return value
-        self.fail(f"'{value}': tritium reads model repositories from folders, s3:// and gs:// locations, not from "
-                  f"{scheme}:// storage; mount the container as a folder (blobfuse2) or copy it to a volume, "
-                  "and give that folder", param, ctx)
+        if location is not None:
+            self._check_cloud(location.group(1), str(value), param, ctx)
+        return value
 
     def _check_cloud(self, scheme: str, value: str, param, ctx) -> None:
         from tritium.repo.cloud_mirror import StorageError, bucket_for

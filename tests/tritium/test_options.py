@@ -64,24 +64,12 @@ def test_model_control_mode_is_read_whatever_its_case_as_triton_reads_it(given):
     assert serve.params["model_control_mode"] == "explicit"
 
 
-@pytest.mark.parametrize("role, location", [("serve", "as://account/container/models"),
-                                            ("worker", "as://account/container/models"), ("repo", "as://a/c/m")])
-def test_an_azure_repository_is_a_usage_error_that_says_what_to_do(role, location):
-    from click.testing import CliRunner
-
-    arguments = {"worker": ["--broker", "ipc:///nowhere", "--model-repository", location],
-                 "repo": ["check", location]}.get(role, ["--model-repository", location])
-    result = CliRunner().invoke(main, [role, *arguments])
-    assert result.exit_code == 2
-    assert f"'{location}': tritium reads model repositories from folders, s3:// and gs:// locations, not from " \
-        "as:// storage; mount the container as a folder (blobfuse2)" in " ".join(result.output.split())
-
-
 @pytest.mark.parametrize("locations, without_a_bucket, refusal", [
     (("s3://bucket/models", "s3://localhost:9000/b/m"), "s3:///", "Invalid bucket name: 's3:///'"),
     (("gs://bucket/models", "gs://other"), "gs://", "No bucket name found in path: gs://"),
+    (("as://account/container/models",), "as://account", "Invalid azure storage path: as://account"),
 ])
-def test_a_bucket_s_location_is_a_repository_and_one_without_a_bucket_a_usage_error(locations, without_a_bucket,
+def test_a_bucket_s_location_is_a_repository_and_a_malformed_one_a_usage_error(locations, without_a_bucket,
                                                                                      refusal):
     from click.testing import CliRunner
 
