@@ -13,6 +13,7 @@ the container is read anonymously (a public one). The service is the account's
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 from collections.abc import Iterator
@@ -29,10 +30,13 @@ _AZURE_HOST = ".blob.core.windows.net"
 # Where the mirrors are kept: Triton's variable for where it copies Azure models to.
 MOUNT_DIRECTORY_VARIABLE = "TRITON_AZURE_MOUNT_DIRECTORY"
 ENDPOINT_VARIABLE = "TRITIUM_AZURE_BLOB_ENDPOINT"
-# How long one call may take: a connection, each read of an answer, and the retries of a call.
+# How long one call may take: a connection, each read of an answer, and the retries of a call
+# (waiting about 1, 4 and 10 s between them; the client's own waits start at 15 s).
 CONNECTION_TIMEOUT_S = 20
 READ_TIMEOUT_S = 60
 RETRIES = 3
+RETRY_FIRST_WAIT_S = 1
+RETRY_WAIT_BASE = 3
 
 
 @dataclass(frozen=True)
@@ -69,11 +73,13 @@ class AzureBucket(Bucket[AzureLocation]):
         return make_client(self.location)
 
     def identity(self) -> str:
-        return f"{service_url(account_of(self.location))}|{self.location.bucket}|{self.prefix}"
+        # (not the credential's account: a credentials file that cannot be read fails the fetch, not this)
+        endpoint = os.environ.get(ENDPOINT_VARIABLE, "")
+        return f"{endpoint}|{self.location.account}|{self.location.bucket}|{self.prefix}"
 
     def objects(self, prefix: str) -> dict[str, str]:
         with _reading(f"cannot list {self.url_of(prefix)}"):
-            return {blob.name: blob.etag for blob in self.client.list_blobs(name_starts_with=prefix)}
+            return listed(self.client.list_blobs(name_starts_with=prefix, include=["metadata"]))
 
     def folders(self, prefix: str) -> set[str]:
         from azure.storage.blob import BlobPrefix
@@ -83,23 +89,36 @@ class AzureBucket(Bucket[AzureLocation]):
                     if isinstance(item, BlobPrefix)}
 
     def download(self, key: str, out: BinaryIO) -> None:
-        with _reading(f"cannot download {self.url_of(key)}"):
+        with _reading(f"cannot download {self.url_of(key)}", writing=True):
             self.client.download_blob(key).readinto(out)
 
     def url_of(self, key: str) -> str:
         return f"as://{self.location.account}/{self.location.bucket}/{key}"
 
 
+def listed(blobs) -> dict[str, str]:
+    """key -> ETag of a listing's blobs. An account with a hierarchical namespace (Data Lake
+    Storage) lists each directory as an empty blob named without the final '/', marked
+    ``hdi_isfolder``: it is a folder marker, not a file that would stand where its folder goes."""
+    found = {}
+    for blob in blobs:
+        folder = (blob.metadata or {}).get("hdi_isfolder") == "true"
+        found[blob.name.rstrip("/") + "/" if folder else blob.name] = blob.etag
+    return found
+
+
 @contextmanager
-def _reading(what: str) -> Iterator[None]:
-    """Whatever the client raises (the service's answers, the connection) as StorageError; an
-    OSError of writing the mirror's file passes, for the mirror to say."""
+def _reading(what: str, writing: bool = False) -> Iterator[None]:
+    """Whatever the client raises (the service's answers, the connection) as StorageError; while
+    ``writing`` the mirror's file, an OSError passes, for the mirror to say."""
     try:
         yield
     except StorageError:
         raise
-    except OSError:
-        raise
+    except OSError as exc:
+        if writing:
+            raise
+        raise StorageError(f"{what}: {exc}") from exc
     except Exception as exc:  # azure-core's errors (AzureError: HTTP answers, connections, retries exhausted)
         raise StorageError(f"{what}: {_said(exc)}") from exc
 
@@ -124,10 +143,6 @@ def credential_for(location: AzureLocation) -> AzureCredential:
     return AzureCredential(str(entry.get("account_str", "")), str(entry.get("account_key", "")))
 
 
-def account_of(location: AzureLocation) -> str:
-    return credential_for(location).account or location.account
-
-
 def service_url(account: str) -> str:
     return os.environ.get(ENDPOINT_VARIABLE) or f"https://{account}{_AZURE_HOST}"
 
@@ -141,6 +156,13 @@ def make_client(location: AzureLocation):
                            "pip install 'tritium[azure]'") from exc
     credential = credential_for(location)
     account = credential.account or location.account
+    if credential.key:
+        try:
+            base64.b64decode(credential.key, validate=True)
+        except ValueError:
+            raise StorageError(f"the account key for {location.url} is not base64 (an Azure Storage account's "
+                               "key is)") from None
     key = {"account_name": account, "account_key": credential.key} if credential.key else None
     return ContainerClient(service_url(account), location.bucket, credential=key, connection_timeout=CONNECTION_TIMEOUT_S,
-                           read_timeout=READ_TIMEOUT_S, retry_total=RETRIES)
+                           read_timeout=READ_TIMEOUT_S, retry_total=RETRIES, initial_backoff=RETRY_FIRST_WAIT_S,
+                           increment_base=RETRY_WAIT_BASE)

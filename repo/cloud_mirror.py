@@ -58,7 +58,7 @@ L = TypeVar("L", bound=Location)
 
 
 class Bucket(Generic[L]):
-    """One repository's bucket, as the mirror reads it; repo/s3.py and repo/gcs.py say how."""
+    """One repository's bucket, as the mirror reads it; repo/s3.py, repo/gcs.py and repo/azure.py say how."""
 
     scheme = ""            # "s3", "gs", "as": the mirrors' folder is tritium-<scheme>-<uid>
     mount_variable = ""    # Triton's variable for where it copies the store's models to
@@ -247,7 +247,8 @@ class CloudMirror:
         partial = None
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            handle, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+            # (a short name of its own: the object's may be as long as a file's name can be)
+            handle, partial = tempfile.mkstemp(dir=target.parent, prefix=".tritium-download-")
             with os.fdopen(handle, "wb") as out:
                 self.bucket.download(key, out)
             os.replace(partial, target)

@@ -73,7 +73,7 @@ class GcsBucket(Bucket[GcsLocation]):
             return set(listing.prefixes)
 
     def download(self, key: str, out: BinaryIO) -> None:
-        with _reading(f"cannot download {self.url_of(key)}"):
+        with _reading(f"cannot download {self.url_of(key)}", writing=True):
             self.client.bucket(self.location.bucket).blob(key).download_to_file(out, **_patience())
 
     def url_of(self, key: str) -> str:
@@ -81,16 +81,16 @@ class GcsBucket(Bucket[GcsLocation]):
 
 
 @contextmanager
-def _reading(what: str) -> Iterator[None]:
+def _reading(what: str, writing: bool = False) -> Iterator[None]:
     """Whatever the client raises (the service's answers, credentials, the connection, a checksum
-    that does not match) as StorageError; an OSError of writing the mirror's file passes, for the
-    mirror to say."""
+    that does not match) as StorageError; while ``writing`` the mirror's file, an OSError of
+    writing it passes, for the mirror to say."""
     try:
         yield
     except StorageError:
         raise
     except OSError as exc:
-        if not _is_connection_error(exc):
+        if writing and not _is_connection_error(exc):
             raise
         raise StorageError(f"{what}: {exc}") from exc
     except Exception as exc:

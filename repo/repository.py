@@ -50,7 +50,7 @@ class RepositoryScan:
 
 class ModelRepository:
     def __init__(self, roots: Sequence[str | Path], options: RepositoryOptions | None = None) -> None:
-        """``roots``: folders, or bucket locations (``s3://...``, ``gs://...``), each read through a local mirror
+        """``roots``: folders, or bucket locations (``s3://``, ``gs://``, ``as://``), each read through a local mirror
         that ``fetch`` brings in step with its bucket."""
         self.locations = tuple(str(r) for r in roots)
         self._mirrors = {location: CloudMirror(bucket_for(location)) for location in self.locations

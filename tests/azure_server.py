@@ -3,7 +3,7 @@ service), with a container and the account's well-known key.
 
 Azurite is a Node.js program: the tests look for ``azurite-blob`` where ``TRITIUM_AZURITE``
 says, in the checkout's ``.azurite/`` (where CI installs it: ``npm install --prefix .azurite
-azurite``), then on PATH, and are skipped without it.
+azurite@3.35.0``), then on PATH, and are skipped without it.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def azure_server(*containers: str) -> Iterator[AzureServer]:
 
     program = azurite()
     if program is None:
-        pytest.skip("Azurite is not installed (npm install --prefix .azurite azurite)")
+        pytest.skip("Azurite is not installed (npm install --prefix .azurite azurite@3.35.0)")
     port = free_port()
     process = subprocess.Popen([program, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
                                 "--skipApiVersionCheck", "--silent"],

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from tritium.repo.azure import (AzureBucket, AzureCredential, AzureLocation, credential_for, make_client,
-                                parse_location, service_url)
+from tritium.repo.azure import (AzureBucket, AzureCredential, AzureLocation, _reading, credential_for, listed,
+                                make_client, parse_location, service_url)
 from tritium.repo.cloud_mirror import StorageError, mirror_folder
 
 
@@ -97,3 +97,38 @@ def test_with_a_key_the_client_signs_with_the_account_s_key_and_without_one_read
     assert (keyed.url, keyed.credential.account_name) == ("https://account.blob.core.windows.net/models", "account")
     monkeypatch.delenv("AZURE_STORAGE_KEY")
     assert make_client(parse_location("as://account/models")).credential is None
+
+
+def test_a_key_that_is_not_base64_is_an_error_naming_the_location(monkeypatch):
+    monkeypatch.delenv("TRITON_CLOUD_CREDENTIAL_PATH", raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_KEY", "secret")
+    with pytest.raises(StorageError, match="^the account key for as://account/models is not base64"):
+        make_client(parse_location("as://account/models"))
+
+
+def blob(name: str, etag: str, metadata: dict | None = None):
+    from azure.storage.blob import BlobProperties
+
+    properties = BlobProperties()
+    properties.name, properties.etag, properties.metadata = name, etag, metadata or {}
+    return properties
+
+
+def test_a_data_lake_directory_listed_as_a_blob_is_a_folder_marker():
+    # An account with a hierarchical namespace lists its directories as empty blobs, without a final '/'.
+    listing = [blob("p/m", "d1", {"hdi_isfolder": "true"}), blob("p/m/1", "d2", {"hdi_isfolder": "true"}),
+               blob("p/m/1/model.py", "f1"), blob("p/m/config.pbtxt", "f2"), blob("p/m/2/", "marker")]
+    assert listed(listing) == {"p/m/": "d1", "p/m/1/": "d2", "p/m/1/model.py": "f1", "p/m/config.pbtxt": "f2",
+                               "p/m/2/": "marker"}
+
+
+def test_whatever_the_client_raises_is_a_storage_error_but_a_failed_write_of_the_copy():
+    from azure.core.exceptions import ServiceRequestError
+
+    for raised in (ServiceRequestError("Connection refused"), OSError(111, "Connection refused")):
+        with pytest.raises(StorageError, match="^cannot list as://a/c/p/: "):
+            with _reading("cannot list as://a/c/p/"):
+                raise raised
+    with pytest.raises(OSError, match="No space left"):
+        with _reading("cannot download as://a/c/k", writing=True):
+            raise OSError(28, "No space left on device")

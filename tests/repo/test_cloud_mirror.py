@@ -21,7 +21,7 @@ CONFIG = 'name: "{name}"\nbackend: "python"\nmax_batch_size: 4\n' \
 
 
 class Store:
-    """One storage server, as these tests use it: the same calls for S3 and GCS."""
+    """One storage server, as these tests use it: the same calls for S3, GCS and Azure."""
 
     def __init__(self, server, environment: dict[str, str], mount_variable: str) -> None:
         self.server = server
@@ -143,9 +143,10 @@ def test_keys_that_would_leave_the_mirror_are_not_written(server, mirror):
 
 def test_keys_that_cannot_be_a_path_here_are_not_written_and_the_rest_is(server, mirror):
     mirror, prefix = mirror
-    put_files(server, prefix, {"m/config.pbtxt": "kept", f"m/{'n' * 256}.txt": "a name too long for a file system"})
+    put_files(server, prefix, {"m/config.pbtxt": "kept", f"m/{'n' * 252}.txt": "a name too long for a file system",
+                               f"m/{'n' * 251}.txt": "the longest name a file can have"})
     assert mirror.sync() == {}
-    assert files_of(mirror.root) == {"m/config.pbtxt": b"kept"}
+    assert files_of(mirror.root) == {"m/config.pbtxt": b"kept", f"m/{'n' * 251}.txt": b"the longest name a file can have"}
 
 
 def test_a_bucket_that_does_not_exist_is_an_error_naming_it(server, mirror, tmp_path):

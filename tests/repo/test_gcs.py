@@ -174,7 +174,10 @@ def test_whatever_the_client_raises_is_a_storage_error_that_fails_the_object_alo
             raise raised()
 
 
-def test_an_error_of_writing_the_mirror_s_file_is_left_to_the_mirror_to_say():
+def test_an_error_of_writing_the_mirror_s_file_is_left_to_the_mirror_to_say_and_one_of_listing_is_not():
     with pytest.raises(OSError, match="No space left"):
-        with _reading("cannot download gs://b/k"):
+        with _reading("cannot download gs://b/k", writing=True):
             raise OSError(28, "No space left on device")
+    with pytest.raises(StorageError, match="^cannot list gs://b/p/: "):
+        with _reading("cannot list gs://b/p/"):
+            raise OSError(104, "Connection reset by peer")
