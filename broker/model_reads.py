@@ -51,6 +51,7 @@ class ModelReader:
         self._overrides = Path(tempfile.mkdtemp(prefix="tritium-overrides-"))
 
     def close(self) -> None:
+        self.repository.stop_fetching()   # the process's exit waits for the pool's threads
         self._pool.shutdown(wait=False, cancel_futures=True)
         shutil.rmtree(self._overrides, ignore_errors=True)
 

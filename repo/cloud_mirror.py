@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, Generic, Protocol, TypeVar
+from typing import Any, BinaryIO, Generic, Protocol, TypeVar, cast
 
 # Triton's file of credentials per location:
 # {"s3": {"s3://bucket": {...}}, "gs": {"gs://bucket": "key.json"}, "as": {"as://account/container": {...}}}.
@@ -161,6 +161,13 @@ class CloudMirror:
         self.bucket = bucket
         self._folder = folder or mirror_folder(bucket)
         self.root = self._folder / "repository"
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """Its process is stopping: a sync under way ends at the next object or the next chunk of
+        the one being downloaded (so that the process need not wait for gigabytes), and later ones
+        end at once. What was not fetched is fetched by the next process."""
+        self._stopping.set()
 
     def sync(self, model: str | None = None) -> dict[str, str]:
         """Bring the mirror (or one model's folder of it) in step with the bucket. Raises
@@ -168,6 +175,7 @@ class CloudMirror:
         user's); returns model -> why, for the models some of whose objects could not be fetched."""
         if model is not None:
             _check_model_name(model)
+        self._go_on()
         self._prepare()
         prefix = self.bucket.prefix
         with self._locked():
@@ -180,6 +188,7 @@ class CloudMirror:
                 # Removed first: a file that became a folder ('a' gone, 'a/b' new) is then free.
                 self._remove_missing(model, {key[len(prefix):] for key in objects})
                 for key, version in objects.items():
+                    self._go_on()
                     relative = key[len(prefix):]
                     try:
                         if manifest.get(key) != version or not (self.root / relative).exists():
@@ -250,13 +259,17 @@ class CloudMirror:
             # (a short name of its own: the object's may be as long as a file's name can be)
             handle, partial = tempfile.mkstemp(dir=target.parent, prefix=".tritium-download-")
             with os.fdopen(handle, "wb") as out:
-                self.bucket.download(key, out)
+                self.bucket.download(key, cast(BinaryIO, _StoppableFile(out, self._stopping)))
             os.replace(partial, target)
         except OSError as exc:   # a key that is also a folder's prefix ('a' and 'a/b'), a full disk
             raise StorageError(f"cannot write {self.bucket.url_of(key)} to {target}: {exc.strerror or exc}") from exc
         finally:
             if partial is not None and os.path.exists(partial):
                 os.unlink(partial)
+
+    def _go_on(self) -> None:
+        if self._stopping.is_set():
+            raise StorageError(f"the fetch of {self.bucket.url} was stopped: the server is stopping")
 
     # -- the local copy -----------------------------------------------------------------
 
@@ -322,6 +335,27 @@ class CloudMirror:
             os.replace(partial, self._folder / _MANIFEST)
         except OSError:   # the next sync fetches again what this one could not record
             log.warning("cannot write the manifest of the mirror %s", self._folder, exc_info=True)
+
+
+class FetchStopped(Exception):
+    """Raised into the store's client by a write once the mirror is stopped: it ends the download
+    as any error of the client's does (not an OSError, which would read as the disk's)."""
+
+
+class _StoppableFile:
+    """The download's file, which refuses the next chunk once the mirror is stopped."""
+
+    def __init__(self, out: BinaryIO, stopping: threading.Event) -> None:
+        self._out = out
+        self._stopping = stopping
+
+    def write(self, chunk) -> int:
+        if self._stopping.is_set():
+            raise FetchStopped("the server is stopping")
+        return self._out.write(chunk)
+
+    def __getattr__(self, name: str):   # seek, tell, flush: as the file's own
+        return getattr(self._out, name)
 
 
 _THREAD_LOCKS: dict[Path, threading.Lock] = {}

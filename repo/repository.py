@@ -66,6 +66,12 @@ class ModelRepository:
         """Whether some of the repositories are in buckets (read after a ``fetch``)."""
         return bool(self._mirrors)
 
+    def stop_fetching(self) -> None:
+        """The process is stopping: fetches under way end soon (at the next object, or the next
+        chunk of one), and later ones at once."""
+        for mirror in self._mirrors.values():
+            mirror.stop()
+
     @property
     def mirrors(self) -> dict[str, CloudMirror]:
         """Bucket location -> its mirror on this host."""

@@ -139,7 +139,9 @@ class RepositoryFetcher:
             self._retired.discard(snapshot)
 
     def close(self) -> None:
-        """The agent stops: the snapshots it took go (its instances have stopped)."""
+        """The agent stops: a fetch under way ends soon, and the snapshots it took go (its
+        instances have stopped)."""
+        self._repository.stop_fetching()
         with self._areas_lock:
             self._closed = True
             areas = list(self._areas.values())

@@ -6,12 +6,15 @@ through it."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pytest
 
 from tests.azure_server import azure_server
 from tests.gcs_server import gcs_server
 from tests.s3_server import CREDENTIALS, s3_server
+from tritium.broker.model_reads import ModelReader
 from tritium.repo import ModelRepository
 from tritium.repo.cloud_mirror import CloudMirror, StorageError, bucket_for
 
@@ -35,7 +38,7 @@ class Store:
         """An object's or a prefix's location as messages show it ('bucket/key')."""
         return self.location(path.split("/", 1)[0]).rstrip("/") + "/" + path.split("/", 1)[1]
 
-    def put(self, bucket: str, key: str, body: str) -> None:
+    def put(self, bucket: str, key: str, body: bytes | str) -> None:
         self.server.put(bucket, key, body)
 
     def delete_prefix(self, bucket: str, prefix: str) -> None:
@@ -270,3 +273,39 @@ def test_names_only_gives_an_empty_folder_per_model_and_removes_the_gone_ones(se
     put_files(server, prefix, {"b/config.pbtxt": "b again"})
     mirror.sync("b")   # the manifest forgot b's old object when its folder went: fetched again
     assert files_of(mirror.root) == {"b/config.pbtxt": b"b again"}
+
+
+def test_a_stopped_mirror_ends_the_download_under_way_and_fetches_nothing_more(server, mirror):
+    mirror, prefix = mirror
+    put_files(server, prefix, {"a/config.pbtxt": "small", "z/config.pbtxt": "after"})
+    server.put("models", f"{prefix}/m/1/model.bin", os.urandom(64 << 20))   # gigabytes, as far as the test can tell
+    outcome: list = []
+    syncing = threading.Thread(target=lambda: outcome.append(_raised(mirror.sync)))
+    syncing.start()
+    deadline = time.monotonic() + 60
+    while not list((mirror.root / "m" / "1").glob(".tritium-download-*")) and syncing.is_alive():
+        assert time.monotonic() < deadline, "the download never began"
+        time.sleep(0.001)
+    mirror.stop()   # the server is stopping
+    syncing.join(timeout=30)
+    assert not syncing.is_alive()
+    assert isinstance(outcome[0], StorageError) and "was stopped: the server is stopping" in str(outcome[0])
+    assert files_of(mirror.root) == {"a/config.pbtxt": b"small"}   # no partial file left, nothing after it
+    with pytest.raises(StorageError, match="was stopped"):   # and a later sync ends at once
+        mirror.sync()
+
+
+def _raised(call):
+    try:
+        call()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def test_the_broker_s_reader_stops_the_repository_s_fetches_when_it_closes(server, mirror, monkeypatch, tmp_path):
+    _, prefix = mirror
+    monkeypatch.setenv(server.mount_variable, str(tmp_path))
+    repository = ModelRepository([server.location("models", prefix)])
+    ModelReader(repository, threads=1).close()   # the broker stops: its exit would wait for the pool's threads
+    assert "was stopped: the server is stopping" in repository.fetch()

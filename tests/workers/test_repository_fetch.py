@@ -189,3 +189,13 @@ def test_an_agent_s_abandoned_snapshots_are_removed_and_a_live_agent_s_kept(s3, 
     assert second.arrived(again) == [] and completed_after_wake(second) == [again]
     assert not abandoned.exists()
     assert live.is_dir() and second.model_dir(again.models[0]).is_dir()
+
+
+def test_a_closed_fetcher_stops_its_fetches(s3, mount):
+    fetcher = RepositoryFetcher((s3.location("models", "repo"),))
+    fetcher.close()   # the agent stops: a fetch under way (or a later one) ends at once
+    load = assign("m")
+    assert fetcher.arrived(load) == []
+    assert completed_after_wake(fetcher) == [load]
+    with pytest.raises(LookupError, match="was stopped: the server is stopping"):
+        fetcher.model_dir(load.models[0])
