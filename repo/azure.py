@@ -31,12 +31,13 @@ _AZURE_HOST = ".blob.core.windows.net"
 MOUNT_DIRECTORY_VARIABLE = "TRITON_AZURE_MOUNT_DIRECTORY"
 ENDPOINT_VARIABLE = "TRITIUM_AZURE_BLOB_ENDPOINT"
 # How long one call may take: a connection, each read of an answer, and the retries of a call
-# (waiting about 1, 4 and 10 s between them; the client's own waits start at 15 s).
+# (waiting about 2, 4 and 8 s before them, each give or take 3 s; the client's own waits are
+# 18, 24 and 42 s).
 CONNECTION_TIMEOUT_S = 20
 READ_TIMEOUT_S = 60
 RETRIES = 3
-RETRY_FIRST_WAIT_S = 1
-RETRY_WAIT_BASE = 3
+RETRY_FIRST_WAIT_S = 0
+RETRY_WAIT_BASE = 2
 
 
 @dataclass(frozen=True)

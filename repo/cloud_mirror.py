@@ -24,7 +24,7 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Generic, Protocol, TypeVar, cast
@@ -35,6 +35,7 @@ CREDENTIAL_PATH_VARIABLE = "TRITON_CLOUD_CREDENTIAL_PATH"
 SCHEMES = ("s3://", "gs://", "as://")
 _MANIFEST = "manifest.json"
 _NAME_MAX = 255   # bytes in one file name (Linux's file systems)
+_LOCK_CHECK_S = 0.1   # how often a sync waiting for the mirror's lock looks whether its process is stopping
 _BYTECODE_CACHE = "__pycache__"
 log = logging.getLogger(__name__)
 
@@ -315,12 +316,24 @@ class CloudMirror:
         except OSError as exc:
             raise StorageError(f"cannot open the mirror's lock {self._folder / 'lock'}: "
                                f"{exc.strerror or exc}") from exc
-        with lock, _thread_lock(self._folder):
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        threads = _thread_lock(self._folder)
+        with lock:
+            self._wait_for(lambda: threads.acquire(timeout=_LOCK_CHECK_S))
             try:
-                yield
+                self._wait_for(lambda: _flocked(lock))
+                try:
+                    yield
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
             finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+                threads.release()
+
+    def _wait_for(self, took: Callable[[], bool]) -> None:
+        """Until ``took()`` has the lock, which another process's download may hold for long: a
+        stopping process does not wait for it."""
+        while not took():
+            if self._stopping.wait(_LOCK_CHECK_S):
+                self._go_on()
 
     def _read_manifest(self) -> dict[str, str]:
         try:
@@ -365,6 +378,14 @@ _THREAD_LOCKS_LOCK = threading.Lock()
 def _thread_lock(folder: Path) -> threading.Lock:
     with _THREAD_LOCKS_LOCK:
         return _THREAD_LOCKS.setdefault(folder, threading.Lock())
+
+
+def _flocked(lock) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _link_or_copy(source: str, target: str) -> None:

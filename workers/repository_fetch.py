@@ -1,4 +1,4 @@
-"""The worker agent's model repositories, those in buckets (S3, GCS) fetched off its loop.
+"""The worker agent's model repositories, those in buckets (S3, GCS, Azure) fetched off its loop.
 
 A folder repository is read where it is. A repository in a bucket is read through this host's
 mirror of it (repo/cloud_mirror.py): before a load's instances first start on this host, the model's folder is

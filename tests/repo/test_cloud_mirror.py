@@ -5,6 +5,7 @@ through it."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -280,7 +281,7 @@ def test_a_stopped_mirror_ends_the_download_under_way_and_fetches_nothing_more(s
     put_files(server, prefix, {"a/config.pbtxt": "small", "z/config.pbtxt": "after"})
     server.put("models", f"{prefix}/m/1/model.bin", os.urandom(64 << 20))   # gigabytes, as far as the test can tell
     outcome: list = []
-    syncing = threading.Thread(target=lambda: outcome.append(_raised(mirror.sync)))
+    syncing = threading.Thread(target=lambda: outcome.append(_raised(mirror.sync)), daemon=True)
     syncing.start()
     deadline = time.monotonic() + 60
     while not list((mirror.root / "m" / "1").glob(".tritium-download-*")) and syncing.is_alive():
@@ -309,3 +310,19 @@ def test_the_broker_s_reader_stops_the_repository_s_fetches_when_it_closes(serve
     repository = ModelRepository([server.location("models", prefix)])
     ModelReader(repository, threads=1).close()   # the broker stops: its exit would wait for the pool's threads
     assert "was stopped: the server is stopping" in repository.fetch()
+
+
+def test_a_stopped_mirror_does_not_wait_for_the_lock_another_process_s_download_holds(tmp_path):
+    mirror = CloudMirror(bucket_for("s3://b/models"), tmp_path / "mirror")   # (never listed: it waits first)
+    (tmp_path / "mirror").mkdir()
+    with open(tmp_path / "mirror" / "lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)   # as another process's sync holds it
+        outcome: list = []
+        syncing = threading.Thread(target=lambda: outcome.append(_raised(mirror.sync)), daemon=True)
+        syncing.start()
+        syncing.join(timeout=0.5)
+        assert syncing.is_alive()   # waiting for the lock
+        mirror.stop()
+        syncing.join(timeout=10)
+        assert not syncing.is_alive()
+    assert isinstance(outcome[0], StorageError) and "was stopped: the server is stopping" in str(outcome[0])

@@ -150,7 +150,8 @@ def test_without_any_credentials_a_public_bucket_is_read_anonymously(monkeypatch
     for name in ("TRITON_CLOUD_CREDENTIAL_PATH", "GOOGLE_APPLICATION_CREDENTIALS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))   # no gcloud login on this host
-    monkeypatch.setenv("NO_GCE_CHECK", "True")              # and not a Google Cloud machine
+    # and not a Google Cloud machine (google-auth reads NO_GCE_CHECK=true once, as it is imported)
+    monkeypatch.setattr("google.auth.compute_engine._metadata._NO_GCE_CHECK", True)
     assert isinstance(credentials_for(parse_location("gs://public/models")), AnonymousCredentials)
 
 

@@ -83,9 +83,9 @@ class _ErrorCode(enum.Enum):
     CANCELLED = 7
 
     def __eq__(self, other):
-        if type(other) is int:
-            return self.value == other
-        return self is other
+        if isinstance(other, _ErrorCode):
+            return self is other
+        return self.value == other   # as pybind11 compares an enum: by its number (2, 2.0, numpy's ints)
 
     def __hash__(self):
         return hash(self.value)
@@ -96,7 +96,8 @@ class _ErrorCode(enum.Enum):
     __index__ = __int__
 
 
-_ErrorCode.__name__ = _ErrorCode.__qualname__ = "__ErrorCode"   # its repr, as Triton's: <__ErrorCode.NOT_FOUND: 2>
+_ErrorCode.__name__ = "__ErrorCode"   # its repr, as Triton's: <__ErrorCode.NOT_FOUND: 2>
+_ErrorCode.__qualname__ = "TritonError.__ErrorCode"   # where pickle finds it (set below)
 
 
 class TritonError:
@@ -127,6 +128,9 @@ class TritonError:
 
     def __repr__(self):
         return f"TritonError({self._message!r}, code={self._code})"
+
+
+setattr(TritonError, "__ErrorCode", _ErrorCode)   # (a name in the class body would be mangled)
 
 
 class TritonModelException(Exception):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import sys
 
 import numpy as np
@@ -78,6 +79,8 @@ def test_error_codes_are_an_enum_that_equals_and_hashes_as_its_numbers_as_triton
     assert (repr(code), str(code), code.name, code.value, int(code)) == (
         "<__ErrorCode.NOT_FOUND: 2>", "__ErrorCode.NOT_FOUND", "NOT_FOUND", 2, 2)
     assert code == 2 and code != 5 and code != pb_utils.TritonError.INTERNAL and not isinstance(code, int)
+    assert code == np.int64(2) and code == 2.0 and code != "2"
+    assert pickle.loads(pickle.dumps(code)) is code
     assert {2: "by number"}[code] == "by number" and {pb_utils.TritonError.NOT_FOUND: "by code"}[2] == "by code"
     with pytest.raises(TypeError, match="not supported between"):
         assert code < pb_utils.TritonError.UNAVAILABLE
