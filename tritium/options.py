@@ -146,7 +146,7 @@ OPTIONS: tuple[Option, ...] = (
     # -- where models come from
     _option("--model-repository", "--model-store", dest="model_repository", on="serve, broker, worker",
             to="broker, worker", multiple=True, required=True, type=REPOSITORY_FOLDER,
-            help="A model repository folder (repeatable)."),
+            help="A model repository: a folder, or s3://, gs:// or as:// storage (repeatable)."),
     _option("--model-config-name", on="serve, broker, repo check", to="broker", default=None,
             help="Use <model>/configs/NAME.pbtxt when present."),
     _option("--disable-auto-complete-config", on="serve, broker, repo check", to="broker", is_flag=True,
