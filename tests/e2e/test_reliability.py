@@ -74,8 +74,8 @@ def test_a_batch_running_much_longer_than_the_heartbeat_timeout_keeps_its_instan
 def test_requests_of_millions_of_typed_values_leave_the_gateway_serving_the_rest(world):
     # Such requests are refused, the gateway stays attached and everybody else is served. This
     # does not show where they are decoded: on the event loop the decode holds it for about
-    # 0.3 s on this machine (orjson's and numpy's C calls), under the 1.5 s heartbeat limit here,
-    # so the test passes with the decode moved back onto the loop.
+    # 0.3 s on this machine (orjson's and numpy's C calls), under the 1.5 s heartbeat limit here;
+    # tests/gateway/test_http_inprocess.py watches that it runs off the loop.
     broker, _, gateway = world
     logged_before = len(broker.logs())
     values = 4_000_000

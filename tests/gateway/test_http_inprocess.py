@@ -14,6 +14,7 @@ import itertools
 import json
 import socket
 import struct
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -66,7 +67,8 @@ class Front:
     """The gateway's HTTP side on a loop of its own; ``answer`` decides the broker's reply to
     each INFER: a record, several (each a message of its own), or None to hold it in ``held``."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_body_bytes: int = 1 << 20) -> None:
+        self.max_body_bytes = max_body_bytes
         self.loop = asyncio.new_event_loop()
         self.broker = ScriptedBroker(f"inproc://http-front-{next(_names)}")
         self.answer: Callable[[Received], bytes | list[bytes] | None] = scripted_answer
@@ -78,7 +80,8 @@ class Front:
 
     async def _start(self):
         link = await attached_gateway_link(self.broker, TABLE, HEARTBEAT_S)
-        server = HttpServer(HttpApp(DataPlane(link)), HttpSettings(max_body_bytes=1 << 20))
+        server = HttpServer(HttpApp(DataPlane(link), max_body_bytes=self.max_body_bytes),
+                            HttpSettings(max_body_bytes=self.max_body_bytes))
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(16)
@@ -475,3 +478,37 @@ def test_a_generate_request_whose_client_left_is_given_up_and_its_trace_ends(fro
     held = front.run(scenario())
     assert [cancel.header["rid"] for cancel in front.cancels] == [held.header["rid"]]
     assert tracer.trace.calls.count("finish") == 1
+
+
+def test_a_request_of_a_megabyte_of_json_or_more_is_decoded_off_the_event_loop(monkeypatch):
+    # Decoding it on the loop would hold every other client (and the broker link's heartbeats) as
+    # long as it takes; the decode is watched where it runs, then runs as it would.
+    decoded_on: list[threading.Thread] = []
+    decode = HttpApp._decode
+
+    def watched(self, *args):
+        decoded_on.append(threading.current_thread())
+        return decode(self, *args)
+
+    monkeypatch.setattr(HttpApp, "_decode", watched)
+
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(infer_request([1, 2, 3, 4]))   # (decoded on the loop: handing it over would cost more)
+        small = await read_response(reader)
+        writer.write(infer_request([0.5] * 300_000))   # 1.5 MB of JSON numbers, more than its shape says
+        large = await read_response(reader)
+        writer.close()
+        return small, large
+
+    front = Front(max_body_bytes=8 << 20)
+    try:
+        small, large = front.run(scenario())
+    finally:
+        front.close()
+    assert outputs(small) == [2, 4, 6, 8]
+    assert (large[0], json.loads(large[2])["error"]) == (400, "Unable to parse 'data': Shape does not match true "
+                                                              "shape of 'data' field")
+    loop_thread = threading.current_thread()   # (the front's loop runs in the test's thread)
+    assert decoded_on[0] is loop_thread and decoded_on[1] is not loop_thread
+    assert decoded_on[1].name.startswith("tritium-decode")
