@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from tritonclient.grpc import service_pb2
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.e2e.rawh2 import DATA, END_STREAM, INITIAL_WINDOW_SIZE, SETTINGS, WINDOW_UPDATE, Answer, RawH2, grpc_message
 from tests.scripted_peers import Received, ScriptedBroker, attached_gateway_link
@@ -379,3 +380,32 @@ def reads_again(raw: RawH2) -> None:
     """The client opens its windows wide: every answer can come."""
     raw.send(SETTINGS, 0, 0, INITIAL_WINDOW_SIZE.to_bytes(2, "big") + (1 << 30).to_bytes(4, "big"))
     raw.send(WINDOW_UPDATE, 0, 0, (1 << 30).to_bytes(4, "big"))
+
+
+def test_a_request_of_a_megabyte_of_typed_values_or_more_is_read_off_the_event_loop(monkeypatch):
+    # Reading protobuf's typed contents goes value by value: on the loop it would hold every other
+    # call; where each request's reading runs is watched, then it runs as it would.
+    from tritium.gateway.grpc_codec import ReadAhead
+
+    read_on: list[threading.Thread] = []
+    read_ahead = ReadAhead.of.__func__
+
+    def watched(cls, data):
+        read_on.append(threading.current_thread())
+        return read_ahead(cls, data)
+
+    monkeypatch.setattr(ReadAhead, "of", classmethod(watched))
+    front = GrpcFront(answer_each(np.ones(2, np.float32)))
+    typed = service_pb2.ModelInferRequest(model_name="m", id="typed")
+    typed.inputs.add(name="X", datatype="FP32", shape=[300_000]).contents.fp32_contents.extend([0.5] * 300_000)
+    small = service_pb2.ModelInferRequest(model_name="m", id="small", raw_input_contents=[np.ones(2, np.float32).tobytes()])
+    small.inputs.add(name="X", datatype="FP32", shape=[2])
+    channel = grpc.insecure_channel(f"127.0.0.1:{front.port}")
+    try:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert stub.ModelInfer(small, timeout=10).id == "small"   # its reading not handed over
+        assert stub.ModelInfer(typed, timeout=10).id == "typed"
+    finally:
+        channel.close()
+        front.close()
+    assert len(read_on) == 1 and read_on[0] is not front.thread and read_on[0].name.startswith("tritium-decode")
