@@ -16,12 +16,10 @@ from __future__ import annotations
 import base64
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from tritium.repo.cloud_mirror import Bucket, StorageError, named_credential
+from tritium.repo.cloud_mirror import Bucket, StorageError, client_errors, named_credential
 
 SCHEME = "as://"
 # Triton's pattern: the account (or its host), the container, the path, and a query it ignores.
@@ -69,6 +67,7 @@ class AzureBucket(Bucket[AzureLocation]):
 
     scheme = "as"
     mount_variable = MOUNT_DIRECTORY_VARIABLE
+    store, client_module, client_package, extra = "Azure Storage", "azure.storage.blob", "azure-storage-blob", "azure"
 
     def make_client(self):
         return make_client(self.location)
@@ -108,20 +107,10 @@ def listed(blobs) -> dict[str, str]:
     return found
 
 
-@contextmanager
-def _reading(what: str, writing: bool = False) -> Iterator[None]:
-    """Whatever the client raises (the service's answers, the connection) as StorageError; while
-    ``writing`` the mirror's file, an OSError passes, for the mirror to say."""
-    try:
-        yield
-    except StorageError:
-        raise
-    except OSError as exc:
-        if writing:
-            raise
-        raise StorageError(f"{what}: {exc}") from exc
-    except Exception as exc:  # azure-core's errors (AzureError: HTTP answers, connections, retries exhausted)
-        raise StorageError(f"{what}: {_said(exc)}") from exc
+def _reading(what: str, writing: bool = False):
+    """The client's errors as StorageError (``client_errors``: azure-core's AzureError, HTTP
+    answers, connections, retries exhausted), each said in one line."""
+    return client_errors(what, writing, said=_said)
 
 
 def _said(error: Exception) -> str:
@@ -135,12 +124,9 @@ def _said(error: Exception) -> str:
 def credential_for(location: AzureLocation) -> AzureCredential:
     """The ``"as"`` entry of Triton's credentials file for the location, else AZURE_STORAGE_ACCOUNT
     and AZURE_STORAGE_KEY."""
-    entry = named_credential("as", location.url)
+    entry = named_credential("as", location.url, dict, "a JSON object")
     if entry is None:
         return AzureCredential(os.environ.get("AZURE_STORAGE_ACCOUNT", ""), os.environ.get("AZURE_STORAGE_KEY", ""))
-    if not isinstance(entry, dict):
-        raise StorageError(f"the credential for {location.url} in TRITON_CLOUD_CREDENTIAL_PATH's file is not "
-                           "a JSON object")
     return AzureCredential(str(entry.get("account_str", "")), str(entry.get("account_key", "")))
 
 
@@ -150,11 +136,8 @@ def service_url(account: str) -> str:
 
 def make_client(location: AzureLocation):
     """A client of the location's container: with the account's key, or anonymous without one."""
-    try:
-        from azure.storage.blob import ContainerClient
-    except ImportError as exc:
-        raise StorageError("reading a model repository from Azure Storage needs azure-storage-blob: "
-                           "pip install 'tritium[azure]'") from exc
+    from azure.storage.blob import ContainerClient
+
     credential = credential_for(location)
     account = credential.account or location.account
     if credential.key:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -63,19 +64,38 @@ class Bucket(Generic[L]):
 
     scheme = ""            # "s3", "gs", "as": the mirrors' folder is tritium-<scheme>-<uid>
     mount_variable = ""    # Triton's variable for where it copies the store's models to
+    store = ""             # as messages name the store
+    client_module = ""     # its client library, an optional dependency,
+    client_package = ""    # the package that has it,
+    extra = ""             # and tritium's extra that installs it
 
     def __init__(self, location: L, client: Any = None) -> None:
         self.location = location
-        self.url = location.url
-        self.prefix = location.prefix
         self._client = client
+
+    @property
+    def url(self) -> str:
+        return self.location.url
+
+    @property
+    def prefix(self) -> str:
+        return self.location.prefix
 
     @property
     def client(self) -> Any:
         """The store's client, made on first use (the repository may never be fetched)."""
         if self._client is None:
+            self.require_client()
             self._client = self.make_client()
         return self._client
+
+    def require_client(self) -> None:
+        """StorageError saying what to install when the store's client library is not installed."""
+        try:
+            importlib.import_module(self.client_module)
+        except ImportError as exc:
+            raise StorageError(f"reading a model repository from {self.store} needs {self.client_package}: "
+                               f"pip install 'tritium[{self.extra}]'") from exc
 
     def make_client(self) -> Any:
         raise NotImplementedError
@@ -129,10 +149,30 @@ def mirror_folder(bucket: Bucket[Any]) -> Path:
     return base / f"tritium-{bucket.scheme}-{os.geteuid()}" / digest
 
 
-def named_credential(store: str, url: str) -> object | None:
+@contextmanager
+def client_errors(what: str, writing: bool = False, connection: tuple[type, ...] = (),
+                  said: Callable[[Exception], str] = str) -> Iterator[None]:
+    """Whatever a store's client raises (the service's answers, credentials, the connection, a
+    checksum that does not match) as StorageError, ``what`` failed. While ``writing`` the
+    mirror's file an OSError passes, for the mirror to say, unless it is one of the client's
+    ``connection`` errors (requests' and botocore's are OSErrors too)."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        if writing and not isinstance(exc, connection):
+            raise
+        raise StorageError(f"{what}: {said(exc)}") from exc
+    except Exception as exc:
+        raise StorageError(f"{what}: {said(exc)}") from exc
+
+
+def named_credential(store: str, url: str, kind: type, described: str) -> Any:
     """The entry of Triton's credentials file for the location, as Triton picks it: under
     ``store`` ("s3", "gs", "as"), the one whose name is the longest prefix of the location (``""``
-    matches every one). None without the variable: the store's own default chain."""
+    matches every one), which must be a ``kind`` (``described`` in the error that says it is
+    not). None without the variable: the store's own default chain."""
     path = os.environ.get(CREDENTIAL_PATH_VARIABLE)
     if not path:
         return None
@@ -145,6 +185,8 @@ def named_credential(store: str, url: str) -> object | None:
         raise StorageError(f"the credentials in {path} ({CREDENTIAL_PATH_VARIABLE}) are not a JSON object of objects")
     for name in sorted(named, key=len, reverse=True):
         if url.startswith(name):
+            if not isinstance(named[name], kind):
+                raise StorageError(f"the credential for {url} in {CREDENTIAL_PATH_VARIABLE}'s file is not {described}")
             return named[name]
     raise StorageError(f"Cannot match credential for path  {url}")
 

@@ -15,13 +15,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from tritium.repo.cloud_mirror import Bucket, StorageError, named_credential
+from tritium.repo.cloud_mirror import Bucket, StorageError, client_errors, named_credential
 
 SCHEME = "gs://"
 # Where the mirrors are kept: Triton's variable for where it copies GCS models to.
@@ -53,6 +51,7 @@ class GcsBucket(Bucket[GcsLocation]):
 
     scheme = "gs"
     mount_variable = MOUNT_DIRECTORY_VARIABLE
+    store, client_module, client_package, extra = "Google Cloud Storage", "google.cloud.storage", "google-cloud-storage", "gcs"
 
     def make_client(self):
         return make_client(self.location)
@@ -80,30 +79,13 @@ class GcsBucket(Bucket[GcsLocation]):
         return f"gs://{self.location.bucket}/{key}"
 
 
-@contextmanager
-def _reading(what: str, writing: bool = False) -> Iterator[None]:
-    """Whatever the client raises (the service's answers, credentials, the connection, a checksum
-    that does not match) as StorageError; while ``writing`` the mirror's file, an OSError of
-    writing it passes, for the mirror to say."""
-    try:
-        yield
-    except StorageError:
-        raise
-    except OSError as exc:
-        if writing and not _is_connection_error(exc):
-            raise
-        raise StorageError(f"{what}: {exc}") from exc
-    except Exception as exc:
-        raise StorageError(f"{what}: {exc}") from exc
-
-
-def _is_connection_error(error: OSError) -> bool:
-    """requests' errors are OSErrors too."""
+def _reading(what: str, writing: bool = False):
+    """The client's errors as StorageError (``client_errors``); requests' are its connection's."""
     try:
         from requests.exceptions import RequestException
     except ImportError:
-        return False
-    return isinstance(error, RequestException)
+        return client_errors(what, writing)
+    return client_errors(what, writing, connection=(RequestException,))
 
 
 def _patience() -> dict:
@@ -126,11 +108,8 @@ def emulator_endpoint() -> str | None:
 
 def make_client(location: GcsLocation):
     """A google-cloud-storage client for the location, with the credentials Triton's would use."""
-    try:
-        from google.cloud import storage
-    except ImportError as exc:
-        raise StorageError("reading a model repository from Google Cloud Storage needs google-cloud-storage: "
-                           "pip install 'tritium[gcs]'") from exc
+    from google.cloud import storage
+
     endpoint = emulator_endpoint()
     if endpoint is not None:
         from google.auth.credentials import AnonymousCredentials
@@ -177,10 +156,7 @@ def _key_file_credentials(path: str):
 def key_file_for(location: GcsLocation) -> str | None:
     """The JSON key file for the location: the entry of Triton's credentials file (a path, under
     ``"gs"``), else GOOGLE_APPLICATION_CREDENTIALS's; None for the host's own credentials."""
-    entry = named_credential("gs", location.url)
+    entry = named_credential("gs", location.url, str, "a key file's path")
     if entry is not None:
-        if not isinstance(entry, str):
-            raise StorageError(f"the credential for {location.url} in TRITON_CLOUD_CREDENTIAL_PATH's file is not "
-                               "a key file's path")
         return entry
     return os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") or None

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from tritium.repo.cloud_mirror import Bucket, StorageError, named_credential
+from tritium.repo.cloud_mirror import Bucket, StorageError, client_errors, named_credential
 
 SCHEME = "s3://"
 # Triton's pattern for a location that names its server (s3.h); bucket names as S3 allows them.
@@ -58,6 +58,7 @@ class S3Bucket(Bucket[S3Location]):
 
     scheme = "s3"
     mount_variable = MOUNT_DIRECTORY_VARIABLE
+    store, client_module, client_package, extra = "S3", "boto3", "boto3", "s3"
 
     def make_client(self):
         return make_client(self.location)
@@ -72,16 +73,10 @@ class S3Bucket(Bucket[S3Location]):
         return {entry["Prefix"] for page in self._pages(prefix, Delimiter="/") for entry in page.get("CommonPrefixes", ())}
 
     def download(self, key: str, out: BinaryIO) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError
 
-        try:
+        with client_errors(f"cannot download {self.url_of(key)}", writing=True, connection=(BotoCoreError,)):
             self.client.download_fileobj(self.location.bucket, key, out)
-        except (BotoCoreError, ClientError) as exc:   # (botocore's timeouts are OSErrors too)
-            raise StorageError(f"cannot download {self.url_of(key)}: {exc}") from exc
-        except OSError:   # writing ``out``: the mirror's to say
-            raise
-        except Exception as exc:  # s3transfer's errors (retries exhausted)
-            raise StorageError(f"cannot download {self.url_of(key)}: {exc}") from exc
 
     def url_of(self, key: str) -> str:
         server = f"{self.location.endpoint.split('://', 1)[1]}/" if self.location.endpoint else ""
@@ -89,22 +84,16 @@ class S3Bucket(Bucket[S3Location]):
 
     def _pages(self, prefix: str, **listing) -> list[dict]:
         """Every page of the bucket's listing under ``prefix``; StorageError when it cannot be listed."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
+        with client_errors(f"cannot list {self.url_of(prefix)}"):
             return list(self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.location.bucket, Prefix=prefix, **listing))
-        except (BotoCoreError, ClientError) as exc:
-            raise StorageError(f"cannot list {self.url_of(prefix)}: {exc}") from exc
 
 
 def make_client(location: S3Location):
     """A boto3 S3 client for the location; path-style addressing, as Triton's client uses."""
-    try:
-        import boto3
-        from botocore.config import Config
-    except ImportError as exc:
-        raise StorageError("reading a model repository from S3 needs boto3: pip install 'tritium[s3]'") from exc
+    import boto3
+    from botocore.config import Config
+
     credential = credential_for(location)
     session = boto3.Session(profile_name=credential.profile) if credential.profile and not credential.keys else boto3
     return session.client("s3", endpoint_url=location.endpoint, config=Config(s3={"addressing_style": "path"}),
@@ -141,11 +130,8 @@ def credential_for(location: S3Location) -> S3Credential:
     """From the file ``TRITON_CLOUD_CREDENTIAL_PATH`` names, as Triton reads it: under ``"s3"``,
     the credential whose name is the longest prefix of the location; without the variable,
     boto3's own chain."""
-    fields = named_credential("s3", location.url)
+    fields = named_credential("s3", location.url, dict, "a JSON object")
     if fields is None:
         return S3Credential()
-    if not isinstance(fields, dict):
-        raise StorageError(f"the credential for {location.url} in TRITON_CLOUD_CREDENTIAL_PATH's file is not "
-                           "a JSON object")
     return S3Credential(**{key: str(fields.get(key, "")) for key in
                            ("key_id", "secret_key", "session_token", "region", "profile")})

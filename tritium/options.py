@@ -10,7 +10,6 @@ have no ``to``. Flag names are Triton's where Triton has one.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -71,9 +70,6 @@ class HeaderPattern(click.ParamType):
 HEADER_PATTERN = HeaderPattern()
 
 
-_STORAGE_URL = re.compile(r"(s3|gs|as)://")   # Triton's cloud storage schemes
-
-
 class RepositoryFolder(click.ParamType):
     """A model repository: a folder, or a location in S3 (``s3://bucket/path``), Google Cloud
     Storage (``gs://bucket/path``) or Azure Storage (``as://account/container/path``), read
@@ -81,29 +77,16 @@ class RepositoryFolder(click.ParamType):
     installed, is refused when the command line is read."""
 
     name = "FOLDER"
-    # The client library each store needs (an optional dependency) and the extra that installs it.
-    _CLIENTS = {"s3": ("boto3", "boto3", "S3", "s3"),
-                "gs": ("google.cloud.storage", "google-cloud-storage", "Google Cloud Storage", "gcs"),
-                "as": ("azure.storage.blob", "azure-storage-blob", "Azure Storage", "azure")}
 
     def convert(self, value, param, ctx) -> str:
-        location = _STORAGE_URL.match(str(value))
-        if location is not None:
-            self._check_cloud(location.group(1), str(value), param, ctx)
+        from tritium.repo.cloud_mirror import StorageError, bucket_for, is_cloud
+
+        if is_cloud(value):
+            try:
+                bucket_for(str(value)).require_client()
+            except StorageError as exc:
+                self.fail(f"'{value}': {exc}", param, ctx)
         return value
-
-    def _check_cloud(self, scheme: str, value: str, param, ctx) -> None:
-        from tritium.repo.cloud_mirror import StorageError, bucket_for
-
-        module, package, store, extra = self._CLIENTS[scheme]
-        try:
-            bucket_for(value)
-            importlib.import_module(module)
-        except StorageError as exc:
-            self.fail(f"'{value}': {exc}", param, ctx)
-        except ImportError:
-            self.fail(f"'{value}': reading a model repository from {store} needs {package}: "
-                      f"pip install 'tritium[{extra}]'", param, ctx)
 
 
 REPOSITORY_FOLDER = RepositoryFolder()

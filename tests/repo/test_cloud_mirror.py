@@ -326,3 +326,18 @@ def test_a_stopped_mirror_does_not_wait_for_the_lock_another_process_s_download_
         syncing.join(timeout=10)
         assert not syncing.is_alive()
     assert isinstance(outcome[0], StorageError) and "was stopped: the server is stopping" in str(outcome[0])
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("s3://b/m", "reading a model repository from S3 needs boto3: pip install 'tritium[s3]'"),
+    ("gs://b/m", "reading a model repository from Google Cloud Storage needs google-cloud-storage: "
+                 "pip install 'tritium[gcs]'"),
+    ("as://a/c/m", "reading a model repository from Azure Storage needs azure-storage-blob: "
+                   "pip install 'tritium[azure]'"),
+])
+def test_a_store_whose_client_library_is_not_installed_says_what_to_install(url, expected):
+    bucket = bucket_for(url)
+    bucket.require_client()   # (installed here)
+    bucket.client_module = "tritium_tests_absent_module"   # as on a host without the extra
+    with pytest.raises(StorageError, match=f"^{expected.replace('[', '.').replace(']', '.')}$"):
+        bucket.require_client()
