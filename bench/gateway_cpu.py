@@ -36,6 +36,7 @@ from tritium.gateway.grpc_api import GrpcInferenceService
 from tritium.gateway.grpc_server import GrpcConnection, GrpcServer
 from tritium.gateway.http_api import HttpApp
 from tritium.gateway.http_server import HttpConnection, HttpSettings
+from tritium.gateway.turn_sends import TurnSends
 from tritium.protocol import Infer, ModelRow, Models, Response, VersionRow, read_record
 
 CLIENTS = 16            # requests in flight: each HTTP one on a connection of its own, as perf_analyzer's
@@ -146,11 +147,11 @@ async def measure(protocol: str, turns: int, clients: int = CLIENTS, traced: Cal
         app, settings, shared = HttpApp(DataPlane(link)), HttpSettings(max_body_bytes=1 << 26), OpenConnections()
         request = http_request()
         for _ in range(clients):
-            http = HttpConnection(app, settings, loop, shared)
+            http = HttpConnection(app, settings, loop, shared, TurnSends(loop, None))   # not a socket: no ring
             http.connection_made(CountingTransport())
             feed.append(lambda http=http: http.data_received(request))
     else:
-        server = GrpcServer(GrpcInferenceService(DataPlane(link)))
+        server = GrpcServer(GrpcInferenceService(DataPlane(link)), sends=TurnSends(loop, None))
         for _ in range(GRPC_CONNECTIONS):
             client, grpc = GrpcClient(), GrpcConnection(server.shared, loop)
             grpc.connection_made(CountingTransport())

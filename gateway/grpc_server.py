@@ -40,6 +40,7 @@ from tritium.gateway.grpc_wire import (ACCEPTED_ENCODINGS, INTERNAL, OK, STATUS,
                                       compressed_frame, frame, parse_timeout, prefix, prefix_of, percent_encoded,
                                       response_encoding, too_large)
 from tritium.gateway.header_forwarding import binary_metadata_value
+from tritium.gateway.turn_sends import TurnSends, ring_socket
 from tritium.errors import InvalidArgument, TritiumError
 from tritium.ports import PortInUse, bound_socket
 
@@ -183,6 +184,8 @@ class _Shared(OpenConnections["GrpcConnection"]):
         self.max_held_bytes = max_held_bytes
         self.keepalive = keepalive
         self.compression_level = compression_level   # Triton's, for inference responses
+        self.sends: TurnSends | None = None   # set by GrpcServer.start: how the connections' bytes go out
+        self.tls = False   # TLS connections: their transports encrypt, so their sockets are never written directly
 
 
 class GrpcConnection(asyncio.Protocol):
@@ -212,11 +215,14 @@ class GrpcConnection(asyncio.Protocol):
         self.closed = False
         self.aged = False        # past its maximum age: told GOAWAY, closes when its calls are done
         self.timers: KeepaliveTimers | None = None
+        self.sends = cast(TurnSends, shared.sends)   # the server starts its connections after setting it
+        self.fd: int | None = None   # the socket the turn's sends go to (None: through the transport)
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)   # a stream server's transports are Transports
+        self.fd = ring_socket(transport) if self.sends.batching and not self.shared.tls else None
         self.shared.opened(self)
         settings = self.shared.keepalive
         if settings.time_ms > 0 or settings.max_age_ms > 0:
@@ -226,6 +232,13 @@ class GrpcConnection(asyncio.Protocol):
         if self.shared.draining:   # a TLS handshake that ended after the drain began: no calls here
             self.http2.go_away()
         self._flush()
+
+    def eof_received(self) -> bool:
+        """The client ended its side: the loop closes the transport when this returns, after what
+        this turn has for the client."""
+        self._flush()
+        self.sends.release(self.transport)
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -672,17 +685,15 @@ class GrpcConnection(asyncio.Protocol):
     def _flush_soon(self) -> None:
         if not self.flush_scheduled:
             self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
+            self.sends.before_sending(self._flush)
 
     def _flush(self) -> None:
         self.flush_scheduled = False
         if self.closed:
             return
         segments = self.http2.data_to_send()
-        if len(segments) == 1:
-            self.transport.write(segments[0])
-        elif segments:
-            self.transport.writelines(segments)
+        if segments:
+            self.sends.writelines(self.transport, self.fd, segments)
         if self._closing_when_idle() and not self.calls:
             self.close()
 
@@ -729,6 +740,7 @@ class GrpcConnection(asyncio.Protocol):
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self.sends.release(self.transport)
             self.transport.close()
 
 
@@ -778,13 +790,16 @@ class GrpcServer:
 
     def __init__(self, servicer: GrpcInferenceService, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  keepalive: GrpcKeepalive = GrpcKeepalive(), compression_level: str = "none",
-                 tls: ssl.SSLContext | None = None, max_held_bytes: int = MAX_HELD_BYTES) -> None:
+                 tls: ssl.SSLContext | None = None, max_held_bytes: int = MAX_HELD_BYTES,
+                 sends: TurnSends | None = None) -> None:
         rpcs = {f"/{SERVICE.full_name}/{m.name}".encode(): Rpc(m.name, m.streaming, m.parse, m.serialize,
                                                                getattr(servicer, m.name), m.costly, m.read_ahead)
                 for m in rpc_methods()}
         path, parse, serialize = health_check_method()
         rpcs[path.encode()] = Rpc("Check", False, parse, serialize, servicer.health.Check)
         self.shared = _Shared(servicer, rpcs, max_message_bytes, keepalive, compression_level, max_held_bytes)
+        self.shared.sends = sends   # None: each connection writes at once (set in start)
+        self.shared.tls = tls is not None
         self._sock: socket.socket | None = None
         self._server: asyncio.AbstractServer | None = None
         self._tls = tls   # the server's TLS context (None: plain HTTP/2)
@@ -798,6 +813,8 @@ class GrpcServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         assert self._sock is not None, "bind() comes first"   # as bind_grpc_tritium does
+        if self.shared.sends is None:
+            self.shared.sends = TurnSends(loop, None)
         self._server = await loop.create_server(lambda: GrpcConnection(self.shared, loop), sock=self._sock,
                                                 backlog=2048,
                                                 ssl=self._tls)
@@ -818,7 +835,8 @@ class GrpcServer:
 def bind_grpc_tritium(service: GrpcInferenceService, address: str, port: int,
                       max_message_bytes: int = MAX_MESSAGE_BYTES, reuse_port: bool = False,
                       keepalive: GrpcKeepalive = GrpcKeepalive(), tls: GrpcTls | None = None,
-                      compression_level: str = "none", max_held_bytes: int = MAX_HELD_BYTES) -> tuple[GrpcServer, int]:
+                      compression_level: str = "none", max_held_bytes: int = MAX_HELD_BYTES,
+                      sends: TurnSends | None = None) -> tuple[GrpcServer, int]:
     """``bind_grpc``'s counterpart: a server bound to ``address:port``, to be started."""
     context = None
     if tls is not None:   # loaded now: files that cannot serve stop startup with one line, as a taken port does
@@ -826,5 +844,5 @@ def bind_grpc_tritium(service: GrpcInferenceService, address: str, port: int,
             context = tls.server_context()
         except InvalidArgument as exc:
             raise PortInUse("GRPC", address, port, f"cannot serve TLS: {exc.message}") from None
-    server = GrpcServer(service, max_message_bytes, keepalive, compression_level, context, max_held_bytes)
+    server = GrpcServer(service, max_message_bytes, keepalive, compression_level, context, max_held_bytes, sends)
     return server, server.bind(address, port, reuse_port)

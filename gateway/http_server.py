@@ -29,6 +29,7 @@ import httptools
 from tritium.errors import TritiumError
 from tritium.gateway.connections import OpenConnections
 from tritium.gateway.http_codec import inference_header_length
+from tritium.gateway.turn_sends import TurnSends, ring_socket
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class HttpSettings:
 class HttpConnection(asyncio.Protocol):
     """One client connection: parse, hand each request to the app, write answers in order."""
 
-    __slots__ = ("app", "settings", "loop", "shared", "transport", "parser", "queue", "busy", "closing",
+    __slots__ = ("app", "settings", "loop", "shared", "sends", "transport", "fd", "parser", "queue", "busy", "closing",
                  "last_active", "_url", "_headers", "_body", "_body_size", "_body_limit", "_too_large", "_write_paused",
                  "_reading", "_begun", "_header_lines", "_give_up", "_streaming", "_event_source", "_unreadable",
                  "_ended", "_upgrade")
@@ -111,8 +112,9 @@ class HttpConnection(asyncio.Protocol):
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
 
     def __init__(self, app: HttpApplication, settings: HttpSettings, loop: asyncio.AbstractEventLoop,
-                 shared: OpenConnections[HttpConnection]) -> None:
-        self.app, self.settings, self.loop, self.shared = app, settings, loop, shared
+                 shared: OpenConnections[HttpConnection], sends: TurnSends) -> None:
+        self.app, self.settings, self.loop, self.shared, self.sends = app, settings, loop, shared, sends
+        self.fd: int | None = None     # the socket the turn's sends go to (None: through the transport)
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[tuple[HttpRequest, bool]] = deque()   # parsed, not yet answered (pipelining)
         self.busy = False              # a request is being answered
@@ -144,6 +146,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)   # a stream server's transports are Transports
+        self.fd = ring_socket(transport) if self.sends.batching else None
         self.shared.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -226,7 +229,10 @@ class HttpConnection(asyncio.Protocol):
             self.close()
             return False
         self._ended = True   # closed once what was asked before is answered
-        return bool(self.busy or self.queue)
+        if self.busy or self.queue:
+            return True
+        self.sends.release(self.transport)   # the loop closes the transport now: what it answered goes first
+        return False
 
     # -- parser callbacks --------------------------------------------------------------
 
@@ -256,7 +262,7 @@ class HttpConnection(asyncio.Protocol):
         if not self._too_large and size is not None and size > self._body_limit:
             self._too_large = size
         if not self._too_large and self._headers.get(b"expect", b"").lower() == b"100-continue":
-            self.transport.write(_CONTINUE)
+            self.sends.write(self.transport, self.fd, _CONTINUE)
 
     def _json_length_of_binary_infer(self) -> int | None:
         """The JSON header's length of an inference request with binary data after it (0 for a raw
@@ -332,19 +338,19 @@ class HttpConnection(asyncio.Protocol):
         close = answer.close or not keep_alive or self.shared.draining
         head = encode_head(answer.status, answer.headers, len(answer.body), close)
         if len(answer.body) < 65536:   # one write, one segment; a large body is not copied
-            self.transport.write(head + answer.body)
+            self.sends.write(self.transport, self.fd, head + answer.body)
         else:
-            self.transport.writelines((head, answer.body))
+            self.sends.writelines(self.transport, self.fd, (head, answer.body))
         self._done(close)
 
     async def _stream(self, answer: Streaming, keep_alive: bool) -> None:
         close = not keep_alive or self.shared.draining
-        self.transport.write(encode_head(answer.status, answer.headers, None, close))
+        self.sends.write(self.transport, self.fd, encode_head(answer.status, answer.headers, None, close))
         try:
             async for chunk in answer.chunks:
                 if self.closing:
                     return
-                self.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.sends.write(self.transport, self.fd, b"%x\r\n%s\r\n" % (len(chunk), chunk))
         except Exception:  # the stream's own errors are events; anything else ends the response
             log.exception("server-sent event stream failed")
             close = True
@@ -354,7 +360,7 @@ class HttpConnection(asyncio.Protocol):
             except Exception:
                 log.exception("closing a server-sent event stream failed")
         if not self.closing:
-            self.transport.write(b"0\r\n\r\n")
+            self.sends.write(self.transport, self.fd, b"0\r\n\r\n")
             self._done(close)
 
     def _done(self, close: bool) -> None:
@@ -378,12 +384,14 @@ class HttpConnection(asyncio.Protocol):
         """A request that cannot be parsed: answer it and close, as the rest of the stream is unreadable."""
         if not self.busy and not self.closing:
             body = b'{"error":"%s"}' % message.replace('"', "'").encode()
-            self.transport.write(encode_head(status, [(b"content-type", b"application/json")], len(body), True) + body)
+            self.sends.write(self.transport, self.fd,
+                             encode_head(status, [(b"content-type", b"application/json")], len(body), True) + body)
         self.close()
 
     def close(self) -> None:
         if not self.closing:
             self.closing = True
+            self.sends.release(self.transport)
             self.transport.close()
 
     def idle_for(self, now: float) -> float:
@@ -397,17 +405,19 @@ class HttpConnection(asyncio.Protocol):
 class HttpServer:
     """The listening socket(s), the connections, their timeouts, and the graceful drain."""
 
-    def __init__(self, app: HttpApplication, settings: HttpSettings) -> None:
+    def __init__(self, app: HttpApplication, settings: HttpSettings, sends: TurnSends | None = None) -> None:
         self.app = app
         self.settings = settings
+        self.sends = sends   # None: each write goes to its connection at once
         self.connections: OpenConnections[HttpConnection] = OpenConnections()
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        sends = self.sends or TurnSends(loop, None)
         self._server = await loop.create_server(
-            lambda: HttpConnection(self.app, self.settings, loop, self.connections), sock=sock, backlog=2048)
+            lambda: HttpConnection(self.app, self.settings, loop, self.connections, sends), sock=sock, backlog=2048)
         self._sweeper = loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
 
     def _sweep(self) -> None:

@@ -27,7 +27,9 @@ from tritium.gateway.grpc_tls import GrpcTls
 from tritium.gateway.http_api import HttpApp
 from tritium.gateway.http_server import HttpSettings, HttpServer
 from tritium.gateway.restricted import RestrictedApis
+from tritium.gateway.send_ring import SendRing
 from tritium.gateway.tracing import GatewayTracer
+from tritium.gateway.turn_sends import TurnSends
 from tritium import notify
 from tritium.gctune import tune_for_serving
 from tritium.exit_codes import ExitCode
@@ -69,6 +71,7 @@ class GatewaySettings:
     grpc_compression_level: str = "none"   # Triton's --grpc-infer-response-compression-level
     grpc_tls: GrpcTls | None = None        # Triton's --grpc-use-ssl and its files (None: plain HTTP/2)
     spin_s: float = 0.0   # --gateway-spin-us: how long to poll for answers before sleeping
+    batched_sends: bool = True   # --gateway-batched-sends: a turn's writes in one system call (io_uring)
     tensor_pool_bytes: int = DEFAULT_POOL_BYTES   # --tensor-pool-mb: the shared pool for large tensors (0: none)
 
 
@@ -89,6 +92,10 @@ async def serve(settings: GatewaySettings) -> int:
     dataplane = DataPlane(link, ServerIdentity(name=settings.server_id),
                           strict_readiness=settings.strict_readiness, allow_client_shm=settings.allow_client_shm,
                           max_inflight_requests=settings.max_inflight_requests)
+    ring = SendRing.open() if settings.batched_sends else None
+    if ring is not None:
+        log.info("gateway sends each event-loop turn's answers in one system call (io_uring)")
+    sends = TurnSends(loop, ring, more_coming=lambda: link.waiting > 0)
     http_forward = compile_pattern(settings.http_header_forward_pattern)
     app = HttpApp(dataplane, max_body_bytes=settings.max_input_bytes,
                   restricted=settings.http_restricted, header_forward=http_forward)
@@ -106,9 +113,9 @@ async def serve(settings: GatewaySettings) -> int:
                             "not to --grpc-server=grpcio: responses go out uncompressed")
             grpc_server, grpc_port = bind_grpc(service, *where)
         else:
-            grpc_server, grpc_port = bind_grpc_tritium(service, *where, settings.grpc_compression_level)
+            grpc_server, grpc_port = bind_grpc_tritium(service, *where, settings.grpc_compression_level, sends=sends)
     http = HttpServer(app, HttpSettings(max_body_bytes=settings.max_input_bytes,
-                                        keep_header_lines=http_forward is not None))
+                                        keep_header_lines=http_forward is not None), sends)
     stop = asyncio.Event()
 
     def on_signal() -> None:
@@ -160,6 +167,7 @@ async def serve(settings: GatewaySettings) -> int:
     finally:
         tracer.close()
         link.close()
+        sends.close()
         watchdog.cancel()
         log.info("gateway stopped")
     return exit_code

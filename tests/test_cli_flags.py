@@ -196,3 +196,14 @@ def test_every_tritonserver_flag_is_an_option_of_serve():
     ctx = click.Context(serve, info_name="tritonserver")
     known = {opt for param in serve.get_params(ctx) if isinstance(param, click.Option) for opt in param.opts}
     assert [flag for flag in TRITONSERVER_251_FLAGS if flag not in known] == []
+
+
+@pytest.mark.parametrize("flags, batched", [([], True), (["--gateway-batched-sends", "false"], False)])
+def test_the_gateway_batches_its_sends_unless_told_not_to(monkeypatch, flags, batched):
+    import tritium.gateway.server as gateway_server
+    seen = []
+    monkeypatch.setattr(gateway_server, "run", seen.append)
+    result = CliRunner().invoke(main, ["gateway", "--broker", "ipc:///nowhere/frontend", *flags])
+    assert result.exit_code == 0, result.output
+    (settings,) = seen
+    assert settings.batched_sends is batched

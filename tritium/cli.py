@@ -376,6 +376,7 @@ def gateway(**o) -> None:
                         grpc_header_forward_pattern=o["grpc_header_forward_pattern"],
                         grpc_compression_level=o["grpc_infer_response_compression_level"], grpc_tls=grpc_tls(o),
                         spin_s=polling_s(o["gateway_spin_us"], GATEWAY_SPIN_US, "--gateway-spin-us"),
+                        batched_sends=_bool(o["gateway_batched_sends"]),
                         tensor_pool_bytes=o["tensor_pool_mb"] << 20))
 
 

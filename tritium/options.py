@@ -310,6 +310,11 @@ OPTIONS: tuple[Option, ...] = (
                  "broker's answer and after it for the client's next request (yielding the CPU, stopping when "
                  f"another thread takes it); 0: sleep at once. Default: {GATEWAY_SPIN_US}, or 0 under a CPU "
                  "quota (a container's CPU limit, where polling would spend it)."),
+    _option("--gateway-batched-sends", on="serve, gateway", to="gateway", type=BOOLEAN, default="true",
+            help="Send what a gateway writes to its connections in one event-loop turn (a batch's answers) in one "
+                 "system call, through Linux's io_uring; false: one write per connection. Where the kernel offers "
+                 "no io_uring (before Linux 5.6, or a container's seccomp profile blocking it) a gateway writes "
+                 "one at a time either way."),
     # -- large tensors (docs/deploy.md, "Large tensors: the shared pool")
     _option("--tensor-pool-mb", on="serve, gateway, worker", to="gateway, worker",
             type=click.IntRange(min=0, max=1 << 20), default=256,

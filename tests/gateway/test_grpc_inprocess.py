@@ -23,11 +23,14 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tests.e2e.rawh2 import DATA, END_STREAM, INITIAL_WINDOW_SIZE, SETTINGS, WINDOW_UPDATE, Answer, RawH2, grpc_message
 from tests.scripted_peers import Received, ScriptedBroker, attached_gateway_link
 from tritium.errors import InvalidArgument
+from tritium.gateway import broker_link
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.grpc_api import GrpcInferenceService
 from tritium.gateway import grpc_http2
 from tritium.gateway.grpc_http2 import REFUSED_STREAM
 from tritium.gateway.grpc_server import bind_grpc_tritium
+from tritium.gateway.send_ring import SendRing
+from tritium.gateway.turn_sends import TurnSends
 from tritium.protocol import Kind, ModelRow, Models, Response, VersionRow, error_record
 
 HEARTBEAT_S = 0.1
@@ -42,8 +45,10 @@ class GrpcFront:
     """The gateway's gRPC side (responses compressed at level ``high``) on a loop in a thread;
     ``on_infers`` sees every INFER read so far and returns the broker messages to send now."""
 
-    def __init__(self, on_infers: Callable[[list[Received]], list[tuple[bytes, list[bytes]]]], **server_options) -> None:
+    def __init__(self, on_infers: Callable[[list[Received]], list[tuple[bytes, list[bytes]]]],
+                 ring: SendRing | None = None, **server_options) -> None:
         self.on_infers = on_infers
+        self.ring = ring   # a ring: each turn's answers in one system call
         self.server_options = server_options
         self.infers: list[Received] = []
         self.broker = ScriptedBroker(f"inproc://grpc-front-{next(_names)}")
@@ -62,8 +67,9 @@ class GrpcFront:
 
     async def _start(self):
         link = await attached_gateway_link(self.broker, TABLE, HEARTBEAT_S)
+        self.sends = TurnSends(self.loop, self.ring, more_coming=lambda: link.waiting > 0)
         server, port = bind_grpc_tritium(GrpcInferenceService(DataPlane(link)), "127.0.0.1", 0,
-                                         compression_level="high", **self.server_options)
+                                         compression_level="high", sends=self.sends, **self.server_options)
         await server.start()
         return link, server, port
 
@@ -409,3 +415,38 @@ def test_a_request_of_a_megabyte_of_typed_values_or_more_is_read_off_the_event_l
         channel.close()
         front.close()
     assert len(read_on) == 1 and read_on[0] is not front.thread and read_on[0].name.startswith("tritium-decode")
+
+
+def test_the_answers_of_one_broker_message_to_several_connections_leave_in_one_system_call(monkeypatch):
+    monkeypatch.setattr(broker_link, "ANSWER_SLICE_S", 10.0)   # one turn for the message, however slow the machine
+    ring = SendRing.open()
+    if ring is None:
+        pytest.skip("this kernel (or its sandbox) offers no io_uring")
+
+    before: list[tuple[int, int]] = []   # the sends made until then (each connection's setup among them)
+
+    def all_three_at_once(infers: list[Received]) -> list[tuple[bytes, list[bytes]]]:
+        if len(infers) != 3:
+            return []
+        before.append((front.sends.system_calls, front.sends.sends))
+        return [(infers[0].peer, [answer(r, np.full(2, float(r.header["id"][1:]), np.float32)) for r in infers])]
+
+    front = GrpcFront(all_three_at_once, ring=ring)
+    clients = [wide_open_client(front) for _ in range(3)]
+    try:
+        calls = []
+        for i, raw in enumerate(clients):
+            calls.append(raw.start_call("ModelInfer"))
+            raw.send(DATA, END_STREAM, calls[-1], infer(np.ones(1, np.float32), f"r{i}"))
+        got = [raw.wait(call) for raw, call in zip(clients, calls)]
+    finally:
+        for raw in clients:
+            raw.close()
+        front.close()
+    for i, answered in enumerate(got):
+        assert answered.status == 0
+        response = service_pb2.ModelInferResponse()
+        response.ParseFromString(answered.messages[0])
+        assert np.frombuffer(response.raw_output_contents[0], np.float32).tolist() == [float(i)] * 2
+    (calls_before, sends_before), = before
+    assert (front.sends.system_calls - calls_before, front.sends.sends - sends_before) == (1, 3)

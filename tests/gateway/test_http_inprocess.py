@@ -19,10 +19,14 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+import uvloop
 
+from tritium.gateway import broker_link
 from tritium.gateway.dataplane import DataPlane
 from tritium.gateway.http_api import HttpApp
 from tritium.gateway.http_server import HttpSettings, HttpServer
+from tritium.gateway.send_ring import SendRing
+from tritium.gateway.turn_sends import TurnSends
 from tests.scripted_peers import Received, ScriptedBroker, attached_gateway_link
 from tritium.errors import ErrorCode, InvalidArgument
 from tritium.protocol import Kind, ModelRow, Models, Response, VersionRow, encode, error_record
@@ -67,9 +71,11 @@ class Front:
     """The gateway's HTTP side on a loop of its own; ``answer`` decides the broker's reply to
     each INFER: a record, several (each a message of its own), or None to hold it in ``held``."""
 
-    def __init__(self, max_body_bytes: int = 1 << 20) -> None:
+    def __init__(self, max_body_bytes: int = 1 << 20, ring: SendRing | None = None) -> None:
         self.max_body_bytes = max_body_bytes
-        self.loop = asyncio.new_event_loop()
+        # With a ring, the gateway's own loop (uvloop), whose transports the ring writes behind.
+        self.loop = uvloop.new_event_loop() if ring is not None else asyncio.new_event_loop()
+        self.ring = ring   # a ring: each turn's answers in one system call
         self.broker = ScriptedBroker(f"inproc://http-front-{next(_names)}")
         self.answer: Callable[[Received], bytes | list[bytes] | None] = scripted_answer
         self.held: list[Received] = []
@@ -80,8 +86,9 @@ class Front:
 
     async def _start(self):
         link = await attached_gateway_link(self.broker, TABLE, HEARTBEAT_S)
+        self.sends = TurnSends(self.loop, self.ring, more_coming=lambda: link.waiting > 0)
         server = HttpServer(HttpApp(DataPlane(link), max_body_bytes=self.max_body_bytes),
-                            HttpSettings(max_body_bytes=self.max_body_bytes))
+                            HttpSettings(max_body_bytes=self.max_body_bytes), self.sends)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(16)
@@ -241,6 +248,36 @@ def test_answers_the_broker_gives_in_reverse_reach_each_connection_its_own(front
         return answers
 
     assert [outputs(a) for a in front.run(scenario())] == [[2.0] * 4, [4.0] * 4, [6.0] * 4]
+
+
+def test_the_answers_of_one_broker_message_leave_in_one_system_call_a_closing_ones_before_its_close(monkeypatch):
+    monkeypatch.setattr(broker_link, "ANSWER_SLICE_S", 10.0)   # one turn for the message, however slow the machine
+    ring = SendRing.open()
+    if ring is None:
+        pytest.skip("this kernel (or its sandbox) offers no io_uring")
+    front = Front(ring=ring)
+    front.answer = lambda request: None
+
+    async def scenario():
+        connections = [await asyncio.open_connection("127.0.0.1", front.port) for _ in range(4)]
+        for value, (_, writer) in enumerate(connections, start=1):
+            writer.write(infer_request([value] * 4, close=value == 4))
+        await front.until(lambda: len(front.held) == 4)
+        front.broker.send(front.held[0].peer, *(doubled(request) for request in front.held))   # one message
+        answers = [await read_response(reader) for reader, _ in connections]
+        closed = await asyncio.wait_for(connections[3][0].read(), 2)
+        for _, writer in connections:
+            writer.close()
+        return answers, closed
+
+    try:
+        answers, closed = front.run(scenario())
+        assert [outputs(a) for a in answers] == [[2.0] * 4, [4.0] * 4, [6.0] * 4, [8.0] * 4]
+        assert closed == b""   # the closing connection's answer came first, then its end
+        # The three kept-alive answers in one call; the closing one went to its transport before the close.
+        assert (front.sends.system_calls, front.sends.sends) == (1, 3)
+    finally:
+        front.close()
 
 
 @pytest.mark.parametrize("code, status", [
