@@ -23,6 +23,7 @@ import errno
 import logging
 import os
 import mmap
+import platform
 import struct
 import sys
 
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 ENTRIES = 256   # sends per system call at most; more are submitted in several
 _SYS_IO_URING_SETUP, _SYS_IO_URING_ENTER = 425, 426   # the generic table's, x86-64's and arm64's
 _IORING_OP_SEND = 26
-_IORING_ENTER_GETEVENTS = 1
 _IORING_FEAT_SINGLE_MMAP = 1
 _IORING_OFF_SQES = 0x10000000
 _MSG_DONTWAIT, _MSG_NOSIGNAL = 0x40, 0x4000
@@ -40,7 +40,7 @@ _MSG_DONTWAIT, _MSG_NOSIGNAL = 0x40, 0x4000
 _SQE = struct.Struct("=BBHiQQIIQ24x")
 _CQE = struct.Struct("=QiI")     # struct io_uring_cqe: user_data, res, flags
 _SQE_SIZE, _CQE_SIZE = 64, 16
-_ATTEMPTS = 100   # calls to the kernel a send() makes at most (each signal costs one)
+_ATTEMPTS = 100   # calls to the kernel a send() makes at most to submit its entries
 
 
 class _SqOffsets(ctypes.Structure):   # struct io_sqring_offsets
@@ -103,8 +103,9 @@ class SendRing:
     @classmethod
     def open(cls) -> SendRing | None:
         """A ring that sends, or None where this kernel or its sandbox offers none (logged)."""
-        if not sys.platform.startswith("linux"):
-            return None
+        machine = platform.machine()
+        if not sys.platform.startswith("linux") or machine in ("alpha", "ia64") or machine.startswith("mips"):
+            return None   # (those three number their system calls otherwise)
         fd = -1
         try:
             syscall = _syscall()
@@ -124,14 +125,15 @@ class SendRing:
                 _refused("this kernel's io_uring cannot send (Linux 5.6 or later can)")
                 return None
             return ring
-        except (OSError, AttributeError, ValueError) as error:
+        except Exception as error:   # an optional speed-up: whatever fails, the gateway writes as before
             _refused(f"io_uring could not be set up ({error})", fd)
             return None
 
     def send(self, sends: list[tuple[int, int, int]]) -> list[int | None]:
         """Send each ``(socket fd, buffer address, length)``; for each, the bytes sent or -errno
         (``-EAGAIN``: no room, or not submitted; nothing sent), or None when what was sent is
-        unknown (a completion that never came: the ring is then ``broken``).
+        unknown (a completion that did not come with the call: the ring is then ``broken``, and
+        the send may still read its buffer later).
 
         At most ``capacity`` sends. Each completes before the call returns: none waits for room.
         """
@@ -149,25 +151,22 @@ class SendRing:
                            length, _MSG_DONTWAIT | _MSG_NOSIGNAL, tag | index)
         words[self._sq_tail] = (tail + count) & 0xFFFFFFFF
         results: list[int | None] = [None] * count
-        waiting, to_submit = count, count
-        for _ in range(_ATTEMPTS):   # one call, unless a signal cuts it short
-            flags = 0 if to_submit else _IORING_ENTER_GETEVENTS
-            entered = self._syscall(_SYS_IO_URING_ENTER, self.fd, to_submit, 0 if to_submit else waiting, flags,
-                                    None, 0)
+        to_submit = count
+        for _ in range(_ATTEMPTS):   # submitted with no wait: each send completes as it is submitted
+            entered = self._syscall(_SYS_IO_URING_ENTER, self.fd, to_submit, 0, 0, None, 0)
             if entered >= 0:
                 to_submit -= min(entered, to_submit)
             elif ctypes.get_errno() not in (errno.EINTR, errno.EAGAIN, errno.EBUSY):
                 break
-            waiting -= self._completed(results, tag)
-            if not waiting:
-                return results
-        self.broken = True
+            if not to_submit:
+                break
         if to_submit:   # never handed to the kernel, which reads the tail only inside io_uring_enter: take them back
             words[self._sq_tail] = (tail + count - to_submit) & 0xFFFFFFFF
             for index in range(count - to_submit, count):
                 results[index] = -errno.EAGAIN
-        log.error("a call to io_uring_enter did not complete its sends; the gateway writes one system call "
-                  "per answer from now on")
+            self.broken = True
+        if self._completed(results, tag) < count - to_submit:   # a send left waiting in the kernel: never seen
+            self.broken = True
         return results
 
     def _completed(self, results: list[int | None], tag: int) -> int:

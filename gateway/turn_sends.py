@@ -46,8 +46,8 @@ class _Held:
 class TurnSends:
     """The bytes held for each connection this turn, and the one call that sends them."""
 
-    __slots__ = ("_loop", "_ring", "_more_coming", "_held", "_before", "_scheduled", "_gathering", "system_calls",
-                 "sends")
+    __slots__ = ("_loop", "_ring", "_more_coming", "_held", "_before", "_scheduled", "_gathering", "_kept",
+                 "system_calls", "sends")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, ring: SendRing | None,
                  more_coming: Callable[[], bool] = lambda: True) -> None:
@@ -60,6 +60,7 @@ class TurnSends:
         self._before: list[Callable[[], None]] = []   # what writes this turn's bytes just before they go
         self._scheduled = False
         self._gathering = False   # the turn's end: connections writing what they gathered, all of it held
+        self._kept: list = []     # a broken ring and the buffers its unfinished sends may still read
         self.system_calls = 0   # the ring's calls (each one io_uring_enter; tests read them)
         self.sends = 0          # writes they carried
 
@@ -84,7 +85,10 @@ class TurnSends:
             self._held[transport] = _Held(fd, data if type(data) is bytes else bytes(data))
 
     def writelines(self, transport: asyncio.Transport, fd: int | None, parts: Sequence[bytes | memoryview]) -> None:
-        if len(parts) == 1:
+        if self._ring is None or fd is None:
+            self.release(transport)
+            transport.writelines(parts)
+        elif len(parts) == 1:
             self.write(transport, fd, parts[0])
         elif sum(map(len, parts)) <= HELD_BYTES:
             self.write(transport, fd, b"".join(parts))
@@ -104,7 +108,7 @@ class TurnSends:
         ring, self._ring = self._ring, None
         for transport in list(self._held):
             self.release(transport)
-        if ring is not None:
+        if ring is not None and not self._kept:
             ring.close()
 
     def before_sending(self, write: Callable[[], None]) -> None:
@@ -126,28 +130,36 @@ class TurnSends:
         try:
             while self._before:   # their writes join the held bytes (the send is scheduled already)
                 before, self._before = self._before, []
-                for write in before:
+                for position, write in enumerate(before):
                     try:
                         write()
                     except Exception:   # one connection's failure is its own; the others' bytes still go
                         log.exception("writing a connection's bytes failed")
+                    except BaseException:
+                        self._before[:0] = before[position + 1:]   # theirs go next turn
+                        raise
             held, self._held = self._held, {}
         finally:
             self._scheduled = self._gathering = False
-        ring = self._ring
-        if ring is None:
-            return
+            if self._held or self._before:   # cut short: the rest next turn
+                self._schedule()
         outgoing: list[tuple[asyncio.Transport, int, bytes]] = []
         for transport, kept in held.items():
             if not transport.is_closing():   # a closed one's socket may be gone (and its number reused)
                 outgoing.append((transport, kept.fd, kept.parts[0] if len(kept.parts) == 1 else b"".join(kept.parts)))
-        if len(outgoing) == 1:   # nothing to gather: the transport's own write costs less
-            outgoing[0][0].write(outgoing[0][2])
+        ring = self._ring
+        if ring is None or len(outgoing) == 1:   # nothing to gather: the transport's own write costs less
+            for transport, _, data in outgoing:
+                transport.write(data)
             return
         for start in range(0, len(outgoing), ring.capacity):
             self._send_some(ring, outgoing[start:start + ring.capacity])
         if ring.broken:
+            log.error("a call to io_uring_enter did not complete its sends; the gateway writes one system call "
+                      "per answer from now on")
             self._ring = None
+            if not self._kept:
+                ring.close()
 
     def _send_some(self, ring: SendRing, outgoing: list[tuple[asyncio.Transport, int, bytes]]) -> None:
         buffer = bytearray().join(data for _, _, data in outgoing)
@@ -159,6 +171,8 @@ class TurnSends:
         results = ring.send(sends)
         self.system_calls += 1
         self.sends += len(sends)
+        if None in results:   # sends the kernel may still carry out: their memory and the ring stay
+            self._kept.append((ring, buffer))
         for (transport, _, data), sent in zip(outgoing, results):
             if sent is None:   # what reached the client is unknown: the connection cannot go on
                 log.error("an answer's send did not complete; closing its connection")
