@@ -12,8 +12,10 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
+from typing import IO
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,13 +73,14 @@ def azure_server(*containers: str) -> Iterator[AzureServer]:
     if program is None:
         pytest.skip("Azurite is not installed (npm install --prefix .azurite azurite@3.35.0)")
     port = free_port()
+    output = tempfile.TemporaryFile()   # what it says, shown if it does not start
     process = subprocess.Popen([program, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
                                 "--skipApiVersionCheck", "--silent"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=output, stderr=subprocess.STDOUT)
     try:
         endpoint = f"http://127.0.0.1:{port}/{ACCOUNT}"
         client = BlobServiceClient(endpoint, credential={"account_name": ACCOUNT, "account_key": KEY})
-        _wait_until_it_listens(port, process)
+        _wait_until_it_listens(port, process, output)
         for container in containers:
             client.create_container(container)
         yield AzureServer(endpoint, client, process)
@@ -85,15 +88,20 @@ def azure_server(*containers: str) -> Iterator[AzureServer]:
         if process.poll() is None:
             process.kill()
             process.wait()
+        output.close()
 
 
-def _wait_until_it_listens(port: int, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+def _wait_until_it_listens(port: int, process: subprocess.Popen, output: IO[bytes], timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return
         except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise
+            exited = process.poll()
+            if exited is not None or time.monotonic() > deadline:
+                output.seek(0)
+                said = output.read()[-2000:].decode(errors="replace").strip() or "nothing"
+                why = f"exited with status {exited}" if exited is not None else f"did not listen within {timeout_s:.0f} s"
+                raise RuntimeError(f"Azurite (installed: {process.args[0]}) {why}; it said: {said}") from None
             time.sleep(0.05)

@@ -91,3 +91,18 @@ def test_a_startup_run_whose_chosen_port_was_taken_runs_again_on_fresh_ports(tmp
         result = servers.run_serve(tmp_path)
     assert result.returncode == 4, result.stderr.decode()[-2000:]     # the model's failure, not the port's
     assert b"already in use" not in result.stderr
+
+
+def test_an_azurite_that_does_not_start_is_reported_with_what_it_said(tmp_path, monkeypatch):
+    import pytest
+
+    from tests import azure_server
+    broken = tmp_path / "azurite-blob"
+    broken.write_text("#!/bin/sh\necho 'SyntaxError: Unexpected token ?'\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(azure_server, "azurite", lambda: str(broken))
+    with pytest.raises(RuntimeError) as failed:
+        with azure_server.azure_server("models"):
+            pass
+    assert str(failed.value) == (f"Azurite (installed: {broken}) exited with status 1; "
+                                 "it said: SyntaxError: Unexpected token ?")
