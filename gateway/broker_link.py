@@ -92,10 +92,14 @@ class BrokerLink:
     def __init__(self, address: str, loop: asyncio.AbstractEventLoop | None = None,
                  heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
                  curve: CurveKeys | None = None, spin_s: float = 0.0, hwm: int = 100_000,
-                 pool_bytes: int = DEFAULT_POOL_BYTES) -> None:
+                 pool_bytes: int = DEFAULT_POOL_BYTES, send_every: int = 0) -> None:
         self.address = address
         self.hwm = hwm   # turns' messages the link holds while the broker does not read them
         self.spin_s = spin_s
+        # A turn's messages go to the broker every this many, the rest at the turn's end (0: all
+        # then). Sending the first ones early lets the broker and an instance start on them while
+        # this process reads the rest, where they run on other CPUs (--gateway-send-every).
+        self.send_every = send_every
         self.loop = loop or asyncio.get_running_loop()
         self.identity = f"gw-{host_name()}-{os.getpid()}"
         self.on_trace_settings: Callable[[dict | None], None] = lambda settings: None   # gateway/tracing.py
@@ -111,6 +115,7 @@ class BrokerLink:
         self._streams: dict[int, Deliver] = {}   # rid -> called with each of 0..N answers (decoupled), the last final
         self._next_rid = 1
         self._outbox: list = []
+        self._outbox_messages = 0
         self._fd = self.sock.fileno()
         self.loop.add_reader(self._fd, self._drain)
         self._drain_scheduled = False
@@ -337,22 +342,33 @@ class BrokerLink:
             self.loop.call_soon(self._flush)
         self._outbox.append(record)
         self._outbox.extend(external)
+        self._outbox_messages += 1
+        if self._outbox_messages == self.send_every:
+            self._send_outbox()   # the turn's end sends what comes after
 
     def _flush(self) -> None:
-        if not self._outbox:
-            return   # sent already, between two slices of a message's answers
+        """The turn's end: its messages not sent yet go to the broker; then, while requests come
+        one at a time, the link polls for the answer (the request may have left early)."""
+        if self._outbox and not self._send_outbox():
+            return
+        if not self._drain_scheduled and self.spin_s and 0 < self.waiting <= POLL_WHILE_AT_MOST \
+                and self.one_at_a_time:
+            self._poll()
+
+    def _send_outbox(self) -> bool:
+        """Send the messages posted since the last send as one; False when the broker is out of reach."""
         parts, self._outbox = self._outbox, []
+        self._outbox_messages = 0
         try:
             self.sock.send_parts(parts, zmq.NOBLOCK)   # a libzmq socket would block the event loop at its high-water mark
         except zmq.Again:   # the broker out of reach, not yet declared lost, and hwm turns queued for it
             self._fail_unsent(parts)
-            return
+            return False
         # libzmq's fd is edge-triggered: a send may have consumed the readiness edge.
         if not self._drain_scheduled and self.sock.edge_triggered and self.sock.has_message():
             self._drain_scheduled = True
             self.loop.call_soon(self._drain)
-        elif self.spin_s and 0 < self.waiting <= POLL_WHILE_AT_MOST and self.one_at_a_time:
-            self._poll()
+        return True
 
     def _count_lone(self, rid: int) -> None:
         """Request ``rid`` was (finally) answered: one more in a row that was out alone, or none."""
@@ -412,7 +428,8 @@ class BrokerLink:
         if rest is None:
             return   # the link closed meanwhile
         parts, position = rest
-        self._flush()
+        if self._outbox:
+            self._send_outbox()
         self._dispatch_safely(parts, position)
         if self._rest is None:
             self._drain()

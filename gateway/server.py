@@ -72,6 +72,7 @@ class GatewaySettings:
     grpc_tls: GrpcTls | None = None        # Triton's --grpc-use-ssl and its files (None: plain HTTP/2)
     spin_s: float = 0.0   # --gateway-spin-us: how long to poll for answers before sleeping
     batched_sends: bool = True   # --gateway-batched-sends: a turn's writes in one system call (io_uring)
+    send_every: int = 0   # --gateway-send-every: a turn's requests go to the broker every this many (0: at its end)
     tensor_pool_bytes: int = DEFAULT_POOL_BYTES   # --tensor-pool-mb: the shared pool for large tensors (0: none)
 
 
@@ -88,7 +89,7 @@ async def serve(settings: GatewaySettings) -> int:
     The exit code: PROTOCOL_MISMATCH when a broker refused this gateway (BrokerRefused at startup)."""
     loop = asyncio.get_running_loop()
     link = BrokerLink(settings.broker, heartbeat_interval_s=settings.heartbeat_interval_s, curve=settings.curve,
-                      spin_s=settings.spin_s, pool_bytes=settings.tensor_pool_bytes)
+                      spin_s=settings.spin_s, pool_bytes=settings.tensor_pool_bytes, send_every=settings.send_every)
     dataplane = DataPlane(link, ServerIdentity(name=settings.server_id),
                           strict_readiness=settings.strict_readiness, allow_client_shm=settings.allow_client_shm,
                           max_inflight_requests=settings.max_inflight_requests)

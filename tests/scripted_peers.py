@@ -25,13 +25,15 @@ from tritium.zmqio import recv_parts, send_parts
 
 @dataclass(frozen=True)
 class Received:
-    """One record a peer sent: who, its header, the record's bytes, when it arrived, its external frames."""
+    """One record a peer sent: who, its header, the record's bytes, when it arrived, its external
+    frames, and which message carried it (the broker's count of messages read, from 1)."""
 
     peer: bytes
     header: dict
     record: bytes
     at: float
     external: tuple[bytes, ...] = ()
+    message: int = 0
 
     @property
     def kind(self) -> Kind:
@@ -54,6 +56,7 @@ class ScriptedBroker:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(address)
         self.received: list[Received] = []
+        self.messages = 0   # messages read
         self._beating: dict[bytes, _Beating] = {}
 
     def keep_beating(self, peer: bytes, boot: int, hb: float, every: float | None = None,
@@ -82,11 +85,12 @@ class ScriptedBroker:
             except zmq.Again:
                 break
             peer, now = parts[0].bytes, time.monotonic()
+            self.messages += 1
             position = 1
             while position < len(parts):   # a record, then its external frames
                 header = decode(parts[position])[0]
                 external = tuple(part.bytes for part in parts[position + 1:position + 1 + header.get("x", 0)])
-                records.append(Received(peer, header, parts[position].bytes, now, external))
+                records.append(Received(peer, header, parts[position].bytes, now, external, self.messages))
                 position += 1 + header.get("x", 0)
         self.received.extend(records)
         return records

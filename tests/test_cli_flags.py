@@ -198,12 +198,85 @@ def test_every_tritonserver_flag_is_an_option_of_serve():
     assert [flag for flag in TRITONSERVER_251_FLAGS if flag not in known] == []
 
 
-@pytest.mark.parametrize("flags, batched", [([], True), (["--gateway-batched-sends", "false"], False)])
-def test_the_gateway_batches_its_sends_unless_told_not_to(monkeypatch, flags, batched):
+def _gateway_settings(monkeypatch, *flags: str):
+    """The settings ``tritium gateway FLAGS`` would run with."""
     import tritium.gateway.server as gateway_server
     seen = []
     monkeypatch.setattr(gateway_server, "run", seen.append)
     result = CliRunner().invoke(main, ["gateway", "--broker", "ipc:///nowhere/frontend", *flags])
     assert result.exit_code == 0, result.output
     (settings,) = seen
-    assert settings.batched_sends is batched
+    return settings
+
+
+@pytest.mark.parametrize("flags, batched", [([], True), (["--gateway-batched-sends", "false"], False)])
+def test_the_gateway_batches_its_sends_unless_told_not_to(monkeypatch, flags, batched):
+    assert _gateway_settings(monkeypatch, *flags).batched_sends is batched
+
+
+@pytest.mark.parametrize("flags, send_every", [([], 0), (["--gateway-send-every", "5"], 5)])
+def test_the_gateway_sends_a_turns_requests_at_its_end_unless_told_otherwise(monkeypatch, flags, send_every):
+    assert _gateway_settings(monkeypatch, *flags).send_every == send_every
+
+
+def _serve_children(monkeypatch, tmp_path, cpus: set[int], *flags: str):
+    """What serve would give its children on a host whose CPUs this process may use are ``cpus``:
+    (exit code, output, {role: {flag: value}}) without starting them."""
+    import tritium.supervisor as supervisor
+    started = []
+
+    class Recording:
+        def __init__(self, settings) -> None:
+            started.append(settings)
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(supervisor, "Supervisor", Recording)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus))
+    result = CliRunner().invoke(main, ["serve", "--model-repository", str(tmp_path), *flags])
+    children = {}
+    for settings in started:
+        for role, args in (("gateway", settings.gateway_args), ("broker", settings.broker_args),
+                           ("worker", settings.worker_args)):
+            children[role] = {flag: value for flag, value in zip(args, args[1:]) if flag.startswith("--")
+                              and flag in ("--gateway-cpus", "--broker-cpus", "--worker-cpus", "--gateway-send-every")}
+    return result.exit_code, result.output, children
+
+
+@pytest.mark.parametrize("cpus, flags, expected", [
+    ({4, 5}, ["--cpu-layout", "split"], {"gateway": {"--gateway-cpus": "4", "--gateway-send-every": "8"},
+                                         "broker": {"--broker-cpus": "5"}, "worker": {"--worker-cpus": "5"}}),
+    ({0, 1, 2, 3}, ["--cpu-layout", "split"], {"gateway": {"--gateway-cpus": "0,1", "--gateway-send-every": "8"},
+                                               "broker": {"--broker-cpus": "2,3"}, "worker": {"--worker-cpus": "2,3"}}),
+    ({0, 1, 2}, ["--cpu-layout", "split", "--http-workers", "1", "--gateway-send-every", "3"],
+     {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "3"}, "broker": {"--broker-cpus": "1,2"},
+      "worker": {"--worker-cpus": "1,2"}}),
+    ({0, 1}, [], {"gateway": {"--gateway-send-every": "0"}, "broker": {}, "worker": {}}),
+    ({0, 1}, ["--gateway-cpus", "0", "--broker-cpus", "1"],
+     {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "8"}, "broker": {"--broker-cpus": "1"}, "worker": {}}),
+    ({0, 1}, ["--gateway-cpus", "0", "--broker-cpus", "0-1"],
+     {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "0"}, "broker": {"--broker-cpus": "0,1"},
+      "worker": {}}),
+    ({0, 1}, ["--gateway-cpus", "0"], {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "0"},
+                                       "broker": {}, "worker": {}}),
+])
+def test_serve_places_each_part_as_its_cpu_flags_say(monkeypatch, tmp_path, cpus, flags, expected):
+    code, output, children = _serve_children(monkeypatch, tmp_path, cpus, *flags)
+    assert code == 0, output
+    assert children == expected
+
+
+@pytest.mark.parametrize("cpus, flags, message", [
+    ({0, 1}, ["--cpu-layout", "split", "--broker-cpus", "1"],
+     "--cpu-layout split chooses each part's CPUs: give it or --broker-cpus, not both"),
+    ({3}, ["--cpu-layout", "split"],
+     "--cpu-layout split needs more CPUs than gateway processes (1): this process may use 1 (3)"),
+    ({0, 1}, ["--cpu-layout", "split", "--http-workers", "2"],
+     "--cpu-layout split needs more CPUs than gateway processes (2): this process may use 2 (0,1)"),
+])
+def test_a_split_layout_serve_cannot_make_is_a_usage_error(monkeypatch, tmp_path, cpus, flags, message):
+    code, output, children = _serve_children(monkeypatch, tmp_path, cpus, *flags)
+    assert code == 2
+    assert message in output
+    assert children == {}

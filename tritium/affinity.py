@@ -1,4 +1,5 @@
-"""Pinning a process to a set of CPUs (``--gateway-cpus``, ``--broker-cpus``, ``--worker-cpus``).
+"""Pinning a process to a set of CPUs (``--gateway-cpus``, ``--broker-cpus``, ``--worker-cpus``,
+``--cpu-layout``).
 
 A process pins itself first thing, before ZeroMQ starts its I/O thread, so that every thread
 it starts and every process it spawns (a host agent's instances) inherits the set. Why one
@@ -37,6 +38,23 @@ def parse_cpu_list(text: str) -> frozenset[int]:
 
 def format_cpu_list(cpus: frozenset[int]) -> str:
     return ",".join(str(cpu) for cpu in sorted(cpus))
+
+
+def split_layout(available: frozenset[int], gateways: int) -> tuple[str, str]:
+    """``--cpu-layout split``: the gateways' CPUs (the first ``gateways`` of ``available``) and the
+    broker's and instances' (the rest), as CPU lists; ValueError when that leaves them none."""
+    cpus = sorted(available)
+    if len(cpus) <= gateways:
+        raise ValueError(f"needs more CPUs than gateway processes ({gateways}): this process may use "
+                         f"{len(cpus)} ({format_cpu_list(available)})")
+    return format_cpu_list(frozenset(cpus[:gateways])), format_cpu_list(frozenset(cpus[gateways:]))
+
+
+def apart(first: str | None, second: str | None) -> bool:
+    """Whether two parts run on CPUs apart: both pinned, to lists with no CPU in common."""
+    if not first or not second:
+        return False
+    return not parse_cpu_list(first) & parse_cpu_list(second)
 
 
 def pin(cpu_list: str | None) -> None:

@@ -7,16 +7,17 @@ Flags use Triton's names where Triton has one (``--model-repository``, ``--http-
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 
 import click
 import orjson
 
 from tritium import __version__, config_file
-from tritium.affinity import pin
+from tritium.affinity import apart, pin, split_layout
 from tritium.cpu_quota import cpu_quota, usable_cpus
-from tritium.options import (BROKER, BROKER_SPIN_US, GATEWAY, GATEWAY_SPIN_US, REPO_CHECK, REPOSITORY_FOLDER, SERVE,
-                             WORKER, child_args, options_of)
+from tritium.options import (BROKER, BROKER_SPIN_US, GATEWAY, GATEWAY_SPIN_US, REPO_CHECK, REPOSITORY_FOLDER,
+                             SEND_EVERY_WHEN_APART, SERVE, WORKER, child_args, options_of)
 from tritium.triton_flags import TritonCommand, ignored_flag_options, ignored_flags_given, trace_flags, trace_settings
 
 
@@ -229,6 +230,7 @@ def serve(ctx, **o) -> None:
     restricted_apis(o["http_restricted_api"], o["grpc_restricted_protocol"])
     grpc_tls(o)
     http_workers = o["http_workers"] or max(1, usable_cpus() // 2)
+    _place_parts(o, http_workers)
     settings = ServeSettings(
         http_address=o["http_address"], http_port=o["http_port"], http_enabled=_bool(o["allow_http"]),
         grpc_address=o["grpc_address"],
@@ -243,6 +245,24 @@ def serve(ctx, **o) -> None:
         resolved_env=config_file.variables(ctx.command),
     )
     sys.exit(Supervisor(settings).run())
+
+
+def _place_parts(o: dict, http_workers: int) -> None:
+    """Each part's CPUs under ``--cpu-layout split``, and how many requests the gateways send at a
+    time: a few as they come where they run apart from the broker (which then starts on them on
+    its own CPU), else a turn's at its end."""
+    if o["cpu_layout"] == "split":
+        given = [f"--{key.replace('_', '-')}" for key in ("gateway_cpus", "broker_cpus", "worker_cpus") if o[key]]
+        if given:
+            raise click.UsageError(f"--cpu-layout split chooses each part's CPUs: give it or {', '.join(given)}, "
+                                   "not both")
+        try:
+            o["gateway_cpus"], o["broker_cpus"] = split_layout(frozenset(os.sched_getaffinity(0)), http_workers)
+        except ValueError as exc:
+            raise click.UsageError(f"--cpu-layout split {exc}") from None
+        o["worker_cpus"] = o["broker_cpus"]
+    if o["gateway_send_every"] is None:
+        o["gateway_send_every"] = SEND_EVERY_WHEN_APART if apart(o["gateway_cpus"], o["broker_cpus"]) else 0
 
 
 def _gateway_port_sharing(o: dict, http_workers: int) -> tuple[str, ...]:
@@ -377,6 +397,7 @@ def gateway(**o) -> None:
                         grpc_compression_level=o["grpc_infer_response_compression_level"], grpc_tls=grpc_tls(o),
                         spin_s=polling_s(o["gateway_spin_us"], GATEWAY_SPIN_US, "--gateway-spin-us"),
                         batched_sends=_bool(o["gateway_batched_sends"]),
+                        send_every=o["gateway_send_every"] or 0,
                         tensor_pool_bytes=o["tensor_pool_mb"] << 20))
 
 

@@ -372,17 +372,30 @@ def _serve_threads(serve: int) -> dict[str, set[int]]:
     return found
 
 
+def _adds(server) -> None:
+    status, _, body = request(server.url, "POST", "/v2/models/good/infer", {"inputs": [
+        {"name": name, "datatype": "FP32", "shape": [1, 16], "data": list(range(16))}
+        for name in ("INPUT0", "INPUT1")]})
+    assert status == 200, body
+    assert json.loads(body)["outputs"][0]["data"] == [2.0 * i for i in range(16)]
+
+
 def test_each_part_runs_on_the_cpus_serve_was_given(repo):
     last = max(os.sched_getaffinity(0))
     with TritiumServer(repo, "--exit-on-error=false", "--gateway-cpus", "0", "--broker-cpus", str(last),
                        "--worker-cpus", str(last)) as server:
-        status, _, body = request(server.url, "POST", "/v2/models/good/infer", {"inputs": [
-            {"name": name, "datatype": "FP32", "shape": [1, 16], "data": list(range(16))}
-            for name in ("INPUT0", "INPUT1")]})
-        assert status == 200, body
-        assert json.loads(body)["outputs"][0]["data"] == [2.0 * i for i in range(16)]
+        _adds(server)
         assert _serve_threads(server.process.pid) == {
             "gateway": {0}, "broker": {last}, "worker": {last}, "instance": {last}}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a split layout needs two CPUs")
+def test_a_split_layout_runs_the_gateway_on_a_cpu_of_its_own_and_the_rest_on_the_others(repo):
+    first, *others = sorted(os.sched_getaffinity(0))
+    with TritiumServer(repo, "--exit-on-error=false", "--cpu-layout", "split", "--http-workers", "1") as server:
+        _adds(server)
+        assert _serve_threads(server.process.pid) == {
+            "gateway": {first}, "broker": set(others), "worker": set(others), "instance": set(others)}
 
 
 def test_a_cpu_this_host_lacks_is_a_usage_error(repo):

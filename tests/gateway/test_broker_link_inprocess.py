@@ -51,12 +51,12 @@ class Gateway:
     """A BrokerLink on its own event loop, and the scripted broker it talks to."""
 
     def __init__(self, spin_s: float = 0.0, heartbeat_s: float = HEARTBEAT_S, hwm: int = 100_000,
-                 pool_bytes: int = 1 << 20) -> None:
+                 pool_bytes: int = 1 << 20, send_every: int = 0) -> None:
         self.address, self.folder = ipc_address("frontend")
         self.broker = ScriptedBroker(self.address)
         self.loop = asyncio.new_event_loop()
         self.link = BrokerLink(self.address, self.loop, heartbeat_interval_s=heartbeat_s, spin_s=spin_s, hwm=hwm,
-                               pool_bytes=pool_bytes)
+                               pool_bytes=pool_bytes, send_every=send_every)
         self.peer = self.link.identity.encode()
         self.broker_hb = HEARTBEAT_S        # the interval the broker's heartbeats announce
         self._answered: list = []   # the INFER records requests() returned already
@@ -190,6 +190,32 @@ def test_answers_in_any_order_reach_the_request_they_answer(gateway):
     assert [r.message.params["for"] for r in replies] == tags
     assert [output_bytes(r) for r in replies] == [tag.encode().ljust(16, b"!") for tag in tags]
     assert gateway.link.waiting == 0
+
+
+@pytest.mark.parametrize("send_every, messages", [(0, [7]), (3, [3, 3, 1]), (7, [7]), (1, [1] * 7)])
+def test_a_turns_requests_go_to_the_broker_as_many_at_a_time_as_told(send_every, messages):
+    gateway = Gateway(send_every=send_every)
+    tags = [f"r{n}" for n in range(7)]
+
+    async def scenario():
+        await gateway.started()
+        futures = [infer(gateway.link, tag) for tag in tags]   # one turn: the loop does not run in between
+        time.sleep(0.2)   # (still the same turn) what left early is at the broker now
+        early = [r for r in gateway.broker.pump() if r.kind == Kind.INFER]
+        sent = await gateway.requests(len(tags))
+        for record in sent:
+            gateway.broker.send(gateway.peer, response(record.header["rid"], record.header["id"]))
+        return early, sent, await asyncio.gather(*futures)
+
+    try:
+        early, sent, replies = gateway.run(scenario())
+    finally:
+        gateway.close()
+    sizes = [sum(1 for r in sent if r.message == number) for number in sorted({r.message for r in sent})]
+    assert sizes == messages
+    assert len(early) == (len(tags) // send_every * send_every if send_every else 0)
+    assert [r.header["id"] for r in sent] == tags   # in the order read
+    assert [r.message.params["for"] for r in replies] == tags
 
 
 def test_a_request_given_up_on_is_cancelled_once_and_still_gets_its_answer(gateway):
@@ -581,11 +607,12 @@ def test_a_models_push_replaces_the_model_table(gateway):
 
 
 @pytest.fixture
-def polling_gateway(monkeypatch):
+def polling_gateway(monkeypatch, request):
     # The polling also stops when another thread takes the CPU, which on a test machine may come at
     # any time: a CPU that always comes straight back leaves the window as the only limit.
     monkeypatch.setattr("tritium.gateway.broker_link.cpu_is_free", lambda: True)
-    gateway = Gateway(spin_s=0.3, heartbeat_s=10.0)   # no heartbeat of its own to send (and poll after) meanwhile
+    # no heartbeat of its own to send (and poll after) meanwhile; the param: --gateway-send-every
+    gateway = Gateway(spin_s=0.3, heartbeat_s=10.0, send_every=getattr(request, "param", 0))
     yield gateway
     gateway.close()
 
@@ -632,6 +659,7 @@ def test_a_single_lone_answer_is_not_followed_by_polling(polling_gateway):
     assert polling_gateway.run(scenario()) is False
 
 
+@pytest.mark.parametrize("polling_gateway", [0, 1], indirect=True, ids=["sent at the turn's end", "sent at once"])
 def test_once_requests_come_one_at_a_time_the_link_polls_for_the_answer(polling_gateway):
     async def scenario():
         await _one_at_a_time(polling_gateway)

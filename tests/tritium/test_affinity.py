@@ -1,4 +1,4 @@
-"""CPU lists for --gateway-cpus, --broker-cpus and --worker-cpus."""
+"""CPU lists for --gateway-cpus, --broker-cpus and --worker-cpus, and the layout of --cpu-layout split."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import click
 import pytest
 
-from tritium.affinity import CPU_LIST, parse_cpu_list
+from tritium.affinity import CPU_LIST, apart, parse_cpu_list, split_layout
 
 
 @pytest.mark.parametrize("text, cpus", [
@@ -46,3 +46,25 @@ def test_a_process_that_may_not_choose_its_cpus_says_so_in_one_line(monkeypatch,
     assert stopped.value.code == 1
     assert capsys.readouterr().err == ("error: cannot run on CPUs 0: Operation not permitted; under systemd, "
                                        "set CPUAffinity= in the unit instead\n")
+
+
+@pytest.mark.parametrize("available, gateways, layout", [
+    ({0, 1}, 1, ("0", "1")),
+    ({6, 2, 9}, 1, ("2", "6,9")),
+    ({0, 1, 2, 3, 4, 5}, 2, ("0,1", "2,3,4,5")),
+])
+def test_a_split_layout_gives_the_gateways_the_first_cpus_and_the_rest_the_others(available, gateways, layout):
+    assert split_layout(frozenset(available), gateways) == layout
+
+
+def test_a_split_layout_needs_a_cpu_left_after_the_gateways():
+    with pytest.raises(ValueError, match=r"needs more CPUs than gateway processes \(2\): this process may use 2 \(0,1\)"):
+        split_layout(frozenset({0, 1}), 2)
+
+
+@pytest.mark.parametrize("first, second, expected", [
+    ("0", "1", True), ("0-1", "2-3", True), ("0", "0-1", False), ("1,3", "3", False), (None, "1", False),
+    ("0", None, False), (None, None, False),
+])
+def test_parts_run_apart_only_when_both_are_pinned_to_cpus_they_do_not_share(first, second, expected):
+    assert apart(first, second) is expected
