@@ -115,7 +115,7 @@ class BrokerLink:
         self._streams: dict[int, Deliver] = {}   # rid -> called with each of 0..N answers (decoupled), the last final
         self._next_rid = 1
         self._outbox: list = []
-        self._outbox_messages = 0
+        self._outbox_requests = 0   # INFER and CONTROL records in it
         self._fd = self.sock.fileno()
         self.loop.add_reader(self._fd, self._drain)
         self._drain_scheduled = False
@@ -295,6 +295,7 @@ class BrokerLink:
             deliver(self.lost_error())
             return
         self._pending[self._send_request(request, inline, external)] = deliver
+        self._send_early()
 
     def request_stream_then(self, request: Infer, inline, external, deliver: Deliver) -> None:
         """Send an INFER answered 0..N times: ``deliver`` gets each Reply as it comes, the last one
@@ -303,6 +304,7 @@ class BrokerLink:
             deliver(self.lost_error())
             return
         self._streams[self._send_request(request, inline, external)] = deliver
+        self._send_early()
 
     def cancel(self, rid: int, model: str, version: int) -> None:
         """Tell the broker the client of request ``rid`` gave up on it. Its answer still comes
@@ -335,16 +337,20 @@ class BrokerLink:
             self._held.append((request.rid, record, external))
         else:
             self._post(record, external)
+            self._outbox_requests += 1
         return request.rid
+
+    def _send_early(self) -> None:
+        """Once ``send_every`` requests wait in this turn's message, it goes now (called once the
+        last is registered: a send the link refuses answers each of them)."""
+        if self.send_every and self._outbox_requests >= self.send_every:
+            self._send_outbox()   # the turn's end sends what comes after
 
     def _post(self, record: bytes, external=()) -> None:
         if not self._outbox:
             self.loop.call_soon(self._flush)
         self._outbox.append(record)
         self._outbox.extend(external)
-        self._outbox_messages += 1
-        if self._outbox_messages == self.send_every:
-            self._send_outbox()   # the turn's end sends what comes after
 
     def _flush(self) -> None:
         """The turn's end: its messages not sent yet go to the broker; then, while requests come
@@ -358,7 +364,7 @@ class BrokerLink:
     def _send_outbox(self) -> bool:
         """Send the messages posted since the last send as one; False when the broker is out of reach."""
         parts, self._outbox = self._outbox, []
-        self._outbox_messages = 0
+        self._outbox_requests = 0
         try:
             self.sock.send_parts(parts, zmq.NOBLOCK)   # a libzmq socket would block the event loop at its high-water mark
         except zmq.Again:   # the broker out of reach, not yet declared lost, and hwm turns queued for it

@@ -219,9 +219,9 @@ def test_the_gateway_sends_a_turns_requests_at_its_end_unless_told_otherwise(mon
     assert _gateway_settings(monkeypatch, *flags).send_every == send_every
 
 
-def _serve_children(monkeypatch, tmp_path, cpus: set[int], *flags: str):
-    """What serve would give its children on a host whose CPUs this process may use are ``cpus``:
-    (exit code, output, {role: {flag: value}}) without starting them."""
+def _serve_children(monkeypatch, tmp_path, cpus: set[int], *flags: str, quota: float | None = None):
+    """What serve would give its children on a host whose CPUs this process may use are ``cpus``
+    (under a CPU ``quota``): (exit code, output, {role: {flag: value}}) without starting them."""
     import tritium.supervisor as supervisor
     started = []
 
@@ -234,6 +234,8 @@ def _serve_children(monkeypatch, tmp_path, cpus: set[int], *flags: str):
 
     monkeypatch.setattr(supervisor, "Supervisor", Recording)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus))
+    for module in ("tritium.cpu_quota", "tritium.cli"):   # none, or the one given, whatever this machine has
+        monkeypatch.setattr(f"{module}.cpu_quota", lambda: quota)
     result = CliRunner().invoke(main, ["serve", "--model-repository", str(tmp_path), *flags])
     children = {}
     for settings in started:
@@ -253,8 +255,14 @@ def _serve_children(monkeypatch, tmp_path, cpus: set[int], *flags: str):
      {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "3"}, "broker": {"--broker-cpus": "1,2"},
       "worker": {"--worker-cpus": "1,2"}}),
     ({0, 1}, [], {"gateway": {"--gateway-send-every": "0"}, "broker": {}, "worker": {}}),
-    ({0, 1}, ["--gateway-cpus", "0", "--broker-cpus", "1"],
-     {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "8"}, "broker": {"--broker-cpus": "1"}, "worker": {}}),
+    ({0, 1}, ["--gateway-cpus", "0", "--broker-cpus", "1", "--worker-cpus", "1"],
+     {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "8"}, "broker": {"--broker-cpus": "1"},
+      "worker": {"--worker-cpus": "1"}}),
+    ({0, 1}, ["--gateway-cpus", "0", "--broker-cpus", "1"],   # the instances may still share the gateway's CPU
+     {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "0"}, "broker": {"--broker-cpus": "1"}, "worker": {}}),
+    ({0, 1}, ["--gateway-cpus", "0", "--broker-cpus", "1", "--worker-cpus", "0"],
+     {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "0"}, "broker": {"--broker-cpus": "1"},
+      "worker": {"--worker-cpus": "0"}}),
     ({0, 1}, ["--gateway-cpus", "0", "--broker-cpus", "0-1"],
      {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "0"}, "broker": {"--broker-cpus": "0,1"},
       "worker": {}}),
@@ -274,9 +282,12 @@ def test_serve_places_each_part_as_its_cpu_flags_say(monkeypatch, tmp_path, cpus
      "--cpu-layout split needs more CPUs than gateway processes (1): this process may use 1 (3)"),
     ({0, 1}, ["--cpu-layout", "split", "--http-workers", "2"],
      "--cpu-layout split needs more CPUs than gateway processes (2): this process may use 2 (0,1)"),
+    ({0, 1}, ["--cpu-layout", "split"], "--cpu-layout split needs CPUs of their own for the gateways: this process "
+                                        "may use 2 CPUs but only 1.5 CPUs' worth of time (a CPU quota)"),
 ])
 def test_a_split_layout_serve_cannot_make_is_a_usage_error(monkeypatch, tmp_path, cpus, flags, message):
-    code, output, children = _serve_children(monkeypatch, tmp_path, cpus, *flags)
+    quota = 1.5 if "quota" in message else None
+    code, output, children = _serve_children(monkeypatch, tmp_path, cpus, *flags, quota=quota)
     assert code == 2
     assert message in output
     assert children == {}

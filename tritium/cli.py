@@ -249,20 +249,25 @@ def serve(ctx, **o) -> None:
 
 def _place_parts(o: dict, http_workers: int) -> None:
     """Each part's CPUs under ``--cpu-layout split``, and how many requests the gateways send at a
-    time: a few as they come where they run apart from the broker (which then starts on them on
-    its own CPU), else a turn's at its end."""
+    time: a few as they come where they run apart from the broker and the instances (which then
+    start on them on their own CPUs), else a turn's at its end."""
     if o["cpu_layout"] == "split":
         given = [f"--{key.replace('_', '-')}" for key in ("gateway_cpus", "broker_cpus", "worker_cpus") if o[key]]
         if given:
             raise click.UsageError(f"--cpu-layout split chooses each part's CPUs: give it or {', '.join(given)}, "
                                    "not both")
+        cpus, quota = frozenset(os.sched_getaffinity(0)), cpu_quota()
+        if quota is not None and quota < len(cpus):   # the CPUs are shared: none would be the gateway's own
+            raise click.UsageError(f"--cpu-layout split needs CPUs of their own for the gateways: this process may "
+                                   f"use {len(cpus)} CPUs but only {quota:g} CPUs' worth of time (a CPU quota)")
         try:
-            o["gateway_cpus"], o["broker_cpus"] = split_layout(frozenset(os.sched_getaffinity(0)), http_workers)
+            o["gateway_cpus"], o["broker_cpus"] = split_layout(cpus, http_workers)
         except ValueError as exc:
             raise click.UsageError(f"--cpu-layout split {exc}") from None
         o["worker_cpus"] = o["broker_cpus"]
     if o["gateway_send_every"] is None:
-        o["gateway_send_every"] = SEND_EVERY_WHEN_APART if apart(o["gateway_cpus"], o["broker_cpus"]) else 0
+        away = apart(o["gateway_cpus"], o["broker_cpus"]) and apart(o["gateway_cpus"], o["worker_cpus"])
+        o["gateway_send_every"] = SEND_EVERY_WHEN_APART if away else 0
 
 
 def _gateway_port_sharing(o: dict, http_workers: int) -> tuple[str, ...]:

@@ -303,16 +303,17 @@ OPTIONS: tuple[Option, ...] = (
     _option("--worker-cpus", on="serve, worker", to="worker", type=CPU_LIST, default=None,
             help="CPUs the host agent and the instances it starts run on; default: any."),
     _option("--cpu-layout", on="serve", type=click.Choice(["any", "split"]), default="any",
-            help="split: the gateway processes on CPUs of their own (one per gateway, the first this process may "
-                 "use), the broker and the instances on the others, and each gateway sending the requests it "
-                 "reads to the broker as they come, a few at a time: for light models on few CPUs (a "
-                 "compute-heavy model gets fewer CPUs). any: every part on any CPU, unless --gateway-cpus, "
-                 "--broker-cpus or --worker-cpus say otherwise."),
+            help="split: the gateway processes on CPUs of their own (the first this process may use, as many as "
+                 "there are gateways, shared by them), the broker and the instances on the others, and each "
+                 "gateway sending the requests it reads to the broker as they come, a few at a time: for light "
+                 "models on few CPUs (a compute-heavy model gets fewer CPUs). any: every part on any CPU, unless "
+                 "--gateway-cpus, --broker-cpus or --worker-cpus say otherwise."),
     _option("--gateway-send-every", on="serve, gateway", to="gateway", type=click.IntRange(min=0), default=None,
             help="Send the requests a gateway reads in one event-loop turn to the broker this many at a time, "
                  "rather than all at the turn's end (0). Default: "
-                 f"{SEND_EVERY_WHEN_APART} where serve runs the gateways on CPUs apart from the broker's "
-                 "(--cpu-layout split, or --gateway-cpus and --broker-cpus with no CPU in common), else 0."),
+                 f"{SEND_EVERY_WHEN_APART} where serve runs the gateways on CPUs apart from the broker's and the "
+                 "instances' (--cpu-layout split, or --gateway-cpus sharing no CPU with --broker-cpus and "
+                 "--worker-cpus), else 0."),
     # -- waiting without sleeping (docs/deploy.md, "Polling before sleeping")
     _option("--broker-spin-us", on="serve, broker", to="broker", type=click.IntRange(min=0), default=None,
             help="Microseconds the broker polls before it sleeps while requests come one at a time, for the "

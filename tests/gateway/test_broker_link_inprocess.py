@@ -375,11 +375,12 @@ def test_a_tensor_the_full_pool_has_no_room_for_is_sent_as_bytes_and_said_once(c
         gateway.close()
 
 
+@pytest.mark.parametrize("send_every", [0, 1], ids=["sent at the turn's end", "sent at once"])
 @pytest.mark.parametrize("links", ["zmtp", "libzmq"])
-def test_requests_the_link_cannot_queue_for_an_unreachable_broker_fail_at_once(links, monkeypatch):
+def test_requests_the_link_cannot_queue_for_an_unreachable_broker_fail_at_once(links, send_every, monkeypatch):
     if links == "libzmq":
         monkeypatch.setenv("TRITIUM_LIBZMQ_LINKS", "1")
-    gateway = Gateway(heartbeat_s=10.0, hwm=4)   # no heartbeats of its own meanwhile
+    gateway = Gateway(heartbeat_s=10.0, hwm=4, send_every=send_every)   # no heartbeats of its own meanwhile
     gateway.broker_hb = 10.0                     # and a broker that is not called lost for 30 s
     queued: list[asyncio.Future] = []
 
