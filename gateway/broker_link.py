@@ -3,7 +3,8 @@
 The socket's file descriptor is watched with ``loop.add_reader``; every wake-up drains
 every message that is ready (ZeroMQ's descriptor is edge-triggered, so after each send
 the socket is checked again). Requests made during one event-loop turn leave together
-in one multipart message; replies are matched to waiting futures by ``rid``.
+in one multipart message (or ``send_every`` at a time, the rest at the turn's end); replies
+are matched to waiting futures by ``rid``.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class BrokerLink:
                  curve: CurveKeys | None = None, spin_s: float = 0.0, hwm: int = 100_000,
                  pool_bytes: int = DEFAULT_POOL_BYTES, send_every: int = 0) -> None:
         self.address = address
-        self.hwm = hwm   # turns' messages the link holds while the broker does not read them
+        self.hwm = hwm   # messages the link holds while the broker does not read them (one a turn, or more)
         self.spin_s = spin_s
         # A turn's messages go to the broker every this many, the rest at the turn's end (0: all
         # then). Sending the first ones early lets the broker and an instance start on them while
@@ -115,7 +116,7 @@ class BrokerLink:
         self._streams: dict[int, Deliver] = {}   # rid -> called with each of 0..N answers (decoupled), the last final
         self._next_rid = 1
         self._outbox: list = []
-        self._outbox_requests = 0   # INFER and CONTROL records in it
+        self._outbox_requests = 0   # the new requests in it (INFER and CONTROL, not those held and sent again)
         self._fd = self.sock.fileno()
         self.loop.add_reader(self._fd, self._drain)
         self._drain_scheduled = False

@@ -291,3 +291,9 @@ def test_a_split_layout_serve_cannot_make_is_a_usage_error(monkeypatch, tmp_path
     assert code == 2
     assert message in output
     assert children == {}
+
+
+def test_gateways_pinned_apart_under_a_cpu_quota_smaller_than_the_cpus_send_at_the_turns_end(monkeypatch, tmp_path):
+    flags = ("--gateway-cpus", "0", "--broker-cpus", "1", "--worker-cpus", "1")
+    assert _serve_children(monkeypatch, tmp_path, {0, 1}, *flags, quota=1.5)[2]["gateway"]["--gateway-send-every"] == "0"
+    assert _serve_children(monkeypatch, tmp_path, {0, 1}, *flags, quota=2.0)[2]["gateway"]["--gateway-send-every"] == "8"
