@@ -143,14 +143,12 @@ class TurnSends:
             self._scheduled = self._gathering = False
             if self._held or self._before:   # cut short: the rest next turn
                 self._schedule()
-        outgoing: list[tuple[asyncio.Transport, int, bytes]] = []
-        for transport, kept in held.items():
-            if not transport.is_closing():   # a closed one's socket may be gone (and its number reused)
-                outgoing.append((transport, kept.fd, kept.parts[0] if len(kept.parts) == 1 else b"".join(kept.parts)))
+        # a closed one's socket may be gone (and its number reused)
+        outgoing = [(transport, kept) for transport, kept in held.items() if not transport.is_closing()]
         ring = self._ring
         if ring is None or len(outgoing) == 1:   # nothing to gather: the transport's own write costs less
-            for transport, _, data in outgoing:
-                transport.write(data)
+            for transport, kept in outgoing:
+                transport.write(kept.parts[0] if len(kept.parts) == 1 else b"".join(kept.parts))
             return
         for start in range(0, len(outgoing), ring.capacity):
             self._send_some(ring, outgoing[start:start + ring.capacity])
@@ -161,21 +159,24 @@ class TurnSends:
             if not self._kept:
                 ring.close()
 
-    def _send_some(self, ring: SendRing, outgoing: list[tuple[asyncio.Transport, int, bytes]]) -> None:
-        buffer = bytearray().join(data for _, _, data in outgoing)
+    def _send_some(self, ring: SendRing, outgoing: list[tuple[asyncio.Transport, _Held]]) -> None:
+        # every part copied once, into the one buffer the kernel reads the call's sends from
+        buffer = bytearray().join(part for _, kept in outgoing for part in kept.parts)
         address = ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer)) if buffer else 0
         sends, offset = [], 0
-        for _, fd, data in outgoing:
-            sends.append((fd, address + offset, len(data)))
-            offset += len(data)
+        for _, kept in outgoing:
+            sends.append((kept.fd, address + offset, kept.size))
+            offset += kept.size
         results = ring.send(sends)
         self.system_calls += 1
         self.sends += len(sends)
         if None in results:   # sends the kernel may still carry out: their memory and the ring stay
             self._kept.append((ring, buffer))
-        for (transport, _, data), sent in zip(outgoing, results):
+        offset = 0
+        for (transport, kept), sent in zip(outgoing, results):
             if sent is None:   # what reached the client is unknown: the connection cannot go on
                 log.error("an answer's send did not complete; closing its connection")
                 transport.abort()
-            elif sent < len(data):   # no room (-EAGAIN, or part sent), or an error the transport meets itself
-                transport.write(data[sent:] if sent > 0 else data)
+            elif sent < kept.size:   # no room (-EAGAIN, or part sent), or an error the transport meets itself
+                transport.write(bytes(buffer[offset + max(sent, 0):offset + kept.size]))
+            offset += kept.size

@@ -247,23 +247,21 @@ def serve(ctx, **o) -> None:
     sys.exit(Supervisor(settings).run())
 
 
-def _cpus_shared(cpus: frozenset[int], quota: float | None) -> bool:
-    """Whether a CPU quota smaller than ``cpus`` makes them shared with other processes (a
-    container's CPU limit without a CPU set of its own): pinning gives no part a CPU of its own."""
-    return quota is not None and quota < len(cpus)
-
-
 def _place_parts(o: dict, http_workers: int) -> None:
     """Each part's CPUs under ``--cpu-layout split``, and how many requests the gateways send at a
     time: a few as they come where they run apart from the broker and the instances (which then
-    start on them on their own CPUs), else a turn's at its end."""
+    start on them on their own CPUs), else a turn's at its end.
+
+    Under a CPU quota smaller than the CPUs this process may use (a container's CPU limit without
+    a CPU set of its own) the CPUs are shared with other processes: pinning gives no part one."""
+    cpus, quota = frozenset(os.sched_getaffinity(0)), cpu_quota()
+    shared = quota is not None and quota < len(cpus)
     if o["cpu_layout"] == "split":
         given = [f"--{key.replace('_', '-')}" for key in ("gateway_cpus", "broker_cpus", "worker_cpus") if o[key]]
         if given:
             raise click.UsageError(f"--cpu-layout split chooses each part's CPUs: give it or {', '.join(given)}, "
                                    "not both")
-        cpus = frozenset(os.sched_getaffinity(0))
-        if _cpus_shared(cpus, quota := cpu_quota()):   # none would be the gateway's own
+        if shared:
             raise click.UsageError(f"--cpu-layout split needs CPUs of their own for the gateways: this process may "
                                    f"use {len(cpus)} CPUs but only {quota:g} CPUs' worth of time (a CPU quota)")
         try:
@@ -272,9 +270,8 @@ def _place_parts(o: dict, http_workers: int) -> None:
             raise click.UsageError(f"--cpu-layout split {exc}") from None
         o["worker_cpus"] = o["broker_cpus"]
     if o["gateway_send_every"] is None:
-        away = apart(o["gateway_cpus"], o["broker_cpus"]) and apart(o["gateway_cpus"], o["worker_cpus"]) \
-            and not _cpus_shared(frozenset(os.sched_getaffinity(0)), cpu_quota())
-        o["gateway_send_every"] = SEND_EVERY_WHEN_APART if away else 0
+        away = apart(o["gateway_cpus"], o["broker_cpus"]) and apart(o["gateway_cpus"], o["worker_cpus"])
+        o["gateway_send_every"] = SEND_EVERY_WHEN_APART if away and not shared else 0
 
 
 def _gateway_port_sharing(o: dict, http_workers: int) -> tuple[str, ...]:
