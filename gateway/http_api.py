@@ -32,7 +32,7 @@ from tritium.gateway.model_table import ModelSpec
 from tritium.gateway.offload import DECODE_OFF_LOOP_BYTES, decode_threads, zlib_threads
 from tritium.gateway.restricted import RestrictedApis
 from tritium.gateway.shared_memory import CUDA_SHM_UNSUPPORTED, unknown_cuda_region
-from tritium.gateway.tracing import traced_answer
+from tritium.gateway.tracing import answer_if_sampled, traced_answer
 from tritium.errors import InvalidArgument, NotFound, TritiumError, Unsupported
 from tritium.tracing.settings import changes_from_http
 
@@ -262,10 +262,8 @@ class HttpApp:
 
         if self.dataplane.tracer.on:
             infer_request.traceparent = headers.get(b"traceparent")
-        give_up = self.dataplane.infer_then(infer_request, done)
-        if infer_request.trace is not None:   # sampled: done() answers through the trace from now on
-            answer = traced_answer(infer_request.trace, request, answer)
-        return give_up
+            answer = answer_if_sampled(infer_request, request, answer)
+        return self.dataplane.infer_then(infer_request, done)
 
     # -- generate ------------------------------------------------------------------------------
 

@@ -107,7 +107,7 @@ class HttpConnection(asyncio.Protocol):
     __slots__ = ("app", "settings", "loop", "shared", "sends", "transport", "fd", "parser", "queue", "busy", "closing",
                  "last_active", "_url", "_headers", "_body", "_body_size", "_body_limit", "_too_large", "_write_paused",
                  "_reading", "_begun", "_header_lines", "_give_up", "_streaming", "_event_source", "_unreadable",
-                 "_ended", "_upgrade")
+                 "_ended", "_upgrade", "_starting")
 
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
 
@@ -123,6 +123,7 @@ class HttpConnection(asyncio.Protocol):
         self._write_paused = False
         self._reading = True
         self._give_up: Callable[[], None] | None = None   # cancels the request being answered
+        self._starting = False         # inside _next's loop, handing a request to the app
         self._streaming: asyncio.Task | None = None   # writing a stream of events (generate_stream)
         self._event_source = False     # the request being answered asks for a stream of events
         self._unreadable: tuple[int, str] | None = None   # what cannot be parsed, answered after what came before
@@ -315,17 +316,25 @@ class HttpConnection(asyncio.Protocol):
     # -- answering ---------------------------------------------------------------------
 
     def _next(self) -> None:
-        while self.queue and not self.busy and not self.closing:
-            request, keep_alive = self.queue.popleft()
-            self.busy = True
+        # A request answered inside handle() calls this again from _done; the loop below takes
+        # the next one instead, so that each request's give-up is kept by its own iteration.
+        if self._starting:
+            return
+        self._starting = True
+        try:
+            while self.queue and not self.busy and not self.closing:
+                request, keep_alive = self.queue.popleft()
+                self.busy = True
 
-            def answer(response: HttpResponse | Streaming, keep_alive: bool = keep_alive) -> None:
-                self._answer(response, keep_alive)
+                def answer(response: HttpResponse | Streaming, keep_alive: bool = keep_alive) -> None:
+                    self._answer(response, keep_alive)
 
-            self._event_source = request.path.endswith("/generate_stream")
-            give_up = self.app.handle(request, answer)
-            if self.busy:   # not answered at once
-                self._give_up = give_up
+                self._event_source = request.path.endswith("/generate_stream")
+                give_up = self.app.handle(request, answer)
+                if self.busy:   # not answered at once
+                    self._give_up = give_up
+        finally:
+            self._starting = False
 
     def _answer(self, answer: HttpResponse | Streaming, keep_alive: bool) -> None:
         if self.closing:

@@ -24,6 +24,7 @@ from tritium.tracing.tensors import tensor_record
 
 if TYPE_CHECKING:
     from tritium.gateway.http_server import Answer, HttpRequest, HttpResponse, Streaming
+    from tritium.gateway.inference import InferRequest
     from tritium.gateway.trace_otel import OtelExporter
 
 log = logging.getLogger(__name__)
@@ -254,5 +255,16 @@ def traced_answer(trace: RequestTrace, request: HttpRequest, answer: Answer) -> 
         answer(response)
         trace.stamp("HTTP_SEND_END")
         trace.finish()
+
+    return send
+
+
+def answer_if_sampled(infer_request: InferRequest, request: HttpRequest, answer: Answer) -> Answer:
+    """``answer`` for an HTTP request that may be sampled once it is sent: whether it was is read
+    when it is answered, as an answer can come from inside the call that sends it (broker lost)."""
+
+    def send(response: HttpResponse | Streaming) -> None:
+        trace = infer_request.trace
+        (answer if trace is None else traced_answer(trace, request, answer))(response)
 
     return send

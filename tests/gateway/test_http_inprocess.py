@@ -336,6 +336,34 @@ def test_a_broker_lost_mid_request_gets_it_exactly_one_answer_and_the_connection
     assert front.link.waiting == 0
 
 
+def test_a_client_that_leaves_gives_up_the_request_after_one_answered_at_once_in_its_pipeline(front):
+    """Behind a request in progress wait two: one refused before it is sent (no such model), then
+    one the broker holds. The third starts from inside the second's answer, and is still the one
+    given up when the client leaves."""
+    front.answer = lambda request: None   # held, the first and the third
+
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        refused = infer_request([1, 2, 3, 4]).replace(b"/v2/models/m/", b"/v2/models/nope/")
+        writer.write(infer_request([1, 1, 1, 1]) + refused + infer_request([3, 3, 3, 3]))
+        await front.until(lambda: front.held)
+        await asyncio.sleep(0.05)   # the other two read and queued behind it
+        first = front.held.pop()
+        front.broker.send(first.peer, doubled(first))
+        answers = [await read_response(reader), await read_response(reader)]
+        await front.until(lambda: front.held)
+        client = writer.get_extra_info("socket")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+        await front.until(lambda: front.cancels)
+        return answers, front.held[0]
+
+    (first, second), third = front.run(scenario())
+    assert outputs(first) == [2.0] * 4
+    assert error_of(second) == (404, "Request for unknown model: 'nope' is not found")
+    assert [cancel.header["rid"] for cancel in front.cancels] == [third.header["rid"]]
+
+
 def test_a_client_gone_before_its_answer_costs_nothing_to_the_next_one(front):
     front.answer = lambda request: None
 
@@ -514,6 +542,26 @@ def test_a_generate_request_whose_client_left_is_given_up_and_its_trace_ends(fro
 
     held = front.run(scenario())
     assert [cancel.header["rid"] for cancel in front.cancels] == [held.header["rid"]]
+    assert tracer.trace.calls.count("finish") == 1
+
+
+def test_a_traced_request_answered_before_it_left_for_the_broker_still_ends_its_trace(front):
+    """The broker lost: the request is answered inside the call that would send it, before that
+    call returns; its trace still gets the send's stamps and ends."""
+    tracer = SamplingEverything()
+    front.server.app.dataplane.tracer = tracer
+    front.broker.stop_beating()
+
+    async def scenario():
+        await front.until(lambda: front.link.broker_lost)
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(infer_request([1, 2, 3, 4]))
+        failed = await read_response(reader)
+        writer.close()
+        return failed
+
+    assert front.run(scenario())[0] == 503
+    assert tracer.trace.calls[-3:] == ["HTTP_SEND_START", "HTTP_SEND_END", "finish"]
     assert tracer.trace.calls.count("finish") == 1
 
 
