@@ -4,6 +4,7 @@ what they use would otherwise surface only when someone next measures."""
 from __future__ import annotations
 
 import importlib
+import os
 
 import pytest
 
@@ -61,3 +62,15 @@ def test_the_bytecode_count_is_the_same_on_every_run():
     assert total > 500
     assert sum(second["bytecodes"].values()) == total
     assert sum(calls for where, calls in first["calls"].items() if where.endswith("run (executor.py)")) == 1
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the woken process starts on a second CPU")
+def test_the_wake_placement_benchmark_times_every_wake_up():
+    """bench/wake_placement.py: each of the waker's sends wakes the other process once, which
+    notes where it ran and how long after the send."""
+    from bench.wake_placement import ON_WAKER, measure
+
+    for apart in (False, True):
+        result = measure(wakeups=30, busy_us=50, apart=apart)
+        assert 0 <= result[ON_WAKER] <= 100
+        assert 0 < result["delay p50 us"] <= result["delay p90 us"] < 1e6

@@ -248,18 +248,18 @@ def _serve_children(monkeypatch, tmp_path, cpus: set[int], *flags: str, quota: f
 
 @pytest.mark.parametrize("cpus, flags, expected", [
     ({4, 5}, ["--cpu-layout", "split"], {"gateway": {"--gateway-cpus": "4", "--gateway-send-every": "8"},
-                                         "broker": {"--broker-cpus": "5"}, "worker": {"--worker-cpus": "5"}}),
+                                         "broker": {"--broker-cpus": "5"}, "worker": {}}),
     ({0, 1, 2, 3}, ["--cpu-layout", "split"], {"gateway": {"--gateway-cpus": "0,1", "--gateway-send-every": "8"},
-                                               "broker": {"--broker-cpus": "2,3"}, "worker": {"--worker-cpus": "2,3"}}),
+                                               "broker": {"--broker-cpus": "2,3"}, "worker": {}}),
     ({0, 1, 2}, ["--cpu-layout", "split", "--http-workers", "1", "--gateway-send-every", "3"],
      {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "3"}, "broker": {"--broker-cpus": "1,2"},
-      "worker": {"--worker-cpus": "1,2"}}),
+      "worker": {}}),
     ({0, 1}, [], {"gateway": {"--gateway-send-every": "0"}, "broker": {}, "worker": {}}),
     ({0, 1}, ["--gateway-cpus", "0", "--broker-cpus", "1", "--worker-cpus", "1"],
      {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "8"}, "broker": {"--broker-cpus": "1"},
       "worker": {"--worker-cpus": "1"}}),
-    ({0, 1}, ["--gateway-cpus", "0", "--broker-cpus", "1"],   # the instances may still share the gateway's CPU
-     {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "0"}, "broker": {"--broker-cpus": "1"}, "worker": {}}),
+    ({0, 1}, ["--gateway-cpus", "0", "--broker-cpus", "1"],   # the instances free: the broker is what counts
+     {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "8"}, "broker": {"--broker-cpus": "1"}, "worker": {}}),
     ({0, 1}, ["--gateway-cpus", "0", "--broker-cpus", "1", "--worker-cpus", "0"],
      {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "0"}, "broker": {"--broker-cpus": "1"},
       "worker": {"--worker-cpus": "0"}}),

@@ -3,9 +3,10 @@
 
 A process pins itself first thing, before ZeroMQ starts its I/O thread, so that every thread
 it starts and every process it spawns (a host agent's instances) inherits the set. Why one
-would: each ZeroMQ hop wakes a thread on each side, and where waking a thread on another
-CPU is slow (virtual machines without halt polling), keeping the broker and its instances on
-the same CPUs makes their hops cheap; docs/performance.md has the measurements.
+would: where the kernel runs a woken process on the CPU of the one that woke it (seen on small
+virtual machines, even with another CPU idle), the gateway, the broker and an instance take
+turns on one CPU; the gateway and the broker pinned apart work at once, while the instances
+stay free to use every CPU. docs/performance.md has the measurements.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def format_cpu_list(cpus: frozenset[int]) -> str:
 
 def split_layout(available: frozenset[int], gateways: int) -> tuple[str, str]:
     """``--cpu-layout split``: the gateways' CPUs (the first ``gateways`` of ``available``) and the
-    broker's and instances' (the rest), as CPU lists; ValueError when that leaves them none."""
+    broker's (the rest), as CPU lists; ValueError when that leaves it none."""
     cpus = sorted(available)
     if len(cpus) <= gateways:
         raise ValueError(f"needs more CPUs than gateway processes ({gateways}): this process may use "

@@ -249,8 +249,9 @@ def serve(ctx, **o) -> None:
 
 def _place_parts(o: dict, http_workers: int) -> None:
     """Each part's CPUs under ``--cpu-layout split``, and how many requests the gateways send at a
-    time: a few as they come where they run apart from the broker and the instances (which then
-    start on them on their own CPUs), else a turn's at its end.
+    time: a few as they come where they run apart from the broker (and from the instances, when
+    those are pinned), so that the broker starts on them on a CPU of its own; else a turn's at its
+    end. The instances are left free: a compute-heavy model needs every CPU.
 
     Under a CPU quota smaller than the CPUs this process may use (a container's CPU limit without
     a CPU set of its own) the CPUs are shared with other processes: pinning gives no part one."""
@@ -268,9 +269,9 @@ def _place_parts(o: dict, http_workers: int) -> None:
             o["gateway_cpus"], o["broker_cpus"] = split_layout(cpus, http_workers)
         except ValueError as exc:
             raise click.UsageError(f"--cpu-layout split {exc}") from None
-        o["worker_cpus"] = o["broker_cpus"]
     if o["gateway_send_every"] is None:
-        away = apart(o["gateway_cpus"], o["broker_cpus"]) and apart(o["gateway_cpus"], o["worker_cpus"])
+        away = apart(o["gateway_cpus"], o["broker_cpus"]) and (
+            not o["worker_cpus"] or apart(o["gateway_cpus"], o["worker_cpus"]))
         o["gateway_send_every"] = SEND_EVERY_WHEN_APART if away and not shared else 0
 
 

@@ -304,16 +304,15 @@ OPTIONS: tuple[Option, ...] = (
             help="CPUs the host agent and the instances it starts run on; default: any."),
     _option("--cpu-layout", on="serve", type=click.Choice(["any", "split"]), default="any",
             help="split: the gateway processes on CPUs of their own (the first this process may use, as many as "
-                 "there are gateways, shared by them), the broker and the instances on the others, and each "
-                 "gateway sending the requests it reads to the broker as they come, a few at a time: for light "
-                 "models on few CPUs (a compute-heavy model gets fewer CPUs). any: every part on any CPU, unless "
-                 "--gateway-cpus, --broker-cpus or --worker-cpus say otherwise."),
+                 "there are gateways, shared by them), the broker on the others, the instances on any, and each "
+                 "gateway sending the requests it reads to the broker as they come, a few at a time. any: every "
+                 "part on any CPU, unless --gateway-cpus, --broker-cpus or --worker-cpus say otherwise."),
     _option("--gateway-send-every", on="serve, gateway", to="gateway", type=click.IntRange(min=0), default=None,
             help="Send the requests a gateway reads in one event-loop turn to the broker this many at a time, "
                  "rather than all at the turn's end (0). Default: "
-                 f"{SEND_EVERY_WHEN_APART} where serve runs the gateways on CPUs apart from the broker's and the "
-                 "instances' (--cpu-layout split, or --gateway-cpus sharing no CPU with --broker-cpus and "
-                 "--worker-cpus), else 0."),
+                 f"{SEND_EVERY_WHEN_APART} where serve runs the gateways on CPUs apart from the broker's "
+                 "(--cpu-layout split, or --gateway-cpus sharing no CPU with --broker-cpus, nor with "
+                 "--worker-cpus if given), else 0."),
     # -- waiting without sleeping (docs/deploy.md, "Polling before sleeping")
     _option("--broker-spin-us", on="serve, broker", to="broker", type=click.IntRange(min=0), default=None,
             help="Microseconds the broker polls before it sleeps while requests come one at a time, for the "
