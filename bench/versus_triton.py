@@ -190,8 +190,9 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "versus_triton.png")
     parser.add_argument("--pinned", action="store_true",
                         help="also measure tritium with its gateways on one half of the CPUs and the broker and "
-                             "instances on the other (--gateway-cpus, --broker-cpus, --worker-cpus; the gateways "
-                             "then send a turn's requests a few at a time, as under --cpu-layout split)")
+                             "instances on the other (--gateway-cpus, --broker-cpus, --worker-cpus: --cpu-layout "
+                             "split with the instances confined too; the gateways then send a turn's requests a "
+                             "few at a time)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                         help="also measure tritium started with these flags (and VARIABLE=value words as its "
                              "environment), named NAME (repeatable), e.g. "

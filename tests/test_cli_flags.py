@@ -254,6 +254,12 @@ def _serve_children(monkeypatch, tmp_path, cpus: set[int], *flags: str, quota: f
     ({0, 1, 2}, ["--cpu-layout", "split", "--http-workers", "1", "--gateway-send-every", "3"],
      {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "3"}, "broker": {"--broker-cpus": "1,2"},
       "worker": {}}),
+    ({0, 1}, ["--cpu-layout", "split", "--worker-cpus", "1"],   # the instances with the broker, as asked
+     {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "8"}, "broker": {"--broker-cpus": "1"},
+      "worker": {"--worker-cpus": "1"}}),
+    ({0, 1}, ["--cpu-layout", "split", "--worker-cpus", "0"],   # ... or with the gateway: it sends at the turn's end
+     {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "0"}, "broker": {"--broker-cpus": "1"},
+      "worker": {"--worker-cpus": "0"}}),
     ({0, 1}, [], {"gateway": {"--gateway-send-every": "0"}, "broker": {}, "worker": {}}),
     ({0, 1}, ["--gateway-cpus", "0", "--broker-cpus", "1", "--worker-cpus", "1"],
      {"gateway": {"--gateway-cpus": "0", "--gateway-send-every": "8"}, "broker": {"--broker-cpus": "1"},
@@ -277,7 +283,7 @@ def test_serve_places_each_part_as_its_cpu_flags_say(monkeypatch, tmp_path, cpus
 
 @pytest.mark.parametrize("cpus, flags, message", [
     ({0, 1}, ["--cpu-layout", "split", "--broker-cpus", "1"],
-     "--cpu-layout split chooses each part's CPUs: give it or --broker-cpus, not both"),
+     "--cpu-layout split chooses the gateways' and the broker's CPUs: give it or --broker-cpus, not both"),
     ({3}, ["--cpu-layout", "split"],
      "--cpu-layout split needs more CPUs than gateway processes (1): this process may use 1 (3)"),
     ({0, 1}, ["--cpu-layout", "split", "--http-workers", "2"],

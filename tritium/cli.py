@@ -251,17 +251,18 @@ def _place_parts(o: dict, http_workers: int) -> None:
     """Each part's CPUs under ``--cpu-layout split``, and how many requests the gateways send at a
     time: a few as they come where they run apart from the broker (and from the instances, when
     those are pinned), so that the broker starts on them on a CPU of its own; else a turn's at its
-    end. The instances are left free: a compute-heavy model needs every CPU.
+    end. The instances are left free unless --worker-cpus says otherwise: a compute-heavy model needs
+    every CPU.
 
     Under a CPU quota smaller than the CPUs this process may use (a container's CPU limit without
     a CPU set of its own) the CPUs are shared with other processes: pinning gives no part one."""
     cpus, quota = frozenset(os.sched_getaffinity(0)), cpu_quota()
     shared = quota is not None and quota < len(cpus)
     if o["cpu_layout"] == "split":
-        given = [f"--{key.replace('_', '-')}" for key in ("gateway_cpus", "broker_cpus", "worker_cpus") if o[key]]
+        given = [f"--{key.replace('_', '-')}" for key in ("gateway_cpus", "broker_cpus") if o[key]]
         if given:
-            raise click.UsageError(f"--cpu-layout split chooses each part's CPUs: give it or {', '.join(given)}, "
-                                   "not both")
+            raise click.UsageError(f"--cpu-layout split chooses the gateways' and the broker's CPUs: give it or "
+                                   f"{', '.join(given)}, not both")
         if shared:
             raise click.UsageError(f"--cpu-layout split needs CPUs of their own for the gateways: this process may "
                                    f"use {len(cpus)} CPUs but only {quota:g} CPUs' worth of time (a CPU quota)")

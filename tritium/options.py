@@ -305,14 +305,15 @@ OPTIONS: tuple[Option, ...] = (
     _option("--cpu-layout", on="serve", type=click.Choice(["any", "split"]), default="any",
             help="split: the gateway processes on CPUs of their own (the first this process may use, as many as "
                  "there are gateways, shared by them), the broker on the others, the instances on any, and each "
-                 "gateway sending the requests it reads to the broker as they come, a few at a time. any: every "
-                 "part on any CPU, unless --gateway-cpus, --broker-cpus or --worker-cpus say otherwise."),
+                 "gateway sending the requests it reads to the broker as they come, a few at a time (--worker-cpus "
+                 "may still confine the instances). any: every part on any CPU, unless --gateway-cpus, "
+                 "--broker-cpus or --worker-cpus say otherwise."),
     _option("--gateway-send-every", on="serve, gateway", to="gateway", type=click.IntRange(min=0), default=None,
             help="Send the requests a gateway reads in one event-loop turn to the broker this many at a time, "
                  "rather than all at the turn's end (0). Default: "
                  f"{SEND_EVERY_WHEN_APART} where serve runs the gateways on CPUs apart from the broker's "
                  "(--cpu-layout split, or --gateway-cpus sharing no CPU with --broker-cpus, nor with "
-                 "--worker-cpus if given), else 0."),
+                 "--worker-cpus if given) and no CPU quota smaller than those CPUs applies, else 0."),
     # -- waiting without sleeping (docs/deploy.md, "Polling before sleeping")
     _option("--broker-spin-us", on="serve, broker", to="broker", type=click.IntRange(min=0), default=None,
             help="Microseconds the broker polls before it sleeps while requests come one at a time, for the "

@@ -347,7 +347,7 @@ def test_a_client_that_leaves_gives_up_the_request_after_one_answered_at_once_in
         refused = infer_request([1, 2, 3, 4]).replace(b"/v2/models/m/", b"/v2/models/nope/")
         writer.write(infer_request([1, 1, 1, 1]) + refused + infer_request([3, 3, 3, 3]))
         await front.until(lambda: front.held)
-        await asyncio.sleep(0.05)   # the other two read and queued behind it
+        await front.until(lambda: any(len(c.queue) == 2 for c in front.server.connections.open))   # queued behind it
         first = front.held.pop()
         front.broker.send(first.peer, doubled(first))
         answers = [await read_response(reader), await read_response(reader)]
