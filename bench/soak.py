@@ -10,7 +10,7 @@ Reported: requests answered, errors by status and when they happened relative to
 kills, requests never answered within ``--request-timeout`` (must be zero), and the
 resident memory of broker and gateway after warm-up and at the end.
 
-    python -m bench.soak --duration 300 --concurrency 64
+    python -m bench.soak --duration 300 --concurrency 64 [--links ipc] [--gateway-send-every 8]
 """
 
 from __future__ import annotations
@@ -120,6 +120,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=20)
     parser.add_argument("--links", choices=("tcp", "ipc"), default="tcp",
                         help="how the parts reach the broker: libzmq over TCP, or tritium's ZMTP over Unix sockets")
+    parser.add_argument("--gateway-send-every", type=int, default=0,
+                        help="the gateway sends a turn's requests this many at a time (0: at the turn's end), as "
+                             "serve's gateways do when pinned apart from the broker")
     args = parser.parse_args()
 
     beat = ("--heartbeat-interval-secs", "1")
@@ -135,7 +138,7 @@ def run_soak(args: argparse.Namespace, broker, beat: tuple) -> dict:
     """Start the workers and the gateway on ``broker``, warm up, soak; the report."""
     broker.wait_ready()
     workers = [cluster.worker(broker.backend, REPO, *beat, "--models", "whoami") for _ in range(2)]
-    gateway = cluster.gateway(broker.frontend, *beat)
+    gateway = cluster.gateway(broker.frontend, *beat, "--gateway-send-every", str(args.gateway_send_every))
     parts = [broker, *workers, gateway]
     try:
         for part in parts[1:]:
