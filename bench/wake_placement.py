@@ -47,7 +47,7 @@ def busy(us: int) -> None:
 
 
 def woken(sock: socket.socket, wakeups: int, home_cpu: int | None) -> bytes:
-    """The woken side: per wake-up, microseconds after the send and whether on the waker's CPU.
+    """The woken side: per wake-up, nanoseconds from the send to running, and whether on the waker's CPU.
     With ``home_cpu``, it goes back to that CPU before each wait, so that the CPU it last ran on
     is never the waker's when the wake-up comes."""
     everywhere = os.sched_getaffinity(0)
