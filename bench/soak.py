@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=20)
     parser.add_argument("--links", choices=("tcp", "ipc"), default="tcp",
                         help="how the parts reach the broker: libzmq over TCP, or tritium's ZMTP over Unix sockets")
-    parser.add_argument("--gateway-send-every", type=int, default=0,
+    parser.add_argument("--gateway-send-every", type=int, default=0, choices=range(0, 1025), metavar="N",
                         help="the gateway sends a turn's requests this many at a time (0: at the turn's end), as "
                              "serve's gateways do when pinned apart from the broker")
     args = parser.parse_args()
@@ -159,7 +159,8 @@ def run_soak(args: argparse.Namespace, broker, beat: tuple) -> dict:
             part.stop(timeout_s=20)
     near_kill = sum(1 for t in tally.error_times if any(0 <= t - k <= args.down_for + 10 for k in kills))
     return {
-        "duration_s": round(elapsed, 1), "concurrency": args.concurrency, "kills": len(kills),
+        "duration_s": round(elapsed, 1), "concurrency": args.concurrency, "links": args.links,
+        "gateway_send_every": args.gateway_send_every, "kills": len(kills),
         "answered_ok": tally.ok, "throughput_per_s": round(tally.ok / elapsed, 1),
         "errors": dict(tally.errors), "errors_within_15_s_of_a_kill": near_kill,
         "error_examples": tally.examples, "unanswered": tally.unanswered,
