@@ -58,10 +58,15 @@ def server(tmp_path_factory):
 
 
 def run(url: str, model: str) -> tuple[float, float, str]:
+    # Closed here, in the thread that made it: left to the collector, its gevent pool would be
+    # closed from another thread, which gevent refuses (an "exception ignored" warning).
     client = httpclient.InferenceServerClient(url)
-    x = httpclient.InferInput("X", [1], "FP32")
-    x.set_data_from_numpy(np.array([1.0], dtype=np.float32))
-    result = client.infer(model, [x])
+    try:
+        x = httpclient.InferInput("X", [1], "FP32")
+        x.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+        result = client.infer(model, [x])
+    finally:
+        client.close()
     started, ended = result.as_numpy("WINDOW").tolist()
     return started, ended, result.as_numpy("INSTANCE")[0].decode()
 
