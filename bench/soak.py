@@ -120,10 +120,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=20)
     parser.add_argument("--links", choices=("tcp", "ipc"), default="tcp",
                         help="how the parts reach the broker: libzmq over TCP, or tritium's ZMTP over Unix sockets")
-    parser.add_argument("--gateway-send-every", type=int, default=0, choices=range(0, 1025), metavar="N",
+    parser.add_argument("--gateway-send-every", type=int, default=0, metavar="N",
                         help="the gateway sends a turn's requests this many at a time (0: at the turn's end), as "
                              "serve's gateways do when pinned apart from the broker")
     args = parser.parse_args()
+    if args.gateway_send_every < 0:
+        parser.error("--gateway-send-every must be 0 or more")
 
     beat = ("--heartbeat-interval-secs", "1")
     with tempfile.TemporaryDirectory(prefix="tritium-soak-") as folder:   # the Unix sockets of --links ipc

@@ -178,5 +178,5 @@ class TurnSends:
                 log.error("an answer's send did not complete; closing its connection")
                 transport.abort()
             elif sent < kept.size:   # no room (-EAGAIN, or part sent), or an error the transport meets itself
-                transport.write(bytes(buffer[offset + max(sent, 0):offset + kept.size]))
+                transport.write(memoryview(buffer)[offset + max(sent, 0):offset + kept.size].tobytes())   # one copy
             offset += kept.size
