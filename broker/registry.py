@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from tritium.broker.batcher import BatchingPolicy, DynamicBatcher
 from tritium.broker.custom_metrics import CustomMetrics
 from tritium.broker.ordering import ResponseOrder
@@ -34,8 +36,7 @@ class VersionState(str, enum.Enum):
     UNLOADING = "UNLOADING"
 
 
-@dataclass(eq=False, slots=True)
-class PendingRequest:
+class PendingRequest(msgspec.Struct, eq=False):
     """A request waiting in a queue or running in a batch; the broker never reads its frames."""
 
     client: bytes             # identity of the peer that asked: a gateway, or an instance (BLS)

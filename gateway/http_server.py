@@ -25,6 +25,7 @@ from typing import Protocol, cast
 from urllib.parse import unquote
 
 import httptools
+import msgspec
 
 from tritium.errors import TritiumError
 from tritium.gateway.connections import OpenConnections
@@ -42,8 +43,7 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _C_INT_MAX = 2**31 - 1   # the largest Inference-Header-Content-Length Triton parses
 
 
-@dataclass(slots=True)
-class HttpRequest:
+class HttpRequest(msgspec.Struct):
     method: str
     path: str                               # percent-decoded, without the query
     headers: dict[bytes, bytes]             # lower-case names
@@ -54,8 +54,7 @@ class HttpRequest:
     header_lines: list[tuple[bytes, bytes]] | None = None   # as sent, names' case kept: only when asked for
 
 
-@dataclass(slots=True)
-class HttpResponse:
+class HttpResponse(msgspec.Struct):
     status: int
     headers: list[tuple[bytes, bytes]]
     body: bytes

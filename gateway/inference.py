@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from tritium.gateway.shared_memory import SharedMemoryRef
 
@@ -11,8 +12,7 @@ if TYPE_CHECKING:
     from tritium.gateway.tracing import RequestTrace
 
 
-@dataclass(slots=True)
-class InputTensor:
+class InputTensor(msgspec.Struct):
     name: str
     datatype: str
     shape: list[int]
@@ -20,23 +20,21 @@ class InputTensor:
     shared_memory: SharedMemoryRef | None = None   # the data is there instead (read by the data plane)
 
 
-@dataclass(slots=True)
-class RequestedOutput:
+class RequestedOutput(msgspec.Struct):
     name: str
-    parameters: dict = field(default_factory=dict)
+    parameters: dict = msgspec.field(default_factory=dict)
     shared_memory: SharedMemoryRef | None = None   # write the result there, not in the response
     classification: int | None = None              # the top-k classes instead of the values
     region: object = None   # the open region shared_memory names, held from the request's start
 
 
-@dataclass(slots=True)
-class InferRequest:
+class InferRequest(msgspec.Struct):
     model: str
     version: str | None
     inputs: list[InputTensor]
     outputs: list[RequestedOutput] | None = None   # None: all outputs
     id: str = ""
-    parameters: dict = field(default_factory=dict)
+    parameters: dict = msgspec.field(default_factory=dict)
     sequence_id: int | str = 0      # Triton's correlation id (0 or "": not in a sequence)
     sequence_flags: int = 0         # Triton's request flags: 1 START, 2 END
     traceparent: bytes | str | None = None   # the client's W3C trace context, read only while tracing is on
@@ -48,8 +46,7 @@ SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 SEQUENCE_FLAGS = {"sequence_start": 1, "sequence_end": 2}
 
 
-@dataclass(slots=True)
-class OutputTensor:
+class OutputTensor(msgspec.Struct):
     name: str
     datatype: str
     shape: list[int]
@@ -57,10 +54,9 @@ class OutputTensor:
     in_shared_memory: bool = False  # written to the client's region; the response carries no data
 
 
-@dataclass(slots=True)
-class InferResult:
+class InferResult(msgspec.Struct):
     model: str
     version: int
     id: str
     outputs: list[OutputTensor]
-    parameters: dict = field(default_factory=dict)
+    parameters: dict = msgspec.field(default_factory=dict)

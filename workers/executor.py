@@ -19,7 +19,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -43,8 +42,7 @@ log = logging.getLogger(__name__)
 _REQUEST_FIELDS = frozenset({"priority", "timeout"})
 
 
-@dataclass(slots=True)
-class _Item:
+class _Item(msgspec.Struct):
     """One request of the batch, as it arrived."""
 
     rid: int                           # its client's number: requests of different clients may share one

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import msgspec
 import numpy as np
 
 from tritium.repo import ModelConfig
@@ -65,8 +66,7 @@ class InstanceContext:
     curve: CurveKeys | None = None   # the keys for a BLS socket to a CURVE broker
 
 
-@dataclass
-class InferenceRequest:
+class InferenceRequest(msgspec.Struct):
     request_id: str
     inputs: dict[str, np.ndarray]
     requested_outputs: list[str] | None   # None: every output of the model
@@ -90,11 +90,10 @@ class Rescheduled:
 RESCHEDULED = Rescheduled()
 
 
-@dataclass
-class InferenceResponse:
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+class InferenceResponse(msgspec.Struct):
+    outputs: dict[str, np.ndarray] = msgspec.field(default_factory=dict)
     error: TritiumError | None = None
-    parameters: dict = field(default_factory=dict)
+    parameters: dict = msgspec.field(default_factory=dict)
 
 
 class Instance:
