@@ -41,6 +41,17 @@ MAX_PIPELINED = 32   # requests parsed ahead of their answers; past it the conne
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _C_INT_MAX = 2**31 - 1   # the largest Inference-Header-Content-Length Triton parses
+MAX_URL_BYTES = 65535      # the longest request target (httptools' URL parser counts in 16 bits)
+MAX_HEAD_BYTES = 256 * 1024   # a request's line and header fields; past it the client is refused (431)
+
+
+class _Refused(Exception):
+    """Raised in a parser callback: the stream is not read past this request, which is answered
+    with ``status`` (None: already answered) after those before it, then the connection closes."""
+
+    def __init__(self, status: int | None, message: str = "") -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class HttpRequest(msgspec.Struct):
@@ -106,7 +117,7 @@ class HttpConnection(asyncio.Protocol):
     __slots__ = ("app", "settings", "loop", "shared", "sends", "transport", "fd", "parser", "queue", "busy", "closing",
                  "last_active", "_url", "_headers", "_body", "_body_size", "_body_limit", "_too_large", "_write_paused",
                  "_reading", "_begun", "_header_lines", "_give_up", "_streaming", "_event_source", "_unreadable",
-                 "_ended", "_upgrade", "_starting")
+                 "_ended", "_upgrade", "_starting", "_in_body", "_head_bytes")
 
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
 
@@ -141,6 +152,8 @@ class HttpConnection(asyncio.Protocol):
         self._body_limit = self.settings.max_body_bytes
         self._too_large = 0
         self._begun = 0
+        self._in_body = False   # its header fields are read: a field now is a chunked body's trailer
+        self._head_bytes = 0    # bytes read while its line and header fields were incomplete
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -169,6 +182,8 @@ class HttpConnection(asyncio.Protocol):
         while data:
             try:
                 self.parser.feed_data(data)
+                if self._url:   # a request is partly read: its head is bounded, as its memory
+                    self._bound_head(len(data))
                 return
             except httptools.HttpParserUpgrade as upgrade:
                 if self._upgrade is None:   # (CONNECT, or a chunked body: not read past)
@@ -177,8 +192,21 @@ class HttpConnection(asyncio.Protocol):
                 self.parser = httptools.HttpRequestParser(self)   # the stream goes on as HTTP/1.1
                 data = self._upgrade_body(data[upgrade.args[0]:])
             except httptools.HttpParserError as exc:
-                self._stop_reading(400, f"invalid HTTP request: {exc}")
+                refused = exc.__context__
+                if not isinstance(refused, _Refused):
+                    self._stop_reading(400, f"invalid HTTP request: {exc}")
+                elif refused.status is not None:
+                    self._stop_reading(refused.status, str(refused))
+                else:   # answered already, and closed once that answer is written
+                    self._stop_reading(400, "")
                 return
+
+    def _bound_head(self, received: int) -> None:
+        if self._in_body:
+            return
+        self._head_bytes += received
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._stop_reading(431, f"request header fields too large: more than {MAX_HEAD_BYTES} bytes")
 
     def _upgrade_body(self, data: bytes) -> bytes:
         """The body of the request that asked for an upgrade, which the parser left unread; what
@@ -241,13 +269,18 @@ class HttpConnection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > MAX_URL_BYTES:
+            raise _Refused(414, f"request URL too long: more than {MAX_URL_BYTES} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._in_body:   # a trailer: never a header (RFC 9110 6.5.1), as Triton ignores them
+            return
         self._headers[name.lower()] = value
         if self._header_lines is not None:
             self._header_lines.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self._in_body = True
         declared = self._headers.get(b"content-length")
         size = int(declared) if declared is not None and declared.isdigit() else None
         # A body within the limit needs no more look (its JSON header is within it too).
@@ -261,8 +294,14 @@ class HttpConnection(asyncio.Protocol):
                 self._too_large = json_length
         if not self._too_large and size is not None and size > self._body_limit:
             self._too_large = size
-        if not self._too_large and self._headers.get(b"expect", b"").lower() == b"100-continue":
-            self.sends.write(self.transport, self.fd, _CONTINUE)
+        if self._headers.get(b"expect", b"").lower() == b"100-continue":
+            if not self._too_large:
+                self.sends.write(self.transport, self.fd, _CONTINUE)
+                return
+            # A client waiting to send a body over the limit is refused now, not after it gives up
+            # waiting and sends it all (RFC 9110 10.1.1); the body never comes on this connection.
+            self._complete(self.parser.get_method().decode(), False)
+            raise _Refused(None)
 
     def _json_length_of_binary_infer(self) -> int | None:
         """The JSON header's length of an inference request with binary data after it (0 for a raw

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -259,6 +260,28 @@ def test_gzip_request_body_is_accepted(server):
                                body=gzip.compress(json.dumps(good_body()).encode()),
                                headers={"Content-Encoding": "gzip"})
     assert status == 200 and json.loads(reply)["outputs"][1]["data"] == [0.0] * 16
+
+
+def test_a_gzip_body_of_two_members_is_read_whole_and_a_cut_or_trailed_one_refused(server):
+    """As gunzip reads a file: member after member; a stream that stops short, or bytes after a
+    deflate stream, are a client's mistake, not a body to serve."""
+    text = json.dumps(good_body()).encode()
+    half = len(text) // 2
+    status, _, reply = request(server.url, "POST", "/v2/models/add_sub/infer", headers={"Content-Encoding": "gzip"},
+                               body=gzip.compress(text[:half]) + gzip.compress(text[half:]))
+    assert status == 200 and json.loads(reply)["outputs"][0]["data"] == [2 * x for x in ROW]
+    whole = gzip.compress(text)
+    cases = [("gzip", whole[:-8], "cannot decompress the gzip request body: it ends before its compressed "
+                                  "stream does"),
+             ("gzip", whole + b"junk", "cannot decompress the gzip request body: Error -3 while decompressing "
+                                       "data: incorrect header check"),
+             ("deflate", zlib.compress(text) + b"junk", "cannot decompress the deflate request body: 4 bytes "
+                                                        "follow its compressed stream")]
+    for encoding, body, message in cases:
+        status, _, reply = request(server.url, "POST", "/v2/models/add_sub/infer", body=body,
+                                   headers={"Content-Encoding": encoding})
+        assert (status, error_of(reply)) == (400, message)
+    assert_still_serving(server)
 
 
 def test_unknown_model_and_version_infer_are_404(server):

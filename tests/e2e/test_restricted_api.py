@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import queue
+import socket
 
 import grpc
 import numpy as np
@@ -65,6 +66,22 @@ def test_the_repository_index_without_its_header_gets_triton_s_403(server, heade
     assert status == 403
     assert response_headers["content-type"] == "application/json"
     assert error_of(body) == ADMIN
+
+
+def test_the_header_given_as_a_chunked_bodys_trailer_does_not_open_the_api(server):
+    """Triton's answer: a trailer is not the header the API is restricted to (a proxy that sets or
+    strips that header never sees a trailer)."""
+    host, port = server.url.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as client:
+        client.sendall(b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       b"2\r\n{}\r\n0\r\nadmin-key: secret\r\n\r\n")
+        answer = b""
+        while b"}" not in answer:
+            chunk = client.recv(4096)
+            assert chunk, answer
+            answer += chunk
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 403 ") and error_of(body) == ADMIN
 
 
 def test_the_repository_index_with_its_header_is_served(server):

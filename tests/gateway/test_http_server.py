@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tritium.gateway.http_server import HttpSettings, HttpRequest, HttpResponse, HttpServer, Streaming
+from tritium.gateway.http_server import (MAX_HEAD_BYTES, MAX_URL_BYTES, HttpRequest, HttpResponse, HttpServer,
+                                         HttpSettings, Streaming)
 
 
 class ScriptedApp:
@@ -147,13 +148,79 @@ def test_expect_100_continue_is_answered_before_the_body(running):
     assert (status, body) == (200, b"POST /e 4")
 
 
-def test_a_declared_body_over_the_limit_gets_no_continue_and_is_refused(running):
+def test_a_declared_body_over_the_limit_is_refused_at_once_and_the_connection_closed(running):
+    """A client waiting for 100 Continue gets the final answer instead, without sending its body
+    (RFC 9110 10.1.1): the body never comes, so the connection closes after the answer."""
     client = running.connect()
     client.sendall(b"POST /big HTTP/1.1\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n")
-    client.sendall(b"x" * 5000)
-    ((status, _, body),) = read_responses(client, 1)
-    assert (status, body) == (400, b"too large 5000")
+    ((status, headers, body),) = read_responses(client, 1)
+    assert (status, body, headers[b"connection"]) == (400, b"too large 5000", b"close")
     assert running.app.seen[-1].body == b""   # never kept
+    assert client.recv(10) == b""
+
+
+def test_a_refused_expectation_is_answered_after_the_requests_before_it(running):
+    client = running.connect()
+    client.sendall(b"GET /slow HTTP/1.1\r\n\r\nPOST /big HTTP/1.1\r\nContent-Length: 5000\r\n"
+                   b"Expect: 100-continue\r\n\r\n")
+    (first, second) = read_responses(client, 2)
+    assert (first[0], first[2]) == (200, b"GET /slow 0")
+    assert (second[0], second[2], second[1][b"connection"]) == (400, b"too large 5000", b"close")
+    assert client.recv(10) == b""
+
+
+def test_a_declared_body_over_the_limit_sent_without_expectation_is_read_and_refused(running):
+    client = running.connect()
+    client.sendall(b"POST /big HTTP/1.1\r\nContent-Length: 5000\r\n\r\n" + b"x" * 5000 + b"GET /a HTTP/1.1\r\n\r\n")
+    (refused, after) = read_responses(client, 2)
+    assert (refused[0], refused[2], after[2]) == (400, b"too large 5000", b"GET /a 0")   # the connection goes on
+
+
+def test_a_chunked_bodys_trailer_fields_are_not_headers(running):
+    """A trailer must not pass for a header (RFC 9110 6.5.1): a proxy checks the header section
+    only, and an API restricted to a header would open to a trailer. Triton ignores them too."""
+    client = running.connect()
+    client.sendall(b"POST /t HTTP/1.1\r\nTransfer-Encoding: chunked\r\nAdmin-Key: wrong\r\n\r\n"
+                   b"2\r\n{}\r\n0\r\nAdmin-Key: secret\r\nX-Other: 1\r\n\r\nGET /next HTTP/1.1\r\nX-Next: 2\r\n\r\n")
+    assert [body for _, _, body in read_responses(client, 2)] == [b"POST /t 2", b"GET /next 0"]
+    trailed, following = running.app.seen[-2:]
+    assert trailed.headers[b"admin-key"] == b"wrong" and b"x-other" not in trailed.headers
+    assert following.headers[b"x-next"] == b"2"   # the next request's header fields are read again
+
+
+@pytest.mark.parametrize("pieces", [1, 8])
+def test_a_request_whose_header_fields_pass_the_bound_gets_a_431_and_the_connection_closes(running, pieces):
+    """Bounded while they arrive, sent at once or in pieces: the memory one client can hold."""
+    client = running.connect()
+    head = b"GET /big HTTP/1.1\r\n" + b"".join(
+        b"X-Field-%d: %s\r\n" % (index, b"v" * 1000) for index in range(MAX_HEAD_BYTES // 1000 + 10))
+    step = -(-len(head) // pieces)
+    try:
+        for start in range(0, len(head), step):
+            client.sendall(head[start:start + step])
+            time.sleep(0.01)
+    except ConnectionError:   # refused before all of it was sent
+        pass
+    ((status, headers, body),) = read_responses(client, 1)
+    assert (status, headers[b"connection"]) == (431, b"close")
+    assert body == b'{"error":"request header fields too large: more than %d bytes"}' % MAX_HEAD_BYTES
+    assert running.app.seen == []
+    other = running.connect()   # the server goes on, and a head within the bound is read
+    other.sendall(b"GET /fine HTTP/1.1\r\nX-Big: " + b"v" * (MAX_HEAD_BYTES // 2) + b"\r\n\r\n")
+    assert read_responses(other, 1)[0][2] == b"GET /fine 0"
+
+
+def test_a_request_url_past_the_bound_gets_a_414_after_the_requests_before_it(running):
+    client = running.connect()
+    client.sendall(b"GET /slow HTTP/1.1\r\n\r\nGET /" + b"u" * MAX_URL_BYTES + b" HTTP/1.1\r\n\r\n")
+    (first, refused) = read_responses(client, 2)
+    assert first[2] == b"GET /slow 0"
+    assert (refused[0], refused[1][b"connection"]) == (414, b"close")
+    assert refused[2] == b'{"error":"request URL too long: more than %d bytes"}' % MAX_URL_BYTES
+    assert client.recv(10) == b""
+    other = running.connect()
+    other.sendall(b"GET /" + b"u" * (MAX_URL_BYTES - 1) + b" HTTP/1.1\r\n\r\n")   # at the bound: served
+    assert read_responses(other, 1)[0][2] == b"GET /" + b"u" * (MAX_URL_BYTES - 1) + b" 0"
 
 
 def test_a_chunked_body_over_the_limit_is_not_kept(running):
