@@ -34,6 +34,8 @@ ENHANCE_YOUR_CALM = 0xB
 
 # Settings identifiers.
 HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 1, 2, 3, 4, 5
+# A header block may start with dynamic table size updates (RFC 7541 section 6.3): 001xxxxx.
+_SIZE_UPDATE_MASK, _SIZE_UPDATE = 0xE0, 0x20
 
 DEFAULT_WINDOW = 65535
 # A piece at least this large is written as it is (data_to_send); a smaller one is cheaper copied
@@ -49,6 +51,7 @@ _HEAD = struct.Struct(">IBI")   # length << 8 | type, flags, stream id
 _PIECES_FROM = 64 * 1024        # a DATA frame this large is handed on in pieces as it arrives
 _VIEW_FROM = 4096               # a DATA payload this large is handed on as a view (a smaller one's copy costs less)
 _CACHE_LIMIT = 64
+MAX_HEADER_BLOCK = 16 * 1024 * 1024   # a header block's bytes, and what it decodes to, at most
 
 Headers = list[tuple[bytes, bytes]]   # a decoded header block: (name, value) pairs as they came
 
@@ -125,7 +128,10 @@ class Http2Connection:
         self._piecing: tuple[int, int, int] | None = None   # a large DATA frame handed on as it comes: stream, flags, to come
         self._preface = False
         self._continuing: tuple[int, int, bytearray] | None = None   # stream, flags, header block so far
-        self._decoder = hpack.Decoder()
+        # What the headers hold is the caller's to bound (gRPC fails the one call); the decoder's
+        # own bound would end the connection, as a block it stops midway leaves its table unsure.
+        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_BLOCK)
+        self._table_update = b""   # to start our next header block: the client made its table smaller
         self._decoded: dict[bytes, Headers] = {}
         self._out: list[bytes | memoryview] = []
         self._large_out = False   # _out holds a segment data_to_send leaves unjoined
@@ -265,8 +271,10 @@ class Http2Connection:
                 self._out.append(frame(PING, ACK, 0, payload))
                 self.on_ping()
         elif kind == RST_STREAM:
-            if stream_id == 0 or len(payload) != 4:
-                raise ConnectionFailure(PROTOCOL_ERROR, "a malformed RST_STREAM")
+            if stream_id == 0 or stream_id > self.last_stream_id:
+                raise ConnectionFailure(PROTOCOL_ERROR, f"RST_STREAM on stream {stream_id}, never opened")
+            if len(payload) != 4:
+                raise ConnectionFailure(FRAME_SIZE_ERROR, "a malformed RST_STREAM")
             if self.streams.pop(stream_id, None) is not None:
                 self.on_reset(stream_id)
         elif kind == GOAWAY:
@@ -286,9 +294,12 @@ class Http2Connection:
         elif self._unacknowledged > max(self.window, DEFAULT_WINDOW):   # (a smaller window is never announced)
             raise ConnectionFailure(FLOW_CONTROL_ERROR, "DATA past the connection's window")
         stream = self.streams.get(stream_id)
-        if stream is None or stream.remote_closed:   # one we reset or answered: its data is dropped
+        if stream is None:   # one we reset or answered: its data is dropped
             if stream_id > self.last_stream_id:
                 raise ConnectionFailure(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+            return
+        if stream.remote_closed:   # after the client ended its side (RFC 9113 5.1): its call is over
+            self._closed_by_client(stream_id)
             return
         if flags & PADDED:
             payload = self._unpadded(payload)
@@ -331,7 +342,7 @@ class Http2Connection:
         if self._continuing is None or self._continuing[0] != stream_id:
             raise ConnectionFailure(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
         self._continuing[2].extend(payload)
-        if len(self._continuing[2]) > 16 * 1024 * 1024:
+        if len(self._continuing[2]) > MAX_HEADER_BLOCK:
             raise ConnectionFailure(PROTOCOL_ERROR, "a header block over 16 MiB")
         if flags & END_HEADERS:
             stream_id, first_flags, block = self._continuing
@@ -345,12 +356,17 @@ class Http2Connection:
         if stream is not None:   # trailers from the client: they only end its side
             if not end:
                 raise ConnectionFailure(PROTOCOL_ERROR, f"a second header block on stream {stream_id} without END_STREAM")
+            if stream.remote_closed:   # it had ended its side already
+                self._closed_by_client(stream_id)
+                return
             stream.remote_closed = True
             self._forget_if_closed(stream_id, stream)
             self.on_data(stream_id, b"", True)
             return
-        if stream_id <= self.last_stream_id:   # a stream we reset or finished: decoded (for HPACK), then ignored
-            return
+        if stream_id <= self.last_stream_id:
+            if not end:   # a new stream may not take a number below one already used (RFC 9113 5.1.1)
+                raise ConnectionFailure(PROTOCOL_ERROR, f"stream {stream_id} opened after stream {self.last_stream_id}")
+            return   # trailers of a stream we reset or finished: decoded (for HPACK), then ignored
         self.last_stream_id = stream_id
         if len(self.streams) >= self.max_streams:   # past what we advertised: the client may retry it later
             self.reset(stream_id, REFUSED_STREAM)
@@ -359,8 +375,16 @@ class Http2Connection:
         stream.remote_closed = end
         self.on_headers(stream_id, headers, end)
 
+    def _closed_by_client(self, stream_id: int) -> None:
+        """A frame on a stream the client had ended: a stream error, STREAM_CLOSED, that ends its call."""
+        self.reset(stream_id, STREAM_CLOSED)
+        self.on_reset(stream_id)
+
     def _decode(self, block: bytes) -> Headers:
         """The block's headers; a repeated block that changed nothing in the table from the cache."""
+        if block and block[0] & _SIZE_UPDATE_MASK == _SIZE_UPDATE:   # it sets the table's size: never cached
+            self._decoded.clear()
+            return self._decode_block(block)
         cached = self._decoded.get(block)
         if cached is not None:
             return cached
@@ -368,10 +392,7 @@ class Http2Connection:
         # An insertion puts a new tuple first (hpack makes one each time): the same length and the
         # same first object (held here, so that no new one can take its place) mean no change.
         size, first = len(entries), entries[0] if entries else None
-        try:
-            headers = cast(Headers, self._decoder.decode(block, raw=True))   # raw=True: a list of bytes pairs
-        except HPACKError as exc:
-            raise ConnectionFailure(COMPRESSION_ERROR, f"a header block that cannot be decoded: {exc}") from None
+        headers = self._decode_block(block)
         if size == len(entries) and (entries[0] if entries else None) is first:
             if len(self._decoded) >= _CACHE_LIMIT:
                 self._decoded.clear()
@@ -379,6 +400,12 @@ class Http2Connection:
         else:   # the table changed: what was cached may now mean something else
             self._decoded.clear()
         return headers
+
+    def _decode_block(self, block: bytes) -> Headers:
+        try:
+            return cast(Headers, self._decoder.decode(block, raw=True))   # raw=True: a list of bytes pairs
+        except HPACKError as exc:
+            raise ConnectionFailure(COMPRESSION_ERROR, f"a header block that cannot be decoded: {exc}") from None
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
@@ -394,6 +421,8 @@ class Http2Connection:
             return
         stream = self.streams.get(stream_id)
         if stream is None:
+            if stream_id > self.last_stream_id:
+                raise ConnectionFailure(PROTOCOL_ERROR, f"WINDOW_UPDATE on stream {stream_id}, never opened")
             return
         if increment == 0 or stream.send_window + increment > MAX_WINDOW:
             self.reset(stream_id, PROTOCOL_ERROR if increment == 0 else FLOW_CONTROL_ERROR)
@@ -418,7 +447,13 @@ class Http2Connection:
                 delta, self.peer_window = value - self.peer_window, value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:
+                        raise ConnectionFailure(FLOW_CONTROL_ERROR, "a stream's window passed 2^31-1")
                 grown = grown or delta > 0
+            elif key == HEADER_TABLE_SIZE:
+                # Our blocks use no table; a decoder told to keep a smaller one waits for our size
+                # update at the start of the next block (RFC 7541 section 4.2): 0 fits any.
+                self._table_update = bytes((_SIZE_UPDATE,))
             elif key == MAX_FRAME_SIZE:
                 if not DEFAULT_FRAME <= value <= 2**24 - 1:
                     raise ConnectionFailure(PROTOCOL_ERROR, f"a maximum frame size of {value}")
@@ -452,6 +487,8 @@ class Http2Connection:
         """A header block (see encode_headers); CONTINUATION frames when it passes the client's frame size."""
         limit = self.peer_max_frame
         flags = END_STREAM if end_stream else 0
+        if self._table_update:
+            block, self._table_update = self._table_update + block, b""
         if len(block) <= limit:
             self._out.append(frame(HEADERS, flags | END_HEADERS, stream_id, block))
         else:
@@ -471,9 +508,12 @@ class Http2Connection:
         stream = self.streams.get(stream_id)
         size = sum(map(len, message))
         limit = self.peer_max_frame
+        if self._table_update:
+            headers = self._table_update + headers
         if stream is None or size > stream.send_window or size > self.send_window or size > limit \
                 or len(headers) > limit or len(trailers) > limit:
             return False
+        self._table_update = b""
         stream.send_window -= size
         self.send_window -= size
         pieces = (_HEAD.pack(len(headers) << 8 | HEADERS, END_HEADERS, stream_id), headers,

@@ -15,6 +15,7 @@ graceful drain (GOAWAY, calls in flight finished, then the connections closed).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import socket
 import ssl
@@ -60,6 +61,9 @@ _MAX_FRAME = 1024 * 1024           # the largest DATA frame we take (fewer frame
 # calls (and hands back none of its window) until the client has read enough of them.
 MAX_HELD_BYTES = 64 * 1024 * 1024
 _NOT_METADATA = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
+# The most a call's request headers may hold, each counted as HPACK counts an entry (name, value
+# and 32): gRPC C-core's hard limit, which Triton serves with; a call past it fails alone.
+MAX_METADATA_BYTES = 16 * 1024
 _DEADLINE_EXCEEDED = GrpcFailure(STATUS["DEADLINE_EXCEEDED"], "Deadline Exceeded")
 
 
@@ -113,6 +117,7 @@ class _RequestHead(NamedTuple):
     timeout: float | None
     accepted: bytes | None
     metadata: Headers
+    size: int   # of the whole block, as HPACK counts it
 
     @classmethod
     def of(cls, headers: Headers) -> _RequestHead:
@@ -134,7 +139,8 @@ class _RequestHead(NamedTuple):
                 accepted = value
             elif name not in _NOT_METADATA:
                 metadata.append((name, value))
-        return cls(path, content_type, encoding, timeout, accepted, metadata)
+        size = 32 * len(headers) + sum(map(len, itertools.chain.from_iterable(headers)))
+        return cls(path, content_type, encoding, timeout, accepted, metadata, size)
 
 
 class _Call:
@@ -210,7 +216,7 @@ class GrpcConnection(asyncio.Protocol):
         self.held_back: deque[tuple[_Call, Callable[[], None]]] = deque()
         self.recheck_scheduled = False
         self.last_headers: Headers | None = None   # the last call's header block, and what it says
-        self.last_head = _RequestHead(b"", None, None, None, None, [])
+        self.last_head = _RequestHead(b"", None, None, None, None, [], 0)
         self.flush_scheduled = False
         self.closed = False
         self.aged = False        # past its maximum age: told GOAWAY, closes when its calls are done
@@ -279,9 +285,13 @@ class GrpcConnection(asyncio.Protocol):
     def _request(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
         if headers is not self.last_headers:   # (a client's repeated block is decoded to the same list)
             self.last_head, self.last_headers = _RequestHead.of(headers), headers
-        path, content_type, encoding, timeout, accepted, metadata = self.last_head
+        path, content_type, encoding, timeout, accepted, metadata, size = self.last_head
         if self.shared.draining or self.aged:
             self.http2.reset(stream_id, REFUSED_STREAM)   # past our GOAWAY: the client may retry
+            return
+        if size > MAX_METADATA_BYTES:
+            self._refuse(stream_id, end_stream, STATUS["RESOURCE_EXHAUSTED"],
+                         f"received metadata size exceeds hard limit ({size} vs. {MAX_METADATA_BYTES})")
             return
         if content_type is None or not content_type.startswith(b"application/grpc"):
             self.http2.send_headers(stream_id, _NOT_GRPC_BLOCK, end_stream=True)
@@ -289,11 +299,8 @@ class GrpcConnection(asyncio.Protocol):
                 self.http2.reset(stream_id, NO_ERROR)
             return
         rpc = self.shared.rpcs.get(path)
-        if rpc is None:   # trailers-only, as a call that failed before its first message
-            self.http2.send_headers(stream_id, _trailers(STATUS["UNIMPLEMENTED"], f"unknown RPC {path.decode('latin-1')}",
-                                                         headers_sent=False), end_stream=True)
-            if not end_stream:   # stop the client sending more of a call that is over
-                self.http2.reset(stream_id, NO_ERROR)
+        if rpc is None:
+            self._refuse(stream_id, end_stream, STATUS["UNIMPLEMENTED"], f"unknown RPC {path.decode('latin-1')}")
             return
         compressed = response_encoding(self.shared.compression_level, accepted) if rpc.name in _INFERENCE else None
         call = _Call(stream_id, rpc, metadata, MessageReader(self.shared.max_message_bytes, encoding), compressed)
@@ -311,6 +318,12 @@ class GrpcConnection(asyncio.Protocol):
                 return
         if end_stream:
             self._ended(call)
+
+    def _refuse(self, stream_id: int, end_stream: bool, code: int, message: str) -> None:
+        """Trailers-only, as a call that failed before its first message."""
+        self.http2.send_headers(stream_id, _trailers(code, message, headers_sent=False), end_stream=True)
+        if not end_stream:   # stop the client sending more of a call that is over
+            self.http2.reset(stream_id, NO_ERROR)
 
     def _data(self, stream_id: int, data: bytes | memoryview, end_stream: bool) -> None:
         call = self.calls.get(stream_id)

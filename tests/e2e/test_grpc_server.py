@@ -152,6 +152,29 @@ def test_grpc_python_sees_resource_exhausted_with_grpc_s_text(server):
     assert failure.value.details().startswith("Received message larger than max (")
 
 
+def test_metadata_past_grpcs_hard_limit_fails_its_call_alone(server):
+    """As Triton's gRPC library refuses it: RESOURCE_EXHAUSTED for that call, with the sizes;
+    the connection and a stream open on it go on, and metadata within the limit is served."""
+    channel = grpc.insecure_channel(server.grpc_url)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    requests: queue.Queue = queue.Queue()
+    stream = stub.ModelStreamInfer(iter(requests.get, None), timeout=30)
+    request, a, b = add_sub_request()
+    requests.put(request)
+    check_add_sub(next(stream).infer_response, a, b)
+    assert stub.ServerLive(service_pb2.ServerLiveRequest(), metadata=[("x-big", "a" * 15000)], timeout=10).live
+    with pytest.raises(grpc.RpcError) as failure:
+        stub.ServerLive(service_pb2.ServerLiveRequest(), metadata=[("x-big", "a" * 70000)], timeout=10)
+    assert failure.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    size = int(failure.value.details().split("(")[1].split()[0])
+    assert failure.value.details() == f"received metadata size exceeds hard limit ({size} vs. 16384)"
+    assert 70000 + len("x-big") + 32 < size < 71000
+    requests.put(request)   # the stream opened before still answers, on the same connection
+    check_add_sub(next(stream).infer_response, a, b)
+    requests.put(None)
+    channel.close()
+
+
 @pytest.mark.parametrize("payload, message", [
     (b"\x07\x00\x00\x00\x02ab", "invalid message flag 7: expected 0 or 1"),
     (b"\x00\x00\x00\x00\x64" + b"x" * 10, "the request stream ended inside a message"),

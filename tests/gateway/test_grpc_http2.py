@@ -7,9 +7,10 @@ import struct
 import hpack
 import pytest
 
-from tritium.gateway.grpc_http2 import (DATA, END_HEADERS, END_STREAM, FLOW_CONTROL_ERROR, HEADERS, MAX_CONCURRENT_STREAMS,
-                                        PREFACE, REFUSED_STREAM, RST_STREAM, SETTINGS, WINDOW_UPDATE, ConnectionFailure,
-                                        Http2Connection, _Stream)
+from tritium.gateway.grpc_http2 import (ACK, DATA, DEFAULT_WINDOW, END_HEADERS, END_STREAM, FLOW_CONTROL_ERROR,
+                                        FRAME_SIZE_ERROR, HEADER_TABLE_SIZE, HEADERS, MAX_CONCURRENT_STREAMS, MAX_WINDOW,
+                                        PREFACE, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, SETTINGS, STREAM_CLOSED,
+                                        WINDOW_UPDATE, ConnectionFailure, Http2Connection, _Stream, frame)
 
 
 def _connection() -> Http2Connection:
@@ -181,3 +182,91 @@ def test_streams_past_the_advertised_limit_are_refused_and_a_closed_one_makes_ro
     # index 62, the table's newest entry: the refused stream's header, which was decoded all the same
     h2.receive(struct.pack(">IBI", 1 << 8 | HEADERS, END_HEADERS, 7) + b"\xbe")
     assert opened[-1] == (7, [(b"x-5", b"5")]) and sorted(h2.streams) == [3, 7]
+
+
+# -- the client's HPACK table size, and frames a client may not send ---------------------------
+
+def _client(**calls) -> tuple[Http2Connection, dict[str, list]]:
+    """A connection past its preface; every callback's calls, by name."""
+    seen: dict[str, list] = {name: [] for name in ("headers", "data", "reset")}
+    h2 = Http2Connection(lambda *a: seen["headers"].append(a), lambda *a: seen["data"].append(a),
+                         lambda *a: seen["reset"].append(a), lambda *a: None, lambda: None)
+    h2.receive(PREFACE)
+    return h2, seen
+
+
+def _sent(h2: Http2Connection) -> list[tuple[int, int, int, bytes]]:
+    return _frames(b"".join(h2.data_to_send()))
+
+
+def _headers_frame(stream: int, block: bytes, flags: int = END_HEADERS) -> bytes:
+    return struct.pack(">IBI", len(block) << 8 | HEADERS, flags, stream) + block
+
+
+REQUEST = hpack.Encoder().encode([(":method", "POST"), (":path", "/p")])   # only static indexes
+
+
+def test_a_smaller_table_asked_by_the_client_is_signalled_at_the_start_of_our_next_header_block():
+    """RFC 7541 4.2: a decoder told to keep a smaller table (nghttp2's, at its client's word)
+    takes our next block only if it starts with a size update; one block, not every block."""
+    h2, _ = _client()
+    h2.receive(frame(SETTINGS, 0, 0, struct.pack(">HI", HEADER_TABLE_SIZE, 0)))
+    assert _sent(h2) == [(SETTINGS, ACK, 0, b"")]
+    h2.receive(_headers_frame(1, REQUEST) + _headers_frame(3, REQUEST))
+    h2.send_headers(1, b"\x88", end_stream=True)
+    assert h2.send_whole_answer(3, b"\x88", (b"m",), b"\x00")
+    first, second = _frames(b"".join(h2.data_to_send()))[:2]
+    assert first[3] == b"\x20\x88" and second[3] == b"\x88"
+    decoder = hpack.Decoder()
+    decoder.header_table_size = 0   # as the client's decoder after its SETTINGS
+    assert decoder.decode(first[3], raw=True) == [(b":status", b"200")]
+    h2.receive(frame(SETTINGS, 0, 0, struct.pack(">HI", HEADER_TABLE_SIZE, 100)) + _headers_frame(5, REQUEST))
+    assert h2.send_whole_answer(5, b"\x88", (b"m",), b"\x00")
+    ack, headers, data, trailers = _sent(h2)
+    assert ack[0] == SETTINGS and (headers[0], headers[3], trailers[3]) == (HEADERS, b"\x20\x88", b"\x00")
+
+
+def test_a_block_that_sets_the_table_size_is_decoded_each_time_it_comes():
+    """A cached block answered without the decoder would leave the decoder's table at the size
+    the block had set before: the entries the client then adds and uses would not fit."""
+    def literal(name: bytes, value: bytes) -> bytes:
+        return b"\x40" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+    big, small = b"\x3f\xe1\x1f" + b"\x82", b"\x3f\x45" + b"\x82"   # size 4096, size 100: each then :method GET
+    fill = literal(b"x-" + b"a" * 78, b"1") + literal(b"x-" + b"b" * 78, b"2")   # two entries of 113
+    h2, reference = Http2Connection(*(lambda *a: None,) * 5), hpack.Decoder()
+    for block in (big, small, big, fill, b"\xbf"):   # then index 63: the older of the two
+        assert h2._decode(block) == reference.decode(block, raw=True)
+
+
+def test_frames_a_client_may_not_send_end_the_connection_or_the_stream_as_rfc_9113_says():
+    h2, seen = _client()
+    h2.receive(_headers_frame(5, REQUEST))
+    for wire, code in ((_headers_frame(3, REQUEST), PROTOCOL_ERROR),   # a stream below one opened
+                       (frame(RST_STREAM, 0, 9, b"\0\0\0\0"), PROTOCOL_ERROR),   # never opened
+                       (frame(WINDOW_UPDATE, 0, 9, b"\0\0\0\1"), PROTOCOL_ERROR),
+                       (frame(RST_STREAM, 0, 5, b"\0\0\0\0\0"), FRAME_SIZE_ERROR)):
+        with pytest.raises(ConnectionFailure) as failure:
+            h2.receive(wire)
+        assert failure.value.code == code
+        h2, seen = _client()
+        h2.receive(_headers_frame(5, REQUEST))
+    h2.receive(frame(WINDOW_UPDATE, 0, 5, struct.pack(">I", MAX_WINDOW - DEFAULT_WINDOW - 5)))   # 5 short of the most
+    with pytest.raises(ConnectionFailure) as failure:   # a larger initial window pushes it past 2^31-1
+        h2.receive(frame(SETTINGS, 0, 0, struct.pack(">HI", 4, DEFAULT_WINDOW + 10)))
+    assert failure.value.code == FLOW_CONTROL_ERROR
+
+
+@pytest.mark.parametrize("after", ["data", "headers"])
+def test_a_frame_after_the_client_ended_its_side_ends_the_stream_not_its_answer(after):
+    """RFC 9113 5.1: STREAM_CLOSED for that stream; its call is reset (not ended a second time,
+    which would make its answer an error), and the connection goes on."""
+    h2, seen = _client()
+    h2.receive(_headers_frame(1, REQUEST) + frame(DATA, END_STREAM, 1, b"x"))
+    assert seen["data"] == [(1, b"x", True)]
+    h2.receive(frame(DATA, END_STREAM, 1, b"y") if after == "data"
+               else _headers_frame(1, REQUEST, END_HEADERS | END_STREAM))
+    assert seen["data"] == [(1, b"x", True)] and seen["reset"] == [(1,)]
+    assert _sent(h2) == [(RST_STREAM, 0, 1, struct.pack(">I", STREAM_CLOSED))]
+    h2.receive(_headers_frame(3, REQUEST))
+    assert [call[0] for call in seen["headers"]] == [1, 3]
