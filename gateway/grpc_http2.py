@@ -51,7 +51,11 @@ _HEAD = struct.Struct(">IBI")   # length << 8 | type, flags, stream id
 _PIECES_FROM = 64 * 1024        # a DATA frame this large is handed on in pieces as it arrives
 _VIEW_FROM = 4096               # a DATA payload this large is handed on as a view (a smaller one's copy costs less)
 _CACHE_LIMIT = 64
-MAX_HEADER_BLOCK = 16 * 1024 * 1024   # a header block's bytes, and what it decodes to, at most
+MAX_HEADER_BLOCK = 16 * 1024 * 1024   # a header block's bytes at most
+# What a header block may decode to (each header counted as HPACK counts it) before the connection
+# ends: past the per-call limit of gRPC's metadata, which fails the call alone, yet small enough
+# that a block of one-byte indexed headers decodes in milliseconds.
+MAX_HEADER_LIST = 256 * 1024
 
 Headers = list[tuple[bytes, bytes]]   # a decoded header block: (name, value) pairs as they came
 
@@ -130,7 +134,7 @@ class Http2Connection:
         self._continuing: tuple[int, int, bytearray] | None = None   # stream, flags, header block so far
         # What the headers hold is the caller's to bound (gRPC fails the one call); the decoder's
         # own bound would end the connection, as a block it stops midway leaves its table unsure.
-        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_BLOCK)
+        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         self._table_update = b""   # to start our next header block: the client made its table smaller
         self._decoded: dict[bytes, Headers] = {}
         self._out: list[bytes | memoryview] = []

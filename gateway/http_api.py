@@ -429,24 +429,18 @@ class HttpApp:
         kind = encoding.lower()
         if kind not in WBITS:
             raise Unsupported("Unsupported compression type")
-        pieces, size, rest = [], 0, body
-        while rest and size <= self.max_body_bytes:   # gzip: one member after another, as gunzip reads them
-            decompressor = zlib.decompressobj(WBITS[kind])
-            try:
-                pieces.append(decompressor.decompress(rest, self.max_body_bytes + 1 - size))
-            except zlib.error as exc:
-                raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: {exc}") from exc
-            size += len(pieces[-1])
-            if size > self.max_body_bytes:
-                break
+        decompressor = zlib.decompressobj(WBITS[kind])
+        try:
+            data = decompressor.decompress(body, self.max_body_bytes + 1)
+        except zlib.error as exc:
+            raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: {exc}") from exc
+        if len(data) <= self.max_body_bytes and body:
             if not decompressor.eof:
-                raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: it ends before "
-                                      f"its compressed stream does")
-            rest = decompressor.unused_data
-            if rest and kind != b"gzip":
+                raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: it ends before its "
+                                      f"compressed stream does")
+            if decompressor.unused_data:   # (a second gzip member too: one stream is what a client sends)
                 raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: "
-                                      f"{len(rest)} bytes follow its compressed stream")
-        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                                      f"{len(decompressor.unused_data)} bytes follow its compressed stream")
         if len(data) > self.max_body_bytes:
             raise InvalidArgument(
                 f"Decompressed data size exceeds the maximum allowed value of "

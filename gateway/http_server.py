@@ -43,6 +43,23 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _C_INT_MAX = 2**31 - 1   # the largest Inference-Header-Content-Length Triton parses
 MAX_URL_BYTES = 65535      # the longest request target (httptools' URL parser counts in 16 bits)
 MAX_HEAD_BYTES = 256 * 1024   # a request's line and header fields; past it the client is refused (431)
+LINGER_S = 5.0   # after an answer that closes a connection its client may still be sending to: bytes read and dropped
+
+
+class _Lingering(asyncio.Protocol):
+    """A closing connection's last bytes from its client, dropped."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = loop.call_later(LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False   # the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._timer.cancel()
 
 
 class _Refused(Exception):
@@ -117,7 +134,7 @@ class HttpConnection(asyncio.Protocol):
     __slots__ = ("app", "settings", "loop", "shared", "sends", "transport", "fd", "parser", "queue", "busy", "closing",
                  "last_active", "_url", "_headers", "_body", "_body_size", "_body_limit", "_too_large", "_write_paused",
                  "_reading", "_begun", "_header_lines", "_give_up", "_streaming", "_event_source", "_unreadable",
-                 "_ended", "_upgrade", "_starting", "_in_body", "_head_bytes")
+                 "_ended", "_upgrade", "_starting", "_in_body", "_head_bytes", "_linger")
 
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
 
@@ -141,6 +158,8 @@ class HttpConnection(asyncio.Protocol):
         # A request asking for an upgrade (curl --http2 asks for h2c) is read as HTTP/1.1, as Triton
         # reads it: its method and keep-alive, and the bytes of its body still to come.
         self._upgrade: tuple[str, bool, int] | None = None
+        self._linger = False           # closed after an answer while the client may still be sending
+        self._head_bytes = 0           # of the request being read, while its head is (on_message_begin)
         self._reset()
 
     def _reset(self) -> None:
@@ -153,7 +172,6 @@ class HttpConnection(asyncio.Protocol):
         self._too_large = 0
         self._begun = 0
         self._in_body = False   # its header fields are read: a field now is a chunked body's trailer
-        self._head_bytes = 0    # bytes read while its line and header fields were incomplete
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -203,6 +221,9 @@ class HttpConnection(asyncio.Protocol):
 
     def _bound_head(self, received: int) -> None:
         if self._in_body:
+            return
+        if self._head_bytes < 0:   # the read it began in, which may hold the requests before it: not counted
+            self._head_bytes = 0
             return
         self._head_bytes += received
         if self._head_bytes > MAX_HEAD_BYTES:
@@ -266,6 +287,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._begun = time.monotonic_ns()   # a traced request's HTTP_RECV_START
+        self._head_bytes = -1   # bytes read while its line and header fields are incomplete (_bound_head)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -299,7 +321,8 @@ class HttpConnection(asyncio.Protocol):
                 self.sends.write(self.transport, self.fd, _CONTINUE)
                 return
             # A client waiting to send a body over the limit is refused now, not after it gives up
-            # waiting and sends it all (RFC 9110 10.1.1); the body never comes on this connection.
+            # waiting and sends it all (RFC 9110 10.1.1); the body is not read on this connection.
+            self._linger = True
             self._complete(self.parser.get_method().decode(), False)
             raise _Refused(None)
 
@@ -433,13 +456,24 @@ class HttpConnection(asyncio.Protocol):
             body = b'{"error":"%s"}' % message.replace('"', "'").encode()
             self.sends.write(self.transport, self.fd,
                              encode_head(status, [(b"content-type", b"application/json")], len(body), True) + body)
+        self._linger = True
         self.close()
 
     def close(self) -> None:
-        if not self.closing:
-            self.closing = True
-            self.sends.release(self.transport)
+        if self.closing:
+            return
+        self.closing = True
+        self.sends.release(self.transport)
+        if not self._linger or not self.transport.can_write_eof():
             self.transport.close()
+            return
+        # Closed with the client's bytes unread, the socket would be reset, and the reset can reach
+        # the client before it has read the answer: our side ends (FIN) and what still comes is
+        # read and dropped until the client ends its side, or for LINGER_S.
+        self.transport.write_eof()
+        self.transport.set_protocol(_Lingering(self.transport, self.loop))
+        self.transport.resume_reading()
+        self.connection_lost(None)   # this connection's part is over: its request given up, its place freed
 
     def idle_for(self, now: float) -> float:
         return now - self.last_active

@@ -262,21 +262,19 @@ def test_gzip_request_body_is_accepted(server):
     assert status == 200 and json.loads(reply)["outputs"][1]["data"] == [0.0] * 16
 
 
-def test_a_gzip_body_of_two_members_is_read_whole_and_a_cut_or_trailed_one_refused(server):
-    """As gunzip reads a file: member after member; a stream that stops short, or bytes after a
-    deflate stream, are a client's mistake, not a body to serve."""
+def test_a_compressed_body_cut_short_or_followed_by_other_bytes_is_refused(server):
+    """One compressed stream is what a client sends: one that stops short, or bytes after it (a
+    second gzip member among them), are a client's mistake, not a body to serve."""
     text = json.dumps(good_body()).encode()
-    half = len(text) // 2
-    status, _, reply = request(server.url, "POST", "/v2/models/add_sub/infer", headers={"Content-Encoding": "gzip"},
-                               body=gzip.compress(text[:half]) + gzip.compress(text[half:]))
-    assert status == 200 and json.loads(reply)["outputs"][0]["data"] == [2 * x for x in ROW]
     whole = gzip.compress(text)
     cases = [("gzip", whole[:-8], "cannot decompress the gzip request body: it ends before its compressed "
                                   "stream does"),
-             ("gzip", whole + b"junk", "cannot decompress the gzip request body: Error -3 while decompressing "
-                                       "data: incorrect header check"),
-             ("deflate", zlib.compress(text) + b"junk", "cannot decompress the deflate request body: 4 bytes "
-                                                        "follow its compressed stream")]
+             ("gzip", whole + b"junk", "cannot decompress the gzip request body: 4 bytes follow its compressed "
+                                       "stream"),
+             ("gzip", whole + gzip.compress(b""), "cannot decompress the gzip request body: 20 bytes follow its "
+                                                  "compressed stream"),
+             ("deflate", zlib.compress(text)[:-3], "cannot decompress the deflate request body: it ends before its "
+                                                   "compressed stream does")]
     for encoding, body, message in cases:
         status, _, reply = request(server.url, "POST", "/v2/models/add_sub/infer", body=body,
                                    headers={"Content-Encoding": encoding})

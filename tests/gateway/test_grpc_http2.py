@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import time
 
 import hpack
 import pytest
@@ -10,7 +11,8 @@ import pytest
 from tritium.gateway.grpc_http2 import (ACK, DATA, DEFAULT_WINDOW, END_HEADERS, END_STREAM, FLOW_CONTROL_ERROR,
                                         FRAME_SIZE_ERROR, HEADER_TABLE_SIZE, HEADERS, MAX_CONCURRENT_STREAMS, MAX_WINDOW,
                                         PREFACE, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, SETTINGS, STREAM_CLOSED,
-                                        WINDOW_UPDATE, ConnectionFailure, Http2Connection, _Stream, frame)
+                                        WINDOW_UPDATE, ConnectionFailure, Http2Connection, _Stream, frame,
+                                        COMPRESSION_ERROR, CONTINUATION, MAX_HEADER_LIST)
 
 
 def _connection() -> Http2Connection:
@@ -270,3 +272,18 @@ def test_a_frame_after_the_client_ended_its_side_ends_the_stream_not_its_answer(
     assert _sent(h2) == [(RST_STREAM, 0, 1, struct.pack(">I", STREAM_CLOSED))]
     h2.receive(_headers_frame(3, REQUEST))
     assert [call[0] for call in seen["headers"]] == [1, 3]
+
+
+def test_a_header_block_past_what_a_connection_may_decode_ends_it_quickly():
+    """One-byte indexed headers decode to 42 bytes each: a block of hundreds of thousands would hold
+    the event loop for seconds; the decoder stops at MAX_HEADER_LIST and the connection ends."""
+    h2, _ = _client()
+    block = b"\x82" * (4 * MAX_HEADER_LIST // 42)   # four times past it
+    pieces = [block[start:start + 16384] for start in range(0, len(block), 16384)]
+    started = time.monotonic()
+    with pytest.raises(ConnectionFailure) as failure:
+        h2.receive(_headers_frame(1, pieces[0], 0) + b"".join(
+            frame(CONTINUATION, END_HEADERS if index == len(pieces) - 1 else 0, 1, piece)
+            for index, piece in enumerate(pieces) if index))
+    assert failure.value.code == COMPRESSION_ERROR
+    assert time.monotonic() - started < 1.0

@@ -159,6 +159,19 @@ def test_a_declared_body_over_the_limit_is_refused_at_once_and_the_connection_cl
     assert client.recv(10) == b""
 
 
+def test_a_client_sending_its_body_after_a_refusal_is_not_reset(running):
+    """The connection ends with our FIN and reads what still comes: a close with the client's bytes
+    unread would reset the connection, and a reset can overtake the answer on its way."""
+    client = running.connect()
+    client.sendall(b"POST /big HTTP/1.1\r\nContent-Length: 500000\r\nExpect: 100-continue\r\n\r\n")
+    ((status, headers, _),) = read_responses(client, 1)
+    assert (status, headers[b"connection"]) == (400, b"close")
+    for _ in range(10):   # a client that did not wait for the answer: its body still comes
+        client.sendall(b"x" * 50000)
+        time.sleep(0.02)
+    assert client.recv(10) == b""   # a clean end, no reset
+
+
 def test_a_refused_expectation_is_answered_after_the_requests_before_it(running):
     client = running.connect()
     client.sendall(b"GET /slow HTTP/1.1\r\n\r\nPOST /big HTTP/1.1\r\nContent-Length: 5000\r\n"
@@ -193,7 +206,7 @@ def test_a_request_whose_header_fields_pass_the_bound_gets_a_431_and_the_connect
     """Bounded while they arrive, sent at once or in pieces: the memory one client can hold."""
     client = running.connect()
     head = b"GET /big HTTP/1.1\r\n" + b"".join(
-        b"X-Field-%d: %s\r\n" % (index, b"v" * 1000) for index in range(MAX_HEAD_BYTES // 1000 + 10))
+        b"X-Field-%d: %s\r\n" % (index, b"v" * 1000) for index in range(2 * MAX_HEAD_BYTES // 1000 + 10))
     step = -(-len(head) // pieces)
     try:
         for start in range(0, len(head), step):
@@ -396,3 +409,61 @@ def test_a_client_that_resets_its_connection_before_the_answer_gives_its_request
     half_closed.shutdown(socket.SHUT_WR)
     assert read_responses(half_closed, 1)[0][2] == b"GET /slow 0"
     assert running.app.given_up == ["/slow"]
+
+
+# -- reads of chosen sizes: where one request's bytes end and the next one's begin ---------------
+
+class _Recorded(asyncio.Transport):
+    """What the connection writes, as a socket would take it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data) -> None:
+        self.written += data
+
+    def writelines(self, pieces) -> None:
+        for piece in pieces:
+            self.written += piece
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def test_the_read_a_request_begins_in_does_not_count_against_its_head():
+    """A read may hold a large body of the request before; the next request's head is counted
+    from the read after, so a head well within the bound is served however the reads fall."""
+    from tritium.gateway.connections import OpenConnections
+    from tritium.gateway.http_server import HttpConnection
+    from tritium.gateway.turn_sends import TurnSends
+
+    async def served() -> tuple[list, bytes]:
+        loop = asyncio.get_running_loop()
+        app = ScriptedApp()
+        connection = HttpConnection(app, HttpSettings(max_body_bytes=300_000), loop, OpenConnections(),
+                                    TurnSends(loop, None))
+        transport = _Recorded()
+        connection.connection_made(transport)
+        body = b"x" * (MAX_HEAD_BYTES - 100)
+        stream = b"POST /a HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        stream += b"GET /b HTTP/1.1\r\nAuthorization: Bearer " + b"t" * 12000 + b"\r\n\r\n"
+        first = MAX_HEAD_BYTES - 20   # the body, then the first bytes of the next request's line
+        for start, end in ((0, first), (first, first + 4000), (first + 4000, first + 8000), (first + 8000, None)):
+            connection.data_received(stream[start:end])
+        await asyncio.sleep(0.05)
+        return [(request.method, request.path) for request in app.seen], bytes(transport.written)
+
+    seen, written = asyncio.run(served())
+    assert seen == [("POST", "/a"), ("GET", "/b")]
+    assert written.count(b"HTTP/1.1 200 OK") == 2 and b"431" not in written

@@ -11,6 +11,7 @@ helpers ``infer_record``, ``batch_frames`` and ``parse_done`` know the wire form
 from __future__ import annotations
 
 import struct
+import weakref
 from types import SimpleNamespace
 
 import numpy as np
@@ -488,6 +489,27 @@ def test_execute_gets_separate_requests_with_their_metadata():
     np.testing.assert_array_equal(responses[0][1]["PLUS1"], x1 + 1)
     np.testing.assert_array_equal(responses[1][1]["DOUBLE"], x2 * 2)
     assert all(t >= 0 for t in done.timings)
+
+
+def test_a_backend_may_keep_attributes_and_weak_references_of_its_own_on_requests_and_responses():
+    """tritium.backend's request and response types, as a custom backend could use them when
+    they were dataclasses."""
+    held = []
+
+    def respond(requests):
+        answers = []
+        for request in requests:
+            request.started_by_backend = request.request_id   # an attribute of the backend's own
+            response = InferenceResponse(outputs={"DOUBLE": request.inputs["IN"], "PLUS1": request.inputs["IN"]})
+            response.note = "mine"
+            held.append((weakref.ref(request), response))
+            answers.append(response)
+        return answers
+
+    done, _ = run(PerRequest(respond), [{"rid": 1, "inputs": [fp32_input(rows(1))], "request_id": "a"}])
+    assert done.ok == [True]
+    assert [(reference() is None or reference().started_by_backend == "a", response.note)
+            for reference, response in held] == [(True, "mine")]
 
 
 def test_execute_gets_writable_inputs_of_its_own_that_change_nothing_else():

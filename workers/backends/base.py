@@ -66,7 +66,9 @@ class InstanceContext:
     curve: CurveKeys | None = None   # the keys for a BLS socket to a CURVE broker
 
 
-class InferenceRequest(msgspec.Struct):
+# A custom backend's (tritium.backend): it may keep attributes of its own on a request or response,
+# and weak references to them, as it could when they were dataclasses.
+class InferenceRequest(msgspec.Struct, dict=True, weakref=True):
     request_id: str
     inputs: dict[str, np.ndarray]
     requested_outputs: list[str] | None   # None: every output of the model
@@ -90,7 +92,7 @@ class Rescheduled:
 RESCHEDULED = Rescheduled()
 
 
-class InferenceResponse(msgspec.Struct):
+class InferenceResponse(msgspec.Struct, dict=True, weakref=True):
     outputs: dict[str, np.ndarray] = msgspec.field(default_factory=dict)
     error: TritiumError | None = None
     parameters: dict = msgspec.field(default_factory=dict)
