@@ -219,6 +219,7 @@ class GrpcConnection(asyncio.Protocol):
         self.last_head = _RequestHead(b"", None, None, None, None, [], 0)
         self.flush_scheduled = False
         self.closed = False
+        self.unread = False   # not read from: it sends while leaving everything we send unread
         self.aged = False        # past its maximum age: told GOAWAY, closes when its calls are done
         self.timers: KeepaliveTimers | None = None
         self.sends = cast(TurnSends, shared.sends)   # the server starts its connections after setting it
@@ -272,12 +273,20 @@ class GrpcConnection(asyncio.Protocol):
         if self.holding:   # what it read (window updates, resets) may have made room
             self._hold_if_unread()
         self._flush()
+        if self.holding and self.transport.get_write_buffer_size() > self.shared.max_held_bytes:
+            # Past the bound on its own: what a client that reads nothing asks to be answered at
+            # once (SETTINGS, PINGs) would grow without end; it is read again once it reads.
+            self.unread = True
+            self.transport.pause_reading()
 
     def pause_writing(self) -> None:
         self.write_paused = True
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.unread and not self.closed:
+            self.unread = False
+            self.transport.resume_reading()
         self._room_made()
 
     # -- HTTP/2 callbacks ----------------------------------------------------------------

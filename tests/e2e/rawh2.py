@@ -63,10 +63,15 @@ def grpc_message(payload: bytes, flag: int = 0) -> bytes:
 
 class RawH2:
     def __init__(self, url: str, settings: dict[int, int] | None = None, timeout_s: float = 10.0,
-                 answer_pings: bool = False) -> None:
+                 answer_pings: bool = False, socket_buffers: int | None = None) -> None:
         self.answer_pings = answer_pings   # as real clients do; off: a client that went silent
         host, port = url.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        self.sock = socket.socket()
+        if socket_buffers is not None:   # set before connecting, so that the windows start that small
+            for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                self.sock.setsockopt(socket.SOL_SOCKET, option, socket_buffers)
+        self.sock.settimeout(timeout_s)
+        self.sock.connect((host, int(port)))
         self.encoder, self.decoder = hpack.Encoder(), hpack.Decoder()
         self.answers: dict[int, Answer] = {}
         self.frames: list[tuple[int, int, int, bytes]] = []   # every frame read, in order
@@ -108,10 +113,17 @@ class RawH2:
             self.read_some()
 
     def read_some(self) -> None:
+        self.receive_unread()
+        self.take_frames()
+
+    def receive_unread(self) -> None:
+        """Bytes read off the socket, their frames not yet taken (nothing sent in reply)."""
         chunk = self.sock.recv(1 << 20)
         if not chunk:
             raise ConnectionError("the server closed the connection")
         self._buffer += chunk
+
+    def take_frames(self) -> None:
         while len(self._buffer) >= 9:
             length_kind, flags, stream_id = struct.unpack_from(">IBI", self._buffer)
             length = length_kind >> 8

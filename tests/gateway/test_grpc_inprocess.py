@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import threading
 import time
 import zlib
@@ -276,6 +277,49 @@ def test_a_client_that_does_not_read_its_answers_gets_no_new_calls_started_until
         (message,) = answered.messages
         np.testing.assert_array_equal(
             np.frombuffer(service_pb2.ModelInferResponse.FromString(message).raw_output_contents[0], np.float32), HELD)
+
+
+def test_a_client_that_reads_nothing_is_not_read_past_the_bound_whatever_it_sends():
+    """Each SETTINGS (as each PING) asks for an answer: from a client that reads nothing, the
+    answers would pile up in the gateway without end. Past the bound, the connection is not read
+    until the client reads; then it is served again."""
+    front = GrpcFront(answer_each(np.ones(4, np.float32)), max_held_bytes=100_000)
+    raw = RawH2(f"127.0.0.1:{front.port}", socket_buffers=16384)
+    try:
+        settled_count(front, quiet_s=0.1)
+        (connection,) = front.server.shared.open
+        sock = connection.transport.get_extra_info("socket")
+        # little kept in the kernel on either side, so that the gateway's own buffer is what fills
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            front.loop.call_soon_threadsafe(sock.setsockopt, socket.SOL_SOCKET, option, 4096)
+        one = raw.frame(SETTINGS, 0, 0)
+        flood, sent = one * 7000, 0
+        raw.sock.settimeout(1)
+        with pytest.raises(TimeoutError):   # the gateway stops reading it
+            while sent < 1_000_000:
+                sent += raw.sock.send(flood[sent % len(flood):])
+        buffered = asyncio.run_coroutine_threadsafe(_write_buffer_size(connection), front.loop).result(5)
+        # the bound, and what the reads of one turn asked for past it (a read takes 256 KiB at most)
+        assert connection.unread and 100_000 < buffered < 100_000 + 2 * 262_144, (sent, buffered)
+        raw.sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):   # the client reads: the gateway reads it again, and answers the rest
+            while True:
+                raw.receive_unread()   # (its replies wait: the gateway is not reading it yet)
+        assert not connection.unread
+        raw.sock.settimeout(10)
+        raw.sock.sendall(one[sent % len(one):] if sent % len(one) else b"")   # the frame it was sending
+        raw.take_frames()
+        stream = raw.start_call("ModelInfer")
+        raw.send(DATA, END_STREAM, stream, infer(np.ones(1, np.float32), "after"))
+        answered = raw.wait(stream)
+        assert answered.status == 0 and answered.messages
+    finally:
+        raw.close()
+        front.close()
+
+
+async def _write_buffer_size(connection) -> int:
+    return connection.transport.get_write_buffer_size()
 
 
 def test_a_stream_held_back_keeps_its_order_and_its_end():
