@@ -134,7 +134,7 @@ class HttpConnection(asyncio.Protocol):
     __slots__ = ("app", "settings", "loop", "shared", "sends", "transport", "fd", "parser", "queue", "busy", "closing",
                  "last_active", "_url", "_headers", "_body", "_body_size", "_body_limit", "_too_large", "_write_paused",
                  "_reading", "_begun", "_header_lines", "_give_up", "_streaming", "_event_source", "_unreadable",
-                 "_ended", "_upgrade", "_starting", "_in_body", "_head_bytes", "_linger")
+                 "_ended", "_upgrade", "_starting", "_in_body", "_head_bytes", "_linger", "_continue_due")
 
     transport: asyncio.Transport   # set by connection_made, which asyncio calls before any other method
 
@@ -172,6 +172,7 @@ class HttpConnection(asyncio.Protocol):
         self._too_large = 0
         self._begun = 0
         self._in_body = False   # its header fields are read: a field now is a chunked body's trailer
+        self._continue_due = False   # it waits for 100 Continue, once the requests before it are answered
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -318,7 +319,10 @@ class HttpConnection(asyncio.Protocol):
             self._too_large = size
         if self._headers.get(b"expect", b"").lower() == b"100-continue":
             if not self._too_large:
-                self.sends.write(self.transport, self.fd, _CONTINUE)
+                if self.busy or self.queue:   # a 1xx belongs to the oldest request unanswered: theirs go first
+                    self._continue_due = True
+                else:
+                    self.sends.write(self.transport, self.fd, _CONTINUE)
                 return
             # A client waiting to send a body over the limit is refused now, not after it gives up
             # waiting and sends it all (RFC 9110 10.1.1); the body is not read on this connection.
@@ -449,6 +453,9 @@ class HttpConnection(asyncio.Protocol):
             self._fail(*self._unreadable)
         elif self.shared.draining or self._ended:
             self.close()
+        if self._continue_due and not self.busy and not self.queue and not self.closing:
+            self._continue_due = False
+            self.sends.write(self.transport, self.fd, _CONTINUE)
 
     def _fail(self, status: int, message: str) -> None:
         """A request that cannot be parsed: answer it and close, as the rest of the stream is unreadable."""

@@ -148,6 +148,22 @@ def test_expect_100_continue_is_answered_before_the_body(running):
     assert (status, body) == (200, b"POST /e 4")
 
 
+def test_a_pipelined_expectation_gets_its_continue_after_the_answers_before_it(running):
+    """A 1xx answers the oldest request not yet answered: sent at once, the 100 would read as the
+    slow request's interim answer."""
+    client = running.connect()
+    client.sendall(b"GET /slow HTTP/1.1\r\n\r\nPOST /e HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+    seen = b""
+    while b"100 Continue" not in seen:
+        chunk = client.recv(1000)
+        assert chunk, seen
+        seen += chunk
+    assert seen.startswith(b"HTTP/1.1 200 OK") and seen.endswith(b"GET /slow 0HTTP/1.1 100 Continue\r\n\r\n")
+    client.sendall(b"wxyz")
+    ((status, _, body),) = read_responses(client, 1)
+    assert (status, body) == (200, b"POST /e 4")
+
+
 def test_a_declared_body_over_the_limit_is_refused_at_once_and_the_connection_closed(running):
     """A client waiting for 100 Continue gets the final answer instead, without sending its body
     (RFC 9110 10.1.1): the body never comes, so the connection closes after the answer."""
