@@ -51,7 +51,8 @@ _HEAD = struct.Struct(">IBI")   # length << 8 | type, flags, stream id
 _PIECES_FROM = 64 * 1024        # a DATA frame this large is handed on in pieces as it arrives
 _VIEW_FROM = 4096               # a DATA payload this large is handed on as a view (a smaller one's copy costs less)
 _CACHE_LIMIT = 64
-MAX_HEADER_BLOCK = 16 * 1024 * 1024   # a header block's bytes at most
+# A header block's bytes at most: room for what decodes to MAX_HEADER_LIST, Huffman's longest codes included.
+MAX_HEADER_BLOCK = 1024 * 1024
 # What a header block may decode to (each header counted as HPACK counts it) before the connection
 # ends: past the per-call limit of gRPC's metadata, which fails the call alone, yet small enough
 # that a block of one-byte indexed headers decodes in milliseconds.
@@ -84,6 +85,21 @@ def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def _check_size_updates(block: bytes) -> None:
+    """At most two table size updates may start a block (RFC 7541 section 4.2); a block of many
+    would cost the decoder seconds and count for nothing against the header list's bound."""
+    position = 0
+    for _ in range(3):
+        if position >= len(block) or block[position] & _SIZE_UPDATE_MASK != _SIZE_UPDATE:
+            return
+        position += 1
+        if block[position - 1] & 0x1F == 0x1F:   # the size goes on in 7-bit groups (section 5.1)
+            while position < len(block) and block[position] & 0x80:
+                position += 1
+            position += 1
+    raise ConnectionFailure(COMPRESSION_ERROR, "a header block starting with more than two table size updates")
 
 
 def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -347,7 +363,7 @@ class Http2Connection:
             raise ConnectionFailure(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
         self._continuing[2].extend(payload)
         if len(self._continuing[2]) > MAX_HEADER_BLOCK:
-            raise ConnectionFailure(PROTOCOL_ERROR, "a header block over 16 MiB")
+            raise ConnectionFailure(PROTOCOL_ERROR, f"a header block over {MAX_HEADER_BLOCK} bytes")
         if flags & END_HEADERS:
             stream_id, first_flags, block = self._continuing
             self._continuing = None
@@ -387,6 +403,7 @@ class Http2Connection:
     def _decode(self, block: bytes) -> Headers:
         """The block's headers; a repeated block that changed nothing in the table from the cache."""
         if block and block[0] & _SIZE_UPDATE_MASK == _SIZE_UPDATE:   # it sets the table's size: never cached
+            _check_size_updates(block)
             self._decoded.clear()
             return self._decode_block(block)
         cached = self._decoded.get(block)

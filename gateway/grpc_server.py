@@ -273,7 +273,7 @@ class GrpcConnection(asyncio.Protocol):
         if self.holding:   # what it read (window updates, resets) may have made room
             self._hold_if_unread()
         self._flush()
-        if self.holding and self.transport.get_write_buffer_size() > self.shared.max_held_bytes:
+        if self.holding and self.write_paused and self.transport.get_write_buffer_size() > self.shared.max_held_bytes:
             # Past the bound on its own: what a client that reads nothing asks to be answered at
             # once (SETTINGS, PINGs) would grow without end; it is read again once it reads.
             self.unread = True

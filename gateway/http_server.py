@@ -50,7 +50,8 @@ class _Lingering(asyncio.Protocol):
     """A closing connection's last bytes from its client, dropped."""
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._timer = loop.call_later(LINGER_S, transport.close)
+        # abort, not close: a close would wait for a client that reads nothing to take the answer
+        self._timer = loop.call_later(LINGER_S, transport.abort)
 
     def data_received(self, data: bytes) -> None:
         pass
@@ -471,8 +472,8 @@ class HttpConnection(asyncio.Protocol):
             return
         self.closing = True
         self.sends.release(self.transport)
-        if not self._linger or not self.transport.can_write_eof():
-            self.transport.close()
+        if not self._linger or self._ended or self.transport.is_closing() or not self.transport.can_write_eof():
+            self.transport.close()   # (a client that ended its side sends nothing more)
             return
         # Closed with the client's bytes unread, the socket would be reset, and the reset can reach
         # the client before it has read the answer: our side ends (FIN) and what still comes is

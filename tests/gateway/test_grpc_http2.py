@@ -287,3 +287,15 @@ def test_a_header_block_past_what_a_connection_may_decode_ends_it_quickly():
             for index, piece in enumerate(pieces) if index))
     assert failure.value.code == COMPRESSION_ERROR
     assert time.monotonic() - started < 1.0
+
+
+def test_a_block_of_more_than_two_table_size_updates_ends_the_connection_at_once():
+    """RFC 7541 4.2 allows two; a block of a million would take the decoder seconds, and counts
+    for nothing against the header list's bound."""
+    h2, _ = _client()
+    h2.receive(_headers_frame(1, b"\x3f\xe1\x1f\x20" + REQUEST))   # two: 4096, then 0
+    updates = b"\x20" * 16000
+    started = time.monotonic()
+    with pytest.raises(ConnectionFailure) as failure:
+        h2.receive(_headers_frame(3, updates + REQUEST))
+    assert failure.value.code == COMPRESSION_ERROR and time.monotonic() - started < 0.1

@@ -4,6 +4,7 @@ keep-alive, pipelining, chunked bodies, Expect: 100-continue, the body limit, ti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import threading
@@ -11,6 +12,7 @@ import time
 
 import pytest
 
+from tritium.gateway import http_server
 from tritium.gateway.http_server import (MAX_HEAD_BYTES, MAX_URL_BYTES, HttpRequest, HttpResponse, HttpServer,
                                          HttpSettings, Streaming)
 
@@ -32,6 +34,8 @@ class ScriptedApp:
         elif request.path == "/slow":
             loop.call_later(0.3, answer, HttpResponse(200, [], body))
             return lambda: self.given_up.append(request.path)
+        elif request.path == "/huge":
+            answer(HttpResponse(200, [], bytes(HUGE)))
         elif request.path == "/stream":
             answer(Streaming(200, [(b"content-type", b"text/event-stream")], _chunks()))
         else:
@@ -43,6 +47,9 @@ async def _chunks():
     for index in range(3):
         await asyncio.sleep(0.01)
         yield b"data: %d\n\n" % index
+
+
+HUGE = 8 << 20   # an answer the kernel's buffers cannot take at once
 
 
 class Running:
@@ -186,6 +193,23 @@ def test_a_client_sending_its_body_after_a_refusal_is_not_reset(running):
         client.sendall(b"x" * 50000)
         time.sleep(0.02)
     assert client.recv(10) == b""   # a clean end, no reset
+
+
+def test_a_lingering_connection_whose_client_reads_nothing_ends_after_the_linger(running, monkeypatch):
+    """The lingering close waits for the client to end its side, not for it to read: past the
+    linger the connection is dropped, its unread answer with it."""
+    monkeypatch.setattr(http_server, "LINGER_S", 0.3)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.connect(("127.0.0.1", running.port))
+    client.sendall(b"GET /huge HTTP/1.1\r\n\r\nNOT HTTP\r\n\r\n")   # an answer it does not read, then garbage
+    time.sleep(1.5)
+    client.settimeout(5)
+    received = 0
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := client.recv(1 << 20):
+            received += len(chunk)
+    assert received < HUGE   # what the kernel held reached it; what waited in the gateway did not
 
 
 def test_a_refused_expectation_is_answered_after_the_requests_before_it(running):
