@@ -148,10 +148,10 @@ class Http2Connection:
         self._piecing: tuple[int, int, int] | None = None   # a large DATA frame handed on as it comes: stream, flags, to come
         self._preface = False
         self._continuing: tuple[int, int, bytearray] | None = None   # stream, flags, header block so far
-        # What the headers hold is the caller's to bound (gRPC fails the one call); the decoder's
-        # own bound would end the connection, as a block it stops midway leaves its table unsure.
+        # gRPC's bound on a call's headers is the caller's (it fails the one call); the decoder's,
+        # higher, ends the connection, as a block it stops midway leaves its table unsure.
         self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
-        self._table_update = b""   # to start our next header block: the client made its table smaller
+        self._table_update = b""   # to start our next header block: the client set its table's size
         self._decoded: dict[bytes, Headers] = {}
         self._out: list[bytes | memoryview] = []
         self._large_out = False   # _out holds a segment data_to_send leaves unjoined

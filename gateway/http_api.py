@@ -434,17 +434,16 @@ class HttpApp:
             data = decompressor.decompress(body, self.max_body_bytes + 1)
         except zlib.error as exc:
             raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: {exc}") from exc
-        if len(data) <= self.max_body_bytes and body:
-            if not decompressor.eof:
-                raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: it ends before its "
-                                      f"compressed stream does")
-            if decompressor.unused_data:   # (a second gzip member too: one stream is what a client sends)
-                raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: "
-                                      f"{len(decompressor.unused_data)} bytes follow its compressed stream")
         if len(data) > self.max_body_bytes:
             raise InvalidArgument(
                 f"Decompressed data size exceeds the maximum allowed value of "
                 f"{self.max_body_bytes} bytes. Use --http-max-input-size to increase the limit.")
+        if body and not decompressor.eof:
+            raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: it ends before its "
+                                  f"compressed stream does")
+        if decompressor.unused_data:   # (a second gzip member too: one stream is what a client sends)
+            raise InvalidArgument(f"cannot decompress the {kind.decode()} request body: "
+                                  f"{len(decompressor.unused_data)} bytes follow its compressed stream")
         return data
 
 

@@ -217,7 +217,7 @@ class HttpConnection(asyncio.Protocol):
                     self._stop_reading(400, f"invalid HTTP request: {exc}")
                 elif refused.status is not None:
                     self._stop_reading(refused.status, str(refused))
-                else:   # answered already, and closed once that answer is written
+                else:   # answered (or queued) already, closing the connection: this 400 is never sent
                     self._stop_reading(400, "")
                 return
 
